@@ -1,0 +1,123 @@
+# kvant build.  `make` builds build/kvant and build/libkvant.a.
+# `make test` does all set-up (Debian packages, Python venv, default model),
+# then builds and runs every test: unit tests, Python reference tests,
+# the ASan+UBSan run and a bounded fuzz run.
+#
+# Sources are discovered: every src/**/*.c except src/cli (the binary) and
+# src/backend/cuda (CUDA=1 only) goes into libkvant.a.  Files ending in
+# _avx2.c / _avx512.c get the matching -m flags and are chosen at run time.
+# Each tests/unit/test_*.c is one test program, linked with libkvant.a;
+# it fails through its exit code.
+
+CC      ?= cc
+BUILD   ?= build
+PY      := .venv/bin/python
+MODEL   := models/SmolLM2-135M-Instruct.Q4_1.gguf
+
+WARN    := -Wall -Wextra -Wshadow -Wmissing-prototypes -Wno-unused-parameter
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -pthread $(WARN) -Isrc $(EXTRA_CFLAGS)
+ifeq ($(WERROR),1)
+CFLAGS  += -Werror
+endif
+LDLIBS  := -lpcre2-8 -ljansson -lmicrohttpd -lm -pthread
+
+AVX2_FLAGS   := -mavx2 -mfma -mf16c
+AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
+
+LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' -not -path 'src/backend/cuda/*' | sort)
+CLI_SRC  := $(sort $(wildcard src/cli/*.c))
+TEST_SRC := $(sort $(wildcard tests/unit/test_*.c))
+TESTUTIL := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+TU_OBJ   := $(TESTUTIL:%.c=$(BUILD)/obj/%.o)
+TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+
+ifeq ($(CUDA),1)
+NVCC     ?= nvcc
+CU_SRC   := $(shell find src/backend/cuda -name '*.cu' 2>/dev/null | sort)
+CU_CSRC  := $(shell find src/backend/cuda -name '*.c' 2>/dev/null | sort)
+LIB_OBJ  += $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(CU_CSRC:%.c=$(BUILD)/obj/%.o)
+CFLAGS   += -DKVANT_CUDA=1
+LDLIBS   += -L/usr/local/cuda/lib64 -lcudart -lcublas -lstdc++
+endif
+
+.PHONY: all lib test unit pytest asan fuzz fuzz-run deps venv model serve clean
+
+all: $(BUILD)/kvant
+
+lib: $(BUILD)/libkvant.a
+
+$(BUILD)/obj/%_avx2.o: %_avx2.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX2_FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%_avx512.o: %_avx512.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(AVX512_FLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -Isrc -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -c $< -o $@
+
+$(BUILD)/libkvant.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/kvant: $(CLI_OBJ) $(BUILD)/libkvant.a
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libkvant.a $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/tests/%: tests/unit/%.c $(TU_OBJ) $(BUILD)/libkvant.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(TU_OBJ) $(BUILD)/libkvant.a $(LDFLAGS) $(LDLIBS)
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+
+# ---- set-up (idempotent; installs only what is missing) ----
+deps:
+	@scripts/setup-deps.sh
+
+venv: .venv/.stamp
+.venv/.stamp: tests/requirements.txt
+	@scripts/setup-venv.sh
+	@touch $@
+
+model: $(MODEL)
+$(MODEL):
+	@scripts/fetch-model.sh
+
+# ---- tests ----
+unit: $(BUILD)/kvant $(TEST_BIN)
+	@scripts/run-unit.sh $(BUILD)
+
+pytest: $(BUILD)/kvant venv model
+	KVANT_BIN=$(BUILD)/kvant $(PY) -m pytest -q tests/py
+
+asan:
+	$(MAKE) BUILD=build-asan WERROR=1 CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" unit
+
+fuzz:
+	$(MAKE) -f fuzz/fuzz.mk
+
+fuzz-run: fuzz model
+	@scripts/run-fuzz.sh 60
+
+test: deps venv model
+	$(MAKE) WERROR=1 all
+	$(MAKE) WERROR=1 unit
+	$(MAKE) pytest
+	$(MAKE) asan
+	$(MAKE) fuzz-run
+
+serve: deps model
+	$(MAKE) all
+	$(BUILD)/kvant serve -m $(MODEL)
+
+clean:
+	rm -rf build build-asan build-fuzz

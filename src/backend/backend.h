@@ -1,0 +1,118 @@
+/* backend.h - the compute backend interface: a struct of function pointers.
+ *
+ * The forward pass (model/forward.c) is written once against these ops; a
+ * backend (cpu/, cuda/) implements them over its own memory.  Pointers
+ * named `d_*` are device memory: the host never dereferences them, it only
+ * passes them back to ops or copies through upload/download.  Ops may run
+ * asynchronously; download and sync are the only points where the host
+ * waits.  All device memory is obtained from the backend's mem_mgr, so the
+ * memory manager sees every byte.
+ *
+ * Batch shape: one forward pass evaluates n_tokens tokens belonging to
+ * n_seqs sequences.  Each token has a position and a sequence; each
+ * sequence has a block table into the paged KV pool.  Attention for a token
+ * at position p reads positions 0..p of its sequence through the table
+ * (the batch's own K/V are stored first).  Every op computes each output
+ * element with a reduction order that depends only on that element's
+ * inputs, never on the batch: a sequence's results are bitwise identical
+ * whatever else is batched with it.
+ *
+ * Threading: a backend instance is used by one thread (the engine thread).
+ */
+#ifndef KVANT_BACKEND_H
+#define KVANT_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "mem/mem.h"
+#include "model/model.h"
+#include "util/err.h"
+
+typedef struct backend backend;
+
+typedef struct fwd_seq {
+    const int32_t *block_table; /* [n_blocks] physical block ids (host) */
+    int32_t n_blocks;
+} fwd_seq;
+
+typedef struct fwd_batch {
+    int32_t n_tokens;
+    const int32_t *tokens; /* [n_tokens] */
+    const int32_t *pos;    /* [n_tokens] position of each token in its sequence */
+    const int32_t *seq;    /* [n_tokens] index into seqs */
+    int32_t n_seqs;
+    const fwd_seq *seqs;   /* [n_seqs] */
+    int32_t n_out;
+    const int32_t *out;    /* [n_out] token indices whose logits are wanted */
+} fwd_batch;
+
+typedef struct rope_params {
+    rope_kind kind;
+    int32_t n_rot;        /* rotated dims per head */
+    float base;
+    float freq_scale;
+    const float *d_freq_factors; /* [n_rot/2] or NULL (Llama-3 rope_freqs) */
+} rope_params;
+
+typedef struct kv_layout {
+    int32_t n_layers;
+    int32_t n_blocks;
+    int32_t block_size;
+    int32_t n_kv_heads;
+    int32_t head_dim;
+    uint32_t dtype;       /* element type of the stored K/V (DT_F32, DT_F16, ...) */
+} kv_layout;
+
+typedef struct backend_ops {
+    const char *name;
+    void (*destroy)(backend *be);
+
+    /* ---- memory ---- */
+    mem_mgr *(*mem)(backend *be);
+    /* Makes every weight of m resident (sets model_tensor.dev). */
+    int (*load_weights)(backend *be, model *m, kvant_err *err);
+    void (*unload_weights)(backend *be, model *m);
+    void *(*alloc)(backend *be, size_t bytes, mem_cat cat, int layer, kvant_err *err);
+    void (*free)(backend *be, void *d_ptr);
+    int (*upload)(backend *be, void *d_dst, const void *src, size_t bytes);
+    int (*download)(backend *be, void *dst, const void *d_src, size_t bytes);
+    int (*sync)(backend *be);
+
+    /* ---- KV pool storage ---- */
+    int (*kv_init)(backend *be, const kv_layout *lay, kvant_err *err);
+    void (*kv_free)(backend *be);
+    void (*kv_copy_block)(backend *be, int32_t dst, int32_t src);
+
+    /* ---- ops over the current batch ---- */
+    /* Uploads the batch description; following ops refer to it. */
+    int (*begin_batch)(backend *be, const fwd_batch *b, kvant_err *err);
+    /* d_x[t][n_embd] = dequantized row tokens[t] of emb. */
+    void (*embed)(backend *be, const model_tensor *emb, float *d_x);
+    /* d_y[t] = d_x[t] / rms(d_x[t]) * w   for t < n */
+    void (*rmsnorm)(backend *be, const float *d_x, const model_tensor *w, float eps, float *d_y,
+                    int32_t n);
+    /* d_y[t][r] = sum_c W[r][c] d_x[t][c] (+ bias[r] when bias != NULL) */
+    void (*matmul)(backend *be, const model_tensor *W, const model_tensor *bias, const float *d_x,
+                   float *d_y, int32_t n);
+    /* RoPE in place on d_x[t][n_heads][head_dim] at the batch positions. */
+    void (*rope)(backend *be, float *d_x, int32_t n_heads, int32_t head_dim,
+                 const rope_params *rp);
+    /* Stores the batch's K and V ([t][n_kv_heads*head_dim]) into layer il. */
+    void (*kv_store)(backend *be, int32_t il, const float *d_k, const float *d_v);
+    /* d_out[t][n_heads*head_dim] = causal softmax(q k^T / sqrt(d)) v for
+     * every batch token, reading layer il's K/V through block tables. */
+    void (*attention)(backend *be, int32_t il, const float *d_q, int32_t n_heads, float *d_out);
+    /* d_out[i] = silu(d_gate[i]) * d_up[i] */
+    void (*swiglu)(backend *be, const float *d_gate, const float *d_up, float *d_out, int64_t n);
+    /* d_x[i] += d_y[i] */
+    void (*add)(backend *be, float *d_x, const float *d_y, int64_t n);
+    /* d_dst[j] = d_src[out[j]] rows of row_len floats, j < n_out */
+    void (*gather_out)(backend *be, const float *d_src, int32_t row_len, float *d_dst);
+} backend_ops;
+
+struct backend {
+    const backend_ops *ops;
+};
+
+#endif

@@ -1,0 +1,439 @@
+/* cpu_backend.c - backend_ops for the CPU: zero-copy weights, f32 paged KV
+ * storage from the memory manager, ops parallelised over a thread pool.
+ *
+ * Work split: matmul by output rows, attention by (token, head) pairs,
+ * row-wise ops by tokens.  Each output element is computed by exactly one
+ * thread with a fixed reduction order, so results do not depend on the
+ * number of threads or on the batch.
+ */
+#include "backend/cpu/cpu_backend.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/threadpool.h"
+#include "kernels/dtype.h"
+
+typedef struct cpu_backend {
+    backend base;
+    mem_mgr *mem;           /* borrowed */
+    tpool *pool;
+    int n_threads;
+    const fwd_batch *batch; /* current batch (borrowed for one forward pass) */
+    kv_layout kv;
+    float *kv_data;         /* [n_layers][n_blocks][2][block_size][kv_dim] */
+    int64_t kv_block_stride, kv_layer_stride; /* in floats */
+    float *scratch;         /* [n_threads][scratch_per_thread] */
+    int64_t scratch_per_thread;
+    int64_t *weight_ids;    /* mem reservations for mapped weights */
+    int n_weight_ids, cap_weight_ids;
+} cpu_backend;
+
+static cpu_backend *cpu(backend *be)
+{
+    return (cpu_backend *)be;
+}
+
+/* ---- memory ---- */
+
+static mem_mgr *cpu_mem(backend *be)
+{
+    return cpu(be)->mem;
+}
+
+typedef struct reserve_ctx {
+    cpu_backend *cb;
+    kvant_err *err;
+    int rc;
+} reserve_ctx;
+
+static void reserve_tensor(void *ctx, model_tensor *t)
+{
+    reserve_ctx *rc = ctx;
+    cpu_backend *cb = rc->cb;
+    if (rc->rc)
+        return;
+    if (cb->n_weight_ids == cb->cap_weight_ids) {
+        int cap = cb->cap_weight_ids ? cb->cap_weight_ids * 2 : 64;
+        int64_t *ids = realloc(cb->weight_ids, (size_t)cap * sizeof *ids);
+        if (!ids) {
+            rc->rc = kvant_err_set(rc->err, KV_ENOMEM, "out of memory");
+            return;
+        }
+        cb->weight_ids = ids;
+        cb->cap_weight_ids = cap;
+    }
+    int64_t id = mem_reserve(cb->mem, t->nbytes, MEM_WEIGHTS, t->layer, rc->err);
+    if (id < 0) {
+        rc->rc = (int)id;
+        return;
+    }
+    cb->weight_ids[cb->n_weight_ids++] = id;
+    t->dev = (void *)t->data;
+}
+
+static void cpu_unload_weights(backend *be, model *m)
+{
+    cpu_backend *cb = cpu(be);
+    (void)m;
+    for (int i = 0; i < cb->n_weight_ids; i++)
+        mem_unreserve(cb->mem, cb->weight_ids[i]);
+    cb->n_weight_ids = 0;
+}
+
+static int cpu_load_weights(backend *be, model *m, kvant_err *err)
+{
+    reserve_ctx rc = {cpu(be), err, 0};
+    model_for_each_tensor(m, reserve_tensor, &rc);
+    if (rc.rc) {
+        cpu_unload_weights(be, m);
+        return rc.rc;
+    }
+    if (m->tied_output)
+        m->output.dev = m->tok_embd.dev;
+    return KV_OK;
+}
+
+static void *cpu_alloc(backend *be, size_t bytes, mem_cat cat, int layer, kvant_err *err)
+{
+    return mem_alloc(cpu(be)->mem, bytes, cat, layer, err);
+}
+
+static void cpu_free(backend *be, void *p)
+{
+    mem_free(cpu(be)->mem, p);
+}
+
+static int cpu_copy(backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    memcpy(dst, src, bytes);
+    return KV_OK;
+}
+
+static int cpu_sync(backend *be)
+{
+    (void)be;
+    return KV_OK;
+}
+
+/* ---- KV storage ---- */
+
+static void cpu_kv_free(backend *be)
+{
+    cpu_backend *cb = cpu(be);
+    mem_free(cb->mem, cb->kv_data);
+    mem_free(cb->mem, cb->scratch);
+    cb->kv_data = NULL;
+    cb->scratch = NULL;
+    memset(&cb->kv, 0, sizeof cb->kv);
+}
+
+static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
+{
+    cpu_backend *cb = cpu(be);
+    if (lay->dtype != DT_F32)
+        return kvant_err_set(err, KV_EUNSUP, "kv dtype %u: the CPU backend stores f32 KV",
+                             lay->dtype);
+    if (lay->n_blocks < 1 || lay->block_size < 1)
+        return kvant_err_set(err, KV_EINVAL, "kv pool: %d blocks of %d tokens", lay->n_blocks,
+                             lay->block_size);
+    cpu_kv_free(be);
+    int64_t kv_dim = (int64_t)lay->n_kv_heads * lay->head_dim;
+    int64_t block_stride = 2 * (int64_t)lay->block_size * kv_dim;
+    int64_t layer_stride = block_stride * lay->n_blocks;
+    uint64_t bytes = (uint64_t)layer_stride * lay->n_layers * sizeof(float);
+    cb->kv_data = mem_alloc(cb->mem, bytes, MEM_KV, MEM_NO_LAYER, err);
+    if (!cb->kv_data)
+        return KV_ENOMEM;
+    cb->scratch_per_thread = lay->block_size + 16;
+    cb->scratch = mem_alloc(cb->mem, (size_t)cb->scratch_per_thread * cb->n_threads * sizeof(float),
+                            MEM_WORKSPACE, MEM_NO_LAYER, err);
+    if (!cb->scratch) {
+        cpu_kv_free(be);
+        return KV_ENOMEM;
+    }
+    cb->kv = *lay;
+    cb->kv_block_stride = block_stride;
+    cb->kv_layer_stride = layer_stride;
+    return KV_OK;
+}
+
+static void cpu_kv_copy_block(backend *be, int32_t dst, int32_t src)
+{
+    cpu_backend *cb = cpu(be);
+    for (int32_t il = 0; il < cb->kv.n_layers; il++) {
+        float *base = cb->kv_data + il * cb->kv_layer_stride;
+        memcpy(base + dst * cb->kv_block_stride, base + src * cb->kv_block_stride,
+               (size_t)cb->kv_block_stride * sizeof(float));
+    }
+}
+
+/* ---- ops ---- */
+
+static int cpu_begin_batch(backend *be, const fwd_batch *b, kvant_err *err)
+{
+    cpu(be)->batch = b;
+    (void)err;
+    return KV_OK;
+}
+
+typedef struct row_job {
+    cpu_backend *cb;
+    const model_tensor *w;
+    const model_tensor *bias;
+    const float *x;
+    float *y;
+    int32_t n;
+    float eps;
+    const rope_params *rp;
+    int32_t n_heads, head_dim;
+} row_job;
+
+static void embed_worker(int ith, int nth, void *arg)
+{
+    row_job *j = arg;
+    const dtype_traits *tr = dtype_get(j->w->type);
+    long b, e;
+    tpool_range(j->n, ith, nth, &b, &e);
+    for (long t = b; t < e; t++) {
+        const char *row = (const char *)j->w->dev + (size_t)j->cb->batch->tokens[t] * j->w->row_bytes;
+        tr->to_float(row, j->y + t * j->w->ne[0], j->w->ne[0]);
+    }
+}
+
+static void cpu_embed(backend *be, const model_tensor *emb, float *d_x)
+{
+    row_job j = {.cb = cpu(be), .w = emb, .y = d_x, .n = cpu(be)->batch->n_tokens};
+    tpool_run(cpu(be)->pool, embed_worker, &j);
+}
+
+static void rmsnorm_worker(int ith, int nth, void *arg)
+{
+    row_job *j = arg;
+    int32_t dim = (int32_t)j->w->ne[0];
+    long b, e;
+    tpool_range(j->n, ith, nth, &b, &e);
+    for (long t = b; t < e; t++)
+        cpu_rmsnorm_row(j->x + t * dim, j->w->dev, j->eps, j->y + t * dim, dim);
+}
+
+static void cpu_rmsnorm(backend *be, const float *d_x, const model_tensor *w, float eps, float *d_y,
+                        int32_t n)
+{
+    row_job j = {.cb = cpu(be), .w = w, .x = d_x, .y = d_y, .n = n, .eps = eps};
+    tpool_run(cpu(be)->pool, rmsnorm_worker, &j);
+}
+
+static void matmul_worker(int ith, int nth, void *arg)
+{
+    row_job *j = arg;
+    const model_tensor *w = j->w;
+    const dtype_traits *tr = dtype_get(w->type);
+    int64_t n_rows = w->ne[1], n_cols = w->ne[0];
+    const float *bias = j->bias && j->bias->dev ? j->bias->dev : NULL;
+    long b, e;
+    tpool_range(n_rows, ith, nth, &b, &e);
+    for (long r = b; r < e; r++) {
+        const char *row = (const char *)w->dev + (size_t)r * w->row_bytes;
+        for (int32_t t = 0; t < j->n; t++) {
+            float v = tr->vec_dot(n_cols, row, j->x + (int64_t)t * n_cols);
+            j->y[(int64_t)t * n_rows + r] = bias ? v + bias[r] : v;
+        }
+    }
+}
+
+static void cpu_matmul(backend *be, const model_tensor *W, const model_tensor *bias,
+                       const float *d_x, float *d_y, int32_t n)
+{
+    row_job j = {.cb = cpu(be), .w = W, .bias = bias, .x = d_x, .y = d_y, .n = n};
+    tpool_run(cpu(be)->pool, matmul_worker, &j);
+}
+
+static void rope_worker(int ith, int nth, void *arg)
+{
+    row_job *j = arg;
+    const fwd_batch *bt = j->cb->batch;
+    float cs[MODEL_MAX_HEAD_DIM];
+    long b, e;
+    tpool_range(j->n, ith, nth, &b, &e);
+    for (long t = b; t < e; t++) {
+        cpu_rope_table(bt->pos[t], j->rp, j->rp->d_freq_factors, cs);
+        for (int32_t h = 0; j->y && h < j->n_heads; h++)
+            cpu_rope_head(j->y + (t * j->n_heads + h) * j->head_dim, cs, j->rp, j->head_dim);
+    }
+}
+
+static void cpu_rope(backend *be, float *d_x, int32_t n_heads, int32_t head_dim,
+                     const rope_params *rp)
+{
+    row_job j = {.cb = cpu(be), .y = d_x, .n = cpu(be)->batch->n_tokens, .rp = rp,
+                 .n_heads = n_heads, .head_dim = head_dim};
+    tpool_run(cpu(be)->pool, rope_worker, &j);
+}
+
+/* Address of the K row (or V row when v) of a token slot in layer il. */
+static float *kv_row(cpu_backend *cb, int32_t il, int32_t block, int32_t off, int v)
+{
+    int64_t kv_dim = (int64_t)cb->kv.n_kv_heads * cb->kv.head_dim;
+    return cb->kv_data + il * cb->kv_layer_stride + block * cb->kv_block_stride +
+           ((int64_t)v * cb->kv.block_size + off) * kv_dim;
+}
+
+static void cpu_kv_store(backend *be, int32_t il, const float *d_k, const float *d_v)
+{
+    cpu_backend *cb = cpu(be);
+    const fwd_batch *b = cb->batch;
+    int64_t kv_dim = (int64_t)cb->kv.n_kv_heads * cb->kv.head_dim;
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        const fwd_seq *s = &b->seqs[b->seq[t]];
+        int32_t p = b->pos[t];
+        int32_t blk = s->block_table[p / cb->kv.block_size];
+        int32_t off = p % cb->kv.block_size;
+        memcpy(kv_row(cb, il, blk, off, 0), d_k + t * kv_dim, (size_t)kv_dim * sizeof(float));
+        memcpy(kv_row(cb, il, blk, off, 1), d_v + t * kv_dim, (size_t)kv_dim * sizeof(float));
+    }
+}
+
+typedef struct attn_job {
+    cpu_backend *cb;
+    int32_t il, n_heads;
+    const float *q;
+    float *out;
+} attn_job;
+
+static void attn_worker(int ith, int nth, void *arg)
+{
+    attn_job *j = arg;
+    cpu_backend *cb = j->cb;
+    const fwd_batch *b = cb->batch;
+    int32_t hd = cb->kv.head_dim, group = j->n_heads / cb->kv.n_kv_heads;
+    int64_t kv_dim = (int64_t)cb->kv.n_kv_heads * hd;
+    float *scratch = cb->scratch + ith * cb->scratch_per_thread;
+    float scale = 1.0f / sqrtf((float)hd);
+    long b0, e0;
+    tpool_range((long)b->n_tokens * j->n_heads, ith, nth, &b0, &e0);
+    for (long w = b0; w < e0; w++) {
+        int32_t t = (int32_t)(w / j->n_heads), h = (int32_t)(w % j->n_heads);
+        const fwd_seq *s = &b->seqs[b->seq[t]];
+        int32_t kvh = h / group;
+        cpu_attn_seq as = {
+            .k_base = kv_row(cb, j->il, 0, 0, 0) + kvh * hd,
+            .v_base = kv_row(cb, j->il, 0, 0, 1) + kvh * hd,
+            .table = s->block_table,
+            .block_stride = cb->kv_block_stride,
+            .row_stride = kv_dim,
+            .block_size = cb->kv.block_size,
+        };
+        const float *q = j->q + ((int64_t)t * j->n_heads + h) * hd;
+        cpu_attention_row(q, &as, b->pos[t] + 1, hd, scale, scratch,
+                          j->out + ((int64_t)t * j->n_heads + h) * hd);
+    }
+}
+
+static void cpu_attention(backend *be, int32_t il, const float *d_q, int32_t n_heads, float *d_out)
+{
+    attn_job j = {cpu(be), il, n_heads, d_q, d_out};
+    tpool_run(cpu(be)->pool, attn_worker, &j);
+}
+
+typedef struct ew_job {
+    const float *a, *b;
+    float *out;
+    int64_t n;
+    int op; /* 0 swiglu, 1 add */
+} ew_job;
+
+static void ew_worker(int ith, int nth, void *arg)
+{
+    ew_job *j = arg;
+    long b, e;
+    tpool_range((long)j->n, ith, nth, &b, &e);
+    if (j->op == 0) {
+        cpu_swiglu(j->a + b, j->b + b, j->out + b, e - b);
+    } else {
+        for (long i = b; i < e; i++)
+            j->out[i] += j->b[i];
+    }
+}
+
+static void cpu_swiglu_op(backend *be, const float *d_gate, const float *d_up, float *d_out,
+                          int64_t n)
+{
+    ew_job j = {d_gate, d_up, d_out, n, 0};
+    tpool_run(cpu(be)->pool, ew_worker, &j);
+}
+
+static void cpu_add(backend *be, float *d_x, const float *d_y, int64_t n)
+{
+    ew_job j = {d_x, d_y, d_x, n, 1};
+    tpool_run(cpu(be)->pool, ew_worker, &j);
+}
+
+static void cpu_gather_out(backend *be, const float *d_src, int32_t row_len, float *d_dst)
+{
+    const fwd_batch *b = cpu(be)->batch;
+    for (int32_t j = 0; j < b->n_out; j++)
+        memmove(d_dst + (int64_t)j * row_len, d_src + (int64_t)b->out[j] * row_len,
+                (size_t)row_len * sizeof(float));
+}
+
+static void cpu_destroy(backend *be)
+{
+    cpu_backend *cb = cpu(be);
+    if (!cb)
+        return;
+    cpu_kv_free(be);
+    for (int i = 0; i < cb->n_weight_ids; i++)
+        mem_unreserve(cb->mem, cb->weight_ids[i]);
+    free(cb->weight_ids);
+    tpool_destroy(cb->pool);
+    free(cb);
+}
+
+static const backend_ops cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .mem = cpu_mem,
+    .load_weights = cpu_load_weights,
+    .unload_weights = cpu_unload_weights,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .sync = cpu_sync,
+    .kv_init = cpu_kv_init,
+    .kv_free = cpu_kv_free,
+    .kv_copy_block = cpu_kv_copy_block,
+    .begin_batch = cpu_begin_batch,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .rope = cpu_rope,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .swiglu = cpu_swiglu_op,
+    .add = cpu_add,
+    .gather_out = cpu_gather_out,
+};
+
+backend *cpu_backend_create(mem_mgr *mem, int n_threads, kvant_err *err)
+{
+    cpu_backend *cb = calloc(1, sizeof *cb);
+    if (!cb) {
+        kvant_err_set(err, KV_ENOMEM, "out of memory");
+        return NULL;
+    }
+    dtype_init();
+    cb->base.ops = &cpu_ops;
+    cb->mem = mem;
+    cb->n_threads = n_threads > 0 ? n_threads : tpool_default_threads();
+    cb->pool = tpool_create(cb->n_threads, err);
+    if (!cb->pool) {
+        free(cb);
+        return NULL;
+    }
+    return &cb->base;
+}

@@ -1,0 +1,112 @@
+/* cpu_ops.c - scalar kernels for RMSNorm, RoPE, SwiGLU and attention rows.
+ *
+ * These are both the CPU implementation and the specification that any
+ * SIMD or CUDA variant is tested against.  Reductions run in a fixed
+ * order per output element (sequential over the row, or block by block in
+ * attention), which makes results independent of batch composition.
+ */
+#include "backend/cpu/cpu_ops.h"
+
+#include <math.h>
+
+void cpu_rmsnorm_row(const float *x, const float *w, float eps, float *y, int32_t n)
+{
+    double ss = 0.0;
+    for (int32_t i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / n + eps));
+    for (int32_t i = 0; i < n; i++)
+        y[i] = x[i] * scale * w[i];
+}
+
+void cpu_rope_table(int32_t pos, const rope_params *rp, const float *freq_factors, float *cs)
+{
+    int32_t half = rp->n_rot / 2;
+    for (int32_t i = 0; i < half; i++) {
+        double inv = pow((double)rp->base, -2.0 * i / rp->n_rot);
+        double theta = (double)pos * rp->freq_scale * inv;
+        if (freq_factors)
+            theta /= freq_factors[i];
+        cs[2 * i] = (float)cos(theta);
+        cs[2 * i + 1] = (float)sin(theta);
+    }
+}
+
+void cpu_rope_head(float *x, const float *cs, const rope_params *rp, int32_t head_dim)
+{
+    int32_t half = rp->n_rot / 2;
+    (void)head_dim; /* dims beyond n_rot pass through unchanged */
+    for (int32_t i = 0; i < half; i++) {
+        float c = cs[2 * i], s = cs[2 * i + 1];
+        float *a, *b;
+        if (rp->kind == ROPE_NORM) {
+            a = &x[2 * i];
+            b = &x[2 * i + 1];
+        } else {
+            a = &x[i];
+            b = &x[i + half];
+        }
+        float x0 = *a, x1 = *b;
+        *a = x0 * c - x1 * s;
+        *b = x0 * s + x1 * c;
+    }
+}
+
+void cpu_swiglu(const float *gate, const float *up, float *out, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+static float dot_f32(const float *a, const float *b, int32_t n)
+{
+    /* four partial sums: a fixed order the compiler can vectorise */
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    for (; i < n; i++)
+        s0 += a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+void cpu_attention_row(const float *q, const cpu_attn_seq *s, int32_t n_pos, int32_t head_dim,
+                       float scale, float *scratch, float *out)
+{
+    float m = -INFINITY, l = 0.0f;
+    for (int32_t d = 0; d < head_dim; d++)
+        out[d] = 0.0f;
+    for (int32_t start = 0; start < n_pos; start += s->block_size) {
+        int32_t blk = s->table[start / s->block_size];
+        int32_t cnt = n_pos - start < s->block_size ? n_pos - start : s->block_size;
+        const float *kb = s->k_base + (int64_t)blk * s->block_stride;
+        const float *vb = s->v_base + (int64_t)blk * s->block_stride;
+        float bm = -INFINITY;
+        for (int32_t j = 0; j < cnt; j++) {
+            scratch[j] = dot_f32(q, kb + j * s->row_stride, head_dim) * scale;
+            bm = scratch[j] > bm ? scratch[j] : bm;
+        }
+        float m_new = bm > m ? bm : m;
+        float corr = expf(m - m_new); /* 0 on the first block (m = -inf) */
+        l *= corr;
+        for (int32_t d = 0; d < head_dim; d++)
+            out[d] *= corr;
+        for (int32_t j = 0; j < cnt; j++) {
+            float p = expf(scratch[j] - m_new);
+            const float *v = vb + j * s->row_stride;
+            l += p;
+            for (int32_t d = 0; d < head_dim; d++)
+                out[d] += p * v[d];
+        }
+        m = m_new;
+    }
+    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int32_t d = 0; d < head_dim; d++)
+        out[d] *= inv;
+}

@@ -1,0 +1,68 @@
+/* cli.h - shared pieces of the kvant subcommands: argument helpers, the
+ * default model path, and a single-sequence session (model + backend +
+ * forward context + identity block table) used by run, perplexity, logits.
+ */
+#ifndef KVANT_CLI_H
+#define KVANT_CLI_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "backend/backend.h"
+#include "mem/mem.h"
+#include "model/forward.h"
+#include "model/model.h"
+
+#define CLI_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define CLI_DEFAULT_BLOCK 16
+
+typedef struct cli_common {
+    const char *model_path;
+    int n_threads;       /* 0 = all cores */
+    int json;
+    uint64_t device_memory; /* 0 = host available */
+    double utilization;
+} cli_common;
+
+void cli_common_init(cli_common *c);
+/* Consumes a common option at argv[*i] (advancing *i past its value).
+ * Returns 1 if consumed, 0 if not a common option, -1 on a bad value. */
+int cli_common_parse(cli_common *c, int argc, char **argv, int *i);
+/* Value of the option at argv[*i] (advances); prints an error and returns
+ * NULL when missing. */
+const char *cli_value(int argc, char **argv, int *i);
+int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out);
+int cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out);
+/* Reads a whole file into a malloc'd NUL-terminated buffer. */
+char *cli_read_file(const char *path, size_t *len, kvant_err *err);
+void cli_json_string(FILE *f, const char *s, size_t len);
+
+/* One sequence, positions [0, n_ctx), blocks 0..n-1 in order. */
+typedef struct cli_session {
+    mem_mgr *mem;
+    backend *be;
+    model *m;
+    fwd_ctx fwd;
+    int32_t n_ctx;
+    int32_t *table;
+    int32_t n_blocks;
+    int32_t max_batch;
+    float *logits;        /* host [max_out][n_vocab] */
+} cli_session;
+
+int cli_session_open(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t max_batch,
+                     int32_t max_out, kvant_err *err);
+void cli_session_close(cli_session *s);
+/* Evaluates tokens at positions [pos0, pos0+n) in ubatches; when all_logits
+ * is set writes [n][n_vocab] into out, else only the last row. */
+int cli_session_eval(cli_session *s, const int32_t *tokens, int32_t n, int32_t pos0,
+                     int all_logits, float *out, kvant_err *err);
+
+/* Subcommands. */
+int cmd_run(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
+int cmd_perplexity(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
+
+#endif

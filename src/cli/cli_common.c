@@ -1,0 +1,248 @@
+/* cli_common.c - argument helpers and the single-sequence session. */
+#include "cli/cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "kernels/dtype.h"
+
+void cli_common_init(cli_common *c)
+{
+    memset(c, 0, sizeof *c);
+    c->model_path = CLI_DEFAULT_MODEL;
+    c->utilization = 0.90;
+}
+
+const char *cli_value(int argc, char **argv, int *i)
+{
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "kvant: option %s needs a value\n", argv[*i]);
+        return NULL;
+    }
+    *i += 1;
+    return argv[*i];
+}
+
+int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "kvant: %s: '%s' is not an integer in [%ld, %ld]\n", opt, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !isfinite(v) || v < lo || v > hi) {
+        fprintf(stderr, "kvant: %s: '%s' is not a number in [%g, %g]\n", opt, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i], *v;
+    long n;
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        c->model_path = v;
+        return 1;
+    }
+    if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, 1, 1024, &n))
+            return -1;
+        c->n_threads = (int)n;
+        return 1;
+    }
+    if (!strcmp(a, "--json")) {
+        c->json = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--device-memory")) {
+        kvant_err err = {0};
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        if (mem_parse_size(v, &c->device_memory, &err) || c->device_memory == 0) {
+            fprintf(stderr, "kvant: --device-memory: %s\n", err.msg[0] ? err.msg : "must be > 0");
+            return -1;
+        }
+        return 1;
+    }
+    if (!strcmp(a, "--memory-utilization")) {
+        double f;
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_float(a, v, 0.0, 1.0, &f))
+            return -1;
+        if (f <= 0.0) {
+            fprintf(stderr, "kvant: --memory-utilization must be in (0, 1]\n");
+            return -1;
+        }
+        c->utilization = f;
+        return 1;
+    }
+    return 0;
+}
+
+char *cli_read_file(const char *path, size_t *len, kvant_err *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        kvant_err_set(err, KV_EIO, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (n < cap)
+            break;
+        cap *= 2;
+        char *nb = realloc(buf, cap + 1);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+        }
+        buf = nb;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf || bad) {
+        free(buf);
+        kvant_err_set(err, KV_EIO, "%s: read failed", path);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+void cli_json_string(FILE *f, const char *s, size_t len)
+{
+    fputc('"', f);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch == '\n')
+            fputs("\\n", f);
+        else if (ch == '\t')
+            fputs("\\t", f);
+        else if (ch == '\r')
+            fputs("\\r", f);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+int cli_session_open(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t max_batch,
+                     int32_t max_out, kvant_err *err)
+{
+    memset(s, 0, sizeof *s);
+    dtype_init();
+    uint64_t dev = c->device_memory ? c->device_memory : mem_host_available();
+    s->mem = mem_create((uint64_t)((double)dev * c->utilization), mem_allocator_host(), err);
+    if (!s->mem)
+        return KV_ENOMEM;
+    s->be = cpu_backend_create(s->mem, c->n_threads, err);
+    if (!s->be)
+        goto fail;
+    s->m = model_load(c->model_path, err);
+    if (!s->m)
+        goto fail;
+    if (n_ctx <= 0 || n_ctx > s->m->hp.n_ctx_train)
+        n_ctx = n_ctx <= 0 ? (int32_t)(s->m->hp.n_ctx_train < 4096 ? s->m->hp.n_ctx_train : 4096)
+                           : n_ctx;
+    s->n_ctx = n_ctx;
+    if (s->be->ops->load_weights(s->be, s->m, err))
+        goto fail;
+    s->n_blocks = (n_ctx + CLI_DEFAULT_BLOCK - 1) / CLI_DEFAULT_BLOCK;
+    s->table = malloc((size_t)s->n_blocks * sizeof *s->table);
+    if (!s->table) {
+        kvant_err_set(err, KV_ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (int32_t i = 0; i < s->n_blocks; i++)
+        s->table[i] = i;
+    s->max_batch = max_batch;
+    kv_layout kv = fwd_kv_layout(s->m, s->n_blocks, CLI_DEFAULT_BLOCK, DT_F32);
+    if (fwd_init(&s->fwd, s->m, s->be, max_batch, max_out, &kv, err))
+        goto fail;
+    s->logits = malloc((size_t)max_out * s->m->hp.n_vocab * sizeof(float));
+    if (!s->logits) {
+        kvant_err_set(err, KV_ENOMEM, "out of memory for logits");
+        goto fail;
+    }
+    return KV_OK;
+fail:
+    cli_session_close(s);
+    return err && err->code ? err->code : KV_ENOMEM;
+}
+
+void cli_session_close(cli_session *s)
+{
+    if (s->fwd.be)
+        fwd_free(&s->fwd);
+    if (s->be && s->m)
+        s->be->ops->unload_weights(s->be, s->m);
+    if (s->be)
+        s->be->ops->destroy(s->be);
+    model_free(s->m);
+    free(s->table);
+    free(s->logits);
+    mem_destroy(s->mem);
+    memset(s, 0, sizeof *s);
+}
+
+int cli_session_eval(cli_session *s, const int32_t *tokens, int32_t n, int32_t pos0,
+                     int all_logits, float *out, kvant_err *err)
+{
+    int32_t pos[4096], seq[4096], outi[4096];
+    fwd_seq fs = {s->table, s->n_blocks};
+    int32_t step = s->max_batch < 4096 ? s->max_batch : 4096;
+    if (all_logits && s->fwd.max_out < step)
+        step = s->fwd.max_out;
+    if (pos0 < 0 || pos0 + n > s->n_ctx)
+        return kvant_err_set(err, KV_ERANGE, "%d tokens at position %d exceed the context of %d",
+                             n, pos0, s->n_ctx);
+    for (int32_t done = 0; done < n; done += step) {
+        int32_t cnt = n - done < step ? n - done : step;
+        int last = done + cnt == n;
+        for (int32_t i = 0; i < cnt; i++) {
+            pos[i] = pos0 + done + i;
+            seq[i] = 0;
+            outi[i] = i;
+        }
+        fwd_batch b = {.n_tokens = cnt, .tokens = tokens + done, .pos = pos, .seq = seq,
+                       .n_seqs = 1, .seqs = &fs};
+        if (all_logits) {
+            b.n_out = cnt;
+            b.out = outi;
+        } else if (last) {
+            outi[0] = cnt - 1;
+            b.n_out = 1;
+            b.out = outi;
+        }
+        float *dst = all_logits ? out + (int64_t)done * s->m->hp.n_vocab : out;
+        int rc = fwd_run(&s->fwd, &b, dst, err);
+        if (rc)
+            return rc;
+    }
+    return KV_OK;
+}

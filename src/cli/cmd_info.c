@@ -1,0 +1,143 @@
+/* cmd_info.c - `kvant info`: metadata, hyper-parameters and a table of
+ * tensors with type and bytes.  Reads only the GGUF header. */
+#include <inttypes.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "kernels/dtype.h"
+
+/* Prints a scalar or a short description of an array value. */
+static void print_value(const gguf_ctx *g, int64_t i, int json)
+{
+    gguf_type t = gguf_kv_type(g, i);
+    const char *key = NULL;
+    gguf_str k = gguf_key(g, i);
+    char kbuf[GGUF_MAX_NAME + 1];
+    snprintf(kbuf, sizeof kbuf, "%.*s", (int)k.len, k.ptr);
+    key = kbuf;
+    kvant_err err = {0};
+    if (t == GGUF_TYPE_STRING) {
+        gguf_str s;
+        gguf_get_str(g, key, &s, &err);
+        size_t n = s.len > 200 ? 200 : s.len;
+        if (json)
+            cli_json_string(stdout, s.ptr, n);
+        else
+            printf("%.*s%s", (int)n, s.ptr, s.len > n ? "..." : "");
+    } else if (t == GGUF_TYPE_ARRAY) {
+        if (json)
+            printf("{\"array\": \"%s\", \"n\": %" PRIu64 "}", gguf_type_name(gguf_arr_type(g, i)),
+                   gguf_arr_n(g, i));
+        else
+            printf("[%s x %" PRIu64 "]", gguf_type_name(gguf_arr_type(g, i)), gguf_arr_n(g, i));
+    } else if (t == GGUF_TYPE_FLOAT32 || t == GGUF_TYPE_FLOAT64) {
+        float f = 0;
+        gguf_get_f32(g, key, &f, &err);
+        printf("%g", (double)f);
+    } else if (t == GGUF_TYPE_BOOL) {
+        int b = 0;
+        gguf_get_bool(g, key, &b, &err);
+        printf("%s", b ? "true" : "false");
+    } else {
+        int64_t v = 0;
+        gguf_get_i64(g, key, &v, &err);
+        printf("%" PRId64, v);
+    }
+}
+
+static void print_tensors(const gguf_ctx *g, int json)
+{
+    int64_t n = gguf_n_tensors(g);
+    uint64_t total = 0;
+    if (!json)
+        printf("\n%-32s %-6s %22s %12s\n", "tensor", "type", "shape", "bytes");
+    for (int64_t i = 0; i < n; i++) {
+        const gguf_tensor_info *ti = gguf_tensor(g, i);
+        const dtype_traits *tr = dtype_get(ti->type);
+        char shape[64];
+        snprintf(shape, sizeof shape, "[%" PRIu64 ", %" PRIu64 "]", ti->ne[0], ti->ne[1]);
+        total += ti->nbytes;
+        if (json) {
+            printf("%s{\"name\": ", i ? ", " : "");
+            cli_json_string(stdout, ti->name.ptr, ti->name.len);
+            printf(", \"type\": \"%s\", \"ne\": [%" PRIu64 ", %" PRIu64 ", %" PRIu64 ", %" PRIu64
+                   "], \"bytes\": %" PRIu64 "}",
+                   tr ? tr->name : "?", ti->ne[0], ti->ne[1], ti->ne[2], ti->ne[3], ti->nbytes);
+        } else {
+            printf("%-32.*s %-6s %22s %12" PRIu64 "\n", (int)ti->name.len, ti->name.ptr,
+                   tr ? tr->name : "?", shape, ti->nbytes);
+        }
+    }
+    if (json)
+        printf("], \"tensor_bytes\": %" PRIu64, total);
+    else
+        printf("%d tensors, %" PRIu64 " bytes\n", (int)n, total);
+}
+
+int cmd_info(int argc, char **argv)
+{
+    cli_common c;
+    cli_common_init(&c);
+    for (int i = 1; i < argc; i++) {
+        int r = cli_common_parse(&c, argc, argv, &i);
+        if (r < 0)
+            return 2;
+        if (r == 0) {
+            fprintf(stderr, "kvant info: unknown option '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    kvant_err err = {0};
+    gguf_ctx *g = gguf_open(c.model_path, &err);
+    if (!g) {
+        fprintf(stderr, "kvant info: %s\n", err.msg);
+        return 1;
+    }
+    model_hparams hp;
+    int hp_ok = model_hparams_from_gguf(g, &hp, &err) == KV_OK;
+    if (c.json) {
+        printf("{\"path\": ");
+        cli_json_string(stdout, c.model_path, strlen(c.model_path));
+        printf(", \"version\": %u, \"metadata\": {", gguf_version(g));
+    } else {
+        printf("%s: GGUF v%u, %" PRId64 " keys, %" PRId64 " tensors\n", c.model_path,
+               gguf_version(g), gguf_n_kv(g), gguf_n_tensors(g));
+    }
+    for (int64_t i = 0; i < gguf_n_kv(g); i++) {
+        gguf_str k = gguf_key(g, i);
+        if (c.json) {
+            printf("%s", i ? ", " : "");
+            cli_json_string(stdout, k.ptr, k.len);
+            printf(": ");
+        } else {
+            printf("  %-40.*s = ", (int)k.len, k.ptr);
+        }
+        print_value(g, i, c.json);
+        if (!c.json)
+            printf("\n");
+    }
+    if (c.json) {
+        printf("}, \"supported\": %s", hp_ok ? "true" : "false");
+        if (hp_ok)
+            printf(", \"arch\": \"%s\", \"n_layers\": %d, \"n_embd\": %d, \"n_head\": %d, "
+                   "\"n_head_kv\": %d, \"head_dim\": %d, \"n_ff\": %d, \"n_vocab\": %d, "
+                   "\"n_ctx_train\": %lld",
+                   model_arch_name(hp.arch), hp.n_layers, hp.n_embd, hp.n_head, hp.n_head_kv,
+                   hp.head_dim, hp.n_ff, hp.n_vocab, (long long)hp.n_ctx_train);
+        else
+            printf(", \"error\": "), cli_json_string(stdout, err.msg, strlen(err.msg));
+        printf(", \"tensors\": [");
+    } else if (hp_ok) {
+        printf("\narch %s: %d layers, n_embd %d, %d heads (%d kv, dim %d), n_ff %d, vocab %d, "
+               "ctx %lld, rope base %g\n",
+               model_arch_name(hp.arch), hp.n_layers, hp.n_embd, hp.n_head, hp.n_head_kv,
+               hp.head_dim, hp.n_ff, hp.n_vocab, (long long)hp.n_ctx_train, (double)hp.rope_base);
+    } else {
+        printf("\nnot runnable by kvant: %s\n", err.msg);
+    }
+    print_tensors(g, c.json);
+    if (c.json)
+        printf("}\n");
+    gguf_close(g);
+    return 0;
+}

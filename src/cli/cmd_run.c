@@ -1,0 +1,262 @@
+/* cmd_run.c - `kvant run`: generate from a prompt (optionally through the
+ * model's chat template), streaming text to stdout as it is produced. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "model/chat.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+
+typedef struct run_opts {
+    const char *prompt;
+    long n_predict;
+    long ctx;
+    int chat;
+    sampler_params sp;
+} run_opts;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int parse_sampling(int argc, char **argv, int *i, sampler_params *sp)
+{
+    const char *a = argv[*i], *v;
+    double f;
+    long n;
+    if (!strcmp(a, "--temp")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_float(a, v, 0, 100, &f))
+            return -1;
+        sp->temperature = (float)f;
+    } else if (!strcmp(a, "--top-k")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, 0, 1 << 24, &n))
+            return -1;
+        sp->top_k = (int32_t)n;
+    } else if (!strcmp(a, "--top-p")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_float(a, v, 1e-9, 1, &f))
+            return -1;
+        sp->top_p = (float)f;
+    } else if (!strcmp(a, "--min-p")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_float(a, v, 0, 1, &f))
+            return -1;
+        sp->min_p = (float)f;
+    } else if (!strcmp(a, "--repeat-penalty")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_float(a, v, 1e-3, 100, &f))
+            return -1;
+        sp->repetition_penalty = (float)f;
+    } else if (!strcmp(a, "--presence-penalty")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_float(a, v, -2, 2, &f))
+            return -1;
+        sp->presence_penalty = (float)f;
+    } else if (!strcmp(a, "--frequency-penalty")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_float(a, v, -2, 2, &f))
+            return -1;
+        sp->frequency_penalty = (float)f;
+    } else if (!strcmp(a, "--seed")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, 0, INT64_MAX, &n))
+            return -1;
+        sp->seed = (uint64_t)n;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+static int parse_run(int argc, char **argv, cli_common *c, run_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->n_predict = 128;
+    o->sp = sampler_params_default();
+    for (int i = 1; i < argc; i++) {
+        int r = cli_common_parse(c, argc, argv, &i);
+        if (r == 0)
+            r = parse_sampling(argc, argv, &i, &o->sp);
+        if (r < 0)
+            return -1;
+        if (r)
+            continue;
+        const char *v;
+        if (!strcmp(argv[i], "-p") || !strcmp(argv[i], "--prompt")) {
+            if (!(o->prompt = cli_value(argc, argv, &i)))
+                return -1;
+        } else if (!strcmp(argv[i], "-n") || !strcmp(argv[i], "--n-predict")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int("-n", v, 0, 1 << 20, &o->n_predict))
+                return -1;
+        } else if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "--ctx-size")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int("-c", v, 16, 1 << 20, &o->ctx))
+                return -1;
+        } else if (!strcmp(argv[i], "--chat")) {
+            o->chat = 1;
+        } else {
+            fprintf(stderr, "kvant run: unknown option '%s'\n", argv[i]);
+            return -1;
+        }
+    }
+    if (!o->prompt) {
+        fprintf(stderr, "usage: kvant run [-m MODEL] -p PROMPT [-n N] [--chat] [--temp T] "
+                        "[--top-k K] [--top-p P] [--min-p M] [--seed S] [-t THREADS] [--json]\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* Tokenizes the prompt (through the chat template when asked). */
+static int32_t *prompt_tokens(const model *m, const run_opts *o, int64_t *n, kvant_err *err)
+{
+    char *rendered = NULL;
+    const char *text = o->prompt;
+    if (o->chat) {
+        if (!m->has_chat) {
+            kvant_err_set(err, KV_EUNSUP, "--chat: %s", m->chat_err);
+            return NULL;
+        }
+        chat_msg msg = {"user", o->prompt};
+        rendered = chat_render(&m->chat, &msg, 1, 1, err);
+        if (!rendered)
+            return NULL;
+        text = rendered;
+    }
+    size_t len = strlen(text);
+    int add_bos = tok_add_bos(m->tok);
+    int64_t cnt = tok_encode(m->tok, text, len, add_bos, o->chat, NULL, 0, err);
+    int32_t *ids = cnt > 0 ? malloc((size_t)cnt * sizeof *ids) : NULL;
+    if (ids)
+        cnt = tok_encode(m->tok, text, len, add_bos, o->chat, ids, cnt, err);
+    free(rendered);
+    if (!ids || cnt <= 0) {
+        if (cnt == 0)
+            kvant_err_set(err, KV_EINVAL, "the prompt is empty");
+        free(ids);
+        return NULL;
+    }
+    *n = cnt;
+    return ids;
+}
+
+typedef struct gen_out {
+    char *text;
+    size_t len, cap;
+    int64_t n_gen;
+    double t_prompt, t_gen;
+    const char *finish;
+} gen_out;
+
+static void out_append(gen_out *g, const char *s, int n, int json)
+{
+    if (!json) {
+        fwrite(s, 1, (size_t)n, stdout);
+        fflush(stdout);
+        return;
+    }
+    if (g->len + (size_t)n + 1 > g->cap) {
+        size_t cap = (g->cap + (size_t)n + 64) * 2;
+        char *nb = realloc(g->text, cap);
+        if (!nb)
+            return;
+        g->text = nb;
+        g->cap = cap;
+    }
+    memcpy(g->text + g->len, s, (size_t)n);
+    g->len += (size_t)n;
+    g->text[g->len] = '\0';
+}
+
+static int generate(cli_session *s, const run_opts *o, int32_t *toks, int64_t n_prompt, int json,
+                    gen_out *g, kvant_err *err)
+{
+    sampler smp;
+    if (sampler_init(&smp, &o->sp, s->m->hp.n_vocab, err))
+        return KV_EINVAL;
+    double t0 = now_s();
+    int rc = cli_session_eval(s, toks, (int32_t)n_prompt, 0, 0, s->logits, err);
+    g->t_prompt = now_s() - t0;
+    tok_stream ts;
+    tok_stream_init(&ts);
+    int64_t n = n_prompt;
+    g->finish = "length";
+    t0 = now_s();
+    while (!rc && g->n_gen < o->n_predict) {
+        int32_t id = sampler_sample(&smp, s->logits, toks, n);
+        if (tok_is_eog(s->m->tok, id)) {
+            g->finish = "stop";
+            break;
+        }
+        char piece[512];
+        int pl = tok_stream_feed(s->m->tok, &ts, id, piece, sizeof piece);
+        if (pl > 0)
+            out_append(g, piece, pl, json);
+        toks[n] = id;
+        g->n_gen++;
+        if (n + 1 >= s->n_ctx) {
+            g->finish = "length";
+            break;
+        }
+        rc = cli_session_eval(s, &toks[n], 1, (int32_t)n, 0, s->logits, err);
+        n++;
+    }
+    char tail[16];
+    int tl = tok_stream_flush(&ts, tail, sizeof tail);
+    if (tl > 0)
+        out_append(g, tail, tl, json);
+    g->t_gen = now_s() - t0;
+    sampler_free(&smp);
+    return rc;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    cli_common c;
+    run_opts o;
+    cli_common_init(&c);
+    if (parse_run(argc, argv, &c, &o))
+        return 2;
+    kvant_err err = {0};
+    if (sampler_params_check(&o.sp, &err)) {
+        fprintf(stderr, "kvant run: %s\n", err.msg);
+        return 2;
+    }
+    cli_session s;
+    if (cli_session_open(&s, &c, (int32_t)o.ctx, 512, 1, &err)) {
+        fprintf(stderr, "kvant run: %s\n", err.msg);
+        return 1;
+    }
+    int64_t n_prompt = 0;
+    int32_t *ids = prompt_tokens(s.m, &o, &n_prompt, &err);
+    int32_t *toks = ids ? realloc(ids, (size_t)s.n_ctx * sizeof *toks + sizeof *toks) : NULL;
+    gen_out g = {0};
+    int rc = 1;
+    if (!toks) {
+        free(ids);
+        fprintf(stderr, "kvant run: %s\n", err.msg[0] ? err.msg : "out of memory");
+    } else if (n_prompt >= s.n_ctx) {
+        fprintf(stderr, "kvant run: prompt of %lld tokens does not fit the context of %d\n",
+                (long long)n_prompt, s.n_ctx);
+    } else if (generate(&s, &o, toks, n_prompt, c.json, &g, &err)) {
+        fprintf(stderr, "\nkvant run: %s\n", err.msg);
+    } else {
+        rc = 0;
+        if (c.json) {
+            printf("{\"text\": ");
+            cli_json_string(stdout, g.text ? g.text : "", g.len);
+            printf(", \"prompt_tokens\": %lld, \"completion_tokens\": %lld, \"finish_reason\": "
+                   "\"%s\", \"prompt_tps\": %.2f, \"gen_tps\": %.2f}\n",
+                   (long long)n_prompt, (long long)g.n_gen, g.finish,
+                   n_prompt / (g.t_prompt > 0 ? g.t_prompt : 1e-9),
+                   g.n_gen / (g.t_gen > 0 ? g.t_gen : 1e-9));
+        } else {
+            printf("\n");
+            fprintf(stderr, "\n[prompt %lld tokens %.1f t/s, generated %lld tokens %.1f t/s, %s]\n",
+                    (long long)n_prompt, n_prompt / (g.t_prompt > 0 ? g.t_prompt : 1e-9),
+                    (long long)g.n_gen, g.n_gen / (g.t_gen > 0 ? g.t_gen : 1e-9), g.finish);
+        }
+    }
+    free(toks ? toks : NULL);
+    free(g.text);
+    cli_session_close(&s);
+    return rc;
+}

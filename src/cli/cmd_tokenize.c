@@ -1,0 +1,91 @@
+/* cmd_tokenize.c - `kvant tokenize`: token ids of a text; works on
+ * vocabulary-only GGUF files (no tensors needed). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "model/tokenizer.h"
+
+int cmd_tokenize(int argc, char **argv)
+{
+    cli_common c;
+    cli_common_init(&c);
+    const char *text = NULL, *file = NULL;
+    int no_bos = 0, parse_special = 0, show_pieces = 0;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_common_parse(&c, argc, argv, &i);
+        if (r < 0)
+            return 2;
+        if (r)
+            continue;
+        if (!strcmp(argv[i], "-p") || !strcmp(argv[i], "--prompt")) {
+            if (!(text = cli_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--file")) {
+            if (!(file = cli_value(argc, argv, &i)))
+                return 2;
+        } else if (!strcmp(argv[i], "--no-bos")) {
+            no_bos = 1;
+        } else if (!strcmp(argv[i], "--parse-special")) {
+            parse_special = 1;
+        } else if (!strcmp(argv[i], "--pieces")) {
+            show_pieces = 1;
+        } else {
+            fprintf(stderr, "kvant tokenize: unknown option '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!!text == !!file) {
+        fprintf(stderr, "usage: kvant tokenize [-m MODEL] (-p TEXT | -f FILE) [--no-bos] "
+                        "[--parse-special] [--json]\n");
+        return 2;
+    }
+    kvant_err err = {0};
+    size_t len = text ? strlen(text) : 0;
+    char *buf = NULL;
+    if (file && !(buf = cli_read_file(file, &len, &err))) {
+        fprintf(stderr, "kvant tokenize: %s\n", err.msg);
+        return 1;
+    }
+    const char *src = buf ? buf : text;
+    gguf_ctx *g = gguf_open(c.model_path, &err);
+    tokenizer *t = g ? tok_create(g, &err) : NULL;
+    int rc = 1;
+    int32_t *ids = NULL;
+    if (!t) {
+        fprintf(stderr, "kvant tokenize: %s\n", err.msg);
+        goto out;
+    }
+    int add_bos = no_bos ? 0 : tok_add_bos(t);
+    int64_t n = tok_encode(t, src, len, add_bos, parse_special, NULL, 0, &err);
+    if (n >= 0 && !(ids = malloc((size_t)(n + 1) * sizeof *ids)))
+        n = kvant_err_set(&err, KV_ENOMEM, "out of memory");
+    if (n >= 0)
+        n = tok_encode(t, src, len, add_bos, parse_special, ids, n, &err);
+    if (n < 0) {
+        fprintf(stderr, "kvant tokenize: %s\n", err.msg);
+        goto out;
+    }
+    if (c.json)
+        fputc('[', stdout);
+    for (int64_t i = 0; i < n; i++) {
+        if (c.json) {
+            printf("%s%d", i ? ", " : "", ids[i]);
+        } else if (show_pieces) {
+            char piece[256];
+            int pl = tok_piece(t, ids[i], 1, piece, sizeof piece);
+            printf("%6d -> '%.*s'\n", ids[i], pl > 0 && pl < 256 ? pl : 0, piece);
+        } else {
+            printf("%s%d", i ? " " : "", ids[i]);
+        }
+    }
+    if (c.json || !show_pieces)
+        printf(c.json ? "]\n" : "\n");
+    rc = 0;
+out:
+    free(ids);
+    tok_destroy(t);
+    gguf_close(g);
+    free(buf);
+    return rc;
+}

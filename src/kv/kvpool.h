@@ -1,0 +1,138 @@
+/* kvpool.h - paged KV cache metadata: block pool, per-sequence block
+ * tables, reference counts, copy-on-write and automatic prefix caching.
+ *
+ * This module owns no K/V bytes.  It hands out block indices in
+ * [0, n_blocks); the backend owns the storage (one buffer from the memory
+ * manager, category MEM_KV) laid out as
+ *   [n_layers][n_blocks][2 (K,V)][block_size][n_kv_heads * head_dim]
+ * and is asked to copy a block through kvpool_copy_fn when a shared block
+ * must be written (copy-on-write).
+ *
+ * Invariants: every block is exactly one of free, in use (refcount > 0),
+ * or cached-evictable (refcount 0, holds a registered prefix hash, on the
+ * LRU list).  Allocation takes a free block first, else evicts the least
+ * recently used cached block (the tail of a sequence first).  Allocate and
+ * free are O(1).
+ *
+ * Ownership: kvpool_create returns a heap handle (kvpool_destroy).
+ * kv_seq is a caller-owned struct; kvseq_init/kvseq_release pair it.
+ * Threading: not thread-safe; only the engine thread touches a pool.
+ */
+#ifndef KVANT_KVPOOL_H
+#define KVANT_KVPOOL_H
+
+#include <stdint.h>
+
+#include "util/err.h"
+
+typedef struct kvpool kvpool;
+
+/* Largest pool kvpool_create accepts (block ids fit int32 with headroom). */
+#define KVPOOL_MAX_BLOCKS (1 << 24)
+
+/* Copies the K/V storage of block src to block dst (all layers). */
+typedef void (*kvpool_copy_fn)(void *ctx, int32_t dst, int32_t src);
+
+typedef struct kvpool_config {
+    int32_t n_blocks;
+    int32_t block_size;        /* tokens per block: power of two in [8, 128] */
+    int prefix_cache;          /* automatic prefix caching on/off */
+    uint64_t model_hash;       /* mixed into every block hash */
+    kvpool_copy_fn copy_block; /* may be NULL only if no fork is ever written */
+    void *copy_ctx;
+} kvpool_config;
+
+/* Defaults: 1024 blocks of 16 tokens, prefix caching on, no copy hook. */
+kvpool_config kvpool_config_default(void);
+/* Allocates all metadata up front (nothing is allocated per block later).
+ * Returns NULL with err filled (KV_EINVAL naming the field, KV_ENOMEM). */
+kvpool *kvpool_create(const kvpool_config *cfg, kvant_err *err);
+/* Frees the pool; live kv_seq tables must be released first (or freed by
+ * their owners without touching the pool).  NULL is a no-op. */
+void kvpool_destroy(kvpool *p);
+
+/* A sequence's block table.  blocks[i] holds tokens [i*bs, (i+1)*bs). */
+typedef struct kv_seq {
+    int32_t *blocks;      /* [cap] physical block ids; owned by the seq */
+    int32_t n_blocks;
+    int32_t cap;
+    int64_t n_tokens;     /* tokens whose K/V are stored (or reserved) */
+    int32_t n_hashed;     /* leading full blocks whose chain hash is known; each
+                             is registered in the prefix map unless an
+                             identical block already was (or the cache was
+                             cleared) */
+    uint64_t last_hash;   /* hash of block n_hashed-1 (chain value); 0 if none */
+    uint64_t salt;        /* per-request salt (tenant isolation) */
+} kv_seq;
+
+/* Makes s an empty sequence (no allocation).  Sequences that may share
+ * cached blocks must use the same salt. */
+void kvseq_init(kv_seq *s, uint64_t salt);
+/* Returns every block of s to the pool (unref, tail block first, so that
+ * under LRU the tail of a sequence is evicted first), frees its table and
+ * empties s (the salt is kept, s may be reused). */
+void kvseq_release(kvpool *p, kv_seq *s);
+
+/* Looks up the longest chain of cached full blocks for tokens[0..n) and
+ * attaches them to the empty sequence s.  Returns the number of tokens
+ * reused (a multiple of block_size, and at most n - 1 so that at least one
+ * token is computed) and sets s->n_tokens to it.  Counts a query of n tokens
+ * and the hit tokens.  s must be empty (programmer error otherwise).  If
+ * the table cannot grow, the shorter match found so far is returned. */
+int64_t kvseq_match_prefix(kvpool *p, kv_seq *s, const int32_t *tokens, int64_t n);
+
+/* Ensures s has blocks for n_tokens in total (growing one block at a
+ * time) and that the blocks to be written from position `from` onward are
+ * exclusively owned (copy-on-write of a shared block).  On KV_ENOMEM
+ * nothing is changed.  Does not change s->n_tokens. */
+/* Details: every block of s covering a position >= from (including blocks
+ * reserved earlier beyond n_tokens) is made exclusive: a block is copied
+ * when its refcount is > 1 or it is registered in the prefix map.  If from
+ * falls inside the hashed prefix, n_hashed is cut back to from / bs.
+ * Returns KV_OK, KV_EINVAL (from < 0, from > n_tokens, or a copy needed
+ * and no copy_block hook), or KV_ENOMEM (not enough free + cached blocks,
+ * or the table cannot grow); on any error nothing is changed. */
+int kvseq_reserve(kvpool *p, kv_seq *s, int64_t from, int64_t n_tokens);
+/* Number of new blocks kvseq_reserve would need (for scheduling): blocks
+ * to append plus copy-on-write copies; compare with kvpool_n_available.
+ * Invalid arguments yield 0 (kvseq_reserve then reports them). */
+int32_t kvseq_blocks_needed(const kvpool *p, const kv_seq *s, int64_t from, int64_t n_tokens);
+
+/* Records that tokens[0..n_tokens) are now stored, and registers newly
+ * full blocks in the prefix map (when prefix caching is on).  n_tokens must
+ * fit the reserved blocks (programmer error otherwise); a smaller n_tokens
+ * than before is a roll-back (blocks are kept, n_hashed is cut back).
+ * The caller must have written the K/V of every new token after a
+ * kvseq_reserve covering it (rewrites need reserve(from) first). */
+void kvseq_commit(kvpool *p, kv_seq *s, const int32_t *tokens, int64_t n_tokens);
+
+/* child becomes a copy of parent's table sharing every block (refcount),
+ * and takes parent's salt.  child must be empty (KV_EINVAL otherwise);
+ * KV_ENOMEM if its table cannot be allocated (nothing changed). */
+int kvseq_fork(kvpool *p, const kv_seq *parent, kv_seq *child, kvant_err *err);
+
+typedef struct kvpool_stats {
+    int32_t n_blocks;
+    int32_t block_size;
+    int32_t n_free;           /* never used or freed without a hash */
+    int32_t n_cached;         /* refcount 0, evictable, holding a prefix */
+    int32_t n_used;           /* refcount > 0 */
+    uint64_t prefix_queries;  /* tokens looked up */
+    uint64_t prefix_hits;     /* tokens served from cache */
+    uint64_t evictions;
+    uint64_t cow_copies;
+} kvpool_stats;
+
+void kvpool_get_stats(const kvpool *p, kvpool_stats *out);
+int32_t kvpool_block_size(const kvpool *p);
+int32_t kvpool_n_available(const kvpool *p); /* free + cached */
+int32_t kvpool_refcount(const kvpool *p, int32_t block);
+/* Checks every invariant (refcounts vs. tables given, free list, LRU,
+ * prefix map).  Returns 0 when consistent, else -1 with err filled. */
+int kvpool_check(const kvpool *p, const kv_seq *const *seqs, int n_seqs, kvant_err *err);
+/* Drops every cached block to the free list and empties the prefix map
+ * (blocks in use stay attached but are no longer registered, so they go
+ * to the free list when released).  E.g. --no-prefix-cache toggled, tests. */
+void kvpool_clear_cache(kvpool *p);
+
+#endif

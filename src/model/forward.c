@@ -1,0 +1,178 @@
+/* forward.c - one forward pass of a llama/qwen2 decoder over a batch.
+ *
+ *   x = embed(tokens)
+ *   per layer:  h = rmsnorm(x) ; q,k,v = h W{q,k,v} (+b) ; rope(q,k)
+ *               store k,v in the paged cache ; a = attention(q)
+ *               x += a Wo ; h = rmsnorm(x) ; x += (silu(h Wg) * h Wu) Wd
+ *   logits = rmsnorm(x[out]) Wout
+ */
+#include "model/forward.h"
+
+#include <string.h>
+
+#include "kernels/dtype.h"
+
+static void ws_sizes(const model_hparams *hp, int64_t t, int64_t o, uint64_t sz[10])
+{
+    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
+    int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    sz[0] = t * hp->n_embd; /* x */
+    sz[1] = t * hp->n_embd; /* h */
+    sz[2] = t * q_dim;      /* q */
+    sz[3] = t * kv_dim;     /* k */
+    sz[4] = t * kv_dim;     /* v */
+    sz[5] = t * q_dim;      /* att */
+    sz[6] = t * hp->n_ff;   /* gate */
+    sz[7] = t * hp->n_ff;   /* up */
+    sz[8] = o * hp->n_embd; /* out_x */
+    sz[9] = o * hp->n_vocab; /* logits */
+    for (int i = 0; i < 10; i++)
+        sz[i] *= sizeof(float);
+}
+
+uint64_t fwd_workspace_bytes(const model_hparams *hp, int64_t max_tokens, int64_t max_out)
+{
+    uint64_t sz[10], total = 0;
+    ws_sizes(hp, max_tokens, max_out, sz);
+    for (int i = 0; i < 10; i++)
+        total += sz[i];
+    return total;
+}
+
+void fwd_free(fwd_ctx *f)
+{
+    if (!f || !f->be)
+        return;
+    float **bufs[] = {&f->d_x, &f->d_h, &f->d_q, &f->d_k, &f->d_v,
+                      &f->d_att, &f->d_gate, &f->d_up, &f->d_out_x, &f->d_logits};
+    for (int i = 0; i < 10; i++) {
+        f->be->ops->free(f->be, *bufs[i]);
+        *bufs[i] = NULL;
+    }
+    if (f->kv.n_blocks)
+        f->be->ops->kv_free(f->be);
+    f->kv.n_blocks = 0;
+}
+
+kv_layout fwd_kv_layout(const model *m, int32_t n_blocks, int32_t block_size, uint32_t kv_dtype)
+{
+    return (kv_layout){
+        .n_layers = m->hp.n_layers,
+        .n_blocks = n_blocks,
+        .block_size = block_size,
+        .n_kv_heads = m->hp.n_head_kv,
+        .head_dim = m->hp.head_dim,
+        .dtype = kv_dtype,
+    };
+}
+
+int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_out,
+             const kv_layout *kv, kvant_err *err)
+{
+    memset(f, 0, sizeof *f);
+    if (max_tokens < 1 || max_out < 1 || max_out > max_tokens)
+        return kvant_err_set(err, KV_EINVAL, "batch shape: %d tokens, %d outputs", max_tokens,
+                             max_out);
+    f->m = m;
+    f->be = be;
+    f->max_tokens = max_tokens;
+    f->max_out = max_out;
+    uint64_t sz[10];
+    ws_sizes(&m->hp, max_tokens, max_out, sz);
+    float **bufs[] = {&f->d_x, &f->d_h, &f->d_q, &f->d_k, &f->d_v,
+                      &f->d_att, &f->d_gate, &f->d_up, &f->d_out_x, &f->d_logits};
+    for (int i = 0; i < 10; i++) {
+        *bufs[i] = be->ops->alloc(be, sz[i], MEM_ACTIVATIONS, MEM_NO_LAYER, err);
+        if (!*bufs[i]) {
+            fwd_free(f);
+            return KV_ENOMEM;
+        }
+    }
+    int rc = be->ops->kv_init(be, kv, err);
+    if (rc) {
+        fwd_free(f);
+        return rc;
+    }
+    f->kv = *kv;
+    f->rope = (rope_params){
+        .kind = m->hp.rope,
+        .n_rot = m->hp.rope_dim,
+        .base = m->hp.rope_base,
+        .freq_scale = m->hp.rope_freq_scale,
+        .d_freq_factors = m->rope_freqs.dev,
+    };
+    return KV_OK;
+}
+
+static int check_batch(const fwd_ctx *f, const fwd_batch *b, int32_t block_size, kvant_err *err)
+{
+    if (b->n_tokens < 1 || b->n_tokens > f->max_tokens)
+        return kvant_err_set(err, KV_EINVAL, "batch of %d tokens (limit %d)", b->n_tokens,
+                             f->max_tokens);
+    if (b->n_out < 0 || b->n_out > f->max_out)
+        return kvant_err_set(err, KV_EINVAL, "batch wants %d logit rows (limit %d)", b->n_out,
+                             f->max_out);
+    for (int32_t t = 0; t < b->n_tokens; t++) {
+        if (b->tokens[t] < 0 || b->tokens[t] >= f->m->hp.n_vocab)
+            return kvant_err_set(err, KV_ERANGE, "token id %d out of range [0, %d)",
+                                 b->tokens[t], f->m->hp.n_vocab);
+        if (b->seq[t] < 0 || b->seq[t] >= b->n_seqs)
+            return kvant_err_set(err, KV_EINVAL, "token %d: sequence %d out of range", t,
+                                 b->seq[t]);
+        const fwd_seq *s = &b->seqs[b->seq[t]];
+        if (b->pos[t] < 0 || b->pos[t] / block_size >= s->n_blocks)
+            return kvant_err_set(err, KV_EINVAL, "token %d: position %d not covered by %d blocks",
+                                 t, b->pos[t], s->n_blocks);
+    }
+    for (int32_t j = 0; j < b->n_out; j++)
+        if (b->out[j] < 0 || b->out[j] >= b->n_tokens)
+            return kvant_err_set(err, KV_EINVAL, "output row %d refers to token %d", j, b->out[j]);
+    return KV_OK;
+}
+
+static void run_layer(fwd_ctx *f, int32_t il, int32_t n)
+{
+    const backend_ops *op = f->be->ops;
+    backend *be = f->be;
+    const model_hparams *hp = &f->m->hp;
+    const model_layer *L = &f->m->layers[il];
+    op->rmsnorm(be, f->d_x, &L->attn_norm, hp->rms_eps, f->d_h, n);
+    op->matmul(be, &L->wq, L->bq.dev ? &L->bq : NULL, f->d_h, f->d_q, n);
+    op->matmul(be, &L->wk, L->bk.dev ? &L->bk : NULL, f->d_h, f->d_k, n);
+    op->matmul(be, &L->wv, L->bv.dev ? &L->bv : NULL, f->d_h, f->d_v, n);
+    op->rope(be, f->d_q, hp->n_head, hp->head_dim, &f->rope);
+    op->rope(be, f->d_k, hp->n_head_kv, hp->head_dim, &f->rope);
+    op->kv_store(be, il, f->d_k, f->d_v);
+    op->attention(be, il, f->d_q, hp->n_head, f->d_att);
+    op->matmul(be, &L->wo, NULL, f->d_att, f->d_h, n);
+    op->add(be, f->d_x, f->d_h, (int64_t)n * hp->n_embd);
+    op->rmsnorm(be, f->d_x, &L->ffn_norm, hp->rms_eps, f->d_h, n);
+    op->matmul(be, &L->w_gate, NULL, f->d_h, f->d_gate, n);
+    op->matmul(be, &L->w_up, NULL, f->d_h, f->d_up, n);
+    op->swiglu(be, f->d_gate, f->d_up, f->d_gate, (int64_t)n * hp->n_ff);
+    op->matmul(be, &L->w_down, NULL, f->d_gate, f->d_h, n);
+    op->add(be, f->d_x, f->d_h, (int64_t)n * hp->n_embd);
+}
+
+int fwd_run(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
+{
+    const backend_ops *op = f->be->ops;
+    backend *be = f->be;
+    const model *m = f->m;
+    int rc;
+    if ((rc = check_batch(f, b, f->kv.block_size, err)))
+        return rc;
+    if ((rc = op->begin_batch(be, b, err)))
+        return rc;
+    int32_t n = b->n_tokens;
+    op->embed(be, &m->tok_embd, f->d_x);
+    for (int32_t il = 0; il < m->hp.n_layers; il++)
+        run_layer(f, il, n);
+    if (b->n_out == 0)
+        return op->sync(be);
+    op->gather_out(be, f->d_x, m->hp.n_embd, f->d_out_x);
+    op->rmsnorm(be, f->d_out_x, &m->output_norm, m->hp.rms_eps, f->d_out_x, b->n_out);
+    op->matmul(be, &m->output, NULL, f->d_out_x, f->d_logits, b->n_out);
+    return op->download(be, logits, f->d_logits,
+                        (size_t)b->n_out * m->hp.n_vocab * sizeof(float));
+}

@@ -1,0 +1,45 @@
+/* forward.h - the Llama-family forward pass, written once against the
+ * backend ops (backend/backend.h).
+ *
+ * A fwd_ctx owns the activation workspace, sized at init for the largest
+ * batch (max_tokens tokens, max_out logit rows) and allocated through the
+ * backend's memory manager (MEM_ACTIVATIONS); fwd_run allocates nothing.
+ * Ownership: fwd_init/fwd_free pair; model and backend are borrowed.
+ * Threading: one thread (the engine thread) per fwd_ctx.
+ */
+#ifndef KVANT_FORWARD_H
+#define KVANT_FORWARD_H
+
+#include "backend/backend.h"
+#include "model/model.h"
+
+typedef struct fwd_ctx {
+    model *m;
+    backend *be;
+    int32_t max_tokens;
+    int32_t max_out;
+    float *d_x, *d_h, *d_q, *d_k, *d_v, *d_att, *d_gate, *d_up; /* [max_tokens][...] */
+    float *d_out_x;   /* [max_out][n_embd] */
+    float *d_logits;  /* [max_out][n_vocab] */
+    rope_params rope;
+    kv_layout kv;     /* the paged KV storage this context writes */
+} fwd_ctx;
+
+/* Activation workspace bytes for a batch shape; the planner uses the same
+ * function, so plan and allocation agree by construction. */
+uint64_t fwd_workspace_bytes(const model_hparams *hp, int64_t max_tokens, int64_t max_out);
+
+/* Allocates the workspace and the backend's KV storage for layout kv
+ * (n_layers, n_kv_heads and head_dim are taken from the model). */
+int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_out,
+             const kv_layout *kv, kvant_err *err);
+/* A kv_layout for this model with n_blocks blocks of block_size tokens. */
+kv_layout fwd_kv_layout(const model *m, int32_t n_blocks, int32_t block_size, uint32_t kv_dtype);
+void fwd_free(fwd_ctx *f);
+
+/* Validates the batch (token ids, positions, table coverage), runs it, and
+ * copies logits [n_out][n_vocab] to host memory.  On error nothing in the
+ * KV cache outside the batch's own slots has changed. */
+int fwd_run(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err);
+
+#endif

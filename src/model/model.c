@@ -1,0 +1,310 @@
+/* model.c - load a Llama-family GGUF: hyper-parameters, tensor views,
+ * tokenizer, chat template.
+ *
+ * Tensor shapes are checked against the hyper-parameters so that the
+ * forward pass can trust them: a file whose tensors disagree with its
+ * metadata is refused here, naming the tensor and the expected shape.
+ */
+#include "model/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/dtype.h"
+
+const char *model_arch_name(model_arch a)
+{
+    return a == ARCH_QWEN2 ? "qwen2" : "llama";
+}
+
+static int get_u32_key(const gguf_ctx *g, const char *arch, const char *suffix, uint32_t *out,
+                       int required, uint32_t def, kvant_err *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (required)
+        return gguf_get_u32(g, key, out, err);
+    return gguf_get_u32_or(g, key, def, out, err);
+}
+
+static int get_f32_key(const gguf_ctx *g, const char *arch, const char *suffix, float def,
+                       float *out, kvant_err *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    return gguf_get_f32_or(g, key, def, out, err);
+}
+
+static int read_rope_scaling(const gguf_ctx *g, const char *arch, model_hparams *hp,
+                             kvant_err *err)
+{
+    char key[128];
+    gguf_str type = {0};
+    hp->rope_freq_scale = 1.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    if (gguf_find_key(g, key) < 0)
+        return KV_OK;
+    int rc = gguf_get_str(g, key, &type, err);
+    if (rc)
+        return rc;
+    if (gguf_str_eq(type, "none"))
+        return KV_OK;
+    if (gguf_str_eq(type, "linear")) {
+        float factor = 1.0f;
+        rc = get_f32_key(g, arch, "rope.scaling.factor", 1.0f, &factor, err);
+        if (rc)
+            return rc;
+        if (!(factor > 0.0f && factor < 1e6f))
+            return kvant_err_set(err, KV_EFORMAT, "%s.rope.scaling.factor: %g is not positive",
+                                 arch, (double)factor);
+        hp->rope_freq_scale = 1.0f / factor;
+        return KV_OK;
+    }
+    /* Llama-3 style scaling is carried by the rope_freqs.weight tensor
+     * (freq factors computed at conversion); other kinds are unsupported. */
+    if (gguf_str_eq(type, "llama3"))
+        return KV_OK;
+    return kvant_err_set(err, KV_EUNSUP, "%s.rope.scaling.type '%.*s' is not supported", arch,
+                         (int)(type.len > 64 ? 64 : type.len), type.ptr);
+}
+
+int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err)
+{
+    gguf_str arch_s;
+    memset(hp, 0, sizeof *hp);
+    int rc = gguf_get_str(g, "general.architecture", &arch_s, err);
+    if (rc)
+        return rc;
+    const char *arch;
+    if (gguf_str_eq(arch_s, "llama")) {
+        hp->arch = ARCH_LLAMA;
+        hp->rope = ROPE_NORM;
+        arch = "llama";
+    } else if (gguf_str_eq(arch_s, "qwen2")) {
+        hp->arch = ARCH_QWEN2;
+        hp->rope = ROPE_NEOX;
+        arch = "qwen2";
+    } else {
+        return kvant_err_set(err, KV_EUNSUP,
+                             "general.architecture '%.*s' is not supported (kvant runs llama, qwen2)",
+                             (int)(arch_s.len > 64 ? 64 : arch_s.len), arch_s.ptr);
+    }
+    uint32_t n_layers, n_embd, n_head, n_head_kv, n_ff, ctx, key_len, rope_dim;
+    if ((rc = get_u32_key(g, arch, "block_count", &n_layers, 1, 0, err)) ||
+        (rc = get_u32_key(g, arch, "embedding_length", &n_embd, 1, 0, err)) ||
+        (rc = get_u32_key(g, arch, "attention.head_count", &n_head, 1, 0, err)) ||
+        (rc = get_u32_key(g, arch, "feed_forward_length", &n_ff, 1, 0, err)) ||
+        (rc = get_u32_key(g, arch, "context_length", &ctx, 0, 2048, err)))
+        return rc;
+    if ((rc = get_u32_key(g, arch, "attention.head_count_kv", &n_head_kv, 0, n_head, err)))
+        return rc;
+    if (n_layers < 1 || n_layers > MODEL_MAX_LAYERS)
+        return kvant_err_set(err, KV_EFORMAT, "%s.block_count: %u outside [1, %d]", arch,
+                             n_layers, MODEL_MAX_LAYERS);
+    if (n_head < 1 || n_embd < 1 || n_embd % n_head)
+        return kvant_err_set(err, KV_EFORMAT,
+                             "%s.embedding_length %u is not a multiple of head_count %u", arch,
+                             n_embd, n_head);
+    if (n_head_kv < 1 || n_head % n_head_kv)
+        return kvant_err_set(err, KV_EFORMAT,
+                             "%s.attention.head_count_kv %u does not divide head_count %u", arch,
+                             n_head_kv, n_head);
+    if ((rc = get_u32_key(g, arch, "attention.key_length", &key_len, 0, n_embd / n_head, err)))
+        return rc;
+    if (key_len < 2 || key_len > MODEL_MAX_HEAD_DIM || key_len % 2)
+        return kvant_err_set(err, KV_EUNSUP, "%s.attention.key_length %u unsupported", arch,
+                             key_len);
+    if ((rc = get_u32_key(g, arch, "rope.dimension_count", &rope_dim, 0, key_len, err)))
+        return rc;
+    if (rope_dim > key_len || rope_dim % 2)
+        return kvant_err_set(err, KV_EFORMAT, "%s.rope.dimension_count %u invalid for head %u",
+                             arch, rope_dim, key_len);
+    hp->n_layers = (int32_t)n_layers;
+    hp->n_embd = (int32_t)n_embd;
+    hp->n_head = (int32_t)n_head;
+    hp->n_head_kv = (int32_t)n_head_kv;
+    hp->head_dim = (int32_t)key_len;
+    hp->n_ff = (int32_t)n_ff;
+    hp->n_ctx_train = ctx;
+    hp->rope_dim = (int32_t)rope_dim;
+    if ((rc = get_f32_key(g, arch, "rope.freq_base", 10000.0f, &hp->rope_base, err)) ||
+        (rc = get_f32_key(g, arch, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->rms_eps, err)))
+        return rc;
+    if (!(hp->rope_base > 0.0f) || !(hp->rms_eps > 0.0f && hp->rms_eps < 1.0f))
+        return kvant_err_set(err, KV_EFORMAT, "%s: rope.freq_base or rms epsilon out of range",
+                             arch);
+    if ((rc = read_rope_scaling(g, arch, hp, err)))
+        return rc;
+    const gguf_tensor_info *emb = gguf_find_tensor(g, "token_embd.weight");
+    if (!emb)
+        return kvant_err_set(err, KV_EFORMAT, "tensor 'token_embd.weight' is missing");
+    if (emb->ne[1] < 1 || emb->ne[1] > (1 << 24))
+        return kvant_err_set(err, KV_EFORMAT, "token_embd.weight: vocabulary %llu out of range",
+                             (unsigned long long)emb->ne[1]);
+    hp->n_vocab = (int32_t)emb->ne[1];
+    return KV_OK;
+}
+
+/* Binds a tensor by name and checks its shape; optional tensors may be
+ * absent (t->data stays NULL). */
+static int bind(const gguf_ctx *g, model_tensor *t, const char *name, int layer, int64_t ne0,
+                int64_t ne1, int optional, kvant_err *err)
+{
+    const gguf_tensor_info *ti = gguf_find_tensor(g, name);
+    memset(t, 0, sizeof *t);
+    t->layer = layer;
+    if (!ti) {
+        if (optional)
+            return KV_OK;
+        return kvant_err_set(err, KV_EFORMAT, "tensor '%s' is missing", name);
+    }
+    int64_t got1 = ti->n_dims >= 2 ? (int64_t)ti->ne[1] : 1;
+    if ((int64_t)ti->ne[0] != ne0 || got1 != ne1 || ti->ne[2] != 1 || ti->ne[3] != 1)
+        return kvant_err_set(err, KV_EFORMAT,
+                             "tensor '%s' has shape [%llu, %llu], expected [%lld, %lld]", name,
+                             (unsigned long long)ti->ne[0], (unsigned long long)ti->ne[1],
+                             (long long)ne0, (long long)ne1);
+    const dtype_traits *tr = dtype_get(ti->type);
+    if (!tr || !tr->vec_dot)
+        return kvant_err_set(err, KV_EUNSUP, "tensor '%s': type %u has no kernels in kvant", name,
+                             ti->type);
+    t->type = ti->type;
+    t->ne[0] = ne0;
+    t->ne[1] = ne1;
+    t->nbytes = ti->nbytes;
+    t->row_bytes = dtype_row_size(ti->type, ne0);
+    t->data = ti->data;
+    t->dev = (void *)ti->data;
+    return KV_OK;
+}
+
+/* 1-D tensors (norms, biases) must be F32: the kernels read them as floats. */
+static int bind_vec(const gguf_ctx *g, model_tensor *t, const char *name, int layer, int64_t n,
+                    int optional, kvant_err *err)
+{
+    int rc = bind(g, t, name, layer, n, 1, optional, err);
+    if (rc == KV_OK && t->data && t->type != DT_F32)
+        return kvant_err_set(err, KV_EUNSUP, "tensor '%s' must be f32 (is type %u)", name,
+                             t->type);
+    return rc;
+}
+
+static int bind_layer(model *m, int il, kvant_err *err)
+{
+    const model_hparams *hp = &m->hp;
+    model_layer *L = &m->layers[il];
+    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
+    int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    int qwen = hp->arch == ARCH_QWEN2;
+    char name[96];
+    int rc;
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, il), name)
+    if ((rc = bind_vec(m->gguf, &L->attn_norm, NAME("attn_norm.weight"), il, hp->n_embd, 0, err)) ||
+        (rc = bind(m->gguf, &L->wq, NAME("attn_q.weight"), il, hp->n_embd, q_dim, 0, err)) ||
+        (rc = bind(m->gguf, &L->wk, NAME("attn_k.weight"), il, hp->n_embd, kv_dim, 0, err)) ||
+        (rc = bind(m->gguf, &L->wv, NAME("attn_v.weight"), il, hp->n_embd, kv_dim, 0, err)) ||
+        (rc = bind(m->gguf, &L->wo, NAME("attn_output.weight"), il, q_dim, hp->n_embd, 0, err)) ||
+        (rc = bind_vec(m->gguf, &L->bq, NAME("attn_q.bias"), il, q_dim, !qwen, err)) ||
+        (rc = bind_vec(m->gguf, &L->bk, NAME("attn_k.bias"), il, kv_dim, !qwen, err)) ||
+        (rc = bind_vec(m->gguf, &L->bv, NAME("attn_v.bias"), il, kv_dim, !qwen, err)) ||
+        (rc = bind_vec(m->gguf, &L->ffn_norm, NAME("ffn_norm.weight"), il, hp->n_embd, 0, err)) ||
+        (rc = bind(m->gguf, &L->w_gate, NAME("ffn_gate.weight"), il, hp->n_embd, hp->n_ff, 0, err)) ||
+        (rc = bind(m->gguf, &L->w_up, NAME("ffn_up.weight"), il, hp->n_embd, hp->n_ff, 0, err)) ||
+        (rc = bind(m->gguf, &L->w_down, NAME("ffn_down.weight"), il, hp->n_ff, hp->n_embd, 0, err)))
+        return rc;
+#undef NAME
+    return KV_OK;
+}
+
+static void add_bytes(void *ctx, model_tensor *t)
+{
+    *(uint64_t *)ctx += t->data ? t->nbytes : 0;
+}
+
+static int bind_all(model *m, kvant_err *err)
+{
+    const model_hparams *hp = &m->hp;
+    int rc;
+    if ((rc = bind(m->gguf, &m->tok_embd, "token_embd.weight", -1, hp->n_embd, hp->n_vocab, 0, err)) ||
+        (rc = bind_vec(m->gguf, &m->output_norm, "output_norm.weight", -1, hp->n_embd, 0, err)) ||
+        (rc = bind(m->gguf, &m->output, "output.weight", -1, hp->n_embd, hp->n_vocab, 1, err)) ||
+        (rc = bind_vec(m->gguf, &m->rope_freqs, "rope_freqs.weight", -1, hp->rope_dim / 2, 1, err)))
+        return rc;
+    m->tied_output = m->output.data == NULL;
+    if (m->tied_output)
+        m->output = m->tok_embd;
+    m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
+    if (!m->layers)
+        return kvant_err_set(err, KV_ENOMEM, "out of memory for %d layers", hp->n_layers);
+    for (int il = 0; il < hp->n_layers; il++)
+        if ((rc = bind_layer(m, il, err)))
+            return rc;
+    uint64_t total = 0;
+    model_tensor out = m->output;
+    if (m->tied_output)
+        m->output.data = NULL; /* counted once, as tok_embd */
+    model_for_each_tensor(m, add_bytes, &total);
+    m->output = out;
+    m->weights_bytes = total;
+    return KV_OK;
+}
+
+model *model_load(const char *path, kvant_err *err)
+{
+    model *m = calloc(1, sizeof *m);
+    if (!m) {
+        kvant_err_set(err, KV_ENOMEM, "out of memory");
+        return NULL;
+    }
+    snprintf(m->path, sizeof m->path, "%s", path);
+    m->gguf = gguf_open(path, err);
+    if (!m->gguf)
+        goto fail;
+    if (model_hparams_from_gguf(m->gguf, &m->hp, err) || bind_all(m, err))
+        goto fail;
+    m->tok = tok_create(m->gguf, err);
+    if (!m->tok)
+        goto fail;
+    if (tok_n_vocab(m->tok) > m->hp.n_vocab) {
+        kvant_err_set(err, KV_EFORMAT, "tokenizer has %d tokens but token_embd has %d rows",
+                      tok_n_vocab(m->tok), m->hp.n_vocab);
+        goto fail;
+    }
+    kvant_err cerr = {0};
+    m->has_chat = chat_template_from_gguf(m->gguf, &m->chat, &cerr) == KV_OK;
+    if (!m->has_chat)
+        snprintf(m->chat_err, sizeof m->chat_err, "%s", cerr.msg);
+    return m;
+fail:
+    model_free(m);
+    return NULL;
+}
+
+void model_free(model *m)
+{
+    if (!m)
+        return;
+    tok_destroy(m->tok);
+    free(m->layers);
+    gguf_close(m->gguf);
+    free(m);
+}
+
+void model_for_each_tensor(model *m, model_tensor_fn fn, void *ctx)
+{
+    fn(ctx, &m->tok_embd);
+    fn(ctx, &m->output_norm);
+    if (!m->tied_output)
+        fn(ctx, &m->output);
+    if (m->rope_freqs.data)
+        fn(ctx, &m->rope_freqs);
+    for (int il = 0; m->layers && il < m->hp.n_layers; il++) {
+        model_layer *L = &m->layers[il];
+        model_tensor *ts[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk,
+                              &L->bv, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+            if (ts[i]->data)
+                fn(ctx, ts[i]);
+    }
+}

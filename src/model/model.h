@@ -1,0 +1,93 @@
+/* model.h - a loaded Llama-family model: hyper-parameters, weight tensors
+ * (zero-copy views into the mmap'd GGUF), tokenizer and chat template.
+ *
+ * Architectures: "llama" (Llama 2/3, TinyLlama, SmolLM/SmolLM2, Mistral
+ * style) and "qwen2" (QKV bias, NEOX RoPE).  Every hyper-parameter comes
+ * from GGUF metadata; anything missing or inconsistent is a KV_EFORMAT /
+ * KV_EUNSUP error naming the key or tensor.
+ *
+ * Ownership: model_load returns a heap handle freed by model_free; it owns
+ * the gguf_ctx (the mapping), the tokenizer and the layer array.  Weight
+ * `data` pointers borrow the mapping; `dev` pointers belong to the backend
+ * that uploaded them.  Threading: immutable after load.
+ */
+#ifndef KVANT_MODEL_H
+#define KVANT_MODEL_H
+
+#include <stdint.h>
+
+#include "format/gguf.h"
+#include "model/chat.h"
+#include "model/tokenizer.h"
+#include "util/err.h"
+
+typedef enum model_arch { ARCH_LLAMA = 0, ARCH_QWEN2 = 1 } model_arch;
+
+typedef enum rope_kind {
+    ROPE_NORM = 0, /* rotate adjacent pairs (x[2i], x[2i+1]): llama */
+    ROPE_NEOX = 1, /* rotate (x[i], x[i + n/2]): qwen2 */
+} rope_kind;
+
+#define MODEL_MAX_LAYERS 512
+#define MODEL_MAX_HEAD_DIM 256
+
+typedef struct model_hparams {
+    model_arch arch;
+    int32_t n_layers;
+    int32_t n_embd;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;     /* n_embd / n_head unless key_length says otherwise */
+    int32_t n_ff;
+    int32_t n_vocab;
+    int64_t n_ctx_train;
+    int32_t rope_dim;     /* rotated dimensions per head (<= head_dim) */
+    rope_kind rope;
+    float rope_base;
+    float rope_freq_scale; /* 1 / linear scaling factor */
+    float rms_eps;
+} model_hparams;
+
+/* A weight tensor: ne[0] elements per row, ne[1] rows. */
+typedef struct model_tensor {
+    uint32_t type;        /* dtype */
+    int64_t ne[2];
+    uint64_t nbytes;
+    size_t row_bytes;
+    const void *data;     /* host data in the mapping (borrowed) */
+    void *dev;            /* backend-resident copy (CPU: == data) */
+    int layer;            /* -1 for global tensors */
+} model_tensor;
+
+typedef struct model_layer {
+    model_tensor attn_norm, wq, wk, wv, wo;
+    model_tensor bq, bk, bv; /* qwen2 only; type == DT_F32 and data NULL when absent */
+    model_tensor ffn_norm, w_gate, w_up, w_down;
+} model_layer;
+
+typedef struct model {
+    model_hparams hp;
+    gguf_ctx *gguf;
+    tokenizer *tok;
+    chat_template chat;
+    int has_chat;            /* chat template known */
+    char chat_err[KV_ERR_MSG_MAX];      /* why not, when has_chat == 0 */
+    model_tensor tok_embd, output_norm, output, rope_freqs;
+    int tied_output;         /* output == tok_embd */
+    model_layer *layers;     /* [n_layers] */
+    uint64_t weights_bytes;  /* sum of all tensors used */
+    char path[1024];
+} model;
+
+/* Reads hyper-parameters only (no tensors): used by `kvant plan`. */
+int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err);
+const char *model_arch_name(model_arch a);
+
+model *model_load(const char *path, kvant_err *err);
+void model_free(model *m);
+
+/* Calls fn for every weight tensor of the model (global then per layer). */
+typedef void (*model_tensor_fn)(void *ctx, model_tensor *t);
+void model_for_each_tensor(model *m, model_tensor_fn fn, void *ctx);
+
+#endif

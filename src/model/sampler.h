@@ -1,0 +1,74 @@
+/* sampler.h - token sampling: greedy, temperature, top-k, top-p, min-p,
+ * repetition / presence / frequency penalties; seeded and reproducible.
+ *
+ * Pipeline (llama.cpp / vLLM order): penalties -> (temperature == 0: argmax)
+ * -> top-k -> temperature -> softmax -> top-p -> min-p -> renormalise -> draw.
+ *
+ * A sampler is caller-owned (sampler_init/sampler_free) and used by one
+ * thread at a time.  Its scratch space is allocated once at init for the
+ * vocabulary size (16 bytes per vocabulary entry); sampler_sample does not
+ * allocate.
+ * Reproducibility: the same params, seed, logits and history give the same
+ * token on every machine (the RNG is xoroshiro128++ seeded by splitmix64,
+ * not rand()).
+ */
+#ifndef KVANT_SAMPLER_H
+#define KVANT_SAMPLER_H
+
+#include <stdint.h>
+
+#include "util/err.h"
+
+typedef struct sampler_params {
+    float temperature;        /* 0 = greedy; must be finite and >= 0 */
+    int32_t top_k;            /* <= 0 (or >= n_vocab) = disabled */
+    float top_p;              /* (0, 1]; 1 = disabled */
+    float min_p;              /* [0, 1]; 0 = disabled */
+    float repetition_penalty; /* > 0, finite; 1 = disabled (llama.cpp / HF convention) */
+    float presence_penalty;   /* [-2, 2]; 0 = disabled (OpenAI convention) */
+    float frequency_penalty;  /* [-2, 2]; 0 = disabled */
+    int32_t penalty_last_n;   /* window of history for penalties; -1 = all, 0 = none */
+    uint64_t seed;
+} sampler_params;
+
+sampler_params sampler_params_default(void); /* greedy, everything disabled */
+/* Validates ranges; returns KV_OK or KV_EINVAL with the field named. */
+int sampler_params_check(const sampler_params *p, kvant_err *err);
+
+typedef struct sampler {
+    sampler_params p;         /* validated at init; do not change in place */
+    uint64_t rng[2];          /* xoroshiro128++ state, never all zero */
+    int32_t n_vocab;
+    /* scratch, [n_vocab] each, allocated at init, meaningful only inside
+     * sampler_sample */
+    float *probs;             /* unnormalised probabilities, by token id */
+    int32_t *idx;             /* candidate token ids (heap / sorted prefix) */
+    int32_t *counts;          /* history counts by token id; all zero between calls */
+    float *saved;             /* raw logits of penalised tokens (logprob only) */
+} sampler;
+
+/* Validates *p and n_vocab >= 1; on failure s is left zeroed (sampler_free
+ * is still safe).  KV_EINVAL / KV_ENOMEM. */
+int sampler_init(sampler *s, const sampler_params *p, int32_t n_vocab, kvant_err *err);
+void sampler_free(sampler *s); /* idempotent; safe on a zeroed struct */
+/* Re-seeds (e.g. after a request restarts from scratch on preemption). */
+void sampler_reseed(sampler *s, uint64_t seed);
+
+/* Picks the next token.  logits [n_vocab] (borrowed) is modified in place by
+ * the penalties only.  history [n_history] (borrowed): prompt and previously
+ * generated tokens, for the penalties; may be NULL when n_history is 0; ids
+ * outside [0, n_vocab) are ignored (the engine validates token ids).  NaN
+ * logits are never chosen unless every logit is NaN or -inf (then token 0). */
+int32_t sampler_sample(sampler *s, float *logits, const int32_t *history, int64_t n_history);
+/* As sampler_sample; if logprob is non-NULL it receives the log-softmax of
+ * the chosen token under the logits as passed in (before penalties and
+ * temperature, vLLM's default), at the cost of one more pass over them. */
+int32_t sampler_sample_lp(sampler *s, float *logits, const int32_t *history, int64_t n_history,
+                          float *logprob);
+
+/* argmax with lowest index on ties; NaN never wins; 0 if nothing beats -inf. */
+int32_t sampler_argmax(const float *logits, int32_t n);
+/* log-softmax value of logits[id] (numerically stable, double accumulation). */
+float sampler_logprob(const float *logits, int32_t n, int32_t id);
+
+#endif
