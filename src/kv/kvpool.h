@@ -38,7 +38,8 @@ typedef struct kvpool_config {
     int32_t block_size;        /* tokens per block: power of two in [8, 128] */
     int prefix_cache;          /* automatic prefix caching on/off */
     uint64_t model_hash;       /* mixed into every block hash */
-    kvpool_copy_fn copy_block; /* may be NULL only if no fork is ever written */
+    kvpool_copy_fn copy_block; /* NULL only if no shared or cached block is
+                                  ever rewritten (else reserve: KV_EINVAL) */
     void *copy_ctx;
 } kvpool_config;
 
@@ -56,7 +57,8 @@ typedef struct kv_seq {
     int32_t *blocks;      /* [cap] physical block ids; owned by the seq */
     int32_t n_blocks;
     int32_t cap;
-    int64_t n_tokens;     /* tokens whose K/V are stored (or reserved) */
+    int64_t n_tokens;     /* tokens whose K/V are stored (set by commit, match,
+                             fork; reserve only adds blocks) */
     int32_t n_hashed;     /* leading full blocks whose chain hash is known; each
                              is registered in the prefix map unless an
                              identical block already was (or the cache was
@@ -126,9 +128,11 @@ typedef struct kvpool_stats {
 void kvpool_get_stats(const kvpool *p, kvpool_stats *out);
 int32_t kvpool_block_size(const kvpool *p);
 int32_t kvpool_n_available(const kvpool *p); /* free + cached */
-int32_t kvpool_refcount(const kvpool *p, int32_t block);
-/* Checks every invariant (refcounts vs. tables given, free list, LRU,
- * prefix map).  Returns 0 when consistent, else -1 with err filled. */
+int32_t kvpool_refcount(const kvpool *p, int32_t block); /* -1 if out of range */
+/* Checks every invariant (refcounts vs. the tables of seqs, which must be
+ * all live sequences; free list, LRU, prefix map, counters).  O(n_blocks),
+ * allocates scratch: for tests and debug builds, not the decode loop.
+ * Returns 0 when consistent, else -1 with err filled. */
 int kvpool_check(const kvpool *p, const kv_seq *const *seqs, int n_seqs, kvant_err *err);
 /* Drops every cached block to the free list and empties the prefix map
  * (blocks in use stay attached but are no longer registered, so they go

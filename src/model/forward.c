@@ -11,44 +11,29 @@
 #include <string.h>
 
 #include "kernels/dtype.h"
+#include "mem/plan.h"
 
-static void ws_sizes(const model_hparams *hp, int64_t t, int64_t o, uint64_t sz[10])
+static plan_model plan_shape(const model_hparams *hp)
 {
-    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
-    int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
-    sz[0] = t * hp->n_embd; /* x */
-    sz[1] = t * hp->n_embd; /* h */
-    sz[2] = t * q_dim;      /* q */
-    sz[3] = t * kv_dim;     /* k */
-    sz[4] = t * kv_dim;     /* v */
-    sz[5] = t * q_dim;      /* att */
-    sz[6] = t * hp->n_ff;   /* gate */
-    sz[7] = t * hp->n_ff;   /* up */
-    sz[8] = o * hp->n_embd; /* out_x */
-    sz[9] = o * hp->n_vocab; /* logits */
-    for (int i = 0; i < 10; i++)
-        sz[i] *= sizeof(float);
+    return (plan_model){
+        .n_layers = hp->n_layers, .n_embd = hp->n_embd, .n_head = hp->n_head,
+        .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .n_ff = hp->n_ff,
+        .n_vocab = hp->n_vocab, .n_ctx_train = hp->n_ctx_train,
+    };
 }
 
 uint64_t fwd_workspace_bytes(const model_hparams *hp, int64_t max_tokens, int64_t max_out)
 {
-    uint64_t sz[10], total = 0;
-    ws_sizes(hp, max_tokens, max_out, sz);
-    for (int i = 0; i < 10; i++)
-        total += sz[i];
-    return total;
+    plan_model pm = plan_shape(hp);
+    return plan_activation_bytes(&pm, (int)max_tokens, (int)max_out, 1);
 }
 
 void fwd_free(fwd_ctx *f)
 {
     if (!f || !f->be)
         return;
-    float **bufs[] = {&f->d_x, &f->d_h, &f->d_q, &f->d_k, &f->d_v,
-                      &f->d_att, &f->d_gate, &f->d_up, &f->d_out_x, &f->d_logits};
-    for (int i = 0; i < 10; i++) {
-        f->be->ops->free(f->be, *bufs[i]);
-        *bufs[i] = NULL;
-    }
+    f->be->ops->free(f->be, f->d_base);
+    f->d_base = NULL;
     if (f->kv.n_blocks)
         f->be->ops->kv_free(f->be);
     f->kv.n_blocks = 0;
@@ -77,17 +62,25 @@ int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_
     f->be = be;
     f->max_tokens = max_tokens;
     f->max_out = max_out;
-    uint64_t sz[10];
-    ws_sizes(&m->hp, max_tokens, max_out, sz);
-    float **bufs[] = {&f->d_x, &f->d_h, &f->d_q, &f->d_k, &f->d_v,
-                      &f->d_att, &f->d_gate, &f->d_up, &f->d_out_x, &f->d_logits};
-    for (int i = 0; i < 10; i++) {
-        *bufs[i] = be->ops->alloc(be, sz[i], MEM_ACTIVATIONS, MEM_NO_LAYER, err);
-        if (!*bufs[i]) {
-            fwd_free(f);
-            return KV_ENOMEM;
-        }
-    }
+    plan_model pm = plan_shape(&m->hp);
+    plan_act_layout lay;
+    uint64_t total = plan_activation_layout(&pm, max_tokens, max_out, 1, &lay);
+    if (total == 0)
+        return kvant_err_set(err, KV_EINVAL, "batch shape %d x %d outside the planner's limits",
+                             max_tokens, max_out);
+    f->d_base = be->ops->alloc(be, total, MEM_ACTIVATIONS, MEM_NO_LAYER, err);
+    if (!f->d_base)
+        return KV_ENOMEM;
+    char *base = f->d_base;
+    f->d_x = (float *)(base + lay.x);
+    f->d_h = (float *)(base + lay.xn);
+    f->d_q = (float *)(base + lay.q);
+    f->d_k = (float *)(base + lay.k);
+    f->d_v = (float *)(base + lay.v);
+    f->d_att = (float *)(base + lay.att);
+    f->d_gate = (float *)(base + lay.gate);
+    f->d_up = (float *)(base + lay.up);
+    f->d_logits = (float *)(base + lay.logits);
     int rc = be->ops->kv_init(be, kv, err);
     if (rc) {
         fwd_free(f);
@@ -170,9 +163,9 @@ int fwd_run(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
         run_layer(f, il, n);
     if (b->n_out == 0)
         return op->sync(be);
-    op->gather_out(be, f->d_x, m->hp.n_embd, f->d_out_x);
-    op->rmsnorm(be, f->d_out_x, &m->output_norm, m->hp.rms_eps, f->d_out_x, b->n_out);
-    op->matmul(be, &m->output, NULL, f->d_out_x, f->d_logits, b->n_out);
+    op->gather_out(be, f->d_x, m->hp.n_embd, f->d_h);
+    op->rmsnorm(be, f->d_h, &m->output_norm, m->hp.rms_eps, f->d_h, b->n_out);
+    op->matmul(be, &m->output, NULL, f->d_h, f->d_logits, b->n_out);
     return op->download(be, logits, f->d_logits,
                         (size_t)b->n_out * m->hp.n_vocab * sizeof(float));
 }

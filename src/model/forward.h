@@ -18,15 +18,16 @@ typedef struct fwd_ctx {
     backend *be;
     int32_t max_tokens;
     int32_t max_out;
+    void *d_base;     /* the whole workspace, carved by plan_activation_layout */
     float *d_x, *d_h, *d_q, *d_k, *d_v, *d_att, *d_gate, *d_up; /* [max_tokens][...] */
-    float *d_out_x;   /* [max_out][n_embd] */
     float *d_logits;  /* [max_out][n_vocab] */
     rope_params rope;
     kv_layout kv;     /* the paged KV storage this context writes */
 } fwd_ctx;
 
-/* Activation workspace bytes for a batch shape; the planner uses the same
- * function, so plan and allocation agree by construction. */
+/* Activation workspace bytes for a batch shape: the planner's
+ * plan_activation_bytes, whose layout fwd_init carves, so plan and
+ * allocation agree by construction. */
 uint64_t fwd_workspace_bytes(const model_hparams *hp, int64_t max_tokens, int64_t max_out);
 
 /* Allocates the workspace and the backend's KV storage for layout kv

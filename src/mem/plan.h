@@ -1,0 +1,130 @@
+/* plan.h - the what-fits planner: pure arithmetic from a model's shape.
+ *
+ * Given the hyper-parameters and total weight bytes (from a GGUF header
+ * alone: no tensor data is read) and a serving configuration, computes the
+ * memory budget, the activation workspace, the KV bytes per token, how many
+ * KV blocks remain for the paged pool, and how many sequences of a given
+ * context length fit at once.
+ *
+ * plan_activation_layout / plan_activation_bytes is THE workspace formula:
+ * the CPU backend carves its activation workspace from the same layout, so
+ * the plan and the real allocation agree by construction.
+ *
+ * Ownership: all structs are plain caller-owned data; plan_result_json
+ * returns a malloc'd string the caller frees.  Threading: pure functions,
+ * callable from any thread.
+ */
+#ifndef KVANT_PLAN_H
+#define KVANT_PLAN_H
+
+#include <stdint.h>
+
+#include "util/err.h"
+
+/* Limits on untrusted shapes (a model header may claim anything); chosen
+ * so that every product below fits easily in 64 bits. */
+#define PLAN_MAX_LAYERS 1024
+#define PLAN_MAX_DIM (1 << 20)      /* n_embd, n_ff, n_head * head_dim */
+#define PLAN_MAX_HEADS 4096         /* n_head, n_head_kv, head_dim */
+#define PLAN_MAX_VOCAB (1 << 24)
+#define PLAN_MAX_CTX (1 << 24)
+#define PLAN_MAX_BATCH_TOKENS (1 << 20)
+#define PLAN_MAX_SEQS (1 << 16)
+#define PLAN_MAX_THREADS 1024
+#define PLAN_MAX_WEIGHTS (1ull << 60)
+#define PLAN_MAX_CONC 8
+
+typedef struct plan_model {
+    int n_layers, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab;
+    int64_t n_ctx_train;
+    uint64_t weights_bytes; /* all tensors at stored size (what mmap maps) */
+} plan_model;
+
+typedef struct plan_config {
+    uint64_t device_memory;     /* bytes on the device (host RAM for CPU) */
+    double utilization;         /* fraction of device_memory kvant may use, (0, 1] */
+    int64_t ctx;                /* max context per sequence; 0 = model's n_ctx_train */
+    int block_size;             /* KV tokens per block: power of two in [8, 128] */
+    int max_num_seqs;           /* sequences in one batch (logits rows) */
+    int max_num_batched_tokens; /* tokens in one forward pass */
+    int n_threads;              /* backend threads (attention scratch each) */
+    uint32_t kv_dtype;          /* dtype enum (src/kernels/dtype.h) of stored K/V */
+} plan_config;
+
+/* utilization 0.90, ctx 0, block 16, 64 seqs, 2048 tokens, 1 thread,
+ * kv f32 (the CPU backend stores f32 K/V for now). */
+plan_config plan_config_default(void);
+
+typedef struct plan_result {
+    uint64_t budget;             /* floor(device_memory * utilization) */
+    uint64_t weights_bytes;
+    uint64_t activation_bytes;   /* plan_activation_bytes(...) */
+    uint64_t kv_bytes_per_token; /* all layers, K and V */
+    uint64_t kv_pool_bytes;      /* kv_pool_blocks * block_size * kv_bytes_per_token */
+    uint64_t kv_pool_tokens;     /* kv_pool_blocks * block_size */
+    int64_t kv_pool_blocks;      /* whole blocks in budget - weights - activations */
+    int fits_one_max_ctx;        /* one sequence of ctx tokens fits the pool */
+    int64_t max_ctx_that_fits;   /* min(n_ctx_train, kv_pool_tokens) */
+    uint64_t missing_bytes;      /* budget bytes short of one ctx sequence; 0 if it fits */
+    int n_conc;
+    int64_t conc_ctx[PLAN_MAX_CONC]; /* ascending: 512, 2048, 8192, ctx, n_ctx_train
+                                      * (deduped, none above n_ctx_train) */
+    double conc[PLAN_MAX_CONC];      /* kv_pool_tokens / conc_ctx[i] (not capped
+                                      * by max_num_seqs) */
+    /* the effective configuration, echoed for reports */
+    uint64_t device_memory;
+    double utilization;
+    int64_t ctx;                 /* after resolving 0 */
+    int block_size;
+    uint32_t kv_dtype;
+} plan_result;
+
+/* Checks a model shape against the PLAN_MAX_* limits and the head
+ * structure (n_head % n_head_kv == 0); KV_EINVAL naming the field. */
+int plan_model_check(const plan_model *m, kvant_err *err);
+
+/* Computes the plan.  Errors: KV_EINVAL (bad shape or config, naming the
+ * field), KV_ERANGE (ctx above n_ctx_train), KV_EUNSUP (kv_dtype cannot
+ * store rows of n_head_kv * head_dim elements), KV_ENOMEM (weights plus
+ * activations plus one KV block exceed the budget; the message says what
+ * would fit).  On error *out holds the fields computed so far, the rest 0. */
+int plan_compute(const plan_model *m, const plan_config *c, plan_result *out, kvant_err *err);
+
+/* Byte offsets (from a 64-aligned base) of every buffer of one forward
+ * pass over max_tokens tokens; all f32, each buffer rounded up to 64 bytes.
+ *   x       [max_tokens][n_embd]             residual stream
+ *   xn      [max_tokens][n_embd]             normed copy; also the output of
+ *                                            the o-proj and ffn-down matmuls
+ *                                            before they are added to x
+ *   q       [max_tokens][n_head * head_dim]
+ *   k, v    [max_tokens][n_head_kv * head_dim]  (before they enter the cache)
+ *   att     [max_tokens][n_head * head_dim]  attention output
+ *   gate,up [max_tokens][n_ff]
+ *   logits  [max_seqs][n_vocab]              last token of each sequence only
+ *   scratch [n_threads][scratch_stride]      per thread: scores[n_ctx_train]
+ *                                            then acc[head_dim], padded to 64 */
+typedef struct plan_act_layout {
+    uint64_t x, xn, q, k, v, att, gate, up, logits, scratch;
+    uint64_t scratch_stride; /* bytes per thread */
+    uint64_t total;          /* bytes of the whole workspace */
+} plan_act_layout;
+
+/* Fills *out (may be NULL) and returns total bytes; 0 if any count is
+ * < 1.  The model must pass plan_model_check and the counts must be within
+ * PLAN_MAX_BATCH_TOKENS / PLAN_MAX_SEQS / PLAN_MAX_THREADS (else 0). */
+uint64_t plan_activation_layout(const plan_model *m, int max_tokens, int max_seqs,
+                                int n_threads, plan_act_layout *out);
+uint64_t plan_activation_bytes(const plan_model *m, int max_tokens, int max_seqs, int n_threads);
+
+/* KV bytes per token for all layers, K and V, stored as kv_dtype; 0 when
+ * the dtype cannot store a row of n_head_kv * head_dim elements. */
+uint64_t plan_kv_bytes_per_token(const plan_model *m, uint32_t kv_dtype);
+
+/* JSON form (keys: budget, device_memory, utilization, weights_bytes,
+ * activation_bytes, kv_dtype, kv_bytes_per_token, block_size, kv_pool_blocks,
+ * kv_pool_tokens, kv_pool_bytes, ctx, fits, max_ctx_that_fits,
+ * missing_bytes, max_concurrency {"<ctx>": count}, model {...}).
+ * malloc'd string the caller frees; NULL only when out of memory. */
+char *plan_result_json(const plan_result *r, const plan_model *m);
+
+#endif

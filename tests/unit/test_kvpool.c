@@ -1,0 +1,630 @@
+/* test_kvpool.c - block pool, block tables, copy-on-write, prefix cache.
+ *
+ * Block contents are simulated by a fake storage (one int per token slot)
+ * that the test writes through the block tables and that copy_block copies,
+ * so a missing copy-on-write or a wrong share shows up as a sequence reading
+ * back tokens that are not its own.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv/kvpool.h"
+#include "testutil.h"
+
+#define MAX_BLOCKS 256
+#define MAX_BS 128
+
+typedef struct store {
+    int32_t bs;
+    int32_t tok[MAX_BLOCKS][MAX_BS]; /* [n_blocks][block_size] token held */
+    uint64_t salt[MAX_BLOCKS];       /* salt of the sequence that wrote it */
+    int n_copies;
+    int32_t last_dst, last_src;
+} store;
+
+static void store_copy(void *ctx, int32_t dst, int32_t src)
+{
+    store *st = ctx;
+    memcpy(st->tok[dst], st->tok[src], sizeof st->tok[dst]);
+    st->salt[dst] = st->salt[src];
+    st->n_copies++;
+    st->last_dst = dst;
+    st->last_src = src;
+}
+
+static kvpool *make_pool(store *st, int32_t n_blocks, int32_t bs, int prefix)
+{
+    memset(st, 0, sizeof *st);
+    st->bs = bs;
+    st->last_dst = st->last_src = -1;
+    kvpool_config c = kvpool_config_default();
+    c.n_blocks = n_blocks;
+    c.block_size = bs;
+    c.prefix_cache = prefix;
+    c.model_hash = 0x1234abcdULL;
+    c.copy_block = store_copy;
+    c.copy_ctx = st;
+    kvant_err err = {0};
+    kvpool *p = kvpool_create(&c, &err);
+    CHECKF(p != NULL, "%s", err.msg);
+    return p;
+}
+
+/* Writes tokens[from..to) through s's table; each written block must be
+ * exclusively owned at that moment. */
+static int store_write(store *st, const kvpool *p, const kv_seq *s, const int32_t *tokens,
+                       int64_t from, int64_t to)
+{
+    int ok = 1;
+    for (int64_t i = from; i < to; i++) {
+        int32_t b = s->blocks[i / st->bs];
+        if (kvpool_refcount(p, b) != 1)
+            ok = 0;
+        st->tok[b][i % st->bs] = tokens[i];
+        st->salt[b] = s->salt;
+    }
+    return ok;
+}
+
+/* 1 when s reads back exactly tokens[0..s->n_tokens). */
+static int store_readback(const store *st, const kv_seq *s, const int32_t *tokens)
+{
+    for (int64_t i = 0; i < s->n_tokens; i++)
+        if (st->tok[s->blocks[i / st->bs]][i % st->bs] != tokens[i])
+            return 0;
+    return 1;
+}
+
+static void rand_tokens(tu_rng *r, int32_t *t, int n)
+{
+    for (int i = 0; i < n; i++)
+        t[i] = (int32_t)(tu_rand_u64(r) % 50000);
+}
+
+static int check_pool(const kvpool *p, const kv_seq *const *seqs, int n)
+{
+    kvant_err err = {0};
+    int rc = kvpool_check(p, seqs, n, &err);
+    CHECKF(rc == 0, "kvpool_check: %s", err.msg);
+    return rc == 0;
+}
+
+static void test_create_errors(void)
+{
+    kvant_err err = {0};
+    kvpool_config c = kvpool_config_default();
+    c.block_size = 12;
+    CHECK(kvpool_create(&c, &err) == NULL && err.code == KV_EINVAL);
+    c.block_size = 256;
+    CHECK(kvpool_create(&c, &err) == NULL && err.code == KV_EINVAL);
+    c = kvpool_config_default();
+    c.n_blocks = 0;
+    CHECK(kvpool_create(&c, &err) == NULL && err.code == KV_EINVAL);
+    CHECK(kvpool_create(NULL, &err) == NULL);
+}
+
+static void test_alloc_until_empty(void)
+{
+    static store st;
+    kvpool *p = make_pool(&st, 8, 16, 1);
+    kv_seq s;
+    kvseq_init(&s, 7);
+    for (int i = 1; i <= 8; i++) {
+        CHECK(kvseq_blocks_needed(p, &s, 0, (int64_t)i * 16) == 1);
+        CHECK(kvseq_reserve(p, &s, 0, (int64_t)i * 16) == KV_OK);
+        CHECK(s.n_blocks == i && kvpool_n_available(p) == 8 - i);
+    }
+    int32_t copy[8];
+    memcpy(copy, s.blocks, sizeof copy);
+    kvpool_stats a, b;
+    memset(&a, 0, sizeof a); /* memcmp below also compares padding */
+    memset(&b, 0, sizeof b);
+    kvpool_get_stats(p, &a);
+    CHECK(kvseq_reserve(p, &s, 0, 8 * 16 + 1) == KV_ENOMEM);
+    kvpool_get_stats(p, &b);
+    CHECK(memcmp(&a, &b, sizeof a) == 0);
+    CHECK(s.n_blocks == 8 && memcmp(copy, s.blocks, sizeof copy) == 0);
+    CHECK(a.n_used == 8 && a.n_free == 0);
+    const kv_seq *seqs[1] = {&s};
+    check_pool(p, seqs, 1);
+    kvseq_release(p, &s);
+    /* a reserve needing 3 with 2 available changes nothing */
+    kv_seq t, u;
+    kvseq_init(&t, 7);
+    kvseq_init(&u, 7);
+    CHECK(kvseq_reserve(p, &t, 0, 6 * 16) == KV_OK);
+    CHECK(kvseq_reserve(p, &u, 0, 3 * 16) == KV_ENOMEM);
+    CHECK(u.n_blocks == 0 && kvpool_n_available(p) == 2);
+    CHECK(kvseq_reserve(p, &u, 0, 2 * 16) == KV_OK && kvpool_n_available(p) == 0);
+    CHECK(kvseq_reserve(p, &u, 5, 4) == KV_EINVAL && kvseq_reserve(p, &u, -1, 4) == KV_EINVAL);
+    const kv_seq *two[2] = {&t, &u};
+    check_pool(p, two, 2);
+    kvseq_release(p, &t);
+    kvseq_release(p, &u);
+    CHECK(kvpool_n_available(p) == 8);
+    check_pool(p, NULL, 0);
+    kvpool_destroy(p);
+}
+
+static void test_reserve_growth(void)
+{
+    static store st;
+    kvpool *p = make_pool(&st, 64, 16, 1);
+    kv_seq s;
+    kvseq_init(&s, 1);
+    int ok = 1;
+    for (int64_t n = 1; n <= 64 * 16; n++) {
+        int32_t need = kvseq_blocks_needed(p, &s, n - 1, n);
+        if (kvseq_reserve(p, &s, n - 1, n) != KV_OK)
+            ok = 0;
+        int64_t want = (n + 15) / 16;
+        if (s.n_blocks != want || need != (n % 16 == 1 ? 1 : 0))
+            ok = 0;
+        if (s.n_tokens != 0) /* reserve never changes n_tokens */
+            ok = 0;
+    }
+    CHECK(ok);
+    CHECK(kvseq_reserve(p, &s, 64 * 16, 64 * 16 + 1) == KV_ENOMEM && s.n_blocks == 64);
+    kvseq_release(p, &s);
+    CHECK(s.n_blocks == 0 && s.blocks == NULL && s.salt == 1);
+    kvpool_destroy(p);
+}
+
+static void test_fork_cow(void)
+{
+    static store st;
+    kvpool *p = make_pool(&st, 16, 16, 1);
+    tu_rng r = {42};
+    int32_t tok[64];
+    rand_tokens(&r, tok, 64);
+    kv_seq a, c;
+    kvseq_init(&a, 3);
+    kvseq_init(&c, 99);
+    CHECK(kvseq_reserve(p, &a, 0, 20) == KV_OK);
+    CHECK(store_write(&st, p, &a, tok, 0, 20));
+    kvseq_commit(p, &a, tok, 20);
+    CHECK(a.n_hashed == 1);
+    kvant_err err = {0};
+    CHECK(kvseq_fork(p, &a, &c, &err) == KV_OK);
+    CHECK(c.salt == 3 && c.n_tokens == 20 && c.n_blocks == 2);
+    CHECK(kvpool_refcount(p, a.blocks[0]) == 2 && kvpool_refcount(p, a.blocks[1]) == 2);
+    CHECK(kvseq_fork(p, &a, &c, &err) == KV_EINVAL); /* child not empty */
+    const kv_seq *seqs[2] = {&a, &c};
+    check_pool(p, seqs, 2);
+    /* child writes token 20: exactly one copy of block 1 */
+    int32_t ctok[64];
+    memcpy(ctok, tok, sizeof ctok);
+    ctok[20] = 77777;
+    int32_t shared = a.blocks[1];
+    CHECK(kvseq_blocks_needed(p, &c, 20, 21) == 1);
+    CHECK(kvseq_reserve(p, &c, 20, 21) == KV_OK);
+    CHECK(st.n_copies == 1 && st.last_src == shared && st.last_dst == c.blocks[1]);
+    CHECK(c.blocks[1] != shared && c.blocks[0] == a.blocks[0]);
+    CHECK(kvpool_refcount(p, shared) == 1 && kvpool_refcount(p, c.blocks[1]) == 1);
+    CHECK(store_write(&st, p, &c, ctok, 20, 21));
+    kvseq_commit(p, &c, ctok, 21);
+    CHECK(store_readback(&st, &a, tok) && store_readback(&st, &c, ctok));
+    CHECK(st.tok[shared][3] == tok[19] && st.tok[shared][4] != 77777); /* parent untouched */
+    /* the parent's own write needs no copy now */
+    CHECK(kvseq_reserve(p, &a, 20, 21) == KV_OK && st.n_copies == 1);
+    CHECK(store_write(&st, p, &a, tok, 20, 21));
+    kvseq_commit(p, &a, tok, 21);
+    CHECK(store_readback(&st, &a, tok) && store_readback(&st, &c, ctok));
+    /* rewriting the registered full block 0 copies it even at refcount 1 */
+    kvseq_release(p, &c);
+    CHECK(kvpool_refcount(p, a.blocks[0]) == 1);
+    int32_t b0 = a.blocks[0];
+    CHECK(kvseq_reserve(p, &a, 3, 21) == KV_OK);
+    CHECK(st.n_copies == 2 && st.last_src == b0 && a.blocks[0] != b0);
+    CHECK(a.n_hashed == 0 && a.last_hash == 0 && store_readback(&st, &a, tok));
+    kvpool_stats sts;
+    kvpool_get_stats(p, &sts);
+    CHECK(sts.cow_copies == 2 && sts.n_cached == 1); /* b0 stays cached */
+    const kv_seq *one[1] = {&a};
+    check_pool(p, one, 1);
+    kvseq_release(p, &a);
+    kvpool_destroy(p);
+}
+
+static int64_t match_tokens(kvpool *p, const int32_t *tok, int64_t n, uint64_t salt)
+{
+    kv_seq s;
+    kvseq_init(&s, salt);
+    int64_t m = kvseq_match_prefix(p, &s, tok, n);
+    CHECK(s.n_tokens == m && s.n_blocks * kvpool_block_size(p) == m);
+    const kv_seq *one[1] = {&s};
+    check_pool(p, one, 1);
+    kvseq_release(p, &s);
+    return m;
+}
+
+static void commit_seq(store *st, kvpool *p, kv_seq *s, const int32_t *tok, int64_t n)
+{
+    int64_t m = kvseq_match_prefix(p, s, tok, n);
+    CHECK(kvseq_reserve(p, s, m, n) == KV_OK);
+    CHECK(store_write(st, p, s, tok, m, n));
+    kvseq_commit(p, s, tok, n);
+}
+
+static void test_prefix(void)
+{
+    static store st;
+    kvpool *p = make_pool(&st, 64, 16, 1);
+    tu_rng r = {7};
+    int32_t tok[100], other[100];
+    rand_tokens(&r, tok, 100);
+    kv_seq s;
+    kvseq_init(&s, 5);
+    commit_seq(&st, p, &s, tok, 100);
+    CHECK(s.n_hashed == 6 && s.n_blocks == 7);
+    kvseq_release(p, &s);
+    kvpool_stats a;
+    kvpool_get_stats(p, &a);
+    CHECK(a.n_cached == 6 && a.n_free == 58 && a.n_used == 0);
+    CHECK(match_tokens(p, tok, 70, 5) == 64);
+    CHECK(match_tokens(p, tok, 70, 6) == 0);
+    memcpy(other, tok, sizeof other);
+    other[0] ^= 1;
+    CHECK(match_tokens(p, other, 70, 5) == 0);
+    CHECK(match_tokens(p, tok, 64, 5) == 48);
+    CHECK(match_tokens(p, tok, 65, 5) == 64);
+    CHECK(match_tokens(p, tok, 16, 5) == 0 && match_tokens(p, tok, 17, 5) == 16);
+    other[0] = tok[0];
+    other[40] ^= 1; /* differs in block 2 */
+    CHECK(match_tokens(p, other, 100, 5) == 32);
+    kvpool_get_stats(p, &a);
+    CHECK(a.prefix_queries == 70 * 3 + 64 + 65 + 16 + 17 + 100 + 100);
+    CHECK(a.prefix_hits == 64 + 48 + 64 + 16 + 32);
+    CHECK(a.n_cached == 6 && a.evictions == 0);
+    /* a second sequence whose matched blocks are reused and data is right */
+    kvseq_init(&s, 5);
+    commit_seq(&st, p, &s, other, 100);
+    CHECK(s.n_hashed == 6 && store_readback(&st, &s, other));
+    kvseq_release(p, &s);
+    kvpool_get_stats(p, &a);
+    CHECK(a.n_cached == 10);
+    /* an identical block computed without matching stays unregistered */
+    kv_seq d;
+    kvseq_init(&d, 5);
+    CHECK(kvseq_reserve(p, &d, 0, 40) == KV_OK);
+    CHECK(store_write(&st, p, &d, tok, 0, 40));
+    kvseq_commit(p, &d, tok, 40);
+    CHECK(d.n_hashed == 2);
+    kvseq_release(p, &d);
+    kvpool_get_stats(p, &a);
+    CHECK(a.n_cached == 10 && a.n_used == 0);
+    check_pool(p, NULL, 0);
+    kvpool_clear_cache(p);
+    kvpool_get_stats(p, &a);
+    CHECK(a.n_cached == 0 && a.n_free == 64);
+    CHECK(match_tokens(p, tok, 70, 5) == 0);
+    check_pool(p, NULL, 0);
+    kvpool_destroy(p);
+
+    /* prefix caching off: nothing hashed, cached or matched */
+    p = make_pool(&st, 64, 16, 0);
+    kvseq_init(&s, 5);
+    commit_seq(&st, p, &s, tok, 100);
+    CHECK(s.n_hashed == 0);
+    kvseq_release(p, &s);
+    kvpool_get_stats(p, &a);
+    CHECK(a.n_cached == 0 && a.n_free == 64);
+    CHECK(match_tokens(p, tok, 70, 5) == 0);
+    check_pool(p, NULL, 0);
+    kvpool_destroy(p);
+}
+
+static void test_lru(void)
+{
+    static store st;
+    kvpool *p = make_pool(&st, 8, 8, 1);
+    tu_rng r = {11};
+    int32_t ta[24], tb[24];
+    rand_tokens(&r, ta, 24);
+    rand_tokens(&r, tb, 24);
+    kv_seq a, b, c;
+    kvseq_init(&a, 1);
+    kvseq_init(&b, 1);
+    kvseq_init(&c, 1);
+    commit_seq(&st, p, &a, ta, 24);
+    commit_seq(&st, p, &b, tb, 24);
+    int32_t ab[3], bb[3];
+    memcpy(ab, a.blocks, sizeof ab);
+    memcpy(bb, b.blocks, sizeof bb);
+    kvseq_release(p, &a); /* older */
+    kvseq_release(p, &b); /* newer */
+    kvpool_stats s0;
+    kvpool_get_stats(p, &s0);
+    CHECK(s0.n_cached == 6 && s0.n_free == 2);
+    /* 2 free blocks first, then the tail of a, then its middle */
+    CHECK(kvseq_reserve(p, &c, 0, 8 * 3) == KV_OK);
+    CHECK(c.blocks[2] == ab[2]);
+    CHECK(kvseq_reserve(p, &c, 0, 8 * 4) == KV_OK && c.blocks[3] == ab[1]);
+    CHECK(kvseq_reserve(p, &c, 0, 8 * 5) == KV_OK && c.blocks[4] == ab[0]);
+    CHECK(kvseq_reserve(p, &c, 0, 8 * 6) == KV_OK && c.blocks[5] == bb[2]);
+    kvpool_stats s1;
+    kvpool_get_stats(p, &s1);
+    CHECK(s1.evictions == 4 && s1.n_cached == 2 && s1.n_used == 6);
+    const kv_seq *one[1] = {&c};
+    check_pool(p, one, 1);
+    kvseq_release(p, &c);
+    CHECK(match_tokens(p, ta, 24, 1) == 0);
+    CHECK(match_tokens(p, tb, 24, 1) == 16);
+    /* reuse moves a cached block out of the LRU list: b's head survives */
+    kvseq_init(&a, 1);
+    CHECK(kvseq_match_prefix(p, &a, tb, 9) == 8 && a.blocks[0] == bb[0]);
+    CHECK(kvseq_reserve(p, &c, 0, 8 * 7) == KV_OK);
+    CHECK(kvpool_n_available(p) == 0);
+    for (int i = 0; i < 7; i++)
+        CHECK(c.blocks[i] != bb[0]);
+    kvseq_release(p, &c);
+    kvseq_release(p, &a);
+    kvpool_destroy(p);
+}
+
+/* ---- property test ---- */
+
+#define PT_SEQS 16
+#define PT_MAX_TOK 512
+#define PT_PREFIXES 4
+#define PT_PREFIX_LEN 48
+
+typedef struct pt_seq {
+    int live;
+    kv_seq s;
+    int32_t tok[PT_MAX_TOK + 64]; /* shadow of committed tokens */
+} pt_seq;
+
+typedef struct pt_state {
+    kvpool *p;
+    store *st;
+    tu_rng r;
+    pt_seq seq[PT_SEQS];
+    int32_t prefix[PT_PREFIXES][PT_PREFIX_LEN];
+    int fails;
+} pt_state;
+
+static int pt_rand(pt_state *t, int n) { return (int)(tu_rand_u64(&t->r) % (unsigned)n); }
+
+static void pt_fail(pt_state *t, int line)
+{
+    if (t->fails++ == 0)
+        fprintf(stderr, "property: first failure at %s:%d\n", __FILE__, line);
+}
+
+static int pt_free_slot(pt_state *t)
+{
+    for (int i = 0; i < PT_SEQS; i++)
+        if (!t->seq[i].live)
+            return i;
+    return -1;
+}
+
+static int pt_live_slot(pt_state *t)
+{
+    int k = pt_rand(t, PT_SEQS);
+    for (int i = 0; i < PT_SEQS; i++)
+        if (t->seq[(k + i) % PT_SEQS].live)
+            return (k + i) % PT_SEQS;
+    return -1;
+}
+
+/* Reserve then write tok[from..n) and commit; on KV_ENOMEM checks that
+ * nothing changed.  Returns the reserve status. */
+static int pt_write(pt_state *t, pt_seq *q, int64_t from, int64_t n)
+{
+    kv_seq before = q->s;
+    int32_t blocks[PT_MAX_TOK];
+    if (q->s.n_blocks > 0)
+        memcpy(blocks, q->s.blocks, (size_t)q->s.n_blocks * sizeof *blocks);
+    kvpool_stats a, b;
+    memset(&a, 0, sizeof a); /* memcmp below also compares padding */
+    memset(&b, 0, sizeof b);
+    kvpool_get_stats(t->p, &a);
+    int32_t need = kvseq_blocks_needed(t->p, &q->s, from, n);
+    int32_t avail = kvpool_n_available(t->p);
+    int rc = kvseq_reserve(t->p, &q->s, from, n);
+    if ((rc == KV_OK) != (need <= avail))
+        pt_fail(t, __LINE__);
+    if (rc != KV_OK) {
+        kvpool_get_stats(t->p, &b);
+        if (rc != KV_ENOMEM || memcmp(&a, &b, sizeof a) != 0 ||
+            before.n_blocks != q->s.n_blocks || before.n_hashed != q->s.n_hashed ||
+            before.last_hash != q->s.last_hash ||
+            (before.n_blocks > 0 &&
+             memcmp(blocks, q->s.blocks, (size_t)before.n_blocks * sizeof *blocks) != 0))
+            pt_fail(t, __LINE__);
+        return rc;
+    }
+    if (!store_write(t->st, t->p, &q->s, q->tok, from, n))
+        pt_fail(t, __LINE__);
+    kvseq_commit(t->p, &q->s, q->tok, n);
+    return rc;
+}
+
+static void pt_new_seq(pt_state *t)
+{
+    int i = pt_free_slot(t);
+    if (i < 0)
+        return;
+    pt_seq *q = &t->seq[i];
+    kvseq_init(&q->s, 1 + (uint64_t)pt_rand(t, 3));
+    int pre = pt_rand(t, PT_PREFIX_LEN + 1), suf = 1 + pt_rand(t, 40);
+    memcpy(q->tok, t->prefix[pt_rand(t, PT_PREFIXES)], (size_t)pre * sizeof *q->tok);
+    rand_tokens(&t->r, q->tok + pre, suf);
+    if (pre < PT_PREFIX_LEN) /* the prompt leaves the shared prefix at pre */
+        q->tok[pre] = (int32_t)(50000 + pt_rand(t, 1000));
+    int64_t n = pre + suf;
+    q->live = 1;
+    int64_t m = kvseq_match_prefix(t->p, &q->s, q->tok, n);
+    if (m % t->st->bs != 0 || m > n - 1 || m > pre)
+        pt_fail(t, __LINE__);
+    for (int32_t k = 0; k < q->s.n_blocks; k++)
+        if (t->st->salt[q->s.blocks[k]] != q->s.salt)
+            pt_fail(t, __LINE__);
+    if (pt_write(t, q, m, n) != KV_OK) { /* cancelled: not admitted */
+        kvseq_release(t->p, &q->s);
+        q->live = 0;
+    }
+}
+
+static void pt_append(pt_state *t, int max_k)
+{
+    int i = pt_live_slot(t);
+    if (i < 0)
+        return;
+    pt_seq *q = &t->seq[i];
+    int64_t n0 = q->s.n_tokens, k = 1 + pt_rand(t, max_k);
+    if (n0 + k > PT_MAX_TOK)
+        return;
+    rand_tokens(&t->r, q->tok + n0, (int)k);
+    pt_write(t, q, n0, n0 + k);
+}
+
+/* Rewrites from a random position (roll-back then new tokens). */
+static void pt_rewrite(pt_state *t)
+{
+    int i = pt_live_slot(t);
+    if (i < 0)
+        return;
+    pt_seq *q = &t->seq[i];
+    int64_t from = pt_rand(t, (int)q->s.n_tokens + 1), k = 1 + pt_rand(t, 20);
+    if (from + k > PT_MAX_TOK)
+        return;
+    int64_t n0 = q->s.n_tokens;
+    int32_t saved[PT_MAX_TOK];
+    memcpy(saved, q->tok, (size_t)n0 * sizeof *saved);
+    rand_tokens(&t->r, q->tok + from, (int)k);
+    if (pt_write(t, q, from, from + k) != KV_OK)
+        memcpy(q->tok, saved, (size_t)n0 * sizeof *saved);
+}
+
+static void pt_fork(pt_state *t)
+{
+    int i = pt_live_slot(t), j = pt_free_slot(t);
+    if (i < 0 || j < 0)
+        return;
+    kvseq_init(&t->seq[j].s, 1000);
+    kvant_err err = {0};
+    if (kvseq_fork(t->p, &t->seq[i].s, &t->seq[j].s, &err) != KV_OK) {
+        pt_fail(t, __LINE__);
+        return;
+    }
+    memcpy(t->seq[j].tok, t->seq[i].tok, sizeof t->seq[j].tok);
+    t->seq[j].live = 1;
+}
+
+static void pt_step(pt_state *t)
+{
+    int op = pt_rand(t, 100);
+    if (op < 20) {
+        pt_new_seq(t);
+    } else if (op < 55) {
+        pt_append(t, op < 45 ? 3 : 24);
+    } else if (op < 62) {
+        pt_fork(t);
+    } else if (op < 80) {
+        int i = pt_live_slot(t);
+        if (i >= 0) {
+            kvseq_release(t->p, &t->seq[i].s);
+            t->seq[i].live = 0;
+        }
+    } else if (op < 88) {
+        pt_rewrite(t);
+    } else if (op < 94) { /* reserve ahead, sometimes beyond the pool */
+        int i = pt_live_slot(t);
+        if (i >= 0) {
+            pt_seq *q = &t->seq[i];
+            int64_t n = q->s.n_tokens + pt_rand(t, 700);
+            if (n <= PT_MAX_TOK || pt_rand(t, 2)) {
+                int32_t need = kvseq_blocks_needed(t->p, &q->s, q->s.n_tokens, n);
+                int32_t avail = kvpool_n_available(t->p);
+                int rc = kvseq_reserve(t->p, &q->s, q->s.n_tokens, n);
+                if ((rc == KV_OK) != (need <= avail))
+                    pt_fail(t, __LINE__);
+            }
+        }
+    } else if (op < 99) { /* roll back without rewriting */
+        int i = pt_live_slot(t);
+        if (i >= 0) {
+            pt_seq *q = &t->seq[i];
+            kvseq_commit(t->p, &q->s, q->tok, pt_rand(t, (int)q->s.n_tokens + 1));
+        }
+    } else if (pt_rand(t, 10) == 0) {
+        kvpool_clear_cache(t->p);
+    }
+}
+
+static int pt_verify(pt_state *t)
+{
+    const kv_seq *live[PT_SEQS];
+    int n = 0, ok = 1;
+    for (int i = 0; i < PT_SEQS; i++) {
+        if (!t->seq[i].live)
+            continue;
+        live[n++] = &t->seq[i].s;
+        if (!store_readback(t->st, &t->seq[i].s, t->seq[i].tok))
+            ok = 0;
+    }
+    kvant_err err = {0};
+    if (kvpool_check(t->p, live, n, &err) != 0) {
+        fprintf(stderr, "kvpool_check: %s\n", err.msg);
+        ok = 0;
+    }
+    return ok && t->fails == 0;
+}
+
+static void test_property(int prefix_cache, uint64_t seed, int n_ops)
+{
+    static store st;
+    static pt_state t;
+    memset(&t, 0, sizeof t);
+    t.st = &st;
+    t.p = make_pool(&st, 64, 8, prefix_cache);
+    t.r.s = seed;
+    for (int k = 0; k < PT_PREFIXES; k++)
+        rand_tokens(&t.r, t.prefix[k], PT_PREFIX_LEN);
+    int step = 0;
+    for (; step < n_ops; step++) {
+        pt_step(&t);
+        if (!pt_verify(&t))
+            break;
+    }
+    CHECKF(step == n_ops, "property (cache %d) failed at step %d (fails %d)", prefix_cache,
+           step, t.fails);
+    kvpool_stats a;
+    kvpool_get_stats(t.p, &a);
+    fprintf(stderr, "property cache=%d: queries %llu hits %llu evictions %llu copies %llu\n",
+            prefix_cache, (unsigned long long)a.prefix_queries,
+            (unsigned long long)a.prefix_hits, (unsigned long long)a.evictions,
+            (unsigned long long)a.cow_copies);
+    CHECK(a.cow_copies > 100 && a.prefix_queries > 0);
+    if (prefix_cache)
+        CHECK(a.prefix_hits > 1000 && a.evictions > 100);
+    for (int i = 0; i < PT_SEQS; i++)
+        if (t.seq[i].live) {
+            kvseq_release(t.p, &t.seq[i].s);
+            t.seq[i].live = 0;
+        }
+    check_pool(t.p, NULL, 0);
+    kvpool_get_stats(t.p, &a);
+    CHECK(a.n_used == 0 && a.n_free + a.n_cached == 64);
+    kvpool_clear_cache(t.p);
+    kvpool_get_stats(t.p, &a);
+    CHECK(a.n_free == 64 && a.n_cached == 0);
+    check_pool(t.p, NULL, 0);
+    kvpool_destroy(t.p);
+}
+
+int main(void)
+{
+    test_create_errors();
+    test_alloc_until_empty();
+    test_reserve_growth();
+    test_fork_cow();
+    test_prefix();
+    test_lru();
+    test_property(1, 0x5eed1234ULL, 200000);
+    test_property(0, 0x0badcafeULL, 20000);
+    return tu_finish("test_kvpool");
+}

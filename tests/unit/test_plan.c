@@ -1,0 +1,279 @@
+/* test_plan.c - the what-fits planner against hand-computed cases. */
+#include "mem/plan.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/dtype.h"
+#include "testutil.h"
+
+/* SmolLM2-135M: 30 layers, n_embd 576, 9 heads (3 kv) of 64, n_ff 1536,
+ * vocab 49152, trained context 8192.  weights: a round 100 MB. */
+static plan_model smollm(void)
+{
+    plan_model m = { 30, 576, 9, 3, 64, 1536, 49152, 8192, 100000000ull };
+    return m;
+}
+
+/* TinyLlama-1.1B: 22 layers, n_embd 2048, 32 heads (4 kv) of 64, n_ff 5632,
+ * vocab 32000, trained context 2048.  weights: 2.2 GB (f16). */
+static plan_model tinyllama(void)
+{
+    plan_model m = { 22, 2048, 32, 4, 64, 5632, 32000, 2048, 2200000000ull };
+    return m;
+}
+
+static void test_smollm(void)
+{
+    plan_model m = smollm();
+    /* K+V per token, f32: 30 layers * 2 * 3 heads * 64 * 4 B = 46080 */
+    CHECK(plan_kv_bytes_per_token(&m, DT_F32) == 46080);
+
+    /* activations, 2048 tokens, 64 seqs, 1 thread (all sizes already
+     * multiples of 64 bytes):
+     *   x, xn, q, att: 2048 * 576 * 4          = 4,718,592 each -> 18,874,368
+     *   k, v:          2048 * (3*64) * 4       = 1,572,864 each ->  3,145,728
+     *   gate, up:      2048 * 1536 * 4         = 12,582,912 each -> 25,165,824
+     *   logits:        64 * 49152 * 4          = 12,582,912
+     *   scratch:       1 * (8192 + 64) * 4     = 33,024
+     *   total                                    = 59,801,856 */
+    CHECK(plan_activation_bytes(&m, 2048, 64, 1) == 59801856ull);
+    plan_act_layout l;
+    CHECK(plan_activation_layout(&m, 2048, 64, 3, &l) == 59801856ull + 2 * 33024);
+    CHECK(l.x == 0 && l.xn == 4718592 && l.q == 2 * 4718592ull && l.k == 3 * 4718592ull);
+    CHECK(l.gate == 4 * 4718592ull + 2 * 1572864ull && l.scratch_stride == 33024);
+    CHECK(l.scratch + 3 * l.scratch_stride == l.total);
+
+    /* device 1 GiB at 0.90: budget = floor(1073741824 * 0.9) = 966,367,641
+     * pool raw = 966,367,641 - 100,000,000 - 59,801,856   = 806,565,785
+     * block    = 16 * 46080                                = 737,280
+     * blocks   = floor(806,565,785 / 737,280)              = 1093 (1094 * 737280 = 806,584,320 > raw)
+     * tokens   = 1093 * 16 = 17,488; bytes = 805,847,040
+     * conc: 17488/512 = 34.15625, /2048 = 8.5390625, /8192 = 2.134765625 */
+    plan_config c = plan_config_default();
+    c.device_memory = 1ull << 30;
+    plan_result r;
+    kvant_err err = {0};
+    CHECKF(plan_compute(&m, &c, &r, &err) == KV_OK, "%s", err.msg);
+    CHECK(r.budget == 966367641ull);
+    CHECK(r.weights_bytes == 100000000ull);
+    CHECK(r.activation_bytes == 59801856ull);
+    CHECK(r.kv_bytes_per_token == 46080);
+    CHECK(r.kv_pool_blocks == 1093);
+    CHECK(r.kv_pool_tokens == 17488);
+    CHECK(r.kv_pool_bytes == 805847040ull);
+    CHECK(r.ctx == 8192 && r.fits_one_max_ctx && r.max_ctx_that_fits == 8192 && r.missing_bytes == 0);
+    CHECK(r.n_conc == 3);
+    CHECK(r.conc_ctx[0] == 512 && r.conc_ctx[1] == 2048 && r.conc_ctx[2] == 8192);
+    CHECK(r.conc[0] == 34.15625 && r.conc[1] == 8.5390625 && r.conc[2] == 2.134765625);
+
+    /* JSON */
+    char *js = plan_result_json(&r, &m);
+    json_error_t je;
+    json_t *o = json_loads(js, 0, &je);
+    CHECKF(o != NULL, "%s", je.text);
+    CHECK(json_integer_value(json_object_get(o, "weights_bytes")) == 100000000);
+    CHECK(json_integer_value(json_object_get(o, "kv_bytes_per_token")) == 46080);
+    CHECK(json_integer_value(json_object_get(o, "kv_pool_bytes")) == 805847040);
+    CHECK(json_integer_value(json_object_get(o, "kv_pool_tokens")) == 17488);
+    CHECK(json_integer_value(json_object_get(o, "activation_bytes")) == 59801856);
+    CHECK(json_integer_value(json_object_get(o, "budget")) == 966367641);
+    CHECK(json_is_true(json_object_get(o, "fits")));
+    CHECK(strcmp(json_string_value(json_object_get(o, "kv_dtype")), "f32") == 0);
+    json_t *mc = json_object_get(o, "max_concurrency");
+    CHECK(json_object_size(mc) == 3);
+    CHECK(json_real_value(json_object_get(mc, "2048")) == 8.5390625);
+    CHECK(json_integer_value(json_object_get(json_object_get(o, "model"), "n_layers")) == 30);
+    json_decref(o);
+    free(js);
+
+    /* ctx 1000 adds itself to the concurrency list (sorted, deduped):
+     * 512, 1000, 2048, 8192; 17488 / 1000 = 17.488 */
+    c.ctx = 1000;
+    CHECK(plan_compute(&m, &c, &r, &err) == KV_OK);
+    CHECK(r.n_conc == 4 && r.conc_ctx[1] == 1000 && r.conc[1] == 17.488);
+
+    /* Doesn't fit one full sequence: device 200,000,000 at 0.9
+     * budget = 180,000,000; raw = 180,000,000 - 159,801,856 = 20,198,144
+     * blocks = floor(20,198,144 / 737,280) = 27 (27 * 737,280 = 19,906,560)
+     * tokens = 432 < 8192: fits = 0, max_ctx_that_fits = 432
+     * missing = 159,801,856 + 512 * 737,280 - 180,000,000
+     *         = 159,801,856 + 377,487,360 - 180,000,000 = 357,289,216 */
+    c = plan_config_default();
+    c.device_memory = 200000000ull;
+    CHECKF(plan_compute(&m, &c, &r, &err) == KV_OK, "%s", err.msg);
+    CHECK(r.kv_pool_blocks == 27 && r.kv_pool_tokens == 432);
+    CHECK(!r.fits_one_max_ctx && r.max_ctx_that_fits == 432);
+    CHECK(r.missing_bytes == 357289216ull);
+    CHECK(r.conc[0] == 432.0 / 512.0);
+}
+
+static void test_tinyllama(void)
+{
+    plan_model m = tinyllama();
+    /* K+V per token, f32: 22 * 2 * 4 * 64 * 4 = 45,056 */
+    CHECK(plan_kv_bytes_per_token(&m, DT_F32) == 45056);
+    /* activations, 2048 tokens, 64 seqs, 4 threads:
+     *   x, xn, q, att: 2048 * 2048 * 4   = 16,777,216 each -> 67,108,864
+     *   k, v:          2048 * 256 * 4    =  2,097,152 each ->  4,194,304
+     *   gate, up:      2048 * 5632 * 4   = 46,137,344 each -> 92,274,688
+     *   logits:        64 * 32000 * 4    =  8,192,000
+     *   scratch:       4 * (2048 + 64) * 4 = 33,792
+     *   total                              = 171,803,648 */
+    CHECK(plan_activation_bytes(&m, 2048, 64, 4) == 171803648ull);
+
+    /* device 4 GiB at 0.9: budget = floor(4,294,967,296 * 0.9) = 3,865,470,566
+     * raw    = 3,865,470,566 - 2,200,000,000 - 171,803,648 = 1,493,666,918
+     * block  = 16 * 45,056 = 720,896
+     * blocks = 2071 (2072 * 720,896 = 1,493,696,512 > raw); tokens 33,136
+     * conc:  33136 / 512 = 64.71875, / 2048 = 16.1796875; 8192 > 2048 skipped,
+     *        ctx and n_ctx_train dedupe into 2048 */
+    plan_config c = plan_config_default();
+    c.device_memory = 4ull << 30;
+    c.n_threads = 4;
+    plan_result r;
+    kvant_err err = {0};
+    CHECKF(plan_compute(&m, &c, &r, &err) == KV_OK, "%s", err.msg);
+    CHECK(r.budget == 3865470566ull);
+    CHECK(r.activation_bytes == 171803648ull);
+    CHECK(r.kv_pool_blocks == 2071 && r.kv_pool_tokens == 33136);
+    CHECK(r.kv_pool_bytes == 2071ull * 720896);
+    CHECK(r.fits_one_max_ctx && r.max_ctx_that_fits == 2048);
+    CHECK(r.n_conc == 2 && r.conc_ctx[0] == 512 && r.conc_ctx[1] == 2048);
+    CHECK(r.conc[0] == 64.71875 && r.conc[1] == 16.1796875);
+    /* the plan's invariants */
+    CHECK(r.weights_bytes + r.activation_bytes + r.kv_pool_bytes <= r.budget);
+    CHECK(r.budget - r.weights_bytes - r.activation_bytes - r.kv_pool_bytes < 720896);
+}
+
+static void test_q8_kv(void)
+{
+    plan_model m = smollm();
+    /* a row of 3 * 64 = 192 elements: f32 768 B; q8_0 6 blocks * 34 = 204 B
+     * per token: 30 * 2 * 204 = 12,240 = 46,080 * 34 / 128 */
+    uint64_t f32 = plan_kv_bytes_per_token(&m, DT_F32);
+    uint64_t q8 = plan_kv_bytes_per_token(&m, DT_Q8_0);
+    CHECK(q8 == 12240 && q8 < f32 && q8 * 128 == f32 * 34);
+    plan_config c = plan_config_default();
+    c.device_memory = 1ull << 30;
+    c.kv_dtype = DT_Q8_0;
+    plan_result r;
+    kvant_err err = {0};
+    CHECKF(plan_compute(&m, &c, &r, &err) == KV_OK, "%s", err.msg);
+    /* raw 806,565,785 / (16 * 12,240 = 195,840) = 4118 blocks (4119 * 195840 = 806,664,960 > raw) */
+    CHECK(r.kv_bytes_per_token == 12240 && r.kv_pool_blocks == 4118);
+    /* q4_K needs rows that are multiples of 256 elements: 192 is not */
+    c.kv_dtype = DT_Q4_K;
+    kvant_err_clear(&err);
+    CHECK(plan_compute(&m, &c, &r, &err) == KV_EUNSUP);
+    CHECKF(strstr(err.msg, "q4_K") && strstr(err.msg, "192"), "%s", err.msg);
+    c.kv_dtype = 99;
+    CHECK(plan_compute(&m, &c, &r, &err) == KV_EUNSUP);
+}
+
+static void expect_refusal(const plan_model *m, const plan_config *c, int code,
+                           const char *needle)
+{
+    plan_result r;
+    kvant_err err = {0};
+    int rc = plan_compute(m, c, &r, &err);
+    CHECKF(rc == code && err.code == code && strstr(err.msg, needle),
+           "want %d with '%s', got %d: %s", code, needle, rc, err.msg);
+}
+
+static void test_refusals(void)
+{
+    plan_model m = smollm();
+    plan_config c = plan_config_default();
+    c.device_memory = 1ull << 30;
+
+    /* budget < weights: 100 MB device at 0.9 = 90 MB < 100 MB of weights.
+     * one block needs 100,000,000 + 59,801,856 + 737,280 = 160,539,136 of
+     * budget -> 178,376,818 device bytes (ceil(/0.9)) = 170.11 MiB */
+    plan_config small = c;
+    small.device_memory = 100000000ull;
+    expect_refusal(&m, &small, KV_ENOMEM, "weights 95.37 MiB exceed the budget");
+    expect_refusal(&m, &small, KV_ENOMEM, "170.11 MiB");
+
+    /* weights fit, activations do not: 170 MB at 0.9 = 153,000,000;
+     * 153,000,000 - 100,000,000 - 737,280 = 52,262,720 for activations:
+     * tokens t >= 64 (seqs 64): 23,040 * t + 12,582,912 + 33,024 <= 52,262,720
+     * (23,040 = 4 * (576*4 + 192*2 + 1536*2)) -> t <= 1720.78 -> 1720 */
+    plan_config mid = c;
+    mid.device_memory = 170000000ull;
+    expect_refusal(&m, &mid, KV_ENOMEM, "max_num_batched_tokens 1720");
+
+    plan_config u = c;
+    u.utilization = 0.0;
+    expect_refusal(&m, &u, KV_EINVAL, "utilization");
+    u.utilization = 1.5;
+    expect_refusal(&m, &u, KV_EINVAL, "utilization");
+    u.utilization = NAN;
+    expect_refusal(&m, &u, KV_EINVAL, "utilization");
+    u.utilization = 1.0; /* boundary: allowed */
+    plan_result r;
+    CHECK(plan_compute(&m, &u, &r, NULL) == KV_OK && r.budget == (1ull << 30));
+
+    plan_config x = c;
+    x.ctx = 8193;
+    expect_refusal(&m, &x, KV_ERANGE, "ctx 8193 exceeds the model's training context 8192");
+    x.ctx = -1;
+    expect_refusal(&m, &x, KV_EINVAL, "ctx");
+
+    int bad_bs[] = { 0, 4, 12, 24, 256, -16 };
+    for (size_t i = 0; i < sizeof bad_bs / sizeof bad_bs[0]; i++) {
+        plan_config b = c;
+        b.block_size = bad_bs[i];
+        expect_refusal(&m, &b, KV_EINVAL, "block_size");
+    }
+    int good_bs[] = { 8, 16, 32, 64, 128 };
+    for (size_t i = 0; i < sizeof good_bs / sizeof good_bs[0]; i++) {
+        plan_config b = c;
+        b.block_size = good_bs[i];
+        CHECK(plan_compute(&m, &b, &r, NULL) == KV_OK && r.kv_pool_tokens % (uint64_t)good_bs[i] == 0);
+    }
+
+    plan_config s = c;
+    s.max_num_seqs = 0;
+    expect_refusal(&m, &s, KV_EINVAL, "max_num_seqs");
+    s = c;
+    s.max_num_batched_tokens = -5;
+    expect_refusal(&m, &s, KV_EINVAL, "max_num_batched_tokens");
+    s = c;
+    s.n_threads = 0;
+    expect_refusal(&m, &s, KV_EINVAL, "n_threads");
+
+    /* untrusted shapes */
+    plan_model b = m;
+    b.n_head_kv = 2; /* 9 % 2 != 0 */
+    expect_refusal(&b, &c, KV_EINVAL, "n_head_kv");
+    b = m;
+    b.n_layers = 0;
+    expect_refusal(&b, &c, KV_EINVAL, "n_layers");
+    b = m;
+    b.n_vocab = -1;
+    expect_refusal(&b, &c, KV_EINVAL, "n_vocab");
+    b = m;
+    b.n_ctx_train = 0;
+    expect_refusal(&b, &c, KV_EINVAL, "n_ctx_train");
+    b = m;
+    b.weights_bytes = UINT64_MAX;
+    expect_refusal(&b, &c, KV_EINVAL, "weights_bytes");
+    b = m;
+    b.n_ff = 2000000000;
+    expect_refusal(&b, &c, KV_EINVAL, "n_ff");
+    CHECK(plan_activation_bytes(&b, 2048, 64, 1) == 0);
+    CHECK(plan_activation_bytes(&m, 0, 64, 1) == 0);
+}
+
+int main(void)
+{
+    dtype_init();
+    test_smollm();
+    test_tinyllama();
+    test_q8_kv();
+    test_refusals();
+    return tu_finish("test_plan");
+}
