@@ -83,7 +83,9 @@ gguf_type gguf_kv_type(const gguf_ctx *g, int64_t i);
 /* For arrays: element type and count. */
 gguf_type gguf_arr_type(const gguf_ctx *g, int64_t i);
 uint64_t gguf_arr_n(const gguf_ctx *g, int64_t i);
-/* Raw element pointer for arrays of fixed-size scalars (NULL for strings). */
+/* Raw element pointer for arrays of fixed-size scalars (NULL for strings).
+ * Points into the file, so it is usually NOT aligned: read elements with
+ * memcpy (a cast to float * is undefined behaviour and UBSan reports it). */
 const void *gguf_arr_data(const gguf_ctx *g, int64_t i);
 /* j-th string of an array of strings. */
 gguf_str gguf_arr_str(const gguf_ctx *g, int64_t i, uint64_t j);
