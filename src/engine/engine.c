@@ -1,0 +1,390 @@
+/* engine.c - engine lifecycle, the engine thread, and the thread-safe API
+ * (submit, cancel, stats, drain).  The step itself is in engine_step.c.
+ *
+ * Start-up: the planner (mem/plan.h) turns the budget into a KV pool size
+ * from the model's shape; the memory manager then accounts every byte the
+ * backend allocates (mapped weights, the activation workspace carved by the
+ * same formula the planner used, the KV pool), so the printed plan and the
+ * real allocation agree.
+ */
+#include "engine/engine_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "kernels/dtype.h"
+#include "mem/plan.h"
+
+typedef struct engine_ext {
+    engine e;
+    plan_result plan;
+} engine_ext;
+
+engine_config engine_config_default(void)
+{
+    return (engine_config){
+        .memory_utilization = 0.90,
+        .max_num_seqs = 64,
+        .max_num_batched_tokens = 2048,
+        .block_size = 16,
+        .prefix_cache = 1,
+        .kv_dtype = DT_F32,
+    };
+}
+
+double engine_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+const plan_result *engine_plan(const engine *e)
+{
+    return &((const engine_ext *)e)->plan;
+}
+
+static void print_plan(const engine *e, const plan_result *p)
+{
+    char a[32], b[32], c[32];
+    fprintf(stderr, "kvant: memory budget %s (%.0f%% of %s)\n", mem_format_size(p->budget, a, 32),
+            p->utilization * 100, mem_format_size(p->device_memory, b, 32));
+    fprintf(stderr, "kvant: weights %s, activations %s (%d tokens x %d seqs)\n",
+            mem_format_size(p->weights_bytes, a, 32), mem_format_size(p->activation_bytes, b, 32),
+            e->cfg.max_num_batched_tokens, e->cfg.max_num_seqs);
+    fprintf(stderr, "kvant: KV pool %s: %lld blocks of %d tokens = %llu tokens, %s per token\n",
+            mem_format_size(p->kv_pool_bytes, a, 32), (long long)p->kv_pool_blocks, p->block_size,
+            (unsigned long long)p->kv_pool_tokens, mem_format_size(p->kv_bytes_per_token, c, 32));
+    fprintf(stderr, "kvant: maximum concurrency at context %lld: %.2fx\n", (long long)p->ctx,
+            p->ctx ? (double)p->kv_pool_tokens / (double)p->ctx : 0.0);
+}
+
+static int plan_engine(engine_ext *x, kvant_err *err)
+{
+    engine *e = &x->e;
+    const model_hparams *hp = &e->m->hp;
+    plan_model pm = {hp->n_layers, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim,
+                     hp->n_ff, hp->n_vocab, hp->n_ctx_train, e->m->weights_bytes};
+    plan_config pc = plan_config_default();
+    pc.device_memory = e->cfg.device_memory ? e->cfg.device_memory : mem_host_available();
+    pc.utilization = e->cfg.memory_utilization;
+    pc.ctx = e->cfg.max_model_len;
+    pc.block_size = e->cfg.block_size;
+    pc.max_num_seqs = e->cfg.max_num_seqs;
+    pc.max_num_batched_tokens = e->cfg.max_num_batched_tokens;
+    pc.kv_dtype = e->cfg.kv_dtype;
+    int rc = plan_compute(&pm, &pc, &x->plan, err);
+    if (rc)
+        return rc;
+    if (e->cfg.print_plan)
+        print_plan(e, &x->plan);
+    if (!x->plan.fits_one_max_ctx)
+        return kvant_err_set(err, KV_ENOMEM,
+                             "a request of the maximum context (%lld tokens) does not fit: %llu "
+                             "bytes missing; the largest context that fits is %lld (use -c)",
+                             (long long)x->plan.ctx, (unsigned long long)x->plan.missing_bytes,
+                             (long long)x->plan.max_ctx_that_fits);
+    e->max_model_len = x->plan.ctx;
+    return KV_OK;
+}
+
+static int check_config(const engine_config *c, kvant_err *err)
+{
+    if (c->max_num_seqs < 1 || c->max_num_seqs > 4096)
+        return kvant_err_set(err, KV_EINVAL, "max_num_seqs %d outside [1, 4096]", c->max_num_seqs);
+    if (c->max_num_batched_tokens < c->max_num_seqs || c->max_num_batched_tokens > 65536)
+        return kvant_err_set(err, KV_EINVAL,
+                             "max_num_batched_tokens %d must be in [max_num_seqs, 65536]",
+                             c->max_num_batched_tokens);
+    int bs = c->block_size;
+    if (bs < 8 || bs > 128 || (bs & (bs - 1)))
+        return kvant_err_set(err, KV_EINVAL, "block_size %d: a power of two in [8, 128]", bs);
+    if (!(c->memory_utilization > 0.0 && c->memory_utilization <= 1.0))
+        return kvant_err_set(err, KV_EINVAL, "memory_utilization %g outside (0, 1]",
+                             c->memory_utilization);
+    return KV_OK;
+}
+
+static void *engine_main(void *arg);
+
+static void kv_copy(void *ctx, int32_t dst, int32_t src)
+{
+    backend *be = ctx;
+    be->ops->kv_copy_block(be, dst, src);
+}
+
+static int alloc_step_buffers(engine *e, kvant_err *err)
+{
+    int32_t nt = e->cfg.max_num_batched_tokens, ns = e->cfg.max_num_seqs;
+    e->b_tokens = malloc((size_t)nt * sizeof(int32_t));
+    e->b_pos = malloc((size_t)nt * sizeof(int32_t));
+    e->b_seq = malloc((size_t)nt * sizeof(int32_t));
+    e->b_out = malloc((size_t)ns * sizeof(int32_t));
+    e->b_seqs = malloc((size_t)ns * sizeof(fwd_seq));
+    e->b_seqp = malloc((size_t)ns * sizeof(eng_seq *));
+    e->logits = malloc((size_t)(ns + 1) * e->m->hp.n_vocab * sizeof(float)); /* + scratch row */
+    e->cancel_cap = 256;
+    e->cancel_ids = malloc((size_t)e->cancel_cap * sizeof(int64_t));
+    if (!e->b_tokens || !e->b_pos || !e->b_seq || !e->b_out || !e->b_seqs || !e->b_seqp ||
+        !e->logits || !e->cancel_ids)
+        return kvant_err_set(err, KV_ENOMEM, "out of memory for step buffers");
+    return KV_OK;
+}
+
+static int setup_backend(engine_ext *x, kvant_err *err)
+{
+    engine *e = &x->e;
+    int rc;
+    e->mem = mem_create(x->plan.budget, mem_allocator_host(), err);
+    if (!e->mem)
+        return KV_ENOMEM;
+    e->be = cpu_backend_create(e->mem, e->cfg.n_threads, err);
+    if (!e->be)
+        return KV_ENOMEM;
+    if ((rc = e->be->ops->load_weights(e->be, e->m, err)))
+        return rc;
+    int32_t n_blocks = e->cfg.kv_blocks_override > 0 ? e->cfg.kv_blocks_override
+                                                     : (int32_t)x->plan.kv_pool_blocks;
+    kv_layout lay = fwd_kv_layout(e->m, n_blocks, e->cfg.block_size, e->cfg.kv_dtype);
+    if ((rc = fwd_init(&e->fwd, e->m, e->be, e->cfg.max_num_batched_tokens, e->cfg.max_num_seqs,
+                       &lay, err)))
+        return rc;
+    kvpool_config pc = kvpool_config_default();
+    pc.n_blocks = n_blocks;
+    pc.block_size = e->cfg.block_size;
+    pc.prefix_cache = e->cfg.prefix_cache;
+    pc.model_hash = e->m->weights_bytes * 0x9e3779b97f4a7c15ULL ^ (uint64_t)e->m->hp.n_vocab;
+    pc.copy_block = kv_copy;
+    pc.copy_ctx = e->be;
+    e->pool = kvpool_create(&pc, err);
+    return e->pool ? KV_OK : KV_ENOMEM;
+}
+
+engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)
+{
+    if (check_config(cfg, err))
+        return NULL;
+    engine_ext *x = calloc(1, sizeof *x);
+    if (!x) {
+        kvant_err_set(err, KV_ENOMEM, "out of memory");
+        return NULL;
+    }
+    engine *e = &x->e;
+    e->m = m;
+    e->cfg = *cfg;
+    e->next_id = 1;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    if (plan_engine(x, err) || setup_backend(x, err) || alloc_step_buffers(e, err))
+        goto fail;
+    if (cfg->kv_blocks_override > 0)
+        e->max_model_len = e->max_model_len < (int64_t)cfg->kv_blocks_override * cfg->block_size
+                               ? e->max_model_len
+                               : (int64_t)cfg->kv_blocks_override * cfg->block_size;
+    if (!cfg->manual) {
+        if (pthread_create(&e->thread, NULL, engine_main, e)) {
+            kvant_err_set(err, KV_ENOMEM, "cannot start the engine thread");
+            goto fail;
+        }
+        e->thread_started = 1;
+    }
+    return e;
+fail:
+    engine_destroy(e);
+    return NULL;
+}
+
+void engine_destroy(engine *e)
+{
+    if (!e)
+        return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = 1;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    if (e->thread_started)
+        pthread_join(e->thread, NULL);
+    /* Requests still queued or running get a final error event. */
+    while (e->incoming) {
+        eng_req *r = e->incoming;
+        e->incoming = r->next;
+        r->next = e->reqs;
+        e->reqs = r;
+    }
+    while (e->reqs) {
+        eng_req *r = e->reqs;
+        engine_emit_error(e, r, "server shutting down");
+        engine_free_req(e, r);
+    }
+    kvpool_destroy(e->pool);
+    fwd_free(&e->fwd);
+    if (e->be) {
+        e->be->ops->unload_weights(e->be, e->m);
+        e->be->ops->destroy(e->be);
+    }
+    if (e->mem)
+        mem_destroy(e->mem);
+    free(e->b_tokens);
+    free(e->b_pos);
+    free(e->b_seq);
+    free(e->b_out);
+    free(e->b_seqs);
+    free(e->b_seqp);
+    free(e->logits);
+    free(e->cancel_ids);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+}
+
+static void *engine_main(void *arg)
+{
+    engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stop && !e->incoming && !e->n_cancel && !e->reqs)
+            pthread_cond_wait(&e->cv, &e->mu);
+        int stop = e->stop;
+        pthread_mutex_unlock(&e->mu);
+        if (stop)
+            break;
+        engine_step(e);
+    }
+    return NULL;
+}
+
+int engine_run_step(engine *e)
+{
+    return engine_step(e);
+}
+
+static int check_request(const engine *e, const engine_request *r, kvant_err *err)
+{
+    if (!r->prompt || r->n_prompt < 1)
+        return kvant_err_set(err, KV_EINVAL, "prompt: must contain at least one token");
+    for (int64_t i = 0; i < r->n_prompt; i++)
+        if (r->prompt[i] < 0 || r->prompt[i] >= e->m->hp.n_vocab)
+            return kvant_err_set(err, KV_EINVAL, "prompt: token id %d out of range [0, %d)",
+                                 r->prompt[i], e->m->hp.n_vocab);
+    if (r->max_tokens < 1)
+        return kvant_err_set(err, KV_EINVAL, "max_tokens: must be at least 1");
+    if (r->n < 1 || r->n > ENGINE_MAX_N)
+        return kvant_err_set(err, KV_EINVAL, "n: must be in [1, %d]", ENGINE_MAX_N);
+    if (r->top_logprobs < -1 || r->top_logprobs > ENGINE_MAX_TOP_LOGPROBS)
+        return kvant_err_set(err, KV_EINVAL, "top_logprobs: must be in [0, %d]",
+                             ENGINE_MAX_TOP_LOGPROBS);
+    if (r->n_stop_ids < 0 || r->n_stop_ids > ENGINE_MAX_STOP_IDS)
+        return kvant_err_set(err, KV_EINVAL, "stop ids: at most %d", ENGINE_MAX_STOP_IDS);
+    if (sampler_params_check(&r->sampling, err))
+        return KV_EINVAL;
+    if (r->n_prompt + r->max_tokens > e->max_model_len)
+        return kvant_err_set(err, KV_ERANGE,
+                             "prompt (%lld tokens) plus max_tokens (%lld) exceeds the context "
+                             "of %lld tokens",
+                             (long long)r->n_prompt, (long long)r->max_tokens,
+                             (long long)e->max_model_len);
+    int64_t pool_tokens = (int64_t)e->fwd.kv.n_blocks * e->cfg.block_size;
+    if (r->n_prompt + 1 > pool_tokens)
+        return kvant_err_set(err, KV_ERANGE, "prompt of %lld tokens cannot fit the KV pool of "
+                             "%lld tokens", (long long)r->n_prompt, (long long)pool_tokens);
+    return KV_OK;
+}
+
+int64_t engine_submit(engine *e, const engine_request *r, engine_event_fn fn, void *ctx,
+                      kvant_err *err)
+{
+    int rc = check_request(e, r, err);
+    if (rc)
+        return rc;
+    eng_req *q = calloc(1, sizeof *q);
+    int32_t *prompt = malloc((size_t)r->n_prompt * sizeof *prompt);
+    if (!q || !prompt) {
+        free(q);
+        free(prompt);
+        return kvant_err_set(err, KV_ENOMEM, "out of memory");
+    }
+    memcpy(prompt, r->prompt, (size_t)r->n_prompt * sizeof *prompt);
+    q->p = *r;
+    q->p.prompt = prompt;
+    q->prompt = prompt;
+    q->fn = fn;
+    q->ctx = ctx;
+    q->arrival = engine_now();
+    pthread_mutex_lock(&e->mu);
+    if (e->draining || e->stop ||
+        (e->cfg.max_waiting > 0 && e->stats.waiting + e->stats.running >= e->cfg.max_waiting +
+                                                                           e->cfg.max_num_seqs)) {
+        pthread_mutex_unlock(&e->mu);
+        free(prompt);
+        free(q);
+        return kvant_err_set(err, KV_EBUSY, e->draining ? "server is draining"
+                                                        : "too many requests waiting");
+    }
+    q->id = e->next_id++;
+    if (e->incoming_tail)
+        e->incoming_tail->next = q;
+    else
+        e->incoming = q;
+    e->incoming_tail = q;
+    e->n_in_flight++;
+    e->stats.waiting++;
+    int64_t id = q->id;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return id;
+}
+
+void engine_cancel(engine *e, int64_t request_id)
+{
+    pthread_mutex_lock(&e->mu);
+    if (e->n_cancel == e->cancel_cap) {
+        int64_t *ids = realloc(e->cancel_ids, (size_t)e->cancel_cap * 2 * sizeof *ids);
+        if (ids) {
+            e->cancel_ids = ids;
+            e->cancel_cap *= 2;
+        }
+    }
+    /* Out of memory: the cancellation waits for the next call to succeed
+     * only if a slot frees up; the step drains 64 per tick. */
+    if (e->n_cancel < e->cancel_cap)
+        e->cancel_ids[e->n_cancel++] = request_id;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_get_stats(engine *e, engine_stats *out)
+{
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->mu);
+}
+
+mem_mgr *engine_mem(engine *e)
+{
+    return e->mem;
+}
+
+int64_t engine_max_model_len(const engine *e)
+{
+    return e->max_model_len;
+}
+
+int engine_drain(engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    e->draining = 1;
+    int n = e->n_in_flight;
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+int engine_in_flight(engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    int n = e->n_in_flight;
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}

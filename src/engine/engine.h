@@ -1,0 +1,136 @@
+/* engine.h - the serving engine: one engine thread owns the scheduler, the
+ * paged KV pool and the backend; other threads submit requests, receive
+ * streamed tokens through a callback, and cancel.
+ *
+ * Each engine step runs named phases: admit -> schedule -> build batch ->
+ * run -> sample -> emit -> retire.  A step schedules running decodes first,
+ * then prefill chunks, under max_num_batched_tokens and max_num_seqs.  When
+ * the KV pool runs out the lowest-priority, latest-arrived running request
+ * is preempted (its blocks freed) and re-queued to be recomputed.
+ *
+ * Ownership: engine_create borrows the model (it must outlive the engine)
+ * and owns everything else (memory manager, backend, pool, thread).
+ * Threading: engine_submit, engine_cancel, engine_get_stats, engine_drain
+ * are thread-safe.  Event callbacks run on the engine thread: they must be
+ * quick and must not call back into the engine except engine_cancel.
+ */
+#ifndef KVANT_ENGINE_H
+#define KVANT_ENGINE_H
+
+#include <stdint.h>
+
+#include "mem/mem.h"
+#include "model/model.h"
+#include "model/sampler.h"
+#include "util/err.h"
+
+#define ENGINE_MAX_N 16          /* sequences per request (n) */
+#define ENGINE_MAX_TOP_LOGPROBS 20
+#define ENGINE_MAX_STOP_IDS 16
+
+typedef struct engine_config {
+    int n_threads;                 /* 0 = all cores */
+    uint64_t device_memory;        /* 0 = device total (CPU: available RAM) */
+    double memory_utilization;     /* (0, 1], default 0.90 */
+    int32_t max_num_seqs;          /* default 64 */
+    int32_t max_num_batched_tokens;/* default 2048 */
+    int32_t block_size;            /* default 16 */
+    int prefix_cache;              /* default 1 */
+    int64_t max_model_len;         /* context per request; 0 = model's */
+    int32_t max_waiting;           /* queue cap (0 = unlimited) */
+    uint32_t kv_dtype;             /* DT_F32 */
+    int32_t kv_blocks_override;    /* >0: use exactly this many KV blocks (tests) */
+    int print_plan;                /* print the start-up memory lines to stderr */
+    int manual;                    /* tests: no engine thread; drive with engine_run_step */
+} engine_config;
+
+engine_config engine_config_default(void);
+
+typedef struct engine engine;
+
+engine *engine_create(model *m, const engine_config *cfg, kvant_err *err);
+/* Stops the engine thread (in-flight requests get a final error event). */
+void engine_destroy(engine *e);
+
+typedef struct engine_request {
+    const int32_t *prompt;   /* copied at submit */
+    int64_t n_prompt;
+    sampler_params sampling;
+    int64_t max_tokens;      /* >= 1 */
+    int32_t n;               /* sequences sharing the prompt, [1, ENGINE_MAX_N] */
+    int32_t priority;        /* lower value = served first (vLLM convention) */
+    uint64_t cache_salt;     /* tenant isolation for the prefix cache */
+    int32_t top_logprobs;    /* 0 = none; -1 = chosen token's logprob only */
+    int ignore_eos;
+    int32_t stop_ids[ENGINE_MAX_STOP_IDS];
+    int32_t n_stop_ids;
+} engine_request;
+
+typedef enum engine_event_type {
+    ENGINE_EV_TOKEN = 0,   /* a generated token for sequence `index` */
+    ENGINE_EV_FINISH = 1,  /* sequence `index` finished (reason set) */
+    ENGINE_EV_ERROR = 2,   /* request failed or cancelled; final event */
+    ENGINE_EV_DONE = 3,    /* all sequences finished; final event */
+} engine_event_type;
+
+typedef enum engine_finish {
+    ENGINE_FINISH_NONE = 0,
+    ENGINE_FINISH_STOP,    /* EOS / stop token */
+    ENGINE_FINISH_LENGTH,  /* max_tokens or context */
+    ENGINE_FINISH_ABORT,   /* cancelled or failed */
+} engine_finish;
+
+typedef struct engine_event {
+    engine_event_type type;
+    int64_t request_id;
+    int32_t index;          /* sequence within the request */
+    int32_t token;
+    float logprob;
+    int32_t n_top;
+    int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
+    float top_logprobs[ENGINE_MAX_TOP_LOGPROBS];
+    engine_finish finish;
+    int64_t prompt_tokens;
+    int64_t cached_tokens;  /* prompt tokens served from the prefix cache */
+    int64_t completion_tokens; /* on DONE: total over sequences */
+    const char *error;      /* on ERROR (valid during the callback) */
+} engine_event;
+
+typedef void (*engine_event_fn)(void *ctx, const engine_event *ev);
+
+/* Validates and queues a request.  Returns a request id > 0, or a negative
+ * status with err filled (KV_EINVAL bad params, KV_ERANGE prompt does not
+ * fit, KV_EBUSY queue full or draining).  After a successful submit the
+ * callback receives events until exactly one final event (DONE or ERROR). */
+int64_t engine_submit(engine *e, const engine_request *r, engine_event_fn fn, void *ctx,
+                      kvant_err *err);
+/* Cancels a request; takes effect within one engine step (final ERROR
+ * event with "cancelled").  Unknown or finished ids are ignored. */
+void engine_cancel(engine *e, int64_t request_id);
+
+typedef struct engine_stats {
+    int32_t running, waiting, preempted_waiting;
+    uint64_t finished_stop, finished_length, finished_abort;
+    uint64_t prompt_tokens, generation_tokens, preemptions;
+    int32_t kv_blocks_total, kv_blocks_used, kv_blocks_free, kv_blocks_cached;
+    int32_t block_size;
+    uint64_t kv_tokens_stored, kv_token_capacity;
+    uint64_t prefix_queries, prefix_hits;
+    uint64_t steps;
+} engine_stats;
+
+void engine_get_stats(engine *e, engine_stats *out);
+mem_mgr *engine_mem(engine *e);   /* for memory reports (thread-safe reads) */
+int64_t engine_max_model_len(const engine *e);
+/* Stops admitting new requests (submit returns KV_EBUSY); returns the
+ * number of requests still in flight. */
+int engine_drain(engine *e);
+int engine_in_flight(engine *e);
+/* Tests (config.manual): runs one step on the calling thread; returns 1 if
+ * any work was done. */
+int engine_run_step(engine *e);
+/* The start-up plan (filled at create). */
+typedef struct plan_result plan_result;
+const plan_result *engine_plan(const engine *e);
+
+#endif

@@ -1,0 +1,95 @@
+/* engine_internal.h - engine state shared by engine.c (lifecycle, thread,
+ * thread-safe API) and engine_step.c (the scheduler phases).  Not a public
+ * header: only src/engine includes it. */
+#ifndef KVANT_ENGINE_INTERNAL_H
+#define KVANT_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+
+#include "backend/backend.h"
+#include "engine/engine.h"
+#include "kv/kvpool.h"
+#include "model/forward.h"
+
+typedef struct eng_req eng_req;
+
+/* One sequence: the unit the scheduler batches.  tokens holds the prompt
+ * followed by generated tokens; the KV cache holds n_computed of them. */
+typedef struct eng_seq {
+    eng_req *req;
+    int32_t index;          /* within the request */
+    int32_t *tokens;        /* [cap] */
+    int64_t n_tokens, cap;
+    int64_t n_computed;
+    int64_t n_generated;
+    kv_seq kv;
+    sampler smp;
+    int finished;
+    int reported;           /* FINISH event sent */
+    engine_finish finish;
+    int preempted;          /* waiting again after preemption */
+    int32_t sched_tokens;   /* tokens scheduled in the current step */
+    int32_t out_row;        /* logits row in the current step, -1 if none */
+    struct eng_seq *next;   /* waiting / running list link */
+} eng_seq;
+
+struct eng_req {
+    int64_t id;
+    engine_request p;       /* p.prompt points at prompt below */
+    int32_t *prompt;
+    engine_event_fn fn;
+    void *ctx;
+    double arrival;
+    uint64_t order;         /* arrival order, ties broken by id */
+    eng_seq *seqs[ENGINE_MAX_N];
+    int32_t n_seqs;         /* created so far (forks appear after prefill) */
+    int32_t n_finished;
+    int64_t cached_tokens;
+    int64_t completion_tokens;
+    int cancelled;
+    struct eng_req *next;   /* incoming / all-requests list */
+};
+
+struct engine {
+    model *m;
+    engine_config cfg;
+    mem_mgr *mem;
+    backend *be;
+    int own_be;
+    fwd_ctx fwd;
+    kvpool *pool;
+    int64_t max_model_len;
+
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;     /* guards everything below up to `stats` */
+    pthread_cond_t cv;
+    eng_req *incoming;      /* submitted, not yet admitted (FIFO) */
+    eng_req *incoming_tail;
+    int64_t *cancel_ids;    /* [cancel_cap] pending cancellations */
+    int32_t n_cancel, cancel_cap;
+    int stop;
+    int draining;
+    int32_t n_in_flight;
+    int64_t next_id;
+    engine_stats stats;
+
+    /* engine-thread state */
+    eng_req *reqs;          /* admitted, unfinished requests */
+    eng_seq *waiting;       /* priority order */
+    eng_seq *running;       /* priority order */
+    uint64_t next_order;
+    /* step buffers, sized at create: no allocation in a step */
+    int32_t *b_tokens, *b_pos, *b_seq, *b_out;
+    fwd_seq *b_seqs;
+    eng_seq **b_seqp;
+    float *logits;          /* [max_num_seqs][n_vocab] */
+};
+
+/* One engine step (admit .. retire).  Returns 1 if work was done. */
+int engine_step(engine *e);
+double engine_now(void);
+void engine_emit_error(engine *e, eng_req *r, const char *msg);
+void engine_free_req(engine *e, eng_req *r);
+
+#endif

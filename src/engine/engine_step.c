@@ -1,0 +1,522 @@
+/* engine_step.c - one engine step as named phases:
+ *   admit -> schedule -> build batch -> run -> sample -> emit -> retire.
+ *
+ * Scheduling policy (vLLM-like): running sequences first, in priority
+ * order (lower priority value first, then arrival), each taking its
+ * remaining tokens (1 for a decode, a chunk for a prefill) from the token
+ * budget; then waiting sequences in the same order while budget, sequence
+ * slots and KV blocks last.  A running sequence that cannot get a block
+ * preempts the worst running sequence not yet scheduled (possibly itself):
+ * its blocks are released and it is re-queued at the front of the waiting
+ * list, to be recomputed.  Waiting sequences never preempt running ones.
+ */
+#include "engine/engine_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/tokenizer.h"
+
+/* ---- lists (ordered by priority, then arrival) ---- */
+
+static int seq_before(const eng_seq *a, const eng_seq *b)
+{
+    if (a->req->p.priority != b->req->p.priority)
+        return a->req->p.priority < b->req->p.priority;
+    if (a->req->order != b->req->order)
+        return a->req->order < b->req->order;
+    return a->index < b->index;
+}
+
+static void list_insert(eng_seq **head, eng_seq *s)
+{
+    while (*head && !seq_before(s, *head))
+        head = &(*head)->next;
+    s->next = *head;
+    *head = s;
+}
+
+static void list_remove(eng_seq **head, eng_seq *s)
+{
+    while (*head && *head != s)
+        head = &(*head)->next;
+    if (*head)
+        *head = s->next;
+    s->next = NULL;
+}
+
+/* ---- requests ---- */
+
+static eng_seq *seq_new(engine *e, eng_req *r, int32_t index)
+{
+    eng_seq *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->req = r;
+    s->index = index;
+    s->cap = r->p.n_prompt + r->p.max_tokens + 1;
+    s->tokens = malloc((size_t)s->cap * sizeof *s->tokens);
+    sampler_params sp = r->p.sampling;
+    sp.seed += (uint64_t)index;
+    if (!s->tokens || sampler_init(&s->smp, &sp, e->m->hp.n_vocab, NULL)) {
+        free(s->tokens);
+        free(s);
+        return NULL;
+    }
+    memcpy(s->tokens, r->prompt, (size_t)r->p.n_prompt * sizeof *s->tokens);
+    s->n_tokens = r->p.n_prompt;
+    s->out_row = -1;
+    kvseq_init(&s->kv, r->p.cache_salt);
+    return s;
+}
+
+static void seq_free(engine *e, eng_seq *s)
+{
+    kvseq_release(e->pool, &s->kv);
+    sampler_free(&s->smp);
+    free(s->tokens);
+    free(s);
+}
+
+void engine_free_req(engine *e, eng_req *r)
+{
+    for (int32_t i = 0; i < r->n_seqs; i++) {
+        eng_seq *s = r->seqs[i];
+        list_remove(&e->waiting, s);
+        list_remove(&e->running, s);
+        seq_free(e, s);
+    }
+    eng_req **pp = &e->reqs;
+    while (*pp && *pp != r)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = r->next;
+    free(r->prompt);
+    free(r);
+    pthread_mutex_lock(&e->mu);
+    e->n_in_flight--;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void emit(eng_req *r, engine_event *ev)
+{
+    ev->request_id = r->id;
+    ev->prompt_tokens = r->p.n_prompt;
+    ev->cached_tokens = r->cached_tokens;
+    ev->completion_tokens = r->completion_tokens;
+    if (r->fn)
+        r->fn(r->ctx, ev);
+}
+
+void engine_emit_error(engine *e, eng_req *r, const char *msg)
+{
+    engine_event ev = {.type = ENGINE_EV_ERROR, .finish = ENGINE_FINISH_ABORT, .error = msg};
+    (void)e;
+    emit(r, &ev);
+    pthread_mutex_lock(&e->mu);
+    e->stats.finished_abort++;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ---- phase 1: admit ---- */
+
+static void admit_one(engine *e, eng_req *r)
+{
+    r->order = e->next_order++;
+    r->next = e->reqs;
+    e->reqs = r;
+    eng_seq *s = seq_new(e, r, 0);
+    if (!s) {
+        engine_emit_error(e, r, "out of memory admitting the request");
+        engine_free_req(e, r);
+        return;
+    }
+    r->seqs[0] = s;
+    r->n_seqs = 1;
+    list_insert(&e->waiting, s);
+}
+
+static void phase_admit(engine *e)
+{
+    int64_t cancel[64];
+    int32_t n_cancel;
+    pthread_mutex_lock(&e->mu);
+    eng_req *in = e->incoming;
+    e->incoming = e->incoming_tail = NULL;
+    n_cancel = e->n_cancel < 64 ? e->n_cancel : 64;
+    memcpy(cancel, e->cancel_ids, (size_t)n_cancel * sizeof *cancel);
+    memmove(e->cancel_ids, e->cancel_ids + n_cancel,
+            (size_t)(e->n_cancel - n_cancel) * sizeof *cancel);
+    e->n_cancel -= n_cancel;
+    pthread_mutex_unlock(&e->mu);
+    while (in) {
+        eng_req *next = in->next;
+        admit_one(e, in);
+        in = next;
+    }
+    for (int32_t i = 0; i < n_cancel; i++) {
+        for (eng_req *r = e->reqs; r; r = r->next) {
+            if (r->id == cancel[i]) {
+                engine_emit_error(e, r, "cancelled");
+                engine_free_req(e, r);
+                break;
+            }
+        }
+    }
+}
+
+/* ---- phase 2: schedule ---- */
+
+typedef struct step_plan {
+    eng_seq **seqs;   /* scheduled, in batch order */
+    int32_t n_seqs;
+    int32_t n_tokens;
+    int preempted;    /* a preemption happened in this step */
+} step_plan;
+
+static void preempt(engine *e, eng_seq *v)
+{
+    kvseq_release(e->pool, &v->kv);
+    kvseq_init(&v->kv, v->req->p.cache_salt);
+    v->n_computed = 0;
+    v->preempted = 1;
+    list_remove(&e->running, v);
+    v->next = e->waiting;
+    e->waiting = v;
+    pthread_mutex_lock(&e->mu);
+    e->stats.preemptions++;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static int is_scheduled(const step_plan *sp, const eng_seq *s)
+{
+    for (int32_t i = 0; i < sp->n_seqs; i++)
+        if (sp->seqs[i] == s)
+            return 1;
+    return 0;
+}
+
+/* Last running sequence that is not scheduled yet (the preemption victim). */
+static eng_seq *pick_victim(engine *e, const step_plan *sp)
+{
+    eng_seq *v = NULL;
+    for (eng_seq *s = e->running; s; s = s->next)
+        if (!is_scheduled(sp, s))
+            v = s;
+    return v;
+}
+
+static void add_to_plan(engine *e, step_plan *sp, eng_seq *s, int32_t chunk)
+{
+    (void)e;
+    s->sched_tokens = chunk;
+    sp->seqs[sp->n_seqs++] = s;
+    sp->n_tokens += chunk;
+}
+
+static void schedule_running(engine *e, step_plan *sp)
+{
+    eng_seq *s = e->running;
+    while (s) {
+        eng_seq *next = s->next;
+        int32_t budget = e->cfg.max_num_batched_tokens - sp->n_tokens;
+        int64_t need = s->n_tokens - s->n_computed;
+        int32_t chunk = (int32_t)(need < budget ? need : budget);
+        if (chunk < 1 || sp->n_seqs >= e->cfg.max_num_seqs)
+            break;
+        int ok = 0, self = 0;
+        while (!ok) {
+            if (kvseq_reserve(e->pool, &s->kv, s->n_computed, s->n_computed + chunk) == KV_OK) {
+                ok = 1;
+                break;
+            }
+            eng_seq *v = pick_victim(e, sp);
+            if (!v)
+                break;
+            if (v == next)
+                next = v->next;
+            self = v == s;
+            preempt(e, v);
+            sp->preempted = 1;
+            if (self)
+                break;
+        }
+        if (ok)
+            add_to_plan(e, sp, s, chunk);
+        s = next;
+    }
+}
+
+static void schedule_waiting(engine *e, step_plan *sp)
+{
+    while (e->waiting && sp->n_seqs < e->cfg.max_num_seqs) {
+        eng_seq *s = e->waiting;
+        int32_t budget = e->cfg.max_num_batched_tokens - sp->n_tokens;
+        if (budget < 1)
+            break;
+        if (s->n_computed == 0 && s->kv.n_blocks == 0 && e->cfg.prefix_cache) {
+            int64_t hit = kvseq_match_prefix(e->pool, &s->kv, s->tokens, s->n_tokens);
+            s->n_computed = hit;
+            if (s->index == 0 && !s->preempted)
+                s->req->cached_tokens = hit;
+        }
+        int64_t need = s->n_tokens - s->n_computed;
+        int32_t chunk = (int32_t)(need < budget ? need : budget);
+        if (kvseq_reserve(e->pool, &s->kv, s->n_computed, s->n_computed + chunk) != KV_OK) {
+            kvseq_release(e->pool, &s->kv);
+            kvseq_init(&s->kv, s->req->p.cache_salt);
+            s->n_computed = 0;
+            break; /* first come, first served: do not skip ahead */
+        }
+        e->waiting = s->next;
+        s->next = NULL;
+        s->preempted = 0;
+        list_insert(&e->running, s);
+        add_to_plan(e, sp, s, chunk);
+    }
+}
+
+/* ---- phase 3: build batch ---- */
+
+static fwd_batch phase_build(engine *e, const step_plan *sp)
+{
+    int32_t nt = 0, n_out = 0;
+    for (int32_t i = 0; i < sp->n_seqs; i++) {
+        eng_seq *s = sp->seqs[i];
+        for (int32_t j = 0; j < s->sched_tokens; j++) {
+            e->b_tokens[nt] = s->tokens[s->n_computed + j];
+            e->b_pos[nt] = (int32_t)(s->n_computed + j);
+            e->b_seq[nt] = i;
+            nt++;
+        }
+        s->out_row = -1;
+        if (s->n_computed + s->sched_tokens == s->n_tokens) {
+            e->b_out[n_out] = nt - 1;
+            s->out_row = n_out++;
+        }
+        e->b_seqs[i] = (fwd_seq){s->kv.blocks, s->kv.n_blocks};
+    }
+    return (fwd_batch){
+        .n_tokens = nt, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq,
+        .n_seqs = sp->n_seqs, .seqs = e->b_seqs, .n_out = n_out, .out = e->b_out,
+    };
+}
+
+/* ---- phases 5-7: sample, emit, retire ---- */
+
+static int is_stop(const eng_seq *s, int32_t tok, const tokenizer *t)
+{
+    const engine_request *p = &s->req->p;
+    if (!p->ignore_eos && tok_is_eog(t, tok))
+        return 1;
+    for (int32_t i = 0; i < p->n_stop_ids; i++)
+        if (p->stop_ids[i] == tok)
+            return 1;
+    return 0;
+}
+
+static void fill_logprobs(const eng_seq *s, const float *row, int32_t n_vocab, int32_t tok,
+                          engine_event *ev)
+{
+    int32_t k = s->req->p.top_logprobs;
+    ev->logprob = sampler_logprob(row, n_vocab, tok);
+    ev->n_top = 0;
+    for (int32_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (int32_t v = 0; v < n_vocab; v++) {
+            int taken = 0;
+            for (int32_t q = 0; q < ev->n_top; q++)
+                taken |= ev->top_ids[q] == v;
+            if (!taken && (best < 0 || row[v] > row[best]))
+                best = v;
+        }
+        ev->top_ids[ev->n_top] = best;
+        ev->top_logprobs[ev->n_top++] = sampler_logprob(row, n_vocab, best);
+    }
+}
+
+/* Samples one token for s from row (a private copy it may modify) and
+ * emits it; marks s finished when it stops. */
+static void sample_emit(engine *e, eng_seq *s, float *row, const float *orig)
+{
+    int32_t n_vocab = e->m->hp.n_vocab;
+    eng_req *r = s->req;
+    int32_t tok = sampler_sample(&s->smp, row, s->tokens, s->n_tokens);
+    s->n_generated++;
+    r->completion_tokens++;
+    engine_event ev = {.type = ENGINE_EV_TOKEN, .index = s->index, .token = tok};
+    if (is_stop(s, tok, e->m->tok)) {
+        s->finished = 1;
+        s->finish = ENGINE_FINISH_STOP;
+        return;
+    }
+    if (r->p.top_logprobs != 0)
+        fill_logprobs(s, orig, n_vocab, tok, &ev);
+    s->tokens[s->n_tokens++] = tok;
+    emit(r, &ev);
+    if (s->n_generated >= r->p.max_tokens || s->n_tokens >= e->max_model_len) {
+        s->finished = 1;
+        s->finish = ENGINE_FINISH_LENGTH;
+    }
+}
+
+/* After the prompt of a request with n > 1 is computed, its other
+ * sequences are forked from sequence 0 (sharing the prompt's blocks). */
+static int fork_children(engine *e, eng_seq *s0)
+{
+    eng_req *r = s0->req;
+    for (int32_t k = 1; k < r->p.n; k++) {
+        eng_seq *c = seq_new(e, r, k);
+        if (!c)
+            return KV_ENOMEM;
+        if (kvseq_fork(e->pool, &s0->kv, &c->kv, NULL)) {
+            seq_free(e, c);
+            return KV_ENOMEM;
+        }
+        c->n_computed = s0->n_computed;
+        r->seqs[r->n_seqs++] = c;
+        list_insert(&e->running, c);
+    }
+    return KV_OK;
+}
+
+static void phase_sample(engine *e, const step_plan *sp)
+{
+    int32_t n_vocab = e->m->hp.n_vocab;
+    float *scratch = e->logits + (size_t)e->cfg.max_num_seqs * n_vocab;
+    for (int32_t i = 0; i < sp->n_seqs; i++) {
+        eng_seq *s = sp->seqs[i];
+        s->n_computed += s->sched_tokens;
+        kvseq_commit(e->pool, &s->kv, s->tokens, s->n_computed);
+        if (s->out_row < 0)
+            continue;
+        float *row = e->logits + (size_t)s->out_row * n_vocab;
+        eng_req *r = s->req;
+        int first = s->index == 0 && r->n_seqs == 1 && r->p.n > 1 && s->n_generated == 0;
+        if (first && fork_children(e, s)) {
+            r->cancelled = 1;
+            continue;
+        }
+        int32_t n_sample = first ? r->p.n : 1;
+        for (int32_t k = 0; k < n_sample; k++) {
+            eng_seq *t = first ? r->seqs[k] : s;
+            memcpy(scratch, row, (size_t)n_vocab * sizeof(float));
+            sample_emit(e, t, scratch, row);
+        }
+    }
+}
+
+static void phase_retire(engine *e)
+{
+    eng_req *r = e->reqs;
+    while (r) {
+        eng_req *next = r->next;
+        if (r->cancelled) {
+            engine_emit_error(e, r, "out of memory forking sequences");
+            engine_free_req(e, r);
+            r = next;
+            continue;
+        }
+        for (int32_t i = 0; i < r->n_seqs; i++) {
+            eng_seq *s = r->seqs[i];
+            if (!s->finished || s->reported)
+                continue;
+            engine_event ev = {.type = ENGINE_EV_FINISH, .index = s->index, .finish = s->finish};
+            emit(r, &ev);
+            pthread_mutex_lock(&e->mu);
+            if (s->finish == ENGINE_FINISH_STOP)
+                e->stats.finished_stop++;
+            else
+                e->stats.finished_length++;
+            pthread_mutex_unlock(&e->mu);
+            kvseq_release(e->pool, &s->kv);
+            list_remove(&e->running, s);
+            s->reported = 1;
+            r->n_finished++;
+        }
+        if (r->n_finished == r->p.n) {
+            engine_event ev = {.type = ENGINE_EV_DONE};
+            emit(r, &ev);
+            engine_free_req(e, r);
+        }
+        r = next;
+    }
+}
+
+static void update_stats(engine *e, uint64_t prompt_tok, uint64_t gen_tok)
+{
+    kvpool_stats ks;
+    kvpool_get_stats(e->pool, &ks);
+    int32_t running = 0, waiting = 0, pre = 0;
+    uint64_t stored = 0;
+    for (eng_seq *s = e->running; s; s = s->next) {
+        running++;
+        stored += (uint64_t)s->kv.n_tokens;
+    }
+    for (eng_seq *s = e->waiting; s; s = s->next) {
+        waiting++;
+        pre += s->preempted;
+    }
+    pthread_mutex_lock(&e->mu);
+    engine_stats *st = &e->stats;
+    st->running = running;
+    st->waiting = waiting;
+    for (eng_req *r = e->incoming; r; r = r->next)
+        st->waiting++;
+    st->preempted_waiting = pre;
+    st->prompt_tokens += prompt_tok;
+    st->generation_tokens += gen_tok;
+    st->kv_blocks_total = ks.n_blocks;
+    st->kv_blocks_used = ks.n_used;
+    st->kv_blocks_free = ks.n_free;
+    st->kv_blocks_cached = ks.n_cached;
+    st->block_size = ks.block_size;
+    st->kv_tokens_stored = stored;
+    st->kv_token_capacity = (uint64_t)ks.n_used * ks.block_size;
+    st->prefix_queries = ks.prefix_queries;
+    st->prefix_hits = ks.prefix_hits;
+    st->steps++;
+    pthread_mutex_unlock(&e->mu);
+}
+
+int engine_step(engine *e)
+{
+    phase_admit(e);
+    step_plan sp = {.seqs = e->b_seqp};
+    schedule_running(e, &sp);
+    if (!sp.preempted)
+        schedule_waiting(e, &sp);
+    uint64_t prompt_tok = 0, gen_before = 0;
+    for (eng_req *r = e->reqs; r; r = r->next)
+        gen_before += (uint64_t)r->completion_tokens;
+    if (sp.n_seqs > 0) {
+        fwd_batch b = phase_build(e, &sp);
+        kvant_err err = {0};
+        for (int32_t i = 0; i < sp.n_seqs; i++) {
+            eng_seq *s = sp.seqs[i];
+            int64_t end = s->n_computed + s->sched_tokens;
+            int64_t np = s->req->p.n_prompt;
+            if (s->n_computed < np)
+                prompt_tok += (uint64_t)((end < np ? end : np) - s->n_computed);
+        }
+        if (fwd_run(&e->fwd, &b, e->logits, &err)) {
+            for (int32_t i = 0; i < sp.n_seqs; i++)
+                sp.seqs[i]->req->cancelled = 2;
+            for (eng_req *r = e->reqs, *next; r; r = next) {
+                next = r->next;
+                if (r->cancelled == 2) {
+                    engine_emit_error(e, r, err.msg);
+                    engine_free_req(e, r);
+                }
+            }
+        } else {
+            phase_sample(e, &sp);
+        }
+    }
+    uint64_t gen_after = 0;
+    for (eng_req *r = e->reqs; r; r = r->next)
+        gen_after += (uint64_t)r->completion_tokens;
+    phase_retire(e);
+    update_stats(e, prompt_tok, gen_after > gen_before ? gen_after - gen_before : 0);
+    return sp.n_seqs > 0;
+}
