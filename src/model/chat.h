@@ -44,5 +44,9 @@ int chat_template_detect(const char *src, size_t len, chat_template *out, kvant_
 char *chat_render(const chat_template *tpl, const chat_msg *msgs, size_t n_msgs,
                   int add_assistant, kvant_err *err);
 const char *chat_kind_name(chat_kind k);
+/* 1 when the rendered prompt already starts with the BOS text (Llama-2's
+ * "<s>", Llama-3's "<|begin_of_text|>", as their Jinja templates emit it):
+ * encode such prompts with add_bos = 0 and parse_special = 1. */
+int chat_prompt_has_bos(const chat_template *tpl);
 
 #endif

@@ -47,6 +47,8 @@ int tok_attr_of(const tokenizer *t, int32_t id);
  * add_bos: prepend BOS (callers pass tok_add_bos(t) for the model default).
  * parse_special: when non-zero, special-token text (e.g. "<|im_start|>")
  * becomes the special token; otherwise it is tokenized as plain text.
+ * USER_DEFINED tokens (added vocabulary) are matched either way, as in
+ * llama.cpp / HF.  Bytes a byte-level vocabulary lacks become U+FFFD.
  * Writes up to cap ids to out and returns the total number of tokens
  * (which may exceed cap: call again with a larger buffer), or a negative
  * kvant_status on error (e.g. invalid UTF-8 is handled, not an error). */
@@ -62,20 +64,24 @@ int tok_piece(const tokenizer *t, int32_t id, int render_special, char *buf, int
 
 /* Streaming detokenizer: feeds tokens and emits only complete UTF-8
  * sequences, holding back a partial sequence until the next token.
- * Plain struct owned by the caller. */
+ * Output is always valid UTF-8: invalid bytes become U+FFFD.  Control
+ * tokens emit nothing.  Plain struct owned by the caller. */
 typedef struct tok_stream {
     char pending[8];
     int n_pending;
 } tok_stream;
 void tok_stream_init(tok_stream *s);
 /* Appends the complete text for id to out (cap bytes); returns bytes
- * written, or negative on error / insufficient cap. */
+ * written, or negative on error / insufficient cap (state then unchanged;
+ * 3 * piece length + 12 bytes always suffice). */
 int tok_stream_feed(const tokenizer *t, tok_stream *s, int32_t id, char *out, int cap);
 /* Flushes held bytes (invalid trailing bytes become U+FFFD). */
 int tok_stream_flush(tok_stream *s, char *out, int cap);
 
 /* Convenience: decode a token array into a malloc'd NUL-terminated string
- * (caller frees).  NULL on error. */
+ * (caller frees).  NULL on error.  For SentencePiece vocabularies with
+ * add_space_prefix, one leading space of the first piece is removed (the
+ * prefix tok_encode added), so decode(encode(s)) == s. */
 char *tok_decode(const tokenizer *t, const int32_t *ids, int64_t n, int render_special);
 
 #endif

@@ -15,6 +15,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/threadpool.h"
 #include "kernels/dtype.h"
+#include "kernels/matmul.h"
 
 typedef struct cpu_backend {
     backend base;
@@ -231,17 +232,17 @@ static void matmul_worker(int ith, int nth, void *arg)
 {
     row_job *j = arg;
     const model_tensor *w = j->w;
-    const dtype_traits *tr = dtype_get(w->type);
-    int64_t n_rows = w->ne[1], n_cols = w->ne[0];
-    const float *bias = j->bias && j->bias->dev ? j->bias->dev : NULL;
+    int64_t n_rows = w->ne[1];
     long b, e;
     tpool_range(n_rows, ith, nth, &b, &e);
-    for (long r = b; r < e; r++) {
-        const char *row = (const char *)w->dev + (size_t)r * w->row_bytes;
-        for (int32_t t = 0; t < j->n; t++) {
-            float v = tr->vec_dot(n_cols, row, j->x + (int64_t)t * n_cols);
-            j->y[(int64_t)t * n_rows + r] = bias ? v + bias[r] : v;
-        }
+    if (b >= e)
+        return;
+    dtype_matmul_rows(w->type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->n, j->y, n_rows);
+    if (j->bias && j->bias->dev) {
+        const float *bias = j->bias->dev;
+        for (int32_t t = 0; t < j->n; t++)
+            for (long r = b; r < e; r++)
+                j->y[(int64_t)t * n_rows + r] += bias[r];
     }
 }
 

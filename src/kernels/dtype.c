@@ -1,0 +1,241 @@
+/* dtype.c - the dtype traits table, fp16/bf16 scalar conversions, CPU
+ * feature detection and the one-time SIMD dispatch.
+ *
+ * Invariants:
+ *  - k_base[] (the reference table) is const; g_traits[] is the only
+ *    mutable global: a copy of k_base with to_float / vec_dot replaced by
+ *    the fastest kernels the CPU supports.  It is written by dtype_init()
+ *    (once, under pthread_once) and by dtype_force_isa() (tests only,
+ *    which must not run concurrently with kernels).
+ *  - from_float, to_float_ref and vec_dot_ref always point at the scalar
+ *    references in quant_ref.c.
+ *  - Unsupported enum values (q8_1, q2_K, q3_K, q8_K, gaps) have name NULL
+ *    and dtype_get() returns NULL for them.
+ */
+#include "kernels/dtype.h"
+
+#include <cpuid.h>
+#include <pthread.h>
+#include <string.h>
+#include <strings.h>
+
+#include "kernels/quant_ref.h"
+
+#define REF_KERNELS(T)                                                          \
+    .to_float = qref_##T##_to_float, .from_float = qref_##T##_from_float,       \
+    .vec_dot = qref_##T##_vec_dot, .to_float_ref = qref_##T##_to_float,         \
+    .vec_dot_ref = qref_##T##_vec_dot
+
+static const dtype_traits k_base[DT_COUNT] = {
+    [DT_F32] = {.name = "f32", .block_size = 1, .type_size = 4, .is_quantized = 0,
+                REF_KERNELS(f32)},
+    [DT_F16] = {.name = "f16", .block_size = 1, .type_size = 2, .is_quantized = 0,
+                REF_KERNELS(f16)},
+    [DT_BF16] = {.name = "bf16", .block_size = 1, .type_size = 2, .is_quantized = 0,
+                 REF_KERNELS(bf16)},
+    [DT_Q4_0] = {.name = "q4_0", .block_size = QK4_0, .type_size = sizeof(block_q4_0),
+                 .is_quantized = 1, REF_KERNELS(q4_0)},
+    [DT_Q4_1] = {.name = "q4_1", .block_size = QK4_1, .type_size = sizeof(block_q4_1),
+                 .is_quantized = 1, REF_KERNELS(q4_1)},
+    [DT_Q5_0] = {.name = "q5_0", .block_size = QK5_0, .type_size = sizeof(block_q5_0),
+                 .is_quantized = 1, REF_KERNELS(q5_0)},
+    [DT_Q5_1] = {.name = "q5_1", .block_size = QK5_1, .type_size = sizeof(block_q5_1),
+                 .is_quantized = 1, REF_KERNELS(q5_1)},
+    [DT_Q8_0] = {.name = "q8_0", .block_size = QK8_0, .type_size = sizeof(block_q8_0),
+                 .is_quantized = 1, REF_KERNELS(q8_0)},
+    [DT_Q4_K] = {.name = "q4_K", .block_size = QK_K, .type_size = sizeof(block_q4_K),
+                 .is_quantized = 1, REF_KERNELS(q4_K)},
+    [DT_Q5_K] = {.name = "q5_K", .block_size = QK_K, .type_size = sizeof(block_q5_K),
+                 .is_quantized = 1, REF_KERNELS(q5_K)},
+    [DT_Q6_K] = {.name = "q6_K", .block_size = QK_K, .type_size = sizeof(block_q6_K),
+                 .is_quantized = 1, REF_KERNELS(q6_K)},
+};
+#undef REF_KERNELS
+
+static_assert(sizeof(k_base) / sizeof(k_base[0]) == DT_COUNT, "traits table length");
+
+/* ---- dispatch state (the one mutable global; see file comment) ---- */
+static dtype_traits g_traits[DT_COUNT];
+static dtype_vec_dot_multi_fn g_multi[DT_COUNT];
+static const char *g_isa = "scalar";
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static int cpu_has_avx2(void)
+{
+    __builtin_cpu_init();
+    /* f16c through cpuid leaf 1 (ECX bit 29): clang's builtin lacks it */
+    unsigned a, b, c, d;
+    int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+}
+
+static int cpu_has_avx512(void)
+{
+    __builtin_cpu_init();
+    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+}
+
+/* Rebuilds g_traits from k_base plus the given SIMD table (may be NULL). */
+static void dispatch_apply(const quant_simd_kernels *simd, const char *isa)
+{
+    memcpy(g_traits, k_base, sizeof(g_traits));
+    memset(g_multi, 0, sizeof(g_multi));
+    for (int t = 0; simd && t < DT_COUNT; t++) {
+        if (!k_base[t].name)
+            continue;
+        if (simd[t].to_float)
+            g_traits[t].to_float = simd[t].to_float;
+        if (simd[t].vec_dot)
+            g_traits[t].vec_dot = simd[t].vec_dot;
+        g_multi[t] = simd[t].vec_dot_multi;
+    }
+    g_isa = isa;
+}
+
+static void dispatch_select(void)
+{
+    if (cpu_has_avx512())
+        dispatch_apply(quant_avx512_table(), "avx512");
+    else if (cpu_has_avx2())
+        dispatch_apply(quant_avx2_table(), "avx2");
+    else
+        dispatch_apply(NULL, "scalar");
+}
+
+void dtype_init(void)
+{
+    pthread_once(&g_once, dispatch_select);
+}
+
+const char *dtype_isa(void)
+{
+    dtype_init();
+    return g_isa;
+}
+
+int dtype_force_isa(const char *isa)
+{
+    dtype_init();
+    if (!isa)
+        return -1;
+    if (strcmp(isa, "scalar") == 0) {
+        dispatch_apply(NULL, "scalar");
+        return 0;
+    }
+    if (strcmp(isa, "avx2") == 0 && cpu_has_avx2()) {
+        dispatch_apply(quant_avx2_table(), "avx2");
+        return 0;
+    }
+    if (strcmp(isa, "avx512") == 0 && cpu_has_avx512()) {
+        dispatch_apply(quant_avx512_table(), "avx512");
+        return 0;
+    }
+    return -1;
+}
+
+const dtype_traits *dtype_get(uint32_t t)
+{
+    if (t >= DT_COUNT || !k_base[t].name)
+        return NULL;
+    dtype_init();
+    return &g_traits[t];
+}
+
+dtype_vec_dot_multi_fn dtype_vec_dot_multi(uint32_t t)
+{
+    if (t >= DT_COUNT)
+        return NULL;
+    dtype_init();
+    return g_multi[t];
+}
+
+int dtype_from_name(const char *name)
+{
+    if (!name)
+        return -1;
+    for (int t = 0; t < DT_COUNT; t++) {
+        /* GGUF spells K-quants "Q4_K"; accept any case. */
+        if (k_base[t].name && strcasecmp(k_base[t].name, name) == 0)
+            return t;
+    }
+    return -1;
+}
+
+size_t dtype_row_size(uint32_t t, int64_t n)
+{
+    if (t >= DT_COUNT || !k_base[t].name || n < 0)
+        return 0;
+    const dtype_traits *tr = &k_base[t];
+    if (n % tr->block_size != 0)
+        return 0;
+    uint64_t blocks = (uint64_t)n / (uint64_t)tr->block_size;
+    if (blocks > SIZE_MAX / tr->type_size)
+        return 0;
+    return (size_t)blocks * tr->type_size;
+}
+
+/* ---- fp16 / bf16 (scalar; SIMD files use F16C / shifts) ---- */
+
+static inline uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float f32_from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+float kv_fp16_to_f32(kv_fp16 h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1F;
+    uint32_t man = h & 0x3FF;
+    if (exp == 0x1F) /* inf / nan: keep payload */
+        return f32_from_bits(sign | 0x7F800000u | (man << 13));
+    if (exp != 0)
+        return f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
+    /* zero or subnormal: man * 2^-24, exact in f32 */
+    float v = (float)man * 0x1p-24f;
+    return f32_from_bits(sign | f32_bits(v));
+}
+
+/* Round to nearest even, overflow to inf, nan stays nan (quiet); the
+ * algorithm of Maratyszcza's FP16 library (also ggml's), which matches F16C. */
+kv_fp16 kv_f32_to_fp16(float f)
+{
+    const float scale_to_inf = 0x1.0p+112f;
+    const float scale_to_zero = 0x1.0p-110f;
+    float base = ((f < 0 ? -f : f) * scale_to_inf) * scale_to_zero;
+    uint32_t w = f32_bits(f);
+    uint32_t shl1_w = w + w;
+    uint32_t sign = w & 0x80000000u;
+    uint32_t bias = shl1_w & 0xFF000000u;
+    if (bias < 0x71000000u)
+        bias = 0x71000000u;
+    base = f32_from_bits((bias >> 1) + 0x07800000u) + base;
+    uint32_t bits = f32_bits(base);
+    uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
+    uint32_t mantissa_bits = bits & 0x00000FFFu;
+    uint32_t nonsign = exp_bits + mantissa_bits;
+    return (kv_fp16)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+float kv_bf16_to_f32(kv_bf16 h)
+{
+    return f32_from_bits((uint32_t)h << 16);
+}
+
+kv_bf16 kv_f32_to_bf16(float f)
+{
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) /* nan: truncate, force quiet */
+        return (kv_bf16)((u >> 16) | 64);
+    return (kv_bf16)((u + (0x7FFFu + ((u >> 16) & 1))) >> 16);
+}
