@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Tiny synthetic GGUF models (llama / qwen2) in every supported weight type.
+
+Shapes: n_embd 256, n_ff 512, 4 heads of 64, 2 KV heads, 2 layers, vocab 384, ctx 256.
+Random weights with realistic scales; norms ~1 (F32).  Types gguf.quants can quantize
+(F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) are quantized from Gaussian data; Q4_K, Q5_K and
+Q6_K (no quantizer in gguf 0.17) are built as random but valid blocks whose f16 scales are
+chosen so each block has ~zero mean and the target standard deviation.
+
+    python tests/py/make_synthetic.py OUTDIR [NAME ...]     (default: all variants)
+"""
+from __future__ import annotations
+
+import os
+import sys
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGUFWriter
+from gguf import quants
+from gguf.constants import GGMLQuantizationType as QT
+
+N_EMBD, N_FF, N_HEAD, N_HEAD_KV, N_LAYER, N_VOCAB, N_CTX = 256, 512, 4, 2, 2, 384, 256
+HEAD_DIM = N_EMBD // N_HEAD
+EPS = 1e-5
+
+TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+
+
+@dataclass(frozen=True)
+class Spec:
+    arch: str              # "llama" | "qwen2"
+    wtype: str             # type of the 2-D weight matrices
+    emb_type: str          # type of token_embd (and of output.weight when untied)
+    tied: bool             # no output.weight: logits use token_embd
+    freq_base: float | None = None   # None: key absent (default 10000)
+    rope_freqs: bool = False          # add rope_freqs.weight (Llama-3.1 style)
+    rope_linear: float | None = None  # rope.scaling.type linear with this factor
+
+
+def _variants() -> dict[str, Spec]:
+    v: dict[str, Spec] = {}
+    for t in TYPES:
+        v[f"llama-{t}"] = Spec("llama", t, t, tied=False)      # untied output in type t
+        v[f"qwen2-{t}"] = Spec("qwen2", t, t, tied=True)       # tied output (embd in type t)
+    v["llama-tied-Q8_0"] = Spec("llama", "Q4_1", "Q8_0", tied=True)   # like SmolLM2 Q4_1
+    v["llama-embf32-Q4_K"] = Spec("llama", "Q4_K", "F32", tied=False)
+    v["qwen2-untied-Q6_K"] = Spec("qwen2", "Q6_K", "Q6_K", tied=False)
+    v["llama-freqbase-F16"] = Spec("llama", "F16", "F16", tied=True, freq_base=100000.0)
+    v["llama-ropefreqs-F32"] = Spec("llama", "F32", "F32", tied=False, freq_base=500000.0, rope_freqs=True)
+    v["llama-ropefreqs-Q8_0"] = Spec("llama", "Q8_0", "Q8_0", tied=True, freq_base=500000.0, rope_freqs=True)
+    v["llama-ropelinear-F32"] = Spec("llama", "F32", "F32", tied=False, rope_linear=4.0)
+    return v
+
+
+VARIANTS = _variants()
+
+_BLK = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+
+
+def _f16_bytes(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float16).reshape(-1, 1).view(np.uint8)
+
+
+def _random_kquant(rng: np.random.Generator, rows: int, cols: int, std: float, t: str) -> np.ndarray:
+    """Random valid K-quant blocks as uint8 [rows][cols/256*blk]."""
+    nb = rows * cols // 256
+    qt = QT[t]
+    blocks = rng.integers(0, 256, size=(nb, _BLK[t]), dtype=np.uint8)
+    if t == "Q6_K":
+        sc = rng.integers(-60, 61, size=(nb, 16)).astype(np.int8)
+        sc[sc == 0] = 1
+        blocks[:, 192:208] = sc.view(np.uint8)
+        blocks[:, 208:210] = _f16_bytes(np.ones(nb))
+        a = quants.dequantize(blocks, qt).reshape(nb, 256).astype(np.float64)
+        d = std / np.maximum(a.std(axis=1), 1e-6)
+        blocks[:, 208:210] = _f16_bytes(d)
+    else:
+        one, zero = _f16_bytes(np.ones(nb)), _f16_bytes(np.zeros(nb))
+        blocks[:, 0:2], blocks[:, 2:4] = one, zero
+        A = quants.dequantize(blocks, qt).reshape(nb, 256).astype(np.float64)
+        blocks[:, 0:2], blocks[:, 2:4] = zero, one
+        B = -quants.dequantize(blocks, qt).reshape(nb, 256).astype(np.float64)   # value = d*A - dmin*B
+        mb = B.mean(axis=1)
+        r = np.where(mb > 0, A.mean(axis=1) / np.maximum(mb, 1e-9), 0.0)
+        d = std / np.maximum((A - r[:, None] * B).std(axis=1), 1e-6)
+        blocks[:, 0:2], blocks[:, 2:4] = _f16_bytes(d), _f16_bytes(d * r)
+    return blocks.reshape(rows, -1)
+
+
+def _tensor(rng: np.random.Generator, shape: tuple[int, int], std: float, t: str):
+    """(array, raw_dtype) for GGUFWriter.add_tensor; shape is numpy [rows][cols]."""
+    if t in _BLK:
+        return _random_kquant(rng, shape[0], shape[1], std, t), QT[t]
+    x = (rng.standard_normal(shape) * std).astype(np.float32)
+    if t == "F32":
+        return x, None
+    if t == "F16":
+        return x.astype(np.float16), None
+    return quants.quantize(x, QT[t]), QT[t]
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+MERGES = ["Ġ t", "h e", "i n", "e r", "a n", "Ġ a", "o n", "Ġt he", "r e", "e n",
+          "Ġ s", "Ġ w", "a t", "o r", "n d", "Ġ o", "i s", "Ġ i", "e s", "i t"]
+
+
+def tokenizer_vocab():
+    """(tokens, token_types, merges, bos_id, eos_id)."""
+    b2u = bytes_to_unicode()
+    tokens = [b2u[b] for b in range(256)]
+    types = [1] * 256
+    for m in MERGES:
+        a, b = m.split(" ")
+        assert a in tokens and b in tokens
+        tokens.append(a + b)
+        types.append(1)
+    bos = len(tokens)
+    tokens += ["<|bos|>", "<|eos|>"]
+    types += [3, 3]
+    while len(tokens) < N_VOCAB:
+        tokens.append(f"<|tok_{len(tokens)}|>")
+        types.append(3)
+    return tokens, types, list(MERGES), bos, bos + 1
+
+
+def write_model(path: str, spec: Spec, seed: int) -> str:
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(path, spec.arch)
+    w.add_name(os.path.basename(path))
+    w.add_context_length(N_CTX)
+    w.add_embedding_length(N_EMBD)
+    w.add_feed_forward_length(N_FF)
+    w.add_block_count(N_LAYER)
+    w.add_head_count(N_HEAD)
+    w.add_head_count_kv(N_HEAD_KV)
+    w.add_layer_norm_rms_eps(EPS)
+    w.add_rope_dimension_count(HEAD_DIM)
+    if spec.freq_base is not None:
+        w.add_rope_freq_base(spec.freq_base)
+    if spec.rope_linear is not None:
+        w.add_string(f"{spec.arch}.rope.scaling.type", "linear")
+        w.add_float32(f"{spec.arch}.rope.scaling.factor", spec.rope_linear)
+    w.add_vocab_size(N_VOCAB)
+    tokens, types, merges, bos, eos = tokenizer_vocab()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos)
+    w.add_add_bos_token(False)
+
+    def add(name, shape, std, t):
+        arr, raw = _tensor(rng, shape, std, t)
+        w.add_tensor(name, arr, raw_dtype=raw)
+
+    def add_f32(name, arr):
+        w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+
+    add("token_embd.weight", (N_VOCAB, N_EMBD), 0.2, spec.emb_type)
+    if spec.rope_freqs:
+        add_f32("rope_freqs.weight", np.geomspace(1.0, 8.0, HEAD_DIM // 2))
+    kvd = N_HEAD_KV * HEAD_DIM
+    for L in range(N_LAYER):
+        p = f"blk.{L}."
+        add_f32(p + "attn_norm.weight", 1.0 + 0.1 * rng.standard_normal(N_EMBD))
+        add(p + "attn_q.weight", (N_EMBD, N_EMBD), 0.08, spec.wtype)
+        add(p + "attn_k.weight", (kvd, N_EMBD), 0.08, spec.wtype)
+        add(p + "attn_v.weight", (kvd, N_EMBD), 0.06, spec.wtype)
+        if spec.arch == "qwen2":
+            add_f32(p + "attn_q.bias", 0.1 * rng.standard_normal(N_EMBD))
+            add_f32(p + "attn_k.bias", 0.1 * rng.standard_normal(kvd))
+            add_f32(p + "attn_v.bias", 0.1 * rng.standard_normal(kvd))
+        add(p + "attn_output.weight", (N_EMBD, N_EMBD), 0.06, spec.wtype)
+        add_f32(p + "ffn_norm.weight", 1.0 + 0.1 * rng.standard_normal(N_EMBD))
+        add(p + "ffn_gate.weight", (N_FF, N_EMBD), 0.06, spec.wtype)
+        add(p + "ffn_up.weight", (N_FF, N_EMBD), 0.06, spec.wtype)
+        add(p + "ffn_down.weight", (N_EMBD, N_FF), 0.044, spec.wtype)
+    add_f32("output_norm.weight", 1.0 + 0.1 * rng.standard_normal(N_EMBD))
+    if not spec.tied:
+        add("output.weight", (N_VOCAB, N_EMBD), 0.2, spec.emb_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def make_model(outdir: str, name: str) -> str:
+    """Write variant `name` into outdir (if not already there) and return its path."""
+    os.makedirs(outdir, exist_ok=True)
+    path = os.path.join(outdir, f"{name}.gguf")
+    if not os.path.exists(path):
+        tmp = path + ".tmp"
+        write_model(tmp, VARIANTS[name], seed=zlib.crc32(name.encode()))
+        os.replace(tmp, path)
+    return path
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        print(__doc__)
+        return 2
+    names = argv[1:] or list(VARIANTS)
+    for n in names:
+        print(make_model(argv[0], n))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+#!/usr/bin/env python3
+"""Independent float64 numpy reference forward pass for GGUF Llama-family models.
+
+Supports llama.cpp's `llama` (NORMAL rope: adjacent pairs) and `qwen2` (NEOX rope:
+pairs (i, i + rope_dim/2), q/k/v biases) architectures.  Weights are dequantized with
+gguf.quants.dequantize (exact values of what is stored, f32) and all arithmetic is done
+in float64.
+
+    python tests/py/ref_model.py MODEL.gguf --tokens 1,2,3 --out logits.npy
+    python tests/py/ref_model.py MODEL.gguf --text-file tests/data/english.txt --ppl 512
+        (--text-file uses approx_tokenize, a simple byte-level BPE good enough for
+         self-checks; the tests tokenize with `kvant tokenize`.)
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+
+import numpy as np
+from gguf import GGUFReader
+from gguf.constants import GGMLQuantizationType as QT
+from gguf import quants
+
+ROPE_NORMAL = "normal"   # rotate (x[2i], x[2i+1])
+ROPE_NEOX = "neox"       # rotate (x[i], x[i + n_rot/2])
+ARCH_ROPE = {"llama": ROPE_NORMAL, "qwen2": ROPE_NEOX}
+
+
+def _field(reader: GGUFReader, key: str, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def dequant(t) -> np.ndarray:
+    """Dequantize a ReaderTensor to float32 numpy with numpy shape [ne1][ne0] (reversed GGUF dims)."""
+    shape = tuple(int(d) for d in reversed(t.shape))
+    tt = QT(int(t.tensor_type))
+    if tt == QT.F32:
+        a = np.asarray(t.data, dtype=np.float32)
+    elif tt == QT.F16:
+        a = np.asarray(t.data).view(np.float16).astype(np.float32)
+    else:
+        a = quants.dequantize(np.asarray(t.data), tt).astype(np.float32, copy=False)
+    return a.reshape(shape)
+
+
+class RefModel:
+    def __init__(self, path: str, rope_mode: str | None = None, dtype=np.float64):
+        self.path = path
+        self.dt = np.dtype(dtype)  # float64 = the reference; float32 only to estimate f32 engine error
+        r = GGUFReader(path)
+        self.reader = r
+        arch = _field(r, "general.architecture")
+        if arch not in ARCH_ROPE:
+            raise ValueError(f"unsupported architecture {arch!r}")
+        self.arch = arch
+        self.tensors = {t.name: t for t in r.tensors}
+        g = lambda k, d=None: _field(r, f"{arch}.{k}", d)  # noqa: E731
+        self.n_layer = int(g("block_count"))
+        self.n_embd = int(g("embedding_length"))
+        self.n_ff = int(g("feed_forward_length"))
+        self.n_head = int(g("attention.head_count"))
+        self.n_head_kv = int(g("attention.head_count_kv", self.n_head))
+        self.eps = float(g("attention.layer_norm_rms_epsilon", 1e-5))
+        self.head_dim = self.n_embd // self.n_head
+        self.freq_base = float(g("rope.freq_base", 10000.0))
+        self.n_rot = int(g("rope.dimension_count", self.head_dim))
+        self.n_ctx_train = int(g("context_length", 0))
+        st = g("rope.scaling.type", None)
+        self.rope_scale = 1.0
+        if st == "linear":
+            self.rope_scale = 1.0 / float(g("rope.scaling.factor", 1.0))
+        elif st not in (None, "none"):
+            raise ValueError(f"unsupported rope scaling {st!r}")
+        self.rope_mode = rope_mode or ARCH_ROPE[arch]
+        te = self.tensors["token_embd.weight"]
+        self.n_vocab = int(te.shape[1])
+        self._cache: dict[str, np.ndarray] = {}
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def w(self, name: str) -> np.ndarray:
+        """float32 dequantized weight [ne1][ne0] (cached)."""
+        a = self._cache.get(name)
+        if a is None:
+            a = dequant(self.tensors[name])
+            self._cache[name] = a
+        return a
+
+    def w64(self, name: str) -> np.ndarray:
+        return self.w(name).astype(self.dt, copy=False)
+
+    # ---- building blocks (float64) ----
+    def rmsnorm(self, x: np.ndarray, wname: str) -> np.ndarray:
+        ms = np.mean(x * x, axis=-1, keepdims=True)
+        return x / np.sqrt(ms + self.dt.type(self.eps)) * self.w64(wname)
+
+    def rope_thetas(self, pos: np.ndarray) -> np.ndarray:
+        """theta[p, i] for i < n_rot/2."""
+        i = np.arange(self.n_rot // 2, dtype=np.float64)
+        inv = self.freq_base ** (-2.0 * i / self.n_rot)
+        if self.has("rope_freqs.weight"):
+            ff = self.w64("rope_freqs.weight").reshape(-1)[: self.n_rot // 2]
+            inv = inv / ff
+        return (pos.astype(np.float64) * self.rope_scale)[:, None] * inv[None, :]
+
+    def rope(self, x: np.ndarray, theta: np.ndarray) -> np.ndarray:
+        """x: [n, heads, head_dim]; theta: [n, n_rot/2]."""
+        c = np.cos(theta)[:, None, :]
+        s = np.sin(theta)[:, None, :]
+        out = x.copy()
+        half = self.n_rot // 2
+        if self.rope_mode == ROPE_NORMAL:
+            x0 = x[:, :, 0:self.n_rot:2]
+            x1 = x[:, :, 1:self.n_rot:2]
+            out[:, :, 0:self.n_rot:2] = x0 * c - x1 * s
+            out[:, :, 1:self.n_rot:2] = x0 * s + x1 * c
+        else:
+            x0 = x[:, :, :half]
+            x1 = x[:, :, half:self.n_rot]
+            out[:, :, :half] = x0 * c - x1 * s
+            out[:, :, half:self.n_rot] = x0 * s + x1 * c
+        return out
+
+    def lin(self, h: np.ndarray, name: str) -> np.ndarray:
+        y = h @ self.w64(name + ".weight").T
+        if self.has(name + ".bias"):
+            y = y + self.w64(name + ".bias").reshape(-1)
+        return y
+
+    def forward(self, ids, drop_cache: bool = False) -> np.ndarray:
+        """Teacher-forced logits [n][n_vocab] (float64), positions 0..n-1 from an empty cache."""
+        ids = np.asarray(ids, dtype=np.int64)
+        n = len(ids)
+        if n == 0:
+            return np.zeros((0, self.n_vocab))
+        if ids.min() < 0 or ids.max() >= self.n_vocab:
+            raise ValueError("token id out of range")
+        x = self.w("token_embd.weight")[ids].astype(self.dt)
+        theta = self.rope_thetas(np.arange(n)).astype(self.dt)
+        hd, nh, nkv = self.head_dim, self.n_head, self.n_head_kv
+        group = nh // nkv
+        mask = np.triu(np.full((n, n), -np.inf), k=1)  # causal
+        for L in range(self.n_layer):
+            p = f"blk.{L}."
+            h = self.rmsnorm(x, p + "attn_norm.weight")
+            q = self.lin(h, p + "attn_q").reshape(n, nh, hd)
+            k = self.lin(h, p + "attn_k").reshape(n, nkv, hd)
+            v = self.lin(h, p + "attn_v").reshape(n, nkv, hd)
+            q = self.rope(q, theta)
+            k = self.rope(k, theta)
+            kh = np.repeat(k, group, axis=1)  # head j uses kv head j // group
+            vh = np.repeat(v, group, axis=1)
+            s = np.einsum("qhd,khd->hqk", q, kh) / self.dt.type(math.sqrt(hd)) + mask.astype(self.dt)
+            s = s - s.max(axis=-1, keepdims=True)
+            pr = np.exp(s)
+            pr /= pr.sum(axis=-1, keepdims=True)
+            att = np.einsum("hqk,khd->qhd", pr, vh).reshape(n, nh * hd)
+            x = x + self.lin(att, p + "attn_output")
+            h = self.rmsnorm(x, p + "ffn_norm.weight")
+            gt = self.lin(h, p + "ffn_gate")
+            up = self.lin(h, p + "ffn_up")
+            x = x + self.lin(gt / (self.dt.type(1) + np.exp(-gt)) * up, p + "ffn_down")
+            if drop_cache:
+                for key in [k_ for k_ in self._cache if k_.startswith(p)]:
+                    del self._cache[key]
+        x = self.rmsnorm(x, "output_norm.weight")
+        out_name = "output.weight" if self.has("output.weight") else "token_embd.weight"
+        # chunk over vocab to bound f64 memory
+        W = self.w(out_name)
+        logits = np.empty((n, self.n_vocab), dtype=self.dt)
+        step = 8192
+        for a in range(0, self.n_vocab, step):
+            logits[:, a:a + step] = x @ W[a:a + step].astype(self.dt).T
+        return logits
+
+
+def ref_logits(path: str, ids, rope_mode: str | None = None, dtype=np.float64) -> np.ndarray:
+    return RefModel(path, rope_mode=rope_mode, dtype=dtype).forward(ids, drop_cache=True)
+
+
+def nll(logits: np.ndarray, ids) -> np.ndarray:
+    """Negative log-likelihood of ids[1:] given logits[:-1]."""
+    ids = np.asarray(ids)
+    lg = logits[:-1]
+    m = lg.max(axis=-1, keepdims=True)
+    lse = (m + np.log(np.exp(lg - m).sum(axis=-1, keepdims=True)))[:, 0]
+    return lse - lg[np.arange(len(ids) - 1), ids[1:]]
+
+
+# ---- approximate GPT-2 style byte-level BPE (self-checks only) ----
+def _bytes_to_unicode() -> dict[int, str]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+_PRE = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d| ?[^\s\w]+|\s+(?!\S)|\s+""")
+
+
+def approx_tokenize(path: str, text: str) -> list[int]:
+    r = GGUFReader(path)
+    toks = _field(r, "tokenizer.ggml.tokens")
+    merges = _field(r, "tokenizer.ggml.merges") or []
+    vocab = {t: i for i, t in enumerate(toks)}
+    ranks = {tuple(m.split(" ", 1)): i for i, m in enumerate(merges)}
+    b2u = _bytes_to_unicode()
+    out: list[int] = []
+    for word in _PRE.findall(text):
+        parts = [b2u[b] for b in word.encode("utf-8")]
+        while len(parts) > 1:
+            best = min(range(len(parts) - 1), key=lambda i: ranks.get((parts[i], parts[i + 1]), 1 << 30))
+            if (parts[best], parts[best + 1]) not in ranks:
+                break
+            parts[best:best + 2] = [parts[best] + parts[best + 1]]
+        out.extend(vocab[p] for p in parts)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--tokens", help="comma/space separated token ids")
+    ap.add_argument("--tokens-file")
+    ap.add_argument("--text-file", help="tokenize with approx_tokenize (self-check only)")
+    ap.add_argument("-n", type=int, default=0, help="use only the first N tokens")
+    ap.add_argument("--out", help="write logits .npy (float64) or .f32 (raw float32)")
+    ap.add_argument("--rope", choices=[ROPE_NORMAL, ROPE_NEOX], help="override the rope convention")
+    ap.add_argument("--f32", action="store_true", help="compute in float32 (error estimate only)")
+    ap.add_argument("--ppl", type=int, default=0, help="print perplexity over chunks of this size")
+    ap.add_argument("--generate", type=int, default=0, help="greedy-continue N tokens and print ids/text")
+    a = ap.parse_args(argv)
+    if a.tokens is not None:
+        ids = [int(t) for t in re.split(r"[,\s]+", a.tokens.strip()) if t]
+    elif a.tokens_file:
+        ids = [int(t) for t in open(a.tokens_file).read().split()]
+    elif a.text_file:
+        ids = approx_tokenize(a.model, open(a.text_file, encoding="utf-8").read())
+    else:
+        ap.error("need --tokens, --tokens-file or --text-file")
+    if a.n:
+        ids = ids[: a.n]
+    m = RefModel(a.model, rope_mode=a.rope, dtype=np.float32 if a.f32 else np.float64)
+    if a.ppl:
+        tot, cnt = 0.0, 0
+        for s in range(0, len(ids) - 1, a.ppl):
+            chunk = ids[s:s + a.ppl]
+            if len(chunk) < 2:
+                break
+            l = nll(m.forward(chunk), chunk)
+            tot += l.sum()
+            cnt += len(l)
+            print(f"chunk {s // a.ppl}: ppl so far {math.exp(tot / cnt):.3f}", flush=True)
+        print(f"perplexity ({m.rope_mode} rope, {cnt} predictions): {math.exp(tot / cnt):.4f}")
+        return 0
+    if a.generate:
+        seq = list(ids)
+        for _ in range(a.generate):
+            seq.append(int(np.argmax(m.forward(seq)[-1])))
+        toks = _field(m.reader, "tokenizer.ggml.tokens")
+        u2b = {v: k for k, v in _bytes_to_unicode().items()}
+        gen = seq[len(ids):]
+        txt = bytes(u2b.get(ch, 63) for i in gen for ch in toks[i]).decode("utf-8", "replace")
+        print("ids:", gen)
+        print("text:", repr(txt))
+        return 0
+    lg = m.forward(ids)
+    if a.out:
+        if a.out.endswith(".f32"):
+            lg.astype("<f4").tofile(a.out)
+        else:
+            np.save(a.out, lg)
+    else:
+        print("argmax:", lg.argmax(-1).tolist())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
