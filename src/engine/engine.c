@@ -146,8 +146,12 @@ static int setup_backend(engine_ext *x, kvant_err *err)
         return KV_ENOMEM;
     if ((rc = e->be->ops->load_weights(e->be, e->m, err)))
         return rc;
+    /* One planned block is held back for the backend's small per-thread
+     * attention scratch (a few hundred bytes), which the plan does not size. */
     int32_t n_blocks = e->cfg.kv_blocks_override > 0 ? e->cfg.kv_blocks_override
-                                                     : (int32_t)x->plan.kv_pool_blocks;
+                                                     : (int32_t)x->plan.kv_pool_blocks - 1;
+    if (n_blocks < 1)
+        return kvant_err_set(err, KV_ENOMEM, "no memory left for the KV pool");
     kv_layout lay = fwd_kv_layout(e->m, n_blocks, e->cfg.block_size, e->cfg.kv_dtype);
     if ((rc = fwd_init(&e->fwd, e->m, e->be, e->cfg.max_num_batched_tokens, e->cfg.max_num_seqs,
                        &lay, err)))

@@ -117,6 +117,8 @@ typedef struct engine_stats {
     uint64_t kv_tokens_stored, kv_token_capacity;
     uint64_t prefix_queries, prefix_hits;
     uint64_t steps;
+    /* the last step's batch (scheduler tests, bench) */
+    int32_t last_tokens, last_seqs, last_decodes;
 } engine_stats;
 
 void engine_get_stats(engine *e, engine_stats *out);

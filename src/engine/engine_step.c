@@ -443,7 +443,9 @@ static void phase_retire(engine *e)
     }
 }
 
-static void update_stats(engine *e, uint64_t prompt_tok, uint64_t gen_tok)
+/* sp's sequence pointers may be freed by now: only its counts are read. */
+static void update_stats(engine *e, const step_plan *sp, int32_t decodes, uint64_t prompt_tok,
+                         uint64_t gen_tok)
 {
     kvpool_stats ks;
     kvpool_get_stats(e->pool, &ks);
@@ -476,6 +478,9 @@ static void update_stats(engine *e, uint64_t prompt_tok, uint64_t gen_tok)
     st->prefix_queries = ks.prefix_queries;
     st->prefix_hits = ks.prefix_hits;
     st->steps++;
+    st->last_tokens = sp->n_tokens;
+    st->last_seqs = sp->n_seqs;
+    st->last_decodes = decodes;
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -487,6 +492,9 @@ int engine_step(engine *e)
     if (!sp.preempted)
         schedule_waiting(e, &sp);
     uint64_t prompt_tok = 0, gen_before = 0;
+    int32_t decodes = 0;
+    for (int32_t i = 0; i < sp.n_seqs; i++)
+        decodes += sp.seqs[i]->sched_tokens == 1 && sp.seqs[i]->n_generated > 0;
     for (eng_req *r = e->reqs; r; r = r->next)
         gen_before += (uint64_t)r->completion_tokens;
     if (sp.n_seqs > 0) {
@@ -517,6 +525,6 @@ int engine_step(engine *e)
     for (eng_req *r = e->reqs; r; r = r->next)
         gen_after += (uint64_t)r->completion_tokens;
     phase_retire(e);
-    update_stats(e, prompt_tok, gen_after > gen_before ? gen_after - gen_before : 0);
+    update_stats(e, &sp, decodes, prompt_tok, gen_after > gen_before ? gen_after - gen_before : 0);
     return sp.n_seqs > 0;
 }

@@ -1,0 +1,12 @@
+/* tinymodel.h - writes a tiny random llama GGUF (f32 weights, byte-level
+ * vocabulary) for engine and backend tests that must run fast under ASan. */
+#ifndef KVANT_TINYMODEL_H
+#define KVANT_TINYMODEL_H
+
+#include <stdint.h>
+
+/* Writes the model to path: n_layers 2, n_embd 64, 4 heads (2 KV),
+ * n_ff 128, vocab 300, context 1024.  Returns 0 on success. */
+int tiny_model_write(const char *path, uint64_t seed);
+
+#endif
