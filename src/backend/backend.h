@@ -115,4 +115,23 @@ struct backend {
     const backend_ops *ops;
 };
 
+
+/* ---- backend selection ---- */
+
+/* What a device offers before anything is loaded: the planner's budget
+ * starts from total_memory, and the memory manager allocates through
+ * alloc (host malloc for "cpu", cudaMalloc for "cuda"). */
+typedef struct backend_device_info {
+    char name[128];
+    uint64_t total_memory;
+    uint64_t free_memory;
+    mem_allocator alloc;
+} backend_device_info;
+
+/* name: "cpu" or "cuda" (only in builds with CUDA=1).  KV_EUNSUP with a
+ * message when the backend is not built in or no device is present. */
+int backend_query(const char *name, int device, backend_device_info *out, kvant_err *err);
+backend *backend_create(const char *name, int device, mem_mgr *mem, int n_threads,
+                        kvant_err *err);
+
 #endif

@@ -14,13 +14,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend/cpu/cpu_backend.h"
 #include "kernels/dtype.h"
 #include "mem/plan.h"
 
 typedef struct engine_ext {
     engine e;
     plan_result plan;
+    mem_allocator alloc;  /* the backend's device allocator */
 } engine_ext;
 
 engine_config engine_config_default(void)
@@ -69,7 +69,12 @@ static int plan_engine(engine_ext *x, kvant_err *err)
     plan_model pm = {hp->n_layers, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim,
                      hp->n_ff, hp->n_vocab, hp->n_ctx_train, e->m->weights_bytes};
     plan_config pc = plan_config_default();
-    pc.device_memory = e->cfg.device_memory ? e->cfg.device_memory : mem_host_available();
+    backend_device_info dev;
+    int rc0 = backend_query(e->cfg.backend, e->cfg.device, &dev, err);
+    if (rc0)
+        return rc0;
+    x->alloc = dev.alloc;
+    pc.device_memory = e->cfg.device_memory ? e->cfg.device_memory : dev.total_memory;
     pc.utilization = e->cfg.memory_utilization;
     pc.ctx = e->cfg.max_model_len;
     pc.block_size = e->cfg.block_size;
@@ -138,10 +143,10 @@ static int setup_backend(engine_ext *x, kvant_err *err)
 {
     engine *e = &x->e;
     int rc;
-    e->mem = mem_create(x->plan.budget, mem_allocator_host(), err);
+    e->mem = mem_create(x->plan.budget, x->alloc, err);
     if (!e->mem)
         return KV_ENOMEM;
-    e->be = cpu_backend_create(e->mem, e->cfg.n_threads, err);
+    e->be = backend_create(e->cfg.backend, e->cfg.device, e->mem, e->cfg.n_threads, err);
     if (!e->be)
         return KV_ENOMEM;
     if ((rc = e->be->ops->load_weights(e->be, e->m, err)))

@@ -29,6 +29,8 @@
 #define ENGINE_MAX_STOP_IDS 16
 
 typedef struct engine_config {
+    const char *backend;           /* "cpu" (default) or "cuda" */
+    int device;                    /* device index for the backend */
     int n_threads;                 /* 0 = all cores */
     uint64_t device_memory;        /* 0 = device total (CPU: available RAM) */
     double memory_utilization;     /* (0, 1], default 0.90 */

@@ -1,0 +1,48 @@
+/* backend.c - backend selection by name.  The CUDA backend is compiled in
+ * only with CUDA=1 (KVANT_CUDA); src/backend/cuda/cuda_backend.h is the only
+ * header it exports and it includes no CUDA headers. */
+#include "backend/backend.h"
+
+#include <string.h>
+
+#include "backend/cpu/cpu_backend.h"
+#ifdef KVANT_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+int backend_query(const char *name, int device, backend_device_info *out, kvant_err *err)
+{
+    memset(out, 0, sizeof *out);
+    if (!name || !strcmp(name, "cpu")) {
+        if (device != 0)
+            return kvant_err_set(err, KV_EINVAL, "--device %d: the cpu backend has device 0 only",
+                                 device);
+        strcpy(out->name, "cpu");
+        out->total_memory = mem_host_available();
+        out->free_memory = out->total_memory;
+        out->alloc = mem_allocator_host();
+        return KV_OK;
+    }
+    if (!strcmp(name, "cuda")) {
+#ifdef KVANT_CUDA
+        return cuda_backend_query(device, out, err);
+#else
+        return kvant_err_set(err, KV_EUNSUP, "backend 'cuda' is not built in (build with make CUDA=1)");
+#endif
+    }
+    return kvant_err_set(err, KV_EINVAL, "unknown backend '%s' (cpu, cuda)", name);
+}
+
+backend *backend_create(const char *name, int device, mem_mgr *mem, int n_threads,
+                        kvant_err *err)
+{
+    if (!name || !strcmp(name, "cpu"))
+        return cpu_backend_create(mem, n_threads, err);
+#ifdef KVANT_CUDA
+    if (!strcmp(name, "cuda"))
+        return cuda_backend_create(device, mem, err);
+#endif
+    (void)device;
+    kvant_err_set(err, KV_EUNSUP, "backend '%s' is not available in this build", name);
+    return NULL;
+}
