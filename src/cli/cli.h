@@ -64,5 +64,8 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
+/* `kvant info --memory` (cmd_info_mem.c). */
+int info_memory(const gguf_ctx *g, const model_hparams *hp, int json);
 
 #endif

@@ -77,12 +77,15 @@ static void print_tensors(const gguf_ctx *g, int json)
 int cmd_info(int argc, char **argv)
 {
     cli_common c;
+    int memory = 0;
     cli_common_init(&c);
     for (int i = 1; i < argc; i++) {
         int r = cli_common_parse(&c, argc, argv, &i);
         if (r < 0)
             return 2;
-        if (r == 0) {
+        if (r == 0 && !strcmp(argv[i], "--memory")) {
+            memory = 1;
+        } else if (r == 0) {
             fprintf(stderr, "kvant info: unknown option '%s'\n", argv[i]);
             return 2;
         }
@@ -95,6 +98,13 @@ int cmd_info(int argc, char **argv)
     }
     model_hparams hp;
     int hp_ok = model_hparams_from_gguf(g, &hp, &err) == KV_OK;
+    if (memory) {
+        int rc = hp_ok ? info_memory(g, &hp, c.json) : 1;
+        if (!hp_ok)
+            fprintf(stderr, "kvant info: %s\n", err.msg);
+        gguf_close(g);
+        return rc;
+    }
     if (c.json) {
         printf("{\"path\": ");
         cli_json_string(stdout, c.model_path, strlen(c.model_path));

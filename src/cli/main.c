@@ -15,6 +15,7 @@ static const cli_cmd cmds[] = {
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"perplexity", cmd_perplexity, "perplexity of a text file (llama.cpp convention)"},
     {"info", cmd_info, "model metadata and tensors"},
+    {"plan", cmd_plan, "what fits in a memory budget (reads the GGUF header only)"},
     {"logits", cmd_logits, "dump teacher-forced logits (for reference tests)"},
 };
 

@@ -1,0 +1,447 @@
+/* cmd_bench.c - `kvant bench`: llama-bench-style throughput with a roofline.
+ *
+ *   pp: evaluate p random tokens at positions [0, p) (an empty cache) in
+ *       ubatches of up to BENCH_MAX_UBATCH tokens; tok/s = p / time.
+ *   tg: n single-token decode steps at positions [0, n); tok/s = n / time.
+ *   Both: median and min..max over REPS after one warm-up run.
+ *   GB/s = weight bytes a token's matmuls read / time per token (for pp this
+ *   is a "virtual" figure: weights are re-used across the ubatch);
+ *   GFLOP/s = 2 * matmul params * tokens / time (attention not counted).
+ *   --roofline: read bandwidth (1 and T threads), fp32 FMA and int8 VNNI
+ *   peaks measured in this process (src/bench/roofline.h).
+ *   --batch B: B requests of p random prompt tokens and n max_tokens
+ *   (ignore_eos, greedy) through the engine in manual mode; stats sampled
+ *   after every step.  TTFT is measured from submission; ITL is the gap
+ *   between consecutive tokens of a request.
+ *
+ * The lead registers `int cmd_bench(int argc, char **argv);` in main.c.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cpu/threadpool.h"
+#include "bench/roofline.h"
+#include "cli/cli.h"
+#include "engine/engine.h"
+#include "kernels/dtype.h"
+
+int cmd_bench(int argc, char **argv);
+
+#define BENCH_MAX_REPS 100
+#define BENCH_MAX_UBATCH 512
+#define BENCH_MAX_BATCH 1024
+
+typedef struct bench_opts {
+    long p, n, reps, batch;
+    int roofline;
+} bench_opts;
+
+typedef struct bench_stat {
+    double med, lo, hi; /* tok/s */
+} bench_stat;
+
+typedef struct bench_weights {
+    double bytes_per_tok;  /* matmul weights read per token */
+    double params;         /* matmul parameters (multiply-adds per token) */
+} bench_weights;
+
+static double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int bench_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Sorts v in place and returns its median (0 when empty). */
+static double bench_median(double *v, size_t n)
+{
+    if (!n)
+        return 0.0;
+    qsort(v, n, sizeof *v, bench_cmp);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static double bench_pct(double *v, size_t n, double q) /* v sorted */
+{
+    if (!n)
+        return 0.0;
+    size_t i = (size_t)ceil(q * (double)n) - 1;
+    return v[i < n ? i : n - 1];
+}
+
+static void bench_add_tensor(bench_weights *w, const model_tensor *t)
+{
+    if (!t->data || t->ne[1] <= 1)
+        return; /* norms, absent biases */
+    w->bytes_per_tok += (double)t->nbytes;
+    w->params += (double)t->ne[0] * (double)t->ne[1];
+}
+
+static bench_weights bench_weight_traffic(const model *m)
+{
+    bench_weights w = {0, 0};
+    for (int32_t l = 0; l < m->hp.n_layers; l++) {
+        const model_layer *L = &m->layers[l];
+        const model_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo,
+                                    &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+            bench_add_tensor(&w, ts[i]);
+    }
+    /* the embedding lookup reads one row; the output head reads all of it */
+    bench_add_tensor(&w, m->tied_output ? &m->tok_embd : &m->output);
+    return w;
+}
+
+static int bench_parse(int argc, char **argv, cli_common *c, bench_opts *o)
+{
+    o->p = 512, o->n = 128, o->reps = 5, o->batch = 0, o->roofline = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        int r = cli_common_parse(c, argc, argv, &i);
+        if (r < 0)
+            return -1;
+        if (r > 0)
+            continue;
+        long *dst = !strcmp(a, "-p") ? &o->p : !strcmp(a, "-n") ? &o->n
+                  : !strcmp(a, "-r") ? &o->reps : !strcmp(a, "--batch") ? &o->batch : NULL;
+        long hi = dst == &o->reps ? BENCH_MAX_REPS : dst == &o->batch ? BENCH_MAX_BATCH : 1 << 20;
+        if (dst) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 0, hi, dst))
+                return -1;
+        } else if (!strcmp(a, "--roofline")) {
+            o->roofline = 1;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: kvant bench [-m MODEL] [-p 512] [-n 128] [-r REPS] [-t THREADS]\n"
+                   "                   [--batch B] [--roofline] [--json]\n");
+            exit(0);
+        } else {
+            fprintf(stderr, "kvant bench: unknown option '%s'\n", a);
+            return -1;
+        }
+    }
+    if (o->reps < 1 || (o->p < 1 && o->n < 1) || (o->batch && (o->p < 1 || o->n < 1))) {
+        fprintf(stderr, "kvant bench: need -r >= 1, and -p/-n >= 1 (both with --batch)\n");
+        return -1;
+    }
+    return 0;
+}
+
+static void bench_random_tokens(int32_t *t, long n, int32_t n_vocab, uint64_t seed)
+{
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (long i = 0; i < n; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        t[i] = (int32_t)(s % (uint64_t)n_vocab);
+    }
+}
+
+/* One timed measurement: pp (n_tok tokens in one eval) or tg (n_tok evals
+ * of one token).  Returns tok/s, or < 0 on error. */
+static double bench_once(cli_session *s, const int32_t *tok, long n_tok, int tg, kvant_err *err)
+{
+    double t0 = bench_now();
+    if (tg) {
+        for (long i = 0; i < n_tok; i++)
+            if (cli_session_eval(s, tok + i, 1, (int32_t)i, 0, s->logits, err))
+                return -1.0;
+    } else if (cli_session_eval(s, tok, (int32_t)n_tok, 0, 0, s->logits, err)) {
+        return -1.0;
+    }
+    return (double)n_tok / (bench_now() - t0);
+}
+
+static int bench_series(cli_session *s, const int32_t *tok, long n_tok, int tg, long reps,
+                        bench_stat *st, kvant_err *err)
+{
+    double v[BENCH_MAX_REPS];
+    if (bench_once(s, tok, n_tok, tg, err) < 0) /* warm-up */
+        return -1;
+    for (long r = 0; r < reps; r++)
+        if ((v[r] = bench_once(s, tok, n_tok, tg, err)) < 0)
+            return -1;
+    st->med = bench_median(v, (size_t)reps);
+    st->lo = v[0];
+    st->hi = v[reps - 1];
+    return 0;
+}
+
+typedef struct bench_batch_res {
+    double prefill_tps, decode_tps, wall_s;
+    double ttft_p50, ttft_p99, itl_p50, itl_p99; /* ms */
+    int32_t kv_blocks_peak;
+    double kv_waste;
+    uint64_t steps, generated;
+} bench_batch_res;
+
+typedef struct bench_batch_ctx {
+    double *itl;             /* [batch * n] ms, owned */
+    size_t n_itl;
+} bench_batch_ctx;
+
+typedef struct bench_req {
+    bench_batch_ctx *b;      /* borrowed */
+    double t_submit, t_first, t_last;
+    long n_tok;
+    int done;                /* 1 DONE, -1 ERROR */
+} bench_req;
+
+/* Engine callback (engine thread = this thread in manual mode). */
+static void bench_on_event(void *ctx, const engine_event *ev)
+{
+    bench_req *r = ctx;
+    bench_batch_ctx *b = r->b;
+    double t = bench_now();
+    if (ev->type == ENGINE_EV_TOKEN) {
+        if (r->n_tok == 0)
+            r->t_first = t;
+        else
+            b->itl[b->n_itl++] = (t - r->t_last) * 1e3;
+        r->t_last = t;
+        r->n_tok++;
+    } else if (ev->type == ENGINE_EV_DONE || ev->type == ENGINE_EV_ERROR) {
+        r->done = ev->type == ENGINE_EV_DONE ? 1 : -1;
+    }
+}
+
+static void bench_batch_summary(bench_req *req, bench_batch_ctx *b, long batch, long p,
+                                double t_end, bench_batch_res *res)
+{
+    double ttft[BENCH_MAX_BATCH], t_all_first = 0.0, t0 = req[0].t_submit;
+    for (long i = 0; i < batch; i++) {
+        ttft[i] = (req[i].t_first - req[i].t_submit) * 1e3;
+        t_all_first = req[i].t_first > t_all_first ? req[i].t_first : t_all_first;
+        res->generated += (uint64_t)req[i].n_tok;
+    }
+    qsort(ttft, (size_t)batch, sizeof ttft[0], bench_cmp);
+    qsort(b->itl, b->n_itl, sizeof b->itl[0], bench_cmp);
+    res->ttft_p50 = bench_pct(ttft, (size_t)batch, 0.50);
+    res->ttft_p99 = bench_pct(ttft, (size_t)batch, 0.99);
+    res->itl_p50 = bench_pct(b->itl, b->n_itl, 0.50);
+    res->itl_p99 = bench_pct(b->itl, b->n_itl, 0.99);
+    res->wall_s = t_end - t0;
+    res->prefill_tps = (double)(batch * p) / (t_all_first - t0);
+    /* decode: tokens after each request's first, over the time after the
+     * last first token (prefill and decode overlap before that) */
+    double dt = t_end - t_all_first;
+    res->decode_tps = dt > 0 ? (double)(res->generated - (uint64_t)batch) / dt : 0.0;
+}
+
+/* Runs the --batch measurement once on a fresh engine. */
+static int bench_batch(model *m, const cli_common *c, const bench_opts *o, bench_batch_res *res,
+                       kvant_err *err)
+{
+    engine_config cfg = engine_config_default();
+    cfg.n_threads = c->n_threads;
+    cfg.device_memory = c->device_memory;
+    cfg.memory_utilization = c->utilization;
+    cfg.max_num_seqs = (int32_t)(o->batch > 64 ? o->batch : 64);
+    cfg.max_model_len = o->p + o->n + 1;
+    cfg.manual = 1;
+    memset(res, 0, sizeof *res);
+    engine *e = engine_create(m, &cfg, err);
+    if (!e)
+        return -1;
+    bench_batch_ctx b = {calloc((size_t)(o->batch * o->n), sizeof(double)), 0};
+    bench_req *req = calloc((size_t)o->batch, sizeof *req);
+    int32_t *prompt = malloc((size_t)o->p * sizeof *prompt);
+    int rc = (!b.itl || !req || !prompt) ? kvant_err_set(err, KV_ENOMEM, "out of memory") : 0;
+    for (long i = 0; !rc && i < o->batch; i++) {
+        bench_random_tokens(prompt, o->p, m->hp.n_vocab, (uint64_t)i + 1000); /* no prefix hits */
+        engine_request r = {.prompt = prompt, .n_prompt = o->p, .max_tokens = o->n, .n = 1,
+                            .ignore_eos = 1, .sampling = sampler_params_default()};
+        req[i].b = &b;
+        req[i].t_submit = bench_now();
+        if (engine_submit(e, &r, bench_on_event, &req[i], err) <= 0)
+            rc = -1;
+    }
+    double waste_sum = 0.0;
+    uint64_t waste_n = 0;
+    while (!rc && engine_run_step(e)) {
+        engine_stats st;
+        engine_get_stats(e, &st);
+        res->kv_blocks_peak = st.kv_blocks_used > res->kv_blocks_peak ? st.kv_blocks_used
+                                                                     : res->kv_blocks_peak;
+        if (st.kv_token_capacity) {
+            waste_sum += 1.0 - (double)st.kv_tokens_stored / (double)st.kv_token_capacity;
+            waste_n++;
+        }
+        res->steps++;
+    }
+    double t_end = bench_now();
+    for (long i = 0; !rc && i < o->batch; i++)
+        if (req[i].done != 1 || req[i].n_tok < 1)
+            rc = kvant_err_set(err, KV_EINVAL, "request %ld did not finish", i);
+    if (!rc) {
+        res->kv_waste = waste_n ? waste_sum / (double)waste_n : 0.0;
+        bench_batch_summary(req, &b, o->batch, o->p, t_end, res);
+    }
+    free(prompt);
+    free(req);
+    free(b.itl);
+    engine_destroy(e);
+    return rc;
+}
+
+typedef struct bench_report {
+    const cli_common *c;
+    const bench_opts *o;
+    const model *m;
+    bench_weights w;
+    int threads;
+    bench_stat pp, tg;
+    int have_rl, have_batch;
+    roofline_result rl;
+    bench_batch_res br;
+} bench_report;
+
+static void bench_print_json(const bench_report *r)
+{
+    const bench_opts *o = r->o;
+    printf("{\"model\": ");
+    cli_json_string(stdout, r->c->model_path, strlen(r->c->model_path));
+    printf(", \"isa\": \"%s\", \"threads\": %d, \"model_bytes\": %.0f, \"params\": %.0f, "
+           "\"reps\": %ld, \"p\": %ld, \"n\": %ld",
+           dtype_isa(), r->threads, r->w.bytes_per_tok, r->w.params, o->reps, o->p, o->n);
+    if (!o->batch) {
+        printf(", \"pp_tps\": %.3f, \"pp_tps_min\": %.3f, \"pp_tps_max\": %.3f, "
+               "\"pp_gbps\": %.3f, \"pp_gflops\": %.3f",
+               r->pp.med, r->pp.lo, r->pp.hi, r->pp.med * r->w.bytes_per_tok * 1e-9,
+               r->pp.med * 2 * r->w.params * 1e-9);
+        printf(", \"tg_tps\": %.3f, \"tg_tps_min\": %.3f, \"tg_tps_max\": %.3f, "
+               "\"tg_gbps\": %.3f, \"tg_gflops\": %.3f",
+               r->tg.med, r->tg.lo, r->tg.hi, r->tg.med * r->w.bytes_per_tok * 1e-9,
+               r->tg.med * 2 * r->w.params * 1e-9);
+    }
+    if (r->have_rl) {
+        const roofline_result *l = &r->rl;
+        printf(", \"roofline_read_gbps_1t\": %.3f, \"roofline_read_gbps\": %.3f, "
+               "\"roofline_fma_gflops_1t\": %.3f, \"roofline_fma_gflops\": %.3f, "
+               "\"roofline_vnni_gops_1t\": %.3f, \"roofline_vnni_gops\": %.3f",
+               l->read_gbps_1t, l->read_gbps_nt, l->fma_gflops_1t, l->fma_gflops_nt,
+               l->vnni_gops_1t, l->vnni_gops_nt);
+        if (!o->batch && l->read_gbps_nt > 0)
+            printf(", \"tg_tps_roofline\": %.3f, \"tg_roofline_frac\": %.4f",
+                   l->read_gbps_nt * 1e9 / r->w.bytes_per_tok,
+                   r->tg.med * r->w.bytes_per_tok * 1e-9 / l->read_gbps_nt);
+    }
+    if (r->have_batch) {
+        const bench_batch_res *b = &r->br;
+        printf(", \"batch\": %ld, \"prefill_tps\": %.3f, \"decode_tps\": %.3f, "
+               "\"ttft_ms_p50\": %.3f, \"ttft_ms_p99\": %.3f, \"itl_ms_p50\": %.3f, "
+               "\"itl_ms_p99\": %.3f, \"kv_blocks_peak\": %d, \"kv_waste\": %.4f, "
+               "\"steps\": %llu, \"wall_s\": %.3f",
+               o->batch, b->prefill_tps, b->decode_tps, b->ttft_p50, b->ttft_p99, b->itl_p50,
+               b->itl_p99, b->kv_blocks_peak, b->kv_waste, (unsigned long long)b->steps,
+               b->wall_s);
+    }
+    printf("}\n");
+}
+
+static void bench_print_text(const bench_report *r)
+{
+    const bench_opts *o = r->o;
+    printf("model %s: %.1f MB matmul weights/token, %.1f M params, isa %s, %d threads\n",
+           r->c->model_path, r->w.bytes_per_tok / 1e6, r->w.params / 1e6, dtype_isa(), r->threads);
+    if (r->have_rl)
+        printf("roofline: read %.1f GB/s (1t %.1f), fp32 FMA %.0f GFLOP/s (1t %.0f), "
+               "int8 VNNI %.0f GOP/s (1t %.0f)\n",
+               r->rl.read_gbps_nt, r->rl.read_gbps_1t, r->rl.fma_gflops_nt, r->rl.fma_gflops_1t,
+               r->rl.vnni_gops_nt, r->rl.vnni_gops_1t);
+    if (!o->batch) {
+        printf("%-8s %12s %12s %10s %10s\n", "test", "tok/s", "min..max", "GB/s", "GFLOP/s");
+        const bench_stat *st[2] = {&r->pp, &r->tg};
+        for (int k = 0; k < 2; k++) {
+            if ((k ? o->n : o->p) < 1)
+                continue;
+            char name[32], rng[40];
+            snprintf(name, sizeof name, "%s%ld", k ? "tg" : "pp", k ? o->n : o->p);
+            snprintf(rng, sizeof rng, "%.1f..%.1f", st[k]->lo, st[k]->hi);
+            printf("%-8s %12.2f %12s %10.2f %10.2f\n", name, st[k]->med, rng,
+                   st[k]->med * r->w.bytes_per_tok * 1e-9, st[k]->med * 2 * r->w.params * 1e-9);
+        }
+        if (r->have_rl && r->rl.read_gbps_nt > 0)
+            printf("tg at the read roofline: %.1f tok/s (achieved %.0f%%)\n",
+                   r->rl.read_gbps_nt * 1e9 / r->w.bytes_per_tok,
+                   100 * r->tg.med * r->w.bytes_per_tok * 1e-9 / r->rl.read_gbps_nt);
+    }
+    if (r->have_batch) {
+        const bench_batch_res *b = &r->br;
+        printf("batch %ld x (p %ld, n %ld): prefill %.1f tok/s, decode %.1f tok/s, "
+               "TTFT p50/p99 %.1f/%.1f ms, ITL p50/p99 %.1f/%.1f ms, kv blocks peak %d, "
+               "kv waste %.1f%%, %llu steps, %.2f s\n",
+               o->batch, o->p, o->n, b->prefill_tps, b->decode_tps, b->ttft_p50, b->ttft_p99,
+               b->itl_p50, b->itl_p99, b->kv_blocks_peak, 100 * b->kv_waste,
+               (unsigned long long)b->steps, b->wall_s);
+    }
+}
+
+/* pp and tg on a single-sequence session. */
+static int bench_single(const cli_common *c, const bench_opts *o, bench_report *r, kvant_err *err)
+{
+    cli_session s;
+    long ub = o->p < BENCH_MAX_UBATCH ? o->p : BENCH_MAX_UBATCH;
+    long ctx = (o->p > o->n ? o->p : o->n) + 1;
+    if (cli_session_open(&s, c, (int32_t)ctx, (int32_t)(ub > 0 ? ub : 1), 1, err))
+        return -1;
+    int rc = 0;
+    long nt = o->p > o->n ? o->p : o->n;
+    int32_t *tok = malloc((size_t)nt * sizeof *tok);
+    if (!tok)
+        rc = kvant_err_set(err, KV_ENOMEM, "out of memory");
+    if (!rc) {
+        bench_random_tokens(tok, nt, s.m->hp.n_vocab, 1);
+        r->w = bench_weight_traffic(s.m);
+        if (o->p > 0)
+            rc = bench_series(&s, tok, o->p, 0, o->reps, &r->pp, err);
+        if (!rc && o->n > 0)
+            rc = bench_series(&s, tok, o->n, 1, o->reps, &r->tg, err);
+    }
+    free(tok);
+    cli_session_close(&s);
+    return rc;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    cli_common c;
+    bench_opts o;
+    kvant_err err = {0};
+    cli_common_init(&c);
+    if (bench_parse(argc, argv, &c, &o))
+        return 2;
+    dtype_init();
+    bench_report r = {.c = &c, .o = &o};
+    r.threads = c.n_threads > 0 ? c.n_threads : tpool_default_threads();
+    int rc = 0;
+    if (o.batch) {
+        model *m = model_load(c.model_path, &err);
+        rc = m ? 0 : -1;
+        if (m) {
+            r.w = bench_weight_traffic(m);
+            rc = bench_batch(m, &c, &o, &r.br, &err);
+            r.have_batch = !rc;
+            model_free(m);
+        }
+    } else {
+        rc = bench_single(&c, &o, &r, &err);
+    }
+    if (rc) {
+        fprintf(stderr, "kvant bench: %s\n", err.msg[0] ? err.msg : "failed");
+        return 1;
+    }
+    if (o.roofline)
+        r.have_rl = !roofline_measure(r.threads, 0, (int)(o.reps < 5 ? 5 : o.reps), &r.rl);
+    if (c.json)
+        bench_print_json(&r);
+    else
+        bench_print_text(&r);
+    return 0;
+}

@@ -1,0 +1,174 @@
+/* cmd_plan.c - `kvant plan`: what fits on a device, from the GGUF header
+ * alone (tensor data is never read).  One row per weight type: the model as
+ * stored, then each --weights-dtype candidate (matrices re-encoded in that
+ * type, 1-D tensors unchanged — what load-time quantization does). */
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "kernels/dtype.h"
+#include "mem/plan.h"
+
+#define PLAN_MAX_CANDIDATES 8
+
+/* Weight bytes if every matrix whose rows fit the type's blocks were
+ * stored as `type` (type < 0: as stored). */
+static uint64_t weights_as(const gguf_ctx *g, int type)
+{
+    uint64_t total = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor_info *ti = gguf_tensor(g, i);
+        size_t row = type >= 0 && ti->n_dims == 2 ? dtype_row_size((uint32_t)type, (int64_t)ti->ne[0]) : 0;
+        total += row ? (uint64_t)row * ti->ne[1] : ti->nbytes;
+    }
+    return total;
+}
+
+typedef struct plan_row {
+    const char *label;
+    plan_result r;
+    int rc;
+    char err[KV_ERR_MSG_MAX];
+} plan_row;
+
+static void print_row_text(const plan_row *pr, int first)
+{
+    char a[32], b[32], c[32], d[32];
+    const plan_result *r = &pr->r;
+    if (first) {
+        printf("budget %s (%.0f%% of %s), context %lld, KV %s at %s/token, block %d\n",
+               mem_format_size(r->budget, a, 32), r->utilization * 100,
+               mem_format_size(r->device_memory, b, 32), (long long)r->ctx,
+               dtype_get(r->kv_dtype)->name, mem_format_size(r->kv_bytes_per_token, c, 32),
+               r->block_size);
+        printf("%-8s %12s %12s %12s %12s  %s\n", "weights", "weight bytes", "activations",
+               "KV pool", "KV tokens", "max concurrency by context");
+    }
+    if (pr->rc && r->weights_bytes == 0) {
+        printf("%-8s does not fit: %s\n", pr->label, pr->err);
+        return;
+    }
+    printf("%-8s %12s %12s %12s %12" PRIu64 "  ", pr->label, mem_format_size(r->weights_bytes, a, 32),
+           mem_format_size(r->activation_bytes, b, 32), mem_format_size(r->kv_pool_bytes, d, 32),
+           r->kv_pool_tokens);
+    for (int i = 0; i < r->n_conc; i++)
+        printf("%s%lld: %.1fx", i ? ", " : "", (long long)r->conc_ctx[i], r->conc[i]);
+    if (pr->rc)
+        printf("\n         does not fit: %s", pr->err);
+    else if (!r->fits_one_max_ctx)
+        printf("\n         one request of %lld tokens does not fit (%" PRIu64
+               " bytes missing); largest context that fits: %lld",
+               (long long)r->ctx, r->missing_bytes, (long long)r->max_ctx_that_fits);
+    printf("\n");
+}
+
+static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, int *cands,
+                      int *n_cands)
+{
+    for (int i = 1; i < argc; i++) {
+        int r = cli_common_parse(c, argc, argv, &i);
+        const char *v;
+        long n;
+        if (r < 0)
+            return -1;
+        if (r)
+            continue;
+        if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "--ctx-size")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int("-c", v, 1, 1 << 24, &n))
+                return -1;
+            pc->ctx = n;
+        } else if (!strcmp(argv[i], "--kv-dtype") || !strcmp(argv[i], "--weights-dtype")) {
+            int kv = !strcmp(argv[i], "--kv-dtype");
+            if (!(v = cli_value(argc, argv, &i)))
+                return -1;
+            int t = dtype_from_name(v);
+            if (t < 0 || !dtype_get((uint32_t)t)) {
+                fprintf(stderr, "kvant plan: %s: unknown type '%s'\n", argv[i - 1], v);
+                return -1;
+            }
+            if (kv)
+                pc->kv_dtype = (uint32_t)t;
+            else if (*n_cands < PLAN_MAX_CANDIDATES)
+                cands[(*n_cands)++] = t;
+        } else if (!strcmp(argv[i], "--block-size")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(argv[i - 1], v, 1, 1024, &n))
+                return -1;
+            pc->block_size = (int)n;
+        } else if (!strcmp(argv[i], "--max-num-seqs")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(argv[i - 1], v, 1, 65536, &n))
+                return -1;
+            pc->max_num_seqs = (int)n;
+        } else if (!strcmp(argv[i], "--max-num-batched-tokens")) {
+            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(argv[i - 1], v, 1, 1 << 20, &n))
+                return -1;
+            pc->max_num_batched_tokens = (int)n;
+        } else {
+            fprintf(stderr, "kvant plan: unknown option '%s'\n", argv[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int cmd_plan(int argc, char **argv)
+{
+    cli_common c;
+    plan_config pc = plan_config_default();
+    int cands[PLAN_MAX_CANDIDATES], n_cands = 0;
+    cli_common_init(&c);
+    if (parse_plan(argc, argv, &c, &pc, cands, &n_cands))
+        return 2;
+    kvant_err err = {0};
+    gguf_ctx *g = gguf_open(c.model_path, &err);
+    model_hparams hp;
+    if (!g || model_hparams_from_gguf(g, &hp, &err)) {
+        fprintf(stderr, "kvant plan: %s\n", err.msg);
+        gguf_close(g);
+        return 1;
+    }
+    pc.device_memory = c.device_memory ? c.device_memory : mem_host_available();
+    pc.utilization = c.utilization;
+    plan_model pm = {hp.n_layers, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff,
+                     hp.n_vocab, hp.n_ctx_train, 0};
+    plan_row rows[PLAN_MAX_CANDIDATES + 1];
+    int n_rows = 0, any_ok = 0;
+    for (int k = -1; k < n_cands; k++) {
+        plan_row *pr = &rows[n_rows++];
+        kvant_err e2 = {0};
+        pr->label = k < 0 ? "stored" : dtype_get((uint32_t)cands[k])->name;
+        pm.weights_bytes = weights_as(g, k < 0 ? -1 : cands[k]);
+        pr->rc = plan_compute(&pm, &pc, &pr->r, &e2);
+        snprintf(pr->err, sizeof pr->err, "%s", e2.msg);
+        any_ok |= pr->rc == KV_OK;
+        if (pr->rc && pr->r.weights_bytes == 0 && pr->rc != KV_ENOMEM && k < 0) {
+            fprintf(stderr, "kvant plan: %s\n", e2.msg);
+            gguf_close(g);
+            return 2;
+        }
+    }
+    if (c.json) {
+        printf("{\"model\": ");
+        cli_json_string(stdout, c.model_path, strlen(c.model_path));
+        printf(", \"plans\": [");
+        for (int i = 0; i < n_rows; i++) {
+            pm.weights_bytes = rows[i].r.weights_bytes;
+            char *js = plan_result_json(&rows[i].r, &pm);
+            printf("%s{\"weights_dtype\": \"%s\", \"ok\": %s, \"error\": ", i ? ", " : "",
+                   rows[i].label, rows[i].rc ? "false" : "true");
+            cli_json_string(stdout, rows[i].err, strlen(rows[i].err));
+            printf(", \"plan\": %s}", js ? js : "null");
+            free(js);
+        }
+        printf("]}\n");
+    } else {
+        printf("%s: %s, %d layers, %d KV heads x %d, context %lld\n", c.model_path,
+               model_arch_name(hp.arch), hp.n_layers, hp.n_head_kv, hp.head_dim,
+               (long long)hp.n_ctx_train);
+        for (int i = 0; i < n_rows; i++)
+            print_row_text(&rows[i], i == 0);
+    }
+    gguf_close(g);
+    return any_ok ? 0 : 1;
+}

@@ -1,0 +1,226 @@
+/* cmd_serve.c - `kvant serve`: parse options, start the HTTP server (it
+ * answers /health 503 while the model loads), load the model, start the
+ * engine, then wait for SIGTERM/SIGINT and drain.
+ *
+ * Signals: SIGINT and SIGTERM are blocked in every thread (the mask is set
+ * before any thread starts and inherited) and taken synchronously by the
+ * main thread with sigtimedwait, so no handler and no global state exist.
+ * The first signal drains (up to --drain-timeout, then cancels) and exits
+ * 0; a second signal during the drain exits 1 at once.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "engine/engine.h"
+#include "server/server.h"
+
+int cmd_serve(int argc, char **argv); /* registered in main.c (declared in cli.h by the lead) */
+
+typedef struct serve_opts {
+    cli_common c;
+    srv_config sc;
+    engine_config ec;
+    double drain_timeout;
+} serve_opts;
+
+static void serve_usage(void)
+{
+    fprintf(stderr,
+            "usage: kvant serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
+            "  [--served-model-name NAME] [-t THREADS] [--device-memory SIZE]\n"
+            "  [--memory-utilization F] [--max-num-seqs N] [--max-num-batched-tokens N]\n"
+            "  [--block-size N] [-c|--ctx-size N] [--no-prefix-cache] [--max-waiting N]\n"
+            "  [--max-body BYTES] [--drain-timeout SECONDS] [--timeout SECONDS]\n"
+            "  [--max-connections N] [--kv-blocks N]\n");
+}
+
+/* Engine and limit options with an integer value; 1 consumed, 0 not ours, -1 bad. */
+static int parse_int_opt(serve_opts *o, int argc, char **argv, int *i)
+{
+    static const struct { const char *name, *alt; long lo, hi; } t[] = {
+        {"--port", NULL, 0, 65535},
+        {"--max-num-seqs", NULL, 1, 1 << 16},
+        {"--max-num-batched-tokens", NULL, 1, 1 << 24},
+        {"--block-size", NULL, 1, 1024},
+        {"--ctx-size", "-c", 16, 1 << 24},
+        {"--max-waiting", NULL, 0, 1 << 24},
+        {"--max-body", NULL, 1024, 1L << 30},
+        {"--timeout", NULL, 1, 3600},
+        {"--max-connections", NULL, 4, 65536},
+        {"--kv-blocks", NULL, 1, 1 << 24},
+    };
+    const char *a = argv[*i];
+    for (size_t k = 0; k < sizeof t / sizeof t[0]; k++) {
+        if (strcmp(a, t[k].name) && !(t[k].alt && !strcmp(a, t[k].alt)))
+            continue;
+        const char *v = cli_value(argc, argv, i);
+        long x;
+        if (!v || cli_parse_int(t[k].name, v, t[k].lo, t[k].hi, &x))
+            return -1;
+        switch (k) {
+        case 0: o->sc.port = (int)x; break;
+        case 1: o->ec.max_num_seqs = (int32_t)x; break;
+        case 2: o->ec.max_num_batched_tokens = (int32_t)x; break;
+        case 3: o->ec.block_size = (int32_t)x; break;
+        case 4: o->ec.max_model_len = x; break;
+        case 5: o->ec.max_waiting = (int32_t)x; break;
+        case 6: o->sc.max_body = (size_t)x; break;
+        case 7: o->sc.conn_timeout_s = (int)x; break;
+        case 8: o->sc.max_connections = (int)x; break;
+        default: o->ec.kv_blocks_override = (int32_t)x; break;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+static int parse_serve(int argc, char **argv, serve_opts *o)
+{
+    cli_common_init(&o->c);
+    o->sc = srv_config_default();
+    o->ec = engine_config_default();
+    o->drain_timeout = 30;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_common_parse(&o->c, argc, argv, &i);
+        if (r == 0)
+            r = parse_int_opt(o, argc, argv, &i);
+        if (r < 0)
+            return -1;
+        if (r)
+            continue;
+        const char *a = argv[i];
+        if (!strcmp(a, "--host")) {
+            if (!(o->sc.host = cli_value(argc, argv, &i)))
+                return -1;
+        } else if (!strcmp(a, "--api-key")) {
+            if (!(o->sc.api_key = cli_value(argc, argv, &i)))
+                return -1;
+        } else if (!strcmp(a, "--served-model-name")) {
+            if (!(o->sc.served_name = cli_value(argc, argv, &i)))
+                return -1;
+        } else if (!strcmp(a, "--no-prefix-cache")) {
+            o->ec.prefix_cache = 0;
+        } else if (!strcmp(a, "--drain-timeout")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || cli_parse_float(a, v, 0, 86400, &o->drain_timeout))
+                return -1;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            serve_usage();
+            return 1;
+        } else {
+            fprintf(stderr, "kvant serve: unknown option '%s'\n", a);
+            serve_usage();
+            return -1;
+        }
+    }
+    o->ec.n_threads = o->c.n_threads;
+    o->ec.device_memory = o->c.device_memory;
+    if (o->c.utilization > 0)
+        o->ec.memory_utilization = o->c.utilization;
+    o->ec.print_plan = 1;
+    if (!o->c.model_path)
+        o->c.model_path = CLI_DEFAULT_MODEL;
+    return 0;
+}
+
+/* Waits for a signal in set for up to timeout_s (<0: forever); returns the
+ * signal number or 0 on timeout. */
+static int wait_signal(const sigset_t *set, double timeout_s)
+{
+    for (;;) {
+        int sig;
+        if (timeout_s < 0) {
+            if (sigwait(set, &sig) == 0)
+                return sig;
+            continue;
+        }
+        struct timespec ts = {(time_t)timeout_s, (long)((timeout_s - (time_t)timeout_s) * 1e9)};
+        sig = sigtimedwait(set, NULL, &ts);
+        if (sig > 0)
+            return sig;
+        if (errno == EAGAIN)
+            return 0;
+    }
+}
+
+typedef struct drain_ctx {
+    srv *s;
+    double timeout;
+    int cancelled;
+    _Atomic int done;
+} drain_ctx;
+
+static void *drain_main(void *arg)
+{
+    drain_ctx *d = arg;
+    d->cancelled = srv_drain(d->s, d->timeout);
+    atomic_store(&d->done, 1);
+    return NULL;
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    serve_opts o;
+    int pr = parse_serve(argc, argv, &o);
+    if (pr)
+        return pr > 0 ? 0 : 2;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL); /* before any thread starts */
+    signal(SIGPIPE, SIG_IGN);
+
+    kvant_err err = {0};
+    srv *s = srv_create(&o.sc, o.c.model_path, &err);
+    if (!s) {
+        fprintf(stderr, "kvant serve: %s\n", err.msg);
+        return 1;
+    }
+    fprintf(stderr, "kvant serve: listening on http://%s:%d (loading %s)\n", o.sc.host,
+            srv_port(s), o.c.model_path);
+    model *m = model_load(o.c.model_path, &err);
+    engine *e = m ? engine_create(m, &o.ec, &err) : NULL;
+    if (!e) {
+        fprintf(stderr, "kvant serve: %s\n", err.msg);
+        srv_destroy(s);
+        model_free(m);
+        return 1;
+    }
+    srv_attach(s, m, e);
+    fprintf(stderr, "kvant serve: ready (model context %lld tokens)\n",
+            (long long)engine_max_model_len(e));
+    wait_signal(&set, -1);
+    fprintf(stderr, "kvant serve: draining (up to %.0f s; a second signal exits now)\n",
+            o.drain_timeout);
+    /* The drain runs on a helper thread so that the main thread stays in
+     * sigtimedwait and a second signal exits at once. */
+    drain_ctx dc = {.s = s, .timeout = o.drain_timeout};
+    pthread_t th;
+    if (pthread_create(&th, NULL, drain_main, &dc)) {
+        drain_main(&dc);
+    } else {
+        while (!atomic_load(&dc.done)) {
+            if (wait_signal(&set, 0.05) > 0) {
+                fprintf(stderr, "kvant serve: second signal, exiting now\n");
+                return 1;
+            }
+        }
+        pthread_join(th, NULL);
+    }
+    if (dc.cancelled)
+        fprintf(stderr, "kvant serve: cancelled %d request(s) at the drain timeout\n",
+                dc.cancelled);
+    srv_destroy(s);
+    engine_destroy(e);
+    model_free(m);
+    fprintf(stderr, "kvant serve: stopped\n");
+    return 0;
+}
