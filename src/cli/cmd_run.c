@@ -244,10 +244,13 @@ int cmd_run(int argc, char **argv)
             printf("{\"text\": ");
             cli_json_string(stdout, g.text ? g.text : "", g.len);
             printf(", \"prompt_tokens\": %lld, \"completion_tokens\": %lld, \"finish_reason\": "
-                   "\"%s\", \"prompt_tps\": %.2f, \"gen_tps\": %.2f}\n",
+                   "\"%s\", \"prompt_tps\": %.2f, \"gen_tps\": %.2f, \"token_ids\": [",
                    (long long)n_prompt, (long long)g.n_gen, g.finish,
                    n_prompt / (g.t_prompt > 0 ? g.t_prompt : 1e-9),
                    g.n_gen / (g.t_gen > 0 ? g.t_gen : 1e-9));
+            for (int64_t i = 0; i < n_prompt + g.n_gen; i++)
+                printf("%s%d", i ? ", " : "", toks[i]);
+            printf("]}\n");
         } else {
             printf("\n");
             fprintf(stderr, "\n[prompt %lld tokens %.1f t/s, generated %lld tokens %.1f t/s, %s]\n",
