@@ -607,10 +607,9 @@ static int file_exists(const char *p)
 
 static void test_real_model(void)
 {
-    if (!file_exists(MODEL_PATH)) {
-        fprintf(stderr, "test_gguf: SKIP real model checks: %s absent (run `make model`)\n", MODEL_PATH);
+    CHECKF(file_exists(MODEL_PATH), "%s absent (run `make model`)", MODEL_PATH);
+    if (!file_exists(MODEL_PATH))
         return;
-    }
     kvant_err e = {0};
     gguf_ctx *g = gguf_open(MODEL_PATH, &e);
     CHECKF(g != NULL, "%s", e.msg);
@@ -644,10 +643,9 @@ static void test_vocab(const char *file, uint64_t n_tokens, const char *other_ar
 {
     char path[512];
     snprintf(path, sizeof path, "%s/%s", VOCAB_DIR, file);
-    if (!file_exists(path)) {
-        fprintf(stderr, "test_gguf: SKIP %s absent\n", path);
+    CHECKF(file_exists(path), "%s absent", path);
+    if (!file_exists(path))
         return;
-    }
     kvant_err e = {0};
     gguf_ctx *g = gguf_open(path, &e);
     CHECKF(g != NULL, "%s: %s", path, e.msg);
