@@ -15,8 +15,8 @@ PY      := .venv/bin/python
 MODEL   := models/SmolLM2-135M-Instruct.Q4_1.gguf
 
 WARN    := -Wall -Wextra -Wshadow -Wmissing-prototypes -Wno-unused-parameter
-CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -pthread $(WARN) -Isrc $(EXTRA_CFLAGS)
+OPT     ?= -O2 -g
+CFLAGS  := $(OPT) -std=c11 -D_GNU_SOURCE -pthread $(WARN) -Isrc $(EXTRA_CFLAGS)
 ifeq ($(WERROR),1)
 CFLAGS  += -Werror
 endif
@@ -100,7 +100,7 @@ pytest: $(BUILD)/kvant venv model
 	KVANT_BIN=$(BUILD)/kvant $(PY) -m pytest -q tests/py
 
 asan:
-	$(MAKE) BUILD=build-asan WERROR=1 CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" unit
+	$(MAKE) BUILD=build-asan WERROR=1 OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" unit
 
 fuzz:
 	$(MAKE) -f fuzz/fuzz.mk
