@@ -19,12 +19,17 @@ DTYPE_SRC   := src/kernels/dtype.c src/kernels/quant_ref.c src/kernels/quant_avx
 GGUF_SRC    := src/format/gguf.c src/util/err.c $(DTYPE_SRC)
 
 GGUF_OBJ    := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_gguf.c $(GGUF_SRC))
+TOK_SRC     := $(GGUF_SRC) $(wildcard src/model/tok*.c) src/model/chat.c
+TOK_OBJ     := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_tokenizer.c $(TOK_SRC))
 
 .PHONY: all
-all: $(FUZZ_BUILD)/fuzz_gguf
+all: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_tokenizer
 
 $(FUZZ_BUILD)/fuzz_gguf: $(GGUF_OBJ)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ -lm
+
+$(FUZZ_BUILD)/fuzz_tokenizer: $(TOK_OBJ)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ -lpcre2-8 -lm
 
 $(FUZZ_BUILD)/obj/%_avx2.o: %_avx2.c
 	@mkdir -p $(dir $@)
@@ -38,4 +43,4 @@ $(FUZZ_BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
 
--include $(GGUF_OBJ:.o=.d)
+-include $(GGUF_OBJ:.o=.d) $(TOK_OBJ:.o=.d)

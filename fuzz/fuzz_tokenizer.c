@@ -1,0 +1,77 @@
+/* fuzz_tokenizer.c - libFuzzer target for the tokenizers and the chat
+ * template detector/renderer.  The first input byte picks the vocabulary
+ * (SentencePiece or byte-level BPE) and parse_special; the rest is text.
+ * Checks: encode never fails on any bytes, ids are in range, decode of the
+ * ids and the streaming decoder agree, and template detection on arbitrary
+ * text either succeeds or returns an error. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/gguf.h"
+#include "model/chat.h"
+#include "model/tokenizer.h"
+
+#define VOCAB_DIR "../shared/vectors/tokenizer/"
+
+/* libFuzzer harness state: loaded once per process. */
+static tokenizer *g_tok[2];
+static gguf_ctx *g_gguf[2];
+
+static void load(void)
+{
+    const char *files[2] = {VOCAB_DIR "ggml-vocab-llama-spm.gguf", VOCAB_DIR "ggml-vocab-gpt-2.gguf"};
+    for (int i = 0; i < 2; i++) {
+        kvant_err err = {0};
+        g_gguf[i] = gguf_open(files[i], &err);
+        g_tok[i] = g_gguf[i] ? tok_create(g_gguf[i], &err) : NULL;
+        if (!g_tok[i]) {
+            fprintf(stderr, "fuzz_tokenizer: %s: %s\n", files[i], err.msg);
+            abort();
+        }
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (!g_tok[0])
+        load();
+    if (size < 1)
+        return 0;
+    const tokenizer *t = g_tok[data[0] & 1];
+    int special = (data[0] >> 1) & 1;
+    const char *text = (const char *)data + 1;
+    size_t len = size - 1;
+    int32_t ids[4096];
+    int64_t n = tok_encode(t, text, len, data[0] & 4, special, ids, 4096, NULL);
+    if (n < 0)
+        abort(); /* any bytes must tokenize */
+    if (n > 4096)
+        n = 4096;
+    tok_stream st;
+    tok_stream_init(&st);
+    char out[256];
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= tok_n_vocab(t))
+            abort();
+        if (tok_stream_feed(t, &st, ids[i], out, sizeof out) < 0)
+            abort();
+    }
+    tok_stream_flush(&st, out, sizeof out);
+    free(tok_decode(t, ids, n, 1));
+    chat_template tpl;
+    if (chat_template_detect(text, len, &tpl, NULL) == KV_OK) {
+        char *content = malloc(len + 1);
+        if (content) {
+            memcpy(content, text, len);
+            content[len] = '\0';
+            chat_msg msgs[2] = {{"system", content}, {"user", content}};
+            free(chat_render(&tpl, msgs, 2, 1, NULL));
+            free(content);
+        }
+    }
+    return 0;
+}
