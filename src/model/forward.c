@@ -19,6 +19,7 @@ static plan_model plan_shape(const model_hparams *hp)
         .n_layers = hp->n_layers, .n_embd = hp->n_embd, .n_head = hp->n_head,
         .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .n_ff = hp->n_ff,
         .n_vocab = hp->n_vocab, .n_ctx_train = hp->n_ctx_train,
+        .weights_bytes = 1, /* the workspace does not depend on it */
     };
 }
 
