@@ -3,7 +3,7 @@
  *   pp: evaluate p random tokens at positions [0, p) (an empty cache) in
  *       ubatches of up to BENCH_MAX_UBATCH tokens; tok/s = p / time.
  *   tg: n single-token decode steps at positions [0, n); tok/s = n / time.
- *   Both: median and min..max over REPS after one warm-up run.
+ *   Both: median and min..max over REPS after a warm-up of 16 tokens.
  *   GB/s = weight bytes a token's matmuls read / time per token (for pp this
  *   is a "virtual" figure: weights are re-used across the ubatch);
  *   GFLOP/s = 2 * matmul params * tokens / time (attention not counted).
@@ -13,8 +13,6 @@
  *   (ignore_eos, greedy) through the engine in manual mode; stats sampled
  *   after every step.  TTFT is measured from submission; ITL is the gap
  *   between consecutive tokens of a request.
- *
- * The lead registers `int cmd_bench(int argc, char **argv);` in main.c.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -27,11 +25,11 @@
 #include "engine/engine.h"
 #include "kernels/dtype.h"
 
-int cmd_bench(int argc, char **argv);
 
 #define BENCH_MAX_REPS 100
 #define BENCH_MAX_UBATCH 512
 #define BENCH_MAX_BATCH 1024
+#define BENCH_WARMUP_TOKENS 16
 
 typedef struct bench_opts {
     long p, n, reps, batch;
@@ -162,7 +160,8 @@ static int bench_series(cli_session *s, const int32_t *tok, long n_tok, int tg, 
                         bench_stat *st, kvant_err *err)
 {
     double v[BENCH_MAX_REPS];
-    if (bench_once(s, tok, n_tok, tg, err) < 0) /* warm-up */
+    /* warm-up: a few tokens page in every weight (each token reads them all) */
+    if (bench_once(s, tok, n_tok < BENCH_WARMUP_TOKENS ? n_tok : BENCH_WARMUP_TOKENS, tg, err) < 0)
         return -1;
     for (long r = 0; r < reps; r++)
         if ((v[r] = bench_once(s, tok, n_tok, tg, err)) < 0)

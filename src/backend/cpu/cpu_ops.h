@@ -1,4 +1,4 @@
-/* cpu_ops.h - scalar CPU kernels for the small ops of a forward pass
+/* cpu_ops.h - CPU kernels (scalar, attention also AVX-512) for the small ops of a forward pass
  * (RMSNorm, RoPE, SwiGLU, one attention row).  Internal to the CPU backend.
  * Every function is a pure function of its arguments (no state), so the
  * result for one token never depends on the rest of the batch.
@@ -31,5 +31,12 @@ typedef struct cpu_attn_seq {
 } cpu_attn_seq;
 void cpu_attention_row(const float *q, const cpu_attn_seq *s, int32_t n_pos, int32_t head_dim,
                        float scale, float *scratch, float *out);
+/* The scalar specification, and its AVX-512 twin (head_dim % 16 == 0, CPU
+ * with AVX-512F only; equal to the reference within rounding, see
+ * test_ops).  cpu_attention_row picks one by dtype_isa(). */
+void cpu_attention_row_ref(const float *q, const cpu_attn_seq *s, int32_t n_pos,
+                           int32_t head_dim, float scale, float *scratch, float *out);
+void cpu_attention_row_avx512(const float *q, const cpu_attn_seq *s, int32_t n_pos,
+                              int32_t head_dim, float scale, float *scratch, float *out);
 
 #endif

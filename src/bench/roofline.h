@@ -1,0 +1,46 @@
+/* roofline.h - machine ceilings measured in-process for `kvant bench`:
+ * sustained read bandwidth (1 and N threads), peak fp32 FMA rate and peak
+ * int8 VNNI (vpdpbusd) rate.  Each figure is the median of `reps` timed
+ * runs after one warm-up run, so it shares the noise of the numbers it is
+ * compared with.
+ *
+ * Ownership: stateless; buffers are allocated and freed inside each call.
+ * Threading: each call spawns and joins its own threads; call from one
+ * thread at a time (the measurements would otherwise disturb each other).
+ */
+#ifndef KVANT_ROOFLINE_H
+#define KVANT_ROOFLINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ROOFLINE_READ_BYTES_DEFAULT ((size_t)512 << 20) /* >> any LLC */
+
+typedef struct roofline_result {
+    const char *isa;          /* "avx512" or "scalar": which kernels ran */
+    int threads;
+    double read_gbps_1t;      /* GB/s = 1e9 bytes/s */
+    double read_gbps_nt;      /* all `threads` threads reading disjoint parts */
+    double fma_gflops_1t;     /* fp32, 2 flops per FMA lane */
+    double fma_gflops_nt;
+    double vnni_gops_1t;      /* int8 u8*s8 products, 2 ops each; 0 without VNNI */
+    double vnni_gops_nt;
+} roofline_result;
+
+/* Measures everything; read_bytes 0 = ROOFLINE_READ_BYTES_DEFAULT.
+ * Returns 0, or -1 when the buffer cannot be allocated (fields stay 0). */
+int roofline_measure(int threads, size_t read_bytes, int reps, roofline_result *out);
+
+/* Kernels (exposed for tests).  Sum of n uint64 words (n % 64 == 0), in
+ * any order: integer addition makes every order give the same value. */
+uint64_t roofline_read_sum_ref(const uint64_t *p, size_t n);
+uint64_t roofline_read_sum_avx512(const uint64_t *p, size_t n);
+/* `iters` rounds of independent FMA / VNNI chains; the returned value
+ * depends on every chain so the work cannot be removed.  Flops (ops)
+ * performed: iters * ROOFLINE_FMA_FLOPS_PER_ITER (VNNI likewise). */
+#define ROOFLINE_FMA_FLOPS_PER_ITER (12 * 16 * 2)
+#define ROOFLINE_VNNI_OPS_PER_ITER (12 * 64 * 2)
+float roofline_fma_avx512(int64_t iters);
+int32_t roofline_vnni_avx512(int64_t iters);
+
+#endif
