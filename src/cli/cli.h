@@ -22,6 +22,10 @@ typedef struct cli_common {
     int json;
     uint64_t device_memory; /* 0 = host available */
     double utilization;
+    int weights_dtype;   /* -1 = as stored; else load-time quantization target */
+    uint32_t kv_dtype;   /* KV cache element type (DT_F32 default) */
+    const char *backend; /* "cpu" (default) or "cuda" */
+    int device;
 } cli_common;
 
 void cli_common_init(cli_common *c);
@@ -48,6 +52,7 @@ typedef struct cli_session {
     int32_t n_blocks;
     int32_t max_batch;
     float *logits;        /* host [max_out][n_vocab] */
+    struct quant_weights *qw; /* load-time quantized copies (or NULL) */
 } cli_session;
 
 int cli_session_open(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t max_batch,
@@ -65,6 +70,10 @@ int cmd_perplexity(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
+int cmd_kl(int argc, char **argv);
 /* `kvant info --memory` (cmd_info_mem.c). */
 int info_memory(const gguf_ctx *g, const model_hparams *hp, int json);
 

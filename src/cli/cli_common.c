@@ -6,7 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/cpu/cpu_backend.h"
+#include "quant/quant.h"
+#include "quant/quant_load.h"
 #include "kernels/dtype.h"
 
 void cli_common_init(cli_common *c)
@@ -14,6 +15,9 @@ void cli_common_init(cli_common *c)
     memset(c, 0, sizeof *c);
     c->model_path = CLI_DEFAULT_MODEL;
     c->utilization = 0.90;
+    c->weights_dtype = -1;
+    c->kv_dtype = DT_F32;
+    c->backend = "cpu";
 }
 
 const char *cli_value(int argc, char **argv, int *i)
@@ -55,7 +59,7 @@ int cli_parse_float(const char *opt, const char *s, double lo, double hi, double
 int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
 {
     const char *a = argv[*i], *v;
-    long n;
+    long n = 0;
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
         if (!(v = cli_value(argc, argv, i)))
             return -1;
@@ -66,6 +70,38 @@ int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
         if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, 1, 1024, &n))
             return -1;
         c->n_threads = (int)n;
+        return 1;
+    }
+    if (!strcmp(a, "--weights-dtype") || !strcmp(a, "--kv-dtype")) {
+        kvant_err err = {0};
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        int t = quant_parse_type(v, &err);
+        if (t < 0) {
+            fprintf(stderr, "kvant: %s: %s\n", a, err.msg);
+            return -1;
+        }
+        if (!strcmp(a, "--kv-dtype") && t != DT_F32 && t != DT_F16 && t != DT_BF16 &&
+            t != DT_Q8_0 && t != DT_Q4_0) {
+            fprintf(stderr, "kvant: --kv-dtype: %s is not a KV type (f32, f16, bf16, q8_0, q4_0)\n", v);
+            return -1;
+        }
+        if (!strcmp(a, "--kv-dtype"))
+            c->kv_dtype = (uint32_t)t;
+        else
+            c->weights_dtype = t;
+        return 1;
+    }
+    if (!strcmp(a, "--backend")) {
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        c->backend = v;
+        return 1;
+    }
+    if (!strcmp(a, "--device")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, 0, 1024, &n))
+            return -1;
+        c->device = (int)n;
         return 1;
     }
     if (!strcmp(a, "--json")) {
@@ -156,16 +192,24 @@ int cli_session_open(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t
 {
     memset(s, 0, sizeof *s);
     dtype_init();
-    uint64_t dev = c->device_memory ? c->device_memory : mem_host_available();
-    s->mem = mem_create((uint64_t)((double)dev * c->utilization), mem_allocator_host(), err);
+    backend_device_info info;
+    if (backend_query(c->backend, c->device, &info, err))
+        return err->code;
+    uint64_t dev = c->device_memory ? c->device_memory : info.total_memory;
+    s->mem = mem_create((uint64_t)((double)dev * c->utilization), info.alloc, err);
     if (!s->mem)
         return KV_ENOMEM;
-    s->be = cpu_backend_create(s->mem, c->n_threads, err);
+    s->be = backend_create(c->backend, c->device, s->mem, c->n_threads, err);
     if (!s->be)
         goto fail;
     s->m = model_load(c->model_path, err);
     if (!s->m)
         goto fail;
+    if (c->weights_dtype >= 0) {
+        s->qw = quant_weights_apply(s->m, (uint32_t)c->weights_dtype, s->mem, err);
+        if (!s->qw)
+            goto fail;
+    }
     if (n_ctx <= 0 || n_ctx > s->m->hp.n_ctx_train)
         n_ctx = n_ctx <= 0 ? (int32_t)(s->m->hp.n_ctx_train < 4096 ? s->m->hp.n_ctx_train : 4096)
                            : n_ctx;
@@ -181,7 +225,7 @@ int cli_session_open(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t
     for (int32_t i = 0; i < s->n_blocks; i++)
         s->table[i] = i;
     s->max_batch = max_batch;
-    kv_layout kv = fwd_kv_layout(s->m, s->n_blocks, CLI_DEFAULT_BLOCK, DT_F32);
+    kv_layout kv = fwd_kv_layout(s->m, s->n_blocks, CLI_DEFAULT_BLOCK, c->kv_dtype);
     if (fwd_init(&s->fwd, s->m, s->be, max_batch, max_out, &kv, err))
         goto fail;
     s->logits = malloc((size_t)max_out * s->m->hp.n_vocab * sizeof(float));
@@ -201,6 +245,7 @@ void cli_session_close(cli_session *s)
         fwd_free(&s->fwd);
     if (s->be && s->m)
         s->be->ops->unload_weights(s->be, s->m);
+    quant_weights_free(s->qw);
     if (s->be)
         s->be->ops->destroy(s->be);
     model_free(s->m);

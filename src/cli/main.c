@@ -11,10 +11,14 @@ typedef struct cli_cmd {
 } cli_cmd;
 
 static const cli_cmd cmds[] = {
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
     {"run", cmd_run, "generate text from a prompt"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"perplexity", cmd_perplexity, "perplexity of a text file (llama.cpp convention)"},
-    {"info", cmd_info, "model metadata and tensors"},
+    {"info", cmd_info, "model metadata and tensors (--memory: memory profile)"},
+    {"bench", cmd_bench, "prompt/generation speed, batched decode, roofline"},
+    {"quantize", cmd_quantize, "write a quantized GGUF (RTN, calibrated, recipes)"},
+    {"kl", cmd_kl, "perplexity and KL divergence against a base model"},
     {"plan", cmd_plan, "what fits in a memory budget (reads the GGUF header only)"},
     {"logits", cmd_logits, "dump teacher-forced logits (for reference tests)"},
 };

@@ -16,12 +16,39 @@
 
 #include "kernels/dtype.h"
 #include "mem/plan.h"
+#include "quant/quant.h"
+#include "quant/quant_load.h"
 
 typedef struct engine_ext {
     engine e;
     plan_result plan;
     mem_allocator alloc;  /* the backend's device allocator */
+    quant_weights *qw;    /* load-time quantized weights, or NULL */
 } engine_ext;
+
+/* Weight bytes after load-time quantization to type (what
+ * quant_weights_apply will allocate), for the plan. */
+static void add_quantized(void *ctx, model_tensor *t)
+{
+    uint64_t *acc = ctx;
+    uint32_t type = (uint32_t)acc[1];
+    if (t->ne[1] > 1) {
+        int fell;
+        uint32_t tt = quant_fit_type(type, t->ne[0], &fell);
+        acc[0] += (uint64_t)dtype_row_size(tt, t->ne[0]) * (uint64_t)t->ne[1];
+    } else {
+        acc[0] += t->nbytes;
+    }
+}
+
+static uint64_t planned_weights(const engine *e)
+{
+    if (e->cfg.weights_dtype < 0)
+        return e->m->weights_bytes;
+    uint64_t acc[2] = {0, (uint64_t)e->cfg.weights_dtype};
+    model_for_each_tensor(e->m, add_quantized, acc);
+    return acc[0];
+}
 
 engine_config engine_config_default(void)
 {
@@ -32,6 +59,7 @@ engine_config engine_config_default(void)
         .block_size = 16,
         .prefix_cache = 1,
         .kv_dtype = DT_F32,
+        .weights_dtype = -1,
     };
 }
 
@@ -67,7 +95,7 @@ static int plan_engine(engine_ext *x, kvant_err *err)
     engine *e = &x->e;
     const model_hparams *hp = &e->m->hp;
     plan_model pm = {hp->n_layers, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim,
-                     hp->n_ff, hp->n_vocab, hp->n_ctx_train, e->m->weights_bytes};
+                     hp->n_ff, hp->n_vocab, hp->n_ctx_train, planned_weights(e)};
     plan_config pc = plan_config_default();
     backend_device_info dev;
     int rc0 = backend_query(e->cfg.backend, e->cfg.device, &dev, err);
@@ -149,6 +177,11 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     e->be = backend_create(e->cfg.backend, e->cfg.device, e->mem, e->cfg.n_threads, err);
     if (!e->be)
         return KV_ENOMEM;
+    if (e->cfg.weights_dtype >= 0) {
+        x->qw = quant_weights_apply(e->m, (uint32_t)e->cfg.weights_dtype, e->mem, err);
+        if (!x->qw)
+            return err && err->code ? err->code : KV_ENOMEM;
+    }
     if ((rc = e->be->ops->load_weights(e->be, e->m, err)))
         return rc;
     /* One planned block is held back for the backend's small per-thread
@@ -234,6 +267,7 @@ void engine_destroy(engine *e)
         e->be->ops->unload_weights(e->be, e->m);
         e->be->ops->destroy(e->be);
     }
+    quant_weights_free(((engine_ext *)e)->qw);
     if (e->mem)
         mem_destroy(e->mem);
     free(e->b_tokens);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu_kv.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/threadpool.h"
 #include "kernels/dtype.h"
@@ -24,8 +25,8 @@ typedef struct cpu_backend {
     int n_threads;
     const fwd_batch *batch; /* current batch (borrowed for one forward pass) */
     kv_layout kv;
-    float *kv_data;         /* [n_layers][n_blocks][2][block_size][kv_dim] */
-    int64_t kv_block_stride, kv_layer_stride; /* in floats */
+    uint8_t *kv_data;       /* [n_layers][n_blocks][2][block_size] rows of kv_row_bytes */
+    int64_t kv_block_stride, kv_layer_stride, kv_row_bytes; /* in bytes */
     float *scratch;         /* [n_threads][scratch_per_thread] */
     int64_t scratch_per_thread;
     int64_t *weight_ids;    /* mem reservations for mapped weights */
@@ -55,6 +56,10 @@ static void reserve_tensor(void *ctx, model_tensor *t)
     reserve_ctx *rc = ctx;
     cpu_backend *cb = rc->cb;
     if (rc->rc)
+        return;
+    /* dev != data: already resident in memory from the manager (converted
+     * at load time by quant_weights_apply, accounted there) */
+    if (t->dev && t->dev != t->data)
         return;
     if (cb->n_weight_ids == cb->cap_weight_ids) {
         int cap = cb->cap_weight_ids ? cb->cap_weight_ids * 2 : 64;
@@ -135,21 +140,22 @@ static void cpu_kv_free(backend *be)
 static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
 {
     cpu_backend *cb = cpu(be);
-    if (lay->dtype != DT_F32)
-        return kvant_err_set(err, KV_EUNSUP, "kv dtype %u: the CPU backend stores f32 KV",
-                             lay->dtype);
+    int rc = cpu_kv_check(lay->dtype, lay->head_dim, err);
+    if (rc)
+        return rc;
     if (lay->n_blocks < 1 || lay->block_size < 1)
         return kvant_err_set(err, KV_EINVAL, "kv pool: %d blocks of %d tokens", lay->n_blocks,
                              lay->block_size);
     cpu_kv_free(be);
     int64_t kv_dim = (int64_t)lay->n_kv_heads * lay->head_dim;
-    int64_t block_stride = 2 * (int64_t)lay->block_size * kv_dim;
+    int64_t row_bytes = (int64_t)dtype_row_size(lay->dtype, kv_dim);
+    int64_t block_stride = 2 * (int64_t)lay->block_size * row_bytes;
     int64_t layer_stride = block_stride * lay->n_blocks;
-    uint64_t bytes = (uint64_t)layer_stride * lay->n_layers * sizeof(float);
+    uint64_t bytes = (uint64_t)layer_stride * lay->n_layers;
     cb->kv_data = mem_alloc(cb->mem, bytes, MEM_KV, MEM_NO_LAYER, err);
     if (!cb->kv_data)
         return KV_ENOMEM;
-    cb->scratch_per_thread = lay->block_size + 16;
+    cb->scratch_per_thread = cpu_kvq_scratch(lay->block_size, lay->head_dim);
     cb->scratch = mem_alloc(cb->mem, (size_t)cb->scratch_per_thread * cb->n_threads * sizeof(float),
                             MEM_WORKSPACE, MEM_NO_LAYER, err);
     if (!cb->scratch) {
@@ -159,6 +165,7 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
     cb->kv = *lay;
     cb->kv_block_stride = block_stride;
     cb->kv_layer_stride = layer_stride;
+    cb->kv_row_bytes = row_bytes;
     return KV_OK;
 }
 
@@ -166,9 +173,9 @@ static void cpu_kv_copy_block(backend *be, int32_t dst, int32_t src)
 {
     cpu_backend *cb = cpu(be);
     for (int32_t il = 0; il < cb->kv.n_layers; il++) {
-        float *base = cb->kv_data + il * cb->kv_layer_stride;
+        uint8_t *base = cb->kv_data + il * cb->kv_layer_stride;
         memcpy(base + dst * cb->kv_block_stride, base + src * cb->kv_block_stride,
-               (size_t)cb->kv_block_stride * sizeof(float));
+               (size_t)cb->kv_block_stride);
     }
 }
 
@@ -276,11 +283,10 @@ static void cpu_rope(backend *be, float *d_x, int32_t n_heads, int32_t head_dim,
 }
 
 /* Address of the K row (or V row when v) of a token slot in layer il. */
-static float *kv_row(cpu_backend *cb, int32_t il, int32_t block, int32_t off, int v)
+static uint8_t *kv_row(cpu_backend *cb, int32_t il, int32_t block, int32_t off, int v)
 {
-    int64_t kv_dim = (int64_t)cb->kv.n_kv_heads * cb->kv.head_dim;
     return cb->kv_data + il * cb->kv_layer_stride + block * cb->kv_block_stride +
-           ((int64_t)v * cb->kv.block_size + off) * kv_dim;
+           ((int64_t)v * cb->kv.block_size + off) * cb->kv_row_bytes;
 }
 
 static void cpu_kv_store(backend *be, int32_t il, const float *d_k, const float *d_v)
@@ -293,8 +299,13 @@ static void cpu_kv_store(backend *be, int32_t il, const float *d_k, const float 
         int32_t p = b->pos[t];
         int32_t blk = s->block_table[p / cb->kv.block_size];
         int32_t off = p % cb->kv.block_size;
-        memcpy(kv_row(cb, il, blk, off, 0), d_k + t * kv_dim, (size_t)kv_dim * sizeof(float));
-        memcpy(kv_row(cb, il, blk, off, 1), d_v + t * kv_dim, (size_t)kv_dim * sizeof(float));
+        if (cb->kv.dtype == DT_F32) {
+            memcpy(kv_row(cb, il, blk, off, 0), d_k + t * kv_dim, (size_t)kv_dim * sizeof(float));
+            memcpy(kv_row(cb, il, blk, off, 1), d_v + t * kv_dim, (size_t)kv_dim * sizeof(float));
+        } else {
+            cpu_kv_store_row(cb->kv.dtype, d_k + t * kv_dim, kv_row(cb, il, blk, off, 0), kv_dim);
+            cpu_kv_store_row(cb->kv.dtype, d_v + t * kv_dim, kv_row(cb, il, blk, off, 1), kv_dim);
+        }
     }
 }
 
@@ -320,17 +331,32 @@ static void attn_worker(int ith, int nth, void *arg)
         int32_t t = (int32_t)(w / j->n_heads), h = (int32_t)(w % j->n_heads);
         const fwd_seq *s = &b->seqs[b->seq[t]];
         int32_t kvh = h / group;
+        const float *q = j->q + ((int64_t)t * j->n_heads + h) * hd;
+        float *out = j->out + ((int64_t)t * j->n_heads + h) * hd;
+        if (cb->kv.dtype != DT_F32) {
+            const dtype_traits *tr = dtype_get(cb->kv.dtype);
+            size_t head_off = (size_t)kvh * hd / tr->block_size * tr->type_size;
+            cpu_kvq_seq qs = {
+                .k_base = kv_row(cb, j->il, 0, 0, 0) + head_off,
+                .v_base = kv_row(cb, j->il, 0, 0, 1) + head_off,
+                .table = s->block_table,
+                .block_stride = cb->kv_block_stride,
+                .row_stride = cb->kv_row_bytes,
+                .block_size = cb->kv.block_size,
+                .type = cb->kv.dtype,
+            };
+            cpu_kvq_attention_row(q, &qs, b->pos[t] + 1, hd, scale, scratch, out);
+            continue;
+        }
         cpu_attn_seq as = {
-            .k_base = kv_row(cb, j->il, 0, 0, 0) + kvh * hd,
-            .v_base = kv_row(cb, j->il, 0, 0, 1) + kvh * hd,
+            .k_base = (const float *)kv_row(cb, j->il, 0, 0, 0) + kvh * hd,
+            .v_base = (const float *)kv_row(cb, j->il, 0, 0, 1) + kvh * hd,
             .table = s->block_table,
-            .block_stride = cb->kv_block_stride,
+            .block_stride = cb->kv_block_stride / (int64_t)sizeof(float),
             .row_stride = kv_dim,
             .block_size = cb->kv.block_size,
         };
-        const float *q = j->q + ((int64_t)t * j->n_heads + h) * hd;
-        cpu_attention_row(q, &as, b->pos[t] + 1, hd, scale, scratch,
-                          j->out + ((int64_t)t * j->n_heads + h) * hd);
+        cpu_attention_row(q, &as, b->pos[t] + 1, hd, scale, scratch, out);
     }
 }
 

@@ -1,0 +1,72 @@
+/* cpu_kv.c - quantized KV rows: store with the type's reference quantizer,
+ * attend with the type's vec_dot for q.K and a per-row dequantized V slice.
+ *
+ * Invariant: reduction order per output element depends only on n_pos and
+ * the block size, never on threads or batch (as in cpu_attention_row).
+ */
+#include "backend/cpu/cpu_kv.h"
+
+#include <math.h>
+
+#include "kernels/dtype.h"
+
+int cpu_kv_check(uint32_t type, int32_t head_dim, kvant_err *err)
+{
+    const dtype_traits *tr = dtype_get(type);
+    int ok = type == DT_F32 || type == DT_F16 || type == DT_BF16 || type == DT_Q8_0 ||
+             type == DT_Q4_0;
+    if (!tr || !ok)
+        return kvant_err_set(err, KV_EUNSUP, "kv dtype %u: supported are f32, f16, bf16, q8_0, q4_0",
+                             type);
+    if (head_dim < 1 || head_dim % tr->block_size)
+        return kvant_err_set(err, KV_EUNSUP, "kv dtype %s needs head_dim a multiple of %d (got %d)",
+                             tr->name, tr->block_size, head_dim);
+    return KV_OK;
+}
+
+void cpu_kv_store_row(uint32_t type, const float *src, void *dst, int64_t n)
+{
+    dtype_get(type)->from_float(src, dst, n);
+}
+
+int64_t cpu_kvq_scratch(int32_t block_size, int32_t head_dim)
+{
+    return (int64_t)block_size + head_dim + 16;
+}
+
+void cpu_kvq_attention_row(const float *q, const cpu_kvq_seq *s, int32_t n_pos, int32_t head_dim,
+                           float scale, float *scratch, float *out)
+{
+    const dtype_traits *tr = dtype_get(s->type);
+    float *vrow = scratch + s->block_size; /* [head_dim] one dequantized V slice */
+    float m = -INFINITY, l = 0.0f;
+    for (int32_t d = 0; d < head_dim; d++)
+        out[d] = 0.0f;
+    for (int32_t start = 0; start < n_pos; start += s->block_size) {
+        int32_t blk = s->table[start / s->block_size];
+        int32_t cnt = n_pos - start < s->block_size ? n_pos - start : s->block_size;
+        const uint8_t *kb = s->k_base + (int64_t)blk * s->block_stride;
+        const uint8_t *vb = s->v_base + (int64_t)blk * s->block_stride;
+        float bm = -INFINITY;
+        for (int32_t j = 0; j < cnt; j++) {
+            scratch[j] = tr->vec_dot(head_dim, kb + j * s->row_stride, q) * scale;
+            bm = scratch[j] > bm ? scratch[j] : bm;
+        }
+        float m_new = bm > m ? bm : m;
+        float corr = expf(m - m_new);
+        l *= corr;
+        for (int32_t d = 0; d < head_dim; d++)
+            out[d] *= corr;
+        for (int32_t j = 0; j < cnt; j++) {
+            float p = expf(scratch[j] - m_new);
+            tr->to_float(vb + j * s->row_stride, vrow, head_dim);
+            l += p;
+            for (int32_t d = 0; d < head_dim; d++)
+                out[d] += p * vrow[d];
+        }
+        m = m_new;
+    }
+    float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int32_t d = 0; d < head_dim; d++)
+        out[d] *= inv;
+}

@@ -1,0 +1,50 @@
+/* cpu_kv.h - quantized paged KV rows for the CPU backend: the row format,
+ * storing a row, and one attention row read straight from stored rows.
+ *
+ * A stored K or V row is kv_dim elements in dtype (f16, bf16, q8_0, q4_0;
+ * f32 stays on cpu_attention_row in cpu_ops.c, unchanged).  Each head's
+ * slice starts on a block boundary because head_dim is a multiple of the
+ * type's block size (cpu_kv_check), so a head is addressed by byte offset
+ * dtype_row_size(dtype, h * head_dim).
+ *
+ * Threading: pure functions over caller memory; any thread.
+ */
+#ifndef KVANT_CPU_KV_H
+#define KVANT_CPU_KV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/err.h"
+
+/* KV_OK when dtype can store K/V rows with this head_dim; else KV_EUNSUP
+ * naming the type and head_dim. */
+int cpu_kv_check(uint32_t type, int32_t head_dim, kvant_err *err);
+
+/* dst (dtype_row_size(dtype, n) bytes) = quantize(src[0..n)). */
+void cpu_kv_store_row(uint32_t type, const float *src, void *dst, int64_t n);
+
+/* One sequence's stored K/V for one KV head, addressed in bytes: K of
+ * position j is at k_base + table[j / block_size] * block_stride +
+ * (j % block_size) * row_stride (head offset already applied); V likewise. */
+typedef struct cpu_kvq_seq {
+    const uint8_t *k_base;
+    const uint8_t *v_base;
+    const int32_t *table;
+    int64_t block_stride; /* bytes */
+    int64_t row_stride;   /* bytes */
+    int32_t block_size;
+    uint32_t type;
+} cpu_kvq_seq;
+
+/* Scratch floats cpu_kvq_attention_row needs. */
+int64_t cpu_kvq_scratch(int32_t block_size, int32_t head_dim);
+
+/* out[head_dim] = softmax(q . K_j * scale) V over positions [0, n_pos),
+ * online softmax block by block (same order as cpu_attention_row).  q.K
+ * is the type's vec_dot on the stored key slice; each V slice is
+ * dequantized into scratch (one head_dim row at a time, never the cache). */
+void cpu_kvq_attention_row(const float *q, const cpu_kvq_seq *s, int32_t n_pos, int32_t head_dim,
+                           float scale, float *scratch, float *out);
+
+#endif

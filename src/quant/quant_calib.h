@@ -1,0 +1,41 @@
+/* quant_calib.h - calibration statistics for importance-weighted
+ * quantization: the mean of x^2 per input column of every weight matrix,
+ * collected by intercepting the backend's matmul while calibration text
+ * runs through the ordinary forward pass.
+ *
+ * Attach swaps the backend's ops table for a copy whose matmul first adds
+ * the squares of each input row into the matrix's accumulator, then calls
+ * the original; detach puts the original back.  Stats are keyed by GGUF
+ * tensor name ("blk.3.ffn_down.weight"); a tied output's stats are
+ * reported under "token_embd.weight" (embedding lookups are not matmuls).
+ *
+ * Ownership: quant_calib_create returns a heap handle freed by
+ * quant_calib_destroy (detach first); m and be are borrowed.  Threading:
+ * the thread driving the forward pass only; the inputs must be host
+ * memory (CPU backend).
+ */
+#ifndef KVANT_QUANT_CALIB_H
+#define KVANT_QUANT_CALIB_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "model/model.h"
+#include "util/err.h"
+
+typedef struct quant_calib quant_calib;
+
+quant_calib *quant_calib_create(model *m, kvant_err *err);
+void quant_calib_destroy(quant_calib *c);
+
+/* Starts/stops recording on be (must be the backend running m). */
+void quant_calib_attach(quant_calib *c, backend *be);
+void quant_calib_detach(quant_calib *c, backend *be);
+
+/* Mean x^2 per input column [ne0] for the tensor, or NULL when unknown,
+ * never seen, or ne0 differs.  Borrowed from c. */
+const float *quant_calib_imp(quant_calib *c, const char *name, int64_t ne0);
+/* Input rows recorded for the busiest matrix (≈ calibration tokens). */
+int64_t quant_calib_rows(const quant_calib *c);
+
+#endif
