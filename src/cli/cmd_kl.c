@@ -22,7 +22,6 @@ typedef struct kl_opts {
     cli_common c;
     const char *base, *file;
     long ctx, chunks;
-    int wtype, kvtype;
 } kl_opts;
 
 /* log-softmax of logits into lp (double). */
@@ -53,29 +52,20 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Opens a session; applies load-time weights dtype and KV dtype. */
+/* Opens a session: the base as stored (f32 KV), the model under test with
+ * the common options' load-time weights dtype and KV dtype. */
 static int open_side(cli_session *s, const cli_common *c, const kl_opts *o, int is_base,
-                     quant_weights **qw, kvant_err *err)
+                     kvant_err *err)
 {
     int32_t first = (int32_t)o->ctx / 2;
-    int rc = cli_session_open(s, c, (int32_t)o->ctx, (int32_t)o->ctx,
-                              (int32_t)o->ctx - first, err);
-    if (rc || is_base)
-        return rc;
-    if (o->wtype >= 0) {
-        s->be->ops->unload_weights(s->be, s->m);
-        *qw = quant_weights_apply(s->m, (uint32_t)o->wtype, s->mem, err);
-        if (!*qw || (rc = s->be->ops->load_weights(s->be, s->m, err)))
-            return rc ? rc : err->code;
+    cli_common cc = *c;
+    if (is_base) {
+        cc.model_path = o->base;
+        cc.weights_dtype = -1;
+        cc.kv_dtype = DT_F32;
     }
-    if (o->kvtype >= 0) {
-        fwd_free(&s->fwd);
-        kv_layout kv = fwd_kv_layout(s->m, s->n_blocks, CLI_DEFAULT_BLOCK, (uint32_t)o->kvtype);
-        if ((rc = fwd_init(&s->fwd, s->m, s->be, (int32_t)o->ctx, (int32_t)o->ctx - first, &kv,
-                           err)))
-            return rc;
-    }
-    return KV_OK;
+    return cli_session_open(s, &cc, (int32_t)o->ctx, (int32_t)o->ctx, (int32_t)o->ctx - first,
+                            err);
 }
 
 static int kl_run(cli_session *sb, cli_session *sq, const kl_opts *o, int32_t *toks, int64_t n,
@@ -147,8 +137,7 @@ static int parse_kl(kl_opts *o, int argc, char **argv)
 {
     memset(o, 0, sizeof *o);
     cli_common_init(&o->c);
-    o->ctx = 512, o->wtype = -1, o->kvtype = -1;
-    kvant_err err = {0};
+    o->ctx = 512;
     for (int i = 1; i < argc; i++) {
         int r = cli_common_parse(&o->c, argc, argv, &i);
         const char *v;
@@ -156,28 +145,18 @@ static int parse_kl(kl_opts *o, int argc, char **argv)
             return 2;
         if (r)
             continue;
-        if (!strcmp(argv[i], "--base")) {
+        if (!strcmp(argv[i], "--base") || !strcmp(argv[i], "--kl-base")) {
             if (!(o->base = cli_value(argc, argv, &i)))
                 return 2;
-        } else if (!strcmp(argv[i], "-f")) {
+        } else if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--file")) {
             if (!(o->file = cli_value(argc, argv, &i)))
                 return 2;
-        } else if (!strcmp(argv[i], "-c")) {
+        } else if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "--ctx-size")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int("-c", v, 8, 1 << 20, &o->ctx))
                 return 2;
         } else if (!strcmp(argv[i], "--chunks")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int("--chunks", v, 1, 1 << 20, &o->chunks))
                 return 2;
-        } else if (!strcmp(argv[i], "--weights-dtype") || !strcmp(argv[i], "--kv-dtype")) {
-            int kv = !strcmp(argv[i], "--kv-dtype");
-            if (!(v = cli_value(argc, argv, &i)))
-                return 2;
-            int t = quant_parse_type(v, &err);
-            if (t < 0) {
-                fprintf(stderr, "kvant kl: %s\n", err.msg);
-                return 2;
-            }
-            *(kv ? &o->kvtype : &o->wtype) = t;
         } else {
             fprintf(stderr, "kvant kl: unknown option '%s'\n", argv[i]);
             return 2;
@@ -201,14 +180,11 @@ int cmd_kl(int argc, char **argv)
     size_t len;
     char *text = cli_read_file(o.file, &len, &err);
     cli_session sb = {0}, sq = {0};
-    quant_weights *qw = NULL;
     int32_t *toks = NULL;
     rc = 1;
     if (!text)
         goto out;
-    cli_common cb = o.c;
-    cb.model_path = o.base;
-    if (open_side(&sb, &cb, &o, 1, NULL, &err) || open_side(&sq, &o.c, &o, 0, &qw, &err))
+    if (open_side(&sb, &o.c, &o, 1, &err) || open_side(&sq, &o.c, &o, 0, &err))
         goto out;
     if (sb.m->hp.n_vocab != sq.m->hp.n_vocab) {
         kvant_err_set(&err, KV_EINVAL, "vocabularies differ (%d vs %d)", sb.m->hp.n_vocab,
@@ -228,9 +204,6 @@ out:
         fprintf(stderr, "kvant kl: %s\n", err.msg);
     free(toks);
     free(text);
-    if (sq.be && sq.m)
-        sq.be->ops->unload_weights(sq.be, sq.m);
-    quant_weights_free(qw);
     if (sq.m)
         cli_session_close(&sq);
     if (sb.m)

@@ -76,6 +76,9 @@ int cmd_perplexity(int argc, char **argv)
     cli_common_init(&c);
     const char *file = NULL;
     long ctx = 512;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--kl-base"))
+            return cmd_kl(argc, argv); /* perplexity plus KL against a base model */
     for (int i = 1; i < argc; i++) {
         int r = cli_common_parse(&c, argc, argv, &i);
         const char *v;
