@@ -64,7 +64,7 @@ $(BUILD)/obj/%.o: %.c
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) -O2 -Isrc -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -c $< -o $@
+	$(NVCC) -O2 -Isrc -MMD -MP -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -c $< -o $@
 
 $(BUILD)/libkvant.a: $(LIB_OBJ)
 	@rm -f $@
@@ -120,4 +120,4 @@ serve: deps model
 	$(BUILD)/kvant serve -m $(MODEL)
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-fuzz build-cuda

@@ -83,6 +83,9 @@ typedef struct backend_ops {
     int (*kv_init)(backend *be, const kv_layout *lay, kvant_err *err);
     void (*kv_free)(backend *be);
     void (*kv_copy_block)(backend *be, int32_t dst, int32_t src);
+    /* Bytes kv_init allocates beyond the blocks themselves (scratch,
+     * staging), so the engine can hold them back from the pool. */
+    uint64_t (*kv_extra_bytes)(backend *be, const kv_layout *lay);
 
     /* ---- ops over the current batch ---- */
     /* Uploads the batch description; following ops refer to it. */

@@ -24,6 +24,7 @@ typedef struct engine_ext {
     plan_result plan;
     mem_allocator alloc;  /* the backend's device allocator */
     quant_weights *qw;    /* load-time quantized weights, or NULL */
+    int32_t held_blocks;  /* planned blocks held back for backend scratch */
 } engine_ext;
 
 /* Weight bytes after load-time quantization to type (what
@@ -184,13 +185,19 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     }
     if ((rc = e->be->ops->load_weights(e->be, e->m, err)))
         return rc;
-    /* One planned block is held back for the backend's small per-thread
-     * attention scratch (a few hundred bytes), which the plan does not size. */
+    /* The backend's kv_init needs a little more than the blocks (attention
+     * scratch, staging buffers), which the plan does not size: hold back
+     * enough whole blocks for it. */
+    kv_layout lay = fwd_kv_layout(e->m, 1, e->cfg.block_size, e->cfg.kv_dtype);
+    uint64_t extra = e->be->ops->kv_extra_bytes ? e->be->ops->kv_extra_bytes(e->be, &lay) : 0;
+    uint64_t block_bytes = x->plan.kv_bytes_per_token * (uint64_t)e->cfg.block_size;
+    int64_t held = block_bytes ? (int64_t)((extra + block_bytes - 1) / block_bytes) : 0;
+    x->held_blocks = (int32_t)held;
     int32_t n_blocks = e->cfg.kv_blocks_override > 0 ? e->cfg.kv_blocks_override
-                                                     : (int32_t)x->plan.kv_pool_blocks - 1;
+                                                     : (int32_t)(x->plan.kv_pool_blocks - held);
     if (n_blocks < 1)
         return kvant_err_set(err, KV_ENOMEM, "no memory left for the KV pool");
-    kv_layout lay = fwd_kv_layout(e->m, n_blocks, e->cfg.block_size, e->cfg.kv_dtype);
+    lay.n_blocks = n_blocks;
     if ((rc = fwd_init(&e->fwd, e->m, e->be, e->cfg.max_num_batched_tokens, e->cfg.max_num_seqs,
                        &lay, err)))
         return rc;

@@ -298,7 +298,8 @@ static void test_cancel_reject_fork(model *m)
 }
 
 /* The start-up plan and the memory the engine really allocates agree:
- * activations exactly, KV within the one block held back for scratch. */
+ * activations exactly, KV within one block (held back for the backend's
+ * scratch, which is accounted as workspace). */
 static void test_plan_agreement(model *m)
 {
     engine_config c = engine_config_default();

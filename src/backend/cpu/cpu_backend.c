@@ -169,6 +169,14 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
     return KV_OK;
 }
 
+static uint64_t cpu_kv_extra_bytes(backend *be, const kv_layout *lay)
+{
+    /* the per-thread attention scratch kv_init allocates, plus allocator
+     * rounding */
+    return (uint64_t)cpu_kvq_scratch(lay->block_size, lay->head_dim) * cpu(be)->n_threads *
+               sizeof(float) + 64;
+}
+
 static void cpu_kv_copy_block(backend *be, int32_t dst, int32_t src)
 {
     cpu_backend *cb = cpu(be);
@@ -434,6 +442,7 @@ static const backend_ops cpu_ops = {
     .kv_init = cpu_kv_init,
     .kv_free = cpu_kv_free,
     .kv_copy_block = cpu_kv_copy_block,
+    .kv_extra_bytes = cpu_kv_extra_bytes,
     .begin_batch = cpu_begin_batch,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
