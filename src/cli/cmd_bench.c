@@ -33,6 +33,7 @@
 
 typedef struct bench_opts {
     long p, n, reps, batch;
+    int mixed; /* --mixed: request i gets a prompt in [p/8, p] and max_tokens in [n/8, n] */
     int roofline;
 } bench_opts;
 
@@ -116,9 +117,11 @@ static int bench_parse(int argc, char **argv, cli_common *c, bench_opts *o)
                 return -1;
         } else if (!strcmp(a, "--roofline")) {
             o->roofline = 1;
+        } else if (!strcmp(a, "--mixed")) {
+            o->mixed = 1;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: kvant bench [-m MODEL] [-p 512] [-n 128] [-r REPS] [-t THREADS]\n"
-                   "                   [--batch B] [--roofline] [--json]\n");
+                   "                   [--batch B [--mixed]] [--roofline] [--json]\n");
             exit(0);
         } else {
             fprintf(stderr, "kvant bench: unknown option '%s'\n", a);
@@ -252,9 +255,16 @@ static int bench_batch(model *m, const cli_common *c, const bench_opts *o, bench
     bench_req *req = calloc((size_t)o->batch, sizeof *req);
     int32_t *prompt = malloc((size_t)o->p * sizeof *prompt);
     int rc = (!b.itl || !req || !prompt) ? kvant_err_set(err, KV_ENOMEM, "out of memory") : 0;
+    long sum_p = 0;
     for (long i = 0; !rc && i < o->batch; i++) {
-        bench_random_tokens(prompt, o->p, m->hp.n_vocab, (uint64_t)i + 1000); /* no prefix hits */
-        engine_request r = {.prompt = prompt, .n_prompt = o->p, .max_tokens = o->n, .n = 1,
+        /* --mixed: lengths spread over [1/8, 1] of -p / -n, a fixed pattern */
+        long np = o->mixed ? o->p / 8 + (o->p - o->p / 8) * ((i * 37) % 17) / 16 : o->p;
+        long nt = o->mixed ? o->n / 8 + (o->n - o->n / 8) * ((i * 53) % 13) / 12 : o->n;
+        np = np < 1 ? 1 : np;
+        nt = nt < 1 ? 1 : nt;
+        sum_p += np;
+        bench_random_tokens(prompt, np, m->hp.n_vocab, (uint64_t)i + 1000); /* no prefix hits */
+        engine_request r = {.prompt = prompt, .n_prompt = np, .max_tokens = nt, .n = 1,
                             .ignore_eos = 1, .sampling = sampler_params_default()};
         req[i].b = &b;
         req[i].t_submit = bench_now();
@@ -280,7 +290,7 @@ static int bench_batch(model *m, const cli_common *c, const bench_opts *o, bench
             rc = kvant_err_set(err, KV_EINVAL, "request %ld did not finish", i);
     if (!rc) {
         res->kv_waste = waste_n ? waste_sum / (double)waste_n : 0.0;
-        bench_batch_summary(req, &b, o->batch, o->p, t_end, res);
+        bench_batch_summary(req, &b, o->batch, sum_p / o->batch, t_end, res);
     }
     free(prompt);
     free(req);
