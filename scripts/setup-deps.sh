@@ -2,7 +2,7 @@
 # Installs the Debian packages kvant builds and tests with, when missing.
 set -euo pipefail
 pkgs=(gcc make libpcre2-dev libjansson-dev libmicrohttpd-dev clang libclang-rt-14-dev
-      python3 python3-venv curl)
+      python3 python3-venv curl prometheus)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

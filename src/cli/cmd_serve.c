@@ -21,7 +21,6 @@
 #include "engine/engine.h"
 #include "server/server.h"
 
-int cmd_serve(int argc, char **argv); /* registered in main.c (declared in cli.h by the lead) */
 
 typedef struct serve_opts {
     cli_common c;

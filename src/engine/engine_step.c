@@ -36,13 +36,16 @@ static void list_insert(eng_seq **head, eng_seq *s)
     *head = s;
 }
 
+/* Unlinks s if it is in the list; a sequence on another list is left
+ * untouched (its link belongs to that list). */
 static void list_remove(eng_seq **head, eng_seq *s)
 {
     while (*head && *head != s)
         head = &(*head)->next;
-    if (*head)
+    if (*head) {
         *head = s->next;
-    s->next = NULL;
+        s->next = NULL;
+    }
 }
 
 /* ---- requests ---- */

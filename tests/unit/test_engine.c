@@ -281,6 +281,25 @@ static void test_cancel_reject_fork(model *m)
     CHECK(r.error && r.done && r.n[0] < 80);
     check_no_leak(e);
 
+    /* cancelling one of several running requests leaves the others intact */
+    result many[4];
+    int64_t ids[4];
+    memset(many, 0, sizeof many);
+    for (int i = 0; i < 4; i++) {
+        engine_request ri = req_for(p + i, 12, 20, 0.0f);
+        ids[i] = engine_submit(e, &ri, on_event, &many[i], NULL);
+    }
+    for (int s = 0; s < 3; s++)
+        engine_run_step(e);
+    engine_cancel(e, ids[1]);
+    for (int s = 0; s < 100 && !(many[0].done && many[2].done && many[3].done); s++)
+        engine_run_step(e);
+    CHECK(many[1].error);
+    CHECKF(many[0].n[0] == 20 && many[2].n[0] == 20 && many[3].n[0] == 20 && !many[0].error &&
+               !many[2].error && !many[3].error,
+           "others after a cancel: %d %d %d tokens", many[0].n[0], many[2].n[0], many[3].n[0]);
+    check_no_leak(e);
+
     /* n = 2 greedy: both sequences equal the single-sequence output */
     result one = {0}, two = {0};
     engine_request r1 = req_for(p, 20, 10, 0.0f), r2 = req_for(p, 20, 10, 0.0f);

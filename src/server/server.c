@@ -1,0 +1,493 @@
+/* server.c - the HTTP daemon of `kvant serve`: libmicrohttpd set-up,
+ * request body collection with a size cap, routing, authentication, and
+ * the small routes (/health, /metrics, /v1/models, /v1/memory, /tokenize,
+ * /detokenize).  Generation routes live in server_gen.c.
+ *
+ * Threading: MHD runs one thread per connection (so a streaming reader may
+ * block on its request's channel) plus an internal listening thread.
+ * /health reads only the atomic state, so it answers while the engine is
+ * busy.  Invariants: every error is an OpenAI-shaped JSON body; the
+ * request body is parsed only once complete and only if within max_body.
+ */
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "server/server_internal.h"
+
+#define SRV_MAX_DETOKENIZE (1 << 20)
+
+typedef struct srv_conn {
+    srv_buf body;
+    int too_large;
+    double t_arrival;
+} srv_conn;
+
+srv_config srv_config_default(void)
+{
+    srv_config c = {0};
+    c.host = "127.0.0.1";
+    c.port = 8080;
+    c.max_body = 4u << 20;
+    c.conn_timeout_s = 30;
+    c.max_connections = 256;
+    return c;
+}
+
+enum MHD_Result srv_send_json(struct MHD_Connection *c, int status, char *body)
+{
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(body ? strlen(body) : 0, body ? body : (char *)"",
+                                        body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "application/json");
+    enum MHD_Result res = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return res;
+}
+
+enum MHD_Result srv_send_error(struct MHD_Connection *c, const srv_error *e)
+{
+    return srv_send_json(c, e->status, srv_error_json(e));
+}
+
+static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *ctype,
+                                 char *body)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body,
+                                                             MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", ctype);
+    enum MHD_Result res = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return res;
+}
+
+static enum MHD_Result send_obj(struct MHD_Connection *c, int status, json_t *o)
+{
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (!s) {
+        srv_error e;
+        srv_error_set(&e, 500, NULL, "out of memory");
+        return srv_send_error(c, &e);
+    }
+    return srv_send_json(c, status, s);
+}
+
+/* ---- small routes ------------------------------------------------------ */
+
+static enum MHD_Result route_health(srv *s, struct MHD_Connection *c)
+{
+    int st = atomic_load(&s->state);
+    if (st == SRV_READY)
+        return send_obj(c, 200, json_pack("{s:s}", "status", "ok"));
+    const char *why = st == SRV_LOADING ? "loading" : "draining";
+    return send_obj(c, 503, json_pack("{s:s, s:{s:s, s:s, s:n, s:n}}", "status", why, "error",
+                                      "message", st == SRV_LOADING ? "the model is loading"
+                                                                   : "the server is draining",
+                                      "type", "service_unavailable", "param", "code"));
+}
+
+static enum MHD_Result route_models(srv *s, struct MHD_Connection *c)
+{
+    json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", s->served_name, "object", "model",
+                          "created", (json_int_t)time(NULL), "owned_by", "kvant", "max_model_len",
+                          (json_int_t)s->oai.max_model_len);
+    return send_obj(c, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
+}
+
+static enum MHD_Result route_metrics(srv *s, struct MHD_Connection *c)
+{
+    engine_stats st;
+    engine_get_stats(s->e, &st);
+    mem_report *rep = malloc(sizeof *rep);
+    if (rep)
+        mem_get_report(engine_mem(s->e), rep);
+    srv_build_info bi = {SRV_VERSION,
+#ifdef KVANT_CUDA
+                         "cuda",
+#else
+                         "cpu",
+#endif
+                         s->served_name};
+    char *text = srv_metrics_render(s->metrics, &bi, &st, rep);
+    free(rep);
+    if (!text) {
+        srv_error e;
+        srv_error_set(&e, 500, NULL, "out of memory rendering metrics");
+        return srv_send_error(c, &e);
+    }
+    return send_text(c, 200, "text/plain; version=0.0.4; charset=utf-8", text);
+}
+
+static enum MHD_Result route_memory(srv *s, struct MHD_Connection *c)
+{
+    mem_report *rep = malloc(sizeof *rep);
+    char *js = NULL;
+    if (rep) {
+        mem_get_report(engine_mem(s->e), rep);
+        js = mem_report_json(rep);
+        free(rep);
+    }
+    if (!js) {
+        srv_error e;
+        srv_error_set(&e, 500, NULL, "out of memory");
+        return srv_send_error(c, &e);
+    }
+    return srv_send_json(c, 200, js);
+}
+
+static enum MHD_Result route_tokenize(srv *s, struct MHD_Connection *c, const char *body,
+                                      size_t len)
+{
+    srv_error e;
+    json_t *o = srv_oai_load_object(body, len, &e);
+    if (!o)
+        return srv_send_error(c, &e);
+    json_t *p = json_object_get(o, "prompt"), *sp = json_object_get(o, "add_special_tokens");
+    if (!json_is_string(p) || (sp && !json_is_boolean(sp))) {
+        json_decref(o);
+        srv_error_set(&e, 400, json_is_string(p) ? "add_special_tokens" : "prompt",
+                      "expected {\"prompt\": string, \"add_special_tokens\": bool (optional)}");
+        return srv_send_error(c, &e);
+    }
+    int add_bos = sp ? json_is_true(sp) && tok_add_bos(s->m->tok) : tok_add_bos(s->m->tok);
+    kvant_err ke = {0};
+    const char *text = json_string_value(p);
+    size_t tl = json_string_length(p);
+    int64_t n = tok_encode(s->m->tok, text, tl, add_bos, 0, NULL, 0, &ke);
+    int32_t *ids = n > 0 ? malloc((size_t)n * sizeof *ids) : NULL;
+    if (ids)
+        n = tok_encode(s->m->tok, text, tl, add_bos, 0, ids, n, &ke);
+    json_t *arr = json_array();
+    for (int64_t i = 0; ids && i < n; i++)
+        json_array_append_new(arr, json_integer(ids[i]));
+    free(ids);
+    json_decref(o);
+    if (n < 0) {
+        json_decref(arr);
+        srv_error_set(&e, 400, "prompt", "cannot tokenize: %s", ke.msg);
+        return srv_send_error(c, &e);
+    }
+    return send_obj(c, 200, json_pack("{s:o, s:I, s:I}", "tokens", arr, "count",
+                                      (json_int_t)json_array_size(arr), "max_model_len",
+                                      (json_int_t)s->oai.max_model_len));
+}
+
+static enum MHD_Result route_detokenize(srv *s, struct MHD_Connection *c, const char *body,
+                                        size_t len)
+{
+    srv_error e;
+    json_t *o = srv_oai_load_object(body, len, &e);
+    if (!o)
+        return srv_send_error(c, &e);
+    json_t *t = json_object_get(o, "tokens");
+    size_t n = json_is_array(t) ? json_array_size(t) : 0;
+    if (!json_is_array(t) || n > SRV_MAX_DETOKENIZE) {
+        json_decref(o);
+        srv_error_set(&e, 400, "tokens", "'tokens' must be an array of token ids");
+        return srv_send_error(c, &e);
+    }
+    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    int32_t nv = tok_n_vocab(s->m->tok);
+    for (size_t i = 0; ids && i < n; i++) {
+        json_t *v = json_array_get(t, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= nv) {
+            free(ids);
+            json_decref(o);
+            srv_error_set(&e, 400, "tokens", "tokens[%zu] is not a token id in [0, %d)", i, nv);
+            return srv_send_error(c, &e);
+        }
+        ids[i] = (int32_t)json_integer_value(v);
+    }
+    json_decref(o);
+    char *text = ids ? tok_decode(s->m->tok, ids, (int64_t)n, 0) : NULL;
+    free(ids);
+    if (!text) {
+        srv_error_set(&e, 500, NULL, "cannot decode the tokens");
+        return srv_send_error(c, &e);
+    }
+    json_t *js = json_stringn(text, strlen(text));
+    free(text);
+    if (!js)
+        js = json_string("\xEF\xBF\xBD"); /* not valid UTF-8 on its own */
+    return send_obj(c, 200, json_pack("{s:o}", "prompt", js));
+}
+
+/* ---- routing ------------------------------------------------------------- */
+
+typedef enum route_id {
+    R_HEALTH, R_METRICS, R_MODELS, R_MEMORY, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE,
+    R_NONE
+} route_id;
+
+static const struct {
+    const char *path, *method;
+    int auth;   /* needs the API key when one is set */
+} routes[R_NONE] = {
+    [R_HEALTH] = {"/health", "GET", 0},
+    [R_METRICS] = {"/metrics", "GET", 0},
+    [R_MODELS] = {"/v1/models", "GET", 1},
+    [R_MEMORY] = {"/v1/memory", "GET", 1},
+    [R_COMPLETIONS] = {"/v1/completions", "POST", 1},
+    [R_CHAT] = {"/v1/chat/completions", "POST", 1},
+    [R_TOKENIZE] = {"/tokenize", "POST", 1},
+    [R_DETOKENIZE] = {"/detokenize", "POST", 1},
+};
+
+static route_id route_find(const char *url)
+{
+    for (int i = 0; i < R_NONE; i++)
+        if (!strcmp(url, routes[i].path))
+            return (route_id)i;
+    return R_NONE;
+}
+
+/* Constant-time comparison of the bearer token with the key. */
+static int auth_ok(const srv *s, struct MHD_Connection *c)
+{
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7))
+        return 0;
+    h += 7;
+    size_t hl = strlen(h), kl = strlen(s->api_key);
+    unsigned diff = (unsigned)(hl ^ kl);
+    for (size_t i = 0; i < kl; i++)
+        diff |= (unsigned char)s->api_key[i] ^ (unsigned char)(i < hl ? h[i] : 0);
+    return diff == 0;
+}
+
+static int json_ctype(struct MHD_Connection *c)
+{
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
+    if (!ct)
+        return 1; /* absent: accept (curl --data-binary, simple clients) */
+    size_t n = strcspn(ct, "; \t");
+    return n == 16 && !strncasecmp(ct, "application/json", 16);
+}
+
+/* Checks that apply before the body matters: route, method, auth, state. */
+static int precheck(srv *s, struct MHD_Connection *c, const char *url, const char *method,
+                    route_id r, srv_error *e)
+{
+    if (r == R_NONE)
+        return srv_error_set(e, 404, NULL, "no route %.200s %.200s", method, url);
+    if (strcmp(method, routes[r].method)) {
+        srv_error_set(e, 405, NULL, "%s does not allow %.32s (use %s)", routes[r].path, method,
+                      routes[r].method);
+        return -405;
+    }
+    if (routes[r].auth && s->has_key && !auth_ok(s, c))
+        return srv_error_set(e, 401, NULL, "missing or invalid API key (Authorization: Bearer)");
+    int st = atomic_load(&s->state);
+    if (r != R_HEALTH && st != SRV_READY && !(r == R_METRICS && st == SRV_DRAINING))
+        return srv_error_set(e, 503, NULL, st == SRV_LOADING ? "the model is loading"
+                                                             : "the server is draining");
+    if (!strcmp(method, "POST") && !json_ctype(c))
+        return srv_error_set(e, 415, NULL, "Content-Type must be application/json");
+    return 0;
+}
+
+static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, route_id r, srv_conn *cn)
+{
+    const char *b = cn->body.s ? cn->body.s : "";
+    size_t n = cn->body.len;
+    switch (r) {
+    case R_HEALTH: return route_health(s, c);
+    case R_METRICS: return route_metrics(s, c);
+    case R_MODELS: return route_models(s, c);
+    case R_MEMORY: return route_memory(s, c);
+    case R_COMPLETIONS: return srv_gen_handle(s, c, SRV_API_COMPLETIONS, b, n, cn->t_arrival);
+    case R_CHAT: return srv_gen_handle(s, c, SRV_API_CHAT, b, n, cn->t_arrival);
+    case R_TOKENIZE: return route_tokenize(s, c, b, n);
+    case R_DETOKENIZE: return route_detokenize(s, c, b, n);
+    default: return MHD_NO;
+    }
+}
+
+static enum MHD_Result send_405(struct MHD_Connection *c, const srv_error *e, route_id r)
+{
+    char *body = srv_error_json(e);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(
+        body ? strlen(body) : 0, body ? body : (char *)"", MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    MHD_add_response_header(resp, "Allow", routes[r].method);
+    enum MHD_Result res = MHD_queue_response(c, 405, resp);
+    MHD_destroy_response(resp);
+    return res;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload, size_t *upload_size, void **con_cls)
+{
+    srv *s = cls;
+    srv_conn *cn = *con_cls;
+    if (!cn) { /* first call: headers only */
+        if (!(cn = calloc(1, sizeof *cn)))
+            return MHD_NO;
+        cn->t_arrival = srv_now();
+        *con_cls = cn;
+        return MHD_YES;
+    }
+    if (*upload_size) { /* body chunk */
+        if (!cn->too_large && cn->body.len + *upload_size > s->cfg.max_body)
+            cn->too_large = 1;
+        if (!cn->too_large && srv_buf_append(&cn->body, upload, *upload_size))
+            return MHD_NO;
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    srv_error e;
+    route_id r = route_find(url);
+    if (precheck(s, c, url, method, r, &e))
+        return e.status == 405 ? send_405(c, &e, r) : srv_send_error(c, &e);
+    if (cn->too_large) {
+        srv_error_set(&e, 413, NULL, "request body over the limit of %zu bytes",
+                      s->cfg.max_body);
+        return srv_send_error(c, &e);
+    }
+    return dispatch(s, c, r, cn);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    srv_conn *cn = *con_cls;
+    if (!cn)
+        return;
+    /* A streaming request's cancellation on disconnect happens in its
+     * response free callback (server_gen.c), which MHD runs for every
+     * termination code. */
+    srv_buf_free(&cn->body);
+    free(cn);
+    *con_cls = NULL;
+}
+
+/* ---- life cycle ------------------------------------------------------------ */
+
+static void name_from_path(const char *path, char *out, size_t cap)
+{
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    snprintf(out, cap, "%.255s", b);
+    char *dot = strstr(out, ".gguf");
+    if (dot && dot[5] == '\0')
+        *dot = '\0';
+}
+
+srv *srv_create(const srv_config *cfg, const char *model_path, kvant_err *err)
+{
+    srv *s = calloc(1, sizeof *s);
+    if (!s) {
+        kvant_err_set(err, KV_ENOMEM, "out of memory");
+        return NULL;
+    }
+    s->cfg = *cfg;
+    snprintf(s->model_path, sizeof s->model_path, "%s", model_path ? model_path : "");
+    if (cfg->served_name && cfg->served_name[0])
+        snprintf(s->served_name, sizeof s->served_name, "%s", cfg->served_name);
+    else
+        name_from_path(s->model_path, s->served_name, sizeof s->served_name);
+    if (cfg->api_key && cfg->api_key[0]) {
+        snprintf(s->api_key, sizeof s->api_key, "%s", cfg->api_key);
+        s->has_key = 1;
+    }
+    s->cfg.host = s->cfg.api_key = s->cfg.served_name = NULL; /* borrowed: do not keep */
+    pthread_mutex_init(&s->mu, NULL);
+    s->metrics = srv_metrics_create();
+    struct sockaddr_in sa = {0};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)cfg->port);
+    if (!s->metrics || inet_pton(AF_INET, cfg->host ? cfg->host : "127.0.0.1", &sa.sin_addr) != 1) {
+        kvant_err_set(err, KV_EINVAL, "--host '%s' is not an IPv4 address", cfg->host);
+        srv_destroy(s);
+        return NULL;
+    }
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_ITC | MHD_USE_POLL;
+    s->d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, on_request, s,
+                            MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->conn_timeout_s,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+                            MHD_OPTION_END);
+    if (!s->d) {
+        kvant_err_set(err, KV_EIO, "cannot listen on %s:%d (in use, or no permission)",
+                      cfg->host, cfg->port);
+        srv_destroy(s);
+        return NULL;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->d, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : cfg->port;
+    return s;
+}
+
+void srv_attach(srv *s, model *m, engine *e)
+{
+    s->m = m;
+    s->e = e;
+    s->oai.m = m;
+    s->oai.served_name = s->served_name;
+    s->oai.max_model_len = engine_max_model_len(e);
+    atomic_store(&s->state, SRV_READY);
+}
+
+int srv_port(const srv *s)
+{
+    return s->port;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+int srv_drain(srv *s, double timeout_s)
+{
+    atomic_store(&s->state, SRV_DRAINING);
+    if (s->d) {
+        MHD_socket ls = MHD_quiesce_daemon(s->d);
+        if (ls != MHD_INVALID_SOCKET)
+            close(ls);
+    }
+    if (!s->e)
+        return 0;
+    engine_drain(s->e);
+    double t0 = srv_now();
+    while (srv_gen_active(s) > 0 && srv_now() - t0 < timeout_s)
+        sleep_ms(20);
+    int left = srv_gen_active(s);
+    if (left > 0) {
+        srv_gen_cancel_all(s);
+        for (int i = 0; i < 250 && srv_gen_active(s) > 0; i++)
+            sleep_ms(20);
+    }
+    return left;
+}
+
+void srv_destroy(srv *s)
+{
+    if (!s)
+        return;
+    if (s->d)
+        MHD_stop_daemon(s->d);
+    srv_metrics_destroy(s->metrics);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}

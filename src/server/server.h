@@ -1,0 +1,53 @@
+/* server.h - `kvant serve`: an OpenAI-compatible HTTP server over the
+ * engine (libmicrohttpd, one thread per connection).
+ *
+ * Routes: POST /v1/completions, /v1/chat/completions, /tokenize,
+ * /detokenize; GET /v1/models, /v1/memory, /health, /metrics.  See
+ * docs/SERVER.md for the API, errors and metrics.
+ *
+ * Life cycle: srv_create starts listening at once (state "loading": /health
+ * answers 503) so a supervisor can watch start-up; srv_attach hands it the
+ * loaded model and engine (state "ready"); srv_drain stops accepting and
+ * finishes or cancels in-flight requests; srv_destroy stops the daemon.
+ * Ownership: the server borrows the model and engine; both must outlive
+ * srv_destroy.  Threading: srv_attach/srv_drain/srv_destroy are called
+ * from the controlling (main) thread; everything else runs on MHD threads.
+ */
+#ifndef KVANT_SERVER_H
+#define KVANT_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "model/model.h"
+#include "util/err.h"
+
+#define SRV_VERSION "0.1.0"
+
+typedef struct srv_config {
+    const char *host;           /* default "127.0.0.1" (borrowed) */
+    int port;                   /* default 8080; 0 = ephemeral */
+    const char *api_key;        /* NULL = no authentication (borrowed) */
+    const char *served_name;    /* model name in the API (borrowed); NULL = file stem */
+    size_t max_body;            /* bytes, default 4 MiB */
+    int conn_timeout_s;         /* idle connection timeout, default 30 */
+    int max_connections;        /* default 256 */
+} srv_config;
+
+srv_config srv_config_default(void);
+
+typedef struct srv srv;
+
+srv *srv_create(const srv_config *cfg, const char *model_path, kvant_err *err);
+/* Serves this model through this engine from now on (/health -> 200). */
+void srv_attach(srv *s, model *m, engine *e);
+/* Stops accepting connections, /health -> 503 "draining", stops engine
+ * admission, waits up to timeout_s for in-flight requests to finish, then
+ * cancels the rest (they end with an error event) and waits briefly for
+ * their streams to close.  Returns the number of requests cancelled. */
+int srv_drain(srv *s, double timeout_s);
+void srv_destroy(srv *s);
+int srv_port(const srv *s);
+
+#endif

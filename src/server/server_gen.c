@@ -1,0 +1,606 @@
+/* server_gen.c - generation requests: submit to the engine, turn engine
+ * events into OpenAI responses (one JSON body, or SSE chunks), hold back
+ * text that may begin a stop string, cancel on client disconnect.
+ *
+ * Invariants: all validation happens before engine_submit, so a streamed
+ * response never starts with an error status; after the final engine event
+ * (or a stop-string finish of every sequence) the stream ends with
+ * "data: [DONE]".  A srv_gen is on the server's active list from submit
+ * until its HTTP response is finished (streaming: the response free
+ * callback; otherwise the handler's return), and only its HTTP thread
+ * touches it, except the list links (s->mu).
+ */
+#include <jansson.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server/server_internal.h"
+
+#define GEN_WAIT_MS 100          /* event wait slice; disconnect checks between */
+#define GEN_KEEPALIVE_S 5.0      /* SSE comment when nothing was sent this long */
+
+typedef struct gen_seq {
+    tok_stream ts;
+    srv_buf held;        /* text that may still be the start of a stop string */
+    srv_buf text;        /* non-streaming: the whole completion */
+    json_t *lp;          /* non-streaming logprobs entries (array) */
+    int done;
+    engine_finish finish;
+    int64_t n_tok;
+    int64_t text_off;    /* completions logprobs text_offset */
+} gen_seq;
+
+struct srv_gen {
+    srv *s;
+    srv_gen_req req;
+    srv_chan *chan;
+    int64_t rid;
+    int fd;                 /* the client socket, for disconnect checks */
+    char id[48];
+    long long created;
+    gen_seq seq[ENGINE_MAX_N];
+    srv_buf out;            /* SSE bytes not yet handed to MHD */
+    size_t out_off;
+    int final;              /* final engine event handled */
+    int ended;              /* [DONE] queued */
+    int we_cancelled;       /* every sequence hit a stop string */
+    int counted;            /* finish metric recorded */
+    int failed;             /* ERROR event (not ours) */
+    char err[256];
+    int64_t prompt_tokens, cached_tokens;
+    double last_out;
+    srv_gen *next, *prev;   /* active list (s->mu) */
+};
+
+/* ---- UTF-8-safe JSON strings ------------------------------------------ */
+
+static size_t utf8_valid_len(const unsigned char *p, size_t n)
+{
+    unsigned c = p[0];
+    size_t L = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (L == 0 || L > n || (L == 2 && c < 0xC2) || (L == 4 && c > 0xF4))
+        return 0;
+    for (size_t i = 1; i < L; i++)
+        if ((p[i] & 0xC0) != 0x80)
+            return 0;
+    return L;
+}
+
+/* A JSON string of s[0..n) with invalid UTF-8 bytes replaced by U+FFFD. */
+static json_t *jstr(const char *s, size_t n)
+{
+    json_t *j = json_stringn(s, n);
+    if (j)
+        return j;
+    srv_buf b = {0};
+    for (size_t i = 0; i < n;) {
+        size_t L = utf8_valid_len((const unsigned char *)s + i, n - i);
+        if (L) {
+            srv_buf_append(&b, s + i, L);
+            i += L;
+        } else {
+            srv_buf_append(&b, "\xEF\xBF\xBD", 3);
+            i++;
+        }
+    }
+    j = json_stringn(b.s ? b.s : "", b.len);
+    srv_buf_free(&b);
+    return j ? j : json_string("");
+}
+
+/* ---- response pieces ---------------------------------------------------- */
+
+static json_t *usage_json(const srv_gen *g)
+{
+    int64_t comp = 0;
+    for (int i = 0; i < g->req.er.n; i++)
+        comp += g->seq[i].n_tok;
+    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)g->prompt_tokens,
+                     "completion_tokens", (json_int_t)comp, "total_tokens",
+                     (json_int_t)(g->prompt_tokens + comp), "prompt_tokens_details",
+                     "cached_tokens", (json_int_t)g->cached_tokens);
+}
+
+static const char *finish_str(engine_finish f)
+{
+    return f == ENGINE_FINISH_STOP ? "stop" : f == ENGINE_FINISH_LENGTH ? "length" : "abort";
+}
+
+static json_t *token_json(const model *m, int32_t id)
+{
+    char buf[256];
+    int n = tok_piece(m->tok, id, 0, buf, sizeof buf);
+    return jstr(buf, n > 0 && n <= (int)sizeof buf ? (size_t)n : 0);
+}
+
+/* One token's logprob entry.  Chat: {"token","logprob","bytes","top_logprobs"};
+ * completions: {"token","logprob","top":{tok: lp}} (split apart later). */
+static json_t *lp_entry(const srv_gen *g, const engine_event *ev)
+{
+    const model *m = g->s->m;
+    json_t *tok = token_json(m, ev->token);
+    if (g->req.api == SRV_API_CHAT) {
+        json_t *tops = json_array();
+        for (int k = 0; k < ev->n_top && k < g->req.top_logprobs; k++)
+            json_array_append_new(tops, json_pack("{s:o, s:f}", "token",
+                                                  token_json(m, ev->top_ids[k]), "logprob",
+                                                  (double)ev->top_logprobs[k]));
+        return json_pack("{s:o, s:f, s:o}", "token", tok, "logprob", (double)ev->logprob,
+                         "top_logprobs", tops);
+    }
+    json_t *top = json_object();
+    for (int k = 0; k < ev->n_top && k < g->req.top_logprobs; k++) {
+        json_t *t = token_json(m, ev->top_ids[k]);
+        json_object_set_new(top, json_string_value(t), json_real(ev->top_logprobs[k]));
+        json_decref(t);
+    }
+    return json_pack("{s:o, s:f, s:o}", "token", tok, "logprob", (double)ev->logprob, "top", top);
+}
+
+/* Converts an array of lp_entry objects to the API's logprobs object. */
+static json_t *lp_object(const srv_gen *g, json_t *entries, int64_t off0)
+{
+    if (!entries)
+        return json_null();
+    if (g->req.api == SRV_API_CHAT)
+        return json_pack("{s:O}", "content", entries);
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    int64_t off = off0;
+    size_t i;
+    json_t *e;
+    json_array_foreach(entries, i, e) {
+        json_t *t = json_object_get(e, "token");
+        json_array_append(toks, t);
+        json_array_append(lps, json_object_get(e, "logprob"));
+        json_array_append(tops, g->req.top_logprobs > 0 ? json_object_get(e, "top") : json_null());
+        json_array_append_new(offs, json_integer(off));
+        off += (int64_t)json_string_length(t);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps,
+                     "top_logprobs", tops, "text_offset", offs);
+}
+
+static json_t *choice_base(const srv_gen *g, int index, const char *text, size_t n,
+                           json_t *logprobs, const char *finish, int first)
+{
+    json_t *fin = finish ? json_string(finish) : json_null();
+    if (g->req.api == SRV_API_COMPLETIONS)
+        return json_pack("{s:i, s:o, s:o, s:o}", "index", index, "text", jstr(text, n),
+                         "logprobs", logprobs, "finish_reason", fin);
+    json_t *delta = json_object();
+    if (first)
+        json_object_set_new(delta, "role", json_string("assistant"));
+    if (text && (n || first))
+        json_object_set_new(delta, "content", jstr(text, n));
+    return json_pack("{s:i, s:o, s:o, s:o}", "index", index, "delta", delta, "logprobs",
+                     logprobs, "finish_reason", fin);
+}
+
+static json_t *envelope(const srv_gen *g, json_t *choices, int chunk)
+{
+    const char *obj = g->req.api == SRV_API_CHAT
+                          ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                          : "text_completion";
+    return json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", g->id, "object", obj, "created",
+                     (json_int_t)g->created, "model", g->s->served_name, "choices", choices);
+}
+
+static void sse_json(srv_gen *g, json_t *o)
+{
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (!s)
+        return;
+    srv_buf_append(&g->out, "data: ", 6);
+    srv_buf_append(&g->out, s, strlen(s));
+    srv_buf_append(&g->out, "\n\n", 2);
+    free(s);
+}
+
+static void sse_choice(srv_gen *g, int index, const char *text, size_t n, json_t *lp_entries,
+                       const char *finish)
+{
+    json_t *lp = lp_entries ? lp_object(g, lp_entries, g->seq[index].text_off) : json_null();
+    json_decref(lp_entries);
+    int first = g->req.api == SRV_API_CHAT && g->seq[index].n_tok <= 1 && !finish &&
+                g->seq[index].text_off == 0;
+    json_t *arr = json_array();
+    json_array_append_new(arr, choice_base(g, index, text, n, lp, finish, first));
+    g->seq[index].text_off += (int64_t)n;
+    sse_json(g, envelope(g, arr, 1));
+}
+
+/* ---- event handling ----------------------------------------------------- */
+
+static void count_finish(srv_gen *g, engine_finish f)
+{
+    if (!g->counted) {
+        g->counted = 1;
+        srv_metrics_count_finish(g->s->metrics, f);
+    }
+}
+
+/* Emits (stream) or appends (non-stream) text for sequence i. */
+static void seq_out(srv_gen *g, int i, const srv_buf *emit, json_t *lp_entry_or_null,
+                    const char *finish)
+{
+    gen_seq *q = &g->seq[i];
+    if (!g->req.stream) {
+        srv_buf_append(&q->text, emit->s ? emit->s : "", emit->len);
+        if (lp_entry_or_null) {
+            if (!q->lp)
+                q->lp = json_array();
+            json_array_append_new(q->lp, lp_entry_or_null);
+        }
+        return;
+    }
+    json_t *lps = NULL;
+    if (lp_entry_or_null) {
+        lps = json_array();
+        json_array_append_new(lps, lp_entry_or_null);
+    }
+    if (emit->len || lps || (g->req.api == SRV_API_CHAT && q->text_off == 0 && !finish))
+        sse_choice(g, i, emit->s ? emit->s : "", emit->len, lps, NULL);
+    if (finish)
+        sse_choice(g, i, NULL, 0, NULL, finish);
+}
+
+static void seq_finish(srv_gen *g, int i, engine_finish f)
+{
+    gen_seq *q = &g->seq[i];
+    if (q->done)
+        return;
+    char tail[16];
+    srv_buf emit = {0};
+    int tl = tok_stream_flush(&q->ts, tail, sizeof tail);
+    int hit = srv_stops_feed(&g->req.stops, &q->held, tail, tl > 0 ? (size_t)tl : 0, &emit);
+    if (hit != 1 && q->held.len) /* the rest can no longer become a stop string */
+        srv_buf_append(&emit, q->held.s, q->held.len);
+    q->held.len = 0;
+    q->done = 1;
+    q->finish = hit == 1 ? ENGINE_FINISH_STOP : f;
+    seq_out(g, i, &emit, NULL, finish_str(q->finish));
+    srv_buf_free(&emit);
+}
+
+static int all_done(const srv_gen *g)
+{
+    for (int i = 0; i < g->req.er.n; i++)
+        if (!g->seq[i].done)
+            return 0;
+    return 1;
+}
+
+static void on_token(srv_gen *g, const engine_event *ev)
+{
+    if (ev->index < 0 || ev->index >= g->req.er.n)
+        return;
+    gen_seq *q = &g->seq[ev->index];
+    /* End-of-generation tokens are not text; with ignore_eos they are
+     * ordinary generated tokens (counted, rendering as ""). */
+    if (q->done || (!g->req.er.ignore_eos && tok_is_eog(g->s->m->tok, ev->token)))
+        return;
+    q->n_tok++;
+    char piece[512];
+    int pl = tok_stream_feed(g->s->m->tok, &q->ts, ev->token, piece, sizeof piece);
+    srv_buf emit = {0};
+    int hit = srv_stops_feed(&g->req.stops, &q->held, piece, pl > 0 ? (size_t)pl : 0, &emit);
+    json_t *lp = g->req.logprobs ? lp_entry(g, ev) : NULL;
+    if (hit == 1) {
+        q->done = 1;
+        q->finish = ENGINE_FINISH_STOP;
+        seq_out(g, ev->index, &emit, lp, "stop");
+    } else {
+        seq_out(g, ev->index, &emit, lp, NULL);
+    }
+    srv_buf_free(&emit);
+    if (hit == 1 && all_done(g) && !g->we_cancelled) {
+        g->we_cancelled = 1; /* nothing more is needed from the engine */
+        engine_cancel(g->s->e, g->rid);
+    }
+}
+
+static void end_stream(srv_gen *g)
+{
+    if (g->req.stream && g->req.include_usage && !g->failed) {
+        json_t *o = envelope(g, json_array(), 1);
+        json_object_set_new(o, "usage", usage_json(g));
+        sse_json(g, o);
+    }
+    if (g->req.stream)
+        srv_buf_append(&g->out, "data: [DONE]\n\n", 14);
+    g->ended = 1;
+}
+
+static void on_final(srv_gen *g, const srv_ev *e)
+{
+    const engine_event *ev = &e->ev;
+    g->final = 1;
+    if (ev->prompt_tokens > 0)
+        g->prompt_tokens = ev->prompt_tokens;
+    if (ev->cached_tokens > g->cached_tokens)
+        g->cached_tokens = ev->cached_tokens;
+    if (ev->type == ENGINE_EV_ERROR && !(g->we_cancelled && all_done(g))) {
+        g->failed = 1;
+        snprintf(g->err, sizeof g->err, "%s", ev->error ? ev->error : "request failed");
+        count_finish(g, ENGINE_FINISH_ABORT);
+        if (g->req.stream) {
+            srv_error er;
+            srv_error_set(&er, 500, NULL, "%s", g->err);
+            char *s = srv_error_json(&er);
+            if (s) {
+                srv_buf_append(&g->out, "data: ", 6);
+                srv_buf_append(&g->out, s, strlen(s));
+                srv_buf_append(&g->out, "\n\n", 2);
+                free(s);
+            }
+        }
+        end_stream(g);
+        return;
+    }
+    for (int i = 0; i < g->req.er.n; i++)
+        seq_finish(g, i, ENGINE_FINISH_LENGTH);
+    count_finish(g, g->seq[0].finish);
+    end_stream(g);
+}
+
+static void gen_on_event(srv_gen *g, const srv_ev *e)
+{
+    const engine_event *ev = &e->ev;
+    if (ev->cached_tokens > g->cached_tokens)
+        g->cached_tokens = ev->cached_tokens;
+    if (ev->prompt_tokens > 0)
+        g->prompt_tokens = ev->prompt_tokens;
+    switch (ev->type) {
+    case ENGINE_EV_TOKEN: on_token(g, ev); break;
+    case ENGINE_EV_FINISH:
+        if (ev->index >= 0 && ev->index < g->req.er.n)
+            seq_finish(g, ev->index, ev->finish == ENGINE_FINISH_NONE ? ENGINE_FINISH_STOP
+                                                                     : ev->finish);
+        break;
+    default: on_final(g, e); break;
+    }
+}
+
+/* 1 when the client closed its socket (checked between event waits). */
+static int peer_gone(int fd)
+{
+    if (fd < 0)
+        return 0;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* ---- life cycle ----------------------------------------------------------- */
+
+/* Caller holds s->mu. */
+static void active_add_locked(srv *s, srv_gen *g)
+{
+    g->next = s->active;
+    g->prev = NULL;
+    if (s->active)
+        s->active->prev = g;
+    s->active = g;
+    s->n_active++;
+}
+
+static void active_remove(srv *s, srv_gen *g)
+{
+    pthread_mutex_lock(&s->mu);
+    if (g->prev)
+        g->prev->next = g->next;
+    else
+        s->active = g->next;
+    if (g->next)
+        g->next->prev = g->prev;
+    s->n_active--;
+    pthread_mutex_unlock(&s->mu);
+}
+
+void srv_gen_cancel_all(srv *s)
+{
+    pthread_mutex_lock(&s->mu);
+    for (srv_gen *g = s->active; g; g = g->next)
+        engine_cancel(s->e, g->rid);
+    pthread_mutex_unlock(&s->mu);
+}
+
+int srv_gen_active(srv *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int n = s->n_active;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+static void gen_free(srv_gen *g)
+{
+    if (!g)
+        return;
+    if (g->rid > 0) {
+        if (!g->final) { /* client went away (or fault): stop the work */
+            engine_cancel(g->s->e, g->rid);
+            count_finish(g, ENGINE_FINISH_ABORT);
+        }
+        active_remove(g->s, g);
+    }
+    srv_chan_unref(g->chan);
+    for (int i = 0; i < ENGINE_MAX_N; i++) {
+        srv_buf_free(&g->seq[i].held);
+        srv_buf_free(&g->seq[i].text);
+        json_decref(g->seq[i].lp);
+    }
+    srv_buf_free(&g->out);
+    srv_gen_req_free(&g->req);
+    free(g);
+}
+
+static ssize_t gen_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    srv_gen *g = cls;
+    for (;;) {
+        if (g->out_off < g->out.len) {
+            size_t n = g->out.len - g->out_off;
+            n = n < max ? n : max;
+            memcpy(buf, g->out.s + g->out_off, n);
+            g->out_off += n;
+            if (g->out_off == g->out.len)
+                g->out_off = g->out.len = 0;
+            g->last_out = srv_now();
+            return (ssize_t)n;
+        }
+        if (g->ended)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        srv_ev ev;
+        if (srv_chan_wait(g->chan, &ev, GEN_WAIT_MS)) {
+            gen_on_event(g, &ev);
+            continue;
+        }
+        if (peer_gone(g->fd))
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (srv_now() - g->last_out > GEN_KEEPALIVE_S)
+            srv_buf_append(&g->out, ": keep-alive\n\n", 14);
+    }
+}
+
+static void gen_reader_free(void *cls)
+{
+    gen_free(cls);
+}
+
+static enum MHD_Result send_whole(srv_gen *g, struct MHD_Connection *c)
+{
+    json_t *choices = json_array();
+    for (int i = 0; i < g->req.er.n; i++) {
+        gen_seq *q = &g->seq[i];
+        json_t *lp = q->lp ? lp_object(g, q->lp, 0) : json_null();
+        json_t *ch;
+        if (g->req.api == SRV_API_CHAT)
+            ch = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", i, "message", "role",
+                           "assistant", "content", jstr(q->text.s ? q->text.s : "", q->text.len),
+                           "logprobs", lp, "finish_reason", finish_str(q->finish));
+        else
+            ch = choice_base(g, i, q->text.s ? q->text.s : "", q->text.len, lp,
+                             finish_str(q->finish), 0);
+        json_array_append_new(choices, ch);
+    }
+    json_t *o = envelope(g, choices, 0);
+    json_object_set_new(o, "usage", usage_json(g));
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (!s) {
+        srv_error er;
+        srv_error_set(&er, 500, NULL, "out of memory building the response");
+        return srv_send_error(c, &er);
+    }
+    return srv_send_json(c, 200, s);
+}
+
+/* Non-streaming: waits for the final event on this HTTP thread. */
+static enum MHD_Result gen_blocking(srv_gen *g, struct MHD_Connection *c)
+{
+    while (!g->ended) {
+        srv_ev ev;
+        if (srv_chan_wait(g->chan, &ev, GEN_WAIT_MS))
+            gen_on_event(g, &ev);
+        else if (peer_gone(g->fd)) {
+            gen_free(g);
+            return MHD_NO; /* closes the connection */
+        }
+    }
+    enum MHD_Result r;
+    if (g->failed) {
+        srv_error er;
+        int draining = atomic_load(&g->s->state) == SRV_DRAINING;
+        srv_error_set(&er, draining ? 503 : 500, NULL, "%s", g->err);
+        r = srv_send_error(c, &er);
+    } else {
+        r = send_whole(g, c);
+    }
+    gen_free(g);
+    return r;
+}
+
+static enum MHD_Result submit_error(srv *s, struct MHD_Connection *c, int rc, const kvant_err *ke)
+{
+    srv_error er;
+    if (rc == KV_EBUSY) {
+        int draining = atomic_load(&s->state) == SRV_DRAINING;
+        srv_error_set(&er, draining ? 503 : 429, NULL, "%s",
+                      draining ? "the server is shutting down" : ke->msg[0] ? ke->msg
+                                                                            : "queue full");
+        char *body = srv_error_json(&er);
+        struct MHD_Response *r = MHD_create_response_from_buffer(
+            body ? strlen(body) : 0, body ? body : (char *)"", MHD_RESPMEM_MUST_FREE);
+        MHD_add_response_header(r, "Content-Type", "application/json");
+        MHD_add_response_header(r, "Retry-After", "1");
+        enum MHD_Result res = MHD_queue_response(c, (unsigned)er.status, r);
+        MHD_destroy_response(r);
+        return res;
+    }
+    srv_error_set(&er, rc == KV_EINVAL || rc == KV_ERANGE ? 400 : 500, NULL, "%s",
+                  ke->msg[0] ? ke->msg : kvant_status_str(rc));
+    return srv_send_error(c, &er);
+}
+
+enum MHD_Result srv_gen_handle(srv *s, struct MHD_Connection *c, srv_api api, const char *body,
+                               size_t len, double t_arrival)
+{
+    srv_error er;
+    srv_gen *g = calloc(1, sizeof *g);
+    if (!g) {
+        srv_error_set(&er, 500, NULL, "out of memory");
+        return srv_send_error(c, &er);
+    }
+    g->s = s;
+    if (srv_oai_parse(&s->oai, api, body, len, &g->req, &er)) {
+        gen_free(g);
+        return srv_send_error(c, &er);
+    }
+    g->chan = srv_chan_create(s->metrics, t_arrival);
+    if (!g->chan) {
+        gen_free(g);
+        srv_error_set(&er, 500, NULL, "out of memory");
+        return srv_send_error(c, &er);
+    }
+    for (int i = 0; i < ENGINE_MAX_N; i++)
+        tok_stream_init(&g->seq[i].ts);
+    g->prompt_tokens = g->req.er.n_prompt;
+    g->created = (long long)time(NULL);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    g->fd = ci ? ci->connect_fd : -1;
+    kvant_err ke = {0};
+    srv_chan_submitted(g->chan, srv_now());
+    pthread_mutex_lock(&s->mu); /* the id must be on the list before a drain cancels */
+    int64_t rid = engine_submit(s->e, &g->req.er, srv_chan_on_event, g->chan, &ke);
+    if (rid > 0) {
+        g->rid = rid;
+        active_add_locked(s, g);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rid <= 0) {
+        srv_chan_unref_engine(g->chan);
+        gen_free(g);
+        return submit_error(s, c, (int)rid, &ke);
+    }
+    snprintf(g->id, sizeof g->id, "%s-%lld", api == SRV_API_CHAT ? "chatcmpl" : "cmpl",
+             (long long)rid);
+    if (!g->req.stream)
+        return gen_blocking(g, c);
+    g->last_out = srv_now();
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, gen_reader, g,
+                                          gen_reader_free);
+    if (!r) {
+        gen_free(g);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    enum MHD_Result res = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return res;
+}

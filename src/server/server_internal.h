@@ -1,0 +1,49 @@
+/* server_internal.h - the server context shared by server.c (daemon,
+ * routing, small routes) and server_gen.c (generation requests).
+ * Not part of the public API.
+ */
+#ifndef KVANT_SERVER_INTERNAL_H
+#define KVANT_SERVER_INTERNAL_H
+
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "server/server.h"
+#include "server/server_metrics.h"
+#include "server/server_openai.h"
+
+enum { SRV_LOADING = 0, SRV_READY = 1, SRV_DRAINING = 2 };
+
+typedef struct srv_gen srv_gen;
+
+struct srv {
+    srv_config cfg;
+    char served_name[256];
+    char model_path[1024];
+    char api_key[256];
+    int has_key;
+    model *m;                 /* set once by srv_attach before state READY */
+    engine *e;
+    srv_oai_ctx oai;
+    srv_metrics *metrics;
+    struct MHD_Daemon *d;
+    int port;
+    _Atomic int state;
+    pthread_mutex_t mu;       /* guards the active list */
+    srv_gen *active;          /* in-flight generation requests */
+    int n_active;
+};
+
+/* Queues a JSON response (takes ownership of the malloc'd body). */
+enum MHD_Result srv_send_json(struct MHD_Connection *c, int status, char *body);
+enum MHD_Result srv_send_error(struct MHD_Connection *c, const srv_error *e);
+
+/* Handles POST /v1/completions and /v1/chat/completions. */
+enum MHD_Result srv_gen_handle(srv *s, struct MHD_Connection *c, srv_api api, const char *body,
+                               size_t len, double t_arrival);
+/* engine_cancel for every active request (drain timeout). */
+void srv_gen_cancel_all(srv *s);
+int srv_gen_active(srv *s);
+
+#endif

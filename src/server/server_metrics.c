@@ -1,0 +1,262 @@
+/* server_metrics.c - histograms, counters and the Prometheus text format.
+ *
+ * Invariants: bucket bounds are strictly increasing and end with +Inf
+ * implicitly; counts[i] holds observations <= le[i] that are > le[i-1]
+ * (cumulated only when rendering).  Label values are fixed strings from
+ * this file or the build info (escaped), never request data.
+ */
+#include "server/server_metrics.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SRV_HIST_MAX_BUCKETS 24
+
+typedef struct srv_hist_def {
+    const char *name, *help;
+    const double *le;
+    int n_le;
+} srv_hist_def;
+
+static const double le_ttft[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+                                 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
+static const double le_itl[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0};
+static const double le_e2e[] = {0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0,
+                                15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 300.0};
+static const double le_tok[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000,
+                                10000, 20000, 50000, 100000};
+
+#define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static const srv_hist_def hist_defs[SRV_H_COUNT] = {
+    [SRV_H_TTFT] = {"time_to_first_token_seconds", "Time from request arrival to first token.",
+                    le_ttft, N_OF(le_ttft)},
+    [SRV_H_ITL] = {"inter_token_latency_seconds", "Time between consecutive tokens of a sequence.",
+                   le_itl, N_OF(le_itl)},
+    [SRV_H_E2E] = {"e2e_request_latency_seconds", "Time from request arrival to its final event.",
+                   le_e2e, N_OF(le_e2e)},
+    [SRV_H_QUEUE] = {"request_queue_time_seconds",
+                     "Time from submission to the first engine event (includes prefill).",
+                     le_e2e, N_OF(le_e2e)},
+    [SRV_H_PROMPT] = {"request_prompt_tokens", "Prompt tokens per finished request.", le_tok,
+                      N_OF(le_tok)},
+    [SRV_H_GEN] = {"request_generation_tokens", "Generated tokens per finished request.", le_tok,
+                   N_OF(le_tok)},
+};
+
+typedef struct srv_hist {
+    uint64_t counts[SRV_HIST_MAX_BUCKETS + 1]; /* last slot: > every bound */
+    double sum;
+    uint64_t count;
+} srv_hist;
+
+struct srv_metrics {
+    pthread_mutex_t mu;
+    srv_hist h[SRV_H_COUNT];
+    uint64_t finished[4]; /* by engine_finish; [NONE] unused */
+};
+
+srv_metrics *srv_metrics_create(void)
+{
+    srv_metrics *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    pthread_mutex_init(&m->mu, NULL);
+    return m;
+}
+
+void srv_metrics_destroy(srv_metrics *m)
+{
+    if (!m)
+        return;
+    pthread_mutex_destroy(&m->mu);
+    free(m);
+}
+
+void srv_metrics_observe(srv_metrics *m, srv_hist_id id, double v)
+{
+    if (!m || id < 0 || id >= SRV_H_COUNT || v != v)
+        return;
+    const srv_hist_def *d = &hist_defs[id];
+    int b = 0;
+    while (b < d->n_le && v > d->le[b])
+        b++;
+    pthread_mutex_lock(&m->mu);
+    m->h[id].counts[b]++;
+    m->h[id].sum += v;
+    m->h[id].count++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_count_finish(srv_metrics *m, engine_finish reason)
+{
+    if (!m || reason <= ENGINE_FINISH_NONE || reason > ENGINE_FINISH_ABORT)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->finished[reason]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+/* Growable text buffer; on allocation failure it sets oom and stops. */
+typedef struct sbuf {
+    char *s;
+    size_t len, cap;
+    int oom;
+} sbuf;
+
+__attribute__((format(printf, 2, 3))) static void sb_printf(sbuf *b, const char *fmt, ...)
+{
+    if (b->oom)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if (b->s && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = (b->cap + (size_t)n + 1) * 2;
+        char *ns = realloc(b->s, cap);
+        if (!ns) {
+            b->oom = 1;
+            return;
+        }
+        b->s = ns;
+        b->cap = cap;
+    }
+}
+
+static void head(sbuf *b, const char *name, const char *type, const char *help)
+{
+    sb_printf(b, "# HELP kvant:%s %s\n# TYPE kvant:%s %s\n", name, help, name, type);
+}
+
+static void gauge(sbuf *b, const char *name, const char *help, double v)
+{
+    head(b, name, "gauge", help);
+    sb_printf(b, "kvant:%s %.17g\n", name, v);
+}
+
+static void counter(sbuf *b, const char *name, const char *help, double v)
+{
+    head(b, name, "counter", help);
+    sb_printf(b, "kvant:%s %.17g\n", name, v);
+}
+
+/* Writes a label value with \, " and newline escaped. */
+static void label_value(sbuf *b, const char *s)
+{
+    for (; s && *s; s++) {
+        if (*s == '\\' || *s == '"')
+            sb_printf(b, "\\%c", *s);
+        else if (*s == '\n')
+            sb_printf(b, "\\n");
+        else
+            sb_printf(b, "%c", *s);
+    }
+}
+
+static void render_hists(sbuf *b, const srv_hist *h)
+{
+    for (int i = 0; i < SRV_H_COUNT; i++) {
+        const srv_hist_def *d = &hist_defs[i];
+        head(b, d->name, "histogram", d->help);
+        uint64_t cum = 0;
+        for (int k = 0; k < d->n_le; k++) {
+            cum += h[i].counts[k];
+            sb_printf(b, "kvant:%s_bucket{le=\"%g\"} %llu\n", d->name, d->le[k],
+                      (unsigned long long)cum);
+        }
+        cum += h[i].counts[d->n_le];
+        sb_printf(b, "kvant:%s_bucket{le=\"+Inf\"} %llu\n", d->name, (unsigned long long)cum);
+        sb_printf(b, "kvant:%s_sum %.17g\nkvant:%s_count %llu\n", d->name, h[i].sum, d->name,
+                  (unsigned long long)h[i].count);
+    }
+}
+
+static void render_engine(sbuf *b, const engine_stats *st)
+{
+    gauge(b, "num_requests_running", "Requests with sequences being generated.", st->running);
+    gauge(b, "num_requests_waiting", "Requests waiting to be scheduled.", st->waiting);
+    gauge(b, "num_requests_preempted_waiting", "Preempted requests waiting to be recomputed.",
+          st->preempted_waiting);
+    counter(b, "prompt_tokens_total", "Prefilled prompt tokens.", (double)st->prompt_tokens);
+    counter(b, "generation_tokens_total", "Generated tokens.", (double)st->generation_tokens);
+    counter(b, "num_preemptions_total", "Preemptions of running requests.",
+            (double)st->preemptions);
+    gauge(b, "kv_blocks_total", "KV cache blocks in the pool.", st->kv_blocks_total);
+    gauge(b, "kv_blocks_used", "KV cache blocks referenced by requests.", st->kv_blocks_used);
+    gauge(b, "kv_blocks_free", "KV cache blocks free.", st->kv_blocks_free);
+    gauge(b, "kv_blocks_cached", "Free KV blocks holding reusable prefix-cache content.",
+          st->kv_blocks_cached);
+    gauge(b, "kv_block_size", "Tokens per KV block.", st->block_size);
+    gauge(b, "kv_token_occupancy", "Tokens stored / token capacity of the KV pool.",
+          st->kv_token_capacity ? (double)st->kv_tokens_stored / (double)st->kv_token_capacity
+                                : 0.0);
+    gauge(b, "kv_block_usage", "Used KV blocks / total KV blocks.",
+          st->kv_blocks_total ? (double)st->kv_blocks_used / st->kv_blocks_total : 0.0);
+    counter(b, "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+            (double)st->prefix_queries);
+    counter(b, "prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
+            (double)st->prefix_hits);
+}
+
+static void render_mem(sbuf *b, const mem_report *r)
+{
+    head(b, "device_memory_bytes", "gauge", "Device bytes in use by category.");
+    for (int c = 0; c < MEM_CAT_COUNT; c++)
+        sb_printf(b, "kvant:device_memory_bytes{category=\"%s\"} %llu\n",
+                  mem_cat_name((mem_cat)c), (unsigned long long)r->cat[c].current);
+    head(b, "device_memory_peak_bytes", "gauge", "Peak device bytes by category.");
+    for (int c = 0; c < MEM_CAT_COUNT; c++)
+        sb_printf(b, "kvant:device_memory_peak_bytes{category=\"%s\"} %llu\n",
+                  mem_cat_name((mem_cat)c), (unsigned long long)r->cat[c].peak);
+    gauge(b, "device_memory_budget_bytes", "Device memory budget.", (double)r->budget);
+    gauge(b, "kv_pool_fragmentation", "1 - largest free extent / free bytes of the KV pool.",
+          r->n_pools > 0 ? r->fragmentation[0] : 0.0);
+}
+
+char *srv_metrics_render(srv_metrics *m, const srv_build_info *bi, const engine_stats *st,
+                         const mem_report *rep)
+{
+    srv_hist h[SRV_H_COUNT];
+    uint64_t fin[4];
+    pthread_mutex_lock(&m->mu);
+    memcpy(h, m->h, sizeof h);
+    memcpy(fin, m->finished, sizeof fin);
+    pthread_mutex_unlock(&m->mu);
+
+    sbuf b = {0};
+    render_engine(&b, st);
+    head(&b, "request_success_total", "counter", "Finished requests by finish reason.");
+    static const char *reasons[4] = {NULL, "stop", "length", "abort"};
+    for (int i = 1; i < 4; i++)
+        sb_printf(&b, "kvant:request_success_total{finished_reason=\"%s\"} %llu\n", reasons[i],
+                  (unsigned long long)fin[i]);
+    render_hists(&b, h);
+    if (rep)
+        render_mem(&b, rep);
+    head(&b, "build_info", "gauge", "Build and model information.");
+    sb_printf(&b, "kvant:build_info{version=\"");
+    label_value(&b, bi->version);
+    sb_printf(&b, "\",backend=\"");
+    label_value(&b, bi->backend);
+    sb_printf(&b, "\",model=\"");
+    label_value(&b, bi->model);
+    sb_printf(&b, "\"} 1\n");
+    if (b.oom) {
+        free(b.s);
+        return NULL;
+    }
+    return b.s;
+}

@@ -1,0 +1,64 @@
+/* server_openai.h - OpenAI request parsing (JSON body -> engine request)
+ * and OpenAI-shaped error bodies.
+ *
+ * Every field of the untrusted body is type- and range-checked here, before
+ * anything is submitted or streamed; failures fill an srv_error with the
+ * HTTP status, the OpenAI error type and the offending parameter.
+ * Threading: pure functions over borrowed, immutable inputs (the model's
+ * tokenizer is thread-safe): any HTTP thread may call them.
+ */
+#ifndef KVANT_SERVER_OPENAI_H
+#define KVANT_SERVER_OPENAI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "model/model.h"
+#include "server/server_stream.h"
+
+typedef struct srv_error {
+    int status;          /* HTTP status */
+    const char *type;    /* "invalid_request_error", ... (static string) */
+    const char *code;    /* static string or NULL */
+    char param[64];      /* offending field or "" */
+    char msg[512];
+} srv_error;
+
+/* Fills e and returns its status, e.g. `return srv_error_set(e, 400, "temperature", ...)`. */
+int srv_error_set(srv_error *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* {"error":{"message","type","param","code"}}; malloc'd (caller frees), NULL on OOM. */
+char *srv_error_json(const srv_error *e);
+
+typedef enum srv_api { SRV_API_COMPLETIONS = 0, SRV_API_CHAT = 1 } srv_api;
+
+typedef struct srv_gen_req {
+    srv_api api;
+    engine_request er;     /* er.prompt == tokens */
+    int32_t *tokens;       /* owned: free with srv_gen_req_free */
+    int stream;
+    int include_usage;
+    int logprobs;          /* 1: return logprobs */
+    int32_t top_logprobs;  /* alternatives per token, 0..ENGINE_MAX_TOP_LOGPROBS */
+    srv_stops stops;
+} srv_gen_req;
+
+typedef struct srv_oai_ctx {
+    const model *m;            /* borrowed */
+    const char *served_name;   /* borrowed */
+    int64_t max_model_len;
+} srv_oai_ctx;
+
+/* Parses and validates a /v1/completions or /v1/chat/completions body.
+ * KV_OK, or a negative status with e filled (out is then empty). */
+int srv_oai_parse(const srv_oai_ctx *ctx, srv_api api, const char *body, size_t len,
+                  srv_gen_req *out, srv_error *e);
+void srv_gen_req_free(srv_gen_req *r);
+
+/* Parses a JSON object body (for /tokenize, /detokenize); returns a new
+ * reference or NULL with e filled (400). */
+struct json_t;
+struct json_t *srv_oai_load_object(const char *body, size_t len, srv_error *e);
+
+#endif

@@ -1,0 +1,274 @@
+/* server_stream.c - per-request event channel and stop-string hold-back.
+ *
+ * Invariants: events are delivered in the order the engine emitted them;
+ * after the final event nothing else is pushed; the channel is freed when
+ * both references are dropped.  Metrics observed here use timestamps taken
+ * on the engine thread inside the callback.
+ */
+#include "server/server_stream.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double srv_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int srv_buf_append(srv_buf *b, const char *s, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = (b->len + n + 1) * 2 + 64;
+        char *ns = realloc(b->s, cap);
+        if (!ns)
+            return KV_ENOMEM;
+        b->s = ns;
+        b->cap = cap;
+    }
+    if (n)
+        memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = '\0';
+    return KV_OK;
+}
+
+void srv_buf_free(srv_buf *b)
+{
+    free(b->s);
+    memset(b, 0, sizeof *b);
+}
+
+struct srv_chan {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    srv_ev *q;               /* [cap] ring of pending events */
+    size_t head, count, cap;
+    int refs;
+    int final;               /* final event pushed */
+    int oom;                 /* an event could not be queued */
+    srv_metrics *metrics;
+    /* engine-thread-only timing state */
+    double t_arrival, t_submit, t_first;
+    double t_last[ENGINE_MAX_N];
+};
+
+srv_chan *srv_chan_create(srv_metrics *metrics, double t_arrival)
+{
+    srv_chan *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->cap = 16;
+    c->q = malloc(c->cap * sizeof *c->q);
+    if (!c->q) {
+        free(c);
+        return NULL;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    c->refs = 2;
+    c->metrics = metrics;
+    c->t_arrival = c->t_submit = t_arrival;
+    return c;
+}
+
+static void chan_unref_locked_free(srv_chan *c)
+{
+    int left = --c->refs;
+    pthread_mutex_unlock(&c->mu);
+    if (left == 0) {
+        pthread_mutex_destroy(&c->mu);
+        pthread_cond_destroy(&c->cv);
+        free(c->q);
+        free(c);
+    }
+}
+
+void srv_chan_unref(srv_chan *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    chan_unref_locked_free(c);
+}
+
+void srv_chan_unref_engine(srv_chan *c)
+{
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->mu);
+    c->final = 1;
+    chan_unref_locked_free(c);
+}
+
+void srv_chan_submitted(srv_chan *c, double t_submit)
+{
+    c->t_submit = t_submit;
+}
+
+static void observe(srv_chan *c, const engine_event *ev, double now)
+{
+    srv_metrics *m = c->metrics;
+    if (ev->type == ENGINE_EV_TOKEN) {
+        if (c->t_first == 0) {
+            c->t_first = now;
+            srv_metrics_observe(m, SRV_H_TTFT, now - c->t_arrival);
+            srv_metrics_observe(m, SRV_H_QUEUE, now - c->t_submit);
+        }
+        if (ev->index >= 0 && ev->index < ENGINE_MAX_N) {
+            if (c->t_last[ev->index] > 0)
+                srv_metrics_observe(m, SRV_H_ITL, now - c->t_last[ev->index]);
+            c->t_last[ev->index] = now;
+        }
+    } else if (ev->type == ENGINE_EV_DONE || ev->type == ENGINE_EV_ERROR) {
+        srv_metrics_observe(m, SRV_H_E2E, now - c->t_arrival);
+        if (ev->type == ENGINE_EV_DONE) {
+            srv_metrics_observe(m, SRV_H_PROMPT, (double)ev->prompt_tokens);
+            srv_metrics_observe(m, SRV_H_GEN, (double)ev->completion_tokens);
+        }
+    }
+}
+
+void srv_chan_on_event(void *ctx, const engine_event *ev)
+{
+    srv_chan *c = ctx;
+    double now = srv_now();
+    int final = ev->type == ENGINE_EV_DONE || ev->type == ENGINE_EV_ERROR;
+    pthread_mutex_lock(&c->mu);
+    if (c->final) { /* defensive: nothing after the final event */
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    observe(c, ev, now);
+    if (c->count == c->cap) {
+        size_t cap = c->cap * 2;
+        srv_ev *nq = malloc(cap * sizeof *nq);
+        if (nq) {
+            for (size_t i = 0; i < c->count; i++)
+                nq[i] = c->q[(c->head + i) % c->cap];
+            free(c->q);
+            c->q = nq;
+            c->head = 0;
+            c->cap = cap;
+        }
+    }
+    if (c->count < c->cap) {
+        srv_ev *e = &c->q[(c->head + c->count) % c->cap];
+        e->ev = *ev;
+        e->err[0] = '\0';
+        if (ev->error) {
+            strncpy(e->err, ev->error, sizeof e->err - 1);
+            e->err[sizeof e->err - 1] = '\0';
+        }
+        e->ev.error = NULL;
+        c->count++;
+    } else {
+        c->oom = 1; /* the reader reports an internal error */
+    }
+    pthread_cond_broadcast(&c->cv);
+    if (final) {
+        c->final = 1;
+        chan_unref_locked_free(c);
+        return;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+int srv_chan_wait(srv_chan *c, srv_ev *out, int timeout_ms)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_sec += timeout_ms / 1000;
+    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (dl.tv_nsec >= 1000000000L) {
+        dl.tv_sec++;
+        dl.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&c->mu);
+    while (c->count == 0 && !c->oom) {
+        if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT)
+            break;
+    }
+    int got = 0;
+    if (c->count > 0) {
+        *out = c->q[c->head];
+        c->head = (c->head + 1) % c->cap;
+        c->count--;
+        got = 1;
+    } else if (c->oom) {
+        memset(out, 0, sizeof *out);
+        out->ev.type = ENGINE_EV_ERROR;
+        strcpy(out->err, "internal error: event queue out of memory");
+        c->oom = 0;
+        got = 1;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (got && out->err[0])
+        out->ev.error = out->err;
+    return got;
+}
+
+int srv_chan_engine_done(srv_chan *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int f = c->final;
+    pthread_mutex_unlock(&c->mu);
+    return f;
+}
+
+/* Length of the longest suffix of s[0..n) that is a proper prefix of some
+ * stop string. */
+static size_t hold_len(const srv_stops *st, const char *s, size_t n)
+{
+    size_t best = 0;
+    for (int i = 0; i < st->n; i++) {
+        size_t L = st->len[i];
+        size_t k = L - 1 < n ? L - 1 : n;
+        for (; k > best; k--)
+            if (!memcmp(s + n - k, st->s[i], k)) {
+                best = k;
+                break;
+            }
+    }
+    return best;
+}
+
+int srv_stops_feed(const srv_stops *st, srv_buf *held, const char *piece, size_t n,
+                   srv_buf *emit)
+{
+    if (srv_buf_append(held, piece, n))
+        return KV_ENOMEM;
+    if (st->n == 0) {
+        int rc = srv_buf_append(emit, held->s, held->len);
+        held->len = 0;
+        return rc;
+    }
+    /* earliest stop occurrence (memmem over the held text) */
+    size_t first = (size_t)-1;
+    for (int i = 0; i < st->n; i++) {
+        char *p = memmem(held->s, held->len, st->s[i], st->len[i]);
+        if (p && (size_t)(p - held->s) < first)
+            first = (size_t)(p - held->s);
+    }
+    if (first != (size_t)-1) {
+        int rc = srv_buf_append(emit, held->s, first);
+        held->len = 0;
+        return rc ? rc : 1;
+    }
+    size_t keep = hold_len(st, held->s, held->len);
+    size_t out = held->len - keep;
+    if (srv_buf_append(emit, held->s, out))
+        return KV_ENOMEM;
+    memmove(held->s, held->s + out, keep);
+    held->len = keep;
+    held->s[keep] = '\0';
+    return 0;
+}

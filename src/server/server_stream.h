@@ -1,0 +1,70 @@
+/* server_stream.h - the per-request event channel between the engine
+ * thread and the HTTP thread serving that request, and the stop-string
+ * matcher that holds back text which might begin a stop string.
+ *
+ * Channel life: srv_chan_create gives 2 references: one for the engine
+ * callback (dropped when the final DONE/ERROR event is pushed, or by the
+ * HTTP side with srv_chan_unref_engine when engine_submit failed) and one
+ * for the HTTP side (srv_chan_unref).  Threading: srv_chan_on_event runs on
+ * the engine thread; srv_chan_wait on the request's HTTP thread; all
+ * channel functions are thread-safe.
+ */
+#ifndef KVANT_SERVER_STREAM_H
+#define KVANT_SERVER_STREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine.h"
+#include "server/server_metrics.h"
+
+/* Growable byte buffer (NUL-terminated when non-empty); caller-owned. */
+typedef struct srv_buf {
+    char *s;
+    size_t len, cap;
+} srv_buf;
+int srv_buf_append(srv_buf *b, const char *s, size_t n); /* KV_OK / KV_ENOMEM */
+void srv_buf_free(srv_buf *b);
+
+/* A copy of one engine event (the error text is copied too). */
+typedef struct srv_ev {
+    engine_event ev;        /* ev.error points into err or is NULL */
+    char err[256];
+} srv_ev;
+
+typedef struct srv_chan srv_chan;
+
+/* t_arrival: monotonic seconds when the HTTP request arrived (for TTFT and
+ * e2e).  metrics is borrowed (may be NULL). */
+srv_chan *srv_chan_create(srv_metrics *metrics, double t_arrival);
+void srv_chan_unref(srv_chan *c);        /* HTTP side's reference */
+void srv_chan_unref_engine(srv_chan *c); /* only when engine_submit failed */
+/* Marks the submission time (call just before engine_submit). */
+void srv_chan_submitted(srv_chan *c, double t_submit);
+/* The engine_event_fn to pass to engine_submit with c as ctx. */
+void srv_chan_on_event(void *ctx, const engine_event *ev);
+/* Pops the next event into *out: 1 = got one, 0 = timed out. */
+int srv_chan_wait(srv_chan *c, srv_ev *out, int timeout_ms);
+/* 1 once the final event has been pushed by the engine. */
+int srv_chan_engine_done(srv_chan *c);
+
+double srv_now(void); /* CLOCK_MONOTONIC seconds */
+
+/* Stop strings. */
+#define SRV_MAX_STOP 4
+#define SRV_MAX_STOP_LEN 256
+
+typedef struct srv_stops {
+    int n;
+    char s[SRV_MAX_STOP][SRV_MAX_STOP_LEN + 1];
+    size_t len[SRV_MAX_STOP];
+} srv_stops;
+
+/* Feeds piece into the held-back text *held and appends to *emit the text
+ * that can no longer be part of a stop string.  Returns 1 when a stop
+ * string completed: *emit then gets the text before it and *held is
+ * emptied; 0 otherwise; KV_ENOMEM on allocation failure. */
+int srv_stops_feed(const srv_stops *st, srv_buf *held, const char *piece, size_t n,
+                   srv_buf *emit);
+
+#endif
