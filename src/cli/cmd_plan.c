@@ -10,17 +10,26 @@
 #include "cli/cli.h"
 #include "kernels/dtype.h"
 #include "mem/plan.h"
+#include "quant/quant.h"
 
 #define PLAN_MAX_CANDIDATES 8
 
-/* Weight bytes if every matrix whose rows fit the type's blocks were
- * stored as `type` (type < 0: as stored). */
+/* Weight bytes if every weight matrix were stored as `type` (falling back
+ * like load-time quantization where rows do not fit its blocks; type < 0:
+ * as stored). */
 static uint64_t weights_as(const gguf_ctx *g, int type)
 {
     uint64_t total = 0;
     for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
         const gguf_tensor_info *ti = gguf_tensor(g, i);
-        size_t row = type >= 0 && ti->n_dims == 2 ? dtype_row_size((uint32_t)type, (int64_t)ti->ne[0]) : 0;
+        size_t row = 0;
+        char name[GGUF_MAX_NAME + 1];
+        snprintf(name, sizeof name, "%.*s", (int)ti->name.len, ti->name.ptr);
+        if (type >= 0 && quant_is_matrix(name, ti->n_dims)) {
+            int fell;
+            uint32_t t = quant_fit_type((uint32_t)type, (int64_t)ti->ne[0], &fell);
+            row = dtype_row_size(t, (int64_t)ti->ne[0]);
+        }
         total += row ? (uint64_t)row * ti->ne[1] : ti->nbytes;
     }
     return total;
@@ -68,9 +77,22 @@ static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, int
                       int *n_cands)
 {
     for (int i = 1; i < argc; i++) {
-        int r = cli_common_parse(c, argc, argv, &i);
         const char *v;
         long n;
+        /* each --weights-dtype adds a candidate row (the common parser
+         * keeps only the last one) */
+        if (!strcmp(argv[i], "--weights-dtype") && i + 1 < argc) {
+            int t = dtype_from_name(argv[i + 1]);
+            if (t < 0 || !dtype_get((uint32_t)t)) {
+                fprintf(stderr, "kvant plan: --weights-dtype: unknown type '%s'\n", argv[i + 1]);
+                return -1;
+            }
+            if (*n_cands < PLAN_MAX_CANDIDATES)
+                cands[(*n_cands)++] = t;
+            i++;
+            continue;
+        }
+        int r = cli_common_parse(c, argc, argv, &i);
         if (r < 0)
             return -1;
         if (r)
@@ -79,19 +101,6 @@ static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, int
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int("-c", v, 1, 1 << 24, &n))
                 return -1;
             pc->ctx = n;
-        } else if (!strcmp(argv[i], "--kv-dtype") || !strcmp(argv[i], "--weights-dtype")) {
-            int kv = !strcmp(argv[i], "--kv-dtype");
-            if (!(v = cli_value(argc, argv, &i)))
-                return -1;
-            int t = dtype_from_name(v);
-            if (t < 0 || !dtype_get((uint32_t)t)) {
-                fprintf(stderr, "kvant plan: %s: unknown type '%s'\n", argv[i - 1], v);
-                return -1;
-            }
-            if (kv)
-                pc->kv_dtype = (uint32_t)t;
-            else if (*n_cands < PLAN_MAX_CANDIDATES)
-                cands[(*n_cands)++] = t;
         } else if (!strcmp(argv[i], "--block-size")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(argv[i - 1], v, 1, 1024, &n))
                 return -1;
@@ -120,6 +129,7 @@ int cmd_plan(int argc, char **argv)
     cli_common_init(&c);
     if (parse_plan(argc, argv, &c, &pc, cands, &n_cands))
         return 2;
+    pc.kv_dtype = c.kv_dtype;
     kvant_err err = {0};
     gguf_ctx *g = gguf_open(c.model_path, &err);
     model_hparams hp;
