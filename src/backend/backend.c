@@ -34,10 +34,10 @@ int backend_query(const char *name, int device, backend_device_info *out, kvant_
 }
 
 backend *backend_create(const char *name, int device, mem_mgr *mem, int n_threads,
-                        kvant_err *err)
+                        unsigned flags, kvant_err *err)
 {
     if (!name || !strcmp(name, "cpu"))
-        return cpu_backend_create(mem, n_threads, err);
+        return cpu_backend_create(mem, n_threads, flags, err);
 #ifdef KVANT_CUDA
     if (!strcmp(name, "cuda"))
         return cuda_backend_create(device, mem, err);

@@ -134,7 +134,10 @@ typedef struct backend_device_info {
 /* name: "cpu" or "cuda" (only in builds with CUDA=1).  KV_EUNSUP with a
  * message when the backend is not built in or no device is present. */
 int backend_query(const char *name, int device, backend_device_info *out, kvant_err *err);
+/* Flags for backend_create. */
+#define BACKEND_ACT_Q8 1u /* CPU: int8-quantized activations for quantized weights
+                            * (faster, ~0.3% error per dot; kernels/matmul.h) */
 backend *backend_create(const char *name, int device, mem_mgr *mem, int n_threads,
-                        kvant_err *err);
+                        unsigned flags, kvant_err *err);
 
 #endif

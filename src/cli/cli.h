@@ -9,6 +9,7 @@
 #include <stdio.h>
 
 #include "backend/backend.h"
+#include "engine/engine.h"
 #include "mem/mem.h"
 #include "model/forward.h"
 #include "model/model.h"
@@ -25,6 +26,7 @@ typedef struct cli_common {
     int weights_dtype;   /* -1 = as stored; else load-time quantization target */
     uint32_t kv_dtype;   /* KV cache element type (DT_F32 default) */
     const char *backend; /* "cpu" (default) or "cuda" */
+    int act_q8;          /* --act-q8: int8 activations in quantized matmuls */
     int device;
 } cli_common;
 
@@ -40,6 +42,10 @@ int cli_parse_float(const char *opt, const char *s, double lo, double hi, double
 /* Reads a whole file into a malloc'd NUL-terminated buffer. */
 char *cli_read_file(const char *path, size_t *len, kvant_err *err);
 void cli_json_string(FILE *f, const char *s, size_t len);
+
+/* Copies the common options that configure an engine (threads, memory
+ * budget, backend, device, weight and KV types, --act-q8) into ec. */
+void cli_engine_config(const cli_common *c, engine_config *ec);
 
 /* One sequence, positions [0, n_ctx), blocks 0..n-1 in order. */
 typedef struct cli_session {

@@ -104,6 +104,10 @@ int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
         c->device = (int)n;
         return 1;
     }
+    if (!strcmp(a, "--act-q8")) {
+        c->act_q8 = 1;
+        return 1;
+    }
     if (!strcmp(a, "--json")) {
         c->json = 1;
         return 1;
@@ -130,6 +134,18 @@ int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
         return 1;
     }
     return 0;
+}
+
+void cli_engine_config(const cli_common *c, engine_config *ec)
+{
+    ec->n_threads = c->n_threads;
+    ec->device_memory = c->device_memory;
+    ec->memory_utilization = c->utilization;
+    ec->backend = c->backend;
+    ec->device = c->device;
+    ec->kv_dtype = c->kv_dtype;
+    ec->weights_dtype = c->weights_dtype;
+    ec->act_q8 = c->act_q8;
 }
 
 char *cli_read_file(const char *path, size_t *len, kvant_err *err)
@@ -199,7 +215,8 @@ int cli_session_open(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t
     s->mem = mem_create((uint64_t)((double)dev * c->utilization), info.alloc, err);
     if (!s->mem)
         return KV_ENOMEM;
-    s->be = backend_create(c->backend, c->device, s->mem, c->n_threads, err);
+    s->be = backend_create(c->backend, c->device, s->mem, c->n_threads,
+                           c->act_q8 ? BACKEND_ACT_Q8 : 0, err);
     if (!s->be)
         goto fail;
     s->m = model_load(c->model_path, err);

@@ -241,9 +241,7 @@ static int bench_batch(model *m, const cli_common *c, const bench_opts *o, bench
                        kvant_err *err)
 {
     engine_config cfg = engine_config_default();
-    cfg.n_threads = c->n_threads;
-    cfg.device_memory = c->device_memory;
-    cfg.memory_utilization = c->utilization;
+    cli_engine_config(c, &cfg);
     cfg.max_num_seqs = (int32_t)(o->batch > 64 ? o->batch : 64);
     cfg.max_model_len = o->p + o->n + 1;
     cfg.manual = 1;

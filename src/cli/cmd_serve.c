@@ -119,10 +119,7 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
             return -1;
         }
     }
-    o->ec.n_threads = o->c.n_threads;
-    o->ec.device_memory = o->c.device_memory;
-    if (o->c.utilization > 0)
-        o->ec.memory_utilization = o->c.utilization;
+    cli_engine_config(&o->c, &o->ec);
     o->ec.print_plan = 1;
     if (!o->c.model_path)
         o->c.model_path = CLI_DEFAULT_MODEL;

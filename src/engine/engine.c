@@ -175,7 +175,8 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     e->mem = mem_create(x->plan.budget, x->alloc, err);
     if (!e->mem)
         return KV_ENOMEM;
-    e->be = backend_create(e->cfg.backend, e->cfg.device, e->mem, e->cfg.n_threads, err);
+    e->be = backend_create(e->cfg.backend, e->cfg.device, e->mem, e->cfg.n_threads,
+                           e->cfg.act_q8 ? BACKEND_ACT_Q8 : 0, err);
     if (!e->be)
         return KV_ENOMEM;
     if (e->cfg.weights_dtype >= 0) {

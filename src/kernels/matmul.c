@@ -1,35 +1,72 @@
 /* matmul.c - dtype_matmul_rows: weight rows x a batch of activations.
  *
- * Invariant: every output is produced by the dispatched vec_dot_multi (or
- * vec_dot), whose per-token arithmetic is identical to a single vec_dot
- * call, so results do not depend on n_tok or on the tiling below.
+ * Invariant: every output is produced by a per-token computation that
+ * does not depend on n_tok or on the tiling below:
+ *   exact path: the dispatched vec_dot_multi (or vec_dot), whose per-token
+ *     arithmetic is identical to a single vec_dot call;
+ *   qact path: the token's row is quantized alone (qact_quantize_* is a
+ *     pure per-row function) and the qact dot gives out[k] bitwise equal
+ *     to its nt = 1 result.
  * Tiling: a tile of rows (<= MM_ROW_TILE_BYTES) is kept in L2 while a tile
- * of tokens (<= MM_TOK_TILE_BYTES of x) streams past it, QK_MULTI_MAX
+ * of tokens (<= MM_TOK_TILE_BYTES of activations) streams past it, a few
  * tokens per pass over a row.
  */
 #include "kernels/matmul.h"
 
+#include <string.h>
+
 #include "kernels/dtype.h"
+#include "kernels/qact.h"
 #include "kernels/quant_ref.h"
 #include "util/err.h"
 
 #define MM_ROW_TILE_BYTES (256 * 1024)
 #define MM_TOK_TILE_BYTES (512 * 1024)
+/* Stack buffer for dtype_matmul_rows without pre-quantized activations:
+ * bounds n to about 47k columns (KV_ASSERT). */
+#define MM_QACT_STACK_BYTES (64 * 1024)
 
-void dtype_matmul_rows(uint32_t type, const void *w, size_t row_stride_bytes,
-                       int64_t row_begin, int64_t row_end, int64_t n, const float *x,
-                       int64_t n_tok, float *y, int64_t y_stride)
+static int isa_is_avx512(void)
 {
-    const dtype_traits *tr = dtype_get(type);
-    KV_ASSERT(tr != NULL);
-    KV_ASSERT(n > 0 && n % tr->block_size == 0);
-    const dtype_vec_dot_multi_fn multi = dtype_vec_dot_multi(type);
-    const dtype_vec_dot_fn dot = tr->vec_dot;
-    const size_t row_bytes = dtype_row_size(type, n);
+    return strcmp(dtype_isa(), "avx512") == 0;
+}
 
-    int64_t row_tile = (int64_t)(MM_ROW_TILE_BYTES / (row_bytes ? row_bytes : 1));
-    if (row_tile < 1)
-        row_tile = 1;
+int dtype_matmul_uses_qact(uint32_t type)
+{
+    return qact_dot_ref(type) != NULL && isa_is_avx512();
+}
+
+size_t dtype_matmul_scratch_bytes(uint32_t type, int64_t n, int64_t n_tok)
+{
+    if (!dtype_matmul_uses_qact(type) || n <= 0 || n_tok <= 0)
+        return 0;
+    return qact_row_bytes(n) * (size_t)n_tok;
+}
+
+void dtype_matmul_quantize(uint32_t type, const float *x, int64_t n, int64_t n_tok, void *xq)
+{
+    if (!dtype_matmul_uses_qact(type))
+        return;
+    KV_ASSERT(n % QACT_CHUNK == 0);
+    const size_t rb = qact_row_bytes(n);
+    for (int64_t t = 0; t < n_tok; t++)
+        qact_quantize_avx512(x + t * n, n, (uint8_t *)xq + (size_t)t * rb);
+}
+
+static int64_t row_tile_for(uint32_t type, int64_t n)
+{
+    const size_t row_bytes = dtype_row_size(type, n);
+    const int64_t row_tile = (int64_t)(MM_ROW_TILE_BYTES / (row_bytes ? row_bytes : 1));
+    return row_tile < 1 ? 1 : row_tile;
+}
+
+static void rows_exact(uint32_t type, const void *w, size_t row_stride_bytes, int64_t row_begin,
+                       int64_t row_end, int64_t n, const float *x, int64_t n_tok, float *y,
+                       int64_t y_stride)
+{
+    const dtype_vec_dot_multi_fn multi = dtype_vec_dot_multi(type);
+    const dtype_vec_dot_fn dot = dtype_get(type)->vec_dot;
+    const int64_t row_tile = row_tile_for(type, n);
     int64_t tok_tile = (int64_t)(MM_TOK_TILE_BYTES / ((size_t)n * sizeof(float)));
     tok_tile = tok_tile < QK_MULTI_MAX ? QK_MULTI_MAX : tok_tile / QK_MULTI_MAX * QK_MULTI_MAX;
 
@@ -54,4 +91,71 @@ void dtype_matmul_rows(uint32_t type, const void *w, size_t row_stride_bytes,
             }
         }
     }
+}
+
+/* qact path over pre-quantized rows xq [n_tok][qact_row_bytes(n)]. */
+static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int64_t row_begin,
+                      int64_t row_end, int64_t n, const void *xq, int64_t n_tok, float *y,
+                      int64_t y_stride)
+{
+    const qact_dot_fn dot = qact_dot_avx512(type);
+    const size_t rb = qact_row_bytes(n);
+    const int64_t row_tile = row_tile_for(type, n);
+    int64_t tok_tile = (int64_t)(MM_TOK_TILE_BYTES / rb);
+    tok_tile = tok_tile < QACT_MULTI_MAX ? QACT_MULTI_MAX : tok_tile / QACT_MULTI_MAX * QACT_MULTI_MAX;
+
+    for (int64_t r0 = row_begin; r0 < row_end; r0 += row_tile) {
+        const int64_t r1 = r0 + row_tile < row_end ? r0 + row_tile : row_end;
+        for (int64_t t0 = 0; t0 < n_tok; t0 += tok_tile) {
+            const int64_t t1 = t0 + tok_tile < n_tok ? t0 + tok_tile : n_tok;
+            for (int64_t r = r0; r < r1; r++) {
+                const void *wr = (const uint8_t *)w + (size_t)r * row_stride_bytes;
+                for (int64_t t = t0; t < t1; t += QACT_MULTI_MAX) {
+                    const int nt = (int)(t1 - t < QACT_MULTI_MAX ? t1 - t : QACT_MULTI_MAX);
+                    float out[QACT_MULTI_MAX];
+                    dot(n, wr, (const uint8_t *)xq + (size_t)t * rb, rb, nt, out);
+                    for (int k = 0; k < nt; k++)
+                        y[(t + k) * y_stride + r] = out[k];
+                }
+            }
+        }
+    }
+}
+
+void dtype_matmul_rows_q(uint32_t type, const void *w, size_t row_stride_bytes,
+                         int64_t row_begin, int64_t row_end, int64_t n, const float *x,
+                         const void *xq, int64_t n_tok, float *y, int64_t y_stride)
+{
+    const dtype_traits *tr = dtype_get(type);
+    KV_ASSERT(tr != NULL);
+    KV_ASSERT(n > 0 && n % tr->block_size == 0);
+    if (!dtype_matmul_uses_qact(type)) {
+        rows_exact(type, w, row_stride_bytes, row_begin, row_end, n, x, n_tok, y, y_stride);
+        return;
+    }
+    if (xq) {
+        rows_qact(type, w, row_stride_bytes, row_begin, row_end, n, xq, n_tok, y, y_stride);
+        return;
+    }
+    /* no pre-quantized x: quantize token tiles into a bounded stack buffer */
+    _Alignas(64) uint8_t buf[MM_QACT_STACK_BYTES];
+    const size_t rb = qact_row_bytes(n);
+    KV_ASSERT(rb <= sizeof buf);
+    const int64_t tt = (int64_t)(sizeof buf / rb);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tt) {
+        const int64_t nt = n_tok - t0 < tt ? n_tok - t0 : tt;
+        dtype_matmul_quantize(type, x + t0 * n, n, nt, buf);
+        rows_qact(type, w, row_stride_bytes, row_begin, row_end, n, buf, nt, y + t0 * y_stride,
+                  y_stride);
+    }
+}
+
+void dtype_matmul_rows(uint32_t type, const void *w, size_t row_stride_bytes,
+                       int64_t row_begin, int64_t row_end, int64_t n, const float *x,
+                       int64_t n_tok, float *y, int64_t y_stride)
+{
+    const dtype_traits *tr = dtype_get(type);
+    KV_ASSERT(tr != NULL);
+    KV_ASSERT(n > 0 && n % tr->block_size == 0);
+    rows_exact(type, w, row_stride_bytes, row_begin, row_end, n, x, n_tok, y, y_stride);
 }

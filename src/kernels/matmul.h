@@ -1,8 +1,21 @@
 /* matmul.h - batched weight-row x activation products for the CPU backend.
  *
  * Stateless and thread-safe: threads split [row_begin, row_end) between
- * them and share w and x read-only; each writes its own rows of y.
- * No allocation.
+ * them and share w, x and xq read-only; each writes its own rows of y.
+ * No heap allocation.
+ *
+ * Two paths:
+ *   exact (dtype_matmul_rows, the default everywhere): y = the type's
+ *     vec_dot(row, x_t) bitwise, f32 activations.
+ *   activation-quantized ("qact", dtype_matmul_rows_q, opt-in with
+ *     --act-q8): for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K on
+ *     AVX-512 VNNI (dtype_matmul_uses_qact; other types fall back to exact): x_t is first quantized to int8 blocks of 32
+ *     with one f32 scale each (kernels/qact.h), then dotted with integer
+ *     VPDPBUSD; relative error per dot from the activation rounding is
+ *     ~0.3% typical (test_matmul_q8 measures it).
+ * Contract (both paths): y[t][r] is a deterministic function of (row r,
+ * x_t) only: independent of n_tok, of the other tokens in the batch, of
+ * row_begin/row_end and of the thread count (batch invariance).
  */
 #ifndef KVANT_MATMUL_H
 #define KVANT_MATMUL_H
@@ -10,17 +23,37 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* y[t*y_stride + r] = vec_dot(n, w + r*row_stride_bytes, x + t*n) for
- * r in [row_begin, row_end) and t in [0, n_tok).
+/* 1 when `type` takes the activation-quantized path on the selected ISA
+ * (changes only through dtype_force_isa); 0 for the exact f32 path. */
+int dtype_matmul_uses_qact(uint32_t type);
+
+/* Bytes of quantized activations for n_tok rows of n values of a matmul
+ * against `type` weights; 0 when the type takes the exact path. */
+size_t dtype_matmul_scratch_bytes(uint32_t type, int64_t n, int64_t n_tok);
+
+/* Quantizes x [n_tok][n] f32 into xq (dtype_matmul_scratch_bytes bytes,
+ * caller-owned) for dtype_matmul_rows_q.  No-op for exact-path types.
+ * Call once per matmul, before splitting rows over threads. */
+void dtype_matmul_quantize(uint32_t type, const float *x, int64_t n, int64_t n_tok, void *xq);
+
+/* y[t*y_stride + r] = dot(w row r, x_t) for r in [row_begin, row_end) and
+ * t in [0, n_tok).
  *   w: borrowed, rows of n elements in `type` (dtype enum), row r at
  *      w + r*row_stride_bytes;  x: borrowed, [n_tok][n] f32;
+ *   xq: NULL, or x already quantized by dtype_matmul_quantize (same type,
+ *      n, n_tok); when NULL a qact type quantizes tiles of x into a bounded
+ *      stack buffer (same results, but repeated by every caller thread);
  *   y: [n_tok][y_stride] f32, only the columns [row_begin, row_end) written.
- * Each y value is bitwise equal to the dispatched dtype_get(type)->vec_dot
- * on the same row and token, whatever n_tok is (batch invariance).
- * Weights are tiled so a tile of rows stays in cache while up to
- * QK_MULTI_MAX tokens at a time are dotted against it.
+ * Weights are tiled so a tile of rows stays in cache while the tokens are
+ * dotted against it, a few at a time.
  * Programmer errors (unsupported type, n not a multiple of the block size)
  * fail KV_ASSERT: the caller validated the model at load time. */
+void dtype_matmul_rows_q(uint32_t type, const void *w, size_t row_stride_bytes,
+                         int64_t row_begin, int64_t row_end, int64_t n, const float *x,
+                         const void *xq, int64_t n_tok, float *y, int64_t y_stride);
+
+/* The exact path for every type: each output bitwise equal to one
+ * dtype_get(type)->vec_dot call. */
 void dtype_matmul_rows(uint32_t type, const void *w, size_t row_stride_bytes,
                        int64_t row_begin, int64_t row_end, int64_t n, const float *x,
                        int64_t n_tok, float *y, int64_t y_stride);

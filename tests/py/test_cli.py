@@ -186,3 +186,15 @@ def test_perplexity_kl_base(kvant_bin, default_model):
                    "--kv-dtype", "q8_0")
     assert 0 < kvq["mean_kl"] < 0.01 and kvq["top1"] > 0.95
     assert abs(kvq["ppl"] / kvq["ppl_base"] - 1) < 0.01
+
+
+def test_act_q8_quality(kvant_bin, default_model):
+    """--act-q8 (int8 activations in quantized matmuls) against the exact path."""
+    out = run_json(kvant_bin, "perplexity", "-m", default_model, "--kl-base", default_model,
+                   "-f", "tests/data/english.txt", "-c", "256", "--chunks", "4", "-t", THREADS,
+                   "--act-q8")
+    print(f"act-q8 vs exact: ppl {out['ppl']:.4f} vs {out['ppl_base']:.4f}, mean KL "
+          f"{out['mean_kl']:.5f}, top-1 {out['top1']:.4f}")
+    assert 0 < out["mean_kl"] < 0.02
+    assert out["top1"] > 0.9
+    assert abs(out["ppl"] / out["ppl_base"] - 1) < 0.02

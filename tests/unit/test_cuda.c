@@ -68,7 +68,7 @@ static int tb_open(tb *b, const char *name, int n_threads)
         return -1;
     b->mem = mem_create(2ull << 30, dev.alloc, &err);
     if (b->mem)
-        b->be = backend_create(name, 0, b->mem, n_threads, &err);
+        b->be = backend_create(name, 0, b->mem, n_threads, 0, &err);
     if (!b->be)
         fprintf(stderr, "backend %s: %s\n", name, err.msg);
     return b->be ? 0 : -1;
@@ -920,7 +920,7 @@ static int bench_backend(const char *be_name, const char *path, int32_t gemm, in
     model *m = model_load(path, &err);
     int rc = m ? backend_query(be_name, 0, &dev, &err) : KV_EIO;
     if (!rc && (b.mem = mem_create((uint64_t)(dev.free_memory * 0.9), dev.alloc, &err)))
-        b.be = backend_create(be_name, 0, b.mem, 0, &err);
+        b.be = backend_create(be_name, 0, b.mem, 0, 0, &err);
     if (!rc && !b.be)
         rc = KV_ENOMEM;
     if (!rc)

@@ -17,7 +17,7 @@ static int run_attn(uint32_t type, const float *q, const float *k, const float *
 {
     kvant_err err = {0};
     mem_mgr *mem = mem_create(1ull << 30, mem_allocator_host(), &err);
-    backend *be = cpu_backend_create(mem, 2, &err);
+    backend *be = cpu_backend_create(mem, 2, 0, &err);
     kv_layout lay = {.n_layers = 2, .n_blocks = N_BLOCKS, .block_size = BS, .n_kv_heads = N_KV,
                      .head_dim = HD, .dtype = type};
     int rc = be->ops->kv_init(be, &lay, &err);

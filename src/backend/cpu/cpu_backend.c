@@ -29,6 +29,10 @@ typedef struct cpu_backend {
     int64_t kv_block_stride, kv_layer_stride, kv_row_bytes; /* in bytes */
     float *scratch;         /* [n_threads][scratch_per_thread] */
     int64_t scratch_per_thread;
+    void *qact;             /* quantized matmul activations (MEM_WORKSPACE), qact_bytes;
+                             * grown by cpu_matmul only, engine thread */
+    size_t qact_bytes;
+    int act_q8;             /* BACKEND_ACT_Q8: use the activation-quantized matmul */
     int64_t *weight_ids;    /* mem reservations for mapped weights */
     int n_weight_ids, cap_weight_ids;
 } cpu_backend;
@@ -206,6 +210,7 @@ typedef struct row_job {
     float eps;
     const rope_params *rp;
     int32_t n_heads, head_dim;
+    const void *xq; /* matmul: x quantized once for all threads, or NULL */
 } row_job;
 
 static void embed_worker(int ith, int nth, void *arg)
@@ -252,7 +257,12 @@ static void matmul_worker(int ith, int nth, void *arg)
     tpool_range(n_rows, ith, nth, &b, &e);
     if (b >= e)
         return;
-    dtype_matmul_rows(w->type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->n, j->y, n_rows);
+    if (j->xq)
+        dtype_matmul_rows_q(w->type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->xq, j->n,
+                            j->y, n_rows);
+    else
+        dtype_matmul_rows(w->type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->n, j->y,
+                          n_rows);
     if (j->bias && j->bias->dev) {
         const float *bias = j->bias->dev;
         for (int32_t t = 0; t < j->n; t++)
@@ -261,11 +271,31 @@ static void matmul_worker(int ith, int nth, void *arg)
     }
 }
 
+/* Quantized activations for the activation-quantized matmul path
+ * (kernels/matmul.h): x is quantized once here, before the rows are split
+ * over threads.  The buffer grows (power of two, >= 1 MiB) only when a
+ * larger batch arrives, so after the first prefill of the largest batch
+ * no decode step allocates; on allocation failure the kernel quantizes
+ * per thread on its stack (same results, slower). */
 static void cpu_matmul(backend *be, const model_tensor *W, const model_tensor *bias,
                        const float *d_x, float *d_y, int32_t n)
 {
-    row_job j = {.cb = cpu(be), .w = W, .bias = bias, .x = d_x, .y = d_y, .n = n};
-    tpool_run(cpu(be)->pool, matmul_worker, &j);
+    cpu_backend *cb = cpu(be);
+    row_job j = {.cb = cb, .w = W, .bias = bias, .x = d_x, .y = d_y, .n = n};
+    const size_t need = cb->act_q8 ? dtype_matmul_scratch_bytes(W->type, W->ne[0], n) : 0;
+    if (need > cb->qact_bytes) {
+        size_t cap = (size_t)1 << 20;
+        while (cap < need)
+            cap *= 2;
+        mem_free(cb->mem, cb->qact);
+        cb->qact = mem_alloc(cb->mem, cap, MEM_WORKSPACE, MEM_NO_LAYER, NULL);
+        cb->qact_bytes = cb->qact ? cap : 0;
+    }
+    if (need && need <= cb->qact_bytes) {
+        dtype_matmul_quantize(W->type, d_x, W->ne[0], n, cb->qact);
+        j.xq = cb->qact;
+    }
+    tpool_run(cb->pool, matmul_worker, &j);
 }
 
 static void rope_worker(int ith, int nth, void *arg)
@@ -421,6 +451,7 @@ static void cpu_destroy(backend *be)
     if (!cb)
         return;
     cpu_kv_free(be);
+    mem_free(cb->mem, cb->qact);
     for (int i = 0; i < cb->n_weight_ids; i++)
         mem_unreserve(cb->mem, cb->weight_ids[i]);
     free(cb->weight_ids);
@@ -455,7 +486,7 @@ static const backend_ops cpu_ops = {
     .gather_out = cpu_gather_out,
 };
 
-backend *cpu_backend_create(mem_mgr *mem, int n_threads, kvant_err *err)
+backend *cpu_backend_create(mem_mgr *mem, int n_threads, unsigned flags, kvant_err *err)
 {
     cpu_backend *cb = calloc(1, sizeof *cb);
     if (!cb) {
@@ -465,6 +496,7 @@ backend *cpu_backend_create(mem_mgr *mem, int n_threads, kvant_err *err)
     dtype_init();
     cb->base.ops = &cpu_ops;
     cb->mem = mem;
+    cb->act_q8 = (flags & BACKEND_ACT_Q8) != 0;
     cb->n_threads = n_threads > 0 ? n_threads : tpool_default_threads();
     cb->pool = tpool_create(cb->n_threads, err);
     if (!cb->pool) {

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 
-backend *cpu_backend_create(mem_mgr *mem, int n_threads, kvant_err *err);
+/* flags: BACKEND_ACT_Q8 (backend.h) or 0. */
+backend *cpu_backend_create(mem_mgr *mem, int n_threads, unsigned flags, kvant_err *err);
 
 #endif

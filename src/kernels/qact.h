@@ -1,0 +1,103 @@
+/* qact.h - kernels-internal: activation rows quantized to int8 ("qact"),
+ * and dot products of quantized weight rows against them.
+ *
+ * Include only from src/kernels/ and tests; the backend goes through
+ * matmul.h.  All functions are pure and thread-safe.
+ *
+ * qact row format (n values, n a multiple of QACT_CHUNK = 32; the row is
+ * padded with zeros to np = qact_padded(n), a multiple of QACT_GROUP):
+ *     int8_t  qs[np];        codes: q[i] = nearbyint(x[i] / d[c]), |q| <= 127
+ *     float   d[np/32];      per 32-value chunk c: d = amax(|x|)/127 (0: all zero)
+ *     int32_t s32[np/32];    sum of qs over chunk c
+ *     int16_t s16[np/16];    sum of qs over each 16-value half chunk
+ * in that order, qact_row_bytes(n) bytes (a multiple of 64).  x must be
+ * finite.  Rounding is round-to-nearest-even in the current (default)
+ * rounding mode, so the AVX-512 quantizer is bitwise equal to the ref.
+ *
+ * Dot specification (qact_dot_<type>_ref): the weight row is cut into
+ * 32-value chunks c matching the activation chunks.  Per chunk, with
+ * codes u (the weight's unsigned stored code) and activation codes a:
+ *     raw = sum u*a (exact int32), asum = s32[c]
+ *     I, J: exact int32 built from raw/asum/per-type scales (see qact_ref.c)
+ *     A, B: f32 from the weight block's f16 scale/min (B = 0 if none)
+ *     v_c = ((A*d[c]) * (float)I) + ((B*d[c]) * (float)J)
+ * each operation rounded to f32 in that order; then
+ *     acc[c % 16] += v_c   (acc starts at +0, chunks in increasing c)
+ *     result = qact_reduce16(acc).
+ * The AVX-512 kernels follow exactly this order and are bitwise equal
+ * (test_matmul_q8 checks it on random data).
+ */
+#ifndef KVANT_QACT_H
+#define KVANT_QACT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/dtype.h"
+
+#define QACT_CHUNK 32
+#define QACT_LANES 16                       /* chunks per SIMD group */
+#define QACT_GROUP (QACT_CHUNK * QACT_LANES) /* 512 values */
+#define QACT_MULTI_MAX 4                    /* tokens per weight pass */
+
+static inline int64_t qact_padded(int64_t n)
+{
+    return (n + QACT_GROUP - 1) / QACT_GROUP * QACT_GROUP;
+}
+
+static inline size_t qact_row_bytes(int64_t n)
+{
+    const int64_t np = qact_padded(n);
+    return (size_t)(np + np / 32 * 4 + np / 32 * 4 + np / 16 * 2);
+}
+
+/* Views into one qact row (p: start of the row, n: unpadded length). */
+typedef struct qact_view {
+    const int8_t *qs;
+    const float *d;
+    const int32_t *s32;
+    const int16_t *s16;
+} qact_view;
+
+static inline qact_view qact_view_of(const void *p, int64_t n)
+{
+    const int64_t np = qact_padded(n);
+    const uint8_t *b = p;
+    qact_view v = {(const int8_t *)b, (const float *)(b + np),
+                   (const int32_t *)(b + np + np / 8),
+                   (const int16_t *)(b + np + np / 4)};
+    return v;
+}
+
+/* Fixed reduction of the 16 lane accumulators: halves added pairwise
+ * (lane i + lane i+8, then i+4, i+2, i+1).  Shared by ref and SIMD. */
+static inline float qact_reduce16(const float acc[QACT_LANES])
+{
+    float s[8];
+    for (int i = 0; i < 8; i++)
+        s[i] = acc[i] + acc[i + 8];
+    for (int i = 0; i < 4; i++)
+        s[i] = s[i] + s[i + 4];
+    for (int i = 0; i < 2; i++)
+        s[i] = s[i] + s[i + 2];
+    return s[0] + s[1];
+}
+
+/* Quantizes one row x[n] (n % 32 == 0) into dst (qact_row_bytes(n),
+ * 64-byte aligned not required). */
+typedef void (*qact_quantize_fn)(const float *x, int64_t n, void *dst);
+/* out[k] = dot(weight row w, qact row xq + k*xq_stride) for k < nt
+ * (1..QACT_MULTI_MAX); each out[k] is bitwise the nt = 1 result. */
+typedef void (*qact_dot_fn)(int64_t n, const void *w, const void *xq, size_t xq_stride, int nt,
+                            float *out);
+
+void qact_quantize_ref(const float *x, int64_t n, void *dst);
+void qact_quantize_avx512(const float *x, int64_t n, void *dst);
+
+/* Scalar references (the specification), one per supported weight type;
+ * NULL for types without an activation-quantized path. */
+qact_dot_fn qact_dot_ref(uint32_t type);
+/* AVX-512 VNNI kernels; call only when dtype_isa() is "avx512". */
+qact_dot_fn qact_dot_avx512(uint32_t type);
+
+#endif
