@@ -25,6 +25,7 @@ typedef struct engine_ext {
     mem_allocator alloc;  /* the backend's device allocator */
     quant_weights *qw;    /* load-time quantized weights, or NULL */
     int32_t held_blocks;  /* planned blocks held back for backend scratch */
+    int pool_registered;  /* kv_pool_report registered with the memory manager */
 } engine_ext;
 
 /* Weight bytes after load-time quantization to type (what
@@ -76,9 +77,24 @@ const plan_result *engine_plan(const engine *e)
     return &((const engine_ext *)e)->plan;
 }
 
+static void add_type_bytes(void *ctx, model_tensor *t)
+{
+    uint64_t *by_type = ctx;
+    if (t->type < DT_COUNT)
+        by_type[t->type] += t->nbytes;
+}
+
 static void print_plan(const engine *e, const plan_result *p)
 {
     char a[32], b[32], c[32];
+    uint64_t by_type[DT_COUNT] = {0};
+    model_for_each_tensor(e->m, add_type_bytes, by_type);
+    fprintf(stderr, "kvant: weights by type:");
+    for (int t = 0; t < DT_COUNT; t++)
+        if (by_type[t] && dtype_get((uint32_t)t))
+            fprintf(stderr, " %s %s", dtype_get((uint32_t)t)->name,
+                    mem_format_size(by_type[t], a, 32));
+    fprintf(stderr, "%s\n", e->cfg.weights_dtype >= 0 ? " (before load-time quantization)" : "");
     fprintf(stderr, "kvant: memory budget %s (%.0f%% of %s)\n", mem_format_size(p->budget, a, 32),
             p->utilization * 100, mem_format_size(p->device_memory, b, 32));
     fprintf(stderr, "kvant: weights %s, activations %s (%d tokens x %d seqs)\n",
@@ -168,6 +184,16 @@ static int alloc_step_buffers(engine *e, kvant_err *err)
     return KV_OK;
 }
 
+/* Memory-report callback (runs on the reporting thread, under the memory
+ * manager's lock): the engine thread's last snapshot of the pool. */
+static void kv_pool_report(void *ctx, mem_pool_stats *out)
+{
+    engine *e = ctx;
+    pthread_mutex_lock(&e->mu);
+    *out = e->kv_pool_stats;
+    pthread_mutex_unlock(&e->mu);
+}
+
 static int setup_backend(engine_ext *x, kvant_err *err)
 {
     engine *e = &x->e;
@@ -175,6 +201,8 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     e->mem = mem_create(x->plan.budget, x->alloc, err);
     if (!e->mem)
         return KV_ENOMEM;
+    if (e->cfg.test_fail_nth)
+        mem_fail_nth(e->mem, e->cfg.test_fail_nth);
     e->be = backend_create(e->cfg.backend, e->cfg.device, e->mem, e->cfg.n_threads,
                            e->cfg.act_q8 ? BACKEND_ACT_Q8 : 0, err);
     if (!e->be)
@@ -210,7 +238,16 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     pc.copy_block = kv_copy;
     pc.copy_ctx = e->be;
     e->pool = kvpool_create(&pc, err);
-    return e->pool ? KV_OK : KV_ENOMEM;
+    if (!e->pool)
+        return KV_ENOMEM;
+    e->kv_block_bytes = x->plan.kv_bytes_per_token * (uint64_t)e->cfg.block_size;
+    e->kv_pool_stats = (mem_pool_stats){"kv", (uint64_t)n_blocks * e->kv_block_bytes,
+                                        (uint64_t)n_blocks * e->kv_block_bytes,
+                                        (uint64_t)n_blocks * e->kv_block_bytes};
+    if ((rc = mem_register_pool(e->mem, kv_pool_report, e)))
+        return kvant_err_set(err, rc, "cannot register the KV pool with the memory manager");
+    x->pool_registered = 1;
+    return KV_OK;
 }
 
 engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)
@@ -269,6 +306,8 @@ void engine_destroy(engine *e)
         engine_emit_error(e, r, "server shutting down");
         engine_free_req(e, r);
     }
+    if (((engine_ext *)e)->pool_registered)
+        mem_unregister_pool(e->mem, kv_pool_report, e);
     kvpool_destroy(e->pool);
     fwd_free(&e->fwd);
     if (e->be) {

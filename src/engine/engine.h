@@ -46,6 +46,7 @@ typedef struct engine_config {
     int32_t kv_blocks_override;    /* >0: use exactly this many KV blocks (tests) */
     int print_plan;                /* print the start-up memory lines to stderr */
     int manual;                    /* tests: no engine thread; drive with engine_run_step */
+    uint64_t test_fail_nth;        /* tests: the n-th device allocation fails (mem_fail_nth) */
 } engine_config;
 
 engine_config engine_config_default(void);

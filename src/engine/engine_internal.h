@@ -59,6 +59,7 @@ struct engine {
     fwd_ctx fwd;
     kvpool *pool;
     int64_t max_model_len;
+    uint64_t kv_block_bytes;    /* bytes of one KV block, all layers */
 
     pthread_t thread;
     int thread_started;
@@ -73,6 +74,7 @@ struct engine {
     int32_t n_in_flight;
     int64_t next_id;
     engine_stats stats;
+    mem_pool_stats kv_pool_stats; /* refreshed each step for mem reports */
 
     /* engine-thread state */
     eng_req *reqs;          /* admitted, unfinished requests */

@@ -462,7 +462,21 @@ static void update_stats(engine *e, const step_plan *sp, int32_t decodes, uint64
         waiting++;
         pre += s->preempted;
     }
+    /* KV pool shape for the memory report: free = free + cached blocks,
+     * largest free extent = longest run of consecutive unreferenced blocks */
+    uint64_t block_bytes = e->fwd.kv.n_blocks ? e->kv_block_bytes : 0;
+    int32_t run = 0, best = 0;
+    for (int32_t b = 0; b < ks.n_blocks; b++) {
+        run = kvpool_refcount(e->pool, b) == 0 ? run + 1 : 0;
+        best = run > best ? run : best;
+    }
     pthread_mutex_lock(&e->mu);
+    e->kv_pool_stats = (mem_pool_stats){
+        .name = "kv",
+        .total_bytes = (uint64_t)ks.n_blocks * block_bytes,
+        .free_bytes = (uint64_t)(ks.n_free + ks.n_cached) * block_bytes,
+        .largest_free_extent = (uint64_t)best * block_bytes,
+    };
     engine_stats *st = &e->stats;
     st->running = running;
     st->waiting = waiting;

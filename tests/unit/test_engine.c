@@ -356,6 +356,47 @@ static void test_plan_agreement(model *m)
     CHECK(e == NULL && err.msg[0]);
 }
 
+/* Every allocation on the engine's start-up and serving path can fail:
+ * the n-th one fails for n = 1, 2, ... until creation succeeds; each
+ * failure is a clean NULL with a message, never a crash or a leak (ASan). */
+static void test_alloc_failures(model *m)
+{
+    int created = 0;
+    for (uint64_t n = 1; n <= 64 && !created; n++) {
+        engine_config c = engine_config_default();
+        c.manual = 1;
+        c.n_threads = 2;
+        c.device_memory = 64ull << 20;
+        c.max_num_batched_tokens = 64;
+        c.max_num_seqs = 4;
+        c.test_fail_nth = n;
+        kvant_err err = {0};
+        engine *e = engine_create(m, &c, &err);
+        if (!e) {
+            CHECKF(err.code == KV_ENOMEM && err.msg[0], "fail-nth %llu: code %d '%s'",
+                   (unsigned long long)n, err.code, err.msg);
+            continue;
+        }
+        created = 1;
+        fprintf(stderr, "  engine start-up survives %llu injected allocation failures\n",
+                (unsigned long long)(n - 1));
+        int32_t p[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+        result r = {0};
+        engine_request rq = req_for(p, 8, 4, 0.0f);
+        CHECK(engine_submit(e, &rq, on_event, &r, NULL) > 0);
+        run_until_done(e, &r, 1, 50);
+        CHECK(r.done && !r.error && r.n[0] == 4);
+        mem_report *rep = calloc(1, sizeof *rep);
+        mem_get_report(engine_mem(e), rep);
+        CHECK(rep->n_pools == 1 && !strcmp(rep->pools[0].name, "kv"));
+        CHECK(rep->pools[0].total_bytes == rep->cat[MEM_KV].current);
+        CHECK(rep->fragmentation[0] >= 0.0 && rep->fragmentation[0] < 1.0);
+        free(rep);
+        engine_destroy(e);
+    }
+    CHECK(created);
+}
+
 int main(void)
 {
     const char *path = "build/tests/tiny-engine.gguf";
@@ -371,6 +412,7 @@ int main(void)
     test_scheduler(m);
     test_cancel_reject_fork(m);
     test_plan_agreement(m);
+    test_alloc_failures(m);
     model_free(m);
     return tu_finish("test_engine");
 }
