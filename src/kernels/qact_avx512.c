@@ -308,6 +308,8 @@ AI size_t group_wbytes(uint32_t t, int64_t chunks)
     return is_k(t) ? (size_t)(chunks / 8) * block_bytes(t) : (size_t)chunks * block_bytes(t);
 }
 
+#define QACT_PREFETCH 2048 /* bytes ahead of the weights being dotted */
+
 AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out)
 {
     qact_view xv[NTM];
@@ -318,8 +320,12 @@ AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs
     }
     const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
     const size_t gb = group_wbytes(t, QACT_LANES);
-    for (int64_t g = 0; g < full; g++)
+    for (int64_t g = 0; g < full; g++) {
+        /* software prefetch: see KQ_PREFETCH in quant_avx512.c */
+        for (size_t o = 0; o < gb; o += 64)
+            _mm_prefetch((const char *)w + g * gb + QACT_PREFETCH + o, _MM_HINT_T0);
         group_dot(t, (const uint8_t *)w + g * gb, xv, g, nt, 8, is_k(t) ? 2 : 16, acc);
+    }
     const int tc = (int)(nc % QACT_LANES); /* chunks in the last, partial group */
     if (tc) {
         /* Chunks past the row score +0 in every lane (zero activations,
