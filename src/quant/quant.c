@@ -72,7 +72,7 @@ int quant_recipe_type(const char *recipe, const char *name, int64_t ne0, int n_l
 
 int quant_type_uses_imp(uint32_t type)
 {
-    return type == DT_Q4_0 || type == DT_Q4_1 || type == DT_Q5_0;
+    return type == DT_Q4_0 || type == DT_Q4_1 || type == DT_Q5_0 || type == DT_Q8_0;
 }
 
 /* Symmetric levels in [-nmax, nmax-1]: returns d, L[i] = level + nmax. */
@@ -180,6 +180,11 @@ void quant_row_imp(uint32_t type, const float *x, const float *imp, void *dst, i
             for (int j = 0; j < QB; j++)
                 qh |= (uint32_t)(L[j] >> 4) << j;
             memcpy(q->qh, &qh, 4);
+        } else if (type == DT_Q8_0) {
+            block_q8_0 *q = (block_q8_0 *)dst + b;
+            q->d = kv_f32_to_fp16(search_sym(xb, w, 128, L));
+            for (int j = 0; j < QB; j++)
+                q->qs[j] = (int8_t)(L[j] - 128);
         } else { /* DT_Q4_1 */
             block_q4_1 *q = (block_q4_1 *)dst + b;
             float d, m;

@@ -4,7 +4,7 @@
  *
  * RTN ("round to nearest") is the reference from_float of dtype.h.  With
  * importance weights imp[ne0] (mean x^2 of the input column, from
- * quant_calib), q4_0 / q4_1 / q5_0 blocks pick the scale (and min)
+ * quant_calib), q4_0 / q4_1 / q5_0 / q8_0 blocks pick the scale (and min)
  * minimising sum_i imp_i * sqrt(s2 + w_i^2) * (w_i - q_i)^2 over a small
  * grid around the RTN scale, each candidate refined by weighted least
  * squares (the llama.cpp imatrix recipe); other types ignore imp.

@@ -28,10 +28,10 @@ static double werr(uint32_t t, const float *x, const float *imp, const void *q)
 
 static void test_imp(tu_rng *r)
 {
-    static const uint32_t types[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0};
+    static const uint32_t types[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q8_0};
     float x[N], imp[N];
     uint8_t a[N * 2], b[N * 2];
-    for (size_t k = 0; k < 3; k++) {
+    for (size_t k = 0; k < 4; k++) {
         double e_rtn = 0, e_imp = 0, e_rtn_u = 0, e_uni = 0;
         for (int row = 0; row < 20; row++) {
             for (int i = 0; i < N; i++) {
