@@ -44,7 +44,7 @@ CFLAGS   += -DKVANT_CUDA=1
 LDLIBS   += -L/usr/local/cuda/lib64 -lcudart -lcublas -lstdc++
 endif
 
-.PHONY: all lib test unit pytest asan fuzz fuzz-run deps venv model serve clean
+.PHONY: all lib test unit pytest asan fuzz fuzz-run cuda-build deps venv model serve clean
 
 all: $(BUILD)/kvant
 
@@ -108,12 +108,20 @@ fuzz:
 fuzz-run: fuzz model
 	@scripts/run-fuzz.sh 60
 
+# The CUDA backend compiles and links wherever nvcc is installed (no GPU
+# needed); without nvcc this says so and skips.
+cuda-build:
+	@if command -v $(or $(NVCC),nvcc) >/dev/null 2>&1; then \
+	  $(MAKE) CUDA=1 BUILD=build-cuda WERROR=1 build-cuda/kvant build-cuda/tests/test_cuda; \
+	else echo "cuda-build: SKIPPED (nvcc not found)"; fi
+
 test: deps venv model
 	$(MAKE) WERROR=1 all
 	$(MAKE) WERROR=1 unit
 	$(MAKE) pytest
 	$(MAKE) asan
 	$(MAKE) fuzz-run
+	$(MAKE) cuda-build
 
 serve: deps model
 	$(MAKE) all
