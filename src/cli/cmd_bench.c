@@ -344,10 +344,10 @@ static void bench_print_json(const bench_report *r)
         printf(", \"batch\": %ld, \"prefill_tps\": %.3f, \"decode_tps\": %.3f, "
                "\"ttft_ms_p50\": %.3f, \"ttft_ms_p99\": %.3f, \"itl_ms_p50\": %.3f, "
                "\"itl_ms_p99\": %.3f, \"kv_blocks_peak\": %d, \"kv_waste\": %.4f, "
-               "\"steps\": %llu, \"wall_s\": %.3f",
+               "\"steps\": %llu, \"wall_s\": %.3f, \"mixed\": %d",
                o->batch, b->prefill_tps, b->decode_tps, b->ttft_p50, b->ttft_p99, b->itl_p50,
                b->itl_p99, b->kv_blocks_peak, b->kv_waste, (unsigned long long)b->steps,
-               b->wall_s);
+               b->wall_s, o->mixed);
     }
     printf("}\n");
 }
