@@ -122,7 +122,7 @@ static int bench_parse(int argc, char **argv, cli_common *c, bench_opts *o)
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: kvant bench [-m MODEL] [-p 512] [-n 128] [-r REPS] [-t THREADS]\n"
                    "                   [--batch B [--mixed]] [--roofline] [--json]\n");
-            exit(0);
+            return 1; /* help printed: nothing to run */
         } else {
             fprintf(stderr, "kvant bench: unknown option '%s'\n", a);
             return -1;
@@ -422,8 +422,9 @@ int cmd_bench(int argc, char **argv)
     bench_opts o;
     kvant_err err = {0};
     cli_common_init(&c);
-    if (bench_parse(argc, argv, &c, &o))
-        return 2;
+    int prc = bench_parse(argc, argv, &c, &o);
+    if (prc)
+        return prc > 0 ? 0 : 2;
     dtype_init();
     bench_report r = {.c = &c, .o = &o};
     r.threads = c.n_threads > 0 ? c.n_threads : tpool_default_threads();
