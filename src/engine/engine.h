@@ -116,7 +116,10 @@ void engine_cancel(engine *e, int64_t request_id);
 typedef struct engine_stats {
     int32_t running, waiting, preempted_waiting;
     uint64_t finished_stop, finished_length, finished_abort;
-    uint64_t prompt_tokens, generation_tokens, preemptions;
+    uint64_t prompt_tokens;          /* prompt tokens of admitted requests */
+    uint64_t prompt_tokens_computed; /* prompt tokens run through the model (not
+                                      * from the prefix cache; recomputation counts) */
+    uint64_t generation_tokens, preemptions;
     int32_t kv_blocks_total, kv_blocks_used, kv_blocks_free, kv_blocks_cached;
     int32_t block_size;
     uint64_t kv_tokens_stored, kv_token_capacity;

@@ -139,7 +139,8 @@ static void admit_one(engine *e, eng_req *r)
     list_insert(&e->waiting, s);
 }
 
-static void phase_admit(engine *e)
+/* Returns the prompt tokens of the requests admitted. */
+static uint64_t phase_admit(engine *e)
 {
     int64_t cancel[64];
     int32_t n_cancel;
@@ -152,8 +153,10 @@ static void phase_admit(engine *e)
             (size_t)(e->n_cancel - n_cancel) * sizeof *cancel);
     e->n_cancel -= n_cancel;
     pthread_mutex_unlock(&e->mu);
+    uint64_t prompt_tok = 0;
     while (in) {
         eng_req *next = in->next;
+        prompt_tok += (uint64_t)in->p.n_prompt;
         admit_one(e, in);
         in = next;
     }
@@ -166,6 +169,7 @@ static void phase_admit(engine *e)
             }
         }
     }
+    return prompt_tok;
 }
 
 /* ---- phase 2: schedule ---- */
@@ -175,6 +179,7 @@ typedef struct step_plan {
     int32_t n_seqs;
     int32_t n_tokens;
     int preempted;    /* a preemption happened in this step */
+    int32_t prefill_tokens; /* scheduled prompt tokens (recomputation included) */
 } step_plan;
 
 static void preempt(engine *e, eng_seq *v)
@@ -215,6 +220,9 @@ static void add_to_plan(engine *e, step_plan *sp, eng_seq *s, int32_t chunk)
     s->sched_tokens = chunk;
     sp->seqs[sp->n_seqs++] = s;
     sp->n_tokens += chunk;
+    int64_t np = s->req->p.n_prompt, end = s->n_computed + chunk;
+    if (s->n_computed < np)
+        sp->prefill_tokens += (int32_t)((end < np ? end : np) - s->n_computed);
 }
 
 static void schedule_running(engine *e, step_plan *sp)
@@ -383,8 +391,10 @@ static int fork_children(engine *e, eng_seq *s0)
     return KV_OK;
 }
 
-static void phase_sample(engine *e, const step_plan *sp)
+/* Returns the number of tokens sampled. */
+static uint64_t phase_sample(engine *e, const step_plan *sp)
 {
+    uint64_t sampled = 0;
     int32_t n_vocab = e->m->hp.n_vocab;
     float *scratch = e->logits + (size_t)e->cfg.max_num_seqs * n_vocab;
     for (int32_t i = 0; i < sp->n_seqs; i++) {
@@ -405,8 +415,10 @@ static void phase_sample(engine *e, const step_plan *sp)
             eng_seq *t = first ? r->seqs[k] : s;
             memcpy(scratch, row, (size_t)n_vocab * sizeof(float));
             sample_emit(e, t, scratch, row);
+            sampled++;
         }
     }
+    return sampled;
 }
 
 static void phase_retire(engine *e)
@@ -484,6 +496,7 @@ static void update_stats(engine *e, const step_plan *sp, int32_t decodes, uint64
         st->waiting++;
     st->preempted_waiting = pre;
     st->prompt_tokens += prompt_tok;
+    st->prompt_tokens_computed += (uint64_t)sp->prefill_tokens;
     st->generation_tokens += gen_tok;
     st->kv_blocks_total = ks.n_blocks;
     st->kv_blocks_used = ks.n_used;
@@ -503,27 +516,17 @@ static void update_stats(engine *e, const step_plan *sp, int32_t decodes, uint64
 
 int engine_step(engine *e)
 {
-    phase_admit(e);
+    uint64_t prompt_tok = phase_admit(e), gen_tok = 0;
     step_plan sp = {.seqs = e->b_seqp};
     schedule_running(e, &sp);
     if (!sp.preempted)
         schedule_waiting(e, &sp);
-    uint64_t prompt_tok = 0, gen_before = 0;
     int32_t decodes = 0;
     for (int32_t i = 0; i < sp.n_seqs; i++)
         decodes += sp.seqs[i]->sched_tokens == 1 && sp.seqs[i]->n_generated > 0;
-    for (eng_req *r = e->reqs; r; r = r->next)
-        gen_before += (uint64_t)r->completion_tokens;
     if (sp.n_seqs > 0) {
         fwd_batch b = phase_build(e, &sp);
         kvant_err err = {0};
-        for (int32_t i = 0; i < sp.n_seqs; i++) {
-            eng_seq *s = sp.seqs[i];
-            int64_t end = s->n_computed + s->sched_tokens;
-            int64_t np = s->req->p.n_prompt;
-            if (s->n_computed < np)
-                prompt_tok += (uint64_t)((end < np ? end : np) - s->n_computed);
-        }
         if (fwd_run(&e->fwd, &b, e->logits, &err)) {
             for (int32_t i = 0; i < sp.n_seqs; i++)
                 sp.seqs[i]->req->cancelled = 2;
@@ -535,13 +538,10 @@ int engine_step(engine *e)
                 }
             }
         } else {
-            phase_sample(e, &sp);
+            gen_tok = phase_sample(e, &sp);
         }
     }
-    uint64_t gen_after = 0;
-    for (eng_req *r = e->reqs; r; r = r->next)
-        gen_after += (uint64_t)r->completion_tokens;
     phase_retire(e);
-    update_stats(e, &sp, decodes, prompt_tok, gen_after > gen_before ? gen_after - gen_before : 0);
+    update_stats(e, &sp, decodes, prompt_tok, gen_tok);
     return sp.n_seqs > 0;
 }

@@ -190,7 +190,12 @@ static void render_engine(sbuf *b, const engine_stats *st)
     gauge(b, "num_requests_waiting", "Requests waiting to be scheduled.", st->waiting);
     gauge(b, "num_requests_preempted_waiting", "Preempted requests waiting to be recomputed.",
           st->preempted_waiting);
-    counter(b, "prompt_tokens_total", "Prefilled prompt tokens.", (double)st->prompt_tokens);
+    counter(b, "prompt_tokens_total", "Prompt tokens of admitted requests.",
+            (double)st->prompt_tokens);
+    counter(b, "prompt_tokens_computed_total",
+            "Prompt tokens run through the model (prefix-cache hits excluded, recomputation "
+            "after preemption included).",
+            (double)st->prompt_tokens_computed);
     counter(b, "generation_tokens_total", "Generated tokens.", (double)st->generation_tokens);
     counter(b, "num_preemptions_total", "Preemptions of running requests.",
             (double)st->preemptions);
