@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import struct
 import subprocess
 import time
@@ -125,17 +126,24 @@ def test_plan_1b_header_only_fast(kvant_bin, tmp_path):
     path = tmp_path / "tinyllama-1.1b-q4_0.gguf"
     total = _write_header_only_gguf(path)
     assert path.stat().st_size > 600e6 and path.stat().st_blocks * 512 < 10e6  # sparse
-    times = []
+    times, faults = [], []
     for _ in range(5):
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         out = run_json(kvant_bin, "plan", "-m", str(path), "--device-memory", "8GiB")
         times.append(time.perf_counter() - t0)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        faults.append((r1.ru_minflt + r1.ru_majflt) - (r0.ru_minflt + r0.ru_majflt))
     plan = out["plans"][0]["plan"]
     assert plan["weights_bytes"] == total
     assert plan["kv_bytes_per_token"] == 22 * 2 * 4 * 64 * 4
     med = sorted(times)[2]
-    print(f"kvant plan on a 1.1B GGUF: median {med * 1000:.1f} ms (process start included)")
-    assert med < 0.1
+    print(f"kvant plan on a 1.1B GGUF: median {med * 1000:.1f} ms (process start included), "
+          f"page faults {max(faults)}")
+    # Header only, checked without timing: touching the ~590 MB of tensor
+    # data would fault in ~144k pages; the process itself needs a few
+    # thousand (binary, libraries, mapped header).
+    assert max(faults) < 20000
 
 
 def test_info_and_tokenize(kvant_bin, default_model):
