@@ -13,8 +13,6 @@
 #include "cli/cli.h"
 #include "kernels/dtype.h"
 #include "model/tokenizer.h"
-#include "quant/quant.h"
-#include "quant/quant_load.h"
 
 int cmd_kl(int argc, char **argv); /* registered in main.c (cli.h) */
 
