@@ -16,7 +16,7 @@ void cli_common_init(cli_common *c)
     c->model_path = CLI_DEFAULT_MODEL;
     c->utilization = 0.90;
     c->weights_dtype = -1;
-    c->kv_dtype = DT_F32;
+    c->kv_dtype = DT_F16;
     c->backend = "cpu";
 }
 

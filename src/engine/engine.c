@@ -60,7 +60,7 @@ engine_config engine_config_default(void)
         .max_num_batched_tokens = 2048,
         .block_size = 16,
         .prefix_cache = 1,
-        .kv_dtype = DT_F32,
+        .kv_dtype = DT_F16,
         .weights_dtype = -1,
     };
 }

@@ -45,7 +45,8 @@ def run_json(kvant_bin, *args):
     (False, GOLDEN_PROMPT, GOLDEN_TEXT, 48),
 ])
 def test_golden_generation(kvant_bin, default_model, chat, prompt, golden, n):
-    args = ["run", "-m", default_model, "-p", prompt, "-n", str(n), "-t", THREADS]
+    args = ["run", "-m", default_model, "-p", prompt, "-n", str(n), "-t", THREADS,
+            "--kv-dtype", "f32"]  # the reference path
     if chat:
         args.append("--chat")
     out = run_json(kvant_bin, *args)
@@ -71,7 +72,8 @@ def test_plan_json(kvant_bin, default_model):
     for key in ("weights_bytes", "kv_bytes_per_token", "kv_pool_bytes", "kv_pool_tokens",
                 "activation_bytes", "max_concurrency"):
         assert key in p1
-    assert p1["kv_bytes_per_token"] == 30 * 2 * 3 * 64 * 4
+    assert p1["kv_bytes_per_token"] == 30 * 2 * 3 * 64 * 2  # default KV dtype f16
+    assert p1["kv_dtype"] == "f16"
     p8 = big["plans"][0]["plan"]
     assert p8["kv_pool_tokens"] > p1["kv_pool_tokens"] * 7
     assert p8["kv_bytes_per_token"] == 30 * 2 * 3 * 2 * 34  # q8_0: 34 bytes per 32
@@ -136,7 +138,7 @@ def test_plan_1b_header_only_fast(kvant_bin, tmp_path):
         faults.append((r1.ru_minflt + r1.ru_majflt) - (r0.ru_minflt + r0.ru_majflt))
     plan = out["plans"][0]["plan"]
     assert plan["weights_bytes"] == total
-    assert plan["kv_bytes_per_token"] == 22 * 2 * 4 * 64 * 4
+    assert plan["kv_bytes_per_token"] == 22 * 2 * 4 * 64 * 2  # f16 KV by default
     med = sorted(times)[2]
     print(f"kvant plan on a 1.1B GGUF: median {med * 1000:.1f} ms (process start included), "
           f"page faults {max(faults)}")
