@@ -204,7 +204,7 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     if (e->cfg.test_fail_nth)
         mem_fail_nth(e->mem, e->cfg.test_fail_nth);
     e->be = backend_create(e->cfg.backend, e->cfg.device, e->mem, e->cfg.n_threads,
-                           e->cfg.act_q8 ? BACKEND_ACT_Q8 : 0, err);
+                           e->cfg.exact ? BACKEND_EXACT : 0, err);
     if (!e->be)
         return KV_ENOMEM;
     if (e->cfg.weights_dtype >= 0) {
