@@ -109,15 +109,17 @@ pytest: $(BUILD)/kvant venv model
 # `unit` and `pytest` ran: the unit tests, and the end-to-end reference
 # tests (numpy float64 forward pass) on each.  An ISA the CPU lacks is
 # named and not run (KVANT_ISA refuses it).
-OTHER_ISAS := scalar avx2 avx512
+ALL_ISAS := scalar avx2 avx512
 unit-isa: $(BUILD)/kvant $(TEST_BIN)
-	@for isa in $(OTHER_ISAS); do \
+	@auto=$$(env -u KVANT_ISA $(BUILD)/kvant --isa); for isa in $(ALL_ISAS); do \
+	  if [ "$$isa" = "$$auto" ]; then continue; fi; \
 	  if KVANT_ISA=$$isa $(BUILD)/kvant --help >/dev/null 2>&1; then \
 	    KVANT_ISA=$$isa scripts/run-unit.sh $(BUILD) || exit 1; \
 	  else echo "unit-isa: this CPU lacks $$isa: not run"; fi; done
 
 pytest-isa: $(BUILD)/kvant venv model
-	@for isa in $(OTHER_ISAS); do \
+	@auto=$$(env -u KVANT_ISA $(BUILD)/kvant --isa); for isa in $(ALL_ISAS); do \
+	  if [ "$$isa" = "$$auto" ]; then continue; fi; \
 	  if KVANT_ISA=$$isa $(BUILD)/kvant --help >/dev/null 2>&1; then \
 	    echo "pytest-isa: reference tests with KVANT_ISA=$$isa"; \
 	    KVANT_ISA=$$isa KVANT_BIN=$(BUILD)/kvant $(PY) -m pytest -q \

@@ -39,6 +39,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvant: %s\n", isa_err);
         return 2;
     }
+    if (argc == 2 && !strcmp(argv[1], "--isa")) { /* the CPU kernels' instruction set */
+        printf("%s\n", dtype_isa());
+        return 0;
+    }
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
