@@ -198,12 +198,14 @@ def test_corrupt_model_clear_error(kvant_bin, default_model, tmp_path, mutate):
 
 
 def test_perplexity_kl_base(kvant_bin, default_model):
+    # the base runs with an f32 KV cache and --exact: the same settings give identical logits
     same = run_json(kvant_bin, "perplexity", "-m", default_model, "--kl-base", default_model,
-                    "-f", "tests/data/english.txt", "-c", "128", "--chunks", "2", "-t", THREADS)
+                    "-f", "tests/data/english.txt", "-c", "128", "--chunks", "2", "-t", THREADS,
+                    "--kv-dtype", "f32", "--exact")
     assert same["mean_kl"] == 0 and same["top1"] == 1 and same["ppl"] == same["ppl_base"]
     kvq = run_json(kvant_bin, "perplexity", "-m", default_model, "--kl-base", default_model,
                    "-f", "tests/data/english.txt", "-c", "128", "--chunks", "2", "-t", THREADS,
-                   "--kv-dtype", "q8_0")
+                   "--kv-dtype", "q8_0", "--exact")  # the KV type's effect alone
     assert 0 < kvq["mean_kl"] < 0.01 and kvq["top1"] > 0.95
     assert abs(kvq["ppl"] / kvq["ppl_base"] - 1) < 0.01
 
