@@ -143,7 +143,7 @@ static void run_layer(fwd_ctx *f, int32_t il, int32_t n)
     op->rmsnorm(be, f->d_x, &L->ffn_norm, hp->rms_eps, f->d_h, n);
     op->matmul(be, &L->w_gate, NULL, f->d_h, f->d_gate, n);
     op->matmul(be, &L->w_up, NULL, f->d_h, f->d_up, n);
-    op->swiglu(be, f->d_gate, f->d_up, f->d_gate, (int64_t)n * hp->n_ff);
+    op->swiglu(be, f->d_gate, f->d_up, f->d_gate, (int64_t)n * L->n_ff);
     op->matmul(be, &L->w_down, NULL, f->d_gate, f->d_h, n);
     op->add(be, f->d_x, f->d_h, (int64_t)n * hp->n_embd);
 }
