@@ -29,6 +29,8 @@ struct quant_calib {
     calib_mat *mats;
     int n;
     calib_ops ops;
+    quant_calib_norm_fn norm_fn; /* optional observer of rmsnorm inputs */
+    void *norm_ctx;              /* borrowed */
 };
 
 static calib_mat *find_mat(quant_calib *c, const model_tensor *t)
@@ -53,6 +55,21 @@ static void hook_matmul(backend *be, const model_tensor *W, const model_tensor *
         cm->rows += n;
     }
     co->orig->matmul(be, W, bias, d_x, d_y, n);
+}
+
+static void hook_rmsnorm(backend *be, const float *d_x, const model_tensor *w, float eps,
+                         float *d_y, int32_t n)
+{
+    const calib_ops *co = (const calib_ops *)be->ops;
+    if (co->c->norm_fn)
+        co->c->norm_fn(co->c->norm_ctx, w, d_x, n);
+    co->orig->rmsnorm(be, d_x, w, eps, d_y, n);
+}
+
+void quant_calib_set_norm_hook(quant_calib *c, quant_calib_norm_fn fn, void *ctx)
+{
+    c->norm_fn = fn;
+    c->norm_ctx = ctx;
 }
 
 static int add_mat(quant_calib *c, const model_tensor *t, const char *name)
@@ -116,6 +133,7 @@ void quant_calib_attach(quant_calib *c, backend *be)
 {
     c->ops.ops = *be->ops;
     c->ops.ops.matmul = hook_matmul;
+    c->ops.ops.rmsnorm = hook_rmsnorm;
     c->ops.orig = be->ops;
     c->ops.c = c;
     be->ops = &c->ops.ops;
