@@ -140,8 +140,9 @@ static int run_calib(const pr_opts *o, cli_session *s, prune_stats *st, kvant_er
     if (n > 0 && (!toks || tok_encode(s->m->tok, text, len, add_bos, 0, toks, n, err) < 0))
         rc = kvant_err_set(err, KV_ENOMEM, "calibration tokenization failed");
     prune_stats_attach(st, s->be);
-    for (int64_t p = 0; !rc && p < n; p += PR_CALIB_CTX) {
-        int32_t cnt = (int32_t)(n - p < PR_CALIB_CTX ? n - p : PR_CALIB_CTX);
+    int32_t ctx = s->n_ctx; /* PR_CALIB_CTX or the model's context when shorter */
+    for (int64_t p = 0; !rc && p < n; p += ctx) {
+        int32_t cnt = (int32_t)(n - p < ctx ? n - p : ctx);
         rc = cli_session_eval(s, toks + p, cnt, 0, 1, s->logits, err);
     }
     prune_stats_detach(st, s->be);
