@@ -1,6 +1,6 @@
 /* cmd_prune.c - `kvant prune IN.gguf OUT.gguf --calib FILE
  * [--target-params F | --drop-layers N | --ffn-keep F] [--heads-keep F]
- * [--method depth|width|both] [--ffn-uniform] [-t N] [--json]`.
+ * [--method depth|width|both] [--ffn-uniform] [--no-bias] [-t N] [--json]`.
  *
  * Runs the calibration text through IN (chunks of 512 tokens, logits for
  * every token so the last layer's output is seen), chooses what to remove
@@ -35,6 +35,8 @@ static const char usage_text[] =
     "  --ffn-keep F         keep fraction F of the FFN channels (unset)\n"
     "  --ffn-uniform        the same FFN width in every layer (default: global ranking)\n"
     "  --heads-keep F       keep round(F * n_head_kv) KV-head groups per layer (unset)\n"
+    "  --no-bias            no bias compensation (default: removed channels and heads\n"
+    "                       are replaced by their calibration mean in a bias)\n"
     "  -t N                 threads for the calibration pass (all cores)\n"
     "  --json               print the summary as JSON\n";
 
@@ -56,8 +58,8 @@ static int parse_opt(pr_opts *o, int argc, char **argv, int *i)
 {
     const char *a = argv[*i], *v;
     long n;
-    if (!strcmp(a, "--ffn-uniform")) {
-        o->rq.ffn_uniform = 1;
+    if (!strcmp(a, "--ffn-uniform") || !strcmp(a, "--no-bias")) {
+        *(a[2] == 'f' ? &o->rq.ffn_uniform : &o->rq.no_bias) = 1;
         return 0;
     }
     if (!(v = cli_value(argc, argv, i)))
@@ -181,13 +183,14 @@ static void print_json(const pr_opts *o, const model *m, const prune_plan *p,
     printf("], \"n_head_kv_in\": %d, \"n_head_kv_out\": %d, \"params_in\": %llu, "
            "\"params_out\": %llu, \"params_kept\": %.4f, \"weight_bytes_in\": %llu, "
            "\"weight_bytes_out\": %llu, \"weight_bytes_kept\": %.4f, \"requantized_tensors\": %d, "
+           "\"bias_compensation\": %s, "
            "\"kv_dtype\": \"%s\", \"kv_bytes_per_token_in\": %llu, \"kv_bytes_per_token_out\": "
            "%llu, \"kv_tokens_per_gib_in\": %llu, \"kv_tokens_per_gib_out\": %llu}\n",
            p->n_head_kv, p->kv_keep, (unsigned long long)p->params_in,
            (unsigned long long)r->params_out, (double)r->params_out / (double)p->params_in,
            (unsigned long long)r->bytes_in, (unsigned long long)r->bytes_out,
            (double)r->bytes_out / (double)r->bytes_in, r->requantized,
-           dtype_get(o->c.kv_dtype)->name, (unsigned long long)kv0, (unsigned long long)kv1,
+           p->bias_comp ? "true" : "false", dtype_get(o->c.kv_dtype)->name, (unsigned long long)kv0, (unsigned long long)kv1,
            (unsigned long long)((1ull << 30) / kv0), (unsigned long long)((1ull << 30) / kv1));
 }
 

@@ -261,6 +261,8 @@ static int bind_layer(model *m, int il, kvant_err *err)
         (rc = bind_vec(m->gguf, &L->bq, NAME("attn_q.bias"), il, q_dim, !qwen, err)) ||
         (rc = bind_vec(m->gguf, &L->bk, NAME("attn_k.bias"), il, kv_dim, !qwen, err)) ||
         (rc = bind_vec(m->gguf, &L->bv, NAME("attn_v.bias"), il, kv_dim, !qwen, err)) ||
+        (rc = bind_vec(m->gguf, &L->bo, NAME("attn_output.bias"), il, hp->n_embd, 1, err)) ||
+        (rc = bind_vec(m->gguf, &L->b_down, NAME("ffn_down.bias"), il, hp->n_embd, 1, err)) ||
         (rc = bind_vec(m->gguf, &L->ffn_norm, NAME("ffn_norm.weight"), il, hp->n_embd, 0, err)) ||
         (rc = bind(m->gguf, &L->w_gate, NAME("ffn_gate.weight"), il, hp->n_embd, L->n_ff, 0, err)) ||
         (rc = bind(m->gguf, &L->w_up, NAME("ffn_up.weight"), il, hp->n_embd, L->n_ff, 0, err)) ||
@@ -355,7 +357,8 @@ void model_for_each_tensor(model *m, model_tensor_fn fn, void *ctx)
     for (int il = 0; m->layers && il < m->hp.n_layers; il++) {
         model_layer *L = &m->layers[il];
         model_tensor *ts[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk,
-                              &L->bv, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+                              &L->bv, &L->bo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down,
+                              &L->b_down};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
             if (ts[i]->data)
                 fn(ctx, ts[i]);

@@ -62,7 +62,9 @@ typedef struct model_tensor {
 typedef struct model_layer {
     model_tensor attn_norm, wq, wk, wv, wo;
     model_tensor bq, bk, bv; /* qwen2 only; type == DT_F32 and data NULL when absent */
+    model_tensor bo;         /* optional (a pruned model's compensation); data NULL when absent */
     model_tensor ffn_norm, w_gate, w_up, w_down;
+    model_tensor b_down;     /* optional, as bo */
     int32_t n_ff;            /* this layer's FFN width (<= hp.n_ff; per-layer after pruning) */
 } model_layer;
 

@@ -30,7 +30,7 @@ struct prune_stats {
 
 prune_request prune_request_default(void)
 {
-    return (prune_request){.method = PRUNE_DEPTH, .ffn_align = 32};
+    return (prune_request){.method = PRUNE_DEPTH, .ffn_align = 32, .no_bias = 0};
 }
 
 /* ---- calibration ---- */
@@ -141,6 +141,27 @@ const float *prune_stats_imp(prune_stats *s, const char *name, int64_t ne0)
     return s ? quant_calib_imp(s->qc, name, ne0) : NULL;
 }
 
+const float *prune_stats_mean(prune_stats *s, const char *name, int64_t ne0)
+{
+    return s ? quant_calib_mean(s->qc, name, ne0) : NULL;
+}
+
+/* What is removed with a column: its variance when a bias keeps the mean,
+ * else its second moment. */
+static const float *column_energy(prune_stats *st, const char *name, int64_t ne0, int centred,
+                                  double *out)
+{
+    const float *imp = prune_stats_imp(st, name, ne0);
+    const float *mu = centred ? prune_stats_mean(st, name, ne0) : NULL;
+    if (!imp || (centred && !mu))
+        return NULL;
+    for (int64_t j = 0; j < ne0; j++) {
+        double v = (double)imp[j] - (mu ? (double)mu[j] * mu[j] : 0.0);
+        out[j] = v > 0 ? v : 0;
+    }
+    return imp;
+}
+
 /* ---- scores ---- */
 
 /* |W[:, j]|^2 for every column j of a [ne1][ne0] matrix; out [ne0]. */
@@ -160,43 +181,47 @@ static int col_sq_norms(const model_tensor *w, double *out, kvant_err *err)
     return KV_OK;
 }
 
-/* score[j] = |W_down[:, j]|_2 * sqrt(mean a_j^2) for layer il. */
-static int ffn_scores(model *m, prune_stats *st, int il, double *score, kvant_err *err)
+/* score[j] = |W_down[:, j]|_2 * sqrt(energy of a_j) for layer il. */
+static int ffn_scores(model *m, prune_stats *st, int il, int centred, double *score,
+                      kvant_err *err)
 {
     const model_tensor *w = &m->layers[il].w_down;
     char name[64];
     snprintf(name, sizeof name, "blk.%d.ffn_down.weight", il);
-    const float *imp = prune_stats_imp(st, name, w->ne[0]);
-    if (!imp)
-        return kvant_err_set(err, KV_EINVAL, "no calibration statistics for %s", name);
-    int rc = col_sq_norms(w, score, err);
+    double *e = malloc((size_t)w->ne[0] * sizeof *e);
+    if (!e)
+        return kvant_err_set(err, KV_ENOMEM, "out of memory");
+    int rc = column_energy(st, name, w->ne[0], centred, e)
+                 ? col_sq_norms(w, score, err)
+                 : kvant_err_set(err, KV_EINVAL, "no calibration statistics for %s", name);
     for (int64_t j = 0; !rc && j < w->ne[0]; j++)
-        score[j] = sqrt(score[j] * (double)imp[j]);
+        score[j] = sqrt(score[j] * e[j]);
+    free(e);
     return rc;
 }
 
 /* score[g] for the KV groups of layer il. */
-static int kv_scores(model *m, prune_stats *st, int il, double *score, kvant_err *err)
+static int kv_scores(model *m, prune_stats *st, int il, int centred, double *score,
+                     kvant_err *err)
 {
     const model_hparams *hp = &m->hp;
     const model_tensor *w = &m->layers[il].wo;
     char name[64];
     snprintf(name, sizeof name, "blk.%d.attn_output.weight", il);
-    const float *imp = prune_stats_imp(st, name, w->ne[0]);
-    if (!imp)
-        return kvant_err_set(err, KV_EINVAL, "no calibration statistics for %s", name);
-    double *cn = malloc((size_t)w->ne[0] * sizeof *cn);
-    if (!cn)
-        return kvant_err_set(err, KV_ENOMEM, "out of memory");
-    int rc = col_sq_norms(w, cn, err);
+    double *cn = malloc((size_t)w->ne[0] * sizeof *cn), *en = malloc((size_t)w->ne[0] * sizeof *en);
+    int rc = !cn || !en ? kvant_err_set(err, KV_ENOMEM, "out of memory")
+             : !column_energy(st, name, w->ne[0], centred, en)
+                 ? kvant_err_set(err, KV_EINVAL, "no calibration statistics for %s", name)
+                 : col_sq_norms(w, cn, err);
     int64_t per_group = (int64_t)(hp->n_head / hp->n_head_kv) * hp->head_dim;
     for (int g = 0; !rc && g < hp->n_head_kv; g++) {
         double e = 0;
         for (int64_t c = g * per_group; c < (g + 1) * per_group; c++)
-            e += cn[c] * (double)imp[c];
+            e += cn[c] * en[c];
         score[g] = sqrt(e);
     }
     free(cn);
+    free(en);
     return rc;
 }
 
@@ -225,7 +250,8 @@ static uint64_t layer_params(const model *m, int il)
 {
     const model_layer *L = &m->layers[il];
     const model_tensor *ts[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk,
-                                &L->bv, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+                                &L->bv, &L->bo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down,
+                                &L->b_down};
     uint64_t n = 0;
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
         if (ts[i]->data)
@@ -296,10 +322,19 @@ static int plan_width(model *m, prune_stats *st, const prune_request *rq, double
         off[l] = k;
         if (!p->keep[l])
             continue;
-        if ((rc = ffn_scores(m, st, l, sc, err)))
+        if ((rc = ffn_scores(m, st, l, p->bias_comp, sc, err)))
             goto done;
-        for (int32_t j = 0; j < m->layers[l].n_ff; j++)
-            all[k++] = (ranked){sc[j], j};
+        /* standardized within the layer (FLAP): raw scores of different
+         * layers are not comparable (residual norms grow with depth) */
+        int32_t nff = m->layers[l].n_ff;
+        double mu = 0, var = 0;
+        for (int32_t j = 0; j < nff; j++)
+            mu += sc[j] / nff;
+        for (int32_t j = 0; j < nff; j++)
+            var += (sc[j] - mu) * (sc[j] - mu) / nff;
+        double sd = var > 0 ? sqrt(var) : 1.0;
+        for (int32_t j = 0; j < nff; j++)
+            all[k++] = (ranked){(sc[j] - mu) / sd, j};
     }
     double thresh = 0;
     if (!rq->ffn_uniform) {
@@ -351,7 +386,7 @@ static int plan_heads(model *m, prune_stats *st, prune_plan *p, kvant_err *err)
     if (!sc || !r)
         rc = kvant_err_set(err, KV_ENOMEM, "out of memory");
     for (int l = 0; !rc && l < m->hp.n_layers; l++) {
-        if (!p->keep[l] || (rc = kv_scores(m, st, l, sc, err)))
+        if (!p->keep[l] || (rc = kv_scores(m, st, l, p->bias_comp, sc, err)))
             continue;
         for (int g = 0; g < nkv; g++)
             r[g] = (ranked){sc[g], g};
@@ -503,7 +538,7 @@ int prune_plan_make(model *m, prune_stats *st, const prune_request *rq, prune_pl
     int rc;
     memset(p, 0, sizeof *p);
     if ((rc = check_request(m, st, rq, err)) || (rc = plan_alloc(m, st, p, err)) ||
-        (rc = plan_choose(m, st, rq, p, err))) {
+        ((p->bias_comp = !rq->no_bias), (rc = plan_choose(m, st, rq, p, err)))) {
         prune_plan_free(p);
         return rc;
     }

@@ -9,17 +9,25 @@
  * observer for the residual stream):
  *   layer il     Block Influence BI = 1 - mean over tokens of
  *                cos(x_in, x_out) (ShortGPT); the lowest BI go first.
- *   FFN channel  |W_down[:, j]|_2 * sqrt(mean a_j^2), a = SwiGLU output:
- *                the channel's typical contribution to the residual
- *                (Wanda's |W| * ||X|| summed over the channel's weights).
+ *   FFN channel  |W_down[:, j]|_2 * sqrt(var a_j), a = SwiGLU output:
+ *                how much the channel's contribution to the residual
+ *                fluctuates (Wanda's |W| * ||X|| over the channel's
+ *                weights, with FLAP's centring).
  *   KV group g   sqrt(sum over the columns c of g's query heads of
- *                mean att_c^2 * |W_o[:, c]|^2): the group's contribution
- *                through the output projection.  Q heads go with their
- *                group, so GQA stays consistent.
- * FFN widths are chosen by a global ranking over the kept layers
- * (FLAP-style adaptive widths: a layer keeps the channels above one
- * threshold) or uniformly (ffn_uniform), rounded to multiples of
- * ffn_align so the requantized down projection keeps whole blocks.  KV
+ *                var att_c * |W_o[:, c]|^2): the same through the output
+ *                projection.  Q heads go with their group, so GQA stays
+ *                consistent.
+ * Bias compensation (FLAP): a removed channel's or head's contribution is
+ * replaced by its calibration mean, sum_j W[:, j] * mean(x_j), stored as
+ * ffn_down.bias / attn_output.bias (optional tensors kvant and llama.cpp
+ * read for llama).  With no_bias the scores use the second moment
+ * (mean x^2) instead of the variance and no bias is written.
+ * FFN widths are chosen by a global ranking over the kept layers of the
+ * scores standardized within each layer (FLAP's adaptive widths: a layer
+ * keeps the channels above one threshold; raw scores are not comparable
+ * across layers, residual norms grow with depth) or uniformly
+ * (ffn_uniform), rounded to multiples of ffn_align so the requantized
+ * down projection keeps whole blocks.  KV
  * groups are removed in equal numbers from every layer (the KV pool is
  * uniform across layers), each layer choosing its own weakest groups.
  *
@@ -60,9 +68,11 @@ typedef struct prune_request {
     prune_method method;  /* what target_params removes */
     int ffn_uniform;      /* the same fraction in every layer instead of a global ranking */
     int ffn_align;        /* FFN widths are multiples of this */
+    int no_bias;          /* no bias compensation; score by second moment */
 } prune_request;
 
-/* All unset, method PRUNE_DEPTH, global ranking, align 32. */
+/* All unset, method PRUNE_DEPTH, global ranking, align 32, bias
+ * compensation on. */
 prune_request prune_request_default(void);
 
 /* ---- calibration ---- */
@@ -77,8 +87,10 @@ void prune_stats_attach(prune_stats *s, backend *be);
 void prune_stats_detach(prune_stats *s, backend *be);
 /* Tokens seen by the Block Influence accumulator. */
 int64_t prune_stats_tokens(const prune_stats *s);
-/* Mean x^2 per input column of the named matrix (quant_calib_imp). */
+/* Mean x^2 / mean x per input column of the named matrix
+ * (quant_calib_imp / quant_calib_mean). */
 const float *prune_stats_imp(prune_stats *s, const char *name, int64_t ne0);
+const float *prune_stats_mean(prune_stats *s, const char *name, int64_t ne0);
 
 /* ---- the plan ---- */
 typedef struct prune_plan {
@@ -94,6 +106,7 @@ typedef struct prune_plan {
     int32_t *kv_idx;    /* [n_layers][n_head_kv] kept groups, ascending (first kv_keep) */
     uint64_t params_in; /* all tensor elements of the input */
     uint64_t params_out;
+    int bias_comp;      /* removed channels / heads replaced by their mean (biases) */
 } prune_plan;
 
 /* Validates rq against m (KV_EINVAL naming the option: nothing to prune,

@@ -113,6 +113,124 @@ static int32_t *head_elems(const prune_plan *p, int il, int per, int head_dim, i
     return e;
 }
 
+/* Kept input columns of ffn_down / attn_output of layer il, or NULL with
+ * *n = 0 when that tensor is not pruned; *own: the caller frees. */
+static int32_t *kept_cols(const pw_ctx *c, int il, int down, int64_t *n, int *own)
+{
+    const prune_plan *p = c->p;
+    const model_hparams *hp = &c->m->hp;
+    *own = 0;
+    *n = 0;
+    if (down && p->ffn_n[il] < c->m->layers[il].n_ff) {
+        *n = p->ffn_n[il];
+        return p->ffn_idx + (size_t)il * p->n_ff_max;
+    }
+    if (!down && p->kv_keep < p->n_head_kv) {
+        *own = 1;
+        return head_elems(p, il, hp->n_head / hp->n_head_kv, hp->head_dim, n);
+    }
+    return NULL;
+}
+
+/* The bias that replaces the removed columns of ffn_down (down) or
+ * attn_output of input layer il by their calibration means:
+ * out[r] = sum over removed j of W[r][j] * mean(x_j).  Returns a malloc'd
+ * [n_embd] or NULL (nothing removed, no statistics, or out of memory:
+ * *rc says which). */
+static float *compensation(pw_ctx *c, int il, int down, int *rc, kvant_err *err)
+{
+    const model_layer *L = &c->m->layers[il];
+    const model_tensor *w = down ? &L->w_down : &L->wo;
+    char name[64];
+    snprintf(name, sizeof name, "blk.%d.%s.weight", il, down ? "ffn_down" : "attn_output");
+    int64_t n_keep;
+    int own;
+    *rc = KV_OK;
+    if (!c->p->bias_comp)
+        return NULL;
+    const float *mu = prune_stats_mean(c->st, name, w->ne[0]);
+    int32_t *keep = kept_cols(c, il, down, &n_keep, &own);
+    if (!mu || !keep) {
+        if (own)
+            free(keep);
+        return NULL;
+    }
+    float *out = calloc((size_t)w->ne[1], sizeof *out), *row = malloc((size_t)w->ne[0] * sizeof *row);
+    double *m = malloc((size_t)w->ne[0] * sizeof *m);
+    if (out && row && m) {
+        for (int64_t j = 0; j < w->ne[0]; j++)
+            m[j] = mu[j];
+        for (int64_t k = 0; k < n_keep; k++)
+            m[keep[k]] = 0; /* kept columns stay in the matrix */
+        const dtype_traits *tr = dtype_get(w->type);
+        for (int64_t r = 0; r < w->ne[1]; r++) {
+            tr->to_float((const char *)w->data + (size_t)r * w->row_bytes, row, w->ne[0]);
+            double acc = 0;
+            for (int64_t j = 0; j < w->ne[0]; j++)
+                acc += (double)row[j] * m[j];
+            out[r] = (float)acc;
+        }
+    } else {
+        *rc = kvant_err_set(err, KV_ENOMEM, "out of memory");
+        free(out);
+        out = NULL;
+    }
+    free(row);
+    free(m);
+    if (own)
+        free(keep);
+    return out;
+}
+
+/* Adds comp to an existing bias tensor of the input (ffn_down.bias /
+ * attn_output.bias of layer il), or emits a new one after the weight.
+ * Takes ownership of comp. */
+static int add_bias(pw_ctx *c, const gguf_tensor_info *old, float *comp, const char *out_name,
+                    kvant_err *err)
+{
+    int64_t n = c->m->hp.n_embd;
+    c->bufs[c->n_bufs++] = comp;
+    if (old)
+        for (int64_t r = 0; r < n; r++) {
+            float b;
+            memcpy(&b, (const char *)old->data + 4 * r, 4);
+            comp[r] += b;
+        }
+    uint64_t ne[1] = {(uint64_t)n};
+    c->res->bytes_out += (uint64_t)n * 4;
+    c->res->params_out += (uint64_t)n;
+    return gguf_writer_add_tensor(c->w, out_name, DT_F32, 1, ne, comp, err);
+}
+
+/* For a weight (after it was added as out_name): emits the compensation
+ * bias that goes with it when the input has none.  For an input bias
+ * (ffn_down.bias / attn_output.bias): adds it with the compensation.
+ * Returns 1 when a tensor was added, 0 when none was (an input bias must
+ * then be copied as is), or an error. */
+static int after_tensor(pw_ctx *c, int il, const char *kind, const char *out_name,
+                        kvant_err *err)
+{
+    int down = !strcmp(kind, "ffn_down.weight"), rc;
+    int bias = !strcmp(kind, "ffn_down.bias") || !strcmp(kind, "attn_output.bias");
+    if (!down && !bias && strcmp(kind, "attn_output.weight"))
+        return 0;
+    char in_bias[64], bias_name[GGUF_MAX_NAME + 16];
+    if (bias)
+        down = !strcmp(kind, "ffn_down.bias");
+    snprintf(in_bias, sizeof in_bias, "blk.%d.%s.bias", il, down ? "ffn_down" : "attn_output");
+    const gguf_tensor_info *old = gguf_find_tensor(c->m->gguf, in_bias);
+    if (!bias && old)
+        return 0; /* the input's bias carries it, where it comes */
+    float *comp = compensation(c, il, down, &rc, err);
+    if (!comp)
+        return rc;
+    snprintf(bias_name, sizeof bias_name, "%s", out_name);
+    if (!bias) /* "blk.N.ffn_down.weight" -> "blk.N.ffn_down.bias" */
+        snprintf(strrchr(bias_name, '.'), 6, ".bias");
+    rc = add_bias(c, old, comp, bias_name, err);
+    return rc ? rc : 1;
+}
+
 /* Sets *data, ne and *type to the pruned version of layer tensor `kind`
  * (e.g. "ffn_down.weight") of input layer il; leaves them when the
  * tensor is unchanged.  New buffers go to c->bufs. */
@@ -189,13 +307,25 @@ static int add_tensors(pw_ctx *c, kvant_err *err)
             if (!c->p->keep[il])
                 continue;
             snprintf(out_name, sizeof out_name, "blk.%d.%s", new_id[il], name + used);
-            rc = transform(c, ti, il, name + used, name, &data, ne, &type, err);
+            const char *kind = name + used;
+            if (!strcmp(kind, "ffn_down.bias") || !strcmp(kind, "attn_output.bias")) {
+                int added = after_tensor(c, il, kind, out_name, err);
+                if (added < 0)
+                    rc = added;
+                if (added != 0)
+                    continue; /* failed, or added with its compensation */
+            }
+            rc = transform(c, ti, il, kind, name, &data, ne, &type, err);
         }
         if (!rc)
             rc = gguf_writer_add_tensor(c->w, out_name, type, ti->n_dims, ne, data, err);
         uint64_t nrows = ne[1] * ne[2] * ne[3];
         c->res->bytes_out += dtype_row_size(type, (int64_t)ne[0]) * nrows;
         c->res->params_out += ne[0] * nrows;
+        if (!rc && used > 0 && strstr(name + used, ".weight")) {
+            int added = after_tensor(c, il, name + used, out_name, err);
+            rc = added < 0 ? added : KV_OK;
+        }
     }
     free(new_id);
     return rc;
@@ -257,7 +387,8 @@ int prune_write(const model *m, const prune_plan *p, prune_stats *st, const char
     pw_ctx c = {.m = m, .p = p, .st = st, .res = res,
                 .arch = model_arch_name(m->hp.arch)};
     c.w = gguf_writer_create();
-    c.bufs = calloc((size_t)gguf_n_tensors(m->gguf) + 1, sizeof *c.bufs);
+    /* converted tensors plus up to two new biases per layer */
+    c.bufs = calloc((size_t)gguf_n_tensors(m->gguf) + 2 * (size_t)p->n_layers + 1, sizeof *c.bufs);
     if (!c.w || !c.bufs)
         rc = kvant_err_set(err, KV_ENOMEM, "out of memory");
     if (!rc)

@@ -14,7 +14,9 @@ typedef struct calib_mat {
     char name[64];
     int64_t ne0;
     double *sum;           /* [ne0] sum of x^2 */
+    double *sum1;          /* [ne0] sum of x */
     float *mean;           /* [ne0] filled by quant_calib_imp */
+    float *mean1;          /* [ne0] filled by quant_calib_mean */
     int64_t rows;
 } calib_mat;
 
@@ -49,8 +51,10 @@ static void hook_matmul(backend *be, const model_tensor *W, const model_tensor *
     if (cm) {
         for (int32_t r = 0; r < n; r++) {
             const float *x = d_x + (int64_t)r * cm->ne0;
-            for (int64_t i = 0; i < cm->ne0; i++)
+            for (int64_t i = 0; i < cm->ne0; i++) {
                 cm->sum[i] += (double)x[i] * x[i];
+                cm->sum1[i] += x[i];
+            }
         }
         cm->rows += n;
     }
@@ -80,8 +84,10 @@ static int add_mat(quant_calib *c, const model_tensor *t, const char *name)
     cm->ne0 = t->ne[0];
     cm->sum = calloc((size_t)t->ne[0], sizeof *cm->sum);
     cm->mean = calloc((size_t)t->ne[0], sizeof *cm->mean);
-    if (!cm->sum || !cm->mean) {
-        free(cm->sum), free(cm->mean);
+    cm->sum1 = calloc((size_t)t->ne[0], sizeof *cm->sum1);
+    cm->mean1 = calloc((size_t)t->ne[0], sizeof *cm->mean1);
+    if (!cm->sum || !cm->mean || !cm->sum1 || !cm->mean1) {
+        free(cm->sum), free(cm->mean), free(cm->sum1), free(cm->mean1);
         return -1;
     }
     c->n++;
@@ -124,7 +130,8 @@ void quant_calib_destroy(quant_calib *c)
     if (!c)
         return;
     for (int i = 0; c->mats && i < c->n; i++)
-        free(c->mats[i].sum), free(c->mats[i].mean);
+        free(c->mats[i].sum), free(c->mats[i].mean), free(c->mats[i].sum1),
+            free(c->mats[i].mean1);
     free(c->mats);
     free(c);
 }
@@ -154,6 +161,19 @@ const float *quant_calib_imp(quant_calib *c, const char *name, int64_t ne0)
         for (int64_t j = 0; j < ne0; j++)
             cm->mean[j] = (float)(cm->sum[j] / (double)cm->rows);
         return cm->mean;
+    }
+    return NULL;
+}
+
+const float *quant_calib_mean(quant_calib *c, const char *name, int64_t ne0)
+{
+    for (int i = 0; i < c->n; i++) {
+        calib_mat *cm = &c->mats[i];
+        if (strcmp(cm->name, name) || cm->ne0 != ne0 || cm->rows == 0)
+            continue;
+        for (int64_t j = 0; j < ne0; j++)
+            cm->mean1[j] = (float)(cm->sum1[j] / (double)cm->rows);
+        return cm->mean1;
     }
     return NULL;
 }

@@ -1,5 +1,5 @@
 /* quant_calib.h - calibration statistics for importance-weighted
- * quantization: the mean of x^2 per input column of every weight matrix,
+ * quantization: the mean of x^2 (and of x) per input column of every weight matrix,
  * collected by intercepting the backend's matmul while calibration text
  * runs through the ordinary forward pass.
  *
@@ -43,6 +43,9 @@ void quant_calib_set_norm_hook(quant_calib *c, quant_calib_norm_fn fn, void *ctx
 /* Mean x^2 per input column [ne0] for the tensor, or NULL when unknown,
  * never seen, or ne0 differs.  Borrowed from c. */
 const float *quant_calib_imp(quant_calib *c, const char *name, int64_t ne0);
+/* Mean x per input column [ne0] (as quant_calib_imp): structured pruning
+ * replaces removed channels by this mean (bias compensation). */
+const float *quant_calib_mean(quant_calib *c, const char *name, int64_t ne0);
 /* Input rows recorded for the busiest matrix (≈ calibration tokens). */
 int64_t quant_calib_rows(const quant_calib *c);
 

@@ -7,7 +7,8 @@ What is checked:
     on that file;
   * FFN width (F32, so copies are exact): per-layer widths are written as an int32 array,
     the kept gate/up rows and down columns are the same ascending channel subset of the
-    input, and logits match the reference (ref_model reads per-layer widths);
+    input, a compensation ffn_down.bias is written (none with --no-bias), and logits match
+    the reference (ref_model reads per-layer widths and applies the biases);
   * KV-head groups (qwen2 F32 with biases): head counts and key_length are written, the
     kept Q heads belong to the kept KV group, the KV cache per token halves, and logits
     match the reference;
@@ -84,7 +85,7 @@ def test_prune_ffn_width_synthetic(run_kvant, synthetic_dir, kvant_logits, tmp_p
     out = tmp_path / "w.gguf"
     j = _prune(run_kvant, src, out, "--ffn-keep", "0.5")
     widths = j["ffn_widths"]
-    assert sum(widths) == 512 and all(w % 32 == 0 for w in widths)
+    assert abs(sum(widths) - 512) <= 2 * 16 and all(w % 32 == 0 for w in widths)
     assert j["requantized_tensors"] == 0 and j["layers_out"] == 2
     r, t = _fields(out)
     _, t0 = _fields(src)
@@ -100,13 +101,19 @@ def test_prune_ffn_width_synthetic(run_kvant, synthetic_dir, kvant_logits, tmp_p
         d0 = np.asarray(t0[f"blk.{L}.ffn_down.weight"].data).reshape(ms.N_EMBD, 512)
         d1 = np.asarray(t[f"blk.{L}.ffn_down.weight"].data).reshape(ms.N_EMBD, widths[L])
         assert np.array_equal(u1, u0[idx]) and np.array_equal(d1, d0[:, idx])
+        b = np.asarray(t[f"blk.{L}.ffn_down.bias"].data)  # compensation: removed channels' mean
+        assert b.shape == (ms.N_EMBD,) and np.isfinite(b).all() and np.abs(b).max() > 0
+    assert j["bias_compensation"] is True
     _check_logits(kvant_logits, out, 12)
 
 
 def test_prune_ffn_uniform_and_target(run_kvant, synthetic_dir, tmp_path):
     src = ms.make_model(synthetic_dir, "llama-F32")
-    j = _prune(run_kvant, src, tmp_path / "u.gguf", "--ffn-keep", "0.25", "--ffn-uniform")
-    assert j["ffn_widths"] == [128, 128]
+    j = _prune(run_kvant, src, tmp_path / "u.gguf", "--ffn-keep", "0.25", "--ffn-uniform",
+               "--no-bias")
+    assert j["ffn_widths"] == [128, 128] and j["bias_compensation"] is False
+    _, t = _fields(tmp_path / "u.gguf")
+    assert not any(n.endswith(".bias") for n in t)
     j = _prune(run_kvant, src, tmp_path / "t.gguf", "--target-params", "0.8", "--method", "width")
     assert 0.76 < j["params_kept"] < 0.84, j["params_kept"]
     assert j["layers_out"] == 2
