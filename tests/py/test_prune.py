@@ -199,3 +199,12 @@ def test_prune_default_model_depth(run_kvant, default_model, kvant_logits, tmp_p
     b = kvant_logits(str(out), ids, 49152)
     assert np.isfinite(b).all()
     assert (a.argmax(1) == b.argmax(1)).mean() >= 0.5
+
+
+def test_ffn_length_array_checked(run_kvant, tmp_path):
+    """A per-layer feed_forward_length whose length is not block_count is refused by name."""
+    bad = ms.Spec("llama", "F32", "F32", tied=True, ff=(512, 512, 512))
+    path = ms.write_model(str(tmp_path / "bad-ff.gguf"), bad, seed=3)
+    r = run_kvant(["run", "-m", path, "-p", "hi", "-n", "1"])
+    assert r.returncode != 0
+    assert "feed_forward_length" in r.stderr and "one per layer" in r.stderr, r.stderr
