@@ -19,6 +19,7 @@ static const cli_cmd cmds[] = {
     {"info", cmd_info, "model metadata and tensors (--memory: memory profile)"},
     {"bench", cmd_bench, "prompt/generation speed, batched decode, roofline"},
     {"quantize", cmd_quantize, "write a quantized GGUF (RTN, calibrated, recipes)"},
+    {"prune", cmd_prune, "remove layers / FFN channels / KV heads chosen by calibration"},
     {"kl", cmd_kl, "perplexity and KL divergence against a base model"},
     {"plan", cmd_plan, "what fits in a memory budget (reads the GGUF header only)"},
     {"logits", cmd_logits, "dump teacher-forced logits (for reference tests)"},

@@ -3,7 +3,7 @@
  *   x = embed(tokens)
  *   per layer:  h = rmsnorm(x) ; q,k,v = h W{q,k,v} (+b) ; rope(q,k)
  *               store k,v in the paged cache ; a = attention(q)
- *               x += a Wo ; h = rmsnorm(x) ; x += (silu(h Wg) * h Wu) Wd
+ *               x += a Wo (+bo) ; h = rmsnorm(x) ; x += (silu(h Wg) * h Wu) Wd (+bd)
  *   logits = rmsnorm(x[out]) Wout
  */
 #include "model/forward.h"
@@ -138,13 +138,13 @@ static void run_layer(fwd_ctx *f, int32_t il, int32_t n)
     op->rope(be, f->d_k, hp->n_head_kv, hp->head_dim, &f->rope);
     op->kv_store(be, il, f->d_k, f->d_v);
     op->attention(be, il, f->d_q, hp->n_head, f->d_att);
-    op->matmul(be, &L->wo, NULL, f->d_att, f->d_h, n);
+    op->matmul(be, &L->wo, L->bo.dev ? &L->bo : NULL, f->d_att, f->d_h, n);
     op->add(be, f->d_x, f->d_h, (int64_t)n * hp->n_embd);
     op->rmsnorm(be, f->d_x, &L->ffn_norm, hp->rms_eps, f->d_h, n);
     op->matmul(be, &L->w_gate, NULL, f->d_h, f->d_gate, n);
     op->matmul(be, &L->w_up, NULL, f->d_h, f->d_up, n);
-    op->swiglu(be, f->d_gate, f->d_up, f->d_gate, (int64_t)n * hp->n_ff);
-    op->matmul(be, &L->w_down, NULL, f->d_gate, f->d_h, n);
+    op->swiglu(be, f->d_gate, f->d_up, f->d_gate, (int64_t)n * L->n_ff);
+    op->matmul(be, &L->w_down, L->b_down.dev ? &L->b_down : NULL, f->d_gate, f->d_h, n);
     op->add(be, f->d_x, f->d_h, (int64_t)n * hp->n_embd);
 }
 

@@ -69,6 +69,46 @@ static int read_rope_scaling(const gguf_ctx *g, const char *arch, model_hparams 
                          (int)(type.len > 64 ? 64 : type.len), type.ptr);
 }
 
+int model_ff_length(const gguf_ctx *g, int n_layers, int il, uint32_t *n_ff, kvant_err *err)
+{
+    gguf_str arch_s;
+    int rc = gguf_get_str(g, "general.architecture", &arch_s, err);
+    if (rc)
+        return rc;
+    char key[128];
+    snprintf(key, sizeof key, "%.*s.feed_forward_length", (int)(arch_s.len > 32 ? 32 : arch_s.len),
+             arch_s.ptr);
+    int64_t ki = gguf_find_key(g, key);
+    if (ki < 0 || gguf_kv_type(g, ki) != GGUF_TYPE_ARRAY) {
+        if ((rc = gguf_get_u32(g, key, n_ff, err)))
+            return rc;
+    } else {
+        /* per-layer widths (a width-pruned model): int32 or uint32 [n_layers];
+         * il < 0 asks for the largest */
+        gguf_type et = gguf_arr_type(g, ki);
+        if ((et != GGUF_TYPE_INT32 && et != GGUF_TYPE_UINT32) ||
+            gguf_arr_n(g, ki) != (uint64_t)n_layers)
+            return kvant_err_set(err, KV_EFORMAT,
+                                 "%s: array must hold %d int32/uint32 values (one per layer)",
+                                 key, n_layers);
+        const uint8_t *d = gguf_arr_data(g, ki);
+        uint32_t best = 0;
+        for (int i = 0; i < n_layers; i++) {
+            int32_t v;
+            memcpy(&v, d + 4 * (size_t)i, 4);
+            if (v < 1)
+                return kvant_err_set(err, KV_EFORMAT, "%s[%d] = %d is not positive", key, i,
+                                     (int)v);
+            if (il < 0 ? (uint32_t)v > best : i == il)
+                best = (uint32_t)v;
+        }
+        *n_ff = best;
+    }
+    if (*n_ff < 1 || *n_ff > (1u << 20))
+        return kvant_err_set(err, KV_EFORMAT, "%s = %u out of range", key, *n_ff);
+    return KV_OK;
+}
+
 int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err)
 {
     gguf_str arch_s;
@@ -94,7 +134,6 @@ int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err
     if ((rc = get_u32_key(g, arch, "block_count", &n_layers, 1, 0, err)) ||
         (rc = get_u32_key(g, arch, "embedding_length", &n_embd, 1, 0, err)) ||
         (rc = get_u32_key(g, arch, "attention.head_count", &n_head, 1, 0, err)) ||
-        (rc = get_u32_key(g, arch, "feed_forward_length", &n_ff, 1, 0, err)) ||
         (rc = get_u32_key(g, arch, "context_length", &ctx, 0, 2048, err)))
         return rc;
     if ((rc = get_u32_key(g, arch, "attention.head_count_kv", &n_head_kv, 0, n_head, err)))
@@ -102,7 +141,17 @@ int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err
     if (n_layers < 1 || n_layers > MODEL_MAX_LAYERS)
         return kvant_err_set(err, KV_EFORMAT, "%s.block_count: %u outside [1, %d]", arch,
                              n_layers, MODEL_MAX_LAYERS);
-    if (n_head < 1 || n_embd < 1 || n_embd % n_head)
+    if ((rc = model_ff_length(g, (int)n_layers, -1, &n_ff, err)))
+        return rc;
+    if (n_head < 1 || n_embd < 1)
+        return kvant_err_set(err, KV_EFORMAT, "%s: embedding_length %u, head_count %u", arch,
+                             n_embd, n_head);
+    /* key_length defaults to n_embd / n_head; a file that sets it (e.g. a
+     * model with pruned heads) may have n_head * key_length != n_embd */
+    char kl_key[64];
+    snprintf(kl_key, sizeof kl_key, "%s.attention.key_length", arch);
+    int has_key_len = gguf_find_key(g, kl_key) >= 0;
+    if (!has_key_len && n_embd % n_head)
         return kvant_err_set(err, KV_EFORMAT,
                              "%s.embedding_length %u is not a multiple of head_count %u", arch,
                              n_embd, n_head);
@@ -198,7 +247,11 @@ static int bind_layer(model *m, int il, kvant_err *err)
     int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     int qwen = hp->arch == ARCH_QWEN2;
     char name[96];
-    int rc;
+    uint32_t n_ff;
+    int rc = model_ff_length(m->gguf, hp->n_layers, il, &n_ff, err);
+    if (rc)
+        return rc;
+    L->n_ff = (int32_t)n_ff;
 #define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, il), name)
     if ((rc = bind_vec(m->gguf, &L->attn_norm, NAME("attn_norm.weight"), il, hp->n_embd, 0, err)) ||
         (rc = bind(m->gguf, &L->wq, NAME("attn_q.weight"), il, hp->n_embd, q_dim, 0, err)) ||
@@ -208,10 +261,12 @@ static int bind_layer(model *m, int il, kvant_err *err)
         (rc = bind_vec(m->gguf, &L->bq, NAME("attn_q.bias"), il, q_dim, !qwen, err)) ||
         (rc = bind_vec(m->gguf, &L->bk, NAME("attn_k.bias"), il, kv_dim, !qwen, err)) ||
         (rc = bind_vec(m->gguf, &L->bv, NAME("attn_v.bias"), il, kv_dim, !qwen, err)) ||
+        (rc = bind_vec(m->gguf, &L->bo, NAME("attn_output.bias"), il, hp->n_embd, 1, err)) ||
+        (rc = bind_vec(m->gguf, &L->b_down, NAME("ffn_down.bias"), il, hp->n_embd, 1, err)) ||
         (rc = bind_vec(m->gguf, &L->ffn_norm, NAME("ffn_norm.weight"), il, hp->n_embd, 0, err)) ||
-        (rc = bind(m->gguf, &L->w_gate, NAME("ffn_gate.weight"), il, hp->n_embd, hp->n_ff, 0, err)) ||
-        (rc = bind(m->gguf, &L->w_up, NAME("ffn_up.weight"), il, hp->n_embd, hp->n_ff, 0, err)) ||
-        (rc = bind(m->gguf, &L->w_down, NAME("ffn_down.weight"), il, hp->n_ff, hp->n_embd, 0, err)))
+        (rc = bind(m->gguf, &L->w_gate, NAME("ffn_gate.weight"), il, hp->n_embd, L->n_ff, 0, err)) ||
+        (rc = bind(m->gguf, &L->w_up, NAME("ffn_up.weight"), il, hp->n_embd, L->n_ff, 0, err)) ||
+        (rc = bind(m->gguf, &L->w_down, NAME("ffn_down.weight"), il, L->n_ff, hp->n_embd, 0, err)))
         return rc;
 #undef NAME
     return KV_OK;
@@ -305,7 +360,8 @@ void model_for_each_tensor(model *m, model_tensor_fn fn, void *ctx)
     for (int il = 0; m->layers && il < m->hp.n_layers; il++) {
         model_layer *L = &m->layers[il];
         model_tensor *ts[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk,
-                              &L->bv, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+                              &L->bv, &L->bo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down,
+                              &L->b_down};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
             if (ts[i]->data)
                 fn(ctx, ts[i]);

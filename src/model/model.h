@@ -38,7 +38,7 @@ typedef struct model_hparams {
     int32_t n_head;
     int32_t n_head_kv;
     int32_t head_dim;     /* n_embd / n_head unless key_length says otherwise */
-    int32_t n_ff;
+    int32_t n_ff;         /* the widest layer's FFN (model_layer.n_ff per layer) */
     int32_t n_vocab;
     int64_t n_ctx_train;
     int32_t rope_dim;     /* rotated dimensions per head (<= head_dim) */
@@ -63,7 +63,10 @@ typedef struct model_tensor {
 typedef struct model_layer {
     model_tensor attn_norm, wq, wk, wv, wo;
     model_tensor bq, bk, bv; /* qwen2 only; type == DT_F32 and data NULL when absent */
+    model_tensor bo;         /* optional (a pruned model's compensation); data NULL when absent */
     model_tensor ffn_norm, w_gate, w_up, w_down;
+    model_tensor b_down;     /* optional, as bo */
+    int32_t n_ff;            /* this layer's FFN width (<= hp.n_ff; per-layer after pruning) */
 } model_layer;
 
 typedef struct model {
@@ -80,6 +83,10 @@ typedef struct model {
     char path[1024];
 } model;
 
+/* FFN width of layer il (il < 0: the widest) from
+ * {arch}.feed_forward_length, a u32 or an int32/uint32 array of n_layers
+ * (per-layer widths, as llama.cpp reads them and `kvant prune` writes). */
+int model_ff_length(const gguf_ctx *g, int n_layers, int il, uint32_t *n_ff, kvant_err *err);
 /* Reads hyper-parameters only (no tensors): used by `kvant plan`. */
 int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err);
 const char *model_arch_name(model_arch a);

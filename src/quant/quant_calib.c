@@ -14,7 +14,9 @@ typedef struct calib_mat {
     char name[64];
     int64_t ne0;
     double *sum;           /* [ne0] sum of x^2 */
+    double *sum1;          /* [ne0] sum of x */
     float *mean;           /* [ne0] filled by quant_calib_imp */
+    float *mean1;          /* [ne0] filled by quant_calib_mean */
     int64_t rows;
 } calib_mat;
 
@@ -29,6 +31,8 @@ struct quant_calib {
     calib_mat *mats;
     int n;
     calib_ops ops;
+    quant_calib_norm_fn norm_fn; /* optional observer of rmsnorm inputs */
+    void *norm_ctx;              /* borrowed */
 };
 
 static calib_mat *find_mat(quant_calib *c, const model_tensor *t)
@@ -47,12 +51,29 @@ static void hook_matmul(backend *be, const model_tensor *W, const model_tensor *
     if (cm) {
         for (int32_t r = 0; r < n; r++) {
             const float *x = d_x + (int64_t)r * cm->ne0;
-            for (int64_t i = 0; i < cm->ne0; i++)
+            for (int64_t i = 0; i < cm->ne0; i++) {
                 cm->sum[i] += (double)x[i] * x[i];
+                cm->sum1[i] += x[i];
+            }
         }
         cm->rows += n;
     }
     co->orig->matmul(be, W, bias, d_x, d_y, n);
+}
+
+static void hook_rmsnorm(backend *be, const float *d_x, const model_tensor *w, float eps,
+                         float *d_y, int32_t n)
+{
+    const calib_ops *co = (const calib_ops *)be->ops;
+    if (co->c->norm_fn)
+        co->c->norm_fn(co->c->norm_ctx, w, d_x, n);
+    co->orig->rmsnorm(be, d_x, w, eps, d_y, n);
+}
+
+void quant_calib_set_norm_hook(quant_calib *c, quant_calib_norm_fn fn, void *ctx)
+{
+    c->norm_fn = fn;
+    c->norm_ctx = ctx;
 }
 
 static int add_mat(quant_calib *c, const model_tensor *t, const char *name)
@@ -63,8 +84,10 @@ static int add_mat(quant_calib *c, const model_tensor *t, const char *name)
     cm->ne0 = t->ne[0];
     cm->sum = calloc((size_t)t->ne[0], sizeof *cm->sum);
     cm->mean = calloc((size_t)t->ne[0], sizeof *cm->mean);
-    if (!cm->sum || !cm->mean) {
-        free(cm->sum), free(cm->mean);
+    cm->sum1 = calloc((size_t)t->ne[0], sizeof *cm->sum1);
+    cm->mean1 = calloc((size_t)t->ne[0], sizeof *cm->mean1);
+    if (!cm->sum || !cm->mean || !cm->sum1 || !cm->mean1) {
+        free(cm->sum), free(cm->mean), free(cm->sum1), free(cm->mean1);
         return -1;
     }
     c->n++;
@@ -107,7 +130,8 @@ void quant_calib_destroy(quant_calib *c)
     if (!c)
         return;
     for (int i = 0; c->mats && i < c->n; i++)
-        free(c->mats[i].sum), free(c->mats[i].mean);
+        free(c->mats[i].sum), free(c->mats[i].mean), free(c->mats[i].sum1),
+            free(c->mats[i].mean1);
     free(c->mats);
     free(c);
 }
@@ -116,6 +140,7 @@ void quant_calib_attach(quant_calib *c, backend *be)
 {
     c->ops.ops = *be->ops;
     c->ops.ops.matmul = hook_matmul;
+    c->ops.ops.rmsnorm = hook_rmsnorm;
     c->ops.orig = be->ops;
     c->ops.c = c;
     be->ops = &c->ops.ops;
@@ -136,6 +161,19 @@ const float *quant_calib_imp(quant_calib *c, const char *name, int64_t ne0)
         for (int64_t j = 0; j < ne0; j++)
             cm->mean[j] = (float)(cm->sum[j] / (double)cm->rows);
         return cm->mean;
+    }
+    return NULL;
+}
+
+const float *quant_calib_mean(quant_calib *c, const char *name, int64_t ne0)
+{
+    for (int i = 0; i < c->n; i++) {
+        calib_mat *cm = &c->mats[i];
+        if (strcmp(cm->name, name) || cm->ne0 != ne0 || cm->rows == 0)
+            continue;
+        for (int64_t j = 0; j < ne0; j++)
+            cm->mean1[j] = (float)(cm->sum1[j] / (double)cm->rows);
+        return cm->mean1;
     }
     return NULL;
 }

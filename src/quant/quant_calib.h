@@ -1,5 +1,5 @@
 /* quant_calib.h - calibration statistics for importance-weighted
- * quantization: the mean of x^2 per input column of every weight matrix,
+ * quantization: the mean of x^2 (and of x) per input column of every weight matrix,
  * collected by intercepting the backend's matmul while calibration text
  * runs through the ordinary forward pass.
  *
@@ -32,9 +32,20 @@ void quant_calib_destroy(quant_calib *c);
 void quant_calib_attach(quant_calib *c, backend *be);
 void quant_calib_detach(quant_calib *c, backend *be);
 
+/* Optional observer of the RMSNorm inputs while attached (structured
+ * pruning reads the residual stream there: a layer's attn_norm input is
+ * the layer's input, output_norm's input the last layer's output).  fn
+ * sees the backend's (host) input rows d_x [n][w->ne[0]] before the norm
+ * runs; ctx is borrowed.  NULL fn removes it. */
+typedef void (*quant_calib_norm_fn)(void *ctx, const model_tensor *w, const float *d_x, int32_t n);
+void quant_calib_set_norm_hook(quant_calib *c, quant_calib_norm_fn fn, void *ctx);
+
 /* Mean x^2 per input column [ne0] for the tensor, or NULL when unknown,
  * never seen, or ne0 differs.  Borrowed from c. */
 const float *quant_calib_imp(quant_calib *c, const char *name, int64_t ne0);
+/* Mean x per input column [ne0] (as quant_calib_imp): structured pruning
+ * replaces removed channels by this mean (bias compensation). */
+const float *quant_calib_mean(quant_calib *c, const char *name, int64_t ne0);
 /* Input rows recorded for the busiest matrix (≈ calibration tokens). */
 int64_t quant_calib_rows(const quant_calib *c);
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Tiny synthetic GGUF models (llama / qwen2) in every supported weight type.
 
-Shapes: n_embd 256, n_ff 512, 4 heads of 64, 2 KV heads, 2 layers, vocab 384, ctx 256.
+Shapes: n_embd 256, n_ff 512, 4 heads of 64, 2 KV heads, 2 layers, vocab 384, ctx 256
+(the -ffw variants have per-layer FFN widths and -heads fewer heads, as `kvant prune` writes).
 Random weights with realistic scales; norms ~1 (F32).  Types gguf.quants can quantize
 (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) are quantized from Gaussian data; Q4_K, Q5_K and
 Q6_K (no quantizer in gguf 0.17) are built as random but valid blocks whose f16 scales are
@@ -37,6 +38,8 @@ class Spec:
     freq_base: float | None = None   # None: key absent (default 10000)
     rope_freqs: bool = False          # add rope_freqs.weight (Llama-3.1 style)
     rope_linear: float | None = None  # rope.scaling.type linear with this factor
+    ff: tuple[int, ...] | None = None  # per-layer FFN widths (array key), like a pruned model
+    heads: tuple[int, int] | None = None  # (n_head, n_head_kv) with key_length 64: q_dim != n_embd
 
 
 def _variants() -> dict[str, Spec]:
@@ -51,6 +54,9 @@ def _variants() -> dict[str, Spec]:
     v["llama-ropefreqs-F32"] = Spec("llama", "F32", "F32", tied=False, freq_base=500000.0, rope_freqs=True)
     v["llama-ropefreqs-Q8_0"] = Spec("llama", "Q8_0", "Q8_0", tied=True, freq_base=500000.0, rope_freqs=True)
     v["llama-ropelinear-F32"] = Spec("llama", "F32", "F32", tied=False, rope_linear=4.0)
+    # shapes `kvant prune` writes: per-layer FFN widths, fewer heads than n_embd / head_dim
+    v["llama-ffw-Q4_1"] = Spec("llama", "Q4_1", "Q8_0", tied=True, ff=(512, 160))
+    v["qwen2-ffw-heads-F16"] = Spec("qwen2", "F16", "F16", tied=True, ff=(96, 512), heads=(2, 1))
     return v
 
 
@@ -142,10 +148,15 @@ def write_model(path: str, spec: Spec, seed: int) -> str:
     w.add_name(os.path.basename(path))
     w.add_context_length(N_CTX)
     w.add_embedding_length(N_EMBD)
-    w.add_feed_forward_length(N_FF)
+    ffs = list(spec.ff) if spec.ff else [N_FF] * N_LAYER
+    n_head, n_head_kv = spec.heads or (N_HEAD, N_HEAD_KV)
+    w.add_feed_forward_length(ffs if spec.ff else N_FF)
     w.add_block_count(N_LAYER)
-    w.add_head_count(N_HEAD)
-    w.add_head_count_kv(N_HEAD_KV)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    if spec.heads:
+        w.add_key_length(HEAD_DIM)
+        w.add_value_length(HEAD_DIM)
     w.add_layer_norm_rms_eps(EPS)
     w.add_rope_dimension_count(HEAD_DIM)
     if spec.freq_base is not None:
@@ -174,22 +185,24 @@ def write_model(path: str, spec: Spec, seed: int) -> str:
     add("token_embd.weight", (N_VOCAB, N_EMBD), 0.2, spec.emb_type)
     if spec.rope_freqs:
         add_f32("rope_freqs.weight", np.geomspace(1.0, 8.0, HEAD_DIM // 2))
-    kvd = N_HEAD_KV * HEAD_DIM
+    kvd = n_head_kv * HEAD_DIM
+    qd = n_head * HEAD_DIM
     for L in range(N_LAYER):
         p = f"blk.{L}."
+        nff = ffs[L]
         add_f32(p + "attn_norm.weight", 1.0 + 0.1 * rng.standard_normal(N_EMBD))
-        add(p + "attn_q.weight", (N_EMBD, N_EMBD), 0.08, spec.wtype)
+        add(p + "attn_q.weight", (qd, N_EMBD), 0.08, spec.wtype)
         add(p + "attn_k.weight", (kvd, N_EMBD), 0.08, spec.wtype)
         add(p + "attn_v.weight", (kvd, N_EMBD), 0.06, spec.wtype)
         if spec.arch == "qwen2":
-            add_f32(p + "attn_q.bias", 0.1 * rng.standard_normal(N_EMBD))
+            add_f32(p + "attn_q.bias", 0.1 * rng.standard_normal(qd))
             add_f32(p + "attn_k.bias", 0.1 * rng.standard_normal(kvd))
             add_f32(p + "attn_v.bias", 0.1 * rng.standard_normal(kvd))
-        add(p + "attn_output.weight", (N_EMBD, N_EMBD), 0.06, spec.wtype)
+        add(p + "attn_output.weight", (N_EMBD, qd), 0.06, spec.wtype)
         add_f32(p + "ffn_norm.weight", 1.0 + 0.1 * rng.standard_normal(N_EMBD))
-        add(p + "ffn_gate.weight", (N_FF, N_EMBD), 0.06, spec.wtype)
-        add(p + "ffn_up.weight", (N_FF, N_EMBD), 0.06, spec.wtype)
-        add(p + "ffn_down.weight", (N_EMBD, N_FF), 0.044, spec.wtype)
+        add(p + "ffn_gate.weight", (nff, N_EMBD), 0.06, spec.wtype)
+        add(p + "ffn_up.weight", (nff, N_EMBD), 0.06, spec.wtype)
+        add(p + "ffn_down.weight", (N_EMBD, nff), 0.044, spec.wtype)
     add_f32("output_norm.weight", 1.0 + 0.1 * rng.standard_normal(N_EMBD))
     if not spec.tied:
         add("output.weight", (N_VOCAB, N_EMBD), 0.2, spec.emb_type)

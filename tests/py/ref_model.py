@@ -62,11 +62,12 @@ class RefModel:
         g = lambda k, d=None: _field(r, f"{arch}.{k}", d)  # noqa: E731
         self.n_layer = int(g("block_count"))
         self.n_embd = int(g("embedding_length"))
-        self.n_ff = int(g("feed_forward_length"))
+        ff = g("feed_forward_length")  # a list for per-layer widths (a width-pruned model)
+        self.n_ff = [int(v) for v in ff] if isinstance(ff, (list, tuple)) else [int(ff)] * self.n_layer
         self.n_head = int(g("attention.head_count"))
         self.n_head_kv = int(g("attention.head_count_kv", self.n_head))
         self.eps = float(g("attention.layer_norm_rms_epsilon", 1e-5))
-        self.head_dim = self.n_embd // self.n_head
+        self.head_dim = int(g("attention.key_length", self.n_embd // self.n_head))
         self.freq_base = float(g("rope.freq_base", 10000.0))
         self.n_rot = int(g("rope.dimension_count", self.head_dim))
         self.n_ctx_train = int(g("context_length", 0))
@@ -163,6 +164,8 @@ class RefModel:
             att = np.einsum("hqk,khd->qhd", pr, vh).reshape(n, nh * hd)
             x = x + self.lin(att, p + "attn_output")
             h = self.rmsnorm(x, p + "ffn_norm.weight")
+            if self.w(p + "ffn_gate.weight").shape[0] != self.n_ff[L]:
+                raise ValueError(f"layer {L}: ffn_gate rows differ from feed_forward_length")
             gt = self.lin(h, p + "ffn_gate")
             up = self.lin(h, p + "ffn_up")
             x = x + self.lin(gt / (self.dt.type(1) + np.exp(-gt)) * up, p + "ffn_down")

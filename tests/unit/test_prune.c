@@ -1,0 +1,184 @@
+/* test_prune.c - structured pruning end to end on the tiny f32 model
+ * (under ASan in `make asan`): statistics from forward passes, a plan that
+ * removes a layer, half the FFN channels and one of two KV groups, the
+ * written file loads with the new shapes and runs, and refused requests
+ * (every layer, fractions >= 1, nothing to prune, too little calibration,
+ * an unwritable path) return KV_EINVAL / an error and leave no file. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "mem/mem.h"
+#include "model/forward.h"
+#include "quant/prune.h"
+#include "testutil.h"
+#include "tinymodel.h"
+
+enum { BS = 16, NB = 24, STEP = 64 };
+
+typedef struct rig {
+    mem_mgr *mem;
+    backend *be;
+    model *m;
+    fwd_ctx f;
+    float *logits; /* [STEP][n_vocab] */
+} rig;
+
+static int rig_open(rig *r, const char *path)
+{
+    kvant_err err = {0};
+    memset(r, 0, sizeof *r);
+    r->m = model_load(path, &err);
+    CHECKF(r->m != NULL, "model_load %s: %s", path, err.msg);
+    if (!r->m)
+        return -1;
+    r->mem = mem_create(1ull << 30, mem_allocator_host(), &err);
+    r->be = r->mem ? backend_create("cpu", 0, r->mem, 2, 0, &err) : NULL;
+    kv_layout lay = fwd_kv_layout(r->m, NB, BS, 0 /* f32 */);
+    int rc = !r->be ? -1 : r->be->ops->load_weights(r->be, r->m, &err);
+    if (!rc)
+        rc = fwd_init(&r->f, r->m, r->be, STEP, STEP, &lay, &err);
+    r->logits = malloc((size_t)STEP * r->m->hp.n_vocab * sizeof *r->logits);
+    CHECKF(rc == KV_OK && r->logits, "set-up: %s", err.msg);
+    return rc;
+}
+
+static void rig_close(rig *r)
+{
+    if (r->f.be)
+        fwd_free(&r->f);
+    if (r->be) {
+        r->be->ops->unload_weights(r->be, r->m);
+        r->be->ops->destroy(r->be);
+    }
+    mem_destroy(r->mem);
+    model_free(r->m);
+    free(r->logits);
+}
+
+/* Runs n_tok tokens (one sequence from position 0) with all logits. */
+static int rig_run(rig *r, int n_tok)
+{
+    int32_t table[NB], tok[STEP], pos[STEP], seq[STEP], outi[STEP];
+    for (int i = 0; i < NB; i++)
+        table[i] = i;
+    fwd_seq fs = {table, NB};
+    kvant_err err = {0};
+    for (int p0 = 0; p0 < n_tok; p0 += STEP) {
+        int n = n_tok - p0 < STEP ? n_tok - p0 : STEP;
+        for (int i = 0; i < n; i++) {
+            tok[i] = ((p0 + i) * 37 + 11) % 300;
+            pos[i] = p0 + i, seq[i] = 0, outi[i] = i;
+        }
+        fwd_batch b = {n, tok, pos, seq, 1, &fs, n, outi};
+        int rc = fwd_run(&r->f, &b, r->logits, &err);
+        CHECKF(rc == KV_OK, "fwd_run: %s", err.msg);
+        if (rc)
+            return rc;
+    }
+    return KV_OK;
+}
+
+static void test_refused(model *m, prune_stats *st, const char *out)
+{
+    struct { prune_request rq; const char *msg; } cases[6];
+    for (int i = 0; i < 6; i++)
+        cases[i].rq = prune_request_default();
+    cases[0].rq.drop_layers = 2, cases[0].msg = "every layer";
+    cases[1].rq.target_params = 1.0, cases[1].msg = "(0, 1)";
+    cases[2].rq.heads_keep = 1.5, cases[2].msg = "(0, 1)";
+    cases[3].msg = "nothing to prune";
+    cases[4].rq.heads_keep = 0.1, cases[4].msg = "removes all";
+    cases[5].rq.target_params = 0.05, cases[5].rq.method = PRUNE_WIDTH;
+    cases[5].msg = "cannot be reached";
+    for (int i = 0; i < 6; i++) {
+        prune_plan p;
+        kvant_err err = {0};
+        int rc = prune_plan_make(m, st, &cases[i].rq, &p, &err);
+        CHECKF(rc == KV_EINVAL && strstr(err.msg, cases[i].msg), "case %d: rc %d '%s'", i, rc,
+               err.msg);
+        CHECK(p.keep == NULL);
+    }
+    CHECK(access(out, F_OK) != 0);
+}
+
+static void test_prune(const char *src, const char *out)
+{
+    rig r;
+    if (rig_open(&r, src))
+        goto done;
+    kvant_err err = {0};
+    prune_stats *st = prune_stats_create(r.m, &err);
+    CHECKF(st != NULL, "stats: %s", err.msg);
+    if (!st)
+        goto done;
+    /* too little calibration first: 100 tokens */
+    prune_stats_attach(st, r.be);
+    rig_run(&r, 100);
+    prune_stats_detach(st, r.be);
+    prune_request rq = prune_request_default();
+    rq.drop_layers = 1;
+    prune_plan p;
+    CHECK(prune_plan_make(r.m, st, &rq, &p, &err) == KV_EINVAL && strstr(err.msg, "too short"));
+    prune_stats_attach(st, r.be);
+    rig_run(&r, 300);
+    prune_stats_detach(st, r.be);
+    CHECKF(prune_stats_tokens(st) == 400, "tokens %lld", (long long)prune_stats_tokens(st));
+    test_refused(r.m, st, out);
+    rq.ffn_keep = 0.5;
+    rq.heads_keep = 0.5;
+    int rc = prune_plan_make(r.m, st, &rq, &p, &err);
+    CHECKF(rc == KV_OK, "plan: %s", err.msg);
+    if (rc)
+        goto done_st;
+    CHECK(p.n_kept == 1 && p.kv_keep == 1 && p.params_out < p.params_in);
+    CHECKF(p.bi[0] > 0 && p.bi[1] > 0 && p.bi[0] < 2 && p.bi[1] < 2, "BI %g %g", p.bi[0],
+           p.bi[1]);
+    int gone = p.keep[0] ? 1 : 0;
+    CHECK(p.bi[gone] <= p.bi[1 - gone]);
+    CHECKF(p.ffn_n[1 - gone] % 32 == 0 && p.ffn_n[1 - gone] < 128, "width %d", p.ffn_n[1 - gone]);
+    prune_result res;
+    rc = prune_write(r.m, &p, st, "/nonexistent-dir/x.gguf", &res, &err);
+    CHECK(rc != KV_OK);
+    rc = prune_write(r.m, &p, st, out, &res, &err);
+    CHECKF(rc == KV_OK, "write: %s", err.msg);
+    CHECK(res.bytes_out < res.bytes_in && res.params_out > 0);
+    int32_t kept_ff = p.ffn_n[1 - gone];
+    prune_plan_free(&p);
+    rig r2 = {0};
+    if (rc == KV_OK && rig_open(&r2, out) == 0) {
+        const model_hparams *hp = &r2.m->hp;
+        CHECKF(hp->n_layers == 1 && hp->n_head == 2 && hp->n_head_kv == 1 && hp->head_dim == 16,
+               "shape %d %d %d %d", hp->n_layers, hp->n_head, hp->n_head_kv, hp->head_dim);
+        CHECK(r2.m->layers[0].n_ff == kept_ff && r2.m->layers[0].b_down.data &&
+              r2.m->layers[0].bo.data);
+        CHECK(rig_run(&r2, 70) == KV_OK);
+        int finite = 1;
+        for (int i = 0; i < 6 * hp->n_vocab; i++)
+            finite &= isfinite(r2.logits[i]);
+        CHECK(finite);
+    }
+    rig_close(&r2);
+done_st:
+    prune_stats_destroy(st);
+done:
+    rig_close(&r);
+}
+
+int main(void)
+{
+    char dir[] = "/tmp/kvant-prune-XXXXXX", src[256], out[256];
+    if (!mkdtemp(dir))
+        return 1;
+    snprintf(src, sizeof src, "%s/tiny.gguf", dir);
+    snprintf(out, sizeof out, "%s/pruned.gguf", dir);
+    CHECK(tiny_model_write(src, 7) == 0);
+    test_prune(src, out);
+    unlink(src);
+    unlink(out);
+    rmdir(dir);
+    return tu_finish("test_prune");
+}
