@@ -37,7 +37,9 @@ static void serve_usage(void)
             "  [--memory-utilization F] [--max-num-seqs N] [--max-num-batched-tokens N]\n"
             "  [--block-size N] [-c|--ctx-size N] [--no-prefix-cache] [--max-waiting N]\n"
             "  [--max-body BYTES] [--drain-timeout SECONDS] [--timeout SECONDS]\n"
-            "  [--max-connections N] [--kv-blocks N]\n");
+            "  [--max-connections N] [--kv-blocks N]\n"
+            "  [--kv-host-memory SIZE (default 0: no host tier)] [--kv-disk-dir DIR]\n"
+            "  [--kv-disk-size SIZE (default 4G with --kv-disk-dir)]\n");
 }
 
 /* Engine and limit options with an integer value; 1 consumed, 0 not ours, -1 bad. */
@@ -90,6 +92,8 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
         int r = cli_common_parse(&o->c, argc, argv, &i);
         if (r == 0)
             r = parse_int_opt(o, argc, argv, &i);
+        if (r == 0)
+            r = cli_kvtier_parse(&o->ec, argc, argv, &i);
         if (r < 0)
             return -1;
         if (r)
@@ -119,6 +123,8 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
             return -1;
         }
     }
+    if (cli_kvtier_check(&o->ec))
+        return -1;
     cli_engine_config(&o->c, &o->ec);
     o->ec.print_plan = 1;
     if (!o->c.model_path)

@@ -28,6 +28,7 @@
 #define ENGINE_MAX_N 16          /* sequences per request (n) */
 #define ENGINE_MAX_TOP_LOGPROBS 20
 #define ENGINE_MAX_STOP_IDS 16
+#define ENGINE_DEFAULT_DISK_SIZE (4ull << 30) /* kv_disk_size 0 with a disk dir */
 
 typedef struct engine_config {
     const char *backend;           /* "cpu" (default) or "cuda" */
@@ -51,7 +52,7 @@ typedef struct engine_config {
     /* KV offload tiers (engine_tier.c); both 0/NULL = none */
     uint64_t kv_host_memory;       /* host tier bytes */
     const char *kv_disk_dir;       /* disk tier directory (borrowed until create returns) */
-    uint64_t kv_disk_size;         /* disk tier bytes */
+    uint64_t kv_disk_size;         /* disk tier bytes (0: ENGINE_DEFAULT_DISK_SIZE) */
     int kv_tier_policy;            /* ENGINE_TIER_COST (default); ALWAYS / NEVER for tests */
 } engine_config;
 

@@ -181,7 +181,7 @@ int engine_tier_create(engine *e, int32_t n_blocks, kvant_err *err)
     tc.payload_bytes = et->payload_bytes;
     tc.host_bytes = c->kv_host_memory;
     tc.disk_dir = want_disk ? c->kv_disk_dir : NULL;
-    tc.disk_bytes = c->kv_disk_size;
+    tc.disk_bytes = c->kv_disk_size ? c->kv_disk_size : ENGINE_DEFAULT_DISK_SIZE;
     tc.quiet = c->manual; /* tests: no log lines */
     et->t = kvtier_create(&tc, err);
     if (!et->t)

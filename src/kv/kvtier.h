@@ -54,6 +54,9 @@
 #define KVTIER_MAX_DISK_RECORDS (1 << 22)
 #define KVTIER_PAYLOAD_OFF(bs) ((((uint64_t)KVTIER_HEADER_BYTES + 4u * (uint64_t)(bs)) + 63u) & ~63ull)
 
+/* Bytes of one record holding a block of bs tokens and payload bytes. */
+#define KVTIER_RECORD_BYTES(bs, payload) (KVTIER_PAYLOAD_OFF(bs) + (uint64_t)(payload))
+
 enum { KVTIER_NONE = 0, KVTIER_HOST = 1, KVTIER_DISK = 2, KVTIER_N = 3 };
 
 typedef struct kvtier kvtier;
