@@ -311,8 +311,7 @@ void engine_destroy(engine *e)
     }
     if (((engine_ext *)e)->pool_registered)
         mem_unregister_pool(e->mem, kv_pool_report, e);
-    if (e->tier && e->pool)
-        kvpool_evict_cached(e->pool); /* the device cache goes down a tier */
+    engine_tier_shutdown(e);
     kvpool_destroy(e->pool);
     engine_tier_destroy(e); /* writes the host tier to disk: KV storage still alive */
     fwd_free(&e->fwd);

@@ -54,6 +54,7 @@ typedef struct engine_config {
     const char *kv_disk_dir;       /* disk tier directory (borrowed until create returns) */
     uint64_t kv_disk_size;         /* disk tier bytes (0: ENGINE_DEFAULT_DISK_SIZE) */
     int kv_tier_policy;            /* ENGINE_TIER_COST (default); ALWAYS / NEVER for tests */
+    int kv_disk_wait;              /* tests: disk writes wait for the writer, never dropped */
 } engine_config;
 
 /* How the tiers choose between moving a block and recomputing it. */

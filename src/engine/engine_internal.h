@@ -99,6 +99,7 @@ void engine_free_req(engine *e, eng_req *r);
 /* engine_tier.c (all no-ops without tiers) */
 int engine_tier_create(engine *e, int32_t n_blocks, kvant_err *err);
 void engine_tier_destroy(engine *e);
+void engine_tier_shutdown(engine *e); /* device cache down a tier, before the pool goes */
 void engine_tier_hook(engine *e, kvpool_config *pc);  /* sets the eviction hook */
 /* Computes the tier keys of s's blocks hashed from index nh0 on. */
 void engine_tier_after_commit(engine *e, const eng_seq *s, int32_t nh0);

@@ -183,11 +183,20 @@ int engine_tier_create(engine *e, int32_t n_blocks, kvant_err *err)
     tc.disk_dir = want_disk ? c->kv_disk_dir : NULL;
     tc.disk_bytes = c->kv_disk_size ? c->kv_disk_size : ENGINE_DEFAULT_DISK_SIZE;
     tc.quiet = c->manual; /* tests: no log lines */
+    tc.disk_wait = c->kv_disk_wait;
     et->t = kvtier_create(&tc, err);
     if (!et->t)
         return err && err->code ? err->code : KV_ENOMEM;
     kvtier_get_cost(et->t, &et->cost);
     return KV_OK;
+}
+
+void engine_tier_shutdown(engine *e)
+{
+    if (!e->tier || !e->pool)
+        return;
+    kvtier_set_wait(e->tier->t, 1);  /* keep every block: wait for the disk */
+    kvpool_evict_cached(e->pool);      /* the device cache goes down a tier */
 }
 
 void engine_tier_destroy(engine *e)
@@ -326,6 +335,7 @@ void engine_tier_snapshot(engine *e)
     eng_tier *et = e->tier;
     if (!et)
         return;
+    kvtier_poll(et->t);
     engine_tier_stats s;
     memset(&s, 0, sizeof s);
     s.enabled = 1;

@@ -13,6 +13,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,6 +158,15 @@ done:
 
 /* ---- the tier object ---- */
 
+enum { WQ_FREE = 0, WQ_QUEUED, WQ_WRITING, WQ_DONE };
+
+typedef struct kvwq_slot {
+    uint8_t key[KVTIER_KEY_BYTES]; /* set by the engine thread before QUEUED */
+    uint8_t *rec;                  /* [record_bytes] */
+    int state;                     /* WQ_*, under wmu */
+    int err;                       /* errno of a failed write, at WQ_DONE */
+} kvwq_slot;
+
 struct kvtier {
     kvtier_config cfg;
     char *dir;               /* owned copy of cfg.disk_dir, or NULL */
@@ -167,9 +177,21 @@ struct kvtier {
     kvidx disk;
     int disk_on;
     int lock_fd;
-    uint8_t *scratch;        /* [record_bytes] disk reads / direct disk stores */
+    uint8_t *scratch;        /* [record_bytes] disk reads, the start-up scan and probe */
     kvtier_cost cost;
     kvtier_stats st;
+    /* disk writer thread: the engine thread queues records into wq; the
+     * writer seals, writes, fsyncs and renames them; the engine thread
+     * reaps finished slots into the disk index (disk_reap) */
+    pthread_t writer;
+    int writer_started;
+    pthread_mutex_t wmu;     /* guards wq[].state / .err and wstop */
+    pthread_cond_t wcv;      /* a slot was queued, finished, or wstop set */
+    int wstop;
+    int wpause;              /* tests: the writer takes no new slot */
+    kvwq_slot wq[KVTIER_WRITE_QUEUE];
+    uint8_t wq_busy[KVTIER_WRITE_QUEUE]; /* engine thread's view: queued, not reaped */
+    int32_t n_pending;       /* engine thread: busy slots */
 };
 
 kvtier_config kvtier_config_default(void)
@@ -346,27 +368,17 @@ static int read_all(int fd, uint8_t *p, uint64_t n)
 }
 
 /* Writes rec (sealed here) as key's file: temporary name, fsync, rename.
- * Evicts the least recently used disk records to make room.  Returns 0,
- * or -1 after disabling the disk tier. */
-static int disk_write(kvtier *t, const uint8_t *key, uint8_t *rec)
+ * Runs on the writer thread; touches only rec and immutable fields of t.
+ * Returns 0 or an errno (the temporary file is removed). */
+static int disk_write_file(const kvtier *t, const uint8_t *key, uint8_t *rec)
 {
-    if (!t->disk_on)
-        return -1;
-    if (kvidx_find(&t->disk, key) >= 0)
-        return 0;
     record_seal_payload(t, rec);
-    while (t->disk.n_free == 0) {
-        disk_unlink(t, t->disk.head);
-        t->st.evictions[KVTIER_DISK]++;
-    }
     char tmp[4096], fin[4096];
     disk_path(t, key, 1, tmp, sizeof tmp);
     disk_path(t, key, 0, fin, sizeof fin);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        disk_disable(t, "cannot create a record in", errno);
-        return -1;
-    }
+    if (fd < 0)
+        return errno;
     int e = write_all(fd, rec, t->record_bytes);
     if (!e && t->cfg.disk_fsync && fsync(fd))
         e = errno;
@@ -374,15 +386,146 @@ static int disk_write(kvtier *t, const uint8_t *key, uint8_t *rec)
         e = errno;
     if (!e && rename(tmp, fin))
         e = errno;
-    if (e) {
+    if (e)
         unlink(tmp);
-        disk_disable(t, "cannot write a record to", e);
-        return -1;
+    return e;
+}
+
+static void *disk_writer(void *arg)
+{
+    kvtier *t = arg;
+    pthread_mutex_lock(&t->wmu);
+    for (;;) {
+        int k = -1;
+        for (int i = 0; i < KVTIER_WRITE_QUEUE && k < 0 && !t->wpause; i++)
+            if (t->wq[i].state == WQ_QUEUED)
+                k = i;
+        if (k < 0) {
+            if (t->wstop)
+                break;
+            pthread_cond_wait(&t->wcv, &t->wmu);
+            continue;
+        }
+        kvwq_slot *w = &t->wq[k];
+        w->state = WQ_WRITING;
+        pthread_mutex_unlock(&t->wmu);
+        int e = disk_write_file(t, w->key, w->rec);
+        pthread_mutex_lock(&t->wmu);
+        w->err = e;
+        w->state = WQ_DONE;
+        pthread_cond_broadcast(&t->wcv);
     }
-    kvidx_add(&t->disk, key);
-    t->st.stores[KVTIER_DISK]++;
-    t->st.store_bytes[KVTIER_DISK] += t->record_bytes;
-    return 0;
+    pthread_mutex_unlock(&t->wmu);
+    return NULL;
+}
+
+/* Engine thread: takes finished writes into the disk index; a failed one
+ * disables the disk tier. */
+static void disk_reap(kvtier *t)
+{
+    if (t->n_pending == 0)
+        return;
+    int done[KVTIER_WRITE_QUEUE], err[KVTIER_WRITE_QUEUE], n = 0;
+    pthread_mutex_lock(&t->wmu);
+    for (int i = 0; i < KVTIER_WRITE_QUEUE; i++)
+        if (t->wq_busy[i] && t->wq[i].state == WQ_DONE) {
+            done[n] = i;
+            err[n++] = t->wq[i].err;
+            t->wq[i].state = WQ_FREE;
+        }
+    pthread_mutex_unlock(&t->wmu);
+    for (int j = 0; j < n; j++) {
+        kvwq_slot *w = &t->wq[done[j]];
+        t->wq_busy[done[j]] = 0;
+        t->n_pending--;
+        if (err[j]) {
+            disk_disable(t, "cannot write a record to", err[j]);
+            continue;
+        }
+        if (!t->disk_on || kvidx_find(&t->disk, w->key) >= 0)
+            continue;
+        kvidx_add(&t->disk, w->key); /* room was reserved at submit */
+        t->st.stores[KVTIER_DISK]++;
+        t->st.store_bytes[KVTIER_DISK] += t->record_bytes;
+    }
+}
+
+/* Engine thread: waits for one write to finish, then reaps. */
+static void disk_wait_one(kvtier *t)
+{
+    pthread_mutex_lock(&t->wmu);
+    for (;;) {
+        int any = 0;
+        for (int i = 0; i < KVTIER_WRITE_QUEUE; i++)
+            any |= t->wq_busy[i] && t->wq[i].state == WQ_DONE;
+        if (any)
+            break;
+        pthread_cond_wait(&t->wcv, &t->wmu);
+    }
+    pthread_mutex_unlock(&t->wmu);
+    disk_reap(t);
+}
+
+/* Busy queue slot holding key, or -1. */
+static int wq_find(const kvtier *t, const uint8_t *key)
+{
+    for (int i = 0; i < KVTIER_WRITE_QUEUE; i++)
+        if (t->wq_busy[i] && !memcmp(t->wq[i].key, key, KVTIER_KEY_BYTES))
+            return i;
+    return -1;
+}
+
+/* Engine thread: a free queue slot for key, with room reserved in the disk
+ * budget (least recently used records unlinked).  When the queue is full
+ * it waits (wait != 0) or returns -1 (the write is dropped and counted:
+ * the engine thread never waits on the disk). */
+static int disk_slot(kvtier *t, const uint8_t *key, int wait)
+{
+    disk_reap(t);
+    for (;;) {
+        if (!t->disk_on)
+            return -1;
+        int k = -1;
+        for (int i = 0; i < KVTIER_WRITE_QUEUE && k < 0; i++)
+            if (!t->wq_busy[i])
+                k = i;
+        if (k >= 0 && t->disk.count + t->n_pending < t->disk.cap) {
+            memcpy(t->wq[k].key, key, KVTIER_KEY_BYTES);
+            return k;
+        }
+        if (k >= 0 && t->disk.count > 0) {
+            disk_unlink(t, t->disk.head);
+            t->st.evictions[KVTIER_DISK]++;
+            continue;
+        }
+        if (!wait || t->n_pending == 0) {
+            t->st.disk_write_drops++;
+            return -1;
+        }
+        disk_wait_one(t);
+    }
+}
+
+static void disk_queue(kvtier *t, int k)
+{
+    t->wq_busy[k] = 1;
+    t->n_pending++;
+    pthread_mutex_lock(&t->wmu);
+    t->wq[k].state = WQ_QUEUED;
+    pthread_cond_broadcast(&t->wcv);
+    pthread_mutex_unlock(&t->wmu);
+}
+
+/* Queues a copy of rec (a host record leaving the host tier) for disk. */
+static void disk_write(kvtier *t, const uint8_t *key, const uint8_t *rec, int wait)
+{
+    if (!t->disk_on || kvidx_find(&t->disk, key) >= 0 || wq_find(t, key) >= 0)
+        return;
+    int k = disk_slot(t, key, wait);
+    if (k < 0)
+        return;
+    memcpy(t->wq[k].rec, rec, t->record_bytes);
+    disk_queue(t, k);
 }
 
 /* Reads and validates key's record into scratch; NULL on any failure (a
@@ -571,7 +714,8 @@ static int32_t host_take_slot(kvtier *t, const uint8_t *key)
 {
     if (t->host.n_free == 0) {
         int32_t v = t->host.head;
-        disk_write(t, t->host.e[v].key, t->slab + (uint64_t)v * t->record_bytes);
+        disk_write(t, t->host.e[v].key, t->slab + (uint64_t)v * t->record_bytes,
+                   t->cfg.disk_wait);
         kvidx_remove(&t->host, v);
         t->st.evictions[KVTIER_HOST]++;
     }
@@ -595,6 +739,8 @@ kvtier *kvtier_create(const kvtier_config *cfg, kvant_err *err)
     t->cfg = *cfg;
     t->cfg.disk_dir = NULL;
     t->lock_fd = -1;
+    pthread_mutex_init(&t->wmu, NULL);
+    pthread_cond_init(&t->wcv, NULL);
     t->payload_off = KVTIER_PAYLOAD_OFF(cfg->block_size);
     t->record_bytes = t->payload_off + cfg->payload_bytes;
     kvhash_crc_init(&t->crc);
@@ -624,6 +770,9 @@ kvtier *kvtier_create(const kvtier_config *cfg, kvant_err *err)
         t->dir = strdup(cfg->disk_dir);
         t->scratch = malloc(t->record_bytes);
         rc = t->dir && t->scratch ? kvidx_init(&t->disk, (int32_t)n_disk) : KV_ENOMEM;
+        for (int i = 0; !rc && i < KVTIER_WRITE_QUEUE; i++)
+            if (!(t->wq[i].rec = malloc(t->record_bytes)))
+                rc = KV_ENOMEM;
     }
     if (rc) {
         kvant_err_set(err, KV_ENOMEM, "kv tiers: out of memory for %llu host records",
@@ -635,7 +784,37 @@ kvtier *kvtier_create(const kvtier_config *cfg, kvant_err *err)
         host_probe(t);
     if (want_disk)
         disk_open(t);
+    if (t->disk_on) {
+        if (pthread_create(&t->writer, NULL, disk_writer, t))
+            disk_disable(t, "cannot start the writer thread for", EAGAIN);
+        else
+            t->writer_started = 1;
+    }
     return t;
+}
+
+void kvtier_flush(kvtier *t)
+{
+    while (t->n_pending > 0)
+        disk_wait_one(t);
+}
+
+void kvtier_poll(kvtier *t)
+{
+    disk_reap(t);
+}
+
+void kvtier_pause_writer(kvtier *t, int paused)
+{
+    pthread_mutex_lock(&t->wmu);
+    t->wpause = paused;
+    pthread_cond_broadcast(&t->wcv);
+    pthread_mutex_unlock(&t->wmu);
+}
+
+void kvtier_set_wait(kvtier *t, int wait)
+{
+    t->cfg.disk_wait = wait;
 }
 
 void kvtier_destroy(kvtier *t)
@@ -646,13 +825,26 @@ void kvtier_destroy(kvtier *t)
      * LRU order continues the host's */
     while (t->disk_on && t->host.count > 0) {
         int32_t v = t->host.head;
-        disk_write(t, t->host.e[v].key, t->slab + (uint64_t)v * t->record_bytes);
+        disk_write(t, t->host.e[v].key, t->slab + (uint64_t)v * t->record_bytes, 1);
         kvidx_remove(&t->host, v);
+    }
+    if (t->writer_started) {
+        kvtier_pause_writer(t, 0);
+        kvtier_flush(t);
+        pthread_mutex_lock(&t->wmu);
+        t->wstop = 1;
+        pthread_cond_broadcast(&t->wcv);
+        pthread_mutex_unlock(&t->wmu);
+        pthread_join(t->writer, NULL);
     }
     if (t->lock_fd >= 0)
         close(t->lock_fd);
     kvidx_free(&t->host);
     kvidx_free(&t->disk);
+    for (int i = 0; i < KVTIER_WRITE_QUEUE; i++)
+        free(t->wq[i].rec);
+    pthread_mutex_destroy(&t->wmu);
+    pthread_cond_destroy(&t->wcv);
     free(t->slab);
     free(t->scratch);
     free(t->dir);
@@ -679,6 +871,7 @@ int kvtier_store(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *
         t->st.store_bytes[KVTIER_HOST] += t->cfg.payload_bytes;
         return KVTIER_HOST;
     }
+    disk_reap(t);
     if (!t->disk_on)
         return KVTIER_NONE;
     int32_t id = kvidx_find(&t->disk, key);
@@ -686,10 +879,16 @@ int kvtier_store(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *
         kvidx_touch(&t->disk, id);
         return KVTIER_DISK;
     }
-    record_write_header(t, t->scratch, key, tokens);
-    if (fill(ctx, t->scratch + t->payload_off))
+    if (wq_find(t, key) >= 0)
+        return KVTIER_DISK;
+    int k = disk_slot(t, key, t->cfg.disk_wait);
+    if (k < 0)
         return KVTIER_NONE;
-    return disk_write(t, key, t->scratch) ? KVTIER_NONE : KVTIER_DISK;
+    record_write_header(t, t->wq[k].rec, key, tokens);
+    if (fill(ctx, t->wq[k].rec + t->payload_off))
+        return KVTIER_NONE;
+    disk_queue(t, k);
+    return KVTIER_DISK;
 }
 
 int kvtier_where(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES])
@@ -701,8 +900,9 @@ int kvtier_where(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES])
         }
         t->st.misses[KVTIER_HOST]++;
     }
+    disk_reap(t);
     if (t->disk_on) {
-        if (kvidx_find(&t->disk, key) >= 0) {
+        if (kvidx_find(&t->disk, key) >= 0 || wq_find(t, key) >= 0) {
             t->st.hits[KVTIER_DISK]++;
             return KVTIER_DISK;
         }
@@ -728,7 +928,19 @@ const void *kvtier_fetch(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const i
         t->st.load_bytes[KVTIER_HOST] += t->cfg.payload_bytes;
         return rec + t->payload_off;
     }
-    if (!t->disk_on || (id = kvidx_find(&t->disk, key)) < 0)
+    if (!t->disk_on)
+        return NULL;
+    int k = wq_find(t, key);
+    if (k >= 0) {
+        /* still being written: serve the queued copy (the writer only
+         * touches its header's checksum fields, never the payload) */
+        if (!record_matches(t, t->wq[k].rec, key, tokens))
+            return NULL;
+        t->st.loads[KVTIER_DISK]++;
+        t->st.load_bytes[KVTIER_DISK] += t->record_bytes;
+        return t->wq[k].rec + t->payload_off;
+    }
+    if ((id = kvidx_find(&t->disk, key)) < 0)
         return NULL;
     const uint8_t *rec = disk_read(t, id, tokens);
     if (!rec)
@@ -778,4 +990,5 @@ void kvtier_get_stats(const kvtier *t, kvtier_stats *out)
     out->host_capacity_blocks = t->host.cap;
     out->disk_blocks = t->disk.count;
     out->disk_capacity_blocks = t->disk_on ? t->disk.cap : 0;
+    out->disk_pending = t->n_pending;
 }

@@ -30,14 +30,19 @@
  * is never visible under its final name), indexed at create by scanning
  * headers, LRU-evicted (unlinked) under its byte budget.  A store that
  * needs a host slot demotes the least recently used host record to disk.
+ * Disk writes run on a writer thread owned by the tier: the caller copies
+ * the record into one of KVTIER_WRITE_QUEUE buffers and goes on (a full
+ * queue drops the write and counts it; a record still queued is served
+ * from its buffer); finished writes enter the index at the next call.
  * A disk write or read error (disk full, read-only, I/O error) disables the
  * disk tier for the rest of the run with one log line; nothing fails.
  * One process per directory (an flock on <dir>/.lock; a second process
  * runs without a disk tier).
  *
  * Ownership: kvtier_create returns a heap handle (kvtier_destroy).
- * Threading: not thread-safe; the engine thread owns it (stats are copied
- * out by the engine under its own lock).
+ * Threading: not thread-safe; one thread (the engine's) makes every call;
+ * the writer thread is internal.  Stats are copied out by the engine under
+ * its own lock.
  */
 #ifndef KVANT_KVTIER_H
 #define KVANT_KVTIER_H
@@ -52,6 +57,9 @@
 #define KVTIER_VERSION 1
 /* Largest number of records a disk tier indexes (bounds its index). */
 #define KVTIER_MAX_DISK_RECORDS (1 << 22)
+/* Records queued for the disk writer thread (each a record-sized buffer
+ * allocated at create, outside the host budget). */
+#define KVTIER_WRITE_QUEUE 16
 #define KVTIER_PAYLOAD_OFF(bs) ((((uint64_t)KVTIER_HEADER_BYTES + 4u * (uint64_t)(bs)) + 63u) & ~63ull)
 
 /* Bytes of one record holding a block of bs tokens and payload bytes. */
@@ -70,6 +78,8 @@ typedef struct kvtier_config {
     const char *disk_dir;     /* NULL or "" = no disk tier (copied) */
     uint64_t disk_bytes;      /* disk tier budget */
     int disk_fsync;           /* fsync each record before rename (default 1) */
+    int disk_wait;            /* a full writer queue waits instead of dropping
+                                 the write (tests, shutdown; default 0) */
     int quiet;                /* no log lines on stderr (tests) */
 } kvtier_config;
 
@@ -109,6 +119,16 @@ int kvtier_where(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES]);
  * ids for this block, compared with the stored ones. */
 const void *kvtier_fetch(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *tokens);
 
+/* Takes finished disk writes into the index (cheap; once per engine step). */
+void kvtier_poll(kvtier *t);
+/* Waits until every queued disk write has finished (tests, shutdown). */
+void kvtier_flush(kvtier *t);
+/* Tests: while paused the writer starts no write (queued records stay
+ * queued, so the queue-full and served-from-queue paths are testable). */
+void kvtier_pause_writer(kvtier *t, int paused);
+/* Sets kvtier_config.disk_wait (the engine sets it before shutting down). */
+void kvtier_set_wait(kvtier *t, int wait);
+
 /* ---- cost model ---- */
 
 typedef struct kvtier_cost {
@@ -140,6 +160,8 @@ typedef struct kvtier_stats {
     uint64_t skipped_foreign;      /* another model's records, foreign files */
     uint64_t skipped_corrupt;      /* torn, bad magic/CRC, token mismatch */
     uint64_t disk_errors;          /* I/O errors (each disables the disk tier) */
+    uint64_t disk_write_drops;     /* writes dropped: the writer queue was full */
+    int32_t disk_pending;          /* writes queued or in progress */
 } kvtier_stats;
 
 void kvtier_get_stats(const kvtier *t, kvtier_stats *out);

@@ -93,6 +93,7 @@ static engine *mk(model *m, tier_opts o, int32_t tokens, int32_t seqs)
     c.kv_disk_dir = o.dir;
     c.kv_disk_size = (uint64_t)o.disk_records * record_bytes(m, o.kv_dtype);
     c.kv_tier_policy = o.policy;
+    c.kv_disk_wait = 1; /* deterministic: no write is dropped for a busy disk */
     kvant_err err = {0};
     engine *e = engine_create(m, &c, &err);
     if (!e)

@@ -108,6 +108,7 @@ static kvtier_config cfg_for(const char *dir, int host_records, int disk_records
     c.disk_dir = dir;
     c.disk_bytes = (uint64_t)disk_records * rec;
     c.disk_fsync = 0; /* the page cache is enough for these tests */
+    c.disk_wait = 1;  /* never drop a write for a busy writer */
     c.quiet = 1;
     return c;
 }
@@ -119,7 +120,9 @@ static int store(kvtier *t, int seed, const uint8_t *fp)
     key_of(seed, fp, key);
     tokens_of(seed, tok);
     fill_ctx f = {seed, 0};
-    return kvtier_store(t, key, tok, fill, &f);
+    int r = kvtier_store(t, key, tok, fill, &f);
+    kvtier_flush(t); /* finished disk writes are indexed: deterministic counts */
+    return r;
 }
 
 static const void *fetch(kvtier *t, int seed, const uint8_t *fp, int *where)
@@ -354,7 +357,7 @@ static void test_disk_faults(void)
     kvtier_destroy(t);
     t = kvtier_create(&c, NULL);
     rm_dir(dir);
-    CHECK(store(t, 7, fp) == KVTIER_NONE);
+    CHECK(store(t, 7, fp) == KVTIER_DISK); /* queued; the writer fails, store flushed */
     kvtier_get_stats(t, &st);
     CHECK(!st.disk_enabled && st.disk_errors == 1);
     CHECK(fetch(t, 4, fp, &where) == NULL && where == KVTIER_NONE);
@@ -411,6 +414,50 @@ static void test_disk_full(void)
     rm_dir(dir);
 }
 
+/* The writer queue: records queued behind a paused writer are found and
+ * served from their buffers; a full queue drops a write (counted) instead
+ * of waiting; resumed, every queued record reaches the disk. */
+static void test_writer_queue(void)
+{
+    uint8_t fp[32];
+    memset(fp, 7, sizeof fp);
+    char dir[] = "build/tests/kvtier.XXXXXX";
+    mk_dir(dir);
+    kvtier_config c = cfg_for(dir, 0, 64, 7);
+    c.disk_wait = 0;
+    kvtier *t = kvtier_create(&c, NULL);
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    kvtier_pause_writer(t, 1);
+    uint8_t key[32];
+    int32_t tok[BS];
+    for (int s = 1; s <= KVTIER_WRITE_QUEUE + 1; s++) {
+        key_of(s, fp, key);
+        tokens_of(s, tok);
+        fill_ctx f = {s, 0};
+        int r = kvtier_store(t, key, tok, fill, &f);
+        CHECKF(r == (s <= KVTIER_WRITE_QUEUE ? KVTIER_DISK : KVTIER_NONE), "seed %d: %d", s, r);
+    }
+    kvtier_stats st;
+    kvtier_get_stats(t, &st);
+    CHECK(st.disk_write_drops == 1 && st.disk_pending == KVTIER_WRITE_QUEUE &&
+          st.disk_blocks == 0);
+    CHECK(count_files(dir, ".kvb") == 0);
+    int where;
+    CHECK(payload_ok(fetch(t, 3, fp, &where), 3) && where == KVTIER_DISK);
+    CHECK(fetch(t, KVTIER_WRITE_QUEUE + 1, fp, &where) == NULL && where == KVTIER_NONE);
+    kvtier_pause_writer(t, 0);
+    kvtier_flush(t);
+    kvtier_get_stats(t, &st);
+    CHECK(st.disk_pending == 0 && st.disk_blocks == KVTIER_WRITE_QUEUE &&
+          st.stores[KVTIER_DISK] == KVTIER_WRITE_QUEUE);
+    CHECK(count_files(dir, ".kvb") == KVTIER_WRITE_QUEUE && count_files(dir, ".tmp.") == 0);
+    CHECK(payload_ok(fetch(t, 3, fp, &where), 3) && where == KVTIER_DISK);
+    kvtier_destroy(t);
+    rm_dir(dir);
+}
+
 static void test_cost(void)
 {
     kvtier_cost c = {0};
@@ -442,6 +489,7 @@ int main(void)
     test_disk_restart();
     test_disk_faults();
     test_disk_full();
+    test_writer_queue();
     test_cost();
     return tu_finish("test_kvtier");
 }
