@@ -156,6 +156,7 @@ typedef struct engine_tier_stats {
     uint64_t swaps, swap_blocks;     /* preemptions that wrote to the host tier */
     uint64_t recomputes;             /* preemptions left to recomputation */
     kvtier_cost cost;                /* measured bandwidths and prefill rate */
+    double busy_seconds;             /* engine-thread time in tier work */
 } engine_tier_stats;
 
 void engine_get_tier_stats(engine *e, engine_tier_stats *out);

@@ -12,7 +12,8 @@
  * bytes: architecture and hyper-parameters (RoPE included), the tokenizer's
  * pieces, tensor types, shapes and sampled data (16 x 4 KiB spread over
  * each tensor), the KV dtype, the block size, the load-time weight type,
- * int8 activations and the backend.
+ * int8 activations, the backend and the kernels' ISA (K/V differ bitwise
+ * between them, so a cache written on one is foreign to the other).
  *
  * Decisions.  A block found in a tier is loaded when kvtier_prefer_load
  * says moving it beats recomputing it at the engine's measured prefill
@@ -41,6 +42,8 @@ struct eng_tier {
     uint64_t payload_bytes;
     kvtier_cost cost;    /* measured bandwidths + the engine's prefill rate */
     uint64_t hit_tokens[KVTIER_N], declined, swaps, recomputes, swap_blocks;
+    double busy_s;       /* engine-thread time in tier work (evict, lookup, load, swap) */
+    int timing;          /* inside a timed section: evictions are not timed again */
     engine_tier_stats snap; /* guarded by e->mu */
 };
 
@@ -91,8 +94,11 @@ static void fingerprint(engine *e, uint8_t out[KVTIER_KEY_BYTES])
         fp_u64(&s, (uint64_t)f[i]);
     float fl[] = {hp->rope_base, hp->rope_freq_scale, hp->rms_eps};
     kvhash_sha256_update(&s, fl, sizeof fl);
-    kvhash_sha256_update(&s, e->cfg.backend ? e->cfg.backend : "cpu",
-                         strlen(e->cfg.backend ? e->cfg.backend : "cpu"));
+    /* the backend and the kernels' ISA: the same model computes bitwise
+     * different K/V on AVX2 and AVX-512, or on a GPU */
+    const char *be = e->cfg.backend ? e->cfg.backend : "cpu", *isa = dtype_isa();
+    kvhash_sha256_update(&s, be, strlen(be) + 1);
+    kvhash_sha256_update(&s, isa, strlen(isa) + 1);
     if (e->m->tok) {
         char piece[256];
         int32_t nv = tok_n_vocab(e->m->tok);
@@ -134,8 +140,11 @@ static void on_evict(void *ctx, int32_t b)
     engine *e = ctx;
     if (!e->tier->valid[b])
         return;
+    double t0 = e->tier->timing ? 0.0 : engine_now();
     store_block(e, b);
     e->tier->valid[b] = 0;
+    if (!e->tier->timing)
+        e->tier->busy_s += engine_now() - t0;
 }
 
 void engine_tier_hook(engine *e, kvpool_config *pc)
@@ -254,6 +263,8 @@ int64_t engine_tier_extend(engine *e, eng_seq *s)
         return 0;
     int32_t bs = e->cfg.block_size;
     int64_t loaded = 0;
+    double t0 = engine_now();
+    et->timing = 1;
     for (;;) {
         kv_seq *kv = &s->kv;
         int32_t i = kv->n_blocks;
@@ -287,6 +298,8 @@ int64_t engine_tier_extend(engine *e, eng_seq *s)
         int64_t before = kv->n_tokens;
         loaded += kvseq_match_prefix(e->pool, kv, s->tokens, s->n_tokens) - before;
     }
+    et->timing = 0;
+    et->busy_s += engine_now() - t0; /* includes the evictions its reserves caused */
     return loaded;
 }
 
@@ -312,8 +325,10 @@ void engine_tier_preempt(engine *e, eng_seq *v)
         et->recomputes++;
         return;
     }
+    double t0 = engine_now();
     for (int32_t i = 0; i < nh; i++)
         store_block(e, v->kv.blocks[i]);
+    et->busy_s += engine_now() - t0;
     et->swaps++;
     et->swap_blocks += (uint64_t)nh;
 }
@@ -345,6 +360,7 @@ void engine_tier_snapshot(engine *e)
     s.swaps = et->swaps;
     s.swap_blocks = et->swap_blocks;
     s.recomputes = et->recomputes;
+    s.busy_seconds = et->busy_s;
     s.cost = et->cost;
     s.host_capacity_bytes = (uint64_t)s.t.host_capacity_blocks * s.t.record_bytes;
     s.disk_capacity_bytes = (uint64_t)s.t.disk_capacity_blocks * s.t.record_bytes;

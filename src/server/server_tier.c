@@ -78,6 +78,12 @@ char *srv_tier_metrics(const engine_tier_stats *ts)
             "Disk tier I/O errors (each disables the disk tier).", (double)s->disk_errors);
         one(f, "kv_tier_disk_enabled", "gauge", "1 while the disk tier is in use.",
             s->disk_enabled);
+        one(f, "kv_tier_disk_write_drops_total", "counter",
+            "Blocks not written to disk because the writer queue was full.",
+            (double)s->disk_write_drops);
+        one(f, "kv_tier_engine_seconds_total", "counter",
+            "Engine-thread time spent in tier work (exports on eviction, lookups, loads, swaps).",
+            ts->busy_seconds);
         one(f, "kv_tier_prefill_tokens_per_second", "gauge",
             "Measured prefill rate the cost model compares moves against.", ts->cost.prefill_tps);
     }
@@ -110,12 +116,13 @@ json_t *srv_tier_json(const engine_tier_stats *ts)
     if (!ts->enabled)
         return json_pack("{s:b}", "enabled", 0);
     const kvtier_stats *s = &ts->t;
-    return json_pack("{s:b, s:I, s:o, s:o, s:{s:I, s:I}, s:{s:I, s:I, s:I}, s:I, s:f}",
+    return json_pack("{s:b, s:I, s:o, s:o, s:{s:I, s:I}, s:{s:I, s:I, s:I}, s:I, s:I, s:f}",
                      "enabled", 1, "record_bytes", (json_int_t)s->record_bytes, "host",
                      tier_obj(ts, KVTIER_HOST), "disk", tier_obj(ts, KVTIER_DISK), "skipped",
                      "corrupt", (json_int_t)s->skipped_corrupt, "foreign",
                      (json_int_t)s->skipped_foreign, "decisions", "swaps", (json_int_t)ts->swaps,
                      "recomputes", (json_int_t)ts->recomputes, "loads_declined",
                      (json_int_t)ts->loads_declined, "disk_errors", (json_int_t)s->disk_errors,
+                     "disk_write_drops", (json_int_t)s->disk_write_drops,
                      "prefill_tokens_per_second", ts->cost.prefill_tps);
 }

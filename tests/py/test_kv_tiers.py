@@ -1,5 +1,5 @@
 """KV offload tiers through `kvant serve` on the default model: a small device pool
-(--kv-blocks 24) that a handful of long prompts overflow, so cached prefix blocks are
+(--kv-blocks 16) that a handful of long prompts overflow, so cached prefix blocks are
 evicted down to the host and disk tiers and come back on the next request.
 
 - host + disk: every answer (tokens and logprobs) equals the answer of a server without
@@ -26,10 +26,10 @@ import pytest
 from server_util import KvantServer
 
 ROOT = Path(__file__).resolve().parent.parent.parent
-POOL = ["--kv-blocks", "24"]  # 384 tokens: about two of the prompts below
+POOL = ["--kv-blocks", "16"]  # 256 tokens: about two of the prompts below
 N_PROMPTS = 6
-PROMPT_LEN = 160
-MAX_TOKENS = 8
+PROMPT_LEN = 96
+MAX_TOKENS = 4
 
 
 def prompt(i: int) -> list[int]:
@@ -90,7 +90,7 @@ def test_host_and_disk_tiers(kvant_bin, default_model, reference, tier_dir):
     assert sum(g["cached"] for g in got[N_PROMPTS:]) > 0
     hits = m["kvant_kv_tier_hit_tokens_total{tier=host}"] + \
         m["kvant_kv_tier_hit_tokens_total{tier=disk}"]
-    # a 4 MB host tier holds about 10 of the 60 blocks: the rest come back from disk
+    # a 4 MB host tier holds about 10 of the 36 blocks: the rest come back from disk
     assert m["kvant_kv_tier_hit_tokens_total{tier=disk}"] > 0
     assert m["kvant_kv_tier_store_bytes_total{tier=host}"] > 0
     assert m["kvant_kv_tier_store_bytes_total{tier=disk}"] > 0
