@@ -13,7 +13,7 @@
 #include "model/chat.h"
 #include "model/tokenizer.h"
 
-#define VOCAB_DIR "../shared/vectors/tokenizer/"
+#define VOCAB_DIR "tests/data/vectors/tokenizer/"
 
 /* libFuzzer harness state: loaded once per process. */
 static tokenizer *g_tok[2];

@@ -144,8 +144,10 @@ typedef struct backend_device_info {
  * message when the backend is not built in or no device is present. */
 int backend_query(const char *name, int device, backend_device_info *out, kvant_err *err);
 /* Flags for backend_create. */
-#define BACKEND_ACT_Q8 1u /* CPU: int8-quantized activations for quantized weights
-                            * (faster, ~0.3% error per dot; kernels/matmul.h) */
+#define BACKEND_EXACT 1u /* CPU: f32 activations in every matmul (the reference
+                           * path); without it quantized weights take the int8-
+                           * activation path (~0.3% error per dot, kernels/matmul.h)
+                           * except tensors marked exact (the output head) */
 backend *backend_create(const char *name, int device, mem_mgr *mem, int n_threads,
                         unsigned flags, kvant_err *err);
 

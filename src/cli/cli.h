@@ -24,9 +24,9 @@ typedef struct cli_common {
     uint64_t device_memory; /* 0 = host available */
     double utilization;
     int weights_dtype;   /* -1 = as stored; else load-time quantization target */
-    uint32_t kv_dtype;   /* KV cache element type (DT_F32 default) */
+    uint32_t kv_dtype;   /* KV cache element type (DT_F16 default) */
     const char *backend; /* "cpu" (default) or "cuda" */
-    int act_q8;          /* --act-q8: int8 activations in quantized matmuls */
+    int exact;           /* --exact: f32 activations in every matmul (reference path) */
     int device;
 } cli_common;
 

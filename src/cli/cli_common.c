@@ -16,7 +16,7 @@ void cli_common_init(cli_common *c)
     c->model_path = CLI_DEFAULT_MODEL;
     c->utilization = 0.90;
     c->weights_dtype = -1;
-    c->kv_dtype = DT_F32;
+    c->kv_dtype = DT_F16;
     c->backend = "cpu";
 }
 
@@ -104,8 +104,12 @@ int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
         c->device = (int)n;
         return 1;
     }
-    if (!strcmp(a, "--act-q8")) {
-        c->act_q8 = 1;
+    if (!strcmp(a, "--exact")) {
+        c->exact = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--act-q8")) { /* the default since int8 activations run on every ISA */
+        c->exact = 0;
         return 1;
     }
     if (!strcmp(a, "--json")) {
@@ -145,7 +149,7 @@ void cli_engine_config(const cli_common *c, engine_config *ec)
     ec->device = c->device;
     ec->kv_dtype = c->kv_dtype;
     ec->weights_dtype = c->weights_dtype;
-    ec->act_q8 = c->act_q8;
+    ec->exact = c->exact;
 }
 
 char *cli_read_file(const char *path, size_t *len, kvant_err *err)
@@ -216,7 +220,7 @@ int cli_session_open(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t
     if (!s->mem)
         return KV_ENOMEM;
     s->be = backend_create(c->backend, c->device, s->mem, c->n_threads,
-                           c->act_q8 ? BACKEND_ACT_Q8 : 0, err);
+                           c->exact ? BACKEND_EXACT : 0, err);
     if (!s->be)
         goto fail;
     s->m = model_load(c->model_path, err);

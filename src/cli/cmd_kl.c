@@ -61,7 +61,7 @@ static int open_side(cli_session *s, const cli_common *c, const kl_opts *o, int 
         cc.model_path = o->base;
         cc.weights_dtype = -1;
         cc.kv_dtype = DT_F32;
-        cc.act_q8 = 0;
+        cc.exact = 1;
     }
     return cli_session_open(s, &cc, (int32_t)o->ctx, (int32_t)o->ctx, (int32_t)o->ctx - first,
                             err);

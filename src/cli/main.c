@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "kernels/dtype.h"
 
 typedef struct cli_cmd {
     const char *name;
@@ -33,6 +34,11 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    const char *isa_err = dtype_isa_error();
+    if (isa_err) {
+        fprintf(stderr, "kvant: %s\n", isa_err);
+        return 2;
+    }
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -60,7 +60,7 @@ engine_config engine_config_default(void)
         .max_num_batched_tokens = 2048,
         .block_size = 16,
         .prefix_cache = 1,
-        .kv_dtype = DT_F32,
+        .kv_dtype = DT_F16,
         .weights_dtype = -1,
     };
 }
@@ -204,7 +204,7 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     if (e->cfg.test_fail_nth)
         mem_fail_nth(e->mem, e->cfg.test_fail_nth);
     e->be = backend_create(e->cfg.backend, e->cfg.device, e->mem, e->cfg.n_threads,
-                           e->cfg.act_q8 ? BACKEND_ACT_Q8 : 0, err);
+                           e->cfg.exact ? BACKEND_EXACT : 0, err);
     if (!e->be)
         return KV_ENOMEM;
     if (e->cfg.weights_dtype >= 0) {

@@ -42,9 +42,10 @@ typedef struct engine_config {
     int prefix_cache;              /* default 1 */
     int64_t max_model_len;         /* context per request; 0 = model's */
     int32_t max_waiting;           /* queue cap (0 = unlimited) */
-    uint32_t kv_dtype;             /* DT_F32 (f16, bf16, q8_0, q4_0) */
+    uint32_t kv_dtype;             /* default DT_F16 (f32, bf16, q8_0, q4_0) */
     int32_t weights_dtype;         /* -1 = as stored; else quantize matrices at load */
-    int act_q8;                    /* CPU: int8 activations for quantized weights (faster) */
+    int exact;                     /* 1: f32 activations in every matmul (reference path);
+                                    * 0 (default): int8 activations for quantized weights */
     int32_t kv_blocks_override;    /* >0: use exactly this many KV blocks (tests) */
     int print_plan;                /* print the start-up memory lines to stderr */
     int manual;                    /* tests: no engine thread; drive with engine_run_step */

@@ -16,6 +16,8 @@
 
 #include <cpuid.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
@@ -94,30 +96,8 @@ static void dispatch_apply(const quant_simd_kernels *simd, const char *isa)
     g_isa = isa;
 }
 
-static void dispatch_select(void)
+static int force_isa(const char *isa)
 {
-    if (cpu_has_avx512())
-        dispatch_apply(quant_avx512_table(), "avx512");
-    else if (cpu_has_avx2())
-        dispatch_apply(quant_avx2_table(), "avx2");
-    else
-        dispatch_apply(NULL, "scalar");
-}
-
-void dtype_init(void)
-{
-    pthread_once(&g_once, dispatch_select);
-}
-
-const char *dtype_isa(void)
-{
-    dtype_init();
-    return g_isa;
-}
-
-int dtype_force_isa(const char *isa)
-{
-    dtype_init();
     if (!isa)
         return -1;
     if (strcmp(isa, "scalar") == 0) {
@@ -133,6 +113,60 @@ int dtype_force_isa(const char *isa)
         return 0;
     }
     return -1;
+}
+
+static char g_isa_error[160];
+
+static void dispatch_auto(void)
+{
+    if (cpu_has_avx512())
+        dispatch_apply(quant_avx512_table(), "avx512");
+    else if (cpu_has_avx2())
+        dispatch_apply(quant_avx2_table(), "avx2");
+    else
+        dispatch_apply(NULL, "scalar");
+}
+
+/* KVANT_ISA=scalar|avx2|avx512 overrides the choice (tests run every ISA
+ * the CPU has this way); a name the CPU lacks, or an unknown one, keeps the
+ * automatic choice and leaves a message for dtype_isa_error(). */
+static void dispatch_select(void)
+{
+    dispatch_auto();
+    const char *want = getenv("KVANT_ISA");
+    if (!want || !*want)
+        return;
+    if (strcmp(want, "scalar") && strcmp(want, "avx2") && strcmp(want, "avx512")) {
+        snprintf(g_isa_error, sizeof g_isa_error,
+                 "KVANT_ISA=%.40s: unknown instruction set (scalar, avx2, avx512)", want);
+        return;
+    }
+    if (force_isa(want) != 0)
+        snprintf(g_isa_error, sizeof g_isa_error,
+                 "KVANT_ISA=%s: this CPU lacks it (it has %s)", want, g_isa);
+}
+
+void dtype_init(void)
+{
+    pthread_once(&g_once, dispatch_select);
+}
+
+const char *dtype_isa_error(void)
+{
+    dtype_init();
+    return g_isa_error[0] ? g_isa_error : NULL;
+}
+
+const char *dtype_isa(void)
+{
+    dtype_init();
+    return g_isa;
+}
+
+int dtype_force_isa(const char *isa)
+{
+    dtype_init();
+    return force_isa(isa);
 }
 
 const dtype_traits *dtype_get(uint32_t t)

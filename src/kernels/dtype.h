@@ -87,6 +87,10 @@ typedef struct dtype_traits {
 /* Selects SIMD implementations for this CPU; idempotent and thread-safe
  * (call once from main / test setup before any kernel runs). */
 void dtype_init(void);
+/* NULL, or why the KVANT_ISA environment variable (scalar, avx2, avx512)
+ * was not honoured (unknown name, or an ISA this CPU lacks); the program
+ * should refuse to run then.  Calls dtype_init(). */
+const char *dtype_isa_error(void);
 /* Name of the instruction set chosen ("avx512", "avx2", "scalar"). */
 const char *dtype_isa(void);
 /* Forces an instruction set for tests: "avx512", "avx2" or "scalar".

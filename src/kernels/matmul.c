@@ -26,14 +26,30 @@
  * bounds n to about 47k columns (KV_ASSERT). */
 #define MM_QACT_STACK_BYTES (64 * 1024)
 
-static int isa_is_avx512(void)
+/* The qact kernels of the selected ISA (all three are bitwise equal). */
+static qact_quantize_fn qact_quantizer(void)
 {
-    return strcmp(dtype_isa(), "avx512") == 0;
+    const char *isa = dtype_isa();
+    if (strcmp(isa, "avx512") == 0)
+        return qact_quantize_avx512;
+    if (strcmp(isa, "avx2") == 0)
+        return qact_quantize_avx2;
+    return qact_quantize_ref;
+}
+
+static qact_dot_fn qact_dot_for(uint32_t type)
+{
+    const char *isa = dtype_isa();
+    if (strcmp(isa, "avx512") == 0)
+        return qact_dot_avx512(type);
+    if (strcmp(isa, "avx2") == 0)
+        return qact_dot_avx2(type);
+    return qact_dot_ref(type);
 }
 
 int dtype_matmul_uses_qact(uint32_t type)
 {
-    return qact_dot_ref(type) != NULL && isa_is_avx512();
+    return qact_dot_ref(type) != NULL;
 }
 
 size_t dtype_matmul_scratch_bytes(uint32_t type, int64_t n, int64_t n_tok)
@@ -49,8 +65,9 @@ void dtype_matmul_quantize(uint32_t type, const float *x, int64_t n, int64_t n_t
         return;
     KV_ASSERT(n % QACT_CHUNK == 0);
     const size_t rb = qact_row_bytes(n);
+    const qact_quantize_fn quant = qact_quantizer();
     for (int64_t t = 0; t < n_tok; t++)
-        qact_quantize_avx512(x + t * n, n, (uint8_t *)xq + (size_t)t * rb);
+        quant(x + t * n, n, (uint8_t *)xq + (size_t)t * rb);
 }
 
 static int64_t row_tile_for(uint32_t type, int64_t n)
@@ -98,7 +115,7 @@ static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int
                       int64_t row_end, int64_t n, const void *xq, int64_t n_tok, float *y,
                       int64_t y_stride)
 {
-    const qact_dot_fn dot = qact_dot_avx512(type);
+    const qact_dot_fn dot = qact_dot_for(type);
     const size_t rb = qact_row_bytes(n);
     const int64_t row_tile = row_tile_for(type, n);
     int64_t tok_tile = (int64_t)(MM_TOK_TILE_BYTES / rb);

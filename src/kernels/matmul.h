@@ -5,14 +5,17 @@
  * No heap allocation.
  *
  * Two paths:
- *   exact (dtype_matmul_rows, the default everywhere): y = the type's
- *     vec_dot(row, x_t) bitwise, f32 activations.
- *   activation-quantized ("qact", dtype_matmul_rows_q, opt-in with
- *     --act-q8): for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K on
- *     AVX-512 VNNI (dtype_matmul_uses_qact; other types fall back to exact): x_t is first quantized to int8 blocks of 32
- *     with one f32 scale each (kernels/qact.h), then dotted with integer
- *     VPDPBUSD; relative error per dot from the activation rounding is
- *     ~0.3% typical (test_matmul_q8 measures it).
+ *   activation-quantized ("qact", dtype_matmul_rows_q, the default for
+ *     quantized weights): for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+ *     Q6_K (dtype_matmul_uses_qact; other types take the exact path) x_t is
+ *     first quantized to int8 blocks of 32 with one f32 scale each
+ *     (kernels/qact.h), then dotted with integer products (VPDPBUSD on
+ *     AVX-512 VNNI, VPMADDUBSW on AVX2, the scalar reference elsewhere;
+ *     all three bitwise equal); relative error per dot from the activation
+ *     rounding is ~0.3% typical (test_matmul_q8 measures it).
+ *   exact (dtype_matmul_rows; `--exact`, the output head, and the
+ *     reference tests): y = the type's vec_dot(row, x_t) bitwise, f32
+ *     activations.
  * Contract (both paths): y[t][r] is a deterministic function of (row r,
  * x_t) only: independent of n_tok, of the other tokens in the batch, of
  * row_begin/row_end and of the thread count (batch invariance).
@@ -23,8 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* 1 when `type` takes the activation-quantized path on the selected ISA
- * (changes only through dtype_force_isa); 0 for the exact f32 path. */
+/* 1 when `type` has an activation-quantized path (on every ISA); 0 for
+ * types that always take the exact f32 path. */
 int dtype_matmul_uses_qact(uint32_t type);
 
 /* Bytes of quantized activations for n_tok rows of n values of a matmul

@@ -24,8 +24,9 @@
  * each operation rounded to f32 in that order; then
  *     acc[c % 16] += v_c   (acc starts at +0, chunks in increasing c)
  *     result = qact_reduce16(acc).
- * The AVX-512 kernels follow exactly this order and are bitwise equal
- * (test_matmul_q8 checks it on random data).
+ * The AVX2 and AVX-512 kernels follow exactly this order and are bitwise
+ * equal (test_matmul_q8 checks it on random data), so a token's result
+ * does not depend on the instruction set either.
  */
 #ifndef KVANT_QACT_H
 #define KVANT_QACT_H
@@ -92,11 +93,15 @@ typedef void (*qact_dot_fn)(int64_t n, const void *w, const void *xq, size_t xq_
                             float *out);
 
 void qact_quantize_ref(const float *x, int64_t n, void *dst);
+void qact_quantize_avx2(const float *x, int64_t n, void *dst);
 void qact_quantize_avx512(const float *x, int64_t n, void *dst);
 
 /* Scalar references (the specification), one per supported weight type;
  * NULL for types without an activation-quantized path. */
 qact_dot_fn qact_dot_ref(uint32_t type);
+/* AVX2 kernels (VPMADDUBSW); call only when dtype_isa() is "avx2" or
+ * "avx512".  Bitwise equal to the reference. */
+qact_dot_fn qact_dot_avx2(uint32_t type);
 /* AVX-512 VNNI kernels; call only when dtype_isa() is "avx512". */
 qact_dot_fn qact_dot_avx512(uint32_t type);
 

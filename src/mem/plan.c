@@ -29,7 +29,7 @@ plan_config plan_config_default(void)
         .max_num_seqs = 64,
         .max_num_batched_tokens = 2048,
         .n_threads = 1,
-        .kv_dtype = DT_F32,
+        .kv_dtype = DT_F16,
     };
     return c;
 }

@@ -57,6 +57,7 @@ typedef struct model_tensor {
     const void *data;     /* host data in the mapping (borrowed) */
     void *dev;            /* backend-resident copy (CPU: == data) */
     int layer;            /* -1 for global tensors */
+    int exact;            /* 1: matmuls keep f32 activations (the output head) */
 } model_tensor;
 
 typedef struct model_layer {

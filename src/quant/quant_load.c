@@ -97,8 +97,10 @@ void quant_weights_free(quant_weights *qw)
         *qw->e[i].t = qw->e[i].saved;
         mem_free(qw->mem, p);
     }
-    if (qw->m->tied_output)
+    if (qw->m->tied_output) {
         qw->m->output = qw->m->tok_embd;
+        qw->m->output.exact = 1;
+    }
     free(qw->e);
     free(qw->tmp);
     free(qw);
@@ -119,6 +121,7 @@ quant_weights *quant_weights_apply(model *m, uint32_t type, mem_mgr *mem, kvant_
     model_for_each_tensor(m, convert_one, qw);
     if (!qw->rc && m->tied_output) {
         m->output = m->tok_embd; /* the same weights, now converted */
+        m->output.exact = 1;
     }
     if (qw->rc) {
         quant_weights_free(qw);

@@ -85,7 +85,8 @@ def kvant_logits(kvant_bin, tmp_path_factory):
         ids_path = work / f"ids{counter[0]}.txt"
         out_path = work / f"logits{counter[0]}.f32"
         ids_path.write_text(" ".join(str(int(i)) for i in ids) + "\n")
-        cmd = [kvant_bin, "logits", "-m", model, "--tokens-file", str(ids_path), "--out", str(out_path), "-t", str(threads)]
+        cmd = [kvant_bin, "logits", "-m", model, "--tokens-file", str(ids_path), "--out", str(out_path), "-t", str(threads),
+               "--kv-dtype", "f32", "--exact"]  # the reference path: f32 K/V and activations
         r = _run(cmd)
         assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}\nstderr:\n{r.stderr[-4000:]}"
         assert out_path.is_file(), f"kvant logits wrote no {out_path}"

@@ -30,8 +30,18 @@ GOLDEN_TEXT = (" there was a wise old wizard named Thorold. He lived in a tower 
                " known for his kindness and generosity. He had a special gift,")
 
 
-def run(kvant_bin, *args, timeout=300):
-    return subprocess.run([kvant_bin, *args], capture_output=True, text=True, timeout=timeout)
+def run(kvant_bin, *args, timeout=300, env_isa=None):
+    env = dict(os.environ)
+    if env_isa:
+        env["KVANT_ISA"] = env_isa
+    return subprocess.run([kvant_bin, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+def isa_available(kvant_bin, isa):
+    """True when KVANT_ISA=isa is accepted on this CPU (it is refused, exit 2,
+    when the CPU lacks it)."""
+    return run(kvant_bin, "--help", env_isa=isa).returncode == 0
 
 
 def run_json(kvant_bin, *args):
@@ -45,7 +55,8 @@ def run_json(kvant_bin, *args):
     (False, GOLDEN_PROMPT, GOLDEN_TEXT, 48),
 ])
 def test_golden_generation(kvant_bin, default_model, chat, prompt, golden, n):
-    args = ["run", "-m", default_model, "-p", prompt, "-n", str(n), "-t", THREADS]
+    args = ["run", "-m", default_model, "-p", prompt, "-n", str(n), "-t", THREADS,
+            "--kv-dtype", "f32", "--exact"]  # the reference path
     if chat:
         args.append("--chat")
     out = run_json(kvant_bin, *args)
@@ -71,7 +82,8 @@ def test_plan_json(kvant_bin, default_model):
     for key in ("weights_bytes", "kv_bytes_per_token", "kv_pool_bytes", "kv_pool_tokens",
                 "activation_bytes", "max_concurrency"):
         assert key in p1
-    assert p1["kv_bytes_per_token"] == 30 * 2 * 3 * 64 * 4
+    assert p1["kv_bytes_per_token"] == 30 * 2 * 3 * 64 * 2  # default KV dtype f16
+    assert p1["kv_dtype"] == "f16"
     p8 = big["plans"][0]["plan"]
     assert p8["kv_pool_tokens"] > p1["kv_pool_tokens"] * 7
     assert p8["kv_bytes_per_token"] == 30 * 2 * 3 * 2 * 34  # q8_0: 34 bytes per 32
@@ -136,7 +148,7 @@ def test_plan_1b_header_only_fast(kvant_bin, tmp_path):
         faults.append((r1.ru_minflt + r1.ru_majflt) - (r0.ru_minflt + r0.ru_majflt))
     plan = out["plans"][0]["plan"]
     assert plan["weights_bytes"] == total
-    assert plan["kv_bytes_per_token"] == 22 * 2 * 4 * 64 * 4
+    assert plan["kv_bytes_per_token"] == 22 * 2 * 4 * 64 * 2  # f16 KV by default
     med = sorted(times)[2]
     print(f"kvant plan on a 1.1B GGUF: median {med * 1000:.1f} ms (process start included), "
           f"page faults {max(faults)}")
@@ -196,13 +208,30 @@ def test_perplexity_kl_base(kvant_bin, default_model):
     assert abs(kvq["ppl"] / kvq["ppl_base"] - 1) < 0.01
 
 
-def test_act_q8_quality(kvant_bin, default_model):
-    """--act-q8 (int8 activations in quantized matmuls) against the exact path."""
-    out = run_json(kvant_bin, "perplexity", "-m", default_model, "--kl-base", default_model,
-                   "-f", "tests/data/english.txt", "-c", "256", "--chunks", "4", "-t", THREADS,
-                   "--act-q8")
-    print(f"act-q8 vs exact: ppl {out['ppl']:.4f} vs {out['ppl_base']:.4f}, mean KL "
-          f"{out['mean_kl']:.5f}, top-1 {out['top1']:.4f}")
-    assert 0 < out["mean_kl"] < 0.02
-    assert out["top1"] > 0.9
-    assert abs(out["ppl"] / out["ppl_base"] - 1) < 0.02
+@pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
+def test_int8_activation_quality(kvant_bin, default_model, isa):
+    """The default int8-activation matmuls against the exact f32 path (the
+    --kl-base side always runs exact), on each ISA the CPU has."""
+    if not isa_available(kvant_bin, isa):
+        pytest.skip(f"this CPU lacks {isa}")
+    p = run(kvant_bin, "perplexity", "-m", default_model, "--kl-base", default_model,
+            "-f", "tests/data/english.txt", "-c", "256", "--chunks", "4", "-t", THREADS, "--json",
+            env_isa=isa)
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    print(f"{isa}: int8 activations vs exact: ppl {out['ppl']:.4f} vs {out['ppl_base']:.4f}, "
+          f"mean KL {out['mean_kl']:.5f}, top-1 {out['top1']:.4f}")
+    assert 0 < out["mean_kl"] < 0.01  # > 0: the default really differs from --exact
+    assert out["top1"] > 0.95
+    assert abs(out["ppl"] / out["ppl_base"] - 1) < 0.01
+
+
+def test_isa_refused(kvant_bin, default_model):
+    """KVANT_ISA names an instruction set; one the CPU lacks, or an unknown
+    name, is refused with exit 2 and a message naming it."""
+    p = run(kvant_bin, "tokenize", "-m", default_model, "-p", "hi", env_isa="sse9")
+    assert p.returncode == 2 and "KVANT_ISA" in p.stderr and "sse9" in p.stderr
+    for isa in ("avx2", "avx512"):
+        if not isa_available(kvant_bin, isa):
+            p = run(kvant_bin, "tokenize", "-m", default_model, "-p", "hi", env_isa=isa)
+            assert p.returncode == 2 and isa in p.stderr

@@ -15,7 +15,7 @@
 #include "testutil.h"
 
 #define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
-#define VOCAB_DIR "/work/shared/vectors/tokenizer"
+#define VOCAB_DIR "tests/data/vectors/tokenizer"
 
 /* ---- a tiny GGUF image builder ---- */
 

@@ -16,7 +16,7 @@
 #include "kernels/dtype.h"
 #include "testutil.h"
 
-#define VOCAB_PATH "/work/shared/vectors/tokenizer/ggml-vocab-gpt-2.gguf"
+#define VOCAB_PATH "tests/data/vectors/tokenizer/ggml-vocab-gpt-2.gguf"
 
 static char g_dir[] = "/tmp/test_gguf_write_XXXXXX";
 

@@ -3,8 +3,8 @@
  * against an exact double dot, and batch invariance of dtype_matmul_rows_q.
  *
  * Budgets:
- *   qact_quantize_avx512 == qact_quantize_ref bitwise; |x - q*d| <= d/2.
- *   qact dot AVX-512 == ref bitwise (integer sums are exact and the f32
+ *   qact_quantize_{avx2,avx512} == qact_quantize_ref bitwise; |x - q*d| <= d/2.
+ *   qact dot AVX2 / AVX-512 == ref bitwise (integer sums are exact and the f32
  *     part runs in the same order), for nt = 1..4 and odd sizes.
  *   ref vs exact (double dot of to_float_ref(w) with the f32 x), N(0,1)
  *     data: |err| / (||w|| * ||x||) < 5e-3 worst case.  Theory: the rounding
@@ -15,7 +15,10 @@
  *     bound 1% per type (dots with |exact| < 0.1 sigma excluded).
  *   dtype_matmul_rows_q: batch 7 == 7 x batch 1 (split row ranges) bitwise,
  *     and == the qact reference dot bitwise.
- * AVX-512 checks are skipped (with a message) on CPUs without AVX-512 VNNI.
+ * Every ISA the CPU has is tested (AVX2 and AVX-512 kernels against the
+ * reference; the matmul driver on scalar, AVX2 and AVX-512); an ISA the CPU
+ * lacks is named on stderr and not run.  Random code bytes (every code
+ * value, q8_0's -128 included) check the SIMD kernels' integer ranges.
  */
 #include <math.h>
 #include <stdint.h>
@@ -39,7 +42,14 @@ static void fill_normal(tu_rng *r, float *x, int64_t n, float scale)
         x[i] = tu_rand_normal(r) * scale;
 }
 
-static void test_quantize(tu_rng *r, int simd)
+/* The SIMD kernels under test (NULL: reference only). */
+typedef struct isa_kernels {
+    const char *name;
+    qact_quantize_fn quant;
+    qact_dot_fn (*dot)(uint32_t type);
+} isa_kernels;
+
+static void test_quantize(tu_rng *r, const isa_kernels *isa)
 {
     static const int64_t sizes[] = {32, 96, 576, 608, 1536, 2080};
     for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
@@ -58,9 +68,9 @@ static void test_quantize(tu_rng *r, int simd)
             ok &= fabsf(x[i] - v.qs[i] * d) <= d * 0.5f * 1.0001f && abs(v.qs[i]) <= 127;
         }
         CHECKF(ok, "qact ref rounding n=%lld", (long long)n);
-        if (simd) {
-            qact_quantize_avx512(x, n, b);
-            CHECKF(memcmp(a, b, rb) == 0, "qact avx512 == ref n=%lld", (long long)n);
+        if (isa) {
+            isa->quant(x, n, b);
+            CHECKF(memcmp(a, b, rb) == 0, "qact %s == ref n=%lld", isa->name, (long long)n);
         }
         free(x), free(a), free(b);
     }
@@ -86,7 +96,23 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* One type at one size: SIMD vs ref bitwise, ref vs exact. */
-static void test_dot_size(tu_rng *r, int t, int64_t n, int simd, double *worst, double *rels, int *nrel)
+/* Overwrites the code bytes of w with random bits (every code value,
+ * q8_0's -128 included), keeping its f16 scales finite. */
+static void randomize_codes(tu_rng *r, int t, uint8_t *w, size_t bytes)
+{
+    const dtype_traits *tr = dtype_get((uint32_t)t);
+    const size_t bs = tr->type_size;
+    /* scale bytes at the start of the block (q6_K: d at the end) */
+    const size_t head = t == DT_Q4_1 || t == DT_Q5_1 || t == DT_Q4_K || t == DT_Q5_K ? 4
+                        : t == DT_Q6_K ? 0 : 2;
+    const size_t tail = t == DT_Q6_K ? 2 : 0;
+    for (size_t b = 0; b < bytes; b += bs)
+        for (size_t i = b + head; i < b + bs - tail; i++)
+            w[i] = (uint8_t)tu_rand_u64(r);
+}
+
+static void test_dot_size(tu_rng *r, int t, int64_t n, const isa_kernels *isa, int wild,
+                          double *worst, double *rels, int *nrel)
 {
     const dtype_traits *tr = dtype_get((uint32_t)t);
     const int64_t rows = 3, ntok = 4;
@@ -97,16 +123,18 @@ static void test_dot_size(tu_rng *r, int t, int64_t n, int simd, double *worst, 
     fill_normal(r, x, ntok * n, 1.0f);
     x[3] = 0.0f;
     tr->from_float(src, w, rows * n);
+    if (wild)
+        randomize_codes(r, t, w, rows * rs);
     tr->to_float_ref(w, wf, rows * n);
     for (int64_t k = 0; k < ntok; k++)
         qact_quantize_ref(x + k * n, n, xq + k * rb);
-    const qact_dot_fn ref = qact_dot_ref((uint32_t)t), fast = simd ? qact_dot_avx512((uint32_t)t) : NULL;
+    const qact_dot_fn ref = qact_dot_ref((uint32_t)t), fast = isa ? isa->dot((uint32_t)t) : NULL;
     int same = 1;
     for (int64_t j = 0; j < rows; j++) {
         const uint8_t *wr = w + j * rs;
         float yr[4], y1[4], ym[4];
         ref(n, wr, xq, rb, (int)ntok, yr);
-        for (int k = 0; k < ntok; k++) {
+        for (int k = 0; k < ntok && !wild; k++) {
             double norm, e = exact_dot(wf + j * n, x + k * n, n, &norm);
             *worst = fmax(*worst, fabs(yr[k] - e) / norm);
             if (fabs(e) > 0.1 * norm / sqrt((double)n) && *nrel < 4096)
@@ -123,11 +151,12 @@ static void test_dot_size(tu_rng *r, int t, int64_t n, int simd, double *worst, 
         }
     }
     if (fast)
-        CHECKF(same, "%s qact avx512 == ref bitwise, n=%lld", tr->name, (long long)n);
+        CHECKF(same, "%s qact %s == ref bitwise, n=%lld%s", tr->name, isa->name, (long long)n,
+               wild ? " (random codes)" : "");
     free(src), free(wf), free(x), free(w), free(xq);
 }
 
-static void test_dots(tu_rng *r, int simd)
+static void test_dots(tu_rng *r, const isa_kernels *isa)
 {
     static const int64_t legacy_n[] = {32, 96, 576, 1568, 2048};
     static const int64_t k_n[] = {256, 768, 1280, 2048};
@@ -139,8 +168,8 @@ static void test_dots(tu_rng *r, int simd)
         double worst = 0, rels[4096];
         int nrel = 0;
         for (int s = 0; s < nn; s++)
-            for (int rep = 0; rep < 4; rep++)
-                test_dot_size(r, t, ns[s], simd, &worst, rels, &nrel);
+            for (int rep = 0; rep < 5; rep++)
+                test_dot_size(r, t, ns[s], isa, rep == 4, &worst, rels, &nrel);
         qsort(rels, (size_t)nrel, sizeof rels[0], cmp_double);
         const double med = nrel ? rels[nrel / 2] : 0;
         fprintf(stderr, "  %-5s qact ref vs exact: worst |err|/(|w||x|) %.2e, median rel %.2e (%d dots)\n",
@@ -237,14 +266,30 @@ int main(void)
 {
     tu_rng r = {0x9E3779B97F4A7C15ull};
     dtype_init();
-    const int simd = dtype_force_isa("avx512") == 0;
-    if (!simd)
-        fprintf(stderr, "test_matmul_q8: no AVX-512 VNNI: SIMD and matmul checks skipped\n");
-    test_quantize(&r, simd);
-    test_dots(&r, simd);
-    if (simd) {
+    static const isa_kernels simd[] = {
+        {"avx2", qact_quantize_avx2, qact_dot_avx2},
+        {"avx512", qact_quantize_avx512, qact_dot_avx512},
+    };
+    /* the reference's own accuracy, then each SIMD ISA the CPU has */
+    test_quantize(&r, NULL);
+    test_dots(&r, NULL);
+    for (size_t i = 0; i < sizeof simd / sizeof simd[0]; i++) {
+        if (dtype_force_isa(simd[i].name) != 0) {
+            fprintf(stderr, "test_matmul_q8: CPU lacks %s: its kernels not run here\n", simd[i].name);
+            continue;
+        }
+        test_quantize(&r, &simd[i]);
+        test_dots(&r, &simd[i]);
+    }
+    /* the matmul driver on every ISA the CPU has, scalar included */
+    static const char *isas[] = {"scalar", "avx2", "avx512"};
+    for (size_t i = 0; i < 3; i++) {
+        if (dtype_force_isa(isas[i]) != 0)
+            continue;
+        fprintf(stderr, "  matmul on %s\n", isas[i]);
         test_matmul(&r);
-        bench(&r);
+        if (i > 0)
+            bench(&r);
     }
     return tu_finish("test_matmul_q8");
 }

@@ -53,6 +53,8 @@ static void test_smollm(void)
      * tokens   = 1093 * 16 = 17,488; bytes = 805,847,040
      * conc: 17488/512 = 34.15625, /2048 = 8.5390625, /8192 = 2.134765625 */
     plan_config c = plan_config_default();
+    CHECK(c.kv_dtype == DT_F16); /* the memory-first default */
+    c.kv_dtype = DT_F32;         /* the hand computation below is for f32 */
     c.device_memory = 1ull << 30;
     plan_result r;
     kvant_err err = {0};
@@ -102,6 +104,7 @@ static void test_smollm(void)
      * missing = 159,801,856 + 512 * 737,280 - 180,000,000
      *         = 159,801,856 + 377,487,360 - 180,000,000 = 357,289,216 */
     c = plan_config_default();
+    c.kv_dtype = DT_F32;
     c.device_memory = 200000000ull;
     CHECKF(plan_compute(&m, &c, &r, &err) == KV_OK, "%s", err.msg);
     CHECK(r.kv_pool_blocks == 27 && r.kv_pool_tokens == 432);
@@ -131,6 +134,7 @@ static void test_tinyllama(void)
      * conc:  33136 / 512 = 64.71875, / 2048 = 16.1796875; 8192 > 2048 skipped,
      *        ctx and n_ctx_train dedupe into 2048 */
     plan_config c = plan_config_default();
+    c.kv_dtype = DT_F32; /* hand computation in f32 */
     c.device_memory = 4ull << 30;
     c.n_threads = 4;
     plan_result r;
@@ -187,6 +191,7 @@ static void test_refusals(void)
 {
     plan_model m = smollm();
     plan_config c = plan_config_default();
+    c.kv_dtype = DT_F32; /* hand computation in f32 */
     c.device_memory = 1ull << 30;
 
     /* budget < weights: 100 MB device at 0.9 = 90 MB < 100 MB of weights.

@@ -1,6 +1,6 @@
 /* test_tokenizer.c - tokenizer tests.
  *
- *  1. llama.cpp's vocabulary test vectors (../shared/vectors/tokenizer, see
+ *  1. llama.cpp's vocabulary test vectors (tests/data/vectors/tokenizer, see
  *     its README): every line must match exactly (add_bos = 0,
  *     parse_special = 0).  A missing directory is a FAILURE, not a skip.
  *  2. The default model (SmolLM2, gpt2 + "smollm" pre-tokenizer) against
@@ -18,7 +18,7 @@
 #include <string.h>
 #include <time.h>
 
-#define VEC_DIR "../shared/vectors/tokenizer"
+#define VEC_DIR "tests/data/vectors/tokenizer"
 #define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define SEP "\n__ggml_vocab_test__\n"
 

@@ -32,7 +32,7 @@ typedef struct cpu_backend {
     void *qact;             /* quantized matmul activations (MEM_WORKSPACE), qact_bytes;
                              * grown by cpu_matmul only, engine thread */
     size_t qact_bytes;
-    int act_q8;             /* BACKEND_ACT_Q8: use the activation-quantized matmul */
+    int act_q8;             /* 0 under BACKEND_EXACT: int8-activation matmul for quantized weights */
     int64_t *weight_ids;    /* mem reservations for mapped weights */
     int n_weight_ids, cap_weight_ids;
 } cpu_backend;
@@ -234,6 +234,7 @@ typedef struct row_job {
     const rope_params *rp;
     int32_t n_heads, head_dim;
     const void *xq; /* matmul: x quantized once for all threads, or NULL */
+    int qact;       /* matmul: int8-activation path (xq, or per-thread stack tiles) */
 } row_job;
 
 static void embed_worker(int ith, int nth, void *arg)
@@ -280,7 +281,7 @@ static void matmul_worker(int ith, int nth, void *arg)
     tpool_range(n_rows, ith, nth, &b, &e);
     if (b >= e)
         return;
-    if (j->xq)
+    if (j->qact)
         dtype_matmul_rows_q(w->type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->xq, j->n,
                             j->y, n_rows);
     else
@@ -305,7 +306,8 @@ static void cpu_matmul(backend *be, const model_tensor *W, const model_tensor *b
 {
     cpu_backend *cb = cpu(be);
     row_job j = {.cb = cb, .w = W, .bias = bias, .x = d_x, .y = d_y, .n = n};
-    const size_t need = cb->act_q8 ? dtype_matmul_scratch_bytes(W->type, W->ne[0], n) : 0;
+    const size_t need =
+        cb->act_q8 && !W->exact ? dtype_matmul_scratch_bytes(W->type, W->ne[0], n) : 0;
     if (need > cb->qact_bytes) {
         size_t cap = (size_t)1 << 20;
         while (cap < need)
@@ -314,6 +316,7 @@ static void cpu_matmul(backend *be, const model_tensor *W, const model_tensor *b
         cb->qact = mem_alloc(cb->mem, cap, MEM_WORKSPACE, MEM_NO_LAYER, NULL);
         cb->qact_bytes = cb->qact ? cap : 0;
     }
+    j.qact = need > 0;
     if (need && need <= cb->qact_bytes) {
         dtype_matmul_quantize(W->type, d_x, W->ne[0], n, cb->qact);
         j.xq = cb->qact;
@@ -521,7 +524,7 @@ backend *cpu_backend_create(mem_mgr *mem, int n_threads, unsigned flags, kvant_e
     dtype_init();
     cb->base.ops = &cpu_ops;
     cb->mem = mem;
-    cb->act_q8 = (flags & BACKEND_ACT_Q8) != 0;
+    cb->act_q8 = (flags & BACKEND_EXACT) == 0;
     cb->n_threads = n_threads > 0 ? n_threads : tpool_default_threads();
     cb->pool = tpool_create(cb->n_threads, err);
     if (!cb->pool) {

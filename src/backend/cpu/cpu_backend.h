@@ -12,7 +12,7 @@
 
 #include "backend/backend.h"
 
-/* flags: BACKEND_ACT_Q8 (backend.h) or 0. */
+/* flags: BACKEND_EXACT (backend.h) or 0. */
 backend *cpu_backend_create(mem_mgr *mem, int n_threads, unsigned flags, kvant_err *err);
 
 #endif
