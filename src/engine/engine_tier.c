@@ -12,8 +12,9 @@
  * bytes: architecture and hyper-parameters (RoPE included), the tokenizer's
  * pieces, tensor types, shapes and sampled data (16 x 4 KiB spread over
  * each tensor), the KV dtype, the block size, the load-time weight type,
- * int8 activations, the backend and the kernels' ISA (K/V differ bitwise
- * between them, so a cache written on one is foreign to the other).
+ * exact (f32) or int8 activations, the backend and the kernels' ISA (K/V
+ * differ bitwise between them, so a cache written on one is foreign to the
+ * other).
  *
  * Decisions.  A block found in a tier is loaded when kvtier_prefer_load
  * says moving it beats recomputing it at the engine's measured prefill
@@ -89,7 +90,7 @@ static void fingerprint(engine *e, uint8_t out[KVTIER_KEY_BYTES])
     kvhash_sha256_update(&s, "kvant-kv-tier-1", 15);
     int64_t f[] = {hp->arch, hp->n_layers, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim,
                    hp->n_ff, hp->n_vocab, hp->rope_dim, hp->rope, e->cfg.kv_dtype,
-                   e->cfg.block_size, e->cfg.weights_dtype, e->cfg.act_q8};
+                   e->cfg.block_size, e->cfg.weights_dtype, e->cfg.exact};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         fp_u64(&s, (uint64_t)f[i]);
     float fl[] = {hp->rope_base, hp->rope_freq_scale, hp->rms_eps};
