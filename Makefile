@@ -26,6 +26,12 @@ AVX2_FLAGS   := -mavx2 -mfma -mf16c
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
 
 LIB_SRC  := $(shell find src -name '*.c' -not -path 'src/cli/*' -not -path 'src/backend/cuda/*' | sort)
+# The x86 SIMD files only where the compiler targets x86-64; elsewhere
+# (arm64, ...) the scalar kernels are the only ones (src/util/arch.h).
+TARGET   := $(shell $(CC) -dumpmachine 2>/dev/null)
+ifeq ($(findstring x86_64,$(TARGET)),)
+LIB_SRC  := $(filter-out %_avx2.c %_avx512.c,$(LIB_SRC))
+endif
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/unit/test_*.c))
 TESTUTIL := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
@@ -44,7 +50,7 @@ CFLAGS   += -DKVANT_CUDA=1
 LDLIBS   += -L/usr/local/cuda/lib64 -lcudart -lcublas -lstdc++
 endif
 
-.PHONY: all lib test unit pytest asan fuzz fuzz-run cuda-build deps venv model serve clean
+.PHONY: all lib test unit unit-isa pytest pytest-isa asan fuzz fuzz-run cuda-build arm64 deps venv model serve clean
 
 all: $(BUILD)/kvant
 
@@ -99,6 +105,45 @@ unit: $(BUILD)/kvant $(TEST_BIN)
 pytest: $(BUILD)/kvant venv model
 	KVANT_BIN=$(BUILD)/kvant $(PY) -m pytest -q tests/py
 
+# Every instruction set the CPU has, besides the automatic choice that
+# `unit` and `pytest` ran: the unit tests, and the end-to-end reference
+# tests (numpy float64 forward pass) on each.  An ISA the CPU lacks is
+# named and not run (KVANT_ISA refuses it).
+ALL_ISAS := scalar avx2 avx512
+unit-isa: $(BUILD)/kvant $(TEST_BIN)
+	@auto=$$(env -u KVANT_ISA $(BUILD)/kvant --isa); for isa in $(ALL_ISAS); do \
+	  if [ "$$isa" = "$$auto" ]; then continue; fi; \
+	  if KVANT_ISA=$$isa $(BUILD)/kvant --help >/dev/null 2>&1; then \
+	    KVANT_ISA=$$isa scripts/run-unit.sh $(BUILD) || exit 1; \
+	  else echo "unit-isa: this CPU lacks $$isa: not run"; fi; done
+
+pytest-isa: $(BUILD)/kvant venv model
+	@auto=$$(env -u KVANT_ISA $(BUILD)/kvant --isa); for isa in $(ALL_ISAS); do \
+	  if [ "$$isa" = "$$auto" ]; then continue; fi; \
+	  if KVANT_ISA=$$isa $(BUILD)/kvant --help >/dev/null 2>&1; then \
+	    echo "pytest-isa: reference tests with KVANT_ISA=$$isa"; \
+	    KVANT_ISA=$$isa KVANT_BIN=$(BUILD)/kvant $(PY) -m pytest -q \
+	      tests/py/test_logits.py tests/py/test_default_model.py || exit 1; \
+	  else echo "pytest-isa: this CPU lacks $$isa: not run"; fi; done
+
+# arm64: a cross build whose unit tests run under qemu-user (Debian's
+# gcc-aarch64-linux-gnu, qemu-user and the :arm64 -dev libraries, installed
+# by scripts/setup-deps.sh).  Scalar kernels only.  Emulation is ~50x
+# slower, so the tests that spin thread pools or time kernels for minutes
+# (ARM64_NOT_RUN) are built but not run there; they run natively above.
+# -fno-tree-vectorize: Debian 12's aarch64 gcc 12.2 hits an internal
+# compiler error vectorizing a reduction in tests/unit/test_sampler.c.
+ARM64_CC ?= aarch64-linux-gnu-gcc
+ARM64_SYSROOT ?= /usr/aarch64-linux-gnu
+ARM64_NOT_RUN := test_bench test_cuda test_dtype test_engine test_kvq test_threadpool
+ARM64_TESTS := $(filter-out $(ARM64_NOT_RUN),$(TEST_SRC:tests/unit/%.c=%))
+arm64:
+	rm -rf build-arm64/tests
+	$(MAKE) CC=$(ARM64_CC) BUILD=build-arm64 WERROR=1 OPT="-O2 -g -fno-tree-vectorize" build-arm64/kvant \
+	  $(ARM64_TESTS:%=build-arm64/tests/%) $(ARM64_NOT_RUN:%=build-arm64/obj/tests/unit/%.o)
+	@echo "arm64: built, not run under qemu (too slow emulated): $(ARM64_NOT_RUN)"
+	KVANT_TEST_RUNNER="qemu-aarch64 -L $(ARM64_SYSROOT)" scripts/run-unit.sh build-arm64
+
 asan:
 	$(MAKE) BUILD=build-asan WERROR=1 OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" unit
 
@@ -118,8 +163,11 @@ cuda-build:
 test: deps venv model
 	$(MAKE) WERROR=1 all
 	$(MAKE) WERROR=1 unit
+	$(MAKE) WERROR=1 unit-isa
 	$(MAKE) pytest
+	$(MAKE) pytest-isa
 	$(MAKE) asan
+	$(MAKE) arm64
 	$(MAKE) fuzz-run
 	$(MAKE) cuda-build
 
@@ -128,4 +176,4 @@ serve: deps model
 	$(BUILD)/kvant serve -m $(MODEL)
 
 clean:
-	rm -rf build build-asan build-fuzz build-cuda
+	rm -rf build build-asan build-fuzz build-cuda build-arm64

@@ -25,7 +25,7 @@ kl() { # label model [extra args]
     label=$1; m=$2; shift 2
     chunks=""
     [ "$CHUNKS" -gt 0 ] && chunks="--chunks $CHUNKS"
-    "$BIN" perplexity -m "$m" --kl-base "$OUT/base-f32.gguf" -f "$EVAL" -c 512 -t 2 $chunks "$@" --json \
+    "$BIN" perplexity -m "$m" --kl-base "$OUT/base-f32.gguf" -f "$EVAL" -c 512 -t 2 $chunks --exact --kv-dtype f32 "$@" --json \
         | sed "s/^{/{\"config\": \"$label\", /" >> "$OUT/quant.jsonl"
     echo >> "$OUT/quant.jsonl"
 }

@@ -4,9 +4,9 @@
  * share, and meet again; the calling thread is thread 0 and times the span
  * between the barriers.  The read buffer is touched (written) once before
  * timing so every page is resident; each thread reads a disjoint slice.
- * Dispatch: the AVX-512 kernels run only when the CPU reports avx512f (and
- * avx512vnni for the VNNI probe); otherwise the scalar read kernel is used
- * and the compute probes report 0.
+ * Dispatch follows the kernels' ISA (dtype_isa(): AVX-512 VNNI, AVX2, or
+ * scalar, where the compute probes report 0), so the ceilings printed
+ * beside a benchmark are those of the instructions it ran.
  */
 #include "bench/roofline.h"
 
@@ -14,6 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "kernels/dtype.h"
+#include "util/arch.h"
 
 #define RL_FMA_ITERS (20 * 1000 * 1000)
 #define RL_VNNI_ITERS (20 * 1000 * 1000)
@@ -25,7 +28,7 @@ typedef enum rl_kind { RL_READ, RL_FMA, RL_VNNI } rl_kind;
 typedef struct rl_job {
     rl_kind kind;
     int nth;
-    int avx512;
+    int isa;               /* 2: AVX-512, 1: AVX2, 0: scalar */
     const uint64_t *buf;   /* borrowed, [words] */
     size_t words;
     pthread_barrier_t bar;
@@ -57,11 +60,22 @@ static void rl_work(rl_job *j, int ith)
     if (j->kind == RL_READ) {
         size_t per = j->words / (size_t)j->nth / 64 * 64;
         const uint64_t *p = j->buf + per * (size_t)ith;
-        j->sink += j->avx512 ? roofline_read_sum_avx512(p, per) : roofline_read_sum_ref(p, per);
+#if KVANT_X86
+        if (j->isa == 2)
+            j->sink += roofline_read_sum_avx512(p, per);
+        else if (j->isa == 1)
+            j->sink += roofline_read_sum_avx2(p, per);
+        else
+#endif
+            j->sink += roofline_read_sum_ref(p, per);
+#if KVANT_X86
     } else if (j->kind == RL_FMA) {
-        j->sink += (uint64_t)roofline_fma_avx512(RL_FMA_ITERS);
+        j->sink += (uint64_t)(j->isa == 2 ? roofline_fma_avx512(RL_FMA_ITERS)
+                                          : roofline_fma_avx2(RL_FMA_ITERS));
     } else {
-        j->sink += (uint64_t)roofline_vnni_avx512(RL_VNNI_ITERS);
+        j->sink += (uint64_t)(j->isa == 2 ? roofline_vnni_avx512(RL_VNNI_ITERS)
+                                          : roofline_int8_avx2(RL_VNNI_ITERS));
+#endif
     }
 }
 
@@ -132,10 +146,9 @@ int roofline_measure(int threads, size_t read_bytes, int reps, roofline_result *
     reps = reps < 1 ? 1 : reps > RL_MAX_REPS ? RL_MAX_REPS : reps;
     if (!read_bytes)
         read_bytes = ROOFLINE_READ_BYTES_DEFAULT;
-    __builtin_cpu_init();
-    int avx512 = __builtin_cpu_supports("avx512f");
-    int vnni = avx512 && __builtin_cpu_supports("avx512vnni");
-    out->isa = avx512 ? "avx512" : "scalar";
+    const char *kisa = dtype_isa();
+    const int isa = !strcmp(kisa, "avx512") ? 2 : !strcmp(kisa, "avx2") ? 1 : 0;
+    out->isa = isa == 2 ? "avx512" : isa == 1 ? "avx2" : "scalar";
     out->threads = threads;
 
     size_t words = read_bytes / sizeof(uint64_t) / 64 * 64;
@@ -145,7 +158,7 @@ int roofline_measure(int threads, size_t read_bytes, int reps, roofline_result *
     for (size_t i = 0; i < words; i++)
         buf[i] = i * 0x9E3779B97F4A7C15ull;
 
-    rl_job j = {.kind = RL_READ, .avx512 = avx512, .buf = buf, .words = words};
+    rl_job j = {.kind = RL_READ, .isa = isa, .buf = buf, .words = words};
     for (int pass = 0; pass < 2; pass++) {
         j.nth = pass ? threads : 1;
         double bytes = (double)(words / (size_t)j.nth / 64 * 64) * j.nth * sizeof(uint64_t);
@@ -153,19 +166,21 @@ int roofline_measure(int threads, size_t read_bytes, int reps, roofline_result *
         *(pass ? &out->read_gbps_nt : &out->read_gbps_1t) = gbps;
     }
     free(buf);
-    if (avx512) {
+    if (isa) {
         j.kind = RL_FMA;
+        const double per = isa == 2 ? ROOFLINE_FMA_FLOPS_PER_ITER : ROOFLINE_FMA2_FLOPS_PER_ITER;
         for (int pass = 0; pass < 2; pass++) {
             j.nth = pass ? threads : 1;
-            double w = (double)RL_FMA_ITERS * ROOFLINE_FMA_FLOPS_PER_ITER * j.nth;
+            double w = (double)RL_FMA_ITERS * per * j.nth;
             *(pass ? &out->fma_gflops_nt : &out->fma_gflops_1t) = rl_rate(&j, reps, w) * 1e-9;
         }
     }
-    if (vnni) {
+    if (isa) {
         j.kind = RL_VNNI;
+        const double per = isa == 2 ? ROOFLINE_VNNI_OPS_PER_ITER : ROOFLINE_INT8_AVX2_OPS_PER_ITER;
         for (int pass = 0; pass < 2; pass++) {
             j.nth = pass ? threads : 1;
-            double w = (double)RL_VNNI_ITERS * ROOFLINE_VNNI_OPS_PER_ITER * j.nth;
+            double w = (double)RL_VNNI_ITERS * per * j.nth;
             *(pass ? &out->vnni_gops_nt : &out->vnni_gops_1t) = rl_rate(&j, reps, w) * 1e-9;
         }
     }

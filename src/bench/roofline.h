@@ -17,13 +17,15 @@
 #define ROOFLINE_READ_BYTES_DEFAULT ((size_t)512 << 20) /* >> any LLC */
 
 typedef struct roofline_result {
-    const char *isa;          /* "avx512" or "scalar": which kernels ran */
+    const char *isa;          /* "avx512", "avx2" or "scalar": which kernels ran (the
+                               * kernels' ISA, dtype_isa(), so KVANT_ISA applies) */
     int threads;
     double read_gbps_1t;      /* GB/s = 1e9 bytes/s */
     double read_gbps_nt;      /* all `threads` threads reading disjoint parts */
     double fma_gflops_1t;     /* fp32, 2 flops per FMA lane */
     double fma_gflops_nt;
-    double vnni_gops_1t;      /* int8 u8*s8 products, 2 ops each; 0 without VNNI */
+    double vnni_gops_1t;      /* int8 u8*s8 products, 2 ops each: VPDPBUSD (AVX-512
+                               * VNNI) or VPMADDUBSW+VPMADDWD+VPADDD (AVX2); 0 scalar */
     double vnni_gops_nt;
 } roofline_result;
 
@@ -35,12 +37,17 @@ int roofline_measure(int threads, size_t read_bytes, int reps, roofline_result *
  * any order: integer addition makes every order give the same value. */
 uint64_t roofline_read_sum_ref(const uint64_t *p, size_t n);
 uint64_t roofline_read_sum_avx512(const uint64_t *p, size_t n);
+uint64_t roofline_read_sum_avx2(const uint64_t *p, size_t n);
 /* `iters` rounds of independent FMA / VNNI chains; the returned value
  * depends on every chain so the work cannot be removed.  Flops (ops)
  * performed: iters * ROOFLINE_FMA_FLOPS_PER_ITER (VNNI likewise). */
 #define ROOFLINE_FMA_FLOPS_PER_ITER (12 * 16 * 2)
 #define ROOFLINE_VNNI_OPS_PER_ITER (12 * 64 * 2)
+#define ROOFLINE_FMA2_FLOPS_PER_ITER (12 * 8 * 2)
+#define ROOFLINE_INT8_AVX2_OPS_PER_ITER (12 * 32 * 2)
 float roofline_fma_avx512(int64_t iters);
 int32_t roofline_vnni_avx512(int64_t iters);
+float roofline_fma_avx2(int64_t iters);
+int32_t roofline_int8_avx2(int64_t iters);
 
 #endif

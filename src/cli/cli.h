@@ -1,6 +1,12 @@
 /* cli.h - shared pieces of the kvant subcommands: argument helpers, the
- * default model path, and a single-sequence session (model + backend +
- * forward context + identity block table) used by run, perplexity, logits.
+ * --help tables and one-line usage errors, the default model path, and a
+ * single-sequence session (model + backend + forward context + identity
+ * block table) used by run, perplexity, logits.
+ *
+ * Conventions every subcommand follows: `-h`/`--help` prints its options
+ * (each with its default) and the common options to stdout and exits 0;
+ * an unknown option, a bad value or a missing required argument prints
+ * one line on stderr and exits 2 (CLI_EXIT_USAGE).
  */
 #ifndef KVANT_CLI_H
 #define KVANT_CLI_H
@@ -16,6 +22,7 @@
 
 #define CLI_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define CLI_DEFAULT_BLOCK 16
+#define CLI_EXIT_USAGE 2 /* exit code of a command-line mistake */
 
 typedef struct cli_common {
     const char *model_path;
@@ -34,11 +41,39 @@ void cli_common_init(cli_common *c);
 /* Consumes a common option at argv[*i] (advancing *i past its value).
  * Returns 1 if consumed, 0 if not a common option, -1 on a bad value. */
 int cli_common_parse(cli_common *c, int argc, char **argv, int *i);
-/* Value of the option at argv[*i] (advances); prints an error and returns
- * NULL when missing. */
+/* Value of the option at argv[*i] (advances); prints a one-line error and
+ * returns NULL when missing.  argv[0] is the subcommand's name. */
 const char *cli_value(int argc, char **argv, int *i);
 int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out);
 int cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out);
+
+/* One row of a --help table.  def is the default as text ("off" for a flag
+ * that is off) or NULL when the option has none, e.g. a required value
+ * (say so in help). */
+typedef struct cli_opt {
+    const char *names; /* "-m, --model": every spelling the parser accepts */
+    const char *arg;   /* value placeholder ("PATH"), NULL for a flag */
+    const char *help;  /* one line */
+    const char *def;
+} cli_opt;
+
+#define CLI_N_OPTS(t) (sizeof(t) / sizeof((t)[0]))
+
+int cli_is_help(const char *arg); /* "-h" or "--help" */
+/* Prints rows as an aligned table, under title unless it is NULL. */
+void cli_help_table(FILE *f, const char *title, const cli_opt *t, size_t n);
+/* Prints the options cli_common_parse accepts, with their defaults. */
+void cli_common_help(FILE *f);
+/* A subcommand's --help on stdout: usage line, about text (may be NULL),
+ * its own options, then the common options. */
+void cli_help(const char *usage, const char *about, const cli_opt *t, size_t n);
+/* One line on stderr, "kvant CMD: unknown option 'OPT' (see 'kvant CMD
+ * --help')"; returns CLI_EXIT_USAGE. */
+int cli_err_unknown(const char *cmd, const char *opt);
+/* One line on stderr, "kvant CMD: MSG (see 'kvant CMD --help')"; returns
+ * CLI_EXIT_USAGE. */
+int cli_err_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* Reads a whole file into a malloc'd NUL-terminated buffer. */
 char *cli_read_file(const char *path, size_t *len, kvant_err *err);
 void cli_json_string(FILE *f, const char *s, size_t len);
@@ -50,9 +85,10 @@ void cli_engine_config(const cli_common *c, engine_config *ec);
 /* KV offload tier options (cli_kvtier.c): --kv-host-memory SIZE,
  * --kv-disk-dir DIR (borrowed from argv), --kv-disk-size SIZE (default
  * ENGINE_DEFAULT_DISK_SIZE).  Returns 1 consumed, 0 not ours, -1 bad value
- * (message printed).  _check: -1 (message) for a size without a dir. */
+ * (message printed).  _check: CLI_EXIT_USAGE (one line) for a size
+ * without a dir, else 0. */
 int cli_kvtier_parse(engine_config *ec, int argc, char **argv, int *i);
-int cli_kvtier_check(const engine_config *ec);
+int cli_kvtier_check(const engine_config *ec, const char *cmd);
 
 /* One sequence, positions [0, n_ctx), blocks 0..n-1 in order. */
 typedef struct cli_session {

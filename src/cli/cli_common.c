@@ -1,8 +1,10 @@
-/* cli_common.c - argument helpers and the single-sequence session. */
+/* cli_common.c - argument helpers, --help tables, one-line usage errors
+ * and the single-sequence session. */
 #include "cli/cli.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,10 +22,125 @@ void cli_common_init(cli_common *c)
     c->backend = "cpu";
 }
 
+int cli_is_help(const char *arg)
+{
+    return !strcmp(arg, "-h") || !strcmp(arg, "--help");
+}
+
+#define CLI_HELP_COL 30   /* column where the help text starts */
+#define CLI_HELP_WIDTH 80 /* help lines wrap before this column */
+
+/* Writes text from column col, wrapping at spaces before CLI_HELP_WIDTH
+ * (a word longer than a line stays whole); returns the length of the last
+ * line written, which is left open. */
+static size_t help_wrap(FILE *f, const char *text, int col)
+{
+    size_t width = CLI_HELP_WIDTH - col;
+    const char *p = text;
+    while (strlen(p) > width) {
+        size_t cut = width;
+        while (cut > 0 && p[cut] != ' ')
+            cut--;
+        if (cut == 0)
+            cut = strcspn(p, " ");
+        if (!p[cut])
+            break;
+        fprintf(f, "%.*s\n%*s", (int)cut, p, col, "");
+        p += cut;
+        while (*p == ' ')
+            p++;
+    }
+    fputs(p, f);
+    return strlen(p);
+}
+
+void cli_help_table(FILE *f, const char *title, const cli_opt *t, size_t n)
+{
+    if (title)
+        fprintf(f, "\n%s:\n", title);
+    for (size_t k = 0; k < n; k++) {
+        char left[96], def[160];
+        snprintf(left, sizeof left, "%s%s%s", t[k].names, t[k].arg ? " " : "",
+                 t[k].arg ? t[k].arg : "");
+        if (strlen(left) + 4 > CLI_HELP_COL) /* keep two spaces before the text */
+            fprintf(f, "  %s\n%*s", left, CLI_HELP_COL, "");
+        else
+            fprintf(f, "  %-*s", CLI_HELP_COL - 2, left);
+        size_t last = help_wrap(f, t[k].help, CLI_HELP_COL);
+        if (t[k].def) { /* "(default: X)" stays on one line */
+            snprintf(def, sizeof def, "(default: %s)", t[k].def);
+            if (last + 1 + strlen(def) <= (size_t)(CLI_HELP_WIDTH - CLI_HELP_COL))
+                fprintf(f, " %s", def);
+            else
+                fprintf(f, "\n%*s%s", CLI_HELP_COL, "", def);
+        }
+        fputc('\n', f);
+    }
+}
+
+/* The options of cli_common_parse: add a row here with every new one.  The
+ * defaults shown come from cli_common_init. */
+void cli_common_help(FILE *f)
+{
+    cli_common c;
+    cli_common_init(&c);
+    const dtype_traits *kv = dtype_get(c.kv_dtype);
+    char util[32], dev[32];
+    snprintf(util, sizeof util, "%.2f", c.utilization);
+    snprintf(dev, sizeof dev, "%d", c.device);
+    const cli_opt t[] = {
+        {"-m, --model", "PATH", "GGUF model file", c.model_path},
+        {"-t, --threads", "N", "worker threads, 1..1024", "all cores"},
+        {"--weights-dtype", "T", "quantize the weight matrices to T while loading (f32 f16 bf16 "
+                                 "q8_0 q5_0 q5_1 q4_0 q4_1 q4_K q5_K q6_K)", "as stored"},
+        {"--kv-dtype", "T", "KV cache type (f32 f16 bf16 q8_0 q4_0)", kv ? kv->name : "?"},
+        {"--backend", "NAME", "cpu or cuda", c.backend},
+        {"--device", "N", "device index for the backend", dev},
+        {"--exact", NULL, "f32 activations in every matmul: the reference path, slower",
+         c.exact ? "on" : "off"},
+        {"--act-q8", NULL, "int8 activations in quantized matmuls (undoes --exact)",
+         c.exact ? "off" : "on"},
+        {"--json", NULL, "print the results as JSON", c.json ? "on" : "off"},
+        {"--device-memory", "SIZE", "memory budget base, bytes or with K/M/G/T, Ki/Mi/Gi/Ti",
+         "device total; CPU: available RAM"},
+        {"--memory-utilization", "F", "fraction of --device-memory to use, (0, 1]", util},
+    };
+    cli_help_table(f, "common options (every command)", t, CLI_N_OPTS(t));
+}
+
+void cli_help(const char *usage, const char *about, const cli_opt *t, size_t n)
+{
+    printf("usage: %s\n", usage);
+    if (about)
+        printf("\n%s\n", about);
+    static const cli_opt help = {"-h, --help", NULL, "print this help and exit", NULL};
+    cli_help_table(stdout, "options", t, n);
+    cli_help_table(stdout, NULL, &help, 1);
+    cli_common_help(stdout);
+}
+
+int cli_err_unknown(const char *cmd, const char *opt)
+{
+    fprintf(stderr, "kvant %s: unknown option '%s' (see 'kvant %s --help')\n", cmd, opt, cmd);
+    return CLI_EXIT_USAGE;
+}
+
+int cli_err_usage(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kvant %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see 'kvant %s --help')\n", cmd);
+    va_end(ap);
+    return CLI_EXIT_USAGE;
+}
+
 const char *cli_value(int argc, char **argv, int *i)
 {
     if (*i + 1 >= argc) {
-        fprintf(stderr, "kvant: option %s needs a value\n", argv[*i]);
+        fprintf(stderr, "kvant %s: option %s needs a value (see 'kvant %s --help')\n", argv[0],
+                argv[*i], argv[0]);
         return NULL;
     }
     *i += 1;

@@ -38,11 +38,9 @@ int cli_kvtier_parse(engine_config *ec, int argc, char **argv, int *i)
     return 1;
 }
 
-int cli_kvtier_check(const engine_config *ec)
+int cli_kvtier_check(const engine_config *ec, const char *cmd)
 {
-    if (ec->kv_disk_size && !ec->kv_disk_dir) {
-        fprintf(stderr, "kvant: --kv-disk-size needs --kv-disk-dir\n");
-        return -1;
-    }
+    if (ec->kv_disk_size && !ec->kv_disk_dir)
+        return cli_err_usage(cmd, "--kv-disk-size needs --kv-disk-dir");
     return 0;
 }

@@ -99,14 +99,39 @@ static bench_weights bench_weight_traffic(const model *m)
     return w;
 }
 
+static void bench_help(void)
+{
+    char reps[32], batch[48];
+    snprintf(reps, sizeof reps, "reps per test, 1..%d", BENCH_MAX_REPS);
+    snprintf(batch, sizeof batch, "B requests through the engine, 1..%d", BENCH_MAX_BATCH);
+    const cli_opt t[] = {
+        {"-p", "N", "prompt tokens (pp test; with --batch: per request)", "512"},
+        {"-n", "N", "generated tokens (tg test; with --batch: per request)", "128"},
+        {"-r", "REPS", reps, "5"},
+        {"--batch", "B", batch, "0 = single-sequence pp and tg"},
+        {"--mixed", NULL, "with --batch: prompt and output lengths spread over [1/8, 1] of -p/-n",
+         "off"},
+        {"--roofline", NULL, "also measure read bandwidth, fp32 FMA and int8 VNNI peaks", "off"},
+    };
+    cli_help("kvant bench [options]",
+             "Prompt (pp) and generation (tg) speed with GB/s and GFLOP/s, or continuous\n"
+             "batching with --batch (TTFT, inter-token latency, KV use).",
+             t, CLI_N_OPTS(t));
+}
+
+/* 0: run; 1: help printed; CLI_EXIT_USAGE: a mistake (one line printed). */
 static int bench_parse(int argc, char **argv, cli_common *c, bench_opts *o)
 {
     o->p = 512, o->n = 128, o->reps = 5, o->batch = 0, o->roofline = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
+        if (cli_is_help(a)) {
+            bench_help();
+            return 1; /* help printed: nothing to run */
+        }
         int r = cli_common_parse(c, argc, argv, &i);
         if (r < 0)
-            return -1;
+            return CLI_EXIT_USAGE;
         if (r > 0)
             continue;
         long *dst = !strcmp(a, "-p") ? &o->p : !strcmp(a, "-n") ? &o->n
@@ -114,24 +139,17 @@ static int bench_parse(int argc, char **argv, cli_common *c, bench_opts *o)
         long hi = dst == &o->reps ? BENCH_MAX_REPS : dst == &o->batch ? BENCH_MAX_BATCH : 1 << 20;
         if (dst) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 0, hi, dst))
-                return -1;
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(a, "--roofline")) {
             o->roofline = 1;
         } else if (!strcmp(a, "--mixed")) {
             o->mixed = 1;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: kvant bench [-m MODEL] [-p 512] [-n 128] [-r REPS] [-t THREADS]\n"
-                   "                   [--batch B [--mixed]] [--roofline] [--json]\n");
-            return 1; /* help printed: nothing to run */
         } else {
-            fprintf(stderr, "kvant bench: unknown option '%s'\n", a);
-            return -1;
+            return cli_err_unknown("bench", a);
         }
     }
-    if (o->reps < 1 || (o->p < 1 && o->n < 1) || (o->batch && (o->p < 1 || o->n < 1))) {
-        fprintf(stderr, "kvant bench: need -r >= 1, and -p/-n >= 1 (both with --batch)\n");
-        return -1;
-    }
+    if (o->reps < 1 || (o->p < 1 && o->n < 1) || (o->batch && (o->p < 1 || o->n < 1)))
+        return cli_err_usage("bench", "need -r >= 1, and -p/-n >= 1 (both with --batch)");
     return 0;
 }
 
@@ -424,7 +442,7 @@ int cmd_bench(int argc, char **argv)
     cli_common_init(&c);
     int prc = bench_parse(argc, argv, &c, &o);
     if (prc)
-        return prc > 0 ? 0 : 2;
+        return prc == 1 ? 0 : prc;
     dtype_init();
     bench_report r = {.c = &c, .o = &o};
     r.threads = c.n_threads > 0 ? c.n_threads : tpool_default_threads();

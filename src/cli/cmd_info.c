@@ -74,21 +74,34 @@ static void print_tensors(const gguf_ctx *g, int json)
         printf("%d tensors, %" PRIu64 " bytes\n", (int)n, total);
 }
 
+static void info_help(void)
+{
+    static const cli_opt t[] = {
+        {"--memory", NULL, "memory profile: which layers and buffers use the memory", "off"},
+    };
+    cli_help("kvant info [options]",
+             "Prints the model's metadata, hyper-parameters and tensors (reads the GGUF\n"
+             "header only).",
+             t, CLI_N_OPTS(t));
+}
+
 int cmd_info(int argc, char **argv)
 {
     cli_common c;
     int memory = 0;
     cli_common_init(&c);
     for (int i = 1; i < argc; i++) {
+        if (cli_is_help(argv[i])) {
+            info_help();
+            return 0;
+        }
         int r = cli_common_parse(&c, argc, argv, &i);
         if (r < 0)
-            return 2;
-        if (r == 0 && !strcmp(argv[i], "--memory")) {
+            return CLI_EXIT_USAGE;
+        if (r == 0 && !strcmp(argv[i], "--memory"))
             memory = 1;
-        } else if (r == 0) {
-            fprintf(stderr, "kvant info: unknown option '%s'\n", argv[i]);
-            return 2;
-        }
+        else if (r == 0)
+            return cli_err_unknown("info", argv[i]);
     }
     kvant_err err = {0};
     gguf_ctx *g = gguf_open(c.model_path, &err);

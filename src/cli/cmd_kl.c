@@ -132,40 +132,56 @@ out:
     return rc;
 }
 
+static void kl_help(void)
+{
+    static const cli_opt t[] = {
+        {"--base, --kl-base", "BASE", "the reference model's GGUF, run as stored with an f32 KV "
+                                      "cache and --exact (required)", NULL},
+        {"-f, --file", "PATH", "text file to score (required; at least 2 x CTX tokens)", NULL},
+        {"-c, --ctx-size", "CTX", "chunk length in tokens, 8..", "512"},
+        {"--chunks", "N", "score the first N chunks only", "all"},
+    };
+    cli_help("kvant kl --base BASE.gguf -f FILE [options]",
+             "Perplexity of -m MODEL (with its --weights-dtype, --kv-dtype, --exact) and of\n"
+             "BASE on the same text, mean and p99 KL(base || model) and top-1 agreement.",
+             t, CLI_N_OPTS(t));
+}
+
+/* 0: run; 1: help printed; CLI_EXIT_USAGE: a mistake (one line printed). */
 static int parse_kl(kl_opts *o, int argc, char **argv)
 {
     memset(o, 0, sizeof *o);
     cli_common_init(&o->c);
     o->ctx = 512;
     for (int i = 1; i < argc; i++) {
+        if (cli_is_help(argv[i])) {
+            kl_help();
+            return 1;
+        }
         int r = cli_common_parse(&o->c, argc, argv, &i);
         const char *v;
         if (r < 0)
-            return 2;
+            return CLI_EXIT_USAGE;
         if (r)
             continue;
         if (!strcmp(argv[i], "--base") || !strcmp(argv[i], "--kl-base")) {
             if (!(o->base = cli_value(argc, argv, &i)))
-                return 2;
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--file")) {
             if (!(o->file = cli_value(argc, argv, &i)))
-                return 2;
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "--ctx-size")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int("-c", v, 8, 1 << 20, &o->ctx))
-                return 2;
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--chunks")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int("--chunks", v, 1, 1 << 20, &o->chunks))
-                return 2;
+                return CLI_EXIT_USAGE;
         } else {
-            fprintf(stderr, "kvant kl: unknown option '%s'\n", argv[i]);
-            return 2;
+            return cli_err_unknown("kl", argv[i]);
         }
     }
-    if (!o->base || !o->file) {
-        fprintf(stderr, "usage: kvant kl [-m MODEL] --base BASE.gguf -f FILE [-c CTX] [--chunks N] "
-                        "[--weights-dtype T] [--kv-dtype T] [-t N] [--json]\n");
-        return 2;
-    }
+    if (!o->base || !o->file)
+        return cli_err_usage("kl", "missing %s", o->base ? "-f FILE" : "--base BASE.gguf");
     return 0;
 }
 
@@ -174,7 +190,7 @@ int cmd_kl(int argc, char **argv)
     kl_opts o;
     int rc = parse_kl(&o, argc, argv);
     if (rc)
-        return rc;
+        return rc == 1 ? 0 : rc;
     kvant_err err = {0};
     size_t len;
     char *text = cli_read_file(o.file, &len, &err);

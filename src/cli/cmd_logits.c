@@ -39,6 +39,19 @@ static int32_t *parse_ids(const char *s, int32_t *n_out)
     return ids;
 }
 
+static void logits_help(void)
+{
+    static const cli_opt t[] = {
+        {"--tokens-file", "PATH", "token ids, separated by spaces, commas or newlines (required)",
+         NULL},
+        {"--out", "PATH", "where to write float32 [n_tokens][n_vocab] (required)", NULL},
+        {"-b, --batch", "N", "tokens per forward pass, 1..4096", "64"},
+    };
+    cli_help("kvant logits --tokens-file IDS --out FILE [options]",
+             "Writes the teacher-forced logits of a token list (for the reference tests).", t,
+             CLI_N_OPTS(t));
+}
+
 int cmd_logits(int argc, char **argv)
 {
     cli_common c;
@@ -46,30 +59,31 @@ int cmd_logits(int argc, char **argv)
     const char *ids_file = NULL, *out_path = NULL;
     long ubatch = 64;
     for (int i = 1; i < argc; i++) {
+        if (cli_is_help(argv[i])) {
+            logits_help();
+            return 0;
+        }
         int r = cli_common_parse(&c, argc, argv, &i);
         if (r < 0)
-            return 2;
+            return CLI_EXIT_USAGE;
         if (r)
             continue;
         const char *v;
         if (!strcmp(argv[i], "--tokens-file")) {
             if (!(ids_file = cli_value(argc, argv, &i)))
-                return 2;
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--out")) {
             if (!(out_path = cli_value(argc, argv, &i)))
-                return 2;
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(argv[i], "-b") || !strcmp(argv[i], "--batch")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(argv[i - 1], v, 1, 4096, &ubatch))
-                return 2;
+                return CLI_EXIT_USAGE;
         } else {
-            fprintf(stderr, "kvant logits: unknown option '%s'\n", argv[i]);
-            return 2;
+            return cli_err_unknown("logits", argv[i]);
         }
     }
-    if (!ids_file || !out_path) {
-        fprintf(stderr, "usage: kvant logits [-m MODEL] --tokens-file IDS --out FILE [-b N]\n");
-        return 2;
-    }
+    if (!ids_file || !out_path)
+        return cli_err_usage("logits", "missing %s", ids_file ? "--out FILE" : "--tokens-file IDS");
     kvant_err err = {0};
     size_t len;
     char *text = cli_read_file(ids_file, &len, &err);

@@ -70,37 +70,54 @@ static int run_chunks(cli_session *s, int32_t *toks, int64_t n_tok, int32_t ctx,
     return KV_OK;
 }
 
+static void perplexity_help(void)
+{
+    static const cli_opt t[] = {
+        {"-f, --file", "PATH", "text file to score (required; at least 2 x CTX tokens)", NULL},
+        {"-c, --ctx-size", "CTX", "chunk length in tokens, 8..", "512"},
+        {"--kl-base", "BASE", "also compare with BASE.gguf: runs 'kvant kl' (see its --help)",
+         "none"},
+        {"--chunks", "N", "with --kl-base: score the first N chunks only", "all"},
+    };
+    cli_help("kvant perplexity -f FILE [options]",
+             "Perplexity of a text by llama-perplexity's convention: chunks of CTX tokens,\n"
+             "each from an empty cache, scoring positions CTX/2 .. CTX-2.",
+             t, CLI_N_OPTS(t));
+}
+
 int cmd_perplexity(int argc, char **argv)
 {
     cli_common c;
     cli_common_init(&c);
     const char *file = NULL;
     long ctx = 512;
-    for (int i = 1; i < argc; i++)
+    for (int i = 1; i < argc; i++) {
+        if (cli_is_help(argv[i])) {
+            perplexity_help();
+            return 0;
+        }
         if (!strcmp(argv[i], "--kl-base"))
             return cmd_kl(argc, argv); /* perplexity plus KL against a base model */
+    }
     for (int i = 1; i < argc; i++) {
         int r = cli_common_parse(&c, argc, argv, &i);
         const char *v;
         if (r < 0)
-            return 2;
+            return CLI_EXIT_USAGE;
         if (r)
             continue;
         if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--file")) {
             if (!(file = cli_value(argc, argv, &i)))
-                return 2;
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "--ctx-size")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int("-c", v, 8, 1 << 20, &ctx))
-                return 2;
+                return CLI_EXIT_USAGE;
         } else {
-            fprintf(stderr, "kvant perplexity: unknown option '%s'\n", argv[i]);
-            return 2;
+            return cli_err_unknown("perplexity", argv[i]);
         }
     }
-    if (!file) {
-        fprintf(stderr, "usage: kvant perplexity [-m MODEL] -f FILE [-c CTX] [--json]\n");
-        return 2;
-    }
+    if (!file)
+        return cli_err_usage("perplexity", "missing -f FILE");
     kvant_err err = {0};
     size_t len;
     char *text = cli_read_file(file, &len, &err);

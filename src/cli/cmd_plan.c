@@ -75,22 +75,54 @@ static void print_row_text(const plan_row *pr, int first)
     printf("\n");
 }
 
+static void plan_help(void)
+{
+    plan_config d = plan_config_default();
+    char blk[32], seqs[32], toks[32], cands[80];
+    snprintf(blk, sizeof blk, "%d", d.block_size);
+    snprintf(seqs, sizeof seqs, "%d", d.max_num_seqs);
+    snprintf(toks, sizeof toks, "%d", d.max_num_batched_tokens);
+    snprintf(cands, sizeof cands, "add a row for weight matrices stored as T (repeatable, at "
+                                  "most %d)", PLAN_MAX_CANDIDATES);
+    const cli_opt t[] = {
+        {"-c, --ctx-size", "N", "context per request to plan for", "the model's"},
+        {"--block-size", "N", "KV block size in tokens, 1..1024", blk},
+        {"--max-num-seqs", "N", "sequences decoded together (activation workspace)", seqs},
+        {"--max-num-batched-tokens", "N", "tokens per engine step (activation workspace)", toks},
+        {"--weights-dtype", "T", cands, "the stored row only"},
+        {"--kv-host-memory", "SIZE", "host-memory KV tier: print the blocks it holds", "0"},
+        {"--kv-disk-dir", "DIR", "disk KV tier (with --kv-disk-size): print its blocks", "none"},
+        {"--kv-disk-size", "SIZE", "disk KV tier budget", "4G with --kv-disk-dir"},
+    };
+    cli_help("kvant plan [options]",
+             "What fits in the memory budget: weights, activations, KV pool, tokens and\n"
+             "concurrency, from the GGUF header alone (exit 1 when nothing fits).",
+             t, CLI_N_OPTS(t));
+}
+
+/* 0: plan; 1: help printed; CLI_EXIT_USAGE: a mistake (one line printed). */
 static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, engine_config *ec,
                       int *cands, int *n_cands)
 {
     for (int i = 1; i < argc; i++) {
         const char *v;
         long n;
+        if (cli_is_help(argv[i])) {
+            plan_help();
+            return 1;
+        }
         /* each --weights-dtype adds a candidate row (the common parser
          * keeps only the last one) */
         if (!strcmp(argv[i], "--weights-dtype") && i + 1 < argc) {
             int t = dtype_from_name(argv[i + 1]);
             if (t < 0 || !dtype_get((uint32_t)t)) {
                 fprintf(stderr, "kvant plan: --weights-dtype: unknown type '%s'\n", argv[i + 1]);
-                return -1;
+                return CLI_EXIT_USAGE;
             }
-            if (*n_cands < PLAN_MAX_CANDIDATES)
-                cands[(*n_cands)++] = t;
+            if (*n_cands == PLAN_MAX_CANDIDATES)
+                return cli_err_usage("plan", "at most %d --weights-dtype rows",
+                                     PLAN_MAX_CANDIDATES);
+            cands[(*n_cands)++] = t;
             i++;
             continue;
         }
@@ -98,31 +130,30 @@ static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, eng
         if (r == 0)
             r = cli_kvtier_parse(ec, argc, argv, &i);
         if (r < 0)
-            return -1;
+            return CLI_EXIT_USAGE;
         if (r)
             continue;
         if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "--ctx-size")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int("-c", v, 1, 1 << 24, &n))
-                return -1;
+                return CLI_EXIT_USAGE;
             pc->ctx = n;
         } else if (!strcmp(argv[i], "--block-size")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(argv[i - 1], v, 1, 1024, &n))
-                return -1;
+                return CLI_EXIT_USAGE;
             pc->block_size = (int)n;
         } else if (!strcmp(argv[i], "--max-num-seqs")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(argv[i - 1], v, 1, 65536, &n))
-                return -1;
+                return CLI_EXIT_USAGE;
             pc->max_num_seqs = (int)n;
         } else if (!strcmp(argv[i], "--max-num-batched-tokens")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(argv[i - 1], v, 1, 1 << 20, &n))
-                return -1;
+                return CLI_EXIT_USAGE;
             pc->max_num_batched_tokens = (int)n;
         } else {
-            fprintf(stderr, "kvant plan: unknown option '%s'\n", argv[i]);
-            return -1;
+            return cli_err_unknown("plan", argv[i]);
         }
     }
-    return cli_kvtier_check(ec);
+    return cli_kvtier_check(ec, "plan");
 }
 
 /* The offload tiers under the device pool of plan r: blocks and tokens
@@ -171,8 +202,9 @@ int cmd_plan(int argc, char **argv)
     engine_config ec = engine_config_default();
     int cands[PLAN_MAX_CANDIDATES], n_cands = 0;
     cli_common_init(&c);
-    if (parse_plan(argc, argv, &c, &pc, &ec, cands, &n_cands))
-        return 2;
+    int prc = parse_plan(argc, argv, &c, &pc, &ec, cands, &n_cands);
+    if (prc)
+        return prc == 1 ? 0 : prc;
     pc.kv_dtype = c.kv_dtype;
     kvant_err err = {0};
     gguf_ctx *g = gguf_open(c.model_path, &err);

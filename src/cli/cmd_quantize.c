@@ -114,6 +114,24 @@ done:
     return qc;
 }
 
+static void quantize_help(void)
+{
+    static const cli_opt t[] = {
+        {"--type", "T", "target type of the weight matrices: f32 f16 bf16 q8_0 q5_0 q5_1 q4_0 "
+                        "q4_1 q4_K q5_K q6_K (this or --recipe is required)", NULL},
+        {"--recipe", "NAME", "per-tensor types by llama.cpp's mix: q4_k_m (this or --type is "
+                                "required)", NULL},
+        {"--calib", "FILE", "text run through IN first for importance-weighted rounding",
+         "none: plain rounding"},
+        {"--keep", "PATTERN", "leave tensors whose name contains PATTERN as stored (repeatable, "
+                              "at most 16)", "none"},
+    };
+    cli_help("kvant quantize IN.gguf OUT.gguf (--type T | --recipe NAME) [options]",
+             "Writes a quantized copy of IN.gguf (metadata kept; OUT is written atomically).", t,
+             CLI_N_OPTS(t));
+}
+
+/* 0: run; 1: help printed; CLI_EXIT_USAGE: a mistake (one line printed). */
 static int parse_args(qz_opts *o, int argc, char **argv)
 {
     memset(o, 0, sizeof *o);
@@ -121,54 +139,55 @@ static int parse_args(qz_opts *o, int argc, char **argv)
     o->type = -1;
     kvant_err err = {0};
     for (int i = 1; i < argc; i++) {
+        if (cli_is_help(argv[i])) {
+            quantize_help();
+            return 1;
+        }
         int r = cli_common_parse(&o->c, argc, argv, &i);
         const char *v;
         if (r < 0)
-            return 2;
+            return CLI_EXIT_USAGE;
         if (r)
             continue;
         if (!strcmp(argv[i], "--type")) {
             if (!(v = cli_value(argc, argv, &i)))
-                return 2;
+                return CLI_EXIT_USAGE;
             if ((o->type = quant_parse_type(v, &err)) < 0) {
                 fprintf(stderr, "kvant quantize: %s\n", err.msg);
-                return 2;
+                return CLI_EXIT_USAGE;
             }
         } else if (!strcmp(argv[i], "--recipe")) {
             if (!(o->recipe = cli_value(argc, argv, &i)))
-                return 2;
+                return CLI_EXIT_USAGE;
             if (quant_recipe_type(o->recipe, "x", 256, 1) < 0) {
                 fprintf(stderr, "kvant quantize: unknown recipe '%s' (known: q4_k_m)\n", o->recipe);
-                return 2;
+                return CLI_EXIT_USAGE;
             }
         } else if (!strcmp(argv[i], "--calib")) {
             if (!(o->calib = cli_value(argc, argv, &i)))
-                return 2;
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--keep")) {
             if (!(v = cli_value(argc, argv, &i)))
-                return 2;
+                return CLI_EXIT_USAGE;
             if (o->n_keep == QZ_MAX_KEEP) {
                 fprintf(stderr, "kvant quantize: at most %d --keep patterns\n", QZ_MAX_KEEP);
-                return 2;
+                return CLI_EXIT_USAGE;
             }
             o->keep[o->n_keep++] = v;
         } else if (argv[i][0] == '-') {
-            fprintf(stderr, "kvant quantize: unknown option '%s'\n", argv[i]);
-            return 2;
+            return cli_err_unknown("quantize", argv[i]);
         } else if (!o->in) {
             o->in = argv[i];
         } else if (!o->out) {
             o->out = argv[i];
         } else {
-            fprintf(stderr, "kvant quantize: unexpected argument '%s'\n", argv[i]);
-            return 2;
+            return cli_err_usage("quantize", "unexpected argument '%s'", argv[i]);
         }
     }
-    if (!o->in || !o->out || (o->type < 0 && !o->recipe)) {
-        fprintf(stderr, "usage: kvant quantize IN.gguf OUT.gguf --type T | --recipe q4_k_m "
-                        "[--calib FILE] [--keep PATTERN]... [-t N] [--json]\n");
-        return 2;
-    }
+    if (!o->in || !o->out)
+        return cli_err_usage("quantize", "missing %s", o->in ? "OUT.gguf" : "IN.gguf");
+    if (o->type < 0 && !o->recipe)
+        return cli_err_usage("quantize", "missing --type T or --recipe NAME");
     return 0;
 }
 
@@ -267,7 +286,7 @@ int cmd_quantize(int argc, char **argv)
     qz_opts o;
     int rc = parse_args(&o, argc, argv);
     if (rc)
-        return rc;
+        return rc == 1 ? 0 : rc;
     kvant_err err = {0};
     dtype_init();
     cli_session s = {0};

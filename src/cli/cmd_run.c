@@ -67,41 +67,74 @@ static int parse_sampling(int argc, char **argv, int *i, sampler_params *sp)
     return 1;
 }
 
+static void run_help(void)
+{
+    sampler_params d = sampler_params_default();
+    char temp[32], topk[32], topp[32], minp[32], rep[32], pres[32], freq[32], seed[32];
+    snprintf(temp, sizeof temp, "%g = greedy", (double)d.temperature);
+    snprintf(topk, sizeof topk, "%d = off", d.top_k);
+    snprintf(topp, sizeof topp, "%g", (double)d.top_p);
+    snprintf(minp, sizeof minp, "%g", (double)d.min_p);
+    snprintf(rep, sizeof rep, "%g = off", (double)d.repetition_penalty);
+    snprintf(pres, sizeof pres, "%g", (double)d.presence_penalty);
+    snprintf(freq, sizeof freq, "%g", (double)d.frequency_penalty);
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)d.seed);
+    const cli_opt t[] = {
+        {"-p, --prompt", "TEXT", "the prompt (required)", NULL},
+        {"-n, --n-predict", "N", "tokens to generate at most", "128"},
+        {"-c, --ctx-size", "N", "context in tokens, 16..", "the model's, at most 4096"},
+        {"--chat", NULL, "wrap the prompt in the model's chat template", "off"},
+        {"--temp", "T", "sampling temperature, 0..100", temp},
+        {"--top-k", "K", "keep the K most likely tokens", topk},
+        {"--top-p", "P", "nucleus sampling, (0, 1]", topp},
+        {"--min-p", "P", "drop tokens below P x the top probability", minp},
+        {"--repeat-penalty", "F", "penalty on recent tokens", rep},
+        {"--presence-penalty", "F", "OpenAI presence penalty, -2..2", pres},
+        {"--frequency-penalty", "F", "OpenAI frequency penalty, -2..2", freq},
+        {"--seed", "S", "sampling seed", seed},
+    };
+    cli_help("kvant run -p PROMPT [options]",
+             "Generates text from a prompt, streaming it to stdout (with --json: one object\n"
+             "at the end).",
+             t, CLI_N_OPTS(t));
+}
+
+/* 0: run; 1: help printed; CLI_EXIT_USAGE: a mistake (one line printed). */
 static int parse_run(int argc, char **argv, cli_common *c, run_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->n_predict = 128;
     o->sp = sampler_params_default();
     for (int i = 1; i < argc; i++) {
+        if (cli_is_help(argv[i])) {
+            run_help();
+            return 1;
+        }
         int r = cli_common_parse(c, argc, argv, &i);
         if (r == 0)
             r = parse_sampling(argc, argv, &i, &o->sp);
         if (r < 0)
-            return -1;
+            return CLI_EXIT_USAGE;
         if (r)
             continue;
         const char *v;
         if (!strcmp(argv[i], "-p") || !strcmp(argv[i], "--prompt")) {
             if (!(o->prompt = cli_value(argc, argv, &i)))
-                return -1;
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(argv[i], "-n") || !strcmp(argv[i], "--n-predict")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int("-n", v, 0, 1 << 20, &o->n_predict))
-                return -1;
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "--ctx-size")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int("-c", v, 16, 1 << 20, &o->ctx))
-                return -1;
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--chat")) {
             o->chat = 1;
         } else {
-            fprintf(stderr, "kvant run: unknown option '%s'\n", argv[i]);
-            return -1;
+            return cli_err_unknown("run", argv[i]);
         }
     }
-    if (!o->prompt) {
-        fprintf(stderr, "usage: kvant run [-m MODEL] -p PROMPT [-n N] [--chat] [--temp T] "
-                        "[--top-k K] [--top-p P] [--min-p M] [--seed S] [-t THREADS] [--json]\n");
-        return -1;
-    }
+    if (!o->prompt)
+        return cli_err_usage("run", "missing -p PROMPT");
     return 0;
 }
 
@@ -213,12 +246,13 @@ int cmd_run(int argc, char **argv)
     cli_common c;
     run_opts o;
     cli_common_init(&c);
-    if (parse_run(argc, argv, &c, &o))
-        return 2;
+    int pr = parse_run(argc, argv, &c, &o);
+    if (pr)
+        return pr == 1 ? 0 : pr;
     kvant_err err = {0};
     if (sampler_params_check(&o.sp, &err)) {
         fprintf(stderr, "kvant run: %s\n", err.msg);
-        return 2;
+        return CLI_EXIT_USAGE;
     }
     cli_session s;
     if (cli_session_open(&s, &c, (int32_t)o.ctx, 512, 1, &err)) {

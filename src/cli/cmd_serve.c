@@ -21,6 +21,7 @@
 #include "engine/engine.h"
 #include "server/server.h"
 
+#define SERVE_DRAIN_TIMEOUT_S 30 /* --drain-timeout default, seconds */
 
 typedef struct serve_opts {
     cli_common c;
@@ -29,17 +30,51 @@ typedef struct serve_opts {
     double drain_timeout;
 } serve_opts;
 
-static void serve_usage(void)
+static const char *fmt_long(char *buf, size_t cap, long v)
 {
-    fprintf(stderr,
-            "usage: kvant serve [-m MODEL] [--host 127.0.0.1] [--port 8080] [--api-key KEY]\n"
-            "  [--served-model-name NAME] [-t THREADS] [--device-memory SIZE]\n"
-            "  [--memory-utilization F] [--max-num-seqs N] [--max-num-batched-tokens N]\n"
-            "  [--block-size N] [-c|--ctx-size N] [--no-prefix-cache] [--max-waiting N]\n"
-            "  [--max-body BYTES] [--drain-timeout SECONDS] [--timeout SECONDS]\n"
-            "  [--max-connections N] [--kv-blocks N]\n"
-            "  [--kv-host-memory SIZE (default 0: no host tier)] [--kv-disk-dir DIR]\n"
-            "  [--kv-disk-size SIZE (default 4G with --kv-disk-dir)]\n");
+    snprintf(buf, cap, "%ld", v);
+    return buf;
+}
+
+/* Defaults come from srv_config_default and engine_config_default. */
+static void serve_help(void)
+{
+    srv_config sc = srv_config_default();
+    engine_config ec = engine_config_default();
+    char port[16], seqs[16], toks[16], blk[16], body[24], tmo[16], conns[16], wait[16], drain[16];
+    const cli_opt t[] = {
+        {"--host", "ADDR", "IPv4 address to listen on", sc.host},
+        {"--port", "N", "TCP port, 0: any free one", fmt_long(port, 16, sc.port)},
+        {"--api-key", "KEY", "require 'Authorization: Bearer KEY'", "none"},
+        {"--served-model-name", "NAME", "the model's name in the API",
+         "the file name without .gguf"},
+        {"-c, --ctx-size", "N", "context per request in tokens", "the model's"},
+        {"--max-num-seqs", "N", "sequences decoded together", fmt_long(seqs, 16, ec.max_num_seqs)},
+        {"--max-num-batched-tokens", "N", "tokens per engine step",
+         fmt_long(toks, 16, ec.max_num_batched_tokens)},
+        {"--block-size", "N", "KV block size in tokens", fmt_long(blk, 16, ec.block_size)},
+        {"--no-prefix-cache", NULL,
+         "turn off the sharing of KV blocks between prompts with a common prefix",
+         ec.prefix_cache ? "sharing on" : "sharing off"},
+        {"--max-waiting", "N", "requests queued before 429, 0: no limit",
+         fmt_long(wait, 16, ec.max_waiting)},
+        {"--kv-blocks", "N", "use exactly N KV blocks instead of the budget's (tests)",
+         "from the budget"},
+        {"--max-body", "BYTES", "largest request body", fmt_long(body, 24, (long)sc.max_body)},
+        {"--timeout", "SECONDS", "idle connection timeout", fmt_long(tmo, 16, sc.conn_timeout_s)},
+        {"--max-connections", "N", "open connections at most",
+         fmt_long(conns, 16, sc.max_connections)},
+        {"--drain-timeout", "SECONDS", "on SIGTERM/SIGINT, wait this long for requests, then "
+                                       "cancel them", fmt_long(drain, 16, SERVE_DRAIN_TIMEOUT_S)},
+        {"--kv-host-memory", "SIZE", "host-memory KV tier under the device pool, 0: none", "0"},
+        {"--kv-disk-dir", "DIR", "disk KV tier (kept across restarts), one server per DIR",
+         "none"},
+        {"--kv-disk-size", "SIZE", "disk KV tier budget", "4G with --kv-disk-dir"},
+    };
+    cli_help("kvant serve [options]",
+             "OpenAI-compatible HTTP server (docs/SERVER.md): /v1/completions,\n"
+             "/v1/chat/completions, /v1/models, /health, /metrics.",
+             t, CLI_N_OPTS(t));
 }
 
 /* Engine and limit options with an integer value; 1 consumed, 0 not ours, -1 bad. */
@@ -87,49 +122,84 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
     cli_common_init(&o->c);
     o->sc = srv_config_default();
     o->ec = engine_config_default();
-    o->drain_timeout = 30;
+    o->drain_timeout = SERVE_DRAIN_TIMEOUT_S;
     for (int i = 1; i < argc; i++) {
+        if (cli_is_help(argv[i])) {
+            serve_help();
+            return 1;
+        }
         int r = cli_common_parse(&o->c, argc, argv, &i);
         if (r == 0)
             r = parse_int_opt(o, argc, argv, &i);
         if (r == 0)
             r = cli_kvtier_parse(&o->ec, argc, argv, &i);
         if (r < 0)
-            return -1;
+            return CLI_EXIT_USAGE;
         if (r)
             continue;
         const char *a = argv[i];
         if (!strcmp(a, "--host")) {
             if (!(o->sc.host = cli_value(argc, argv, &i)))
-                return -1;
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(a, "--api-key")) {
             if (!(o->sc.api_key = cli_value(argc, argv, &i)))
-                return -1;
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(a, "--served-model-name")) {
             if (!(o->sc.served_name = cli_value(argc, argv, &i)))
-                return -1;
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(a, "--no-prefix-cache")) {
             o->ec.prefix_cache = 0;
         } else if (!strcmp(a, "--drain-timeout")) {
             const char *v = cli_value(argc, argv, &i);
             if (!v || cli_parse_float(a, v, 0, 86400, &o->drain_timeout))
-                return -1;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            serve_usage();
-            return 1;
+                return CLI_EXIT_USAGE;
         } else {
-            fprintf(stderr, "kvant serve: unknown option '%s'\n", a);
-            serve_usage();
-            return -1;
+            return cli_err_unknown("serve", a);
         }
     }
-    if (cli_kvtier_check(&o->ec))
-        return -1;
+    if (cli_kvtier_check(&o->ec, "serve"))
+        return CLI_EXIT_USAGE;
     cli_engine_config(&o->c, &o->ec);
     o->ec.print_plan = 1;
     if (!o->c.model_path)
         o->c.model_path = CLI_DEFAULT_MODEL;
     return 0;
+}
+
+/* Writes s as the inside of a JSON string that itself sits inside a
+ * single-quoted shell word (so a ' becomes '\'' ). */
+static void put_shell_json(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch == '\'')
+            fputs("'\\''", f);
+        else if (ch < 0x20)
+            fprintf(f, "\\u%04x", ch);
+        else
+            fputc(ch, f);
+    }
+}
+
+/* The lines a newcomer needs once the model is loaded: where to send
+ * requests and a curl to paste.  The API key itself stays out of the log. */
+static void print_ready(const serve_opts *o, const srv *s, const engine *e)
+{
+    const char *host = strcmp(o->sc.host, "0.0.0.0") ? o->sc.host : "127.0.0.1";
+    int port = srv_port(s);
+    fprintf(stderr, "kvant serve: ready on http://%s:%d, model \"%s\", context %lld tokens; try:\n",
+            host, port, srv_served_name(s), (long long)engine_max_model_len(e));
+    fprintf(stderr, "  curl -s http://%s:%d/v1/chat/completions", host, port);
+    fputs(" -H 'Content-Type: application/json'", stderr);
+    if (o->sc.api_key)
+        fputs(" -H \"Authorization: Bearer $KVANT_API_KEY\"", stderr);
+    fputs(" -d '{\"model\": \"", stderr);
+    put_shell_json(stderr, srv_served_name(s));
+    fputs("\", \"messages\": [{\"role\": \"user\", \"content\": \"Hello!\"}]}'\n", stderr);
+    if (o->sc.api_key)
+        fputs("  (export KVANT_API_KEY=<the --api-key value> first)\n", stderr);
 }
 
 /* Waits for a signal in set for up to timeout_s (<0: forever); returns the
@@ -172,7 +242,7 @@ int cmd_serve(int argc, char **argv)
     serve_opts o;
     int pr = parse_serve(argc, argv, &o);
     if (pr)
-        return pr > 0 ? 0 : 2;
+        return pr == 1 ? 0 : pr;
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
@@ -197,8 +267,7 @@ int cmd_serve(int argc, char **argv)
         return 1;
     }
     srv_attach(s, m, e);
-    fprintf(stderr, "kvant serve: ready (model context %lld tokens)\n",
-            (long long)engine_max_model_len(e));
+    print_ready(&o, s, e);
     wait_signal(&set, -1);
     fprintf(stderr, "kvant serve: draining (up to %.0f s; a second signal exits now)\n",
             o.drain_timeout);

@@ -6,6 +6,20 @@
 #include "cli/cli.h"
 #include "model/tokenizer.h"
 
+static void tokenize_help(void)
+{
+    static const cli_opt t[] = {
+        {"-p, --prompt", "TEXT", "text to tokenize (this or -f is required)", NULL},
+        {"-f, --file", "PATH", "tokenize a file's contents (this or -p is required)", NULL},
+        {"--no-bos", NULL, "do not add the BOS token the model asks for", "off"},
+        {"--parse-special", NULL, "read special tokens (<|im_start|>...) as single ids", "off"},
+        {"--pieces", NULL, "print each id with its text piece, one per line", "off"},
+    };
+    cli_help("kvant tokenize (-p TEXT | -f FILE) [options]",
+             "Prints the token ids of a text; works on vocabulary-only GGUF files.", t,
+             CLI_N_OPTS(t));
+}
+
 int cmd_tokenize(int argc, char **argv)
 {
     cli_common c;
@@ -13,17 +27,21 @@ int cmd_tokenize(int argc, char **argv)
     const char *text = NULL, *file = NULL;
     int no_bos = 0, parse_special = 0, show_pieces = 0;
     for (int i = 1; i < argc; i++) {
+        if (cli_is_help(argv[i])) {
+            tokenize_help();
+            return 0;
+        }
         int r = cli_common_parse(&c, argc, argv, &i);
         if (r < 0)
-            return 2;
+            return CLI_EXIT_USAGE;
         if (r)
             continue;
         if (!strcmp(argv[i], "-p") || !strcmp(argv[i], "--prompt")) {
             if (!(text = cli_value(argc, argv, &i)))
-                return 2;
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(argv[i], "-f") || !strcmp(argv[i], "--file")) {
             if (!(file = cli_value(argc, argv, &i)))
-                return 2;
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--no-bos")) {
             no_bos = 1;
         } else if (!strcmp(argv[i], "--parse-special")) {
@@ -31,15 +49,12 @@ int cmd_tokenize(int argc, char **argv)
         } else if (!strcmp(argv[i], "--pieces")) {
             show_pieces = 1;
         } else {
-            fprintf(stderr, "kvant tokenize: unknown option '%s'\n", argv[i]);
-            return 2;
+            return cli_err_unknown("tokenize", argv[i]);
         }
     }
-    if (!!text == !!file) {
-        fprintf(stderr, "usage: kvant tokenize [-m MODEL] (-p TEXT | -f FILE) [--no-bos] "
-                        "[--parse-special] [--json]\n");
-        return 2;
-    }
+    if (!!text == !!file)
+        return cli_err_usage("tokenize", "%s", text ? "give -p TEXT or -f FILE, not both"
+                                                    : "missing -p TEXT or -f FILE");
     kvant_err err = {0};
     size_t len = text ? strlen(text) : 0;
     char *buf = NULL;

@@ -24,12 +24,37 @@ static const cli_cmd cmds[] = {
     {"logits", cmd_logits, "dump teacher-forced logits (for reference tests)"},
 };
 
-static void usage(FILE *f)
+#define N_CMDS (sizeof cmds / sizeof cmds[0])
+
+static void usage(void)
 {
-    fprintf(f, "usage: kvant <command> [options]\n\ncommands:\n");
-    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
-        fprintf(f, "  %-12s %s\n", cmds[i].name, cmds[i].help);
-    fprintf(f, "\ncommon options: -m MODEL (default %s), -t THREADS, --json\n", CLI_DEFAULT_MODEL);
+    printf("usage: kvant <command> [options]\n"
+           "       kvant <command> --help   (that command's options and defaults)\n"
+           "\ncommands:\n");
+    for (size_t i = 0; i < N_CMDS; i++)
+        printf("  %-12s %s\n", cmds[i].name, cmds[i].help);
+    cli_common_help(stdout);
+}
+
+static const cli_cmd *find_cmd(const char *name)
+{
+    for (size_t i = 0; i < N_CMDS; i++)
+        if (!strcmp(name, cmds[i].name))
+            return &cmds[i];
+    return NULL;
+}
+
+/* One line naming the commands: "kvant: WHAT 'ARG' (commands: ...)". */
+static int usage_error(const char *what, const char *arg)
+{
+    fprintf(stderr, "kvant: %s", what);
+    if (arg)
+        fprintf(stderr, " '%s'", arg);
+    fputs(" (commands:", stderr);
+    for (size_t i = 0; i < N_CMDS; i++)
+        fprintf(stderr, " %s", cmds[i].name);
+    fputs("; see 'kvant --help')\n", stderr);
+    return CLI_EXIT_USAGE;
 }
 
 int main(int argc, char **argv)
@@ -39,14 +64,26 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvant: %s\n", isa_err);
         return 2;
     }
-    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-        usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+    if (argc == 2 && !strcmp(argv[1], "--isa")) { /* the CPU kernels' instruction set */
+        printf("%s\n", dtype_isa());
+        return 0;
     }
-    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
-        if (!strcmp(argv[1], cmds[i].name))
-            return cmds[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "kvant: unknown command '%s'\n", argv[1]);
-    usage(stderr);
-    return 2;
+    if (argc < 2)
+        return usage_error("missing command", NULL);
+    const char *a = argv[1];
+    if (cli_is_help(a) || (!strcmp(a, "help") && argc == 2)) {
+        usage();
+        return 0;
+    }
+    if (!strcmp(a, "help")) { /* kvant help CMD = kvant CMD --help */
+        const cli_cmd *c = find_cmd(argv[2]);
+        char *hargv[] = {argv[2], "--help", NULL};
+        return c ? c->fn(2, hargv) : usage_error("unknown command", argv[2]);
+    }
+    const cli_cmd *c = find_cmd(a);
+    if (c)
+        return c->fn(argc - 1, argv + 1);
+    if (a[0] == '-')
+        return usage_error("unknown option", a);
+    return usage_error("unknown command", a);
 }

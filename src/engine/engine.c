@@ -131,12 +131,19 @@ static int plan_engine(engine_ext *x, kvant_err *err)
         return rc;
     if (e->cfg.print_plan)
         print_plan(e, &x->plan);
-    if (!x->plan.fits_one_max_ctx)
+    if (!x->plan.fits_one_max_ctx) {
+        /* the device size whose budget covers the missing bytes, in MiB up */
+        const double util = pc.utilization > 0 ? pc.utilization : 1.0;
+        const unsigned long long need_mib =
+            (unsigned long long)(((double)(x->plan.budget + x->plan.missing_bytes) / util +
+                                  (1 << 20) - 1) / (1 << 20));
         return kvant_err_set(err, KV_ENOMEM,
                              "a request of the maximum context (%lld tokens) does not fit: %llu "
-                             "bytes missing; the largest context that fits is %lld (use -c)",
+                             "bytes missing; add -c %lld (the largest context that fits), or "
+                             "--device-memory %lluMiB, or a smaller --kv-dtype (q8_0)",
                              (long long)x->plan.ctx, (unsigned long long)x->plan.missing_bytes,
-                             (long long)x->plan.max_ctx_that_fits);
+                             (long long)x->plan.max_ctx_that_fits, need_mib);
+    }
     e->max_model_len = x->plan.ctx;
     return KV_OK;
 }

@@ -14,7 +14,10 @@
  */
 #include "kernels/dtype.h"
 
+#include "util/arch.h"
+#if KVANT_X86
 #include <cpuid.h>
+#endif
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,6 +65,7 @@ static dtype_vec_dot_multi_fn g_multi[DT_COUNT];
 static const char *g_isa = "scalar";
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
+#if KVANT_X86
 static int cpu_has_avx2(void)
 {
     __builtin_cpu_init();
@@ -78,6 +82,25 @@ static int cpu_has_avx512(void)
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
 }
+#else
+static int cpu_has_avx2(void)
+{
+    return 0;
+}
+
+static int cpu_has_avx512(void)
+{
+    return 0;
+}
+
+/* never called: the CPU checks above are 0 off x86 */
+static const quant_simd_kernels *quant_avx2_table_none(void)
+{
+    return NULL;
+}
+#define quant_avx2_table quant_avx2_table_none
+#define quant_avx512_table quant_avx2_table_none
+#endif
 
 /* Rebuilds g_traits from k_base plus the given SIMD table (may be NULL). */
 static void dispatch_apply(const quant_simd_kernels *simd, const char *isa)

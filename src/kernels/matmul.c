@@ -18,6 +18,7 @@
 #include "kernels/dtype.h"
 #include "kernels/qact.h"
 #include "kernels/quant_ref.h"
+#include "util/arch.h"
 #include "util/err.h"
 
 #define MM_ROW_TILE_BYTES (256 * 1024)
@@ -29,21 +30,25 @@
 /* The qact kernels of the selected ISA (all three are bitwise equal). */
 static qact_quantize_fn qact_quantizer(void)
 {
+#if KVANT_X86
     const char *isa = dtype_isa();
     if (strcmp(isa, "avx512") == 0)
         return qact_quantize_avx512;
     if (strcmp(isa, "avx2") == 0)
         return qact_quantize_avx2;
+#endif
     return qact_quantize_ref;
 }
 
 static qact_dot_fn qact_dot_for(uint32_t type)
 {
+#if KVANT_X86
     const char *isa = dtype_isa();
     if (strcmp(isa, "avx512") == 0)
         return qact_dot_avx512(type);
     if (strcmp(isa, "avx2") == 0)
         return qact_dot_avx2(type);
+#endif
     return qact_dot_ref(type);
 }
 

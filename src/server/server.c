@@ -473,6 +473,11 @@ int srv_port(const srv *s)
     return s->port;
 }
 
+const char *srv_served_name(const srv *s)
+{
+    return s->served_name;
+}
+
 static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};

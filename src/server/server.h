@@ -49,5 +49,8 @@ void srv_attach(srv *s, model *m, engine *e);
 int srv_drain(srv *s, double timeout_s);
 void srv_destroy(srv *s);
 int srv_port(const srv *s);
+/* The model's name in the API (--served-model-name or the file stem);
+ * owned by s. */
+const char *srv_served_name(const srv *s);
 
 #endif

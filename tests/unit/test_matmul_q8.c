@@ -31,6 +31,7 @@
 #include "kernels/qact.h"
 #include "kernels/quant_ref.h"
 #include "testutil.h"
+#include "util/arch.h"
 
 static const int k_types[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q8_0,
                               DT_Q4_K, DT_Q5_K, DT_Q6_K};
@@ -266,10 +267,14 @@ int main(void)
 {
     tu_rng r = {0x9E3779B97F4A7C15ull};
     dtype_init();
+#if KVANT_X86
     static const isa_kernels simd[] = {
         {"avx2", qact_quantize_avx2, qact_dot_avx2},
         {"avx512", qact_quantize_avx512, qact_dot_avx512},
     };
+#else
+    static const isa_kernels simd[] = {{"none", NULL, NULL}};
+#endif
     /* the reference's own accuracy, then each SIMD ISA the CPU has */
     test_quantize(&r, NULL);
     test_dots(&r, NULL);

@@ -7,12 +7,14 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "testutil.h"
+#include "util/arch.h"
 
 #define T_BLOCK 16
 #define T_MAX_POS 300
 #define T_MAX_HD 128
 #define T_BOUND 2e-5f
 
+#if KVANT_X86
 static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale)
 {
     const int32_t n_blocks = (T_MAX_POS + T_BLOCK - 1) / T_BLOCK;
@@ -45,14 +47,15 @@ static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale)
     free(k);
     free(v);
 }
+#endif
 
 int main(void)
 {
+#if KVANT_X86
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx512f")) {
-        printf("test_ops: no AVX-512 on this CPU, attention twin not exercised\n");
-        CHECK(1);
-        return tu_finish("test_ops");
+        printf("SKIPPED: test_ops: the CPU lacks AVX-512, whose attention row this checks\n");
+        return 77;
     }
     tu_rng r = {0x5eed1234ull};
     const int32_t n_pos[] = {1, 2, 15, 16, 17, 31, 64, 100, 257, T_MAX_POS};
@@ -63,4 +66,8 @@ int main(void)
             check_case(&r, n_pos[i], 128, qs[j]);
         }
     return tu_finish("test_ops");
+#else
+    printf("SKIPPED: test_ops: the AVX-512 attention row exists on x86-64 only\n");
+    return 77;
+#endif
 }

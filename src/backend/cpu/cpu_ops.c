@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "kernels/dtype.h"
+#include "util/arch.h"
 
 void cpu_rmsnorm_row(const float *x, const float *w, float eps, float *y, int32_t n)
 {
@@ -85,10 +86,13 @@ void cpu_attention_row(const float *q, const cpu_attn_seq *s, int32_t n_pos, int
 {
     /* follows the kernels' ISA choice, so dtype_force_isa("scalar") makes
      * the whole forward pass scalar */
-    if (head_dim % 16 == 0 && strcmp(dtype_isa(), "avx512") == 0)
+#if KVANT_X86
+    if (head_dim % 16 == 0 && strcmp(dtype_isa(), "avx512") == 0) {
         cpu_attention_row_avx512(q, s, n_pos, head_dim, scale, scratch, out);
-    else
-        cpu_attention_row_ref(q, s, n_pos, head_dim, scale, scratch, out);
+        return;
+    }
+#endif
+    cpu_attention_row_ref(q, s, n_pos, head_dim, scale, scratch, out);
 }
 
 void cpu_attention_row_ref(const float *q, const cpu_attn_seq *s, int32_t n_pos,
