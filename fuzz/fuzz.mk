@@ -22,8 +22,13 @@ GGUF_OBJ    := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_gguf.c $(GGUF_SRC)
 TOK_SRC     := $(GGUF_SRC) $(wildcard src/model/tok*.c) src/model/chat.c
 TOK_OBJ     := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_tokenizer.c $(TOK_SRC))
 
+KVT_OBJ     := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_kvtier.c src/kv/kvtier.c src/kv/kvhash.c src/util/err.c)
+
 .PHONY: all
-all: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_tokenizer
+all: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_tokenizer $(FUZZ_BUILD)/fuzz_kvtier
+
+$(FUZZ_BUILD)/fuzz_kvtier: $(KVT_OBJ)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ -lm
 
 $(FUZZ_BUILD)/fuzz_gguf: $(GGUF_OBJ)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ -lm
@@ -43,4 +48,4 @@ $(FUZZ_BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
 
--include $(GGUF_OBJ:.o=.d) $(TOK_OBJ:.o=.d)
+-include $(GGUF_OBJ:.o=.d) $(TOK_OBJ:.o=.d) $(KVT_OBJ:.o=.d)

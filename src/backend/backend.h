@@ -83,6 +83,15 @@ typedef struct backend_ops {
     int (*kv_init)(backend *be, const kv_layout *lay, kvant_err *err);
     void (*kv_free)(backend *be);
     void (*kv_copy_block)(backend *be, int32_t dst, int32_t src);
+    /* Optional (NULL: the KV offload tiers are refused).  Copy one block's
+     * K and V of every layer to / from one contiguous record of
+     * n_layers * 2 * block_size * row bytes, laid out [n_layers][2 (K,V)]
+     * [block_size][row] (a row in the KV dtype, as in the pool), so a tier
+     * move is one copy.  Both complete before returning (src/dst are host
+     * memory the caller reuses).  Return 0, or -1 on a bad block id or a
+     * device error. */
+    int (*kv_export_block)(backend *be, int32_t block, void *dst);
+    int (*kv_import_block)(backend *be, int32_t block, const void *src);
     /* Bytes kv_init allocates beyond the blocks themselves (scratch,
      * staging), so the engine can hold them back from the pool. */
     uint64_t (*kv_extra_bytes)(backend *be, const kv_layout *lay);

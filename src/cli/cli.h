@@ -82,6 +82,14 @@ void cli_json_string(FILE *f, const char *s, size_t len);
  * budget, backend, device, weight and KV types, --act-q8) into ec. */
 void cli_engine_config(const cli_common *c, engine_config *ec);
 
+/* KV offload tier options (cli_kvtier.c): --kv-host-memory SIZE,
+ * --kv-disk-dir DIR (borrowed from argv), --kv-disk-size SIZE (default
+ * ENGINE_DEFAULT_DISK_SIZE).  Returns 1 consumed, 0 not ours, -1 bad value
+ * (message printed).  _check: CLI_EXIT_USAGE (one line) for a size
+ * without a dir, else 0. */
+int cli_kvtier_parse(engine_config *ec, int argc, char **argv, int *i);
+int cli_kvtier_check(const engine_config *ec, const char *cmd);
+
 /* One sequence, positions [0, n_ctx), blocks 0..n-1 in order. */
 typedef struct cli_session {
     mem_mgr *mem;

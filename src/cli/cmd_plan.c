@@ -8,7 +8,9 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "engine/engine.h"
 #include "kernels/dtype.h"
+#include "kv/kvtier.h"
 #include "mem/plan.h"
 #include "quant/quant.h"
 
@@ -88,6 +90,9 @@ static void plan_help(void)
         {"--max-num-seqs", "N", "sequences decoded together (activation workspace)", seqs},
         {"--max-num-batched-tokens", "N", "tokens per engine step (activation workspace)", toks},
         {"--weights-dtype", "T", cands, "the stored row only"},
+        {"--kv-host-memory", "SIZE", "host-memory KV tier: print the blocks it holds", "0"},
+        {"--kv-disk-dir", "DIR", "disk KV tier (with --kv-disk-size): print its blocks", "none"},
+        {"--kv-disk-size", "SIZE", "disk KV tier budget", "4G with --kv-disk-dir"},
     };
     cli_help("kvant plan [options]",
              "What fits in the memory budget: weights, activations, KV pool, tokens and\n"
@@ -96,8 +101,8 @@ static void plan_help(void)
 }
 
 /* 0: plan; 1: help printed; CLI_EXIT_USAGE: a mistake (one line printed). */
-static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, int *cands,
-                      int *n_cands)
+static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, engine_config *ec,
+                      int *cands, int *n_cands)
 {
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -122,6 +127,8 @@ static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, int
             continue;
         }
         int r = cli_common_parse(c, argc, argv, &i);
+        if (r == 0)
+            r = cli_kvtier_parse(ec, argc, argv, &i);
         if (r < 0)
             return CLI_EXIT_USAGE;
         if (r)
@@ -146,16 +153,56 @@ static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, int
             return cli_err_unknown("plan", argv[i]);
         }
     }
-    return 0;
+    return cli_kvtier_check(ec, "plan");
+}
+
+/* The offload tiers under the device pool of plan r: blocks and tokens
+ * each budget holds (one record per block: header, token ids, payload). */
+typedef struct plan_tiers {
+    uint64_t record_bytes;
+    uint64_t host_bytes, host_blocks, disk_bytes, disk_blocks;
+} plan_tiers;
+
+static plan_tiers tiers_of(const plan_result *r, const engine_config *ec)
+{
+    plan_tiers t = {0};
+    t.record_bytes = KVTIER_RECORD_BYTES(r->block_size, r->kv_bytes_per_token * r->block_size);
+    t.host_bytes = ec->kv_host_memory;
+    t.disk_bytes = ec->kv_disk_dir ? (ec->kv_disk_size ? ec->kv_disk_size
+                                                       : ENGINE_DEFAULT_DISK_SIZE) : 0;
+    t.host_blocks = t.host_bytes / t.record_bytes;
+    t.disk_blocks = t.disk_bytes / t.record_bytes;
+    return t;
+}
+
+static void print_tiers_text(const plan_result *r, const plan_tiers *t)
+{
+    char a[32], b[32];
+    if (!t->host_bytes && !t->disk_bytes)
+        return;
+    printf("KV tiers (record %s per block of %d tokens):\n", mem_format_size(t->record_bytes, a, 32),
+           r->block_size);
+    printf("  device %12s %10" PRIu64 " blocks %12" PRIu64 " tokens\n",
+           mem_format_size(r->kv_pool_bytes, a, 32), (uint64_t)r->kv_pool_blocks,
+           r->kv_pool_tokens);
+    if (t->host_bytes)
+        printf("  host   %12s %10" PRIu64 " blocks %12" PRIu64 " tokens\n",
+               mem_format_size(t->host_bytes, b, 32), t->host_blocks,
+               t->host_blocks * (uint64_t)r->block_size);
+    if (t->disk_bytes)
+        printf("  disk   %12s %10" PRIu64 " blocks %12" PRIu64 " tokens\n",
+               mem_format_size(t->disk_bytes, b, 32), t->disk_blocks,
+               t->disk_blocks * (uint64_t)r->block_size);
 }
 
 int cmd_plan(int argc, char **argv)
 {
     cli_common c;
     plan_config pc = plan_config_default();
+    engine_config ec = engine_config_default();
     int cands[PLAN_MAX_CANDIDATES], n_cands = 0;
     cli_common_init(&c);
-    int prc = parse_plan(argc, argv, &c, &pc, cands, &n_cands);
+    int prc = parse_plan(argc, argv, &c, &pc, &ec, cands, &n_cands);
     if (prc)
         return prc == 1 ? 0 : prc;
     pc.kv_dtype = c.kv_dtype;
@@ -200,13 +247,19 @@ int cmd_plan(int argc, char **argv)
             printf(", \"plan\": %s}", js ? js : "null");
             free(js);
         }
-        printf("]}\n");
+        plan_tiers t = tiers_of(&rows[0].r, &ec);
+        printf("], \"kv_tiers\": {\"record_bytes\": %" PRIu64 ", \"host_bytes\": %" PRIu64
+               ", \"host_blocks\": %" PRIu64 ", \"disk_bytes\": %" PRIu64
+               ", \"disk_blocks\": %" PRIu64 "}}\n", t.record_bytes, t.host_bytes,
+               t.host_blocks, t.disk_bytes, t.disk_blocks);
     } else {
         printf("%s: %s, %d layers, %d KV heads x %d, context %lld\n", c.model_path,
                model_arch_name(hp.arch), hp.n_layers, hp.n_head_kv, hp.head_dim,
                (long long)hp.n_ctx_train);
         for (int i = 0; i < n_rows; i++)
             print_row_text(&rows[i], i == 0);
+        plan_tiers t = tiers_of(&rows[0].r, &ec);
+        print_tiers_text(&rows[0].r, &t);
     }
     gguf_close(g);
     return any_ok ? 0 : 1;

@@ -66,6 +66,10 @@ static void serve_help(void)
          fmt_long(conns, 16, sc.max_connections)},
         {"--drain-timeout", "SECONDS", "on SIGTERM/SIGINT, wait this long for requests, then "
                                        "cancel them", fmt_long(drain, 16, SERVE_DRAIN_TIMEOUT_S)},
+        {"--kv-host-memory", "SIZE", "host-memory KV tier under the device pool, 0: none", "0"},
+        {"--kv-disk-dir", "DIR", "disk KV tier (kept across restarts), one server per DIR",
+         "none"},
+        {"--kv-disk-size", "SIZE", "disk KV tier budget", "4G with --kv-disk-dir"},
     };
     cli_help("kvant serve [options]",
              "OpenAI-compatible HTTP server (docs/SERVER.md): /v1/completions,\n"
@@ -127,6 +131,8 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
         int r = cli_common_parse(&o->c, argc, argv, &i);
         if (r == 0)
             r = parse_int_opt(o, argc, argv, &i);
+        if (r == 0)
+            r = cli_kvtier_parse(&o->ec, argc, argv, &i);
         if (r < 0)
             return CLI_EXIT_USAGE;
         if (r)
@@ -151,6 +157,8 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
             return cli_err_unknown("serve", a);
         }
     }
+    if (cli_kvtier_check(&o->ec, "serve"))
+        return CLI_EXIT_USAGE;
     cli_engine_config(&o->c, &o->ec);
     o->ec.print_plan = 1;
     if (!o->c.model_path)

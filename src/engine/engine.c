@@ -237,6 +237,8 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     if ((rc = fwd_init(&e->fwd, e->m, e->be, e->cfg.max_num_batched_tokens, e->cfg.max_num_seqs,
                        &lay, err)))
         return rc;
+    if ((rc = engine_tier_create(e, n_blocks, err)))
+        return rc;
     kvpool_config pc = kvpool_config_default();
     pc.n_blocks = n_blocks;
     pc.block_size = e->cfg.block_size;
@@ -244,6 +246,7 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     pc.model_hash = e->m->weights_bytes * 0x9e3779b97f4a7c15ULL ^ (uint64_t)e->m->hp.n_vocab;
     pc.copy_block = kv_copy;
     pc.copy_ctx = e->be;
+    engine_tier_hook(e, &pc);
     e->pool = kvpool_create(&pc, err);
     if (!e->pool)
         return KV_ENOMEM;
@@ -315,7 +318,9 @@ void engine_destroy(engine *e)
     }
     if (((engine_ext *)e)->pool_registered)
         mem_unregister_pool(e->mem, kv_pool_report, e);
+    engine_tier_shutdown(e);
     kvpool_destroy(e->pool);
+    engine_tier_destroy(e); /* writes the host tier to disk: KV storage still alive */
     fwd_free(&e->fwd);
     if (e->be) {
         e->be->ops->unload_weights(e->be, e->m);

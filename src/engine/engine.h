@@ -19,6 +19,7 @@
 
 #include <stdint.h>
 
+#include "kv/kvtier.h"
 #include "mem/mem.h"
 #include "model/model.h"
 #include "model/sampler.h"
@@ -27,6 +28,7 @@
 #define ENGINE_MAX_N 16          /* sequences per request (n) */
 #define ENGINE_MAX_TOP_LOGPROBS 20
 #define ENGINE_MAX_STOP_IDS 16
+#define ENGINE_DEFAULT_DISK_SIZE (4ull << 30) /* kv_disk_size 0 with a disk dir */
 
 typedef struct engine_config {
     const char *backend;           /* "cpu" (default) or "cuda" */
@@ -48,7 +50,20 @@ typedef struct engine_config {
     int print_plan;                /* print the start-up memory lines to stderr */
     int manual;                    /* tests: no engine thread; drive with engine_run_step */
     uint64_t test_fail_nth;        /* tests: the n-th device allocation fails (mem_fail_nth) */
+    /* KV offload tiers (engine_tier.c); both 0/NULL = none */
+    uint64_t kv_host_memory;       /* host tier bytes */
+    const char *kv_disk_dir;       /* disk tier directory (borrowed until create returns) */
+    uint64_t kv_disk_size;         /* disk tier bytes (0: ENGINE_DEFAULT_DISK_SIZE) */
+    int kv_tier_policy;            /* ENGINE_TIER_COST (default); ALWAYS / NEVER for tests */
+    int kv_disk_wait;              /* tests: disk writes wait for the writer, never dropped */
 } engine_config;
+
+/* How the tiers choose between moving a block and recomputing it. */
+enum {
+    ENGINE_TIER_COST = 0,   /* measured bandwidth vs the measured prefill rate */
+    ENGINE_TIER_ALWAYS = 1, /* load every hit, swap every preempted sequence */
+    ENGINE_TIER_NEVER = 2,  /* never load from a tier, never swap (demotion still runs) */
+};
 
 engine_config engine_config_default(void);
 
@@ -131,6 +146,21 @@ typedef struct engine_stats {
 } engine_stats;
 
 void engine_get_stats(engine *e, engine_stats *out);
+
+/* KV offload tiers, as of the end of the last step (enabled 0: none). */
+typedef struct engine_tier_stats {
+    int enabled;
+    kvtier_stats t;                  /* blocks, bytes moved, hits/misses per tier */
+    uint64_t host_capacity_bytes, disk_capacity_bytes;
+    uint64_t hit_tokens[KVTIER_N];   /* prompt tokens loaded from each tier */
+    uint64_t loads_declined;         /* tier hits the cost model chose to recompute */
+    uint64_t swaps, swap_blocks;     /* preemptions that wrote to the host tier */
+    uint64_t recomputes;             /* preemptions left to recomputation */
+    kvtier_cost cost;                /* measured bandwidths and prefill rate */
+    double busy_seconds;             /* engine-thread time in tier work */
+} engine_tier_stats;
+
+void engine_get_tier_stats(engine *e, engine_tier_stats *out);
 mem_mgr *engine_mem(engine *e);   /* for memory reports (thread-safe reads) */
 int64_t engine_max_model_len(const engine *e);
 /* Stops admitting new requests (submit returns KV_EBUSY); returns the

@@ -12,6 +12,7 @@
 #include "model/forward.h"
 
 typedef struct eng_req eng_req;
+typedef struct eng_tier eng_tier; /* engine_tier.c */
 
 /* One sequence: the unit the scheduler batches.  tokens holds the prompt
  * followed by generated tokens; the KV cache holds n_computed of them. */
@@ -60,6 +61,7 @@ struct engine {
     kvpool *pool;
     int64_t max_model_len;
     uint64_t kv_block_bytes;    /* bytes of one KV block, all layers */
+    eng_tier *tier;             /* KV offload tiers, or NULL */
 
     pthread_t thread;
     int thread_started;
@@ -93,5 +95,19 @@ int engine_step(engine *e);
 double engine_now(void);
 void engine_emit_error(engine *e, eng_req *r, const char *msg);
 void engine_free_req(engine *e, eng_req *r);
+
+/* engine_tier.c (all no-ops without tiers) */
+int engine_tier_create(engine *e, int32_t n_blocks, kvant_err *err);
+void engine_tier_destroy(engine *e);
+void engine_tier_shutdown(engine *e); /* device cache down a tier, before the pool goes */
+void engine_tier_hook(engine *e, kvpool_config *pc);  /* sets the eviction hook */
+/* Computes the tier keys of s's blocks hashed from index nh0 on. */
+void engine_tier_after_commit(engine *e, const eng_seq *s, int32_t nh0);
+/* After a device prefix match: loads the following blocks from the tiers
+ * (and device blocks after them); returns the tokens added to s->kv. */
+int64_t engine_tier_extend(engine *e, eng_seq *s);
+void engine_tier_preempt(engine *e, eng_seq *v);      /* before its blocks go */
+void engine_tier_observe(engine *e, int32_t prefill_tokens, int32_t tokens, double seconds);
+void engine_tier_snapshot(engine *e);
 
 #endif

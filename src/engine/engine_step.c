@@ -184,6 +184,7 @@ typedef struct step_plan {
 
 static void preempt(engine *e, eng_seq *v)
 {
+    engine_tier_preempt(e, v);
     kvseq_release(e->pool, &v->kv);
     kvseq_init(&v->kv, v->req->p.cache_salt);
     v->n_computed = 0;
@@ -267,6 +268,7 @@ static void schedule_waiting(engine *e, step_plan *sp)
             break;
         if (s->n_computed == 0 && s->kv.n_blocks == 0 && e->cfg.prefix_cache) {
             int64_t hit = kvseq_match_prefix(e->pool, &s->kv, s->tokens, s->n_tokens);
+            hit += engine_tier_extend(e, s);
             s->n_computed = hit;
             if (s->index == 0 && !s->preempted)
                 s->req->cached_tokens = hit;
@@ -400,7 +402,9 @@ static uint64_t phase_sample(engine *e, const step_plan *sp)
     for (int32_t i = 0; i < sp->n_seqs; i++) {
         eng_seq *s = sp->seqs[i];
         s->n_computed += s->sched_tokens;
+        int32_t nh0 = s->kv.n_hashed;
         kvseq_commit(e->pool, &s->kv, s->tokens, s->n_computed);
+        engine_tier_after_commit(e, s, nh0);
         if (s->out_row < 0)
             continue;
         float *row = e->logits + (size_t)s->out_row * n_vocab;
@@ -527,7 +531,10 @@ int engine_step(engine *e)
     if (sp.n_seqs > 0) {
         fwd_batch b = phase_build(e, &sp);
         kvant_err err = {0};
-        if (fwd_run(&e->fwd, &b, e->logits, &err)) {
+        double t0 = engine_now();
+        int frc = fwd_run(&e->fwd, &b, e->logits, &err);
+        engine_tier_observe(e, sp.prefill_tokens, sp.n_tokens, engine_now() - t0);
+        if (frc) {
             for (int32_t i = 0; i < sp.n_seqs; i++)
                 sp.seqs[i]->req->cancelled = 2;
             for (eng_req *r = e->reqs, *next; r; r = next) {
@@ -543,5 +550,6 @@ int engine_step(engine *e)
     }
     phase_retire(e);
     update_stats(e, &sp, decodes, prompt_tok, gen_tok);
+    engine_tier_snapshot(e);
     return sp.n_seqs > 0;
 }

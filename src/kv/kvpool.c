@@ -191,6 +191,8 @@ static int32_t kvpool_alloc_block(kvpool *p)
         kvmap_remove(p, p->hash[b]);
         p->flags[b] = 0;
         p->evictions++;
+        if (p->cfg.evict_block)
+            p->cfg.evict_block(p->cfg.evict_ctx, b);
     } else {
         return -1;
     }
@@ -323,6 +325,19 @@ void kvpool_clear_cache(kvpool *p)
     p->map_count = 0;
 }
 
+void kvpool_evict_cached(kvpool *p)
+{
+    while (p->lru_head >= 0) {
+        int32_t b = p->lru_head;
+        kvlru_unlink(p, b);
+        kvmap_remove(p, p->hash[b]);
+        p->evictions++;
+        if (p->cfg.evict_block)
+            p->cfg.evict_block(p->cfg.evict_ctx, b);
+        kvpool_push_free(p, b);
+    }
+}
+
 void kvpool_get_stats(const kvpool *p, kvpool_stats *out)
 {
     out->n_blocks = p->n_blocks;
@@ -399,15 +414,17 @@ static void kvseq_truncate_hashed(const kvpool *p, kv_seq *s, int32_t nh)
 
 int64_t kvseq_match_prefix(kvpool *p, kv_seq *s, const int32_t *tokens, int64_t n)
 {
-    KV_ASSERT(s->n_blocks == 0 && s->n_tokens == 0);
+    KV_ASSERT(s->n_blocks == s->n_hashed && s->n_tokens == (int64_t)s->n_blocks * p->bs);
     if (n <= 0)
-        return 0;
-    p->prefix_queries += (uint64_t)n;
+        return s->n_tokens;
+    if (s->n_blocks == 0)
+        p->prefix_queries += (uint64_t)n;
     if (!p->cfg.prefix_cache)
-        return 0;
+        return s->n_tokens;
     int64_t max_blocks = (n - 1) / p->bs;
-    uint64_t h = 0;
-    for (int64_t i = 0; i < max_blocks; i++) {
+    int32_t start = s->n_blocks;
+    uint64_t h = s->last_hash;
+    for (int64_t i = start; i < max_blocks; i++) {
         h = kvpool_hash_block(p, h, tokens + i * p->bs, s->salt);
         int32_t b = kvmap_find(p, h);
         if (b < 0 || kvseq_grow_table(s, i + 1) != KV_OK)
@@ -418,7 +435,7 @@ int64_t kvseq_match_prefix(kvpool *p, kv_seq *s, const int32_t *tokens, int64_t 
         s->last_hash = h;
     }
     s->n_tokens = (int64_t)s->n_blocks * p->bs;
-    p->prefix_hits += (uint64_t)s->n_tokens;
+    p->prefix_hits += (uint64_t)(s->n_blocks - start) * (uint64_t)p->bs;
     return s->n_tokens;
 }
 

@@ -33,6 +33,10 @@ typedef struct kvpool kvpool;
 /* Copies the K/V storage of block src to block dst (all layers). */
 typedef void (*kvpool_copy_fn)(void *ctx, int32_t dst, int32_t src);
 
+/* Called when a cached block is evicted, before the block is handed out
+ * again: its K/V are still intact (the offload tiers copy it down). */
+typedef void (*kvpool_evict_fn)(void *ctx, int32_t block);
+
 typedef struct kvpool_config {
     int32_t n_blocks;
     int32_t block_size;        /* tokens per block: power of two in [8, 128] */
@@ -41,6 +45,8 @@ typedef struct kvpool_config {
     kvpool_copy_fn copy_block; /* NULL only if no shared or cached block is
                                   ever rewritten (else reserve: KV_EINVAL) */
     void *copy_ctx;
+    kvpool_evict_fn evict_block; /* NULL: evicted blocks are dropped */
+    void *evict_ctx;
 } kvpool_config;
 
 /* Defaults: 1024 blocks of 16 tokens, prefix caching on, no copy hook. */
@@ -76,11 +82,14 @@ void kvseq_init(kv_seq *s, uint64_t salt);
 void kvseq_release(kvpool *p, kv_seq *s);
 
 /* Looks up the longest chain of cached full blocks for tokens[0..n) and
- * attaches them to the empty sequence s.  Returns the number of tokens
- * reused (a multiple of block_size, and at most n - 1 so that at least one
- * token is computed) and sets s->n_tokens to it.  Counts a query of n tokens
- * and the hit tokens.  s must be empty (programmer error otherwise).  If
- * the table cannot grow, the shorter match found so far is returned. */
+ * attaches them to s.  Returns the number of tokens s now holds (a
+ * multiple of block_size, and at most n - 1 so that at least one token is
+ * computed) and sets s->n_tokens to it.  s must be empty, or hold exactly
+ * its hashed full blocks of these tokens (then the match continues after
+ * them: the offload tiers load a block, then look again here); programmer
+ * error otherwise.  Counts a query of n tokens (when s was empty) and the
+ * newly attached tokens as hits.  If the table cannot grow, the shorter
+ * match found so far is returned. */
 int64_t kvseq_match_prefix(kvpool *p, kv_seq *s, const int32_t *tokens, int64_t n);
 
 /* Ensures s has blocks for n_tokens in total (growing one block at a
@@ -138,5 +147,8 @@ int kvpool_check(const kvpool *p, const kv_seq *const *seqs, int n_seqs, kvant_e
  * (blocks in use stay attached but are no longer registered, so they go
  * to the free list when released).  E.g. --no-prefix-cache toggled, tests. */
 void kvpool_clear_cache(kvpool *p);
+/* Evicts every cached block, least recently used first, through the
+ * evict_block hook (the offload tiers keep them at shutdown). */
+void kvpool_evict_cached(kvpool *p);
 
 #endif

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "server/server_internal.h"
+#include "server/server_tier.h"
 
 #define SRV_MAX_DETOKENIZE (1 << 20)
 
@@ -125,6 +126,17 @@ static enum MHD_Result route_metrics(srv *s, struct MHD_Connection *c)
                          s->served_name};
     char *text = srv_metrics_render(s->metrics, &bi, &st, rep);
     free(rep);
+    engine_tier_stats ts;
+    engine_get_tier_stats(s->e, &ts);
+    char *tiers = text ? srv_tier_metrics(&ts) : NULL;
+    char *all = tiers ? malloc(strlen(text) + strlen(tiers) + 1) : NULL;
+    if (all) {
+        strcpy(all, text);
+        strcat(all, tiers);
+    }
+    free(text);
+    free(tiers);
+    text = all;
     if (!text) {
         srv_error e;
         srv_error_set(&e, 500, NULL, "out of memory rendering metrics");
@@ -142,6 +154,15 @@ static enum MHD_Result route_memory(srv *s, struct MHD_Connection *c)
         js = mem_report_json(rep);
         free(rep);
     }
+    /* the offload tiers under the device pool */
+    json_t *o = js ? json_loads(js, 0, NULL) : NULL;
+    engine_tier_stats ts;
+    engine_get_tier_stats(s->e, &ts);
+    free(js);
+    js = NULL;
+    if (o && json_object_set_new(o, "kv_tiers", srv_tier_json(&ts)) == 0)
+        js = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
     if (!js) {
         srv_error e;
         srv_error_set(&e, 500, NULL, "out of memory");

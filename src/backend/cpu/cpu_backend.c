@@ -191,6 +191,29 @@ static void cpu_kv_copy_block(backend *be, int32_t dst, int32_t src)
     }
 }
 
+static int cpu_kv_export_block(backend *be, int32_t block, void *dst)
+{
+    cpu_backend *cb = cpu(be);
+    if (block < 0 || block >= cb->kv.n_blocks)
+        return -1;
+    for (int32_t il = 0; il < cb->kv.n_layers; il++)
+        memcpy((uint8_t *)dst + il * cb->kv_block_stride,
+               cb->kv_data + il * cb->kv_layer_stride + block * cb->kv_block_stride,
+               (size_t)cb->kv_block_stride);
+    return 0;
+}
+
+static int cpu_kv_import_block(backend *be, int32_t block, const void *src)
+{
+    cpu_backend *cb = cpu(be);
+    if (block < 0 || block >= cb->kv.n_blocks)
+        return -1;
+    for (int32_t il = 0; il < cb->kv.n_layers; il++)
+        memcpy(cb->kv_data + il * cb->kv_layer_stride + block * cb->kv_block_stride,
+               (const uint8_t *)src + il * cb->kv_block_stride, (size_t)cb->kv_block_stride);
+    return 0;
+}
+
 /* ---- ops ---- */
 
 static int cpu_begin_batch(backend *be, const fwd_batch *b, kvant_err *err)
@@ -476,6 +499,8 @@ static const backend_ops cpu_ops = {
     .kv_init = cpu_kv_init,
     .kv_free = cpu_kv_free,
     .kv_copy_block = cpu_kv_copy_block,
+    .kv_export_block = cpu_kv_export_block,
+    .kv_import_block = cpu_kv_import_block,
     .kv_extra_bytes = cpu_kv_extra_bytes,
     .begin_batch = cpu_begin_batch,
     .embed = cpu_embed,

@@ -332,6 +332,37 @@ static void cuda_kv_copy_block(backend *be, int32_t dst, int32_t src)
     }
 }
 
+/* Tier moves: one copy per layer on the compute stream, then a wait (the
+ * host buffer is pageable and reused by the caller right after). */
+static int cuda_kv_move_block(cuda_backend *cb, int32_t block, uint8_t *host, int to_host)
+{
+    if (block < 0 || block >= cb->kv.n_blocks)
+        return -1;
+    int bad = 0;
+    for (int32_t il = 0; il < cb->kv.n_layers && !bad; il++) {
+        uint8_t *d = cb->kvd.data + il * cb->kvd.layer_stride + block * cb->kvd.block_stride;
+        uint8_t *h = host + il * cb->kvd.block_stride;
+        bad = cb_check(cb, cudaMemcpyAsync(to_host ? h : d, to_host ? d : h,
+                                           (size_t)cb->kvd.block_stride,
+                                           to_host ? cudaMemcpyDeviceToHost
+                                                   : cudaMemcpyHostToDevice,
+                                           cb->stream), "kv tier copy");
+    }
+    if (!bad)
+        bad = cb_check(cb, cudaStreamSynchronize(cb->stream), "kv tier copy");
+    return bad ? -1 : 0;
+}
+
+static int cuda_kv_export_block(backend *be, int32_t block, void *dst)
+{
+    return cuda_kv_move_block(cu(be), block, (uint8_t *)dst, 1);
+}
+
+static int cuda_kv_import_block(backend *be, int32_t block, const void *src)
+{
+    return cuda_kv_move_block(cu(be), block, (uint8_t *)src, 0);
+}
+
 static int cuda_begin_batch(backend *be, const fwd_batch *b, kvant_err *err)
 {
     cuda_backend *cb = cu(be);
@@ -475,6 +506,8 @@ static const backend_ops cuda_ops = {
     .kv_init = cuda_kv_init,
     .kv_free = cuda_kv_free,
     .kv_copy_block = cuda_kv_copy_block,
+    .kv_export_block = cuda_kv_export_block,
+    .kv_import_block = cuda_kv_import_block,
     .kv_extra_bytes = cuda_kv_extra_op,
     .begin_batch = cuda_begin_batch,
     .embed = cuda_embed_op,

@@ -1,0 +1,46 @@
+/* cli_kvtier.c - the KV offload tier options shared by `kvant serve` and
+ * `kvant plan`: --kv-host-memory SIZE, --kv-disk-dir DIR, --kv-disk-size
+ * SIZE (sizes as mem_parse_size reads them: 512M, 4G, ...). */
+#include <inttypes.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "kv/kvtier.h"
+
+int cli_kvtier_parse(engine_config *ec, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i], *v;
+    int host = !strcmp(a, "--kv-host-memory"), dsize = !strcmp(a, "--kv-disk-size");
+    if (!strcmp(a, "--kv-disk-dir")) {
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        if (!v[0]) {
+            fprintf(stderr, "kvant: --kv-disk-dir: empty path\n");
+            return -1;
+        }
+        ec->kv_disk_dir = v;
+        return 1;
+    }
+    if (!host && !dsize)
+        return 0;
+    kvant_err err = {0};
+    uint64_t n = 0;
+    if (!(v = cli_value(argc, argv, i)))
+        return -1;
+    if (mem_parse_size(v, &n, &err)) {
+        fprintf(stderr, "kvant: %s: %s\n", a, err.msg);
+        return -1;
+    }
+    if (host)
+        ec->kv_host_memory = n;
+    else
+        ec->kv_disk_size = n;
+    return 1;
+}
+
+int cli_kvtier_check(const engine_config *ec, const char *cmd)
+{
+    if (ec->kv_disk_size && !ec->kv_disk_dir)
+        return cli_err_usage(cmd, "--kv-disk-size needs --kv-disk-dir");
+    return 0;
+}

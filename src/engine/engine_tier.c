@@ -1,0 +1,380 @@
+/* engine_tier.c - the engine's side of the KV offload tiers (kv/kvtier.h):
+ * block keys, demotion of evicted blocks, lookup on a prefix miss,
+ * swap-or-recompute at preemption, and the stats snapshot.
+ *
+ * Keys.  Every hashed block b of the device pool has its tier key in
+ * keys[b]: SHA-256 over (the key of the block before it, or the model
+ * fingerprint for the first block; the request's cache salt; the block's
+ * token ids), with its token ids in toks[b].  They are computed right after
+ * a commit hashes the block, so keys[] is valid for every block the pool
+ * holds as HASHED (registered or not); the pool's own 64-bit chain hash
+ * stays its map key.  The fingerprint covers what determines a block's
+ * bytes: architecture and hyper-parameters (RoPE included), the tokenizer's
+ * pieces, tensor types, shapes and sampled data (16 x 4 KiB spread over
+ * each tensor), the KV dtype, the block size, the load-time weight type,
+ * exact (f32) or int8 activations, the backend and the kernels' ISA (K/V
+ * differ bitwise between them, so a cache written on one is foreign to the
+ * other).
+ *
+ * Decisions.  A block found in a tier is loaded when kvtier_prefer_load
+ * says moving it beats recomputing it at the engine's measured prefill
+ * rate; a preempted sequence's hashed blocks are written to the host tier
+ * at once (swap) when kvtier_prefer_swap says so, else left to the device
+ * cache and demotion on eviction (recompute).  engine_config.kv_tier_policy
+ * forces either answer for tests.
+ *
+ * Threading: engine thread only, except engine_get_tier_stats (a snapshot
+ * taken under e->mu at the end of each step).
+ */
+#include "engine/engine_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/dtype.h"
+#include "model/tokenizer.h"
+
+struct eng_tier {
+    kvtier *t;
+    uint8_t fingerprint[KVTIER_KEY_BYTES];
+    uint8_t *keys;       /* [n_blocks][32] */
+    int32_t *toks;       /* [n_blocks][block_size] */
+    uint8_t *valid;      /* [n_blocks] keys[b] holds b's current key */
+    uint64_t payload_bytes;
+    kvtier_cost cost;    /* measured bandwidths + the engine's prefill rate */
+    uint64_t hit_tokens[KVTIER_N], declined, swaps, recomputes, swap_blocks;
+    double busy_s;       /* engine-thread time in tier work (evict, lookup, load, swap) */
+    int timing;          /* inside a timed section: evictions are not timed again */
+    engine_tier_stats snap; /* guarded by e->mu */
+};
+
+/* ---- fingerprint ---- */
+
+typedef struct fp_ctx {
+    kvhash_sha256_ctx *s;
+} fp_ctx;
+
+static void fp_u64(kvhash_sha256_ctx *s, uint64_t v)
+{
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
+    kvhash_sha256_update(s, b, 8);
+}
+
+static void fp_tensor(void *ctx, model_tensor *t)
+{
+    kvhash_sha256_ctx *s = ((fp_ctx *)ctx)->s;
+    fp_u64(s, t->type);
+    fp_u64(s, (uint64_t)t->ne[0]);
+    fp_u64(s, (uint64_t)t->ne[1]);
+    fp_u64(s, t->nbytes);
+    if (!t->data || !t->nbytes)
+        return;
+    const uint64_t chunk = 4096, n = 16;
+    if (t->nbytes <= chunk * n) {
+        kvhash_sha256_update(s, t->data, t->nbytes);
+        return;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t off = (t->nbytes - chunk) / (n - 1) * i;
+        kvhash_sha256_update(s, (const uint8_t *)t->data + off, chunk);
+    }
+}
+
+static void fingerprint(engine *e, uint8_t out[KVTIER_KEY_BYTES])
+{
+    kvhash_sha256_ctx s;
+    const model_hparams *hp = &e->m->hp;
+    kvhash_sha256_init(&s);
+    kvhash_sha256_update(&s, "kvant-kv-tier-1", 15);
+    int64_t f[] = {hp->arch, hp->n_layers, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim,
+                   hp->n_ff, hp->n_vocab, hp->rope_dim, hp->rope, e->cfg.kv_dtype,
+                   e->cfg.block_size, e->cfg.weights_dtype, e->cfg.exact};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        fp_u64(&s, (uint64_t)f[i]);
+    float fl[] = {hp->rope_base, hp->rope_freq_scale, hp->rms_eps};
+    kvhash_sha256_update(&s, fl, sizeof fl);
+    /* the backend and the kernels' ISA: the same model computes bitwise
+     * different K/V on AVX2 and AVX-512, or on a GPU */
+    const char *be = e->cfg.backend ? e->cfg.backend : "cpu", *isa = dtype_isa();
+    kvhash_sha256_update(&s, be, strlen(be) + 1);
+    kvhash_sha256_update(&s, isa, strlen(isa) + 1);
+    if (e->m->tok) {
+        char piece[256];
+        int32_t nv = tok_n_vocab(e->m->tok);
+        for (int32_t id = 0; id < nv; id++) {
+            int n = tok_piece(e->m->tok, id, 1, piece, sizeof piece);
+            kvhash_sha256_update(&s, piece, n > 0 ? (size_t)n : 0);
+            kvhash_sha256_update(&s, "", 1);
+        }
+    }
+    fp_ctx c = {&s};
+    model_for_each_tensor(e->m, fp_tensor, &c);
+    kvhash_sha256_final(&s, out);
+}
+
+/* ---- hooks ---- */
+
+typedef struct export_ctx {
+    engine *e;
+    int32_t block;
+} export_ctx;
+
+static int export_fill(void *ctx, void *dst)
+{
+    export_ctx *x = ctx;
+    return x->e->be->ops->kv_export_block(x->e->be, x->block, dst);
+}
+
+static void store_block(engine *e, int32_t b)
+{
+    eng_tier *et = e->tier;
+    export_ctx x = {e, b};
+    kvtier_store(et->t, et->keys + (size_t)b * KVTIER_KEY_BYTES,
+                 et->toks + (size_t)b * e->cfg.block_size, export_fill, &x);
+}
+
+/* kvpool eviction hook: the block goes down one tier instead of away. */
+static void on_evict(void *ctx, int32_t b)
+{
+    engine *e = ctx;
+    if (!e->tier->valid[b])
+        return;
+    double t0 = e->tier->timing ? 0.0 : engine_now();
+    store_block(e, b);
+    e->tier->valid[b] = 0;
+    if (!e->tier->timing)
+        e->tier->busy_s += engine_now() - t0;
+}
+
+void engine_tier_hook(engine *e, kvpool_config *pc)
+{
+    if (!e->tier)
+        return;
+    pc->evict_block = on_evict;
+    pc->evict_ctx = e;
+}
+
+/* ---- lifecycle ---- */
+
+int engine_tier_create(engine *e, int32_t n_blocks, kvant_err *err)
+{
+    const engine_config *c = &e->cfg;
+    int want_disk = c->kv_disk_dir && c->kv_disk_dir[0];
+    if (!c->kv_host_memory && !want_disk)
+        return KV_OK;
+    if (!c->prefix_cache)
+        return kvant_err_set(err, KV_EINVAL, "--kv-host-memory / --kv-disk-dir need the prefix "
+                             "cache (drop --no-prefix-cache)");
+    if (!e->be->ops->kv_export_block || !e->be->ops->kv_import_block)
+        return kvant_err_set(err, KV_EUNSUP, "backend %s cannot move KV blocks to other tiers",
+                             e->be->ops->name);
+    eng_tier *et = calloc(1, sizeof *et);
+    if (!et)
+        return kvant_err_set(err, KV_ENOMEM, "out of memory");
+    e->tier = et;
+    const model_hparams *hp = &e->m->hp;
+    int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    et->payload_bytes = (uint64_t)hp->n_layers * 2u * (uint64_t)c->block_size *
+                        (uint64_t)dtype_row_size(c->kv_dtype, kv_dim);
+    fingerprint(e, et->fingerprint);
+    et->keys = malloc((size_t)n_blocks * KVTIER_KEY_BYTES);
+    et->toks = malloc((size_t)n_blocks * (size_t)c->block_size * sizeof(int32_t));
+    et->valid = calloc((size_t)n_blocks, 1);
+    if (!et->keys || !et->toks || !et->valid)
+        return kvant_err_set(err, KV_ENOMEM, "out of memory for %d block keys", (int)n_blocks);
+    kvtier_config tc = kvtier_config_default();
+    memcpy(tc.fingerprint, et->fingerprint, KVTIER_KEY_BYTES);
+    tc.block_size = c->block_size;
+    tc.kv_dtype = c->kv_dtype;
+    tc.payload_bytes = et->payload_bytes;
+    tc.host_bytes = c->kv_host_memory;
+    tc.disk_dir = want_disk ? c->kv_disk_dir : NULL;
+    tc.disk_bytes = c->kv_disk_size ? c->kv_disk_size : ENGINE_DEFAULT_DISK_SIZE;
+    tc.quiet = c->manual; /* tests: no log lines */
+    tc.disk_wait = c->kv_disk_wait;
+    et->t = kvtier_create(&tc, err);
+    if (!et->t)
+        return err && err->code ? err->code : KV_ENOMEM;
+    kvtier_get_cost(et->t, &et->cost);
+    return KV_OK;
+}
+
+void engine_tier_shutdown(engine *e)
+{
+    if (!e->tier || !e->pool)
+        return;
+    kvtier_set_wait(e->tier->t, 1);  /* keep every block: wait for the disk */
+    kvpool_evict_cached(e->pool);      /* the device cache goes down a tier */
+}
+
+void engine_tier_destroy(engine *e)
+{
+    eng_tier *et = e->tier;
+    if (!et)
+        return;
+    kvtier_destroy(et->t);
+    free(et->keys);
+    free(et->toks);
+    free(et->valid);
+    free(et);
+    e->tier = NULL;
+}
+
+/* ---- keys ---- */
+
+void engine_tier_after_commit(engine *e, const eng_seq *s, int32_t nh0)
+{
+    eng_tier *et = e->tier;
+    if (!et)
+        return;
+    int32_t bs = e->cfg.block_size;
+    for (int32_t i = nh0 < 0 ? 0 : nh0; i < s->kv.n_hashed; i++) {
+        int32_t b = s->kv.blocks[i];
+        const uint8_t *parent =
+            i ? et->keys + (size_t)s->kv.blocks[i - 1] * KVTIER_KEY_BYTES : et->fingerprint;
+        uint8_t key[KVTIER_KEY_BYTES];
+        kvtier_chain_key(parent, s->kv.salt, s->tokens + (int64_t)i * bs, bs, key);
+        memcpy(et->keys + (size_t)b * KVTIER_KEY_BYTES, key, KVTIER_KEY_BYTES);
+        memcpy(et->toks + (size_t)b * bs, s->tokens + (int64_t)i * bs, (size_t)bs * sizeof(int32_t));
+        et->valid[b] = 1;
+    }
+}
+
+/* ---- lookup on a prefix miss ---- */
+
+static int should_load(engine *e, int where)
+{
+    eng_tier *et = e->tier;
+    if (e->cfg.kv_tier_policy == ENGINE_TIER_ALWAYS)
+        return 1;
+    if (e->cfg.kv_tier_policy == ENGINE_TIER_NEVER)
+        return 0;
+    kvtier_stats st;
+    kvtier_get_stats(et->t, &st);
+    uint64_t bytes = where == KVTIER_DISK ? st.record_bytes : et->payload_bytes;
+    return kvtier_prefer_load(&et->cost, where, bytes, e->cfg.block_size);
+}
+
+int64_t engine_tier_extend(engine *e, eng_seq *s)
+{
+    eng_tier *et = e->tier;
+    if (!et)
+        return 0;
+    int32_t bs = e->cfg.block_size;
+    int64_t loaded = 0;
+    double t0 = engine_now();
+    et->timing = 1;
+    for (;;) {
+        kv_seq *kv = &s->kv;
+        int32_t i = kv->n_blocks;
+        if (kv->n_hashed != i || kv->n_tokens != (int64_t)i * bs ||
+            (int64_t)(i + 1) * bs > s->n_tokens - 1)
+            break;
+        const int32_t *tok = s->tokens + (int64_t)i * bs;
+        uint8_t key[KVTIER_KEY_BYTES];
+        const uint8_t *parent =
+            i ? et->keys + (size_t)kv->blocks[i - 1] * KVTIER_KEY_BYTES : et->fingerprint;
+        kvtier_chain_key(parent, kv->salt, tok, bs, key);
+        int where = kvtier_where(et->t, key);
+        if (where == KVTIER_NONE)
+            break;
+        if (!should_load(e, where)) {
+            et->declined++;
+            break;
+        }
+        if (kvseq_reserve(e->pool, kv, kv->n_tokens, kv->n_tokens + bs) != KV_OK)
+            break;
+        /* the reserve may have evicted into the tiers: fetch looks the key up again */
+        const void *pl = kvtier_fetch(et->t, key, tok);
+        if (!pl || e->be->ops->kv_import_block(e->be, kv->blocks[i], pl))
+            break; /* the reserved block stays for the prefill to use */
+        kvseq_commit(e->pool, kv, s->tokens, kv->n_tokens + bs);
+        engine_tier_after_commit(e, s, i);
+        et->hit_tokens[where] += (uint64_t)bs;
+        loaded += bs;
+        /* blocks after this one may still be in the device pool (their
+         * keys are already known: they are hashed blocks) */
+        int64_t before = kv->n_tokens;
+        loaded += kvseq_match_prefix(e->pool, kv, s->tokens, s->n_tokens) - before;
+    }
+    et->timing = 0;
+    et->busy_s += engine_now() - t0; /* includes the evictions its reserves caused */
+    return loaded;
+}
+
+/* ---- preemption ---- */
+
+void engine_tier_preempt(engine *e, eng_seq *v)
+{
+    eng_tier *et = e->tier;
+    if (!et)
+        return;
+    kvtier_stats st;
+    kvtier_get_stats(et->t, &st);
+    int32_t nh = v->kv.n_hashed;
+    int swap = 0;
+    if (st.host_enabled && nh > 0) {
+        if (e->cfg.kv_tier_policy == ENGINE_TIER_ALWAYS)
+            swap = 1;
+        else if (e->cfg.kv_tier_policy == ENGINE_TIER_COST)
+            swap = kvtier_prefer_swap(&et->cost, (uint64_t)nh * et->payload_bytes,
+                                      v->n_computed);
+    }
+    if (!swap) {
+        et->recomputes++;
+        return;
+    }
+    double t0 = engine_now();
+    for (int32_t i = 0; i < nh; i++)
+        store_block(e, v->kv.blocks[i]);
+    et->busy_s += engine_now() - t0;
+    et->swaps++;
+    et->swap_blocks += (uint64_t)nh;
+}
+
+/* ---- measurements and stats ---- */
+
+void engine_tier_observe(engine *e, int32_t prefill_tokens, int32_t tokens, double seconds)
+{
+    eng_tier *et = e->tier;
+    if (!et || prefill_tokens <= 0 || seconds <= 0.0)
+        return;
+    double tps = (double)tokens / seconds;
+    et->cost.prefill_tps = et->cost.prefill_tps > 0.0 ? 0.8 * et->cost.prefill_tps + 0.2 * tps
+                                                      : tps;
+}
+
+void engine_tier_snapshot(engine *e)
+{
+    eng_tier *et = e->tier;
+    if (!et)
+        return;
+    kvtier_poll(et->t);
+    engine_tier_stats s;
+    memset(&s, 0, sizeof s);
+    s.enabled = 1;
+    kvtier_get_stats(et->t, &s.t);
+    memcpy(s.hit_tokens, et->hit_tokens, sizeof s.hit_tokens);
+    s.loads_declined = et->declined;
+    s.swaps = et->swaps;
+    s.swap_blocks = et->swap_blocks;
+    s.recomputes = et->recomputes;
+    s.busy_seconds = et->busy_s;
+    s.cost = et->cost;
+    s.host_capacity_bytes = (uint64_t)s.t.host_capacity_blocks * s.t.record_bytes;
+    s.disk_capacity_bytes = (uint64_t)s.t.disk_capacity_blocks * s.t.record_bytes;
+    pthread_mutex_lock(&e->mu);
+    et->snap = s;
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_get_tier_stats(engine *e, engine_tier_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&e->mu);
+    if (e->tier)
+        *out = e->tier->snap;
+    pthread_mutex_unlock(&e->mu);
+}

@@ -1,0 +1,994 @@
+/* kvtier.c - host and disk KV tiers (see kvtier.h).
+ *
+ * Both tiers index their records with a kvidx: a fixed array of entries
+ * (key + LRU links), a free list, and an open-addressing map from key to
+ * entry (linear probing, backward-shift deletion, at least twice as many
+ * slots as entries).  Host entry i owns slab slot i; a disk entry names the
+ * file <hex key>.kvb.  Records in the host slab carry the full header; the
+ * payload CRC is computed when a record goes to disk (the host copy never
+ * leaves this process's memory), and checked on every disk read.
+ */
+#include "kv/kvtier.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define KVTIER_MAGIC 0x4254564Bu /* "KVTB" little-endian */
+#define KVTIER_FLAG_CRC 1u
+#define KVTIER_NAME_LEN (2 * KVTIER_KEY_BYTES + 4) /* hex + ".kvb" */
+
+/* ---- index ---- */
+
+typedef struct kvidx_entry {
+    uint8_t key[KVTIER_KEY_BYTES];
+    int32_t prev, next; /* LRU: head = least recent */
+} kvidx_entry;
+
+typedef struct kvidx {
+    int32_t cap, count;
+    kvidx_entry *e;     /* [cap] */
+    int32_t *free_stack, n_free;
+    int32_t *map;       /* [map_mask + 1] entry id, -1 empty */
+    uint32_t map_mask;
+    int32_t head, tail;
+} kvidx;
+
+static uint32_t kvidx_home(const kvidx *x, const uint8_t *key)
+{
+    uint32_t h;
+    memcpy(&h, key, 4); /* keys are SHA-256 output: any 4 bytes are uniform */
+    return h & x->map_mask;
+}
+
+static int kvidx_init(kvidx *x, int32_t cap)
+{
+    memset(x, 0, sizeof *x);
+    uint32_t mc = 16;
+    while (mc < 2u * (uint32_t)cap)
+        mc *= 2;
+    x->cap = cap;
+    x->e = calloc((size_t)cap, sizeof *x->e);
+    x->free_stack = malloc((size_t)cap * sizeof *x->free_stack);
+    x->map = malloc((size_t)mc * sizeof *x->map);
+    if (!x->e || !x->free_stack || !x->map)
+        return KV_ENOMEM;
+    x->map_mask = mc - 1;
+    for (uint32_t i = 0; i < mc; i++)
+        x->map[i] = -1;
+    for (int32_t i = cap - 1; i >= 0; i--)
+        x->free_stack[x->n_free++] = i;
+    x->head = x->tail = -1;
+    return KV_OK;
+}
+
+static void kvidx_free(kvidx *x)
+{
+    free(x->e);
+    free(x->free_stack);
+    free(x->map);
+    memset(x, 0, sizeof *x);
+}
+
+static int32_t kvidx_find(const kvidx *x, const uint8_t *key)
+{
+    if (!x->cap)
+        return -1;
+    for (uint32_t i = kvidx_home(x, key);; i = (i + 1) & x->map_mask) {
+        int32_t id = x->map[i];
+        if (id < 0)
+            return -1;
+        if (!memcmp(x->e[id].key, key, KVTIER_KEY_BYTES))
+            return id;
+    }
+}
+
+static void kvidx_lru_unlink(kvidx *x, int32_t id)
+{
+    kvidx_entry *en = &x->e[id];
+    if (en->prev >= 0) x->e[en->prev].next = en->next; else x->head = en->next;
+    if (en->next >= 0) x->e[en->next].prev = en->prev; else x->tail = en->prev;
+    en->prev = en->next = -1;
+}
+
+static void kvidx_lru_push(kvidx *x, int32_t id)
+{
+    kvidx_entry *en = &x->e[id];
+    en->prev = x->tail;
+    en->next = -1;
+    if (x->tail >= 0) x->e[x->tail].next = id; else x->head = id;
+    x->tail = id;
+}
+
+static void kvidx_touch(kvidx *x, int32_t id)
+{
+    kvidx_lru_unlink(x, id);
+    kvidx_lru_push(x, id);
+}
+
+/* Adds key (absent) as the most recent entry; -1 when full. */
+static int32_t kvidx_add(kvidx *x, const uint8_t *key)
+{
+    if (x->n_free == 0)
+        return -1;
+    int32_t id = x->free_stack[--x->n_free];
+    memcpy(x->e[id].key, key, KVTIER_KEY_BYTES);
+    uint32_t i = kvidx_home(x, key);
+    while (x->map[i] >= 0)
+        i = (i + 1) & x->map_mask;
+    x->map[i] = id;
+    x->count++;
+    kvidx_lru_push(x, id);
+    return id;
+}
+
+static void kvidx_remove(kvidx *x, int32_t id)
+{
+    uint32_t i = kvidx_home(x, x->e[id].key);
+    while (x->map[i] != id)
+        i = (i + 1) & x->map_mask;
+    for (;;) {
+        x->map[i] = -1;
+        uint32_t j = i;
+        for (;;) {
+            j = (j + 1) & x->map_mask;
+            if (x->map[j] < 0)
+                goto done;
+            uint32_t k = kvidx_home(x, x->e[x->map[j]].key);
+            int stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+            if (!stays)
+                break;
+        }
+        x->map[i] = x->map[j];
+        i = j;
+    }
+done:
+    kvidx_lru_unlink(x, id);
+    x->free_stack[x->n_free++] = id;
+    x->count--;
+}
+
+/* ---- the tier object ---- */
+
+enum { WQ_FREE = 0, WQ_QUEUED, WQ_WRITING, WQ_DONE };
+
+typedef struct kvwq_slot {
+    uint8_t key[KVTIER_KEY_BYTES]; /* set by the engine thread before QUEUED */
+    uint8_t *rec;                  /* [record_bytes] */
+    int state;                     /* WQ_*, under wmu */
+    int err;                       /* errno of a failed write, at WQ_DONE */
+} kvwq_slot;
+
+struct kvtier {
+    kvtier_config cfg;
+    char *dir;               /* owned copy of cfg.disk_dir, or NULL */
+    uint64_t payload_off, record_bytes;
+    kvhash_crc crc;
+    kvidx host;
+    uint8_t *slab;           /* [host.cap][record_bytes] */
+    kvidx disk;
+    int disk_on;
+    int lock_fd;
+    uint8_t *scratch;        /* [record_bytes] disk reads, the start-up scan and probe */
+    kvtier_cost cost;
+    kvtier_stats st;
+    /* disk writer thread: the engine thread queues records into wq; the
+     * writer seals, writes, fsyncs and renames them; the engine thread
+     * reaps finished slots into the disk index (disk_reap) */
+    pthread_t writer;
+    int writer_started;
+    pthread_mutex_t wmu;     /* guards wq[].state / .err and wstop */
+    pthread_cond_t wcv;      /* a slot was queued, finished, or wstop set */
+    int wstop;
+    int wpause;              /* tests: the writer takes no new slot */
+    kvwq_slot wq[KVTIER_WRITE_QUEUE];
+    uint8_t wq_busy[KVTIER_WRITE_QUEUE]; /* engine thread's view: queued, not reaped */
+    int32_t n_pending;       /* engine thread: busy slots */
+};
+
+kvtier_config kvtier_config_default(void)
+{
+    kvtier_config c;
+    memset(&c, 0, sizeof c);
+    c.block_size = 16;
+    c.disk_fsync = 1;
+    return c;
+}
+
+void kvtier_chain_key(const uint8_t parent[KVTIER_KEY_BYTES], uint64_t salt,
+                      const int32_t *tokens, int32_t bs, uint8_t key[KVTIER_KEY_BYTES])
+{
+    kvhash_sha256_ctx s;
+    uint8_t b[8];
+    kvhash_sha256_init(&s);
+    kvhash_sha256_update(&s, parent, KVTIER_KEY_BYTES);
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(salt >> (8 * i));
+    kvhash_sha256_update(&s, b, 8);
+    for (int32_t i = 0; i < bs; i++) {
+        uint32_t v = (uint32_t)tokens[i];
+        uint8_t w[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+        kvhash_sha256_update(&s, w, 4);
+    }
+    kvhash_sha256_final(&s, key);
+}
+
+/* ---- record header ---- */
+
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get64(const uint8_t *p) { return get32(p) | (uint64_t)get32(p + 4) << 32; }
+
+static uint32_t header_crc(const kvtier *t, const uint8_t *rec)
+{
+    uint32_t c = kvhash_crc32c(&t->crc, 0, rec, 124);
+    return kvhash_crc32c(&t->crc, c, rec + KVTIER_HEADER_BYTES, 4u * (uint32_t)t->cfg.block_size);
+}
+
+/* Writes the header and token ids of a record (payload CRC not valid). */
+static void record_write_header(const kvtier *t, uint8_t *rec, const uint8_t *key,
+                                const int32_t *tokens)
+{
+    memset(rec, 0, KVTIER_HEADER_BYTES);
+    put32(rec, KVTIER_MAGIC);
+    rec[4] = KVTIER_VERSION;
+    rec[6] = KVTIER_HEADER_BYTES;
+    memcpy(rec + 8, t->cfg.fingerprint, KVTIER_KEY_BYTES);
+    memcpy(rec + 40, key, KVTIER_KEY_BYTES);
+    put32(rec + 72, (uint32_t)t->cfg.block_size);
+    put32(rec + 76, t->cfg.kv_dtype);
+    put32(rec + 80, (uint32_t)t->cfg.payload_bytes);
+    put32(rec + 84, (uint32_t)(t->cfg.payload_bytes >> 32));
+    for (int32_t i = 0; i < t->cfg.block_size; i++)
+        put32(rec + KVTIER_HEADER_BYTES + 4 * i, (uint32_t)tokens[i]);
+    put32(rec + 124, header_crc(t, rec));
+}
+
+/* Sets the payload CRC (and flag) and re-seals the header. */
+static void record_seal_payload(const kvtier *t, uint8_t *rec)
+{
+    if (get32(rec + 92) & KVTIER_FLAG_CRC)
+        return;
+    put32(rec + 88, kvhash_crc32c(&t->crc, 0, rec + t->payload_off, t->cfg.payload_bytes));
+    put32(rec + 92, KVTIER_FLAG_CRC);
+    put32(rec + 124, header_crc(t, rec));
+}
+
+enum { REC_OK = 0, REC_FOREIGN = 1, REC_CORRUPT = 2 };
+
+/* Classifies a record header (and its token ids): REC_FOREIGN for a valid
+ * record of another model or geometry, REC_CORRUPT for anything broken. */
+static int record_check_header(const kvtier *t, const uint8_t *rec)
+{
+    if (get32(rec) != KVTIER_MAGIC || rec[4] != KVTIER_VERSION || rec[6] != KVTIER_HEADER_BYTES)
+        return REC_CORRUPT;
+    if (get32(rec + 124) != header_crc(t, rec))
+        return REC_CORRUPT;
+    if (memcmp(rec + 8, t->cfg.fingerprint, KVTIER_KEY_BYTES) ||
+        get32(rec + 72) != (uint32_t)t->cfg.block_size || get32(rec + 76) != t->cfg.kv_dtype ||
+        get64(rec + 80) != t->cfg.payload_bytes)
+        return REC_FOREIGN;
+    return REC_OK;
+}
+
+/* Key and token ids of the record equal the request's. */
+static int record_matches(const kvtier *t, const uint8_t *rec, const uint8_t *key,
+                          const int32_t *tokens)
+{
+    if (memcmp(rec + 40, key, KVTIER_KEY_BYTES))
+        return 0;
+    for (int32_t i = 0; i < t->cfg.block_size; i++)
+        if (get32(rec + KVTIER_HEADER_BYTES + 4 * i) != (uint32_t)tokens[i])
+            return 0;
+    return 1;
+}
+
+/* ---- disk tier ---- */
+
+static void key_hex(const uint8_t *key, char *out)
+{
+    static const char hx[] = "0123456789abcdef";
+    for (int i = 0; i < KVTIER_KEY_BYTES; i++) {
+        out[2 * i] = hx[key[i] >> 4];
+        out[2 * i + 1] = hx[key[i] & 15];
+    }
+    out[2 * KVTIER_KEY_BYTES] = 0;
+}
+
+/* path = dir/<hex>.kvb, or with tmp: dir/.tmp.<hex>.kvb */
+static void disk_path(const kvtier *t, const uint8_t *key, int tmp, char *path, size_t cap)
+{
+    char hex[2 * KVTIER_KEY_BYTES + 1];
+    key_hex(key, hex);
+    snprintf(path, cap, "%s/%s%s.kvb", t->dir, tmp ? ".tmp." : "", hex);
+}
+
+static void disk_disable(kvtier *t, const char *what, int e)
+{
+    if (!t->disk_on && t->st.disk_errors)
+        return;
+    t->disk_on = 0;
+    t->st.disk_errors++;
+    if (!t->cfg.quiet)
+        fprintf(stderr, "kvant: KV disk tier disabled: %s %s: %s\n", what, t->dir ? t->dir : "",
+                strerror(e));
+}
+
+static void disk_unlink(kvtier *t, int32_t id)
+{
+    char path[4096];
+    disk_path(t, t->disk.e[id].key, 0, path, sizeof path);
+    unlink(path);
+    kvidx_remove(&t->disk, id);
+}
+
+static int write_all(int fd, const uint8_t *p, uint64_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n > (1u << 30) ? (1u << 30) : (size_t)n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return w < 0 ? errno : ENOSPC;
+        p += w;
+        n -= (uint64_t)w;
+    }
+    return 0;
+}
+
+static int read_all(int fd, uint8_t *p, uint64_t n)
+{
+    while (n > 0) {
+        ssize_t r = read(fd, p, n > (1u << 30) ? (1u << 30) : (size_t)n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return r < 0 ? errno : EIO;
+        p += r;
+        n -= (uint64_t)r;
+    }
+    return 0;
+}
+
+/* Writes rec (sealed here) as key's file: temporary name, fsync, rename.
+ * Runs on the writer thread; touches only rec and immutable fields of t.
+ * Returns 0 or an errno (the temporary file is removed). */
+static int disk_write_file(const kvtier *t, const uint8_t *key, uint8_t *rec)
+{
+    record_seal_payload(t, rec);
+    char tmp[4096], fin[4096];
+    disk_path(t, key, 1, tmp, sizeof tmp);
+    disk_path(t, key, 0, fin, sizeof fin);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return errno;
+    int e = write_all(fd, rec, t->record_bytes);
+    if (!e && t->cfg.disk_fsync && fsync(fd))
+        e = errno;
+    if (close(fd) && !e)
+        e = errno;
+    if (!e && rename(tmp, fin))
+        e = errno;
+    if (e)
+        unlink(tmp);
+    return e;
+}
+
+static void *disk_writer(void *arg)
+{
+    kvtier *t = arg;
+    pthread_mutex_lock(&t->wmu);
+    for (;;) {
+        int k = -1;
+        for (int i = 0; i < KVTIER_WRITE_QUEUE && k < 0 && !t->wpause; i++)
+            if (t->wq[i].state == WQ_QUEUED)
+                k = i;
+        if (k < 0) {
+            if (t->wstop)
+                break;
+            pthread_cond_wait(&t->wcv, &t->wmu);
+            continue;
+        }
+        kvwq_slot *w = &t->wq[k];
+        w->state = WQ_WRITING;
+        pthread_mutex_unlock(&t->wmu);
+        int e = disk_write_file(t, w->key, w->rec);
+        pthread_mutex_lock(&t->wmu);
+        w->err = e;
+        w->state = WQ_DONE;
+        pthread_cond_broadcast(&t->wcv);
+    }
+    pthread_mutex_unlock(&t->wmu);
+    return NULL;
+}
+
+/* Engine thread: takes finished writes into the disk index; a failed one
+ * disables the disk tier. */
+static void disk_reap(kvtier *t)
+{
+    if (t->n_pending == 0)
+        return;
+    int done[KVTIER_WRITE_QUEUE], err[KVTIER_WRITE_QUEUE], n = 0;
+    pthread_mutex_lock(&t->wmu);
+    for (int i = 0; i < KVTIER_WRITE_QUEUE; i++)
+        if (t->wq_busy[i] && t->wq[i].state == WQ_DONE) {
+            done[n] = i;
+            err[n++] = t->wq[i].err;
+            t->wq[i].state = WQ_FREE;
+        }
+    pthread_mutex_unlock(&t->wmu);
+    for (int j = 0; j < n; j++) {
+        kvwq_slot *w = &t->wq[done[j]];
+        t->wq_busy[done[j]] = 0;
+        t->n_pending--;
+        if (err[j]) {
+            disk_disable(t, "cannot write a record to", err[j]);
+            continue;
+        }
+        if (!t->disk_on || kvidx_find(&t->disk, w->key) >= 0)
+            continue;
+        kvidx_add(&t->disk, w->key); /* room was reserved at submit */
+        t->st.stores[KVTIER_DISK]++;
+        t->st.store_bytes[KVTIER_DISK] += t->record_bytes;
+    }
+}
+
+/* Engine thread: waits for one write to finish, then reaps. */
+static void disk_wait_one(kvtier *t)
+{
+    pthread_mutex_lock(&t->wmu);
+    for (;;) {
+        int any = 0;
+        for (int i = 0; i < KVTIER_WRITE_QUEUE; i++)
+            any |= t->wq_busy[i] && t->wq[i].state == WQ_DONE;
+        if (any)
+            break;
+        pthread_cond_wait(&t->wcv, &t->wmu);
+    }
+    pthread_mutex_unlock(&t->wmu);
+    disk_reap(t);
+}
+
+/* Busy queue slot holding key, or -1. */
+static int wq_find(const kvtier *t, const uint8_t *key)
+{
+    for (int i = 0; i < KVTIER_WRITE_QUEUE; i++)
+        if (t->wq_busy[i] && !memcmp(t->wq[i].key, key, KVTIER_KEY_BYTES))
+            return i;
+    return -1;
+}
+
+/* Engine thread: a free queue slot for key, with room reserved in the disk
+ * budget (least recently used records unlinked).  When the queue is full
+ * it waits (wait != 0) or returns -1 (the write is dropped and counted:
+ * the engine thread never waits on the disk). */
+static int disk_slot(kvtier *t, const uint8_t *key, int wait)
+{
+    disk_reap(t);
+    for (;;) {
+        if (!t->disk_on)
+            return -1;
+        int k = -1;
+        for (int i = 0; i < KVTIER_WRITE_QUEUE && k < 0; i++)
+            if (!t->wq_busy[i])
+                k = i;
+        if (k >= 0 && t->disk.count + t->n_pending < t->disk.cap) {
+            memcpy(t->wq[k].key, key, KVTIER_KEY_BYTES);
+            return k;
+        }
+        if (k >= 0 && t->disk.count > 0) {
+            disk_unlink(t, t->disk.head);
+            t->st.evictions[KVTIER_DISK]++;
+            continue;
+        }
+        if (!wait || t->n_pending == 0) {
+            t->st.disk_write_drops++;
+            return -1;
+        }
+        disk_wait_one(t);
+    }
+}
+
+static void disk_queue(kvtier *t, int k)
+{
+    t->wq_busy[k] = 1;
+    t->n_pending++;
+    pthread_mutex_lock(&t->wmu);
+    t->wq[k].state = WQ_QUEUED;
+    pthread_cond_broadcast(&t->wcv);
+    pthread_mutex_unlock(&t->wmu);
+}
+
+/* Queues a copy of rec (a host record leaving the host tier) for disk. */
+static void disk_write(kvtier *t, const uint8_t *key, const uint8_t *rec, int wait)
+{
+    if (!t->disk_on || kvidx_find(&t->disk, key) >= 0 || wq_find(t, key) >= 0)
+        return;
+    int k = disk_slot(t, key, wait);
+    if (k < 0)
+        return;
+    memcpy(t->wq[k].rec, rec, t->record_bytes);
+    disk_queue(t, k);
+}
+
+/* Reads and validates key's record into scratch; NULL on any failure (a
+ * corrupt record is unlinked and counted; an I/O error disables the tier). */
+static const uint8_t *disk_read(kvtier *t, int32_t id, const int32_t *tokens)
+{
+    char path[4096];
+    uint8_t key[KVTIER_KEY_BYTES];
+    memcpy(key, t->disk.e[id].key, sizeof key);
+    disk_path(t, key, 0, path, sizeof path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    int e = fd < 0 ? errno : 0;
+    if (!e && fstat(fd, &sb))
+        e = errno;
+    int torn = !e && (uint64_t)sb.st_size != t->record_bytes;
+    if (!e && !torn)
+        e = read_all(fd, t->scratch, t->record_bytes);
+    if (fd >= 0)
+        close(fd);
+    if (e == ENOENT) {        /* removed behind our back: a miss */
+        kvidx_remove(&t->disk, id);
+        return NULL;
+    }
+    if (e) {
+        disk_disable(t, "cannot read a record from", e);
+        return NULL;
+    }
+    const uint8_t *r = t->scratch;
+    if (torn || record_check_header(t, r) != REC_OK || !(get32(r + 92) & KVTIER_FLAG_CRC) ||
+        get32(r + 88) != kvhash_crc32c(&t->crc, 0, r + t->payload_off, t->cfg.payload_bytes) ||
+        memcmp(r + 40, key, KVTIER_KEY_BYTES)) {
+        t->st.skipped_corrupt++;
+        disk_unlink(t, id);
+        return NULL;
+    }
+    if (!record_matches(t, r, key, tokens))
+        return NULL; /* a key collision cannot be served: leave the record */
+    return r;
+}
+
+static int is_record_name(const char *n)
+{
+    size_t len = strlen(n);
+    if (len != KVTIER_NAME_LEN || strcmp(n + 2 * KVTIER_KEY_BYTES, ".kvb"))
+        return 0;
+    for (int i = 0; i < 2 * KVTIER_KEY_BYTES; i++)
+        if (!((n[i] >= '0' && n[i] <= '9') || (n[i] >= 'a' && n[i] <= 'f')))
+            return 0;
+    return 1;
+}
+
+/* Classifies one directory entry during the start-up scan; indexes valid
+ * records, unlinks torn and corrupt ones. */
+static void disk_scan_one(kvtier *t, const char *name, uint8_t *hdr, uint64_t hdr_bytes)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", t->dir, name);
+    if (!strncmp(name, ".tmp.", 5)) { /* a write that never reached its rename */
+        unlink(path);
+        t->st.skipped_corrupt++;
+        return;
+    }
+    if (name[0] == '.')
+        return; /* ".", "..", ".lock" */
+    if (!is_record_name(name)) {
+        t->st.skipped_foreign++;
+        return;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    int ok = fd >= 0 && !fstat(fd, &sb) && S_ISREG(sb.st_mode) &&
+             (uint64_t)sb.st_size >= hdr_bytes && !read_all(fd, hdr, hdr_bytes);
+    if (fd >= 0)
+        close(fd);
+    int cls = ok ? record_check_header(t, hdr) : REC_CORRUPT;
+    if (cls == REC_FOREIGN) {
+        t->st.skipped_foreign++;
+        return;
+    }
+    uint8_t key[KVTIER_KEY_BYTES];
+    char hex[2 * KVTIER_KEY_BYTES + 1];
+    if (cls == REC_OK) {
+        memcpy(key, hdr + 40, sizeof key);
+        key_hex(key, hex);
+        if ((uint64_t)sb.st_size != t->record_bytes || memcmp(hex, name, 2 * KVTIER_KEY_BYTES))
+            cls = REC_CORRUPT;
+    }
+    if (cls == REC_CORRUPT || (cls == REC_OK && kvidx_find(&t->disk, key) >= 0)) {
+        unlink(path);
+        t->st.skipped_corrupt++;
+        return;
+    }
+    if (kvidx_add(&t->disk, key) < 0) { /* over this run's budget */
+        unlink(path);
+        t->st.evictions[KVTIER_DISK]++;
+    }
+}
+
+static int disk_scan(kvtier *t)
+{
+    DIR *d = opendir(t->dir);
+    if (!d)
+        return errno;
+    uint64_t hb = KVTIER_HEADER_BYTES + 4u * (uint64_t)t->cfg.block_size;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        disk_scan_one(t, de->d_name, t->scratch, hb);
+    closedir(d);
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Measures the disk tier's write (incl. fsync) and read bandwidth with one
+ * probe record; returns an errno, 0 on success. */
+static int disk_probe(kvtier *t)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/.tmp.probe", t->dir);
+    memset(t->scratch, 0x5a, t->record_bytes);
+    double t0 = now_s();
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int e = fd < 0 ? errno : write_all(fd, t->scratch, t->record_bytes);
+    if (!e && t->cfg.disk_fsync && fsync(fd))
+        e = errno;
+    double t1 = now_s();
+    if (!e && lseek(fd, 0, SEEK_SET) < 0)
+        e = errno;
+    if (!e)
+        e = read_all(fd, t->scratch, t->record_bytes);
+    double t2 = now_s();
+    if (fd >= 0)
+        close(fd);
+    unlink(path);
+    if (!e) {
+        t->cost.write_bps[KVTIER_DISK] = (double)t->record_bytes / (t1 - t0 > 1e-9 ? t1 - t0 : 1e-9);
+        t->cost.read_bps[KVTIER_DISK] = (double)t->record_bytes / (t2 - t1 > 1e-9 ? t2 - t1 : 1e-9);
+    }
+    return e;
+}
+
+static void disk_open(kvtier *t)
+{
+    mkdir(t->dir, 0755);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/.lock", t->dir);
+    t->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (t->lock_fd < 0) {
+        disk_disable(t, "cannot open", errno);
+        return;
+    }
+    if (flock(t->lock_fd, LOCK_EX | LOCK_NB)) {
+        disk_disable(t, "another process holds", errno);
+        return;
+    }
+    t->disk_on = 1;
+    int e = disk_scan(t);
+    if (!e)
+        e = disk_probe(t);
+    if (e)
+        disk_disable(t, "cannot use", e);
+}
+
+/* ---- host tier ---- */
+
+static void host_probe(kvtier *t)
+{
+    uint8_t *a = t->slab, *b = t->slab + t->record_bytes;
+    memset(a, 1, t->record_bytes);
+    double t0 = now_s();
+    for (int i = 0; i < 4; i++)
+        memcpy(b, a, t->record_bytes);
+    double dt = now_s() - t0;
+    double bw = 4.0 * (double)t->record_bytes / (dt > 1e-9 ? dt : 1e-9);
+    t->cost.read_bps[KVTIER_HOST] = t->cost.write_bps[KVTIER_HOST] = bw;
+}
+
+/* A free host slot, demoting the least recently used record to disk. */
+static int32_t host_take_slot(kvtier *t, const uint8_t *key)
+{
+    if (t->host.n_free == 0) {
+        int32_t v = t->host.head;
+        disk_write(t, t->host.e[v].key, t->slab + (uint64_t)v * t->record_bytes,
+                   t->cfg.disk_wait);
+        kvidx_remove(&t->host, v);
+        t->st.evictions[KVTIER_HOST]++;
+    }
+    return kvidx_add(&t->host, key);
+}
+
+/* ---- API ---- */
+
+kvtier *kvtier_create(const kvtier_config *cfg, kvant_err *err)
+{
+    if (cfg->block_size < 1 || cfg->payload_bytes == 0) {
+        kvant_err_set(err, KV_EINVAL, "kv tiers: block size %d, payload %llu bytes",
+                      (int)cfg->block_size, (unsigned long long)cfg->payload_bytes);
+        return NULL;
+    }
+    kvtier *t = calloc(1, sizeof *t);
+    if (!t) {
+        kvant_err_set(err, KV_ENOMEM, "kv tiers: out of memory");
+        return NULL;
+    }
+    t->cfg = *cfg;
+    t->cfg.disk_dir = NULL;
+    t->lock_fd = -1;
+    pthread_mutex_init(&t->wmu, NULL);
+    pthread_cond_init(&t->wcv, NULL);
+    t->payload_off = KVTIER_PAYLOAD_OFF(cfg->block_size);
+    t->record_bytes = t->payload_off + cfg->payload_bytes;
+    kvhash_crc_init(&t->crc);
+    int want_disk = cfg->disk_dir && cfg->disk_dir[0];
+    uint64_t n_host = cfg->host_bytes / t->record_bytes;
+    uint64_t n_disk = want_disk ? cfg->disk_bytes / t->record_bytes : 0;
+    if ((cfg->host_bytes && n_host < 2) || (want_disk && n_disk < 1)) {
+        kvant_err_set(err, KV_EINVAL, "kv tiers: a %s budget of %llu bytes holds less than %s "
+                      "of %llu bytes", n_host < 2 && cfg->host_bytes ? "host" : "disk",
+                      (unsigned long long)(n_host < 2 && cfg->host_bytes ? cfg->host_bytes
+                                                                        : cfg->disk_bytes),
+                      n_host < 2 && cfg->host_bytes ? "two records" : "one record",
+                      (unsigned long long)t->record_bytes);
+        kvtier_destroy(t);
+        return NULL;
+    }
+    if (n_disk > KVTIER_MAX_DISK_RECORDS)
+        n_disk = KVTIER_MAX_DISK_RECORDS;
+    if (n_host > INT32_MAX / 4)
+        n_host = INT32_MAX / 4;
+    int rc = KV_OK;
+    if (n_host) {
+        t->slab = malloc(n_host * t->record_bytes);
+        rc = t->slab ? kvidx_init(&t->host, (int32_t)n_host) : KV_ENOMEM;
+    }
+    if (!rc && want_disk) {
+        t->dir = strdup(cfg->disk_dir);
+        t->scratch = malloc(t->record_bytes);
+        rc = t->dir && t->scratch ? kvidx_init(&t->disk, (int32_t)n_disk) : KV_ENOMEM;
+        for (int i = 0; !rc && i < KVTIER_WRITE_QUEUE; i++)
+            if (!(t->wq[i].rec = malloc(t->record_bytes)))
+                rc = KV_ENOMEM;
+    }
+    if (rc) {
+        kvant_err_set(err, KV_ENOMEM, "kv tiers: out of memory for %llu host records",
+                      (unsigned long long)n_host);
+        kvtier_destroy(t);
+        return NULL;
+    }
+    if (n_host)
+        host_probe(t);
+    if (want_disk)
+        disk_open(t);
+    if (t->disk_on) {
+        if (pthread_create(&t->writer, NULL, disk_writer, t))
+            disk_disable(t, "cannot start the writer thread for", EAGAIN);
+        else
+            t->writer_started = 1;
+    }
+    return t;
+}
+
+void kvtier_flush(kvtier *t)
+{
+    while (t->n_pending > 0)
+        disk_wait_one(t);
+}
+
+void kvtier_poll(kvtier *t)
+{
+    disk_reap(t);
+}
+
+void kvtier_pause_writer(kvtier *t, int paused)
+{
+    pthread_mutex_lock(&t->wmu);
+    t->wpause = paused;
+    pthread_cond_broadcast(&t->wcv);
+    pthread_mutex_unlock(&t->wmu);
+}
+
+void kvtier_set_wait(kvtier *t, int wait)
+{
+    t->cfg.disk_wait = wait;
+}
+
+void kvtier_destroy(kvtier *t)
+{
+    if (!t)
+        return;
+    /* a clean shutdown keeps the host tier: oldest first, so the disk's
+     * LRU order continues the host's */
+    while (t->disk_on && t->host.count > 0) {
+        int32_t v = t->host.head;
+        disk_write(t, t->host.e[v].key, t->slab + (uint64_t)v * t->record_bytes, 1);
+        kvidx_remove(&t->host, v);
+    }
+    if (t->writer_started) {
+        kvtier_pause_writer(t, 0);
+        kvtier_flush(t);
+        pthread_mutex_lock(&t->wmu);
+        t->wstop = 1;
+        pthread_cond_broadcast(&t->wcv);
+        pthread_mutex_unlock(&t->wmu);
+        pthread_join(t->writer, NULL);
+    }
+    if (t->lock_fd >= 0)
+        close(t->lock_fd);
+    kvidx_free(&t->host);
+    kvidx_free(&t->disk);
+    for (int i = 0; i < KVTIER_WRITE_QUEUE; i++)
+        free(t->wq[i].rec);
+    pthread_mutex_destroy(&t->wmu);
+    pthread_cond_destroy(&t->wcv);
+    free(t->slab);
+    free(t->scratch);
+    free(t->dir);
+    free(t);
+}
+
+int kvtier_store(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *tokens,
+                 kvtier_fill_fn fill, void *ctx)
+{
+    if (t->host.cap) {
+        int32_t id = kvidx_find(&t->host, key);
+        if (id >= 0) {
+            kvidx_touch(&t->host, id);
+            return KVTIER_HOST;
+        }
+        id = host_take_slot(t, key);
+        uint8_t *rec = t->slab + (uint64_t)id * t->record_bytes;
+        record_write_header(t, rec, key, tokens);
+        if (fill(ctx, rec + t->payload_off)) {
+            kvidx_remove(&t->host, id);
+            return KVTIER_NONE;
+        }
+        t->st.stores[KVTIER_HOST]++;
+        t->st.store_bytes[KVTIER_HOST] += t->cfg.payload_bytes;
+        return KVTIER_HOST;
+    }
+    disk_reap(t);
+    if (!t->disk_on)
+        return KVTIER_NONE;
+    int32_t id = kvidx_find(&t->disk, key);
+    if (id >= 0) {
+        kvidx_touch(&t->disk, id);
+        return KVTIER_DISK;
+    }
+    if (wq_find(t, key) >= 0)
+        return KVTIER_DISK;
+    int k = disk_slot(t, key, t->cfg.disk_wait);
+    if (k < 0)
+        return KVTIER_NONE;
+    record_write_header(t, t->wq[k].rec, key, tokens);
+    if (fill(ctx, t->wq[k].rec + t->payload_off))
+        return KVTIER_NONE;
+    disk_queue(t, k);
+    return KVTIER_DISK;
+}
+
+int kvtier_where(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES])
+{
+    if (t->host.cap) {
+        if (kvidx_find(&t->host, key) >= 0) {
+            t->st.hits[KVTIER_HOST]++;
+            return KVTIER_HOST;
+        }
+        t->st.misses[KVTIER_HOST]++;
+    }
+    disk_reap(t);
+    if (t->disk_on) {
+        if (kvidx_find(&t->disk, key) >= 0 || wq_find(t, key) >= 0) {
+            t->st.hits[KVTIER_DISK]++;
+            return KVTIER_DISK;
+        }
+        t->st.misses[KVTIER_DISK]++;
+    }
+    return KVTIER_NONE;
+}
+
+const void *kvtier_fetch(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *tokens)
+{
+    int32_t id = kvidx_find(&t->host, key);
+    if (id >= 0) {
+        const uint8_t *rec = t->slab + (uint64_t)id * t->record_bytes;
+        if (record_check_header(t, rec) != REC_OK) {
+            t->st.skipped_corrupt++;
+            kvidx_remove(&t->host, id);
+            return NULL;
+        }
+        if (!record_matches(t, rec, key, tokens))
+            return NULL;
+        kvidx_touch(&t->host, id);
+        t->st.loads[KVTIER_HOST]++;
+        t->st.load_bytes[KVTIER_HOST] += t->cfg.payload_bytes;
+        return rec + t->payload_off;
+    }
+    if (!t->disk_on)
+        return NULL;
+    int k = wq_find(t, key);
+    if (k >= 0) {
+        /* still being written: serve the queued copy (the writer only
+         * touches its header's checksum fields, never the payload) */
+        if (!record_matches(t, t->wq[k].rec, key, tokens))
+            return NULL;
+        t->st.loads[KVTIER_DISK]++;
+        t->st.load_bytes[KVTIER_DISK] += t->record_bytes;
+        return t->wq[k].rec + t->payload_off;
+    }
+    if ((id = kvidx_find(&t->disk, key)) < 0)
+        return NULL;
+    const uint8_t *rec = disk_read(t, id, tokens);
+    if (!rec)
+        return NULL;
+    kvidx_touch(&t->disk, id);
+    t->st.loads[KVTIER_DISK]++;
+    t->st.load_bytes[KVTIER_DISK] += t->record_bytes;
+    return rec + t->payload_off;
+}
+
+/* ---- cost model ---- */
+
+static int cheaper(double move_s, const kvtier_cost *c, int64_t tokens)
+{
+    if (c->prefill_tps <= 0.0)
+        return 1;
+    return move_s < (double)tokens / c->prefill_tps;
+}
+
+int kvtier_prefer_load(const kvtier_cost *c, int tier, uint64_t bytes, int64_t tokens)
+{
+    if (tier <= KVTIER_NONE || tier >= KVTIER_N || c->read_bps[tier] <= 0.0)
+        return 0;
+    return cheaper((double)bytes / c->read_bps[tier], c, tokens);
+}
+
+int kvtier_prefer_swap(const kvtier_cost *c, uint64_t bytes, int64_t tokens)
+{
+    if (c->read_bps[KVTIER_HOST] <= 0.0 || c->write_bps[KVTIER_HOST] <= 0.0)
+        return 0;
+    double s = (double)bytes / c->write_bps[KVTIER_HOST] + (double)bytes / c->read_bps[KVTIER_HOST];
+    return cheaper(s, c, tokens);
+}
+
+void kvtier_get_cost(const kvtier *t, kvtier_cost *out)
+{
+    *out = t->cost;
+}
+
+void kvtier_get_stats(const kvtier *t, kvtier_stats *out)
+{
+    *out = t->st;
+    out->host_enabled = t->host.cap > 0;
+    out->disk_enabled = t->disk_on;
+    out->record_bytes = t->record_bytes;
+    out->host_blocks = t->host.count;
+    out->host_capacity_blocks = t->host.cap;
+    out->disk_blocks = t->disk.count;
+    out->disk_capacity_blocks = t->disk_on ? t->disk.cap : 0;
+    out->disk_pending = t->n_pending;
+}

@@ -1,0 +1,169 @@
+/* kvtier.h - KV offload tiers under the device pool: a host-memory tier
+ * and a disk tier, one record format for both, and the cost model that
+ * decides between loading a block and recomputing it.
+ *
+ * A record is one KV block: a 128-byte header, the block's token ids, and
+ * the payload (every layer's K and V rows in the KV dtype, exactly as the
+ * backend's kv_export_block writes them), so a move is one copy:
+ *
+ *   off  size  field (little-endian)
+ *     0     4  magic "KVTB"
+ *     4     2  version (1)            6  2  header bytes (128)
+ *     8    32  model fingerprint (SHA-256, see engine_tier.c)
+ *    40    32  block key: SHA-256(parent key | salt | token ids); the first
+ *              block's parent is the fingerprint (kvtier_chain_key)
+ *    72     4  tokens per block       76  4  KV dtype
+ *    80     8  payload bytes
+ *    88     4  payload CRC32C         92  4  flags (1: payload CRC valid)
+ *    96    28  zero
+ *   124     4  header CRC32C over bytes [0, 124) and the token ids
+ *   128  4*bs  token ids (int32)
+ *   KVTIER_PAYLOAD_OFF(bs): payload (64-byte aligned)
+ *
+ * A hit is served only if the fingerprint, key, geometry and stored token
+ * ids all equal the request's, and (disk) both CRCs check.  Anything else
+ * is a miss, counted, never served.
+ *
+ * Tiers: the host tier is a fixed slab of records (allocated once, LRU);
+ * the disk tier is one file per record, <hex key>.kvb in the directory,
+ * written to a temporary name, fsync'd and renamed (a record being written
+ * is never visible under its final name), indexed at create by scanning
+ * headers, LRU-evicted (unlinked) under its byte budget.  A store that
+ * needs a host slot demotes the least recently used host record to disk.
+ * Disk writes run on a writer thread owned by the tier: the caller copies
+ * the record into one of KVTIER_WRITE_QUEUE buffers and goes on (a full
+ * queue drops the write and counts it; a record still queued is served
+ * from its buffer); finished writes enter the index at the next call.
+ * A disk write or read error (disk full, read-only, I/O error) disables the
+ * disk tier for the rest of the run with one log line; nothing fails.
+ * One process per directory (an flock on <dir>/.lock; a second process
+ * runs without a disk tier).
+ *
+ * Ownership: kvtier_create returns a heap handle (kvtier_destroy).
+ * Threading: not thread-safe; one thread (the engine's) makes every call;
+ * the writer thread is internal.  Stats are copied out by the engine under
+ * its own lock.
+ */
+#ifndef KVANT_KVTIER_H
+#define KVANT_KVTIER_H
+
+#include <stdint.h>
+
+#include "kv/kvhash.h"
+#include "util/err.h"
+
+#define KVTIER_KEY_BYTES 32
+#define KVTIER_HEADER_BYTES 128
+#define KVTIER_VERSION 1
+/* Largest number of records a disk tier indexes (bounds its index). */
+#define KVTIER_MAX_DISK_RECORDS (1 << 22)
+/* Records queued for the disk writer thread (each a record-sized buffer
+ * allocated at create, outside the host budget). */
+#define KVTIER_WRITE_QUEUE 16
+#define KVTIER_PAYLOAD_OFF(bs) ((((uint64_t)KVTIER_HEADER_BYTES + 4u * (uint64_t)(bs)) + 63u) & ~63ull)
+
+/* Bytes of one record holding a block of bs tokens and payload bytes. */
+#define KVTIER_RECORD_BYTES(bs, payload) (KVTIER_PAYLOAD_OFF(bs) + (uint64_t)(payload))
+
+enum { KVTIER_NONE = 0, KVTIER_HOST = 1, KVTIER_DISK = 2, KVTIER_N = 3 };
+
+typedef struct kvtier kvtier;
+
+typedef struct kvtier_config {
+    uint8_t fingerprint[KVTIER_KEY_BYTES];
+    int32_t block_size;       /* tokens per block */
+    uint32_t kv_dtype;
+    uint64_t payload_bytes;   /* one block: every layer's K and V */
+    uint64_t host_bytes;      /* host tier budget; 0 = no host tier */
+    const char *disk_dir;     /* NULL or "" = no disk tier (copied) */
+    uint64_t disk_bytes;      /* disk tier budget */
+    int disk_fsync;           /* fsync each record before rename (default 1) */
+    int disk_wait;            /* a full writer queue waits instead of dropping
+                                 the write (tests, shutdown; default 0) */
+    int quiet;                /* no log lines on stderr (tests) */
+} kvtier_config;
+
+kvtier_config kvtier_config_default(void);
+
+/* Allocates the host slab and, with a disk directory, creates it if needed,
+ * takes its lock, scans it and measures tier bandwidth.  A disk directory
+ * that cannot be used is not an error: the disk tier starts disabled (log
+ * line, kvtier_stats.disk_errors).  Returns NULL with err filled for bad
+ * configuration (KV_EINVAL: a budget smaller than one record) or KV_ENOMEM. */
+kvtier *kvtier_create(const kvtier_config *cfg, kvant_err *err);
+/* Writes the host tier's records to the disk tier (when it has one), then
+ * frees everything.  NULL is a no-op. */
+void kvtier_destroy(kvtier *t);
+
+/* key = SHA-256(parent[32] | salt (8 bytes LE) | tokens[bs] (LE int32)). */
+void kvtier_chain_key(const uint8_t parent[KVTIER_KEY_BYTES], uint64_t salt,
+                      const int32_t *tokens, int32_t bs, uint8_t key[KVTIER_KEY_BYTES]);
+
+/* Writes one block's payload (payload_bytes) to dst; returns 0 on success. */
+typedef int (*kvtier_fill_fn)(void *ctx, void *dst);
+
+/* Stores a block leaving the device into the highest tier that has one
+ * (host, else disk).  A key already held is refreshed, not rewritten.
+ * Returns the tier stored to, or KVTIER_NONE (no tier, fill failed, disk
+ * disabled). */
+int kvtier_store(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *tokens,
+                 kvtier_fill_fn fill, void *ctx);
+
+/* The highest tier holding key (index lookup only: no I/O), or KVTIER_NONE.
+ * Counts a hit in that tier and a miss in each tier above it. */
+int kvtier_where(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES]);
+
+/* Returns the validated payload of key (payload_bytes, valid until the
+ * next call on t), or NULL if it is absent or fails validation (then the
+ * record is dropped and counted as corrupt).  tokens: the request's token
+ * ids for this block, compared with the stored ones. */
+const void *kvtier_fetch(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *tokens);
+
+/* Takes finished disk writes into the index (cheap; once per engine step). */
+void kvtier_poll(kvtier *t);
+/* Waits until every queued disk write has finished (tests, shutdown). */
+void kvtier_flush(kvtier *t);
+/* Tests: while paused the writer starts no write (queued records stay
+ * queued, so the queue-full and served-from-queue paths are testable). */
+void kvtier_pause_writer(kvtier *t, int paused);
+/* Sets kvtier_config.disk_wait (the engine sets it before shutting down). */
+void kvtier_set_wait(kvtier *t, int wait);
+
+/* ---- cost model ---- */
+
+typedef struct kvtier_cost {
+    double prefill_tps;             /* engine's measured prompt tokens/s; 0 = unknown */
+    double read_bps[KVTIER_N];      /* bytes/s into the device, per tier */
+    double write_bps[KVTIER_N];     /* bytes/s out of the device, per tier */
+} kvtier_cost;
+
+/* 1 when loading `bytes` from tier is predicted faster than recomputing
+ * `tokens` (1 also when the prefill rate is not measured yet). */
+int kvtier_prefer_load(const kvtier_cost *c, int tier, uint64_t bytes, int64_t tokens);
+/* 1 when swapping (write now to the host tier, read back later) `bytes`
+ * is predicted faster than recomputing `tokens` (same convention). */
+int kvtier_prefer_swap(const kvtier_cost *c, uint64_t bytes, int64_t tokens);
+/* The tier bandwidths measured at create (prefill_tps left 0). */
+void kvtier_get_cost(const kvtier *t, kvtier_cost *out);
+
+/* ---- stats ---- */
+
+typedef struct kvtier_stats {
+    int host_enabled, disk_enabled;
+    uint64_t record_bytes;
+    int64_t host_blocks, host_capacity_blocks;
+    int64_t disk_blocks, disk_capacity_blocks;
+    uint64_t hits[KVTIER_N], misses[KVTIER_N];           /* by tier ([0] unused) */
+    uint64_t store_bytes[KVTIER_N], load_bytes[KVTIER_N];
+    uint64_t stores[KVTIER_N], loads[KVTIER_N];
+    uint64_t evictions[KVTIER_N];  /* host: demoted or dropped; disk: unlinked */
+    uint64_t skipped_foreign;      /* another model's records, foreign files */
+    uint64_t skipped_corrupt;      /* torn, bad magic/CRC, token mismatch */
+    uint64_t disk_errors;          /* I/O errors (each disables the disk tier) */
+    uint64_t disk_write_drops;     /* writes dropped: the writer queue was full */
+    int32_t disk_pending;          /* writes queued or in progress */
+} kvtier_stats;
+
+void kvtier_get_stats(const kvtier *t, kvtier_stats *out);
+
+#endif
