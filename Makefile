@@ -85,6 +85,9 @@ $(BUILD)/tests/%: tests/unit/%.c $(TU_OBJ) $(BUILD)/libkvant.a
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
+# The dashboard page is embedded with .incbin (server_dash.c).
+$(BUILD)/obj/src/server/server_dash.o: src/server/dashboard.html
+
 # ---- set-up (idempotent; installs only what is missing) ----
 deps:
 	@scripts/setup-deps.sh

@@ -347,6 +347,15 @@ int32_t kvpool_refcount(const kvpool *p, int32_t block)
     return p->refcount[block];
 }
 
+int kvpool_block_state(const kvpool *p, int32_t block)
+{
+    if (block < 0 || block >= p->n_blocks)
+        return -1;
+    static const int map[3] = {[KVB_FREE] = KVPOOL_BLOCK_FREE, [KVB_USED] = KVPOOL_BLOCK_USED,
+                               [KVB_CACHED] = KVPOOL_BLOCK_CACHED};
+    return map[p->state[block]];
+}
+
 /* ---- sequences ---- */
 
 void kvseq_init(kv_seq *s, uint64_t salt)
