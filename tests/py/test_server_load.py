@@ -108,6 +108,9 @@ def test_sigterm_drains(kvant_bin, default_model):
     r0 = keep.getresponse()
     r0.read()
     assert r0.status == 200
+    keep.request("GET", "/ready")
+    r0 = keep.getresponse()
+    assert r0.status == 200 and json.loads(r0.read())["status"] == "ready"
     out = {}
     body = {"prompt": "Once upon a time", "max_tokens": 48, "stream": True, "ignore_eos": True}
     got_first = threading.Event()
@@ -136,9 +139,13 @@ def test_sigterm_drains(kvant_bin, default_model):
     keep.request("GET", "/health")
     r1 = keep.getresponse()
     health_body = json.loads(r1.read())
+    keep.request("GET", "/ready")  # readiness turns false at once (Kubernetes)
+    r2 = keep.getresponse()
+    ready_body = json.loads(r2.read())
     t.join(120)
     rc = s.proc.wait(timeout=60)
     assert r1.status == 503 and health_body["status"] == "draining", (r1.status, health_body)
+    assert r2.status == 503 and ready_body["status"] == "draining", (r2.status, ready_body)
     rec = out["rec"]
     assert rec["done"] and rec["finish"] == "length" and "error" not in rec, rec
     assert rec["n"] == 48 + 1  # 48 token chunks + the finish chunk
