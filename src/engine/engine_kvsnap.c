@@ -135,11 +135,8 @@ static void fill_snapshot(engine *e, engine_kv_snapshot *o)
     o->n_reqs = 0;
     o->n_blk_ids = 0;
     o->truncated = 0;
-    for (int32_t b = 0; b < n; b++) {
-        o->state[b] = (uint8_t)kvpool_block_state(e->pool, b);
-        o->refcount[b] = kvpool_refcount(e->pool, b);
-        o->owner[b] = 0;
-    }
+    kvpool_block_states(e->pool, o->state, o->refcount);
+    memset(o->owner, 0, (size_t)n * sizeof *o->owner);
     double now = engine_now();
     for (eng_req *r = e->reqs; r; r = r->next) {
         int32_t holding = 0;

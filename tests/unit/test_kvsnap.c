@@ -7,10 +7,12 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/engine.h"
 #include "kernels/dtype.h"
 #include "kv/kvpool.h"
+#include "server/server_memview.h"
 #include "testutil.h"
 #include "tinymodel.h"
 
@@ -186,6 +188,58 @@ static void test_threads(model *m)
     engine_destroy(e); /* requests still running get an error event: fine */
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* A 100k-block pool with 16 running requests: the snapshot (engine
+ * thread's share of a poll) and the run-length encoding (HTTP thread).
+ * Timings are printed for docs/SERVER.md, not checked. */
+static void test_large_pool(model *m)
+{
+    engine *e = mk(m, 1, 100000);
+    if (!e)
+        return;
+    int32_t p[16][40];
+    res r[16];
+    memset(r, 0, sizeof r);
+    for (int i = 0; i < 16; i++) {
+        for (int j = 0; j < 40; j++)
+            p[i][j] = (i * 31 + j * 3 + 2) % 250;
+        engine_request rq = req(p[i], 40, 200, 1);
+        CHECK(engine_submit(e, &rq, on_event, &r[i], NULL) > 0);
+    }
+    for (int s = 0; s < 60; s++)
+        engine_run_step(e);
+    engine_kv_snapshot *sn = engine_kv_snapshot_new(e);
+    CHECK(sn != NULL);
+    if (!sn) {
+        engine_destroy(e);
+        return;
+    }
+    double t0 = now_s();
+    int reps = 20;
+    for (int i = 0; i < reps; i++)
+        CHECK(engine_kv_snapshot_take(e, sn, NULL) == KV_OK);
+    double t1 = now_s();
+    size_t bytes = 0;
+    for (int i = 0; i < reps; i++) {
+        char *js = srv_blockmap_json(sn);
+        CHECK(js != NULL);
+        bytes = js ? strlen(js) : 0;
+        free(js);
+    }
+    double t2 = now_s();
+    CHECK(sn->n_reqs == 16 && snap_consistent(sn) == 0);
+    printf("  100k-block pool, 16 requests: snapshot %.0f us, block map encode %.0f us, %zu bytes\n",
+           (t1 - t0) / reps * 1e6, (t2 - t1) / reps * 1e6, bytes);
+    engine_kv_snapshot_free(sn);
+    engine_destroy(e);
+}
+
 int main(void)
 {
     const char *path = "build/tests/tiny-kvsnap.gguf";
@@ -198,6 +252,7 @@ int main(void)
         return tu_finish("test_kvsnap");
     test_manual(m);
     test_threads(m);
+    test_large_pool(m);
     model_free(m);
     return tu_finish("test_kvsnap");
 }
