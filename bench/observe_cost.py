@@ -9,8 +9,8 @@
       Loads the server with --streams streams while polling /v1/memory/blocks at 10 Hz;
       prints the pool size, runs, response bytes and latency (p50/p99/max).
   rss URL [--streams 32]
-      Fills the KV pool with --streams long streams (pool touched), then compares
-      /v1/memory's named bytes with the process's resident memory.
+      Runs --streams streams for --seconds, then compares /v1/memory's named bytes with the
+      process's resident memory (touch the whole pool first: docs/SERVER.md).
 
 Uses only the standard library and httpx (tests/requirements.txt).  --json prints one object.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import threading
 import time
 
@@ -85,6 +86,7 @@ def cmd_throughput(a):
             if p:
                 p.join()
             res[mode].append(tps)
+            print(f"{mode} poller: {tps:.1f} tokens/s", file=sys.stderr, flush=True)
     wo, wi = statistics.mean(res["without"]), statistics.mean(res["with"])
     return {"streams": a.streams, "tokens_per_s_without": res["without"],
             "tokens_per_s_with": res["with"], "mean_without": wo, "mean_with": wi,
@@ -125,7 +127,12 @@ def cmd_rss(a):
             "rss_file_bytes": pr["rss_file_bytes"], "named_bytes": named,
             "named_total": sum(named.values()), "host_heap_bytes": pr["host_heap_bytes"],
             "kv_used_blocks": m["kv"]["used"], "kv_blocks": m["kv"]["blocks"],
-            "named_over_rss": sum(named.values()) / pr["rss_bytes"]}
+            "named_over_rss": sum(named.values()) / pr["rss_bytes"],
+            # CPU backend: the manager's KV/activation/workspace buffers are host malloc, so
+            # the heap outside the manager is the heap less them (weights are mmap'd)
+            "host_heap_outside_manager": pr["host_heap_bytes"] - (m["used"] - named["weights"]),
+            "named_and_heap_over_rss": (sum(named.values()) + pr["host_heap_bytes"]
+                                        - (m["used"] - named["weights"])) / pr["rss_bytes"]}
 
 
 def main():

@@ -193,7 +193,8 @@ static double ratio(double a, double b)
 
 static void render_engine(sbuf *b, const engine_stats *st, uint64_t block_bytes)
 {
-    gauge(b, "num_requests_running", "Requests with sequences being generated.", st->running);
+    gauge(b, "num_requests_running", "Sequences being generated (a request with n > 1 counts n).",
+          st->running);
     gauge(b, "num_requests_waiting", "Requests waiting to be scheduled.", st->waiting);
     gauge(b, "num_requests_preempted_waiting", "Preempted requests waiting to be recomputed.",
           st->preempted_waiting);
