@@ -43,18 +43,14 @@ static double top_now(void)
 
 static int parse_url(const char *url, top_opts *o)
 {
-    if (!strncmp(url, "https://", 8)) {
-        fprintf(stderr, "kvant top: https is not supported (use http:// or a local port)\n");
-        return -1;
-    }
+    if (!strncmp(url, "https://", 8))
+        return cli_err_usage("top", "https is not supported (use http:// or a local port)");
     if (!strncmp(url, "http://", 7))
         url += 7;
     size_t n = strcspn(url, "/");
     char hp[256];
-    if (n == 0 || n >= sizeof hp) {
-        fprintf(stderr, "kvant top: bad URL\n");
-        return -1;
-    }
+    if (n == 0 || n >= sizeof hp)
+        return cli_err_usage("top", "bad URL '%.100s' (http://HOST:PORT)", url);
     memcpy(hp, url, n);
     hp[n] = '\0';
     char *colon = strrchr(hp, ':');
@@ -249,6 +245,24 @@ static int wait_key(double sec, int tty)
     return 0;
 }
 
+static void top_help(void)
+{
+    static const cli_opt t[] = {
+        {"URL", NULL, "server to watch, plain http (default: http://127.0.0.1:8080)", NULL},
+        {"--interval", "S", "seconds between refreshes", "1"},
+        {"-n, --count", "N", "refreshes, then exit (0 = until q or a signal)", "0"},
+        {"--api-key", "KEY", "bearer token for a server started with --api-key", "none"},
+        {"--json", NULL, "one summary object per refresh instead of the screen", "off"},
+        {"--no-clear", NULL, "append screens instead of redrawing in place", "off"},
+        {"-h, --help", NULL, "print this help and exit", NULL},
+    };
+    printf("usage: kvant top [URL] [options]\n\n"
+           "A terminal view of a running `kvant serve` (GET /v1/memory): memory by category,\n"
+           "KV usage, queues, tokens/s and the requests holding KV.  q quits.\n");
+    cli_help_table(stdout, "options", t, CLI_N_OPTS(t));
+}
+
+/* 0 = run, 1 = help printed, else an exit status (usage error, one line). */
 static int parse_args(int argc, char **argv, top_opts *o, const char **url)
 {
     for (int i = 1; i < argc; i++) {
@@ -256,25 +270,23 @@ static int parse_args(int argc, char **argv, top_opts *o, const char **url)
         if (!strcmp(argv[i], "--interval")) {
             if (!(v = cli_value(argc, argv, &i)) ||
                 cli_parse_float("--interval", v, 0.05, 3600, &o->interval))
-                return -1;
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--count") || !strcmp(argv[i], "-n")) {
-            if (!(v = cli_value(argc, argv, &i)) || cli_parse_int("--count", v, 0, 1L << 30, &o->count))
-                return -1;
+            if (!(v = cli_value(argc, argv, &i)) ||
+                cli_parse_int("--count", v, 0, 1L << 30, &o->count))
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--api-key")) {
             if (!(o->api_key = cli_value(argc, argv, &i)))
-                return -1;
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--json")) {
             o->json = 1;
         } else if (!strcmp(argv[i], "--no-clear")) {
             o->clear = 0;
-        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: kvant top [URL (http://127.0.0.1:8080)] [--interval S (1)]\n"
-                   "                 [-n|--count N (0 = until q)] [--api-key KEY (none)]\n"
-                   "                 [--json (one summary object per refresh)] [--no-clear]\n");
+        } else if (cli_is_help(argv[i])) {
+            top_help();
             return 1;
         } else if (argv[i][0] == '-') {
-            fprintf(stderr, "kvant top: unknown option '%s'\n", argv[i]);
-            return -1;
+            return cli_err_unknown("top", argv[i]);
         } else {
             *url = argv[i];
         }
@@ -288,7 +300,7 @@ int cmd_top(int argc, char **argv)
     const char *url = "http://127.0.0.1:8080";
     int pr = parse_args(argc, argv, &o, &url);
     if (pr)
-        return pr > 0 ? 0 : 2;
+        return pr == 1 ? 0 : pr;
     int tty = !o.json && isatty(0);
     struct termios saved;
     if (tty && tcgetattr(0, &saved) == 0) {
