@@ -2,7 +2,7 @@
 # Installs the Debian packages kvant builds and tests with, when missing.
 set -euo pipefail
 pkgs=(gcc make libpcre2-dev libjansson-dev libmicrohttpd-dev clang libclang-rt-14-dev
-      python3 python3-venv curl prometheus
+      python3 python3-venv curl prometheus chromium tmux
       gcc-aarch64-linux-gnu qemu-user libpcre2-dev:arm64 libjansson-dev:arm64
       libmicrohttpd-dev:arm64)
 missing=()

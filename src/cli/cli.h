@@ -124,6 +124,7 @@ int cmd_bench(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_kl(int argc, char **argv);
 int cmd_prune(int argc, char **argv);
+int cmd_top(int argc, char **argv);
 /* `kvant info --memory` (cmd_info_mem.c). */
 int info_memory(const gguf_ctx *g, const model_hparams *hp, int json);
 

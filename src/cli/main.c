@@ -13,6 +13,7 @@ typedef struct cli_cmd {
 
 static const cli_cmd cmds[] = {
     {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
+    {"top", cmd_top, "terminal view of a running server's memory and requests"},
     {"run", cmd_run, "generate text from a prompt"},
     {"tokenize", cmd_tokenize, "print the token ids of a text"},
     {"perplexity", cmd_perplexity, "perplexity of a text file (llama.cpp convention)"},

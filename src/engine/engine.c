@@ -275,8 +275,14 @@ engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)
     e->next_id = 1;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
+    pthread_cond_init(&e->snap_cv, NULL);
     if (plan_engine(x, err) || setup_backend(x, err) || alloc_step_buffers(e, err))
         goto fail;
+    kvpool_stats ks; /* the pool's shape is reported before the first step */
+    kvpool_get_stats(e->pool, &ks);
+    e->stats.kv_blocks_total = ks.n_blocks;
+    e->stats.kv_blocks_free = ks.n_free;
+    e->stats.block_size = ks.block_size;
     if (cfg->kv_blocks_override > 0)
         e->max_model_len = e->max_model_len < (int64_t)cfg->kv_blocks_override * cfg->block_size
                                ? e->max_model_len
@@ -339,6 +345,7 @@ void engine_destroy(engine *e)
     free(e->cancel_ids);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
+    pthread_cond_destroy(&e->snap_cv);
     free(e);
 }
 
@@ -347,14 +354,20 @@ static void *engine_main(void *arg)
     engine *e = arg;
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->stop && !e->incoming && !e->n_cancel && !e->reqs)
+        while (!e->stop && !e->incoming && !e->n_cancel && !e->reqs && !e->snap_req)
             pthread_cond_wait(&e->cv, &e->mu);
-        int stop = e->stop;
+        int stop = e->stop, work = e->incoming || e->n_cancel || e->reqs;
         pthread_mutex_unlock(&e->mu);
         if (stop)
             break;
-        engine_step(e);
+        engine_serve_snapshot(e); /* between steps: the pool is consistent */
+        if (work)
+            engine_step(e);
     }
+    pthread_mutex_lock(&e->mu);
+    e->thread_exited = 1; /* a snapshot waiter gives up */
+    pthread_cond_broadcast(&e->snap_cv);
+    pthread_mutex_unlock(&e->mu);
     return NULL;
 }
 
@@ -472,6 +485,11 @@ mem_mgr *engine_mem(engine *e)
 int64_t engine_max_model_len(const engine *e)
 {
     return e->max_model_len;
+}
+
+uint64_t engine_kv_block_bytes(const engine *e)
+{
+    return e->kv_block_bytes;
 }
 
 int engine_drain(engine *e)

@@ -114,6 +114,11 @@ typedef struct engine_event {
     int64_t prompt_tokens;
     int64_t cached_tokens;  /* prompt tokens served from the prefix cache */
     int64_t completion_tokens; /* on DONE: total over sequences */
+    /* The request's KV footprint at its largest so far (distinct blocks
+     * across its sequences, the tokens stored in them, and their bytes);
+     * updated when a sequence finishes or is preempted, so final on DONE. */
+    int64_t kv_tokens, kv_blocks;
+    uint64_t kv_bytes;
     const char *error;      /* on ERROR (valid during the callback) */
 } engine_event;
 
@@ -163,6 +168,7 @@ typedef struct engine_tier_stats {
 void engine_get_tier_stats(engine *e, engine_tier_stats *out);
 mem_mgr *engine_mem(engine *e);   /* for memory reports (thread-safe reads) */
 int64_t engine_max_model_len(const engine *e);
+uint64_t engine_kv_block_bytes(const engine *e); /* one KV block, all layers */
 /* Stops admitting new requests (submit returns KV_EBUSY); returns the
  * number of requests still in flight. */
 int engine_drain(engine *e);
@@ -170,6 +176,48 @@ int engine_in_flight(engine *e);
 /* Tests (config.manual): runs one step on the calling thread; returns 1 if
  * any work was done. */
 int engine_run_step(engine *e);
+/* ---- memory views (engine_kvsnap.c) ----
+ * A consistent copy of the KV pool's block states and of the requests
+ * holding blocks, made by the engine thread between two steps (or by the
+ * caller in manual mode), so HTTP threads never read the pool. */
+typedef struct engine_kv_req {
+    int64_t id;
+    int32_t priority;
+    int32_t n_seqs;          /* sequences holding KV blocks */
+    int64_t prompt_tokens, generated_tokens;
+    int64_t kv_tokens;       /* tokens stored in its distinct blocks */
+    int32_t blocks_own;      /* distinct blocks with refcount 1 */
+    int32_t blocks_shared;   /* distinct blocks with refcount > 1 (forks, prefix cache) */
+    int64_t blk_off;         /* its distinct block ids: blk_ids[blk_off, +n_blk) */
+    int32_t n_blk;
+    double age_s;            /* since submission */
+} engine_kv_req;
+
+typedef struct engine_kv_snapshot {
+    int32_t n_blocks, block_size;
+    uint64_t block_bytes;    /* one block, all layers */
+    uint8_t *state;          /* [n_blocks] KVPOOL_BLOCK_* */
+    int32_t *refcount;       /* [n_blocks] */
+    int64_t *owner;          /* [n_blocks] first request found holding it, 0 = none */
+    engine_kv_req *reqs;     /* [reqs_cap] */
+    int32_t n_reqs, reqs_cap;
+    int32_t *blk_ids;        /* [blk_cap] */
+    int64_t n_blk_ids, blk_cap;
+    int truncated;           /* reqs or blk_ids ran out of room */
+    engine_stats stats;      /* taken at the same moment */
+    int done;                /* internal: set by the engine thread */
+} engine_kv_snapshot;
+
+/* Allocates a snapshot sized for this engine's pool (caller frees with
+ * engine_kv_snapshot_free); NULL when out of memory.  Any thread. */
+engine_kv_snapshot *engine_kv_snapshot_new(const engine *e);
+void engine_kv_snapshot_free(engine_kv_snapshot *s);
+/* Fills s (waits for the engine thread's next step boundary, or fills it
+ * at once in manual mode).  One waiter at a time is served; others queue.
+ * Returns KV_OK, or KV_EBUSY when the engine is stopping.  Any thread
+ * except the engine thread and event callbacks. */
+int engine_kv_snapshot_take(engine *e, engine_kv_snapshot *s, kvant_err *err);
+
 /* The start-up plan (filled at create). */
 typedef struct plan_result plan_result;
 const plan_result *engine_plan(const engine *e);

@@ -48,6 +48,8 @@ struct eng_req {
     int64_t cached_tokens;
     int64_t completion_tokens;
     int cancelled;
+    int64_t kv_peak_tokens, kv_peak_blocks; /* footprint at its largest (kvsnap) */
+    uint64_t kv_block_bytes;
     struct eng_req *next;   /* incoming / all-requests list */
 };
 
@@ -77,6 +79,9 @@ struct engine {
     int64_t next_id;
     engine_stats stats;
     mem_pool_stats kv_pool_stats; /* refreshed each step for mem reports */
+    engine_kv_snapshot *snap_req; /* a waiting snapshot request, or NULL */
+    pthread_cond_t snap_cv;       /* snapshot served / engine thread gone */
+    int thread_exited;
 
     /* engine-thread state */
     eng_req *reqs;          /* admitted, unfinished requests */
@@ -95,6 +100,10 @@ int engine_step(engine *e);
 double engine_now(void);
 void engine_emit_error(engine *e, eng_req *r, const char *msg);
 void engine_free_req(engine *e, eng_req *r);
+/* engine_kvsnap.c: records r's current KV footprint into its peak (call
+ * before any of its blocks are released); serves a pending snapshot. */
+void engine_note_kv(engine *e, eng_req *r);
+void engine_serve_snapshot(engine *e);
 
 /* engine_tier.c (all no-ops without tiers) */
 int engine_tier_create(engine *e, int32_t n_blocks, kvant_err *err);

@@ -107,6 +107,9 @@ static void emit(eng_req *r, engine_event *ev)
     ev->prompt_tokens = r->p.n_prompt;
     ev->cached_tokens = r->cached_tokens;
     ev->completion_tokens = r->completion_tokens;
+    ev->kv_tokens = r->kv_peak_tokens;
+    ev->kv_blocks = r->kv_peak_blocks;
+    ev->kv_bytes = (uint64_t)r->kv_peak_blocks * r->kv_block_bytes;
     if (r->fn)
         r->fn(r->ctx, ev);
 }
@@ -114,7 +117,7 @@ static void emit(eng_req *r, engine_event *ev)
 void engine_emit_error(engine *e, eng_req *r, const char *msg)
 {
     engine_event ev = {.type = ENGINE_EV_ERROR, .finish = ENGINE_FINISH_ABORT, .error = msg};
-    (void)e;
+    engine_note_kv(e, r);
     emit(r, &ev);
     pthread_mutex_lock(&e->mu);
     e->stats.finished_abort++;
@@ -126,6 +129,7 @@ void engine_emit_error(engine *e, eng_req *r, const char *msg)
 static void admit_one(engine *e, eng_req *r)
 {
     r->order = e->next_order++;
+    r->kv_block_bytes = e->kv_block_bytes;
     r->next = e->reqs;
     e->reqs = r;
     eng_seq *s = seq_new(e, r, 0);
@@ -184,6 +188,7 @@ typedef struct step_plan {
 
 static void preempt(engine *e, eng_seq *v)
 {
+    engine_note_kv(e, v->req);
     engine_tier_preempt(e, v);
     kvseq_release(e->pool, &v->kv);
     kvseq_init(&v->kv, v->req->p.cache_salt);
@@ -440,6 +445,7 @@ static void phase_retire(engine *e)
             eng_seq *s = r->seqs[i];
             if (!s->finished || s->reported)
                 continue;
+            engine_note_kv(e, r); /* before this sequence's blocks go */
             engine_event ev = {.type = ENGINE_EV_FINISH, .index = s->index, .finish = s->finish};
             emit(r, &ev);
             pthread_mutex_lock(&e->mu);

@@ -362,6 +362,25 @@ int32_t kvpool_refcount(const kvpool *p, int32_t block)
     return p->refcount[block];
 }
 
+_Static_assert((int)KVB_FREE == (int)KVPOOL_BLOCK_FREE && (int)KVB_USED == (int)KVPOOL_BLOCK_USED &&
+                   (int)KVB_CACHED == (int)KVPOOL_BLOCK_CACHED,
+               "internal block states are the public ones (bulk copy)");
+
+void kvpool_block_states(const kvpool *p, uint8_t *state, int32_t *refcount)
+{
+    memcpy(state, p->state, (size_t)p->n_blocks);
+    memcpy(refcount, p->refcount, (size_t)p->n_blocks * sizeof *refcount);
+}
+
+int kvpool_block_state(const kvpool *p, int32_t block)
+{
+    if (block < 0 || block >= p->n_blocks)
+        return -1;
+    static const int map[3] = {[KVB_FREE] = KVPOOL_BLOCK_FREE, [KVB_USED] = KVPOOL_BLOCK_USED,
+                               [KVB_CACHED] = KVPOOL_BLOCK_CACHED};
+    return map[p->state[block]];
+}
+
 /* ---- sequences ---- */
 
 void kvseq_init(kv_seq *s, uint64_t salt)

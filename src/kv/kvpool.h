@@ -138,6 +138,13 @@ void kvpool_get_stats(const kvpool *p, kvpool_stats *out);
 int32_t kvpool_block_size(const kvpool *p);
 int32_t kvpool_n_available(const kvpool *p); /* free + cached */
 int32_t kvpool_refcount(const kvpool *p, int32_t block); /* -1 if out of range */
+/* A block's state for memory views (a tier module may add states after
+ * CACHED); -1 if out of range.  O(1), engine thread only like the rest. */
+enum { KVPOOL_BLOCK_FREE = 0, KVPOOL_BLOCK_USED = 1, KVPOOL_BLOCK_CACHED = 2 };
+int kvpool_block_state(const kvpool *p, int32_t block);
+/* Bulk form for snapshots: state[b] and refcount[b] for every block
+ * (arrays of n_blocks, caller-owned).  O(n_blocks) memcpy. */
+void kvpool_block_states(const kvpool *p, uint8_t *state, int32_t *refcount);
 /* Checks every invariant (refcounts vs. the tables of seqs, which must be
  * all live sequences; free list, LRU, prefix map, counters).  O(n_blocks),
  * allocates scratch: for tests and debug builds, not the decode loop.

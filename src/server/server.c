@@ -1,7 +1,7 @@
 /* server.c - the HTTP daemon of `kvant serve`: libmicrohttpd set-up,
  * request body collection with a size cap, routing, authentication, and
- * the small routes (/health, /metrics, /v1/models, /v1/memory, /tokenize,
- * /detokenize).  Generation routes live in server_gen.c.
+ * the small routes (/health, /ready, /metrics, /v1/models, /v1/memory,
+ * /v1/memory/blocks, /dashboard, /tokenize, /detokenize).  Generation routes live in server_gen.c.
  *
  * Threading: MHD runs one thread per connection (so a streaming reader may
  * block on its request's channel) plus an internal listening thread.
@@ -19,7 +19,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "server/server_dash.h"
 #include "server/server_internal.h"
+#include "server/server_memview.h"
 #include "server/server_tier.h"
 
 #define SRV_MAX_DETOKENIZE (1 << 20)
@@ -102,6 +104,33 @@ static enum MHD_Result route_health(srv *s, struct MHD_Connection *c)
                                       "type", "service_unavailable", "param", "code"));
 }
 
+/* Readiness (Kubernetes): 200 only while serving; 503 while loading and
+ * from the moment draining starts (SIGTERM). */
+static enum MHD_Result route_ready(srv *s, struct MHD_Connection *c)
+{
+    int st = atomic_load(&s->state);
+    return send_obj(c, st == SRV_READY ? 200 : 503,
+                    json_pack("{s:s}", "status", st == SRV_READY ? "ready"
+                                                 : st == SRV_LOADING ? "loading" : "draining"));
+}
+
+static enum MHD_Result route_dashboard(struct MHD_Connection *c)
+{
+    size_t n;
+    const char *html = srv_dashboard_html(&n);
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(n, (void *)html, MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", "text/html; charset=utf-8");
+    MHD_add_response_header(r, "Content-Security-Policy",
+                            "default-src 'none'; script-src 'unsafe-inline'; "
+                            "style-src 'unsafe-inline'; connect-src 'self'");
+    enum MHD_Result res = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return res;
+}
+
 static enum MHD_Result route_models(srv *s, struct MHD_Connection *c)
 {
     json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", s->served_name, "object", "model",
@@ -123,7 +152,8 @@ static enum MHD_Result route_metrics(srv *s, struct MHD_Connection *c)
 #else
                          "cpu",
 #endif
-                         s->served_name};
+                         s->served_name, engine_kv_block_bytes(s->e),
+                         atomic_load(&s->state) == SRV_READY};
     char *text = srv_metrics_render(s->metrics, &bi, &st, rep);
     free(rep);
     engine_tier_stats ts;
@@ -145,26 +175,35 @@ static enum MHD_Result route_metrics(srv *s, struct MHD_Connection *c)
     return send_text(c, 200, "text/plain; version=0.0.4; charset=utf-8", text);
 }
 
-static enum MHD_Result route_memory(srv *s, struct MHD_Connection *c)
+/* GET /v1/memory (blocks = 0) or /v1/memory/blocks (blocks = 1), from one
+ * snapshot the engine thread makes between steps. */
+static enum MHD_Result route_memory(srv *s, struct MHD_Connection *c, int blocks)
 {
-    mem_report *rep = malloc(sizeof *rep);
-    char *js = NULL;
-    if (rep) {
-        mem_get_report(engine_mem(s->e), rep);
-        js = mem_report_json(rep);
-        free(rep);
+    srv_error e;
+    kvant_err ke = {0};
+    engine_kv_snapshot *sn = engine_kv_snapshot_new(s->e);
+    if (!sn) {
+        srv_error_set(&e, 500, NULL, "out of memory");
+        return srv_send_error(c, &e);
     }
-    /* the offload tiers under the device pool */
-    json_t *o = js ? json_loads(js, 0, NULL) : NULL;
-    engine_tier_stats ts;
-    engine_get_tier_stats(s->e, &ts);
-    free(js);
-    js = NULL;
-    if (o && json_object_set_new(o, "kv_tiers", srv_tier_json(&ts)) == 0)
-        js = json_dumps(o, JSON_COMPACT);
-    json_decref(o);
+    if (engine_kv_snapshot_take(s->e, sn, &ke)) {
+        engine_kv_snapshot_free(sn);
+        srv_error_set(&e, 503, NULL, "%s", ke.msg);
+        return srv_send_error(c, &e);
+    }
+    char *js = blocks ? srv_blockmap_json(sn) : srv_memview_json(s->e, sn);
+    engine_kv_snapshot_free(sn);
+    if (js && !blocks) { /* the offload tiers under the device pool */
+        json_t *o = json_loads(js, 0, NULL);
+        engine_tier_stats ts;
+        engine_get_tier_stats(s->e, &ts);
+        free(js);
+        js = NULL;
+        if (o && json_object_set_new(o, "kv_tiers", srv_tier_json(&ts)) == 0)
+            js = json_dumps(o, JSON_COMPACT);
+        json_decref(o);
+    }
     if (!js) {
-        srv_error e;
         srv_error_set(&e, 500, NULL, "out of memory");
         return srv_send_error(c, &e);
     }
@@ -251,8 +290,8 @@ static enum MHD_Result route_detokenize(srv *s, struct MHD_Connection *c, const 
 /* ---- routing ------------------------------------------------------------- */
 
 typedef enum route_id {
-    R_HEALTH, R_METRICS, R_MODELS, R_MEMORY, R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE,
-    R_NONE
+    R_HEALTH, R_READY, R_METRICS, R_MODELS, R_MEMORY, R_MEMORY_BLOCKS, R_DASHBOARD,
+    R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_NONE
 } route_id;
 
 static const struct {
@@ -260,6 +299,9 @@ static const struct {
     int auth;   /* needs the API key when one is set */
 } routes[R_NONE] = {
     [R_HEALTH] = {"/health", "GET", 0},
+    [R_READY] = {"/ready", "GET", 0},
+    [R_DASHBOARD] = {"/dashboard", "GET", 0},
+    [R_MEMORY_BLOCKS] = {"/v1/memory/blocks", "GET", 1},
     [R_METRICS] = {"/metrics", "GET", 0},
     [R_MODELS] = {"/v1/models", "GET", 1},
     [R_MEMORY] = {"/v1/memory", "GET", 1},
@@ -314,7 +356,8 @@ static int precheck(srv *s, struct MHD_Connection *c, const char *url, const cha
     if (routes[r].auth && s->has_key && !auth_ok(s, c))
         return srv_error_set(e, 401, NULL, "missing or invalid API key (Authorization: Bearer)");
     int st = atomic_load(&s->state);
-    if (r != R_HEALTH && st != SRV_READY && !(r == R_METRICS && st == SRV_DRAINING))
+    if (r != R_HEALTH && r != R_READY && st != SRV_READY &&
+        !(r == R_METRICS && st == SRV_DRAINING))
         return srv_error_set(e, 503, NULL, st == SRV_LOADING ? "the model is loading"
                                                              : "the server is draining");
     if (!strcmp(method, "POST") && !json_ctype(c))
@@ -330,7 +373,10 @@ static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, route_id r, sr
     case R_HEALTH: return route_health(s, c);
     case R_METRICS: return route_metrics(s, c);
     case R_MODELS: return route_models(s, c);
-    case R_MEMORY: return route_memory(s, c);
+    case R_READY: return route_ready(s, c);
+    case R_DASHBOARD: return route_dashboard(c);
+    case R_MEMORY: return route_memory(s, c, 0);
+    case R_MEMORY_BLOCKS: return route_memory(s, c, 1);
     case R_COMPLETIONS: return srv_gen_handle(s, c, SRV_API_COMPLETIONS, b, n, cn->t_arrival);
     case R_CHAT: return srv_gen_handle(s, c, SRV_API_CHAT, b, n, cn->t_arrival);
     case R_TOKENIZE: return route_tokenize(s, c, b, n);

@@ -51,6 +51,8 @@ struct srv_gen {
     int failed;             /* ERROR event (not ours) */
     char err[256];
     int64_t prompt_tokens, cached_tokens;
+    int64_t kv_tokens, kv_blocks; /* the request's KV footprint at its largest */
+    uint64_t kv_bytes;
     double last_out;
     srv_gen *next, *prev;   /* active list (s->mu) */
 };
@@ -98,10 +100,12 @@ static json_t *usage_json(const srv_gen *g)
     int64_t comp = 0;
     for (int i = 0; i < g->req.er.n; i++)
         comp += g->seq[i].n_tok;
-    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)g->prompt_tokens,
-                     "completion_tokens", (json_int_t)comp, "total_tokens",
-                     (json_int_t)(g->prompt_tokens + comp), "prompt_tokens_details",
-                     "cached_tokens", (json_int_t)g->cached_tokens);
+    return json_pack("{s:I, s:I, s:I, s:{s:I}, s:I, s:I, s:I}", "prompt_tokens",
+                     (json_int_t)g->prompt_tokens, "completion_tokens", (json_int_t)comp,
+                     "total_tokens", (json_int_t)(g->prompt_tokens + comp),
+                     "prompt_tokens_details", "cached_tokens", (json_int_t)g->cached_tokens,
+                     "kv_tokens", (json_int_t)g->kv_tokens, "kv_blocks",
+                     (json_int_t)g->kv_blocks, "kv_bytes", (json_int_t)g->kv_bytes);
 }
 
 static const char *finish_str(engine_finish f)
@@ -350,6 +354,12 @@ static void on_final(srv_gen *g, const srv_ev *e)
 static void gen_on_event(srv_gen *g, const srv_ev *e)
 {
     const engine_event *ev = &e->ev;
+    if (ev->kv_blocks > g->kv_blocks) {
+        g->kv_blocks = ev->kv_blocks;
+        g->kv_bytes = ev->kv_bytes;
+    }
+    if (ev->kv_tokens > g->kv_tokens)
+        g->kv_tokens = ev->kv_tokens;
     if (ev->cached_tokens > g->cached_tokens)
         g->cached_tokens = ev->cached_tokens;
     if (ev->prompt_tokens > 0)

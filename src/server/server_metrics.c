@@ -2,7 +2,9 @@
  *
  * Invariants: bucket bounds are strictly increasing and end with +Inf
  * implicitly; counts[i] holds observations <= le[i] that are > le[i-1]
- * (cumulated only when rendering).  Label values are fixed strings from
+ * (cumulated only when rendering).  Names follow Prometheus conventions:
+ * prefix kvant_, base units in the name, counters end in _total, ratios
+ * in [0, 1] end in _ratio (docs/SERVER.md lists them).  Label values are fixed strings from
  * this file or the build info (escaped), never request data.
  */
 #include "server/server_metrics.h"
@@ -138,19 +140,19 @@ __attribute__((format(printf, 2, 3))) static void sb_printf(sbuf *b, const char 
 
 static void head(sbuf *b, const char *name, const char *type, const char *help)
 {
-    sb_printf(b, "# HELP kvant:%s %s\n# TYPE kvant:%s %s\n", name, help, name, type);
+    sb_printf(b, "# HELP kvant_%s %s\n# TYPE kvant_%s %s\n", name, help, name, type);
 }
 
 static void gauge(sbuf *b, const char *name, const char *help, double v)
 {
     head(b, name, "gauge", help);
-    sb_printf(b, "kvant:%s %.17g\n", name, v);
+    sb_printf(b, "kvant_%s %.17g\n", name, v);
 }
 
 static void counter(sbuf *b, const char *name, const char *help, double v)
 {
     head(b, name, "counter", help);
-    sb_printf(b, "kvant:%s %.17g\n", name, v);
+    sb_printf(b, "kvant_%s %.17g\n", name, v);
 }
 
 /* Writes a label value with \, " and newline escaped. */
@@ -174,19 +176,25 @@ static void render_hists(sbuf *b, const srv_hist *h)
         uint64_t cum = 0;
         for (int k = 0; k < d->n_le; k++) {
             cum += h[i].counts[k];
-            sb_printf(b, "kvant:%s_bucket{le=\"%g\"} %llu\n", d->name, d->le[k],
+            sb_printf(b, "kvant_%s_bucket{le=\"%g\"} %llu\n", d->name, d->le[k],
                       (unsigned long long)cum);
         }
         cum += h[i].counts[d->n_le];
-        sb_printf(b, "kvant:%s_bucket{le=\"+Inf\"} %llu\n", d->name, (unsigned long long)cum);
-        sb_printf(b, "kvant:%s_sum %.17g\nkvant:%s_count %llu\n", d->name, h[i].sum, d->name,
+        sb_printf(b, "kvant_%s_bucket{le=\"+Inf\"} %llu\n", d->name, (unsigned long long)cum);
+        sb_printf(b, "kvant_%s_sum %.17g\nkvant_%s_count %llu\n", d->name, h[i].sum, d->name,
                   (unsigned long long)h[i].count);
     }
 }
 
-static void render_engine(sbuf *b, const engine_stats *st)
+static double ratio(double a, double b)
 {
-    gauge(b, "num_requests_running", "Requests with sequences being generated.", st->running);
+    return b > 0 ? a / b : 0.0;
+}
+
+static void render_engine(sbuf *b, const engine_stats *st, uint64_t block_bytes)
+{
+    gauge(b, "num_requests_running", "Sequences being generated (a request with n > 1 counts n).",
+          st->running);
     gauge(b, "num_requests_waiting", "Requests waiting to be scheduled.", st->waiting);
     gauge(b, "num_requests_preempted_waiting", "Preempted requests waiting to be recomputed.",
           st->preempted_waiting);
@@ -199,35 +207,36 @@ static void render_engine(sbuf *b, const engine_stats *st)
     counter(b, "generation_tokens_total", "Generated tokens.", (double)st->generation_tokens);
     counter(b, "num_preemptions_total", "Preemptions of running requests.",
             (double)st->preemptions);
-    gauge(b, "kv_blocks_total", "KV cache blocks in the pool.", st->kv_blocks_total);
+    gauge(b, "kv_blocks_capacity", "KV cache blocks in the pool.", st->kv_blocks_total);
     gauge(b, "kv_blocks_used", "KV cache blocks referenced by requests.", st->kv_blocks_used);
     gauge(b, "kv_blocks_free", "KV cache blocks free.", st->kv_blocks_free);
     gauge(b, "kv_blocks_cached", "Free KV blocks holding reusable prefix-cache content.",
           st->kv_blocks_cached);
-    gauge(b, "kv_block_size", "Tokens per KV block.", st->block_size);
-    gauge(b, "kv_token_occupancy", "Tokens stored / token capacity of the KV pool.",
-          st->kv_token_capacity ? (double)st->kv_tokens_stored / (double)st->kv_token_capacity
-                                : 0.0);
-    gauge(b, "kv_block_usage", "Used KV blocks / total KV blocks.",
-          st->kv_blocks_total ? (double)st->kv_blocks_used / st->kv_blocks_total : 0.0);
-    counter(b, "prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+    gauge(b, "kv_block_size_tokens", "Tokens per KV block.", st->block_size);
+    gauge(b, "kv_block_size_bytes", "Bytes of one KV block (all layers).", (double)block_bytes);
+    gauge(b, "kv_usage_ratio", "Used KV blocks / total KV blocks.",
+          ratio(st->kv_blocks_used, st->kv_blocks_total));
+    gauge(b, "kv_token_occupancy_ratio", "Tokens stored / token capacity of the used KV blocks.",
+          ratio((double)st->kv_tokens_stored, (double)st->kv_token_capacity));
+    counter(b, "prefix_cache_queries_tokens_total", "Prompt tokens looked up in the prefix cache.",
             (double)st->prefix_queries);
-    counter(b, "prefix_cache_hits_total", "Prompt tokens found in the prefix cache.",
+    counter(b, "prefix_cache_hits_tokens_total", "Prompt tokens found in the prefix cache.",
             (double)st->prefix_hits);
+    counter(b, "engine_steps_total", "Engine steps run.", (double)st->steps);
 }
 
 static void render_mem(sbuf *b, const mem_report *r)
 {
     head(b, "device_memory_bytes", "gauge", "Device bytes in use by category.");
     for (int c = 0; c < MEM_CAT_COUNT; c++)
-        sb_printf(b, "kvant:device_memory_bytes{category=\"%s\"} %llu\n",
+        sb_printf(b, "kvant_device_memory_bytes{category=\"%s\"} %llu\n",
                   mem_cat_name((mem_cat)c), (unsigned long long)r->cat[c].current);
     head(b, "device_memory_peak_bytes", "gauge", "Peak device bytes by category.");
     for (int c = 0; c < MEM_CAT_COUNT; c++)
-        sb_printf(b, "kvant:device_memory_peak_bytes{category=\"%s\"} %llu\n",
+        sb_printf(b, "kvant_device_memory_peak_bytes{category=\"%s\"} %llu\n",
                   mem_cat_name((mem_cat)c), (unsigned long long)r->cat[c].peak);
     gauge(b, "device_memory_budget_bytes", "Device memory budget.", (double)r->budget);
-    gauge(b, "kv_pool_fragmentation", "1 - largest free extent / free bytes of the KV pool.",
+    gauge(b, "kv_fragmentation_ratio", "1 - largest free extent / free bytes of the KV pool.",
           r->n_pools > 0 ? r->fragmentation[0] : 0.0);
 }
 
@@ -242,23 +251,24 @@ char *srv_metrics_render(srv_metrics *m, const srv_build_info *bi, const engine_
     pthread_mutex_unlock(&m->mu);
 
     sbuf b = {0};
-    render_engine(&b, st);
+    render_engine(&b, st, bi->kv_block_bytes);
     head(&b, "request_success_total", "counter", "Finished requests by finish reason.");
     static const char *reasons[4] = {NULL, "stop", "length", "abort"};
     for (int i = 1; i < 4; i++)
-        sb_printf(&b, "kvant:request_success_total{finished_reason=\"%s\"} %llu\n", reasons[i],
+        sb_printf(&b, "kvant_request_success_total{finished_reason=\"%s\"} %llu\n", reasons[i],
                   (unsigned long long)fin[i]);
     render_hists(&b, h);
     if (rep)
         render_mem(&b, rep);
     head(&b, "build_info", "gauge", "Build and model information.");
-    sb_printf(&b, "kvant:build_info{version=\"");
+    sb_printf(&b, "kvant_build_info{version=\"");
     label_value(&b, bi->version);
     sb_printf(&b, "\",backend=\"");
     label_value(&b, bi->backend);
     sb_printf(&b, "\",model=\"");
     label_value(&b, bi->model);
     sb_printf(&b, "\"} 1\n");
+    gauge(&b, "ready", "1 when /ready answers 200 (not loading, not draining).", bi->ready);
     if (b.oom) {
         free(b.s);
         return NULL;

@@ -1,6 +1,6 @@
 /* server_metrics.h - Prometheus metrics of `kvant serve`: latency and size
  * histograms fed from engine events, finish-reason counters, and the text
- * exposition (format 0.0.4, names prefixed "kvant:", no per-request labels).
+ * exposition (format 0.0.4, names prefixed "kvant_" by Prometheus conventions, no per-request labels).
  *
  * Ownership: srv_metrics_create returns a heap handle freed by
  * srv_metrics_destroy.  Threading: every function is thread-safe (one
@@ -32,9 +32,11 @@ void srv_metrics_observe(srv_metrics *m, srv_hist_id h, double v);
 /* Counts one finished request by the reason the client saw. */
 void srv_metrics_count_finish(srv_metrics *m, engine_finish reason);
 
-/* Static facts for kvant:build_info (copied). */
+/* Facts for kvant_build_info and gauges the engine stats lack (copied). */
 typedef struct srv_build_info {
     const char *version, *backend, *model;
+    uint64_t kv_block_bytes; /* bytes of one KV block, all layers */
+    int ready;               /* server state is ready */
 } srv_build_info;
 
 /* Renders the exposition text from the current histograms plus an engine

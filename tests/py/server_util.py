@@ -73,8 +73,8 @@ class KvantServer:
         return self.proc.returncode
 
     def metrics(self, headers=None) -> dict:
-        """{sample name with labels: value}, e.g. 'kvant:kv_blocks_used' or
-        'kvant:request_success_total{finished_reason=stop}'."""
+        """{sample name with labels: value}, e.g. 'kvant_kv_blocks_used' or
+        'kvant_request_success_total{finished_reason=stop}'."""
         r = httpx.get(self.url + "/metrics", headers=headers, timeout=10)
         assert r.status_code == 200, r.text
         out = {}
@@ -91,8 +91,8 @@ class KvantServer:
         deadline = time.time() + timeout
         while True:
             m = self.metrics()
-            idle = (m["kvant:num_requests_running"] == 0 and m["kvant:num_requests_waiting"] == 0
-                    and m["kvant:kv_blocks_used"] == kv_baseline)
+            idle = (m["kvant_num_requests_running"] == 0 and m["kvant_num_requests_waiting"] == 0
+                    and m["kvant_kv_blocks_used"] == kv_baseline)
             if idle or time.time() > deadline:
                 return m
             time.sleep(0.1)

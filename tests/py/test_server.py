@@ -159,33 +159,33 @@ def test_memory_report(server):
 
 def test_metrics_move(server, client, model_name):
     m0 = server.metrics()
-    kv0 = m0["kvant:kv_blocks_used"]
+    kv0 = m0["kvant_kv_blocks_used"]
     c = client.completions.create(model=model_name, prompt="A unique prompt about turtles 12345",
                                   max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
     m1 = server.wait_idle(kv0)
-    assert m1["kvant:kv_blocks_used"] == kv0
-    assert m1["kvant:num_requests_running"] == 0
-    assert m1["kvant:generation_tokens_total"] - m0["kvant:generation_tokens_total"] >= 5
-    assert m1["kvant:prompt_tokens_total"] > m0["kvant:prompt_tokens_total"]
-    assert m1["kvant:request_success_total{finished_reason=length}"] == \
-        m0["kvant:request_success_total{finished_reason=length}"] + 1
+    assert m1["kvant_kv_blocks_used"] == kv0
+    assert m1["kvant_num_requests_running"] == 0
+    assert m1["kvant_generation_tokens_total"] - m0["kvant_generation_tokens_total"] >= 5
+    assert m1["kvant_prompt_tokens_total"] > m0["kvant_prompt_tokens_total"]
+    assert m1["kvant_request_success_total{finished_reason=length}"] == \
+        m0["kvant_request_success_total{finished_reason=length}"] + 1
     for h in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
               "request_prompt_tokens", "request_generation_tokens"):
-        assert m1[f"kvant:{h}_count"] == m0[f"kvant:{h}_count"] + 1, h
-    assert m1["kvant:inter_token_latency_seconds_count"] - m0["kvant:inter_token_latency_seconds_count"] == 4
-    assert m1["kvant:request_prompt_tokens_sum"] - m0["kvant:request_prompt_tokens_sum"] == c.usage.prompt_tokens
-    for k in ("kvant:kv_blocks_total", "kvant:kv_block_size", "kvant:device_memory_budget_bytes",
-              "kvant:kv_token_occupancy", "kvant:kv_block_usage", "kvant:kv_pool_fragmentation",
-              "kvant:device_memory_bytes{category=kv}", "kvant:prefix_cache_queries_total",
-              "kvant:prefix_cache_hits_total", "kvant:num_preemptions_total"):
+        assert m1[f"kvant_{h}_count"] == m0[f"kvant_{h}_count"] + 1, h
+    assert m1["kvant_inter_token_latency_seconds_count"] - m0["kvant_inter_token_latency_seconds_count"] == 4
+    assert m1["kvant_request_prompt_tokens_sum"] - m0["kvant_request_prompt_tokens_sum"] == c.usage.prompt_tokens
+    for k in ("kvant_kv_blocks_capacity", "kvant_kv_block_size_tokens", "kvant_device_memory_budget_bytes",
+              "kvant_kv_token_occupancy_ratio", "kvant_kv_usage_ratio", "kvant_kv_fragmentation_ratio",
+              "kvant_device_memory_bytes{category=kv}", "kvant_prefix_cache_queries_tokens_total",
+              "kvant_prefix_cache_hits_tokens_total", "kvant_num_preemptions_total"):
         assert k in m1, k
-    assert m1["kvant:kv_blocks_total"] == 1024
-    assert any(k.startswith("kvant:build_info{") for k in m1)
+    assert m1["kvant_kv_blocks_capacity"] == 1024
+    assert any(k.startswith("kvant_build_info{") for k in m1)
 
 
 def test_metrics_after_disconnect(server, model_name):
     m0 = server.metrics()
-    kv0 = m0["kvant:kv_blocks_used"]
+    kv0 = m0["kvant_kv_blocks_used"]
     body = {"model": model_name, "prompt": "Tell me a very long story.", "max_tokens": 1500,
             "stream": True, "ignore_eos": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:
@@ -198,12 +198,12 @@ def test_metrics_after_disconnect(server, model_name):
                 break
     m_mid = server.metrics()
     m1 = server.wait_idle(kv0, timeout=10)
-    assert m1["kvant:num_requests_running"] == 0
-    assert m1["kvant:kv_blocks_used"] == kv0
-    assert m1["kvant:request_success_total{finished_reason=abort}"] == \
-        m0["kvant:request_success_total{finished_reason=abort}"] + 1
+    assert m1["kvant_num_requests_running"] == 0
+    assert m1["kvant_kv_blocks_used"] == kv0
+    assert m1["kvant_request_success_total{finished_reason=abort}"] == \
+        m0["kvant_request_success_total{finished_reason=abort}"] + 1
     # it was cancelled, not run to the end
-    assert m1["kvant:generation_tokens_total"] - m0["kvant:generation_tokens_total"] < 1500
+    assert m1["kvant_generation_tokens_total"] - m0["kvant_generation_tokens_total"] < 1500
     assert m_mid is not None
 
 
@@ -234,7 +234,7 @@ scrape_configs:
                 break
             try:
                 r = httpx.get(f"http://127.0.0.1:{port}/api/v1/query",
-                              params={"query": 'kvant:kv_blocks_total{job="kvant"}'}, timeout=5)
+                              params={"query": 'kvant_kv_blocks_capacity{job="kvant"}'}, timeout=5)
                 res = r.json().get("data", {}).get("result", [])
                 if res:
                     found = res
@@ -246,6 +246,6 @@ scrape_configs:
         p.terminate()
         p.wait(timeout=20)
         log.close()
-    assert found, f"prometheus never stored kvant:kv_blocks_total; up={up}\n" + \
+    assert found, f"prometheus never stored kvant_kv_blocks_capacity; up={up}\n" + \
         (tmp_path / "prom.log").read_text()[-3000:]
     assert float(found[0]["value"][1]) == 1024

@@ -61,7 +61,7 @@ def stream_one(url, i, disconnect_after, out):
 
 def test_concurrent_streams_with_disconnects(server, record_result):
     m0 = server.metrics()
-    kv0 = m0["kvant:kv_blocks_used"]
+    kv0 = m0["kvant_kv_blocks_used"]
     rng = random.Random(1234)
     quitters = set(rng.sample(range(N_CLIENTS), N_CLIENTS // 4))
     out = {}
@@ -83,11 +83,11 @@ def test_concurrent_streams_with_disconnects(server, record_result):
         assert r["usage"]["completion_tokens"] == MAX_TOKENS, r
         assert r["text"], r
     m1 = server.wait_idle(kv0, timeout=20)
-    assert m1["kvant:num_requests_running"] == 0
-    assert m1["kvant:num_requests_waiting"] == 0
-    assert m1["kvant:kv_blocks_used"] == kv0
-    done = m1["kvant:request_success_total{finished_reason=length}"] - \
-        m0["kvant:request_success_total{finished_reason=length}"]
+    assert m1["kvant_num_requests_running"] == 0
+    assert m1["kvant_num_requests_waiting"] == 0
+    assert m1["kvant_kv_blocks_used"] == kv0
+    done = m1["kvant_request_success_total{finished_reason=length}"] - \
+        m0["kvant_request_success_total{finished_reason=length}"]
     assert done >= len(ok)
     ttft = [r["times"][0] for r in ok if r["times"]]
     itl = [b - a for r in ok for a, b in zip(r["times"], r["times"][1:-1])]
@@ -95,8 +95,8 @@ def test_concurrent_streams_with_disconnects(server, record_result):
            "wall_s": round(wall, 3), "requests_per_s": round(len(ok) / wall, 2),
            "ttft_median_s": round(statistics.median(ttft), 4),
            "itl_median_s": round(statistics.median(itl), 4) if itl else None,
-           "aborted_server_side": m1["kvant:request_success_total{finished_reason=abort}"]
-           - m0["kvant:request_success_total{finished_reason=abort}"]}
+           "aborted_server_side": m1["kvant_request_success_total{finished_reason=abort}"]
+           - m0["kvant_request_success_total{finished_reason=abort}"]}
     record_result("server_load", res)
     print(res)
 
@@ -108,6 +108,9 @@ def test_sigterm_drains(kvant_bin, default_model):
     r0 = keep.getresponse()
     r0.read()
     assert r0.status == 200
+    keep.request("GET", "/ready")
+    r0 = keep.getresponse()
+    assert r0.status == 200 and json.loads(r0.read())["status"] == "ready"
     out = {}
     body = {"prompt": "Once upon a time", "max_tokens": 48, "stream": True, "ignore_eos": True}
     got_first = threading.Event()
@@ -136,9 +139,13 @@ def test_sigterm_drains(kvant_bin, default_model):
     keep.request("GET", "/health")
     r1 = keep.getresponse()
     health_body = json.loads(r1.read())
+    keep.request("GET", "/ready")  # readiness turns false at once (Kubernetes)
+    r2 = keep.getresponse()
+    ready_body = json.loads(r2.read())
     t.join(120)
     rc = s.proc.wait(timeout=60)
     assert r1.status == 503 and health_body["status"] == "draining", (r1.status, health_body)
+    assert r2.status == 503 and ready_body["status"] == "draining", (r2.status, ready_body)
     rec = out["rec"]
     assert rec["done"] and rec["finish"] == "length" and "error" not in rec, rec
     assert rec["n"] == 48 + 1  # 48 token chunks + the finish chunk

@@ -1,0 +1,192 @@
+/* server_memview.c - the memory views of `kvant serve`: GET /v1/memory
+ * (the memory manager's report, the process's resident memory, the
+ * engine's queues and every request holding KV blocks with its own and
+ * shared blocks) and GET /v1/memory/blocks (the state of every block,
+ * run-length encoded so a 100k-block pool polls cheaply).
+ *
+ * Both are built from one engine_kv_snapshot taken by the engine thread
+ * between steps (engine_kv_snapshot_take), never by reading the pool.
+ * Block map encoding: runs of equal (state, request, refcount) as a flat
+ * array [state, request, refcount, count, ...]; "states" names the state
+ * indices (a tier module appends its states there).
+ */
+#include "server/server_memview.h"
+
+#include <inttypes.h>
+#include <jansson.h>
+#include <malloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv/kvpool.h"
+#include "server/server_stream.h"
+
+static const char *const state_names[] = {
+    [KVPOOL_BLOCK_FREE] = "free", [KVPOOL_BLOCK_USED] = "used", [KVPOOL_BLOCK_CACHED] = "cached"};
+#define N_STATES ((int)(sizeof state_names / sizeof state_names[0]))
+
+/* VmRSS, RssAnon and RssFile of this process from /proc/self/status
+ * (bytes; 0 where the kernel does not report them). */
+static void read_rss(uint64_t out[3])
+{
+    static const char *keys[3] = {"VmRSS:", "RssAnon:", "RssFile:"};
+    out[0] = out[1] = out[2] = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return;
+    char line[256];
+    while (fgets(line, sizeof line, f))
+        for (int i = 0; i < 3; i++)
+            if (!strncmp(line, keys[i], strlen(keys[i])))
+                out[i] = strtoull(line + strlen(keys[i]), NULL, 10) * 1024;
+    fclose(f);
+}
+
+static json_t *u64j(uint64_t v)
+{
+    return json_integer((json_int_t)v);
+}
+
+/* Resident memory against what kvant accounts by name: the memory
+ * manager's categories (device path; on the CPU backend host memory) and
+ * the host heap outside it (malloc: tables, buffers, HTTP). */
+static json_t *process_json(const mem_report *rep)
+{
+    uint64_t rss[3];
+    read_rss(rss);
+    uint64_t heap = 0;
+#ifdef __GLIBC__
+    struct mallinfo2 mi = mallinfo2();
+    heap = (uint64_t)mi.uordblks + (uint64_t)mi.hblkhd;
+#endif
+    json_t *o = json_object();
+    json_object_set_new(o, "rss_bytes", u64j(rss[0]));
+    json_object_set_new(o, "rss_anon_bytes", u64j(rss[1]));
+    json_object_set_new(o, "rss_file_bytes", u64j(rss[2]));
+    json_object_set_new(o, "device_path_bytes", u64j(rep->used));
+    json_object_set_new(o, "host_heap_bytes", u64j(heap));
+    return o;
+}
+
+static json_t *engine_json(const engine_stats *st)
+{
+    return json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I}", "running", st->running,
+                     "waiting", st->waiting, "preempted_waiting", st->preempted_waiting,
+                     "prompt_tokens_total", (json_int_t)st->prompt_tokens,
+                     "generation_tokens_total", (json_int_t)st->generation_tokens,
+                     "preemptions_total", (json_int_t)st->preemptions, "steps_total",
+                     (json_int_t)st->steps, "prefix_cache_hits_tokens_total",
+                     (json_int_t)st->prefix_hits);
+}
+
+static json_t *kv_json(const engine_kv_snapshot *sn)
+{
+    int32_t n[N_STATES] = {0};
+    for (int32_t b = 0; b < sn->n_blocks; b++)
+        if (sn->state[b] < N_STATES)
+            n[sn->state[b]]++;
+    return json_pack("{s:i, s:i, s:I, s:i, s:i, s:i, s:f}", "blocks", sn->n_blocks,
+                     "block_size", sn->block_size, "block_bytes", (json_int_t)sn->block_bytes,
+                     "used", n[KVPOOL_BLOCK_USED], "free", n[KVPOOL_BLOCK_FREE], "cached",
+                     n[KVPOOL_BLOCK_CACHED],
+                     "usage_ratio", sn->n_blocks ? (double)n[KVPOOL_BLOCK_USED] / sn->n_blocks
+                                                 : 0.0);
+}
+
+/* A request's distinct block ids as [first, count] ranges of consecutive ids. */
+static json_t *ranges_json(const int32_t *ids, int32_t n)
+{
+    json_t *a = json_array();
+    for (int32_t i = 0; i < n;) {
+        int32_t j = i + 1;
+        while (j < n && ids[j] == ids[j - 1] + 1)
+            j++;
+        json_array_append_new(a, json_pack("[i, i]", ids[i], j - i));
+        i = j;
+    }
+    return a;
+}
+
+static json_t *requests_json(const engine_kv_snapshot *sn)
+{
+    json_t *a = json_array();
+    for (int32_t i = 0; i < sn->n_reqs; i++) {
+        const engine_kv_req *q = &sn->reqs[i];
+        int32_t nb = q->blocks_own + q->blocks_shared;
+        json_t *o = json_pack(
+            "{s:I, s:i, s:i, s:I, s:I, s:I, s:i, s:i, s:I, s:f}", "id", (json_int_t)q->id,
+            "priority", q->priority, "seqs", q->n_seqs, "prompt_tokens",
+            (json_int_t)q->prompt_tokens, "generated_tokens", (json_int_t)q->generated_tokens,
+            "kv_tokens", (json_int_t)q->kv_tokens, "blocks_own", q->blocks_own, "blocks_shared",
+            q->blocks_shared, "kv_bytes", (json_int_t)((uint64_t)nb * sn->block_bytes), "age_s",
+            q->age_s);
+        if (o)
+            json_object_set_new(o, "blocks", ranges_json(sn->blk_ids + q->blk_off, q->n_blk));
+        json_array_append_new(a, o);
+    }
+    return a;
+}
+
+char *srv_memview_json(engine *e, const engine_kv_snapshot *sn)
+{
+    mem_report *rep = malloc(sizeof *rep);
+    if (!rep)
+        return NULL;
+    mem_get_report(engine_mem(e), rep);
+    char *base = mem_report_json(rep);
+    json_t *root = base ? json_loads(base, 0, NULL) : NULL;
+    free(base);
+    if (root) {
+        json_object_set_new(root, "process", process_json(rep));
+        json_object_set_new(root, "engine", engine_json(&sn->stats));
+        json_object_set_new(root, "kv", kv_json(sn));
+        json_object_set_new(root, "requests", requests_json(sn));
+        json_object_set_new(root, "truncated", json_boolean(sn->truncated));
+    }
+    free(rep);
+    char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    return s;
+}
+
+static int put(srv_buf *b, const char *fmt, int64_t a, int64_t c, int64_t d, int64_t n)
+{
+    char tmp[96];
+    int k = snprintf(tmp, sizeof tmp, fmt, a, c, d, n);
+    return srv_buf_append(b, tmp, (size_t)k);
+}
+
+char *srv_blockmap_json(const engine_kv_snapshot *sn)
+{
+    srv_buf b = {0};
+    char head[256];
+    int k = snprintf(head, sizeof head,
+                     "{\"n_blocks\":%d,\"block_size\":%d,\"block_bytes\":%" PRIu64
+                     ",\"states\":[\"free\",\"used\",\"cached\"],"
+                     "\"run_fields\":[\"state\",\"request\",\"refcount\",\"count\"],\"runs\":[",
+                     sn->n_blocks, sn->block_size, sn->block_bytes);
+    int rc = srv_buf_append(&b, head, (size_t)k);
+    int first = 1;
+    for (int32_t i = 0; i < sn->n_blocks && !rc;) {
+        int32_t j = i + 1;
+        while (j < sn->n_blocks && sn->state[j] == sn->state[i] && sn->owner[j] == sn->owner[i] &&
+               sn->refcount[j] == sn->refcount[i])
+            j++;
+        rc = put(&b, first ? "%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64
+                           : ",%" PRId64 ",%" PRId64 ",%" PRId64 ",%" PRId64,
+                 sn->state[i], sn->owner[i], sn->refcount[i], j - i);
+        first = 0;
+        i = j;
+    }
+    if (!rc)
+        rc = srv_buf_append(&b, sn->truncated ? "],\"truncated\":true}" : "],\"truncated\":false}",
+                            sn->truncated ? 19 : 20);
+    if (rc) {
+        srv_buf_free(&b);
+        return NULL;
+    }
+    if (!b.s)
+        return NULL;
+    return b.s; /* malloc'd by srv_buf: the caller frees */
+}
