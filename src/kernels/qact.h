@@ -33,6 +33,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kernels/dtype.h"
 
@@ -82,6 +83,22 @@ static inline float qact_reduce16(const float acc[QACT_LANES])
     for (int i = 0; i < 2; i++)
         s[i] = s[i] + s[i + 2];
     return s[0] + s[1];
+}
+
+/* Zero codes, scales and sums for the padding chunks [n/32, qact_padded(n)/32)
+ * of a row in dst (shared by the quantizers). */
+void qact_pad_tail(void *dst, int64_t n);
+
+/* The 12-byte q4_K/q5_K scales field as u[0..1] = sc[0..7] bytes and
+ * u[2..3] = m[0..7] bytes: qref_scale_min_k4 on 32-bit words (ggml's). */
+static inline void qact_k4_scales(const uint8_t *q, uint32_t u[4])
+{
+    uint32_t w[3];
+    memcpy(w, q, 12);
+    u[0] = w[0] & 0x3f3f3f3f;
+    u[1] = (w[2] & 0x0f0f0f0f) | (((w[0] >> 6) & 0x03030303) << 4);
+    u[2] = w[1] & 0x3f3f3f3f;
+    u[3] = ((w[2] >> 4) & 0x0f0f0f0f) | (((w[1] >> 6) & 0x03030303) << 4);
 }
 
 /* Quantizes one row x[n] (n % 32 == 0) into dst (qact_row_bytes(n),

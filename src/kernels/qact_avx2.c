@@ -71,12 +71,7 @@ void qact_quantize_avx2(const float *x, int64_t n, void *dst)
         s16[2 * c] = (int16_t)sh0;
         s16[2 * c + 1] = (int16_t)sh1;
     }
-    memset(qs + nc * 32, 0, (size_t)(np - nc * 32));
-    for (int64_t c = nc; c < np / QACT_CHUNK; c++) {
-        d[c] = 0.0f;
-        s32[c] = 0;
-        s16[2 * c] = s16[2 * c + 1] = 0;
-    }
+    qact_pad_tail(dst, n);
 }
 
 /* ---- weight unpacking: chunk c of a row -> 32 codes in value order ---- */
@@ -209,16 +204,6 @@ AI void half_sums(uint32_t t, const uint8_t *w, int64_t c0, int nvalid, const qa
                                 _mm256_permute2x128_si256(Qv[k][0], Qv[k][1], 0x31));
 }
 
-/* The 12-byte q4_K/q5_K scales as sc[0..7] and m[0..7] bytes. */
-AI void k4_scales(const uint8_t *q, uint32_t u[4])
-{
-    uint32_t w[3];
-    memcpy(w, q, 12);
-    u[0] = w[0] & 0x3f3f3f3f;
-    u[1] = (w[2] & 0x0f0f0f0f) | (((w[0] >> 6) & 0x03030303) << 4);
-    u[2] = w[1] & 0x3f3f3f3f;
-    u[3] = ((w[2] >> 4) & 0x0f0f0f0f) | (((w[1] >> 6) & 0x03030303) << 4);
-}
 
 /* acc[k] += v_c for chunks c0 .. c0+7 (nvalid of them exist). */
 AI void half_dot(uint32_t t, const uint8_t *w, int64_t c0, int nvalid, const qact_view *xv, int nt,
@@ -240,7 +225,7 @@ AI void half_dot(uint32_t t, const uint8_t *w, int64_t c0, int nvalid, const qac
         } else {
             const block_q4_K *b = (const block_q4_K *)blk; /* same header for q5_K */
             uint32_t u[4];
-            k4_scales(b->scales, u);
+            qact_k4_scales(b->scales, u);
             sc = _mm256_cvtepu8_epi32(_mm_setr_epi32((int)u[0], (int)u[1], 0, 0));
             mn = _mm256_cvtepu8_epi32(_mm_setr_epi32((int)u[2], (int)u[3], 0, 0));
             A = _mm256_set1_ps(kv_fp16_to_f32(b->d));

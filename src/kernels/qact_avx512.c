@@ -57,12 +57,7 @@ void qact_quantize_avx512(const float *x, int64_t n, void *dst)
         s16[2 * c] = (int16_t)h0;
         s16[2 * c + 1] = (int16_t)h1;
     }
-    memset(qs + nc * 32, 0, (size_t)(np - nc * 32));
-    for (int64_t c = nc; c < np / QACT_CHUNK; c++) {
-        d[c] = 0.0f;
-        s32[c] = 0;
-        s16[2 * c] = s16[2 * c + 1] = 0;
-    }
+    qact_pad_tail(dst, n);
 }
 
 /* ---- weight unpacking: chunk pair p (chunks 2p, 2p+1) of a group ---- */
@@ -160,17 +155,6 @@ AI __m512i unpack_k(uint32_t t, const uint8_t *wg, int p)
     return x;
 }
 
-/* The 12-byte q4_K/q5_K scales field as u[0..1] = sc[0..7] bytes,
- * u[2..3] = m[0..7] bytes: qref_scale_min_k4 on 32-bit words (ggml's). */
-AI void k4_scales(const uint8_t *q, uint32_t u[4])
-{
-    uint32_t w[3];
-    memcpy(w, q, 12);
-    u[0] = w[0] & 0x3f3f3f3f;
-    u[1] = (w[2] & 0x0f0f0f0f) | (((w[0] >> 6) & 0x03030303) << 4);
-    u[2] = w[1] & 0x3f3f3f3f;
-    u[3] = ((w[2] >> 4) & 0x0f0f0f0f) | (((w[1] >> 6) & 0x03030303) << 4);
-}
 
 /* Per-group weight scales: A, B per chunk lane; for K types the integer
  * sub-block scales (sc, m) or q6_K's half scales (sc6[2]). */
@@ -212,8 +196,8 @@ AI group_scales load_scales(uint32_t t, const uint8_t *wg, int nv)
     /* q4_K / q5_K share d, dmin, scales at the same offsets */
     const block_q4_K *b0 = (const block_q4_K *)wg, *b1 = (const block_q4_K *)(wg + bs);
     uint32_t u0[4], u1[4];
-    k4_scales(b0->scales, u0);
-    k4_scales(b1->scales, u1);
+    qact_k4_scales(b0->scales, u0);
+    qact_k4_scales(b1->scales, u1);
     s.sc = _mm512_cvtepu8_epi32(_mm_setr_epi32((int)u0[0], (int)u0[1], (int)u1[0], (int)u1[1]));
     s.m = _mm512_cvtepu8_epi32(_mm_setr_epi32((int)u0[2], (int)u0[3], (int)u1[2], (int)u1[3]));
     s.A = _mm512_insertf32x8(_mm512_set1_ps(kv_fp16_to_f32(b0->d)),

@@ -61,6 +61,20 @@ void qact_quantize_ref(const float *x, int64_t n, void *dst)
     }
 }
 
+void qact_pad_tail(void *dst, int64_t n)
+{
+    const int64_t np = qact_padded(n), nc = n / QACT_CHUNK;
+    float *d = (float *)((uint8_t *)dst + np);
+    int32_t *s32 = (int32_t *)((uint8_t *)dst + np + np / 8);
+    int16_t *s16 = (int16_t *)((uint8_t *)dst + np + np / 4);
+    memset((int8_t *)dst + nc * QACT_CHUNK, 0, (size_t)(np - nc * QACT_CHUNK));
+    for (int64_t c = nc; c < np / QACT_CHUNK; c++) {
+        d[c] = 0.0f;
+        s32[c] = 0;
+        s16[2 * c] = s16[2 * c + 1] = 0;
+    }
+}
+
 /* One chunk's integer terms and float scales. */
 typedef struct chunk_terms {
     int32_t I, J;
