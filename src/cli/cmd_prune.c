@@ -26,19 +26,23 @@ typedef struct pr_opts {
     cli_common c;
 } pr_opts;
 
-static const char usage_text[] =
-    "usage: kvant prune IN.gguf OUT.gguf --calib FILE [options]\n"
-    "  --calib FILE         calibration text (at least 256 tokens; required)\n"
-    "  --target-params F    keep fraction F of all parameters, 0 < F < 1 (unset)\n"
-    "  --method M           what --target-params removes: depth (default), width, both\n"
-    "  --drop-layers N      remove the N layers of lowest Block Influence (0)\n"
-    "  --ffn-keep F         keep fraction F of the FFN channels (unset)\n"
-    "  --ffn-uniform        the same FFN width in every layer (default: global ranking)\n"
-    "  --heads-keep F       keep round(F * n_head_kv) KV-head groups per layer (unset)\n"
-    "  --no-bias            no bias compensation (default: removed channels and heads\n"
-    "                       are replaced by their calibration mean in a bias)\n"
-    "  -t N                 threads for the calibration pass (all cores)\n"
-    "  --json               print the summary as JSON\n";
+static void prune_help(void)
+{
+    static const cli_opt t[] = {
+        {"--calib", "FILE", "calibration text, at least 256 tokens (required)", NULL},
+        {"--target-params", "F", "keep fraction F of all parameters, 0 < F < 1", "unset"},
+        {"--method", "M", "what --target-params removes: depth, width or both", "depth"},
+        {"--drop-layers", "N", "remove the N layers of lowest Block Influence", "0"},
+        {"--ffn-keep", "F", "keep fraction F of the FFN channels", "unset"},
+        {"--ffn-uniform", NULL, "the same FFN width in every layer", "off: global ranking"},
+        {"--heads-keep", "F", "keep round(F * n_head_kv) KV-head groups per layer", "unset"},
+        {"--no-bias", NULL, "no bias compensation (removed channels and heads are otherwise "
+                            "replaced by their calibration mean in a bias)", "off"},
+    };
+    cli_help("kvant prune IN.gguf OUT.gguf --calib FILE [options]",
+             "Writes a structurally pruned copy of IN.gguf (OUT is written atomically).", t,
+             CLI_N_OPTS(t));
+}
 
 static int parse_fraction(const char *opt, const char *v, double *out)
 {
@@ -46,9 +50,8 @@ static int parse_fraction(const char *opt, const char *v, double *out)
     if (cli_parse_float(opt, v, -1e9, 1e9, &d))
         return 2;
     if (!(d > 0 && d < 1)) {
-        fprintf(stderr, "kvant prune: %s %s: must be in (0, 1) (1 or more keeps everything)\n",
-                opt, v);
-        return 2;
+        return cli_err_usage("prune", "%s %s: must be in (0, 1) (1 or more keeps everything)",
+                             opt, v);
     }
     *out = d;
     return 0;
@@ -62,8 +65,11 @@ static int parse_opt(pr_opts *o, int argc, char **argv, int *i)
         *(a[2] == 'f' ? &o->rq.ffn_uniform : &o->rq.no_bias) = 1;
         return 0;
     }
+    if (strcmp(a, "--calib") && strcmp(a, "--target-params") && strcmp(a, "--ffn-keep") &&
+        strcmp(a, "--heads-keep") && strcmp(a, "--drop-layers") && strcmp(a, "--method"))
+        return cli_err_unknown("prune", a);
     if (!(v = cli_value(argc, argv, i)))
-        return 2;
+        return CLI_EXIT_USAGE;
     if (!strcmp(a, "--calib")) {
         o->calib = v;
     } else if (!strcmp(a, "--target-params")) {
@@ -83,13 +89,8 @@ static int parse_opt(pr_opts *o, int argc, char **argv, int *i)
             o->rq.method = PRUNE_WIDTH;
         else if (!strcmp(v, "both"))
             o->rq.method = PRUNE_BOTH;
-        else {
-            fprintf(stderr, "kvant prune: --method %s: expected depth, width or both\n", v);
-            return 2;
-        }
-    } else {
-        fprintf(stderr, "kvant prune: unknown option '%s'\n%s", a, usage_text);
-        return 2;
+        else
+            return cli_err_usage("prune", "--method %s: expected depth, width or both", v);
     }
     return 0;
 }
@@ -100,8 +101,8 @@ static int parse_args(pr_opts *o, int argc, char **argv)
     cli_common_init(&o->c);
     o->rq = prune_request_default();
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            fputs(usage_text, stdout);
+        if (cli_is_help(argv[i])) {
+            prune_help();
             return 1;
         }
         int r = cli_common_parse(&o->c, argc, argv, &i), rc;
@@ -117,14 +118,13 @@ static int parse_args(pr_opts *o, int argc, char **argv)
         } else if (!o->out) {
             o->out = argv[i];
         } else {
-            fprintf(stderr, "kvant prune: unexpected argument '%s'\n", argv[i]);
-            return 2;
+            return cli_err_usage("prune", "unexpected argument '%s'", argv[i]);
         }
     }
-    if (!o->in || !o->out || !o->calib) {
-        fputs(usage_text, stderr);
-        return 2;
-    }
+    if (!o->in || !o->out)
+        return cli_err_usage("prune", "IN.gguf and OUT.gguf are required");
+    if (!o->calib)
+        return cli_err_usage("prune", "--calib FILE is required");
     return 0;
 }
 

@@ -171,7 +171,7 @@ def test_prune_refused(run_kvant, synthetic_dir, tmp_path):
         (["--calib", CALIB], "nothing to prune"),
         (["--calib", CALIB, "--target-params", "0.01", "--method", "width"], "cannot be reached"),
         (["--calib", CALIB, "--heads-keep", "0.1"], "removes all"),
-        (["--drop-layers", "1"], "usage"),
+        (["--drop-layers", "1"], "--calib FILE is required"),
     ]
     for args, msg in cases:
         r = run_kvant(["prune", src, out, *args])
