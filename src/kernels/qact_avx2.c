@@ -43,6 +43,7 @@ void qact_quantize_avx2(const float *x, int64_t n, void *dst)
     for (int64_t c = 0; c < nc; c++) {
         const float *xc = x + c * 32;
         __m256 v[4];
+        #pragma GCC unroll 8
         for (int i = 0; i < 4; i++)
             v[i] = _mm256_loadu_ps(xc + 8 * i);
         __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absm), _mm256_and_ps(v[1], absm)),
@@ -55,6 +56,7 @@ void qact_quantize_avx2(const float *x, int64_t n, void *dst)
         const float id = dc != 0.0f ? 1.0f / dc : 0.0f;
         const __m256 vid = _mm256_set1_ps(id);
         __m256i q[4];
+        #pragma GCC unroll 8
         for (int i = 0; i < 4; i++)
             q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid));
         /* |q| <= 127: the saturating packs are exact */
@@ -168,13 +170,17 @@ AI void half_sums(uint32_t t, const uint8_t *w, int64_t c0, int nvalid, const qa
 {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i Qv[NTM][2];
+    #pragma GCC unroll 8
     for (int q = 0; q < 2; q++) {
         __m256i Pr[NTM][2];
+        #pragma GCC unroll 8
         for (int pp = 0; pp < 2; pp++) {
             __m256i P[NTM][2];
+            #pragma GCC unroll 8
             for (int e = 0; e < 2; e++) {
                 const int ci = 4 * q + 2 * pp + e;
                 if (ci >= nvalid) {
+                    #pragma GCC unroll 8
                     for (int k = 0; k < nt; k++)
                         P[k][e] = _mm256_setzero_si256();
                     continue;
@@ -237,6 +243,7 @@ AI void half_dot(uint32_t t, const uint8_t *w, int64_t c0, int nvalid, const qac
                                                                             : sizeof(block_q8_0);
         const int has_m = t == DT_Q4_1 || t == DT_Q5_1;
         _Alignas(16) uint16_t dh[8] = {0}, mh[8] = {0};
+        #pragma GCC unroll 8
         for (int i = 0; i < nvalid; i++) {
             const uint8_t *b = w + (size_t)(c0 + i) * bs;
             memcpy(&dh[i], b, 2);
@@ -293,6 +300,7 @@ AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs
 {
     qact_view xv[NTM];
     __m256 acc[NTM][2];
+    #pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         xv[k] = qact_view_of((const uint8_t *)xq + (size_t)k * xs, n);
         acc[k][0] = acc[k][1] = _mm256_setzero_ps();
@@ -300,18 +308,38 @@ AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs
     const uint8_t *wb = w;
     const int64_t nc = n / QACT_CHUNK;
     const size_t cb = chunk_wbytes(t);
-    for (int64_t c0 = 0; c0 < nc; c0 += 8) {
-        const int nvalid = (int)(nc - c0 < 8 ? nc - c0 : 8);
-        for (size_t o = 0; o < 8 * cb; o += 64)
+    /* full 16-chunk groups: both halves with constant lane and count */
+    int64_t c0 = 0;
+    for (; c0 + 16 <= nc; c0 += 16) {
+        for (size_t o = 0; o < 16 * cb; o += 64)
             _mm_prefetch((const char *)wb + c0 * cb + QACT2_PREFETCH + o, _MM_HINT_T0);
+        __m256 a0[NTM], a1[NTM];
+        #pragma GCC unroll 8
+        for (int k = 0; k < nt; k++) {
+            a0[k] = acc[k][0];
+            a1[k] = acc[k][1];
+        }
+        half_dot(t, wb, c0, 8, xv, nt, a0);
+        half_dot(t, wb, c0 + 8, 8, xv, nt, a1);
+        #pragma GCC unroll 8
+        for (int k = 0; k < nt; k++) {
+            acc[k][0] = a0[k];
+            acc[k][1] = a1[k];
+        }
+    }
+    for (; c0 < nc; c0 += 8) { /* the last, partial group */
+        const int nvalid = (int)(nc - c0 < 8 ? nc - c0 : 8);
         __m256 a[NTM];
         const int h = (int)((c0 / 8) & 1);
+        #pragma GCC unroll 8
         for (int k = 0; k < nt; k++)
             a[k] = acc[k][h];
         half_dot(t, wb, c0, nvalid, xv, nt, a);
+        #pragma GCC unroll 8
         for (int k = 0; k < nt; k++)
             acc[k][h] = a[k];
     }
+    #pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         float l[QACT_LANES];
         _mm256_storeu_ps(l, acc[k][0]);
@@ -323,7 +351,12 @@ AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs
 #define SIMD_DOT(name, type)                                                                   \
     static void name(int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out) \
     {                                                                                          \
-        dot_type(type, n, w, xq, xs, nt, out);                                                 \
+        switch (nt) { /* a constant token count keeps the tiles in registers */              \
+        case 1: dot_type(type, n, w, xq, xs, 1, out); break;                                   \
+        case 2: dot_type(type, n, w, xq, xs, 2, out); break;                                   \
+        case 3: dot_type(type, n, w, xq, xs, 3, out); break;                                   \
+        default: dot_type(type, n, w, xq, xs, NTM, out); break;                                \
+        }                                                                                      \
     }
 SIMD_DOT(v2_q4_0, DT_Q4_0)
 SIMD_DOT(v2_q4_1, DT_Q4_1)

@@ -218,13 +218,17 @@ AI void group_raw(uint32_t t, const uint8_t *wg, const qact_view *xv, int64_t g,
                   int npairs, const group_scales *gs, __m512i S[NTM])
 {
     __m512i R[NTM][2];
+    #pragma GCC unroll 8
     for (int h = 0; h < 2; h++) {
         __m512i Q[NTM][2];
+        #pragma GCC unroll 8
         for (int qd = 0; qd < 2; qd++) {
             __m512i P[NTM][2];
+            #pragma GCC unroll 8
             for (int pp = 0; pp < 2; pp++) {
                 const int p = 4 * h + 2 * qd + pp;
                 if (p >= npairs) {
+                    #pragma GCC unroll 8
                     for (int k = 0; k < nt; k++)
                         P[k][pp] = _mm512_setzero_si512();
                     continue;
@@ -298,6 +302,7 @@ AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs
 {
     qact_view xv[NTM];
     __m512 acc[NTM];
+    #pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         xv[k] = qact_view_of((const uint8_t *)xq + (size_t)k * xs, n);
         acc[k] = _mm512_setzero_ps();
@@ -324,6 +329,7 @@ AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs
         }
         group_dot(t, wt, xv, full, nt, (tc + 1) / 2, is_k(t) ? tc / 8 : tc, acc);
     }
+    #pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         float a[QACT_LANES];
         _mm512_storeu_ps(a, acc[k]);
@@ -334,7 +340,12 @@ AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs
 #define SIMD_DOT(name, type)                                                                   \
     static void name(int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out) \
     {                                                                                          \
-        dot_type(type, n, w, xq, xs, nt, out);                                                 \
+        switch (nt) { /* a constant token count keeps the tiles in registers */              \
+        case 1: dot_type(type, n, w, xq, xs, 1, out); break;                                   \
+        case 2: dot_type(type, n, w, xq, xs, 2, out); break;                                   \
+        case 3: dot_type(type, n, w, xq, xs, 3, out); break;                                   \
+        default: dot_type(type, n, w, xq, xs, NTM, out); break;                                \
+        }                                                                                      \
     }
 SIMD_DOT(vq_q4_0, DT_Q4_0)
 SIMD_DOT(vq_q4_1, DT_Q4_1)
