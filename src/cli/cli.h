@@ -34,6 +34,7 @@ typedef struct cli_common {
     uint32_t kv_dtype;   /* KV cache element type (DT_F16 default) */
     const char *backend; /* "cpu" (default) or "cuda" */
     int exact;           /* --exact: f32 activations in every matmul (reference path) */
+    int no_pack;         /* --no-pack: weights stay in the file's layout */
     int device;
 } cli_common;
 

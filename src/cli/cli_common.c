@@ -100,6 +100,9 @@ void cli_common_help(FILE *f)
          c.exact ? "on" : "off"},
         {"--act-q8", NULL, "int8 activations in quantized matmuls (undoes --exact)",
          c.exact ? "off" : "on"},
+        {"--no-pack", NULL, "keep weights in the file's layout instead of repacking "
+                            "Q4_0/Q4_1/Q8_0 at load for the int8 kernels (slower)",
+         c.no_pack ? "on" : "off"},
         {"--json", NULL, "print the results as JSON", c.json ? "on" : "off"},
         {"--device-memory", "SIZE", "memory budget base, bytes or with K/M/G/T, Ki/Mi/Gi/Ti",
          "device total; CPU: available RAM"},
@@ -225,6 +228,10 @@ int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
         c->exact = 1;
         return 1;
     }
+    if (!strcmp(a, "--no-pack")) {
+        c->no_pack = 1;
+        return 1;
+    }
     if (!strcmp(a, "--act-q8")) { /* the default since int8 activations run on every ISA */
         c->exact = 0;
         return 1;
@@ -267,6 +274,7 @@ void cli_engine_config(const cli_common *c, engine_config *ec)
     ec->kv_dtype = c->kv_dtype;
     ec->weights_dtype = c->weights_dtype;
     ec->exact = c->exact;
+    ec->no_pack = c->no_pack;
 }
 
 char *cli_read_file(const char *path, size_t *len, kvant_err *err)
@@ -337,7 +345,7 @@ int cli_session_open(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t
     if (!s->mem)
         return KV_ENOMEM;
     s->be = backend_create(c->backend, c->device, s->mem, c->n_threads,
-                           c->exact ? BACKEND_EXACT : 0, err);
+                           (c->exact ? BACKEND_EXACT : 0) | (c->no_pack ? BACKEND_NO_PACK : 0), err);
     if (!s->be)
         goto fail;
     s->m = model_load(c->model_path, err);

@@ -211,7 +211,8 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     if (e->cfg.test_fail_nth)
         mem_fail_nth(e->mem, e->cfg.test_fail_nth);
     e->be = backend_create(e->cfg.backend, e->cfg.device, e->mem, e->cfg.n_threads,
-                           e->cfg.exact ? BACKEND_EXACT : 0, err);
+                           (e->cfg.exact ? BACKEND_EXACT : 0) | (e->cfg.no_pack ? BACKEND_NO_PACK : 0),
+                           err);
     if (!e->be)
         return KV_ENOMEM;
     if (e->cfg.weights_dtype >= 0) {

@@ -46,6 +46,7 @@ typedef struct engine_config {
     int32_t weights_dtype;         /* -1 = as stored; else quantize matrices at load */
     int exact;                     /* 1: f32 activations in every matmul (reference path);
                                     * 0 (default): int8 activations for quantized weights */
+    int no_pack;                   /* 1: no load-time weight repacking (CPU) */
     int32_t kv_blocks_override;    /* >0: use exactly this many KV blocks (tests) */
     int print_plan;                /* print the start-up memory lines to stderr */
     int manual;                    /* tests: no engine thread; drive with engine_run_step */

@@ -39,6 +39,11 @@ typedef enum dtype {
     DT_COUNT = 31 /* table length; values without traits are unsupported */
 } dtype;
 
+/* A matmul type tag, or'ed onto a dtype: the weight rows are packed at
+ * load into the kernels' layout (kernels/qpack.h, kernels/matmul.h).
+ * Never stored in a file and never a traits-table index. */
+#define DT_PACKED 0x100u
+
 #define QK4_0 32
 #define QK4_1 32
 #define QK5_0 32

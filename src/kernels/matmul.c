@@ -17,6 +17,7 @@
 
 #include "kernels/dtype.h"
 #include "kernels/qact.h"
+#include "kernels/qpack.h"
 #include "kernels/quant_ref.h"
 #include "util/arch.h"
 #include "util/err.h"
@@ -40,21 +41,32 @@ static qact_quantize_fn qact_quantizer(void)
     return qact_quantize_ref;
 }
 
+/* The dot kernel for `type` (DT_PACKED: packed rows) on the selected ISA. */
 static qact_dot_fn qact_dot_for(uint32_t type)
 {
 #if KVANT_X86
     const char *isa = dtype_isa();
+    if (type & DT_PACKED) {
+        if (strcmp(isa, "avx512") == 0)
+            return qpack_dot_avx512(qpack_base(type));
+        return strcmp(isa, "avx2") == 0 ? qpack_dot_avx2(qpack_base(type)) : NULL;
+    }
     if (strcmp(isa, "avx512") == 0)
         return qact_dot_avx512(type);
     if (strcmp(isa, "avx2") == 0)
         return qact_dot_avx2(type);
 #endif
-    return qact_dot_ref(type);
+    return type & DT_PACKED ? NULL : qact_dot_ref(type);
 }
 
 int dtype_matmul_uses_qact(uint32_t type)
 {
-    return qact_dot_ref(type) != NULL;
+    return qact_dot_ref(qpack_base(type)) != NULL;
+}
+
+int dtype_matmul_packs(uint32_t type, int64_t n)
+{
+    return qpack_supported(type, n) && qact_dot_for(type | DT_PACKED) != NULL;
 }
 
 size_t dtype_matmul_scratch_bytes(uint32_t type, int64_t n, int64_t n_tok)
@@ -71,13 +83,16 @@ void dtype_matmul_quantize(uint32_t type, const float *x, int64_t n, int64_t n_t
     KV_ASSERT(n % QACT_CHUNK == 0);
     const size_t rb = qact_row_bytes(n);
     const qact_quantize_fn quant = qact_quantizer();
-    for (int64_t t = 0; t < n_tok; t++)
+    for (int64_t t = 0; t < n_tok; t++) {
         quant(x + t * n, n, (uint8_t *)xq + (size_t)t * rb);
+        if (type & DT_PACKED)
+            qpack_interleave_act((uint8_t *)xq + (size_t)t * rb, n);
+    }
 }
 
 static int64_t row_tile_for(uint32_t type, int64_t n)
 {
-    const size_t row_bytes = dtype_row_size(type, n);
+    const size_t row_bytes = dtype_row_size(qpack_base(type), n);
     const int64_t row_tile = (int64_t)(MM_ROW_TILE_BYTES / (row_bytes ? row_bytes : 1));
     return row_tile < 1 ? 1 : row_tile;
 }
@@ -121,6 +136,7 @@ static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int
                       int64_t y_stride)
 {
     const qact_dot_fn dot = qact_dot_for(type);
+    KV_ASSERT(dot != NULL);
     const size_t rb = qact_row_bytes(n);
     const int64_t row_tile = row_tile_for(type, n);
     int64_t tok_tile = (int64_t)(MM_TOK_TILE_BYTES / rb);
@@ -148,7 +164,7 @@ void dtype_matmul_rows_q(uint32_t type, const void *w, size_t row_stride_bytes,
                          int64_t row_begin, int64_t row_end, int64_t n, const float *x,
                          const void *xq, int64_t n_tok, float *y, int64_t y_stride)
 {
-    const dtype_traits *tr = dtype_get(type);
+    const dtype_traits *tr = dtype_get(qpack_base(type));
     KV_ASSERT(tr != NULL);
     KV_ASSERT(n > 0 && n % tr->block_size == 0);
     if (!dtype_matmul_uses_qact(type)) {

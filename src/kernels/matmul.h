@@ -16,6 +16,8 @@
  *   exact (dtype_matmul_rows; `--exact`, the output head, and the
  *     reference tests): y = the type's vec_dot(row, x_t) bitwise, f32
  *     activations.
+ *   packed (type | DT_PACKED, qact path only): rows repacked at load by
+ *     qpack_rows; same results as the stored rows, bitwise.
  * Contract (both paths): y[t][r] is a deterministic function of (row r,
  * x_t) only: independent of n_tok, of the other tokens in the batch, of
  * row_begin/row_end and of the thread count (batch invariance).
@@ -29,6 +31,11 @@
 /* 1 when `type` has an activation-quantized path (on every ISA); 0 for
  * types that always take the exact f32 path. */
 int dtype_matmul_uses_qact(uint32_t type);
+
+/* 1 when weights of `type` with rows of n values can be packed at load
+ * (kernels/qpack.h) and the selected ISA has a kernel for packed rows;
+ * the caller then passes type | DT_PACKED to the functions below. */
+int dtype_matmul_packs(uint32_t type, int64_t n);
 
 /* Bytes of quantized activations for n_tok rows of n values of a matmul
  * against `type` weights; 0 when the type takes the exact path. */

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "kernels/qact.h"
+#include "kernels/qpack.h"
 #include "kernels/quant_ref.h"
 
 #define AI static inline __attribute__((always_inline))
@@ -296,6 +297,25 @@ AI size_t chunk_wbytes(uint32_t t)
     }
 }
 
+/* acc[k][c0/8 % 2] += v_c for the chunks of the last, partial group
+ * [c0, nc), in the stored layout (packed rows keep it there too). */
+AI void tail_dot(uint32_t t, const uint8_t *wb, int64_t c0, int64_t nc, const qact_view *xv,
+                 int nt, __m256 acc[NTM][2])
+{
+    for (; c0 < nc; c0 += 8) {
+        const int nvalid = (int)(nc - c0 < 8 ? nc - c0 : 8);
+        __m256 a[NTM];
+        const int h = (int)((c0 / 8) & 1);
+#pragma GCC unroll 8
+        for (int k = 0; k < nt; k++)
+            a[k] = acc[k][h];
+        half_dot(t, wb, c0, nvalid, xv, nt, a);
+#pragma GCC unroll 8
+        for (int k = 0; k < nt; k++)
+            acc[k][h] = a[k];
+    }
+}
+
 AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out)
 {
     qact_view xv[NTM];
@@ -327,19 +347,119 @@ AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs
             acc[k][1] = a1[k];
         }
     }
-    for (; c0 < nc; c0 += 8) { /* the last, partial group */
-        const int nvalid = (int)(nc - c0 < 8 ? nc - c0 : 8);
-        __m256 a[NTM];
-        const int h = (int)((c0 / 8) & 1);
-        #pragma GCC unroll 8
-        for (int k = 0; k < nt; k++)
-            a[k] = acc[k][h];
-        half_dot(t, wb, c0, nvalid, xv, nt, a);
-        #pragma GCC unroll 8
-        for (int k = 0; k < nt; k++)
-            acc[k][h] = a[k];
-    }
+    tail_dot(t, wb, c0, nc, xv, nt, acc);
     #pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        float l[QACT_LANES];
+        _mm256_storeu_ps(l, acc[k][0]);
+        _mm256_storeu_ps(l + 8, acc[k][1]);
+        out[k] = qact_reduce16(l);
+    }
+}
+
+/* ---- packed rows (kernels/qpack.h) ----
+ * Every 4-byte lane of a packed code vector belongs to one chunk, so
+ * VPMADDUBSW + VPMADDWD leave each chunk's partial sums in its own lane
+ * and plain vertical adds finish them: no horizontal reduction.  q4_0 and
+ * q4_1 add eight VPMADDUBSW results in int16 first (|pair| <= 2*15*127,
+ * eight of them <= 30480: exact). */
+
+/* S[k] lane i = exact sum of chunk 8h+i of one full group for token k;
+ * qs: the group's packed codes, ag[k]: token k's interleaved codes. */
+AI void pk_half_sums(uint32_t t, const uint8_t *qs, int h, const int8_t *const ag[NTM], int nt,
+                     __m256i S[NTM])
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (t == DT_Q8_0) {
+#pragma GCC unroll 8
+        for (int k = 0; k < nt; k++)
+            S[k] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 64 * r + 32 * h));
+            const __m256i aw = _mm256_abs_epi8(w);
+#pragma GCC unroll 8
+            for (int k = 0; k < nt; k++) {
+                const __m256i a = _mm256_loadu_si256((const __m256i *)(ag[k] + 64 * r + 32 * h));
+                S[k] = _mm256_add_epi32(
+                    S[k], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(a, w)), ones));
+            }
+        }
+        return;
+    }
+    const __m256i lo4 = _mm256_set1_epi8(0x0F);
+    __m256i s16[NTM];
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++)
+        s16[k] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int i = 0; i < 4; i++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * i + 32 * h));
+        const __m256i lo = _mm256_and_si256(v, lo4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+#pragma GCC unroll 8
+        for (int k = 0; k < nt; k++) {
+            const int8_t *a = ag[k] + 128 * i + 32 * h;
+            const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)a));
+            const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(a + 64)));
+            s16[k] = _mm256_add_epi16(s16[k], _mm256_add_epi16(p0, p1));
+        }
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++)
+        S[k] = _mm256_madd_epi16(s16[k], ones);
+}
+
+AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, int nt,
+                    float *out)
+{
+    qact_view xv[NTM];
+    __m256 acc[NTM][2];
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        xv[k] = qact_view_of((const uint8_t *)xq + (size_t)k * xs, n);
+        acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+    }
+    const uint8_t *wb = w;
+    const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
+    const size_t gb = QACT_LANES * chunk_wbytes(t), hb = (t == DT_Q4_1 ? 2 : 1) * 32;
+    for (int64_t g = 0; g < full; g++) {
+        const uint8_t *wg = wb + g * gb;
+        for (size_t o = 0; o < gb; o += 64)
+            _mm_prefetch((const char *)wg + QACT2_PREFETCH + o, _MM_HINT_T0);
+        const int8_t *ag[NTM];
+#pragma GCC unroll 8
+        for (int k = 0; k < nt; k++)
+            ag[k] = xv[k].qs + g * QACT_GROUP;
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            __m256i S[NTM];
+            pk_half_sums(t, wg + hb, h, ag, nt, S);
+            const int64_t c0 = g * QACT_LANES + 8 * h;
+            const __m256 A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wg + 16 * h)));
+            const __m256 B = t == DT_Q4_1
+                                 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wg + 32 + 16 * h)))
+                                 : _mm256_setzero_ps();
+#pragma GCC unroll 8
+            for (int k = 0; k < nt; k++) {
+                const __m256 da = _mm256_loadu_ps(xv[k].d + c0);
+                __m256i I = S[k];
+                if (t == DT_Q4_0)
+                    I = _mm256_sub_epi32(I, _mm256_slli_epi32(
+                                                _mm256_loadu_si256((const __m256i *)(xv[k].s32 + c0)), 3));
+                __m256 v = _mm256_mul_ps(_mm256_mul_ps(A, da), _mm256_cvtepi32_ps(I));
+                /* q4_0, q8_0: the reference's second term is +0, and adding
+                 * +0 to v and then to acc (never -0) changes nothing */
+                if (t == DT_Q4_1) {
+                    const __m256i J = _mm256_loadu_si256((const __m256i *)(xv[k].s32 + c0));
+                    v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_mul_ps(B, da), _mm256_cvtepi32_ps(J)));
+                }
+                acc[k][h] = _mm256_add_ps(acc[k][h], v);
+            }
+        }
+    }
+    tail_dot(t, wb, full * QACT_LANES, nc, xv, nt, acc);
+#pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         float l[QACT_LANES];
         _mm256_storeu_ps(l, acc[k][0]);
@@ -366,6 +486,20 @@ SIMD_DOT(v2_q8_0, DT_Q8_0)
 SIMD_DOT(v2_q4_K, DT_Q4_K)
 SIMD_DOT(v2_q5_K, DT_Q5_K)
 SIMD_DOT(v2_q6_K, DT_Q6_K)
+#define PK_DOT(name, type)                                                                     \
+    static void name(int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out) \
+    {                                                                                          \
+        switch (nt) {                                                                          \
+        case 1: pk_dot_type(type, n, w, xq, xs, 1, out); break;                                \
+        case 2: pk_dot_type(type, n, w, xq, xs, 2, out); break;                                \
+        case 3: pk_dot_type(type, n, w, xq, xs, 3, out); break;                                \
+        default: pk_dot_type(type, n, w, xq, xs, NTM, out); break;                             \
+        }                                                                                      \
+    }
+PK_DOT(p2_q4_0, DT_Q4_0)
+PK_DOT(p2_q4_1, DT_Q4_1)
+PK_DOT(p2_q8_0, DT_Q8_0)
+#undef PK_DOT
 #undef SIMD_DOT
 
 qact_dot_fn qact_dot_avx2(uint32_t type)
@@ -379,6 +513,16 @@ qact_dot_fn qact_dot_avx2(uint32_t type)
     case DT_Q4_K: return v2_q4_K;
     case DT_Q5_K: return v2_q5_K;
     case DT_Q6_K: return v2_q6_K;
+    default: return NULL;
+    }
+}
+
+qact_dot_fn qpack_dot_avx2(uint32_t type)
+{
+    switch (type) {
+    case DT_Q4_0: return p2_q4_0;
+    case DT_Q4_1: return p2_q4_1;
+    case DT_Q8_0: return p2_q8_0;
     default: return NULL;
     }
 }

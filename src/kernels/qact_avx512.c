@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kernels/qact.h"
+#include "kernels/qpack.h"
 #include "kernels/quant_ref.h"
 
 #define AI static inline __attribute__((always_inline))
@@ -298,6 +299,25 @@ AI size_t group_wbytes(uint32_t t, int64_t chunks)
 
 #define QACT_PREFETCH 2048 /* bytes ahead of the weights being dotted */
 
+/* acc += the last, partial group's chunks (tc > 0 of them, stored layout,
+ * also in packed rows). */
+AI void tail_group(uint32_t t, const void *w, int64_t full, int tc, const qact_view *xv, int nt,
+                   __m512 acc[NTM])
+{
+    const size_t gb = group_wbytes(t, QACT_LANES);
+    /* Chunks past the row score +0 in every lane (zero activations,
+     * finite or zero scales): the reference's sum.  An odd count would
+     * read one block past the row: copy it to a zero-padded buffer. */
+    const uint8_t *wt = (const uint8_t *)w + full * gb;
+    _Alignas(64) uint8_t tail[QACT_LANES * sizeof(block_q8_0) + 64];
+    if (tc % 2) {
+        memset(tail, 0, sizeof tail);
+        memcpy(tail, wt, group_wbytes(t, tc));
+        wt = tail;
+    }
+    group_dot(t, wt, xv, full, nt, (tc + 1) / 2, is_k(t) ? tc / 8 : tc, acc);
+}
+
 AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out)
 {
     qact_view xv[NTM];
@@ -316,20 +336,100 @@ AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs
         group_dot(t, (const uint8_t *)w + g * gb, xv, g, nt, 8, is_k(t) ? 2 : 16, acc);
     }
     const int tc = (int)(nc % QACT_LANES); /* chunks in the last, partial group */
-    if (tc) {
-        /* Chunks past the row score +0 in every lane (zero activations,
-         * finite or zero scales): the reference's sum.  An odd count would
-         * read one block past the row: copy it to a zero-padded buffer. */
-        const uint8_t *wt = (const uint8_t *)w + full * gb;
-        _Alignas(64) uint8_t tail[QACT_LANES * sizeof(block_q8_0) + 64];
-        if (tc % 2) {
-            memset(tail, 0, sizeof tail);
-            memcpy(tail, wt, group_wbytes(t, tc));
-            wt = tail;
-        }
-        group_dot(t, wt, xv, full, nt, (tc + 1) / 2, is_k(t) ? tc / 8 : tc, acc);
-    }
+    if (tc)
+        tail_group(t, w, full, tc, xv, nt, acc);
     #pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        float a[QACT_LANES];
+        _mm512_storeu_ps(a, acc[k]);
+        out[k] = qact_reduce16(a);
+    }
+}
+
+/* ---- packed rows (kernels/qpack.h) ----
+ * Every 4-byte lane of a packed code vector belongs to one chunk, so
+ * VPDPBUSD leaves chunk c's sum in lane c directly: eight of them per
+ * group and token (two accumulators to halve the dependency chain), no
+ * combine steps.  q8_0 feeds w + 128 (xor 0x80) as in group_raw. */
+AI void pk_group(uint32_t t, const uint8_t *wg, const qact_view *xv, int64_t g, int nt,
+                 __m512 acc[NTM])
+{
+    const uint8_t *qs = wg + (t == DT_Q4_1 ? 64 : 32);
+    __m512i S0[NTM], S1[NTM];
+    const int8_t *ag[NTM];
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        S0[k] = S1[k] = _mm512_setzero_si512();
+        ag[k] = xv[k].qs + g * QACT_GROUP;
+    }
+    if (t == DT_Q8_0) {
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r += 2) {
+            const __m512i bias = _mm512_set1_epi8((char)0x80);
+            const __m512i u0 = _mm512_xor_si512(_mm512_loadu_si512(qs + 64 * r), bias);
+            const __m512i u1 = _mm512_xor_si512(_mm512_loadu_si512(qs + 64 * r + 64), bias);
+#pragma GCC unroll 8
+            for (int k = 0; k < nt; k++) {
+                S0[k] = _mm512_dpbusd_epi32(S0[k], u0, _mm512_loadu_si512(ag[k] + 64 * r));
+                S1[k] = _mm512_dpbusd_epi32(S1[k], u1, _mm512_loadu_si512(ag[k] + 64 * r + 64));
+            }
+        }
+    } else {
+        const __m512i lo4 = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 8
+        for (int i = 0; i < 4; i++) {
+            const __m512i v = _mm512_loadu_si512(qs + 64 * i);
+            const __m512i lo = _mm512_and_si512(v, lo4);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+#pragma GCC unroll 8
+            for (int k = 0; k < nt; k++) {
+                S0[k] = _mm512_dpbusd_epi32(S0[k], lo, _mm512_loadu_si512(ag[k] + 128 * i));
+                S1[k] = _mm512_dpbusd_epi32(S1[k], hi, _mm512_loadu_si512(ag[k] + 128 * i + 64));
+            }
+        }
+    }
+    const __m512 A = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wg));
+    const __m512 B = t == DT_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wg + 32)))
+                                  : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        const __m512i asum = _mm512_loadu_si512(xv[k].s32 + g * QACT_LANES);
+        const __m512 da = _mm512_loadu_ps(xv[k].d + g * QACT_LANES);
+        __m512i I = _mm512_add_epi32(S0[k], S1[k]);
+        if (t == DT_Q4_0)
+            I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 3));
+        else if (t == DT_Q8_0)
+            I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 7));
+        __m512 v = _mm512_mul_ps(_mm512_mul_ps(A, da), _mm512_cvtepi32_ps(I));
+        /* q4_0, q8_0: the reference's second term is +0, and adding +0 to
+         * v and then to acc (never -0) changes nothing */
+        if (t == DT_Q4_1)
+            v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_mul_ps(B, da), _mm512_cvtepi32_ps(asum)));
+        acc[k] = _mm512_add_ps(acc[k], v);
+    }
+}
+
+AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, int nt,
+                    float *out)
+{
+    qact_view xv[NTM];
+    __m512 acc[NTM];
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        xv[k] = qact_view_of((const uint8_t *)xq + (size_t)k * xs, n);
+        acc[k] = _mm512_setzero_ps();
+    }
+    const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
+    const size_t gb = group_wbytes(t, QACT_LANES);
+    for (int64_t g = 0; g < full; g++) {
+        for (size_t o = 0; o < gb; o += 64)
+            _mm_prefetch((const char *)w + g * gb + QACT_PREFETCH + o, _MM_HINT_T0);
+        pk_group(t, (const uint8_t *)w + g * gb, xv, g, nt, acc);
+    }
+    const int tc = (int)(nc % QACT_LANES);
+    if (tc)
+        tail_group(t, w, full, tc, xv, nt, acc);
+#pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         float a[QACT_LANES];
         _mm512_storeu_ps(a, acc[k]);
@@ -355,6 +455,20 @@ SIMD_DOT(vq_q8_0, DT_Q8_0)
 SIMD_DOT(vq_q4_K, DT_Q4_K)
 SIMD_DOT(vq_q5_K, DT_Q5_K)
 SIMD_DOT(vq_q6_K, DT_Q6_K)
+#define PK_DOT(name, type)                                                                     \
+    static void name(int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out) \
+    {                                                                                          \
+        switch (nt) {                                                                          \
+        case 1: pk_dot_type(type, n, w, xq, xs, 1, out); break;                                \
+        case 2: pk_dot_type(type, n, w, xq, xs, 2, out); break;                                \
+        case 3: pk_dot_type(type, n, w, xq, xs, 3, out); break;                                \
+        default: pk_dot_type(type, n, w, xq, xs, NTM, out); break;                             \
+        }                                                                                      \
+    }
+PK_DOT(p5_q4_0, DT_Q4_0)
+PK_DOT(p5_q4_1, DT_Q4_1)
+PK_DOT(p5_q8_0, DT_Q8_0)
+#undef PK_DOT
 #undef SIMD_DOT
 
 qact_dot_fn qact_dot_avx512(uint32_t type)
@@ -368,6 +482,16 @@ qact_dot_fn qact_dot_avx512(uint32_t type)
     case DT_Q4_K: return vq_q4_K;
     case DT_Q5_K: return vq_q5_K;
     case DT_Q6_K: return vq_q6_K;
+    default: return NULL;
+    }
+}
+
+qact_dot_fn qpack_dot_avx512(uint32_t type)
+{
+    switch (type) {
+    case DT_Q4_0: return p5_q4_0;
+    case DT_Q4_1: return p5_q4_1;
+    case DT_Q8_0: return p5_q8_0;
     default: return NULL;
     }
 }

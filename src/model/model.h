@@ -58,6 +58,7 @@ typedef struct model_tensor {
     void *dev;            /* backend-resident copy (CPU: == data) */
     int layer;            /* -1 for global tensors */
     int exact;            /* 1: matmuls keep f32 activations (the output head) */
+    int packed;           /* 1: dev holds rows packed by the backend (kernels/qpack.h) */
 } model_tensor;
 
 typedef struct model_layer {

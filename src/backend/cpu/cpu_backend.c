@@ -14,6 +14,7 @@
 
 #include "backend/cpu/cpu_kv.h"
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/cpu_pack.h"
 #include "backend/cpu/threadpool.h"
 #include "kernels/dtype.h"
 #include "kernels/matmul.h"
@@ -34,6 +35,8 @@ typedef struct cpu_backend {
     size_t qact_bytes;
     int act_q8;             /* 0 under BACKEND_EXACT: int8-activation matmul for quantized weights */
     int64_t *weight_ids;    /* mem reservations for mapped weights */
+    cpu_packed *packed;     /* weights repacked at load (act_q8 only) */
+    int pack;               /* 0 under BACKEND_NO_PACK */
     int n_weight_ids, cap_weight_ids;
 } cpu_backend;
 
@@ -88,6 +91,8 @@ static void cpu_unload_weights(backend *be, model *m)
 {
     cpu_backend *cb = cpu(be);
     (void)m;
+    cpu_pack_release(cb->packed, cb->mem, cb->pool);
+    cb->packed = NULL;
     for (int i = 0; i < cb->n_weight_ids; i++)
         mem_unreserve(cb->mem, cb->weight_ids[i]);
     cb->n_weight_ids = 0;
@@ -95,7 +100,13 @@ static void cpu_unload_weights(backend *be, model *m)
 
 static int cpu_load_weights(backend *be, model *m, kvant_err *err)
 {
-    reserve_ctx rc = {cpu(be), err, 0};
+    cpu_backend *cb = cpu(be);
+    reserve_ctx rc = {cb, err, 0};
+    if (cb->act_q8 && cb->pack) {
+        cb->packed = cpu_pack_weights(m, cb->mem, cb->pool, err);
+        if (!cb->packed)
+            return KV_ENOMEM;
+    }
     model_for_each_tensor(m, reserve_tensor, &rc);
     if (rc.rc) {
         cpu_unload_weights(be, m);
@@ -282,8 +293,8 @@ static void matmul_worker(int ith, int nth, void *arg)
     if (b >= e)
         return;
     if (j->qact)
-        dtype_matmul_rows_q(w->type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->xq, j->n,
-                            j->y, n_rows);
+        dtype_matmul_rows_q(w->type | (w->packed ? DT_PACKED : 0), w->dev, w->row_bytes, b, e,
+                            w->ne[0], j->x, j->xq, j->n, j->y, n_rows);
     else
         dtype_matmul_rows(w->type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->n, j->y,
                           n_rows);
@@ -308,6 +319,7 @@ static void cpu_matmul(backend *be, const model_tensor *W, const model_tensor *b
     row_job j = {.cb = cb, .w = W, .bias = bias, .x = d_x, .y = d_y, .n = n};
     const size_t need =
         cb->act_q8 && !W->exact ? dtype_matmul_scratch_bytes(W->type, W->ne[0], n) : 0;
+    const uint32_t type = W->type | (W->packed ? DT_PACKED : 0);
     if (need > cb->qact_bytes) {
         size_t cap = (size_t)1 << 20;
         while (cap < need)
@@ -318,7 +330,7 @@ static void cpu_matmul(backend *be, const model_tensor *W, const model_tensor *b
     }
     j.qact = need > 0;
     if (need && need <= cb->qact_bytes) {
-        dtype_matmul_quantize(W->type, d_x, W->ne[0], n, cb->qact);
+        dtype_matmul_quantize(type, d_x, W->ne[0], n, cb->qact);
         j.xq = cb->qact;
     }
     tpool_run(cb->pool, matmul_worker, &j);
@@ -478,6 +490,7 @@ static void cpu_destroy(backend *be)
         return;
     cpu_kv_free(be);
     mem_free(cb->mem, cb->qact);
+    cpu_pack_drop(cb->packed, cb->mem);
     for (int i = 0; i < cb->n_weight_ids; i++)
         mem_unreserve(cb->mem, cb->weight_ids[i]);
     free(cb->weight_ids);
@@ -525,6 +538,7 @@ backend *cpu_backend_create(mem_mgr *mem, int n_threads, unsigned flags, kvant_e
     cb->base.ops = &cpu_ops;
     cb->mem = mem;
     cb->act_q8 = (flags & BACKEND_EXACT) == 0;
+    cb->pack = (flags & BACKEND_NO_PACK) == 0;
     cb->n_threads = n_threads > 0 ? n_threads : tpool_default_threads();
     cb->pool = tpool_create(cb->n_threads, err);
     if (!cb->pool) {

@@ -1,0 +1,148 @@
+/* qpack.c - packing weight rows into the group-interleaved layout and
+ * interleaving activation codes (layouts in qpack.h). */
+#include "kernels/qpack.h"
+
+#include <string.h>
+
+#include "kernels/dtype.h"
+
+#define QP_GROUP_MAX (QACT_LANES * sizeof(block_q8_0)) /* largest group, q8_0 */
+
+static size_t block_bytes(uint32_t t)
+{
+    switch (t) {
+    case DT_Q4_0: return sizeof(block_q4_0);
+    case DT_Q4_1: return sizeof(block_q4_1);
+    case DT_Q8_0: return sizeof(block_q8_0);
+    default: return 0;
+    }
+}
+
+int qpack_supported(uint32_t type, int64_t n)
+{
+    return block_bytes(type) != 0 && n >= QACT_GROUP && n % QACT_CHUNK == 0;
+}
+
+static void set_code(uint32_t t, uint8_t *blk, int p, int v)
+{
+    if (t == DT_Q8_0) {
+        ((block_q8_0 *)blk)->qs[p] = (int8_t)v;
+        return;
+    }
+    uint8_t *qs = t == DT_Q4_0 ? ((block_q4_0 *)blk)->qs : ((block_q4_1 *)blk)->qs;
+    if (p < 16)
+        qs[p] = (uint8_t)((qs[p] & 0xF0) | v);
+    else
+        qs[p - 16] = (uint8_t)((qs[p - 16] & 0x0F) | (v << 4));
+}
+
+/* Bytes of scales at the head of a packed group. */
+static size_t head_bytes(uint32_t t)
+{
+    return (t == DT_Q4_1 ? 2 : 1) * QACT_LANES * sizeof(kv_fp16);
+}
+
+/* Value position held by byte b of code vector r (q8_0: r < 8; q4: the
+ * low (h = 0) or high (h = 1) nibble of byte b of load r < 4). */
+static int pos_of(uint32_t t, int r, int h, int b)
+{
+    return t == DT_Q8_0 ? 4 * r + b % 4 : 8 * r + 4 * h + b % 4;
+}
+
+/* The layout of qpack.h written directly from the stored blocks (the
+ * inverse, unpack_group, goes through set_code/pos_of; the tests check
+ * that one undoes the other). */
+static void pack_group(uint32_t t, const uint8_t *in, uint8_t *out)
+{
+    const size_t bb = block_bytes(t);
+    kv_fp16 *hd = (kv_fp16 *)out;
+    uint8_t *qs = out + head_bytes(t);
+    for (int c = 0; c < QACT_LANES; c++) {
+        const uint8_t *blk = in + c * bb;
+        memcpy(&hd[c], blk, 2);
+        if (t == DT_Q4_1)
+            memcpy(&hd[QACT_LANES + c], blk + 2, 2);
+        if (t == DT_Q8_0) {
+            for (int r = 0; r < 8; r++)
+                memcpy(qs + 64 * r + 4 * c, ((const block_q8_0 *)blk)->qs + 4 * r, 4);
+            continue;
+        }
+        const uint8_t *q = t == DT_Q4_0 ? ((const block_q4_0 *)blk)->qs : ((const block_q4_1 *)blk)->qs;
+        for (int i = 0; i < 2; i++) {
+            for (int j = 0; j < 4; j++) {
+                /* values 8i+j, 8i+4+j: low nibbles; 16+8i+j, 20+8i+j: high */
+                const uint8_t a = q[8 * i + j], b = q[8 * i + 4 + j];
+                qs[64 * i + 4 * c + j] = (uint8_t)((a & 0x0F) | (b << 4));
+                qs[64 * (i + 2) + 4 * c + j] = (uint8_t)((a >> 4) | (b & 0xF0));
+            }
+        }
+    }
+}
+
+static void unpack_group(uint32_t t, const uint8_t *in, uint8_t *out)
+{
+    const size_t bb = block_bytes(t);
+    const kv_fp16 *hd = (const kv_fp16 *)in;
+    for (int c = 0; c < QACT_LANES; c++) {
+        memcpy(out + c * bb, &hd[c], 2);
+        if (t == DT_Q4_1)
+            memcpy(out + c * bb + 2, &hd[QACT_LANES + c], 2);
+    }
+    const uint8_t *qs = in + head_bytes(t);
+    const int nr = t == DT_Q8_0 ? 8 : 4;
+    for (int r = 0; r < nr; r++) {
+        for (int b = 0; b < 64; b++) {
+            uint8_t *blk = out + (size_t)(b / 4) * bb;
+            const uint8_t v = qs[64 * r + b];
+            if (t == DT_Q8_0) {
+                set_code(t, blk, pos_of(t, r, 0, b), (int8_t)v);
+            } else {
+                set_code(t, blk, pos_of(t, r, 0, b), v & 0xF);
+                set_code(t, blk, pos_of(t, r, 1, b), v >> 4);
+            }
+        }
+    }
+}
+
+static void map_rows(uint32_t type, const void *src, void *dst, int64_t n, int64_t n_rows,
+                     size_t row_bytes, void (*fn)(uint32_t, const uint8_t *, uint8_t *))
+{
+    const size_t gb = QACT_LANES * block_bytes(type);
+    const int64_t full = n / QACT_GROUP;
+    uint8_t tmp[QP_GROUP_MAX];
+    for (int64_t r = 0; r < n_rows; r++) {
+        const uint8_t *s = (const uint8_t *)src + (size_t)r * row_bytes;
+        uint8_t *d = (uint8_t *)dst + (size_t)r * row_bytes;
+        for (int64_t g = 0; g < full; g++) {
+            memcpy(tmp, s + g * gb, gb);
+            fn(type, tmp, d + g * gb);
+        }
+        if (d != s) /* the partial group keeps the stored layout */
+            memcpy(d + full * gb, s + full * gb, row_bytes - (size_t)full * gb);
+    }
+}
+
+void qpack_rows(uint32_t type, const void *src, void *dst, int64_t n, int64_t n_rows,
+                size_t row_bytes)
+{
+    map_rows(type, src, dst, n, n_rows, row_bytes, pack_group);
+}
+
+void qpack_unpack_rows(uint32_t type, const void *src, void *dst, int64_t n, int64_t n_rows,
+                       size_t row_bytes)
+{
+    map_rows(type, src, dst, n, n_rows, row_bytes, unpack_group);
+}
+
+void qpack_interleave_act(void *xq, int64_t n)
+{
+    int8_t *qs = xq;
+    int8_t tmp[QACT_GROUP];
+    for (int64_t g = 0; g < n / QACT_GROUP; g++) {
+        int8_t *q = qs + g * QACT_GROUP;
+        memcpy(tmp, q, sizeof tmp);
+        for (int r = 0; r < 8; r++)
+            for (int c = 0; c < QACT_LANES; c++)
+                memcpy(q + 64 * r + 4 * c, tmp + QACT_CHUNK * c + 4 * r, 4);
+    }
+}

@@ -1,0 +1,64 @@
+/* qpack.h - weight rows repacked at load into the layout the integer
+ * kernels want ("packed" rows), and the matching activation order.
+ *
+ * A packed row of a Q4_0, Q4_1 or Q8_0 tensor holds the same bytes as the
+ * stored row, permuted inside each full group of QACT_LANES = 16 blocks
+ * (512 values); a last partial group keeps the stored block layout.  A
+ * full group, with code(c, p) the unsigned-or-signed code of value p of
+ * block c as stored:
+ *     kv_fp16 d[16];                      every block's scale, in order
+ *     kv_fp16 m[16];                      (q4_1 only) every block's min
+ *     q4_0, q4_1: uint8_t qs[4][64]:      qs[i][b] low nibble  = code(b/4, 8i + b%4)
+ *                                                  high nibble = code(b/4, 8i + 4 + b%4)
+ *     q8_0:       int8_t  qs[8][64]:      qs[r][b] = code(b/4, 4r + b%4)
+ * so one 64-byte load feeds 16 blocks at once (AVX2: 32 bytes, 8 blocks),
+ * every SIMD lane of 4 bytes belongs to one block, and the integer dot
+ * needs no horizontal reduction.  The group is as long as its 16 stored
+ * blocks: a packed tensor has the stored tensor's size and row stride.
+ *
+ * Activations for a packed matmul are the qact rows of qact.h with the
+ * codes of each full group in the same order (the "interleaved" row):
+ * byte 64r + b of the group = code of chunk b/4, position 4r + b%4; the
+ * scales and sums stay per chunk, the last partial group stays in order.
+ *
+ * Results: a packed dot is bitwise the qact reference (qact_dot_ref) of
+ * the stored row against the in-order activations; the layout only moves
+ * bytes.  Pure functions, thread-safe, no allocation.
+ */
+#ifndef KVANT_QPACK_H
+#define KVANT_QPACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/qact.h"
+
+static inline uint32_t qpack_base(uint32_t type)
+{
+    return type & ~DT_PACKED;
+}
+
+/* 1 when `type` has a packed layout and rows of n values hold at least
+ * one full group. */
+int qpack_supported(uint32_t type, int64_t n);
+
+/* Packs n_rows rows of n values (row stride row_bytes) from src into dst,
+ * in place when dst == src. */
+void qpack_rows(uint32_t type, const void *src, void *dst, int64_t n, int64_t n_rows,
+                size_t row_bytes);
+
+/* The inverse: packed rows back to the stored layout (in place allowed). */
+void qpack_unpack_rows(uint32_t type, const void *src, void *dst, int64_t n, int64_t n_rows,
+                       size_t row_bytes);
+
+/* Puts the codes of each full group of one qact row (qact.h, n values)
+ * into the interleaved order, in place. */
+void qpack_interleave_act(void *xq, int64_t n);
+
+/* Dot kernels over packed rows and interleaved activations, with the
+ * contract of qact_dot_fn; NULL for unsupported types.  Call only when
+ * dtype_isa() supports the ISA. */
+qact_dot_fn qpack_dot_avx2(uint32_t type);
+qact_dot_fn qpack_dot_avx512(uint32_t type);
+
+#endif

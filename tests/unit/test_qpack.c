@@ -1,0 +1,201 @@
+/* test_qpack.c - weight rows packed at load (kernels/qpack.h).
+ *
+ * Checks:
+ *   qpack_unpack_rows(qpack_rows(w)) == w bytewise, copying and in place,
+ *     and a packed tensor keeps its size and row stride;
+ *   qpack_interleave_act moves byte 32c + p of each full group to
+ *     64(p/4) + 4c + p%4 and leaves the partial group, scales and sums;
+ *   the packed dot kernels (AVX2, AVX-512) == qact_dot_ref of the stored
+ *     row against the in-order activations, bitwise, for nt = 1..4, for
+ *     rows with and without a partial last group, with quantized and with
+ *     random code bytes (every code value, q8_0's -128 included);
+ *   dtype_matmul_rows_q on packed rows (type | DT_PACKED, 7 tokens, split
+ *     row ranges) == the stored rows' results bitwise.
+ * Every ISA the CPU has is run; one it lacks is named on stderr.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/dtype.h"
+#include "kernels/matmul.h"
+#include "kernels/qact.h"
+#include "kernels/qpack.h"
+#include "testutil.h"
+#include "util/arch.h"
+
+static const uint32_t k_types[] = {DT_Q4_0, DT_Q4_1, DT_Q8_0};
+static const int64_t k_sizes[] = {512, 576, 1120, 2048, 5632};
+#define N_TYPES 3
+#define N_SIZES 5
+
+typedef struct rows {
+    uint32_t type;
+    int64_t n, n_rows;
+    size_t rs;
+    uint8_t *w;  /* stored layout */
+    uint8_t *pk; /* packed */
+} rows;
+
+/* Quantized N(0, 0.05) rows; wild: code bytes replaced by random bits. */
+static rows make_rows(tu_rng *r, uint32_t t, int64_t n, int64_t n_rows, int wild)
+{
+    const dtype_traits *tr = dtype_get(t);
+    rows w = {t, n, n_rows, dtype_row_size(t, n), NULL, NULL};
+    float *src = malloc((size_t)(n * n_rows) * sizeof *src);
+    for (int64_t i = 0; i < n * n_rows; i++)
+        src[i] = tu_rand_normal(r) * 0.05f;
+    for (int i = 0; i < 32; i++) /* one all-zero block: scale 0 */
+        src[32 + i] = 0.0f;
+    w.w = malloc(w.rs * (size_t)n_rows);
+    w.pk = malloc(w.rs * (size_t)n_rows);
+    tr->from_float(src, w.w, n * n_rows);
+    if (wild) {
+        const size_t head = t == DT_Q4_1 ? 4 : 2;
+        for (size_t b = 0; b < w.rs * (size_t)n_rows; b += tr->type_size)
+            for (size_t i = b + head; i < b + tr->type_size; i++)
+                w.w[i] = (uint8_t)tu_rand_u64(r);
+    }
+    qpack_rows(t, w.w, w.pk, n, n_rows, w.rs);
+    free(src);
+    return w;
+}
+
+static void free_rows(rows *w)
+{
+    free(w->w);
+    free(w->pk);
+}
+
+static void test_layout(tu_rng *r)
+{
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        for (int si = 0; si < N_SIZES; si++) {
+            rows w = make_rows(r, k_types[ti], k_sizes[si], 3, si % 2);
+            const size_t bytes = w.rs * 3;
+            uint8_t *back = malloc(bytes), *inplace = malloc(bytes);
+            qpack_unpack_rows(w.type, w.pk, back, w.n, 3, w.rs);
+            CHECKF(memcmp(back, w.w, bytes) == 0, "%s n=%lld unpack(pack) == stored",
+                   dtype_get(w.type)->name, (long long)w.n);
+            CHECKF(memcmp(back, w.pk, bytes) != 0, "%s n=%lld packing moves bytes",
+                   dtype_get(w.type)->name, (long long)w.n);
+            memcpy(inplace, w.w, bytes);
+            qpack_rows(w.type, inplace, inplace, w.n, 3, w.rs);
+            CHECKF(memcmp(inplace, w.pk, bytes) == 0, "%s n=%lld in-place pack",
+                   dtype_get(w.type)->name, (long long)w.n);
+            qpack_unpack_rows(w.type, inplace, inplace, w.n, 3, w.rs);
+            CHECKF(memcmp(inplace, w.w, bytes) == 0, "%s n=%lld in-place unpack",
+                   dtype_get(w.type)->name, (long long)w.n);
+            free(back), free(inplace);
+            free_rows(&w);
+        }
+    }
+    CHECK(qpack_supported(DT_Q4_0, 512) && !qpack_supported(DT_Q4_0, 480));
+    CHECK(!qpack_supported(DT_Q6_K, 2048) && !qpack_supported(DT_F16, 2048));
+
+    const int64_t n = 1120; /* two full groups and three chunks */
+    const size_t rb = qact_row_bytes(n);
+    float *x = malloc(n * sizeof *x);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = tu_rand_normal(r);
+    uint8_t *a = malloc(rb), *b = malloc(rb);
+    qact_quantize_ref(x, n, a);
+    memcpy(b, a, rb);
+    qpack_interleave_act(b, n);
+    int ok = 1;
+    for (int64_t i = 0; i < 1024; i++) {
+        const int64_t g = i / QACT_GROUP, c = i % QACT_GROUP / 32, p = i % 32;
+        ok &= b[g * QACT_GROUP + 64 * (p / 4) + 4 * c + p % 4] == a[i];
+    }
+    CHECK(ok);
+    CHECK(memcmp(a + 1024, b + 1024, rb - 1024) == 0);
+    free(x), free(a), free(b);
+}
+
+static void test_dots(tu_rng *r, const char *isa, qact_dot_fn (*packed)(uint32_t))
+{
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        for (int si = 0; si < N_SIZES; si++) {
+            for (int wild = 0; wild < 2; wild++) {
+                const uint32_t t = k_types[ti];
+                const int64_t n = k_sizes[si], ntok = 4;
+                rows w = make_rows(r, t, n, 2, wild);
+                const size_t rb = qact_row_bytes(n);
+                float *x = malloc((size_t)(n * ntok) * sizeof *x);
+                for (int64_t i = 0; i < n * ntok; i++)
+                    x[i] = tu_rand_normal(r);
+                for (int i = 0; i < 64; i++) /* zero chunks: activation scale 0 */
+                    x[n + 64 + i] = 0.0f;
+                uint8_t *xq = malloc(rb * ntok), *xi = malloc(rb * ntok);
+                for (int64_t k = 0; k < ntok; k++) {
+                    qact_quantize_ref(x + k * n, n, xq + k * rb);
+                    memcpy(xi + k * rb, xq + k * rb, rb);
+                    qpack_interleave_act(xi + k * rb, n);
+                }
+                int same = 1;
+                for (int j = 0; j < 2; j++) {
+                    float yr[4], ym[4];
+                    qact_dot_ref(t)(n, w.w + j * w.rs, xq, rb, (int)ntok, yr);
+                    for (int nt = 1; nt <= ntok; nt++) {
+                        packed(t)(n, w.pk + j * w.rs, xi, rb, nt, ym);
+                        same &= memcmp(ym, yr, (size_t)nt * sizeof *ym) == 0;
+                    }
+                }
+                CHECKF(same, "%s packed %s == ref bitwise, n=%lld%s", dtype_get(t)->name, isa,
+                       (long long)n, wild ? " (random codes)" : "");
+                free(x), free(xq), free(xi);
+                free_rows(&w);
+            }
+        }
+    }
+}
+
+/* The matmul driver: packed rows give the stored rows' results. */
+static void test_matmul(tu_rng *r)
+{
+    const int64_t n = 2048 + 64, n_rows = 37, ntok = 7;
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        const uint32_t t = k_types[ti];
+        CHECK(dtype_matmul_packs(t, n));
+        rows w = make_rows(r, t, n, n_rows, 0);
+        float *x = malloc((size_t)(n * ntok) * sizeof *x);
+        float *y0 = malloc((size_t)(n_rows * ntok) * sizeof *y0);
+        float *y1 = malloc((size_t)(n_rows * ntok) * sizeof *y1);
+        for (int64_t i = 0; i < n * ntok; i++)
+            x[i] = tu_rand_normal(r);
+        dtype_matmul_rows_q(t, w.w, w.rs, 0, n_rows, n, x, NULL, ntok, y0, n_rows);
+        void *xq = malloc(dtype_matmul_scratch_bytes(t | DT_PACKED, n, ntok));
+        dtype_matmul_quantize(t | DT_PACKED, x, n, ntok, xq);
+        dtype_matmul_rows_q(t | DT_PACKED, w.pk, w.rs, 0, 20, n, x, xq, ntok, y1, n_rows);
+        dtype_matmul_rows_q(t | DT_PACKED, w.pk, w.rs, 20, n_rows, n, x, NULL, ntok, y1, n_rows);
+        CHECKF(memcmp(y0, y1, (size_t)(n_rows * ntok) * sizeof *y0) == 0,
+               "%s packed matmul == stored", dtype_get(t)->name);
+        free(x), free(y0), free(y1), free(xq);
+        free_rows(&w);
+    }
+}
+
+int main(void)
+{
+    tu_rng r = {0x51ED2701ull};
+    dtype_init();
+    test_layout(&r);
+#if KVANT_X86
+    static const struct {
+        const char *name;
+        qact_dot_fn (*packed)(uint32_t);
+    } isas[] = {{"avx2", qpack_dot_avx2}, {"avx512", qpack_dot_avx512}};
+    for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
+        if (dtype_force_isa(isas[i].name) != 0) {
+            fprintf(stderr, "test_qpack: CPU lacks %s: its packed kernels not run here\n",
+                    isas[i].name);
+            continue;
+        }
+        test_dots(&r, isas[i].name, isas[i].packed);
+        test_matmul(&r);
+    }
+#endif
+    CHECK(dtype_force_isa("scalar") == 0);
+    CHECK(!dtype_matmul_packs(DT_Q4_0, 2048)); /* no packed kernel without SIMD */
+    return tu_finish("test_qpack");
+}
