@@ -362,12 +362,24 @@ AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs
  * VPMADDUBSW + VPMADDWD leave each chunk's partial sums in its own lane
  * and plain vertical adds finish them: no horizontal reduction.  q4_0 and
  * q4_1 add eight VPMADDUBSW results in int16 first (|pair| <= 2*15*127,
- * eight of them <= 30480: exact). */
+ * eight of them <= 30480: exact).  A short last group (tc < 16 chunks) is
+ * read with VPMASKMOVD: lanes past it load 0, score 0 * 0 and add +0 to
+ * an accumulator that is never -0 (the reference skips them: same sum). */
 
-/* S[k] lane i = exact sum of chunk 8h+i of one full group for token k;
- * qs: the group's packed codes, ag[k]: token k's interleaved codes. */
-AI void pk_half_sums(uint32_t t, const uint8_t *qs, int h, const int8_t *const ag[NTM], int nt,
-                     __m256i S[NTM])
+/* 32 bytes at p, the first nvl 4-byte lanes (nvl == 8: a plain load). */
+AI __m256i pk_load(const uint8_t *p, int nvl)
+{
+    if (nvl == 8)
+        return _mm256_loadu_si256((const __m256i *)p);
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_maskload_epi32((const int *)p, _mm256_cmpgt_epi32(_mm256_set1_epi32(nvl), idx));
+}
+
+/* S[k] lane i = exact sum of chunk 8h+i of one group for token k (nvl
+ * lanes valid); qs: the group's packed codes, vectors L bytes apart;
+ * ag[k]: token k's interleaved codes of the group. */
+AI void pk_half_sums(uint32_t t, const uint8_t *qs, int L, int h, int nvl,
+                     const int8_t *const ag[NTM], int nt, __m256i S[NTM])
 {
     const __m256i ones = _mm256_set1_epi16(1);
     if (t == DT_Q8_0) {
@@ -376,7 +388,7 @@ AI void pk_half_sums(uint32_t t, const uint8_t *qs, int h, const int8_t *const a
             S[k] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) {
-            const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 64 * r + 32 * h));
+            const __m256i w = pk_load(qs + L * r + 32 * h, nvl);
             const __m256i aw = _mm256_abs_epi8(w);
 #pragma GCC unroll 8
             for (int k = 0; k < nt; k++) {
@@ -394,7 +406,7 @@ AI void pk_half_sums(uint32_t t, const uint8_t *qs, int h, const int8_t *const a
         s16[k] = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int i = 0; i < 4; i++) {
-        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * i + 32 * h));
+        const __m256i v = pk_load(qs + L * i + 32 * h, nvl);
         const __m256i lo = _mm256_and_si256(v, lo4);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
 #pragma GCC unroll 8
@@ -410,6 +422,55 @@ AI void pk_half_sums(uint32_t t, const uint8_t *qs, int h, const int8_t *const a
         S[k] = _mm256_madd_epi16(s16[k], ones);
 }
 
+/* acc[k][h] += v_c for the tc chunks of group g at wg. */
+AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int64_t g, int nt,
+                 __m256 acc[NTM][2])
+{
+    const int L = 4 * tc;
+    const uint8_t *qs = wg + (t == DT_Q4_1 ? 4 : 2) * tc;
+    _Alignas(32) uint16_t sc[2][QACT_LANES] = {{0}};
+    const uint8_t *dh = wg, *mh = wg + 2 * tc;
+    if (tc < QACT_LANES) { /* short group: scales into zero-padded copies */
+        memcpy(sc[0], wg, 2 * (size_t)tc);
+        if (t == DT_Q4_1)
+            memcpy(sc[1], mh, 2 * (size_t)tc);
+        dh = (const uint8_t *)sc[0];
+        mh = (const uint8_t *)sc[1];
+    }
+    const int8_t *ag[NTM];
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++)
+        ag[k] = xv[k].qs + g * QACT_GROUP;
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) {
+        const int nvl = tc - 8 * h < 8 ? tc - 8 * h : 8;
+        if (nvl <= 0)
+            break;
+        __m256i S[NTM];
+        pk_half_sums(t, qs, L, h, nvl, ag, nt, S);
+        const int64_t c0 = g * QACT_LANES + 8 * h;
+        const __m256 A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dh + 16 * h)));
+        const __m256 B = t == DT_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mh + 16 * h)))
+                                      : _mm256_setzero_ps();
+#pragma GCC unroll 8
+        for (int k = 0; k < nt; k++) {
+            const __m256 da = _mm256_loadu_ps(xv[k].d + c0);
+            __m256i I = S[k];
+            if (t == DT_Q4_0)
+                I = _mm256_sub_epi32(
+                    I, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(xv[k].s32 + c0)), 3));
+            __m256 v = _mm256_mul_ps(_mm256_mul_ps(A, da), _mm256_cvtepi32_ps(I));
+            /* q4_0, q8_0: the reference's second term is +0, and adding +0
+             * to v and then to acc (never -0) changes nothing */
+            if (t == DT_Q4_1) {
+                const __m256i J = _mm256_loadu_si256((const __m256i *)(xv[k].s32 + c0));
+                v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_mul_ps(B, da), _mm256_cvtepi32_ps(J)));
+            }
+            acc[k][h] = _mm256_add_ps(acc[k][h], v);
+        }
+    }
+}
+
 AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, int nt,
                     float *out)
 {
@@ -422,43 +483,15 @@ AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t
     }
     const uint8_t *wb = w;
     const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
-    const size_t gb = QACT_LANES * chunk_wbytes(t), hb = (t == DT_Q4_1 ? 2 : 1) * 32;
+    const size_t gb = QACT_LANES * chunk_wbytes(t);
     for (int64_t g = 0; g < full; g++) {
         const uint8_t *wg = wb + g * gb;
         for (size_t o = 0; o < gb; o += 64)
             _mm_prefetch((const char *)wg + QACT2_PREFETCH + o, _MM_HINT_T0);
-        const int8_t *ag[NTM];
-#pragma GCC unroll 8
-        for (int k = 0; k < nt; k++)
-            ag[k] = xv[k].qs + g * QACT_GROUP;
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            __m256i S[NTM];
-            pk_half_sums(t, wg + hb, h, ag, nt, S);
-            const int64_t c0 = g * QACT_LANES + 8 * h;
-            const __m256 A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wg + 16 * h)));
-            const __m256 B = t == DT_Q4_1
-                                 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wg + 32 + 16 * h)))
-                                 : _mm256_setzero_ps();
-#pragma GCC unroll 8
-            for (int k = 0; k < nt; k++) {
-                const __m256 da = _mm256_loadu_ps(xv[k].d + c0);
-                __m256i I = S[k];
-                if (t == DT_Q4_0)
-                    I = _mm256_sub_epi32(I, _mm256_slli_epi32(
-                                                _mm256_loadu_si256((const __m256i *)(xv[k].s32 + c0)), 3));
-                __m256 v = _mm256_mul_ps(_mm256_mul_ps(A, da), _mm256_cvtepi32_ps(I));
-                /* q4_0, q8_0: the reference's second term is +0, and adding
-                 * +0 to v and then to acc (never -0) changes nothing */
-                if (t == DT_Q4_1) {
-                    const __m256i J = _mm256_loadu_si256((const __m256i *)(xv[k].s32 + c0));
-                    v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_mul_ps(B, da), _mm256_cvtepi32_ps(J)));
-                }
-                acc[k][h] = _mm256_add_ps(acc[k][h], v);
-            }
-        }
+        pk_group(t, wg, QACT_LANES, xv, g, nt, acc);
     }
-    tail_dot(t, wb, full * QACT_LANES, nc, xv, nt, acc);
+    if (nc % QACT_LANES)
+        pk_group(t, wb + full * gb, (int)(nc % QACT_LANES), xv, full, nt, acc);
 #pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         float l[QACT_LANES];

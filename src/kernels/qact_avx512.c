@@ -350,11 +350,32 @@ AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs
  * Every 4-byte lane of a packed code vector belongs to one chunk, so
  * VPDPBUSD leaves chunk c's sum in lane c directly: eight of them per
  * group and token (two accumulators to halve the dependency chain), no
- * combine steps.  q8_0 feeds w + 128 (xor 0x80) as in group_raw. */
-AI void pk_group(uint32_t t, const uint8_t *wg, const qact_view *xv, int64_t g, int nt,
+ * combine steps.  q8_0 feeds w + 128 (xor 0x80) as in group_raw.  A short
+ * last group (tc < 16 chunks) is read with masked loads: lanes past it
+ * score 0 * 0 and add +0 to an accumulator that is never -0 (the
+ * reference skips them: same sum). */
+
+/* 64 bytes at p, the first 4 tc of them (tc == 16: a plain load). */
+AI __m512i pk_load(const uint8_t *p, int tc)
+{
+    if (tc == QACT_LANES)
+        return _mm512_loadu_si512(p);
+    return _mm512_maskz_loadu_epi8((__mmask64)((1ull << (4 * tc)) - 1), p);
+}
+
+/* tc f16 values at p as 16 floats (zero past tc). */
+AI __m512 pk_halfs(const uint8_t *p, int tc)
+{
+    if (tc == QACT_LANES)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)((1u << tc) - 1), p));
+}
+
+AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int64_t g, int nt,
                  __m512 acc[NTM])
 {
-    const uint8_t *qs = wg + (t == DT_Q4_1 ? 64 : 32);
+    const int L = 4 * tc;
+    const uint8_t *qs = wg + (t == DT_Q4_1 ? 4 : 2) * tc;
     __m512i S0[NTM], S1[NTM];
     const int8_t *ag[NTM];
 #pragma GCC unroll 8
@@ -363,11 +384,11 @@ AI void pk_group(uint32_t t, const uint8_t *wg, const qact_view *xv, int64_t g, 
         ag[k] = xv[k].qs + g * QACT_GROUP;
     }
     if (t == DT_Q8_0) {
+        const __m512i bias = _mm512_set1_epi8((char)0x80);
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r += 2) {
-            const __m512i bias = _mm512_set1_epi8((char)0x80);
-            const __m512i u0 = _mm512_xor_si512(_mm512_loadu_si512(qs + 64 * r), bias);
-            const __m512i u1 = _mm512_xor_si512(_mm512_loadu_si512(qs + 64 * r + 64), bias);
+            const __m512i u0 = _mm512_xor_si512(pk_load(qs + L * r, tc), bias);
+            const __m512i u1 = _mm512_xor_si512(pk_load(qs + L * r + L, tc), bias);
 #pragma GCC unroll 8
             for (int k = 0; k < nt; k++) {
                 S0[k] = _mm512_dpbusd_epi32(S0[k], u0, _mm512_loadu_si512(ag[k] + 64 * r));
@@ -378,7 +399,7 @@ AI void pk_group(uint32_t t, const uint8_t *wg, const qact_view *xv, int64_t g, 
         const __m512i lo4 = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 8
         for (int i = 0; i < 4; i++) {
-            const __m512i v = _mm512_loadu_si512(qs + 64 * i);
+            const __m512i v = pk_load(qs + L * i, tc);
             const __m512i lo = _mm512_and_si512(v, lo4);
             const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
 #pragma GCC unroll 8
@@ -388,9 +409,8 @@ AI void pk_group(uint32_t t, const uint8_t *wg, const qact_view *xv, int64_t g, 
             }
         }
     }
-    const __m512 A = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wg));
-    const __m512 B = t == DT_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wg + 32)))
-                                  : _mm512_setzero_ps();
+    const __m512 A = pk_halfs(wg, tc);
+    const __m512 B = t == DT_Q4_1 ? pk_halfs(wg + 2 * tc, tc) : _mm512_setzero_ps();
 #pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         const __m512i asum = _mm512_loadu_si512(xv[k].s32 + g * QACT_LANES);
@@ -424,11 +444,10 @@ AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t
     for (int64_t g = 0; g < full; g++) {
         for (size_t o = 0; o < gb; o += 64)
             _mm_prefetch((const char *)w + g * gb + QACT_PREFETCH + o, _MM_HINT_T0);
-        pk_group(t, (const uint8_t *)w + g * gb, xv, g, nt, acc);
+        pk_group(t, (const uint8_t *)w + g * gb, QACT_LANES, xv, g, nt, acc);
     }
-    const int tc = (int)(nc % QACT_LANES);
-    if (tc)
-        tail_group(t, w, full, tc, xv, nt, acc);
+    if (nc % QACT_LANES)
+        pk_group(t, (const uint8_t *)w + full * gb, (int)(nc % QACT_LANES), xv, full, nt, acc);
 #pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         float a[QACT_LANES];

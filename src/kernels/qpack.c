@@ -20,7 +20,7 @@ static size_t block_bytes(uint32_t t)
 
 int qpack_supported(uint32_t type, int64_t n)
 {
-    return block_bytes(type) != 0 && n >= QACT_GROUP && n % QACT_CHUNK == 0;
+    return block_bytes(type) != 0 && n > 0 && n % QACT_CHUNK == 0;
 }
 
 static void set_code(uint32_t t, uint8_t *blk, int p, int v)
@@ -36,10 +36,10 @@ static void set_code(uint32_t t, uint8_t *blk, int p, int v)
         qs[p - 16] = (uint8_t)((qs[p - 16] & 0x0F) | (v << 4));
 }
 
-/* Bytes of scales at the head of a packed group. */
-static size_t head_bytes(uint32_t t)
+/* Bytes of scales at the head of a packed group of tc blocks. */
+static size_t head_bytes(uint32_t t, int tc)
 {
-    return (t == DT_Q4_1 ? 2 : 1) * QACT_LANES * sizeof(kv_fp16);
+    return (size_t)(t == DT_Q4_1 ? 2 : 1) * (size_t)tc * sizeof(kv_fp16);
 }
 
 /* Value position held by byte b of code vector r (q8_0: r < 8; q4: the
@@ -52,19 +52,20 @@ static int pos_of(uint32_t t, int r, int h, int b)
 /* The layout of qpack.h written directly from the stored blocks (the
  * inverse, unpack_group, goes through set_code/pos_of; the tests check
  * that one undoes the other). */
-static void pack_group(uint32_t t, const uint8_t *in, uint8_t *out)
+static void pack_group(uint32_t t, int tc, const uint8_t *in, uint8_t *out)
 {
     const size_t bb = block_bytes(t);
-    kv_fp16 *hd = (kv_fp16 *)out;
-    uint8_t *qs = out + head_bytes(t);
-    for (int c = 0; c < QACT_LANES; c++) {
+    const int L = 4 * tc;
+    uint8_t *hd = out;
+    uint8_t *qs = out + head_bytes(t, tc);
+    for (int c = 0; c < tc; c++) {
         const uint8_t *blk = in + c * bb;
-        memcpy(&hd[c], blk, 2);
+        memcpy(hd + 2 * c, blk, 2);
         if (t == DT_Q4_1)
-            memcpy(&hd[QACT_LANES + c], blk + 2, 2);
+            memcpy(hd + 2 * (tc + c), blk + 2, 2);
         if (t == DT_Q8_0) {
             for (int r = 0; r < 8; r++)
-                memcpy(qs + 64 * r + 4 * c, ((const block_q8_0 *)blk)->qs + 4 * r, 4);
+                memcpy(qs + L * r + 4 * c, ((const block_q8_0 *)blk)->qs + 4 * r, 4);
             continue;
         }
         const uint8_t *q = t == DT_Q4_0 ? ((const block_q4_0 *)blk)->qs : ((const block_q4_1 *)blk)->qs;
@@ -72,28 +73,29 @@ static void pack_group(uint32_t t, const uint8_t *in, uint8_t *out)
             for (int j = 0; j < 4; j++) {
                 /* values 8i+j, 8i+4+j: low nibbles; 16+8i+j, 20+8i+j: high */
                 const uint8_t a = q[8 * i + j], b = q[8 * i + 4 + j];
-                qs[64 * i + 4 * c + j] = (uint8_t)((a & 0x0F) | (b << 4));
-                qs[64 * (i + 2) + 4 * c + j] = (uint8_t)((a >> 4) | (b & 0xF0));
+                qs[L * i + 4 * c + j] = (uint8_t)((a & 0x0F) | (b << 4));
+                qs[L * (i + 2) + 4 * c + j] = (uint8_t)((a >> 4) | (b & 0xF0));
             }
         }
     }
 }
 
-static void unpack_group(uint32_t t, const uint8_t *in, uint8_t *out)
+static void unpack_group(uint32_t t, int tc, const uint8_t *in, uint8_t *out)
 {
     const size_t bb = block_bytes(t);
-    const kv_fp16 *hd = (const kv_fp16 *)in;
-    for (int c = 0; c < QACT_LANES; c++) {
-        memcpy(out + c * bb, &hd[c], 2);
+    const int L = 4 * tc;
+    const uint8_t *hd = in;
+    for (int c = 0; c < tc; c++) {
+        memcpy(out + c * bb, hd + 2 * c, 2);
         if (t == DT_Q4_1)
-            memcpy(out + c * bb + 2, &hd[QACT_LANES + c], 2);
+            memcpy(out + c * bb + 2, hd + 2 * (tc + c), 2);
     }
-    const uint8_t *qs = in + head_bytes(t);
+    const uint8_t *qs = in + head_bytes(t, tc);
     const int nr = t == DT_Q8_0 ? 8 : 4;
     for (int r = 0; r < nr; r++) {
-        for (int b = 0; b < 64; b++) {
+        for (int b = 0; b < L; b++) {
             uint8_t *blk = out + (size_t)(b / 4) * bb;
-            const uint8_t v = qs[64 * r + b];
+            const uint8_t v = qs[L * r + b];
             if (t == DT_Q8_0) {
                 set_code(t, blk, pos_of(t, r, 0, b), (int8_t)v);
             } else {
@@ -105,20 +107,19 @@ static void unpack_group(uint32_t t, const uint8_t *in, uint8_t *out)
 }
 
 static void map_rows(uint32_t type, const void *src, void *dst, int64_t n, int64_t n_rows,
-                     size_t row_bytes, void (*fn)(uint32_t, const uint8_t *, uint8_t *))
+                     size_t row_bytes, void (*fn)(uint32_t, int, const uint8_t *, uint8_t *))
 {
-    const size_t gb = QACT_LANES * block_bytes(type);
-    const int64_t full = n / QACT_GROUP;
+    const size_t bb = block_bytes(type);
+    const int64_t nc = n / QACT_CHUNK;
     uint8_t tmp[QP_GROUP_MAX];
     for (int64_t r = 0; r < n_rows; r++) {
         const uint8_t *s = (const uint8_t *)src + (size_t)r * row_bytes;
         uint8_t *d = (uint8_t *)dst + (size_t)r * row_bytes;
-        for (int64_t g = 0; g < full; g++) {
-            memcpy(tmp, s + g * gb, gb);
-            fn(type, tmp, d + g * gb);
+        for (int64_t c0 = 0; c0 < nc; c0 += QACT_LANES) {
+            const int tc = (int)(nc - c0 < QACT_LANES ? nc - c0 : QACT_LANES);
+            memcpy(tmp, s + c0 * bb, (size_t)tc * bb);
+            fn(type, tc, tmp, d + c0 * bb);
         }
-        if (d != s) /* the partial group keeps the stored layout */
-            memcpy(d + full * gb, s + full * gb, row_bytes - (size_t)full * gb);
     }
 }
 
@@ -138,7 +139,7 @@ void qpack_interleave_act(void *xq, int64_t n)
 {
     int8_t *qs = xq;
     int8_t tmp[QACT_GROUP];
-    for (int64_t g = 0; g < n / QACT_GROUP; g++) {
+    for (int64_t g = 0; g < qact_padded(n) / QACT_GROUP; g++) {
         int8_t *q = qs + g * QACT_GROUP;
         memcpy(tmp, q, sizeof tmp);
         for (int r = 0; r < 8; r++)

@@ -2,24 +2,25 @@
  * kernels want ("packed" rows), and the matching activation order.
  *
  * A packed row of a Q4_0, Q4_1 or Q8_0 tensor holds the same bytes as the
- * stored row, permuted inside each full group of QACT_LANES = 16 blocks
- * (512 values); a last partial group keeps the stored block layout.  A
- * full group, with code(c, p) the unsigned-or-signed code of value p of
- * block c as stored:
- *     kv_fp16 d[16];                      every block's scale, in order
- *     kv_fp16 m[16];                      (q4_1 only) every block's min
- *     q4_0, q4_1: uint8_t qs[4][64]:      qs[i][b] low nibble  = code(b/4, 8i + b%4)
+ * stored row, permuted inside each group of up to QACT_LANES = 16 blocks
+ * (512 values; the last group of a row holds tc = the remaining blocks,
+ * 1..16).  A group, with code(c, p) the code of value p of block c as
+ * stored and L = 4 tc the length of one code vector:
+ *     kv_fp16 d[tc];                      every block's scale, in order
+ *     kv_fp16 m[tc];                      (q4_1 only) every block's min
+ *     q4_0, q4_1: uint8_t qs[4][L]:       qs[i][b] low nibble  = code(b/4, 8i + b%4)
  *                                                  high nibble = code(b/4, 8i + 4 + b%4)
- *     q8_0:       int8_t  qs[8][64]:      qs[r][b] = code(b/4, 4r + b%4)
+ *     q8_0:       int8_t  qs[8][L]:       qs[r][b] = code(b/4, 4r + b%4)
  * so one 64-byte load feeds 16 blocks at once (AVX2: 32 bytes, 8 blocks),
  * every SIMD lane of 4 bytes belongs to one block, and the integer dot
- * needs no horizontal reduction.  The group is as long as its 16 stored
- * blocks: a packed tensor has the stored tensor's size and row stride.
+ * needs no horizontal reduction; a short last group is read with masked
+ * loads.  A group is as long as its stored blocks: a packed tensor has
+ * the stored tensor's size and row stride.
  *
  * Activations for a packed matmul are the qact rows of qact.h with the
- * codes of each full group in the same order (the "interleaved" row):
- * byte 64r + b of the group = code of chunk b/4, position 4r + b%4; the
- * scales and sums stay per chunk, the last partial group stays in order.
+ * codes of every group (the row is zero-padded to whole groups) in the
+ * same order (the "interleaved" row): byte 64r + b of the group = code of
+ * chunk b/4, position 4r + b%4; the scales and sums stay per chunk.
  *
  * Results: a packed dot is bitwise the qact reference (qact_dot_ref) of
  * the stored row against the in-order activations; the layout only moves
@@ -38,8 +39,7 @@ static inline uint32_t qpack_base(uint32_t type)
     return type & ~DT_PACKED;
 }
 
-/* 1 when `type` has a packed layout and rows of n values hold at least
- * one full group. */
+/* 1 when `type` has a packed layout for rows of n values. */
 int qpack_supported(uint32_t type, int64_t n);
 
 /* Packs n_rows rows of n values (row stride row_bytes) from src into dst,
@@ -51,8 +51,8 @@ void qpack_rows(uint32_t type, const void *src, void *dst, int64_t n, int64_t n_
 void qpack_unpack_rows(uint32_t type, const void *src, void *dst, int64_t n, int64_t n_rows,
                        size_t row_bytes);
 
-/* Puts the codes of each full group of one qact row (qact.h, n values)
- * into the interleaved order, in place. */
+/* Puts the codes of every group of one qact row (qact.h, n values) into
+ * the interleaved order, in place. */
 void qpack_interleave_act(void *xq, int64_t n);
 
 /* Dot kernels over packed rows and interleaved activations, with the

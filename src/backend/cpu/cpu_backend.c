@@ -9,6 +9,7 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -246,6 +247,8 @@ typedef struct row_job {
     int32_t n_heads, head_dim;
     const void *xq; /* matmul: x quantized once for all threads, or NULL */
     int qact;       /* matmul: int8-activation path (xq, or per-thread stack tiles) */
+    atomic_long next; /* matmul: first row not yet claimed */
+    long chunk;       /* matmul: rows per claim */
 } row_job;
 
 static void embed_worker(int ith, int nth, void *arg)
@@ -283,26 +286,47 @@ static void cpu_rmsnorm(backend *be, const float *d_x, const model_tensor *w, fl
     tpool_run(cpu(be)->pool, rmsnorm_worker, &j);
 }
 
+/* Rows per claim: about 8 claims per thread, in multiples of 4 rows and
+ * at least 16 KiB of weights, so that both threads of a step finish
+ * together when one is slowed down (a busy sibling, an interrupt) while a
+ * claim stays long enough to stream. */
+static long matmul_chunk(const model_tensor *w, int nth)
+{
+    const long n_rows = (long)w->ne[1];
+    long c = n_rows / ((long)nth * 8);
+    const long min_rows = (long)((16 * 1024 + w->row_bytes - 1) / (w->row_bytes ? w->row_bytes : 1));
+    if (c < min_rows)
+        c = min_rows;
+    c = (c + 3) / 4 * 4;
+    return c < 1 ? 1 : c;
+}
+
+/* Rows are claimed in chunks from a shared counter; which thread computes
+ * a row does not change its result (kernels/matmul.h contract). */
 static void matmul_worker(int ith, int nth, void *arg)
 {
     row_job *j = arg;
     const model_tensor *w = j->w;
-    int64_t n_rows = w->ne[1];
-    long b, e;
-    tpool_range(n_rows, ith, nth, &b, &e);
-    if (b >= e)
-        return;
-    if (j->qact)
-        dtype_matmul_rows_q(w->type | (w->packed ? DT_PACKED : 0), w->dev, w->row_bytes, b, e,
-                            w->ne[0], j->x, j->xq, j->n, j->y, n_rows);
-    else
-        dtype_matmul_rows(w->type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->n, j->y,
-                          n_rows);
-    if (j->bias && j->bias->dev) {
-        const float *bias = j->bias->dev;
-        for (int32_t t = 0; t < j->n; t++)
-            for (long r = b; r < e; r++)
-                j->y[(int64_t)t * n_rows + r] += bias[r];
+    const int64_t n_rows = w->ne[1];
+    const uint32_t type = w->type | (w->packed ? DT_PACKED : 0);
+    (void)ith, (void)nth;
+    for (;;) {
+        const long b = atomic_fetch_add_explicit(&j->next, j->chunk, memory_order_relaxed);
+        if (b >= n_rows)
+            break;
+        const long e = b + j->chunk < n_rows ? b + j->chunk : (long)n_rows;
+        if (j->qact)
+            dtype_matmul_rows_q(type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->xq, j->n,
+                                j->y, n_rows);
+        else
+            dtype_matmul_rows(w->type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->n, j->y,
+                              n_rows);
+        if (j->bias && j->bias->dev) {
+            const float *bias = j->bias->dev;
+            for (int32_t t = 0; t < j->n; t++)
+                for (long r = b; r < e; r++)
+                    j->y[(int64_t)t * n_rows + r] += bias[r];
+        }
     }
 }
 
@@ -317,6 +341,8 @@ static void cpu_matmul(backend *be, const model_tensor *W, const model_tensor *b
 {
     cpu_backend *cb = cpu(be);
     row_job j = {.cb = cb, .w = W, .bias = bias, .x = d_x, .y = d_y, .n = n};
+    atomic_init(&j.next, 0);
+    j.chunk = matmul_chunk(W, cb->n_threads);
     const size_t need =
         cb->act_q8 && !W->exact ? dtype_matmul_scratch_bytes(W->type, W->ne[0], n) : 0;
     const uint32_t type = W->type | (W->packed ? DT_PACKED : 0);
