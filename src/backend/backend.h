@@ -62,6 +62,8 @@ typedef struct kv_layout {
     int32_t n_kv_heads;
     int32_t head_dim;
     uint32_t dtype;       /* element type of the stored K/V (DT_F32, DT_F16, ...) */
+    int32_t max_tokens;   /* most tokens one step carries, for the backend's per-step
+                           * workspace (0: unknown, sized on first use) */
 } kv_layout;
 
 typedef struct backend_ops {

@@ -226,6 +226,7 @@ static int setup_backend(engine_ext *x, kvant_err *err)
      * scratch, staging buffers), which the plan does not size: hold back
      * enough whole blocks for it. */
     kv_layout lay = fwd_kv_layout(e->m, 1, e->cfg.block_size, e->cfg.kv_dtype);
+    lay.max_tokens = e->cfg.max_num_batched_tokens;
     uint64_t extra = e->be->ops->kv_extra_bytes ? e->be->ops->kv_extra_bytes(e->be, &lay) : 0;
     uint64_t block_bytes = x->plan.kv_bytes_per_token * (uint64_t)e->cfg.block_size;
     int64_t held = block_bytes ? (int64_t)((extra + block_bytes - 1) / block_bytes) : 0;

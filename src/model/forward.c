@@ -82,7 +82,9 @@ int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_
     f->d_gate = (float *)(base + lay.gate);
     f->d_up = (float *)(base + lay.up);
     f->d_logits = (float *)(base + lay.logits);
-    int rc = be->ops->kv_init(be, kv, err);
+    kv_layout kl = *kv;
+    kl.max_tokens = max_tokens;
+    int rc = be->ops->kv_init(be, &kl, err);
     if (rc) {
         fwd_free(f);
         return rc;

@@ -34,6 +34,7 @@ typedef struct cpu_backend {
     void *qact;             /* quantized matmul activations (MEM_WORKSPACE), qact_bytes;
                              * grown by cpu_matmul only, engine thread */
     size_t qact_bytes;
+    int64_t qact_n;         /* widest matmul input of the loaded model */
     int act_q8;             /* 0 under BACKEND_EXACT: int8-activation matmul for quantized weights */
     int64_t *weight_ids;    /* mem reservations for mapped weights */
     cpu_packed *packed;     /* weights repacked at load (act_q8 only) */
@@ -103,6 +104,9 @@ static int cpu_load_weights(backend *be, model *m, kvant_err *err)
 {
     cpu_backend *cb = cpu(be);
     reserve_ctx rc = {cb, err, 0};
+    cb->qact_n = m->hp.n_embd > m->hp.n_ff ? m->hp.n_embd : m->hp.n_ff;
+    if ((int64_t)m->hp.n_head * m->hp.head_dim > cb->qact_n)
+        cb->qact_n = (int64_t)m->hp.n_head * m->hp.head_dim;
     if (cb->act_q8 && cb->pack) {
         cb->packed = cpu_pack_weights(m, cb->mem, cb->pool, err);
         if (!cb->packed)
@@ -153,6 +157,15 @@ static void cpu_kv_free(backend *be)
     memset(&cb->kv, 0, sizeof cb->kv);
 }
 
+/* Bytes of quantized activations for n_tok rows of the widest matmul
+ * input (0 on the exact path or before weights are loaded). */
+static size_t cpu_qact_bytes(const cpu_backend *cb, int32_t n_tok)
+{
+    if (!cb->act_q8 || cb->qact_n <= 0 || n_tok <= 0)
+        return 0;
+    return dtype_matmul_scratch_bytes(DT_Q4_0, cb->qact_n, n_tok);
+}
+
 static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
 {
     cpu_backend *cb = cpu(be);
@@ -171,6 +184,14 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
     cb->kv_data = mem_alloc(cb->mem, bytes, MEM_KV, MEM_NO_LAYER, err);
     if (!cb->kv_data)
         return KV_ENOMEM;
+    /* the quantized matmul activations of the largest step, up front: a
+     * full KV pool leaves nothing to grow them later */
+    const size_t qb = cpu_qact_bytes(cb, lay->max_tokens);
+    if (qb > cb->qact_bytes) {
+        mem_free(cb->mem, cb->qact);
+        cb->qact = mem_alloc(cb->mem, qb, MEM_WORKSPACE, MEM_NO_LAYER, NULL);
+        cb->qact_bytes = cb->qact ? qb : 0;
+    }
     cb->scratch_per_thread = cpu_kvq_scratch(lay->block_size, lay->head_dim);
     cb->scratch = mem_alloc(cb->mem, (size_t)cb->scratch_per_thread * cb->n_threads * sizeof(float),
                             MEM_WORKSPACE, MEM_NO_LAYER, err);
@@ -187,10 +208,10 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
 
 static uint64_t cpu_kv_extra_bytes(backend *be, const kv_layout *lay)
 {
-    /* the per-thread attention scratch kv_init allocates, plus allocator
-     * rounding */
+    /* the per-thread attention scratch and the quantized activations
+     * kv_init allocates, plus allocator rounding */
     return (uint64_t)cpu_kvq_scratch(lay->block_size, lay->head_dim) * cpu(be)->n_threads *
-               sizeof(float) + 64;
+               sizeof(float) + cpu_qact_bytes(cpu(be), lay->max_tokens) + 128;
 }
 
 static void cpu_kv_copy_block(backend *be, int32_t dst, int32_t src)
@@ -342,7 +363,6 @@ static void cpu_matmul(backend *be, const model_tensor *W, const model_tensor *b
     cpu_backend *cb = cpu(be);
     row_job j = {.cb = cb, .w = W, .bias = bias, .x = d_x, .y = d_y, .n = n};
     atomic_init(&j.next, 0);
-    j.chunk = matmul_chunk(W, cb->n_threads);
     const size_t need =
         cb->act_q8 && !W->exact ? dtype_matmul_scratch_bytes(W->type, W->ne[0], n) : 0;
     const uint32_t type = W->type | (W->packed ? DT_PACKED : 0);
@@ -359,6 +379,10 @@ static void cpu_matmul(backend *be, const model_tensor *W, const model_tensor *b
         dtype_matmul_quantize(type, d_x, W->ne[0], n, cb->qact);
         j.xq = cb->qact;
     }
+    /* without xq every claim quantizes its tokens again: one claim per
+     * thread then */
+    j.chunk = j.qact && !j.xq ? (long)((W->ne[1] + cb->n_threads - 1) / cb->n_threads)
+                              : matmul_chunk(W, cb->n_threads);
     tpool_run(cb->pool, matmul_worker, &j);
 }
 
