@@ -1,11 +1,19 @@
-/* test_ops.c - the AVX-512 attention row against its scalar reference on
+/* test_ops.c - the SIMD attention rows against their scalar reference on
  * random data (shuffled block tables, partial last blocks, head dims 64
- * and 128), bound 2e-5 absolute (outputs are averages of V in [-1, 1]). */
+ * and 128), bound 2e-5 absolute (outputs are averages of V in [-1, 1]):
+ * the AVX-512 f32 row, and the AVX-512 and AVX2 rows over f16 K/V (the
+ * default KV dtype) against the scalar f32 row on the same values (f16 ->
+ * f32 is exact), and against the typed reference cpu_kvq_attention_row_ref.
+ * Each ISA the CPU lacks is named and not run; the test is skipped (77)
+ * only when no SIMD row can run. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cpu/cpu_kv.h"
 #include "backend/cpu/cpu_ops.h"
+#include "kernels/dtype.h"
+#include "kernels/quant_ref.h"
 #include "testutil.h"
 #include "util/arch.h"
 
@@ -15,17 +23,25 @@
 #define T_BOUND 2e-5f
 
 #if KVANT_X86
-static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale)
+typedef void (*f16_row_fn)(const float *, const cpu_kvq_seq *, int32_t, int32_t, float, float *,
+                           float *);
+
+static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f32_simd,
+                       f16_row_fn f16_simd, const char *name)
 {
     const int32_t n_blocks = (T_MAX_POS + T_BLOCK - 1) / T_BLOCK;
     const int64_t row = hd + 8; /* padding: a row stride wider than head_dim */
-    float *k = malloc(sizeof(float) * (size_t)(n_blocks * T_BLOCK * row));
-    float *v = malloc(sizeof(float) * (size_t)(n_blocks * T_BLOCK * row));
+    const size_t nv = (size_t)(n_blocks * T_BLOCK * row);
+    float *k = malloc(sizeof(float) * nv), *v = malloc(sizeof(float) * nv);
+    kv_fp16 *kh = malloc(sizeof(kv_fp16) * nv), *vh = malloc(sizeof(kv_fp16) * nv);
     int32_t table[(T_MAX_POS + T_BLOCK - 1) / T_BLOCK];
-    float q[T_MAX_HD], o_ref[T_MAX_HD], o_simd[T_MAX_HD], scratch[T_BLOCK];
-    for (int64_t i = 0; i < n_blocks * T_BLOCK * row; i++) {
-        k[i] = tu_rand_uniform(r, -1, 1);
-        v[i] = tu_rand_uniform(r, -1, 1);
+    float q[T_MAX_HD], o_ref[T_MAX_HD], o_simd[T_MAX_HD], o_typed[T_MAX_HD];
+    float scratch[T_BLOCK + T_MAX_HD + 16];
+    for (size_t i = 0; i < nv; i++) { /* values exactly representable in f16 */
+        kh[i] = kv_f32_to_fp16(tu_rand_uniform(r, -1, 1));
+        vh[i] = kv_f32_to_fp16(tu_rand_uniform(r, -1, 1));
+        k[i] = kv_fp16_to_f32(kh[i]);
+        v[i] = kv_fp16_to_f32(vh[i]);
     }
     for (int32_t i = 0; i < n_blocks; i++)
         table[i] = i;
@@ -39,35 +55,60 @@ static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale)
     cpu_attn_seq s = {k, v, table, T_BLOCK * row, row, T_BLOCK};
     const float scale = 1.0f / sqrtf((float)hd);
     cpu_attention_row_ref(q, &s, n_pos, hd, scale, scratch, o_ref);
-    cpu_attention_row_avx512(q, &s, n_pos, hd, scale, scratch, o_simd);
     float err = 0.0f;
-    for (int32_t d = 0; d < hd; d++)
-        err = fmaxf(err, fabsf(o_ref[d] - o_simd[d]));
-    CHECKF(err <= T_BOUND, "n_pos %d hd %d qscale %g: max err %g", n_pos, hd, qscale, err);
-    free(k);
-    free(v);
+    if (f32_simd) {
+        cpu_attention_row_avx512(q, &s, n_pos, hd, scale, scratch, o_simd);
+        for (int32_t d = 0; d < hd; d++)
+            err = fmaxf(err, fabsf(o_ref[d] - o_simd[d]));
+        CHECKF(err <= T_BOUND, "f32 avx512 n_pos %d hd %d qscale %g: max err %g", n_pos, hd,
+               qscale, err);
+    }
+    cpu_kvq_seq hs = {(const uint8_t *)kh, (const uint8_t *)vh, table,
+                      (int64_t)(T_BLOCK * row * sizeof(kv_fp16)), (int64_t)(row * sizeof(kv_fp16)),
+                      T_BLOCK, DT_F16};
+    if (f16_simd) {
+        f16_simd(q, &hs, n_pos, hd, scale, scratch, o_simd);
+        cpu_kvq_attention_row_ref(q, &hs, n_pos, hd, scale, scratch, o_typed);
+        float e1 = 0.0f, e2 = 0.0f;
+        for (int32_t d = 0; d < hd; d++) {
+            e1 = fmaxf(e1, fabsf(o_ref[d] - o_simd[d]));
+            e2 = fmaxf(e2, fabsf(o_typed[d] - o_simd[d]));
+        }
+        CHECKF(e1 <= T_BOUND && e2 <= T_BOUND, "f16 %s n_pos %d hd %d qscale %g: max err %g / %g",
+               name, n_pos, hd, qscale, e1, e2);
+    }
+    free(k), free(v), free(kh), free(vh);
 }
 #endif
 
 int main(void)
 {
 #if KVANT_X86
+    dtype_init();
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx512f")) {
-        printf("SKIPPED: test_ops: the CPU lacks AVX-512, whose attention row this checks\n");
+    const int has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    const int has2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                     __builtin_cpu_supports("f16c");
+    if (!has2) {
+        printf("SKIPPED: test_ops: the CPU lacks AVX2, the least its SIMD attention rows need\n");
         return 77;
     }
+    if (!has512)
+        fprintf(stderr, "test_ops: CPU lacks AVX-512: its attention rows not run here\n");
     tu_rng r = {0x5eed1234ull};
     const int32_t n_pos[] = {1, 2, 15, 16, 17, 31, 64, 100, 257, T_MAX_POS};
     const float qs[] = {0.5f, 4.0f, 20.0f}; /* soft to very peaked softmax */
     for (size_t i = 0; i < sizeof n_pos / sizeof n_pos[0]; i++)
-        for (size_t j = 0; j < sizeof qs / sizeof qs[0]; j++) {
-            check_case(&r, n_pos[i], 64, qs[j]);
-            check_case(&r, n_pos[i], 128, qs[j]);
-        }
+        for (size_t j = 0; j < sizeof qs / sizeof qs[0]; j++)
+            for (int32_t hd = 64; hd <= 128; hd += 64) {
+                check_case(&r, n_pos[i], hd, qs[j], 0, cpu_kvq_attention_row_f16_avx2, "avx2");
+                if (has512)
+                    check_case(&r, n_pos[i], hd, qs[j], 1, cpu_kvq_attention_row_f16_avx512,
+                               "avx512");
+            }
     return tu_finish("test_ops");
 #else
-    printf("SKIPPED: test_ops: the AVX-512 attention row exists on x86-64 only\n");
+    printf("SKIPPED: test_ops: the SIMD attention rows exist on x86-64 only\n");
     return 77;
 #endif
 }

@@ -7,8 +7,10 @@
 #include "backend/cpu/cpu_kv.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "kernels/dtype.h"
+#include "util/arch.h"
 
 int cpu_kv_check(uint32_t type, int32_t head_dim, kvant_err *err)
 {
@@ -36,6 +38,25 @@ int64_t cpu_kvq_scratch(int32_t block_size, int32_t head_dim)
 
 void cpu_kvq_attention_row(const float *q, const cpu_kvq_seq *s, int32_t n_pos, int32_t head_dim,
                            float scale, float *scratch, float *out)
+{
+#if KVANT_X86
+    if (s->type == DT_F16) {
+        const char *isa = dtype_isa();
+        if (head_dim % 16 == 0 && strcmp(isa, "avx512") == 0) {
+            cpu_kvq_attention_row_f16_avx512(q, s, n_pos, head_dim, scale, scratch, out);
+            return;
+        }
+        if (head_dim % 8 == 0 && (strcmp(isa, "avx2") == 0 || strcmp(isa, "avx512") == 0)) {
+            cpu_kvq_attention_row_f16_avx2(q, s, n_pos, head_dim, scale, scratch, out);
+            return;
+        }
+    }
+#endif
+    cpu_kvq_attention_row_ref(q, s, n_pos, head_dim, scale, scratch, out);
+}
+
+void cpu_kvq_attention_row_ref(const float *q, const cpu_kvq_seq *s, int32_t n_pos,
+                               int32_t head_dim, float scale, float *scratch, float *out)
 {
     const dtype_traits *tr = dtype_get(s->type);
     float *vrow = scratch + s->block_size; /* [head_dim] one dequantized V slice */

@@ -46,5 +46,15 @@ int64_t cpu_kvq_scratch(int32_t block_size, int32_t head_dim);
  * dequantized into scratch (one head_dim row at a time, never the cache). */
 void cpu_kvq_attention_row(const float *q, const cpu_kvq_seq *s, int32_t n_pos, int32_t head_dim,
                            float scale, float *scratch, float *out);
+/* The scalar specification (the type's traits), and the f16 twins that
+ * cpu_kvq_attention_row picks by dtype_isa() for DT_F16 rows (AVX-512:
+ * head_dim % 16 == 0; AVX2 + FMA + F16C: head_dim % 8 == 0); equal to the
+ * reference within rounding (vector exp(), test_ops bounds it). */
+void cpu_kvq_attention_row_ref(const float *q, const cpu_kvq_seq *s, int32_t n_pos,
+                               int32_t head_dim, float scale, float *scratch, float *out);
+void cpu_kvq_attention_row_f16_avx512(const float *q, const cpu_kvq_seq *s, int32_t n_pos,
+                                      int32_t head_dim, float scale, float *scratch, float *out);
+void cpu_kvq_attention_row_f16_avx2(const float *q, const cpu_kvq_seq *s, int32_t n_pos,
+                                    int32_t head_dim, float scale, float *scratch, float *out);
 
 #endif

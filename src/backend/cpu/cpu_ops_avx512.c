@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include "backend/cpu/cpu_kv.h"
 #include "backend/cpu/cpu_ops.h"
 
 #define AI static inline __attribute__((always_inline))
@@ -84,6 +85,63 @@ void cpu_attention_row_avx512(const float *q, const cpu_attn_seq *s, int32_t n_p
             for (int32_t j = 0; j < cnt; j++)
                 o = _mm512_fmadd_ps(_mm512_set1_ps(scratch[j]),
                                     _mm512_loadu_ps(vb + j * s->row_stride + d), o);
+            _mm512_storeu_ps(out + d, o);
+        }
+        for (int32_t j = 0; j < cnt; j++)
+            l += scratch[j];
+        m = m_new;
+    }
+    const __m512 inv = _mm512_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
+    for (int32_t d = 0; d < head_dim; d += 16)
+        _mm512_storeu_ps(out + d, _mm512_mul_ps(_mm512_loadu_ps(out + d), inv));
+}
+
+/* ---- f16 K/V rows (the default KV dtype; cpu_kv.h) ---- */
+
+AI __m512 ld_f16x16(const uint8_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
+AI float dot512_f16(const float *q, const uint8_t *k, int32_t n)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    int32_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), ld_f16x16(k + 2 * i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i + 16), ld_f16x16(k + 2 * i + 32), s1);
+    }
+    if (i < n)
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), ld_f16x16(k + 2 * i), s0);
+    return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+}
+
+void cpu_kvq_attention_row_f16_avx512(const float *q, const cpu_kvq_seq *s, int32_t n_pos,
+                                      int32_t head_dim, float scale, float *scratch, float *out)
+{
+    float m = -INFINITY, l = 0.0f;
+    for (int32_t d = 0; d < head_dim; d += 16)
+        _mm512_storeu_ps(out + d, _mm512_setzero_ps());
+    for (int32_t start = 0; start < n_pos; start += s->block_size) {
+        const int32_t blk = s->table[start / s->block_size];
+        const int32_t cnt = n_pos - start < s->block_size ? n_pos - start : s->block_size;
+        const uint8_t *kb = s->k_base + (int64_t)blk * s->block_stride;
+        const uint8_t *vb = s->v_base + (int64_t)blk * s->block_stride;
+        float bm = -INFINITY;
+        for (int32_t j = 0; j < cnt; j++) {
+            scratch[j] = dot512_f16(q, kb + j * s->row_stride, head_dim) * scale;
+            bm = scratch[j] > bm ? scratch[j] : bm;
+        }
+        const float m_new = bm > m ? bm : m;
+        const float corr = expf(m - m_new); /* 0 on the first block (m = -inf) */
+        exp_block(scratch, cnt, m_new);
+        const __m512 vc = _mm512_set1_ps(corr);
+        l *= corr;
+        for (int32_t d = 0; d < head_dim; d += 16) {
+            __m512 o = _mm512_mul_ps(_mm512_loadu_ps(out + d), vc);
+            for (int32_t j = 0; j < cnt; j++)
+                o = _mm512_fmadd_ps(_mm512_set1_ps(scratch[j]),
+                                    ld_f16x16(vb + j * s->row_stride + 2 * d), o);
             _mm512_storeu_ps(out + d, o);
         }
         for (int32_t j = 0; j < cnt; j++)

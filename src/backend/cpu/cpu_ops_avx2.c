@@ -1,0 +1,110 @@
+/* cpu_ops_avx2.c - AVX2 + FMA + F16C attention row over f16 K/V rows (the
+ * default KV dtype), twin of the scalar cpu_kvq_attention_row_ref.
+ *
+ * Same algorithm and block order as the reference (online softmax block
+ * by block): q.k with 8-wide FMAs on converted halves, the block's exp()
+ * as one vector polynomial (Cephes expf, as cpu_ops_avx512.c), p*V with
+ * 8-wide FMAs.  Per-row arithmetic depends only on (q, K, V, n_pos), never
+ * on the batch.  Requires head_dim % 8 == 0 (the caller falls back).
+ */
+#include <immintrin.h>
+#include <math.h>
+
+#include "backend/cpu/cpu_kv.h"
+
+#define AI static inline __attribute__((always_inline))
+
+/* exp(x), x clamped to [-87, 88] (2^n stays a normal float). */
+AI __m256 exp256(__m256 x)
+{
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+AI __m256 ld_f16x8(const uint8_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+AI float dot256_f16(const float *q, const uint8_t *k, int32_t n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), ld_f16x8(k + 2 * i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), ld_f16x8(k + 2 * i + 16), s1);
+    }
+    if (i < n)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), ld_f16x8(k + 2 * i), s0);
+    const __m256 s = _mm256_add_ps(s0, s1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* scratch[0..cnt) = exp(scratch - m) in place, 8 at a time, scalar tail. */
+AI void exp_block256(float *scratch, int32_t cnt, float m)
+{
+    const __m256 vm = _mm256_set1_ps(m);
+    int32_t j = 0;
+    for (; j + 8 <= cnt; j += 8)
+        _mm256_storeu_ps(scratch + j, exp256(_mm256_sub_ps(_mm256_loadu_ps(scratch + j), vm)));
+    if (j < cnt) {
+        float t[8] = {0};
+        for (int32_t i = j; i < cnt; i++)
+            t[i - j] = scratch[i];
+        _mm256_storeu_ps(t, exp256(_mm256_sub_ps(_mm256_loadu_ps(t), vm)));
+        for (int32_t i = j; i < cnt; i++)
+            scratch[i] = t[i - j];
+    }
+}
+
+void cpu_kvq_attention_row_f16_avx2(const float *q, const cpu_kvq_seq *s, int32_t n_pos,
+                                    int32_t head_dim, float scale, float *scratch, float *out)
+{
+    float m = -INFINITY, l = 0.0f;
+    for (int32_t d = 0; d < head_dim; d += 8)
+        _mm256_storeu_ps(out + d, _mm256_setzero_ps());
+    for (int32_t start = 0; start < n_pos; start += s->block_size) {
+        const int32_t blk = s->table[start / s->block_size];
+        const int32_t cnt = n_pos - start < s->block_size ? n_pos - start : s->block_size;
+        const uint8_t *kb = s->k_base + (int64_t)blk * s->block_stride;
+        const uint8_t *vb = s->v_base + (int64_t)blk * s->block_stride;
+        float bm = -INFINITY;
+        for (int32_t j = 0; j < cnt; j++) {
+            scratch[j] = dot256_f16(q, kb + j * s->row_stride, head_dim) * scale;
+            bm = scratch[j] > bm ? scratch[j] : bm;
+        }
+        const float m_new = bm > m ? bm : m;
+        const float corr = expf(m - m_new); /* 0 on the first block (m = -inf) */
+        exp_block256(scratch, cnt, m_new);
+        const __m256 vc = _mm256_set1_ps(corr);
+        l *= corr;
+        for (int32_t d = 0; d < head_dim; d += 8) {
+            __m256 o = _mm256_mul_ps(_mm256_loadu_ps(out + d), vc);
+            for (int32_t j = 0; j < cnt; j++)
+                o = _mm256_fmadd_ps(_mm256_set1_ps(scratch[j]),
+                                    ld_f16x8(vb + j * s->row_stride + 2 * d), o);
+            _mm256_storeu_ps(out + d, o);
+        }
+        for (int32_t j = 0; j < cnt; j++)
+            l += scratch[j];
+        m = m_new;
+    }
+    const __m256 inv = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
+    for (int32_t d = 0; d < head_dim; d += 8)
+        _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), inv));
+}
