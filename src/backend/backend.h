@@ -109,6 +109,13 @@ typedef struct backend_ops {
     /* d_y[t][r] = sum_c W[r][c] d_x[t][c] (+ bias[r] when bias != NULL) */
     void (*matmul)(backend *be, const model_tensor *W, const model_tensor *bias, const float *d_x,
                    float *d_y, int32_t n);
+    /* Optional: count (1..3) matmuls over the same d_x as one job (one
+     * quantization of d_x, one synchronisation), W[i] into d_y[i]; bias[i]
+     * may be NULL.  Same results as count matmul calls.  NULL: the forward
+     * pass calls matmul for each. */
+    void (*matmul_n)(backend *be, int count, const model_tensor *const *W,
+                     const model_tensor *const *bias, const float *d_x, float *const *d_y,
+                     int32_t n);
     /* RoPE in place on d_x[t][n_heads][head_dim] at the batch positions. */
     void (*rope)(backend *be, float *d_x, int32_t n_heads, int32_t head_dim,
                  const rope_params *rp);

@@ -126,6 +126,20 @@ static int check_batch(const fwd_ctx *f, const fwd_batch *b, int32_t block_size,
     return KV_OK;
 }
 
+/* W[i] d_x into d_y[i], i < count, as one backend job where it has one. */
+static void matmuls(fwd_ctx *f, int count, const model_tensor *const *W,
+                    const model_tensor *const *bias, const float *d_x, float *const *d_y,
+                    int32_t n)
+{
+    const backend_ops *op = f->be->ops;
+    if (op->matmul_n) {
+        op->matmul_n(f->be, count, W, bias, d_x, d_y, n);
+        return;
+    }
+    for (int i = 0; i < count; i++)
+        op->matmul(f->be, W[i], bias[i], d_x, d_y[i], n);
+}
+
 static void run_layer(fwd_ctx *f, int32_t il, int32_t n)
 {
     const backend_ops *op = f->be->ops;
@@ -133,9 +147,11 @@ static void run_layer(fwd_ctx *f, int32_t il, int32_t n)
     const model_hparams *hp = &f->m->hp;
     const model_layer *L = &f->m->layers[il];
     op->rmsnorm(be, f->d_x, &L->attn_norm, hp->rms_eps, f->d_h, n);
-    op->matmul(be, &L->wq, L->bq.dev ? &L->bq : NULL, f->d_h, f->d_q, n);
-    op->matmul(be, &L->wk, L->bk.dev ? &L->bk : NULL, f->d_h, f->d_k, n);
-    op->matmul(be, &L->wv, L->bv.dev ? &L->bv : NULL, f->d_h, f->d_v, n);
+    const model_tensor *qkv[3] = {&L->wq, &L->wk, &L->wv};
+    const model_tensor *qkv_b[3] = {L->bq.dev ? &L->bq : NULL, L->bk.dev ? &L->bk : NULL,
+                                    L->bv.dev ? &L->bv : NULL};
+    float *qkv_y[3] = {f->d_q, f->d_k, f->d_v};
+    matmuls(f, 3, qkv, qkv_b, f->d_h, qkv_y, n);
     op->rope(be, f->d_q, hp->n_head, hp->head_dim, &f->rope);
     op->rope(be, f->d_k, hp->n_head_kv, hp->head_dim, &f->rope);
     op->kv_store(be, il, f->d_k, f->d_v);
@@ -143,8 +159,9 @@ static void run_layer(fwd_ctx *f, int32_t il, int32_t n)
     op->matmul(be, &L->wo, L->bo.dev ? &L->bo : NULL, f->d_att, f->d_h, n);
     op->add(be, f->d_x, f->d_h, (int64_t)n * hp->n_embd);
     op->rmsnorm(be, f->d_x, &L->ffn_norm, hp->rms_eps, f->d_h, n);
-    op->matmul(be, &L->w_gate, NULL, f->d_h, f->d_gate, n);
-    op->matmul(be, &L->w_up, NULL, f->d_h, f->d_up, n);
+    const model_tensor *gu[2] = {&L->w_gate, &L->w_up}, *gu_b[2] = {NULL, NULL};
+    float *gu_y[2] = {f->d_gate, f->d_up};
+    matmuls(f, 2, gu, gu_b, f->d_h, gu_y, n);
     op->swiglu(be, f->d_gate, f->d_up, f->d_gate, (int64_t)n * L->n_ff);
     op->matmul(be, &L->w_down, L->b_down.dev ? &L->b_down : NULL, f->d_gate, f->d_h, n);
     op->add(be, f->d_x, f->d_h, (int64_t)n * hp->n_embd);

@@ -266,10 +266,6 @@ typedef struct row_job {
     float eps;
     const rope_params *rp;
     int32_t n_heads, head_dim;
-    const void *xq; /* matmul: x quantized once for all threads, or NULL */
-    int qact;       /* matmul: int8-activation path (xq, or per-thread stack tiles) */
-    atomic_long next; /* matmul: first row not yet claimed */
-    long chunk;       /* matmul: rows per claim */
 } row_job;
 
 static void embed_worker(int ith, int nth, void *arg)
@@ -322,50 +318,98 @@ static long matmul_chunk(const model_tensor *w, int nth)
     return c < 1 ? 1 : c;
 }
 
-/* Rows are claimed in chunks from a shared counter; which thread computes
- * a row does not change its result (kernels/matmul.h contract). */
-static void matmul_worker(int ith, int nth, void *arg)
+#define MM_MAX_PARTS 3 /* q/k/v */
+
+/* One of the matmuls of a job: rows [first_claim * chunk ...) of w. */
+typedef struct mm_part {
+    const model_tensor *w, *bias;
+    float *y;
+    uint32_t type;     /* w->type, | DT_PACKED for packed rows */
+    long chunk;        /* rows per claim */
+    long first_claim;  /* claims before this part's */
+} mm_part;
+
+/* Matmuls sharing one input x, claimed in row chunks from one counter. */
+typedef struct mm_job {
+    mm_part p[MM_MAX_PARTS];
+    int count;
+    long n_claims;
+    const float *x;
+    const void *xq;    /* x quantized once for all parts, or NULL */
+    int qact;          /* int8-activation path (xq, or per-thread stack tiles) */
+    int32_t n;
+    atomic_long next;  /* first claim not yet taken */
+} mm_job;
+
+static void mm_rows(const mm_job *j, const mm_part *p, long b, long e)
 {
-    row_job *j = arg;
-    const model_tensor *w = j->w;
+    const model_tensor *w = p->w;
     const int64_t n_rows = w->ne[1];
-    const uint32_t type = w->type | (w->packed ? DT_PACKED : 0);
-    (void)ith, (void)nth;
-    for (;;) {
-        const long b = atomic_fetch_add_explicit(&j->next, j->chunk, memory_order_relaxed);
-        if (b >= n_rows)
-            break;
-        const long e = b + j->chunk < n_rows ? b + j->chunk : (long)n_rows;
-        if (j->qact)
-            dtype_matmul_rows_q(type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->xq, j->n,
-                                j->y, n_rows);
-        else
-            dtype_matmul_rows(w->type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->n, j->y,
-                              n_rows);
-        if (j->bias && j->bias->dev) {
-            const float *bias = j->bias->dev;
-            for (int32_t t = 0; t < j->n; t++)
-                for (long r = b; r < e; r++)
-                    j->y[(int64_t)t * n_rows + r] += bias[r];
-        }
+    if (j->qact)
+        dtype_matmul_rows_q(p->type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->xq, j->n,
+                            p->y, n_rows);
+    else
+        dtype_matmul_rows(w->type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->n, p->y,
+                          n_rows);
+    if (p->bias && p->bias->dev) {
+        const float *bias = p->bias->dev;
+        for (int32_t t = 0; t < j->n; t++)
+            for (long r = b; r < e; r++)
+                p->y[(int64_t)t * n_rows + r] += bias[r];
     }
 }
 
-/* Quantized activations for the activation-quantized matmul path
- * (kernels/matmul.h): x is quantized once here, before the rows are split
- * over threads.  The buffer grows (power of two, >= 1 MiB) only when a
- * larger batch arrives, so after the first prefill of the largest batch
- * no decode step allocates; on allocation failure the kernel quantizes
- * per thread on its stack (same results, slower). */
-static void cpu_matmul(backend *be, const model_tensor *W, const model_tensor *bias,
-                       const float *d_x, float *d_y, int32_t n)
+/* Which thread computes a row does not change its result (the
+ * kernels/matmul.h contract), so claims may go to any thread. */
+static void matmul_worker(int ith, int nth, void *arg)
+{
+    mm_job *j = arg;
+    (void)ith, (void)nth;
+    for (;;) {
+        const long k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (k >= j->n_claims)
+            break;
+        int i = 0;
+        while (i + 1 < j->count && k >= j->p[i + 1].first_claim)
+            i++;
+        const mm_part *p = &j->p[i];
+        const long rows = (long)p->w->ne[1], b = (k - p->first_claim) * p->chunk;
+        mm_rows(j, p, b, b + p->chunk < rows ? b + p->chunk : rows);
+    }
+}
+
+/* Whether W[i] can share W[0]'s quantized input (same width, same path,
+ * same activation layout). */
+static int mm_same_input(const cpu_backend *cb, const model_tensor *a, const model_tensor *b)
+{
+    const int qa = cb->act_q8 && !a->exact && dtype_matmul_uses_qact(a->type);
+    const int qb = cb->act_q8 && !b->exact && dtype_matmul_uses_qact(b->type);
+    return a->ne[0] == b->ne[0] && qa == qb && (!qa || a->packed == b->packed);
+}
+
+/* count matmuls over one input as one pool job.  Quantized activations for
+ * the int8 path: x is quantized once here, before the rows are split over
+ * threads, into the buffer kv_init sized for the largest step (grown here,
+ * power of two >= 1 MiB, if a larger batch arrives); without it the kernel
+ * quantizes per claim on its stack (same results, slower), and each
+ * thread then takes one claim per matmul. */
+static void cpu_matmul_n(backend *be, int count, const model_tensor *const *W,
+                         const model_tensor *const *bias, const float *d_x, float *const *d_y,
+                         int32_t n)
 {
     cpu_backend *cb = cpu(be);
-    row_job j = {.cb = cb, .w = W, .bias = bias, .x = d_x, .y = d_y, .n = n};
+    KV_ASSERT(count >= 1 && count <= MM_MAX_PARTS);
+    for (int i = 1; i < count; i++) {
+        if (!mm_same_input(cb, W[0], W[i])) { /* run them one by one */
+            for (int k = 0; k < count; k++)
+                cpu_matmul_n(be, 1, &W[k], &bias[k], d_x, &d_y[k], n);
+            return;
+        }
+    }
+    mm_job j = {.count = count, .x = d_x, .n = n};
     atomic_init(&j.next, 0);
     const size_t need =
-        cb->act_q8 && !W->exact ? dtype_matmul_scratch_bytes(W->type, W->ne[0], n) : 0;
-    const uint32_t type = W->type | (W->packed ? DT_PACKED : 0);
+        cb->act_q8 && !W[0]->exact ? dtype_matmul_scratch_bytes(W[0]->type, W[0]->ne[0], n) : 0;
     if (need > cb->qact_bytes) {
         size_t cap = (size_t)1 << 20;
         while (cap < need)
@@ -376,14 +420,29 @@ static void cpu_matmul(backend *be, const model_tensor *W, const model_tensor *b
     }
     j.qact = need > 0;
     if (need && need <= cb->qact_bytes) {
-        dtype_matmul_quantize(type, d_x, W->ne[0], n, cb->qact);
+        dtype_matmul_quantize(W[0]->type | (W[0]->packed ? DT_PACKED : 0), d_x, W[0]->ne[0], n,
+                              cb->qact);
         j.xq = cb->qact;
     }
-    /* without xq every claim quantizes its tokens again: one claim per
-     * thread then */
-    j.chunk = j.qact && !j.xq ? (long)((W->ne[1] + cb->n_threads - 1) / cb->n_threads)
-                              : matmul_chunk(W, cb->n_threads);
+    for (int i = 0; i < count; i++) {
+        mm_part *p = &j.p[i];
+        const long rows = (long)W[i]->ne[1];
+        p->w = W[i];
+        p->bias = bias[i];
+        p->y = d_y[i];
+        p->type = W[i]->type | (W[i]->packed ? DT_PACKED : 0);
+        p->chunk = j.qact && !j.xq ? (rows + cb->n_threads - 1) / cb->n_threads
+                                   : matmul_chunk(W[i], cb->n_threads);
+        p->first_claim = j.n_claims;
+        j.n_claims += (rows + p->chunk - 1) / p->chunk;
+    }
     tpool_run(cb->pool, matmul_worker, &j);
+}
+
+static void cpu_matmul(backend *be, const model_tensor *W, const model_tensor *bias,
+                       const float *d_x, float *d_y, int32_t n)
+{
+    cpu_matmul_n(be, 1, &W, &bias, d_x, &d_y, n);
 }
 
 static void rope_worker(int ith, int nth, void *arg)
@@ -569,6 +628,7 @@ static const backend_ops cpu_ops = {
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,
+    .matmul_n = cpu_matmul_n,
     .rope = cpu_rope,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
