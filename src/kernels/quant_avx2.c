@@ -44,6 +44,7 @@ AI void i8x32_to_ps(__m256i q, __m256 w[4])
 AI void scale4(__m256 w[4], float d)
 {
     const __m256 v = _mm256_set1_ps(d);
+    #pragma GCC unroll 8
     for (int j = 0; j < 4; j++)
         w[j] = _mm256_mul_ps(w[j], v);
 }
@@ -52,6 +53,7 @@ AI void scale4(__m256 w[4], float d)
 AI void scale_min4(__m256 w[4], float d, float m)
 {
     const __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m);
+    #pragma GCC unroll 8
     for (int j = 0; j < 4; j++)
         w[j] = _mm256_add_ps(_mm256_mul_ps(w[j], dv), mv);
 }
@@ -67,6 +69,7 @@ AI void fma32(int nt, __m256 acc[NT2][4], const __m256 w[4], const float *x, int
 {
 #pragma GCC unroll 2
     for (int k = 0; k < nt; k++)
+        #pragma GCC unroll 8
         for (int j = 0; j < 4; j++)
             acc[k][j] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(x + k * xs + 8 * j), acc[k][j]);
 }
@@ -126,10 +129,12 @@ AI void dot_plain(plain_kind kind, int64_t n, const void *w, const float *x, int
     }
     for (; i + 8 <= n; i += 8) {
         const __m256 v = plain_load8(kind, w, i);
+        #pragma GCC unroll 8
         for (int k = 0; k < nt; k++)
             acc[k][0] = _mm256_fmadd_ps(v, _mm256_loadu_ps(x + k * xs + i), acc[k][0]);
     }
     acc_finish(nt, acc, out);
+    #pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         float t = 0.0f; /* scalar tail, then added once */
         for (int64_t j = i; j < n; j++)
@@ -254,6 +259,7 @@ static void tf_q5_1(const void *src, float *dst, int64_t n) { B32_TO_FLOAT_BODY(
 
 AI void kscales(const uint8_t *scales, float d, float dmin, float *d1, float *m1)
 {
+    #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
         uint8_t sc, m;
         qref_scale_min_k4(j, scales, &sc, &m);
@@ -266,6 +272,7 @@ AI void kscales(const uint8_t *scales, float d, float dmin, float *d1, float *m1
 AI void kscale4(__m256 w[4], float d1, float m1)
 {
     const __m256 dv = _mm256_set1_ps(d1), mv = _mm256_set1_ps(m1);
+    #pragma GCC unroll 8
     for (int j = 0; j < 4; j++)
         w[j] = _mm256_sub_ps(_mm256_mul_ps(dv, w[j]), mv);
 }
@@ -324,6 +331,7 @@ AI void to_float_kq(int is5, const void *src, float *dst, int64_t n)
         for (int j = 0; j < 4; j++, dst += 64) {
             __m256 lo[4], hi[4];
             deq_k_pair(is5 ? b5->qs : b4->qs, is5 ? b5->qh : NULL, j, d1, m1, lo, hi);
+            #pragma GCC unroll 8
             for (int k = 0; k < 4; k++) {
                 _mm256_storeu_ps(dst + 8 * k, lo[k]);
                 _mm256_storeu_ps(dst + 32 + 8 * k, hi[k]);
@@ -415,6 +423,7 @@ static void tf_q6_K(const void *src, float *dst, int64_t n)
             for (int g = 0; g < 4; g++, dst += 32) {
                 __m256 v[4];
                 q6_widen(c[g], s16 + 8 * h + 2 * g, v);
+                #pragma GCC unroll 8
                 for (int k = 0; k < 4; k++)
                     _mm256_storeu_ps(dst + 8 * k, v[k]);
             }
