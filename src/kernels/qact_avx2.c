@@ -449,13 +449,37 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
         __m256i S[NTM];
         pk_half_sums(t, qs, L, h, nvl, ag, nt, S);
         const int64_t c0 = g * QACT_LANES + 8 * h;
-        const __m256 A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dh + 16 * h)));
-        const __m256 B = t == DT_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mh + 16 * h)))
-                                      : _mm256_setzero_ps();
+        __m256 A, B;
+        __m256i ksc = _mm256_setzero_si256(), kmn = ksc;
+        if (t == DT_Q4_K) { /* super-block h's head, as half_dot reads it */
+            const uint8_t *hd = wg + 16 * h;
+            uint32_t u[4];
+            kv_fp16 d[2];
+            qact_k4_scales(hd + 4, u);
+            memcpy(d, hd, 4);
+            ksc = _mm256_cvtepu8_epi32(_mm_setr_epi32((int)u[0], (int)u[1], 0, 0));
+            kmn = _mm256_cvtepu8_epi32(_mm_setr_epi32((int)u[2], (int)u[3], 0, 0));
+            A = _mm256_set1_ps(kv_fp16_to_f32(d[0]));
+            B = _mm256_set1_ps(-kv_fp16_to_f32(d[1]));
+        } else {
+            A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dh + 16 * h)));
+            B = t == DT_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mh + 16 * h)))
+                             : _mm256_setzero_ps();
+        }
 #pragma GCC unroll 8
         for (int k = 0; k < nt; k++) {
             const __m256 da = _mm256_loadu_ps(xv[k].d + c0);
             __m256i I = S[k];
+            if (t == DT_Q4_K) {
+                I = _mm256_mullo_epi32(ksc, I);
+                const __m256i J =
+                    _mm256_mullo_epi32(kmn, _mm256_loadu_si256((const __m256i *)(xv[k].s32 + c0)));
+                acc[k][h] = _mm256_add_ps(
+                    acc[k][h],
+                    _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(A, da), _mm256_cvtepi32_ps(I)),
+                                  _mm256_mul_ps(_mm256_mul_ps(B, da), _mm256_cvtepi32_ps(J))));
+                continue;
+            }
             if (t == DT_Q4_0)
                 I = _mm256_sub_epi32(
                     I, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(xv[k].s32 + c0)), 3));
@@ -532,6 +556,7 @@ SIMD_DOT(v2_q6_K, DT_Q6_K)
 PK_DOT(p2_q4_0, DT_Q4_0)
 PK_DOT(p2_q4_1, DT_Q4_1)
 PK_DOT(p2_q8_0, DT_Q8_0)
+PK_DOT(p2_q4_K, DT_Q4_K)
 #undef PK_DOT
 #undef SIMD_DOT
 
@@ -556,6 +581,7 @@ qact_dot_fn qpack_dot_avx2(uint32_t type)
     case DT_Q4_0: return p2_q4_0;
     case DT_Q4_1: return p2_q4_1;
     case DT_Q8_0: return p2_q8_0;
+    case DT_Q4_K: return p2_q4_K;
     default: return NULL;
     }
 }

@@ -409,13 +409,39 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
             }
         }
     }
-    const __m512 A = pk_halfs(wg, tc);
-    const __m512 B = t == DT_Q4_1 ? pk_halfs(wg + 2 * tc, tc) : _mm512_setzero_ps();
+    __m512 A, B;
+    __m512i sc = _mm512_setzero_si512(), mn = sc;
+    if (t == DT_Q4_K) { /* the super-block heads, as load_scales reads them */
+        const uint8_t *h0 = wg, *h1 = wg + (tc > 8 ? 16 : 0);
+        uint32_t u0[4], u1[4];
+        kv_fp16 d[4];
+        qact_k4_scales(h0 + 4, u0);
+        qact_k4_scales(h1 + 4, u1);
+        memcpy(&d[0], h0, 4);
+        memcpy(&d[2], h1, 4);
+        sc = _mm512_cvtepu8_epi32(_mm_setr_epi32((int)u0[0], (int)u0[1], (int)u1[0], (int)u1[1]));
+        mn = _mm512_cvtepu8_epi32(_mm_setr_epi32((int)u0[2], (int)u0[3], (int)u1[2], (int)u1[3]));
+        A = _mm512_insertf32x8(_mm512_set1_ps(kv_fp16_to_f32(d[0])),
+                               _mm256_set1_ps(kv_fp16_to_f32(d[2])), 1);
+        B = _mm512_insertf32x8(_mm512_set1_ps(-kv_fp16_to_f32(d[1])),
+                               _mm256_set1_ps(-kv_fp16_to_f32(d[3])), 1);
+    } else {
+        A = pk_halfs(wg, tc);
+        B = t == DT_Q4_1 ? pk_halfs(wg + 2 * tc, tc) : _mm512_setzero_ps();
+    }
 #pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         const __m512i asum = _mm512_loadu_si512(xv[k].s32 + g * QACT_LANES);
         const __m512 da = _mm512_loadu_ps(xv[k].d + g * QACT_LANES);
         __m512i I = _mm512_add_epi32(S0[k], S1[k]);
+        if (t == DT_Q4_K) {
+            I = _mm512_mullo_epi32(sc, I);
+            const __m512i J = _mm512_mullo_epi32(mn, asum);
+            acc[k] = _mm512_add_ps(
+                acc[k], _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(A, da), _mm512_cvtepi32_ps(I)),
+                                      _mm512_mul_ps(_mm512_mul_ps(B, da), _mm512_cvtepi32_ps(J))));
+            continue;
+        }
         if (t == DT_Q4_0)
             I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 3));
         else if (t == DT_Q8_0)
@@ -487,6 +513,7 @@ SIMD_DOT(vq_q6_K, DT_Q6_K)
 PK_DOT(p5_q4_0, DT_Q4_0)
 PK_DOT(p5_q4_1, DT_Q4_1)
 PK_DOT(p5_q8_0, DT_Q8_0)
+PK_DOT(p5_q4_K, DT_Q4_K)
 #undef PK_DOT
 #undef SIMD_DOT
 
@@ -511,6 +538,7 @@ qact_dot_fn qpack_dot_avx512(uint32_t type)
     case DT_Q4_0: return p5_q4_0;
     case DT_Q4_1: return p5_q4_1;
     case DT_Q8_0: return p5_q8_0;
+    case DT_Q4_K: return p5_q4_K;
     default: return NULL;
     }
 }

@@ -6,6 +6,7 @@
 
 #include "kernels/dtype.h"
 
+#define K4_HEAD 16 /* d, dmin, scales of a q4_K super-block */
 #define QP_GROUP_MAX (QACT_LANES * sizeof(block_q8_0)) /* largest group, q8_0 */
 
 static size_t block_bytes(uint32_t t)
@@ -14,13 +15,24 @@ static size_t block_bytes(uint32_t t)
     case DT_Q4_0: return sizeof(block_q4_0);
     case DT_Q4_1: return sizeof(block_q4_1);
     case DT_Q8_0: return sizeof(block_q8_0);
+    case DT_Q4_K: return sizeof(block_q4_K) / 8; /* per 32-value chunk */
     default: return 0;
     }
 }
 
 int qpack_supported(uint32_t type, int64_t n)
 {
-    return block_bytes(type) != 0 && n > 0 && n % QACT_CHUNK == 0;
+    const int64_t unit = type == DT_Q4_K ? QK_K : QACT_CHUNK;
+    return block_bytes(type) != 0 && n > 0 && n % unit == 0;
+}
+
+/* q4_K: the nibbles of chunk c of a group of stored super-blocks g, and
+ * whether its codes are the high nibbles (odd chunks of a pair). */
+static uint8_t *k4_nibbles(uint8_t *g, int c, int *high)
+{
+    block_q4_K *b = (block_q4_K *)(g + (size_t)(c / 8) * sizeof(block_q4_K));
+    *high = (c % 8) & 1;
+    return b->qs + 32 * ((c % 8) / 2);
 }
 
 static void set_code(uint32_t t, uint8_t *blk, int p, int v)
@@ -39,6 +51,8 @@ static void set_code(uint32_t t, uint8_t *blk, int p, int v)
 /* Bytes of scales at the head of a packed group of tc blocks. */
 static size_t head_bytes(uint32_t t, int tc)
 {
+    if (t == DT_Q4_K) /* d, dmin, scales[12] of each super-block */
+        return (size_t)(tc / 8) * K4_HEAD;
     return (size_t)(t == DT_Q4_1 ? 2 : 1) * (size_t)tc * sizeof(kv_fp16);
 }
 
@@ -52,8 +66,50 @@ static int pos_of(uint32_t t, int r, int h, int b)
 /* The layout of qpack.h written directly from the stored blocks (the
  * inverse, unpack_group, goes through set_code/pos_of; the tests check
  * that one undoes the other). */
+static void pack_group_k4(int tc, const uint8_t *in, uint8_t *out)
+{
+    const int L = 4 * tc;
+    for (int sb = 0; sb < tc / 8; sb++)
+        memcpy(out + K4_HEAD * sb, in + sizeof(block_q4_K) * sb, K4_HEAD);
+    uint8_t *qs = out + head_bytes(DT_Q4_K, tc);
+    for (int c = 0; c < tc; c++) {
+        int hi;
+        const uint8_t *q = k4_nibbles((uint8_t *)in, c, &hi);
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++) {
+                const int lo_v = (hi ? q[8 * i + j] >> 4 : q[8 * i + j] & 0x0F);
+                const int hi_v = (hi ? q[8 * i + 4 + j] >> 4 : q[8 * i + 4 + j] & 0x0F);
+                qs[L * i + 4 * c + j] = (uint8_t)(lo_v | (hi_v << 4));
+            }
+    }
+}
+
+static void unpack_group_k4(int tc, const uint8_t *in, uint8_t *out)
+{
+    const int L = 4 * tc;
+    for (int sb = 0; sb < tc / 8; sb++)
+        memcpy(out + sizeof(block_q4_K) * sb, in + K4_HEAD * sb, K4_HEAD);
+    const uint8_t *qs = in + head_bytes(DT_Q4_K, tc);
+    for (int c = 0; c < tc; c++) {
+        int hi;
+        uint8_t *q = k4_nibbles(out, c, &hi);
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++) {
+                const uint8_t v = qs[L * i + 4 * c + j];
+                const int ps[2] = {8 * i + j, 8 * i + 4 + j}, vs[2] = {v & 0x0F, v >> 4};
+                for (int e = 0; e < 2; e++)
+                    q[ps[e]] = (uint8_t)(hi ? (q[ps[e]] & 0x0F) | (vs[e] << 4)
+                                            : (q[ps[e]] & 0xF0) | vs[e]);
+            }
+    }
+}
+
 static void pack_group(uint32_t t, int tc, const uint8_t *in, uint8_t *out)
 {
+    if (t == DT_Q4_K) {
+        pack_group_k4(tc, in, out);
+        return;
+    }
     const size_t bb = block_bytes(t);
     const int L = 4 * tc;
     uint8_t *hd = out;
@@ -82,6 +138,10 @@ static void pack_group(uint32_t t, int tc, const uint8_t *in, uint8_t *out)
 
 static void unpack_group(uint32_t t, int tc, const uint8_t *in, uint8_t *out)
 {
+    if (t == DT_Q4_K) {
+        unpack_group_k4(tc, in, out);
+        return;
+    }
     const size_t bb = block_bytes(t);
     const int L = 4 * tc;
     const uint8_t *hd = in;

@@ -1,7 +1,7 @@
 /* qpack.h - weight rows repacked at load into the layout the integer
  * kernels want ("packed" rows), and the matching activation order.
  *
- * A packed row of a Q4_0, Q4_1 or Q8_0 tensor holds the same bytes as the
+ * A packed row of a Q4_0, Q4_1, Q8_0 or Q4_K tensor holds the same bytes as the
  * stored row, permuted inside each group of up to QACT_LANES = 16 blocks
  * (512 values; the last group of a row holds tc = the remaining blocks,
  * 1..16).  A group, with code(c, p) the code of value p of block c as
@@ -11,6 +11,9 @@
  *     q4_0, q4_1: uint8_t qs[4][L]:       qs[i][b] low nibble  = code(b/4, 8i + b%4)
  *                                                  high nibble = code(b/4, 8i + 4 + b%4)
  *     q8_0:       int8_t  qs[8][L]:       qs[r][b] = code(b/4, 4r + b%4)
+ *   q4_K groups hold whole super-blocks (tc = 8 or 16): their 16-byte heads
+ *   (d, dmin, scales[12], as stored) replace d[] and m[], the nibbles
+ *   follow in the q4_0 order above (code = the chunk's stored nibble);
  * so one 64-byte load feeds 16 blocks at once (AVX2: 32 bytes, 8 blocks),
  * every SIMD lane of 4 bytes belongs to one block, and the integer dot
  * needs no horizontal reduction; a short last group is read with masked

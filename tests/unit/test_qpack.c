@@ -1,6 +1,6 @@
 /* test_qpack.c - weight rows packed at load (kernels/qpack.h).
  *
- * Checks:
+ * Types: q4_0, q4_1, q8_0, q4_K.  Checks:
  *   qpack_unpack_rows(qpack_rows(w)) == w bytewise, copying and in place,
  *     and a packed tensor keeps its size and row stride;
  *   qpack_interleave_act moves byte 32c + p of each group to
@@ -25,10 +25,10 @@
 #include "testutil.h"
 #include "util/arch.h"
 
-static const uint32_t k_types[] = {DT_Q4_0, DT_Q4_1, DT_Q8_0};
-static const int64_t k_sizes[] = {32, 96, 512, 576, 1120, 2048, 5632};
-#define N_TYPES 3
-#define N_SIZES 7
+static const uint32_t k_types[] = {DT_Q4_0, DT_Q4_1, DT_Q8_0, DT_Q4_K};
+static const int64_t k_sizes[] = {32, 96, 512, 576, 768, 1120, 1280, 2048, 5632};
+#define N_TYPES 4
+#define N_SIZES 9
 
 typedef struct rows {
     uint32_t type;
@@ -52,7 +52,7 @@ static rows make_rows(tu_rng *r, uint32_t t, int64_t n, int64_t n_rows, int wild
     w.pk = malloc(w.rs * (size_t)n_rows);
     tr->from_float(src, w.w, n * n_rows);
     if (wild) {
-        const size_t head = t == DT_Q4_1 ? 4 : 2;
+        const size_t head = t == DT_Q4_1 || t == DT_Q4_K ? 4 : 2; /* f16 scales stay finite */
         for (size_t b = 0; b < w.rs * (size_t)n_rows; b += tr->type_size)
             for (size_t i = b + head; i < b + tr->type_size; i++)
                 w.w[i] = (uint8_t)tu_rand_u64(r);
@@ -72,6 +72,8 @@ static void test_layout(tu_rng *r)
 {
     for (int ti = 0; ti < N_TYPES; ti++) {
         for (int si = 0; si < N_SIZES; si++) {
+            if (!qpack_supported(k_types[ti], k_sizes[si]))
+                continue; /* q4_K: whole super-blocks only */
             rows w = make_rows(r, k_types[ti], k_sizes[si], 3, si % 2);
             const size_t bytes = w.rs * 3;
             uint8_t *back = malloc(bytes), *inplace = malloc(bytes);
@@ -93,6 +95,7 @@ static void test_layout(tu_rng *r)
     }
     CHECK(qpack_supported(DT_Q4_0, 32) && !qpack_supported(DT_Q4_0, 48));
     CHECK(!qpack_supported(DT_Q6_K, 2048) && !qpack_supported(DT_F16, 2048));
+    CHECK(qpack_supported(DT_Q4_K, 768) && !qpack_supported(DT_Q4_K, 576));
 
     const int64_t n = 1120; /* two full groups and three chunks */
     const size_t rb = qact_row_bytes(n);
@@ -121,6 +124,8 @@ static void test_dots(tu_rng *r, const char *isa, qact_dot_fn (*packed)(uint32_t
             for (int wild = 0; wild < 2; wild++) {
                 const uint32_t t = k_types[ti];
                 const int64_t n = k_sizes[si], ntok = 4;
+                if (!qpack_supported(t, n))
+                    continue;
                 rows w = make_rows(r, t, n, 2, wild);
                 const size_t rb = qact_row_bytes(n);
                 float *x = malloc((size_t)(n * ntok) * sizeof *x);
@@ -155,7 +160,7 @@ static void test_dots(tu_rng *r, const char *isa, qact_dot_fn (*packed)(uint32_t
 /* The matmul driver: packed rows give the stored rows' results. */
 static void test_matmul(tu_rng *r)
 {
-    const int64_t n = 2048 + 64, n_rows = 37, ntok = 7;
+    const int64_t n = 2048 + 256, n_rows = 37, ntok = 7; /* a short last group */
     for (int ti = 0; ti < N_TYPES; ti++) {
         const uint32_t t = k_types[ti];
         CHECK(dtype_matmul_packs(t, n));
