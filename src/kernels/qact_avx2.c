@@ -28,6 +28,12 @@
 #include "kernels/quant_ref.h"
 
 #define AI static inline __attribute__((always_inline))
+
+/* One f16 to f32 with F16C (exact, as kv_fp16_to_f32, without the call). */
+AI float h2f(kv_fp16 h)
+{
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
 #define NTM QACT_MULTI_MAX
 #define QACT2_PREFETCH 1024 /* bytes ahead of the weights being dotted */
 
@@ -227,7 +233,7 @@ AI void half_dot(uint32_t t, const uint8_t *w, int64_t c0, int nvalid, const qac
                                                                     : sizeof(block_q4_K));
         if (t == DT_Q6_K) {
             const block_q6_K *b = (const block_q6_K *)blk;
-            A = _mm256_set1_ps(kv_fp16_to_f32(b->d));
+            A = _mm256_set1_ps(h2f(b->d));
             sc6 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales));
         } else {
             const block_q4_K *b = (const block_q4_K *)blk; /* same header for q5_K */
@@ -235,8 +241,8 @@ AI void half_dot(uint32_t t, const uint8_t *w, int64_t c0, int nvalid, const qac
             qact_k4_scales(b->scales, u);
             sc = _mm256_cvtepu8_epi32(_mm_setr_epi32((int)u[0], (int)u[1], 0, 0));
             mn = _mm256_cvtepu8_epi32(_mm_setr_epi32((int)u[2], (int)u[3], 0, 0));
-            A = _mm256_set1_ps(kv_fp16_to_f32(b->d));
-            B = _mm256_set1_ps(-kv_fp16_to_f32(b->dmin));
+            A = _mm256_set1_ps(h2f(b->d));
+            B = _mm256_set1_ps(-h2f(b->dmin));
         }
     } else {
         const size_t bs = t == DT_Q4_0 ? sizeof(block_q4_0) : t == DT_Q4_1 ? sizeof(block_q4_1)
@@ -454,13 +460,15 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
         if (t == DT_Q4_K) { /* super-block h's head, as half_dot reads it */
             const uint8_t *hd = wg + 16 * h;
             uint32_t u[4];
-            kv_fp16 d[2];
+            int dw;
             qact_k4_scales(hd + 4, u);
-            memcpy(d, hd, 4);
+            memcpy(&dw, hd, 4);
             ksc = _mm256_cvtepu8_epi32(_mm_setr_epi32((int)u[0], (int)u[1], 0, 0));
             kmn = _mm256_cvtepu8_epi32(_mm_setr_epi32((int)u[2], (int)u[3], 0, 0));
-            A = _mm256_set1_ps(kv_fp16_to_f32(d[0]));
-            B = _mm256_set1_ps(-kv_fp16_to_f32(d[1]));
+            float fd[4]; /* d, dmin: F16C converts exactly */
+            _mm_storeu_ps(fd, _mm_cvtph_ps(_mm_cvtsi32_si128(dw)));
+            A = _mm256_set1_ps(fd[0]);
+            B = _mm256_set1_ps(-fd[1]);
         } else {
             A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dh + 16 * h)));
             B = t == DT_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mh + 16 * h)))

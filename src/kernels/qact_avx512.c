@@ -24,6 +24,12 @@
 #include "kernels/quant_ref.h"
 
 #define AI static inline __attribute__((always_inline))
+
+/* One f16 to f32 with F16C (exact, as kv_fp16_to_f32, without the call). */
+AI float h2f(kv_fp16 h)
+{
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
 #define NTM QACT_MULTI_MAX
 
 /* lanes (2i, 2i+1) of u -> lane i; of v -> lane 8+i */
@@ -187,8 +193,8 @@ AI group_scales load_scales(uint32_t t, const uint8_t *wg, int nv)
                                                      * zero sums, any finite scale */
     if (t == DT_Q6_K) {
         const block_q6_K *b0 = (const block_q6_K *)wg, *b1 = (const block_q6_K *)(wg + bs);
-        s.A = _mm512_insertf32x8(_mm512_set1_ps(kv_fp16_to_f32(b0->d)),
-                                 _mm256_set1_ps(kv_fp16_to_f32(b1->d)), 1);
+        s.A = _mm512_insertf32x8(_mm512_set1_ps(h2f(b0->d)),
+                                 _mm256_set1_ps(h2f(b1->d)), 1);
         s.B = _mm512_setzero_ps();
         s.sc6[0] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b0->scales));
         s.sc6[1] = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b1->scales));
@@ -201,10 +207,10 @@ AI group_scales load_scales(uint32_t t, const uint8_t *wg, int nv)
     qact_k4_scales(b1->scales, u1);
     s.sc = _mm512_cvtepu8_epi32(_mm_setr_epi32((int)u0[0], (int)u0[1], (int)u1[0], (int)u1[1]));
     s.m = _mm512_cvtepu8_epi32(_mm_setr_epi32((int)u0[2], (int)u0[3], (int)u1[2], (int)u1[3]));
-    s.A = _mm512_insertf32x8(_mm512_set1_ps(kv_fp16_to_f32(b0->d)),
-                             _mm256_set1_ps(kv_fp16_to_f32(b1->d)), 1);
-    s.B = _mm512_insertf32x8(_mm512_set1_ps(-kv_fp16_to_f32(b0->dmin)),
-                             _mm256_set1_ps(-kv_fp16_to_f32(b1->dmin)), 1);
+    s.A = _mm512_insertf32x8(_mm512_set1_ps(h2f(b0->d)),
+                             _mm256_set1_ps(h2f(b1->d)), 1);
+    s.B = _mm512_insertf32x8(_mm512_set1_ps(-h2f(b0->dmin)),
+                             _mm256_set1_ps(-h2f(b1->dmin)), 1);
     return s;
 }
 
@@ -421,10 +427,10 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
         memcpy(&d[2], h1, 4);
         sc = _mm512_cvtepu8_epi32(_mm_setr_epi32((int)u0[0], (int)u0[1], (int)u1[0], (int)u1[1]));
         mn = _mm512_cvtepu8_epi32(_mm_setr_epi32((int)u0[2], (int)u0[3], (int)u1[2], (int)u1[3]));
-        A = _mm512_insertf32x8(_mm512_set1_ps(kv_fp16_to_f32(d[0])),
-                               _mm256_set1_ps(kv_fp16_to_f32(d[2])), 1);
-        B = _mm512_insertf32x8(_mm512_set1_ps(-kv_fp16_to_f32(d[1])),
-                               _mm256_set1_ps(-kv_fp16_to_f32(d[3])), 1);
+        float fd[4]; /* d0, dmin0, d1, dmin1: F16C converts exactly */
+        _mm_storeu_ps(fd, _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)d)));
+        A = _mm512_insertf32x8(_mm512_set1_ps(fd[0]), _mm256_set1_ps(fd[2]), 1);
+        B = _mm512_insertf32x8(_mm512_set1_ps(-fd[1]), _mm256_set1_ps(-fd[3]), 1);
     } else {
         A = pk_halfs(wg, tc);
         B = t == DT_Q4_1 ? pk_halfs(wg + 2 * tc, tc) : _mm512_setzero_ps();
