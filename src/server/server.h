@@ -31,8 +31,15 @@ typedef struct srv_config {
     const char *api_key;        /* NULL = no authentication (borrowed) */
     const char *served_name;    /* model name in the API (borrowed); NULL = file stem */
     size_t max_body;            /* bytes, default 4 MiB */
-    int conn_timeout_s;         /* idle connection timeout, default 30 */
-    int max_connections;        /* default 256 */
+    int conn_timeout_s;         /* no socket progress (a stream nobody reads), default 30 */
+    int max_connections;        /* default 256; at the limit the longest-waiting
+                                 * connection without a complete request is closed */
+    double header_timeout_s;    /* connect / end of last response -> headers, default 15 */
+    double body_timeout_s;      /* headers -> complete body, default 30 */
+    int stream_backlog;         /* events a stream may fall behind before it is
+                                 * cancelled, default 4096 */
+    double health_stall_s;      /* /health 503 when requests are in flight and the engine
+                                 * made no progress this long; default 30 */
 } srv_config;
 
 srv_config srv_config_default(void);
