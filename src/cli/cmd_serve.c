@@ -42,7 +42,7 @@ static void serve_help(void)
     srv_config sc = srv_config_default();
     engine_config ec = engine_config_default();
     char port[16], seqs[16], toks[16], blk[16], body[24], tmo[16], conns[16], wait[16], drain[16];
-    char hdr[16], bdy[16], backlog[16], stall[16];
+    char hdr[16], bdy[16], backlog[16], stall[16], sndbuf[16];
     const cli_opt t[] = {
         {"--host", "ADDR", "IPv4 address to listen on", sc.host},
         {"--port", "N", "TCP port, 0: any free one", fmt_long(port, 16, sc.port)},
@@ -74,6 +74,9 @@ static void serve_help(void)
          fmt_long(conns, 16, sc.max_connections)},
         {"--stream-backlog", "N", "events a stream may fall behind its client before the "
                                   "request is cancelled", fmt_long(backlog, 16, sc.stream_backlog)},
+        {"--send-buffer", "BYTES", "kernel send buffer per connection (what a client that "
+                                   "does not read can hold), 0: the kernel's autotuning",
+         fmt_long(sndbuf, 16, sc.send_buffer)},
         {"--health-stall-timeout", "SECONDS", "/health answers 503 when requests are in flight "
                                               "and no engine step completed this long",
          fmt_long(stall, 16, (long)sc.health_stall_s)},
@@ -105,6 +108,7 @@ static int parse_int_opt(serve_opts *o, int argc, char **argv, int *i)
         {"--max-connections", NULL, 4, 65536},
         {"--kv-blocks", NULL, 1, 1 << 24},
         {"--stream-backlog", NULL, 16, 1 << 24},
+        {"--send-buffer", NULL, 0, 1 << 30},
     };
     const char *a = argv[*i];
     for (size_t k = 0; k < sizeof t / sizeof t[0]; k++) {
@@ -125,6 +129,7 @@ static int parse_int_opt(serve_opts *o, int argc, char **argv, int *i)
         case 7: o->sc.conn_timeout_s = (int)x; break;
         case 8: o->sc.max_connections = (int)x; break;
         case 10: o->sc.stream_backlog = (int)x; break;
+        case 11: o->sc.send_buffer = (int)x; break;
         default: o->ec.kv_blocks_override = (int32_t)x; break;
         }
         return 1;

@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,7 @@
 #define SRV_HEADER_TIMEOUT_S 15.0
 #define SRV_BODY_TIMEOUT_S 30.0
 #define SRV_STREAM_BACKLOG 4096
+#define SRV_SEND_BUFFER (256 * 1024)
 
 typedef struct srv_conn {
     srv_buf body;
@@ -54,6 +56,10 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         *socket_context = ci ? srv_guard_open(s->guard, ci->connect_fd) : NULL;
+        if (ci && s->cfg.send_buffer > 0) { /* Linux doubles the value it is given */
+            int sz = s->cfg.send_buffer / 2;
+            setsockopt(ci->connect_fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
+        }
     } else {
         srv_guard_close(s->guard, *socket_context);
         *socket_context = NULL;
@@ -78,6 +84,7 @@ srv_config srv_config_default(void)
     c.header_timeout_s = SRV_HEADER_TIMEOUT_S;
     c.body_timeout_s = SRV_BODY_TIMEOUT_S;
     c.stream_backlog = SRV_STREAM_BACKLOG;
+    c.send_buffer = SRV_SEND_BUFFER;
     return c;
 }
 

@@ -38,6 +38,10 @@ typedef struct srv_config {
     double body_timeout_s;      /* headers -> complete body, default 30 */
     int stream_backlog;         /* events a stream may fall behind before it is
                                  * cancelled, default 4096 */
+    int send_buffer;            /* SO_SNDBUF of each connection in bytes (the kernel's
+                                 * queue for a client that does not read), default
+                                 * 256 KiB; 0 = the kernel's autotuning (up to
+                                 * net.ipv4.tcp_wmem, often 4 MiB) */
     double health_stall_s;      /* /health 503 when requests are in flight and the engine
                                  * made no progress this long; default 30 */
 } srv_config;
