@@ -26,7 +26,7 @@
 #include "server/server_tier.h"
 
 #define SRV_MAX_DETOKENIZE (1 << 20)
-#define SRV_HEALTH_STALL_S 30.0 /* --health-stall-timeout default */
+#define SRV_HEALTH_STALL_S 60.0 /* --health-stall-timeout default */
 #define SRV_HEADER_TIMEOUT_S 15.0
 #define SRV_BODY_TIMEOUT_S 30.0
 #define SRV_STREAM_BACKLOG 4096
@@ -627,6 +627,7 @@ void srv_attach(srv *s, model *m, engine *e)
     s->oai.m = m;
     s->oai.served_name = s->served_name;
     s->oai.max_model_len = engine_max_model_len(e);
+    s->oai.max_piece_bytes = srv_oai_max_piece_bytes(m);
     atomic_store(&s->state, SRV_READY);
 }
 

@@ -43,7 +43,7 @@ typedef struct srv_config {
                                  * 256 KiB; 0 = the kernel's autotuning (up to
                                  * net.ipv4.tcp_wmem, often 4 MiB) */
     double health_stall_s;      /* /health 503 when requests are in flight and the engine
-                                 * made no progress this long; default 30 */
+                                 * made no progress this long; default 60 */
 } srv_config;
 
 srv_config srv_config_default(void);
