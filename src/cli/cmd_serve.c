@@ -317,8 +317,12 @@ int cmd_serve(int argc, char **argv)
     if (dc.cancelled)
         fprintf(stderr, "kvant serve: cancelled %d request(s) at the drain timeout\n",
                 dc.cancelled);
-    srv_destroy(s);
+    /* HTTP threads first; then the engine, whose last events (requests
+     * cancelled after their clients left) still use the server's channels
+     * and metrics; then those. */
+    srv_stop(s);
     engine_destroy(e);
+    srv_destroy(s);
     model_free(m);
     fprintf(stderr, "kvant serve: stopped\n");
     return 0;

@@ -670,12 +670,19 @@ int srv_drain(srv *s, double timeout_s)
     return left;
 }
 
+void srv_stop(srv *s)
+{
+    if (s && s->d) {
+        MHD_stop_daemon(s->d);
+        s->d = NULL;
+    }
+}
+
 void srv_destroy(srv *s)
 {
     if (!s)
         return;
-    if (s->d)
-        MHD_stop_daemon(s->d);
+    srv_stop(s);
     srv_guard_destroy(s->guard);
     srv_metrics_destroy(s->metrics);
     pthread_mutex_destroy(&s->mu);

@@ -8,9 +8,12 @@
  * Life cycle: srv_create starts listening at once (state "loading": /health
  * answers 503) so a supervisor can watch start-up; srv_attach hands it the
  * loaded model and engine (state "ready"); srv_drain stops accepting and
- * finishes or cancels in-flight requests; srv_destroy stops the daemon.
- * Ownership: the server borrows the model and engine; both must outlive
- * srv_destroy.  Threading: srv_attach/srv_drain/srv_destroy are called
+ * finishes or cancels in-flight requests; srv_stop stops the daemon;
+ * srv_destroy frees the rest.
+ * Ownership: the server borrows the model and engine.  The engine is
+ * destroyed between srv_stop and srv_destroy (its last events still reach
+ * the server's channels and metrics); the model outlives both.
+ * Threading: srv_attach/srv_drain/srv_stop/srv_destroy are called
  * from the controlling (main) thread; everything else runs on MHD threads.
  */
 #ifndef KVANT_SERVER_H
@@ -58,6 +61,10 @@ void srv_attach(srv *s, model *m, engine *e);
  * cancels the rest (they end with an error event) and waits briefly for
  * their streams to close.  Returns the number of requests cancelled. */
 int srv_drain(srv *s, double timeout_s);
+/* Stops the HTTP daemon and joins its threads: after it no HTTP thread
+ * uses the engine.  Call before engine_destroy, whose final events still
+ * reach the server's channels and metrics; srv_destroy frees those after. */
+void srv_stop(srv *s);
 void srv_destroy(srv *s);
 int srv_port(const srv *s);
 /* The model's name in the API (--served-model-name or the file stem);

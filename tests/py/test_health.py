@@ -115,3 +115,37 @@ def test_production_build_has_no_freeze_hook(kvant_bin, default_model):
         os.unlink(freeze)
         rc = s.stop()
     assert rc == 0, s.log_text()
+
+
+def test_sigterm_while_the_engine_still_emits(testhooks_bin, default_model):
+    """Regression: clients leave, SIGTERM arrives while their requests are still in the engine
+    (frozen here), the engine then emits their final events during shutdown.  The server used to
+    free its metrics before the engine stopped (a hang or crash at exit); it must exit 0."""
+    freeze = os.path.join(tempfile.mkdtemp(prefix="kvant-freeze-"), "freeze")
+    s = _run_frozen(testhooks_bin, default_model, freeze)
+    try:
+        ttft = []
+        for i in range(4):  # streams in flight, then the engine freezes under them
+            r = httpx.stream("POST", s.url + "/v1/completions",
+                             json={"prompt": f"Story {i}:", "max_tokens": 500, "stream": True,
+                                   "ignore_eos": True}, timeout=60)
+            resp = r.__enter__()
+            next(resp.iter_lines())
+            ttft.append(r)
+        Path(freeze).touch()
+        time.sleep(0.3)
+        for r in ttft:  # the clients leave while the engine is frozen
+            r.__exit__(None, None, None)
+        time.sleep(0.5)
+        s.proc.send_signal(__import__("signal").SIGTERM)
+        time.sleep(1.0)  # the drain finds no active HTTP request and returns
+        os.unlink(freeze)  # the engine wakes and emits the cancelled requests' events
+        rc = s.proc.wait(30)
+    finally:
+        if os.path.exists(freeze):
+            os.unlink(freeze)
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
+    assert rc == 0, s.log_text()
+    assert "kvant serve: stopped" in s.log_text()
