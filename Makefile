@@ -79,6 +79,17 @@ $(BUILD)/libkvant.a: $(LIB_OBJ)
 $(BUILD)/kvant: $(CLI_OBJ) $(BUILD)/libkvant.a
 	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libkvant.a $(LDFLAGS) $(LDLIBS)
 
+# A test build of the binary: engine.c with KVANT_TEST_HOOKS (the engine can
+# be frozen from a test, tests/py/test_health.py).  Its engine.o comes
+# first, so the archive's is never linked.  build/kvant has no hooks.
+$(BUILD)/obj/testhooks/engine.o: src/engine/engine.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DKVANT_TEST_HOOKS=1 -MMD -MP -c $< -o $@
+
+$(BUILD)/kvant-testhooks: $(CLI_OBJ) $(BUILD)/obj/testhooks/engine.o $(BUILD)/libkvant.a
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/obj/testhooks/engine.o $(BUILD)/libkvant.a \
+	  $(LDFLAGS) $(LDLIBS)
+
 $(BUILD)/tests/%: tests/unit/%.c $(TU_OBJ) $(BUILD)/libkvant.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(TU_OBJ) $(BUILD)/libkvant.a $(LDFLAGS) $(LDLIBS)
@@ -105,7 +116,7 @@ $(MODEL):
 unit: $(BUILD)/kvant $(TEST_BIN)
 	@scripts/run-unit.sh $(BUILD)
 
-pytest: $(BUILD)/kvant venv model
+pytest: $(BUILD)/kvant $(BUILD)/kvant-testhooks venv model
 	KVANT_BIN=$(BUILD)/kvant $(PY) -m pytest -q tests/py
 
 # Every instruction set the CPU has, besides the automatic choice that

@@ -42,6 +42,7 @@ static void serve_help(void)
     srv_config sc = srv_config_default();
     engine_config ec = engine_config_default();
     char port[16], seqs[16], toks[16], blk[16], body[24], tmo[16], conns[16], wait[16], drain[16];
+    char hdr[16], bdy[16], backlog[16], stall[16], sndbuf[16];
     const cli_opt t[] = {
         {"--host", "ADDR", "IPv4 address to listen on", sc.host},
         {"--port", "N", "TCP port, 0: any free one", fmt_long(port, 16, sc.port)},
@@ -61,9 +62,24 @@ static void serve_help(void)
         {"--kv-blocks", "N", "use exactly N KV blocks instead of the budget's (tests)",
          "from the budget"},
         {"--max-body", "BYTES", "largest request body", fmt_long(body, 24, (long)sc.max_body)},
-        {"--timeout", "SECONDS", "idle connection timeout", fmt_long(tmo, 16, sc.conn_timeout_s)},
-        {"--max-connections", "N", "open connections at most",
+        {"--timeout", "SECONDS", "close a connection whose socket made no progress this long "
+                                 "(a stream nobody reads)", fmt_long(tmo, 16, sc.conn_timeout_s)},
+        {"--header-timeout", "SECONDS", "from connect (or the end of the last response) to "
+                                        "complete request headers",
+         fmt_long(hdr, 16, (long)sc.header_timeout_s)},
+        {"--body-timeout", "SECONDS", "from the headers to the complete body",
+         fmt_long(bdy, 16, (long)sc.body_timeout_s)},
+        {"--max-connections", "N", "open connections at most; at the limit the one waiting "
+                                   "longest for its request is closed",
          fmt_long(conns, 16, sc.max_connections)},
+        {"--stream-backlog", "N", "events a stream may fall behind its client before the "
+                                  "request is cancelled", fmt_long(backlog, 16, sc.stream_backlog)},
+        {"--send-buffer", "BYTES", "kernel send buffer per connection (what a client that "
+                                   "does not read can hold), 0: the kernel's autotuning",
+         fmt_long(sndbuf, 16, sc.send_buffer)},
+        {"--health-stall-timeout", "SECONDS", "/health answers 503 when requests are in flight "
+                                              "and no engine step completed this long",
+         fmt_long(stall, 16, (long)sc.health_stall_s)},
         {"--drain-timeout", "SECONDS", "on SIGTERM/SIGINT, wait this long for requests, then "
                                        "cancel them", fmt_long(drain, 16, SERVE_DRAIN_TIMEOUT_S)},
         {"--kv-host-memory", "SIZE", "host-memory KV tier under the device pool, 0: none", "0"},
@@ -91,6 +107,8 @@ static int parse_int_opt(serve_opts *o, int argc, char **argv, int *i)
         {"--timeout", NULL, 1, 3600},
         {"--max-connections", NULL, 4, 65536},
         {"--kv-blocks", NULL, 1, 1 << 24},
+        {"--stream-backlog", NULL, 16, 1 << 24},
+        {"--send-buffer", NULL, 0, 1 << 30},
     };
     const char *a = argv[*i];
     for (size_t k = 0; k < sizeof t / sizeof t[0]; k++) {
@@ -110,6 +128,8 @@ static int parse_int_opt(serve_opts *o, int argc, char **argv, int *i)
         case 6: o->sc.max_body = (size_t)x; break;
         case 7: o->sc.conn_timeout_s = (int)x; break;
         case 8: o->sc.max_connections = (int)x; break;
+        case 10: o->sc.stream_backlog = (int)x; break;
+        case 11: o->sc.send_buffer = (int)x; break;
         default: o->ec.kv_blocks_override = (int32_t)x; break;
         }
         return 1;
@@ -152,6 +172,14 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
         } else if (!strcmp(a, "--drain-timeout")) {
             const char *v = cli_value(argc, argv, &i);
             if (!v || cli_parse_float(a, v, 0, 86400, &o->drain_timeout))
+                return CLI_EXIT_USAGE;
+        } else if (!strcmp(a, "--header-timeout") || !strcmp(a, "--body-timeout") ||
+                   !strcmp(a, "--health-stall-timeout")) {
+            const char *v = cli_value(argc, argv, &i);
+            double *dst = !strcmp(a, "--header-timeout") ? &o->sc.header_timeout_s
+                          : !strcmp(a, "--body-timeout") ? &o->sc.body_timeout_s
+                                                         : &o->sc.health_stall_s;
+            if (!v || cli_parse_float(a, v, 0.1, 86400, dst))
                 return CLI_EXIT_USAGE;
         } else {
             return cli_err_unknown("serve", a);
@@ -289,8 +317,12 @@ int cmd_serve(int argc, char **argv)
     if (dc.cancelled)
         fprintf(stderr, "kvant serve: cancelled %d request(s) at the drain timeout\n",
                 dc.cancelled);
-    srv_destroy(s);
+    /* HTTP threads first; then the engine, whose last events (requests
+     * cancelled after their clients left) still use the server's channels
+     * and metrics; then those. */
+    srv_stop(s);
     engine_destroy(e);
+    srv_destroy(s);
     model_free(m);
     fprintf(stderr, "kvant serve: stopped\n");
     return 0;

@@ -13,6 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef KVANT_TEST_HOOKS
+#include <unistd.h>
+#endif
 
 #include "kernels/dtype.h"
 #include "mem/plan.h"
@@ -278,6 +281,7 @@ engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_cond_init(&e->snap_cv, NULL);
+    e->progress_t = engine_now();
     if (plan_engine(x, err) || setup_backend(x, err) || alloc_step_buffers(e, err))
         goto fail;
     kvpool_stats ks; /* the pool's shape is reported before the first step */
@@ -351,6 +355,30 @@ void engine_destroy(engine *e)
     free(e);
 }
 
+#ifdef KVANT_TEST_HOOKS
+/* Test builds only (build/kvant-testhooks, never build/kvant): while the
+ * file named by $KVANT_TEST_FREEZE_FILE exists, the engine thread stops
+ * before its next step, as a wedged kernel or a deadlock would.  Used by
+ * tests/py/test_health.py to show that /health sees it. */
+static void test_freeze_point(void)
+{
+    const char *f = getenv("KVANT_TEST_FREEZE_FILE");
+    while (f && f[0] && access(f, F_OK) == 0)
+        usleep(20000);
+}
+#else
+static inline void test_freeze_point(void) {}
+#endif
+
+/* After a step: it ran the model, or nothing is left to do, is progress. */
+static void note_progress(engine *e, int did_work)
+{
+    pthread_mutex_lock(&e->mu);
+    if (did_work || e->n_in_flight == 0)
+        e->progress_t = engine_now();
+    pthread_mutex_unlock(&e->mu);
+}
+
 static void *engine_main(void *arg)
 {
     engine *e = arg;
@@ -363,8 +391,10 @@ static void *engine_main(void *arg)
         if (stop)
             break;
         engine_serve_snapshot(e); /* between steps: the pool is consistent */
-        if (work)
-            engine_step(e);
+        if (work) {
+            test_freeze_point();
+            note_progress(e, engine_step(e));
+        }
     }
     pthread_mutex_lock(&e->mu);
     e->thread_exited = 1; /* a snapshot waiter gives up */
@@ -446,7 +476,8 @@ int64_t engine_submit(engine *e, const engine_request *r, engine_event_fn fn, vo
     else
         e->incoming = q;
     e->incoming_tail = q;
-    e->n_in_flight++;
+    if (e->n_in_flight++ == 0)
+        e->progress_t = engine_now(); /* an idle engine: the stall clock starts now */
     e->stats.waiting++;
     int64_t id = q->id;
     pthread_cond_signal(&e->cv);
@@ -501,6 +532,18 @@ int engine_drain(engine *e)
     int n = e->n_in_flight;
     pthread_mutex_unlock(&e->mu);
     return n;
+}
+
+void engine_get_health(engine *e, engine_health *out)
+{
+    double now = engine_now();
+    pthread_mutex_lock(&e->mu);
+    out->thread_alive = e->cfg.manual || (e->thread_started && !e->thread_exited);
+    out->in_flight = e->n_in_flight;
+    out->busy = e->n_in_flight > 0;
+    out->stalled_s = out->busy && now > e->progress_t ? now - e->progress_t : 0.0;
+    out->steps = e->stats.steps;
+    pthread_mutex_unlock(&e->mu);
 }
 
 int engine_in_flight(engine *e)

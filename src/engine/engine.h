@@ -174,6 +174,21 @@ uint64_t engine_kv_block_bytes(const engine *e); /* one KV block, all layers */
  * number of requests still in flight. */
 int engine_drain(engine *e);
 int engine_in_flight(engine *e);
+
+/* Liveness of the engine thread, for /health.  Progress is a step that ran
+ * the model, or the engine having nothing to do; `stalled_s` counts from
+ * the last progress (or from the moment work arrived at an idle engine),
+ * so a wedged step or a scheduler that stops scheduling shows up as
+ * busy with a growing stalled_s.  Thread-safe. */
+typedef struct engine_health {
+    int thread_alive;        /* the engine thread runs (1 in manual mode) */
+    int busy;                /* requests in flight */
+    int32_t in_flight;
+    double stalled_s;        /* seconds since progress; 0 when not busy */
+    uint64_t steps;
+} engine_health;
+
+void engine_get_health(engine *e, engine_health *out);
 /* Tests (config.manual): runs one step on the calling thread; returns 1 if
  * any work was done. */
 int engine_run_step(engine *e);

@@ -82,6 +82,7 @@ struct engine {
     engine_kv_snapshot *snap_req; /* a waiting snapshot request, or NULL */
     pthread_cond_t snap_cv;       /* snapshot served / engine thread gone */
     int thread_exited;
+    double progress_t;            /* last progress (engine_get_health) */
 
     /* engine-thread state */
     eng_req *reqs;          /* admitted, unfinished requests */

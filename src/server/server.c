@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,12 +26,51 @@
 #include "server/server_tier.h"
 
 #define SRV_MAX_DETOKENIZE (1 << 20)
+#define SRV_HEALTH_STALL_S 60.0 /* --health-stall-timeout default */
+#define SRV_HEADER_TIMEOUT_S 15.0
+#define SRV_BODY_TIMEOUT_S 30.0
+#define SRV_STREAM_BACKLOG 4096
+#define SRV_SEND_BUFFER (256 * 1024)
 
 typedef struct srv_conn {
     srv_buf body;
     int too_large;
     double t_arrival;
+    srv_guard_slot *slot;   /* the connection's guard slot (borrowed), or NULL */
 } srv_conn;
+
+/* The guard slot of c (MHD's socket context), or NULL. */
+static srv_guard_slot *conn_slot(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* MHD's connection notifications: track each connection in the guard. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code)
+{
+    srv *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = ci ? srv_guard_open(s->guard, ci->connect_fd) : NULL;
+        if (ci && s->cfg.send_buffer > 0) { /* Linux doubles the value it is given */
+            int sz = s->cfg.send_buffer / 2;
+            setsockopt(ci->connect_fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
+        }
+    } else {
+        srv_guard_close(s->guard, *socket_context);
+        *socket_context = NULL;
+    }
+}
+
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
+{
+    srv *s = cls;
+    return srv_guard_accept(s->guard) ? MHD_YES : MHD_NO;
+}
 
 srv_config srv_config_default(void)
 {
@@ -40,6 +80,11 @@ srv_config srv_config_default(void)
     c.max_body = 4u << 20;
     c.conn_timeout_s = 30;
     c.max_connections = 256;
+    c.health_stall_s = SRV_HEALTH_STALL_S;
+    c.header_timeout_s = SRV_HEADER_TIMEOUT_S;
+    c.body_timeout_s = SRV_BODY_TIMEOUT_S;
+    c.stream_backlog = SRV_STREAM_BACKLOG;
+    c.send_buffer = SRV_SEND_BUFFER;
     return c;
 }
 
@@ -92,11 +137,43 @@ static enum MHD_Result send_obj(struct MHD_Connection *c, int status, json_t *o)
 
 /* ---- small routes ------------------------------------------------------ */
 
+/* The engine's liveness: 0 when serving is possible, else a reason for
+ * 503 written to why/msg.  A wedged engine (requests in flight, no step
+ * completed for health_stall_s) or a dead engine thread is unhealthy. */
+static int engine_unhealthy(srv *s, engine_health *h, char *msg, size_t cap)
+{
+    engine_get_health(s->e, h);
+    if (!h->thread_alive) {
+        snprintf(msg, cap, "the engine thread has stopped");
+        return 1;
+    }
+    if (h->busy && h->stalled_s > s->cfg.health_stall_s) {
+        snprintf(msg, cap, "the engine made no progress for %.1f s with %d requests in flight "
+                 "(limit %.1f s, --health-stall-timeout)", h->stalled_s, (int)h->in_flight,
+                 s->cfg.health_stall_s);
+        return 1;
+    }
+    return 0;
+}
+
+/* Liveness (Kubernetes): 200 while the engine makes progress; 503 while
+ * loading, draining, or when the engine is stalled (docs/SERVER.md). */
 static enum MHD_Result route_health(srv *s, struct MHD_Connection *c)
 {
     int st = atomic_load(&s->state);
-    if (st == SRV_READY)
-        return send_obj(c, 200, json_pack("{s:s}", "status", "ok"));
+    if (st == SRV_READY) {
+        engine_health h;
+        char msg[200];
+        if (!engine_unhealthy(s, &h, msg, sizeof msg))
+            return send_obj(c, 200, json_pack("{s:s}", "status", "ok"));
+        srv_guard_count(s->guard, SRV_GUARD_HEALTH_STALLED);
+        return send_obj(c, 503, json_pack("{s:s, s:{s:s, s:s, s:n, s:n}, s:{s:b, s:i, s:f, s:I}}",
+                                          "status", "stalled", "error", "message", msg, "type",
+                                          "service_unavailable", "param", "code", "engine",
+                                          "thread_alive", h.thread_alive, "in_flight",
+                                          (int)h.in_flight, "stalled_seconds", h.stalled_s,
+                                          "steps", (json_int_t)h.steps));
+    }
     const char *why = st == SRV_LOADING ? "loading" : "draining";
     return send_obj(c, 503, json_pack("{s:s, s:{s:s, s:s, s:n, s:n}}", "status", why, "error",
                                       "message", st == SRV_LOADING ? "the model is loading"
@@ -104,11 +181,15 @@ static enum MHD_Result route_health(srv *s, struct MHD_Connection *c)
                                       "type", "service_unavailable", "param", "code"));
 }
 
-/* Readiness (Kubernetes): 200 only while serving; 503 while loading and
- * from the moment draining starts (SIGTERM). */
+/* Readiness (Kubernetes): 200 only while serving; 503 while loading, from
+ * the moment draining starts (SIGTERM), and while the engine is stalled. */
 static enum MHD_Result route_ready(srv *s, struct MHD_Connection *c)
 {
     int st = atomic_load(&s->state);
+    engine_health h;
+    char msg[200];
+    if (st == SRV_READY && engine_unhealthy(s, &h, msg, sizeof msg))
+        return send_obj(c, 503, json_pack("{s:s}", "status", "stalled"));
     return send_obj(c, st == SRV_READY ? 200 : 503,
                     json_pack("{s:s}", "status", st == SRV_READY ? "ready"
                                                  : st == SRV_LOADING ? "loading" : "draining"));
@@ -159,13 +240,27 @@ static enum MHD_Result route_metrics(srv *s, struct MHD_Connection *c)
     engine_tier_stats ts;
     engine_get_tier_stats(s->e, &ts);
     char *tiers = text ? srv_tier_metrics(&ts) : NULL;
-    char *all = tiers ? malloc(strlen(text) + strlen(tiers) + 1) : NULL;
+    char *guard = text ? srv_guard_metrics(s->guard) : NULL;
+    engine_health h;
+    engine_get_health(s->e, &h);
+    char stall[256];
+    snprintf(stall, sizeof stall,
+             "# HELP kvant_engine_stalled_seconds Seconds the engine has made no progress with "
+             "requests in flight (0 when idle or progressing).\n"
+             "# TYPE kvant_engine_stalled_seconds gauge\nkvant_engine_stalled_seconds %.3f\n",
+             h.stalled_s);
+    char *all = tiers && guard ? malloc(strlen(text) + strlen(tiers) + strlen(guard) +
+                                        strlen(stall) + 1)
+                               : NULL;
     if (all) {
         strcpy(all, text);
         strcat(all, tiers);
+        strcat(all, guard);
+        strcat(all, stall);
     }
     free(text);
     free(tiers);
+    free(guard);
     text = all;
     if (!text) {
         srv_error e;
@@ -407,17 +502,24 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(cn = calloc(1, sizeof *cn)))
             return MHD_NO;
         cn->t_arrival = srv_now();
+        cn->slot = conn_slot(c);
+        srv_guard_phase(s->guard, cn->slot, SRV_CONN_BODY);
         *con_cls = cn;
         return MHD_YES;
     }
     if (*upload_size) { /* body chunk */
-        if (!cn->too_large && cn->body.len + *upload_size > s->cfg.max_body)
+        if (srv_guard_body_late(s->guard, cn->slot))
+            return MHD_NO; /* closes the connection */
+        if (!cn->too_large && cn->body.len + *upload_size > s->cfg.max_body) {
             cn->too_large = 1;
+            srv_guard_count(s->guard, SRV_GUARD_BODY_TOO_LARGE);
+        }
         if (!cn->too_large && srv_buf_append(&cn->body, upload, *upload_size))
             return MHD_NO;
         *upload_size = 0;
         return MHD_YES;
     }
+    srv_guard_phase(s->guard, cn->slot, SRV_CONN_BUSY);
     srv_error e;
     route_id r = route_find(url);
     if (precheck(s, c, url, method, r, &e))
@@ -433,9 +535,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
+    srv *s = cls;
     srv_conn *cn = *con_cls;
     if (!cn)
         return;
+    if (toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED &&
+        srv_guard_phase_of(s->guard, cn->slot) == SRV_CONN_BUSY)
+        srv_guard_count(s->guard, SRV_GUARD_WRITE_TIMEOUT); /* a client stopped reading */
+    srv_guard_phase(s->guard, cn->slot, SRV_CONN_HEADERS); /* keep-alive: the next request */
     /* A streaming request's cancellation on disconnect happens in its
      * response free callback (server_gen.c), which MHD runs for every
      * termination code. */
@@ -476,9 +583,16 @@ srv *srv_create(const srv_config *cfg, const char *model_path, kvant_err *err)
     s->cfg.host = s->cfg.api_key = s->cfg.served_name = NULL; /* borrowed: do not keep */
     pthread_mutex_init(&s->mu, NULL);
     s->metrics = srv_metrics_create();
+    srv_guard_config gc = {cfg->max_connections, cfg->header_timeout_s, cfg->body_timeout_s};
+    s->guard = srv_guard_create(&gc);
     struct sockaddr_in sa = {0};
     sa.sin_family = AF_INET;
     sa.sin_port = htons((uint16_t)cfg->port);
+    if (!s->guard) {
+        kvant_err_set(err, KV_ENOMEM, "cannot start the connection guard");
+        srv_destroy(s);
+        return NULL;
+    }
     if (!s->metrics || inet_pton(AF_INET, cfg->host ? cfg->host : "127.0.0.1", &sa.sin_addr) != 1) {
         kvant_err_set(err, KV_EINVAL, "--host '%s' is not an IPv4 address", cfg->host);
         srv_destroy(s);
@@ -486,11 +600,13 @@ srv *srv_create(const srv_config *cfg, const char *model_path, kvant_err *err)
     }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_ITC | MHD_USE_POLL;
-    s->d = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, on_request, s,
+    s->d = MHD_start_daemon(flags, (uint16_t)cfg->port, on_accept, s, on_request, s,
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->conn_timeout_s,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
+                            MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)(cfg->max_connections + SRV_GUARD_SLACK),
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                             MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
                             MHD_OPTION_END);
     if (!s->d) {
@@ -511,6 +627,7 @@ void srv_attach(srv *s, model *m, engine *e)
     s->oai.m = m;
     s->oai.served_name = s->served_name;
     s->oai.max_model_len = engine_max_model_len(e);
+    s->oai.max_piece_bytes = srv_oai_max_piece_bytes(m);
     atomic_store(&s->state, SRV_READY);
 }
 
@@ -553,12 +670,20 @@ int srv_drain(srv *s, double timeout_s)
     return left;
 }
 
+void srv_stop(srv *s)
+{
+    if (s && s->d) {
+        MHD_stop_daemon(s->d);
+        s->d = NULL;
+    }
+}
+
 void srv_destroy(srv *s)
 {
     if (!s)
         return;
-    if (s->d)
-        MHD_stop_daemon(s->d);
+    srv_stop(s);
+    srv_guard_destroy(s->guard);
     srv_metrics_destroy(s->metrics);
     pthread_mutex_destroy(&s->mu);
     free(s);

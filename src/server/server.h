@@ -8,9 +8,12 @@
  * Life cycle: srv_create starts listening at once (state "loading": /health
  * answers 503) so a supervisor can watch start-up; srv_attach hands it the
  * loaded model and engine (state "ready"); srv_drain stops accepting and
- * finishes or cancels in-flight requests; srv_destroy stops the daemon.
- * Ownership: the server borrows the model and engine; both must outlive
- * srv_destroy.  Threading: srv_attach/srv_drain/srv_destroy are called
+ * finishes or cancels in-flight requests; srv_stop stops the daemon;
+ * srv_destroy frees the rest.
+ * Ownership: the server borrows the model and engine.  The engine is
+ * destroyed between srv_stop and srv_destroy (its last events still reach
+ * the server's channels and metrics); the model outlives both.
+ * Threading: srv_attach/srv_drain/srv_stop/srv_destroy are called
  * from the controlling (main) thread; everything else runs on MHD threads.
  */
 #ifndef KVANT_SERVER_H
@@ -31,8 +34,19 @@ typedef struct srv_config {
     const char *api_key;        /* NULL = no authentication (borrowed) */
     const char *served_name;    /* model name in the API (borrowed); NULL = file stem */
     size_t max_body;            /* bytes, default 4 MiB */
-    int conn_timeout_s;         /* idle connection timeout, default 30 */
-    int max_connections;        /* default 256 */
+    int conn_timeout_s;         /* no socket progress (a stream nobody reads), default 30 */
+    int max_connections;        /* default 256; at the limit the longest-waiting
+                                 * connection without a complete request is closed */
+    double header_timeout_s;    /* connect / end of last response -> headers, default 15 */
+    double body_timeout_s;      /* headers -> complete body, default 30 */
+    int stream_backlog;         /* events a stream may fall behind before it is
+                                 * cancelled, default 4096 */
+    int send_buffer;            /* SO_SNDBUF of each connection in bytes (the kernel's
+                                 * queue for a client that does not read), default
+                                 * 256 KiB; 0 = the kernel's autotuning (up to
+                                 * net.ipv4.tcp_wmem, often 4 MiB) */
+    double health_stall_s;      /* /health 503 when requests are in flight and the engine
+                                 * made no progress this long; default 60 */
 } srv_config;
 
 srv_config srv_config_default(void);
@@ -47,6 +61,10 @@ void srv_attach(srv *s, model *m, engine *e);
  * cancels the rest (they end with an error event) and waits briefly for
  * their streams to close.  Returns the number of requests cancelled. */
 int srv_drain(srv *s, double timeout_s);
+/* Stops the HTTP daemon and joins its threads: after it no HTTP thread
+ * uses the engine.  Call before engine_destroy, whose final events still
+ * reach the server's channels and metrics; srv_destroy frees those after. */
+void srv_stop(srv *s);
 void srv_destroy(srv *s);
 int srv_port(const srv *s);
 /* The model's name in the API (--served-model-name or the file stem);

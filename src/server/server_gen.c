@@ -589,6 +589,8 @@ enum MHD_Result srv_gen_handle(srv *s, struct MHD_Connection *c, srv_api api, co
     if (rid > 0) {
         g->rid = rid;
         active_add_locked(s, g);
+        if (g->req.stream)
+            srv_chan_set_backlog(g->chan, s->e, rid, s->cfg.stream_backlog, s->guard);
     }
     pthread_mutex_unlock(&s->mu);
     if (rid <= 0) {

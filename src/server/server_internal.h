@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 
 #include "server/server.h"
+#include "server/server_guard.h"
 #include "server/server_metrics.h"
 #include "server/server_openai.h"
 
@@ -27,6 +28,7 @@ struct srv {
     engine *e;
     srv_oai_ctx oai;
     srv_metrics *metrics;
+    srv_guard *guard;         /* connection limits and their counters */
     struct MHD_Daemon *d;
     int port;
     _Atomic int state;

@@ -194,10 +194,31 @@ static int parse_stop(json_t *o, srv_stops *st, srv_error *e)
     return 0;
 }
 
-/* Encodes text into a malloc'd id array. */
-static int encode(const model *m, const char *text, size_t len, int special, srv_gen_req *r,
-                  srv_error *e)
+int32_t srv_oai_max_piece_bytes(const model *m)
 {
+    char buf[512];
+    int32_t best = 1;
+    for (int32_t id = 0, n = tok_n_vocab(m->tok); id < n; id++) {
+        int L = tok_piece(m->tok, id, 1, buf, sizeof buf);
+        if (L > best)
+            best = L; /* a piece over the buffer returns its whole length */
+    }
+    return best;
+}
+
+/* Encodes text into a malloc'd id array.  Text too long to fit the context
+ * whatever its tokens (more bytes than max_model_len of the longest token
+ * piece) is refused before tokenizing, so a body at --max-body costs a JSON
+ * parse, not a tokenization (docs/SERVER.md "Limits"). */
+static int encode(const srv_oai_ctx *ctx, const char *text, size_t len, int special,
+                  srv_gen_req *r, srv_error *e)
+{
+    const model *m = ctx->m;
+    if (ctx->max_piece_bytes > 0 &&
+        len / (size_t)ctx->max_piece_bytes > (size_t)ctx->max_model_len)
+        return srv_error_set(e, 400, "prompt", "the prompt has %zu bytes: more than %lld tokens "
+                             "(the context) whatever its tokens", len,
+                             (long long)ctx->max_model_len);
     kvant_err ke = {0};
     int add_bos = tok_add_bos(m->tok);
     int64_t n = tok_encode(m->tok, text, len, add_bos, special, NULL, 0, &ke);
@@ -215,7 +236,7 @@ static int encode(const model *m, const char *text, size_t len, int special, srv
     return 0;
 }
 
-static int parse_prompt(const model *m, json_t *o, srv_gen_req *r, srv_error *e)
+static int parse_prompt(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_error *e)
 {
     json_t *p = json_object_get(o, "prompt");
     if (!p)
@@ -223,7 +244,7 @@ static int parse_prompt(const model *m, json_t *o, srv_gen_req *r, srv_error *e)
     if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
         p = json_array_get(p, 0);
     if (json_is_string(p))
-        return encode(m, json_string_value(p), json_string_length(p), 0, r, e);
+        return encode(ctx, json_string_value(p), json_string_length(p), 0, r, e);
     if (!json_is_array(p))
         return srv_error_set(e, 400, "prompt",
                              "'prompt' must be a string or an array of token ids");
@@ -233,7 +254,7 @@ static int parse_prompt(const model *m, json_t *o, srv_gen_req *r, srv_error *e)
     r->tokens = malloc(n * sizeof *r->tokens);
     if (!r->tokens)
         return srv_error_set(e, 500, NULL, "out of memory");
-    int32_t nv = tok_n_vocab(m->tok);
+    int32_t nv = tok_n_vocab(ctx->m->tok);
     for (size_t i = 0; i < n; i++) {
         json_t *t = json_array_get(p, i);
         if (!json_is_integer(t))
@@ -277,8 +298,9 @@ static const char *msg_content(json_t *c, size_t i, srv_buf *buf, srv_error *e)
     return buf->s;
 }
 
-static int parse_messages(const model *m, json_t *o, srv_gen_req *r, srv_error *e)
+static int parse_messages(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_error *e)
 {
+    const model *m = ctx->m;
     if (!m->has_chat)
         return srv_error_set(e, 400, "messages", "the model has no usable chat template: %s",
                              m->chat_err);
@@ -315,7 +337,7 @@ static int parse_messages(const model *m, json_t *o, srv_gen_req *r, srv_error *
             rc = srv_error_set(e, 400, "messages", "chat template: %s", ke.msg);
     }
     if (!rc)
-        rc = encode(m, text, strlen(text), 1, r, e);
+        rc = encode(ctx, text, strlen(text), 1, r, e);
     free(text);
     for (size_t i = 0; parts && i < n; i++)
         srv_buf_free(&parts[i]);
@@ -430,7 +452,7 @@ static int parse_body(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_err
             return srv_error_set(e, 400, "cache_salt", "'cache_salt' must be a string");
         r->er.cache_salt = fnv1a(json_string_value(salt), json_string_length(salt));
     }
-    rc = r->api == SRV_API_CHAT ? parse_messages(ctx->m, o, r, e) : parse_prompt(ctx->m, o, r, e);
+    rc = r->api == SRV_API_CHAT ? parse_messages(ctx, o, r, e) : parse_prompt(ctx, o, r, e);
     if (rc)
         return rc;
     r->er.prompt = r->tokens;

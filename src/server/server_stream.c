@@ -8,6 +8,7 @@
 #include "server/server_stream.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,12 @@ struct srv_chan {
     int final;               /* final event pushed */
     int oom;                 /* an event could not be queued */
     srv_metrics *metrics;
+    /* backlog bound (srv_chan_set_backlog) */
+    engine *e;
+    int64_t rid;
+    size_t max_pending;      /* 0 = unbounded */
+    int overflowed;          /* the request was cancelled for its backlog */
+    srv_guard *guard;
     /* engine-thread-only timing state */
     double t_arrival, t_submit, t_first;
     double t_last[ENGINE_MAX_N];
@@ -109,6 +116,17 @@ void srv_chan_unref_engine(srv_chan *c)
     chan_unref_locked_free(c);
 }
 
+void srv_chan_set_backlog(srv_chan *c, engine *e, int64_t rid, int max_pending,
+                          srv_guard *guard)
+{
+    pthread_mutex_lock(&c->mu);
+    c->e = e;
+    c->rid = rid;
+    c->max_pending = max_pending > 0 ? (size_t)max_pending : 0;
+    c->guard = guard;
+    pthread_mutex_unlock(&c->mu);
+}
+
 void srv_chan_submitted(srv_chan *c, double t_submit)
 {
     c->t_submit = t_submit;
@@ -148,6 +166,15 @@ void srv_chan_on_event(void *ctx, const engine_event *ev)
         return;
     }
     observe(c, ev, now);
+    if (!final && c->max_pending && c->count >= c->max_pending) {
+        if (!c->overflowed) { /* the client stopped reading: stop the work */
+            c->overflowed = 1;
+            engine_cancel(c->e, c->rid);
+            srv_guard_count(c->guard, SRV_GUARD_STREAM_BACKLOG);
+        }
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
     if (c->count == c->cap) {
         size_t cap = c->cap * 2;
         srv_ev *nq = malloc(cap * sizeof *nq);
@@ -164,7 +191,12 @@ void srv_chan_on_event(void *ctx, const engine_event *ev)
         srv_ev *e = &c->q[(c->head + c->count) % c->cap];
         e->ev = *ev;
         e->err[0] = '\0';
-        if (ev->error) {
+        if (final && c->overflowed) { /* events were dropped: never a clean end */
+            e->ev.type = ENGINE_EV_ERROR;
+            e->ev.finish = ENGINE_FINISH_ABORT;
+            snprintf(e->err, sizeof e->err, "stream cancelled: the client fell more than %zu "
+                     "events behind (--stream-backlog)", c->max_pending);
+        } else if (ev->error) {
             strncpy(e->err, ev->error, sizeof e->err - 1);
             e->err[sizeof e->err - 1] = '\0';
         }

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
+#include "server/server_guard.h"
 #include "server/server_metrics.h"
 
 /* Growable byte buffer (NUL-terminated when non-empty); caller-owned. */
@@ -39,6 +40,13 @@ typedef struct srv_chan srv_chan;
 srv_chan *srv_chan_create(srv_metrics *metrics, double t_arrival);
 void srv_chan_unref(srv_chan *c);        /* HTTP side's reference */
 void srv_chan_unref_engine(srv_chan *c); /* only when engine_submit failed */
+/* Bounds the events waiting for the HTTP side (a client that stops reading
+ * its stream): past max_pending, further non-final events are dropped, the
+ * request is cancelled in the engine (once, counted in guard) and its final
+ * event says why.  Call right after engine_submit succeeded; max_pending 0
+ * = unbounded.  e and guard are borrowed. */
+void srv_chan_set_backlog(srv_chan *c, engine *e, int64_t rid, int max_pending,
+                          srv_guard *guard);
 /* Marks the submission time (call just before engine_submit). */
 void srv_chan_submitted(srv_chan *c, double t_submit);
 /* The engine_event_fn to pass to engine_submit with c as ctx. */

@@ -1,7 +1,7 @@
 """Helpers for the `kvant serve` tests: start the server on a free port, wait for /health,
 stop it, read /metrics.
 
-KvantServer(bin, model, *args): .url, .port, .proc; .stop(sig) -> exit code.  A server that
+KvantServer(bin, model, *args, port=None): .url, .port, .proc; .stop(sig) -> exit code.  A server that
 does not become healthy is a test FAILURE (never a skip), with its stderr in the message.
 The `server` fixture (module scope) is one server on the default model with a small KV pool.
 """
@@ -31,8 +31,8 @@ def free_port() -> int:
 
 class KvantServer:
     def __init__(self, kvant_bin: str, model: str, *args: str, health_timeout: float = 90.0,
-                 preexec_fn=None):
-        self.port = free_port()
+                 preexec_fn=None, port: int | None = None):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="kvant-serve-", suffix=".log", delete=False)
         cmd = [kvant_bin, "serve", "-m", model, "--port", str(self.port), *BASE_ARGS, *args]
