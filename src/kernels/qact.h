@@ -109,6 +109,21 @@ typedef void (*qact_quantize_fn)(const float *x, int64_t n, void *dst);
 typedef void (*qact_dot_fn)(int64_t n, const void *w, const void *xq, size_t xq_stride, int nt,
                             float *out);
 
+/* Defines `name`, a qact_dot_fn that calls body(type, n, w, xq, xs, NT,
+ * out) with the token count NT a compile-time constant (1, 2, 3 or
+ * QACT_MULTI_MAX), so an always-inline body keeps its tiles in registers.
+ * For the SIMD kernel files. */
+#define QACT_NT_ENTRY(name, body, type)                                                        \
+    static void name(int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out) \
+    {                                                                                          \
+        switch (nt) {                                                                          \
+        case 1: body(type, n, w, xq, xs, 1, out); break;                                       \
+        case 2: body(type, n, w, xq, xs, 2, out); break;                                       \
+        case 3: body(type, n, w, xq, xs, 3, out); break;                                       \
+        default: body(type, n, w, xq, xs, QACT_MULTI_MAX, out); break;                         \
+        }                                                                                      \
+    }
+
 void qact_quantize_ref(const float *x, int64_t n, void *dst);
 void qact_quantize_avx2(const float *x, int64_t n, void *dst);
 void qact_quantize_avx512(const float *x, int64_t n, void *dst);

@@ -533,40 +533,18 @@ AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t
     }
 }
 
-#define SIMD_DOT(name, type)                                                                   \
-    static void name(int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out) \
-    {                                                                                          \
-        switch (nt) { /* a constant token count keeps the tiles in registers */              \
-        case 1: dot_type(type, n, w, xq, xs, 1, out); break;                                   \
-        case 2: dot_type(type, n, w, xq, xs, 2, out); break;                                   \
-        case 3: dot_type(type, n, w, xq, xs, 3, out); break;                                   \
-        default: dot_type(type, n, w, xq, xs, NTM, out); break;                                \
-        }                                                                                      \
-    }
-SIMD_DOT(v2_q4_0, DT_Q4_0)
-SIMD_DOT(v2_q4_1, DT_Q4_1)
-SIMD_DOT(v2_q5_0, DT_Q5_0)
-SIMD_DOT(v2_q5_1, DT_Q5_1)
-SIMD_DOT(v2_q8_0, DT_Q8_0)
-SIMD_DOT(v2_q4_K, DT_Q4_K)
-SIMD_DOT(v2_q5_K, DT_Q5_K)
-SIMD_DOT(v2_q6_K, DT_Q6_K)
-#define PK_DOT(name, type)                                                                     \
-    static void name(int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out) \
-    {                                                                                          \
-        switch (nt) {                                                                          \
-        case 1: pk_dot_type(type, n, w, xq, xs, 1, out); break;                                \
-        case 2: pk_dot_type(type, n, w, xq, xs, 2, out); break;                                \
-        case 3: pk_dot_type(type, n, w, xq, xs, 3, out); break;                                \
-        default: pk_dot_type(type, n, w, xq, xs, NTM, out); break;                             \
-        }                                                                                      \
-    }
-PK_DOT(p2_q4_0, DT_Q4_0)
-PK_DOT(p2_q4_1, DT_Q4_1)
-PK_DOT(p2_q8_0, DT_Q8_0)
-PK_DOT(p2_q4_K, DT_Q4_K)
-#undef PK_DOT
-#undef SIMD_DOT
+QACT_NT_ENTRY(v2_q4_0, dot_type, DT_Q4_0)
+QACT_NT_ENTRY(v2_q4_1, dot_type, DT_Q4_1)
+QACT_NT_ENTRY(v2_q5_0, dot_type, DT_Q5_0)
+QACT_NT_ENTRY(v2_q5_1, dot_type, DT_Q5_1)
+QACT_NT_ENTRY(v2_q8_0, dot_type, DT_Q8_0)
+QACT_NT_ENTRY(v2_q4_K, dot_type, DT_Q4_K)
+QACT_NT_ENTRY(v2_q5_K, dot_type, DT_Q5_K)
+QACT_NT_ENTRY(v2_q6_K, dot_type, DT_Q6_K)
+QACT_NT_ENTRY(p2_q4_0, pk_dot_type, DT_Q4_0)
+QACT_NT_ENTRY(p2_q4_1, pk_dot_type, DT_Q4_1)
+QACT_NT_ENTRY(p2_q8_0, pk_dot_type, DT_Q8_0)
+QACT_NT_ENTRY(p2_q4_K, pk_dot_type, DT_Q4_K)
 
 qact_dot_fn qact_dot_avx2(uint32_t type)
 {
