@@ -117,6 +117,7 @@ static void test_layout(tu_rng *r)
     free(x), free(a), free(b);
 }
 
+#if KVANT_X86 /* the packed kernels exist on x86-64 only */
 static void test_dots(tu_rng *r, const char *isa, qact_dot_fn (*packed)(uint32_t))
 {
     for (int ti = 0; ti < N_TYPES; ti++) {
@@ -181,6 +182,8 @@ static void test_matmul(tu_rng *r)
         free_rows(&w);
     }
 }
+
+#endif
 
 int main(void)
 {
