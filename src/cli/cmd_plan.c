@@ -216,6 +216,7 @@ int cmd_plan(int argc, char **argv)
     }
     pc.device_memory = c.device_memory ? c.device_memory : mem_host_available();
     pc.utilization = c.utilization;
+    pc.act_q8 = (!c.backend || strcmp(c.backend, "cpu") == 0) && !c.exact;
     plan_model pm = {hp.n_layers, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff,
                      hp.n_vocab, hp.n_ctx_train, 0};
     plan_row rows[PLAN_MAX_CANDIDATES + 1];

@@ -129,6 +129,7 @@ static int plan_engine(engine_ext *x, kvant_err *err)
     pc.max_num_seqs = e->cfg.max_num_seqs;
     pc.max_num_batched_tokens = e->cfg.max_num_batched_tokens;
     pc.kv_dtype = e->cfg.kv_dtype;
+    pc.act_q8 = (!e->cfg.backend || strcmp(e->cfg.backend, "cpu") == 0) && !e->cfg.exact;
     int rc = plan_compute(&pm, &pc, &x->plan, err);
     if (rc)
         return rc;

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "kernels/dtype.h"
+#include "kernels/matmul.h"
 #include "mem/mem.h"
 
 #define PLAN_ALIGN 64u
@@ -105,6 +106,21 @@ uint64_t plan_activation_bytes(const plan_model *m, int max_tokens, int max_seqs
     return plan_activation_layout(m, max_tokens, max_seqs, n_threads, NULL);
 }
 
+uint64_t plan_act_q8_bytes(const plan_model *m, int max_tokens)
+{
+    int64_t w = m->n_embd > m->n_ff ? m->n_embd : m->n_ff;
+    if ((int64_t)m->n_head * m->head_dim > w)
+        w = (int64_t)m->n_head * m->head_dim;
+    return dtype_matmul_scratch_bytes(DT_Q4_0, w, max_tokens);
+}
+
+/* Activations plus, with act_q8, the int8 copy: the fixed workspace. */
+static uint64_t work_bytes(const plan_model *m, const plan_config *c, int max_tokens, int max_seqs)
+{
+    return plan_activation_bytes(m, max_tokens, max_seqs, c->n_threads) +
+           (c->act_q8 ? plan_act_q8_bytes(m, max_tokens) : 0);
+}
+
 uint64_t plan_kv_bytes_per_token(const plan_model *m, uint32_t kv_dtype)
 {
     size_t row = dtype_row_size(kv_dtype, (int64_t)m->n_head_kv * m->head_dim);
@@ -151,9 +167,10 @@ static int refuse_nofit(const plan_model *m, const plan_config *c, const plan_re
                         uint64_t block_bytes, kvant_err *err)
 {
     char b[32], w[32], a[32], dev1[32], devc[32];
-    uint64_t one = r->weights_bytes + r->activation_bytes + block_bytes;
+    uint64_t one = r->weights_bytes + r->activation_bytes + r->act_q8_bytes + block_bytes;
     uint64_t blocks_ctx = ((uint64_t)r->ctx + (uint64_t)c->block_size - 1) / (uint64_t)c->block_size;
-    uint64_t full = r->weights_bytes + r->activation_bytes + blocks_ctx * block_bytes;
+    uint64_t full = r->weights_bytes + r->activation_bytes + r->act_q8_bytes +
+                    blocks_ctx * block_bytes;
     mem_format_size(r->budget, b, sizeof b);
     mem_format_size(r->weights_bytes, w, sizeof w);
     mem_format_size(r->activation_bytes, a, sizeof a);
@@ -169,7 +186,7 @@ static int refuse_nofit(const plan_model *m, const plan_config *c, const plan_re
     while (lo < hi) {
         int mid = lo + (hi - lo + 1) / 2;
         int seqs = mid < c->max_num_seqs ? mid : c->max_num_seqs;
-        uint64_t act = plan_activation_bytes(m, mid, seqs, c->n_threads);
+        uint64_t act = work_bytes(m, c, mid, seqs);
         if (r->weights_bytes + act + block_bytes <= r->budget)
             lo = mid;
         else
@@ -237,7 +254,8 @@ int plan_compute(const plan_model *m, const plan_config *c, plan_result *out, kv
     r->activation_bytes = plan_activation_bytes(m, c->max_num_batched_tokens, c->max_num_seqs,
                                                 c->n_threads);
     uint64_t block_bytes = r->kv_bytes_per_token * (uint64_t)c->block_size;
-    uint64_t fixed = r->weights_bytes + r->activation_bytes;
+    r->act_q8_bytes = c->act_q8 ? plan_act_q8_bytes(m, c->max_num_batched_tokens) : 0;
+    uint64_t fixed = r->weights_bytes + r->activation_bytes + r->act_q8_bytes;
     if (fixed >= r->budget || r->budget - fixed < block_bytes)
         return refuse_nofit(m, c, r, block_bytes, err);
 
@@ -268,6 +286,7 @@ char *plan_result_json(const plan_result *r, const plan_model *m)
     json_object_set_new(o, "utilization", json_real(r->utilization));
     json_object_set_new(o, "weights_bytes", u64j(r->weights_bytes));
     json_object_set_new(o, "activation_bytes", u64j(r->activation_bytes));
+    json_object_set_new(o, "act_q8_bytes", u64j(r->act_q8_bytes));
     json_object_set_new(o, "kv_dtype", json_string(tr && tr->name ? tr->name : "unknown"));
     json_object_set_new(o, "kv_bytes_per_token", u64j(r->kv_bytes_per_token));
     json_object_set_new(o, "block_size", json_integer(r->block_size));

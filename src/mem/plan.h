@@ -49,6 +49,9 @@ typedef struct plan_config {
     int max_num_batched_tokens; /* tokens in one forward pass */
     int n_threads;              /* backend threads (attention scratch each) */
     uint32_t kv_dtype;          /* dtype enum (src/kernels/dtype.h) of stored K/V */
+    int act_q8;                 /* 1: the CPU backend's int8 matmul activations (a
+                                 * quantized copy of the widest matmul input for
+                                 * max_num_batched_tokens) come out of the budget too */
 } plan_config;
 
 /* utilization 0.90, ctx 0, block 16, 64 seqs, 2048 tokens, 1 thread,
@@ -59,6 +62,7 @@ typedef struct plan_result {
     uint64_t budget;             /* floor(device_memory * utilization) */
     uint64_t weights_bytes;
     uint64_t activation_bytes;   /* plan_activation_bytes(...) */
+    uint64_t act_q8_bytes;       /* plan_act_q8_bytes(...) when act_q8, else 0 */
     uint64_t kv_bytes_per_token; /* all layers, K and V */
     uint64_t kv_pool_bytes;      /* kv_pool_blocks * block_size * kv_bytes_per_token */
     uint64_t kv_pool_tokens;     /* kv_pool_blocks * block_size */
@@ -115,6 +119,10 @@ typedef struct plan_act_layout {
 uint64_t plan_activation_layout(const plan_model *m, int max_tokens, int max_seqs,
                                 int n_threads, plan_act_layout *out);
 uint64_t plan_activation_bytes(const plan_model *m, int max_tokens, int max_seqs, int n_threads);
+/* Bytes of int8 matmul activations for max_tokens rows of the widest
+ * matmul input (max of n_embd, n_ff, n_head * head_dim), as the CPU
+ * backend allocates them (kernels/matmul.h). */
+uint64_t plan_act_q8_bytes(const plan_model *m, int max_tokens);
 
 /* KV bytes per token for all layers, K and V, stored as kv_dtype; 0 when
  * the dtype cannot store a row of n_head_kv * head_dim elements. */

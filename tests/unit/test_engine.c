@@ -319,8 +319,9 @@ static void test_cancel_reject_fork(model *m)
 }
 
 /* The start-up plan and the memory the engine really allocates agree:
- * activations exactly, KV within the whole blocks held back for the
- * backend's workspace (accounted as workspace). */
+ * activations exactly, KV within one block (held back for the backend's
+ * attention scratch, accounted as workspace), the int8 matmul activations
+ * planned and allocated. */
 static void test_plan_agreement(model *m)
 {
     engine_config c = engine_config_default();
@@ -341,13 +342,13 @@ static void test_plan_agreement(model *m)
     CHECKF(r->cat[MEM_ACTIVATIONS].current == p->activation_bytes, "activations %llu vs plan %llu",
            (unsigned long long)r->cat[MEM_ACTIVATIONS].current,
            (unsigned long long)p->activation_bytes);
-    /* the blocks held back cover the backend's workspace (attention
-     * scratch, int8 matmul activations), whole blocks, at most one spare */
-    const uint64_t ws = r->cat[MEM_WORKSPACE].current, kv = r->cat[MEM_KV].current;
-    CHECKF(kv < p->kv_pool_bytes && p->kv_pool_bytes - kv >= ws &&
-               p->kv_pool_bytes - kv < ws + 2 * block_bytes,
-           "kv %llu + workspace %llu vs plan %llu", (unsigned long long)kv,
-           (unsigned long long)ws, (unsigned long long)p->kv_pool_bytes);
+    CHECKF(r->cat[MEM_KV].current + block_bytes == p->kv_pool_bytes, "kv %llu vs plan %llu",
+           (unsigned long long)r->cat[MEM_KV].current, (unsigned long long)p->kv_pool_bytes);
+    /* the int8 matmul activations the plan counted are what the backend holds */
+    CHECKF(p->act_q8_bytes > 0 && r->cat[MEM_WORKSPACE].current >= p->act_q8_bytes,
+           "workspace %llu vs planned int8 activations %llu",
+           (unsigned long long)r->cat[MEM_WORKSPACE].current,
+           (unsigned long long)p->act_q8_bytes);
     CHECK(r->cat[MEM_WEIGHTS].current == p->weights_bytes);
     CHECK(r->used <= r->budget);
     fprintf(stderr, "  plan vs allocation: weights %llu/%llu act %llu/%llu kv %llu/%llu\n",

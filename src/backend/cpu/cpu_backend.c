@@ -208,10 +208,11 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
 
 static uint64_t cpu_kv_extra_bytes(backend *be, const kv_layout *lay)
 {
-    /* the per-thread attention scratch and the quantized activations
-     * kv_init allocates, plus allocator rounding */
+    /* the per-thread attention scratch kv_init allocates, plus allocator
+     * rounding; its int8 matmul activations are in the plan
+     * (plan_config.act_q8, plan_act_q8_bytes) */
     return (uint64_t)cpu_kvq_scratch(lay->block_size, lay->head_dim) * cpu(be)->n_threads *
-               sizeof(float) + cpu_qact_bytes(cpu(be), lay->max_tokens) + 128;
+               sizeof(float) + 64;
 }
 
 static void cpu_kv_copy_block(backend *be, int32_t dst, int32_t src)
