@@ -4,18 +4,18 @@ llama.cpp per ISA and model, and the batched rows (for docs/PERFORMANCE.md).
 
     python3 bench/isa-report.py OUTDIR/isa-compare.jsonl
 """
-import json
+import importlib.util
 import os
 import sys
 
-
-def rows(path):
-    text = open(path).read().replace("}{", "}\n{")
-    return [json.loads(l) for l in text.splitlines() if l.strip().startswith("{")]
+_spec = importlib.util.spec_from_file_location(
+    "report", os.path.join(os.path.dirname(os.path.abspath(__file__)), "report.py"))
+_report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_report)
 
 
 def main(path: str) -> int:
-    rs = rows(path)
+    rs = _report.load_rows(path)
     kv = {(r["isa"], os.path.basename(r["model"])): r
           for r in rs if "tool" not in r and "batch" not in r}
     lc = {}

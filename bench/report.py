@@ -8,9 +8,14 @@ import os
 import sys
 
 
-def main(path: str) -> int:
+def load_rows(path: str) -> list:
+    """The JSON objects of a results file, one per line (or run together)."""
     text = open(path).read().replace("}{", "}\n{")
-    rows = [json.loads(l) for l in text.splitlines() if l.strip().startswith("{")]
+    return [json.loads(l) for l in text.splitlines() if l.strip().startswith("{")]
+
+
+def main(path: str) -> int:
+    rows = load_rows(path)
     single = [r for r in rows if "batch" not in r]
     batch = [r for r in rows if "batch" in r]
     print("| model | matmul | MB/token | pp512 tok/s | pp GFLOP/s | tg128 tok/s (min..max) | tg GB/s |"

@@ -436,7 +436,7 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
     const uint8_t *qs = wg + (t == DT_Q4_1 ? 4 : 2) * tc;
     _Alignas(32) uint16_t sc[2][QACT_LANES] = {{0}};
     const uint8_t *dh = wg, *mh = wg + 2 * tc;
-    if (tc < QACT_LANES) { /* short group: scales into zero-padded copies */
+    if (tc < QACT_LANES && t != DT_Q4_K) { /* short group: scales into zero-padded copies */
         memcpy(sc[0], wg, 2 * (size_t)tc);
         if (t == DT_Q4_1)
             memcpy(sc[1], mh, 2 * (size_t)tc);

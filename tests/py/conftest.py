@@ -117,3 +117,14 @@ def kvant_tokenize(kvant_bin):
 def run_kvant(kvant_bin):
     """f(args) -> CompletedProcess of `kvant ARGS`."""
     return lambda args: _run([kvant_bin, *map(str, args)])
+
+
+@pytest.fixture
+def tier_dir(request):
+    """An empty directory under build/ for a KV disk tier, removed afterwards."""
+    import shutil
+    import uuid
+    d = ROOT / "build" / f"{request.module.__name__}-{uuid.uuid4().hex[:8]}"
+    d.mkdir(parents=True)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

@@ -7,11 +7,9 @@ exits 0 on SIGTERM.  An ordinary server without tiers restarts the same way."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import httpx
@@ -52,14 +50,6 @@ def load(url: str, stop: threading.Event, done: list) -> None:
         except httpx.HTTPError:
             time.sleep(0.05)
         i += 1
-
-
-@pytest.fixture
-def tier_dir():
-    d = ROOT / "build" / f"test-crash-{uuid.uuid4().hex[:8]}"
-    d.mkdir(parents=True)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def kill_under_load(srv: KvantServer, n_clients: int = 4, after_s: float = 3.0) -> int:

@@ -14,10 +14,8 @@ from __future__ import annotations
 import json
 import os
 import resource
-import shutil
 import signal
 import subprocess
-import uuid
 from pathlib import Path
 
 import httpx
@@ -60,14 +58,6 @@ def reference(kvant_bin, default_model):
     finally:
         assert srv.stop() == 0
     return out
-
-
-@pytest.fixture
-def tier_dir():
-    d = ROOT / "build" / f"test-kv-tiers-{uuid.uuid4().hex[:8]}"
-    d.mkdir(parents=True)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def same_answers(got: list[dict], want: list[dict]) -> None:

@@ -2,7 +2,7 @@
  * kernels' layout (kernels/qpack.h).
  *
  * cpu_pack_weights packs every matmul weight the selected ISA has a packed
- * kernel for (Q4_0, Q4_1, Q8_0 rows of >= 512 values; not the embedding
+ * kernel for (Q4_0, Q4_1, Q8_0, Q4_K: qpack_supported; not the embedding
  * table, not exact tensors such as the output head):
  *   mapped tensors (dev == data): into a new MEM_WEIGHTS buffer from the
  *     memory manager; the mapped pages are released to the page cache
