@@ -60,7 +60,14 @@ def kill_under_load(srv: KvantServer, n_clients: int = 4, after_s: float = 3.0) 
     for t in ts:
         t.start()
     time.sleep(after_s)
-    running = srv.metrics()["kvant_num_requests_running"]
+    # kill at a moment with requests in the engine (a single sample can fall
+    # between two short requests): poll briefly for one
+    deadline, running = time.monotonic() + 10.0, 0.0
+    while time.monotonic() < deadline:
+        running = srv.metrics()["kvant_num_requests_running"]
+        if running >= 1:
+            break
+        time.sleep(0.02)
     srv.stop(signal.SIGKILL)
     stop.set()
     for t in ts:
