@@ -137,7 +137,7 @@ pytest-isa: $(BUILD)/kvant venv model
 	  if KVANT_ISA=$$isa $(BUILD)/kvant --help >/dev/null 2>&1; then \
 	    echo "pytest-isa: reference tests with KVANT_ISA=$$isa"; \
 	    KVANT_ISA=$$isa KVANT_BIN=$(BUILD)/kvant $(PY) -m pytest -q \
-	      tests/py/test_logits.py tests/py/test_default_model.py || exit 1; \
+	      tests/py/test_logits.py tests/py/test_default_model.py tests/py/test_pack.py || exit 1; \
 	  else echo "pytest-isa: this CPU lacks $$isa: not run"; fi; done
 
 # arm64: a cross build whose unit tests run under qemu-user (Debian's

@@ -8,7 +8,7 @@ each weight has std ~0.02 and ~zero mean; norms are 1.  The tokenizer is a
 minimal byte-level gpt2 one (256 byte tokens, one merge, bos/eos,
 fillers).
 
-    .venv/bin/python bench/make_tinyllama.py OUTDIR [Q4_0 Q4_1 Q8_0 Q4_K ...]
+    .venv/bin/python bench/make_tinyllama.py OUTDIR [Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K]
 
 Writes OUTDIR/tinyllama-1.1b-<TYPE>.gguf (~0.6-1.2 GB each); generate into
 build/bench/ (git-ignored), never into the repository.
@@ -26,7 +26,8 @@ N_EMBD, N_FF, N_HEAD, N_HEAD_KV, N_LAYER, N_VOCAB, N_CTX = 2048, 5632, 32, 4, 22
 HEAD_DIM = N_EMBD // N_HEAD
 STD = 0.02
 # type -> (block elements, block bytes)
-BLOCK = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q4_K": (256, 144)}
+BLOCK = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
+         "Q8_0": (32, 34), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
 
 
 def _f16(v: float, n: int) -> np.ndarray:
@@ -43,11 +44,19 @@ def random_blocks(rng: np.random.Generator, rows: int, cols: int, t: str) -> np.
     elif t == "Q4_1":          # q * d + m
         d = STD / 4.6
         b[:, 0:2], b[:, 2:4] = _f16(d, nb), _f16(-7.5 * d, nb)
+    elif t == "Q5_0":          # (q - 16) * d, q uniform 0..31: std 9.2 d
+        b[:, 0:2] = _f16(STD / 9.2, nb)
+    elif t == "Q5_1":          # q * d + m
+        d = STD / 9.2
+        b[:, 0:2], b[:, 2:4] = _f16(d, nb), _f16(-15.5 * d, nb)
     elif t == "Q8_0":          # q * d, q uniform int8: std 74 d
         b[:, 0:2] = _f16(STD / 74.0, nb)
-    else:                      # Q4_K: d * sc * q - dmin * m, sc, m 6-bit
-        d = STD / (32 * 4.6)
-        b[:, 0:2], b[:, 2:4] = _f16(d, nb), _f16(7.5 * d, nb)
+    elif t == "Q6_K":          # (q - 32) * sc * d, sc int8: std 18.5 * 74 d
+        b[:, 208:210] = _f16(STD / (18.5 * 74.0), nb)
+    else:                      # Q4_K, Q5_K: d * sc * q - dmin * m, sc, m 6-bit
+        sd = 4.6 if t == "Q4_K" else 9.2
+        d = STD / (32 * sd)
+        b[:, 0:2], b[:, 2:4] = _f16(d, nb), _f16(sd * 1.6 * d, nb)
     return b.reshape(rows, -1)
 
 

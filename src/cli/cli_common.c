@@ -101,7 +101,7 @@ void cli_common_help(FILE *f)
         {"--act-q8", NULL, "int8 activations in quantized matmuls (undoes --exact)",
          c.exact ? "off" : "on"},
         {"--no-pack", NULL, "keep weights in the file's layout instead of repacking "
-                            "Q4_0/Q4_1/Q8_0 at load for the int8 kernels (slower)",
+                            "quantized weights at load for the int8 kernels (slower)",
          c.no_pack ? "on" : "off"},
         {"--json", NULL, "print the results as JSON", c.json ? "on" : "off"},
         {"--device-memory", "SIZE", "memory budget base, bytes or with K/M/G/T, Ki/Mi/Gi/Ti",

@@ -44,6 +44,7 @@ typedef struct bench_stat {
 typedef struct bench_weights {
     double bytes_per_tok;  /* matmul weights read per token */
     double params;         /* matmul parameters (multiply-adds per token) */
+    double packed_bytes;   /* of those, repacked at load (CPU int8 kernels) */
 } bench_weights;
 
 static double bench_now(void)
@@ -82,11 +83,13 @@ static void bench_add_tensor(bench_weights *w, const model_tensor *t)
         return; /* norms, absent biases */
     w->bytes_per_tok += (double)t->nbytes;
     w->params += (double)t->ne[0] * (double)t->ne[1];
+    if (t->packed)
+        w->packed_bytes += (double)t->nbytes;
 }
 
 static bench_weights bench_weight_traffic(const model *m)
 {
-    bench_weights w = {0, 0};
+    bench_weights w = {0, 0, 0};
     for (int32_t l = 0; l < m->hp.n_layers; l++) {
         const model_layer *L = &m->layers[l];
         const model_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo,
@@ -336,6 +339,7 @@ static void bench_print_json(const bench_report *r)
            "\"reps\": %ld, \"p\": %ld, \"n\": %ld",
            dtype_isa(), r->threads, r->w.bytes_per_tok, r->w.params, o->reps, o->p, o->n);
     if (!o->batch) {
+        printf(", \"packed_bytes\": %.0f", r->w.packed_bytes);
         printf(", \"pp_tps\": %.3f, \"pp_tps_min\": %.3f, \"pp_tps_max\": %.3f, "
                "\"pp_gbps\": %.3f, \"pp_gflops\": %.3f",
                r->pp.med, r->pp.lo, r->pp.hi, r->pp.med * r->w.bytes_per_tok * 1e-9,
@@ -373,8 +377,10 @@ static void bench_print_json(const bench_report *r)
 static void bench_print_text(const bench_report *r)
 {
     const bench_opts *o = r->o;
-    printf("model %s: %.1f MB matmul weights/token, %.1f M params, isa %s, %d threads\n",
-           r->c->model_path, r->w.bytes_per_tok / 1e6, r->w.params / 1e6, dtype_isa(), r->threads);
+    printf("model %s: %.1f MB matmul weights/token", r->c->model_path, r->w.bytes_per_tok / 1e6);
+    if (!o->batch)
+        printf(" (%.1f MB repacked)", r->w.packed_bytes / 1e6);
+    printf(", %.1f M params, isa %s, %d threads\n", r->w.params / 1e6, dtype_isa(), r->threads);
     if (r->have_rl)
         printf("roofline: read %.1f GB/s (1t %.1f), fp32 FMA %.0f GFLOP/s (1t %.0f), "
                "int8 VNNI %.0f GOP/s (1t %.0f)\n",

@@ -428,17 +428,128 @@ AI void pk_half_sums(uint32_t t, const uint8_t *qs, int L, int h, int nvl,
         S[k] = _mm256_madd_epi16(s16[k], ones);
 }
 
+/* q5_0, q5_1, q5_K: as the q4 sums, with bit 4 of each code from the
+ * group's qh' lanes at qx (qpack.c: byte j, bit i / 4 + i = bit 4 of
+ * the low / high nibble's code in byte j of vector i).  Codes < 32: two
+ * vectors' pairs (<= 4 * 31 * 127) add up exactly in int16. */
+AI void pk_half_sums5(const uint8_t *qs, const uint8_t *qx, int L, int h, int nvl,
+                      const int8_t *const ag[NTM], int nt, __m256i S[NTM])
+{
+    const __m256i ones = _mm256_set1_epi16(1), lo4 = _mm256_set1_epi8(0x0F);
+    const __m256i b4 = _mm256_set1_epi8(0x10);
+    const __m256i q5 = pk_load(qx + 32 * h, nvl);
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++)
+        S[k] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+    for (int pp = 0; pp < 2; pp++) {
+        __m256i s16[NTM];
+#pragma GCC unroll 8
+        for (int k = 0; k < nt; k++)
+            s16[k] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int i = 2 * pp; i < 2 * pp + 2; i++) {
+            const __m256i v = pk_load(qs + L * i + 32 * h, nvl);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, lo4),
+                                               _mm256_and_si256(_mm256_slli_epi16(q5, 4 - i), b4));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo4),
+                                               _mm256_and_si256(_mm256_srli_epi16(q5, i), b4));
+#pragma GCC unroll 8
+            for (int k = 0; k < nt; k++) {
+                const int8_t *a = ag[k] + 128 * i + 32 * h;
+                const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)a));
+                const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(a + 64)));
+                s16[k] = _mm256_add_epi16(s16[k], _mm256_add_epi16(p0, p1));
+            }
+        }
+#pragma GCC unroll 8
+        for (int k = 0; k < nt; k++)
+            S[k] = _mm256_add_epi32(S[k], _mm256_madd_epi16(s16[k], ones));
+    }
+}
+
+/* q6_K: codes < 64 from the nibbles and the 2-bit planes at qx (qpack.c);
+ * one vector's pair (<= 2 * 2 * 63 * 127) is exact in int16, and VPMADDWD
+ * weights it by the half-chunk scale (sc0 for vectors 0-1, values 0-15;
+ * sc1 for 2-3): S = sc0*r0 + sc1*r1 per chunk. */
+AI void pk_half_sums6(const uint8_t *qs, const uint8_t *qx, int L, int h, __m256i sc0,
+                      __m256i sc1, const int8_t *const ag[NTM], int nt, __m256i S[NTM])
+{
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), b45 = _mm256_set1_epi8(0x30);
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++)
+        S[k] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + L * i + 32 * h));
+        const __m256i q2 = _mm256_loadu_si256((const __m256i *)(qx + L * (i / 2) + 32 * h));
+        const __m256i lb = i & 1 ? _mm256_slli_epi16(q2, 4) : q2;
+        const __m256i hb = i & 1 ? _mm256_slli_epi16(q2, 2) : _mm256_srli_epi16(q2, 2);
+        const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, lo4), _mm256_and_si256(lb, b45));
+        const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo4),
+                                           _mm256_and_si256(hb, b45));
+#pragma GCC unroll 8
+        for (int k = 0; k < nt; k++) {
+            const int8_t *a = ag[k] + 128 * i + 32 * h;
+            const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)a));
+            const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(a + 64)));
+            S[k] = _mm256_add_epi32(S[k], _mm256_madd_epi16(_mm256_add_epi16(p0, p1), i < 2 ? sc0 : sc1));
+        }
+    }
+}
+
+/* K types: super-block h's scales as pk_group uses them. */
+typedef struct pk_kscales {
+    __m256 A, B;
+    __m256i sc, mn;        /* q4_K, q5_K: sub-block scales and mins */
+    __m256i e6, sc0, sc1;  /* q6_K: the 16 int8 scales as int16, and as pairs (s0,s0), (s1,s1) */
+} pk_kscales;
+
+AI pk_kscales pk_k_scales(uint32_t t, const uint8_t *wg, int tc, int h)
+{
+    pk_kscales r;
+    r.sc = r.mn = r.e6 = r.sc0 = r.sc1 = _mm256_setzero_si256();
+    if (t == DT_Q6_K) {
+        kv_fp16 d;
+        memcpy(&d, wg + 2 * h, 2);
+        r.A = _mm256_set1_ps(h2f(d));
+        r.B = _mm256_setzero_ps();
+        r.e6 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wg + 2 * (tc / 8) + 16 * h)));
+        r.sc0 = _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(r.e6, 0xA0), 0xA0);
+        r.sc1 = _mm256_shufflehi_epi16(_mm256_shufflelo_epi16(r.e6, 0xF5), 0xF5);
+        return r;
+    }
+    const uint8_t *hd = wg + 16 * h; /* q4_K, q5_K: d, dmin, scales as stored */
+    uint32_t u[4];
+    int dw;
+    qact_k4_scales(hd + 4, u);
+    memcpy(&dw, hd, 4);
+    r.sc = _mm256_cvtepu8_epi32(_mm_setr_epi32((int)u[0], (int)u[1], 0, 0));
+    r.mn = _mm256_cvtepu8_epi32(_mm_setr_epi32((int)u[2], (int)u[3], 0, 0));
+    float fd[4]; /* d, dmin: F16C converts exactly */
+    _mm_storeu_ps(fd, _mm_cvtph_ps(_mm_cvtsi32_si128(dw)));
+    r.A = _mm256_set1_ps(fd[0]);
+    r.B = _mm256_set1_ps(-fd[1]);
+    return r;
+}
+
+AI int pk_has_min(uint32_t t)
+{
+    return t == DT_Q4_1 || t == DT_Q5_1;
+}
+
 /* acc[k][h] += v_c for the tc chunks of group g at wg. */
 AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int64_t g, int nt,
                  __m256 acc[NTM][2])
 {
     const int L = 4 * tc;
-    const uint8_t *qs = wg + (t == DT_Q4_1 ? 4 : 2) * tc;
+    const int kq = t == DT_Q4_K || t == DT_Q5_K || t == DT_Q6_K;
+    const uint8_t *qs = wg + qpack_qs_off(t, tc), *qx = wg + qpack_qx_off(t, tc);
     _Alignas(32) uint16_t sc[2][QACT_LANES] = {{0}};
     const uint8_t *dh = wg, *mh = wg + 2 * tc;
-    if (tc < QACT_LANES && t != DT_Q4_K) { /* short group: scales into zero-padded copies */
+    if (tc < QACT_LANES && !kq) { /* short group: scales into zero-padded copies */
         memcpy(sc[0], wg, 2 * (size_t)tc);
-        if (t == DT_Q4_1)
+        if (pk_has_min(t))
             memcpy(sc[1], mh, 2 * (size_t)tc);
         dh = (const uint8_t *)sc[0];
         mh = (const uint8_t *)sc[1];
@@ -452,52 +563,49 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
         const int nvl = tc - 8 * h < 8 ? tc - 8 * h : 8;
         if (nvl <= 0)
             break;
-        __m256i S[NTM];
-        pk_half_sums(t, qs, L, h, nvl, ag, nt, S);
         const int64_t c0 = g * QACT_LANES + 8 * h;
-        __m256 A, B;
-        __m256i ksc = _mm256_setzero_si256(), kmn = ksc;
-        if (t == DT_Q4_K) { /* super-block h's head, as half_dot reads it */
-            const uint8_t *hd = wg + 16 * h;
-            uint32_t u[4];
-            int dw;
-            qact_k4_scales(hd + 4, u);
-            memcpy(&dw, hd, 4);
-            ksc = _mm256_cvtepu8_epi32(_mm_setr_epi32((int)u[0], (int)u[1], 0, 0));
-            kmn = _mm256_cvtepu8_epi32(_mm_setr_epi32((int)u[2], (int)u[3], 0, 0));
-            float fd[4]; /* d, dmin: F16C converts exactly */
-            _mm_storeu_ps(fd, _mm_cvtph_ps(_mm_cvtsi32_si128(dw)));
-            A = _mm256_set1_ps(fd[0]);
-            B = _mm256_set1_ps(-fd[1]);
+        __m256i S[NTM];
+        pk_kscales ks;
+        if (kq) {
+            ks = pk_k_scales(t, wg, tc, h);
         } else {
-            A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dh + 16 * h)));
-            B = t == DT_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mh + 16 * h)))
-                             : _mm256_setzero_ps();
+            ks.A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dh + 16 * h)));
+            ks.B = pk_has_min(t) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mh + 16 * h)))
+                                 : _mm256_setzero_ps();
         }
+        if (t == DT_Q5_0 || t == DT_Q5_1 || t == DT_Q5_K)
+            pk_half_sums5(qs, qx, L, h, nvl, ag, nt, S);
+        else if (t == DT_Q6_K)
+            pk_half_sums6(qs, qx, L, h, ks.sc0, ks.sc1, ag, nt, S);
+        else
+            pk_half_sums(t, qs, L, h, nvl, ag, nt, S);
 #pragma GCC unroll 8
         for (int k = 0; k < nt; k++) {
             const __m256 da = _mm256_loadu_ps(xv[k].d + c0);
+            const __m256i asum = _mm256_loadu_si256((const __m256i *)(xv[k].s32 + c0));
             __m256i I = S[k];
-            if (t == DT_Q4_K) {
-                I = _mm256_mullo_epi32(ksc, I);
-                const __m256i J =
-                    _mm256_mullo_epi32(kmn, _mm256_loadu_si256((const __m256i *)(xv[k].s32 + c0)));
+            if (t == DT_Q4_K || t == DT_Q5_K) {
+                I = _mm256_mullo_epi32(ks.sc, I);
+                const __m256i J = _mm256_mullo_epi32(ks.mn, asum);
                 acc[k][h] = _mm256_add_ps(
                     acc[k][h],
-                    _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(A, da), _mm256_cvtepi32_ps(I)),
-                                  _mm256_mul_ps(_mm256_mul_ps(B, da), _mm256_cvtepi32_ps(J))));
+                    _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(ks.A, da), _mm256_cvtepi32_ps(I)),
+                                  _mm256_mul_ps(_mm256_mul_ps(ks.B, da), _mm256_cvtepi32_ps(J))));
                 continue;
             }
             if (t == DT_Q4_0)
-                I = _mm256_sub_epi32(
-                    I, _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(xv[k].s32 + c0)), 3));
-            __m256 v = _mm256_mul_ps(_mm256_mul_ps(A, da), _mm256_cvtepi32_ps(I));
-            /* q4_0, q8_0: the reference's second term is +0, and adding +0
-             * to v and then to acc (never -0) changes nothing */
-            if (t == DT_Q4_1) {
-                const __m256i J = _mm256_loadu_si256((const __m256i *)(xv[k].s32 + c0));
-                v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_mul_ps(B, da), _mm256_cvtepi32_ps(J)));
-            }
+                I = _mm256_sub_epi32(I, _mm256_slli_epi32(asum, 3));
+            else if (t == DT_Q5_0)
+                I = _mm256_sub_epi32(I, _mm256_slli_epi32(asum, 4));
+            else if (t == DT_Q6_K)
+                I = _mm256_sub_epi32(I, _mm256_slli_epi32(
+                        _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xv[k].s16 + 2 * c0)),
+                                          ks.e6), 5));
+            __m256 v = _mm256_mul_ps(_mm256_mul_ps(ks.A, da), _mm256_cvtepi32_ps(I));
+            /* q4_0, q5_0, q8_0, q6_K: the reference's second term is +0,
+             * and adding +0 to v and then to acc (never -0) changes nothing */
+            if (pk_has_min(t))
+                v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_mul_ps(ks.B, da), _mm256_cvtepi32_ps(asum)));
             acc[k][h] = _mm256_add_ps(acc[k][h], v);
         }
     }
@@ -515,7 +623,7 @@ AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t
     }
     const uint8_t *wb = w;
     const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
-    const size_t gb = QACT_LANES * chunk_wbytes(t);
+    const size_t gb = t == DT_Q6_K ? 2 * sizeof(block_q6_K) : QACT_LANES * chunk_wbytes(t);
     for (int64_t g = 0; g < full; g++) {
         const uint8_t *wg = wb + g * gb;
         for (size_t o = 0; o < gb; o += 64)
@@ -545,6 +653,10 @@ QACT_NT_ENTRY(p2_q4_0, pk_dot_type, DT_Q4_0)
 QACT_NT_ENTRY(p2_q4_1, pk_dot_type, DT_Q4_1)
 QACT_NT_ENTRY(p2_q8_0, pk_dot_type, DT_Q8_0)
 QACT_NT_ENTRY(p2_q4_K, pk_dot_type, DT_Q4_K)
+QACT_NT_ENTRY(p2_q5_0, pk_dot_type, DT_Q5_0)
+QACT_NT_ENTRY(p2_q5_1, pk_dot_type, DT_Q5_1)
+QACT_NT_ENTRY(p2_q5_K, pk_dot_type, DT_Q5_K)
+QACT_NT_ENTRY(p2_q6_K, pk_dot_type, DT_Q6_K)
 
 qact_dot_fn qact_dot_avx2(uint32_t type)
 {
@@ -568,6 +680,10 @@ qact_dot_fn qpack_dot_avx2(uint32_t type)
     case DT_Q4_1: return p2_q4_1;
     case DT_Q8_0: return p2_q8_0;
     case DT_Q4_K: return p2_q4_K;
+    case DT_Q5_0: return p2_q5_0;
+    case DT_Q5_1: return p2_q5_1;
+    case DT_Q5_K: return p2_q5_K;
+    case DT_Q6_K: return p2_q6_K;
     default: return NULL;
     }
 }

@@ -377,18 +377,32 @@ AI __m512 pk_halfs(const uint8_t *p, int tc)
     return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)((1u << tc) - 1), p));
 }
 
-AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int64_t g, int nt,
-                 __m512 acc[NTM])
+/* q5_*, q6_K code vectors i (low and high nibbles) with their extra bits
+ * from x (qpack.c): q5: the qh' lanes; q6_K: plane i/2. */
+AI void pk_wide_codes(uint32_t t, __m512i v, __m512i x, int i, __m512i *lo, __m512i *hi)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    *lo = _mm512_and_si512(v, lo4);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+    if (t == DT_Q6_K) {
+        const __m512i b45 = _mm512_set1_epi8(0x30);
+        const __m512i lb = i & 1 ? _mm512_slli_epi16(x, 4) : x;
+        const __m512i hb = i & 1 ? _mm512_slli_epi16(x, 2) : _mm512_srli_epi16(x, 2);
+        *lo = _mm512_or_si512(*lo, _mm512_and_si512(lb, b45));
+        *hi = _mm512_or_si512(*hi, _mm512_and_si512(hb, b45));
+        return;
+    }
+    const __m512i b4 = _mm512_set1_epi8(0x10);
+    *lo = _mm512_or_si512(*lo, _mm512_and_si512(_mm512_slli_epi16(x, 4 - i), b4));
+    *hi = _mm512_or_si512(*hi, _mm512_and_si512(_mm512_srli_epi16(x, i), b4));
+}
+
+/* S0[k], S1[k] lane c: chunk c's sums for token k; q6_K: S0 over values
+ * 0-15 (vectors 0-1), S1 over 16-31, for the half scales. */
+AI void pk_sums(uint32_t t, const uint8_t *qs, const uint8_t *qx, int tc,
+                const int8_t *const ag[NTM], int nt, __m512i S0[NTM], __m512i S1[NTM])
 {
     const int L = 4 * tc;
-    const uint8_t *qs = wg + (t == DT_Q4_1 ? 4 : 2) * tc;
-    __m512i S0[NTM], S1[NTM];
-    const int8_t *ag[NTM];
-#pragma GCC unroll 8
-    for (int k = 0; k < nt; k++) {
-        S0[k] = S1[k] = _mm512_setzero_si512();
-        ag[k] = xv[k].qs + g * QACT_GROUP;
-    }
     if (t == DT_Q8_0) {
         const __m512i bias = _mm512_set1_epi8((char)0x80);
 #pragma GCC unroll 8
@@ -401,62 +415,129 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
                 S1[k] = _mm512_dpbusd_epi32(S1[k], u1, _mm512_loadu_si512(ag[k] + 64 * r + 64));
             }
         }
-    } else {
-        const __m512i lo4 = _mm512_set1_epi8(0x0F);
+        return;
+    }
+    const int wide = t == DT_Q5_0 || t == DT_Q5_1 || t == DT_Q5_K || t == DT_Q6_K;
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    const __m512i q5 = wide && t != DT_Q6_K ? pk_load(qx, tc) : _mm512_setzero_si512();
 #pragma GCC unroll 8
-        for (int i = 0; i < 4; i++) {
-            const __m512i v = pk_load(qs + L * i, tc);
-            const __m512i lo = _mm512_and_si512(v, lo4);
-            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+    for (int i = 0; i < 4; i++) {
+        const __m512i v = pk_load(qs + L * i, tc);
+        __m512i lo, hi;
+        if (wide) {
+            pk_wide_codes(t, v, t == DT_Q6_K ? pk_load(qx + L * (i / 2), tc) : q5, i, &lo, &hi);
+        } else {
+            lo = _mm512_and_si512(v, lo4);
+            hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+        }
 #pragma GCC unroll 8
-            for (int k = 0; k < nt; k++) {
-                S0[k] = _mm512_dpbusd_epi32(S0[k], lo, _mm512_loadu_si512(ag[k] + 128 * i));
-                S1[k] = _mm512_dpbusd_epi32(S1[k], hi, _mm512_loadu_si512(ag[k] + 128 * i + 64));
+        for (int k = 0; k < nt; k++) {
+            const __m512i a0 = _mm512_loadu_si512(ag[k] + 128 * i);
+            const __m512i a1 = _mm512_loadu_si512(ag[k] + 128 * i + 64);
+            if (t == DT_Q6_K && i >= 2) {
+                S1[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(S1[k], lo, a0), hi, a1);
+            } else if (t == DT_Q6_K) {
+                S0[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(S0[k], lo, a0), hi, a1);
+            } else {
+                S0[k] = _mm512_dpbusd_epi32(S0[k], lo, a0);
+                S1[k] = _mm512_dpbusd_epi32(S1[k], hi, a1);
             }
         }
     }
+}
+
+/* K types: the group's super-block scales (one super-block when tc == 8:
+ * lanes 8-15 score zero sums with its finite scales). */
+typedef struct pk_kscales {
     __m512 A, B;
-    __m512i sc = _mm512_setzero_si512(), mn = sc;
-    if (t == DT_Q4_K) { /* the super-block heads, as load_scales reads them */
-        const uint8_t *h0 = wg, *h1 = wg + (tc > 8 ? 16 : 0);
-        uint32_t u0[4], u1[4];
-        kv_fp16 d[4];
-        qact_k4_scales(h0 + 4, u0);
-        qact_k4_scales(h1 + 4, u1);
-        memcpy(&d[0], h0, 4);
-        memcpy(&d[2], h1, 4);
-        sc = _mm512_cvtepu8_epi32(_mm_setr_epi32((int)u0[0], (int)u0[1], (int)u1[0], (int)u1[1]));
-        mn = _mm512_cvtepu8_epi32(_mm_setr_epi32((int)u0[2], (int)u0[3], (int)u1[2], (int)u1[3]));
-        float fd[4]; /* d0, dmin0, d1, dmin1: F16C converts exactly */
-        _mm_storeu_ps(fd, _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)d)));
-        A = _mm512_insertf32x8(_mm512_set1_ps(fd[0]), _mm256_set1_ps(fd[2]), 1);
-        B = _mm512_insertf32x8(_mm512_set1_ps(-fd[1]), _mm256_set1_ps(-fd[3]), 1);
+    __m512i sc, mn;       /* q4_K, q5_K */
+    __m512i e6, sc0, sc1; /* q6_K: the 32 int8 scales as int16; per lane s0, s1 */
+} pk_kscales;
+
+AI pk_kscales pk_k_scales(uint32_t t, const uint8_t *wg, int tc)
+{
+    pk_kscales r;
+    r.sc = r.mn = r.e6 = r.sc0 = r.sc1 = _mm512_setzero_si512();
+    if (t == DT_Q6_K) {
+        kv_fp16 d[2];
+        memcpy(&d[0], wg, 2);
+        memcpy(&d[1], wg + (tc > 8 ? 2 : 0), 2);
+        r.A = _mm512_insertf32x8(_mm512_set1_ps(h2f(d[0])), _mm256_set1_ps(h2f(d[1])), 1);
+        r.B = _mm512_setzero_ps();
+        const uint8_t *sp = wg + 2 * (tc / 8);
+        const __m256i sb = tc > 8 ? _mm256_loadu_si256((const __m256i *)sp)
+                                  : _mm256_maskz_loadu_epi8(0xFFFF, sp);
+        r.e6 = _mm512_cvtepi8_epi16(sb);
+        r.sc0 = _mm512_srai_epi32(_mm512_slli_epi32(r.e6, 16), 16);
+        r.sc1 = _mm512_srai_epi32(r.e6, 16);
+        return r;
+    }
+    const uint8_t *h0 = wg, *h1 = wg + (tc > 8 ? 16 : 0); /* q4_K, q5_K heads */
+    uint32_t u0[4], u1[4];
+    kv_fp16 d[4];
+    qact_k4_scales(h0 + 4, u0);
+    qact_k4_scales(h1 + 4, u1);
+    memcpy(&d[0], h0, 4);
+    memcpy(&d[2], h1, 4);
+    r.sc = _mm512_cvtepu8_epi32(_mm_setr_epi32((int)u0[0], (int)u0[1], (int)u1[0], (int)u1[1]));
+    r.mn = _mm512_cvtepu8_epi32(_mm_setr_epi32((int)u0[2], (int)u0[3], (int)u1[2], (int)u1[3]));
+    float fd[4]; /* d0, dmin0, d1, dmin1: F16C converts exactly */
+    _mm_storeu_ps(fd, _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)d)));
+    r.A = _mm512_insertf32x8(_mm512_set1_ps(fd[0]), _mm256_set1_ps(fd[2]), 1);
+    r.B = _mm512_insertf32x8(_mm512_set1_ps(-fd[1]), _mm256_set1_ps(-fd[3]), 1);
+    return r;
+}
+
+AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int64_t g, int nt,
+                 __m512 acc[NTM])
+{
+    const int kq = t == DT_Q4_K || t == DT_Q5_K || t == DT_Q6_K;
+    const int has_m = t == DT_Q4_1 || t == DT_Q5_1;
+    __m512i S0[NTM], S1[NTM];
+    const int8_t *ag[NTM];
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        S0[k] = S1[k] = _mm512_setzero_si512();
+        ag[k] = xv[k].qs + g * QACT_GROUP;
+    }
+    pk_sums(t, wg + qpack_qs_off(t, tc), wg + qpack_qx_off(t, tc), tc, ag, nt, S0, S1);
+    pk_kscales ks;
+    if (kq) {
+        ks = pk_k_scales(t, wg, tc);
     } else {
-        A = pk_halfs(wg, tc);
-        B = t == DT_Q4_1 ? pk_halfs(wg + 2 * tc, tc) : _mm512_setzero_ps();
+        ks.A = pk_halfs(wg, tc);
+        ks.B = has_m ? pk_halfs(wg + 2 * tc, tc) : _mm512_setzero_ps();
     }
 #pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         const __m512i asum = _mm512_loadu_si512(xv[k].s32 + g * QACT_LANES);
         const __m512 da = _mm512_loadu_ps(xv[k].d + g * QACT_LANES);
         __m512i I = _mm512_add_epi32(S0[k], S1[k]);
-        if (t == DT_Q4_K) {
-            I = _mm512_mullo_epi32(sc, I);
-            const __m512i J = _mm512_mullo_epi32(mn, asum);
+        if (t == DT_Q4_K || t == DT_Q5_K) {
+            I = _mm512_mullo_epi32(ks.sc, I);
+            const __m512i J = _mm512_mullo_epi32(ks.mn, asum);
             acc[k] = _mm512_add_ps(
-                acc[k], _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(A, da), _mm512_cvtepi32_ps(I)),
-                                      _mm512_mul_ps(_mm512_mul_ps(B, da), _mm512_cvtepi32_ps(J))));
+                acc[k], _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(ks.A, da), _mm512_cvtepi32_ps(I)),
+                                      _mm512_mul_ps(_mm512_mul_ps(ks.B, da), _mm512_cvtepi32_ps(J))));
             continue;
         }
         if (t == DT_Q4_0)
             I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 3));
+        else if (t == DT_Q5_0)
+            I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 4));
         else if (t == DT_Q8_0)
             I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 7));
-        __m512 v = _mm512_mul_ps(_mm512_mul_ps(A, da), _mm512_cvtepi32_ps(I));
-        /* q4_0, q8_0: the reference's second term is +0, and adding +0 to
-         * v and then to acc (never -0) changes nothing */
-        if (t == DT_Q4_1)
-            v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_mul_ps(B, da), _mm512_cvtepi32_ps(asum)));
+        else if (t == DT_Q6_K) {
+            const __m512i s16 = _mm512_loadu_si512(xv[k].s16 + 2 * g * QACT_LANES);
+            I = _mm512_sub_epi32(
+                _mm512_add_epi32(_mm512_mullo_epi32(ks.sc0, S0[k]), _mm512_mullo_epi32(ks.sc1, S1[k])),
+                _mm512_slli_epi32(_mm512_madd_epi16(s16, ks.e6), 5));
+        }
+        __m512 v = _mm512_mul_ps(_mm512_mul_ps(ks.A, da), _mm512_cvtepi32_ps(I));
+        /* q4_0, q5_0, q8_0, q6_K: the reference's second term is +0, and
+         * adding +0 to v and then to acc (never -0) changes nothing */
+        if (has_m)
+            v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_mul_ps(ks.B, da), _mm512_cvtepi32_ps(asum)));
         acc[k] = _mm512_add_ps(acc[k], v);
     }
 }
@@ -500,6 +581,10 @@ QACT_NT_ENTRY(p5_q4_0, pk_dot_type, DT_Q4_0)
 QACT_NT_ENTRY(p5_q4_1, pk_dot_type, DT_Q4_1)
 QACT_NT_ENTRY(p5_q8_0, pk_dot_type, DT_Q8_0)
 QACT_NT_ENTRY(p5_q4_K, pk_dot_type, DT_Q4_K)
+QACT_NT_ENTRY(p5_q5_0, pk_dot_type, DT_Q5_0)
+QACT_NT_ENTRY(p5_q5_1, pk_dot_type, DT_Q5_1)
+QACT_NT_ENTRY(p5_q5_K, pk_dot_type, DT_Q5_K)
+QACT_NT_ENTRY(p5_q6_K, pk_dot_type, DT_Q6_K)
 
 qact_dot_fn qact_dot_avx512(uint32_t type)
 {
@@ -523,6 +608,10 @@ qact_dot_fn qpack_dot_avx512(uint32_t type)
     case DT_Q4_1: return p5_q4_1;
     case DT_Q8_0: return p5_q8_0;
     case DT_Q4_K: return p5_q4_K;
+    case DT_Q5_0: return p5_q5_0;
+    case DT_Q5_1: return p5_q5_1;
+    case DT_Q5_K: return p5_q5_K;
+    case DT_Q6_K: return p5_q6_K;
     default: return NULL;
     }
 }

@@ -1,19 +1,26 @@
 /* qpack.h - weight rows repacked at load into the layout the integer
  * kernels want ("packed" rows), and the matching activation order.
  *
- * A packed row of a Q4_0, Q4_1, Q8_0 or Q4_K tensor holds the same bytes as the
- * stored row, permuted inside each group of up to QACT_LANES = 16 blocks
- * (512 values; the last group of a row holds tc = the remaining blocks,
- * 1..16).  A group, with code(c, p) the code of value p of block c as
- * stored and L = 4 tc the length of one code vector:
+ * A packed row of a Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K tensor
+ * holds the same bytes as the stored row, permuted inside each group of up
+ * to QACT_LANES = 16 blocks (512 values; the last group of a row holds tc =
+ * the remaining blocks, 1..16).  A group, with code(c, p) the code of value
+ * p of block c as stored and L = 4 tc the length of one code vector:
  *     kv_fp16 d[tc];                      every block's scale, in order
- *     kv_fp16 m[tc];                      (q4_1 only) every block's min
- *     q4_0, q4_1: uint8_t qs[4][L]:       qs[i][b] low nibble  = code(b/4, 8i + b%4)
+ *     kv_fp16 m[tc];                      (q4_1, q5_1) every block's min
+ *     uint32_t qh'[tc];                   (q5_0, q5_1) bit 4 of the codes:
+ *                                         byte j, bit i / 4+i = that of the
+ *                                         low / high nibble of qs[i][4c+j]
+ *     q4_*, q5_*: uint8_t qs[4][L]:       qs[i][b] low nibble  = code(b/4, 8i + b%4)
  *                                                  high nibble = code(b/4, 8i + 4 + b%4)
+ *                                         (the low 4 bits of the code)
  *     q8_0:       int8_t  qs[8][L]:       qs[r][b] = code(b/4, 4r + b%4)
- *   q4_K groups hold whole super-blocks (tc = 8 or 16): their 16-byte heads
- *   (d, dmin, scales[12], as stored) replace d[] and m[], the nibbles
- *   follow in the q4_0 order above (code = the chunk's stored nibble);
+ *   K-quant groups hold whole super-blocks (tc = 8 or 16):
+ *     q4_K, q5_K: the super-blocks' 16-byte heads (d, dmin, scales[12], as
+ *       stored) replace d[] and m[]; q5_K's qh'[tc] follows; then qs[4][L];
+ *     q6_K: d[tc/8], int8 scales[tc/8][16], qs[4][L], then q2[2][L] with
+ *       bits 4-5 of the codes: q2[v][b] bits 4-5 / 6-7 for the low / high
+ *       nibble of qs[2v][b], bits 0-1 / 2-3 for those of qs[2v+1][b];
  * so one 64-byte load feeds 16 blocks at once (AVX2: 32 bytes, 8 blocks),
  * every SIMD lane of 4 bytes belongs to one block, and the integer dot
  * needs no horizontal reduction; a short last group is read with masked
@@ -40,6 +47,26 @@
 static inline uint32_t qpack_base(uint32_t type)
 {
     return type & ~DT_PACKED;
+}
+
+/* Offsets in a packed group of tc chunks of the code nibbles (qs) and of
+ * the codes' extra bits (q5_*: qh', q6_K: the 2-bit planes; see qpack.c). */
+static inline size_t qpack_qs_off(uint32_t type, int tc)
+{
+    switch (type) {
+    case DT_Q4_1: return 4 * (size_t)tc;
+    case DT_Q5_0: return 6 * (size_t)tc;
+    case DT_Q5_1: return 8 * (size_t)tc;
+    case DT_Q5_K: return 6 * (size_t)tc;  /* 16-byte heads per 8 chunks, qh' */
+    case DT_Q6_K: return (size_t)(tc / 8) * 18; /* d, 16 scales per 8 chunks */
+    default: return 2 * (size_t)tc;       /* q4_0, q8_0: d[tc]; q4_K: heads */
+    }
+}
+
+static inline size_t qpack_qx_off(uint32_t type, int tc)
+{
+    return type == DT_Q6_K ? qpack_qs_off(type, tc) + 16 * (size_t)tc
+                           : qpack_qs_off(type, tc) - 4 * (size_t)tc;
 }
 
 /* 1 when `type` has a packed layout for rows of n values. */

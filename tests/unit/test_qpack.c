@@ -1,6 +1,6 @@
 /* test_qpack.c - weight rows packed at load (kernels/qpack.h).
  *
- * Types: q4_0, q4_1, q8_0, q4_K.  Checks:
+ * Types: q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K.  Checks:
  *   qpack_unpack_rows(qpack_rows(w)) == w bytewise, copying and in place,
  *     and a packed tensor keeps its size and row stride;
  *   qpack_interleave_act moves byte 32c + p of each group to
@@ -25,9 +25,10 @@
 #include "testutil.h"
 #include "util/arch.h"
 
-static const uint32_t k_types[] = {DT_Q4_0, DT_Q4_1, DT_Q8_0, DT_Q4_K};
+static const uint32_t k_types[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1,
+                                   DT_Q8_0, DT_Q4_K, DT_Q5_K, DT_Q6_K};
 static const int64_t k_sizes[] = {32, 96, 512, 576, 768, 1120, 1280, 2048, 5632};
-#define N_TYPES 4
+#define N_TYPES 8
 #define N_SIZES 9
 
 typedef struct rows {
@@ -51,11 +52,15 @@ static rows make_rows(tu_rng *r, uint32_t t, int64_t n, int64_t n_rows, int wild
     w.w = malloc(w.rs * (size_t)n_rows);
     w.pk = malloc(w.rs * (size_t)n_rows);
     tr->from_float(src, w.w, n * n_rows);
-    if (wild) {
-        const size_t head = t == DT_Q4_1 || t == DT_Q4_K ? 4 : 2; /* f16 scales stay finite */
-        for (size_t b = 0; b < w.rs * (size_t)n_rows; b += tr->type_size)
-            for (size_t i = b + head; i < b + tr->type_size; i++)
-                w.w[i] = (uint8_t)tu_rand_u64(r);
+    if (wild) { /* every byte but the f16 scales (which stay finite) */
+        const size_t bs = tr->type_size;
+        size_t f0 = 0, f1 = t == DT_Q4_1 || t == DT_Q5_1 || t == DT_Q4_K || t == DT_Q5_K ? 4 : 2;
+        if (t == DT_Q6_K)
+            f0 = bs - 2, f1 = bs;
+        for (size_t b = 0; b < w.rs * (size_t)n_rows; b += bs)
+            for (size_t i = 0; i < bs; i++)
+                if (i < f0 || i >= f1)
+                    w.w[b + i] = (uint8_t)tu_rand_u64(r);
     }
     qpack_rows(t, w.w, w.pk, n, n_rows, w.rs);
     free(src);
@@ -94,8 +99,9 @@ static void test_layout(tu_rng *r)
         }
     }
     CHECK(qpack_supported(DT_Q4_0, 32) && !qpack_supported(DT_Q4_0, 48));
-    CHECK(!qpack_supported(DT_Q6_K, 2048) && !qpack_supported(DT_F16, 2048));
+    CHECK(qpack_supported(DT_Q6_K, 2048) && !qpack_supported(DT_F16, 2048));
     CHECK(qpack_supported(DT_Q4_K, 768) && !qpack_supported(DT_Q4_K, 576));
+    CHECK(!qpack_supported(DT_Q6_K, 576) && !qpack_supported(DT_Q5_K, 576));
 
     const int64_t n = 1120; /* two full groups and three chunks */
     const size_t rb = qact_row_bytes(n);
@@ -126,6 +132,9 @@ static void test_dots(tu_rng *r, const char *isa, qact_dot_fn (*packed)(uint32_t
                 const uint32_t t = k_types[ti];
                 const int64_t n = k_sizes[si], ntok = 4;
                 if (!qpack_supported(t, n))
+                    continue;
+                CHECKF(packed(t) != NULL, "%s has a packed %s kernel", dtype_get(t)->name, isa);
+                if (!packed(t))
                     continue;
                 rows w = make_rows(r, t, n, 2, wild);
                 const size_t rb = qact_row_bytes(n);
