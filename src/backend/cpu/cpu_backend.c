@@ -281,10 +281,24 @@ static void embed_worker(int ith, int nth, void *arg)
     }
 }
 
+/* Elementwise work below this many values runs on the calling thread: at
+ * decode (one token) a norm, add or rope takes less time than waking the
+ * pool and waiting at its barrier.  Each value's arithmetic does not depend
+ * on the split, so the results are the same either way. */
+#define CPU_SERIAL_VALUES 16384
+
+static void cpu_run(cpu_backend *cb, tpool_fn fn, void *arg, long values)
+{
+    if (values < CPU_SERIAL_VALUES)
+        fn(0, 1, arg);
+    else
+        tpool_run(cb->pool, fn, arg);
+}
+
 static void cpu_embed(backend *be, const model_tensor *emb, float *d_x)
 {
     row_job j = {.cb = cpu(be), .w = emb, .y = d_x, .n = cpu(be)->batch->n_tokens};
-    tpool_run(cpu(be)->pool, embed_worker, &j);
+    cpu_run(cpu(be), embed_worker, &j, (long)j.n * (long)emb->ne[0]);
 }
 
 static void rmsnorm_worker(int ith, int nth, void *arg)
@@ -301,7 +315,7 @@ static void cpu_rmsnorm(backend *be, const float *d_x, const model_tensor *w, fl
                         int32_t n)
 {
     row_job j = {.cb = cpu(be), .w = w, .x = d_x, .y = d_y, .n = n, .eps = eps};
-    tpool_run(cpu(be)->pool, rmsnorm_worker, &j);
+    cpu_run(cpu(be), rmsnorm_worker, &j, (long)n * (long)w->ne[0]);
 }
 
 /* Rows per claim: about 8 claims per thread, in multiples of 4 rows and
@@ -465,7 +479,7 @@ static void cpu_rope(backend *be, float *d_x, int32_t n_heads, int32_t head_dim,
 {
     row_job j = {.cb = cpu(be), .y = d_x, .n = cpu(be)->batch->n_tokens, .rp = rp,
                  .n_heads = n_heads, .head_dim = head_dim};
-    tpool_run(cpu(be)->pool, rope_worker, &j);
+    cpu_run(cpu(be), rope_worker, &j, (long)j.n * n_heads * head_dim);
 }
 
 /* Address of the K row (or V row when v) of a token slot in layer il. */
@@ -576,13 +590,13 @@ static void cpu_swiglu_op(backend *be, const float *d_gate, const float *d_up, f
                           int64_t n)
 {
     ew_job j = {d_gate, d_up, d_out, n, 0};
-    tpool_run(cpu(be)->pool, ew_worker, &j);
+    cpu_run(cpu(be), ew_worker, &j, (long)n * 4); /* expf: ~4 adds' worth */
 }
 
 static void cpu_add(backend *be, float *d_x, const float *d_y, int64_t n)
 {
     ew_job j = {d_x, d_y, d_x, n, 1};
-    tpool_run(cpu(be)->pool, ew_worker, &j);
+    cpu_run(cpu(be), ew_worker, &j, (long)n);
 }
 
 static void cpu_gather_out(backend *be, const float *d_src, int32_t row_len, float *d_dst)
