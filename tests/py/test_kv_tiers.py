@@ -6,8 +6,10 @@ evicted down to the host and disk tiers and come back on the next request.
   tiers; /metrics and /v1/memory report tier hits; kvant plan prints the tier sizes.
 - kill -9, then a restart on the same directory: prompts are served from disk, unchanged.
 - faults: flipped payload bytes, a foreign file and a leftover temporary file are skipped and
-  counted; a --kv-disk-dir that is a file, and a full disk (RLIMIT_FSIZE below one record),
-  start the server without a disk tier (log line, metric) and every answer is still right.
+  counted; a --kv-disk-dir that is a file, a full disk (RLIMIT_FSIZE below one record) and a
+  read-only directory (a read-only tmpfs mounted there when running as root, where file modes do
+  not bind; mode 0555 otherwise) start the server without a disk tier (log line, metric) and
+  every answer is still right.
 """
 from __future__ import annotations
 
@@ -158,21 +160,45 @@ def _no_file_bigger_than_64k():
     resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
 
 
-@pytest.mark.parametrize("case", ["dir_is_a_file", "disk_full"])
+def _read_only_dir(d: Path) -> list[str]:
+    """Makes d a read-only directory; returns the command that undoes it (empty: none)."""
+    d.mkdir()
+    if os.geteuid() != 0:
+        d.chmod(0o555)
+        return []
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "kvant-ro-test", str(d)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"running as root and cannot mount a read-only tmpfs: {r.stderr.strip()}")
+    probe = d / "probe"
+    with pytest.raises(OSError):
+        probe.write_text("x")
+    return ["umount", str(d)]
+
+
+@pytest.mark.parametrize("case", ["dir_is_a_file", "disk_full", "read_only_dir"])
 def test_unusable_disk_degrades(kvant_bin, default_model, reference, tier_dir, case):
     d = tier_dir / "cache"
-    pre = None
+    pre, undo = None, []
     if case == "dir_is_a_file":
         d.write_text("a file, not a directory\n")
-    else:
+    elif case == "disk_full":
         pre = _no_file_bigger_than_64k
-    srv = KvantServer(kvant_bin, default_model, *POOL, "--kv-host-memory", "32M",
-                      "--kv-disk-dir", str(d), preexec_fn=pre)
+    else:
+        undo = _read_only_dir(d)
     try:
-        got = workload(srv)
-        m = srv.metrics()
+        srv = KvantServer(kvant_bin, default_model, *POOL, "--kv-host-memory", "32M",
+                          "--kv-disk-dir", str(d), preexec_fn=pre)
+        try:
+            got = workload(srv)
+            m = srv.metrics()
+        finally:
+            assert srv.stop() == 0
     finally:
-        assert srv.stop() == 0
+        if undo:
+            subprocess.run(undo, check=True)
+        elif case == "read_only_dir":
+            d.chmod(0o755)
     same_answers(got, reference)
     assert m["kvant_kv_tier_disk_enabled"] == 0
     assert m["kvant_kv_tier_disk_errors_total"] == 1
