@@ -178,6 +178,9 @@ struct kvtier {
     int disk_on;
     int lock_fd;
     uint8_t *scratch;        /* [record_bytes] disk reads, the start-up scan and probe */
+    DIR *scan;               /* the directory scan still under way (lazy part), or NULL */
+    time_t scan_t0;          /* wall-clock second the tier opened (temp files older
+                                than this are a dead process's) */
     kvtier_cost cost;
     kvtier_stats st;
     /* disk writer thread: the engine thread queues records into wq; the
@@ -200,6 +203,7 @@ kvtier_config kvtier_config_default(void)
     memset(&c, 0, sizeof c);
     c.block_size = 16;
     c.disk_fsync = 1;
+    c.scan_eager = KVTIER_SCAN_EAGER;
     return c;
 }
 
@@ -579,12 +583,20 @@ static int is_record_name(const char *n)
 }
 
 /* Classifies one directory entry during the start-up scan; indexes valid
- * records, unlinks torn and corrupt ones. */
-static void disk_scan_one(kvtier *t, const char *name, uint8_t *hdr, uint64_t hdr_bytes)
+ * records, unlinks torn and corrupt ones.  lazy: the scan continues while
+ * the tier is in use (kvtier_poll), so this run's own files may show up:
+ * a temporary file newer than the tier's start is a write in progress, a
+ * vanished file was evicted, and an indexed key is a record written since
+ * (or the same one): all left alone. */
+static void disk_scan_one(kvtier *t, const char *name, uint8_t *hdr, uint64_t hdr_bytes,
+                          int lazy)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", t->dir, name);
     if (!strncmp(name, ".tmp.", 5)) { /* a write that never reached its rename */
+        struct stat ts;
+        if (lazy && (stat(path, &ts) || ts.st_mtime >= t->scan_t0 - 1))
+            return;
         unlink(path);
         t->st.skipped_corrupt++;
         return;
@@ -596,6 +608,8 @@ static void disk_scan_one(kvtier *t, const char *name, uint8_t *hdr, uint64_t hd
         return;
     }
     int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && lazy && errno == ENOENT)
+        return;
     struct stat sb;
     int ok = fd >= 0 && !fstat(fd, &sb) && S_ISREG(sb.st_mode) &&
              (uint64_t)sb.st_size >= hdr_bytes && !read_all(fd, hdr, hdr_bytes);
@@ -614,6 +628,8 @@ static void disk_scan_one(kvtier *t, const char *name, uint8_t *hdr, uint64_t hd
         if ((uint64_t)sb.st_size != t->record_bytes || memcmp(hex, name, 2 * KVTIER_KEY_BYTES))
             cls = REC_CORRUPT;
     }
+    if (lazy && cls == REC_OK && kvidx_find(&t->disk, key) >= 0)
+        return;
     if (cls == REC_CORRUPT || (cls == REC_OK && kvidx_find(&t->disk, key) >= 0)) {
         unlink(path);
         t->st.skipped_corrupt++;
@@ -625,16 +641,29 @@ static void disk_scan_one(kvtier *t, const char *name, uint8_t *hdr, uint64_t hd
     }
 }
 
+/* Examines up to max entries of the open scan (lazy: see disk_scan_one);
+ * closes it at the end of the directory. */
+static void disk_scan_some(kvtier *t, int64_t max, int lazy)
+{
+    uint64_t hb = KVTIER_HEADER_BYTES + 4u * (uint64_t)t->cfg.block_size;
+    struct dirent *de = NULL;
+    for (int64_t i = 0; i < max && (de = readdir(t->scan)); i++)
+        disk_scan_one(t, de->d_name, t->scratch, hb, lazy);
+    if (!de) {
+        closedir(t->scan);
+        t->scan = NULL;
+    }
+}
+
+/* The start-up scan: the first cfg.scan_eager entries now, the rest a
+ * slice per kvtier_poll (a record not indexed yet is a miss meanwhile). */
 static int disk_scan(kvtier *t)
 {
-    DIR *d = opendir(t->dir);
-    if (!d)
+    t->scan = opendir(t->dir);
+    if (!t->scan)
         return errno;
-    uint64_t hb = KVTIER_HEADER_BYTES + 4u * (uint64_t)t->cfg.block_size;
-    struct dirent *de;
-    while ((de = readdir(d)))
-        disk_scan_one(t, de->d_name, t->scratch, hb);
-    closedir(d);
+    t->scan_t0 = time(NULL);
+    disk_scan_some(t, t->cfg.scan_eager > 0 ? t->cfg.scan_eager : INT64_MAX, 0);
     return 0;
 }
 
@@ -802,6 +831,12 @@ void kvtier_flush(kvtier *t)
 void kvtier_poll(kvtier *t)
 {
     disk_reap(t);
+    if (t->scan && !t->disk_on) {
+        closedir(t->scan);
+        t->scan = NULL;
+    }
+    if (t->scan)
+        disk_scan_some(t, KVTIER_SCAN_PER_POLL, 1);
 }
 
 void kvtier_pause_writer(kvtier *t, int paused)
@@ -837,6 +872,8 @@ void kvtier_destroy(kvtier *t)
         pthread_mutex_unlock(&t->wmu);
         pthread_join(t->writer, NULL);
     }
+    if (t->scan)
+        closedir(t->scan);
     if (t->lock_fd >= 0)
         close(t->lock_fd);
     kvidx_free(&t->host);
@@ -985,6 +1022,7 @@ void kvtier_get_stats(const kvtier *t, kvtier_stats *out)
     *out = t->st;
     out->host_enabled = t->host.cap > 0;
     out->disk_enabled = t->disk_on;
+    out->disk_scanning = t->scan != NULL;
     out->record_bytes = t->record_bytes;
     out->host_blocks = t->host.count;
     out->host_capacity_blocks = t->host.cap;

@@ -69,6 +69,9 @@ enum { KVTIER_NONE = 0, KVTIER_HOST = 1, KVTIER_DISK = 2, KVTIER_N = 3 };
 
 typedef struct kvtier kvtier;
 
+#define KVTIER_SCAN_EAGER 4096  /* about 50 ms of header reads from the page cache */
+#define KVTIER_SCAN_PER_POLL 64 /* per engine step while the scan lasts */
+
 typedef struct kvtier_config {
     uint8_t fingerprint[KVTIER_KEY_BYTES];
     int32_t block_size;       /* tokens per block */
@@ -81,6 +84,9 @@ typedef struct kvtier_config {
     int disk_wait;            /* a full writer queue waits instead of dropping
                                  the write (tests, shutdown; default 0) */
     int quiet;                /* no log lines on stderr (tests) */
+    int64_t scan_eager;       /* directory entries scanned at create; the rest
+                                 KVTIER_SCAN_PER_POLL per kvtier_poll (default
+                                 KVTIER_SCAN_EAGER; <= 0: all at create) */
 } kvtier_config;
 
 kvtier_config kvtier_config_default(void);
@@ -162,6 +168,7 @@ typedef struct kvtier_stats {
     uint64_t disk_errors;          /* I/O errors (each disables the disk tier) */
     uint64_t disk_write_drops;     /* writes dropped: the writer queue was full */
     int32_t disk_pending;          /* writes queued or in progress */
+    int disk_scanning;             /* the start-up scan is still under way */
 } kvtier_stats;
 
 void kvtier_get_stats(const kvtier *t, kvtier_stats *out);

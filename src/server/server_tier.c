@@ -78,6 +78,9 @@ char *srv_tier_metrics(const engine_tier_stats *ts)
             "Disk tier I/O errors (each disables the disk tier).", (double)s->disk_errors);
         one(f, "kv_tier_disk_enabled", "gauge", "1 while the disk tier is in use.",
             s->disk_enabled);
+        one(f, "kv_tier_disk_scanning", "gauge",
+            "1 while the start-up scan of the disk tier's directory is still indexing records.",
+            s->disk_scanning);
         one(f, "kv_tier_disk_write_drops_total", "counter",
             "Blocks not written to disk because the writer queue was full.",
             (double)s->disk_write_drops);

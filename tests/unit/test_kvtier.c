@@ -4,7 +4,10 @@
  * byte, a record of another model, a leftover temporary file, a foreign
  * file, a full disk (RLIMIT_FSIZE in a child process), a directory that
  * cannot be used or disappears, a second process on the same directory.
- * Also the cost model's decisions on given numbers. */
+ * The lazy start-up scan: records indexed a slice per poll while new ones
+ * are written, a dead process's temporary file removed, this run's files
+ * never taken for corrupt.  Also the cost model's decisions on given
+ * numbers. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -12,7 +15,9 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kv/kvhash.h"
@@ -480,6 +485,64 @@ static void test_cost(void)
     CHECK(!kvtier_prefer_swap(&c, 1, 1000));
 }
 
+/* A restart that scans one directory entry at create and the rest in
+ * slices of KVTIER_SCAN_PER_POLL per kvtier_poll. */
+static void test_disk_lazy_scan(void)
+{
+    uint8_t fp[32];
+    memset(fp, 9, sizeof fp);
+    char dir[] = "build/tests/kvtier.XXXXXX";
+    mk_dir(dir);
+    kvtier_config c = cfg_for(dir, 2, 300, 9);
+    kvtier *t = kvtier_create(&c, NULL);
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    const int n = 2 * KVTIER_SCAN_PER_POLL + 5; /* three slices */
+    for (int s = 1; s <= n; s++)
+        store(t, s, fp);
+    kvtier_destroy(t); /* the two host records go to disk too */
+    CHECK(count_files(dir, ".kvb") == n);
+    /* a dead process's temporary file, an hour old */
+    char tmp[256];
+    snprintf(tmp, sizeof tmp, "%s/.tmp.%064d.kvb", dir, 0);
+    FILE *f = fopen(tmp, "w");
+    CHECK(f != NULL);
+    if (f)
+        fclose(f);
+    struct timeval tv[2] = {{time(NULL) - 3600, 0}, {time(NULL) - 3600, 0}};
+    CHECK(utimes(tmp, tv) == 0);
+
+    c.scan_eager = 1;
+    t = kvtier_create(&c, NULL);
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    kvtier_stats st;
+    kvtier_get_stats(t, &st);
+    CHECK(st.disk_enabled && st.disk_scanning && st.disk_blocks <= 1);
+    /* new records while the scan runs: written as .tmp then renamed */
+    for (int s = n + 1; s <= n + 3; s++)
+        CHECK(store(t, s, fp) == KVTIER_HOST);
+    int polls = 0;
+    for (; polls < 100 && st.disk_scanning; polls++) {
+        kvtier_poll(t);
+        kvtier_get_stats(t, &st);
+    }
+    CHECKF(!st.disk_scanning && polls >= 2 && polls <= 4, "scan finished after %d polls", polls);
+    /* n old records and the first new one, demoted from the two-record host tier */
+    CHECKF(st.disk_blocks == n + 1, "disk blocks %lld", (long long)st.disk_blocks);
+    CHECKF(st.skipped_corrupt == 1 && st.skipped_foreign == 0, "corrupt %llu foreign %llu",
+           (unsigned long long)st.skipped_corrupt, (unsigned long long)st.skipped_foreign);
+    CHECK(access(tmp, F_OK) != 0);
+    int where, ok = 1;
+    for (int s = 1; s <= n + 3; s++)
+        ok &= payload_ok(fetch(t, s, fp, &where), s);
+    CHECK(ok);
+    kvtier_destroy(t);
+    rm_dir(dir);
+}
+
 int main(void)
 {
     mkdir("build", 0755);
@@ -490,6 +553,7 @@ int main(void)
     test_disk_faults();
     test_disk_full();
     test_writer_queue();
+    test_disk_lazy_scan();
     test_cost();
     return tu_finish("test_kvtier");
 }
