@@ -9,6 +9,7 @@
  */
 #include "engine/engine_internal.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -380,17 +381,39 @@ static void note_progress(engine *e, int did_work)
     pthread_mutex_unlock(&e->mu);
 }
 
+/* Waits on e->cv (e->mu held); while the disk tier's scan is under way,
+ * for at most 10 ms: returns 1 when that time ran out (idle work due). */
+static int engine_idle_wait(engine *e)
+{
+    if (!engine_tier_scanning(e)) {
+        pthread_cond_wait(&e->cv, &e->mu);
+        return 0;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 10 * 1000 * 1000;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return pthread_cond_timedwait(&e->cv, &e->mu, &ts) == ETIMEDOUT;
+}
+
 static void *engine_main(void *arg)
 {
     engine *e = arg;
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->stop && !e->incoming && !e->n_cancel && !e->reqs && !e->snap_req)
-            pthread_cond_wait(&e->cv, &e->mu);
+        int idle_tick = 0;
+        while (!e->stop && !e->incoming && !e->n_cancel && !e->reqs && !e->snap_req &&
+               !idle_tick)
+            idle_tick = engine_idle_wait(e);
         int stop = e->stop, work = e->incoming || e->n_cancel || e->reqs;
         pthread_mutex_unlock(&e->mu);
         if (stop)
             break;
+        if (idle_tick && !work)
+            engine_tier_idle(e); /* the disk scan's next slice */
         engine_serve_snapshot(e); /* between steps: the pool is consistent */
         if (work) {
             test_freeze_point();

@@ -119,5 +119,9 @@ int64_t engine_tier_extend(engine *e, eng_seq *s);
 void engine_tier_preempt(engine *e, eng_seq *v);      /* before its blocks go */
 void engine_tier_observe(engine *e, int32_t prefill_tokens, int32_t tokens, double seconds);
 void engine_tier_snapshot(engine *e);
+/* 1 while the disk tier's start-up scan is still indexing (engine thread). */
+int engine_tier_scanning(engine *e);
+/* Idle-time tier work (the scan's next slice; engine thread). */
+void engine_tier_idle(engine *e);
 
 #endif

@@ -346,6 +346,21 @@ void engine_tier_observe(engine *e, int32_t prefill_tokens, int32_t tokens, doub
                                                       : tps;
 }
 
+int engine_tier_scanning(engine *e)
+{
+    if (!e->tier)
+        return 0;
+    kvtier_stats st;
+    kvtier_get_stats(e->tier->t, &st);
+    return st.disk_scanning;
+}
+
+void engine_tier_idle(engine *e)
+{
+    if (e->tier)
+        kvtier_poll(e->tier->t);
+}
+
 void engine_tier_snapshot(engine *e)
 {
     eng_tier *et = e->tier;
