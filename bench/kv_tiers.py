@@ -114,8 +114,12 @@ def chat_requests(n_conv: int, n_turns: int, n_sys: int, sys_len: int, user_len:
     return reqs
 
 
-def run_chat(srv: Server, reqs: list[list[int]]) -> dict:
+def run_chat(srv: Server, reqs: list[list[int]], first: int = 0) -> dict:
+    """first > 0: the hit rate and TTFT of the first `first` requests only (tier counters
+    still cover the whole run)."""
     res = [stream(srv.url, p, 4) for p in reqs]
+    if first:
+        res = res[:first]
     prompt = sum(r["usage"]["prompt_tokens"] for r in res)
     cached = sum(r["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0) for r in res)
     ttft = [r["ttft"] * 1000 for r in res]
@@ -125,7 +129,7 @@ def run_chat(srv: Server, reqs: list[list[int]]) -> dict:
             "ttft_p99_ms": pct(ttft, 0.99),
             "host_hit_tokens": m.get('kvant_kv_tier_hit_tokens_total{tier="host"}', 0),
             "disk_hit_tokens": m.get('kvant_kv_tier_hit_tokens_total{tier="disk"}', 0),
-            "device_hit_tokens": m.get("kvant:prefix_cache_hits_total", 0),
+            "device_hit_tokens": m.get("kvant_prefix_cache_hits_tokens_total", 0),
             "skipped_corrupt": m.get('kvant_kv_tier_skipped_records_total{reason="corrupt"}', 0),
             "wall_s": sum(r["e2e"] for r in res)}
 
@@ -182,10 +186,15 @@ def main() -> None:
     q = a.quick
 
     parts = a.parts.split(",")
-    # 1. multi-turn chat: working set ~4x the 16-block (256-token) device pool
-    n_conv, n_turns = (4, 3) if q else (8, 4)
+    # 1. multi-turn chat: 104 requests whose distinct prompt tokens are ~10x the 16-block
+    # (256-token) device pool
+    n_conv, n_turns = (4, 3) if q else (13, 8)
     reqs = chat_requests(n_conv, n_turns, 2, 128, 16, 8)
     pool = ["--kv-blocks", "16"]
+    distinct = 2 * 128 + n_conv * (n_turns * 16 + (n_turns - 1) * 8)
+    out["chat_shape"] = {"requests": len(reqs), "distinct_prompt_tokens": distinct,
+                         "pool_tokens": 256, "working_set_x_pool": distinct / 256}
+    print("chat", out["chat_shape"], flush=True)
     configs = {
         "off": [],
         "host": ["--kv-host-memory", "64Mi"],
@@ -200,7 +209,7 @@ def main() -> None:
         print(name, out["chat"][name], flush=True)
     if "chat" in parts:
         srv = Server(a.bin, *base, *pool, *configs["host+disk"])
-        out["chat"]["after kill -9"] = run_chat(srv, reqs)
+        out["chat"]["after kill -9"] = run_chat(srv, reqs, first=min(100, len(reqs)))
         srv.stop()
         print("after kill -9", out["chat"]["after kill -9"], flush=True)
 

@@ -8,8 +8,8 @@
   blockmap URL [--streams 64] [--seconds 20]
       Loads the server with --streams streams while polling /v1/memory/blocks at 10 Hz;
       prints the pool size, runs, response bytes and latency (p50/p99/max).
-  rss URL [--streams 32]
-      Runs --streams streams for --seconds, then compares /v1/memory's named bytes with the
+  rss URL [--streams 32] [--touch-prompts 4 --touch-len 2000]
+      Runs --streams streams (after --touch-prompts long prompts) for --seconds, then compares /v1/memory's named bytes with the
       process's resident memory (touch the whole pool first: docs/SERVER.md).
 
 Uses only the standard library and httpx (tests/requirements.txt).  --json prints one object.
@@ -118,6 +118,16 @@ def cmd_rss(a):
                                                        stop), daemon=True) for i in range(a.streams)]
     for t in ts:
         t.start()
+    if a.touch_prompts:  # long token-id prompts that fill the pool (then held by the cache)
+        def touch(i):
+            ids = [(i * 7919 + j * 104729) % 40000 + 100 for j in range(a.touch_len)]
+            httpx.post(a.url + "/v1/completions", json={"prompt": ids, "max_tokens": 1},
+                       timeout=600)
+        tt = [threading.Thread(target=touch, args=(i,)) for i in range(a.touch_prompts)]
+        for t in tt:
+            t.start()
+        for t in tt:
+            t.join()
     time.sleep(a.seconds)
     m = httpx.get(a.url + "/v1/memory", timeout=30).json()
     stop.set()
@@ -132,7 +142,10 @@ def cmd_rss(a):
             # the heap outside the manager is the heap less them (weights are mmap'd)
             "host_heap_outside_manager": pr["host_heap_bytes"] - (m["used"] - named["weights"]),
             "named_and_heap_over_rss": (sum(named.values()) + pr["host_heap_bytes"]
-                                        - (m["used"] - named["weights"])) / pr["rss_bytes"]}
+                                        - (m["used"] - named["weights"])) / pr["rss_bytes"],
+            # what /v1/memory names itself: the manager, the engine's host buffers, code
+            "engine_host_bytes": pr.get("engine_host_bytes"), "code_bytes": pr.get("code_bytes"),
+            "process_named_bytes": pr.get("named_bytes"), "named_share": pr.get("named_share")}
 
 
 def main():
@@ -143,6 +156,9 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--touch-prompts", type=int, default=0,
+                    help="rss: first send this many prompts of --touch-len token ids")
+    ap.add_argument("--touch-len", type=int, default=2000)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     out = {"throughput": cmd_throughput, "blockmap": cmd_blockmap, "rss": cmd_rss}[a.mode](a)

@@ -190,6 +190,10 @@ static int alloc_step_buffers(engine *e, kvant_err *err)
     e->logits = malloc((size_t)(ns + 1) * e->m->hp.n_vocab * sizeof(float)); /* + scratch row */
     e->cancel_cap = 256;
     e->cancel_ids = malloc((size_t)e->cancel_cap * sizeof(int64_t));
+    e->step_buf_bytes = (uint64_t)nt * 3 * sizeof(int32_t) +
+                        (uint64_t)ns * (sizeof(int32_t) + sizeof(fwd_seq) + sizeof(eng_seq *)) +
+                        (uint64_t)(ns + 1) * (uint64_t)e->m->hp.n_vocab * sizeof(float);
+    e->stats.host_bytes = e->step_buf_bytes;
     if (!e->b_tokens || !e->b_pos || !e->b_seq || !e->b_out || !e->b_seqs || !e->b_seqp ||
         !e->logits || !e->cancel_ids)
         return kvant_err_set(err, KV_ENOMEM, "out of memory for step buffers");

@@ -147,6 +147,9 @@ typedef struct engine_stats {
     uint64_t kv_tokens_stored, kv_token_capacity;
     uint64_t prefix_queries, prefix_hits;
     uint64_t steps;
+    uint64_t host_bytes;             /* engine host memory outside the memory
+                                      * manager: step buffers (logit rows) and
+                                      * the sequences' token arrays */
     /* the last step's batch (scheduler tests, bench) */
     int32_t last_tokens, last_seqs, last_decodes;
 } engine_stats;

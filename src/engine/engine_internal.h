@@ -94,6 +94,7 @@ struct engine {
     fwd_seq *b_seqs;
     eng_seq **b_seqp;
     float *logits;          /* [max_num_seqs][n_vocab] */
+    uint64_t step_buf_bytes; /* the step buffers' bytes (host memory, malloc) */
 };
 
 /* One engine step (admit .. retire).  Returns 1 if work was done. */

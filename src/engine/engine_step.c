@@ -475,14 +475,16 @@ static void update_stats(engine *e, const step_plan *sp, int32_t decodes, uint64
     kvpool_stats ks;
     kvpool_get_stats(e->pool, &ks);
     int32_t running = 0, waiting = 0, pre = 0;
-    uint64_t stored = 0;
+    uint64_t stored = 0, host = e->step_buf_bytes;
     for (eng_seq *s = e->running; s; s = s->next) {
         running++;
         stored += (uint64_t)s->kv.n_tokens;
+        host += sizeof *s + (uint64_t)s->cap * sizeof *s->tokens;
     }
     for (eng_seq *s = e->waiting; s; s = s->next) {
         waiting++;
         pre += s->preempted;
+        host += sizeof *s + (uint64_t)s->cap * sizeof *s->tokens;
     }
     /* KV pool shape for the memory report: free = free + cached blocks,
      * largest free extent = longest run of consecutive unreferenced blocks */
@@ -518,6 +520,7 @@ static void update_stats(engine *e, const step_plan *sp, int32_t decodes, uint64
     st->prefix_queries = ks.prefix_queries;
     st->prefix_hits = ks.prefix_hits;
     st->steps++;
+    st->host_bytes = host;
     st->last_tokens = sp->n_tokens;
     st->last_seqs = sp->n_seqs;
     st->last_decodes = decodes;

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define MEM_ALIGN 64
@@ -303,6 +304,42 @@ void mem_free(mem_mgr *m, void *ptr)
     rec_delete(m, i);
     m->a.free(m->a.ctx, ptr, (size_t)r.size);
     pthread_mutex_unlock(&m->mu);
+}
+
+/* Resident bytes of [p, p + size) by mincore; size when it cannot tell. */
+static uint64_t resident_of(uint64_t p, uint64_t size, unsigned char *vec, size_t vec_cap,
+                            uint64_t pg)
+{
+    const uint64_t a = p / pg * pg, z = (p + size + pg - 1) / pg * pg;
+    uint64_t res = 0;
+    for (uint64_t o = a; o < z; o += (uint64_t)vec_cap * pg) {
+        const uint64_t len = z - o < (uint64_t)vec_cap * pg ? z - o : (uint64_t)vec_cap * pg;
+        if (mincore((void *)(uintptr_t)o, (size_t)len, vec))
+            return size;
+        for (uint64_t i = 0; i < len / pg; i++)
+            res += vec[i] & 1 ? pg : 0;
+    }
+    return res < size ? res : size; /* the edge pages hold other data too */
+}
+
+uint64_t mem_resident_bytes(const mem_mgr *m)
+{
+    KV_ASSERT(m);
+    const long pgl = sysconf(_SC_PAGESIZE);
+    const uint64_t pg = pgl > 0 ? (uint64_t)pgl : 4096;
+    unsigned char vec[4096];
+    mem_mgr *mm = lock_mut(m);
+    const int host = mm->a.alloc == host_alloc;
+    uint64_t total = 0;
+    for (size_t i = 0; i < mm->cap; i++) {
+        const mem_rec *r = &mm->recs[i];
+        if (r->kind == REC_ALLOC && host)
+            total += resident_of(r->key, r->size, vec, sizeof vec, pg);
+        else if (r->kind != REC_EMPTY)
+            total += r->size;
+    }
+    pthread_mutex_unlock(&mm->mu);
+    return total;
 }
 
 int64_t mem_reserve(mem_mgr *m, uint64_t size, mem_cat cat, int layer, kvant_err *err)

@@ -76,6 +76,11 @@ uint64_t mem_budget(const mem_mgr *m);
 uint64_t mem_used(const mem_mgr *m);       /* current total */
 uint64_t mem_available(const mem_mgr *m);  /* budget - used */
 size_t mem_live_count(const mem_mgr *m);   /* outstanding allocations + reservations */
+/* Of mem_used, the bytes resident in memory: with the host allocator, the
+ * pages of each allocation that are resident (mincore: a buffer never
+ * touched counts 0); reservations (mapped weights) and other allocators
+ * count in full.  Takes the lock; O(allocations + pages). */
+uint64_t mem_resident_bytes(const mem_mgr *m);
 
 /* A pool (e.g. the KV block pool) reports its free-extent shape. */
 typedef struct mem_pool_stats {

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kv/kvpool.h"
 #include "server/server_stream.h"
@@ -48,10 +49,46 @@ static json_t *u64j(uint64_t v)
     return json_integer((json_int_t)v);
 }
 
+/* Resident bytes of the executable's and shared libraries' mappings (code
+ * and their data), from /proc/self/smaps: mappings of a file whose name
+ * contains ".so" or is this executable.  0 where smaps is unreadable. */
+static uint64_t code_rss(void)
+{
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = 0;
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f)
+        return 0;
+    char line[4352];
+    int code = 0;
+    uint64_t total = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (sscanf(line, "Rss: %llu kB", &kb) == 1) {
+            total += code ? (uint64_t)kb * 1024 : 0;
+            continue;
+        }
+        char *sp = strchr(line, ' ');
+        if (!sp || !strchr(line, '-') || strchr(line, '-') > sp)
+            continue; /* a field line, not a mapping's header */
+        char *path = strchr(line, '/');
+        if (!path) {
+            code = 0;
+            continue;
+        }
+        path[strcspn(path, "\n")] = 0;
+        code = strstr(path, ".so") != NULL || (exe[0] && !strcmp(path, exe));
+    }
+    fclose(f);
+    return total;
+}
+
 /* Resident memory against what kvant accounts by name: the memory
- * manager's categories (device path; on the CPU backend host memory) and
- * the host heap outside it (malloc: tables, buffers, HTTP). */
-static json_t *process_json(const mem_report *rep)
+ * manager's allocations (device path; on the CPU backend host memory, of
+ * which only the resident pages count), the engine's host buffers, code
+ * and libraries; and the host heap (malloc) for reference. */
+static json_t *process_json(mem_mgr *mem, const mem_report *rep, const engine_stats *st)
 {
     uint64_t rss[3];
     read_rss(rss);
@@ -60,11 +97,19 @@ static json_t *process_json(const mem_report *rep)
     struct mallinfo2 mi = mallinfo2();
     heap = (uint64_t)mi.uordblks + (uint64_t)mi.hblkhd;
 #endif
+    const uint64_t code = code_rss();
+    const uint64_t resident = mem_resident_bytes(mem);
+    const uint64_t named = resident + st->host_bytes + code;
     json_t *o = json_object();
     json_object_set_new(o, "rss_bytes", u64j(rss[0]));
     json_object_set_new(o, "rss_anon_bytes", u64j(rss[1]));
     json_object_set_new(o, "rss_file_bytes", u64j(rss[2]));
     json_object_set_new(o, "device_path_bytes", u64j(rep->used));
+    json_object_set_new(o, "device_path_resident_bytes", u64j(resident));
+    json_object_set_new(o, "engine_host_bytes", u64j(st->host_bytes));
+    json_object_set_new(o, "code_bytes", u64j(code));
+    json_object_set_new(o, "named_bytes", u64j(named));
+    json_object_set_new(o, "named_share", json_real(rss[0] ? (double)named / (double)rss[0] : 0.0));
     json_object_set_new(o, "host_heap_bytes", u64j(heap));
     return o;
 }
@@ -138,7 +183,7 @@ char *srv_memview_json(engine *e, const engine_kv_snapshot *sn)
     json_t *root = base ? json_loads(base, 0, NULL) : NULL;
     free(base);
     if (root) {
-        json_object_set_new(root, "process", process_json(rep));
+        json_object_set_new(root, "process", process_json(engine_mem(e), rep, &sn->stats));
         json_object_set_new(root, "engine", engine_json(&sn->stats));
         json_object_set_new(root, "kv", kv_json(sn));
         json_object_set_new(root, "requests", requests_json(sn));

@@ -102,7 +102,16 @@ def test_memory_lists_running_requests_and_block_map(server, model_name):
                 break
     mem, bm, after = seen["mem"], seen["bm"], seen["after"]
     assert mem["engine"]["running"] >= 1 and mem["kv"]["blocks"] == 1024
-    assert mem["process"]["rss_bytes"] > 0
+    pr = mem["process"]
+    assert pr["rss_bytes"] > 0
+    # what /v1/memory names: the manager's resident bytes, the engine's host buffers, code
+    assert pr["device_path_resident_bytes"] <= pr["device_path_bytes"]
+    assert pr["named_bytes"] == (pr["device_path_resident_bytes"] + pr["engine_host_bytes"]
+                                 + pr["code_bytes"]), pr
+    assert pr["engine_host_bytes"] > 2 * 4 * 49152 and pr["code_bytes"] > (1 << 20), pr
+    print(f"named {pr['named_bytes'] / 1e6:.1f} MB of RSS {pr['rss_bytes'] / 1e6:.1f} MB "
+          f"({pr['named_share']:.3f})")
+    assert 0.97 <= pr["named_share"] <= 1.05, pr
     reqs = [q for q in mem["requests"] if q["generated_tokens"] >= 30]
     assert reqs, mem["requests"]
     q = reqs[0]
