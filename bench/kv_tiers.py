@@ -186,9 +186,9 @@ def main() -> None:
     q = a.quick
 
     parts = a.parts.split(",")
-    # 1. multi-turn chat: 104 requests whose distinct prompt tokens are ~10x the 16-block
+    # 1. multi-turn chat: 105 requests whose distinct prompt tokens are ~10x the 16-block
     # (256-token) device pool
-    n_conv, n_turns = (4, 3) if q else (13, 8)
+    n_conv, n_turns = (4, 3) if q else (21, 5)  # longest prompt 240 tokens: fits the pool
     reqs = chat_requests(n_conv, n_turns, 2, 128, 16, 8)
     pool = ["--kv-blocks", "16"]
     distinct = 2 * 128 + n_conv * (n_turns * 16 + (n_turns - 1) * 8)
