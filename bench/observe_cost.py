@@ -8,6 +8,9 @@
   blockmap URL [--streams 64] [--seconds 20]
       Loads the server with --streams streams while polling /v1/memory/blocks at 10 Hz;
       prints the pool size, runs, response bytes and latency (p50/p99/max).
+  pollcpu URL --pid PID [--seconds 20]
+      The server's CPU time per second with and without the dashboard-like poller, on an
+      otherwise idle server: what polling takes from the machine.
   rss URL [--streams 32] [--touch-prompts 4 --touch-len 2000]
       Runs --streams streams (after --touch-prompts long prompts) for --seconds, then compares /v1/memory's named bytes with the
       process's resident memory (touch the whole pool first: docs/SERVER.md).
@@ -93,6 +96,39 @@ def cmd_throughput(a):
             "cost_pct": 100 * (wo - wi) / wo}
 
 
+def proc_cpu_s(pid: int) -> float:
+    """utime + stime of process pid, in seconds (/proc/PID/stat)."""
+    import os
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cmd_pollcpu(a):
+    """The server's CPU time per second of polling, on an otherwise idle server: the whole
+    server-side cost of a dashboard (HTTP, the engine's snapshot, JSON encoding)."""
+    out = {}
+    for mode in ("idle", "polled"):
+        stop, sizes, lat = threading.Event(), [], []
+        p = None
+        c0, t0 = proc_cpu_s(a.pid), time.time()
+        if mode == "polled":
+            p = threading.Thread(target=poller, args=(a.url, stop, sizes, lat), daemon=True)
+            p.start()
+        time.sleep(a.seconds)
+        stop.set()
+        if p:
+            p.join()
+        c1, t1 = proc_cpu_s(a.pid), time.time()
+        out[mode] = {"server_cpu_s": c1 - c0, "wall_s": t1 - t0, "polls": len(lat),
+                     "cpu_ms_per_s": 1000 * (c1 - c0) / (t1 - t0)}
+    extra = out["polled"]["cpu_ms_per_s"] - out["idle"]["cpu_ms_per_s"]
+    import os
+    out["polling_cpu_ms_per_s"] = extra
+    out["share_of_machine_pct"] = extra / 10.0 / (os.cpu_count() or 1)
+    return out
+
+
 def cmd_blockmap(a):
     stop, sizes, lat = threading.Event(), [], []
     p = threading.Thread(target=poller, args=(a.url, stop, sizes, lat, 10.0, 0.0), daemon=True)
@@ -150,7 +186,8 @@ def cmd_rss(a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("mode", choices=["throughput", "blockmap", "rss"])
+    ap.add_argument("mode", choices=["throughput", "blockmap", "rss", "pollcpu"])
+    ap.add_argument("--pid", type=int, help="pollcpu: the server's process id")
     ap.add_argument("url")
     ap.add_argument("--streams", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=128)
@@ -161,7 +198,8 @@ def main():
     ap.add_argument("--touch-len", type=int, default=2000)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    out = {"throughput": cmd_throughput, "blockmap": cmd_blockmap, "rss": cmd_rss}[a.mode](a)
+    out = {"throughput": cmd_throughput, "blockmap": cmd_blockmap, "rss": cmd_rss,
+           "pollcpu": cmd_pollcpu}[a.mode](a)
     print(json.dumps(out) if a.json else json.dumps(out, indent=2))
 
 
