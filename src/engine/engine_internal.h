@@ -89,6 +89,7 @@ struct engine {
     eng_seq *waiting;       /* priority order */
     eng_seq *running;       /* priority order */
     uint64_t next_order;
+    int last_prefill_first;  /* the last step ran only new requests' prompts */
     /* step buffers, sized at create: no allocation in a step */
     int32_t *b_tokens, *b_pos, *b_seq, *b_out;
     fwd_seq *b_seqs;

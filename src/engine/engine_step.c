@@ -9,6 +9,12 @@
  * preempts the worst running sequence not yet scheduled (possibly itself):
  * its blocks are released and it is re-queued at the front of the waiting
  * list, to be recomputed.  Waiting sequences never preempt running ones.
+ *
+ * Prefill first: when the first waiting sequence is a new request whose
+ * whole prompt fits in one step, that step runs waiting prompts only (the
+ * running decodes wait one step), so a short request's time to first token
+ * does not grow with the number of long generations in flight.  Never two
+ * such steps in a row: running sequences advance at least every other step.
  */
 #include "engine/engine_internal.h"
 
@@ -527,13 +533,27 @@ static void update_stats(engine *e, const step_plan *sp, int32_t decodes, uint64
     pthread_mutex_unlock(&e->mu);
 }
 
+/* Whether this step should run new prompts before the running decodes. */
+static int prefill_first(const engine *e)
+{
+    const eng_seq *s = e->waiting;
+    return s && e->running && !e->last_prefill_first && !s->preempted && s->n_computed == 0 &&
+           s->n_tokens <= e->cfg.max_num_batched_tokens;
+}
+
 int engine_step(engine *e)
 {
     uint64_t prompt_tok = phase_admit(e), gen_tok = 0;
     step_plan sp = {.seqs = e->b_seqp};
-    schedule_running(e, &sp);
-    if (!sp.preempted)
+    const int pf = prefill_first(e);
+    if (pf)
         schedule_waiting(e, &sp);
+    e->last_prefill_first = pf && sp.n_seqs > 0;
+    if (!e->last_prefill_first) {
+        schedule_running(e, &sp);
+        if (!sp.preempted)
+            schedule_waiting(e, &sp);
+    }
     int32_t decodes = 0;
     for (int32_t i = 0; i < sp.n_seqs; i++)
         decodes += sp.seqs[i]->sched_tokens == 1 && sp.seqs[i]->n_generated > 0;

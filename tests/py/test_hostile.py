@@ -297,9 +297,9 @@ def test_stream_client_that_never_reads(hs):
 
 def test_max_tokens_at_the_context_limit_from_many_connections(hs):
     """16 connections each ask for max_tokens up to the context limit, streaming: ordinary
-    requests are still served (not starved; the ratio is recorded, not held to 2x: 16 more
-    sequences in every decode step cost what they cost on 2 cores, see docs/RELIABILITY.md), the
-    server stays healthy, and everything is released when those clients leave."""
+    requests keep their TTFT within 2x (the scheduler runs a new short prompt before the
+    running decodes: docs/RELIABILITY.md), the server stays healthy, and everything is released
+    when those clients leave."""
     ctx = httpx.get(hs.url + "/v1/models", timeout=10).json()["data"][0]["max_model_len"]
     stop = threading.Event()
     started = []
@@ -327,14 +327,11 @@ def test_max_tokens_at_the_context_limit_from_many_connections(hs):
         t.join(60)
     m = hs.wait_idle(0.0, timeout=30)
     RESULTS["context_limit_hogs"] = {"connections": 16, "max_tokens": ctx - 16,
-                                     "running_when_measured": running, "ttft_s": loaded,
-                                     "unloaded_ttft_s": hs.unloaded,
-                                     "ratio": loaded / hs.unloaded}
-    print(f"context_limit_hogs: TTFT {loaded * 1000:.0f} ms vs {hs.unloaded * 1000:.0f} ms "
-          f"unloaded ({loaded / hs.unloaded:.2f}x) with {running:.0f} sequences running")
+                                     "running_when_measured": running}
+    print(f"context_limit_hogs: {running:.0f} sequences running")
     assert running >= 16
     assert healthy == 200
-    assert loaded <= 10 * hs.unloaded + 0.5, (loaded, hs.unloaded)
+    check_ttft(hs, "context_limit_hogs", loaded)
     assert m["kvant_num_requests_running"] == 0 and m["kvant_kv_blocks_used"] == 0, m
 
 
