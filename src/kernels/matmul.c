@@ -90,6 +90,23 @@ void dtype_matmul_quantize(uint32_t type, const float *x, int64_t n, int64_t n_t
     }
 }
 
+void dtype_matmul_quantize_split(uint32_t type, const float *x, int64_t n, int64_t n_tok,
+                                 void *xq)
+{
+    KV_ASSERT(dtype_matmul_uses_qact(type) && n % QACT_CHUNK == 0);
+    const size_t rb = qact_row_bytes(n);
+    const qact_quantize_fn quant = qact_quantizer();
+    for (int64_t t = 0; t < n_tok; t++) {
+        uint8_t *q1 = (uint8_t *)xq + (size_t)(2 * t) * rb, *q2 = q1 + rb;
+        quant(x + t * n, n, q1);
+        qact_quantize_residual(x + t * n, n, q1, q2);
+        if (type & DT_PACKED) {
+            qpack_interleave_act(q1, n);
+            qpack_interleave_act(q2, n);
+        }
+    }
+}
+
 static int64_t row_tile_for(uint32_t type, int64_t n)
 {
     const size_t row_bytes = dtype_row_size(qpack_base(type), n);
@@ -157,6 +174,50 @@ static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int
                 }
             }
         }
+    }
+}
+
+static void rows_split(uint32_t type, const void *w, size_t row_stride_bytes, int64_t row_begin,
+                       int64_t row_end, int64_t n, const void *xq, int64_t n_tok, float *y,
+                       int64_t y_stride)
+{
+    const qact_dot_fn dot = qact_dot_for(type);
+    KV_ASSERT(dot != NULL);
+    const size_t rb = qact_row_bytes(n);
+    const int64_t row_tile = row_tile_for(type, n), per = QACT_MULTI_MAX / 2;
+    for (int64_t r0 = row_begin; r0 < row_end; r0 += row_tile) {
+        const int64_t r1 = r0 + row_tile < row_end ? r0 + row_tile : row_end;
+        for (int64_t r = r0; r < r1; r++) {
+            const void *wr = (const uint8_t *)w + (size_t)r * row_stride_bytes;
+            for (int64_t t = 0; t < n_tok; t += per) {
+                const int nt = (int)(n_tok - t < per ? n_tok - t : per);
+                float out[QACT_MULTI_MAX];
+                dot(n, wr, (const uint8_t *)xq + (size_t)(2 * t) * rb, rb, 2 * nt, out);
+                for (int k = 0; k < nt; k++)
+                    y[(t + k) * y_stride + r] = out[2 * k] + out[2 * k + 1];
+            }
+        }
+    }
+}
+
+void dtype_matmul_rows_split(uint32_t type, const void *w, size_t row_stride_bytes,
+                             int64_t row_begin, int64_t row_end, int64_t n, const float *x,
+                             const void *xq, int64_t n_tok, float *y, int64_t y_stride)
+{
+    KV_ASSERT(dtype_matmul_uses_qact(type) && n % QACT_CHUNK == 0);
+    if (xq) {
+        rows_split(type, w, row_stride_bytes, row_begin, row_end, n, xq, n_tok, y, y_stride);
+        return;
+    }
+    _Alignas(64) uint8_t buf[MM_QACT_STACK_BYTES];
+    const size_t rb2 = 2 * qact_row_bytes(n);
+    KV_ASSERT(rb2 <= sizeof buf);
+    const int64_t tt = (int64_t)(sizeof buf / rb2);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tt) {
+        const int64_t nt = n_tok - t0 < tt ? n_tok - t0 : tt;
+        dtype_matmul_quantize_split(type, x + t0 * n, n, nt, buf);
+        rows_split(type, w, row_stride_bytes, row_begin, row_end, n, buf, nt, y + t0 * y_stride,
+                   y_stride);
     }
 }
 

@@ -16,6 +16,11 @@
  *   exact (dtype_matmul_rows; `--exact`, the output head, and the
  *     reference tests): y = the type's vec_dot(row, x_t) bitwise, f32
  *     activations.
+ *   split (dtype_matmul_rows_split, the output head by default): the qact
+ *     path with each token's activations quantized twice, x ~ d1 q1 + d2 q2
+ *     (q2: the residual, qact_quantize_residual), y = dot(w, q1) + dot(w,
+ *     q2) from one pass over the weights: relative error per dot ~1e-5, at
+ *     the int8 kernels' memory traffic.
  *   packed (type | DT_PACKED, qact path only): rows repacked at load by
  *     qpack_rows; same results as the stored rows, bitwise.
  * Contract (both paths): y[t][r] is a deterministic function of (row r,
@@ -61,6 +66,16 @@ void dtype_matmul_quantize(uint32_t type, const float *x, int64_t n, int64_t n_t
 void dtype_matmul_rows_q(uint32_t type, const void *w, size_t row_stride_bytes,
                          int64_t row_begin, int64_t row_end, int64_t n, const float *x,
                          const void *xq, int64_t n_tok, float *y, int64_t y_stride);
+
+/* The split path (qact types): xq NULL, or [2 n_tok] qact rows (token t's
+ * two terms at rows 2t, 2t + 1) from dtype_matmul_quantize_split,
+ * caller-owned, dtype_matmul_scratch_bytes(type, n, 2 n_tok) bytes.
+ * Otherwise as dtype_matmul_rows_q, and batch invariant likewise. */
+void dtype_matmul_quantize_split(uint32_t type, const float *x, int64_t n, int64_t n_tok,
+                                 void *xq);
+void dtype_matmul_rows_split(uint32_t type, const void *w, size_t row_stride_bytes,
+                             int64_t row_begin, int64_t row_end, int64_t n, const float *x,
+                             const void *xq, int64_t n_tok, float *y, int64_t y_stride);
 
 /* The exact path for every type: each output bitwise equal to one
  * dtype_get(type)->vec_dot call. */

@@ -125,6 +125,12 @@ typedef void (*qact_dot_fn)(int64_t n, const void *w, const void *xq, size_t xq_
     }
 
 void qact_quantize_ref(const float *x, int64_t n, void *dst);
+/* The second term of a split activation: dst = the qact row of the residual
+ * x - d1 * q1, with (q1, d1) the row `first` (qact_quantize_* of x, in order,
+ * not interleaved).  Scalar on every ISA (f32, no contraction), so the pair
+ * is the same everywhere.  x ~ d1 q1 + d2 q2 to about 1/64000 of each
+ * chunk's largest value. */
+void qact_quantize_residual(const float *x, int64_t n, const void *first, void *dst);
 void qact_quantize_avx2(const float *x, int64_t n, void *dst);
 void qact_quantize_avx512(const float *x, int64_t n, void *dst);
 

@@ -27,6 +27,25 @@
 
 #include "kernels/quant_ref.h"
 
+/* One 32-value chunk: codes q, scale *d, sums (the row format of qact.h). */
+static void quantize_chunk(const float *xc, int8_t *q, float *d, int32_t *s32, int16_t *s16)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < QACT_CHUNK; i++)
+        amax = fmaxf(amax, fabsf(xc[i]));
+    const float dc = amax / 127.0f;
+    const float id = dc != 0.0f ? 1.0f / dc : 0.0f;
+    int sh[2] = {0, 0};
+    for (int i = 0; i < QACT_CHUNK; i++) {
+        q[i] = (int8_t)(int)nearbyintf(xc[i] * id);
+        sh[i / 16] += q[i];
+    }
+    *d = dc;
+    *s32 = sh[0] + sh[1];
+    s16[0] = (int16_t)sh[0];
+    s16[1] = (int16_t)sh[1];
+}
+
 void qact_quantize_ref(const float *x, int64_t n, void *dst)
 {
     const int64_t np = qact_padded(n);
@@ -34,31 +53,26 @@ void qact_quantize_ref(const float *x, int64_t n, void *dst)
     float *d = (float *)((uint8_t *)dst + np);
     int32_t *s32 = (int32_t *)((uint8_t *)dst + np + np / 8);
     int16_t *s16 = (int16_t *)((uint8_t *)dst + np + np / 4);
-    for (int64_t c = 0; c < np / QACT_CHUNK; c++) {
-        const float *xc = x + c * QACT_CHUNK;
-        int8_t *q = qs + c * QACT_CHUNK;
-        if (c * QACT_CHUNK >= n) {
-            memset(q, 0, QACT_CHUNK);
-            d[c] = 0.0f;
-            s32[c] = 0;
-            s16[2 * c] = s16[2 * c + 1] = 0;
-            continue;
-        }
-        float amax = 0.0f;
+    for (int64_t c = 0; c < n / QACT_CHUNK; c++)
+        quantize_chunk(x + c * QACT_CHUNK, qs + c * QACT_CHUNK, &d[c], &s32[c], &s16[2 * c]);
+    qact_pad_tail(dst, n);
+}
+
+void qact_quantize_residual(const float *x, int64_t n, const void *first, void *dst)
+{
+    const int64_t np = qact_padded(n);
+    const qact_view f = qact_view_of(first, n);
+    int8_t *qs = dst;
+    float *d = (float *)((uint8_t *)dst + np);
+    int32_t *s32 = (int32_t *)((uint8_t *)dst + np + np / 8);
+    int16_t *s16 = (int16_t *)((uint8_t *)dst + np + np / 4);
+    for (int64_t c = 0; c < n / QACT_CHUNK; c++) {
+        float r[QACT_CHUNK];
         for (int i = 0; i < QACT_CHUNK; i++)
-            amax = fmaxf(amax, fabsf(xc[i]));
-        const float dc = amax / 127.0f;
-        const float id = dc != 0.0f ? 1.0f / dc : 0.0f;
-        int sh[2] = {0, 0};
-        for (int i = 0; i < QACT_CHUNK; i++) {
-            q[i] = (int8_t)(int)nearbyintf(xc[i] * id);
-            sh[i / 16] += q[i];
-        }
-        d[c] = dc;
-        s32[c] = sh[0] + sh[1];
-        s16[2 * c] = (int16_t)sh[0];
-        s16[2 * c + 1] = (int16_t)sh[1];
+            r[i] = x[c * QACT_CHUNK + i] - f.d[c] * (float)f.qs[c * QACT_CHUNK + i];
+        quantize_chunk(r, qs + c * QACT_CHUNK, &d[c], &s32[c], &s16[2 * c]);
     }
+    qact_pad_tail(dst, n);
 }
 
 void qact_pad_tail(void *dst, int64_t n)

@@ -352,6 +352,7 @@ typedef struct mm_job {
     const float *x;
     const void *xq;    /* x quantized once for all parts, or NULL */
     int qact;          /* int8-activation path (xq, or per-thread stack tiles) */
+    int split;         /* the split int8 path (tensors marked exact) */
     int32_t n;
     atomic_long next;  /* first claim not yet taken */
 } mm_job;
@@ -360,7 +361,10 @@ static void mm_rows(const mm_job *j, const mm_part *p, long b, long e)
 {
     const model_tensor *w = p->w;
     const int64_t n_rows = w->ne[1];
-    if (j->qact)
+    if (j->split)
+        dtype_matmul_rows_split(p->type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->xq, j->n,
+                                p->y, n_rows);
+    else if (j->qact)
         dtype_matmul_rows_q(p->type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->xq, j->n,
                             p->y, n_rows);
     else
@@ -393,12 +397,21 @@ static void matmul_worker(int ith, int nth, void *arg)
     }
 }
 
+/* The int8 path a tensor takes: 0 exact (f32 activations), 1 int8, 2 split
+ * int8 (two terms: tensors marked exact, e.g. the output head, keep about
+ * f32 accuracy at the int8 kernels' speed). */
+static int mm_path(const cpu_backend *cb, const model_tensor *w)
+{
+    if (!cb->act_q8 || !dtype_matmul_uses_qact(w->type))
+        return 0;
+    return w->exact ? 2 : 1;
+}
+
 /* Whether W[i] can share W[0]'s quantized input (same width, same path,
  * same activation layout). */
 static int mm_same_input(const cpu_backend *cb, const model_tensor *a, const model_tensor *b)
 {
-    const int qa = cb->act_q8 && !a->exact && dtype_matmul_uses_qact(a->type);
-    const int qb = cb->act_q8 && !b->exact && dtype_matmul_uses_qact(b->type);
+    const int qa = mm_path(cb, a), qb = mm_path(cb, b);
     return a->ne[0] == b->ne[0] && qa == qb && (!qa || a->packed == b->packed);
 }
 
@@ -423,8 +436,10 @@ static void cpu_matmul_n(backend *be, int count, const model_tensor *const *W,
     }
     mm_job j = {.count = count, .x = d_x, .n = n};
     atomic_init(&j.next, 0);
+    const int path = mm_path(cb, W[0]);
+    j.split = path == 2;
     const size_t need =
-        cb->act_q8 && !W[0]->exact ? dtype_matmul_scratch_bytes(W[0]->type, W[0]->ne[0], n) : 0;
+        path ? dtype_matmul_scratch_bytes(W[0]->type, W[0]->ne[0], (int64_t)n * path) : 0;
     if (need > cb->qact_bytes) {
         size_t cap = (size_t)1 << 20;
         while (cap < need)
@@ -435,8 +450,11 @@ static void cpu_matmul_n(backend *be, int count, const model_tensor *const *W,
     }
     j.qact = need > 0;
     if (need && need <= cb->qact_bytes) {
-        dtype_matmul_quantize(W[0]->type | (W[0]->packed ? DT_PACKED : 0), d_x, W[0]->ne[0], n,
-                              cb->qact);
+        const uint32_t qt = W[0]->type | (W[0]->packed ? DT_PACKED : 0);
+        if (j.split)
+            dtype_matmul_quantize_split(qt, d_x, W[0]->ne[0], n, cb->qact);
+        else
+            dtype_matmul_quantize(qt, d_x, W[0]->ne[0], n, cb->qact);
         j.xq = cb->qact;
     }
     for (int i = 0; i < count; i++) {

@@ -3,8 +3,8 @@
  *
  * cpu_pack_weights packs every matmul weight the selected ISA has a packed
  * kernel for (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: qpack_supported
- * and dtype_matmul_packs; not the embedding table, not exact tensors such
- * as the output head):
+ * and dtype_matmul_packs; an untied output head too (it takes the split
+ * int8 path); not the embedding table, nor a head tied to it):
  *   mapped tensors (dev == data): into a new MEM_WEIGHTS buffer from the
  *     memory manager; the mapped pages are released to the page cache
  *     (madvise), so the bytes are counted once; a buffer the budget cannot
