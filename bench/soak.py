@@ -10,11 +10,12 @@ its 4xx), /metrics, /v1/memory and /tokenize polls.
 
 Every second: the server's RSS (/proc/PID/status), open fds (/proc/PID/fd), threads
 (/proc/PID/task), KV blocks used and cached and the memory manager's bytes per category
-(/metrics).
+(/metrics), and the RSS that /v1/memory does not name (RSS - process.named_bytes: what is
+left after the memory manager's resident pages, the engine's host buffers and code).
 
 Verdict (exit 1 on any failure, the reasons in the report):
   - trend: a least-squares line over the second half of the traffic period (the first half is
-    warm-up); its rise across that window must stay within the tolerance: RSS
+    warm-up); its rise across that window must stay within the tolerance: RSS and unnamed RSS
     --rss-tol-mib MiB per minute (times the window's minutes, at least --rss-floor-mib),
     each memory-manager category 1 MiB, fds and threads --count-tol (they move with the
     connections in flight; the exact check is the next one);
@@ -329,6 +330,12 @@ class Sampler:
         s["waiting"] = m.get("kvant_num_requests_waiting", float("nan"))
         s["mem"] = {k.split('"')[1]: v for k, v in m.items()
                     if k.startswith("kvant_device_memory_bytes{")}
+        try:  # RSS that /v1/memory does not name (resident manager pages, engine, code)
+            pr = self.client.get(self.url + "/v1/memory").json()["process"]
+            s["unnamed"] = s["rss"] - pr["named_bytes"]
+        except (httpx.HTTPError, KeyError, ValueError):
+            self.errors += 1
+            s["unnamed"] = float("nan")
         return s
 
     def loop(self):
@@ -368,6 +375,7 @@ def analyse(samples, t_start, t_stop, idle_before, idle_after, args) -> dict:
     minutes = (t_stop - mid) / 60.0
     rss_tol = max(args.rss_floor_mib, args.rss_tol_mib * minutes) * MIB
     series = {"rss": ([s["rss"] for s in win], rss_tol),
+              "unnamed": ([s.get("unnamed", float("nan")) for s in win], rss_tol),
               "fds": ([s["fds"] for s in win], args.count_tol),
               "threads": ([s["threads"] for s in win], args.count_tol),
               "kv_used": ([s["kv_used"] for s in win], args.count_tol_kv)}
@@ -437,6 +445,8 @@ def plot(samples, t_start, t_stop, report, path):
     t = np.array([s["t"] for s in samples])
     fig, ax = plt.subplots(4, 1, figsize=(9, 11), sharex=True)
     ax[0].plot(t, [s["rss"] / MIB for s in samples], label="RSS")
+    ax[0].plot(t, [s.get("unnamed", np.nan) / MIB for s in samples],
+               label="RSS not named by /v1/memory")
     ax[0].set_ylabel("RSS (MiB)")
     cats = sorted({c for s in samples for c in s["mem"]})
     for c in cats:
@@ -591,13 +601,13 @@ def main(argv=None) -> int:
     with open(args.json, "w") as f:
         json.dump(report, f, indent=1)
     plot(sampler.samples, t_start, t_stop, report, args.png)
-    fr = verdict["fits"]["rss"]
+    fr, fu = verdict["fits"]["rss"], verdict["fits"]["unnamed"]
     print(f"soak: {args.duration:.0f} s at {args.rate} req/s: {req['ok']}/{req['sent']} requests "
           f"as expected ({req['skipped_at_cap']} skipped at the in-flight cap), "
           f"{traffic.tokens} tokens; RSS {report['rss_start_mib']:.1f} -> "
           f"{report['rss_end_mib']:.1f} MiB, second-half slope "
           f"{fr['slope_per_min'] / MIB:+.3f} MiB/min (tolerance rise {fr['tolerance'] / MIB:.1f} "
-          f"MiB); fds {idle_before['fds']} -> {idle_after['fds']}, threads "
+          f"MiB), not named by /v1/memory {fu['slope_per_min'] / MIB:+.3f} MiB/min; fds {idle_before['fds']} -> {idle_after['fds']}, threads "
           f"{idle_before['threads']} -> {idle_after['threads']}, KV blocks leaked "
           f"{idle_after.get('kv_used')}; report {args.json}, plot {args.png}")
     for f_ in failures:

@@ -155,8 +155,9 @@ int backend_query(const char *name, int device, backend_device_info *out, kvant_
 /* Flags for backend_create. */
 #define BACKEND_EXACT 1u /* CPU: f32 activations in every matmul (the reference
                            * path); without it quantized weights take the int8-
-                           * activation path (~0.3% error per dot, kernels/matmul.h)
-                           * except tensors marked exact (the output head) */
+                           * activation path (~0.3% error per dot, kernels/matmul.h);
+                           * tensors marked exact (the output head) the split
+                           * int8 path (two terms, ~2.5e-6) */
 #define BACKEND_NO_PACK 2u /* CPU: weights stay in the file's layout (no load-time
                             * repacking for the int8 kernels, backend/cpu/cpu_pack.h) */
 backend *backend_create(const char *name, int device, mem_mgr *mem, int n_threads,

@@ -147,17 +147,18 @@ static void rows_exact(uint32_t type, const void *w, size_t row_stride_bytes, in
     }
 }
 
-/* qact path over pre-quantized rows xq [n_tok][qact_row_bytes(n)]. */
+/* qact path over pre-quantized rows xq [terms * n_tok][qact_row_bytes(n)]:
+ * terms 1, or 2 for the split path (token t's rows 2t, 2t + 1, summed). */
 static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int64_t row_begin,
                       int64_t row_end, int64_t n, const void *xq, int64_t n_tok, float *y,
-                      int64_t y_stride)
+                      int64_t y_stride, int terms)
 {
     const qact_dot_fn dot = qact_dot_for(type);
-    KV_ASSERT(dot != NULL);
+    KV_ASSERT(dot != NULL && (terms == 1 || terms == 2));
     const size_t rb = qact_row_bytes(n);
-    const int64_t row_tile = row_tile_for(type, n);
-    int64_t tok_tile = (int64_t)(MM_TOK_TILE_BYTES / rb);
-    tok_tile = tok_tile < QACT_MULTI_MAX ? QACT_MULTI_MAX : tok_tile / QACT_MULTI_MAX * QACT_MULTI_MAX;
+    const int64_t row_tile = row_tile_for(type, n), per = QACT_MULTI_MAX / terms;
+    int64_t tok_tile = (int64_t)(MM_TOK_TILE_BYTES / (rb * (size_t)terms));
+    tok_tile = tok_tile < per ? per : tok_tile / per * per;
 
     for (int64_t r0 = row_begin; r0 < row_end; r0 += row_tile) {
         const int64_t r1 = r0 + row_tile < row_end ? r0 + row_tile : row_end;
@@ -165,38 +166,43 @@ static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int
             const int64_t t1 = t0 + tok_tile < n_tok ? t0 + tok_tile : n_tok;
             for (int64_t r = r0; r < r1; r++) {
                 const void *wr = (const uint8_t *)w + (size_t)r * row_stride_bytes;
-                for (int64_t t = t0; t < t1; t += QACT_MULTI_MAX) {
-                    const int nt = (int)(t1 - t < QACT_MULTI_MAX ? t1 - t : QACT_MULTI_MAX);
+                for (int64_t t = t0; t < t1; t += per) {
+                    const int nt = (int)(t1 - t < per ? t1 - t : per);
                     float out[QACT_MULTI_MAX];
-                    dot(n, wr, (const uint8_t *)xq + (size_t)t * rb, rb, nt, out);
+                    dot(n, wr, (const uint8_t *)xq + (size_t)(terms * t) * rb, rb, terms * nt,
+                        out);
                     for (int k = 0; k < nt; k++)
-                        y[(t + k) * y_stride + r] = out[k];
+                        y[(t + k) * y_stride + r] =
+                            terms == 1 ? out[k] : out[2 * k] + out[2 * k + 1];
                 }
             }
         }
     }
 }
 
-static void rows_split(uint32_t type, const void *w, size_t row_stride_bytes, int64_t row_begin,
-                       int64_t row_end, int64_t n, const void *xq, int64_t n_tok, float *y,
-                       int64_t y_stride)
+/* The qact path (terms 1) or the split path (terms 2): over xq, or without
+ * pre-quantized x, over token tiles quantized into a bounded stack buffer. */
+static void rows_q(uint32_t type, const void *w, size_t row_stride_bytes, int64_t row_begin,
+                   int64_t row_end, int64_t n, const float *x, const void *xq, int64_t n_tok,
+                   float *y, int64_t y_stride, int terms)
 {
-    const qact_dot_fn dot = qact_dot_for(type);
-    KV_ASSERT(dot != NULL);
-    const size_t rb = qact_row_bytes(n);
-    const int64_t row_tile = row_tile_for(type, n), per = QACT_MULTI_MAX / 2;
-    for (int64_t r0 = row_begin; r0 < row_end; r0 += row_tile) {
-        const int64_t r1 = r0 + row_tile < row_end ? r0 + row_tile : row_end;
-        for (int64_t r = r0; r < r1; r++) {
-            const void *wr = (const uint8_t *)w + (size_t)r * row_stride_bytes;
-            for (int64_t t = 0; t < n_tok; t += per) {
-                const int nt = (int)(n_tok - t < per ? n_tok - t : per);
-                float out[QACT_MULTI_MAX];
-                dot(n, wr, (const uint8_t *)xq + (size_t)(2 * t) * rb, rb, 2 * nt, out);
-                for (int k = 0; k < nt; k++)
-                    y[(t + k) * y_stride + r] = out[2 * k] + out[2 * k + 1];
-            }
-        }
+    if (xq) {
+        rows_qact(type, w, row_stride_bytes, row_begin, row_end, n, xq, n_tok, y, y_stride,
+                  terms);
+        return;
+    }
+    _Alignas(64) uint8_t buf[MM_QACT_STACK_BYTES];
+    const size_t rb = qact_row_bytes(n) * (size_t)terms;
+    KV_ASSERT(rb <= sizeof buf);
+    const int64_t tt = (int64_t)(sizeof buf / rb);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tt) {
+        const int64_t nt = n_tok - t0 < tt ? n_tok - t0 : tt;
+        if (terms == 2)
+            dtype_matmul_quantize_split(type, x + t0 * n, n, nt, buf);
+        else
+            dtype_matmul_quantize(type, x + t0 * n, n, nt, buf);
+        rows_qact(type, w, row_stride_bytes, row_begin, row_end, n, buf, nt, y + t0 * y_stride,
+                  y_stride, terms);
     }
 }
 
@@ -205,20 +211,7 @@ void dtype_matmul_rows_split(uint32_t type, const void *w, size_t row_stride_byt
                              const void *xq, int64_t n_tok, float *y, int64_t y_stride)
 {
     KV_ASSERT(dtype_matmul_uses_qact(type) && n % QACT_CHUNK == 0);
-    if (xq) {
-        rows_split(type, w, row_stride_bytes, row_begin, row_end, n, xq, n_tok, y, y_stride);
-        return;
-    }
-    _Alignas(64) uint8_t buf[MM_QACT_STACK_BYTES];
-    const size_t rb2 = 2 * qact_row_bytes(n);
-    KV_ASSERT(rb2 <= sizeof buf);
-    const int64_t tt = (int64_t)(sizeof buf / rb2);
-    for (int64_t t0 = 0; t0 < n_tok; t0 += tt) {
-        const int64_t nt = n_tok - t0 < tt ? n_tok - t0 : tt;
-        dtype_matmul_quantize_split(type, x + t0 * n, n, nt, buf);
-        rows_split(type, w, row_stride_bytes, row_begin, row_end, n, buf, nt, y + t0 * y_stride,
-                   y_stride);
-    }
+    rows_q(type, w, row_stride_bytes, row_begin, row_end, n, x, xq, n_tok, y, y_stride, 2);
 }
 
 void dtype_matmul_rows_q(uint32_t type, const void *w, size_t row_stride_bytes,
@@ -232,21 +225,7 @@ void dtype_matmul_rows_q(uint32_t type, const void *w, size_t row_stride_bytes,
         rows_exact(type, w, row_stride_bytes, row_begin, row_end, n, x, n_tok, y, y_stride);
         return;
     }
-    if (xq) {
-        rows_qact(type, w, row_stride_bytes, row_begin, row_end, n, xq, n_tok, y, y_stride);
-        return;
-    }
-    /* no pre-quantized x: quantize token tiles into a bounded stack buffer */
-    _Alignas(64) uint8_t buf[MM_QACT_STACK_BYTES];
-    const size_t rb = qact_row_bytes(n);
-    KV_ASSERT(rb <= sizeof buf);
-    const int64_t tt = (int64_t)(sizeof buf / rb);
-    for (int64_t t0 = 0; t0 < n_tok; t0 += tt) {
-        const int64_t nt = n_tok - t0 < tt ? n_tok - t0 : tt;
-        dtype_matmul_quantize(type, x + t0 * n, n, nt, buf);
-        rows_qact(type, w, row_stride_bytes, row_begin, row_end, n, buf, nt, y + t0 * y_stride,
-                  y_stride);
-    }
+    rows_q(type, w, row_stride_bytes, row_begin, row_end, n, x, xq, n_tok, y, y_stride, 1);
 }
 
 void dtype_matmul_rows(uint32_t type, const void *w, size_t row_stride_bytes,

@@ -13,13 +13,12 @@
  *     AVX-512 VNNI, VPMADDUBSW on AVX2, the scalar reference elsewhere;
  *     all three bitwise equal); relative error per dot from the activation
  *     rounding is ~0.3% typical (test_matmul_q8 measures it).
- *   exact (dtype_matmul_rows; `--exact`, the output head, and the
- *     reference tests): y = the type's vec_dot(row, x_t) bitwise, f32
- *     activations.
+ *   exact (dtype_matmul_rows; `--exact` and the reference tests): y = the
+ *     type's vec_dot(row, x_t) bitwise, f32 activations.
  *   split (dtype_matmul_rows_split, the output head by default): the qact
  *     path with each token's activations quantized twice, x ~ d1 q1 + d2 q2
  *     (q2: the residual, qact_quantize_residual), y = dot(w, q1) + dot(w,
- *     q2) from one pass over the weights: relative error per dot ~1e-5, at
+ *     q2) from one pass over the weights: relative error per dot ~2.5e-6, at
  *     the int8 kernels' memory traffic.
  *   packed (type | DT_PACKED, qact path only): rows repacked at load by
  *     qpack_rows; same results as the stored rows, bitwise.

@@ -381,6 +381,14 @@ AI __m256i pk_load(const uint8_t *p, int nvl)
     return _mm256_maskload_epi32((const int *)p, _mm256_cmpgt_epi32(_mm256_set1_epi32(nvl), idx));
 }
 
+/* The int16 pair sums of one packed code vector's low and high nibbles
+ * (lo, hi) against a token's interleaved codes at a and a + 64. */
+AI __m256i pk_pair16(__m256i lo, __m256i hi, const int8_t *a)
+{
+    return _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)a)),
+                            _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(a + 64))));
+}
+
 /* S[k] lane i = exact sum of chunk 8h+i of one group for token k (nvl
  * lanes valid); qs: the group's packed codes, vectors L bytes apart;
  * ag[k]: token k's interleaved codes of the group. */
@@ -416,12 +424,8 @@ AI void pk_half_sums(uint32_t t, const uint8_t *qs, int L, int h, int nvl,
         const __m256i lo = _mm256_and_si256(v, lo4);
         const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
 #pragma GCC unroll 8
-        for (int k = 0; k < nt; k++) {
-            const int8_t *a = ag[k] + 128 * i + 32 * h;
-            const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)a));
-            const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(a + 64)));
-            s16[k] = _mm256_add_epi16(s16[k], _mm256_add_epi16(p0, p1));
-        }
+        for (int k = 0; k < nt; k++)
+            s16[k] = _mm256_add_epi16(s16[k], pk_pair16(lo, hi, ag[k] + 128 * i + 32 * h));
     }
 #pragma GCC unroll 8
     for (int k = 0; k < nt; k++)
@@ -455,12 +459,8 @@ AI void pk_half_sums5(const uint8_t *qs, const uint8_t *qx, int L, int h, int nv
             const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo4),
                                                _mm256_and_si256(_mm256_srli_epi16(q5, i), b4));
 #pragma GCC unroll 8
-            for (int k = 0; k < nt; k++) {
-                const int8_t *a = ag[k] + 128 * i + 32 * h;
-                const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)a));
-                const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(a + 64)));
-                s16[k] = _mm256_add_epi16(s16[k], _mm256_add_epi16(p0, p1));
-            }
+            for (int k = 0; k < nt; k++)
+                s16[k] = _mm256_add_epi16(s16[k], pk_pair16(lo, hi, ag[k] + 128 * i + 32 * h));
         }
 #pragma GCC unroll 8
         for (int k = 0; k < nt; k++)
@@ -489,12 +489,9 @@ AI void pk_half_sums6(const uint8_t *qs, const uint8_t *qx, int L, int h, __m256
         const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo4),
                                            _mm256_and_si256(hb, b45));
 #pragma GCC unroll 8
-        for (int k = 0; k < nt; k++) {
-            const int8_t *a = ag[k] + 128 * i + 32 * h;
-            const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)a));
-            const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(a + 64)));
-            S[k] = _mm256_add_epi32(S[k], _mm256_madd_epi16(_mm256_add_epi16(p0, p1), i < 2 ? sc0 : sc1));
-        }
+        for (int k = 0; k < nt; k++)
+            S[k] = _mm256_add_epi32(S[k], _mm256_madd_epi16(pk_pair16(lo, hi, ag[k] + 128 * i + 32 * h),
+                                                            i < 2 ? sc0 : sc1));
     }
 }
 

@@ -289,8 +289,9 @@ static int bind_all(model *m, kvant_err *err)
     m->tied_output = m->output.data == NULL;
     if (m->tied_output)
         m->output = m->tok_embd;
-    /* The output head keeps f32 activations: int8 activations there cost
-     * the most top-1 agreement per byte saved (docs/QUANTIZATION.md). */
+    /* The output head keeps about f32 accuracy (the CPU's split int8 path):
+     * one int8 term there costs the most top-1 agreement per byte saved
+     * (docs/QUANTIZATION.md). */
     m->output.exact = 1;
     m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
     if (!m->layers)

@@ -57,7 +57,8 @@ typedef struct model_tensor {
     const void *data;     /* host data in the mapping (borrowed) */
     void *dev;            /* backend-resident copy (CPU: == data) */
     int layer;            /* -1 for global tensors */
-    int exact;            /* 1: matmuls keep f32 activations (the output head) */
+    int exact;            /* 1: near-f32 accuracy: the CPU int8 path takes two
+                           * terms per activation (the output head) */
     int packed;           /* 1: dev holds rows packed by the backend (kernels/qpack.h) */
 } model_tensor;
 
