@@ -56,6 +56,12 @@ typedef struct srv srv;
 srv *srv_create(const srv_config *cfg, const char *model_path, kvant_err *err);
 /* Serves this model through this engine from now on (/health -> 200). */
 void srv_attach(srv *s, model *m, engine *e);
+/* Serves several models from a registry (server_models.h, borrowed; the
+ * caller destroys it between srv_stop and srv_destroy): requests route by
+ * their "model" field, /v1/models lists every model, POST
+ * /v1/models/{id}/{load,unload,sleep,wake} drive their life cycle. */
+typedef struct srv_models srv_models;
+void srv_attach_models(srv *s, srv_models *r);
 /* Stops accepting connections, /health -> 503 "draining", stops engine
  * admission, waits up to timeout_s for in-flight requests to finish, then
  * cancels the rest (they end with an error event) and waits briefly for
