@@ -465,110 +465,113 @@ static int choose_victims(srv_models *r, int xi, int *victims, int *nv)
                            SRV_MODELS_MAX_RESIDENT, victims, nv);
 }
 
-/* Brings entry xi to LOADED under r->mu (drops and retakes it for the slow
- * part).  Returns KV_OK with x LOADED, or an error (x back to its state, or
- * FAILED when its file is bad). */
-static int bring_up_locked(srv_models *r, int xi, double deadline, kvant_err *err)
+/* Publishes the end of a load or wake of x (under r->mu). */
+static void finish_load_locked(srv_models *r, mentry *x, srv_model_state from, int from_level,
+                               double dt)
+{
+    char a[32], b[32], c[32];
+    x->state = SRV_MODEL_LOADED;
+    x->error[0] = '\0';
+    x->last_used = now_s();
+    fmt_size(resident_sum(x), a);
+    fmt_size(mem_used(r->mem), b);
+    fmt_size(r->budget, c);
+    if (from == SRV_MODEL_SLEEPING) {
+        x->wakes++;
+        hist_add(&x->wake_h, dt);
+        log_line(r, "woke %s from sleep level %d in %.3f s: %s resident, %s of %s used", x->name,
+                 from_level, dt, a, b, c);
+    } else {
+        x->loads++;
+        hist_add(&x->load_h, dt);
+        log_line(r, "loaded %s in %.3f s: %s resident, %s of %s used", x->name, dt, a, b, c);
+    }
+    x->sleep_level = 0;
+}
+
+/* Evicts the victims and loads x: called under r->mu with the victims
+ * chosen; drops the lock for the slow part and retakes it. */
+static int load_locked(srv_models *r, int xi, const int *victims, int nv, kvant_err *err)
 {
     mentry *x = r->ent[xi];
     char a[32], b[32], c[32];
+    r->changing = 1;
+    srv_model_state from = x->state;
+    int from_level = x->sleep_level;
+    x->state = SRV_MODEL_LOADING;
+    double t = now_s();
+    for (int k = 0; k < nv; k++) {
+        mentry *v = r->ent[victims[k]];
+        fmt_size(x->need, a);
+        fmt_size(mem_available(r->mem), b);
+        fmt_size(r->budget, c);
+        log_line(r, "evicting %s (LRU, idle %.0f s) to load %s: needs %s, %s free of %s", v->name,
+                 t - v->last_used, x->name, a, b, c);
+        v->state = SRV_MODEL_UNLOADING;
+    }
+    pthread_mutex_unlock(&r->mu);
+    for (int k = 0; k < nv; k++)
+        drop_entry(r->ent[victims[k]], 0);
+    kvant_err le = {0};
+    int rc = raise_entry(r, x, &le);
+    double dt = now_s() - t;
+    pthread_mutex_lock(&r->mu);
+    for (int k = 0; k < nv; k++) {
+        mentry *v = r->ent[victims[k]];
+        memset(v->resident, 0, sizeof v->resident);
+        v->state = SRV_MODEL_UNLOADED;
+        v->evictions++;
+    }
+    r->changing = 0;
+    pthread_cond_broadcast(&r->cv);
+    if (rc == KV_OK) {
+        finish_load_locked(r, x, from, from_level, dt);
+        return KV_OK;
+    }
+    drop_entry(x, 0); /* under the lock: x is LOADING, nothing else uses it */
+    memset(x->resident, 0, sizeof x->resident);
+    x->load_failures++;
+    int bad_file = rc == KV_EFORMAT || rc == KV_EIO || rc == KV_EUNSUP;
+    x->state = bad_file || from == SRV_MODEL_FAILED ? SRV_MODEL_FAILED : SRV_MODEL_UNLOADED;
+    x->sleep_level = 0;
+    snprintf(x->error, sizeof x->error, "%s", le.msg);
+    log_line(r, "loading %s failed: %s", x->name, le.msg);
+    if (err)
+        *err = le;
+    return rc;
+}
+
+/* Brings entry xi to LOADED under r->mu: waits (until deadline) while
+ * another change runs or busy models hold the memory it needs, refuses at
+ * once what can never fit.  KV_OK with x LOADED, or an error (x back to
+ * unloaded, or FAILED when its file is bad). */
+static int bring_up_locked(srv_models *r, int xi, double deadline, kvant_err *err)
+{
+    mentry *x = r->ent[xi];
+    char a[32], b[32];
     for (;;) {
         if (x->state == SRV_MODEL_LOADED)
             return KV_OK;
         if (r->draining || r->stop)
             return kvant_err_set(err, KV_EBUSY, "the server is draining");
-        if (x->need > r->budget) {
+        int victims[SRV_MODELS_MAX], nv = 0;
+        int fit = r->changing ? SRV_FIT_WAIT : choose_victims(r, xi, victims, &nv);
+        if (fit == SRV_FIT_OK)
+            return load_locked(r, xi, victims, nv, err);
+        if (fit == SRV_FIT_NEVER) {
             fmt_size(x->need, a);
             fmt_size(r->budget, b);
             return kvant_err_set(err, KV_ENOMEM,
-                                 "model '%s' needs %llu bytes (%s), more than the whole budget "
-                                 "of %llu bytes (%s)", x->name, (unsigned long long)x->need, a,
-                                 (unsigned long long)r->budget, b);
+                                 "model '%s' needs %llu bytes (%s): it cannot fit in the budget "
+                                 "of %llu bytes (%s)%s", x->name, (unsigned long long)x->need, a,
+                                 (unsigned long long)r->budget, b,
+                                 x->need > r->budget ? "" : " next to the pinned models");
         }
-        if (r->changing) {
-            if (!wait_until(r, deadline))
-                return kvant_err_set(err, KV_EBUSY, "timed out waiting for model '%s' to load",
-                                     x->name);
-            continue;
-        }
-        int victims[SRV_MODELS_MAX], nv = 0;
-        int fit = choose_victims(r, xi, victims, &nv);
-        if (fit == SRV_FIT_NEVER) {
-            fmt_size(x->need, a);
-            return kvant_err_set(err, KV_ENOMEM,
-                                 "model '%s' needs %llu bytes (%s): it cannot fit next to the "
-                                 "pinned models in the budget of %llu bytes",
-                                 x->name, (unsigned long long)x->need, a,
-                                 (unsigned long long)r->budget);
-        }
-        if (fit == SRV_FIT_WAIT) {
-            if (!wait_until(r, deadline))
-                return kvant_err_set(err, KV_EBUSY,
-                                     "timed out after %.0f s waiting for busy models to free "
-                                     "memory for model '%s'", r->cfg.queue_timeout_s, x->name);
-            continue;
-        }
-        /* commit: mark everything, then work without the lock */
-        r->changing = 1;
-        srv_model_state from = x->state;
-        int from_level = x->sleep_level;
-        x->state = SRV_MODEL_LOADING;
-        double t = now_s();
-        for (int k = 0; k < nv; k++) {
-            mentry *v = r->ent[victims[k]];
-            fmt_size(x->need, a);
-            fmt_size(mem_available(r->mem), b);
-            fmt_size(r->budget, c);
-            log_line(r, "evicting %s (LRU, idle %.0f s) to load %s: needs %s, %s free of %s",
-                     v->name, t - v->last_used, x->name, a, b, c);
-            v->state = SRV_MODEL_UNLOADING;
-        }
-        pthread_mutex_unlock(&r->mu);
-        for (int k = 0; k < nv; k++)
-            drop_entry(r->ent[victims[k]], 0);
-        kvant_err le = {0};
-        int rc = raise_entry(r, x, &le);
-        double dt = now_s() - t;
-        pthread_mutex_lock(&r->mu);
-        for (int k = 0; k < nv; k++) {
-            mentry *v = r->ent[victims[k]];
-            memset(v->resident, 0, sizeof v->resident);
-            v->state = SRV_MODEL_UNLOADED;
-            v->evictions++;
-        }
-        r->changing = 0;
-        pthread_cond_broadcast(&r->cv);
-        if (rc) {
-            drop_entry(x, 0); /* under the lock: x is LOADING, nothing else uses it */
-            memset(x->resident, 0, sizeof x->resident);
-            x->load_failures++;
-            int bad_file = rc == KV_EFORMAT || rc == KV_EIO || rc == KV_EUNSUP;
-            x->state = bad_file ? SRV_MODEL_FAILED : (from == SRV_MODEL_FAILED ? from
-                                                      : SRV_MODEL_UNLOADED);
-            snprintf(x->error, sizeof x->error, "%s", le.msg);
-            log_line(r, "loading %s failed: %s", x->name, le.msg);
-            if (err)
-                *err = le;
-            return rc;
-        }
-        x->state = SRV_MODEL_LOADED;
-        x->error[0] = '\0';
-        x->last_used = now_s();
-        fmt_size(resident_sum(x), a);
-        fmt_size(mem_used(r->mem), b);
-        fmt_size(r->budget, c);
-        if (from == SRV_MODEL_SLEEPING) {
-            x->wakes++;
-            hist_add(&x->wake_h, dt);
-            log_line(r, "woke %s from sleep level %d in %.3f s: %s resident, %s of %s used",
-                     x->name, from_level, dt, a, b, c);
-        } else {
-            x->loads++;
-            hist_add(&x->load_h, dt);
-            log_line(r, "loaded %s in %.3f s: %s resident, %s of %s used", x->name, dt, a, b, c);
-        }
-        x->sleep_level = 0;
-        return KV_OK;
+        if (!wait_until(r, deadline))
+            return kvant_err_set(err, KV_EBUSY,
+                                 "timed out after %.1f s waiting for %s to free memory for model "
+                                 "'%s'", r->cfg.queue_timeout_s,
+                                 r->changing ? "another load" : "busy models", x->name);
     }
 }
 
