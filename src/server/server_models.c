@@ -347,31 +347,47 @@ static void log_line(const srv_models *r, const char *fmt, ...)
     va_end(ap);
 }
 
-/* Adds the destroyed engine's counters to x->retired (engine_stats are
- * cumulative per engine). */
-static void retire_stats(mentry *x, engine *e)
+/* Adds s's counters (and, with gauges, its gauges) to t. */
+static void add_stats(engine_stats *t, const engine_stats *s, int gauges)
 {
-    engine_stats s;
-    engine_get_stats(e, &s);
-    engine_stats *t = &x->retired;
-    t->finished_stop += s.finished_stop;
-    t->finished_length += s.finished_length;
-    t->finished_abort += s.finished_abort;
-    t->prompt_tokens += s.prompt_tokens;
-    t->prompt_tokens_computed += s.prompt_tokens_computed;
-    t->generation_tokens += s.generation_tokens;
-    t->preemptions += s.preemptions;
-    t->prefix_queries += s.prefix_queries;
-    t->prefix_hits += s.prefix_hits;
-    t->steps += s.steps;
+    t->finished_stop += s->finished_stop;
+    t->finished_length += s->finished_length;
+    t->finished_abort += s->finished_abort;
+    t->prompt_tokens += s->prompt_tokens;
+    t->prompt_tokens_computed += s->prompt_tokens_computed;
+    t->generation_tokens += s->generation_tokens;
+    t->preemptions += s->preemptions;
+    t->prefix_queries += s->prefix_queries;
+    t->prefix_hits += s->prefix_hits;
+    t->steps += s->steps;
+    if (!gauges)
+        return;
+    t->running += s->running;
+    t->waiting += s->waiting;
+    t->preempted_waiting += s->preempted_waiting;
+    t->kv_blocks_total += s->kv_blocks_total;
+    t->kv_blocks_used += s->kv_blocks_used;
+    t->kv_blocks_free += s->kv_blocks_free;
+    t->kv_blocks_cached += s->kv_blocks_cached;
+    t->kv_tokens_stored += s->kv_tokens_stored;
+    t->kv_token_capacity += s->kv_token_capacity;
+    t->last_tokens += s->last_tokens;
+    t->last_seqs += s->last_seqs;
+    t->last_decodes += s->last_decodes;
+    if (!t->block_size)
+        t->block_size = s->block_size;
 }
 
-/* Drops x's engine (and its model when level != 1).  Without r->mu; x is
- * marked UNLOADING or LOADING by the caller, so nobody else touches it. */
-static void drop_entry(mentry *x, int keep_model)
+/* Drops x's engine (and its model unless keep_model), leaving the
+ * engine's final counters in *fin (zeroed when there was none) for the
+ * caller to add to x->retired under r->mu.  Called without r->mu for an
+ * entry marked UNLOADING or LOADING (nobody else touches it), or under it
+ * when x has no engine. */
+static void drop_entry(mentry *x, int keep_model, engine_stats *fin)
 {
+    memset(fin, 0, sizeof *fin);
     if (x->e) {
-        retire_stats(x, x->e);
+        engine_get_stats(x->e, fin);
         engine_destroy(x->e);
         x->e = NULL;
     }
@@ -510,14 +526,16 @@ static int load_locked(srv_models *r, int xi, const int *victims, int nv, kvant_
         v->state = SRV_MODEL_UNLOADING;
     }
     pthread_mutex_unlock(&r->mu);
+    engine_stats fin[SRV_MODELS_MAX];
     for (int k = 0; k < nv; k++)
-        drop_entry(r->ent[victims[k]], 0);
+        drop_entry(r->ent[victims[k]], 0, &fin[k]);
     kvant_err le = {0};
     int rc = raise_entry(r, x, &le);
     double dt = now_s() - t;
     pthread_mutex_lock(&r->mu);
     for (int k = 0; k < nv; k++) {
         mentry *v = r->ent[victims[k]];
+        add_stats(&v->retired, &fin[k], 0);
         memset(v->resident, 0, sizeof v->resident);
         v->state = SRV_MODEL_UNLOADED;
         v->evictions++;
@@ -528,7 +546,7 @@ static int load_locked(srv_models *r, int xi, const int *victims, int nv, kvant_
         finish_load_locked(r, x, from, from_level, dt);
         return KV_OK;
     }
-    drop_entry(x, 0); /* under the lock: x is LOADING, nothing else uses it */
+    drop_entry(x, 0, &fin[0]); /* under the lock: x has no engine (the load failed) */
     memset(x->resident, 0, sizeof x->resident);
     x->load_failures++;
     int bad_file = rc == KV_EFORMAT || rc == KV_EIO || rc == KV_EUNSUP;
@@ -699,8 +717,10 @@ static int lower(srv_models *r, const char *name, int level, kvant_err *err)
     r->changing = 1;
     x->state = SRV_MODEL_UNLOADING;
     pthread_mutex_unlock(&r->mu);
-    drop_entry(x, level == 1);
+    engine_stats fin;
+    drop_entry(x, level == 1, &fin);
     pthread_mutex_lock(&r->mu);
+    add_stats(&x->retired, &fin, 0);
     memset(x->resident, 0, sizeof x->resident);
     if (level > 0) {
         x->state = SRV_MODEL_SLEEPING;
@@ -812,7 +832,8 @@ void srv_models_destroy(srv_models *r)
     if (r->ka_started)
         pthread_join(r->ka_thread, NULL);
     for (int i = 0; i < r->n; i++) {
-        drop_entry(r->ent[i], 0);
+        engine_stats fin;
+        drop_entry(r->ent[i], 0, &fin);
         free(r->ent[i]);
     }
     mem_destroy(r->mem);
@@ -875,36 +896,6 @@ int srv_models_info(srv_models *r, int i, srv_model_info *o)
     o->wake_h = x->wake_h;
     pthread_mutex_unlock(&r->mu);
     return KV_OK;
-}
-
-static void add_stats(engine_stats *t, const engine_stats *s, int gauges)
-{
-    t->finished_stop += s->finished_stop;
-    t->finished_length += s->finished_length;
-    t->finished_abort += s->finished_abort;
-    t->prompt_tokens += s->prompt_tokens;
-    t->prompt_tokens_computed += s->prompt_tokens_computed;
-    t->generation_tokens += s->generation_tokens;
-    t->preemptions += s->preemptions;
-    t->prefix_queries += s->prefix_queries;
-    t->prefix_hits += s->prefix_hits;
-    t->steps += s->steps;
-    if (!gauges)
-        return;
-    t->running += s->running;
-    t->waiting += s->waiting;
-    t->preempted_waiting += s->preempted_waiting;
-    t->kv_blocks_total += s->kv_blocks_total;
-    t->kv_blocks_used += s->kv_blocks_used;
-    t->kv_blocks_free += s->kv_blocks_free;
-    t->kv_blocks_cached += s->kv_blocks_cached;
-    t->kv_tokens_stored += s->kv_tokens_stored;
-    t->kv_token_capacity += s->kv_token_capacity;
-    t->last_tokens += s->last_tokens;
-    t->last_seqs += s->last_seqs;
-    t->last_decodes += s->last_decodes;
-    if (!t->block_size)
-        t->block_size = s->block_size;
 }
 
 void srv_models_stats(srv_models *r, engine_stats *out)
