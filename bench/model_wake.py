@@ -12,7 +12,7 @@ load_seconds sum in /v1/models; the client-side time is the POST's round trip.  
 request after every wake checks the model answers the same.
 
 usage: .venv/bin/python bench/model_wake.py [--bin build/kvant] [--model PATH] [-n 30]
-       [--threads 2] [--json out.json]
+       [--threads 2] [--ctx 2048] [--json out.json] [-- more serve options, e.g. --no-pack]
 """
 from __future__ import annotations
 
@@ -42,14 +42,16 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=30)
     ap.add_argument("--threads", default="2")
     ap.add_argument("--json")
+    ap.add_argument("--ctx", default="2048")
+    ap.add_argument("extra", nargs="*", help="more `kvant serve` options (after --)")
     a = ap.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     log = tempfile.NamedTemporaryFile(prefix="kvant-wake-", suffix=".log", delete=False)
-    proc = subprocess.Popen([a.bin, "serve", "--port", str(port), "-t", a.threads, "-c", "2048",
-                             "-m", f"m={a.model}", "--load", "m"], stdout=log,
+    proc = subprocess.Popen([a.bin, "serve", "--port", str(port), "-t", a.threads, "-c", a.ctx,
+                             "-m", f"m={a.model}", "--load", "m", *a.extra], stdout=log,
                             stderr=subprocess.STDOUT)
     try:
         for _ in range(600):
@@ -93,7 +95,8 @@ def main() -> int:
                 assert r.status_code == 200 and r.json()["state"] == "loaded", r.text
                 res[kind].append(r.json()[key]["sum_seconds"] - before)
                 assert answer() == ref
-        out = {"model": a.model, "threads": int(a.threads), "rounds": a.n}
+        out = {"model": a.model, "threads": int(a.threads), "ctx": int(a.ctx), "rounds": a.n,
+               "extra": a.extra}
         for k in res:
             out[k] = {"p50_s": pct(res[k], 50), "p99_s": pct(res[k], 99),
                       "mean_s": statistics.mean(res[k]), "client_p50_s": pct(client[k], 50),
