@@ -107,6 +107,7 @@ typedef struct serve_models_opts {
     int n_sleeps;
     double keep_alive_s;     /* <= 0: forever */
     uint64_t kv_per_model;   /* 0: the registry's default */
+    int no_kv_grow;          /* --no-kv-grow: every pool exactly its share */
     double queue_timeout_s;
     int multi;               /* set by _check: serve through the model registry */
 } serve_models_opts;

@@ -95,8 +95,12 @@ static void serve_help(void)
         {"--pin", "NAME", "load NAME at start and never evict it (repeatable)", "none"},
         {"--keep-alive", "DURATION", "unload a model idle this long (e.g. 300, 30s, 5m, 1h)",
          "forever"},
-        {"--kv-per-model", "SIZE", "KV cache per model when several are served",
+        {"--kv-per-model", "SIZE", "KV cache each model always gets when several are served",
          "2 requests of the maximum context"},
+        {"--no-kv-grow", NULL, "several models: no KV beyond --kv-per-model (by default a "
+                               "load also takes an equal part of the memory no other model "
+                               "could need, up to --max-num-seqs requests of the context)",
+         "grow"},
         {"--queue-timeout", "SECONDS", "how long a request waits for its model to be loaded",
          "60"},
         {"--load", "NAME", "load NAME at start (may be evicted later; repeatable)", "none"},

@@ -73,6 +73,10 @@ int serve_models_parse(serve_models_opts *o, int argc, char **argv, int *i)
         }
         return 1;
     }
+    if (!strcmp(a, "--no-kv-grow")) {
+        o->no_kv_grow = 1;
+        return 1;
+    }
     if (!strcmp(a, "--queue-timeout")) {
         v = cli_value(argc, argv, i);
         return !v || cli_parse_float(a, v, 0.1, 86400, &o->queue_timeout_s) ? -1 : 1;
@@ -109,8 +113,8 @@ int serve_models_check(serve_models_opts *o, cli_common *c, struct srv_config *s
     o->multi = o->n_models > 1 || o->models_dir || o->n_pins || o->n_loads || o->n_sleeps ||
                o->keep_alive_s > 0;
     if (!o->multi) {
-        if (o->kv_per_model)
-            return cli_err_usage("serve", "--kv-per-model needs several models");
+        if (o->kv_per_model || o->no_kv_grow)
+            return cli_err_usage("serve", "--kv-per-model and --no-kv-grow need several models");
         if (o->n_models == 1) {
             static char name[SRV_MODELS_NAME_MAX];
             split_alias(o->model_args[0], name, sizeof name, &c->model_path);
@@ -176,6 +180,7 @@ srv_models *serve_models_start(const serve_models_opts *o, const engine_config *
     srv_models_config mc = srv_models_config_default();
     mc.ec = *ec;
     mc.kv_per_model = o->kv_per_model;
+    mc.kv_grow = !o->no_kv_grow;
     mc.keep_alive_s = o->keep_alive_s;
     mc.queue_timeout_s = o->queue_timeout_s;
     srv_models *r = srv_models_create(&mc, err);

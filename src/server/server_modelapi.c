@@ -95,6 +95,7 @@ static json_t *model_json(const srv_model_info *x)
     json_object_set_new(o, "idle_seconds", json_real(x->idle_s));
     set_int(o, "need_bytes", x->need_bytes);
     set_int(o, "kv_share_bytes", x->kv_share_bytes);
+    set_int(o, "kv_extra_bytes", x->kv_extra_bytes);
     set_int(o, "resident_bytes", x->resident_bytes);
     json_object_set_new(o, "resident_by_category", res);
     set_int(o, "kv_pool_bytes", x->kv_pool_bytes);

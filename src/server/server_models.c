@@ -42,7 +42,11 @@ typedef struct mentry {
     engine *e;                 /* owned while LOADED */
     srv_oai_ctx oai;           /* served_name -> name */
     int64_t ctx;               /* planned context */
-    uint64_t need, kv_share;   /* planned bytes */
+    uint64_t need, kv_share;   /* planned bytes: the footprint and its KV part (minimum) */
+    uint64_t block_bytes;      /* one KV block, all layers */
+    uint64_t kv_max;           /* KV bytes for max_num_seqs requests of the context: the
+                                * most a grown pool gets */
+    uint64_t kv_extra;         /* KV granted beyond kv_share at this load (spare memory) */
     uint64_t resident[MEM_CAT_COUNT];
     engine_stats retired;      /* counters of this model's destroyed engines */
     uint64_t loads, load_failures, evictions, wakes, sleeps, unloads;
@@ -82,6 +86,7 @@ srv_models_config srv_models_config_default(void)
 {
     return (srv_models_config){.ec = engine_config_default(),
                                .queue_timeout_s = SRV_MODELS_QUEUE_TIMEOUT_S,
+                               .kv_grow = 1,
                                .log = 1};
 }
 
@@ -231,6 +236,9 @@ static int plan_entry(srv_models *r, mentry *x, kvant_err *err)
                              (unsigned long long)(p.kv_bytes_per_token * (uint64_t)p.ctx));
     x->ctx = p.ctx;
     x->kv_share = blocks * bb;
+    x->block_bytes = bb;
+    x->kv_max = (uint64_t)ec->max_num_seqs * (((uint64_t)p.ctx + (uint64_t)ec->block_size - 1) /
+                                              (uint64_t)ec->block_size) * bb;
     x->need = p.weights_bytes + p.activation_bytes + p.act_q8_bytes + x->kv_share;
     return KV_OK;
 }
@@ -421,7 +429,7 @@ static int raise_entry(srv_models *r, mentry *x, kvant_err *err)
     engine_config ec = r->cfg.ec;
     ec.shared_mem = r->mem;
     ec.print_plan = 0;
-    ec.device_memory = x->need; /* the planner gives this engine exactly its share */
+    ec.device_memory = x->need + x->kv_extra; /* the planner gives this engine exactly that */
     ec.memory_utilization = 1.0;
     ec.max_model_len = x->ctx;
     x->e = engine_create(x->m, &ec, err);
@@ -500,9 +508,39 @@ static void finish_load_locked(srv_models *r, mentry *x, srv_model_state from, i
     } else {
         x->loads++;
         hist_add(&x->load_h, dt);
-        log_line(r, "loaded %s in %.3f s: %s resident, %s of %s used", x->name, dt, a, b, c);
+        log_line(r, "loaded %s in %.3f s: %s resident (KV %s), %s of %s used", x->name, dt, a,
+                 x->kv_extra ? "grown into spare memory" : "its share", b, c);
     }
     x->sleep_level = 0;
+}
+
+/* KV that entry xi may take beyond its share at this load: an equal part
+ * of the memory no model could need (free bytes less the footprints of
+ * every model not loaded that could fit, xi included), in whole blocks, up
+ * to kv_max.
+ * Memory a model may still need is never granted, so a grown pool never
+ * has to be taken back: when the budget is tight this is 0. */
+static uint64_t spare_kv_locked(srv_models *r, int xi)
+{
+    const mentry *x = r->ent[xi];
+    uint64_t avail = mem_available(r->mem), reserve = 0;
+    uint64_t k = 0;
+    if (!r->cfg.kv_grow || !x->block_bytes)
+        return 0;
+    for (int i = 0; i < r->n; i++) {
+        const mentry *y = r->ent[i];
+        if (y->state != SRV_MODEL_LOADED && y->state != SRV_MODEL_FAILED &&
+            y->need <= r->budget) { /* one that can never fit needs nothing */
+            reserve += y->need;
+            k++;
+        }
+    }
+    if (avail <= reserve || !k)
+        return 0;
+    uint64_t extra = (avail - reserve) / k;
+    uint64_t room = x->kv_max > x->kv_share ? x->kv_max - x->kv_share : 0;
+    extra = extra < room ? extra : room;
+    return extra / x->block_bytes * x->block_bytes;
 }
 
 /* Evicts the victims and loads x: called under r->mu with the victims
@@ -514,6 +552,7 @@ static int load_locked(srv_models *r, int xi, const int *victims, int nv, kvant_
     r->changing = 1;
     srv_model_state from = x->state;
     int from_level = x->sleep_level;
+    x->kv_extra = nv ? 0 : spare_kv_locked(r, xi);
     x->state = SRV_MODEL_LOADING;
     double t = now_s();
     for (int k = 0; k < nv; k++) {
@@ -877,6 +916,7 @@ int srv_models_info(srv_models *r, int i, srv_model_info *o)
     o->max_model_len = x->ctx;
     o->need_bytes = x->need;
     o->kv_share_bytes = x->kv_share;
+    o->kv_extra_bytes = x->state == SRV_MODEL_LOADED ? x->kv_extra : 0;
     memcpy(o->resident, x->resident, sizeof o->resident);
     o->resident_bytes = resident_sum(x);
     if (x->state == SRV_MODEL_LOADED) {

@@ -15,6 +15,11 @@
  * Sleep level 1 drops the engine (KV, workspace, device weights) and keeps
  * the mapped model (page cache, tokenizer); level 2 drops the model too.
  *
+ * KV follows the load: each model's pool is at least its share; a load
+ * also takes an equal part of the memory that no model not loaded could
+ * need (so a grown pool never has to be taken back), and every block goes
+ * back to the budget when the model sleeps or unloads.
+ *
  * Invariants: a model with requests in flight (refs > 0) is never evicted,
  * slept or unloaded (unload/sleep answer KV_EBUSY); one life-cycle change
  * (load, wake, sleep, unload, eviction) runs at a time, so each model's
@@ -64,6 +69,9 @@ typedef struct srv_models_config {
                              * ec.memory_utilization (as one engine would plan) */
     uint64_t kv_per_model;  /* KV share per model in bytes (whole blocks, rounded down);
                              * 0 = SRV_MODELS_DEFAULT_KV_REQS requests of the max context */
+    int kv_grow;            /* 1 (default): a load also takes an equal part of the memory no
+                             * other model could need, up to max_num_seqs requests of the
+                             * context; 0: every pool is exactly its share */
     double keep_alive_s;    /* unload a model idle this long; <= 0: never */
     double queue_timeout_s; /* how long a request waits for its model to load */
     int log;                /* event lines on stderr (load, evict, sleep, ...) */
@@ -135,7 +143,8 @@ typedef struct srv_model_info {
     double idle_s;            /* since last use (0 when busy) */
     int64_t max_model_len;
     uint64_t need_bytes;      /* planned footprint (header) */
-    uint64_t kv_share_bytes;  /* planned KV share */
+    uint64_t kv_share_bytes;  /* planned KV share (the minimum) */
+    uint64_t kv_extra_bytes;  /* KV granted beyond it at this load (spare memory) */
     uint64_t resident[MEM_CAT_COUNT]; /* measured while loaded, else 0 */
     uint64_t resident_bytes;
     uint64_t kv_pool_bytes;   /* the engine's pool while loaded, else 0 */

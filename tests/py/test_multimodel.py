@@ -225,8 +225,10 @@ def test_bad_input_and_lifecycle(kvant_bin, model_paths, tmp_path):
         assert set(ms) == {"a", "b", "c", "broken"}
         assert ms["broken"]["state"] == "failed" and ms["broken"]["error"]
         assert ms["a"]["state"] == "loaded" and ms["a"]["pinned"]
-        assert ms["a"]["resident_bytes"] > 0 and ms["a"]["resident_bytes"] <= ms["a"]["need_bytes"]
-        assert ms["a"]["kv_pool_bytes"] > 0
+        a = ms["a"]
+        assert 0 < a["resident_bytes"] <= a["need_bytes"] + a["kv_extra_bytes"]
+        # room to spare: the pool grew past its share into memory no model could need
+        assert a["kv_extra_bytes"] > 0 and a["kv_pool_bytes"] > a["kv_share_bytes"]
         assert ms["b"]["state"] == "unloaded" and ms["b"]["resident_bytes"] == 0
         with httpx.Client(headers=key) as c:
             # the others are served

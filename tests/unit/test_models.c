@@ -85,6 +85,8 @@ static void test_lru(uint64_t need)
     CHECKF(srv_models_acquire(r, "a", &ra, &err) == KV_OK, "%s", err.msg);
     CHECKF(srv_models_acquire(r, "b", &rb, &err) == KV_OK, "%s", err.msg);
     CHECK(ra.e && rb.e && ra.m && rb.m && strcmp(ra.oai->served_name, "a") == 0);
+    /* tight: no model grows into memory another model needs */
+    CHECK(state_of(r, "b", x) == SRV_MODEL_LOADED && x->kv_extra_bytes == 0);
     CHECK(state_of(r, "a", x) == SRV_MODEL_LOADED && x->resident_bytes > 0 &&
           x->resident_bytes <= x->need_bytes && x->kv_pool_bytes > 0);
     CHECK(mem_used(srv_models_mem(r)) <= mem_budget(srv_models_mem(r)));
@@ -161,6 +163,38 @@ static void test_never_fits_and_corrupt(uint64_t need)
     srv_models_destroy(r);
 }
 
+/* KV grows into memory no model could need, and never so far that a model
+ * must be evicted for another. */
+static void test_kv_grow(uint64_t need, uint64_t bb)
+{
+    kvant_err err = {0};
+    srv_models *r = make_reg(3 * need + 30 * bb, 0, &err);
+    CHECKF(r != NULL, "%s", err.msg);
+    if (!r)
+        return;
+    srv_model_info *x = malloc(sizeof *x);
+    srv_model_ref ref[3] = {{0}};
+    const char *names[3] = {"a", "b", "c"};
+    for (int i = 0; i < 3; i++)
+        CHECKF(srv_models_acquire(r, names[i], &ref[i], &err) == KV_OK, "%s", err.msg);
+    /* a took a third of the spare 30 blocks (all three were still to load) */
+    CHECK(state_of(r, "a", x) == SRV_MODEL_LOADED && x->kv_extra_bytes == 10 * bb);
+    CHECK(x->kv_pool_bytes > x->kv_share_bytes && x->resident_bytes <= x->need_bytes + 10 * bb);
+    for (int i = 0; i < 3; i++) {
+        CHECK(state_of(r, names[i], x) == SRV_MODEL_LOADED && x->evictions == 0);
+        CHECK(x->resident_bytes <= x->need_bytes + x->kv_extra_bytes);
+        srv_models_release(r, &ref[i]);
+    }
+    CHECK(mem_used(srv_models_mem(r)) <= mem_budget(srv_models_mem(r)));
+    /* sleeping gives the grown pool back; a wake grows into what is spare then */
+    CHECK(srv_models_sleep(r, "b", 1, &err) == KV_OK);
+    CHECK(state_of(r, "b", x) == SRV_MODEL_SLEEPING && x->kv_extra_bytes == 0 && !x->resident_bytes);
+    CHECK(srv_models_wake(r, "b", &err) == KV_OK);
+    CHECK(state_of(r, "b", x) == SRV_MODEL_LOADED && x->kv_extra_bytes > 0);
+    free(x);
+    srv_models_destroy(r);
+}
+
 static void test_keep_alive(void)
 {
     kvant_err err = {0};
@@ -198,10 +232,14 @@ int main(void)
     CHECK(srv_models_info(r, 0, x) == KV_OK && x->state == SRV_MODEL_UNLOADED);
     uint64_t need = x->need_bytes;
     CHECK(need > 0 && x->kv_share_bytes > 0 && x->max_model_len == 256);
+    /* the default share: 2 requests of the context, in 16-token blocks */
+    uint64_t bb = x->kv_share_bytes / (2 * 256 / 16);
+    CHECK(bb * (2 * 256 / 16) == x->kv_share_bytes);
     free(x);
     srv_models_destroy(r);
     test_lru(need);
     test_never_fits_and_corrupt(need);
+    test_kv_grow(need, bb);
     test_keep_alive();
     remove(bad_path);
     for (int i = 0; i < 3; i++)
