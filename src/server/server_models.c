@@ -106,7 +106,7 @@ int srv_models_pick(const srv_models_cand *c, int n, uint64_t need, uint64_t bud
                     int max_resident, int *victims, int *n_victims)
 {
     *n_victims = 0;
-    uint64_t pinned = 0, busy = 0;
+    uint64_t pinned = 0;
     int n_loaded = 0, n_fixed = 0;
     for (int i = 0; i < n; i++) {
         if (!c[i].loaded)
@@ -115,8 +115,6 @@ int srv_models_pick(const srv_models_cand *c, int n, uint64_t need, uint64_t bud
         if (c[i].pinned) {
             pinned += c[i].bytes;
             n_fixed++;
-        } else if (c[i].busy) {
-            busy += c[i].bytes;
         }
     }
     if (need > budget || pinned > budget - need || n_fixed >= max_resident)
@@ -141,7 +139,6 @@ int srv_models_pick(const srv_models_cand *c, int n, uint64_t need, uint64_t bud
     if (avail >= need && slots >= 1)
         return SRV_FIT_OK;
     *n_victims = 0;
-    (void)busy;
     return SRV_FIT_WAIT;
 }
 
