@@ -2,6 +2,9 @@
  * request body collection with a size cap, routing, authentication, and
  * the small routes (/health, /ready, /metrics, /v1/models, /v1/memory,
  * /v1/memory/blocks, /dashboard, /tokenize, /detokenize).  Generation routes live in server_gen.c.
+ * With several models (s->reg) the routes take their engine from the
+ * registry (server_models.h) and POST /v1/models/{id}/{action} drives its
+ * life cycle (server_modelapi.c).
  *
  * Threading: MHD runs one thread per connection (so a streaming reader may
  * block on its request's channel) plus an internal listening thread.

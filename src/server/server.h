@@ -2,7 +2,8 @@
  * engine (libmicrohttpd, one thread per connection).
  *
  * Routes: POST /v1/completions, /v1/chat/completions, /tokenize,
- * /detokenize; GET /v1/models, /v1/memory, /health, /metrics.  See
+ * /detokenize, /v1/models/{id}/{load,unload,sleep,wake} (several models);
+ * GET /v1/models, /v1/memory, /health, /metrics.  See
  * docs/SERVER.md for the API, errors and metrics.
  *
  * Life cycle: srv_create starts listening at once (state "loading": /health
