@@ -91,6 +91,44 @@ void cli_engine_config(const cli_common *c, engine_config *ec);
 int cli_kvtier_parse(engine_config *ec, int argc, char **argv, int *i);
 int cli_kvtier_check(const engine_config *ec, const char *cmd);
 
+/* `kvant serve` with several models (cmd_serve_models.c): -m [NAME=]PATH
+ * (repeatable), --models-dir, --pin, --keep-alive, --kv-per-model,
+ * --queue-timeout, --load, --sleep.  Strings are borrowed from argv. */
+#define SERVE_MAX_MODEL_ARGS 64
+typedef struct serve_models_opts {
+    const char *model_args[SERVE_MAX_MODEL_ARGS]; /* -m values as given */
+    int n_models;
+    const char *models_dir;
+    const char *pins[SERVE_MAX_MODEL_ARGS];
+    int n_pins;
+    const char *loads[SERVE_MAX_MODEL_ARGS];    /* --load NAME */
+    int n_loads;
+    const char *sleeps[SERVE_MAX_MODEL_ARGS];   /* --sleep NAME[:LEVEL] */
+    int n_sleeps;
+    double keep_alive_s;     /* <= 0: forever */
+    uint64_t kv_per_model;   /* 0: the registry's default */
+    int no_kv_grow;          /* --no-kv-grow: every pool exactly its share */
+    double queue_timeout_s;
+    int multi;               /* set by _check: serve through the model registry */
+} serve_models_opts;
+
+struct srv;
+struct srv_config;
+struct srv_models;
+void serve_models_opts_init(serve_models_opts *o);
+/* 1 consumed, 0 not ours, -1 bad value (message printed). */
+int serve_models_parse(serve_models_opts *o, int argc, char **argv, int *i);
+/* Decides single or several models; a single -m NAME=PATH sets the served
+ * name.  Refuses options several models do not support.  0 or
+ * CLI_EXIT_USAGE (one line printed). */
+int serve_models_check(serve_models_opts *o, cli_common *c, struct srv_config *sc,
+                       const engine_config *ec);
+/* Builds the registry, registers and pins the models, attaches it to the
+ * server, prints the ready lines.  NULL + err on failure. */
+struct srv_models *serve_models_start(const serve_models_opts *o, const engine_config *ec,
+                                      const struct srv_config *sc, struct srv *s,
+                                      kvant_err *err);
+
 /* One sequence, positions [0, n_ctx), blocks 0..n-1 in order. */
 typedef struct cli_session {
     mem_mgr *mem;

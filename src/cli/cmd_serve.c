@@ -20,6 +20,7 @@
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "server/server.h"
+#include "server/server_models.h"
 
 #define SERVE_DRAIN_TIMEOUT_S 30 /* --drain-timeout default, seconds */
 
@@ -28,6 +29,7 @@ typedef struct serve_opts {
     srv_config sc;
     engine_config ec;
     double drain_timeout;
+    serve_models_opts mo;   /* several models (cmd_serve_models.c) */
 } serve_opts;
 
 static const char *fmt_long(char *buf, size_t cap, long v)
@@ -86,6 +88,24 @@ static void serve_help(void)
         {"--kv-disk-dir", "DIR", "disk KV tier (kept across restarts), one server per DIR",
          "none"},
         {"--kv-disk-size", "SIZE", "disk KV tier budget", "4G with --kv-disk-dir"},
+        {"-m, --model", "[NAME=]PATH", "a model to serve (repeatable: several models share one "
+                                       "budget; NAME defaults to the file name without .gguf)",
+         CLI_DEFAULT_MODEL},
+        {"--models-dir", "DIR", "serve every *.gguf in DIR too (by file name)", "none"},
+        {"--pin", "NAME", "load NAME at start and never evict it (repeatable)", "none"},
+        {"--keep-alive", "DURATION", "unload a model idle this long (e.g. 300, 30s, 5m, 1h)",
+         "forever"},
+        {"--kv-per-model", "SIZE", "KV cache each model always gets when several are served",
+         "2 requests of the maximum context"},
+        {"--no-kv-grow", NULL, "several models: no KV beyond --kv-per-model (by default a "
+                               "load also takes an equal part of the memory no other model "
+                               "could need, up to --max-num-seqs requests of the context)",
+         "grow"},
+        {"--queue-timeout", "SECONDS", "how long a request waits for its model to be loaded",
+         "60"},
+        {"--load", "NAME", "load NAME at start (may be evicted later; repeatable)", "none"},
+        {"--sleep", "NAME[:LEVEL]", "load NAME at start, then put it to sleep (level 1: weights "
+                                   "kept mapped, 2: dropped; repeatable)", "none"},
     };
     cli_help("kvant serve [options]",
              "OpenAI-compatible HTTP server (docs/SERVER.md): /v1/completions,\n"
@@ -143,12 +163,15 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
     o->sc = srv_config_default();
     o->ec = engine_config_default();
     o->drain_timeout = SERVE_DRAIN_TIMEOUT_S;
+    serve_models_opts_init(&o->mo);
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) {
             serve_help();
             return 1;
         }
-        int r = cli_common_parse(&o->c, argc, argv, &i);
+        int r = serve_models_parse(&o->mo, argc, argv, &i);
+        if (r == 0)
+            r = cli_common_parse(&o->c, argc, argv, &i);
         if (r == 0)
             r = parse_int_opt(o, argc, argv, &i);
         if (r == 0)
@@ -189,6 +212,8 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
         return CLI_EXIT_USAGE;
     cli_engine_config(&o->c, &o->ec);
     o->ec.print_plan = 1;
+    if (serve_models_check(&o->mo, &o->c, &o->sc, &o->ec))
+        return CLI_EXIT_USAGE;
     if (!o->c.model_path)
         o->c.model_path = CLI_DEFAULT_MODEL;
     return 0;
@@ -285,17 +310,29 @@ int cmd_serve(int argc, char **argv)
         return 1;
     }
     fprintf(stderr, "kvant serve: listening on http://%s:%d (loading %s)\n", o.sc.host,
-            srv_port(s), o.c.model_path);
-    model *m = model_load(o.c.model_path, &err);
-    engine *e = m ? engine_create(m, &o.ec, &err) : NULL;
-    if (!e) {
-        fprintf(stderr, "kvant serve: %s\n", err.msg);
-        srv_destroy(s);
-        model_free(m);
-        return 1;
+            srv_port(s), o.mo.multi ? "several models" : o.c.model_path);
+    model *m = NULL;
+    engine *e = NULL;
+    srv_models *reg = NULL;
+    if (o.mo.multi) {
+        reg = serve_models_start(&o.mo, &o.ec, &o.sc, s, &err);
+        if (!reg) {
+            fprintf(stderr, "kvant serve: %s\n", err.msg);
+            srv_destroy(s);
+            return 1;
+        }
+    } else {
+        m = model_load(o.c.model_path, &err);
+        e = m ? engine_create(m, &o.ec, &err) : NULL;
+        if (!e) {
+            fprintf(stderr, "kvant serve: %s\n", err.msg);
+            srv_destroy(s);
+            model_free(m);
+            return 1;
+        }
+        srv_attach(s, m, e);
+        print_ready(&o, s, e);
     }
-    srv_attach(s, m, e);
-    print_ready(&o, s, e);
     wait_signal(&set, -1);
     fprintf(stderr, "kvant serve: draining (up to %.0f s; a second signal exits now)\n",
             o.drain_timeout);
@@ -322,6 +359,7 @@ int cmd_serve(int argc, char **argv)
      * and metrics; then those. */
     srv_stop(s);
     engine_destroy(e);
+    srv_models_destroy(reg);
     srv_destroy(s);
     model_free(m);
     fprintf(stderr, "kvant serve: stopped\n");

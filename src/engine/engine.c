@@ -214,7 +214,7 @@ static int setup_backend(engine_ext *x, kvant_err *err)
 {
     engine *e = &x->e;
     int rc;
-    e->mem = mem_create(x->plan.budget, x->alloc, err);
+    e->mem = e->cfg.shared_mem ? e->cfg.shared_mem : mem_create(x->plan.budget, x->alloc, err);
     if (!e->mem)
         return KV_ENOMEM;
     if (e->cfg.test_fail_nth)
@@ -345,7 +345,7 @@ void engine_destroy(engine *e)
         e->be->ops->destroy(e->be);
     }
     quant_weights_free(((engine_ext *)e)->qw);
-    if (e->mem)
+    if (e->mem && !e->cfg.shared_mem)
         mem_destroy(e->mem);
     free(e->b_tokens);
     free(e->b_pos);

@@ -9,7 +9,8 @@
  * is preempted (its blocks freed) and re-queued to be recomputed.
  *
  * Ownership: engine_create borrows the model (it must outlive the engine)
- * and owns everything else (memory manager, backend, pool, thread).
+ * and owns everything else (memory manager unless config.shared_mem,
+ * backend, pool, thread).
  * Threading: engine_submit, engine_cancel, engine_get_stats, engine_drain
  * are thread-safe.  Event callbacks run on the engine thread: they must be
  * quick and must not call back into the engine except engine_cancel.
@@ -57,6 +58,12 @@ typedef struct engine_config {
     uint64_t kv_disk_size;         /* disk tier bytes (0: ENGINE_DEFAULT_DISK_SIZE) */
     int kv_tier_policy;            /* ENGINE_TIER_COST (default); ALWAYS / NEVER for tests */
     int kv_disk_wait;              /* tests: disk writes wait for the writer, never dropped */
+    /* Several engines, one budget: allocate from this manager (borrowed; it
+     * must outlive the engine) instead of creating one.  The planner still
+     * sizes this engine from device_memory * memory_utilization (its share);
+     * the shared manager refuses what would exceed the common budget.
+     * NULL (default) = the engine creates and owns its manager. */
+    mem_mgr *shared_mem;
 } engine_config;
 
 /* How the tiers choose between moving a block and recomputing it. */

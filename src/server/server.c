@@ -2,6 +2,9 @@
  * request body collection with a size cap, routing, authentication, and
  * the small routes (/health, /ready, /metrics, /v1/models, /v1/memory,
  * /v1/memory/blocks, /dashboard, /tokenize, /detokenize).  Generation routes live in server_gen.c.
+ * With several models (s->reg) the routes take their engine from the
+ * registry (server_models.h) and POST /v1/models/{id}/{action} drives its
+ * life cycle (server_modelapi.c).
  *
  * Threading: MHD runs one thread per connection (so a streaming reader may
  * block on its request's channel) plus an internal listening thread.
@@ -23,6 +26,7 @@
 #include "server/server_dash.h"
 #include "server/server_internal.h"
 #include "server/server_memview.h"
+#include "server/server_modelapi.h"
 #include "server/server_tier.h"
 
 #define SRV_MAX_DETOKENIZE (1 << 20)
@@ -142,7 +146,10 @@ static enum MHD_Result send_obj(struct MHD_Connection *c, int status, json_t *o)
  * completed for health_stall_s) or a dead engine thread is unhealthy. */
 static int engine_unhealthy(srv *s, engine_health *h, char *msg, size_t cap)
 {
-    engine_get_health(s->e, h);
+    if (s->reg)
+        srv_models_health(s->reg, h);
+    else
+        engine_get_health(s->e, h);
     if (!h->thread_alive) {
         snprintf(msg, cap, "the engine thread has stopped");
         return 1;
@@ -214,6 +221,14 @@ static enum MHD_Result route_dashboard(struct MHD_Connection *c)
 
 static enum MHD_Result route_models(srv *s, struct MHD_Connection *c)
 {
+    if (s->reg) {
+        char *js = srv_models_list_json(s->reg);
+        if (js)
+            return srv_send_json(c, 200, js);
+        srv_error e;
+        srv_error_set(&e, 500, NULL, "out of memory");
+        return srv_send_error(c, &e);
+    }
     json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", s->served_name, "object", "model",
                           "created", (json_int_t)time(NULL), "owned_by", "kvant", "max_model_len",
                           (json_int_t)s->oai.max_model_len);
@@ -223,44 +238,56 @@ static enum MHD_Result route_models(srv *s, struct MHD_Connection *c)
 static enum MHD_Result route_metrics(srv *s, struct MHD_Connection *c)
 {
     engine_stats st;
-    engine_get_stats(s->e, &st);
+    if (s->reg)
+        srv_models_stats(s->reg, &st);
+    else
+        engine_get_stats(s->e, &st);
     mem_report *rep = malloc(sizeof *rep);
     if (rep)
-        mem_get_report(engine_mem(s->e), rep);
+        mem_get_report(s->reg ? srv_models_mem(s->reg) : engine_mem(s->e), rep);
     srv_build_info bi = {SRV_VERSION,
 #ifdef KVANT_CUDA
                          "cuda",
 #else
                          "cpu",
 #endif
-                         s->served_name, engine_kv_block_bytes(s->e),
+                         s->served_name, s->reg ? 0 : engine_kv_block_bytes(s->e),
                          atomic_load(&s->state) == SRV_READY};
     char *text = srv_metrics_render(s->metrics, &bi, &st, rep);
     free(rep);
-    engine_tier_stats ts;
-    engine_get_tier_stats(s->e, &ts);
+    engine_tier_stats ts = {0}; /* several models: no offload tiers */
+    if (!s->reg)
+        engine_get_tier_stats(s->e, &ts);
     char *tiers = text ? srv_tier_metrics(&ts) : NULL;
     char *guard = text ? srv_guard_metrics(s->guard) : NULL;
+    char *models = text && s->reg ? srv_models_metrics(s->reg) : NULL;
     engine_health h;
-    engine_get_health(s->e, &h);
+    if (s->reg)
+        srv_models_health(s->reg, &h);
+    else
+        engine_get_health(s->e, &h);
     char stall[256];
     snprintf(stall, sizeof stall,
              "# HELP kvant_engine_stalled_seconds Seconds the engine has made no progress with "
              "requests in flight (0 when idle or progressing).\n"
              "# TYPE kvant_engine_stalled_seconds gauge\nkvant_engine_stalled_seconds %.3f\n",
              h.stalled_s);
-    char *all = tiers && guard ? malloc(strlen(text) + strlen(tiers) + strlen(guard) +
-                                        strlen(stall) + 1)
-                               : NULL;
+    char *all = tiers && guard && (models || !s->reg)
+                    ? malloc(strlen(text) + strlen(tiers) + strlen(guard) + strlen(stall) +
+                             (models ? strlen(models) : 0) + 1)
+                    : NULL;
     if (all) {
         strcpy(all, text);
         strcat(all, tiers);
         strcat(all, guard);
         strcat(all, stall);
+        if (models)
+            strcat(all, models);
     }
     free(text);
     free(tiers);
     free(guard);
+    free(models);
     text = all;
     if (!text) {
         srv_error e;
@@ -270,28 +297,28 @@ static enum MHD_Result route_metrics(srv *s, struct MHD_Connection *c)
     return send_text(c, 200, "text/plain; version=0.0.4; charset=utf-8", text);
 }
 
-/* GET /v1/memory (blocks = 0) or /v1/memory/blocks (blocks = 1), from one
- * snapshot the engine thread makes between steps. */
-static enum MHD_Result route_memory(srv *s, struct MHD_Connection *c, int blocks)
+/* GET /v1/memory (blocks = 0) or /v1/memory/blocks (blocks = 1) of one
+ * engine, from one snapshot the engine thread makes between steps. */
+static enum MHD_Result memory_view(srv *s, struct MHD_Connection *c, engine *eng, int blocks)
 {
     srv_error e;
     kvant_err ke = {0};
-    engine_kv_snapshot *sn = engine_kv_snapshot_new(s->e);
+    engine_kv_snapshot *sn = engine_kv_snapshot_new(eng);
     if (!sn) {
         srv_error_set(&e, 500, NULL, "out of memory");
         return srv_send_error(c, &e);
     }
-    if (engine_kv_snapshot_take(s->e, sn, &ke)) {
+    if (engine_kv_snapshot_take(eng, sn, &ke)) {
         engine_kv_snapshot_free(sn);
         srv_error_set(&e, 503, NULL, "%s", ke.msg);
         return srv_send_error(c, &e);
     }
-    char *js = blocks ? srv_blockmap_json(sn) : srv_memview_json(s->e, sn);
+    char *js = blocks ? srv_blockmap_json(sn) : srv_memview_json(eng, sn);
     engine_kv_snapshot_free(sn);
     if (js && !blocks) { /* the offload tiers under the device pool */
         json_t *o = json_loads(js, 0, NULL);
         engine_tier_stats ts;
-        engine_get_tier_stats(s->e, &ts);
+        engine_get_tier_stats(eng, &ts);
         free(js);
         js = NULL;
         if (o && json_object_set_new(o, "kv_tiers", srv_tier_json(&ts)) == 0)
@@ -305,8 +332,41 @@ static enum MHD_Result route_memory(srv *s, struct MHD_Connection *c, int blocks
     return srv_send_json(c, 200, js);
 }
 
-static enum MHD_Result route_tokenize(srv *s, struct MHD_Connection *c, const char *body,
-                                      size_t len)
+/* Several models: the view of ?model=NAME, else of the first loaded model
+ * (it never loads one); the memory manager's numbers cover every model. */
+static enum MHD_Result memory_view_models(srv *s, struct MHD_Connection *c, int blocks)
+{
+    srv_error e;
+    kvant_err ke = {0};
+    srv_model_ref ref = {0};
+    const char *name = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "model");
+    int rc = KV_EBUSY;
+    if (name)
+        rc = srv_models_peek(s->reg, name, &ref, &ke);
+    for (int i = 0, n = srv_models_count(s->reg); !name && rc && i < n; i++) {
+        srv_model_info *x = malloc(sizeof *x);
+        if (x && srv_models_info(s->reg, i, x) == KV_OK && x->state == SRV_MODEL_LOADED)
+            rc = srv_models_peek(s->reg, x->name, &ref, &ke);
+        free(x);
+    }
+    if (rc) {
+        if (!name)
+            kvant_err_set(&ke, KV_EBUSY, "no model is loaded (GET /v1/models lists them)");
+        srv_models_error(&e, rc, &ke);
+        return srv_send_error(c, &e);
+    }
+    enum MHD_Result res = memory_view(s, c, ref.e, blocks);
+    srv_models_release(s->reg, &ref);
+    return res;
+}
+
+static enum MHD_Result route_memory(srv *s, struct MHD_Connection *c, int blocks)
+{
+    return s->reg ? memory_view_models(s, c, blocks) : memory_view(s, c, s->e, blocks);
+}
+
+static enum MHD_Result route_tokenize(const model *m, int64_t max_len, struct MHD_Connection *c,
+                                      const char *body, size_t len)
 {
     srv_error e;
     json_t *o = srv_oai_load_object(body, len, &e);
@@ -319,14 +379,14 @@ static enum MHD_Result route_tokenize(srv *s, struct MHD_Connection *c, const ch
                       "expected {\"prompt\": string, \"add_special_tokens\": bool (optional)}");
         return srv_send_error(c, &e);
     }
-    int add_bos = sp ? json_is_true(sp) && tok_add_bos(s->m->tok) : tok_add_bos(s->m->tok);
+    int add_bos = sp ? json_is_true(sp) && tok_add_bos(m->tok) : tok_add_bos(m->tok);
     kvant_err ke = {0};
     const char *text = json_string_value(p);
     size_t tl = json_string_length(p);
-    int64_t n = tok_encode(s->m->tok, text, tl, add_bos, 0, NULL, 0, &ke);
+    int64_t n = tok_encode(m->tok, text, tl, add_bos, 0, NULL, 0, &ke);
     int32_t *ids = n > 0 ? malloc((size_t)n * sizeof *ids) : NULL;
     if (ids)
-        n = tok_encode(s->m->tok, text, tl, add_bos, 0, ids, n, &ke);
+        n = tok_encode(m->tok, text, tl, add_bos, 0, ids, n, &ke);
     json_t *arr = json_array();
     for (int64_t i = 0; ids && i < n; i++)
         json_array_append_new(arr, json_integer(ids[i]));
@@ -339,11 +399,11 @@ static enum MHD_Result route_tokenize(srv *s, struct MHD_Connection *c, const ch
     }
     return send_obj(c, 200, json_pack("{s:o, s:I, s:I}", "tokens", arr, "count",
                                       (json_int_t)json_array_size(arr), "max_model_len",
-                                      (json_int_t)s->oai.max_model_len));
+                                      (json_int_t)max_len));
 }
 
-static enum MHD_Result route_detokenize(srv *s, struct MHD_Connection *c, const char *body,
-                                        size_t len)
+static enum MHD_Result route_detokenize(const model *m, struct MHD_Connection *c,
+                                        const char *body, size_t len)
 {
     srv_error e;
     json_t *o = srv_oai_load_object(body, len, &e);
@@ -357,7 +417,7 @@ static enum MHD_Result route_detokenize(srv *s, struct MHD_Connection *c, const 
         return srv_send_error(c, &e);
     }
     int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
-    int32_t nv = tok_n_vocab(s->m->tok);
+    int32_t nv = tok_n_vocab(m->tok);
     for (size_t i = 0; ids && i < n; i++) {
         json_t *v = json_array_get(t, i);
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= nv) {
@@ -369,7 +429,7 @@ static enum MHD_Result route_detokenize(srv *s, struct MHD_Connection *c, const 
         ids[i] = (int32_t)json_integer_value(v);
     }
     json_decref(o);
-    char *text = ids ? tok_decode(s->m->tok, ids, (int64_t)n, 0) : NULL;
+    char *text = ids ? tok_decode(m->tok, ids, (int64_t)n, 0) : NULL;
     free(ids);
     if (!text) {
         srv_error_set(&e, 500, NULL, "cannot decode the tokens");
@@ -382,11 +442,55 @@ static enum MHD_Result route_detokenize(srv *s, struct MHD_Connection *c, const 
     return send_obj(c, 200, json_pack("{s:o}", "prompt", js));
 }
 
+/* /tokenize and /detokenize: the server's model, or (several models) the
+ * one the body names, loaded if needed and held for the call. */
+static enum MHD_Result route_tok(srv *s, struct MHD_Connection *c, int detok, const char *body,
+                                 size_t len)
+{
+    if (!s->reg)
+        return detok ? route_detokenize(s->m, c, body, len)
+                     : route_tokenize(s->m, s->oai.max_model_len, c, body, len);
+    srv_error e;
+    char name[SRV_MODELS_NAME_MAX];
+    if (srv_models_body_name(body, len, name, sizeof name, &e))
+        return srv_send_error(c, &e);
+    srv_model_ref ref = {0};
+    kvant_err ke = {0};
+    int rc = srv_models_acquire(s->reg, name, &ref, &ke);
+    if (rc) {
+        srv_models_error(&e, rc, &ke);
+        return srv_send_error(c, &e);
+    }
+    enum MHD_Result res = detok ? route_detokenize(ref.m, c, body, len)
+                                : route_tokenize(ref.m, ref.oai->max_model_len, c, body, len);
+    srv_models_release(s->reg, &ref);
+    return res;
+}
+
+/* POST /v1/models/{id}/{load,unload,sleep,wake} (several models only). */
+static enum MHD_Result route_model_action(srv *s, struct MHD_Connection *c, const char *url,
+                                          const char *body, size_t len)
+{
+    srv_error e;
+    if (!s->reg) {
+        srv_error_set(&e, 404, NULL, "model life-cycle routes need several models (-m NAME=PATH "
+                                     "more than once, --models-dir, --pin or --keep-alive)");
+        return srv_send_error(c, &e);
+    }
+    char *js = NULL;
+    int status = srv_models_action(s->reg, url, body, len, &js);
+    if (!js) {
+        srv_error_set(&e, 500, NULL, "out of memory");
+        return srv_send_error(c, &e);
+    }
+    return srv_send_json(c, status, js);
+}
+
 /* ---- routing ------------------------------------------------------------- */
 
 typedef enum route_id {
     R_HEALTH, R_READY, R_METRICS, R_MODELS, R_MEMORY, R_MEMORY_BLOCKS, R_DASHBOARD,
-    R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_NONE
+    R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_MODEL_ACTION, R_NONE
 } route_id;
 
 static const struct {
@@ -404,6 +508,7 @@ static const struct {
     [R_CHAT] = {"/v1/chat/completions", "POST", 1},
     [R_TOKENIZE] = {"/tokenize", "POST", 1},
     [R_DETOKENIZE] = {"/detokenize", "POST", 1},
+    [R_MODEL_ACTION] = {SRV_MODELS_PATH, "POST", 1}, /* a prefix: /v1/models/{id}/{action} */
 };
 
 static route_id route_find(const char *url)
@@ -411,6 +516,8 @@ static route_id route_find(const char *url)
     for (int i = 0; i < R_NONE; i++)
         if (!strcmp(url, routes[i].path))
             return (route_id)i;
+    if (!strncmp(url, SRV_MODELS_PATH, strlen(SRV_MODELS_PATH)))
+        return R_MODEL_ACTION;
     return R_NONE;
 }
 
@@ -460,7 +567,8 @@ static int precheck(srv *s, struct MHD_Connection *c, const char *url, const cha
     return 0;
 }
 
-static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, route_id r, srv_conn *cn)
+static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, route_id r, const char *url,
+                                srv_conn *cn)
 {
     const char *b = cn->body.s ? cn->body.s : "";
     size_t n = cn->body.len;
@@ -474,8 +582,9 @@ static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, route_id r, sr
     case R_MEMORY_BLOCKS: return route_memory(s, c, 1);
     case R_COMPLETIONS: return srv_gen_handle(s, c, SRV_API_COMPLETIONS, b, n, cn->t_arrival);
     case R_CHAT: return srv_gen_handle(s, c, SRV_API_CHAT, b, n, cn->t_arrival);
-    case R_TOKENIZE: return route_tokenize(s, c, b, n);
-    case R_DETOKENIZE: return route_detokenize(s, c, b, n);
+    case R_TOKENIZE: return route_tok(s, c, 0, b, n);
+    case R_DETOKENIZE: return route_tok(s, c, 1, b, n);
+    case R_MODEL_ACTION: return route_model_action(s, c, url, b, n);
     default: return MHD_NO;
     }
 }
@@ -529,7 +638,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                       s->cfg.max_body);
         return srv_send_error(c, &e);
     }
-    return dispatch(s, c, r, cn);
+    return dispatch(s, c, r, url, cn);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -631,6 +740,16 @@ void srv_attach(srv *s, model *m, engine *e)
     atomic_store(&s->state, SRV_READY);
 }
 
+void srv_attach_models(srv *s, srv_models *r)
+{
+    s->reg = r;
+    srv_model_info *x = malloc(sizeof *x);
+    if (x && srv_models_info(r, 0, x) == KV_OK) /* the default model: the first */
+        snprintf(s->served_name, sizeof s->served_name, "%s", x->name);
+    free(x);
+    atomic_store(&s->state, SRV_READY);
+}
+
 int srv_port(const srv *s)
 {
     return s->port;
@@ -655,9 +774,12 @@ int srv_drain(srv *s, double timeout_s)
         if (ls != MHD_INVALID_SOCKET)
             close(ls);
     }
-    if (!s->e)
+    if (s->reg)
+        srv_models_drain(s->reg);
+    else if (s->e)
+        engine_drain(s->e);
+    else
         return 0;
-    engine_drain(s->e);
     double t0 = srv_now();
     while (srv_gen_active(s) > 0 && srv_now() - t0 < timeout_s)
         sleep_ms(20);

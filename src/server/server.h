@@ -2,7 +2,8 @@
  * engine (libmicrohttpd, one thread per connection).
  *
  * Routes: POST /v1/completions, /v1/chat/completions, /tokenize,
- * /detokenize; GET /v1/models, /v1/memory, /health, /metrics.  See
+ * /detokenize, /v1/models/{id}/{load,unload,sleep,wake} (several models);
+ * GET /v1/models, /v1/memory, /health, /metrics.  See
  * docs/SERVER.md for the API, errors and metrics.
  *
  * Life cycle: srv_create starts listening at once (state "loading": /health
@@ -56,6 +57,12 @@ typedef struct srv srv;
 srv *srv_create(const srv_config *cfg, const char *model_path, kvant_err *err);
 /* Serves this model through this engine from now on (/health -> 200). */
 void srv_attach(srv *s, model *m, engine *e);
+/* Serves several models from a registry (server_models.h, borrowed; the
+ * caller destroys it between srv_stop and srv_destroy): requests route by
+ * their "model" field, /v1/models lists every model, POST
+ * /v1/models/{id}/{load,unload,sleep,wake} drive their life cycle. */
+typedef struct srv_models srv_models;
+void srv_attach_models(srv *s, srv_models *r);
 /* Stops accepting connections, /health -> 503 "draining", stops engine
  * admission, waits up to timeout_s for in-flight requests to finish, then
  * cancels the rest (they end with an error event) and waits briefly for

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "server/server_internal.h"
+#include "server/server_modelapi.h"
 
 #define GEN_WAIT_MS 100          /* event wait slice; disconnect checks between */
 #define GEN_KEEPALIVE_S 5.0      /* SSE comment when nothing was sent this long */
@@ -35,6 +36,10 @@ typedef struct gen_seq {
 
 struct srv_gen {
     srv *s;
+    model *m;               /* the request's model and engine: the server's, or */
+    engine *e;              /* the registry's (held through ref until gen_free) */
+    const char *name;       /* served name */
+    srv_model_ref ref;      /* several models: the reference held (ref.e != NULL) */
     srv_gen_req req;
     srv_chan *chan;
     int64_t rid;
@@ -124,7 +129,7 @@ static json_t *token_json(const model *m, int32_t id)
  * completions: {"token","logprob","top":{tok: lp}} (split apart later). */
 static json_t *lp_entry(const srv_gen *g, const engine_event *ev)
 {
-    const model *m = g->s->m;
+    const model *m = g->m;
     json_t *tok = token_json(m, ev->token);
     if (g->req.api == SRV_API_CHAT) {
         json_t *tops = json_array();
@@ -189,7 +194,7 @@ static json_t *envelope(const srv_gen *g, json_t *choices, int chunk)
                           ? (chunk ? "chat.completion.chunk" : "chat.completion")
                           : "text_completion";
     return json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", g->id, "object", obj, "created",
-                     (json_int_t)g->created, "model", g->s->served_name, "choices", choices);
+                     (json_int_t)g->created, "model", g->name, "choices", choices);
 }
 
 static void sse_json(srv_gen *g, json_t *o)
@@ -285,11 +290,11 @@ static void on_token(srv_gen *g, const engine_event *ev)
     gen_seq *q = &g->seq[ev->index];
     /* End-of-generation tokens are not text; with ignore_eos they are
      * ordinary generated tokens (counted, rendering as ""). */
-    if (q->done || (!g->req.er.ignore_eos && tok_is_eog(g->s->m->tok, ev->token)))
+    if (q->done || (!g->req.er.ignore_eos && tok_is_eog(g->m->tok, ev->token)))
         return;
     q->n_tok++;
     char piece[512];
-    int pl = tok_stream_feed(g->s->m->tok, &q->ts, ev->token, piece, sizeof piece);
+    int pl = tok_stream_feed(g->m->tok, &q->ts, ev->token, piece, sizeof piece);
     srv_buf emit = {0};
     int hit = srv_stops_feed(&g->req.stops, &q->held, piece, pl > 0 ? (size_t)pl : 0, &emit);
     json_t *lp = g->req.logprobs ? lp_entry(g, ev) : NULL;
@@ -303,7 +308,7 @@ static void on_token(srv_gen *g, const engine_event *ev)
     srv_buf_free(&emit);
     if (hit == 1 && all_done(g) && !g->we_cancelled) {
         g->we_cancelled = 1; /* nothing more is needed from the engine */
-        engine_cancel(g->s->e, g->rid);
+        engine_cancel(g->e, g->rid);
     }
 }
 
@@ -414,7 +419,7 @@ void srv_gen_cancel_all(srv *s)
 {
     pthread_mutex_lock(&s->mu);
     for (srv_gen *g = s->active; g; g = g->next)
-        engine_cancel(s->e, g->rid);
+        engine_cancel(g->e, g->rid);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -432,12 +437,14 @@ static void gen_free(srv_gen *g)
         return;
     if (g->rid > 0) {
         if (!g->final) { /* client went away (or fault): stop the work */
-            engine_cancel(g->s->e, g->rid);
+            engine_cancel(g->e, g->rid);
             count_finish(g, ENGINE_FINISH_ABORT);
         }
         active_remove(g->s, g);
     }
     srv_chan_unref(g->chan);
+    if (g->ref.e)
+        srv_models_release(g->s->reg, &g->ref);
     for (int i = 0; i < ENGINE_MAX_N; i++) {
         srv_buf_free(&g->seq[i].held);
         srv_buf_free(&g->seq[i].text);
@@ -556,6 +563,23 @@ static enum MHD_Result submit_error(srv *s, struct MHD_Connection *c, int rc, co
     return srv_send_error(c, &er);
 }
 
+/* Several models: acquires the model the body names (loading it if
+ * needed) into g->ref; fills e on error. */
+static int gen_route(srv_gen *g, const char *body, size_t len, srv_error *e)
+{
+    char name[SRV_MODELS_NAME_MAX];
+    if (srv_models_body_name(body, len, name, sizeof name, e))
+        return -1;
+    kvant_err ke = {0};
+    int rc = srv_models_acquire(g->s->reg, name, &g->ref, &ke);
+    if (rc)
+        return srv_models_error(e, rc, &ke);
+    g->m = g->ref.m;
+    g->e = g->ref.e;
+    g->name = g->ref.oai->served_name;
+    return 0;
+}
+
 enum MHD_Result srv_gen_handle(srv *s, struct MHD_Connection *c, srv_api api, const char *body,
                                size_t len, double t_arrival)
 {
@@ -566,7 +590,18 @@ enum MHD_Result srv_gen_handle(srv *s, struct MHD_Connection *c, srv_api api, co
         return srv_send_error(c, &er);
     }
     g->s = s;
-    if (srv_oai_parse(&s->oai, api, body, len, &g->req, &er)) {
+    g->m = s->m;
+    g->e = s->e;
+    g->name = s->served_name;
+    const srv_oai_ctx *oai = &s->oai;
+    if (s->reg) { /* several models: route by the body's "model" */
+        if (gen_route(g, body, len, &er)) {
+            gen_free(g);
+            return srv_send_error(c, &er);
+        }
+        oai = g->ref.oai;
+    }
+    if (srv_oai_parse(oai, api, body, len, &g->req, &er)) {
         gen_free(g);
         return srv_send_error(c, &er);
     }
@@ -585,12 +620,12 @@ enum MHD_Result srv_gen_handle(srv *s, struct MHD_Connection *c, srv_api api, co
     kvant_err ke = {0};
     srv_chan_submitted(g->chan, srv_now());
     pthread_mutex_lock(&s->mu); /* the id must be on the list before a drain cancels */
-    int64_t rid = engine_submit(s->e, &g->req.er, srv_chan_on_event, g->chan, &ke);
+    int64_t rid = engine_submit(g->e, &g->req.er, srv_chan_on_event, g->chan, &ke);
     if (rid > 0) {
         g->rid = rid;
         active_add_locked(s, g);
         if (g->req.stream)
-            srv_chan_set_backlog(g->chan, s->e, rid, s->cfg.stream_backlog, s->guard);
+            srv_chan_set_backlog(g->chan, g->e, rid, s->cfg.stream_backlog, s->guard);
     }
     pthread_mutex_unlock(&s->mu);
     if (rid <= 0) {

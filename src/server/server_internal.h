@@ -12,6 +12,7 @@
 #include "server/server.h"
 #include "server/server_guard.h"
 #include "server/server_metrics.h"
+#include "server/server_models.h"
 #include "server/server_openai.h"
 
 enum { SRV_LOADING = 0, SRV_READY = 1, SRV_DRAINING = 2 };
@@ -26,6 +27,8 @@ struct srv {
     int has_key;
     model *m;                 /* set once by srv_attach before state READY */
     engine *e;
+    srv_models *reg;          /* several models (srv_attach_models): m and e stay NULL and
+                               * every route takes its engine from the registry */
     srv_oai_ctx oai;
     srv_metrics *metrics;
     srv_guard *guard;         /* connection limits and their counters */

@@ -1,0 +1,248 @@
+/* test_models.c - the model registry (server/server_models.h): the LRU
+ * eviction policy as a pure function, then a registry of tiny models in a
+ * budget that holds two of three: loads on demand, LRU eviction, busy
+ * models never evicted or unloaded, pins, a model that can never fit, a
+ * corrupt file, sleep and wake, keep-alive, and every byte given back. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/dtype.h"
+#include "server/server_models.h"
+#include "testutil.h"
+#include "tinymodel.h"
+
+static void test_pick(void)
+{
+    int v[8], nv;
+    /* three loaded idle models of 10 bytes, last used at 3, 1, 2 */
+    srv_models_cand c[4] = {{10, 3, 1, 0, 0}, {10, 1, 1, 0, 0}, {10, 2, 1, 0, 0}, {0, 0, 0, 0, 0}};
+    CHECK(srv_models_pick(c, 4, 5, 40, 30, 8, v, &nv) == SRV_FIT_OK && nv == 0);
+    CHECK(srv_models_pick(c, 4, 15, 40, 30, 8, v, &nv) == SRV_FIT_OK && nv == 1 && v[0] == 1);
+    CHECK(srv_models_pick(c, 4, 25, 40, 30, 8, v, &nv) == SRV_FIT_OK && nv == 2 && v[0] == 1 &&
+          v[1] == 2);
+    /* the oldest is busy: the next oldest goes instead */
+    c[1].busy = 1;
+    CHECK(srv_models_pick(c, 4, 15, 40, 30, 8, v, &nv) == SRV_FIT_OK && nv == 1 && v[0] == 2);
+    /* everything idle is not enough while a busy model holds memory: wait */
+    CHECK(srv_models_pick(c, 4, 35, 40, 30, 8, v, &nv) == SRV_FIT_WAIT && nv == 0);
+    /* pinned bytes leave too little: never (no evict/reload loop) */
+    c[1].busy = 0;
+    c[0].pinned = 1;
+    CHECK(srv_models_pick(c, 4, 35, 40, 30, 8, v, &nv) == SRV_FIT_NEVER);
+    CHECK(srv_models_pick(c, 4, 30, 40, 30, 8, v, &nv) == SRV_FIT_OK && nv == 2 && v[0] == 1 &&
+          v[1] == 2);
+    /* more than the budget: never */
+    CHECK(srv_models_pick(c, 4, 41, 40, 30, 8, v, &nv) == SRV_FIT_NEVER);
+    /* the resident slots are full: the LRU idle model goes though bytes fit */
+    c[0].pinned = 0;
+    CHECK(srv_models_pick(c, 4, 1, 1000, 30, 3, v, &nv) == SRV_FIT_OK && nv == 1 && v[0] == 1);
+}
+
+static const char *const paths[3] = {"build/tests/tiny-reg-a.gguf", "build/tests/tiny-reg-b.gguf",
+                                     "build/tests/tiny-reg-c.gguf"};
+static const char *const bad_path = "build/tests/tiny-reg-bad.gguf";
+
+static srv_models *make_reg(uint64_t budget, double keep_alive, kvant_err *err)
+{
+    srv_models_config mc = srv_models_config_default();
+    mc.ec.n_threads = 1;
+    mc.ec.max_num_seqs = 4;
+    mc.ec.max_num_batched_tokens = 64;
+    mc.ec.max_model_len = 256;
+    mc.budget = budget;
+    mc.keep_alive_s = keep_alive;
+    mc.queue_timeout_s = 0.3;
+    mc.log = 0;
+    srv_models *r = srv_models_create(&mc, err);
+    if (!r)
+        return NULL;
+    const char *names[3] = {"a", "b", "c"};
+    for (int i = 0; i < 3; i++)
+        CHECK(srv_models_add(r, names[i], paths[i], err) == KV_OK);
+    CHECK(srv_models_add(r, "a", paths[0], err) == KV_EINVAL); /* duplicate */
+    CHECK(srv_models_start(r, err) == KV_OK);
+    return r;
+}
+
+static srv_model_state state_of(srv_models *r, const char *name, srv_model_info *x)
+{
+    CHECK(srv_models_info(r, srv_models_find(r, name), x) == KV_OK);
+    return x->state;
+}
+
+static void test_lru(uint64_t need)
+{
+    kvant_err err = {0};
+    srv_models *r = make_reg(2 * need + need / 2, 0, &err); /* two fit, not three */
+    CHECKF(r != NULL, "%s", err.msg);
+    if (!r)
+        return;
+    srv_model_info *x = malloc(sizeof *x);
+    srv_model_ref ra = {0}, rb = {0}, rc = {0};
+    CHECKF(srv_models_acquire(r, "a", &ra, &err) == KV_OK, "%s", err.msg);
+    CHECKF(srv_models_acquire(r, "b", &rb, &err) == KV_OK, "%s", err.msg);
+    CHECK(ra.e && rb.e && ra.m && rb.m && strcmp(ra.oai->served_name, "a") == 0);
+    /* tight: no model grows into memory another model needs */
+    CHECK(state_of(r, "b", x) == SRV_MODEL_LOADED && x->kv_extra_bytes == 0);
+    CHECK(state_of(r, "a", x) == SRV_MODEL_LOADED && x->resident_bytes > 0 &&
+          x->resident_bytes <= x->need_bytes && x->kv_pool_bytes > 0);
+    CHECK(mem_used(srv_models_mem(r)) <= mem_budget(srv_models_mem(r)));
+    /* both busy: c waits for them and times out; nothing is evicted */
+    CHECK(srv_models_acquire(r, "c", &rc, &err) == KV_EBUSY);
+    CHECK(state_of(r, "a", x) == SRV_MODEL_LOADED && x->evictions == 0);
+    /* a busy model cannot be unloaded or slept */
+    CHECK(srv_models_unload(r, "a", &err) == KV_EBUSY);
+    CHECK(srv_models_sleep(r, "a", 1, &err) == KV_EBUSY);
+    srv_models_release(r, &ra); /* a goes idle first: the LRU victim */
+    struct timespec ts = {0, 2000000};
+    nanosleep(&ts, NULL);
+    srv_models_release(r, &rb);
+    CHECKF(srv_models_acquire(r, "c", &rc, &err) == KV_OK, "%s", err.msg);
+    CHECK(state_of(r, "a", x) == SRV_MODEL_UNLOADED && x->evictions == 1 && x->resident_bytes == 0);
+    CHECK(state_of(r, "b", x) == SRV_MODEL_LOADED && x->evictions == 0);
+    CHECK(mem_used(srv_models_mem(r)) <= mem_budget(srv_models_mem(r)));
+    srv_models_release(r, &rc);
+    /* pin b: loading a must evict c, never b */
+    CHECK(srv_models_pin(r, "b", &err) == KV_OK);
+    CHECKF(srv_models_acquire(r, "a", &ra, &err) == KV_OK, "%s", err.msg);
+    srv_models_release(r, &ra);
+    CHECK(state_of(r, "b", x) == SRV_MODEL_LOADED && x->pinned);
+    CHECK(state_of(r, "c", x) == SRV_MODEL_UNLOADED && x->evictions == 1);
+    /* sleep level 1 keeps the model mapped, gives the bytes back; a
+     * request wakes it */
+    uint64_t used = mem_used(srv_models_mem(r));
+    CHECK(srv_models_sleep(r, "a", 1, &err) == KV_OK);
+    CHECK(state_of(r, "a", x) == SRV_MODEL_SLEEPING && x->sleep_level == 1 && x->resident_bytes == 0);
+    CHECK(mem_used(srv_models_mem(r)) < used);
+    CHECKF(srv_models_acquire(r, "a", &ra, &err) == KV_OK, "%s", err.msg);
+    CHECK(state_of(r, "a", x) == SRV_MODEL_LOADED && x->wakes == 1 && x->wake_h.count == 1);
+    srv_models_release(r, &ra);
+    CHECK(srv_models_sleep(r, "a", 2, &err) == KV_OK);
+    CHECK(srv_models_sleep(r, "a", 3, &err) == KV_EINVAL);
+    CHECK(srv_models_wake(r, "a", &err) == KV_OK);
+    CHECK(state_of(r, "a", x) == SRV_MODEL_LOADED && x->wakes == 2);
+    /* unknown names */
+    CHECK(srv_models_acquire(r, "nope", &ra, &err) == KV_EINVAL);
+    CHECK(srv_models_unload(r, "nope", &err) == KV_EINVAL);
+    /* everything unloaded: every byte is back */
+    for (int i = 0; i < 3; i++)
+        CHECK(srv_models_unload(r, (const char *[]){"a", "b", "c"}[i], &err) == KV_OK);
+    CHECK(mem_used(srv_models_mem(r)) == 0 && mem_live_count(srv_models_mem(r)) == 0);
+    free(x);
+    srv_models_destroy(r);
+}
+
+static void test_never_fits_and_corrupt(uint64_t need)
+{
+    kvant_err err = {0};
+    srv_models *r = make_reg(need - 1, 0, &err);
+    CHECKF(r != NULL, "%s", err.msg);
+    if (!r)
+        return;
+    srv_model_ref ref = {0};
+    CHECK(srv_models_acquire(r, "a", &ref, &err) == KV_ENOMEM);
+    char want[64];
+    snprintf(want, sizeof want, "%llu bytes", (unsigned long long)need);
+    CHECKF(strstr(err.msg, want) != NULL, "%s", err.msg);
+    /* a corrupt file is registered as failed with its error */
+    FILE *f = fopen(bad_path, "wb");
+    if (f) {
+        fputs("GGUF this is not a model", f);
+        fclose(f);
+    }
+    kvant_err e2 = {0};
+    CHECK(srv_models_add(r, NULL, bad_path, &e2) == KV_OK && e2.code != 0);
+    srv_model_info *x = malloc(sizeof *x);
+    CHECK(state_of(r, "tiny-reg-bad", x) == SRV_MODEL_FAILED && x->error[0]);
+    CHECK(srv_models_acquire(r, "tiny-reg-bad", &ref, &err) == KV_EFORMAT);
+    CHECK(srv_models_load(r, "tiny-reg-bad", &err) != KV_OK);
+    free(x);
+    srv_models_destroy(r);
+}
+
+/* KV grows into memory no model could need, and never so far that a model
+ * must be evicted for another. */
+static void test_kv_grow(uint64_t need, uint64_t bb)
+{
+    kvant_err err = {0};
+    srv_models *r = make_reg(3 * need + 30 * bb, 0, &err);
+    CHECKF(r != NULL, "%s", err.msg);
+    if (!r)
+        return;
+    srv_model_info *x = malloc(sizeof *x);
+    srv_model_ref ref[3] = {{0}};
+    const char *names[3] = {"a", "b", "c"};
+    for (int i = 0; i < 3; i++)
+        CHECKF(srv_models_acquire(r, names[i], &ref[i], &err) == KV_OK, "%s", err.msg);
+    /* a took a third of the spare 30 blocks (all three were still to load) */
+    CHECK(state_of(r, "a", x) == SRV_MODEL_LOADED && x->kv_extra_bytes == 10 * bb);
+    CHECK(x->kv_pool_bytes > x->kv_share_bytes && x->resident_bytes <= x->need_bytes + 10 * bb);
+    for (int i = 0; i < 3; i++) {
+        CHECK(state_of(r, names[i], x) == SRV_MODEL_LOADED && x->evictions == 0);
+        CHECK(x->resident_bytes <= x->need_bytes + x->kv_extra_bytes);
+        srv_models_release(r, &ref[i]);
+    }
+    CHECK(mem_used(srv_models_mem(r)) <= mem_budget(srv_models_mem(r)));
+    /* sleeping gives the grown pool back; a wake grows into what is spare then */
+    CHECK(srv_models_sleep(r, "b", 1, &err) == KV_OK);
+    CHECK(state_of(r, "b", x) == SRV_MODEL_SLEEPING && x->kv_extra_bytes == 0 && !x->resident_bytes);
+    CHECK(srv_models_wake(r, "b", &err) == KV_OK);
+    CHECK(state_of(r, "b", x) == SRV_MODEL_LOADED && x->kv_extra_bytes > 0);
+    free(x);
+    srv_models_destroy(r);
+}
+
+static void test_keep_alive(void)
+{
+    kvant_err err = {0};
+    srv_models *r = make_reg(0, 0.2, &err);
+    CHECKF(r != NULL, "%s", err.msg);
+    if (!r)
+        return;
+    srv_model_ref ref = {0};
+    CHECKF(srv_models_acquire(r, "a", &ref, &err) == KV_OK, "%s", err.msg);
+    srv_models_release(r, &ref);
+    srv_model_info *x = malloc(sizeof *x);
+    int unloaded = 0;
+    for (int i = 0; i < 200 && !unloaded; i++) { /* up to 20 s on a loaded machine */
+        struct timespec ts = {0, 100000000};
+        nanosleep(&ts, NULL);
+        unloaded = state_of(r, "a", x) == SRV_MODEL_UNLOADED;
+    }
+    CHECK(unloaded && x->unloads == 1);
+    free(x);
+    srv_models_destroy(r);
+}
+
+int main(void)
+{
+    dtype_init();
+    test_pick();
+    for (int i = 0; i < 3; i++)
+        CHECK(tiny_model_write(paths[i], 100 + (uint64_t)i) == 0);
+    kvant_err err = {0};
+    srv_models *r = make_reg(0, 0, &err);
+    CHECKF(r != NULL, "%s", err.msg);
+    if (!r)
+        return tu_finish("test_models");
+    srv_model_info *x = malloc(sizeof *x);
+    CHECK(srv_models_info(r, 0, x) == KV_OK && x->state == SRV_MODEL_UNLOADED);
+    uint64_t need = x->need_bytes;
+    CHECK(need > 0 && x->kv_share_bytes > 0 && x->max_model_len == 256);
+    /* the default share: 2 requests of the context, in 16-token blocks */
+    uint64_t bb = x->kv_share_bytes / (2 * 256 / 16);
+    CHECK(bb * (2 * 256 / 16) == x->kv_share_bytes);
+    free(x);
+    srv_models_destroy(r);
+    test_lru(need);
+    test_never_fits_and_corrupt(need);
+    test_kv_grow(need, bb);
+    test_keep_alive();
+    remove(bad_path);
+    for (int i = 0; i < 3; i++)
+        remove(paths[i]);
+    return tu_finish("test_models");
+}
