@@ -147,6 +147,11 @@ static int engine_unhealthy(srv *s, engine_health *h, char *msg, size_t cap)
         snprintf(msg, cap, "the engine thread has stopped");
         return 1;
     }
+    if (h->weights_failed) {
+        snprintf(msg, cap, "weight offload failed: %.*s", (int)(cap > 40 ? cap - 40 : 0),
+                 h->weights_error);
+        return 1;
+    }
     if (h->busy && h->stalled_s > s->cfg.health_stall_s) {
         snprintf(msg, cap, "the engine made no progress for %.1f s with %d requests in flight "
                  "(limit %.1f s, --health-stall-timeout)", h->stalled_s, (int)h->in_flight,
