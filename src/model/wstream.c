@@ -409,6 +409,7 @@ void wstream_get_stats(wstream *ws, wstream_stats *out)
     out->wait_s = ws->wait_s;
     out->failed = ws->failed;
     snprintf(out->error, sizeof out->error, "%s", ws->error);
+    out->plan = &ws->plan;
     pthread_mutex_unlock(&ws->mu);
 }
 

@@ -94,6 +94,7 @@ typedef struct wstream_stats {
     double wait_s;           /* forward pass time waiting for a buffer */
     int failed;              /* 1: the stream failed; reason in `error` */
     char error[256];
+    const wstream_plan *plan; /* the placement; borrowed, immutable, valid while the stream is */
 } wstream_stats;
 
 void wstream_get_stats(wstream *ws, wstream_stats *out);

@@ -23,6 +23,7 @@
 #include "server/server_dash.h"
 #include "server/server_internal.h"
 #include "server/server_memview.h"
+#include "server/server_offload.h"
 #include "server/server_tier.h"
 
 #define SRV_MAX_DETOKENIZE (1 << 20)
@@ -246,6 +247,7 @@ static enum MHD_Result route_metrics(srv *s, struct MHD_Connection *c)
     engine_get_tier_stats(s->e, &ts);
     char *tiers = text ? srv_tier_metrics(&ts) : NULL;
     char *guard = text ? srv_guard_metrics(s->guard) : NULL;
+    char *offload = text ? srv_offload_metrics(s->e) : NULL;
     engine_health h;
     engine_get_health(s->e, &h);
     char stall[256];
@@ -254,18 +256,20 @@ static enum MHD_Result route_metrics(srv *s, struct MHD_Connection *c)
              "requests in flight (0 when idle or progressing).\n"
              "# TYPE kvant_engine_stalled_seconds gauge\nkvant_engine_stalled_seconds %.3f\n",
              h.stalled_s);
-    char *all = tiers && guard ? malloc(strlen(text) + strlen(tiers) + strlen(guard) +
-                                        strlen(stall) + 1)
-                               : NULL;
+    char *all = tiers && guard && offload ? malloc(strlen(text) + strlen(tiers) + strlen(guard) +
+                                                   strlen(stall) + strlen(offload) + 1)
+                                          : NULL;
     if (all) {
         strcpy(all, text);
         strcat(all, tiers);
         strcat(all, guard);
         strcat(all, stall);
+        strcat(all, offload);
     }
     free(text);
     free(tiers);
     free(guard);
+    free(offload);
     text = all;
     if (!text) {
         srv_error e;
@@ -299,7 +303,8 @@ static enum MHD_Result route_memory(srv *s, struct MHD_Connection *c, int blocks
         engine_get_tier_stats(s->e, &ts);
         free(js);
         js = NULL;
-        if (o && json_object_set_new(o, "kv_tiers", srv_tier_json(&ts)) == 0)
+        if (o && json_object_set_new(o, "kv_tiers", srv_tier_json(&ts)) == 0 &&
+            json_object_set_new(o, "weights_offload", srv_offload_json(s->e)) == 0)
             js = json_dumps(o, JSON_COMPACT);
         json_decref(o);
     }
