@@ -15,6 +15,7 @@ about 2.1 MiB, a 28.7 MiB embedding that is also the output head).
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import shutil
 import signal
@@ -157,3 +158,41 @@ def test_serve_truncated_model(kvant_bin, default_model, tmp_path):
         rc = srv.stop()
         assert rc == 0, srv.log_text()
     assert rc != -signal.SIGBUS
+
+
+def test_plan_placement_and_prediction(kvant_bin, default_model, tmp_path):
+    env = dict(os.environ, KVANT_CACHE_DIR=str(tmp_path / "cache"))
+    cmd = [kvant_bin, "plan", "-m", default_model, "-t", THREADS, "-c", "2048"]
+    runs = []
+    for _ in range(2):
+        r = subprocess.run(cmd + ["--weights-memory", "40MiB", "--json"], capture_output=True,
+                           text=True, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        runs.append(json.loads(r.stdout))
+    off = runs[0]["weights_offload"]
+    assert off["offload"] and len(off["layers"]) == 30
+    places = [layer["placement"] for layer in off["layers"]]
+    n_res = places.count("resident")
+    assert 0 < n_res < 30 and places == ["resident"] * n_res + ["streamed"] * (30 - n_res)
+    assert off["resident_bytes"] + off["staging_bytes"] <= 40 << 20
+    assert runs[0]["plans"][0]["plan"]["weights_bytes"] == off["resident_bytes"] + \
+        off["staging_bytes"]
+    assert not off["rates"]["cached"] and runs[1]["weights_offload"]["rates"]["cached"]
+    assert (tmp_path / "cache" / "offload-rates").exists()
+    assert off["rates"]["read_bytes_per_s"] > 0
+    pred = off["predicted"]
+    assert [p["tokens_per_pass"] for p in pred] == [1, 8, 32, 128, 512]
+    for p in pred:
+        assert p["tok_s"] > 0 and p["tok_s"] <= p["resident_tok_s"] * (1 + 1e-9)
+        assert p["pass_s"] >= p["stall_s"] >= 0
+    # text form and --remeasure
+    r = subprocess.run(cmd + ["--weights-memory", "40MiB", "--remeasure"], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "layer placement: RRR" in r.stdout and "measured now" in r.stdout
+    # refused with the smallest budget; a budget that holds everything warns
+    r = subprocess.run(cmd + ["--weights-memory", "10MiB"], capture_output=True, text=True,
+                       env=env)
+    assert r.returncode == 1 and "smallest weights budget that works is 33MiB" in r.stderr
+    r = subprocess.run(cmd + ["--weights-memory", "1GiB", "--json"], capture_output=True,
+                       text=True, env=env)
+    assert r.returncode == 0 and json.loads(r.stdout)["weights_offload"]["offload"] is False
