@@ -51,6 +51,10 @@ static void print_text(const cli_offload *o)
            r->read_bps / 1e9);
     for (int k = 0; k < OCOST_N_BUCKETS; k++)
         printf("%s %d tok %.3f GB/s", k ? "," : "", r->batch[k], r->compute_bps[k] / 1e9);
+    printf("\n  side by side (matmul GB/s | read GB/s):");
+    for (int k = 0; k < OCOST_N_BUCKETS; k++)
+        printf("%s %d tok %.3f | %.2f", k ? "," : "", r->batch[k], r->compute_conc_bps[k] / 1e9,
+               r->read_conc_bps[k] / 1e9);
     printf("\n  tokens/pass  offload tok/s  resident tok/s  stall s/pass  read s/pass\n");
     for (int k = 0; k < OCOST_N_BUCKETS; k++)
         printf("  %11d  %13.2f  %14.2f  %12.4f  %11.4f\n", o->pred[k].n_tokens,
@@ -81,8 +85,9 @@ static void print_json(const cli_offload *o)
     printf(", \"threads\": %d, \"isa\": \"%s\", \"read_bytes_per_s\": %.6g, \"matmul\": [",
            o->n_threads, o->isa, r->read_bps);
     for (int k = 0; k < OCOST_N_BUCKETS; k++)
-        printf("%s{\"tokens\": %d, \"weight_bytes_per_s\": %.6g}", k ? ", " : "", r->batch[k],
-               r->compute_bps[k]);
+        printf("%s{\"tokens\": %d, \"weight_bytes_per_s\": %.6g, \"side_by_side_weight_bytes_"
+               "per_s\": %.6g, \"side_by_side_read_bytes_per_s\": %.6g}", k ? ", " : "",
+               r->batch[k], r->compute_bps[k], r->compute_conc_bps[k], r->read_conc_bps[k]);
     printf("]}, \"predicted\": [");
     for (int k = 0; k < OCOST_N_BUCKETS; k++)
         printf("%s{\"tokens_per_pass\": %d, \"tok_s\": %.6g, \"resident_tok_s\": %.6g, "

@@ -3,11 +3,16 @@
  *
  * Ring protocol: streamed layers get sequence numbers in consumption order
  * (seq s is layer order[s % n_streamed] and lives in slot s % n_slots).
- * The reader has filled every seq < rseq; the forward pass has released
- * every seq < cseq.  The reader may fill seq rseq while rseq < cseq +
- * n_slots (the slot it writes is not the one being computed); the forward
- * pass may use seq cseq once rseq > cseq.  Both counters only grow, under
- * mu; buffers are touched outside the lock by whichever side owns the slot.
+ * Seqs below `opened` have been assigned their slot; the forward pass has
+ * released every seq < cseq, and opened <= cseq + n_slots (a slot is
+ * reassigned only after the forward pass released its previous seq).  A
+ * layer is read in chunks of at most WS_CHUNK bytes; a chunk is claimed
+ * (slot.claimed++) and then read outside the lock (slot.done++ after).
+ * The reader thread claims chunks of the oldest open seq first and opens
+ * the next seq when there is room; the forward pass, when the layer it
+ * needs is not complete, claims and reads that layer's remaining chunks
+ * itself instead of waiting idle (so a stall is read by two threads).  A
+ * seq is ready when done == n_chunks.  All counters are under mu.
  */
 #include "model/wstream.h"
 
@@ -21,17 +26,31 @@
 #include <unistd.h>
 
 #define WS_MAX_PIECES 16 /* tensors per layer (model_layer has 14) */
+#define WS_CHUNK (4u << 20) /* bytes per pread claim */
 
 typedef struct ws_piece {
     model_tensor *t;
     uint64_t off; /* inside the layer's buffer */
 } ws_piece;
 
+typedef struct ws_chunk {
+    int piece;
+    uint64_t off, len; /* within the piece's tensor */
+} ws_chunk;
+
 typedef struct ws_layer {
     ws_piece pc[WS_MAX_PIECES];
     int n;
-    void *buf; /* resident layers: manager buffer owned here */
+    void *buf;         /* resident layers: manager buffer owned here */
+    ws_chunk *chunks;  /* streamed layers: [n_chunks], owned */
+    int n_chunks;
 } ws_layer;
+
+typedef struct ws_slot {
+    uint8_t *buf;      /* [slot_bytes], manager buffer */
+    uint64_t seq;      /* the seq it holds (valid below `opened`) */
+    int claimed, done; /* chunks of that seq */
+} ws_slot;
 
 struct wstream {
     model *m;          /* borrowed */
@@ -41,12 +60,12 @@ struct wstream {
     ws_layer *layers;  /* [n_layers] */
     ws_layer globals;
     int32_t *order;    /* [n_streamed] streamed layer indices, in forward order */
-    void *slot[WSTREAM_MAX_SLOTS]; /* [slot_bytes] each, manager buffers */
+    ws_slot slot[WSTREAM_MAX_SLOTS];
     pthread_t reader;
     int started;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    uint64_t rseq, cseq; /* see the protocol above */
+    uint64_t opened, cseq; /* see the protocol above */
     int stop, failed;
     char error[256];
     uint64_t bytes_read, layers_read;
@@ -202,37 +221,111 @@ static void point_pieces(const ws_layer *l, uint8_t *buf)
         l->pc[i].t->dev = buf + l->pc[i].off;
 }
 
+/* One chunk of a layer into buf (pread, retried on EINTR and partial
+ * reads); KV_EIO with msg on a short read or an error. */
+static int read_chunk(int fd, const ws_layer *l, const ws_chunk *c, uint8_t *buf, int32_t il,
+                      char *msg, size_t cap)
+{
+    const model_tensor *t = l->pc[c->piece].t;
+    uint64_t done = 0;
+    while (done < c->len) {
+        ssize_t r = pread(fd, buf + l->pc[c->piece].off + c->off + done, (size_t)(c->len - done),
+                          (off_t)(t->file_off + c->off + done));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            snprintf(msg, cap,
+                     "model file: %s reading layer %d at byte %llu: the file was truncated or "
+                     "replaced while streamed",
+                     r < 0 ? strerror(errno) : "short read", (int)il,
+                     (unsigned long long)(t->file_off + c->off + done));
+            return KV_EIO;
+        }
+        done += (uint64_t)r;
+    }
+    return KV_OK;
+}
+
+static int32_t seq_layer(const wstream *ws, uint64_t seq)
+{
+    return ws->order[seq % (uint64_t)ws->plan.n_streamed];
+}
+
+/* Assigns the next seq its slot when the slot is free (mu held). */
+static int open_next_locked(wstream *ws)
+{
+    if (ws->opened >= ws->cseq + (uint64_t)ws->plan.n_slots)
+        return 0;
+    ws_slot *sl = &ws->slot[ws->opened % (uint64_t)ws->plan.n_slots];
+    sl->seq = ws->opened++;
+    sl->claimed = sl->done = 0;
+    return 1;
+}
+
+/* Claims one chunk of seq, reads it with mu released, accounts it (mu
+ * held on entry and exit).  Returns 0, or KV_EIO after marking failure. */
+static int read_one_locked(wstream *ws, uint64_t seq)
+{
+    ws_slot *sl = &ws->slot[seq % (uint64_t)ws->plan.n_slots];
+    const int32_t il = seq_layer(ws, seq);
+    const ws_layer *l = &ws->layers[il];
+    const ws_chunk *c = &l->chunks[sl->claimed++];
+    char msg[256];
+    pthread_mutex_unlock(&ws->mu);
+    const double t0 = ws_now();
+    int rc = read_chunk(ws->fd, l, c, sl->buf, il, msg, sizeof msg);
+    const double dt = ws_now() - t0;
+    pthread_mutex_lock(&ws->mu);
+    ws->read_s += dt;
+    if (rc) {
+        if (!ws->failed)
+            snprintf(ws->error, sizeof ws->error, "%s", msg);
+        ws->failed = 1;
+    } else {
+        ws->bytes_read += c->len;
+        if (++sl->done == l->n_chunks)
+            ws->layers_read++;
+    }
+    pthread_cond_broadcast(&ws->cv);
+    return rc;
+}
+
 static void *reader_main(void *arg)
 {
     wstream *ws = arg;
-    char msg[256];
     pthread_mutex_lock(&ws->mu);
     while (!ws->stop && !ws->failed) {
-        if (ws->rseq >= ws->cseq + (uint64_t)ws->plan.n_slots) {
+        uint64_t s = ws->cseq;
+        while (s < ws->opened) { /* the oldest open seq with unclaimed chunks */
+            const ws_slot *sl = &ws->slot[s % (uint64_t)ws->plan.n_slots];
+            if (sl->claimed < ws->layers[seq_layer(ws, s)].n_chunks)
+                break;
+            s++;
+        }
+        if (s < ws->opened)
+            read_one_locked(ws, s);
+        else if (!open_next_locked(ws))
             pthread_cond_wait(&ws->cv, &ws->mu);
-            continue;
-        }
-        const uint64_t seq = ws->rseq;
-        const int32_t il = ws->order[seq % (uint64_t)ws->plan.n_streamed];
-        uint8_t *buf = ws->slot[seq % (uint64_t)ws->plan.n_slots];
-        pthread_mutex_unlock(&ws->mu);
-        const double t0 = ws_now();
-        int rc = read_pieces(ws->fd, &ws->layers[il], buf, il, msg, sizeof msg);
-        const double dt = ws_now() - t0;
-        pthread_mutex_lock(&ws->mu);
-        ws->read_s += dt;
-        if (rc) {
-            ws->failed = 1;
-            snprintf(ws->error, sizeof ws->error, "%s", msg);
-        } else {
-            ws->rseq++;
-            ws->bytes_read += ws->plan.layer_bytes[il];
-            ws->layers_read++;
-        }
-        pthread_cond_broadcast(&ws->cv);
     }
     pthread_mutex_unlock(&ws->mu);
     return NULL;
+}
+
+/* Splits each piece of a streamed layer into chunks of at most WS_CHUNK. */
+static int make_chunks(ws_layer *l)
+{
+    int n = 0;
+    for (int i = 0; i < l->n; i++)
+        n += (int)((l->pc[i].t->nbytes + WS_CHUNK - 1) / WS_CHUNK);
+    l->chunks = calloc((size_t)(n ? n : 1), sizeof *l->chunks);
+    if (!l->chunks)
+        return KV_ENOMEM;
+    for (int i = 0; i < l->n; i++)
+        for (uint64_t off = 0; off < l->pc[i].t->nbytes; off += WS_CHUNK) {
+            const uint64_t left = l->pc[i].t->nbytes - off;
+            l->chunks[l->n_chunks++] = (ws_chunk){i, off, left < WS_CHUNK ? left : WS_CHUNK};
+        }
+    return KV_OK;
 }
 
 /* Resident layer (or the globals, il < 0): one manager buffer, read once. */
@@ -274,6 +367,8 @@ static int ws_setup(wstream *ws, kvant_err *err)
         layer_pieces(m, il, l);
         if (p->place[il] == WPLACE_STREAMED) {
             ws->order[k++] = il;
+            if (make_chunks(l))
+                return kvant_err_set(err, KV_ENOMEM, "out of memory");
             for (int i = 0; i < l->n; i++) {
                 l->pc[i].t->streamed = 1;
                 l->pc[i].t->dev = NULL;
@@ -283,8 +378,8 @@ static int ws_setup(wstream *ws, kvant_err *err)
         }
     }
     for (int s = 0; k && s < p->n_slots; s++) {
-        ws->slot[s] = mem_alloc(ws->mem, p->slot_bytes, MEM_WEIGHTS, MEM_NO_LAYER, err);
-        if (!ws->slot[s])
+        ws->slot[s].buf = mem_alloc(ws->mem, p->slot_bytes, MEM_WEIGHTS, MEM_NO_LAYER, err);
+        if (!ws->slot[s].buf)
             return KV_ENOMEM;
     }
     if (k && pthread_create(&ws->reader, NULL, reader_main, ws))
@@ -340,10 +435,11 @@ void wstream_destroy(wstream *ws)
         pthread_join(ws->reader, NULL);
     }
     for (int s = 0; s < WSTREAM_MAX_SLOTS; s++)
-        mem_free(ws->mem, ws->slot[s]);
+        mem_free(ws->mem, ws->slot[s].buf);
     for (int32_t il = 0; ws->layers && il < ws->plan.n_layers; il++) {
         unpoint(&ws->layers[il]);
         mem_free(ws->mem, ws->layers[il].buf);
+        free(ws->layers[il].chunks);
     }
     unpoint(&ws->globals);
     mem_free(ws->mem, ws->globals.buf);
@@ -363,22 +459,33 @@ int wstream_acquire(wstream *ws, int32_t il, kvant_err *err)
     if (il < 0 || il >= ws->plan.n_layers || ws->plan.place[il] != WPLACE_STREAMED)
         return KV_OK;
     pthread_mutex_lock(&ws->mu);
-    const int32_t want = ws->order[ws->cseq % (uint64_t)ws->plan.n_streamed];
+    const uint64_t seq = ws->cseq;
+    const int32_t want = seq_layer(ws, seq);
     if (want != il && !ws->failed) {
         ws->failed = 1;
         snprintf(ws->error, sizeof ws->error,
                  "weight stream out of order: layer %d asked, layer %d next", (int)il, (int)want);
         pthread_cond_broadcast(&ws->cv);
     }
+    ws_slot *sl = &ws->slot[seq % (uint64_t)ws->plan.n_slots];
+    const int n_chunks = ws->layers[il].n_chunks;
     const double t0 = ws_now();
-    while (ws->rseq <= ws->cseq && !ws->failed)
-        pthread_cond_wait(&ws->cv, &ws->mu);
+    while (!ws->failed) {
+        if (ws->opened == seq)
+            open_next_locked(ws); /* always room: seq == cseq */
+        if (sl->claimed < n_chunks)
+            read_one_locked(ws, seq); /* help rather than wait */
+        else if (sl->done < n_chunks)
+            pthread_cond_wait(&ws->cv, &ws->mu);
+        else
+            break;
+    }
     ws->wait_s += ws_now() - t0;
     int rc = KV_OK;
-    if (ws->rseq <= ws->cseq || want != il)
+    if (ws->failed)
         rc = kvant_err_set(err, KV_EIO, "%s: %s", ws->m->path, ws->error);
     else
-        point_pieces(&ws->layers[il], ws->slot[ws->cseq % (uint64_t)ws->plan.n_slots]);
+        point_pieces(&ws->layers[il], sl->buf);
     pthread_mutex_unlock(&ws->mu);
     return rc;
 }
