@@ -120,7 +120,8 @@ int cli_offload_plan(const cli_common *c, uint64_t budget, int remeasure, cli_of
     }
     snprintf(o->isa, sizeof o->isa, "%s", dtype_isa());
     if (!rc)
-        rc = ocost_rates_get(m, o->n_threads, remeasure, &o->rates, err);
+        rc = ocost_rates_get(m, o->n_threads, remeasure ? OCOST_REMEASURE : OCOST_CACHED,
+                             &o->rates, err);
     if (!rc) {
         wstream_plan all;
         wstream_plan_resident(m, o->plan.n_slots, &all);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "engine/engine_internal.h"
+#include "engine/offload_cost.h"
 #include "model/wstream.h"
 
 int engine_offload_plan(engine *e, uint64_t budget, wstream_plan *p, uint64_t *weights_bytes,
@@ -40,6 +41,27 @@ int engine_offload_plan(engine *e, uint64_t budget, wstream_plan *p, uint64_t *w
     return KV_OK;
 }
 
+/* The planner's prediction from cached rates (measuring here would
+ * allocate outside the budget while the process is meant to stay in it). */
+static void print_prediction(engine *e, const wstream_plan *p)
+{
+    ocost_rates r;
+    kvant_err err = {0};
+    if (ocost_rates_get(e->m, e->cfg.n_threads, OCOST_CACHE_ONLY, &r, &err)) {
+        fprintf(stderr, "kvant: weight offload: no measured rates cached for a prediction; run "
+                "'kvant plan --weights-memory ...' with the same model and -t once\n");
+        return;
+    }
+    ocost_pred d, pf;
+    const int32_t n_seqs = e->cfg.max_num_seqs, n_pp = e->cfg.max_num_batched_tokens;
+    ocost_predict(p, e->m, &r, 1, 1, &d);
+    fprintf(stderr, "kvant: weight offload: predicted decode %.2f tok/s at 1 sequence", d.tok_s);
+    ocost_predict(p, e->m, &r, n_seqs, n_seqs, &d);
+    ocost_predict(p, e->m, &r, n_pp, 1, &pf);
+    fprintf(stderr, ", %.2f tok/s at %d; prefill %.2f tok/s at %d tokens per step (rates from "
+            "%s)\n", d.tok_s, (int)n_seqs, pf.tok_s, (int)n_pp, r.cache_path);
+}
+
 int engine_offload_start(engine *e, const wstream_plan *p, kvant_err *err)
 {
     if (p->n_streamed == 0)
@@ -48,8 +70,10 @@ int engine_offload_start(engine *e, const wstream_plan *p, kvant_err *err)
     if (!e->ws)
         return err && err->code ? err->code : KV_ENOMEM;
     e->m->wstream = e->ws;
-    if (e->cfg.print_plan)
+    if (e->cfg.print_plan) {
         engine_offload_print(e->ws);
+        print_prediction(e, p);
+    }
     return KV_OK;
 }
 

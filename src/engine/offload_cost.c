@@ -128,14 +128,16 @@ static int measure_read(const model *m, double *bps, kvant_err *err)
     const uint64_t start = m->tok_embd.file_off, size = gguf_file_size(m->gguf);
     uint64_t n = size > start ? size - start : 0;
     n = n < OCOST_READ_PROBE ? n : OCOST_READ_PROBE;
-    char *buf = malloc(OCOST_READ_CHUNK);
+    /* into a buffer as large as what is read, as the stream writes a
+     * layer-sized slot: a small buffer would stay in the caches */
+    char *buf = malloc(n ? n : 1);
     double best = 0;
     for (int pass = 0; buf && pass < 3; pass++) {
         const double t0 = oc_now();
         uint64_t done = 0;
         while (done < n) {
             size_t want = n - done < OCOST_READ_CHUNK ? (size_t)(n - done) : OCOST_READ_CHUNK;
-            ssize_t r = pread(fd, buf, want, (off_t)(start + done));
+            ssize_t r = pread(fd, buf + done, want, (off_t)(start + done));
             if (r <= 0)
                 break;
             done += (uint64_t)r;
@@ -191,10 +193,12 @@ static double time_matmuls(mm_rig *g, int32_t n)
     return (double)bytes / (dt > 1e-9 ? dt : 1e-9);
 }
 
+#define OCOST_SIDE_BUF (64u << 20) /* the side reader's destination, cycled */
+
 typedef struct side_reader {
     int fd;
     uint64_t start, len;
-    char *buf;
+    char *buf; /* [OCOST_SIDE_BUF] */
     atomic_int stop;
     uint64_t bytes;
     double secs;
@@ -208,7 +212,8 @@ static void *side_main(void *arg)
     uint64_t off = 0;
     while (!atomic_load(&r->stop)) {
         size_t want = r->len - off < OCOST_READ_CHUNK ? (size_t)(r->len - off) : OCOST_READ_CHUNK;
-        ssize_t got = pread(r->fd, r->buf, want, (off_t)(r->start + off));
+        ssize_t got = pread(r->fd, r->buf + off % (OCOST_SIDE_BUF - OCOST_READ_CHUNK), want,
+                            (off_t)(r->start + off));
         if (got <= 0)
             break;
         r->bytes += (uint64_t)got;
@@ -262,7 +267,7 @@ static int measure_compute(const model *m, int n_threads, ocost_rates *r, kvant_
     int rc = rig_open(&g, m, n_threads, err);
     if (!rc) {
         sr.fd = open(m->path, O_RDONLY | O_CLOEXEC);
-        sr.buf = malloc(OCOST_READ_CHUNK);
+        sr.buf = malloc(OCOST_SIDE_BUF);
         sr.start = m->tok_embd.file_off;
         const uint64_t size = gguf_file_size(m->gguf);
         sr.len = size > sr.start ? size - sr.start : 0;
@@ -293,7 +298,7 @@ static int measure_compute(const model *m, int n_threads, ocost_rates *r, kvant_
     return rc;
 }
 
-int ocost_rates_get(model *m, int n_threads, int remeasure, ocost_rates *out, kvant_err *err)
+int ocost_rates_get(model *m, int n_threads, int mode, ocost_rates *out, kvant_err *err)
 {
     memset(out, 0, sizeof *out);
     memcpy(out->batch, k_batch, sizeof k_batch);
@@ -306,10 +311,12 @@ int ocost_rates_get(model *m, int n_threads, int remeasure, ocost_rates *out, kv
     char key[1200];
     cache_path(out->cache_path, sizeof out->cache_path);
     const int keyed = cache_key(m, n_threads, key, sizeof key) == 0;
-    if (keyed && !remeasure && cache_read(out->cache_path, key, out) == 0) {
+    if (keyed && mode != OCOST_REMEASURE && cache_read(out->cache_path, key, out) == 0) {
         out->from_cache = 1;
         return KV_OK;
     }
+    if (mode == OCOST_CACHE_ONLY)
+        return kvant_err_set(err, KV_EBUSY, "no cached rates for this model, threads and ISA");
     int rc = measure_read(m, &out->read_bps, err);
     if (!rc)
         rc = measure_compute(m, n_threads, out, err);

@@ -50,9 +50,15 @@ typedef struct ocost_rates {
     char cache_path[512];  /* where the rates are cached ("" when no place) */
 } ocost_rates;
 
-/* Rates for m on the CPU backend with n_threads (0: all cores): from the
- * cache unless remeasure, else measured (about a second) and stored. */
-int ocost_rates_get(model *m, int n_threads, int remeasure, ocost_rates *out, kvant_err *err);
+enum {
+    OCOST_CACHED = 0,      /* from the cache, else measured and stored */
+    OCOST_REMEASURE = 1,   /* measured and stored */
+    OCOST_CACHE_ONLY = 2,  /* from the cache, else KV_EBUSY (nothing measured) */
+};
+/* Rates for m on the CPU backend with n_threads (0: all cores).  Measuring
+ * takes from a second (small models) to about ten (a 1B F16 model on two
+ * cores) and allocates about 150 MiB outside any budget. */
+int ocost_rates_get(model *m, int n_threads, int mode, ocost_rates *out, kvant_err *err);
 
 typedef struct ocost_pred {
     int32_t n_tokens;   /* tokens per forward pass */

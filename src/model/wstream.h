@@ -7,7 +7,8 @@
  * --weights-memory; the rest are streamed.  A streamed layer is read with
  * pread(2) from the model file into one of n_slots buffers (the ring) by a
  * reader thread that runs ahead of the forward pass: while layer j
- * computes, layer j+1 (and more with more slots) is being read.  Resident
+ * computes, layer j+1 (and more with more slots) is being read; a forward
+ * pass that reaches a layer not yet read reads its remaining chunks too.  Resident
  * tensors are read the same way once, at create, into buffers from the
  * memory manager, so with offload the mapping is never touched for tensor
  * data: the process's resident memory is the budget, and the page cache is
@@ -91,7 +92,8 @@ typedef struct wstream_stats {
     uint64_t bytes_read;     /* streamed so far */
     uint64_t layers_read;
     double read_s;           /* reader time inside pread */
-    double wait_s;           /* forward pass time waiting for a buffer */
+    double wait_s;           /* forward pass time on layers not ready: waiting for the
+                              * reader or reading their remaining chunks itself */
     int failed;              /* 1: the stream failed; reason in `error` */
     char error[256];
     const wstream_plan *plan; /* the placement; borrowed, immutable, valid while the stream is */
