@@ -8,9 +8,10 @@ each weight has std ~0.02 and ~zero mean; norms are 1.  The tokenizer is a
 minimal byte-level gpt2 one (256 byte tokens, one merge, bos/eos,
 fillers).
 
-    .venv/bin/python bench/make_tinyllama.py OUTDIR [Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K]
+    .venv/bin/python bench/make_tinyllama.py OUTDIR [Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K F16]
 
-Writes OUTDIR/tinyllama-1.1b-<TYPE>.gguf (~0.6-1.2 GB each); generate into
+Writes OUTDIR/tinyllama-1.1b-<TYPE>.gguf (~0.6-1.2 GB each, 2.2 GB for F16: the
+weight-offload measurement in docs/PERFORMANCE.md); generate into
 build/bench/ (git-ignored), never into the repository.
 """
 from __future__ import annotations
@@ -106,6 +107,10 @@ def write(path: str, t: str, seed: int = 1) -> None:
     w.add_eos_token_id(eos)
 
     def add(name, rows, cols):
+        if t == "F16":  # normal with std STD
+            w.add_tensor(name, (rng.standard_normal((rows, cols), dtype=np.float32) * STD)
+                         .astype(np.float16))
+            return
         w.add_tensor(name, random_blocks(rng, rows, cols, t), raw_dtype=QT[t])
 
     def ones(name):

@@ -36,6 +36,9 @@ typedef struct cli_common {
     int exact;           /* --exact: f32 activations in every matmul (reference path) */
     int no_pack;         /* --no-pack: weights stay in the file's layout */
     int device;
+    uint64_t weights_memory;    /* --weights-memory SIZE (0: no cap) */
+    double weights_memory_frac; /* --weights-memory F, a fraction of the budget (0: none) */
+    int weights_slots;          /* --stream-buffers N (0: 2) */
 } cli_common;
 
 void cli_common_init(cli_common *c);
@@ -141,6 +144,7 @@ typedef struct cli_session {
     int32_t max_batch;
     float *logits;        /* host [max_out][n_vocab] */
     struct quant_weights *qw; /* load-time quantized copies (or NULL) */
+    struct wstream *ws;   /* weight offload (--weights-memory), or NULL */
 } cli_session;
 
 int cli_session_open(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t max_batch,

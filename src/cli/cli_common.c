@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "quant/quant.h"
+#include "model/wstream.h"
 #include "quant/quant_load.h"
 #include "kernels/dtype.h"
 
@@ -107,6 +108,11 @@ void cli_common_help(FILE *f)
         {"--device-memory", "SIZE", "memory budget base, bytes or with K/M/G/T, Ki/Mi/Gi/Ti",
          "device total; CPU: available RAM"},
         {"--memory-utilization", "F", "fraction of --device-memory to use, (0, 1]", util},
+        {"--weights-memory", "SIZE|F", "cap on weights in device memory (resident layers + "
+                                       "staging ring; F in (0, 1): a fraction of the budget); "
+                                       "layers that do not fit are streamed from the file (CPU)",
+         "no cap"},
+        {"--stream-buffers", "N", "staging buffers for streamed layers, 2..8", "2"},
     };
     cli_help_table(f, "common options (every command)", t, CLI_N_OPTS(t));
 }
@@ -250,6 +256,32 @@ int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
         }
         return 1;
     }
+    if (!strcmp(a, "--weights-memory")) {
+        kvant_err err = {0};
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        c->weights_memory = 0;
+        c->weights_memory_frac = 0;
+        if (strchr(v, '.') && !strpbrk(v, "KMGTkmgtiB")) {
+            if (cli_parse_float(a, v, 0.0, 1.0, &c->weights_memory_frac))
+                return -1;
+            if (c->weights_memory_frac <= 0.0 || c->weights_memory_frac >= 1.0) {
+                fprintf(stderr, "kvant: --weights-memory: a fraction must be in (0, 1)\n");
+                return -1;
+            }
+        } else if (mem_parse_size(v, &c->weights_memory, &err) || c->weights_memory == 0) {
+            fprintf(stderr, "kvant: --weights-memory: %s\n", err.msg[0] ? err.msg : "must be > 0");
+            return -1;
+        }
+        return 1;
+    }
+    if (!strcmp(a, "--stream-buffers")) {
+        long nb;
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, 2, 8, &nb))
+            return -1;
+        c->weights_slots = (int)nb;
+        return 1;
+    }
     if (!strcmp(a, "--memory-utilization")) {
         double f;
         if (!(v = cli_value(argc, argv, i)) || cli_parse_float(a, v, 0.0, 1.0, &f))
@@ -275,6 +307,40 @@ void cli_engine_config(const cli_common *c, engine_config *ec)
     ec->weights_dtype = c->weights_dtype;
     ec->exact = c->exact;
     ec->no_pack = c->no_pack;
+    ec->weights_memory = c->weights_memory;
+    ec->weights_memory_frac = c->weights_memory_frac;
+    ec->weights_slots = c->weights_slots;
+}
+
+/* --weights-memory for a session: the placement and the stream, before
+ * the backend loads weights. */
+static int session_offload(cli_session *s, const cli_common *c, kvant_err *err)
+{
+    if (!c->weights_memory && !(c->weights_memory_frac > 0))
+        return KV_OK;
+    if (strcmp(c->backend, "cpu") != 0)
+        return kvant_err_set(err, KV_EUNSUP,
+                             "--weights-memory: weight offload runs on the CPU backend only");
+    if (c->weights_dtype >= 0)
+        return kvant_err_set(err, KV_EUNSUP, "--weights-memory with --weights-dtype: streamed "
+                             "layers are read as stored");
+    const uint64_t cap = c->weights_memory
+                             ? c->weights_memory
+                             : (uint64_t)((double)mem_budget(s->mem) * c->weights_memory_frac);
+    wstream_plan p;
+    int rc = wstream_plan_make(s->m, cap, c->weights_slots, &p, err);
+    if (rc)
+        return rc;
+    if (p.n_streamed == 0) {
+        fprintf(stderr, "kvant: warning: --weights-memory holds every weight: the model fits, "
+                "no layer is streamed\n");
+        return KV_OK;
+    }
+    s->ws = wstream_create(s->m, s->mem, &p, err);
+    if (!s->ws)
+        return err->code ? err->code : KV_ENOMEM;
+    s->m->wstream = s->ws;
+    return KV_OK;
 }
 
 char *cli_read_file(const char *path, size_t *len, kvant_err *err)
@@ -360,7 +426,7 @@ int cli_session_open(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t
         n_ctx = n_ctx <= 0 ? (int32_t)(s->m->hp.n_ctx_train < 4096 ? s->m->hp.n_ctx_train : 4096)
                            : n_ctx;
     s->n_ctx = n_ctx;
-    if (s->be->ops->load_weights(s->be, s->m, err))
+    if (session_offload(s, c, err) || s->be->ops->load_weights(s->be, s->m, err))
         goto fail;
     s->n_blocks = (n_ctx + CLI_DEFAULT_BLOCK - 1) / CLI_DEFAULT_BLOCK;
     s->table = malloc((size_t)s->n_blocks * sizeof *s->table);
@@ -394,6 +460,9 @@ void cli_session_close(cli_session *s)
     quant_weights_free(s->qw);
     if (s->be)
         s->be->ops->destroy(s->be);
+    if (s->m)
+        s->m->wstream = NULL;
+    wstream_destroy(s->ws);
     model_free(s->m);
     free(s->table);
     free(s->logits);

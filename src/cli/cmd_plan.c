@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cli/cli_offload.h"
 #include "engine/engine.h"
 #include "kernels/dtype.h"
 #include "kv/kvtier.h"
@@ -93,16 +94,20 @@ static void plan_help(void)
         {"--kv-host-memory", "SIZE", "host-memory KV tier: print the blocks it holds", "0"},
         {"--kv-disk-dir", "DIR", "disk KV tier (with --kv-disk-size): print its blocks", "none"},
         {"--kv-disk-size", "SIZE", "disk KV tier budget", "4G with --kv-disk-dir"},
+        {"--remeasure", NULL, "with --weights-memory: measure the read and matmul rates again "
+                              "instead of using the cached ones", "off"},
     };
     cli_help("kvant plan [options]",
              "What fits in the memory budget: weights, activations, KV pool, tokens and\n"
-             "concurrency, from the GGUF header alone (exit 1 when nothing fits).",
+             "concurrency, from the GGUF header alone (exit 1 when nothing fits).\n"
+             "With --weights-memory: each layer's placement (resident or streamed) and the\n"
+             "predicted tokens/s per tokens-per-pass bucket, from measured rates.",
              t, CLI_N_OPTS(t));
 }
 
 /* 0: plan; 1: help printed; CLI_EXIT_USAGE: a mistake (one line printed). */
 static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, engine_config *ec,
-                      int *cands, int *n_cands)
+                      int *cands, int *n_cands, int *remeasure)
 {
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -110,6 +115,10 @@ static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, eng
         if (cli_is_help(argv[i])) {
             plan_help();
             return 1;
+        }
+        if (!strcmp(argv[i], "--remeasure")) {
+            *remeasure = 1;
+            continue;
         }
         /* each --weights-dtype adds a candidate row (the common parser
          * keeps only the last one) */
@@ -200,9 +209,9 @@ int cmd_plan(int argc, char **argv)
     cli_common c;
     plan_config pc = plan_config_default();
     engine_config ec = engine_config_default();
-    int cands[PLAN_MAX_CANDIDATES], n_cands = 0;
+    int cands[PLAN_MAX_CANDIDATES], n_cands = 0, remeasure = 0;
     cli_common_init(&c);
-    int prc = parse_plan(argc, argv, &c, &pc, &ec, cands, &n_cands);
+    int prc = parse_plan(argc, argv, &c, &pc, &ec, cands, &n_cands, &remeasure);
     if (prc)
         return prc == 1 ? 0 : prc;
     pc.kv_dtype = c.kv_dtype;
@@ -219,6 +228,18 @@ int cmd_plan(int argc, char **argv)
     pc.act_q8 = (!c.backend || strcmp(c.backend, "cpu") == 0) && !c.exact;
     plan_model pm = {hp.n_layers, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff,
                      hp.n_vocab, hp.n_ctx_train, 0};
+    /* weight offload: the stored row plans the device bytes of the placement */
+    cli_offload *off = NULL;
+    if (c.weights_memory || c.weights_memory_frac > 0) {
+        off = calloc(1, sizeof *off);
+        if (!off || cli_offload_plan(&c, (uint64_t)((double)pc.device_memory * pc.utilization),
+                                     remeasure, off, &err)) {
+            fprintf(stderr, "kvant plan: %s\n", off ? err.msg : "out of memory");
+            free(off);
+            gguf_close(g);
+            return 1;
+        }
+    }
     plan_row rows[PLAN_MAX_CANDIDATES + 1];
     int n_rows = 0, any_ok = 0;
     for (int k = -1; k < n_cands; k++) {
@@ -226,12 +247,15 @@ int cmd_plan(int argc, char **argv)
         kvant_err e2 = {0};
         pr->label = k < 0 ? "stored" : dtype_get((uint32_t)cands[k])->name;
         pm.weights_bytes = weights_as(g, k < 0 ? -1 : cands[k]);
+        if (k < 0 && off && off->plan.n_streamed)
+            pm.weights_bytes = wstream_plan_device_bytes(&off->plan);
         pr->rc = plan_compute(&pm, &pc, &pr->r, &e2);
         snprintf(pr->err, sizeof pr->err, "%s", e2.msg);
         any_ok |= pr->rc == KV_OK;
         if (pr->rc && pr->r.weights_bytes == 0 && pr->rc != KV_ENOMEM && k < 0) {
             fprintf(stderr, "kvant plan: %s\n", e2.msg);
             gguf_close(g);
+            free(off);
             return 2;
         }
     }
@@ -251,8 +275,13 @@ int cmd_plan(int argc, char **argv)
         plan_tiers t = tiers_of(&rows[0].r, &ec);
         printf("], \"kv_tiers\": {\"record_bytes\": %" PRIu64 ", \"host_bytes\": %" PRIu64
                ", \"host_blocks\": %" PRIu64 ", \"disk_bytes\": %" PRIu64
-               ", \"disk_blocks\": %" PRIu64 "}}\n", t.record_bytes, t.host_bytes,
+               ", \"disk_blocks\": %" PRIu64 "}", t.record_bytes, t.host_bytes,
                t.host_blocks, t.disk_bytes, t.disk_blocks);
+        if (off) {
+            printf(", \"weights_offload\": ");
+            cli_offload_print(off, 1);
+        }
+        printf("}\n");
     } else {
         printf("%s: %s, %d layers, %d KV heads x %d, context %lld\n", c.model_path,
                model_arch_name(hp.arch), hp.n_layers, hp.n_head_kv, hp.head_dim,
@@ -261,7 +290,10 @@ int cmd_plan(int argc, char **argv)
             print_row_text(&rows[i], i == 0);
         plan_tiers t = tiers_of(&rows[0].r, &ec);
         print_tiers_text(&rows[0].r, &t);
+        if (off)
+            cli_offload_print(off, 0);
     }
+    free(off);
     gguf_close(g);
     return any_ok ? 0 : 1;
 }

@@ -130,6 +130,9 @@ int serve_models_check(serve_models_opts *o, cli_common *c, struct srv_config *s
         return cli_err_usage("serve", "--weights-dtype serves one model: not with several");
     if (ec->kv_blocks_override > 0)
         return cli_err_usage("serve", "--kv-blocks serves one model: use --kv-per-model");
+    if (ec->weights_memory || ec->weights_memory_frac > 0)
+        return cli_err_usage("serve", "--weights-memory (weight offload) serves one model: not "
+                                      "with several");
     if (sc->served_name)
         return cli_err_usage("serve", "--served-model-name serves one model: use -m NAME=PATH");
     if (!o->n_models && !o->models_dir)

@@ -20,6 +20,7 @@
 
 #include "kernels/dtype.h"
 #include "mem/plan.h"
+#include "model/wstream.h"
 #include "quant/quant.h"
 #include "quant/quant_load.h"
 
@@ -30,6 +31,7 @@ typedef struct engine_ext {
     quant_weights *qw;    /* load-time quantized weights, or NULL */
     int32_t held_blocks;  /* planned blocks held back for backend scratch */
     int pool_registered;  /* kv_pool_report registered with the memory manager */
+    wstream_plan wplan;   /* weight placement (n_streamed 0: all resident) */
 } engine_ext;
 
 /* Weight bytes after load-time quantization to type (what
@@ -131,7 +133,11 @@ static int plan_engine(engine_ext *x, kvant_err *err)
     pc.max_num_batched_tokens = e->cfg.max_num_batched_tokens;
     pc.kv_dtype = e->cfg.kv_dtype;
     pc.act_q8 = (!e->cfg.backend || strcmp(e->cfg.backend, "cpu") == 0) && !e->cfg.exact;
-    int rc = plan_compute(&pm, &pc, &x->plan, err);
+    int rc = engine_offload_plan(e, (uint64_t)((double)pc.device_memory * pc.utilization),
+                                 &x->wplan, &pm.weights_bytes, err);
+    if (rc)
+        return rc;
+    rc = plan_compute(&pm, &pc, &x->plan, err);
     if (rc)
         return rc;
     if (e->cfg.print_plan)
@@ -229,6 +235,8 @@ static int setup_backend(engine_ext *x, kvant_err *err)
         if (!x->qw)
             return err && err->code ? err->code : KV_ENOMEM;
     }
+    if ((rc = engine_offload_start(e, &x->wplan, err)))
+        return rc;
     if ((rc = e->be->ops->load_weights(e->be, e->m, err)))
         return rc;
     /* The backend's kv_init needs a little more than the blocks (attention
@@ -344,6 +352,7 @@ void engine_destroy(engine *e)
         e->be->ops->unload_weights(e->be, e->m);
         e->be->ops->destroy(e->be);
     }
+    engine_offload_stop(e);
     quant_weights_free(((engine_ext *)e)->qw);
     if (e->mem && !e->cfg.shared_mem)
         mem_destroy(e->mem);
@@ -572,6 +581,13 @@ void engine_get_health(engine *e, engine_health *out)
     out->stalled_s = out->busy && now > e->progress_t ? now - e->progress_t : 0.0;
     out->steps = e->stats.steps;
     pthread_mutex_unlock(&e->mu);
+    out->weights_failed = 0;
+    out->weights_error[0] = 0;
+    wstream_stats ws;
+    if (engine_get_offload(e, &ws) && ws.failed) {
+        out->weights_failed = 1;
+        snprintf(out->weights_error, sizeof out->weights_error, "%s", ws.error);
+    }
 }
 
 int engine_in_flight(engine *e)

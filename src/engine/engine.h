@@ -64,6 +64,13 @@ typedef struct engine_config {
      * the shared manager refuses what would exceed the common budget.
      * NULL (default) = the engine creates and owns its manager. */
     mem_mgr *shared_mem;
+    /* Weight offload (model/wstream.h, CPU backend): weights resident in
+     * device memory (resident layers + the staging ring) are capped at
+     * weights_memory bytes, or at weights_memory_frac of the budget; layers
+     * that do not fit are streamed from the file.  Both 0: no cap. */
+    uint64_t weights_memory;
+    double weights_memory_frac;    /* (0, 1) */
+    int weights_slots;             /* staging ring buffers (0: WSTREAM_MIN_SLOTS) */
 } engine_config;
 
 /* How the tiers choose between moving a block and recomputing it. */
@@ -196,9 +203,16 @@ typedef struct engine_health {
     int32_t in_flight;
     double stalled_s;        /* seconds since progress; 0 when not busy */
     uint64_t steps;
+    int weights_failed;      /* offload: the weight stream failed (file truncated, I/O) */
+    char weights_error[256];
 } engine_health;
 
 void engine_get_health(engine *e, engine_health *out);
+
+struct wstream_stats;
+/* Weight offload counters (model/wstream.h); returns 0 and leaves out
+ * untouched when the engine streams no layer.  Thread-safe. */
+int engine_get_offload(engine *e, struct wstream_stats *out);
 /* Tests (config.manual): runs one step on the calling thread; returns 1 if
  * any work was done. */
 int engine_run_step(engine *e);

@@ -13,6 +13,8 @@
 
 typedef struct eng_req eng_req;
 typedef struct eng_tier eng_tier; /* engine_tier.c */
+struct wstream_plan;
+struct wstream;
 
 /* One sequence: the unit the scheduler batches.  tokens holds the prompt
  * followed by generated tokens; the KV cache holds n_computed of them. */
@@ -64,6 +66,7 @@ struct engine {
     int64_t max_model_len;
     uint64_t kv_block_bytes;    /* bytes of one KV block, all layers */
     eng_tier *tier;             /* KV offload tiers, or NULL */
+    struct wstream *ws;         /* weight offload (engine_offload.c), or NULL; owned */
 
     pthread_t thread;
     int thread_started;
@@ -125,5 +128,15 @@ void engine_tier_snapshot(engine *e);
 int engine_tier_scanning(engine *e);
 /* Idle-time tier work (the scan's next slice; engine thread). */
 void engine_tier_idle(engine *e);
+
+/* engine_offload.c (no-ops without --weights-memory).  plan: the placement
+ * for budget; *weights_bytes becomes the device bytes of weights when a
+ * layer is streamed (unchanged otherwise).  start: after the memory
+ * manager exists, before load_weights.  stop: after unload_weights. */
+int engine_offload_plan(engine *e, uint64_t budget, struct wstream_plan *p,
+                        uint64_t *weights_bytes, kvant_err *err);
+int engine_offload_start(engine *e, const struct wstream_plan *p, kvant_err *err);
+void engine_offload_stop(engine *e);
+void engine_offload_print(struct wstream *ws);
 
 #endif

@@ -12,6 +12,7 @@
 
 #include "kernels/dtype.h"
 #include "mem/plan.h"
+#include "model/wstream.h"
 
 static plan_model plan_shape(const model_hparams *hp)
 {
@@ -179,8 +180,17 @@ int fwd_run(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
         return rc;
     int32_t n = b->n_tokens;
     op->embed(be, &m->tok_embd, f->d_x);
-    for (int32_t il = 0; il < m->hp.n_layers; il++)
+    for (int32_t il = 0; il < m->hp.n_layers; il++) {
+        /* offload: a streamed layer's buffer is read before it runs and
+         * handed back once the backend is done with it */
+        if (m->wstream && (rc = wstream_acquire(m->wstream, il, err)))
+            return rc;
         run_layer(f, il, n);
+        if (m->wstream) {
+            op->sync(be);
+            wstream_release(m->wstream, il);
+        }
+    }
     if (b->n_out == 0)
         return op->sync(be);
     op->gather_out(be, f->d_x, m->hp.n_embd, f->d_h);

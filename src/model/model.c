@@ -225,6 +225,7 @@ static int bind(const gguf_ctx *g, model_tensor *t, const char *name, int layer,
     t->row_bytes = dtype_row_size(ti->type, ne0);
     t->data = ti->data;
     t->dev = (void *)ti->data;
+    t->file_off = gguf_data_offset(g) + ti->offset;
     return KV_OK;
 }
 

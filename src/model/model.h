@@ -60,6 +60,9 @@ typedef struct model_tensor {
     int exact;            /* 1: near-f32 accuracy: the CPU int8 path takes two
                            * terms per activation (the output head) */
     int packed;           /* 1: dev holds rows packed by the backend (kernels/qpack.h) */
+    int streamed;         /* 1: read into a staging buffer before use (model/wstream.h);
+                           * dev is valid only between wstream_acquire and release */
+    uint64_t file_off;    /* byte offset of the data in the GGUF file */
 } model_tensor;
 
 typedef struct model_layer {
@@ -82,6 +85,8 @@ typedef struct model {
     int tied_output;         /* output == tok_embd */
     model_layer *layers;     /* [n_layers] */
     uint64_t weights_bytes;  /* sum of all tensors used */
+    struct wstream *wstream; /* weight offload (model/wstream.h) or NULL; borrowed, set by
+                              * whoever created it, used by the forward pass */
     char path[1024];
 } model;
 

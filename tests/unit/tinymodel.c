@@ -13,6 +13,7 @@
 #define TM_FF 128
 #define TM_VOCAB 300
 #define TM_LAYERS 2
+#define TM_MAX_LAYERS 6 /* bufs[64] holds 3 + 9 per layer */
 
 /* GPT-2's byte-to-unicode mapping, as UTF-8. */
 static void byte_token(int b, char out[8])
@@ -74,6 +75,13 @@ static float *rand_tensor(tu_rng *r, int64_t n, float scale, float offset)
 
 int tiny_model_write(const char *path, uint64_t seed)
 {
+    return tiny_model_write_layers(path, seed, TM_LAYERS);
+}
+
+int tiny_model_write_layers(const char *path, uint64_t seed, int n_layers)
+{
+    if (n_layers < 1 || n_layers > TM_MAX_LAYERS)
+        return -1;
     tu_rng r = {seed};
     gguf_writer *w = gguf_writer_create();
     float *bufs[64];
@@ -81,7 +89,7 @@ int tiny_model_write(const char *path, uint64_t seed)
     if (!w)
         return -1;
     rc |= gguf_writer_add_str(w, "general.architecture", "llama", NULL);
-    rc |= gguf_writer_add_u32(w, "llama.block_count", TM_LAYERS, NULL);
+    rc |= gguf_writer_add_u32(w, "llama.block_count", (uint32_t)n_layers, NULL);
     rc |= gguf_writer_add_u32(w, "llama.context_length", 1024, NULL);
     rc |= gguf_writer_add_u32(w, "llama.embedding_length", TM_EMBD, NULL);
     rc |= gguf_writer_add_u32(w, "llama.feed_forward_length", TM_FF, NULL);
@@ -100,7 +108,7 @@ int tiny_model_write(const char *path, uint64_t seed)
         rc |= gguf_writer_add_tensor(w, spec[i].name, DT_F32, spec[i].ne1 > 1 ? 2 : 1, ne,
                                      bufs[nb++], NULL);
     }
-    for (int il = 0; il < TM_LAYERS; il++) {
+    for (int il = 0; il < n_layers; il++) {
         struct { const char *n; int64_t ne0, ne1; float scale, off; } ls[] = {
             {"attn_norm", TM_EMBD, 1, 0.1f, 1}, {"attn_q", TM_EMBD, 64, 0.15f, 0},
             {"attn_k", TM_EMBD, 32, 0.15f, 0},  {"attn_v", TM_EMBD, 32, 0.15f, 0},

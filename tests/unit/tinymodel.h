@@ -8,5 +8,7 @@
 /* Writes the model to path: n_layers 2, n_embd 64, 4 heads (2 KV),
  * n_ff 128, vocab 300, context 1024.  Returns 0 on success. */
 int tiny_model_write(const char *path, uint64_t seed);
+/* The same with n_layers layers, 1..6. */
+int tiny_model_write_layers(const char *path, uint64_t seed, int n_layers);
 
 #endif

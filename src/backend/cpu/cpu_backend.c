@@ -70,6 +70,8 @@ static void reserve_tensor(void *ctx, model_tensor *t)
      * at load time by quant_weights_apply, accounted there) */
     if (t->dev && t->dev != t->data)
         return;
+    if (t->streamed) /* read into a staging buffer per use (model/wstream.h), never mapped */
+        return;
     if (cb->n_weight_ids == cb->cap_weight_ids) {
         int cap = cb->cap_weight_ids ? cb->cap_weight_ids * 2 : 64;
         int64_t *ids = realloc(cb->weight_ids, (size_t)cap * sizeof *ids);

@@ -1,0 +1,146 @@
+/* cli_offload.c - `kvant plan --weights-memory`: the per-layer placement of
+ * weight offload and the predicted tokens/s per tokens-per-pass bucket, from
+ * measured (or cached) rates (engine/offload_cost.h). */
+#include "cli/cli_offload.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/offload_cost.h"
+#include "model/wstream.h"
+
+static void place_string(const wstream_plan *p, char *s, size_t cap)
+{
+    size_t k = 0;
+    for (int32_t il = 0; il < p->n_layers && k + 1 < cap; il++)
+        s[k++] = p->place[il] == WPLACE_STREAMED ? 'S' : 'R';
+    s[k] = 0;
+}
+
+static uint64_t widest_layer(const wstream_plan *p)
+{
+    uint64_t w = 0;
+    for (int32_t il = 0; il < p->n_layers; il++)
+        w = p->layer_bytes[il] > w ? p->layer_bytes[il] : w;
+    return w;
+}
+
+static void print_text(const cli_offload *o)
+{
+    const wstream_plan *p = &o->plan;
+    char a[32], b[32], c[32], d[32], e[32], places[MODEL_MAX_LAYERS + 1];
+    place_string(p, places, sizeof places);
+    if (p->n_streamed == 0) {
+        printf("weight offload: warning: --weights-memory %s holds every weight (%s): the model "
+               "fits, no layer is streamed\n", mem_format_size(o->cap, a, 32),
+               mem_format_size(p->resident_bytes, b, 32));
+        return;
+    }
+    printf("weight offload: --weights-memory %s: %s resident (embedding/head %s + %d of %d "
+           "layers), %d layers streamed, %s per forward pass, through %d x %s buffers\n",
+           mem_format_size(o->cap, a, 32), mem_format_size(p->resident_bytes, b, 32),
+           mem_format_size(p->global_bytes, c, 32), p->n_layers - p->n_streamed, p->n_layers,
+           p->n_streamed, mem_format_size(p->streamed_bytes, d, 32), p->n_slots,
+           mem_format_size(p->slot_bytes, e, 32));
+    printf("  layer placement: %s (R resident, S streamed; largest layer %s)\n", places,
+           mem_format_size(widest_layer(p), a, 32));
+    const ocost_rates *r = &o->rates;
+    printf("  rates (%s %s, %d threads, %s): page-cache read %.2f GB/s; matmul weight bytes/s",
+           r->from_cache ? "cached in" : "measured now, cached in",
+           r->cache_path[0] ? r->cache_path : "(no cache)", o->n_threads, o->isa,
+           r->read_bps / 1e9);
+    for (int k = 0; k < OCOST_N_BUCKETS; k++)
+        printf("%s %d tok %.3f GB/s", k ? "," : "", r->batch[k], r->compute_bps[k] / 1e9);
+    printf("\n  side by side (matmul GB/s | read GB/s):");
+    for (int k = 0; k < OCOST_N_BUCKETS; k++)
+        printf("%s %d tok %.3f | %.2f", k ? "," : "", r->batch[k], r->compute_conc_bps[k] / 1e9,
+               r->read_conc_bps[k] / 1e9);
+    printf("\n  tokens/pass  offload tok/s  resident tok/s  stall s/pass  read s/pass\n");
+    for (int k = 0; k < OCOST_N_BUCKETS; k++)
+        printf("  %11d  %13.2f  %14.2f  %12.4f  %11.4f\n", o->pred[k].n_tokens,
+               o->pred[k].tok_s, o->resident[k].tok_s, o->pred[k].stall_s, o->pred[k].read_s);
+    printf("  (decode of B sequences: B tokens/pass; prefill: up to --max-num-batched-tokens "
+           "per pass; the CPU computes streamed layers itself, so streaming is the only "
+           "non-resident placement there)\n");
+}
+
+static void print_json(const cli_offload *o)
+{
+    const wstream_plan *p = &o->plan;
+    const ocost_rates *r = &o->rates;
+    printf("{\"weights_memory\": %llu, \"offload\": %s, \"resident_bytes\": %llu, "
+           "\"global_bytes\": %llu, \"streamed_bytes_per_forward\": %llu, \"staging_buffers\": "
+           "%d, \"staging_bytes\": %llu, \"min_weights_memory\": %llu, \"layers\": [",
+           (unsigned long long)o->cap, p->n_streamed ? "true" : "false",
+           (unsigned long long)p->resident_bytes, (unsigned long long)p->global_bytes,
+           (unsigned long long)p->streamed_bytes, p->n_slots,
+           (unsigned long long)(p->n_streamed ? p->ring_bytes : 0),
+           (unsigned long long)p->min_bytes);
+    for (int32_t il = 0; il < p->n_layers; il++)
+        printf("%s{\"layer\": %d, \"placement\": \"%s\", \"bytes\": %llu}", il ? ", " : "", il,
+               p->place[il] == WPLACE_STREAMED ? "streamed" : "resident",
+               (unsigned long long)p->layer_bytes[il]);
+    printf("], \"rates\": {\"cached\": %s, \"cache_path\": ", r->from_cache ? "true" : "false");
+    cli_json_string(stdout, r->cache_path, strlen(r->cache_path));
+    printf(", \"threads\": %d, \"isa\": \"%s\", \"read_bytes_per_s\": %.6g, \"matmul\": [",
+           o->n_threads, o->isa, r->read_bps);
+    for (int k = 0; k < OCOST_N_BUCKETS; k++)
+        printf("%s{\"tokens\": %d, \"weight_bytes_per_s\": %.6g, \"side_by_side_weight_bytes_"
+               "per_s\": %.6g, \"side_by_side_read_bytes_per_s\": %.6g}", k ? ", " : "",
+               r->batch[k], r->compute_bps[k], r->compute_conc_bps[k], r->read_conc_bps[k]);
+    printf("]}, \"predicted\": [");
+    for (int k = 0; k < OCOST_N_BUCKETS; k++)
+        printf("%s{\"tokens_per_pass\": %d, \"tok_s\": %.6g, \"resident_tok_s\": %.6g, "
+               "\"pass_s\": %.6g, \"stall_s\": %.6g, \"read_s\": %.6g}", k ? ", " : "",
+               o->pred[k].n_tokens, o->pred[k].tok_s, o->resident[k].tok_s, o->pred[k].pass_s,
+               o->pred[k].stall_s, o->pred[k].read_s);
+    printf("]}");
+}
+
+int cli_offload_plan(const cli_common *c, uint64_t budget, int remeasure, cli_offload *o,
+                     kvant_err *err)
+{
+    memset(o, 0, sizeof *o);
+    if (c->weights_dtype >= 0)
+        return kvant_err_set(err, KV_EUNSUP, "--weights-memory with --weights-dtype: streamed "
+                             "layers are read as stored");
+    if (strcmp(c->backend, "cpu") != 0)
+        return kvant_err_set(err, KV_EUNSUP,
+                             "--weights-memory: weight offload runs on the CPU backend only");
+    model *m = model_load(c->model_path, err);
+    if (!m)
+        return err->code ? err->code : KV_EIO;
+    o->cap = c->weights_memory ? c->weights_memory
+                               : (uint64_t)((double)budget * c->weights_memory_frac);
+    int rc = wstream_plan_make(m, o->cap, c->weights_slots, &o->plan, err);
+    o->n_threads = c->n_threads;
+    if (o->n_threads <= 0) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        o->n_threads = nc > 0 ? (int)nc : 1;
+    }
+    snprintf(o->isa, sizeof o->isa, "%s", dtype_isa());
+    if (!rc)
+        rc = ocost_rates_get(m, o->n_threads, remeasure ? OCOST_REMEASURE : OCOST_CACHED,
+                             &o->rates, err);
+    if (!rc) {
+        wstream_plan all;
+        wstream_plan_resident(m, o->plan.n_slots, &all);
+        for (int k = 0; k < OCOST_N_BUCKETS; k++) {
+            const int32_t n = o->rates.batch[k];
+            /* decode (n sequences, n logit rows) up to 32, prefill (one row) above */
+            const int32_t n_out = n <= 32 ? n : 1;
+            ocost_predict(&o->plan, m, &o->rates, n, n_out, &o->pred[k]);
+            ocost_predict(&all, m, &o->rates, n, n_out, &o->resident[k]);
+        }
+    }
+    model_free(m);
+    return rc;
+}
+
+void cli_offload_print(const cli_offload *o, int json)
+{
+    if (json)
+        print_json(o);
+    else
+        print_text(o);
+}

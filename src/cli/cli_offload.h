@@ -1,0 +1,30 @@
+/* cli_offload.h - `kvant plan --weights-memory` (cli_offload.c). */
+#ifndef KVANT_CLI_OFFLOAD_H
+#define KVANT_CLI_OFFLOAD_H
+
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "engine/offload_cost.h"
+#include "kernels/dtype.h"
+
+typedef struct cli_offload {
+    uint64_t cap;                       /* the weights budget */
+    wstream_plan plan;
+    ocost_rates rates;
+    ocost_pred pred[OCOST_N_BUCKETS];     /* with the plan's placement */
+    ocost_pred resident[OCOST_N_BUCKETS]; /* every layer resident */
+    int n_threads;
+    char isa[32];
+} cli_offload;
+
+/* Places the layers of c->model_path within --weights-memory (budget: the
+ * planner's, for the fraction form), gets the rates (measured or cached;
+ * remeasure: measure again) and predicts each bucket.  KV_ENOMEM naming the
+ * smallest weights budget when even streaming every layer does not fit. */
+int cli_offload_plan(const cli_common *c, uint64_t budget, int remeasure, cli_offload *o,
+                     kvant_err *err);
+/* Text section, or (json) one JSON object without a newline. */
+void cli_offload_print(const cli_offload *o, int json);
+
+#endif

@@ -1,0 +1,110 @@
+/* engine_offload.c - the engine's side of weight offload (model/wstream.h):
+ * turns --weights-memory into a per-layer placement before the memory plan,
+ * starts the stream before the backend loads weights, reports it.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+#include "engine/offload_cost.h"
+#include "model/wstream.h"
+
+int engine_offload_plan(engine *e, uint64_t budget, wstream_plan *p, uint64_t *weights_bytes,
+                        kvant_err *err)
+{
+    const engine_config *c = &e->cfg;
+    memset(p, 0, sizeof *p);
+    if (!c->weights_memory && !(c->weights_memory_frac > 0))
+        return KV_OK;
+    if (c->weights_memory_frac < 0 || c->weights_memory_frac >= 1)
+        return kvant_err_set(err, KV_EINVAL, "--weights-memory: fraction %g outside (0, 1)",
+                             c->weights_memory_frac);
+    if (c->backend && strcmp(c->backend, "cpu") != 0)
+        return kvant_err_set(err, KV_EUNSUP,
+                             "--weights-memory: weight offload runs on the CPU backend only");
+    if (c->weights_dtype >= 0)
+        return kvant_err_set(err, KV_EUNSUP,
+                             "--weights-memory with --weights-dtype: streamed layers are read "
+                             "as stored; quantize the file with 'kvant quantize' instead");
+    const uint64_t cap = c->weights_memory ? c->weights_memory
+                                           : (uint64_t)((double)budget * c->weights_memory_frac);
+    int rc = wstream_plan_make(e->m, cap, c->weights_slots, p, err);
+    if (rc)
+        return rc;
+    char a[32], b[32];
+    if (p->n_streamed == 0)
+        fprintf(stderr, "kvant: warning: --weights-memory %s holds every weight (%s): the model "
+                "fits, no layer is streamed\n", mem_format_size(cap, a, 32),
+                mem_format_size(p->resident_bytes, b, 32));
+    else
+        *weights_bytes = wstream_plan_device_bytes(p);
+    return KV_OK;
+}
+
+/* The planner's prediction from cached rates (measuring here would
+ * allocate outside the budget while the process is meant to stay in it). */
+static void print_prediction(engine *e, const wstream_plan *p)
+{
+    ocost_rates r;
+    kvant_err err = {0};
+    if (ocost_rates_get(e->m, e->cfg.n_threads, OCOST_CACHE_ONLY, &r, &err)) {
+        fprintf(stderr, "kvant: weight offload: no measured rates cached for a prediction; run "
+                "'kvant plan --weights-memory ...' with the same model and -t once\n");
+        return;
+    }
+    ocost_pred d, pf;
+    const int32_t n_seqs = e->cfg.max_num_seqs, n_pp = e->cfg.max_num_batched_tokens;
+    ocost_predict(p, e->m, &r, 1, 1, &d);
+    fprintf(stderr, "kvant: weight offload: predicted decode %.2f tok/s at 1 sequence", d.tok_s);
+    ocost_predict(p, e->m, &r, n_seqs, n_seqs, &d);
+    ocost_predict(p, e->m, &r, n_pp, 1, &pf);
+    fprintf(stderr, ", %.2f tok/s at %d; prefill %.2f tok/s at %d tokens per step (rates from "
+            "%s)\n", d.tok_s, (int)n_seqs, pf.tok_s, (int)n_pp, r.cache_path);
+}
+
+int engine_offload_start(engine *e, const wstream_plan *p, kvant_err *err)
+{
+    if (p->n_streamed == 0)
+        return KV_OK;
+    e->ws = wstream_create(e->m, e->mem, p, err);
+    if (!e->ws)
+        return err && err->code ? err->code : KV_ENOMEM;
+    e->m->wstream = e->ws;
+    if (e->cfg.print_plan) {
+        engine_offload_print(e->ws);
+        print_prediction(e, p);
+    }
+    return KV_OK;
+}
+
+void engine_offload_stop(engine *e)
+{
+    if (!e->ws)
+        return;
+    e->m->wstream = NULL;
+    wstream_destroy(e->ws);
+    e->ws = NULL;
+}
+
+void engine_offload_print(wstream *ws)
+{
+    const wstream_plan *p = wstream_get_plan(ws);
+    char a[32], b[32], c[32];
+    fprintf(stderr, "kvant: weight offload: %s resident (%d of %d layers + embedding/head), %s "
+            "streamed per forward pass (%d layers) through %d x %s staging buffers\n",
+            mem_format_size(p->resident_bytes, a, 32), p->n_layers - p->n_streamed, p->n_layers,
+            mem_format_size(p->streamed_bytes, b, 32), p->n_streamed, p->n_slots,
+            mem_format_size(p->slot_bytes, c, 32));
+    fprintf(stderr, "kvant: layer placement: ");
+    for (int32_t il = 0; il < p->n_layers; il++)
+        fputc(p->place[il] == WPLACE_STREAMED ? 'S' : 'R', stderr);
+    fprintf(stderr, " (R resident, S streamed)\n");
+}
+
+int engine_get_offload(engine *e, wstream_stats *out)
+{
+    if (!e || !e->ws)
+        return 0;
+    wstream_get_stats(e->ws, out);
+    return 1;
+}

@@ -1,0 +1,443 @@
+/* offload_cost.c - measured rates and predicted pass times for weight
+ * offload (see offload_cost.h). */
+#include "engine/offload_cost.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "kernels/dtype.h"
+
+static const int32_t k_batch[OCOST_N_BUCKETS] = {1, 8, 32, 128, 512};
+
+#define OCOST_READ_PROBE (256ull << 20) /* bytes read to time the page cache */
+#define OCOST_READ_CHUNK (4u << 20)      /* as the stream's chunks (model/wstream.c) */
+#define OCOST_CACHE_BUST (128ull << 20)  /* matrix copies cycled per timing */
+#define OCOST_MAX_COPIES 64
+#define OCOST_MIN_TIME 0.2               /* seconds per timing, at least */
+
+static double oc_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- the cache file ---- */
+
+static void cache_path(char *out, size_t cap)
+{
+    const char *d = getenv("KVANT_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME"),
+               *h = getenv("HOME");
+    out[0] = 0;
+    if (d && d[0])
+        snprintf(out, cap, "%s/offload-rates", d);
+    else if (x && x[0])
+        snprintf(out, cap, "%s/kvant/offload-rates", x);
+    else if (h && h[0])
+        snprintf(out, cap, "%s/.cache/kvant/offload-rates", h);
+}
+
+static void mkdir_parents(const char *path)
+{
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        (void)mkdir(tmp, 0755);
+        *p = '/';
+    }
+}
+
+/* The key of m's rates: no spaces (the path's are replaced). */
+static int cache_key(const model *m, int n_threads, char *key, size_t cap)
+{
+    struct stat st;
+    if (stat(m->path, &st) != 0)
+        return -1;
+    int k = snprintf(key, cap, "%s|%lld|%lld|t%d|%s", m->path, (long long)st.st_size,
+                     (long long)st.st_mtime, n_threads, dtype_isa());
+    for (int i = 0; i < k && key[i]; i++)
+        if (key[i] == ' ' || key[i] == '\n')
+            key[i] = '_';
+    return 0;
+}
+
+static int cache_read(const char *path, const char *key, ocost_rates *r)
+{
+    FILE *f = path[0] ? fopen(path, "r") : NULL;
+    if (!f)
+        return -1;
+    char line[4096], k[1024];
+    int found = -1;
+    while (fgets(line, sizeof line, f)) {
+        ocost_rates t = *r;
+        int pos = 0, ok = sscanf(line, "%1023s %lf%n", k, &t.read_bps, &pos) == 2;
+        for (int i = 0; ok && i < OCOST_N_BUCKETS; i++) {
+            int adv = 0;
+            ok = sscanf(line + pos, " %lf %lf %lf%n", &t.compute_bps[i], &t.compute_conc_bps[i],
+                        &t.read_conc_bps[i], &adv) == 3 &&
+                 t.compute_bps[i] > 0 && t.compute_conc_bps[i] > 0 && t.read_conc_bps[i] > 0;
+            pos += adv;
+        }
+        if (ok && !strcmp(k, key) && t.read_bps > 0) {
+            *r = t;
+            found = 0;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+static void cache_write(const char *path, const char *key, const ocost_rates *r)
+{
+    if (!path[0])
+        return;
+    mkdir_parents(path);
+    FILE *f = fopen(path, "a");
+    if (!f)
+        return;
+    fprintf(f, "%s %.6g", key, r->read_bps);
+    for (int i = 0; i < OCOST_N_BUCKETS; i++)
+        fprintf(f, " %.6g %.6g %.6g", r->compute_bps[i], r->compute_conc_bps[i],
+                r->read_conc_bps[i]);
+    fputc('\n', f);
+    fclose(f);
+}
+
+/* ---- measuring ---- */
+
+/* pread of up to OCOST_READ_PROBE bytes of the tensor data, twice; the
+ * second (page cache) pass is timed. */
+static int measure_read(const model *m, double *bps, kvant_err *err)
+{
+    int fd = open(m->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return kvant_err_set(err, KV_EIO, "%s: %s", m->path, strerror(errno));
+    const uint64_t start = m->tok_embd.file_off, size = gguf_file_size(m->gguf);
+    uint64_t n = size > start ? size - start : 0;
+    n = n < OCOST_READ_PROBE ? n : OCOST_READ_PROBE;
+    /* into a buffer as large as what is read, as the stream writes a
+     * layer-sized slot: a small buffer would stay in the caches */
+    char *buf = malloc(n ? n : 1);
+    double best = 0;
+    for (int pass = 0; buf && pass < 3; pass++) {
+        const double t0 = oc_now();
+        uint64_t done = 0;
+        while (done < n) {
+            size_t want = n - done < OCOST_READ_CHUNK ? (size_t)(n - done) : OCOST_READ_CHUNK;
+            ssize_t r = pread(fd, buf + done, want, (off_t)(start + done));
+            if (r <= 0)
+                break;
+            done += (uint64_t)r;
+        }
+        const double dt = oc_now() - t0;
+        if (pass > 0 && dt > 0 && (double)done / dt > best)
+            best = (double)done / dt;
+    }
+    free(buf);
+    close(fd);
+    if (!(best > 0))
+        return kvant_err_set(err, KV_EIO, "%s: cannot time reads", m->path);
+    *bps = best;
+    return KV_OK;
+}
+
+typedef struct mm_rig {
+    mem_mgr *mem;
+    backend *be;
+    void *w, *x, *y;
+    int n_copies;      /* copies of the matrix, back to back in w */
+    model_tensor t;
+} mm_rig;
+
+static void rig_free(mm_rig *g)
+{
+    if (g->be) {
+        g->be->ops->free(g->be, g->w);
+        g->be->ops->free(g->be, g->x);
+        g->be->ops->free(g->be, g->y);
+        g->be->ops->destroy(g->be);
+    }
+    mem_destroy(g->mem);
+}
+
+/* Weight bytes per second of matmuls with n tokens, cycling through the
+ * copies (one warm-up call, then at least every copy and OCOST_MIN_TIME). */
+static double time_matmuls(mm_rig *g, int32_t n)
+{
+    model_tensor t = g->t;
+    t.dev = g->w;
+    g->be->ops->matmul(g->be, &t, NULL, g->x, g->y, n);
+    uint64_t bytes = 0;
+    const double t0 = oc_now();
+    double dt = 0;
+    for (int i = 0; i < g->n_copies || dt < OCOST_MIN_TIME; i++) {
+        t.dev = (uint8_t *)g->w + (size_t)(i % g->n_copies) * g->t.nbytes;
+        g->be->ops->matmul(g->be, &t, NULL, g->x, g->y, n);
+        g->be->ops->sync(g->be);
+        bytes += g->t.nbytes;
+        dt = oc_now() - t0;
+    }
+    return (double)bytes / (dt > 1e-9 ? dt : 1e-9);
+}
+
+#define OCOST_SIDE_BUF (64u << 20) /* the side reader's destination, cycled */
+
+typedef struct side_reader {
+    int fd;
+    uint64_t start, len;
+    char *buf; /* [OCOST_SIDE_BUF] */
+    atomic_int stop;
+    uint64_t bytes;
+    double secs;
+} side_reader;
+
+/* The stream's access pattern: chunks of OCOST_READ_CHUNK, cycling. */
+static void *side_main(void *arg)
+{
+    side_reader *r = arg;
+    const double t0 = oc_now();
+    uint64_t off = 0;
+    while (!atomic_load(&r->stop)) {
+        size_t want = r->len - off < OCOST_READ_CHUNK ? (size_t)(r->len - off) : OCOST_READ_CHUNK;
+        ssize_t got = pread(r->fd, r->buf + off % (OCOST_SIDE_BUF - OCOST_READ_CHUNK), want,
+                            (off_t)(r->start + off));
+        if (got <= 0)
+            break;
+        r->bytes += (uint64_t)got;
+        off = off + (uint64_t)got >= r->len ? 0 : off + (uint64_t)got;
+    }
+    r->secs = oc_now() - t0;
+    return NULL;
+}
+
+static int rig_open(mm_rig *g, const model *m, int n_threads, kvant_err *err)
+{
+    g->t = m->layers[0].w_gate;
+    const int32_t nmax = k_batch[OCOST_N_BUCKETS - 1];
+    const uint64_t xb = (uint64_t)nmax * (uint64_t)g->t.ne[0] * sizeof(float),
+                   yb = (uint64_t)nmax * (uint64_t)g->t.ne[1] * sizeof(float);
+    g->n_copies = (int)((OCOST_CACHE_BUST + g->t.nbytes - 1) / g->t.nbytes);
+    g->n_copies = g->n_copies < 1 ? 1 : g->n_copies > OCOST_MAX_COPIES ? OCOST_MAX_COPIES
+                                                                      : g->n_copies;
+    const uint64_t wb = g->t.nbytes * (uint64_t)g->n_copies;
+    g->mem = mem_create(wb + xb + yb + (256ull << 20), mem_allocator_host(), err);
+    if (g->mem)
+        g->be = backend_create("cpu", 0, g->mem, n_threads, 0, err);
+    if (!g->be)
+        return KV_ENOMEM;
+    g->w = g->be->ops->alloc(g->be, wb, MEM_WEIGHTS, 0, err);
+    g->x = g->be->ops->alloc(g->be, xb, MEM_ACTIVATIONS, MEM_NO_LAYER, err);
+    g->y = g->be->ops->alloc(g->be, yb, MEM_ACTIVATIONS, MEM_NO_LAYER, err);
+    if (!g->w || !g->x || !g->y)
+        return KV_ENOMEM;
+    int fd = open(m->path, O_RDONLY | O_CLOEXEC);
+    ssize_t got = fd >= 0 ? pread(fd, g->w, g->t.nbytes, (off_t)g->t.file_off) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (got != (ssize_t)g->t.nbytes)
+        return kvant_err_set(err, KV_EIO, "%s: cannot read layer 0", m->path);
+    for (int i = 1; i < g->n_copies; i++)
+        memcpy((uint8_t *)g->w + (size_t)i * g->t.nbytes, g->w, g->t.nbytes);
+    float *x = g->x;
+    for (uint64_t i = 0; i < xb / sizeof(float); i++)
+        x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    g->t.packed = 0;
+    g->t.streamed = 0;
+    return KV_OK;
+}
+
+/* Each bucket alone, then with a reader thread side by side. */
+static int measure_compute(const model *m, int n_threads, ocost_rates *r, kvant_err *err)
+{
+    mm_rig g = {0};
+    side_reader sr = {.fd = -1};
+    int rc = rig_open(&g, m, n_threads, err);
+    if (!rc) {
+        sr.fd = open(m->path, O_RDONLY | O_CLOEXEC);
+        sr.buf = malloc(OCOST_SIDE_BUF);
+        sr.start = m->tok_embd.file_off;
+        const uint64_t size = gguf_file_size(m->gguf);
+        sr.len = size > sr.start ? size - sr.start : 0;
+        sr.len = sr.len < OCOST_READ_PROBE ? sr.len : OCOST_READ_PROBE;
+        if (sr.fd < 0 || !sr.buf || sr.len == 0)
+            rc = kvant_err_set(err, KV_EIO, "%s: cannot read", m->path);
+    }
+    for (int k = 0; !rc && k < OCOST_N_BUCKETS; k++) {
+        r->compute_bps[k] = time_matmuls(&g, k_batch[k]);
+        pthread_t th;
+        atomic_store(&sr.stop, 0);
+        sr.bytes = 0;
+        if (pthread_create(&th, NULL, side_main, &sr)) {
+            rc = kvant_err_set(err, KV_ENOMEM, "cannot start a thread");
+            break;
+        }
+        r->compute_conc_bps[k] = time_matmuls(&g, k_batch[k]);
+        atomic_store(&sr.stop, 1);
+        pthread_join(th, NULL);
+        r->read_conc_bps[k] = sr.secs > 0 ? (double)sr.bytes / sr.secs : 0;
+        if (!(r->read_conc_bps[k] > 0))
+            rc = kvant_err_set(err, KV_EIO, "%s: cannot time reads", m->path);
+    }
+    if (sr.fd >= 0)
+        close(sr.fd);
+    free(sr.buf);
+    rig_free(&g);
+    return rc;
+}
+
+int ocost_rates_get(model *m, int n_threads, int mode, ocost_rates *out, kvant_err *err)
+{
+    memset(out, 0, sizeof *out);
+    memcpy(out->batch, k_batch, sizeof k_batch);
+    if (m->hp.n_layers < 1)
+        return kvant_err_set(err, KV_EINVAL, "model has no layers");
+    if (n_threads <= 0) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = nc > 0 ? (int)nc : 1;
+    }
+    char key[1200];
+    cache_path(out->cache_path, sizeof out->cache_path);
+    const int keyed = cache_key(m, n_threads, key, sizeof key) == 0;
+    if (keyed && mode != OCOST_REMEASURE && cache_read(out->cache_path, key, out) == 0) {
+        out->from_cache = 1;
+        return KV_OK;
+    }
+    if (mode == OCOST_CACHE_ONLY)
+        return kvant_err_set(err, KV_EBUSY, "no cached rates for this model, threads and ISA");
+    int rc = measure_read(m, &out->read_bps, err);
+    if (!rc)
+        rc = measure_compute(m, n_threads, out, err);
+    if (!rc && keyed)
+        cache_write(out->cache_path, key, out);
+    return rc;
+}
+
+/* ---- prediction ---- */
+
+/* Alone and side-by-side rates at n tokens: interpolated linearly in n
+ * between buckets (in seconds per byte), growing with n past the last. */
+typedef struct oc_at {
+    double c_alone, c_conc; /* seconds per weight byte */
+    double r_conc;          /* bytes per second */
+} oc_at;
+
+static oc_at rates_at(const ocost_rates *r, int32_t n)
+{
+    oc_at a;
+    int k = 0;
+    double f = 0, scale = 1;
+    if (n > r->batch[OCOST_N_BUCKETS - 1]) {
+        k = OCOST_N_BUCKETS - 2;
+        f = 1;
+        scale = (double)n / (double)r->batch[OCOST_N_BUCKETS - 1];
+    } else if (n > r->batch[0]) {
+        while (k + 2 < OCOST_N_BUCKETS && n > r->batch[k + 1])
+            k++;
+        f = (double)(n - r->batch[k]) / (double)(r->batch[k + 1] - r->batch[k]);
+    }
+    const int k1 = k + 1 < OCOST_N_BUCKETS ? k + 1 : k;
+    a.c_alone = scale * ((1 - f) / r->compute_bps[k] + f / r->compute_bps[k1]);
+    a.c_conc = scale * ((1 - f) / r->compute_conc_bps[k] + f / r->compute_conc_bps[k1]);
+    a.r_conc = (1 - f) * r->read_conc_bps[k] + f * r->read_conc_bps[k1];
+    return a;
+}
+
+#define OC_PASSES 3
+
+void ocost_predict(const wstream_plan *p, const model *m, const ocost_rates *r, int32_t n_tokens,
+                   int32_t n_out, ocost_pred *out)
+{
+    memset(out, 0, sizeof *out);
+    out->n_tokens = n_tokens;
+    const model_tensor *head = m->tied_output ? &m->tok_embd : &m->output;
+    const oc_at at = rates_at(r, n_tokens), at_head = rates_at(r, n_out > 0 ? n_out : 1);
+    const int32_t L = p->n_layers, per_pass = L + 1; /* + the output head */
+    const uint64_t n_reads = (uint64_t)p->n_streamed * OC_PASSES;
+    /* compute side: task ci (layer ci % per_pass of pass ci / per_pass), work left in bytes */
+    int64_t ci = 0;
+    uint64_t computed_streamed = 0; /* streamed layers done = slots released */
+    double c_left = -1;
+    /* read side: seq ri, bytes left */
+    uint64_t ri = 0, read_done = 0;
+    double r_left = -1;
+    double t = 0, pass_start = 0, stall = 0, read_busy = 0;
+    int32_t streamed_seen = 0; /* streamed layers before task ci in its pass */
+    while (ci < (int64_t)per_pass * OC_PASSES) {
+        const int32_t il = (int32_t)(ci % per_pass);
+        const int streamed = il < L && p->place[il] == WPLACE_STREAMED;
+        const uint64_t cbytes = il < L ? p->layer_bytes[il] : head->nbytes;
+        if (c_left < 0)
+            c_left = (double)cbytes;
+        const uint64_t my_seq = (uint64_t)(ci / per_pass) * (uint64_t)p->n_streamed +
+                                (uint64_t)streamed_seen;
+        const int c_run = !streamed || read_done > my_seq;
+        const int r_run = ri < n_reads && ri < computed_streamed + (uint64_t)p->n_slots;
+        if (r_run && r_left < 0) {
+            /* the ri-th streamed layer in order */
+            int32_t k = (int32_t)(ri % (uint64_t)p->n_streamed), lj = 0;
+            for (int32_t j = 0; j < L; j++)
+                if (p->place[j] == WPLACE_STREAMED && k-- == 0) {
+                    lj = j;
+                    break;
+                }
+            r_left = (double)p->layer_bytes[lj];
+        }
+        const oc_at *a = il < L ? &at : &at_head;
+        const double c_rate = 1.0 / (c_run && r_run ? a->c_conc : a->c_alone); /* bytes/s */
+        const double r_rate = c_run && r_run ? a->r_conc : r->read_bps;
+        double dt = 1e300;
+        if (c_run)
+            dt = c_left / c_rate;
+        if (r_run && r_left / r_rate < dt)
+            dt = r_left / r_rate;
+        if (!c_run && !r_run)
+            break; /* cannot happen: a blocked compute waits on a runnable read */
+        t += dt;
+        if (!c_run)
+            stall += dt;
+        if (r_run) {
+            read_busy += dt;
+            r_left -= r_rate * dt;
+            if (r_left <= 1e-6 * (double)p->slot_bytes + 1e-9) {
+                read_done++;
+                ri++;
+                r_left = -1;
+            }
+        }
+        if (c_run) {
+            c_left -= c_rate * dt;
+            if (c_left <= 1e-6 * (double)cbytes + 1e-9) {
+                c_left = -1;
+                if (streamed) {
+                    computed_streamed++;
+                    streamed_seen++;
+                }
+                ci++;
+                if (ci % per_pass == 0) {
+                    streamed_seen = 0;
+                    if (ci < (int64_t)per_pass * OC_PASSES) {
+                        pass_start = t;
+                        stall = read_busy = 0;
+                    }
+                }
+            }
+        }
+    }
+    out->pass_s = t - pass_start;
+    out->tok_s = out->pass_s > 0 ? (double)n_tokens / out->pass_s : 0;
+    out->read_s = read_busy;
+    out->stall_s = stall;
+}

@@ -1,0 +1,75 @@
+/* offload_cost.h - the cost model of weight offload (model/wstream.h):
+ * measured rates and predicted forward-pass times per placement.
+ *
+ * Rates: read_bps is pread(2) from the model file once its pages are in
+ * the page cache (the host tier: a first pass warms, the second is timed);
+ * compute_bps[k] is weight bytes per second the backend's matmul processes
+ * with batch[k] tokens, timed on copies of layer 0's widest matrix (the FFN
+ * gate) as stored, unpacked - the form a streamed layer takes - that
+ * together exceed the caches, on the threads the server will use.  Both
+ * are measured again side by side (a reader thread preads while the
+ * matmuls run): on a machine whose cores or memory bandwidth are shared,
+ * reading and computing slow each other down, and the prediction uses the
+ * side-by-side rates while both run.  A layer's compute time at n tokens is its bytes /
+ * compute_bps(n); attention, norms and RoPE are not counted, so the
+ * prediction is a lower bound on time that is close while the matmuls
+ * dominate (short contexts).
+ *
+ * Prediction: the ring is simulated as two fluid tasks - the reader reads
+ * streamed layers in order into n_slots buffers, a buffer is refilled only
+ * when the layer it held has computed, a layer computes when the previous
+ * one has and (streamed) its buffer is read; each progresses at its alone
+ * rate, or at its side-by-side rate while the other runs - over three
+ * forward passes; the third pass's duration is the steady-state time.
+ *
+ * Cache: rates are measured once per (model file path, size, mtime,
+ * threads, ISA) and kept one line per key in $KVANT_CACHE_DIR/offload-rates,
+ * or $XDG_CACHE_HOME/kvant/offload-rates, or ~/.cache/kvant/offload-rates.
+ * A cache that cannot be read or written is ignored (measured again).
+ *
+ * Threading: any thread; ocost_measure creates its own backend.
+ */
+#ifndef KVANT_OFFLOAD_COST_H
+#define KVANT_OFFLOAD_COST_H
+
+#include <stdint.h>
+
+#include "model/model.h"
+#include "model/wstream.h"
+#include "util/err.h"
+
+#define OCOST_N_BUCKETS 5 /* batch sizes 1, 8, 32, 128, 512 tokens per forward pass */
+
+typedef struct ocost_rates {
+    double read_bps;                          /* reading alone */
+    int32_t batch[OCOST_N_BUCKETS];
+    double compute_bps[OCOST_N_BUCKETS];      /* computing alone */
+    double compute_conc_bps[OCOST_N_BUCKETS]; /* computing while a reader reads */
+    double read_conc_bps[OCOST_N_BUCKETS];    /* reading while that computes */
+    int from_cache;        /* 1: read from the cache file, not measured now */
+    char cache_path[512];  /* where the rates are cached ("" when no place) */
+} ocost_rates;
+
+enum {
+    OCOST_CACHED = 0,      /* from the cache, else measured and stored */
+    OCOST_REMEASURE = 1,   /* measured and stored */
+    OCOST_CACHE_ONLY = 2,  /* from the cache, else KV_EBUSY (nothing measured) */
+};
+/* Rates for m on the CPU backend with n_threads (0: all cores).  Measuring
+ * takes from a second (small models) to about ten (a 1B F16 model on two
+ * cores) and allocates about 150 MiB outside any budget. */
+int ocost_rates_get(model *m, int n_threads, int mode, ocost_rates *out, kvant_err *err);
+
+typedef struct ocost_pred {
+    int32_t n_tokens;   /* tokens per forward pass */
+    double pass_s;      /* steady-state seconds per forward pass */
+    double tok_s;       /* n_tokens / pass_s */
+    double read_s;      /* reader busy seconds per pass */
+    double stall_s;     /* seconds per pass the compute waits for a buffer */
+} ocost_pred;
+
+/* Time per forward pass of n_tokens tokens (n_out logit rows) under p. */
+void ocost_predict(const wstream_plan *p, const model *m, const ocost_rates *r, int32_t n_tokens,
+                   int32_t n_out, ocost_pred *out);
+
+#endif

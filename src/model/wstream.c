@@ -1,0 +1,534 @@
+/* wstream.c - weight offload: placement, resident copies, the staging ring
+ * and its reader thread (see wstream.h).
+ *
+ * Ring protocol: streamed layers get sequence numbers in consumption order
+ * (seq s is layer order[s % n_streamed] and lives in slot s % n_slots).
+ * Seqs below `opened` have been assigned their slot; the forward pass has
+ * released every seq < cseq, and opened <= cseq + n_slots (a slot is
+ * reassigned only after the forward pass released its previous seq).  A
+ * layer is read in chunks of at most WS_CHUNK bytes; a chunk is claimed
+ * (slot.claimed++) and then read outside the lock (slot.done++ after).
+ * The reader thread claims chunks of the oldest open seq first and opens
+ * the next seq when there is room; the forward pass, when the layer it
+ * needs is not complete, claims and reads that layer's remaining chunks
+ * itself instead of waiting idle (so a stall is read by two threads).  A
+ * seq is ready when done == n_chunks.  All counters are under mu.
+ */
+#include "model/wstream.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define WS_MAX_PIECES 16 /* tensors per layer (model_layer has 14) */
+#define WS_CHUNK (4u << 20) /* bytes per pread claim */
+
+typedef struct ws_piece {
+    model_tensor *t;
+    uint64_t off; /* inside the layer's buffer */
+} ws_piece;
+
+typedef struct ws_chunk {
+    int piece;
+    uint64_t off, len; /* within the piece's tensor */
+} ws_chunk;
+
+typedef struct ws_layer {
+    ws_piece pc[WS_MAX_PIECES];
+    int n;
+    void *buf;         /* resident layers: manager buffer owned here */
+    ws_chunk *chunks;  /* streamed layers: [n_chunks], owned */
+    int n_chunks;
+} ws_layer;
+
+typedef struct ws_slot {
+    uint8_t *buf;      /* [slot_bytes], manager buffer */
+    uint64_t seq;      /* the seq it holds (valid below `opened`) */
+    int claimed, done; /* chunks of that seq */
+} ws_slot;
+
+struct wstream {
+    model *m;          /* borrowed */
+    mem_mgr *mem;      /* borrowed */
+    wstream_plan plan;
+    int fd;
+    ws_layer *layers;  /* [n_layers] */
+    ws_layer globals;
+    int32_t *order;    /* [n_streamed] streamed layer indices, in forward order */
+    ws_slot slot[WSTREAM_MAX_SLOTS];
+    pthread_t reader;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t opened, cseq; /* see the protocol above */
+    int stop, failed;
+    char error[256];
+    uint64_t bytes_read, layers_read;
+    double read_s, wait_s;
+};
+
+static double ws_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t ws_round(uint64_t n)
+{
+    return (n + WSTREAM_ALIGN - 1) / WSTREAM_ALIGN * WSTREAM_ALIGN;
+}
+
+/* The tensors of layer il (il < 0: the globals) that have data. */
+static void layer_pieces(model *m, int32_t il, ws_layer *out)
+{
+    out->n = 0;
+    model_tensor *ts[WS_MAX_PIECES];
+    int n = 0;
+    if (il < 0) {
+        ts[n++] = &m->tok_embd;
+        ts[n++] = &m->output_norm;
+        if (!m->tied_output)
+            ts[n++] = &m->output;
+        ts[n++] = &m->rope_freqs;
+    } else {
+        model_layer *L = &m->layers[il];
+        model_tensor *lt[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk,
+                              &L->bv, &L->bo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down,
+                              &L->b_down};
+        for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++)
+            ts[n++] = lt[i];
+    }
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        if (!ts[i]->data || !ts[i]->nbytes)
+            continue;
+        out->pc[out->n++] = (ws_piece){ts[i], off};
+        off += ws_round(ts[i]->nbytes);
+    }
+}
+
+static uint64_t pieces_bytes(const ws_layer *l)
+{
+    return l->n ? l->pc[l->n - 1].off + ws_round(l->pc[l->n - 1].t->nbytes) : 0;
+}
+
+void wstream_plan_update(wstream_plan *p)
+{
+    uint64_t widest = 0, widest_all = 0;
+    p->resident_bytes = p->global_bytes;
+    p->streamed_bytes = 0;
+    p->n_streamed = 0;
+    for (int32_t il = 0; il < p->n_layers; il++) {
+        uint64_t b = p->layer_bytes[il];
+        widest_all = b > widest_all ? b : widest_all;
+        if (p->place[il] == WPLACE_STREAMED) {
+            p->streamed_bytes += b;
+            p->n_streamed++;
+            widest = b > widest ? b : widest;
+        } else {
+            p->resident_bytes += b;
+        }
+    }
+    p->slot_bytes = widest;
+    p->ring_bytes = widest * (uint64_t)p->n_slots;
+    p->min_bytes = p->global_bytes + widest_all * (uint64_t)p->n_slots;
+}
+
+void wstream_plan_resident(const model *m, int n_slots, wstream_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->n_layers = m->hp.n_layers;
+    p->n_slots = n_slots < WSTREAM_MIN_SLOTS   ? WSTREAM_MIN_SLOTS
+                 : n_slots > WSTREAM_MAX_SLOTS ? WSTREAM_MAX_SLOTS
+                                               : n_slots;
+    ws_layer l;
+    layer_pieces((model *)m, -1, &l);
+    p->global_bytes = pieces_bytes(&l);
+    for (int32_t il = 0; il < p->n_layers && il < MODEL_MAX_LAYERS; il++) {
+        layer_pieces((model *)m, il, &l);
+        p->layer_bytes[il] = pieces_bytes(&l);
+    }
+    wstream_plan_update(p);
+}
+
+uint64_t wstream_plan_device_bytes(const wstream_plan *p)
+{
+    return p->resident_bytes + (p->n_streamed ? p->ring_bytes : 0);
+}
+
+int wstream_plan_make(const model *m, uint64_t weights_memory, int n_slots, wstream_plan *p,
+                      kvant_err *err)
+{
+    wstream_plan_resident(m, n_slots, p);
+    if (p->resident_bytes <= weights_memory)
+        return KV_OK; /* everything fits: no offload */
+    if (weights_memory < p->min_bytes)
+        return kvant_err_set(err, KV_ENOMEM,
+                             "--weights-memory %llu bytes cannot hold the embedding and output "
+                             "head (%llu bytes) plus a staging ring of %d layers of %llu bytes: "
+                             "the smallest weights budget that works is %lluMiB",
+                             (unsigned long long)weights_memory,
+                             (unsigned long long)p->global_bytes, p->n_slots,
+                             (unsigned long long)(p->min_bytes - p->global_bytes) / p->n_slots,
+                             (unsigned long long)((p->min_bytes + (1 << 20) - 1) >> 20));
+    /* Stream the last layers first: the reader then prefetches the first
+     * streamed layers while the resident ones compute. */
+    for (int32_t k = p->n_layers - 1; k >= 0; k--) {
+        p->place[k] = WPLACE_STREAMED;
+        wstream_plan_update(p);
+        if (wstream_plan_device_bytes(p) <= weights_memory)
+            return KV_OK;
+    }
+    return KV_OK; /* unreachable: all streamed fits since min_bytes <= weights_memory */
+}
+
+/* Reads every piece of l into buf (pread, retried on EINTR and partial
+ * reads).  A short read or an error fills msg and returns KV_EIO. */
+static int read_pieces(int fd, const ws_layer *l, uint8_t *buf, int32_t il, char *msg, size_t cap)
+{
+    for (int i = 0; i < l->n; i++) {
+        const model_tensor *t = l->pc[i].t;
+        uint64_t done = 0;
+        while (done < t->nbytes) {
+            ssize_t r = pread(fd, buf + l->pc[i].off + done, (size_t)(t->nbytes - done),
+                              (off_t)(t->file_off + done));
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0) {
+                snprintf(msg, cap,
+                         "model file: %s reading layer %d at byte %llu (%llu of %llu bytes "
+                         "read): the file was truncated or replaced while streamed",
+                         r < 0 ? strerror(errno) : "short read", (int)il,
+                         (unsigned long long)(t->file_off + done), (unsigned long long)done,
+                         (unsigned long long)t->nbytes);
+                return KV_EIO;
+            }
+            done += (uint64_t)r;
+        }
+    }
+    return KV_OK;
+}
+
+static void point_pieces(const ws_layer *l, uint8_t *buf)
+{
+    for (int i = 0; i < l->n; i++)
+        l->pc[i].t->dev = buf + l->pc[i].off;
+}
+
+/* One chunk of a layer into buf (pread, retried on EINTR and partial
+ * reads); KV_EIO with msg on a short read or an error. */
+static int read_chunk(int fd, const ws_layer *l, const ws_chunk *c, uint8_t *buf, int32_t il,
+                      char *msg, size_t cap)
+{
+    const model_tensor *t = l->pc[c->piece].t;
+    uint64_t done = 0;
+    while (done < c->len) {
+        ssize_t r = pread(fd, buf + l->pc[c->piece].off + c->off + done, (size_t)(c->len - done),
+                          (off_t)(t->file_off + c->off + done));
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            snprintf(msg, cap,
+                     "model file: %s reading layer %d at byte %llu: the file was truncated or "
+                     "replaced while streamed",
+                     r < 0 ? strerror(errno) : "short read", (int)il,
+                     (unsigned long long)(t->file_off + c->off + done));
+            return KV_EIO;
+        }
+        done += (uint64_t)r;
+    }
+    return KV_OK;
+}
+
+static int32_t seq_layer(const wstream *ws, uint64_t seq)
+{
+    return ws->order[seq % (uint64_t)ws->plan.n_streamed];
+}
+
+/* Assigns the next seq its slot when the slot is free (mu held). */
+static int open_next_locked(wstream *ws)
+{
+    if (ws->opened >= ws->cseq + (uint64_t)ws->plan.n_slots)
+        return 0;
+    ws_slot *sl = &ws->slot[ws->opened % (uint64_t)ws->plan.n_slots];
+    sl->seq = ws->opened++;
+    sl->claimed = sl->done = 0;
+    return 1;
+}
+
+/* Claims one chunk of seq, reads it with mu released, accounts it (mu
+ * held on entry and exit).  Returns 0, or KV_EIO after marking failure. */
+static int read_one_locked(wstream *ws, uint64_t seq)
+{
+    ws_slot *sl = &ws->slot[seq % (uint64_t)ws->plan.n_slots];
+    const int32_t il = seq_layer(ws, seq);
+    const ws_layer *l = &ws->layers[il];
+    const ws_chunk *c = &l->chunks[sl->claimed++];
+    char msg[256];
+    pthread_mutex_unlock(&ws->mu);
+    const double t0 = ws_now();
+    int rc = read_chunk(ws->fd, l, c, sl->buf, il, msg, sizeof msg);
+    const double dt = ws_now() - t0;
+    pthread_mutex_lock(&ws->mu);
+    ws->read_s += dt;
+    if (rc) {
+        if (!ws->failed)
+            snprintf(ws->error, sizeof ws->error, "%s", msg);
+        ws->failed = 1;
+    } else {
+        ws->bytes_read += c->len;
+        if (++sl->done == l->n_chunks)
+            ws->layers_read++;
+    }
+    pthread_cond_broadcast(&ws->cv);
+    return rc;
+}
+
+static void *reader_main(void *arg)
+{
+    wstream *ws = arg;
+    pthread_mutex_lock(&ws->mu);
+    while (!ws->stop && !ws->failed) {
+        uint64_t s = ws->cseq;
+        while (s < ws->opened) { /* the oldest open seq with unclaimed chunks */
+            const ws_slot *sl = &ws->slot[s % (uint64_t)ws->plan.n_slots];
+            if (sl->claimed < ws->layers[seq_layer(ws, s)].n_chunks)
+                break;
+            s++;
+        }
+        if (s < ws->opened)
+            read_one_locked(ws, s);
+        else if (!open_next_locked(ws))
+            pthread_cond_wait(&ws->cv, &ws->mu);
+    }
+    pthread_mutex_unlock(&ws->mu);
+    return NULL;
+}
+
+/* Splits each piece of a streamed layer into chunks of at most WS_CHUNK. */
+static int make_chunks(ws_layer *l)
+{
+    int n = 0;
+    for (int i = 0; i < l->n; i++)
+        n += (int)((l->pc[i].t->nbytes + WS_CHUNK - 1) / WS_CHUNK);
+    l->chunks = calloc((size_t)(n ? n : 1), sizeof *l->chunks);
+    if (!l->chunks)
+        return KV_ENOMEM;
+    for (int i = 0; i < l->n; i++)
+        for (uint64_t off = 0; off < l->pc[i].t->nbytes; off += WS_CHUNK) {
+            const uint64_t left = l->pc[i].t->nbytes - off;
+            l->chunks[l->n_chunks++] = (ws_chunk){i, off, left < WS_CHUNK ? left : WS_CHUNK};
+        }
+    return KV_OK;
+}
+
+/* Resident layer (or the globals, il < 0): one manager buffer, read once. */
+static int load_resident(wstream *ws, ws_layer *l, int32_t il, kvant_err *err)
+{
+    const uint64_t bytes = pieces_bytes(l);
+    if (!bytes)
+        return KV_OK;
+    l->buf = mem_alloc(ws->mem, bytes, MEM_WEIGHTS, il < 0 ? MEM_NO_LAYER : il, err);
+    if (!l->buf)
+        return KV_ENOMEM;
+    char msg[256];
+    if (read_pieces(ws->fd, l, l->buf, il, msg, sizeof msg))
+        return kvant_err_set(err, KV_EIO, "%s: %s", ws->m->path, msg);
+    point_pieces(l, l->buf);
+    return KV_OK;
+}
+
+static int ws_setup(wstream *ws, kvant_err *err)
+{
+    model *m = ws->m;
+    const wstream_plan *p = &ws->plan;
+    ws->fd = open(m->path, O_RDONLY | O_CLOEXEC);
+    if (ws->fd < 0)
+        return kvant_err_set(err, KV_EIO, "%s: %s", m->path, strerror(errno));
+    ws->layers = calloc((size_t)p->n_layers, sizeof *ws->layers);
+    ws->order = calloc((size_t)p->n_layers, sizeof *ws->order);
+    if (!ws->layers || !ws->order)
+        return kvant_err_set(err, KV_ENOMEM, "out of memory");
+    layer_pieces(m, -1, &ws->globals);
+    int rc = load_resident(ws, &ws->globals, -1, err);
+    if (rc)
+        return rc;
+    if (m->tied_output)
+        m->output.dev = m->tok_embd.dev;
+    int32_t k = 0;
+    for (int32_t il = 0; il < p->n_layers; il++) {
+        ws_layer *l = &ws->layers[il];
+        layer_pieces(m, il, l);
+        if (p->place[il] == WPLACE_STREAMED) {
+            ws->order[k++] = il;
+            if (make_chunks(l))
+                return kvant_err_set(err, KV_ENOMEM, "out of memory");
+            for (int i = 0; i < l->n; i++) {
+                l->pc[i].t->streamed = 1;
+                l->pc[i].t->dev = NULL;
+            }
+        } else if ((rc = load_resident(ws, l, il, err))) {
+            return rc;
+        }
+    }
+    for (int s = 0; k && s < p->n_slots; s++) {
+        ws->slot[s].buf = mem_alloc(ws->mem, p->slot_bytes, MEM_WEIGHTS, MEM_NO_LAYER, err);
+        if (!ws->slot[s].buf)
+            return KV_ENOMEM;
+    }
+    if (k && pthread_create(&ws->reader, NULL, reader_main, ws))
+        return kvant_err_set(err, KV_ENOMEM, "cannot start the weight reader thread");
+    ws->started = k > 0;
+    return KV_OK;
+}
+
+wstream *wstream_create(model *m, mem_mgr *mem, const wstream_plan *p, kvant_err *err)
+{
+    if (p->n_layers != m->hp.n_layers || p->n_slots < WSTREAM_MIN_SLOTS ||
+        p->n_slots > WSTREAM_MAX_SLOTS) {
+        kvant_err_set(err, KV_EINVAL, "weight placement: plan of %d layers, %d slots for a model "
+                      "of %d layers", p->n_layers, p->n_slots, m->hp.n_layers);
+        return NULL;
+    }
+    wstream *ws = calloc(1, sizeof *ws);
+    if (!ws) {
+        kvant_err_set(err, KV_ENOMEM, "out of memory");
+        return NULL;
+    }
+    ws->m = m;
+    ws->mem = mem;
+    ws->plan = *p;
+    wstream_plan_update(&ws->plan);
+    ws->fd = -1;
+    pthread_mutex_init(&ws->mu, NULL);
+    pthread_cond_init(&ws->cv, NULL);
+    if (ws_setup(ws, err)) {
+        wstream_destroy(ws);
+        return NULL;
+    }
+    return ws;
+}
+
+static void unpoint(ws_layer *l)
+{
+    for (int i = 0; i < l->n; i++) {
+        l->pc[i].t->dev = (void *)l->pc[i].t->data;
+        l->pc[i].t->streamed = 0;
+    }
+}
+
+void wstream_destroy(wstream *ws)
+{
+    if (!ws)
+        return;
+    if (ws->started) {
+        pthread_mutex_lock(&ws->mu);
+        ws->stop = 1;
+        pthread_cond_broadcast(&ws->cv);
+        pthread_mutex_unlock(&ws->mu);
+        pthread_join(ws->reader, NULL);
+    }
+    for (int s = 0; s < WSTREAM_MAX_SLOTS; s++)
+        mem_free(ws->mem, ws->slot[s].buf);
+    for (int32_t il = 0; ws->layers && il < ws->plan.n_layers; il++) {
+        unpoint(&ws->layers[il]);
+        mem_free(ws->mem, ws->layers[il].buf);
+        free(ws->layers[il].chunks);
+    }
+    unpoint(&ws->globals);
+    mem_free(ws->mem, ws->globals.buf);
+    if (ws->m->tied_output)
+        ws->m->output.dev = ws->m->tok_embd.dev;
+    if (ws->fd >= 0)
+        close(ws->fd);
+    pthread_mutex_destroy(&ws->mu);
+    pthread_cond_destroy(&ws->cv);
+    free(ws->layers);
+    free(ws->order);
+    free(ws);
+}
+
+int wstream_acquire(wstream *ws, int32_t il, kvant_err *err)
+{
+    if (il < 0 || il >= ws->plan.n_layers || ws->plan.place[il] != WPLACE_STREAMED)
+        return KV_OK;
+    pthread_mutex_lock(&ws->mu);
+    const uint64_t seq = ws->cseq;
+    const int32_t want = seq_layer(ws, seq);
+    if (want != il && !ws->failed) {
+        ws->failed = 1;
+        snprintf(ws->error, sizeof ws->error,
+                 "weight stream out of order: layer %d asked, layer %d next", (int)il, (int)want);
+        pthread_cond_broadcast(&ws->cv);
+    }
+    ws_slot *sl = &ws->slot[seq % (uint64_t)ws->plan.n_slots];
+    const int n_chunks = ws->layers[il].n_chunks;
+    const double t0 = ws_now();
+    while (!ws->failed) {
+        if (ws->opened == seq)
+            open_next_locked(ws); /* always room: seq == cseq */
+        if (sl->claimed < n_chunks)
+            read_one_locked(ws, seq); /* help rather than wait */
+        else if (sl->done < n_chunks)
+            pthread_cond_wait(&ws->cv, &ws->mu);
+        else
+            break;
+    }
+    ws->wait_s += ws_now() - t0;
+    int rc = KV_OK;
+    if (ws->failed)
+        rc = kvant_err_set(err, KV_EIO, "%s: %s", ws->m->path, ws->error);
+    else
+        point_pieces(&ws->layers[il], sl->buf);
+    pthread_mutex_unlock(&ws->mu);
+    return rc;
+}
+
+void wstream_release(wstream *ws, int32_t il)
+{
+    if (il < 0 || il >= ws->plan.n_layers || ws->plan.place[il] != WPLACE_STREAMED)
+        return;
+    pthread_mutex_lock(&ws->mu);
+    ws->cseq++;
+    pthread_cond_broadcast(&ws->cv);
+    pthread_mutex_unlock(&ws->mu);
+}
+
+void wstream_get_stats(wstream *ws, wstream_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&ws->mu);
+    out->resident_bytes = ws->plan.resident_bytes;
+    out->streamed_bytes = ws->plan.streamed_bytes;
+    out->ring_bytes = ws->plan.n_streamed ? ws->plan.ring_bytes : 0;
+    out->n_layers = ws->plan.n_layers;
+    out->n_streamed = ws->plan.n_streamed;
+    out->n_slots = ws->plan.n_slots;
+    out->bytes_read = ws->bytes_read;
+    out->layers_read = ws->layers_read;
+    out->read_s = ws->read_s;
+    out->wait_s = ws->wait_s;
+    out->failed = ws->failed;
+    snprintf(out->error, sizeof out->error, "%s", ws->error);
+    out->plan = &ws->plan;
+    pthread_mutex_unlock(&ws->mu);
+}
+
+int wstream_failed(wstream *ws)
+{
+    pthread_mutex_lock(&ws->mu);
+    int f = ws->failed;
+    pthread_mutex_unlock(&ws->mu);
+    return f;
+}
+
+const wstream_plan *wstream_get_plan(const wstream *ws)
+{
+    return &ws->plan;
+}

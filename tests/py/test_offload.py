@@ -1,0 +1,198 @@
+"""Weight offload (--weights-memory) on the default model (SmolLM2-135M Q4_1: 30 layers of
+about 2.1 MiB, a 28.7 MiB embedding that is also the output head).
+
+- `kvant logits`: every layer streamed (33MiB, the smallest budget) and half the layers
+  streamed give bitwise the same logits as fully resident, with 1, 5 and 64 tokens per
+  forward pass, on the int8 path (resident weights repacked, streamed ones as stored),
+  with --exact and with --no-pack, and with a 3-buffer ring.
+- a budget under one layer ring plus the embedding is refused naming the smallest budget;
+  a budget that holds everything warns and streams nothing.
+- `kvant serve`: concurrent requests with chunked prefill answer with the same tokens and
+  logprobs as a server without offload; /v1/memory and /metrics report the placement and
+  the bytes streamed; a model file truncated under the server fails the requests in flight
+  with a clear error and /health turns 503, the process does not crash.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import signal
+import subprocess
+
+import httpx
+import numpy as np
+import pytest
+
+from server_util import KvantServer
+
+THREADS = os.environ.get("KVANT_THREADS", "2")
+SMALLEST = "33MiB"      # embedding/head 28.7 MiB + 2 x 2.1 MiB ring
+HALF = "62MiB"          # about half the layers resident
+IDS = [(i * 7919 + 13) % 40000 + 100 for i in range(70)]
+
+
+def logits(kvant_bin, model, tmp_path, name, *args):
+    toks = tmp_path / "ids.txt"
+    toks.write_text(" ".join(map(str, IDS)))
+    out = tmp_path / f"{name}.bin"
+    r = subprocess.run([kvant_bin, "logits", "-m", model, "-t", THREADS, "--tokens-file",
+                        str(toks), "--out", str(out), *args], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    return out.read_bytes(), r.stderr
+
+
+@pytest.mark.parametrize("batch", ["1", "5", "64"])
+def test_logits_bitwise(kvant_bin, default_model, tmp_path, batch):
+    ref, _ = logits(kvant_bin, default_model, tmp_path, "ref", "-b", batch)
+    assert len(ref) == len(IDS) * 49152 * 4
+    for wm in (SMALLEST, HALF):
+        got, _ = logits(kvant_bin, default_model, tmp_path, "off", "-b", batch,
+                        "--weights-memory", wm)
+        assert got == ref, f"--weights-memory {wm}, -b {batch}: logits differ"
+
+
+@pytest.mark.parametrize("extra", [["--exact"], ["--no-pack"], ["--stream-buffers", "3"]])
+def test_logits_bitwise_paths(kvant_bin, default_model, tmp_path, extra):
+    base = [e for e in extra if e not in ("--stream-buffers", "3")]
+    ref, _ = logits(kvant_bin, default_model, tmp_path, "ref", "-b", "7", *base)
+    wm = "36MiB" if "--stream-buffers" in extra else SMALLEST
+    got, _ = logits(kvant_bin, default_model, tmp_path, "off", "-b", "7", "--weights-memory",
+                    wm, *extra)
+    assert got == ref
+    f = np.frombuffer(got, dtype=np.float32)
+    assert np.isfinite(f).all() and f.std() > 0
+
+
+def test_refused_and_fits(kvant_bin, default_model, tmp_path):
+    toks = tmp_path / "ids.txt"
+    toks.write_text("1 2 3")
+    cmd = [kvant_bin, "logits", "-m", default_model, "-t", THREADS, "--tokens-file", str(toks),
+           "--out", str(tmp_path / "o.bin")]
+    r = subprocess.run(cmd + ["--weights-memory", "20MiB"], capture_output=True, text=True)
+    assert r.returncode != 0
+    assert "smallest weights budget that works is 33MiB" in r.stderr, r.stderr
+    r = subprocess.run(cmd + ["--weights-memory", "1.5"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--weights-memory" in r.stderr, r.stderr
+    r = subprocess.run(cmd + ["--weights-memory", "1GiB"], capture_output=True, text=True)
+    assert r.returncode == 0 and "the model fits, no layer is streamed" in r.stderr, r.stderr
+    # serve refuses at start, with the same message
+    r = subprocess.run([kvant_bin, "serve", "-m", default_model, "-t", THREADS, "--port", "0",
+                        "--weights-memory", "20MiB"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "smallest weights budget that works is 33MiB" in r.stderr
+
+
+def complete(srv, i, max_tokens=6):
+    prompt = [(i * 7919 + j * 31 + 11) % 40000 + 100 for j in range(20 + 9 * i)]
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": 1,
+            "ignore_eos": True}
+    r = httpx.post(srv.url + "/v1/completions", json=body, timeout=300)
+    return r
+
+
+def workload(srv):
+    with concurrent.futures.ThreadPoolExecutor(6) as ex:
+        rs = list(ex.map(lambda i: complete(srv, i), range(6)))
+    out = []
+    for r in rs:
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        out.append((c["text"], c["logprobs"]["token_logprobs"]))
+    return out
+
+
+ARGS = ["--max-num-batched-tokens", "16", "--max-num-seqs", "8"]
+
+
+def test_serve_same_answers_and_visible(kvant_bin, default_model):
+    srv = KvantServer(kvant_bin, default_model, *ARGS)
+    try:
+        ref = workload(srv)
+    finally:
+        assert srv.stop() == 0
+    srv = KvantServer(kvant_bin, default_model, *ARGS, "--weights-memory", HALF)
+    try:
+        got = workload(srv)
+        assert got == ref
+        mem = httpx.get(srv.url + "/v1/memory", timeout=30).json()
+        off = mem["weights_offload"]
+        assert off["enabled"] and 0 < off["streamed_layers"] < 30
+        places = [layer["placement"] for layer in off["layers"]]
+        assert places.count("streamed") == off["streamed_layers"]
+        assert off["streamed_bytes_total"] >= off["streamed_bytes_per_forward"] > 0
+        assert off["streamed_bytes_per_token"] > 0
+        m = srv.metrics()
+        assert m["kvant_weights_streamed_bytes_per_forward"] == off["streamed_bytes_per_forward"]
+        assert m["kvant_weights_streamed_bytes_total"] > 0
+        assert m["kvant_weights_stream_failed"] == 0
+        assert m["kvant_weights_layer_bytes{layer=29,placement=streamed}"] > 0
+        assert m["kvant_weights_layer_bytes{layer=0,placement=resident}"] > 0
+        assert "weight offload:" in srv.log_text() and "layer placement:" in srv.log_text()
+    finally:
+        assert srv.stop() == 0
+
+
+def test_serve_truncated_model(kvant_bin, default_model, tmp_path):
+    model = tmp_path / "copy.gguf"
+    shutil.copyfile(default_model, model)
+    srv = KvantServer(kvant_bin, str(model), *ARGS, "--weights-memory", SMALLEST)
+    try:
+        assert complete(srv, 0).status_code == 200
+        os.truncate(model, 1 << 20)  # the header stays; every layer is gone
+        errors = []
+        for i in range(3):
+            r = complete(srv, i + 1)
+            if r.status_code != 200:
+                errors.append(r.text)
+            else:  # a streamed answer carries the error in the stream body
+                assert "error" not in r.text, r.text
+        assert errors, "no request failed after the model file was truncated"
+        assert any("truncated or replaced" in e for e in errors), errors
+        h = httpx.get(srv.url + "/health", timeout=10)
+        assert h.status_code == 503 and "weight offload failed" in h.text, h.text
+        assert srv.metrics()["kvant_weights_stream_failed"] == 1
+        assert srv.proc.poll() is None, "the server died"
+    finally:
+        rc = srv.stop()
+        assert rc == 0, srv.log_text()
+    assert rc != -signal.SIGBUS
+
+
+def test_plan_placement_and_prediction(kvant_bin, default_model, tmp_path):
+    env = dict(os.environ, KVANT_CACHE_DIR=str(tmp_path / "cache"))
+    cmd = [kvant_bin, "plan", "-m", default_model, "-t", THREADS, "-c", "2048"]
+    runs = []
+    for _ in range(2):
+        r = subprocess.run(cmd + ["--weights-memory", "40MiB", "--json"], capture_output=True,
+                           text=True, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        runs.append(json.loads(r.stdout))
+    off = runs[0]["weights_offload"]
+    assert off["offload"] and len(off["layers"]) == 30
+    places = [layer["placement"] for layer in off["layers"]]
+    n_res = places.count("resident")
+    assert 0 < n_res < 30 and places == ["resident"] * n_res + ["streamed"] * (30 - n_res)
+    assert off["resident_bytes"] + off["staging_bytes"] <= 40 << 20
+    assert runs[0]["plans"][0]["plan"]["weights_bytes"] == off["resident_bytes"] + \
+        off["staging_bytes"]
+    assert not off["rates"]["cached"] and runs[1]["weights_offload"]["rates"]["cached"]
+    assert (tmp_path / "cache" / "offload-rates").exists()
+    assert off["rates"]["read_bytes_per_s"] > 0
+    pred = off["predicted"]
+    assert [p["tokens_per_pass"] for p in pred] == [1, 8, 32, 128, 512]
+    for p in pred:
+        assert p["tok_s"] > 0 and p["tok_s"] <= p["resident_tok_s"] * (1 + 1e-9)
+        assert p["pass_s"] >= p["stall_s"] >= 0
+    # text form and --remeasure
+    r = subprocess.run(cmd + ["--weights-memory", "40MiB", "--remeasure"], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "layer placement: RRR" in r.stdout and "measured now" in r.stdout
+    # refused with the smallest budget; a budget that holds everything warns
+    r = subprocess.run(cmd + ["--weights-memory", "10MiB"], capture_output=True, text=True,
+                       env=env)
+    assert r.returncode == 1 and "smallest weights budget that works is 33MiB" in r.stderr
+    r = subprocess.run(cmd + ["--weights-memory", "1GiB", "--json"], capture_output=True,
+                       text=True, env=env)
+    assert r.returncode == 0 and json.loads(r.stdout)["weights_offload"]["offload"] is False
