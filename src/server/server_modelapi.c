@@ -7,7 +7,6 @@
 #include "server/server_modelapi.h"
 
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -212,43 +211,6 @@ int srv_models_action(srv_models *r, const char *url, const char *body, size_t l
 
 /* ---- metrics ---------------------------------------------------------------- */
 
-typedef struct mbuf {
-    char *s;
-    size_t len, cap;
-    int oom;
-} mbuf;
-
-static void mb_printf(mbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void mb_printf(mbuf *b, const char *fmt, ...)
-{
-    if (b->oom)
-        return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->oom = 1;
-            return;
-        }
-        if (b->s && b->len + (size_t)n < b->cap) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t nc = b->cap ? b->cap * 2 : 4096;
-        while (nc < b->len + (size_t)n + 1)
-            nc *= 2;
-        char *t = realloc(b->s, nc);
-        if (!t) {
-            b->oom = 1;
-            return;
-        }
-        b->s = t;
-        b->cap = nc;
-    }
-}
-
 /* name with \, " and newline escaped, for a label value */
 static void esc(const char *in, char *out, size_t cap)
 {
@@ -267,19 +229,19 @@ static void esc(const char *in, char *out, size_t cap)
     out[j] = '\0';
 }
 
-static void hist_lines(mbuf *b, const char *metric, const char *lbl, const srv_models_hist *h)
+static void hist_lines(FILE *b, const char *metric, const char *lbl, const srv_models_hist *h)
 {
     uint64_t cum = 0;
     for (int k = 0; k < SRV_MODELS_HIST_N; k++) {
         cum += h->bucket[k];
         if (k < SRV_MODELS_HIST_N - 1)
-            mb_printf(b, "%s_bucket{model=\"%s\",le=\"%g\"} %llu\n", metric, lbl,
+            fprintf(b, "%s_bucket{model=\"%s\",le=\"%g\"} %llu\n", metric, lbl,
                       srv_models_hist_le[k], (unsigned long long)cum);
         else
-            mb_printf(b, "%s_bucket{model=\"%s\",le=\"+Inf\"} %llu\n", metric, lbl,
+            fprintf(b, "%s_bucket{model=\"%s\",le=\"+Inf\"} %llu\n", metric, lbl,
                       (unsigned long long)cum);
     }
-    mb_printf(b, "%s_sum{model=\"%s\"} %.6f\n%s_count{model=\"%s\"} %llu\n", metric, lbl, h->sum,
+    fprintf(b, "%s_sum{model=\"%s\"} %.6f\n%s_count{model=\"%s\"} %llu\n", metric, lbl, h->sum,
               metric, lbl, (unsigned long long)h->count);
 }
 
@@ -302,7 +264,7 @@ static const struct { const char *name, *type, *help; } mx[MX_N] = {
     {"kvant_model_wake_seconds", "histogram", "Duration of wakes from sleep."},
 };
 
-static void metric_rows(mbuf *b, int k, const srv_model_info *x, const char *lbl)
+static void metric_rows(FILE *b, int k, const srv_model_info *x, const char *lbl)
 {
     const uint64_t v[MX_N] = {
         [MX_NEED] = x->need_bytes,  [MX_KV] = x->kv_pool_bytes,   [MX_INFL] = (uint64_t)x->refs,
@@ -310,16 +272,16 @@ static void metric_rows(mbuf *b, int k, const srv_model_info *x, const char *lbl
         [MX_WAKES] = x->wakes,      [MX_SLEEPS] = x->sleeps,      [MX_UNLOADS] = x->unloads};
     if (k == MX_STATE) {
         for (int s = 0; s < SRV_MODEL_STATE_COUNT; s++)
-            mb_printf(b, "%s{model=\"%s\",state=\"%s\"} %d\n", mx[k].name, lbl,
+            fprintf(b, "%s{model=\"%s\",state=\"%s\"} %d\n", mx[k].name, lbl,
                       srv_model_state_name((srv_model_state)s), (int)x->state == s);
     } else if (k == MX_RES) {
         for (int c = 0; c < MEM_CAT_COUNT; c++)
-            mb_printf(b, "%s{model=\"%s\",category=\"%s\"} %llu\n", mx[k].name, lbl,
+            fprintf(b, "%s{model=\"%s\",category=\"%s\"} %llu\n", mx[k].name, lbl,
                       mem_cat_name((mem_cat)c), (unsigned long long)x->resident[c]);
     } else if (k == MX_LOADH || k == MX_WAKEH) {
         hist_lines(b, mx[k].name, lbl, k == MX_LOADH ? &x->load_h : &x->wake_h);
     } else {
-        mb_printf(b, "%s{model=\"%s\"} %llu\n", mx[k].name, lbl, (unsigned long long)v[k]);
+        fprintf(b, "%s{model=\"%s\"} %llu\n", mx[k].name, lbl, (unsigned long long)v[k]);
     }
 }
 
@@ -331,26 +293,32 @@ char *srv_models_metrics(srv_models *r)
         return NULL;
     for (int i = 0; i < n; i++)
         srv_models_info(r, i, &xs[i]);
-    mbuf b = {0};
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) {
+        free(xs);
+        return NULL;
+    }
     mem_mgr *m = srv_models_mem(r);
-    mb_printf(&b, "# HELP kvant_models_budget_bytes The budget shared by every model.\n"
+    fprintf(f, "# HELP kvant_models_budget_bytes The budget shared by every model.\n"
                   "# TYPE kvant_models_budget_bytes gauge\nkvant_models_budget_bytes %llu\n"
                   "# HELP kvant_models_used_bytes Bytes in use by all loaded models.\n"
                   "# TYPE kvant_models_used_bytes gauge\nkvant_models_used_bytes %llu\n",
               (unsigned long long)mem_budget(m), (unsigned long long)mem_used(m));
     char lbl[2 * SRV_MODELS_NAME_MAX + 4];
     for (int k = 0; k < MX_N; k++) {
-        mb_printf(&b, "# HELP %s %s\n# TYPE %s %s\n", mx[k].name, mx[k].help, mx[k].name,
+        fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", mx[k].name, mx[k].help, mx[k].name,
                   mx[k].type);
         for (int i = 0; i < n; i++) {
             esc(xs[i].name, lbl, sizeof lbl);
-            metric_rows(&b, k, &xs[i], lbl);
+            metric_rows(f, k, &xs[i], lbl);
         }
     }
     free(xs);
-    if (b.oom) {
-        free(b.s);
+    if (fclose(f)) {
+        free(buf);
         return NULL;
     }
-    return b.s ? b.s : strdup("");
+    return buf;
 }
