@@ -270,9 +270,20 @@ static void schedule_running(engine *e, step_plan *sp)
     }
 }
 
+static int32_t count_running(const engine *e)
+{
+    int32_t n = 0;
+    for (const eng_seq *s = e->running; s; s = s->next)
+        n++;
+    return n;
+}
+
+/* Admits waiting sequences while budget, KV blocks and sequence slots last;
+ * running sequences hold their slots whether scheduled this step or not. */
 static void schedule_waiting(engine *e, step_plan *sp)
 {
-    while (e->waiting && sp->n_seqs < e->cfg.max_num_seqs) {
+    int32_t slots = e->cfg.max_num_seqs - count_running(e);
+    while (e->waiting && sp->n_seqs < e->cfg.max_num_seqs && slots > 0) {
         eng_seq *s = e->waiting;
         int32_t budget = e->cfg.max_num_batched_tokens - sp->n_tokens;
         if (budget < 1)
@@ -297,6 +308,7 @@ static void schedule_waiting(engine *e, step_plan *sp)
         s->preempted = 0;
         list_insert(&e->running, s);
         add_to_plan(e, sp, s, chunk);
+        slots--;
     }
 }
 
@@ -538,7 +550,8 @@ static int prefill_first(const engine *e)
 {
     const eng_seq *s = e->waiting;
     return s && e->running && !e->last_prefill_first && !s->preempted && s->n_computed == 0 &&
-           s->n_tokens <= e->cfg.max_num_batched_tokens;
+           s->n_tokens <= e->cfg.max_num_batched_tokens &&
+           count_running(e) < e->cfg.max_num_seqs;
 }
 
 int engine_step(engine *e)

@@ -254,6 +254,34 @@ static void test_scheduler(model *m)
     CHECKF(hi.first_step < lo.first_step, "priority: high first at %d, low at %d", hi.first_step,
            lo.first_step);
     engine_destroy(e);
+
+    /* prefill first: new short prompts run before the running decodes, but
+     * never more sequences than max_num_seqs, and both kinds advance */
+    e = mk(m, 64, 2, 0, 0);
+    result rs[5];
+    memset(rs, 0, sizeof rs);
+    engine_request rr[5];
+    rr[0] = req_for(p, 6, 12, 0.0f);
+    engine_submit(e, &rr[0], on_event, &rs[0], NULL);
+    engine_run_step(e); /* request 0 is decoding */
+    for (int i = 1; i < 5; i++) {
+        rr[i] = req_for(p + 10 * i, 6, 12, 0.0f);
+        engine_submit(e, &rr[i], on_event, &rs[i], NULL);
+    }
+    int within = 1, all_done = 0;
+    for (int s = 0; s < 300 && !all_done; s++) {
+        engine_run_step(e);
+        engine_stats st;
+        engine_get_stats(e, &st);
+        within &= st.running <= 2;
+        all_done = 1;
+        for (int i = 0; i < 5; i++)
+            all_done &= rs[i].done;
+    }
+    CHECKF(within, "prefill first: at most max_num_seqs (2) sequences running");
+    CHECK(all_done);
+    check_no_leak(e);
+    engine_destroy(e);
 }
 
 static void test_cancel_reject_fork(model *m)
