@@ -32,6 +32,17 @@ TARGET   := $(shell $(CC) -dumpmachine 2>/dev/null)
 ifeq ($(findstring x86_64,$(TARGET)),)
 LIB_SRC  := $(filter-out %_avx2.c %_avx512.c,$(LIB_SRC))
 endif
+# MPI (tensor parallelism, src/par): built in where mpicc is found (OpenMPI,
+# installed by scripts/setup-deps.sh); MPI=0 builds the single-process stub
+# (the arm64 cross build and the sanitizer build use it).
+MPI      ?= $(if $(shell command -v mpicc 2>/dev/null),1,0)
+ifeq ($(MPI),1)
+LIB_SRC  := $(filter-out src/par/par_none.c,$(LIB_SRC))
+MPI_CFLAGS := $(shell mpicc --showme:compile)
+LDLIBS   += $(shell mpicc --showme:link)
+else
+LIB_SRC  := $(filter-out src/par/par_mpi.c,$(LIB_SRC))
+endif
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/unit/test_*.c))
 TESTUTIL := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
@@ -67,6 +78,8 @@ $(BUILD)/obj/%_avx512.o: %_avx512.c
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/src/par/par_mpi.o: CFLAGS += $(MPI_CFLAGS)
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
@@ -156,13 +169,13 @@ ARM64_NOT_RUN := test_bench test_cuda test_dtype test_engine test_engine_tier te
 ARM64_TESTS := $(filter-out $(ARM64_NOT_RUN),$(TEST_SRC:tests/unit/%.c=%))
 arm64:
 	rm -rf build-arm64/tests
-	$(MAKE) CC=$(ARM64_CC) BUILD=build-arm64 WERROR=1 OPT="-O2 -g -fno-tree-vectorize" build-arm64/kvant \
+	$(MAKE) CC=$(ARM64_CC) BUILD=build-arm64 MPI=0 WERROR=1 OPT="-O2 -g -fno-tree-vectorize" build-arm64/kvant \
 	  $(ARM64_TESTS:%=build-arm64/tests/%) $(ARM64_NOT_RUN:%=build-arm64/obj/tests/unit/%.o)
 	@echo "arm64: built, not run under qemu (threads hang there, or too slow emulated): $(ARM64_NOT_RUN)"
 	KVANT_TEST_RUNNER="qemu-aarch64 -L $(ARM64_SYSROOT)" scripts/run-unit.sh build-arm64
 
 asan:
-	$(MAKE) BUILD=build-asan WERROR=1 OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" unit
+	$(MAKE) BUILD=build-asan MPI=0 WERROR=1 OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" unit
 
 fuzz:
 	$(MAKE) -f fuzz/fuzz.mk

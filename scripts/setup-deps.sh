@@ -4,7 +4,7 @@ set -euo pipefail
 pkgs=(gcc make libpcre2-dev libjansson-dev libmicrohttpd-dev clang libclang-rt-14-dev
       python3 python3-venv curl prometheus chromium tmux
       gcc-aarch64-linux-gnu qemu-user libpcre2-dev:arm64 libjansson-dev:arm64
-      libmicrohttpd-dev:arm64)
+      libmicrohttpd-dev:arm64 openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -39,6 +39,8 @@ typedef struct cli_common {
     uint64_t weights_memory;    /* --weights-memory SIZE (0: no cap) */
     double weights_memory_frac; /* --weights-memory F, a fraction of the budget (0: none) */
     int weights_slots;          /* --stream-buffers N (0: 2) */
+    int tp;                     /* --tp N: tensor-parallel ranks (mpirun -np N); 1: none */
+    double tp_timeout;          /* --tp-timeout S: longest wait for another rank */
 } cli_common;
 
 void cli_common_init(cli_common *c);
@@ -145,8 +147,15 @@ typedef struct cli_session {
     float *logits;        /* host [max_out][n_vocab] */
     struct quant_weights *qw; /* load-time quantized copies (or NULL) */
     struct wstream *ws;   /* weight offload (--weights-memory), or NULL */
+    struct par *par;      /* --tp: the process group, or NULL */
+    struct model_shard *shard; /* --tp: this rank's share of the weights */
+    struct tp_ctx *tp;    /* --tp: the forward pass's reductions */
 } cli_session;
 
+/* With --tp N under mpirun, every rank opens the session on its share of
+ * the model; ranks other than 0 then serve rank 0's forward passes inside
+ * this call and exit the process when rank 0 closes its session (status
+ * 0) or the group fails (status 1): only rank 0 returns. */
 int cli_session_open(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t max_batch,
                      int32_t max_out, kvant_err *err);
 void cli_session_close(cli_session *s);

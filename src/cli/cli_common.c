@@ -12,6 +12,9 @@
 #include "model/wstream.h"
 #include "quant/quant_load.h"
 #include "kernels/dtype.h"
+#include "model/shard.h"
+#include "par/par.h"
+#include "par/tp.h"
 
 void cli_common_init(cli_common *c)
 {
@@ -21,6 +24,8 @@ void cli_common_init(cli_common *c)
     c->weights_dtype = -1;
     c->kv_dtype = DT_F16;
     c->backend = "cpu";
+    c->tp = 1;
+    c->tp_timeout = 30.0;
 }
 
 int cli_is_help(const char *arg)
@@ -113,6 +118,10 @@ void cli_common_help(FILE *f)
                                        "layers that do not fit are streamed from the file (CPU)",
          "no cap"},
         {"--stream-buffers", "N", "staging buffers for streamed layers, 2..8", "2"},
+        {"--tp", "N", "tensor parallelism over N MPI ranks, 1..64: launch as mpirun -np N "
+                      "kvant CMD ... --tp N (docs/PARALLEL.md)", "1"},
+        {"--tp-timeout", "S", "seconds a rank waits for another before failing, 1..3600",
+         "30"},
     };
     cli_help_table(f, "common options (every command)", t, CLI_N_OPTS(t));
 }
@@ -282,6 +291,17 @@ int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
         c->weights_slots = (int)nb;
         return 1;
     }
+    if (!strcmp(a, "--tp")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, 1, 64, &n))
+            return -1;
+        c->tp = (int)n;
+        return 1;
+    }
+    if (!strcmp(a, "--tp-timeout")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_float(a, v, 1.0, 3600.0, &c->tp_timeout))
+            return -1;
+        return 1;
+    }
     if (!strcmp(a, "--memory-utilization")) {
         double f;
         if (!(v = cli_value(argc, argv, i)) || cli_parse_float(a, v, 0.0, 1.0, &f))
@@ -398,11 +418,34 @@ void cli_json_string(FILE *f, const char *s, size_t len)
     fputc('"', f);
 }
 
-int cli_session_open(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t max_batch,
-                     int32_t max_out, kvant_err *err)
+/* --tp: what every rank must agree on besides the model */
+static void session_fingerprint(cli_session *s, const cli_common *c, int32_t max_out,
+                                uint8_t fp[TP_FP_BYTES])
 {
-    memset(s, 0, sizeof *s);
-    dtype_init();
+    const int64_t opts[] = {s->n_ctx, s->max_batch, max_out, c->kv_dtype, c->exact, c->no_pack,
+                            c->tp, CLI_DEFAULT_BLOCK};
+    tp_fingerprint(s->m, opts, (int)(sizeof opts / sizeof opts[0]), fp);
+}
+
+/* --tp, after the model is loaded: this rank's share, before the backend
+ * loads (and packs) weights. */
+static int session_shard(cli_session *s, const cli_common *c, kvant_err *err)
+{
+    if (strcmp(c->backend, "cpu") != 0)
+        return kvant_err_set(err, KV_EUNSUP, "--tp runs on the CPU backend only (GPU groups "
+                             "over NCCL are not built yet)");
+    if (c->weights_dtype >= 0 || c->weights_memory || c->weights_memory_frac > 0)
+        return kvant_err_set(err, KV_EUNSUP, "--tp with --weights-dtype or --weights-memory is "
+                             "not supported");
+    s->shard = model_shard_apply(s->m, par_rank(s->par), par_size(s->par), s->mem, err);
+    return s->shard ? KV_OK : (err->code ? err->code : KV_ENOMEM);
+}
+
+/* Everything up to the forward context; under --tp every rank then agrees
+ * (cli_session_open). */
+static int session_load(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t max_batch,
+                        int32_t max_out, uint8_t fp[TP_FP_BYTES], kvant_err *err)
+{
     backend_device_info info;
     if (backend_query(c->backend, c->device, &info, err))
         return err->code;
@@ -413,51 +456,86 @@ int cli_session_open(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t
     s->be = backend_create(c->backend, c->device, s->mem, c->n_threads,
                            (c->exact ? BACKEND_EXACT : 0) | (c->no_pack ? BACKEND_NO_PACK : 0), err);
     if (!s->be)
-        goto fail;
+        return err->code ? err->code : KV_ENOMEM;
     s->m = model_load(c->model_path, err);
     if (!s->m)
-        goto fail;
-    if (c->weights_dtype >= 0) {
-        s->qw = quant_weights_apply(s->m, (uint32_t)c->weights_dtype, s->mem, err);
-        if (!s->qw)
-            goto fail;
-    }
+        return err->code ? err->code : KV_EIO;
     if (n_ctx <= 0 || n_ctx > s->m->hp.n_ctx_train)
         n_ctx = n_ctx <= 0 ? (int32_t)(s->m->hp.n_ctx_train < 4096 ? s->m->hp.n_ctx_train : 4096)
                            : n_ctx;
     s->n_ctx = n_ctx;
+    s->max_batch = max_batch;
+    if (s->par) {
+        session_fingerprint(s, c, max_out, fp);
+        if (session_shard(s, c, err))
+            return err->code;
+    }
+    if (c->weights_dtype >= 0) {
+        s->qw = quant_weights_apply(s->m, (uint32_t)c->weights_dtype, s->mem, err);
+        if (!s->qw)
+            return err->code ? err->code : KV_ENOMEM;
+    }
     if (session_offload(s, c, err) || s->be->ops->load_weights(s->be, s->m, err))
-        goto fail;
+        return err->code ? err->code : KV_ENOMEM;
     s->n_blocks = (n_ctx + CLI_DEFAULT_BLOCK - 1) / CLI_DEFAULT_BLOCK;
     s->table = malloc((size_t)s->n_blocks * sizeof *s->table);
-    if (!s->table) {
-        kvant_err_set(err, KV_ENOMEM, "out of memory");
-        goto fail;
-    }
+    s->logits = malloc((size_t)max_out * s->m->hp.n_vocab * sizeof(float));
+    if (!s->table || !s->logits)
+        return kvant_err_set(err, KV_ENOMEM, "out of memory");
     for (int32_t i = 0; i < s->n_blocks; i++)
         s->table[i] = i;
-    s->max_batch = max_batch;
-    kv_layout kv = fwd_kv_layout(s->m, s->n_blocks, CLI_DEFAULT_BLOCK, c->kv_dtype);
-    if (fwd_init(&s->fwd, s->m, s->be, max_batch, max_out, &kv, err))
-        goto fail;
-    s->logits = malloc((size_t)max_out * s->m->hp.n_vocab * sizeof(float));
-    if (!s->logits) {
-        kvant_err_set(err, KV_ENOMEM, "out of memory for logits");
-        goto fail;
+    if (s->par) {
+        s->tp = tp_create(s->par, s->be, max_batch, max_out, s->m->hp.n_embd, s->m->hp.n_vocab,
+                          err);
+        if (!s->tp)
+            return err->code ? err->code : KV_ENOMEM;
     }
-    return KV_OK;
-fail:
-    cli_session_close(s);
-    return err && err->code ? err->code : KV_ENOMEM;
+    kv_layout kv = fwd_kv_layout(s->m, s->n_blocks, CLI_DEFAULT_BLOCK, c->kv_dtype);
+    return fwd_init(&s->fwd, s->m, s->be, max_batch, max_out, &kv, err);
+}
+
+int cli_session_open(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t max_batch,
+                     int32_t max_out, kvant_err *err)
+{
+    memset(s, 0, sizeof *s);
+    dtype_init();
+    if (c->tp > 1 && !(s->par = par_create(c->tp, c->tp_timeout, err)))
+        return err->code;
+    uint8_t fp[TP_FP_BYTES] = {0};
+    int rc = session_load(s, c, n_ctx, max_batch, max_out, fp, err);
+    if (s->par) {
+        /* every rank, failed or not: one agreement, so none waits alone */
+        int32_t nb = s->n_blocks;
+        kvant_err local = *err;
+        rc = tp_agree(s->par, rc, &local, fp, &nb, err);
+        if (!rc)
+            rc = tp_attach(s->tp, &s->fwd, err);
+        if (!rc && par_rank(s->par) != 0) {
+            rc = tp_worker_run(s->tp, err);
+            if (rc)
+                fprintf(stderr, "kvant: %s\n", err->msg);
+            cli_session_close(s);
+            exit(rc ? 1 : 0);
+        }
+    }
+    if (rc)
+        cli_session_close(s);
+    return rc;
 }
 
 void cli_session_close(cli_session *s)
 {
+    if (s->tp && s->par && par_rank(s->par) == 0 && s->fwd.tp) {
+        kvant_err e = {0};
+        (void)tp_send_quit(s->tp, &e);
+    }
     if (s->fwd.be)
         fwd_free(&s->fwd);
+    tp_destroy(s->tp);
     if (s->be && s->m)
         s->be->ops->unload_weights(s->be, s->m);
     quant_weights_free(s->qw);
+    model_shard_free(s->shard);
     if (s->be)
         s->be->ops->destroy(s->be);
     if (s->m)
@@ -467,6 +545,7 @@ void cli_session_close(cli_session *s)
     free(s->table);
     free(s->logits);
     mem_destroy(s->mem);
+    par_destroy(s->par);
     memset(s, 0, sizeof *s);
 }
 

@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "kernels/dtype.h"
+#include "model/model_hash.h"
 #include "model/tokenizer.h"
 
 struct eng_tier {
@@ -50,38 +51,6 @@ struct eng_tier {
 
 /* ---- fingerprint ---- */
 
-typedef struct fp_ctx {
-    kvhash_sha256_ctx *s;
-} fp_ctx;
-
-static void fp_u64(kvhash_sha256_ctx *s, uint64_t v)
-{
-    uint8_t b[8];
-    for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)(v >> (8 * i));
-    kvhash_sha256_update(s, b, 8);
-}
-
-static void fp_tensor(void *ctx, model_tensor *t)
-{
-    kvhash_sha256_ctx *s = ((fp_ctx *)ctx)->s;
-    fp_u64(s, t->type);
-    fp_u64(s, (uint64_t)t->ne[0]);
-    fp_u64(s, (uint64_t)t->ne[1]);
-    fp_u64(s, t->nbytes);
-    if (!t->data || !t->nbytes)
-        return;
-    const uint64_t chunk = 4096, n = 16;
-    if (t->nbytes <= chunk * n) {
-        kvhash_sha256_update(s, t->data, t->nbytes);
-        return;
-    }
-    for (uint64_t i = 0; i < n; i++) {
-        uint64_t off = (t->nbytes - chunk) / (n - 1) * i;
-        kvhash_sha256_update(s, (const uint8_t *)t->data + off, chunk);
-    }
-}
-
 static void fingerprint(engine *e, uint8_t out[KVTIER_KEY_BYTES])
 {
     kvhash_sha256_ctx s;
@@ -92,7 +61,7 @@ static void fingerprint(engine *e, uint8_t out[KVTIER_KEY_BYTES])
                    hp->n_ff, hp->n_vocab, hp->rope_dim, hp->rope, e->cfg.kv_dtype,
                    e->cfg.block_size, e->cfg.weights_dtype, e->cfg.exact};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        fp_u64(&s, (uint64_t)f[i]);
+        model_hash_u64(&s, (uint64_t)f[i]);
     float fl[] = {hp->rope_base, hp->rope_freq_scale, hp->rms_eps};
     kvhash_sha256_update(&s, fl, sizeof fl);
     /* the backend and the kernels' ISA: the same model computes bitwise
@@ -109,8 +78,7 @@ static void fingerprint(engine *e, uint8_t out[KVTIER_KEY_BYTES])
             kvhash_sha256_update(&s, "", 1);
         }
     }
-    fp_ctx c = {&s};
-    model_for_each_tensor(e->m, fp_tensor, &c);
+    model_hash_tensors(e->m, &s);
     kvhash_sha256_final(&s, out);
 }
 

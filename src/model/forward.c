@@ -9,10 +9,12 @@
 #include "model/forward.h"
 
 #include <string.h>
+#include <time.h>
 
 #include "kernels/dtype.h"
 #include "mem/plan.h"
 #include "model/wstream.h"
+#include "par/tp.h"
 
 static plan_model plan_shape(const model_hparams *hp)
 {
@@ -141,8 +143,15 @@ static void matmuls(fwd_ctx *f, int count, const model_tensor *const *W,
         op->matmul(f->be, W[i], bias[i], d_x, d_y[i], n);
 }
 
-static void run_layer(fwd_ctx *f, int32_t il, int32_t n)
+/* Tensor parallelism: this rank's partial sums of d_y, added over ranks. */
+static int reduce(fwd_ctx *f, float *d_y, int64_t count, kvant_err *err)
 {
+    return f->tp ? tp_allreduce(f->tp, d_y, count, err) : KV_OK;
+}
+
+static int run_layer(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
+{
+    int rc;
     const backend_ops *op = f->be->ops;
     backend *be = f->be;
     const model_hparams *hp = &f->m->hp;
@@ -158,6 +167,8 @@ static void run_layer(fwd_ctx *f, int32_t il, int32_t n)
     op->kv_store(be, il, f->d_k, f->d_v);
     op->attention(be, il, f->d_q, hp->n_head, f->d_att);
     op->matmul(be, &L->wo, L->bo.dev ? &L->bo : NULL, f->d_att, f->d_h, n);
+    if ((rc = reduce(f, f->d_h, (int64_t)n * hp->n_embd, err)))
+        return rc;
     op->add(be, f->d_x, f->d_h, (int64_t)n * hp->n_embd);
     op->rmsnorm(be, f->d_x, &L->ffn_norm, hp->rms_eps, f->d_h, n);
     const model_tensor *gu[2] = {&L->w_gate, &L->w_up}, *gu_b[2] = {NULL, NULL};
@@ -165,14 +176,49 @@ static void run_layer(fwd_ctx *f, int32_t il, int32_t n)
     matmuls(f, 2, gu, gu_b, f->d_h, gu_y, n);
     op->swiglu(be, f->d_gate, f->d_up, f->d_gate, (int64_t)n * L->n_ff);
     op->matmul(be, &L->w_down, L->b_down.dev ? &L->b_down : NULL, f->d_gate, f->d_h, n);
+    if ((rc = reduce(f, f->d_h, (int64_t)n * hp->n_embd, err)))
+        return rc;
     op->add(be, f->d_x, f->d_h, (int64_t)n * hp->n_embd);
+    return KV_OK;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 int fwd_run(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
 {
+    int rc;
+    if (f->tp && (rc = check_batch(f, b, f->kv.block_size, err)))
+        return rc; /* refused here, before the other ranks see it */
+    if (f->tp && (rc = tp_send_batch(f->tp, b, err)))
+        return rc;
+    return fwd_run_shard(f, b, logits, err);
+}
+
+static int run_head(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
+{
     const backend_ops *op = f->be->ops;
     backend *be = f->be;
     const model *m = f->m;
+    op->gather_out(be, f->d_x, m->hp.n_embd, f->d_h);
+    op->rmsnorm(be, f->d_h, &m->output_norm, m->hp.rms_eps, f->d_h, b->n_out);
+    op->matmul(be, &m->output, NULL, f->d_h, f->d_logits, b->n_out);
+    if (f->tp) /* this rank's vocabulary rows, gathered on rank 0 */
+        return tp_gather_logits(f->tp, f->d_logits, b->n_out, logits, err);
+    return op->download(be, logits, f->d_logits,
+                        (size_t)b->n_out * m->hp.n_vocab * sizeof(float));
+}
+
+int fwd_run_shard(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
+{
+    const backend_ops *op = f->be->ops;
+    backend *be = f->be;
+    const model *m = f->m;
+    const double t0 = f->tp ? now_s() : 0;
     int rc;
     if ((rc = check_batch(f, b, f->kv.block_size, err)))
         return rc;
@@ -180,22 +226,24 @@ int fwd_run(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
         return rc;
     int32_t n = b->n_tokens;
     op->embed(be, &m->tok_embd, f->d_x);
+    /* a vocabulary slice embeds its own tokens and zeros: the sum over
+     * ranks is each token's row, exactly */
+    if ((rc = reduce(f, f->d_x, (int64_t)n * m->hp.n_embd, err)))
+        return rc;
     for (int32_t il = 0; il < m->hp.n_layers; il++) {
         /* offload: a streamed layer's buffer is read before it runs and
          * handed back once the backend is done with it */
         if (m->wstream && (rc = wstream_acquire(m->wstream, il, err)))
             return rc;
-        run_layer(f, il, n);
+        if ((rc = run_layer(f, il, n, err)))
+            return rc;
         if (m->wstream) {
             op->sync(be);
             wstream_release(m->wstream, il);
         }
     }
-    if (b->n_out == 0)
-        return op->sync(be);
-    op->gather_out(be, f->d_x, m->hp.n_embd, f->d_h);
-    op->rmsnorm(be, f->d_h, &m->output_norm, m->hp.rms_eps, f->d_h, b->n_out);
-    op->matmul(be, &m->output, NULL, f->d_h, f->d_logits, b->n_out);
-    return op->download(be, logits, f->d_logits,
-                        (size_t)b->n_out * m->hp.n_vocab * sizeof(float));
+    rc = b->n_out == 0 ? op->sync(be) : run_head(f, b, logits, err);
+    if (f->tp)
+        tp_note_step(f->tp, now_s() - t0);
+    return rc;
 }

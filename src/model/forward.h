@@ -23,6 +23,7 @@ typedef struct fwd_ctx {
     float *d_logits;  /* [max_out][n_vocab] */
     rope_params rope;
     kv_layout kv;     /* the paged KV storage this context writes */
+    struct tp_ctx *tp; /* tensor parallelism (par/tp.h) or NULL; borrowed */
 } fwd_ctx;
 
 /* Activation workspace bytes for a batch shape: the planner's
@@ -42,5 +43,9 @@ void fwd_free(fwd_ctx *f);
  * copies logits [n_out][n_vocab] to host memory.  On error nothing in the
  * KV cache outside the batch's own slots has changed. */
 int fwd_run(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err);
+/* The same on this rank only: under tensor parallelism fwd_run (rank 0)
+ * first sends the batch to the other ranks, whose workers call this;
+ * logits is written on rank 0 only (NULL elsewhere). */
+int fwd_run_shard(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err);
 
 #endif

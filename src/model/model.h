@@ -63,6 +63,10 @@ typedef struct model_tensor {
     int streamed;         /* 1: read into a staging buffer before use (model/wstream.h);
                            * dev is valid only between wstream_acquire and release */
     uint64_t file_off;    /* byte offset of the data in the GGUF file */
+    int64_t row0;         /* first row of the file's tensor this one holds (a
+                           * tensor-parallel vocabulary slice, model/shard.h);
+                           * the embedding lookup writes zeros for tokens
+                           * outside [row0, row0 + ne[1]) */
 } model_tensor;
 
 typedef struct model_layer {

@@ -278,7 +278,13 @@ static void embed_worker(int ith, int nth, void *arg)
     long b, e;
     tpool_range(j->n, ith, nth, &b, &e);
     for (long t = b; t < e; t++) {
-        const char *row = (const char *)j->w->dev + (size_t)j->cb->batch->tokens[t] * j->w->row_bytes;
+        /* a vocabulary slice (model/shard.h) holds rows [row0, row0 + ne[1]) */
+        const int64_t r = (int64_t)j->cb->batch->tokens[t] - j->w->row0;
+        if (r < 0 || r >= j->w->ne[1]) {
+            memset(j->y + t * j->w->ne[0], 0, (size_t)j->w->ne[0] * sizeof(float));
+            continue;
+        }
+        const char *row = (const char *)j->w->dev + (size_t)r * j->w->row_bytes;
         tr->to_float(row, j->y + t * j->w->ne[0], j->w->ne[0]);
     }
 }

@@ -1,0 +1,239 @@
+/* shard.c - one rank's share of a model under tensor parallelism. */
+#include "model/shard.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "kernels/dtype.h"
+
+struct model_shard {
+    model *m;            /* borrowed */
+    mem_mgr *mem;        /* borrowed */
+    model_hparams hp;    /* the full model's, restored at free */
+    model_layer *layers; /* [n_layers] the full model's layer tensors */
+    model_tensor tok_embd, output;
+    uint64_t weights_bytes;
+    void **copies;       /* column slices, from mem */
+    int n_copies;
+};
+
+int shard_range_of(const model_hparams *hp, int rank, int n, shard_range *out, kvant_err *err)
+{
+    memset(out, 0, sizeof *out);
+    if (n < 1 || rank < 0 || rank >= n)
+        return kvant_err_set(err, KV_EINVAL, "rank %d of %d", rank, n);
+    const int32_t nkv = hp->n_head_kv, group = hp->n_head / hp->n_head_kv;
+    if (n <= nkv) {
+        out->kv0 = (int32_t)((int64_t)rank * nkv / n);
+        out->n_kv = (int32_t)((int64_t)(rank + 1) * nkv / n) - out->kv0;
+        out->head0 = out->kv0 * group;
+        out->n_head = out->n_kv * group;
+    } else {
+        const int rep = n / nkv;
+        if (n % nkv || group % rep)
+            return kvant_err_set(err, KV_EUNSUP,
+                                 "%d ranks: the model's %d query heads in %d KV groups cannot be "
+                                 "split evenly (use a rank count that divides %d, or a multiple "
+                                 "of %d whose quotient divides %d)",
+                                 n, hp->n_head, nkv, nkv, nkv, group);
+        out->kv0 = rank / rep;
+        out->n_kv = 1;
+        out->head0 = out->kv0 * group + (rank % rep) * (group / rep);
+        out->n_head = group / rep;
+    }
+    out->vocab0 = (int32_t)((int64_t)rank * hp->n_vocab / n);
+    out->n_vocab = (int32_t)((int64_t)(rank + 1) * hp->n_vocab / n) - out->vocab0;
+    return KV_OK;
+}
+
+void shard_ff_range(int32_t n_ff, int32_t align, int rank, int n, int32_t *ff0, int32_t *n_ff_out)
+{
+    if (align < 1)
+        align = 1;
+    const int64_t units = (n_ff + align - 1) / align;
+    int64_t b = (int64_t)rank * units / n * align, e = (int64_t)(rank + 1) * units / n * align;
+    if (e > n_ff)
+        e = n_ff;
+    if (b > e)
+        b = e;
+    *ff0 = (int32_t)b;
+    *n_ff_out = (int32_t)(e - b);
+}
+
+/* Rows [r0, r0 + nr) of t, as a view into the same storage. */
+static void rows_view(model_tensor *t, int64_t r0, int64_t nr)
+{
+    t->data = (const char *)t->data + (size_t)r0 * t->row_bytes;
+    t->dev = (void *)t->data; /* mapped, as model_load leaves it */
+    t->file_off += (uint64_t)r0 * t->row_bytes;
+    t->ne[1] = nr;
+    t->nbytes = (uint64_t)nr * t->row_bytes;
+    t->row0 = r0;
+}
+
+/* Elements [e0, e0 + ne) of a 1-D f32 tensor (a bias). */
+static void vec_view(model_tensor *t, int64_t e0, int64_t ne)
+{
+    if (!t->data)
+        return;
+    t->data = (const float *)t->data + e0;
+    t->dev = (void *)t->data;
+    t->file_off += (uint64_t)e0 * sizeof(float);
+    t->ne[0] = ne;
+    t->nbytes = t->row_bytes = (size_t)ne * sizeof(float);
+}
+
+static void drop_mapped(const void *p, size_t n)
+{
+    const long pg = sysconf(_SC_PAGESIZE);
+    if (pg <= 0)
+        return;
+    const uintptr_t a = ((uintptr_t)p + (uintptr_t)pg - 1) / (uintptr_t)pg * (uintptr_t)pg;
+    const uintptr_t z = ((uintptr_t)p + n) / (uintptr_t)pg * (uintptr_t)pg;
+    if (z > a)
+        (void)madvise((void *)a, z - a, MADV_DONTNEED);
+}
+
+/* Columns [c0, c0 + nc) of every row of t, copied into memory from the
+ * manager; t->dev names the copy (data keeps naming the file's bytes, as
+ * for load-time conversions: backends do not reserve it again). */
+static int cols_copy(model_shard *s, model_tensor *t, int64_t c0, int64_t nc, kvant_err *err)
+{
+    const dtype_traits *tr = dtype_get(t->type);
+    const int64_t bs = tr->block_size;
+    if (c0 % bs || (nc % bs && c0 + nc != t->ne[0]))
+        return kvant_err_set(err, KV_EUNSUP,
+                             "a %s tensor of %lld columns cannot be cut at column %lld (blocks of "
+                             "%lld)", tr->name, (long long)t->ne[0], (long long)c0, (long long)bs);
+    const size_t off = (size_t)(c0 / bs) * tr->type_size, row = dtype_row_size(t->type, nc);
+    const uint64_t nbytes = (uint64_t)row * (uint64_t)t->ne[1];
+    char *dst = mem_alloc(s->mem, nbytes, MEM_WEIGHTS, t->layer < 0 ? MEM_NO_LAYER : t->layer,
+                          err);
+    if (!dst)
+        return KV_ENOMEM;
+    s->copies[s->n_copies++] = dst;
+    for (int64_t r = 0; r < t->ne[1]; r++)
+        memcpy(dst + (size_t)r * row, (const char *)t->data + (size_t)r * t->row_bytes + off, row);
+    drop_mapped(t->data, t->nbytes);
+    t->dev = dst;
+    t->ne[0] = nc;
+    t->row_bytes = row;
+    t->nbytes = nbytes;
+    return KV_OK;
+}
+
+static void no_tensor(model_tensor *t)
+{
+    t->data = NULL;
+    t->dev = NULL;
+    t->nbytes = 0;
+}
+
+static int shard_layer(model_shard *s, model_layer *L, const shard_range *r, int rank, int n,
+                       kvant_err *err)
+{
+    const int64_t hd = s->hp.head_dim;
+    int rc;
+    rows_view(&L->wq, r->head0 * hd, r->n_head * hd);
+    rows_view(&L->wk, r->kv0 * hd, r->n_kv * hd);
+    rows_view(&L->wv, r->kv0 * hd, r->n_kv * hd);
+    vec_view(&L->bq, r->head0 * hd, r->n_head * hd);
+    vec_view(&L->bk, r->kv0 * hd, r->n_kv * hd);
+    vec_view(&L->bv, r->kv0 * hd, r->n_kv * hd);
+    if ((rc = cols_copy(s, &L->wo, r->head0 * hd, r->n_head * hd, err)))
+        return rc;
+    const dtype_traits *tr = dtype_get(L->w_down.type);
+    int32_t ff0, nff;
+    shard_ff_range(L->n_ff, tr->block_size > 32 ? tr->block_size : 32, rank, n, &ff0, &nff);
+    if (nff < 1)
+        return kvant_err_set(err, KV_EUNSUP, "an FFN of %d channels cannot be split over %d "
+                             "ranks in blocks of %d", L->n_ff, n, tr->block_size);
+    rows_view(&L->w_gate, ff0, nff);
+    rows_view(&L->w_up, ff0, nff);
+    if ((rc = cols_copy(s, &L->w_down, ff0, nff, err)))
+        return rc;
+    L->n_ff = nff;
+    if (rank != 0) { /* added once, to the sum over ranks */
+        no_tensor(&L->bo);
+        no_tensor(&L->b_down);
+    }
+    return KV_OK;
+}
+
+static void add_bytes(void *ctx, model_tensor *t)
+{
+    *(uint64_t *)ctx += t->nbytes;
+}
+
+model_shard *model_shard_apply(model *m, int rank, int n, mem_mgr *mem, kvant_err *err)
+{
+    shard_range r;
+    if (shard_range_of(&m->hp, rank, n, &r, err))
+        return NULL;
+    model_shard *s = calloc(1, sizeof *s);
+    const int nl = m->hp.n_layers;
+    if (s) {
+        s->layers = malloc((size_t)nl * sizeof *s->layers);
+        s->copies = calloc((size_t)nl * 2 + 1, sizeof *s->copies);
+    }
+    if (!s || !s->layers || !s->copies) {
+        if (s)
+            free(s->layers);
+        free(s);
+        kvant_err_set(err, KV_ENOMEM, "out of memory");
+        return NULL;
+    }
+    s->m = m;
+    s->mem = mem;
+    s->hp = m->hp;
+    memcpy(s->layers, m->layers, (size_t)nl * sizeof *s->layers);
+    s->tok_embd = m->tok_embd;
+    s->output = m->output;
+    s->weights_bytes = m->weights_bytes;
+    int32_t max_ff = 0;
+    for (int il = 0; il < nl; il++) {
+        if (shard_layer(s, &m->layers[il], &r, rank, n, err)) {
+            model_shard_free(s);
+            return NULL;
+        }
+        max_ff = m->layers[il].n_ff > max_ff ? m->layers[il].n_ff : max_ff;
+    }
+    rows_view(&m->tok_embd, r.vocab0, r.n_vocab);
+    if (m->tied_output) {
+        m->output = m->tok_embd;
+        m->output.exact = s->output.exact;
+    } else {
+        rows_view(&m->output, r.vocab0, r.n_vocab);
+    }
+    m->hp.n_head = r.n_head;
+    m->hp.n_head_kv = r.n_kv;
+    m->hp.n_ff = max_ff;
+    uint64_t total = 0;
+    model_for_each_tensor(m, add_bytes, &total);
+    m->weights_bytes = total;
+    return s;
+}
+
+uint64_t model_shard_full_bytes(const model_shard *s)
+{
+    return s->weights_bytes;
+}
+
+void model_shard_free(model_shard *s)
+{
+    if (!s)
+        return;
+    model *m = s->m;
+    m->hp = s->hp;
+    memcpy(m->layers, s->layers, (size_t)s->hp.n_layers * sizeof *s->layers);
+    m->tok_embd = s->tok_embd;
+    m->output = s->output;
+    m->weights_bytes = s->weights_bytes;
+    for (int i = 0; i < s->n_copies; i++)
+        mem_free(s->mem, s->copies[i]);
+    free(s->copies);
+    free(s->layers);
+    free(s);
+}

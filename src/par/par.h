@@ -1,0 +1,59 @@
+/* par.h - the process group kvant runs on for tensor parallelism: a thin
+ * layer over MPI (Debian's OpenMPI), launched as `mpirun -np N kvant ...`.
+ *
+ * Every collective is issued non-blocking and then polled against a
+ * deadline (timeout_s): a rank that dies or hangs turns into an error on
+ * the ranks that wait for it, never a hang.  After one failure the group
+ * is broken and every later call fails at once; the caller fails its work
+ * and exits (par_abort takes the other ranks down with it).
+ *
+ * Builds without MPI (MPI=0: the arm64 and sanitizer builds) have the same
+ * interface; par_create then fails with KV_EUNSUP.
+ *
+ * Ownership: par_create/par_destroy pair (MPI_Init/MPI_Finalize: once per
+ * process).  Threading: one thread at a time (MPI_THREAD_SERIALIZED): the
+ * thread that runs the engine steps, after the main thread set it up.
+ */
+#ifndef KVANT_PAR_H
+#define KVANT_PAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "util/err.h"
+
+typedef struct par par;
+
+/* Communication counters of this rank (bytes it sent, time it waited). */
+typedef struct par_stats {
+    uint64_t calls;
+    uint64_t bytes_sent;
+    double seconds;      /* wall time inside collectives */
+} par_stats;
+
+/* 1 when this build has MPI. */
+int par_built(void);
+/* Initialises MPI and checks the group has exactly `expect` ranks.
+ * timeout_s bounds every later wait. */
+par *par_create(int expect, double timeout_s, kvant_err *err);
+void par_destroy(par *p);
+/* Ends the whole job with code (MPI_Abort): the other ranks exit too. */
+void par_abort(par *p, int code);
+int par_rank(const par *p);
+int par_size(const par *p);
+void par_get_stats(const par *p, par_stats *out);
+
+/* buf (bytes) from rank 0 to every rank.  idle: the caller has nothing
+ * else to do (a worker waiting for its next command): no deadline, and the
+ * wait sleeps between polls instead of spinning. */
+int par_bcast(par *p, void *buf, size_t bytes, int idle, kvant_err *err);
+/* recv[r * bytes ...] = rank r's send, on every rank. */
+int par_allgather(par *p, const void *send, void *recv, size_t bytes, kvant_err *err);
+/* recv[r * bytes ...] = rank r's send[my_rank * bytes ...]: the i-th chunk
+ * of every rank's buffer reaches rank i. */
+int par_alltoall(par *p, const void *send, void *recv, size_t bytes, kvant_err *err);
+/* recv[r * bytes ...] = rank r's send, on rank 0 only (recv may be NULL
+ * elsewhere). */
+int par_gather(par *p, const void *send, void *recv, size_t bytes, kvant_err *err);
+
+#endif
