@@ -24,6 +24,8 @@
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "kernels/dtype.h"
+#include "par/par.h"
+#include "par/tp.h"
 
 
 #define BENCH_MAX_REPS 100
@@ -258,18 +260,25 @@ static void bench_batch_summary(bench_req *req, bench_batch_ctx *b, long batch, 
 }
 
 /* Runs the --batch measurement once on a fresh engine. */
-static int bench_batch(model *m, const cli_common *c, const bench_opts *o, bench_batch_res *res,
-                       kvant_err *err)
+static int bench_batch(model *m, const cli_common *c, const bench_opts *o, par *group,
+                       bench_batch_res *res, kvant_err *err)
 {
+    int rc0;
     engine_config cfg = engine_config_default();
     cli_engine_config(c, &cfg);
     cfg.max_num_seqs = (int32_t)(o->batch > 64 ? o->batch : 64);
     cfg.max_model_len = o->p + o->n + 1;
     cfg.manual = 1;
+    cfg.tp_group = group;
     memset(res, 0, sizeof *res);
     engine *e = engine_create(m, &cfg, err);
     if (!e)
         return -1;
+    if (group && par_rank(group) != 0) { /* --tp: run rank 0's steps, then leave */
+        rc0 = engine_tp_worker(e, err);
+        engine_destroy(e);
+        return rc0;
+    }
     bench_batch_ctx b = {calloc((size_t)(o->batch * o->n), sizeof(double)), 0};
     bench_req *req = calloc((size_t)o->batch, sizeof *req);
     int32_t *prompt = malloc((size_t)o->p * sizeof *prompt);
@@ -328,6 +337,9 @@ typedef struct bench_report {
     int have_rl, have_batch;
     roofline_result rl;
     bench_batch_res br;
+    /* --tp: rank 0's communication during the pp and tg series */
+    int tp;
+    double pp_comm_bpt, pp_comm_share, tg_comm_bpt, tg_comm_share;
 } bench_report;
 
 static void bench_print_json(const bench_report *r)
@@ -338,6 +350,10 @@ static void bench_print_json(const bench_report *r)
     printf(", \"isa\": \"%s\", \"threads\": %d, \"model_bytes\": %.0f, \"params\": %.0f, "
            "\"reps\": %ld, \"p\": %ld, \"n\": %ld",
            dtype_isa(), r->threads, r->w.bytes_per_tok, r->w.params, o->reps, o->p, o->n);
+    if (r->tp)
+        printf(", \"tp\": %d, \"pp_comm_bytes_per_token\": %.1f, \"pp_comm_share\": %.4f, "
+               "\"tg_comm_bytes_per_token\": %.1f, \"tg_comm_share\": %.4f",
+               r->tp, r->pp_comm_bpt, r->pp_comm_share, r->tg_comm_bpt, r->tg_comm_share);
     if (!o->batch) {
         printf(", \"packed_bytes\": %.0f", r->w.packed_bytes);
         printf(", \"pp_tps\": %.3f, \"pp_tps_min\": %.3f, \"pp_tps_max\": %.3f, "
@@ -415,6 +431,15 @@ static void bench_print_text(const bench_report *r)
 }
 
 /* pp and tg on a single-sequence session. */
+/* --tp: bytes rank 0 sent per token and the share of step time spent in
+ * collectives, between two snapshots. */
+static void bench_comm(const tp_stats *a, const tp_stats *b, double *bpt, double *share)
+{
+    const double tok = (double)(b->tokens - a->tokens), st = b->step_seconds - a->step_seconds;
+    *bpt = tok > 0 ? (double)(b->comm.bytes_sent - a->comm.bytes_sent) / tok : 0.0;
+    *share = st > 0 ? (b->comm.seconds - a->comm.seconds) / st : 0.0;
+}
+
 static int bench_single(const cli_common *c, const bench_opts *o, bench_report *r, kvant_err *err)
 {
     cli_session s;
@@ -430,10 +455,21 @@ static int bench_single(const cli_common *c, const bench_opts *o, bench_report *
     if (!rc) {
         bench_random_tokens(tok, nt, s.m->hp.n_vocab, 1);
         r->w = bench_weight_traffic(s.m);
+        tp_stats t0 = {0}, t1 = {0}, t2 = {0};
+        if (s.tp)
+            tp_get_stats(s.tp, &t0);
         if (o->p > 0)
             rc = bench_series(&s, tok, o->p, 0, o->reps, &r->pp, err);
+        if (s.tp)
+            tp_get_stats(s.tp, &t1);
         if (!rc && o->n > 0)
             rc = bench_series(&s, tok, o->n, 1, o->reps, &r->tg, err);
+        if (s.tp) {
+            tp_get_stats(s.tp, &t2);
+            r->tp = c->tp;
+            bench_comm(&t0, &t1, &r->pp_comm_bpt, &r->pp_comm_share);
+            bench_comm(&t1, &t2, &r->tg_comm_bpt, &r->tg_comm_share);
+        }
     }
     free(tok);
     cli_session_close(&s);
@@ -456,12 +492,22 @@ int cmd_bench(int argc, char **argv)
     if (o.batch) {
         model *m = model_load(c.model_path, &err);
         rc = m ? 0 : -1;
-        if (m) {
+        par *group = NULL;
+        if (m && c.tp > 1 && !(group = par_create(c.tp, c.tp_timeout, &err)))
+            rc = -1;
+        if (m && !rc) {
             r.w = bench_weight_traffic(m);
-            rc = bench_batch(m, &c, &o, &r.br, &err);
+            rc = bench_batch(m, &c, &o, group, &r.br, &err);
             r.have_batch = !rc;
-            model_free(m);
         }
+        model_free(m);
+        if (group && par_rank(group) != 0) { /* a worker rank prints nothing */
+            if (rc)
+                fprintf(stderr, "kvant bench (rank %d): %s\n", par_rank(group), err.msg);
+            par_destroy(group);
+            return rc ? 1 : 0;
+        }
+        par_destroy(group);
     } else {
         rc = bench_single(&c, &o, &r, &err);
     }

@@ -19,6 +19,7 @@
 
 #include "cli/cli.h"
 #include "engine/engine.h"
+#include "par/par.h"
 #include "server/server.h"
 #include "server/server_models.h"
 
@@ -214,6 +215,8 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
     o->ec.print_plan = 1;
     if (serve_models_check(&o->mo, &o->c, &o->sc, &o->ec))
         return CLI_EXIT_USAGE;
+    if (o->c.tp > 1 && o->mo.multi)
+        return cli_err_usage("serve", "--tp serves one model (not several)");
     if (!o->c.model_path)
         o->c.model_path = CLI_DEFAULT_MODEL;
     return 0;
@@ -290,6 +293,44 @@ static void *drain_main(void *arg)
     return NULL;
 }
 
+/* --tp: a rank other than 0 holds its share and runs rank 0's steps; it
+ * opens no port.  Exits when rank 0 stops (0) or the group fails (1). */
+static int serve_worker(serve_opts *o, par *p)
+{
+    kvant_err err = {0};
+    o->ec.manual = 1;
+    o->ec.print_plan = 0;
+    model *m = model_load(o->c.model_path, &err);
+    engine *e = m ? engine_create(m, &o->ec, &err) : NULL;
+    int rc = e ? engine_tp_worker(e, &err) : err.code;
+    if (rc)
+        fprintf(stderr, "kvant serve (rank %d): %s\n", par_rank(p), err.msg);
+    if (rc && e) { /* the group is broken: do not wait for it in MPI_Finalize */
+        par_abort(p, 1);
+    }
+    engine_destroy(e);
+    model_free(m);
+    par_destroy(p);
+    return rc ? 1 : 0;
+}
+
+/* Waits for a signal; with --tp also ends when the group fails, after a
+ * moment for the failed requests' answers to leave.  Returns 0 on a signal,
+ * 1 on a failed group. */
+static int serve_wait(const sigset_t *set, engine *e)
+{
+    for (;;) {
+        if (wait_signal(set, e ? 0.2 : -1) > 0)
+            return 0;
+        engine_tp_stats ts;
+        if (e && engine_get_tp_stats(e, &ts) && ts.failed) {
+            fprintf(stderr, "kvant serve: the tensor-parallel group failed; exiting\n");
+            wait_signal(set, 1.0);
+            return 1;
+        }
+    }
+}
+
 int cmd_serve(int argc, char **argv)
 {
     serve_opts o;
@@ -304,9 +345,21 @@ int cmd_serve(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     kvant_err err = {0};
+    par *group = NULL;
+    if (o.c.tp > 1) {
+        if (!(group = par_create(o.c.tp, o.c.tp_timeout, &err))) {
+            fprintf(stderr, "kvant serve: %s\n", err.msg);
+            return 1;
+        }
+        o.ec.tp_group = group;
+        if (par_rank(group) != 0)
+            return serve_worker(&o, group);
+    }
     srv *s = srv_create(&o.sc, o.c.model_path, &err);
     if (!s) {
         fprintf(stderr, "kvant serve: %s\n", err.msg);
+        if (group)
+            par_abort(group, 1);
         return 1;
     }
     fprintf(stderr, "kvant serve: listening on http://%s:%d (loading %s)\n", o.sc.host,
@@ -328,12 +381,17 @@ int cmd_serve(int argc, char **argv)
             fprintf(stderr, "kvant serve: %s\n", err.msg);
             srv_destroy(s);
             model_free(m);
+            par_destroy(group); /* every rank failed the start together */
             return 1;
         }
         srv_attach(s, m, e);
         print_ready(&o, s, e);
     }
-    wait_signal(&set, -1);
+    if (serve_wait(&set, group ? e : NULL)) {
+        srv_stop(s);
+        par_abort(group, 1); /* a rank is gone or hung: end the whole job */
+        return 1;
+    }
     fprintf(stderr, "kvant serve: draining (up to %.0f s; a second signal exits now)\n",
             o.drain_timeout);
     /* The drain runs on a helper thread so that the main thread stays in
@@ -362,6 +420,7 @@ int cmd_serve(int argc, char **argv)
     srv_models_destroy(reg);
     srv_destroy(s);
     model_free(m);
+    par_destroy(group);
     fprintf(stderr, "kvant serve: stopped\n");
     return 0;
 }

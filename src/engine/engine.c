@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -31,6 +32,7 @@ typedef struct engine_ext {
     quant_weights *qw;    /* load-time quantized weights, or NULL */
     int32_t held_blocks;  /* planned blocks held back for backend scratch */
     int pool_registered;  /* kv_pool_report registered with the memory manager */
+    int tp_agreed;        /* --tp: this rank took part in the start-up agreement */
     wstream_plan wplan;   /* weight placement (n_streamed 0: all resident) */
 } engine_ext;
 
@@ -113,6 +115,22 @@ static void print_plan(const engine *e, const plan_result *p)
             p->ctx ? (double)p->kv_pool_tokens / (double)p->ctx : 0.0);
 }
 
+/* --tp: the budget's memory manager and this rank's share of the model,
+ * before the plan sizes everything from the model's shapes. */
+static int start_tp(engine_ext *x, kvant_err *err)
+{
+    engine *e = &x->e;
+    if (!e->cfg.tp_group)
+        return KV_OK;
+    backend_device_info dev;
+    int rc = backend_query(e->cfg.backend, e->cfg.device, &dev, err);
+    if (rc)
+        return rc;
+    uint64_t total = e->cfg.device_memory ? e->cfg.device_memory : dev.total_memory;
+    long double bud = floorl((long double)total * (long double)e->cfg.memory_utilization);
+    return engine_tp_begin(e, dev.alloc, (uint64_t)bud, err);
+}
+
 static int plan_engine(engine_ext *x, kvant_err *err)
 {
     engine *e = &x->e;
@@ -180,8 +198,7 @@ static void *engine_main(void *arg);
 
 static void kv_copy(void *ctx, int32_t dst, int32_t src)
 {
-    backend *be = ctx;
-    be->ops->kv_copy_block(be, dst, src);
+    engine_tp_kv_copy(ctx, dst, src); /* every rank's copy of the block (one without --tp) */
 }
 
 static int alloc_step_buffers(engine *e, kvant_err *err)
@@ -220,7 +237,8 @@ static int setup_backend(engine_ext *x, kvant_err *err)
 {
     engine *e = &x->e;
     int rc;
-    e->mem = e->cfg.shared_mem ? e->cfg.shared_mem : mem_create(x->plan.budget, x->alloc, err);
+    if (!e->mem) /* --tp made it before the plan (engine_tp_begin) */
+        e->mem = e->cfg.shared_mem ? e->cfg.shared_mem : mem_create(x->plan.budget, x->alloc, err);
     if (!e->mem)
         return KV_ENOMEM;
     if (e->cfg.test_fail_nth)
@@ -245,16 +263,24 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     kv_layout lay = fwd_kv_layout(e->m, 1, e->cfg.block_size, e->cfg.kv_dtype);
     lay.max_tokens = e->cfg.max_num_batched_tokens;
     uint64_t extra = e->be->ops->kv_extra_bytes ? e->be->ops->kv_extra_bytes(e->be, &lay) : 0;
+    extra += engine_tp_extra_bytes(e);
     uint64_t block_bytes = x->plan.kv_bytes_per_token * (uint64_t)e->cfg.block_size;
     int64_t held = block_bytes ? (int64_t)((extra + block_bytes - 1) / block_bytes) : 0;
     x->held_blocks = (int32_t)held;
     int32_t n_blocks = e->cfg.kv_blocks_override > 0 ? e->cfg.kv_blocks_override
                                                      : (int32_t)(x->plan.kv_pool_blocks - held);
-    if (n_blocks < 1)
-        return kvant_err_set(err, KV_ENOMEM, "no memory left for the KV pool");
+    rc = n_blocks < 1 ? kvant_err_set(err, KV_ENOMEM, "no memory left for the KV pool") : KV_OK;
+    if (e->cfg.tp_group) {
+        kvant_err local = *err;
+        x->tp_agreed = 1;
+        rc = engine_tp_agree(e, rc, &local, &n_blocks, err);
+    }
+    if (rc)
+        return rc;
     lay.n_blocks = n_blocks;
     if ((rc = fwd_init(&e->fwd, e->m, e->be, e->cfg.max_num_batched_tokens, e->cfg.max_num_seqs,
-                       &lay, err)))
+                       &lay, err)) ||
+        (rc = engine_tp_attach(e, err)))
         return rc;
     if ((rc = engine_tier_create(e, n_blocks, err)))
         return rc;
@@ -264,7 +290,7 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     pc.prefix_cache = e->cfg.prefix_cache;
     pc.model_hash = e->m->weights_bytes * 0x9e3779b97f4a7c15ULL ^ (uint64_t)e->m->hp.n_vocab;
     pc.copy_block = kv_copy;
-    pc.copy_ctx = e->be;
+    pc.copy_ctx = e;
     engine_tier_hook(e, &pc);
     e->pool = kvpool_create(&pc, err);
     if (!e->pool)
@@ -296,8 +322,16 @@ engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)
     pthread_cond_init(&e->cv, NULL);
     pthread_cond_init(&e->snap_cv, NULL);
     e->progress_t = engine_now();
-    if (plan_engine(x, err) || setup_backend(x, err) || alloc_step_buffers(e, err))
+    if (start_tp(x, err) || plan_engine(x, err) || setup_backend(x, err) ||
+        alloc_step_buffers(e, err)) {
+        if (cfg->tp_group && !x->tp_agreed) { /* tell the other ranks why */
+            kvant_err local = *err;
+            int32_t nb = 0;
+            (void)engine_tp_agree(e, err->code ? err->code : KV_ENOMEM, &local, &nb, err);
+            *err = local;
+        }
         goto fail;
+    }
     kvpool_stats ks; /* the pool's shape is reported before the first step */
     kvpool_get_stats(e->pool, &ks);
     e->stats.kv_blocks_total = ks.n_blocks;
@@ -347,11 +381,13 @@ void engine_destroy(engine *e)
     engine_tier_shutdown(e);
     kvpool_destroy(e->pool);
     engine_tier_destroy(e); /* writes the host tier to disk: KV storage still alive */
+    engine_tp_stop(e);
     fwd_free(&e->fwd);
     if (e->be) {
         e->be->ops->unload_weights(e->be, e->m);
         e->be->ops->destroy(e->be);
     }
+    engine_tp_free(e);
     engine_offload_stop(e);
     quant_weights_free(((engine_ext *)e)->qw);
     if (e->mem && !e->cfg.shared_mem)
@@ -588,6 +624,9 @@ void engine_get_health(engine *e, engine_health *out)
         out->weights_failed = 1;
         snprintf(out->weights_error, sizeof out->weights_error, "%s", ws.error);
     }
+    out->group_failed = 0;
+    out->group_error[0] = 0;
+    engine_tp_health(e, out);
 }
 
 int engine_in_flight(engine *e)

@@ -71,6 +71,11 @@ typedef struct engine_config {
     uint64_t weights_memory;
     double weights_memory_frac;    /* (0, 1) */
     int weights_slots;             /* staging ring buffers (0: WSTREAM_MIN_SLOTS) */
+    /* Tensor parallelism (engine_tp.c, par/tp.h): the MPI group this engine
+     * is one rank of (borrowed; NULL: one process).  Rank 0 schedules and
+     * samples; other ranks are created with manual = 1 and run
+     * engine_tp_worker. */
+    struct par *tp_group;
 } engine_config;
 
 /* How the tiers choose between moving a block and recomputing it. */
@@ -205,9 +210,33 @@ typedef struct engine_health {
     uint64_t steps;
     int weights_failed;      /* offload: the weight stream failed (file truncated, I/O) */
     char weights_error[256];
+    int group_failed;        /* --tp: a rank failed or stopped answering (group_error) */
+    char group_error[256];
 } engine_health;
 
 void engine_get_health(engine *e, engine_health *out);
+
+/* ---- tensor parallelism (engine_tp.c) ---- */
+/* A rank other than 0: executes rank 0's steps until rank 0's engine is
+ * destroyed (KV_OK) or the group fails (its error). */
+int engine_tp_worker(engine *e, kvant_err *err);
+/* One rank's memory as it started (gathered on rank 0 at start-up). */
+typedef struct engine_tp_rank {
+    uint64_t budget, weights, kv, activations, used;
+    int64_t kv_blocks;
+    int32_t n_head, n_head_kv, n_ff;
+} engine_tp_rank;
+/* Fills out[0..n) with every rank's memory; returns the rank count (0:
+ * not tensor-parallel).  Thread-safe (immutable after create). */
+int engine_tp_ranks(const engine *e, engine_tp_rank *out, int max);
+/* Rank 0's communication: bytes it sent and time in collectives, steps
+ * and their time, as of the last step.  0 when not tensor-parallel. */
+typedef struct engine_tp_stats {
+    uint64_t bytes_sent, calls, steps, reductions;
+    double comm_seconds, step_seconds;
+    int failed;
+} engine_tp_stats;
+int engine_get_tp_stats(engine *e, engine_tp_stats *out);
 
 struct wstream_stats;
 /* Weight offload counters (model/wstream.h); returns 0 and leaves out

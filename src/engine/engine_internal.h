@@ -13,6 +13,7 @@
 
 typedef struct eng_req eng_req;
 typedef struct eng_tier eng_tier; /* engine_tier.c */
+typedef struct eng_tp eng_tp;     /* engine_tp.c */
 struct wstream_plan;
 struct wstream;
 
@@ -67,6 +68,7 @@ struct engine {
     uint64_t kv_block_bytes;    /* bytes of one KV block, all layers */
     eng_tier *tier;             /* KV offload tiers, or NULL */
     struct wstream *ws;         /* weight offload (engine_offload.c), or NULL; owned */
+    eng_tp *tp;                 /* tensor parallelism (engine_tp.c), or NULL; owned */
 
     pthread_t thread;
     int thread_started;
@@ -138,5 +140,22 @@ int engine_offload_plan(engine *e, uint64_t budget, struct wstream_plan *p,
 int engine_offload_start(engine *e, const struct wstream_plan *p, kvant_err *err);
 void engine_offload_stop(engine *e);
 void engine_offload_print(struct wstream *ws);
+
+/* Tensor parallelism (engine_tp.c); each is a no-op without cfg.tp_group.
+ * begin: before the plan (creates e->mem with the budget, cuts the model to
+ * this rank's share); agree: every rank once, failed or not (rc, local:
+ * this rank's status), *n_blocks becomes the smallest over ranks; attach:
+ * after fwd_init; stop: before fwd_free (rank 0 releases the workers);
+ * free: after the backend unloaded the weights. */
+int engine_tp_begin(engine *e, mem_allocator alloc, uint64_t budget, kvant_err *err);
+uint64_t engine_tp_extra_bytes(const engine *e);
+int engine_tp_agree(engine *e, int rc, const kvant_err *local, int32_t *n_blocks,
+                    kvant_err *err);
+int engine_tp_attach(engine *e, kvant_err *err);
+void engine_tp_kv_copy(engine *e, int32_t dst, int32_t src);
+void engine_tp_after_step(engine *e, int rc, const char *msg);
+void engine_tp_health(engine *e, engine_health *out);
+void engine_tp_stop(engine *e);
+void engine_tp_free(engine *e);
 
 #endif

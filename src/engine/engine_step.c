@@ -576,6 +576,7 @@ int engine_step(engine *e)
         double t0 = engine_now();
         int frc = fwd_run(&e->fwd, &b, e->logits, &err);
         engine_tier_observe(e, sp.prefill_tokens, sp.n_tokens, engine_now() - t0);
+        engine_tp_after_step(e, frc, err.msg);
         if (frc) {
             for (int32_t i = 0; i < sp.n_seqs; i++)
                 sp.seqs[i]->req->cancelled = 2;

@@ -244,6 +244,6 @@ int fwd_run_shard(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
     }
     rc = b->n_out == 0 ? op->sync(be) : run_head(f, b, logits, err);
     if (f->tp)
-        tp_note_step(f->tp, now_s() - t0);
+        tp_note_step(f->tp, b->n_tokens, now_s() - t0);
     return rc;
 }

@@ -78,7 +78,9 @@ tp_ctx *tp_create(par *p, backend *be, int32_t max_tokens, int32_t max_out, int3
         t->nvocab[r] = (int32_t)((int64_t)(r + 1) * t->n_vocab / t->n) - t->vocab0[r];
         t->nv_max = t->nvocab[r] > t->nv_max ? t->nvocab[r] : t->nv_max;
     }
-    const uint64_t bytes = tp_scratch_bytes(t->n, max_tokens, max_out, n_embd, n_vocab);
+    uint64_t bytes = tp_scratch_bytes(t->n, max_tokens, max_out, n_embd, n_vocab);
+    if (t->rank != 0) /* only rank 0 receives the gathered logits */
+        bytes -= (uint64_t)t->n * (uint64_t)max_out * (uint64_t)t->nv_max * sizeof(float);
     t->d_base = be->ops->alloc(be, bytes, MEM_ACTIVATIONS, MEM_NO_LAYER, err);
     if (!t->d_base) {
         tp_destroy(t);
@@ -134,9 +136,10 @@ void tp_get_stats(const tp_ctx *t, tp_stats *out)
     par_get_stats(t->p, &out->comm);
 }
 
-void tp_note_step(tp_ctx *t, double seconds)
+void tp_note_step(tp_ctx *t, int32_t n_tokens, double seconds)
 {
     t->st.steps++;
+    t->st.tokens += (uint64_t)n_tokens;
     t->st.step_seconds += seconds;
 }
 

@@ -38,6 +38,7 @@ typedef struct tp_ctx tp_ctx;
 typedef struct tp_stats {
     par_stats comm;          /* this rank's collectives */
     uint64_t steps;
+    uint64_t tokens;         /* batch tokens of those steps */
     uint64_t reductions;
     double step_seconds;     /* wall time of forward passes on this rank */
 } tp_stats;
@@ -77,8 +78,8 @@ int tp_allreduce(tp_ctx *t, float *d_x, int64_t count, kvant_err *err);
  * receives the full [n_out][n_vocab]. */
 int tp_gather_logits(tp_ctx *t, const float *d_logits, int32_t n_out, float *logits,
                      kvant_err *err);
-/* Counts one forward pass of `seconds` on this rank. */
-void tp_note_step(tp_ctx *t, double seconds);
+/* Counts one forward pass of n_tokens tokens that took `seconds`. */
+void tp_note_step(tp_ctx *t, int32_t n_tokens, double seconds);
 
 /* ---- rank 0: commands ---- */
 int tp_send_batch(tp_ctx *t, const fwd_batch *b, kvant_err *err);

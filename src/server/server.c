@@ -26,6 +26,7 @@
 #include "server/server_dash.h"
 #include "server/server_internal.h"
 #include "server/server_memview.h"
+#include "server/server_parallel.h"
 #include "server/server_modelapi.h"
 #include "server/server_offload.h"
 #include "server/server_tier.h"
@@ -160,6 +161,11 @@ static int engine_unhealthy(srv *s, engine_health *h, char *msg, size_t cap)
                  h->weights_error);
         return 1;
     }
+    if (h->group_failed) {
+        snprintf(msg, cap, "tensor-parallel group failed: %.*s", (int)(cap > 40 ? cap - 40 : 0),
+                 h->group_error);
+        return 1;
+    }
     if (h->busy && h->stalled_s > s->cfg.health_stall_s) {
         snprintf(msg, cap, "the engine made no progress for %.1f s with %d requests in flight "
                  "(limit %.1f s, --health-stall-timeout)", h->stalled_s, (int)h->in_flight,
@@ -268,6 +274,7 @@ static enum MHD_Result route_metrics(srv *s, struct MHD_Connection *c)
     char *guard = text ? srv_guard_metrics(s->guard) : NULL;
     char *models = text && s->reg ? srv_models_metrics(s->reg) : NULL;
     char *offload = text ? srv_offload_metrics(s->e) : NULL;
+    char *par = text && !s->reg ? srv_tp_metrics(s->e) : NULL;
     engine_health h;
     if (s->reg)
         srv_models_health(s->reg, &h);
@@ -279,9 +286,10 @@ static enum MHD_Result route_metrics(srv *s, struct MHD_Connection *c)
              "requests in flight (0 when idle or progressing).\n"
              "# TYPE kvant_engine_stalled_seconds gauge\nkvant_engine_stalled_seconds %.3f\n",
              h.stalled_s);
-    char *all = tiers && guard && offload && (models || !s->reg)
+    char *all = tiers && guard && offload && (models || !s->reg) && (par || s->reg)
                     ? malloc(strlen(text) + strlen(tiers) + strlen(guard) + strlen(stall) +
-                             strlen(offload) + (models ? strlen(models) : 0) + 1)
+                             strlen(offload) + (models ? strlen(models) : 0) +
+                             (par ? strlen(par) : 0) + 1)
                     : NULL;
     if (all) {
         strcpy(all, text);
@@ -291,7 +299,10 @@ static enum MHD_Result route_metrics(srv *s, struct MHD_Connection *c)
         if (models)
             strcat(all, models);
         strcat(all, offload);
+        if (par)
+            strcat(all, par);
     }
+    free(par);
     free(text);
     free(tiers);
     free(guard);
@@ -331,7 +342,8 @@ static enum MHD_Result memory_view(srv *s, struct MHD_Connection *c, engine *eng
         free(js);
         js = NULL;
         if (o && json_object_set_new(o, "kv_tiers", srv_tier_json(&ts)) == 0 &&
-            json_object_set_new(o, "weights_offload", srv_offload_json(eng)) == 0)
+            json_object_set_new(o, "weights_offload", srv_offload_json(eng)) == 0 &&
+            json_object_set_new(o, "tensor_parallel", srv_tp_json(eng)) == 0)
             js = json_dumps(o, JSON_COMPACT);
         json_decref(o);
     }
