@@ -80,6 +80,11 @@ int cli_err_unknown(const char *cmd, const char *opt);
  * CLI_EXIT_USAGE. */
 int cli_err_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* `kvant plan --tp N` (cli_plan_tp.c): each rank's weights, KV and
+ * activations; returns the exit code. */
+struct plan_config;
+int cli_plan_tp(const cli_common *c, const struct plan_config *pc);
+
 /* Reads a whole file into a malloc'd NUL-terminated buffer. */
 char *cli_read_file(const char *path, size_t *len, kvant_err *err);
 void cli_json_string(FILE *f, const char *s, size_t len);

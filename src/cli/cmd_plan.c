@@ -226,6 +226,10 @@ int cmd_plan(int argc, char **argv)
     pc.device_memory = c.device_memory ? c.device_memory : mem_host_available();
     pc.utilization = c.utilization;
     pc.act_q8 = (!c.backend || strcmp(c.backend, "cpu") == 0) && !c.exact;
+    if (c.tp > 1) { /* per rank, cut as the ranks would cut the model */
+        gguf_close(g);
+        return cli_plan_tp(&c, &pc);
+    }
     plan_model pm = {hp.n_layers, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff,
                      hp.n_vocab, hp.n_ctx_train, 0};
     /* weight offload: the stored row plans the device bytes of the placement */

@@ -109,6 +109,13 @@ static int cols_copy(model_shard *s, model_tensor *t, int64_t c0, int64_t nc, kv
                              "%lld)", tr->name, (long long)t->ne[0], (long long)c0, (long long)bs);
     const size_t off = (size_t)(c0 / bs) * tr->type_size, row = dtype_row_size(t->type, nc);
     const uint64_t nbytes = (uint64_t)row * (uint64_t)t->ne[1];
+    if (!s->mem) { /* shapes only (model_shard_apply with no manager) */
+        t->dev = NULL;
+        t->ne[0] = nc;
+        t->row_bytes = row;
+        t->nbytes = nbytes;
+        return KV_OK;
+    }
     char *dst = mem_alloc(s->mem, nbytes, MEM_WEIGHTS, t->layer < 0 ? MEM_NO_LAYER : t->layer,
                           err);
     if (!dst)

@@ -55,7 +55,9 @@ void shard_ff_range(int32_t n_ff, int32_t align, int rank, int n, int32_t *ff0, 
 
 typedef struct model_shard model_shard;
 
-/* Restricts m to rank's share (see above); on failure m is unchanged. */
+/* Restricts m to rank's share (see above); on failure m is unchanged.
+ * mem NULL: shapes, hparams and weights_bytes only, nothing copied (for
+ * the planner): the model must not run until model_shard_free. */
 model_shard *model_shard_apply(model *m, int rank, int n, mem_mgr *mem, kvant_err *err);
 void model_shard_free(model_shard *s);
 /* The full model's weight bytes (before the split). */

@@ -51,8 +51,8 @@ par *par_create(int expect, double timeout_s, kvant_err *err)
         return NULL;
     }
     if (p->size != expect) {
-        kvant_err_set(err, KV_EINVAL, "--tp x --pp = %d ranks, but the job has %d (launch with "
-                      "mpirun -np %d)", expect, p->size, expect);
+        kvant_err_set(err, KV_EINVAL, "--tp %d needs %d ranks, but the job has %d (launch with "
+                      "mpirun -np %d)", expect, expect, p->size, expect);
         par_destroy(p);
         return NULL;
     }

@@ -15,7 +15,7 @@ int par_built(void)
 par *par_create(int expect, double timeout_s, kvant_err *err)
 {
     (void)timeout_s;
-    kvant_err_set(err, KV_EUNSUP, "--tp/--pp %d: this kvant is built without MPI (install "
+    kvant_err_set(err, KV_EUNSUP, "--tp %d: this kvant is built without MPI (install "
                   "OpenMPI, libopenmpi-dev, and rebuild)", expect);
     return NULL;
 }

@@ -31,14 +31,17 @@ def free_port() -> int:
 
 class KvantServer:
     def __init__(self, kvant_bin: str, model: str, *args: str, health_timeout: float = 90.0,
-                 preexec_fn=None, port: int | None = None):
+                 preexec_fn=None, port: int | None = None, launcher: list[str] | None = None,
+                 env: dict | None = None):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="kvant-serve-", suffix=".log", delete=False)
-        cmd = [kvant_bin, "serve", "-m", model, "--port", str(self.port), *BASE_ARGS, *args]
+        # launcher: a prefix such as ["mpirun", "-np", "2"] (tensor parallelism)
+        cmd = [*(launcher or []), kvant_bin, "serve", "-m", model, "--port", str(self.port),
+               *BASE_ARGS, *args]
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     preexec_fn=preexec_fn)
+                                     preexec_fn=preexec_fn, env=env)
         deadline = time.time() + health_timeout
         while True:
             if self.proc.poll() is not None:
