@@ -25,6 +25,7 @@ void cli_common_init(cli_common *c)
     c->kv_dtype = DT_F16;
     c->backend = "cpu";
     c->tp = 1;
+    c->pp = 1;
     c->tp_timeout = 30.0;
 }
 
@@ -120,8 +121,10 @@ void cli_common_help(FILE *f)
         {"--stream-buffers", "N", "staging buffers for streamed layers, 2..8", "2"},
         {"--tp", "N", "tensor parallelism over N MPI ranks, 1..64: launch as mpirun -np N "
                       "kvant CMD ... --tp N (docs/PARALLEL.md)", "1"},
-        {"--tp-timeout", "S", "seconds a rank waits for another before failing, 1..3600",
-         "30"},
+        {"--pp", "N", "pipeline parallelism over N stages of --tp ranks each, 1..64: launch "
+                      "as mpirun -np TPxPP", "1"},
+        {"--tp-timeout", "S", "seconds a rank waits for another before failing (longer than "
+                              "one step), 1..3600", "30"},
     };
     cli_help_table(f, "common options (every command)", t, CLI_N_OPTS(t));
 }
@@ -291,10 +294,10 @@ int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
         c->weights_slots = (int)nb;
         return 1;
     }
-    if (!strcmp(a, "--tp")) {
+    if (!strcmp(a, "--tp") || !strcmp(a, "--pp")) {
         if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, 1, 64, &n))
             return -1;
-        c->tp = (int)n;
+        *(!strcmp(a, "--tp") ? &c->tp : &c->pp) = (int)n;
         return 1;
     }
     if (!strcmp(a, "--tp-timeout")) {
@@ -423,7 +426,7 @@ static void session_fingerprint(cli_session *s, const cli_common *c, int32_t max
                                 uint8_t fp[TP_FP_BYTES])
 {
     const int64_t opts[] = {s->n_ctx, s->max_batch, max_out, c->kv_dtype, c->exact, c->no_pack,
-                            c->tp, CLI_DEFAULT_BLOCK};
+                            c->tp, c->pp, CLI_DEFAULT_BLOCK};
     tp_fingerprint(s->m, opts, (int)(sizeof opts / sizeof opts[0]), fp);
 }
 
@@ -437,7 +440,9 @@ static int session_shard(cli_session *s, const cli_common *c, kvant_err *err)
     if (c->weights_dtype >= 0 || c->weights_memory || c->weights_memory_frac > 0)
         return kvant_err_set(err, KV_EUNSUP, "--tp with --weights-dtype or --weights-memory is "
                              "not supported");
-    s->shard = model_shard_apply(s->m, par_rank(s->par), par_size(s->par), s->mem, err);
+    shard_spec sp;
+    tp_spec_of(par_rank(s->par), c->tp, par_size(s->par), &sp);
+    s->shard = model_shard_apply(s->m, &sp, s->mem, err);
     return s->shard ? KV_OK : (err->code ? err->code : KV_ENOMEM);
 }
 
@@ -485,7 +490,7 @@ static int session_load(cli_session *s, const cli_common *c, int32_t n_ctx, int3
     for (int32_t i = 0; i < s->n_blocks; i++)
         s->table[i] = i;
     if (s->par) {
-        s->tp = tp_create(s->par, s->be, max_batch, max_out, s->m->hp.n_embd, s->m->hp.n_vocab,
+        s->tp = tp_create(s->par, c->tp, s->be, max_batch, max_out, s->m->hp.n_embd, s->m->hp.n_vocab,
                           err);
         if (!s->tp)
             return err->code ? err->code : KV_ENOMEM;
@@ -499,7 +504,7 @@ int cli_session_open(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t
 {
     memset(s, 0, sizeof *s);
     dtype_init();
-    if (c->tp > 1 && !(s->par = par_create(c->tp, c->tp_timeout, err)))
+    if (c->tp * c->pp > 1 && !(s->par = par_create(c->tp * c->pp, c->tp_timeout, err)))
         return err->code;
     uint8_t fp[TP_FP_BYTES] = {0};
     int rc = session_load(s, c, n_ctx, max_batch, max_out, fp, err);

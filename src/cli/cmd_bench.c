@@ -270,6 +270,7 @@ static int bench_batch(model *m, const cli_common *c, const bench_opts *o, par *
     cfg.max_model_len = o->p + o->n + 1;
     cfg.manual = 1;
     cfg.tp_group = group;
+    cfg.tp_ranks = c->tp;
     memset(res, 0, sizeof *res);
     engine *e = engine_create(m, &cfg, err);
     if (!e)
@@ -466,7 +467,7 @@ static int bench_single(const cli_common *c, const bench_opts *o, bench_report *
             rc = bench_series(&s, tok, o->n, 1, o->reps, &r->tg, err);
         if (s.tp) {
             tp_get_stats(s.tp, &t2);
-            r->tp = c->tp;
+            r->tp = c->tp * c->pp;
             bench_comm(&t0, &t1, &r->pp_comm_bpt, &r->pp_comm_share);
             bench_comm(&t1, &t2, &r->tg_comm_bpt, &r->tg_comm_share);
         }
@@ -493,7 +494,7 @@ int cmd_bench(int argc, char **argv)
         model *m = model_load(c.model_path, &err);
         rc = m ? 0 : -1;
         par *group = NULL;
-        if (m && c.tp > 1 && !(group = par_create(c.tp, c.tp_timeout, &err)))
+        if (m && c.tp * c.pp > 1 && !(group = par_create(c.tp * c.pp, c.tp_timeout, &err)))
             rc = -1;
         if (m && !rc) {
             r.w = bench_weight_traffic(m);

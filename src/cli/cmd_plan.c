@@ -226,7 +226,7 @@ int cmd_plan(int argc, char **argv)
     pc.device_memory = c.device_memory ? c.device_memory : mem_host_available();
     pc.utilization = c.utilization;
     pc.act_q8 = (!c.backend || strcmp(c.backend, "cpu") == 0) && !c.exact;
-    if (c.tp > 1) { /* per rank, cut as the ranks would cut the model */
+    if (c.tp * c.pp > 1) { /* per rank, cut as the ranks would cut the model */
         gguf_close(g);
         return cli_plan_tp(&c, &pc);
     }

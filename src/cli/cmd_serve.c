@@ -215,8 +215,8 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
     o->ec.print_plan = 1;
     if (serve_models_check(&o->mo, &o->c, &o->sc, &o->ec))
         return CLI_EXIT_USAGE;
-    if (o->c.tp > 1 && o->mo.multi)
-        return cli_err_usage("serve", "--tp serves one model (not several)");
+    if (o->c.tp * o->c.pp > 1 && o->mo.multi)
+        return cli_err_usage("serve", "--tp and --pp serve one model (not several)");
     if (!o->c.model_path)
         o->c.model_path = CLI_DEFAULT_MODEL;
     return 0;
@@ -346,12 +346,13 @@ int cmd_serve(int argc, char **argv)
 
     kvant_err err = {0};
     par *group = NULL;
-    if (o.c.tp > 1) {
-        if (!(group = par_create(o.c.tp, o.c.tp_timeout, &err))) {
+    if (o.c.tp * o.c.pp > 1) {
+        if (!(group = par_create(o.c.tp * o.c.pp, o.c.tp_timeout, &err))) {
             fprintf(stderr, "kvant serve: %s\n", err.msg);
             return 1;
         }
         o.ec.tp_group = group;
+        o.ec.tp_ranks = o.c.tp;
         if (par_rank(group) != 0)
             return serve_worker(&o, group);
     }

@@ -76,6 +76,7 @@ typedef struct engine_config {
      * samples; other ranks are created with manual = 1 and run
      * engine_tp_worker. */
     struct par *tp_group;
+    int tp_ranks;                  /* ranks per pipeline stage (0: all: no pipeline) */
 } engine_config;
 
 /* How the tiers choose between moving a block and recomputing it. */
@@ -225,6 +226,7 @@ typedef struct engine_tp_rank {
     uint64_t budget, weights, kv, activations, used;
     int64_t kv_blocks;
     int32_t n_head, n_head_kv, n_ff;
+    int32_t stage, n_layers;      /* pipeline stage and the layers it holds */
 } engine_tp_rank;
 /* Fills out[0..n) with every rank's memory; returns the rank count (0:
  * not tensor-parallel).  Thread-safe (immutable after create). */

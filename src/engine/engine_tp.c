@@ -46,6 +46,12 @@ static int refuse(const engine_config *c, kvant_err *err)
     return KV_OK;
 }
 
+/* Ranks per pipeline stage. */
+static int tp_ranks(const engine_config *c)
+{
+    return c->tp_ranks > 0 ? c->tp_ranks : par_size(c->tp_group);
+}
+
 int engine_tp_begin(engine *e, mem_allocator alloc, uint64_t budget, kvant_err *err)
 {
     const engine_config *c = &e->cfg;
@@ -60,12 +66,14 @@ int engine_tp_begin(engine *e, mem_allocator alloc, uint64_t budget, kvant_err *
     e->tp->p = c->tp_group;
     const int64_t opts[] = {c->block_size, c->kv_dtype, c->max_num_seqs,
                             c->max_num_batched_tokens, c->exact, c->no_pack, c->max_model_len,
-                            c->prefix_cache, par_size(c->tp_group)};
+                            c->prefix_cache, par_size(c->tp_group), tp_ranks(c)};
     tp_fingerprint(e->m, opts, (int)(sizeof opts / sizeof opts[0]), e->tp->fp);
     e->mem = mem_create(budget, alloc, err);
     if (!e->mem)
         return KV_ENOMEM;
-    e->tp->shard = model_shard_apply(e->m, par_rank(e->tp->p), par_size(e->tp->p), e->mem, err);
+    shard_spec sp;
+    tp_spec_of(par_rank(e->tp->p), tp_ranks(c), par_size(e->tp->p), &sp);
+    e->tp->shard = model_shard_apply(e->m, &sp, e->mem, err);
     return e->tp->shard ? KV_OK : (err->code ? err->code : KV_ENOMEM);
 }
 
@@ -73,7 +81,8 @@ uint64_t engine_tp_extra_bytes(const engine *e)
 {
     if (!e->tp)
         return 0;
-    return tp_scratch_bytes(par_size(e->tp->p), e->cfg.max_num_batched_tokens,
+    const int tp = tp_ranks(&e->cfg);
+    return tp_scratch_bytes(tp, par_size(e->tp->p) / tp, e->cfg.max_num_batched_tokens,
                             e->cfg.max_num_seqs, e->m->hp.n_embd, e->m->hp.n_vocab);
 }
 
@@ -86,7 +95,7 @@ int engine_tp_agree(engine *e, int rc, const kvant_err *local, int32_t *n_blocks
     if (!t) /* failed before the group was set up: still agree, so no rank waits alone */
         return tp_agree(e->cfg.tp_group, rc ? rc : KV_ENOMEM, local, (uint8_t[TP_FP_BYTES]){0},
                         n_blocks, err);
-    if (!rc && !(t->tp = tp_create(t->p, e->be, e->cfg.max_num_batched_tokens,
+    if (!rc && !(t->tp = tp_create(t->p, tp_ranks(&e->cfg), e->be, e->cfg.max_num_batched_tokens,
                                    e->cfg.max_num_seqs, e->m->hp.n_embd, e->m->hp.n_vocab,
                                    err))) {
         rc = err->code ? err->code : KV_ENOMEM;
@@ -112,6 +121,8 @@ static int mem_of(engine *e, engine_tp_rank *r)
     r->n_head = e->m->hp.n_head;
     r->n_head_kv = e->m->hp.n_head_kv;
     r->n_ff = e->m->hp.n_ff;
+    r->n_layers = e->m->hp.n_layers;
+    r->stage = par_rank(e->tp->p) / tp_ranks(&e->cfg);
     free(rep);
     return KV_OK;
 }
@@ -136,9 +147,10 @@ int engine_tp_attach(engine *e, kvant_err *err)
         for (int r = 0; r < t->n_ranks; r++) {
             const engine_tp_rank *k = &t->ranks[r];
             char a[32], b[32], c[32];
-            fprintf(stderr, "kvant: tensor parallel rank %d/%d: %d heads (%d KV), FFN %d; "
+            fprintf(stderr, "kvant: rank %d/%d: stage %d, %d layers, %d heads (%d KV), FFN %d; "
                     "weights %s, KV %s (%lld blocks), activations %s\n", r, t->n_ranks,
-                    k->n_head, k->n_head_kv, k->n_ff, mem_format_size(k->weights, a, 32),
+                    k->stage, k->n_layers, k->n_head, k->n_head_kv, k->n_ff,
+                    mem_format_size(k->weights, a, 32),
                     mem_format_size(k->kv, b, 32), (long long)k->kv_blocks,
                     mem_format_size(k->activations, c, 32));
         }

@@ -213,23 +213,11 @@ static int run_head(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *er
                         (size_t)b->n_out * m->hp.n_vocab * sizeof(float));
 }
 
-int fwd_run_shard(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
+/* Layers of this rank (all of them, or its pipeline stage's). */
+static int run_layers(fwd_ctx *f, int32_t n, kvant_err *err)
 {
-    const backend_ops *op = f->be->ops;
-    backend *be = f->be;
     const model *m = f->m;
-    const double t0 = f->tp ? now_s() : 0;
     int rc;
-    if ((rc = check_batch(f, b, f->kv.block_size, err)))
-        return rc;
-    if ((rc = op->begin_batch(be, b, err)))
-        return rc;
-    int32_t n = b->n_tokens;
-    op->embed(be, &m->tok_embd, f->d_x);
-    /* a vocabulary slice embeds its own tokens and zeros: the sum over
-     * ranks is each token's row, exactly */
-    if ((rc = reduce(f, f->d_x, (int64_t)n * m->hp.n_embd, err)))
-        return rc;
     for (int32_t il = 0; il < m->hp.n_layers; il++) {
         /* offload: a streamed layer's buffer is read before it runs and
          * handed back once the backend is done with it */
@@ -238,11 +226,88 @@ int fwd_run_shard(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
         if ((rc = run_layer(f, il, n, err)))
             return rc;
         if (m->wstream) {
-            op->sync(be);
+            f->be->ops->sync(f->be);
             wstream_release(m->wstream, il);
         }
     }
-    rc = b->n_out == 0 ? op->sync(be) : run_head(f, b, logits, err);
+    return KV_OK;
+}
+
+/* The embedding of the batch's tokens into d_x (a vocabulary slice embeds
+ * its own tokens and zeros: the sum over ranks is each token's row,
+ * exactly). */
+static int embed(fwd_ctx *f, int32_t n, kvant_err *err)
+{
+    f->be->ops->embed(f->be, &f->m->tok_embd, f->d_x);
+    return reduce(f, f->d_x, (int64_t)n * f->m->hp.n_embd, err);
+}
+
+/* Pipeline: the step's tokens in up to pp_n contiguous micro-batches,
+ * each handed to the next stage as soon as this stage is done with it. */
+#define FWD_MAX_MICRO 16
+
+static int run_micro(fwd_ctx *f, const fwd_batch *b, int k, int32_t off, int32_t cnt,
+                     int32_t *row, float *logits, kvant_err *err)
+{
+    tp_ctx *t = f->tp;
+    int32_t *outs = tp_pp_out_scratch(t), n_out = 0, row0 = *row;
+    while (*row < b->n_out && b->out[*row] < off + cnt)
+        outs[n_out++] = b->out[(*row)++] - off;
+    fwd_batch mb = {.n_tokens = cnt, .tokens = b->tokens + off, .pos = b->pos + off,
+                    .seq = b->seq + off, .n_seqs = b->n_seqs, .seqs = b->seqs, .n_out = n_out,
+                    .out = outs};
+    int rc;
+    if ((rc = f->be->ops->begin_batch(f->be, &mb, err)))
+        return rc;
+    rc = tp_pp_first(t) ? embed(f, cnt, err) : tp_pp_take(t, k, f->d_x, off, cnt, err);
+    if (rc || (rc = run_layers(f, cnt, err)))
+        return rc;
+    if (!tp_pp_last(t))
+        return tp_pp_give(t, k, f->d_x, cnt, err);
+    if (n_out == 0)
+        return f->be->ops->sync(f->be);
+    const model *m = f->m;
+    f->be->ops->gather_out(f->be, f->d_x, m->hp.n_embd, f->d_h);
+    f->be->ops->rmsnorm(f->be, f->d_h, &m->output_norm, m->hp.rms_eps, f->d_h, n_out);
+    f->be->ops->matmul(f->be, &m->output, NULL, f->d_h, f->d_logits, n_out);
+    return tp_gather_logits(t, f->d_logits, n_out, tp_pp_rows(t, logits, row0), err);
+}
+
+static int run_pipeline(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
+{
+    tp_ctx *t = f->tp;
+    int32_t off[FWD_MAX_MICRO], cnt[FWD_MAX_MICRO];
+    int n_mb = tp_pp_n(t) < FWD_MAX_MICRO ? tp_pp_n(t) : FWD_MAX_MICRO;
+    if (n_mb > b->n_tokens)
+        n_mb = b->n_tokens;
+    for (int k = 0; k < n_mb; k++) {
+        off[k] = (int32_t)((int64_t)k * b->n_tokens / n_mb);
+        cnt[k] = (int32_t)((int64_t)(k + 1) * b->n_tokens / n_mb) - off[k];
+    }
+    for (int32_t j = 1; j < b->n_out; j++)
+        if (b->out[j] <= b->out[j - 1])
+            return kvant_err_set(err, KV_EINVAL, "output rows must be in token order");
+    int rc = tp_pp_first(t) ? KV_OK : tp_pp_post(t, n_mb, off, cnt, err);
+    int32_t row = 0;
+    for (int k = 0; !rc && k < n_mb; k++)
+        rc = run_micro(f, b, k, off[k], cnt[k], &row, logits, err);
+    return rc ? rc : tp_pp_finish(t, logits, b->n_out, err);
+}
+
+int fwd_run_shard(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
+{
+    const backend_ops *op = f->be->ops;
+    backend *be = f->be;
+    const double t0 = f->tp ? now_s() : 0;
+    int rc;
+    if ((rc = check_batch(f, b, f->kv.block_size, err)))
+        return rc;
+    if (f->tp && tp_pp_n(f->tp) > 1) {
+        rc = run_pipeline(f, b, logits, err);
+    } else if (!(rc = op->begin_batch(be, b, err)) && !(rc = embed(f, b->n_tokens, err)) &&
+               !(rc = run_layers(f, b->n_tokens, err))) {
+        rc = b->n_out == 0 ? op->sync(be) : run_head(f, b, logits, err);
+    }
     if (f->tp)
         tp_note_step(f->tp, b->n_tokens, now_s() - t0);
     return rc;

@@ -13,7 +13,8 @@ struct model_shard {
     mem_mgr *mem;        /* borrowed */
     model_hparams hp;    /* the full model's, restored at free */
     model_layer *layers; /* [n_layers] the full model's layer tensors */
-    model_tensor tok_embd, output;
+    model_layer *layers_ptr; /* m->layers before a pipeline stage moved it */
+    model_tensor tok_embd, output, output_norm;
     uint64_t weights_bytes;
     void **copies;       /* column slices, from mem */
     int n_copies;
@@ -46,6 +47,12 @@ int shard_range_of(const model_hparams *hp, int rank, int n, shard_range *out, k
     out->vocab0 = (int32_t)((int64_t)rank * hp->n_vocab / n);
     out->n_vocab = (int32_t)((int64_t)(rank + 1) * hp->n_vocab / n) - out->vocab0;
     return KV_OK;
+}
+
+void shard_layer_range(int32_t n_layers, int stage, int n, int32_t *l0, int32_t *n_layers_out)
+{
+    *l0 = (int32_t)((int64_t)stage * n_layers / n);
+    *n_layers_out = (int32_t)((int64_t)(stage + 1) * n_layers / n) - *l0;
 }
 
 void shard_ff_range(int32_t n_ff, int32_t align, int rank, int n, int32_t *ff0, int32_t *n_ff_out)
@@ -174,10 +181,43 @@ static void add_bytes(void *ctx, model_tensor *t)
     *(uint64_t *)ctx += t->nbytes;
 }
 
-model_shard *model_shard_apply(model *m, int rank, int n, mem_mgr *mem, kvant_err *err)
+static int check_spec(const model_hparams *hp, const shard_spec *sp, kvant_err *err)
+{
+    if (sp->tp_n < 1 || sp->pp_n < 1 || sp->tp_rank < 0 || sp->tp_rank >= sp->tp_n ||
+        sp->pp_stage < 0 || sp->pp_stage >= sp->pp_n)
+        return kvant_err_set(err, KV_EINVAL, "rank %d of %d in stage %d of %d", sp->tp_rank,
+                             sp->tp_n, sp->pp_stage, sp->pp_n);
+    if (sp->pp_n > hp->n_layers)
+        return kvant_err_set(err, KV_EUNSUP, "--pp %d: the model has only %d layers", sp->pp_n,
+                             hp->n_layers);
+    return KV_OK;
+}
+
+/* The global tensors a pipeline stage keeps. */
+static void shard_globals(model *m, const shard_range *r, const shard_spec *sp)
+{
+    const int first = sp->pp_stage == 0, last = sp->pp_stage == sp->pp_n - 1;
+    const model_tensor out = m->output;
+    if (first || (last && m->tied_output))
+        rows_view(&m->tok_embd, r->vocab0, r->n_vocab);
+    else
+        no_tensor(&m->tok_embd);
+    if (m->tied_output) {
+        m->output = m->tok_embd;
+        m->output.exact = out.exact;
+    } else if (last) {
+        rows_view(&m->output, r->vocab0, r->n_vocab);
+    } else {
+        no_tensor(&m->output);
+    }
+    if (!last)
+        no_tensor(&m->output_norm);
+}
+
+model_shard *model_shard_apply(model *m, const shard_spec *sp, mem_mgr *mem, kvant_err *err)
 {
     shard_range r;
-    if (shard_range_of(&m->hp, rank, n, &r, err))
+    if (check_spec(&m->hp, sp, err) || shard_range_of(&m->hp, sp->tp_rank, sp->tp_n, &r, err))
         return NULL;
     model_shard *s = calloc(1, sizeof *s);
     const int nl = m->hp.n_layers;
@@ -195,25 +235,24 @@ model_shard *model_shard_apply(model *m, int rank, int n, mem_mgr *mem, kvant_er
     s->m = m;
     s->mem = mem;
     s->hp = m->hp;
+    s->layers_ptr = m->layers;
     memcpy(s->layers, m->layers, (size_t)nl * sizeof *s->layers);
     s->tok_embd = m->tok_embd;
     s->output = m->output;
+    s->output_norm = m->output_norm;
     s->weights_bytes = m->weights_bytes;
-    int32_t max_ff = 0;
-    for (int il = 0; il < nl; il++) {
-        if (shard_layer(s, &m->layers[il], &r, rank, n, err)) {
+    int32_t l0, n_here, max_ff = 0;
+    shard_layer_range(nl, sp->pp_stage, sp->pp_n, &l0, &n_here);
+    for (int il = l0; il < l0 + n_here; il++) {
+        if (shard_layer(s, &m->layers[il], &r, sp->tp_rank, sp->tp_n, err)) {
             model_shard_free(s);
             return NULL;
         }
         max_ff = m->layers[il].n_ff > max_ff ? m->layers[il].n_ff : max_ff;
     }
-    rows_view(&m->tok_embd, r.vocab0, r.n_vocab);
-    if (m->tied_output) {
-        m->output = m->tok_embd;
-        m->output.exact = s->output.exact;
-    } else {
-        rows_view(&m->output, r.vocab0, r.n_vocab);
-    }
+    shard_globals(m, &r, sp);
+    m->layers += l0;
+    m->hp.n_layers = n_here;
     m->hp.n_head = r.n_head;
     m->hp.n_head_kv = r.n_kv;
     m->hp.n_ff = max_ff;
@@ -234,9 +273,11 @@ void model_shard_free(model_shard *s)
         return;
     model *m = s->m;
     m->hp = s->hp;
+    m->layers = s->layers_ptr;
     memcpy(m->layers, s->layers, (size_t)s->hp.n_layers * sizeof *s->layers);
     m->tok_embd = s->tok_embd;
     m->output = s->output;
+    m->output_norm = s->output_norm;
     m->weights_bytes = s->weights_bytes;
     for (int i = 0; i < s->n_copies; i++)
         mem_free(s->mem, s->copies[i]);

@@ -53,12 +53,26 @@ int shard_range_of(const model_hparams *hp, int rank, int n, shard_range *out, k
  * of align. */
 void shard_ff_range(int32_t n_ff, int32_t align, int rank, int n, int32_t *ff0, int32_t *n_ff_out);
 
+/* Pipeline stages: stage s of n holds layers [*l0, *l0 + *n_layers). */
+void shard_layer_range(int32_t n_layers, int stage, int n, int32_t *l0, int32_t *n_layers_out);
+
+/* Where a process sits: tensor-parallel rank tp_rank of tp_n inside
+ * pipeline stage pp_stage of pp_n.  A stage keeps only its layers (the
+ * model's layer array and hp.n_layers become the stage's); the embedding
+ * stays on the first stage, output_norm and the head on the last (tied:
+ * the embedding's vocabulary rows there too); what a stage does not use
+ * is absent (nbytes 0, data NULL). */
+typedef struct shard_spec {
+    int tp_rank, tp_n;
+    int pp_stage, pp_n;
+} shard_spec;
+
 typedef struct model_shard model_shard;
 
-/* Restricts m to rank's share (see above); on failure m is unchanged.
+/* Restricts m to the share of sp (see above); on failure m is unchanged.
  * mem NULL: shapes, hparams and weights_bytes only, nothing copied (for
  * the planner): the model must not run until model_shard_free. */
-model_shard *model_shard_apply(model *m, int rank, int n, mem_mgr *mem, kvant_err *err);
+model_shard *model_shard_apply(model *m, const shard_spec *sp, mem_mgr *mem, kvant_err *err);
 void model_shard_free(model_shard *s);
 /* The full model's weight bytes (before the split). */
 uint64_t model_shard_full_bytes(const model_shard *s);

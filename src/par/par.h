@@ -56,4 +56,17 @@ int par_alltoall(par *p, const void *send, void *recv, size_t bytes, kvant_err *
  * elsewhere). */
 int par_gather(par *p, const void *send, void *recv, size_t bytes, kvant_err *err);
 
+/* The ranks of p with the same color, in p's rank order, as their own
+ * group (a tensor-parallel stage inside a pipeline); every rank of p calls
+ * it.  par_destroy of the result frees the group only. */
+par *par_split(par *p, int color, kvant_err *err);
+
+/* Point to point (pipeline stages).  par_send returns once buf may be
+ * reused.  A receive is posted into one of PAR_MAX_POSTED slots and
+ * waited for later, so a sender never waits for the receiver to get there. */
+#define PAR_MAX_POSTED 64
+int par_send(par *p, int dest, int tag, const void *buf, size_t bytes, kvant_err *err);
+int par_recv_post(par *p, int slot, int src, int tag, void *buf, size_t bytes, kvant_err *err);
+int par_recv_wait(par *p, int slot, kvant_err *err);
+
 #endif

@@ -11,7 +11,9 @@ struct par {
     int rank, size;
     double timeout_s;
     int broken;          /* a collective failed or timed out */
+    int sub;             /* made by par_split: MPI stays initialised */
     par_stats st;
+    MPI_Request posted[PAR_MAX_POSTED];
 };
 
 static double now_s(void)
@@ -41,6 +43,8 @@ par *par_create(int expect, double timeout_s, kvant_err *err)
     }
     MPI_Comm_dup(MPI_COMM_WORLD, &p->comm);
     MPI_Comm_set_errhandler(p->comm, MPI_ERRORS_RETURN);
+    for (int i = 0; i < PAR_MAX_POSTED; i++)
+        p->posted[i] = MPI_REQUEST_NULL;
     MPI_Comm_rank(p->comm, &p->rank);
     MPI_Comm_size(p->comm, &p->size);
     p->timeout_s = timeout_s > 0 ? timeout_s : 30.0;
@@ -51,8 +55,8 @@ par *par_create(int expect, double timeout_s, kvant_err *err)
         return NULL;
     }
     if (p->size != expect) {
-        kvant_err_set(err, KV_EINVAL, "--tp %d needs %d ranks, but the job has %d (launch with "
-                      "mpirun -np %d)", expect, expect, p->size, expect);
+        kvant_err_set(err, KV_EINVAL, "--tp x --pp needs %d ranks, but the job has %d (launch "
+                      "with mpirun -np %d)", expect, p->size, expect);
         par_destroy(p);
         return NULL;
     }
@@ -63,9 +67,16 @@ void par_destroy(par *p)
 {
     if (!p)
         return;
-    int fin = 0;
+    int fin = 0, sub = p->sub;
+    for (int i = 0; i < PAR_MAX_POSTED; i++)
+        if (p->posted[i] != MPI_REQUEST_NULL) {
+            MPI_Cancel(&p->posted[i]);
+            MPI_Request_free(&p->posted[i]);
+        }
     MPI_Comm_free(&p->comm);
     free(p);
+    if (sub)
+        return;
     MPI_Finalized(&fin);
     if (!fin)
         MPI_Finalize();
@@ -188,4 +199,63 @@ int par_gather(par *p, const void *send, void *recv, size_t bytes, kvant_err *er
     if (p->rank != 0)
         p->st.bytes_sent += bytes;
     return wait_req(p, &req, "gather", 0, err);
+}
+
+par *par_split(par *p, int color, kvant_err *err)
+{
+    par *q = calloc(1, sizeof *q);
+    if (!q) {
+        kvant_err_set(err, KV_ENOMEM, "out of memory");
+        return NULL;
+    }
+    if (MPI_Comm_split(p->comm, color, p->rank, &q->comm) != MPI_SUCCESS) {
+        free(q);
+        kvant_err_set(err, KV_EIO, "rank %d: cannot split the process group", p->rank);
+        return NULL;
+    }
+    MPI_Comm_set_errhandler(q->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(q->comm, &q->rank);
+    MPI_Comm_size(q->comm, &q->size);
+    q->timeout_s = p->timeout_s;
+    q->sub = 1;
+    for (int i = 0; i < PAR_MAX_POSTED; i++)
+        q->posted[i] = MPI_REQUEST_NULL;
+    return q;
+}
+
+int par_send(par *p, int dest, int tag, const void *buf, size_t bytes, kvant_err *err)
+{
+    MPI_Request req;
+    if (check(p, bytes, "send", err))
+        return err ? err->code : KV_EIO;
+    if (MPI_Isend(buf, (int)bytes, MPI_BYTE, dest, tag, p->comm, &req) != MPI_SUCCESS) {
+        p->broken = 1;
+        return kvant_err_set(err, KV_EIO, "rank %d: send to rank %d failed", p->rank, dest);
+    }
+    p->st.bytes_sent += bytes;
+    return wait_req(p, &req, "send", 0, err);
+}
+
+int par_recv_post(par *p, int slot, int src, int tag, void *buf, size_t bytes, kvant_err *err)
+{
+    if (check(p, bytes, "receive", err))
+        return err ? err->code : KV_EIO;
+    if (slot < 0 || slot >= PAR_MAX_POSTED || p->posted[slot] != MPI_REQUEST_NULL)
+        return kvant_err_set(err, KV_EINVAL, "receive slot %d busy or out of range", slot);
+    if (MPI_Irecv(buf, (int)bytes, MPI_BYTE, src, tag, p->comm, &p->posted[slot]) !=
+        MPI_SUCCESS) {
+        p->broken = 1;
+        return kvant_err_set(err, KV_EIO, "rank %d: receive from rank %d failed", p->rank, src);
+    }
+    return KV_OK;
+}
+
+int par_recv_wait(par *p, int slot, kvant_err *err)
+{
+    if (slot < 0 || slot >= PAR_MAX_POSTED || p->posted[slot] == MPI_REQUEST_NULL)
+        return kvant_err_set(err, KV_EINVAL, "no receive posted in slot %d", slot);
+    if (p->broken)
+        return kvant_err_set(err, KV_EIO, "rank %d: receive: the process group failed earlier",
+                             p->rank);
+    return wait_req(p, &p->posted[slot], "receive", 0, err);
 }

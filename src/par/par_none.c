@@ -76,3 +76,28 @@ int par_gather(par *p, const void *send, void *recv, size_t bytes, kvant_err *er
     (void)p, (void)send, (void)recv, (void)bytes;
     return no_mpi(err);
 }
+
+par *par_split(par *p, int color, kvant_err *err)
+{
+    (void)p, (void)color;
+    no_mpi(err);
+    return NULL;
+}
+
+int par_send(par *p, int dest, int tag, const void *buf, size_t bytes, kvant_err *err)
+{
+    (void)p, (void)dest, (void)tag, (void)buf, (void)bytes;
+    return no_mpi(err);
+}
+
+int par_recv_post(par *p, int slot, int src, int tag, void *buf, size_t bytes, kvant_err *err)
+{
+    (void)p, (void)slot, (void)src, (void)tag, (void)buf, (void)bytes;
+    return no_mpi(err);
+}
+
+int par_recv_wait(par *p, int slot, kvant_err *err)
+{
+    (void)p, (void)slot;
+    return no_mpi(err);
+}

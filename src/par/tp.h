@@ -1,29 +1,38 @@
-/* tp.h - tensor parallelism for one forward context: the reductions the
- * forward pass needs, the logit gather, and the commands rank 0 sends to
- * the other ranks.
+/* tp.h - model parallelism for one forward context: tensor parallelism
+ * (--tp: the reductions the forward pass needs, the logit gather) and
+ * pipeline parallelism (--pp: each stage runs its layers and hands the
+ * activations to the next), and the commands rank 0 sends to the others.
  *
- * Rank 0 owns everything a user sees (HTTP, tokenizer, scheduler, KV pool
+ * Ranks: world rank r = stage * tp_n + tp rank (tp_spec_of).  Rank 0 owns
+ * everything a user sees (HTTP, tokenizer, scheduler, KV pool
  * bookkeeping); before each step it broadcasts the batch (tokens,
- * positions, sequences, block tables, wanted logit rows) and every rank
- * runs the same step on its share of the weights (model/shard.h) and of
- * the KV cache (its KV heads, same block ids).  Workers (ranks > 0) run
- * tp_worker_run, which executes commands until rank 0 says quit.
+ * positions, sequences, block tables, wanted logit rows) to every rank,
+ * and every rank runs the step on its share of the weights
+ * (model/shard.h) and of the KV cache (its KV heads of its stage's layers,
+ * same block ids everywhere).  Workers (ranks > 0) run tp_worker_run,
+ * which executes commands until rank 0 says quit.
  *
- * Reductions are deterministic: a rank's partial sums are exchanged and
- * every rank adds them in rank order, x = ((p0 + p1) + p2) + ..., so all
- * ranks hold bitwise identical activations and a token's result does not
- * depend on what else is batched.  Small messages (decode) use one
- * all-gather; large ones (prefill) an all-to-all of chunks (reduce-scatter),
- * the ordered sum of each chunk on its owner, then an all-gather: the
- * same values with (2/N of the traffic at N > 2).
+ * Reductions are deterministic: a rank's partial sums are exchanged
+ * inside its stage and every rank adds them in rank order,
+ * x = ((p0 + p1) + p2) + ..., so all ranks of a stage hold bitwise
+ * identical activations and a token's result does not depend on what else
+ * is batched.  Small messages (decode) use one all-gather; large ones
+ * (prefill) an all-to-all of chunks (reduce-scatter), the ordered sum of
+ * each chunk on its owner, then an all-gather: the same values.
+ *
+ * Pipeline: a step's tokens are cut into up to pp_n micro-batches
+ * (contiguous ranges, so a sequence's tokens stay in position order); a
+ * stage hands each one on as soon as it is done, so stage s computes
+ * micro-batch k while stage s+1 computes k-1.  Receives are posted at the
+ * start of the step.  The last stage's tp rank 0 sends the logits to rank 0.
  *
  * Memory: the exchange buffers come from the backend's memory manager
- * (MEM_ACTIVATIONS); tp_scratch_bytes says how much, for the planner.
+ * (MEM_ACTIVATIONS); tp_scratch_bytes bounds them, for the planner.
  * CPU backend only (device memory is host memory there; a GPU group would
  * exchange through NCCL).
  *
- * Ownership: tp_create borrows the group and the forward context.
- * Threading: the thread that runs the forward pass.
+ * Ownership: tp_create borrows the group and the backend; tp_attach the
+ * forward context.  Threading: the thread that runs the forward pass.
  */
 #ifndef KVANT_TP_H
 #define KVANT_TP_H
@@ -31,28 +40,32 @@
 #include <stdint.h>
 
 #include "model/forward.h"
+#include "model/shard.h"
 #include "par/par.h"
 
 typedef struct tp_ctx tp_ctx;
 
 typedef struct tp_stats {
-    par_stats comm;          /* this rank's collectives */
+    par_stats comm;          /* this rank's collectives and transfers */
     uint64_t steps;
     uint64_t tokens;         /* batch tokens of those steps */
     uint64_t reductions;
     double step_seconds;     /* wall time of forward passes on this rank */
 } tp_stats;
 
-uint64_t tp_scratch_bytes(int n_ranks, int32_t max_tokens, int32_t max_out, int32_t n_embd,
-                          int32_t n_vocab);
-/* Allocates the exchange buffers for batches up to max_tokens tokens and
- * max_out logit rows (from be's memory manager). */
-tp_ctx *tp_create(par *p, backend *be, int32_t max_tokens, int32_t max_out, int32_t n_embd,
-                  int32_t n_vocab, kvant_err *err);
-/* Makes f's forward passes tensor-parallel (f->tp = t). */
+/* Where world rank `rank` of `size` sits with tp_n ranks per stage. */
+void tp_spec_of(int rank, int tp_n, int size, shard_spec *out);
+/* An upper bound of the exchange buffers of any rank. */
+uint64_t tp_scratch_bytes(int tp_n, int pp_n, int32_t max_tokens, int32_t max_out,
+                          int32_t n_embd, int32_t n_vocab);
+/* Splits world into stages of tp_n ranks and allocates this rank's
+ * buffers for batches up to max_tokens tokens and max_out logit rows. */
+tp_ctx *tp_create(par *world, int tp_n, backend *be, int32_t max_tokens, int32_t max_out,
+                  int32_t n_embd, int32_t n_vocab, kvant_err *err);
+/* Makes f's forward passes parallel (f->tp = t). */
 int tp_attach(tp_ctx *t, fwd_ctx *f, kvant_err *err);
 void tp_destroy(tp_ctx *t);
-int tp_rank(const tp_ctx *t);
+int tp_rank(const tp_ctx *t);  /* in the world */
 int tp_size(const tp_ctx *t);
 void tp_get_stats(const tp_ctx *t, tp_stats *out);
 
@@ -71,17 +84,38 @@ void tp_fingerprint(model *m, const int64_t *opts, int n_opts, uint8_t out[TP_FP
  * out[r * bytes ...] (out may be NULL elsewhere). */
 int tp_gather_report(tp_ctx *t, const void *mine, void *out, size_t bytes, kvant_err *err);
 
-/* ---- inside the forward pass (every rank) ---- */
-/* d_x[0..count) = sum over ranks of each rank's d_x, in rank order. */
+/* ---- inside the forward pass ---- */
+/* d_x[0..count) = sum over the stage's ranks of each one's d_x, in rank
+ * order (nothing to do with one rank per stage). */
 int tp_allreduce(tp_ctx *t, float *d_x, int64_t count, kvant_err *err);
-/* d_logits: this rank's [n_out][its vocabulary rows]; on rank 0 logits
- * receives the full [n_out][n_vocab]. */
+/* d_logits: this rank's [n_out][its vocabulary rows]; the stage's tp rank 0
+ * receives the full [n_out][n_vocab] in logits. */
 int tp_gather_logits(tp_ctx *t, const float *d_logits, int32_t n_out, float *logits,
                      kvant_err *err);
 /* Counts one forward pass of n_tokens tokens that took `seconds`. */
 void tp_note_step(tp_ctx *t, int32_t n_tokens, double seconds);
 
-/* ---- rank 0: commands ---- */
+/* ---- pipeline stages (tp_pipe.c; pp_n > 1) ---- */
+int tp_pp_n(const tp_ctx *t);
+int tp_pp_first(const tp_ctx *t);
+int tp_pp_last(const tp_ctx *t);
+/* Stages > 0: posts the receives of a step's n_mb micro-batches
+ * (off[k], cnt[k] tokens). */
+int tp_pp_post(tp_ctx *t, int n_mb, const int32_t *off, const int32_t *cnt, kvant_err *err);
+/* Stages > 0: micro-batch k's activations from the previous stage into d_x. */
+int tp_pp_take(tp_ctx *t, int k, float *d_x, int32_t off, int32_t cnt, kvant_err *err);
+/* Not the last stage: micro-batch k's activations to the next stage. */
+int tp_pp_give(tp_ctx *t, int k, const float *d_x, int32_t cnt, kvant_err *err);
+/* The last stage: where rows [row0, ...) of the step's logits go (the
+ * caller's logits on rank 0, else a staging buffer; NULL on tp ranks > 0). */
+float *tp_pp_rows(tp_ctx *t, float *logits, int32_t row0);
+/* After the step: the last stage's tp rank 0 sends n_out logit rows to
+ * rank 0, which receives them into logits. */
+int tp_pp_finish(tp_ctx *t, float *logits, int32_t n_out, kvant_err *err);
+/* A micro-batch's output row indices ([max_out] scratch). */
+int32_t *tp_pp_out_scratch(tp_ctx *t);
+
+/* ---- rank 0: commands (tp_cmd.c) ---- */
 int tp_send_batch(tp_ctx *t, const fwd_batch *b, kvant_err *err);
 int tp_send_kv_copy(tp_ctx *t, int32_t dst, int32_t src, kvant_err *err);
 /* Tells the workers to return from tp_worker_run. */

@@ -82,8 +82,10 @@ json_t *srv_tp_json(engine *e)
     n = n < TP_MAX_SHOWN ? n : TP_MAX_SHOWN;
     json_t *ranks = json_array();
     for (int i = 0; ranks && i < n; i++)
-        json_array_append_new(ranks, json_pack("{s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:i, s:i, "
-                                               "s:i}", "rank", i, "budget", (json_int_t)r[i].budget,
+        json_array_append_new(ranks, json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, "
+                                               "s:i, s:i, s:i}", "rank", i, "stage", r[i].stage,
+                                               "n_layers", r[i].n_layers,
+                                               "budget", (json_int_t)r[i].budget,
                                                "used", (json_int_t)r[i].used, "weights",
                                                (json_int_t)r[i].weights, "kv", (json_int_t)r[i].kv,
                                                "activations", (json_int_t)r[i].activations,

@@ -1,4 +1,5 @@
-"""Tensor parallelism (--tp N under mpirun, OpenMPI from scripts/setup-deps.sh).
+"""Tensor and pipeline parallelism (--tp N, --pp M under mpirun; OpenMPI from
+scripts/setup-deps.sh).
 
 Every check runs real MPI processes on this machine (shared memory, and the TCP transport
 forced with --mca btl tcp,self to stand in for two hosts):
@@ -14,7 +15,10 @@ forced with --mca btl tcp,self to stand in for two hosts):
   * faults: a rank stopped (SIGSTOP) or killed fails the request in flight with a clear
     error within --tp-timeout, /health answers 503, and the job exits non-zero;
   * refusals: a rank count that differs from --tp, another model on one rank, a rank that
-    does not fit its --device-memory (named), K-quant columns that cannot be cut.
+    does not fit its --device-memory (named), K-quant columns that cannot be cut;
+  * pipeline (--pp 2, --pp 3, --tp 2 --pp 2): no sum is split, so logits are bitwise those of
+    one process on the default (int8, f16 KV) path, with micro-batches; served greedy text
+    equals `kvant run`; `kvant plan` and `kvant bench` per rank.
 """
 from __future__ import annotations
 
@@ -57,14 +61,14 @@ def run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
 
 
-def logits(kvant_bin, model, ids, n_vocab, tmp_path, tp=1, mca=(), extra=()) -> np.ndarray:
+def logits(kvant_bin, model, ids, n_vocab, tmp_path, tp=1, mca=(), extra=(), pp=1) -> np.ndarray:
     ids_path = tmp_path / "ids.txt"
     ids_path.write_text(" ".join(str(int(i)) for i in ids))
     out = tmp_path / f"logits-tp{tp}-{zlib.crc32(repr(mca).encode())}.f32"
     cmd = [kvant_bin, "logits", "-m", model, "--tokens-file", str(ids_path), "--out", str(out),
            "-t", "1", "--kv-dtype", "f32", "--exact", *extra]
-    if tp > 1:
-        cmd = launcher(tp, *mca) + cmd + ["--tp", str(tp)]
+    if tp * pp > 1:
+        cmd = launcher(tp * pp, *mca) + cmd + ["--tp", str(tp), "--pp", str(pp)]
     r = run(cmd)
     assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}\n{r.stderr[-3000:]}"
     a = np.fromfile(out, dtype="<f4")
@@ -259,7 +263,7 @@ def test_rank_count_must_match(kvant_bin, default_model):
     r = run(launcher(2) + [kvant_bin, "run", "-m", default_model, "-p", "hi", "-n", "2",
                            "--tp", "3"], timeout=120)
     assert r.returncode != 0
-    assert "--tp 3 needs 3 ranks, but the job has 2" in r.stderr
+    assert "--tp x --pp needs 3 ranks, but the job has 2" in r.stderr
 
 
 def test_other_model_on_one_rank_refused(kvant_bin, default_model, synthetic_dir):
@@ -305,3 +309,71 @@ def test_bench_reports_communication(kvant_bin, default_model):
     # per decoded token: 2 reductions per layer + the embedding, 576 floats each, to 1 peer
     assert 30 * 2 * 576 * 4 <= j["tg_comm_bytes_per_token"] <= 2 * (61 * 576 * 4 + 4096)
     assert 0 < j["tg_comm_share"] < 1
+
+
+# ---- pipeline ----
+
+def logits_fast(kvant_bin, model, ids, tmp_path, n_ranks=1, extra=()):
+    """The default path (int8 activations, f16 KV), 32 tokens per forward pass."""
+    ids_path = tmp_path / "ids-fast.txt"
+    ids_path.write_text(" ".join(str(int(i)) for i in ids))
+    out = tmp_path / f"fast-{n_ranks}-{'_'.join(extra)}.f32"
+    cmd = [kvant_bin, "logits", "-m", model, "--tokens-file", str(ids_path), "--out", str(out),
+           "-t", "1", "-b", "32", *extra]
+    if n_ranks > 1:
+        cmd = launcher(n_ranks) + cmd
+    r = run(cmd)
+    assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}\n{r.stderr[-3000:]}"
+    return np.fromfile(out, dtype="<f4").reshape(len(ids), -1)
+
+
+@pytest.mark.parametrize("pp", [2, 3])
+def test_pipeline_logits_bitwise_equal_one_process(pp, kvant_bin, default_model, tmp_path):
+    ids = english_ids(kvant_bin, default_model, 80)
+    one = logits_fast(kvant_bin, default_model, ids, tmp_path)
+    piped = logits_fast(kvant_bin, default_model, ids, tmp_path, pp, ("--pp", str(pp)))
+    assert np.array_equal(one, piped), "a pipeline splits no sum: logits must be bitwise equal"
+
+
+def test_tp2_pp2_vs_reference(kvant_bin, synthetic_dir, tmp_path):
+    path = ms.make_model(synthetic_dir, "qwen2-Q8_0")
+    ids = np.random.default_rng(5).integers(0, ms.N_VOCAB, size=20)
+    ref = ref_logits(path, ids)
+    one = logits(kvant_bin, path, ids, ms.N_VOCAB, tmp_path)
+    four = logits(kvant_bin, path, ids, ms.N_VOCAB, tmp_path, tp=2, pp=2)
+    assert rel(four, ref) < REF_BOUND and rel(four, one) < ONE_PROC_BOUND
+
+
+def test_serve_pp2_equals_one_process(kvant_bin, default_model):
+    import concurrent.futures as cf
+    srv = KvantServer(kvant_bin, default_model, "--pp", "2", "-t", "1",
+                      launcher=launcher(2), env=ENV, health_timeout=120)
+    try:
+        with cf.ThreadPoolExecutor(3) as ex:
+            served = list(ex.map(lambda p: complete(srv.url, p, 16), PROMPTS[:3]))
+        mem = httpx.get(srv.url + "/v1/memory", timeout=30).json()["tensor_parallel"]
+    finally:
+        rc = stop_tp(srv)
+    assert rc == 0, srv.log_text()
+    for p, text in zip(PROMPTS[:3], served):
+        r = run([kvant_bin, "run", "-m", default_model, "-p", p, "-n", "16", "-t", "1",
+                 "--json"])
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["text"] == text, p
+    st = [r["stage"] for r in mem["ranks"]]
+    assert st == [0, 1] and sum(r["n_layers"] for r in mem["ranks"]) == 30
+    assert mem["ranks"][0]["kv"] == mem["ranks"][1]["kv"]
+
+
+def test_plan_per_rank(kvant_bin, default_model):
+    r = run([kvant_bin, "plan", "-m", default_model, "--tp", "3", "--pp", "2", "--json",
+             "--device-memory", "2GiB"])
+    assert r.returncode == 0, r.stderr
+    j = json.loads(r.stdout)
+    assert j["ranks_n"] == 6 and len(j["ranks"]) == 6
+    assert sum(x["n_layers"] for x in j["ranks"][::3]) == 30
+    assert all(x["n_head_kv"] == 1 and x["n_head"] == 3 for x in j["ranks"])
+    # every rank holds at most its share: a sixth of the layers' bytes, plus the embedding
+    # or head slice of its stage (a third of the vocabulary)
+    assert all(x["weights_share"] < 0.26 for x in j["ranks"]), [x["weights_share"] for x in j["ranks"]]
+    assert j["kv_pool_blocks"] == min(x["kv_pool_blocks"] for x in j["ranks"])

@@ -115,7 +115,8 @@ static void test_apply(void)
         sum = 0;
         for (int rank = 0; rank < n; rank++) {
             mem_mgr *mem = mem_create(64u << 20, mem_allocator_host(), &err);
-            model_shard *s = model_shard_apply(m, rank, n, mem, &err);
+            shard_spec sp = {.tp_rank = rank, .tp_n = n, .pp_stage = 0, .pp_n = 1};
+            model_shard *s = model_shard_apply(m, &sp, mem, &err);
             CHECKF(s, "rank %d of %d: %s", rank, n, err.msg);
             if (!s) {
                 mem_destroy(mem);
@@ -151,10 +152,49 @@ static void test_apply(void)
     }
     /* a budget too small for the column copies: refused, model unchanged */
     mem_mgr *tiny = mem_create(1024, mem_allocator_host(), &err);
-    CHECK(!model_shard_apply(m, 0, 2, tiny, &err) && err.code == KV_ENOMEM);
+    shard_spec half = {.tp_rank = 0, .tp_n = 2, .pp_stage = 0, .pp_n = 1};
+    CHECK(!model_shard_apply(m, &half, tiny, &err) && err.code == KV_ENOMEM);
     CHECK(m->weights_bytes == full_bytes && m->hp.n_head == hp0.n_head && mem_used(tiny) == 0);
     mem_destroy(tiny);
     model_free(full);
+    model_free(m);
+}
+
+/* Pipeline stages: each keeps its layers (the array moves), the embedding
+ * on the first, the head on the last; every layer on exactly one stage. */
+static void test_stages(void)
+{
+    const char *path = "build/tests/tiny-shard-pp.gguf";
+    CHECK(tiny_model_write_layers(path, 12, 5) == 0);
+    kvant_err err = {0};
+    model *m = model_load(path, &err);
+    CHECKF(m, "%s", err.msg);
+    if (!m)
+        return;
+    const uint64_t full = m->weights_bytes;
+    model_layer *layers0 = m->layers;
+    int seen[5] = {0};
+    for (int st = 0; st < 3; st++) {
+        shard_spec sp = {.tp_rank = 0, .tp_n = 1, .pp_stage = st, .pp_n = 3};
+        model_shard *s = model_shard_apply(m, &sp, NULL, &err);
+        CHECKF(s, "stage %d: %s", st, err.msg);
+        if (!s)
+            continue;
+        int32_t l0, nl;
+        shard_layer_range(5, st, 3, &l0, &nl);
+        CHECK(m->hp.n_layers == nl && m->layers == layers0 + l0);
+        for (int il = 0; il < nl; il++)
+            seen[m->layers[il].wq.layer]++;
+        CHECK((m->tok_embd.nbytes > 0) == (st == 0 || (st == 2 && m->tied_output)));
+        CHECK((m->output_norm.nbytes > 0) == (st == 2));
+        CHECK(m->weights_bytes < full);
+        model_shard_free(s);
+        CHECK(m->layers == layers0 && m->hp.n_layers == 5 && m->weights_bytes == full);
+    }
+    for (int il = 0; il < 5; il++)
+        CHECKF(seen[il] == 1, "layer %d on %d stages", il, seen[il]);
+    shard_spec too_many = {.tp_rank = 0, .tp_n = 1, .pp_stage = 0, .pp_n = 6};
+    CHECK(!model_shard_apply(m, &too_many, NULL, &err) && err.code == KV_EUNSUP);
     model_free(m);
 }
 
@@ -163,5 +203,6 @@ int main(void)
     dtype_init();
     test_ranges();
     test_apply();
+    test_stages();
     return tu_finish("test_shard");
 }

@@ -72,6 +72,8 @@ static void reserve_tensor(void *ctx, model_tensor *t)
         return;
     if (t->streamed) /* read into a staging buffer per use (model/wstream.h), never mapped */
         return;
+    if (!t->data || !t->nbytes) /* absent here (a pipeline stage that does not use it) */
+        return;
     if (cb->n_weight_ids == cb->cap_weight_ids) {
         int cap = cb->cap_weight_ids ? cb->cap_weight_ids * 2 : 64;
         int64_t *ids = realloc(cb->weight_ids, (size_t)cap * sizeof *ids);

@@ -70,7 +70,7 @@ static void advise_huge(void *p, size_t n)
 
 static void pack_one(cpu_packed *p, model_tensor *t, mem_mgr *mem, tpool *pool)
 {
-    if (t->packed || t->streamed || !dtype_matmul_packs(t->type, t->ne[0]))
+    if (t->packed || t->streamed || !t->nbytes || !dtype_matmul_packs(t->type, t->ne[0]))
         return;
     pack_entry *e = &p->e[p->n];
     e->t = t;

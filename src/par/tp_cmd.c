@@ -1,0 +1,145 @@
+/* tp_cmd.c - rank 0's commands to the other ranks and the worker loop
+ * (see tp.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "par/tp_internal.h"
+
+enum { TP_RUN = 1, TP_KV_COPY = 2, TP_QUIT = 3 };
+
+static int send_cmd(tp_ctx *t, int op, int32_t a, int32_t b, kvant_err *err)
+{
+    memset(t->msg, 0, TP_HDR_INTS * sizeof(int32_t));
+    t->msg[0] = op;
+    t->msg[5] = a;
+    t->msg[6] = b;
+    return par_bcast(t->world, t->msg, sizeof t->msg, 0, err);
+}
+
+int tp_send_kv_copy(tp_ctx *t, int32_t dst, int32_t src, kvant_err *err)
+{
+    return send_cmd(t, TP_KV_COPY, dst, src, err);
+}
+
+int tp_send_quit(tp_ctx *t, kvant_err *err)
+{
+    return send_cmd(t, TP_QUIT, 0, 0, err);
+}
+
+static int64_t payload_ints(int32_t n_tokens, int32_t n_seqs, int32_t n_out, int32_t n_table)
+{
+    return 3 * (int64_t)n_tokens + n_out + n_seqs + (int64_t)n_table;
+}
+
+int tp_send_batch(tp_ctx *t, const fwd_batch *b, kvant_err *err)
+{
+    int32_t n_table = 0;
+    for (int32_t s = 0; s < b->n_seqs; s++)
+        n_table += b->seqs[s].n_blocks;
+    const int64_t np = payload_ints(b->n_tokens, b->n_seqs, b->n_out, n_table);
+    const int inl = TP_HDR_INTS + np <= TP_MSG_INTS;
+    int32_t *h = t->msg;
+    memset(h, 0, TP_HDR_INTS * sizeof(int32_t));
+    h[0] = TP_RUN, h[1] = b->n_tokens, h[2] = b->n_seqs, h[3] = b->n_out, h[4] = n_table;
+    h[7] = inl;
+    int32_t *w = inl ? h + TP_HDR_INTS : NULL;
+    if (!inl) {
+        if ((size_t)np > t->rx_cap) {
+            int32_t *rx = realloc(t->rx, (size_t)np * sizeof *rx);
+            if (!rx)
+                return kvant_err_set(err, KV_ENOMEM, "out of memory for a batch message");
+            t->rx = rx;
+            t->rx_cap = (size_t)np;
+        }
+        w = t->rx;
+    }
+    int32_t *p = w;
+    memcpy(p, b->tokens, (size_t)b->n_tokens * 4), p += b->n_tokens;
+    memcpy(p, b->pos, (size_t)b->n_tokens * 4), p += b->n_tokens;
+    memcpy(p, b->seq, (size_t)b->n_tokens * 4), p += b->n_tokens;
+    if (b->n_out)
+        memcpy(p, b->out, (size_t)b->n_out * 4), p += b->n_out;
+    for (int32_t s = 0; s < b->n_seqs; s++)
+        *p++ = b->seqs[s].n_blocks;
+    for (int32_t s = 0; s < b->n_seqs; s++)
+        memcpy(p, b->seqs[s].block_table, (size_t)b->seqs[s].n_blocks * 4),
+            p += b->seqs[s].n_blocks;
+    int rc = par_bcast(t->world, t->msg, sizeof t->msg, 0, err);
+    if (!rc && !inl)
+        rc = par_bcast(t->world, t->rx, (size_t)np * 4, 0, err);
+    return rc;
+}
+
+/* Worker: the batch of a TP_RUN command, from the message (and the
+ * payload broadcast that follows a large one). */
+static int recv_batch(tp_ctx *t, fwd_batch *b, kvant_err *err)
+{
+    const int32_t *h = t->msg;
+    const int32_t nt = h[1], ns = h[2], no = h[3], ntab = h[4];
+    if (nt < 1 || nt > t->f->max_tokens || ns < 1 || ns > nt || no < 0 || no > t->f->max_out ||
+        ntab < 0)
+        return kvant_err_set(err, KV_EINVAL, "rank %d: a malformed batch command", t->rank);
+    const int64_t np = payload_ints(nt, ns, no, ntab);
+    const int32_t *p = h + TP_HDR_INTS;
+    if (!h[7]) {
+        if ((size_t)np > t->rx_cap) {
+            int32_t *rx = realloc(t->rx, (size_t)np * sizeof *rx);
+            if (!rx)
+                return kvant_err_set(err, KV_ENOMEM, "out of memory for a batch message");
+            t->rx = rx;
+            t->rx_cap = (size_t)np;
+        }
+        int rc = par_bcast(t->world, t->rx, (size_t)np * 4, 0, err);
+        if (rc)
+            return rc;
+        p = t->rx;
+    } else if (TP_HDR_INTS + np > TP_MSG_INTS) {
+        return kvant_err_set(err, KV_EINVAL, "rank %d: a malformed batch command", t->rank);
+    }
+    if (ns > t->seqs_cap) {
+        fwd_seq *sq = realloc(t->seqs, (size_t)ns * sizeof *sq);
+        if (!sq)
+            return kvant_err_set(err, KV_ENOMEM, "out of memory");
+        t->seqs = sq;
+        t->seqs_cap = ns;
+    }
+    *b = (fwd_batch){.n_tokens = nt, .tokens = p, .pos = p + nt, .seq = p + 2 * nt,
+                     .n_seqs = ns, .seqs = t->seqs, .n_out = no, .out = p + 3 * nt};
+    const int32_t *nb = p + 3 * nt + no, *tab = nb + ns;
+    int64_t used = 0;
+    for (int32_t s = 0; s < ns; s++) {
+        if (nb[s] < 0 || used + nb[s] > ntab)
+            return kvant_err_set(err, KV_EINVAL, "rank %d: a malformed block table", t->rank);
+        t->seqs[s] = (fwd_seq){tab + used, nb[s]};
+        used += nb[s];
+    }
+    return KV_OK;
+}
+
+int tp_worker_run(tp_ctx *t, kvant_err *err)
+{
+    for (;;) {
+        int rc = par_bcast(t->world, t->msg, sizeof t->msg, 1, err);
+        if (rc)
+            return rc;
+        fwd_batch b;
+        switch (t->msg[0]) {
+        case TP_RUN:
+            if ((rc = recv_batch(t, &b, err)) || (rc = fwd_run_shard(t->f, &b, NULL, err)))
+                return rc;
+            break;
+        case TP_KV_COPY:
+            if (t->msg[5] < 0 || t->msg[5] >= t->f->kv.n_blocks || t->msg[6] < 0 ||
+                t->msg[6] >= t->f->kv.n_blocks)
+                return kvant_err_set(err, KV_EINVAL, "rank %d: block copy %d <- %d out of range",
+                                     t->rank, t->msg[5], t->msg[6]);
+            t->f->be->ops->kv_copy_block(t->f->be, t->msg[5], t->msg[6]);
+            break;
+        case TP_QUIT:
+            return KV_OK;
+        default:
+            return kvant_err_set(err, KV_EINVAL, "rank %d: unknown command %d", t->rank,
+                                 t->msg[0]);
+        }
+    }
+}

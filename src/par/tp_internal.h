@@ -1,0 +1,41 @@
+/* tp_internal.h - par/ internal: the tensor/pipeline-parallel context
+ * shared by tp.c (set-up, reductions, logit gather), tp_cmd.c (rank 0's
+ * commands, the worker loop) and tp_pipe.c (pipeline stages). */
+#ifndef KVANT_TP_INTERNAL_H
+#define KVANT_TP_INTERNAL_H
+
+#include "par/tp.h"
+
+#define TP_MSG_INTS 1024            /* a command with a small batch inline */
+#define TP_HDR_INTS 8
+
+struct tp_ctx {
+    par *world;         /* borrowed: every rank, rank 0 schedules */
+    par *stage;         /* this stage's tensor-parallel ranks: owned when pp_n > 1,
+                         * else == world */
+    backend *be;        /* borrowed */
+    fwd_ctx *f;         /* borrowed; set by tp_attach */
+    int rank, n;        /* in world */
+    int tp_rank, tp_n, pp_stage, pp_n;
+    int32_t max_tokens;
+    int64_t max_count;  /* floats of the largest reduction */
+    int32_t max_out, n_embd, n_vocab, nv_max;
+    int32_t *vocab0, *nvocab; /* [tp_n] each tensor-parallel rank's vocabulary rows */
+    void *d_base;       /* the exchange buffers (MEM_ACTIVATIONS) */
+    float *gbuf;        /* [tp_n][max_count]: gathered partials */
+    float *sbuf;        /* [tp_n][chunk]: padded send buffer of the reduce-scatter */
+    float *ybuf;        /* [chunk]: this rank's summed chunk */
+    float *lbuf;        /* stage rank 0 of the last stage: [tp_n][max_out * nv_max] */
+    float *rbuf;        /* stages > 0: [max_tokens][n_embd] posted receives */
+    float *plog;        /* the last stage's tp rank 0 when it is not rank 0:
+                         * [max_out][n_vocab] logits before they go to rank 0 */
+    int32_t *mb_out;    /* [max_out] a micro-batch's output rows */
+    int32_t msg[TP_MSG_INTS];
+    int32_t *rx;        /* worker: a large batch's payload */
+    size_t rx_cap;
+    fwd_seq *seqs;
+    int32_t seqs_cap;
+    tp_stats st;
+};
+
+#endif
