@@ -9,21 +9,22 @@ typedef struct cli_cmd {
     const char *name;
     int (*fn)(int argc, char **argv);
     const char *help;
+    int parallel; /* takes --tp / --pp (docs/PARALLEL.md) */
 } cli_cmd;
 
 static const cli_cmd cmds[] = {
-    {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
-    {"top", cmd_top, "terminal view of a running server's memory and requests"},
-    {"run", cmd_run, "generate text from a prompt"},
-    {"tokenize", cmd_tokenize, "print the token ids of a text"},
-    {"perplexity", cmd_perplexity, "perplexity of a text file (llama.cpp convention)"},
-    {"info", cmd_info, "model metadata and tensors (--memory: memory profile)"},
-    {"bench", cmd_bench, "prompt/generation speed, batched decode, roofline"},
-    {"quantize", cmd_quantize, "write a quantized GGUF (RTN, calibrated, recipes)"},
-    {"prune", cmd_prune, "remove layers / FFN channels / KV heads chosen by calibration"},
-    {"kl", cmd_kl, "perplexity and KL divergence against a base model"},
-    {"plan", cmd_plan, "what fits in a memory budget (reads the GGUF header only)"},
-    {"logits", cmd_logits, "dump teacher-forced logits (for reference tests)"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server", 1},
+    {"top", cmd_top, "terminal view of a running server's memory and requests", 0},
+    {"run", cmd_run, "generate text from a prompt", 1},
+    {"tokenize", cmd_tokenize, "print the token ids of a text", 0},
+    {"perplexity", cmd_perplexity, "perplexity of a text file (llama.cpp convention)", 1},
+    {"info", cmd_info, "model metadata and tensors (--memory: memory profile)", 0},
+    {"bench", cmd_bench, "prompt/generation speed, batched decode, roofline", 1},
+    {"quantize", cmd_quantize, "write a quantized GGUF (RTN, calibrated, recipes)", 0},
+    {"prune", cmd_prune, "remove layers / FFN channels / KV heads chosen by calibration", 0},
+    {"kl", cmd_kl, "perplexity and KL divergence against a base model", 0},
+    {"plan", cmd_plan, "what fits in a memory budget (reads the GGUF header only)", 1},
+    {"logits", cmd_logits, "dump teacher-forced logits (for reference tests)", 1},
 };
 
 #define N_CMDS (sizeof cmds / sizeof cmds[0])
@@ -83,6 +84,11 @@ int main(int argc, char **argv)
         return c ? c->fn(2, hargv) : usage_error("unknown command", argv[2]);
     }
     const cli_cmd *c = find_cmd(a);
+    if (c && !c->parallel) /* one process only: its sessions would not agree with workers */
+        for (int i = 2; i + 1 < argc; i++)
+            if ((!strcmp(argv[i], "--tp") || !strcmp(argv[i], "--pp")) && strcmp(argv[i + 1], "1"))
+                return cli_err_usage(a, "%s: runs in one process (--tp/--pp: serve, run, bench, "
+                                     "perplexity, logits, plan)", argv[i]);
     if (c)
         return c->fn(argc - 1, argv + 1);
     if (a[0] == '-')

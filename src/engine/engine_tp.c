@@ -170,6 +170,7 @@ void engine_tp_after_step(engine *e, int rc, const char *msg)
     eng_tp *t = e->tp;
     if (!t || !t->tp)
         return;
+    rc = rc && tp_failed(t->tp); /* a refused batch fails its requests only */
     tp_stats st;
     tp_get_stats(t->tp, &st);
     pthread_mutex_lock(&e->mu);
@@ -181,7 +182,7 @@ void engine_tp_after_step(engine *e, int rc, const char *msg)
     }
     pthread_mutex_unlock(&e->mu);
     if (rc)
-        fprintf(stderr, "kvant: tensor-parallel group failed: %s\n", msg);
+        fprintf(stderr, "kvant: the rank group failed: %s\n", msg);
 }
 
 void engine_tp_health(engine *e, engine_health *out)

@@ -42,6 +42,8 @@ void par_abort(par *p, int code);
 int par_rank(const par *p);
 int par_size(const par *p);
 void par_get_stats(const par *p, par_stats *out);
+/* 1 once a call failed or timed out: the group is unusable. */
+int par_failed(const par *p);
 
 /* buf (bytes) from rank 0 to every rank.  idle: the caller has nothing
  * else to do (a worker waiting for its next command): no deadline, and the

@@ -102,6 +102,11 @@ void par_get_stats(const par *p, par_stats *out)
     *out = p->st;
 }
 
+int par_failed(const par *p)
+{
+    return p->broken;
+}
+
 /* Polls req until it completes or the deadline passes.  Spins first
  * (decode-step messages arrive within microseconds), then sleeps between
  * polls so an idle worker does not hold a core. */

@@ -157,6 +157,11 @@ void tp_get_stats(const tp_ctx *t, tp_stats *out)
     }
 }
 
+int tp_failed(const tp_ctx *t)
+{
+    return par_failed(t->world) || (t->stage != t->world && par_failed(t->stage));
+}
+
 void tp_note_step(tp_ctx *t, int32_t n_tokens, double seconds)
 {
     t->st.steps++;

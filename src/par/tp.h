@@ -68,6 +68,8 @@ void tp_destroy(tp_ctx *t);
 int tp_rank(const tp_ctx *t);  /* in the world */
 int tp_size(const tp_ctx *t);
 void tp_get_stats(const tp_ctx *t, tp_stats *out);
+/* 1 once the group failed (a rank died, hung or left): nothing more can run. */
+int tp_failed(const tp_ctx *t);
 
 /* Start-up agreement, one collective on every rank: each rank brings its
  * set-up status (rc, with the message in local), a fingerprint of the
