@@ -3,6 +3,7 @@
 
 #include <limits.h>
 #include <mpi.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -122,13 +123,19 @@ static int wait_req(par *p, MPI_Request *req, const char *what, int idle, kvant_
         }
         if (done)
             break;
-        if (it < 20000)
+        if (it < 2000)
             continue;
+        /* then yield: a rank sharing a core (or a hyperthread) with another
+         * gets it back at once; past 10 ms, sleep */
         double t = now_s();
         if (!idle && t - t0 > p->timeout_s) {
             p->broken = 1;
             return kvant_err_set(err, KV_EIO, "rank %d: %s: no answer from the other ranks in "
                                  "%.0f s (a rank hung or died)", p->rank, what, p->timeout_s);
+        }
+        if (t - t0 < 0.01) {
+            sched_yield();
+            continue;
         }
         struct timespec ts = {0, idle && t - t0 > 0.1 ? 1000000 : 20000};
         nanosleep(&ts, NULL);

@@ -286,6 +286,18 @@ def test_rank_that_does_not_fit_is_named(kvant_bin, default_model):
     assert "rank 1: mem: over budget" in r.stderr, r.stderr[-2000:]
 
 
+def test_model_too_big_for_one_rank_runs_on_two(kvant_bin, default_model):
+    """92 MiB of weights do not fit a 96 MiB budget beside the activations; half of them do."""
+    base = [kvant_bin, "run", "-m", default_model, "-p", "The capital of France is", "-n", "8",
+            "-t", "1", "-c", "256", "--device-memory", "96MiB", "--memory-utilization", "1",
+            "--json"]
+    one = run(base)
+    assert one.returncode != 0 and "over budget" in one.stderr, one.stderr[-2000:]
+    two = run(launcher(2) + base + ["--tp", "2"])
+    assert two.returncode == 0, two.stderr[-2000:]
+    assert json.loads(two.stdout)["completion_tokens"] == 8
+
+
 def test_kquant_columns_that_cannot_be_cut_are_refused(kvant_bin, synthetic_dir):
     path = ms.make_model(synthetic_dir, "llama-Q4_K")
     r = run(launcher(2) + [kvant_bin, "run", "-m", path, "-p", "hi", "-n", "2", "-t", "1",
