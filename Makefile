@@ -32,9 +32,9 @@ TARGET   := $(shell $(CC) -dumpmachine 2>/dev/null)
 ifeq ($(findstring x86_64,$(TARGET)),)
 LIB_SRC  := $(filter-out %_avx2.c %_avx512.c,$(LIB_SRC))
 endif
-# MPI (tensor parallelism, src/par): built in where mpicc is found (OpenMPI,
-# installed by scripts/setup-deps.sh); MPI=0 builds the single-process stub
-# (the arm64 cross build and the sanitizer build use it).
+# MPI (tensor and pipeline parallelism, src/par): built in where mpicc is
+# found (OpenMPI, installed by scripts/setup-deps.sh); MPI=0 builds the
+# single-process stub (the arm64 cross build uses it).
 MPI      ?= $(if $(shell command -v mpicc 2>/dev/null),1,0)
 ifeq ($(MPI),1)
 LIB_SRC  := $(filter-out src/par/par_none.c,$(LIB_SRC))
@@ -174,8 +174,13 @@ arm64:
 	@echo "arm64: built, not run under qemu (threads hang there, or too slow emulated): $(ARM64_NOT_RUN)"
 	KVANT_TEST_RUNNER="qemu-aarch64 -L $(ARM64_SYSROOT)" scripts/run-unit.sh build-arm64
 
-asan:
-	$(MAKE) BUILD=build-asan MPI=0 WERROR=1 OPT="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" unit
+# The unit tests under ASan + UBSan, then (with MPI) --tp/--pp runs of real
+# MPI ranks under the same sanitizers (scripts/asan-mpi.sh).
+ASAN_OPT := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+asan: model
+	$(MAKE) BUILD=build-asan WERROR=1 OPT="$(ASAN_OPT)" unit
+	@if [ "$(MPI)" = 1 ]; then scripts/asan-mpi.sh build-asan; \
+	else echo "asan: built without MPI (no mpicc): the --tp/--pp sanitizer run is not done"; fi
 
 fuzz:
 	$(MAKE) -f fuzz/fuzz.mk
