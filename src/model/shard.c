@@ -3,10 +3,9 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "kernels/dtype.h"
+#include "util/pages.h"
 
 struct model_shard {
     model *m;            /* borrowed */
@@ -92,17 +91,6 @@ static void vec_view(model_tensor *t, int64_t e0, int64_t ne)
     t->nbytes = t->row_bytes = (size_t)ne * sizeof(float);
 }
 
-static void drop_mapped(const void *p, size_t n)
-{
-    const long pg = sysconf(_SC_PAGESIZE);
-    if (pg <= 0)
-        return;
-    const uintptr_t a = ((uintptr_t)p + (uintptr_t)pg - 1) / (uintptr_t)pg * (uintptr_t)pg;
-    const uintptr_t z = ((uintptr_t)p + n) / (uintptr_t)pg * (uintptr_t)pg;
-    if (z > a)
-        (void)madvise((void *)a, z - a, MADV_DONTNEED);
-}
-
 /* Columns [c0, c0 + nc) of every row of t, copied into memory from the
  * manager; t->dev names the copy (data keeps naming the file's bytes, as
  * for load-time conversions: backends do not reserve it again). */
@@ -130,7 +118,7 @@ static int cols_copy(model_shard *s, model_tensor *t, int64_t c0, int64_t nc, kv
     s->copies[s->n_copies++] = dst;
     for (int64_t r = 0; r < t->ne[1]; r++)
         memcpy(dst + (size_t)r * row, (const char *)t->data + (size_t)r * t->row_bytes + off, row);
-    drop_mapped(t->data, t->nbytes);
+    pages_drop_mapped(t->data, t->nbytes);
     t->dev = dst;
     t->ne[0] = nc;
     t->row_bytes = row;

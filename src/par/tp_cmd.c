@@ -26,6 +26,20 @@ int tp_send_quit(tp_ctx *t, kvant_err *err)
     return send_cmd(t, TP_QUIT, 0, 0, err);
 }
 
+/* The payload buffer of a large batch, at least n ints (grown rarely: a
+ * batch larger than any before). */
+static int rx_reserve(tp_ctx *t, int64_t n, kvant_err *err)
+{
+    if ((size_t)n <= t->rx_cap)
+        return KV_OK;
+    int32_t *rx = realloc(t->rx, (size_t)n * sizeof *rx);
+    if (!rx)
+        return kvant_err_set(err, KV_ENOMEM, "out of memory for a batch message");
+    t->rx = rx;
+    t->rx_cap = (size_t)n;
+    return KV_OK;
+}
+
 static int64_t payload_ints(int32_t n_tokens, int32_t n_seqs, int32_t n_out, int32_t n_table)
 {
     return 3 * (int64_t)n_tokens + n_out + n_seqs + (int64_t)n_table;
@@ -44,13 +58,9 @@ int tp_send_batch(tp_ctx *t, const fwd_batch *b, kvant_err *err)
     h[7] = inl;
     int32_t *w = inl ? h + TP_HDR_INTS : NULL;
     if (!inl) {
-        if ((size_t)np > t->rx_cap) {
-            int32_t *rx = realloc(t->rx, (size_t)np * sizeof *rx);
-            if (!rx)
-                return kvant_err_set(err, KV_ENOMEM, "out of memory for a batch message");
-            t->rx = rx;
-            t->rx_cap = (size_t)np;
-        }
+        int rc = rx_reserve(t, np, err);
+        if (rc)
+            return rc;
         w = t->rx;
     }
     int32_t *p = w;
@@ -82,15 +92,8 @@ static int recv_batch(tp_ctx *t, fwd_batch *b, kvant_err *err)
     const int64_t np = payload_ints(nt, ns, no, ntab);
     const int32_t *p = h + TP_HDR_INTS;
     if (!h[7]) {
-        if ((size_t)np > t->rx_cap) {
-            int32_t *rx = realloc(t->rx, (size_t)np * sizeof *rx);
-            if (!rx)
-                return kvant_err_set(err, KV_ENOMEM, "out of memory for a batch message");
-            t->rx = rx;
-            t->rx_cap = (size_t)np;
-        }
-        int rc = par_bcast(t->world, t->rx, (size_t)np * 4, 0, err);
-        if (rc)
+        int rc = rx_reserve(t, np, err);
+        if (rc || (rc = par_bcast(t->world, t->rx, (size_t)np * 4, 0, err)))
             return rc;
         p = t->rx;
     } else if (TP_HDR_INTS + np > TP_MSG_INTS) {

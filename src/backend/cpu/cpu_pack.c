@@ -8,6 +8,7 @@
 #include "kernels/dtype.h"
 #include "kernels/matmul.h"
 #include "kernels/qpack.h"
+#include "util/pages.h"
 
 typedef struct pack_entry {
     model_tensor *t;
@@ -39,18 +40,6 @@ static void pack_worker(int ith, int nth, void *arg)
         j->unpack ? qpack_unpack_rows : qpack_rows;
     fn(j->t->type, (const uint8_t *)j->src + off, (uint8_t *)j->dst + off, j->t->ne[0], e - b,
        j->t->row_bytes);
-}
-
-/* Drops the resident pages wholly inside [p, p + n) of a file mapping. */
-static void release_mapped(const void *p, size_t n)
-{
-    const long pg = sysconf(_SC_PAGESIZE);
-    if (pg <= 0)
-        return;
-    const uintptr_t a = ((uintptr_t)p + (uintptr_t)pg - 1) / (uintptr_t)pg * (uintptr_t)pg;
-    const uintptr_t z = ((uintptr_t)p + n) / (uintptr_t)pg * (uintptr_t)pg;
-    if (z > a)
-        (void)madvise((void *)a, z - a, MADV_DONTNEED);
 }
 
 /* Asks for transparent huge pages on the 2 MiB-aligned interior of a
@@ -85,7 +74,7 @@ static void pack_one(cpu_packed *p, model_tensor *t, mem_mgr *mem, tpool *pool)
     pack_job j = {t, t->dev, e->buf ? e->buf : t->dev, 0};
     tpool_run(pool, pack_worker, &j);
     if (e->buf) {
-        release_mapped(t->data, t->nbytes);
+        pages_drop_mapped(t->data, t->nbytes);
         t->dev = e->buf;
     }
     t->packed = 1;

@@ -1,0 +1,17 @@
+/* pages.c - see pages.h. */
+#include "util/pages.h"
+
+#include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+void pages_drop_mapped(const void *p, size_t n)
+{
+    const long pg = sysconf(_SC_PAGESIZE);
+    if (pg <= 0)
+        return;
+    const uintptr_t a = ((uintptr_t)p + (uintptr_t)pg - 1) / (uintptr_t)pg * (uintptr_t)pg;
+    const uintptr_t z = ((uintptr_t)p + n) / (uintptr_t)pg * (uintptr_t)pg;
+    if (z > a)
+        (void)madvise((void *)a, z - a, MADV_DONTNEED);
+}
