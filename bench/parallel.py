@@ -10,7 +10,10 @@ For each configuration, in one run (ratios are only meaningful within a run):
   * `kvant plan --tp/--pp --json`: each rank's weight bytes and KV bytes per token against
     one process (target: at most 1/N of one process + 5%).
 
-usage: bench/parallel.py [--model M] [--p 64] [--n 32] [--reps 5] [--out FILE.json]
+  * with --batch B (default 16): B requests through the engine (`bench --batch`), prefill
+    and decode tokens/s against one process.
+
+usage: bench/parallel.py [--model M] [--p 64] [--n 32] [--reps 5] [--batch 16] [--out FILE]
 Needs OpenMPI (`make deps`).  Prints a markdown table; --out writes the raw numbers.
 """
 from __future__ import annotations
@@ -41,6 +44,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=32)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--device-memory", default="4GiB")
+    ap.add_argument("--batch", type=int, default=16,
+                    help="also B requests through the engine (bench --batch); 0: skip")
     ap.add_argument("--out")
     a = ap.parse_args()
     mpirun = shutil.which("mpirun")
@@ -59,13 +64,14 @@ def main() -> None:
                                "--device-memory", a.device_memory])
     one_plan = run_json([a.kvant, "plan", "-m", a.model, "--json", "--device-memory",
                          a.device_memory])["plans"][0]["plan"]
-    rows = []
+    rows, batch_rows = [], []
     for name, par, threads, btl in configs:
-        cmd = bench + threads + par
-        if par:
-            cmd = [mpirun, "-np", "2", "--oversubscribe", "--mca", "btl", btl] + cmd
-        j = run_json(cmd)
-        rows.append({"config": name, **j})
+        mpi = [mpirun, "-np", "2", "--oversubscribe", "--mca", "btl", btl] if par else []
+        rows.append({"config": name, **run_json(mpi + bench + threads + par)})
+        if a.batch:
+            cmd = [a.kvant, "bench", "-m", a.model, "-p", str(a.p), "-n", str(a.n), "--batch",
+                   str(a.batch), "--json", "--device-memory", a.device_memory]
+            batch_rows.append({"config": name, **run_json(mpi + cmd + threads + par)})
     base = rows[0]
     print(f"model {a.model}, ISA {base['isa']}, pp{a.p} / tg{a.n}, median of {a.reps}\n")
     print("| configuration | pp tok/s | tg tok/s | pp vs one | tg vs one | bytes/prompt token "
@@ -77,6 +83,15 @@ def main() -> None:
               f"{r.get('pp_comm_bytes_per_token', 0):.0f} | "
               f"{r.get('tg_comm_bytes_per_token', 0):.0f} | "
               f"{100 * r.get('pp_comm_share', 0):.0f}% / {100 * r.get('tg_comm_share', 0):.0f}% |")
+    if batch_rows:
+        b0 = batch_rows[0]
+        print(f"\n{a.batch} requests of p{a.p} / n{a.n} through the engine (bench --batch)\n")
+        print("| configuration | prefill tok/s | decode tok/s | prefill vs one | decode vs one |")
+        print("|---|---|---|---|---|")
+        for r in batch_rows:
+            print(f"| {r['config']} | {r['prefill_tps']:.1f} | {r['decode_tps']:.1f} | "
+                  f"{r['prefill_tps'] / b0['prefill_tps']:.2f}x | "
+                  f"{r['decode_tps'] / b0['decode_tps']:.2f}x |")
     full_w = plan["--tp"]["one_process_weights_bytes"]
     kv1 = one_plan["kv_bytes_per_token"]
     print("\n| split | rank | weights | share of one process | KV bytes/token | share |")
@@ -88,7 +103,8 @@ def main() -> None:
                   f"{100 * rk['kv_bytes_per_token'] / kv1:.1f}% |")
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"bench": rows, "plan": plan, "one_plan": one_plan}, f, indent=1)
+            json.dump({"bench": rows, "batch": batch_rows, "plan": plan, "one_plan": one_plan},
+                      f, indent=1)
 
 
 if __name__ == "__main__":
