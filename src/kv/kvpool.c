@@ -33,15 +33,16 @@ enum { KVB_HASHED = 1, KVB_REGISTERED = 2 };
 
 struct kvpool {
     kvpool_config cfg;
-    int32_t n_blocks;
+    int32_t n_blocks;    /* live block ids are [0, n_blocks) */
+    int32_t max_blocks;  /* the metadata arrays' length: n_blocks may grow to it */
     int32_t bs;
-    int32_t *refcount;   /* [n_blocks] */
-    uint8_t *state;      /* [n_blocks] KVB_FREE / USED / CACHED */
-    uint8_t *flags;      /* [n_blocks] KVB_HASHED | KVB_REGISTERED */
-    uint64_t *hash;      /* [n_blocks] chain hash, valid when HASHED */
-    int32_t *free_stack; /* [n_blocks], n_free entries used; top at the end */
-    int32_t *lru_prev;   /* [n_blocks] -1 at the head */
-    int32_t *lru_next;   /* [n_blocks] -1 at the tail */
+    int32_t *refcount;   /* [max_blocks] */
+    uint8_t *state;      /* [max_blocks] KVB_FREE / USED / CACHED */
+    uint8_t *flags;      /* [max_blocks] KVB_HASHED | KVB_REGISTERED */
+    uint64_t *hash;      /* [max_blocks] chain hash, valid when HASHED */
+    int32_t *free_stack; /* [max_blocks], n_free entries used; top at the end */
+    int32_t *lru_prev;   /* [max_blocks] -1 at the head */
+    int32_t *lru_next;   /* [max_blocks] -1 at the tail */
     int32_t lru_head;    /* least recently released cached block, or -1 */
     int32_t lru_tail;    /* most recently released cached block, or -1 */
     int32_t n_free;
@@ -250,6 +251,12 @@ kvpool *kvpool_create(const kvpool_config *cfg, kvant_err *err)
                       KVPOOL_MAX_BLOCKS);
         return NULL;
     }
+    if (cfg->max_blocks != 0 &&
+        (cfg->max_blocks < cfg->n_blocks || cfg->max_blocks > KVPOOL_MAX_BLOCKS)) {
+        kvant_err_set(err, KV_EINVAL, "kvpool: max_blocks %d not in [n_blocks %d, %d]",
+                      (int)cfg->max_blocks, (int)cfg->n_blocks, KVPOOL_MAX_BLOCKS);
+        return NULL;
+    }
     int32_t bs = cfg->block_size;
     if (bs < 8 || bs > 128 || (bs & (bs - 1)) != 0) {
         kvant_err_set(err, KV_EINVAL, "kvpool: block_size %d is not a power of two in [8, 128]",
@@ -261,12 +268,14 @@ kvpool *kvpool_create(const kvpool_config *cfg, kvant_err *err)
         kvant_err_set(err, KV_ENOMEM, "kvpool: out of memory");
         return NULL;
     }
-    size_t n = (size_t)cfg->n_blocks;
+    const int32_t max = cfg->max_blocks ? cfg->max_blocks : cfg->n_blocks;
+    size_t n = (size_t)max;
     uint32_t map_cap = 16;
-    while (map_cap < 2 * (uint32_t)cfg->n_blocks)
+    while (map_cap < 2 * (uint32_t)max)
         map_cap *= 2;
     p->cfg = *cfg;
     p->n_blocks = cfg->n_blocks;
+    p->max_blocks = max;
     p->bs = bs;
     p->refcount = calloc(n, sizeof *p->refcount);
     p->state = calloc(n, sizeof *p->state);
@@ -280,7 +289,7 @@ kvpool *kvpool_create(const kvpool_config *cfg, kvant_err *err)
     if (!p->refcount || !p->state || !p->flags || !p->hash || !p->free_stack || !p->lru_prev ||
         !p->lru_next || !p->map_keys || !p->map_vals) {
         kvpool_destroy(p);
-        kvant_err_set(err, KV_ENOMEM, "kvpool: out of memory for %d blocks", (int)cfg->n_blocks);
+        kvant_err_set(err, KV_ENOMEM, "kvpool: out of memory for %d blocks", (int)max);
         return NULL;
     }
     p->map_mask = map_cap - 1;
@@ -288,12 +297,65 @@ kvpool *kvpool_create(const kvpool_config *cfg, kvant_err *err)
         p->map_vals[i] = -1;
     p->lru_head = p->lru_tail = -1;
     /* pushed in reverse so that allocation hands out 0, 1, 2, ... first */
-    for (int32_t b = p->n_blocks - 1; b >= 0; b--) {
+    for (int32_t b = p->max_blocks - 1; b >= 0; b--)
         p->lru_prev[b] = p->lru_next[b] = -1;
+    for (int32_t b = p->n_blocks - 1; b >= 0; b--)
         kvpool_push_free(p, b);
-    }
     return p;
 }
+
+int kvpool_grow(kvpool *p, int32_t n_blocks)
+{
+    if (n_blocks < p->n_blocks || n_blocks > p->max_blocks)
+        return KV_EINVAL;
+    const int32_t add = n_blocks - p->n_blocks;
+    /* the new ids go under the free stack: handed out after every older
+     * free block, so the tail stays free and can be given back */
+    memmove(p->free_stack + add, p->free_stack, (size_t)p->n_free * sizeof *p->free_stack);
+    for (int32_t i = 0; i < add; i++) {
+        const int32_t b = n_blocks - 1 - i; /* the highest id deepest */
+        p->state[b] = KVB_FREE;
+        p->flags[b] = 0;
+        p->refcount[b] = 0;
+        p->free_stack[i] = b;
+    }
+    p->n_free += add;
+    p->n_blocks = n_blocks;
+    return KV_OK;
+}
+
+int32_t kvpool_shrink(kvpool *p, int32_t n_blocks)
+{
+    int32_t lo = n_blocks < 1 ? 1 : n_blocks;
+    if (lo >= p->n_blocks)
+        return p->n_blocks;
+    int32_t keep = p->n_blocks;
+    while (keep > lo && p->refcount[keep - 1] == 0)
+        keep--;
+    if (keep == p->n_blocks)
+        return keep;
+    /* cached blocks in the tail are evicted as the allocator would */
+    for (int32_t b = keep; b < p->n_blocks; b++) {
+        if (p->state[b] != KVB_CACHED)
+            continue;
+        kvlru_unlink(p, b);
+        kvmap_remove(p, p->hash[b]);
+        p->evictions++;
+        if (p->cfg.evict_block)
+            p->cfg.evict_block(p->cfg.evict_ctx, b);
+        p->state[b] = KVB_FREE; /* gone: on no list */
+        p->flags[b] = 0;
+    }
+    int32_t j = 0; /* the free stack keeps its order, less the tail's ids */
+    for (int32_t i = 0; i < p->n_free; i++)
+        if (p->free_stack[i] < keep)
+            p->free_stack[j++] = p->free_stack[i];
+    p->n_free = j;
+    p->n_blocks = keep;
+    return keep;
+}
+
+int32_t kvpool_max_blocks(const kvpool *p) { return p->max_blocks; }
 
 void kvpool_destroy(kvpool *p)
 {
