@@ -304,7 +304,9 @@ int engine_kv_snapshot_take(engine *e, engine_kv_snapshot *s, kvant_err *err);
  * nothing changes on error.  Shrinking never fails and never touches a
  * block a sequence holds: it gives back the longest free tail of ids down
  * to max(n_blocks, the size at create) (cached prefix blocks there are
- * evicted), possibly nothing.  *out_blocks (may be NULL) gets the size
+ * evicted), possibly nothing; the ids above the target that it could not
+ * give back drain (are no longer handed out) until a later shrink takes
+ * them or a resize to at least the current size ends the drain.  *out_blocks (may be NULL) gets the size
  * after the call.  KV_EBUSY when the engine is stopping.  Any thread
  * except the engine thread and event callbacks. */
 int engine_kv_resize(engine *e, int32_t n_blocks, int32_t *out_blocks, kvant_err *err);

@@ -7,7 +7,9 @@
  * of the longest tail no sequence holds first (cached prefix blocks there
  * are evicted through the tiers' hook) and then their storage.  Ids below
  * the new size never move, so block tables stay valid; a sequence's blocks
- * are never taken.
+ * are never taken.  A shrink stopped by a held block leaves the ids down to
+ * its target draining (not handed out again), so the next shrink, once
+ * their holders finish, reaches the target; any grow ends the drain.
  *
  * Threading: the pool and backend belong to the engine thread.  A caller
  * posts an eng_resize in e->resize_req (under e->mu) and waits on
@@ -55,16 +57,14 @@ static int resize_now(engine *e, int32_t want, int32_t *got, kvant_err *err)
     const int32_t cur = ks.n_blocks;
     int (*kv_resize)(backend *, int32_t, kvant_err *) = e->be->ops->kv_resize;
     *got = cur;
-    if (want == cur)
-        return KV_OK;
-    if (!kv_resize)
+    if (want != cur && !kv_resize)
         return kvant_err_set(err, KV_EUNSUP, "the %s backend cannot resize its KV pool",
                              e->be->ops->name);
-    if (want > cur) {
+    if (want >= cur) { /* equal: only ends a drain left by an earlier shrink */
         if (want > kvpool_max_blocks(e->pool))
             return kvant_err_set(err, KV_ERANGE, "KV pool: %d blocks asked, at most %d", want,
                                  kvpool_max_blocks(e->pool));
-        int rc = kv_resize(e->be, want, err);
+        int rc = want > cur ? kv_resize(e->be, want, err) : KV_OK;
         if (rc)
             return rc;
         rc = kvpool_grow(e->pool, want);

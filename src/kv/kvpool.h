@@ -134,6 +134,7 @@ typedef struct kvpool_stats {
     int32_t n_free;           /* never used or freed without a hash */
     int32_t n_cached;         /* refcount 0, evictable, holding a prefix */
     int32_t n_used;           /* refcount > 0 */
+    int32_t n_draining;       /* unreferenced, waiting for a shrink (not available) */
     uint64_t prefix_queries;  /* tokens looked up */
     uint64_t prefix_hits;     /* tokens served from cache */
     uint64_t evictions;
@@ -165,16 +166,22 @@ void kvpool_clear_cache(kvpool *p);
 void kvpool_evict_cached(kvpool *p);
 
 /* Makes ids [old n_blocks, n_blocks) free blocks (the caller has made
- * their storage exist first).  They are allocated after every block that
- * was free before.  KV_EINVAL (nothing changed) when n_blocks is below
- * the current size or above max_blocks.  O(n_free), no allocation. */
+ * their storage exist first), and ends a drain (below): its unreferenced
+ * blocks are free again.  They are allocated after every block that was
+ * free before.  n_blocks equal to the size only ends a drain.  KV_EINVAL
+ * (nothing changed) below the current size or above max_blocks.
+ * O(n_free + n_blocks - old limit), no allocation. */
 int kvpool_grow(kvpool *p, int32_t n_blocks);
 /* Gives back the longest tail of ids [k, n_blocks) with k >= max(n_blocks
  * argument, 1) that no sequence holds: cached blocks there are evicted
  * (through evict_block, counted), free ones dropped.  A block with a
- * reference stops the cut, so nothing any sequence holds ever moves.
- * Returns the new size (the old one when nothing could go); the caller
- * then releases the storage of the ids given back.  O(n_free + tail). */
+ * reference stops the cut, so nothing any sequence holds ever moves; the
+ * ids between the target and the cut then drain: no longer handed out (a
+ * cached one is evicted, a released one goes to no list), so a later
+ * shrink can take them once their holders release them (each shrink's
+ * target replaces the last one's; a grow ends the drain).  Returns the new
+ * size (the old one when nothing could go); the caller then releases the
+ * storage of the ids given back.  O(n_free + n_blocks - target). */
 int32_t kvpool_shrink(kvpool *p, int32_t n_blocks);
 int32_t kvpool_max_blocks(const kvpool *p);
 

@@ -675,6 +675,48 @@ static void test_property(int prefix_cache, uint64_t seed, int n_ops, int resize
     kvpool_destroy(t.p);
 }
 
+static const kv_seq *const *one_of(const kv_seq *s)
+{
+    static const kv_seq *one[1];
+    one[0] = s;
+    return one;
+}
+
+/* A drain ended by a grow: the unreferenced draining blocks are free
+ * again, the held ones stay with their holder. */
+static void test_drain_grow(void)
+{
+    static store st;
+    kvpool *p = make_pool_max(&st, 16, 16, 16, 0);
+    kv_seq a, b;
+    kvseq_init(&a, 1);
+    kvseq_init(&b, 1);
+    CHECK(kvseq_reserve(p, &a, 0, 10 * 16) == KV_OK); /* 0..9 */
+    CHECK(kvseq_reserve(p, &b, 0, 2 * 16) == KV_OK);  /* 10, 11 */
+    kvseq_release(p, &a);
+    CHECK(kvpool_shrink(p, 4) == 12); /* 11 held: 4..11 drain */
+    kvpool_stats s;
+    kvpool_get_stats(p, &s);
+    CHECK(s.n_free == 4 && s.n_draining == 6 && s.n_used == 2 && kvpool_n_available(p) == 4);
+    check_pool(p, one_of(&b), 1);
+    kv_seq c;
+    kvseq_init(&c, 1);
+    CHECK(kvseq_reserve(p, &c, 0, 5 * 16) == KV_ENOMEM); /* only 0..3 are handed out */
+    CHECK(kvseq_reserve(p, &c, 0, 4 * 16) == KV_OK);
+    for (int i = 0; i < 4; i++)
+        CHECK(c.blocks[i] < 4);
+    kvseq_release(p, &c);
+    CHECK(kvpool_grow(p, 11) == KV_EINVAL);
+    CHECK(kvpool_grow(p, 12) == KV_OK); /* same size: ends the drain */
+    kvpool_get_stats(p, &s);
+    CHECK(s.n_blocks == 12 && s.n_free == 10 && s.n_draining == 0 && kvpool_n_available(p) == 10);
+    check_pool(p, one_of(&b), 1);
+    kvseq_release(p, &b);
+    check_pool(p, NULL, 0);
+    CHECK(kvpool_shrink(p, 1) == 1);
+    kvpool_destroy(p);
+}
+
 /* Grow adds ids at the end, handed out after the older free blocks;
  * shrink gives back only a tail nobody holds (cached blocks there are
  * evicted through the hook), and ids below never move. */
@@ -712,19 +754,26 @@ static void test_resize(void)
     CHECK(b.blocks[0] == 6 && b.blocks[1] == 7 && b.blocks[2] == 8 && b.blocks[5] == 11);
     const kv_seq *two[2] = {&a, &b};
     check_pool(p, two, 2);
-    /* b holds block 11: the cut stops above it */
+    /* b holds block 11: the cut stops above it, and 8..11 drain */
     CHECK(kvpool_shrink(p, 8) == 12);
     kvpool_get_stats(p, &s);
-    CHECK(s.n_blocks == 12 && s.n_free == 0 && kvpool_refcount(p, 12) == -1);
+    CHECK(s.n_blocks == 12 && s.n_free == 0 && s.n_draining == 0 && kvpool_refcount(p, 12) == -1);
     check_pool(p, two, 2);
-    CHECK(kvpool_shrink(p, 4) == 12 && kvpool_shrink(p, 20) == 12); /* held / not smaller */
-    /* b's blocks become cached (a registered prefix): the cut evicts them */
+    CHECK(kvpool_shrink(p, 20) == 12); /* not smaller */
+    /* b's blocks are registered prefix blocks: 6, 7 become cached, the
+     * draining 8..11 are evicted and go to no list */
     store_write(&st, p, &b, tok + 6 * 16, 0, 6 * 16);
     kvseq_commit(p, &b, tok + 6 * 16, 6 * 16);
+    n_evicted = 0;
     kvseq_release(p, &b);
     kvpool_get_stats(p, &s);
-    CHECK(s.n_cached == 6);
-    n_evicted = 0;
+    CHECK(s.n_cached == 2 && s.n_draining == 4 && s.n_free == 0 && s.evictions == 4);
+    CHECK(n_evicted == 4 && kvpool_n_available(p) == 2);
+    check_pool(p, one_of(&a), 1);
+    /* the next shrink reaches its target; then the cached 6, 7 go too */
+    CHECK(kvpool_shrink(p, 8) == 8);
+    kvpool_get_stats(p, &s);
+    CHECK(s.n_blocks == 8 && s.n_draining == 0 && s.n_cached == 2);
     CHECK(kvpool_shrink(p, 6) == 6);
     kvpool_get_stats(p, &s);
     CHECK(s.n_blocks == 6 && s.n_cached == 0 && s.n_free == 0 && s.evictions == 6);
@@ -757,6 +806,7 @@ int main(void)
     test_prefix();
     test_lru();
     test_resize();
+    test_drain_grow();
     test_property(1, 0x5eed1234ULL, 200000, 0);
     test_property(0, 0x0badcafeULL, 20000, 0);
     test_property(1, 0x7e512e00ULL, 100000, 1);
