@@ -307,9 +307,12 @@ int engine_kv_snapshot_take(engine *e, engine_kv_snapshot *s, kvant_err *err);
  * evicted), possibly nothing; the ids above the target that it could not
  * give back drain (are no longer handed out) until a later shrink takes
  * them or a resize to at least the current size ends the drain.  *out_blocks (may be NULL) gets the size
- * after the call.  KV_EBUSY when the engine is stopping.  Any thread
- * except the engine thread and event callbacks. */
-int engine_kv_resize(engine *e, int32_t n_blocks, int32_t *out_blocks, kvant_err *err);
+ * after the call.  KV_EBUSY (nothing changed) when the engine is stopping,
+ * or when timeout_s > 0 passed before the engine thread took the request
+ * (a step that long, a wedged engine); once taken, the resize finishes.
+ * Any thread except the engine thread and event callbacks. */
+int engine_kv_resize(engine *e, int32_t n_blocks, double timeout_s, int32_t *out_blocks,
+                     kvant_err *err);
 
 /* The start-up plan (filled at create). */
 typedef struct plan_result plan_result;

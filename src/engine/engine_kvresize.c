@@ -20,13 +20,16 @@
  */
 #include "engine/engine_internal.h"
 
+#include <errno.h>
 #include <string.h>
+#include <time.h>
 
 struct eng_resize {
     int32_t want;   /* blocks asked for */
     int32_t got;    /* size after the resize */
     int rc;
     kvant_err err;
+    int taken;      /* the engine thread is resizing (it finishes: the caller waits) */
     int done;       /* set by the engine thread */
 };
 
@@ -88,6 +91,8 @@ void engine_serve_resize(engine *e)
 {
     pthread_mutex_lock(&e->mu);
     eng_resize *q = e->resize_req;
+    if (q)
+        q->taken = 1;
     pthread_mutex_unlock(&e->mu);
     if (!q)
         return;
@@ -99,7 +104,24 @@ void engine_serve_resize(engine *e)
     pthread_mutex_unlock(&e->mu);
 }
 
-int engine_kv_resize(engine *e, int32_t n_blocks, int32_t *out_blocks, kvant_err *err)
+/* Waits on snap_cv until the deadline (0: none); 0 when it passed. */
+static int wait_deadline(engine *e, const struct timespec *dl)
+{
+    if (!dl)
+        return pthread_cond_wait(&e->snap_cv, &e->mu), 1;
+    return pthread_cond_timedwait(&e->snap_cv, &e->mu, dl) != ETIMEDOUT;
+}
+
+static int busy(kvant_err *err, int late, double timeout_s)
+{
+    if (late)
+        return kvant_err_set(err, KV_EBUSY, "the engine did not reach a step boundary in %.1f s",
+                             timeout_s);
+    return kvant_err_set(err, KV_EBUSY, "the engine is stopping");
+}
+
+int engine_kv_resize(engine *e, int32_t n_blocks, double timeout_s, int32_t *out_blocks,
+                     kvant_err *err)
 {
     int32_t got = 0;
     int rc;
@@ -108,23 +130,32 @@ int engine_kv_resize(engine *e, int32_t n_blocks, int32_t *out_blocks, kvant_err
     } else if (e->cfg.manual) {
         rc = resize_now(e, n_blocks, &got, err);
     } else {
+        struct timespec ts, *dl = NULL;
+        if (timeout_s > 0) {
+            clock_gettime(CLOCK_REALTIME, &ts);
+            double t = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + timeout_s;
+            ts.tv_sec = (time_t)t;
+            ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+            dl = &ts;
+        }
         eng_resize q = {.want = n_blocks};
+        int late = 0;
         pthread_mutex_lock(&e->mu);
-        while (e->resize_req && !e->stop && !e->thread_exited)
-            pthread_cond_wait(&e->snap_cv, &e->mu);
-        if (e->stop || e->thread_exited) {
+        while (e->resize_req && !e->stop && !e->thread_exited && !late)
+            late = !wait_deadline(e, dl);
+        if (e->stop || e->thread_exited || late) {
             pthread_mutex_unlock(&e->mu);
-            return kvant_err_set(err, KV_EBUSY, "the engine is stopping");
+            return busy(err, late, timeout_s);
         }
         e->resize_req = &q;
         pthread_cond_signal(&e->cv);
-        while (!q.done && !e->thread_exited)
-            pthread_cond_wait(&e->snap_cv, &e->mu);
+        while (!q.done && !e->thread_exited && !(late && !q.taken))
+            late = !wait_deadline(e, q.taken ? NULL : dl);
         if (!q.done && e->resize_req == &q)
-            e->resize_req = NULL;
+            e->resize_req = NULL; /* never taken: withdrawn */
         pthread_mutex_unlock(&e->mu);
         if (!q.done)
-            return kvant_err_set(err, KV_EBUSY, "the engine is stopping");
+            return busy(err, late, timeout_s);
         rc = q.rc;
         got = q.got;
         if (rc && err)

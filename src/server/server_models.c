@@ -583,8 +583,11 @@ static void kv_apply_locked(srv_models *r, kv_move *mv, int n, const char *why)
     pthread_mutex_unlock(&r->mu);
     for (int k = 0; k < n; k++) {
         kvant_err e2 = {0};
-        if (engine_kv_resize(es[k], mv[k].want, &mv[k].got, &e2) != KV_OK)
-            mv[k].got = mv[k].from; /* refused (over budget, stopping): unchanged */
+        if (engine_kv_resize(es[k], mv[k].want, SRV_MODELS_KV_RESIZE_TIMEOUT_S, &mv[k].got,
+                             &e2) != KV_OK) {
+            mv[k].got = mv[k].from; /* refused (over budget, a step too long): unchanged */
+            log_line(r, "kv: %s not resized: %s", r->ent[mv[k].idx]->name, e2.msg);
+        }
     }
     pthread_mutex_lock(&r->mu);
     for (int k = 0; k < n; k++) {

@@ -55,6 +55,7 @@
 #define SRV_MODELS_DEFAULT_KV_REQS 2         /* default KV share: requests of max context */
 #define SRV_MODELS_QUEUE_TIMEOUT_S 60.0      /* --queue-timeout default */
 #define SRV_MODELS_HIST_N 10                 /* duration histogram buckets (+Inf last) */
+#define SRV_MODELS_KV_RESIZE_TIMEOUT_S 2.0   /* wait for an engine's step boundary to resize */
 
 typedef enum srv_model_state {
     SRV_MODEL_UNLOADED = 0,

@@ -6,6 +6,7 @@
  * the request served alone (so no block moved or was cut under it).  Both
  * stepped by hand (config.manual) and with the engine thread, resizing from
  * another thread between its steps. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -139,13 +140,13 @@ static void test_manual(model *m)
     kvant_err err = {0};
     int32_t n = 0;
     /* refusals change nothing */
-    CHECK(engine_kv_resize(e, MAX_BLOCKS + 1, &n, &err) == KV_ERANGE && n == MIN_BLOCKS);
-    CHECK(engine_kv_resize(e, 0, &n, &err) == KV_EINVAL);
+    CHECK(engine_kv_resize(e, MAX_BLOCKS + 1, 0, &n, &err) == KV_ERANGE && n == MIN_BLOCKS);
+    CHECK(engine_kv_resize(e, 0, 0, &n, &err) == KV_EINVAL);
     mem_fail_nth(mem, 1);
-    CHECK(engine_kv_resize(e, 48, &n, &err) == KV_ENOMEM && n == MIN_BLOCKS);
+    CHECK(engine_kv_resize(e, 48, 0, &n, &err) == KV_ENOMEM && n == MIN_BLOCKS);
     CHECK(kv_bytes(mem) == MIN_BLOCKS * bb);
     /* grow: every waiting request now fits */
-    CHECK(engine_kv_resize(e, 48, &n, &err) == KV_OK && n == 48);
+    CHECK(engine_kv_resize(e, 48, 0, &n, &err) == KV_OK && n == 48);
     CHECK(kv_bytes(mem) == 48 * bb);
     for (int s = 0; s < 3; s++)
         engine_run_step(e);
@@ -153,12 +154,12 @@ static void test_manual(model *m)
     CHECK(st.kv_blocks_total == 48 && st.kv_blocks_used > MIN_BLOCKS && st.kv_grows == 1);
     /* shrink while sequences hold blocks: only a tail nobody holds goes */
     const int32_t used = st.kv_blocks_used;
-    CHECK(engine_kv_resize(e, MIN_BLOCKS, &n, &err) == KV_OK);
+    CHECK(engine_kv_resize(e, MIN_BLOCKS, 0, &n, &err) == KV_OK);
     CHECK(n >= used && n <= 48 && kv_bytes(mem) == (uint64_t)n * bb);
     for (int s = 0; s < 4000 && !all_done(); s++) {
         engine_run_step(e);
         if (s % 7 == 3) /* keep moving while the requests run */
-            CHECK(engine_kv_resize(e, s % 2 ? MAX_BLOCKS : MIN_BLOCKS, &n, &err) == KV_OK);
+            CHECK(engine_kv_resize(e, s % 2 ? MAX_BLOCKS : MIN_BLOCKS, 0, &n, &err) == KV_OK);
         if (kv_bytes(mem) != (uint64_t)n * bb)
             CHECKF(0, "step %d: %llu KV bytes for %d blocks", s,
                    (unsigned long long)kv_bytes(mem), n);
@@ -168,7 +169,7 @@ static void test_manual(model *m)
         ok += same(&got[i], &alone[i]);
     CHECKF(ok == N_REQ, "manual: %d of %d requests identical to running alone", ok, N_REQ);
     /* all finished: everything above the size at create goes back */
-    CHECK(engine_kv_resize(e, 1, &n, &err) == KV_OK && n == MIN_BLOCKS);
+    CHECK(engine_kv_resize(e, 1, 0, &n, &err) == KV_OK && n == MIN_BLOCKS);
     CHECK(kv_bytes(mem) == MIN_BLOCKS * bb);
     engine_get_stats(e, &st);
     CHECK(st.kv_blocks_total == MIN_BLOCKS && st.kv_blocks_used == 0);
@@ -197,9 +198,9 @@ static void test_budget(model *m)
         return;
     kvant_err err = {0};
     int32_t n = 0;
-    CHECK(engine_kv_resize(e, MIN_BLOCKS + 6, &n, &err) == KV_ENOMEM && n == MIN_BLOCKS);
+    CHECK(engine_kv_resize(e, MIN_BLOCKS + 6, 0, &n, &err) == KV_ENOMEM && n == MIN_BLOCKS);
     CHECKF(strstr(err.msg, "over budget") != NULL, "%s", err.msg);
-    CHECK(engine_kv_resize(e, MIN_BLOCKS + 5, &n, &err) == KV_OK && n == MIN_BLOCKS + 5);
+    CHECK(engine_kv_resize(e, MIN_BLOCKS + 5, 0, &n, &err) == KV_OK && n == MIN_BLOCKS + 5);
     CHECK(mem_used(mem) <= mem_budget(mem) && mem_available(mem) < bb);
     engine_destroy(e);
     mem_destroy(mem);
@@ -220,7 +221,7 @@ static void test_threaded(model *m)
     int32_t n = 0;
     int k = 0, bad = 0;
     for (; k < 200000 && !all_done(); k++) {
-        int rc = engine_kv_resize(e, k % 2 ? MIN_BLOCKS : 16 + k % 80, &n, &err);
+        int rc = engine_kv_resize(e, k % 2 ? MIN_BLOCKS : 16 + k % 80, 0, &n, &err);
         bad += rc != KV_OK || kv_bytes(mem) != (uint64_t)n * bb;
         usleep(200);
     }
@@ -239,6 +240,62 @@ static void test_threaded(model *m)
     mem_destroy(mem);
 }
 
+/* An event callback that holds the engine thread until released: a step
+ * that does not end, as a wedged kernel would. */
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int entered, open;
+} gate;
+
+static void on_event_gate(void *ctx, const engine_event *ev)
+{
+    gate *g = ctx;
+    (void)ev;
+    pthread_mutex_lock(&g->mu);
+    g->entered = 1;
+    pthread_cond_broadcast(&g->cv);
+    while (!g->open)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+/* A resize the engine thread cannot take in time is withdrawn (KV_EBUSY,
+ * nothing changed); once the step ends, resizes work again. */
+static void test_timeout(model *m)
+{
+    mem_mgr *mem = mem_create(1ull << 30, mem_allocator_host(), NULL);
+    engine *e = mk(m, mem, MIN_BLOCKS, MAX_BLOCKS, 0);
+    if (!e)
+        return;
+    const uint64_t bb = engine_kv_block_bytes(e);
+    gate g = {.entered = 0, .open = 0};
+    pthread_mutex_init(&g.mu, NULL);
+    pthread_cond_init(&g.cv, NULL);
+    engine_request q = {.prompt = prompts[0], .n_prompt = n_prompt[0], .max_tokens = 2, .n = 1,
+                        .top_logprobs = -1, .ignore_eos = 1};
+    q.sampling = sampler_params_default();
+    CHECK(engine_submit(e, &q, on_event_gate, &g, NULL) > 0);
+    pthread_mutex_lock(&g.mu);
+    while (!g.entered)
+        pthread_cond_wait(&g.cv, &g.mu);
+    pthread_mutex_unlock(&g.mu);
+    kvant_err err = {0};
+    int32_t n = -1;
+    CHECK(engine_kv_resize(e, 40, 0.2, &n, &err) == KV_EBUSY && strstr(err.msg, "0.2 s"));
+    CHECK(kv_bytes(mem) == MIN_BLOCKS * bb);
+    pthread_mutex_lock(&g.mu);
+    g.open = 1;
+    pthread_cond_broadcast(&g.cv);
+    pthread_mutex_unlock(&g.mu);
+    CHECK(engine_kv_resize(e, 40, 0, &n, &err) == KV_OK && n == 40);
+    CHECK(kv_bytes(mem) == 40 * bb);
+    engine_destroy(e);
+    pthread_mutex_destroy(&g.mu);
+    pthread_cond_destroy(&g.cv);
+    mem_destroy(mem);
+}
+
 int main(void)
 {
     const char *path = "build/tests/tiny-kvresize.gguf";
@@ -254,6 +311,7 @@ int main(void)
     test_manual(m);
     test_budget(m);
     test_threaded(m);
+    test_timeout(m);
     model_free(m);
     return tu_finish("test_kvresize");
 }
