@@ -11,8 +11,9 @@
  * REGISTERED blocks are in it, so it is never more than half full.
  *
  * Invariants (checked by kvpool_check):
- *   state FREE   <=> refcount 0, no flags, on the free stack;
- *   state CACHED <=> refcount 0, REGISTERED, on the LRU list;
+ *   state FREE   <=> refcount 0, no flags, on the free stack (id < limit), or
+ *                    draining (id >= limit, on no list, counted in n_draining);
+ *   state CACHED <=> refcount 0, REGISTERED, on the LRU list (id < limit);
  *   state USED   <=> refcount > 0 (may be REGISTERED and/or HASHED);
  *   REGISTERED implies HASHED, and map[hash[b]] == b.
  * Blocks shared by several sequences hold identical contents and an

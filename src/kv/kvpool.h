@@ -13,8 +13,9 @@
  * ids that no sequence holds.  Ids below the new size never move.
  *
  * Invariants: every block is exactly one of free, in use (refcount > 0),
- * or cached-evictable (refcount 0, holds a registered prefix hash, on the
- * LRU list).  Allocation takes a free block first, else evicts the least
+ * cached-evictable (refcount 0, holds a registered prefix hash, on the
+ * LRU list), or draining (refcount 0, id above a waiting shrink's target,
+ * on no list).  Allocation takes a free block first, else evicts the least
  * recently used cached block (the tail of a sequence first).  Allocate and
  * free are O(1).
  *
