@@ -50,6 +50,7 @@ typedef struct mentry {
                                 * load (spare memory) */
     int32_t kv_blocks;         /* elastic pools: the engine's pool now (0 when not loaded) */
     int32_t kv_min_blocks, kv_max_blocks; /* ... its size at load, and the most it may grow to */
+    int kv_draining;           /* a shrink stopped above its target: the pool drains */
     uint64_t kv_grows, kv_shrinks;        /* resizes of this model's pools */
     uint64_t resident[MEM_CAT_COUNT];
     engine_stats retired;      /* counters of this model's destroyed engines */
@@ -403,6 +404,7 @@ static void drop_entry(mentry *x, int keep_model, engine_stats *fin)
         x->e = NULL;
     }
     x->kv_blocks = 0;
+    x->kv_draining = 0;
     if (!keep_model) {
         model_free(x->m);
         x->m = NULL;
@@ -593,6 +595,10 @@ static void kv_apply_locked(srv_models *r, kv_move *mv, int n, const char *why)
     for (int k = 0; k < n; k++) {
         mentry *x = r->ent[mv[k].idx];
         const int32_t d = mv[k].got - mv[k].from;
+        if (mv[k].want >= mv[k].from && mv[k].got == mv[k].want)
+            x->kv_draining = 0; /* a resize to at least its size ended any drain */
+        else if (mv[k].want < mv[k].from && mv[k].got > mv[k].want)
+            x->kv_draining = 1;
         if (!d)
             continue;
         x->kv_blocks = mv[k].got;
@@ -611,9 +617,9 @@ static void kv_apply_locked(srv_models *r, kv_move *mv, int n, const char *why)
 }
 
 /* Grows every loaded elastic pool into the free budget: an equal part
- * each, in whole blocks, up to its maximum.  A pool with nothing to gain
- * is still resized to its own size, which ends a drain an earlier
- * reclaim left in it. */
+ * each, in whole blocks, up to its maximum.  A draining pool with nothing
+ * to gain is still resized to its own size, which ends the drain an
+ * earlier reclaim left in it. */
 static void kv_grow_locked(srv_models *r, const char *why)
 {
     kv_move mv[SRV_MODELS_MAX];
@@ -632,7 +638,8 @@ static void kv_grow_locked(srv_models *r, const char *why)
             continue;
         uint64_t add = part / x->block_bytes, room = (uint64_t)(x->kv_max_blocks - x->kv_blocks);
         add = add < room ? add : room;
-        mv[n++] = (kv_move){i, x->kv_blocks + (int32_t)add, x->kv_blocks, x->kv_blocks};
+        if (add || x->kv_draining)
+            mv[n++] = (kv_move){i, x->kv_blocks + (int32_t)add, x->kv_blocks, x->kv_blocks};
     }
     kv_apply_locked(r, mv, n, why);
 }

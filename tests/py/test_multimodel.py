@@ -201,8 +201,13 @@ def test_randomized_two_of_three(kvant_bin, model_paths, reference, default_mode
     evictions = sum(by[m]["evictions"] for m in MODELS)
     # two fit at once: every third-model request after a switch evicts; no loop:
     # each eviction made room for exactly one load
-    print(f"{len(results)} requests, {loads} loads, {evictions} evictions, {len(samples)} samples")
+    grows = sum(by[m]["kv_grows"] for m in MODELS)
+    shrinks = sum(by[m]["kv_shrinks"] for m in MODELS)
+    print(f"{len(results)} requests, {loads} loads, {evictions} evictions, {grows} KV grows, "
+          f"{shrinks} KV shrinks, {len(samples)} samples")
     assert evictions >= 1 and evictions <= loads, by
+    # the pools followed the load: grown into free memory, shrunk for the next load
+    assert grows >= 1 and shrinks >= 1, by
     assert by["big"]["loads"] == 0 and by["big"]["state"] == "unloaded"
     assert "evicting" in s.text() and "(LRU, idle" in s.text()
 
