@@ -63,6 +63,8 @@ static int resize_now(engine *e, int32_t want, int32_t *got, kvant_err *err)
     if (want != cur && !kv_resize)
         return kvant_err_set(err, KV_EUNSUP, "the %s backend cannot resize its KV pool",
                              e->be->ops->name);
+    if (want != cur && e->tp) /* every rank's pool would have to follow */
+        return kvant_err_set(err, KV_EUNSUP, "the KV pool is not resized under --tp/--pp");
     if (want >= cur) { /* equal: only ends a drain left by an earlier shrink */
         if (want > kvpool_max_blocks(e->pool))
             return kvant_err_set(err, KV_ERANGE, "KV pool: %d blocks asked, at most %d", want,
