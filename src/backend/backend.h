@@ -64,6 +64,7 @@ typedef struct kv_layout {
     uint32_t dtype;       /* element type of the stored K/V (DT_F32, DT_F16, ...) */
     int32_t max_tokens;   /* most tokens one step carries, for the backend's per-step
                            * workspace (0: unknown, sized on first use) */
+    int32_t max_blocks;   /* most blocks kv_resize may grow to (0 = n_blocks: fixed) */
 } kv_layout;
 
 typedef struct backend_ops {
@@ -97,6 +98,15 @@ typedef struct backend_ops {
     /* Bytes kv_init allocates beyond the blocks themselves (scratch,
      * staging), so the engine can hold them back from the pool. */
     uint64_t (*kv_extra_bytes)(backend *be, const kv_layout *lay);
+    /* Optional (NULL: the pool's size is fixed at kv_init).  Makes the
+     * storage hold n_blocks blocks, 1 <= n_blocks <= the layout's
+     * max_blocks: growing makes ids [old, n_blocks) exist (contents
+     * undefined), shrinking releases ids [n_blocks, old), which the caller
+     * guarantees nothing reads again.  Ids below both sizes keep their
+     * contents and addresses.  Every byte is accounted as MEM_KV by the
+     * memory manager.  Returns KV_OK, or KV_ENOMEM / KV_EINVAL with nothing
+     * changed (the manager refused the bytes, a size out of range). */
+    int (*kv_resize)(backend *be, int32_t n_blocks, kvant_err *err);
 
     /* ---- ops over the current batch ---- */
     /* Uploads the batch description; following ops refer to it. */

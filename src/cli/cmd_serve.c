@@ -98,9 +98,10 @@ static void serve_help(void)
          "forever"},
         {"--kv-per-model", "SIZE", "KV cache each model always gets when several are served",
          "2 requests of the maximum context"},
-        {"--no-kv-grow", NULL, "several models: no KV beyond --kv-per-model (by default a "
-                               "load also takes an equal part of the memory no other model "
-                               "could need, up to --max-num-seqs requests of the context)",
+        {"--no-kv-grow", NULL, "several models: no KV beyond --kv-per-model (by default the "
+                               "loaded models' pools grow into free memory, up to "
+                               "--max-num-seqs requests of the context, and shrink back "
+                               "before a model is evicted for another)",
          "grow"},
         {"--queue-timeout", "SECONDS", "how long a request waits for its model to be loaded",
          "60"},

@@ -278,14 +278,19 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     if (rc)
         return rc;
     lay.n_blocks = n_blocks;
+    lay.max_blocks = e->cfg.kv_max_blocks > n_blocks ? e->cfg.kv_max_blocks : n_blocks;
+    if (lay.max_blocks > KVPOOL_MAX_BLOCKS)
+        lay.max_blocks = KVPOOL_MAX_BLOCKS > n_blocks ? KVPOOL_MAX_BLOCKS : n_blocks;
+    e->kv_min_blocks = n_blocks;
     if ((rc = fwd_init(&e->fwd, e->m, e->be, e->cfg.max_num_batched_tokens, e->cfg.max_num_seqs,
                        &lay, err)) ||
         (rc = engine_tp_attach(e, err)))
         return rc;
-    if ((rc = engine_tier_create(e, n_blocks, err)))
+    if ((rc = engine_tier_create(e, lay.max_blocks, err)))
         return rc;
     kvpool_config pc = kvpool_config_default();
     pc.n_blocks = n_blocks;
+    pc.max_blocks = lay.max_blocks;
     pc.block_size = e->cfg.block_size;
     pc.prefix_cache = e->cfg.prefix_cache;
     pc.model_hash = e->m->weights_bytes * 0x9e3779b97f4a7c15ULL ^ (uint64_t)e->m->hp.n_vocab;
@@ -337,6 +342,8 @@ engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)
     e->stats.kv_blocks_total = ks.n_blocks;
     e->stats.kv_blocks_free = ks.n_free;
     e->stats.block_size = ks.block_size;
+    e->stats.kv_blocks_min = ks.n_blocks;
+    e->stats.kv_blocks_max = kvpool_max_blocks(e->pool);
     if (cfg->kv_blocks_override > 0)
         e->max_model_len = e->max_model_len < (int64_t)cfg->kv_blocks_override * cfg->block_size
                                ? e->max_model_len
@@ -455,7 +462,7 @@ static void *engine_main(void *arg)
         pthread_mutex_lock(&e->mu);
         int idle_tick = 0;
         while (!e->stop && !e->incoming && !e->n_cancel && !e->reqs && !e->snap_req &&
-               !idle_tick)
+               !e->resize_req && !idle_tick)
             idle_tick = engine_idle_wait(e);
         int stop = e->stop, work = e->incoming || e->n_cancel || e->reqs;
         pthread_mutex_unlock(&e->mu);
@@ -464,6 +471,7 @@ static void *engine_main(void *arg)
         if (idle_tick && !work)
             engine_tier_idle(e); /* the disk scan's next slice */
         engine_serve_snapshot(e); /* between steps: the pool is consistent */
+        engine_serve_resize(e);
         if (work) {
             test_freeze_point();
             note_progress(e, engine_step(e));
@@ -506,7 +514,7 @@ static int check_request(const engine *e, const engine_request *r, kvant_err *er
                              "of %lld tokens",
                              (long long)r->n_prompt, (long long)r->max_tokens,
                              (long long)e->max_model_len);
-    int64_t pool_tokens = (int64_t)e->fwd.kv.n_blocks * e->cfg.block_size;
+    int64_t pool_tokens = (int64_t)e->kv_min_blocks * e->cfg.block_size; /* never less */
     if (r->n_prompt + 1 > pool_tokens)
         return kvant_err_set(err, KV_ERANGE, "prompt of %lld tokens cannot fit the KV pool of "
                              "%lld tokens", (long long)r->n_prompt, (long long)pool_tokens);

@@ -77,6 +77,10 @@ typedef struct engine_config {
      * engine_tp_worker. */
     struct par *tp_group;
     int tp_ranks;                  /* ranks per pipeline stage (0: all: no pipeline) */
+    /* KV that follows the load (engine_kvresize.c): the pool may be grown
+     * with engine_kv_resize up to this many blocks (0: its size is fixed),
+     * and shrunk back down to its size at create. */
+    int32_t kv_max_blocks;
 } engine_config;
 
 /* How the tiers choose between moving a block and recomputing it. */
@@ -172,6 +176,9 @@ typedef struct engine_stats {
                                       * the sequences' token arrays */
     /* the last step's batch (scheduler tests, bench) */
     int32_t last_tokens, last_seqs, last_decodes;
+    /* KV pool resizes (engine_kv_resize): size bounds and events that changed it */
+    int32_t kv_blocks_min, kv_blocks_max;
+    uint64_t kv_grows, kv_shrinks;
 } engine_stats;
 
 void engine_get_stats(engine *e, engine_stats *out);
@@ -288,6 +295,24 @@ void engine_kv_snapshot_free(engine_kv_snapshot *s);
  * Returns KV_OK, or KV_EBUSY when the engine is stopping.  Any thread
  * except the engine thread and event callbacks. */
 int engine_kv_snapshot_take(engine *e, engine_kv_snapshot *s, kvant_err *err);
+
+/* ---- KV memory that follows the load (engine_kvresize.c) ----
+ * Resizes the KV pool to n_blocks between two steps (waits for the engine
+ * thread's next step boundary; at once in manual mode).  Growing is all or
+ * nothing: KV_ENOMEM when the memory manager refuses the bytes, KV_ERANGE
+ * past config.kv_max_blocks, KV_EUNSUP when the backend cannot resize;
+ * nothing changes on error.  Shrinking never fails and never touches a
+ * block a sequence holds: it gives back the longest free tail of ids down
+ * to max(n_blocks, the size at create) (cached prefix blocks there are
+ * evicted), possibly nothing; the ids above the target that it could not
+ * give back drain (are no longer handed out) until a later shrink takes
+ * them or a resize to at least the current size ends the drain.  *out_blocks (may be NULL) gets the size
+ * after the call.  KV_EBUSY (nothing changed) when the engine is stopping,
+ * or when timeout_s > 0 passed before the engine thread took the request
+ * (a step that long, a wedged engine); once taken, the resize finishes.
+ * Any thread except the engine thread and event callbacks. */
+int engine_kv_resize(engine *e, int32_t n_blocks, double timeout_s, int32_t *out_blocks,
+                     kvant_err *err);
 
 /* The start-up plan (filled at create). */
 typedef struct plan_result plan_result;

@@ -14,6 +14,7 @@
 typedef struct eng_req eng_req;
 typedef struct eng_tier eng_tier; /* engine_tier.c */
 typedef struct eng_tp eng_tp;     /* engine_tp.c */
+typedef struct eng_resize eng_resize; /* engine_kvresize.c */
 struct wstream_plan;
 struct wstream;
 
@@ -66,6 +67,7 @@ struct engine {
     kvpool *pool;
     int64_t max_model_len;
     uint64_t kv_block_bytes;    /* bytes of one KV block, all layers */
+    int32_t kv_min_blocks;      /* the pool's size at create: it never shrinks below */
     eng_tier *tier;             /* KV offload tiers, or NULL */
     struct wstream *ws;         /* weight offload (engine_offload.c), or NULL; owned */
     eng_tp *tp;                 /* tensor parallelism (engine_tp.c), or NULL; owned */
@@ -85,7 +87,8 @@ struct engine {
     engine_stats stats;
     mem_pool_stats kv_pool_stats; /* refreshed each step for mem reports */
     engine_kv_snapshot *snap_req; /* a waiting snapshot request, or NULL */
-    pthread_cond_t snap_cv;       /* snapshot served / engine thread gone */
+    eng_resize *resize_req;       /* a waiting KV resize request, or NULL */
+    pthread_cond_t snap_cv;       /* snapshot or resize served / engine thread gone */
     int thread_exited;
     double progress_t;            /* last progress (engine_get_health) */
 
@@ -112,6 +115,8 @@ void engine_free_req(engine *e, eng_req *r);
  * before any of its blocks are released); serves a pending snapshot. */
 void engine_note_kv(engine *e, eng_req *r);
 void engine_serve_snapshot(engine *e);
+/* engine_kvresize.c: serves a pending KV resize (between steps). */
+void engine_serve_resize(engine *e);
 
 /* engine_tier.c (all no-ops without tiers) */
 int engine_tier_create(engine *e, int32_t n_blocks, kvant_err *err);

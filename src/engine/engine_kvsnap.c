@@ -73,7 +73,7 @@ engine_kv_snapshot *engine_kv_snapshot_new(const engine *e)
     engine_kv_snapshot *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
-    int32_t n = e->fwd.kv.n_blocks;
+    int32_t n = kvpool_max_blocks(e->pool); /* the most it can have when it is filled */
     s->reqs_cap = e->cfg.max_num_seqs + 1;
     s->blk_cap = 2 * (int64_t)n + 1024;
     s->state = malloc((size_t)n + 1);

@@ -11,8 +11,9 @@
  * REGISTERED blocks are in it, so it is never more than half full.
  *
  * Invariants (checked by kvpool_check):
- *   state FREE   <=> refcount 0, no flags, on the free stack;
- *   state CACHED <=> refcount 0, REGISTERED, on the LRU list;
+ *   state FREE   <=> refcount 0, no flags, on the free stack (id < limit), or
+ *                    draining (id >= limit, on no list, counted in n_draining);
+ *   state CACHED <=> refcount 0, REGISTERED, on the LRU list (id < limit);
  *   state USED   <=> refcount > 0 (may be REGISTERED and/or HASHED);
  *   REGISTERED implies HASHED, and map[hash[b]] == b.
  * Blocks shared by several sequences hold identical contents and an
@@ -33,15 +34,21 @@ enum { KVB_HASHED = 1, KVB_REGISTERED = 2 };
 
 struct kvpool {
     kvpool_config cfg;
-    int32_t n_blocks;
+    int32_t n_blocks;    /* live block ids are [0, n_blocks) */
+    int32_t max_blocks;  /* the metadata arrays' length: n_blocks may grow to it */
+    int32_t limit;       /* ids >= limit are draining (a shrink waits for them): an
+                            unreferenced one is on no list (FREE, counted in
+                            n_draining), a released one joins it; == n_blocks
+                            when no shrink waits */
+    int32_t n_draining;
     int32_t bs;
-    int32_t *refcount;   /* [n_blocks] */
-    uint8_t *state;      /* [n_blocks] KVB_FREE / USED / CACHED */
-    uint8_t *flags;      /* [n_blocks] KVB_HASHED | KVB_REGISTERED */
-    uint64_t *hash;      /* [n_blocks] chain hash, valid when HASHED */
-    int32_t *free_stack; /* [n_blocks], n_free entries used; top at the end */
-    int32_t *lru_prev;   /* [n_blocks] -1 at the head */
-    int32_t *lru_next;   /* [n_blocks] -1 at the tail */
+    int32_t *refcount;   /* [max_blocks] */
+    uint8_t *state;      /* [max_blocks] KVB_FREE / USED / CACHED */
+    uint8_t *flags;      /* [max_blocks] KVB_HASHED | KVB_REGISTERED */
+    uint64_t *hash;      /* [max_blocks] chain hash, valid when HASHED */
+    int32_t *free_stack; /* [max_blocks], n_free entries used; top at the end */
+    int32_t *lru_prev;   /* [max_blocks] -1 at the head */
+    int32_t *lru_next;   /* [max_blocks] -1 at the tail */
     int32_t lru_head;    /* least recently released cached block, or -1 */
     int32_t lru_tail;    /* most recently released cached block, or -1 */
     int32_t n_free;
@@ -213,13 +220,35 @@ static void kvpool_ref(kvpool *p, int32_t b)
     p->refcount[b]++;
 }
 
+/* Takes cached block b off the LRU list and the prefix map, as an eviction. */
+static void kvpool_evict_one(kvpool *p, int32_t b)
+{
+    kvlru_unlink(p, b);
+    kvmap_remove(p, p->hash[b]);
+    p->evictions++;
+    if (p->cfg.evict_block)
+        p->cfg.evict_block(p->cfg.evict_ctx, b);
+    p->state[b] = KVB_FREE; /* on no list: the caller places it */
+    p->flags[b] = 0;
+}
+
 static void kvpool_unref(kvpool *p, int32_t b)
 {
     KV_ASSERT(p->refcount[b] > 0 && p->state[b] == KVB_USED);
     if (--p->refcount[b] > 0)
         return;
     p->n_used--;
-    if (p->flags[b] & KVB_REGISTERED) {
+    if (b >= p->limit) { /* draining: never handed out again before a grow */
+        if (p->flags[b] & KVB_REGISTERED) {
+            kvmap_remove(p, p->hash[b]);
+            p->evictions++;
+            if (p->cfg.evict_block)
+                p->cfg.evict_block(p->cfg.evict_ctx, b);
+        }
+        p->state[b] = KVB_FREE;
+        p->flags[b] = 0;
+        p->n_draining++;
+    } else if (p->flags[b] & KVB_REGISTERED) {
         p->state[b] = KVB_CACHED;
         kvlru_push_mru(p, b);
     } else {
@@ -250,6 +279,12 @@ kvpool *kvpool_create(const kvpool_config *cfg, kvant_err *err)
                       KVPOOL_MAX_BLOCKS);
         return NULL;
     }
+    if (cfg->max_blocks != 0 &&
+        (cfg->max_blocks < cfg->n_blocks || cfg->max_blocks > KVPOOL_MAX_BLOCKS)) {
+        kvant_err_set(err, KV_EINVAL, "kvpool: max_blocks %d not in [n_blocks %d, %d]",
+                      (int)cfg->max_blocks, (int)cfg->n_blocks, KVPOOL_MAX_BLOCKS);
+        return NULL;
+    }
     int32_t bs = cfg->block_size;
     if (bs < 8 || bs > 128 || (bs & (bs - 1)) != 0) {
         kvant_err_set(err, KV_EINVAL, "kvpool: block_size %d is not a power of two in [8, 128]",
@@ -261,12 +296,15 @@ kvpool *kvpool_create(const kvpool_config *cfg, kvant_err *err)
         kvant_err_set(err, KV_ENOMEM, "kvpool: out of memory");
         return NULL;
     }
-    size_t n = (size_t)cfg->n_blocks;
+    const int32_t max = cfg->max_blocks ? cfg->max_blocks : cfg->n_blocks;
+    size_t n = (size_t)max;
     uint32_t map_cap = 16;
-    while (map_cap < 2 * (uint32_t)cfg->n_blocks)
+    while (map_cap < 2 * (uint32_t)max)
         map_cap *= 2;
     p->cfg = *cfg;
     p->n_blocks = cfg->n_blocks;
+    p->max_blocks = max;
+    p->limit = cfg->n_blocks;
     p->bs = bs;
     p->refcount = calloc(n, sizeof *p->refcount);
     p->state = calloc(n, sizeof *p->state);
@@ -280,7 +318,7 @@ kvpool *kvpool_create(const kvpool_config *cfg, kvant_err *err)
     if (!p->refcount || !p->state || !p->flags || !p->hash || !p->free_stack || !p->lru_prev ||
         !p->lru_next || !p->map_keys || !p->map_vals) {
         kvpool_destroy(p);
-        kvant_err_set(err, KV_ENOMEM, "kvpool: out of memory for %d blocks", (int)cfg->n_blocks);
+        kvant_err_set(err, KV_ENOMEM, "kvpool: out of memory for %d blocks", (int)max);
         return NULL;
     }
     p->map_mask = map_cap - 1;
@@ -288,12 +326,79 @@ kvpool *kvpool_create(const kvpool_config *cfg, kvant_err *err)
         p->map_vals[i] = -1;
     p->lru_head = p->lru_tail = -1;
     /* pushed in reverse so that allocation hands out 0, 1, 2, ... first */
-    for (int32_t b = p->n_blocks - 1; b >= 0; b--) {
+    for (int32_t b = p->max_blocks - 1; b >= 0; b--)
         p->lru_prev[b] = p->lru_next[b] = -1;
+    for (int32_t b = p->n_blocks - 1; b >= 0; b--)
         kvpool_push_free(p, b);
-    }
     return p;
 }
+
+/* Makes ids [limit, upto) available again (upto >= limit): the ones nobody
+ * holds, and new ids >= n_blocks, go under the free stack, handed out
+ * after every older free block so the tail stays free and can be given
+ * back; the highest id deepest. */
+static void kvpool_open(kvpool *p, int32_t upto)
+{
+    int32_t add = 0, back = 0;
+    for (int32_t b = p->limit; b < upto; b++) {
+        add += b >= p->n_blocks || p->refcount[b] == 0;
+        back += b < p->n_blocks && p->refcount[b] == 0;
+    }
+    memmove(p->free_stack + add, p->free_stack, (size_t)p->n_free * sizeof *p->free_stack);
+    int32_t i = 0;
+    for (int32_t b = upto - 1; b >= p->limit; b--) {
+        if (b < p->n_blocks && p->refcount[b] != 0)
+            continue;
+        p->state[b] = KVB_FREE;
+        p->flags[b] = 0;
+        p->refcount[b] = 0;
+        p->free_stack[i++] = b;
+    }
+    p->n_free += add;
+    p->n_draining -= back;
+    p->limit = upto;
+}
+
+int kvpool_grow(kvpool *p, int32_t n_blocks)
+{
+    if (n_blocks < p->n_blocks || n_blocks > p->max_blocks)
+        return KV_EINVAL;
+    kvpool_open(p, n_blocks);
+    p->n_blocks = n_blocks;
+    return KV_OK;
+}
+
+int32_t kvpool_shrink(kvpool *p, int32_t n_blocks)
+{
+    const int32_t lo = n_blocks < 1 ? 1 : n_blocks;
+    if (lo >= p->n_blocks)
+        return p->n_blocks;
+    int32_t keep = p->n_blocks;
+    while (keep > lo && p->refcount[keep - 1] == 0)
+        keep--;
+    /* ids >= limit leave now (those >= keep) or drain (the held ones below
+     * keep and the unreferenced ones between them); this target replaces
+     * an earlier drain's */
+    const int32_t limit = keep > lo ? lo : keep;
+    if (limit > p->limit)
+        kvpool_open(p, limit);
+    for (int32_t b = limit; b < p->n_blocks; b++)
+        if (p->state[b] == KVB_CACHED)
+            kvpool_evict_one(p, b);
+    int32_t j = 0; /* the free stack keeps its order, less the ids >= limit */
+    for (int32_t i = 0; i < p->n_free; i++)
+        if (p->free_stack[i] < limit)
+            p->free_stack[j++] = p->free_stack[i];
+    p->n_free = j;
+    p->n_draining = 0;
+    for (int32_t b = limit; b < keep; b++)
+        p->n_draining += p->refcount[b] == 0;
+    p->n_blocks = keep;
+    p->limit = limit;
+    return keep;
+}
+
+int32_t kvpool_max_blocks(const kvpool *p) { return p->max_blocks; }
 
 void kvpool_destroy(kvpool *p)
 {
@@ -345,6 +450,7 @@ void kvpool_get_stats(const kvpool *p, kvpool_stats *out)
     out->n_free = p->n_free;
     out->n_cached = p->n_cached;
     out->n_used = p->n_used;
+    out->n_draining = p->n_draining;
     out->prefix_queries = p->prefix_queries;
     out->prefix_hits = p->prefix_hits;
     out->evictions = p->evictions;
@@ -633,9 +739,12 @@ static int kvcheck_states(const kvpool *p, kvant_err *err)
                                  (int)b, st, (int)p->refcount[b], fl);
         if (!p->cfg.prefix_cache && fl != 0)
             return kvant_err_set(err, KV_EINVAL, "block %d: hashed with prefix cache off", (int)b);
+        if (b >= p->limit && st == KVB_CACHED)
+            return kvant_err_set(err, KV_EINVAL, "block %d: cached while draining", (int)b);
         n[st]++;
     }
-    if (n[KVB_FREE] != p->n_free || n[KVB_USED] != p->n_used || n[KVB_CACHED] != p->n_cached)
+    if (n[KVB_FREE] != p->n_free + p->n_draining || n[KVB_USED] != p->n_used ||
+        n[KVB_CACHED] != p->n_cached)
         return kvant_err_set(err, KV_EINVAL,
                              "counters free %d used %d cached %d, states %d %d %d",
                              (int)p->n_free, (int)p->n_used, (int)p->n_cached, (int)n[KVB_FREE],
@@ -648,7 +757,7 @@ static int kvcheck_lists(const kvpool *p, uint8_t *seen, kvant_err *err)
 {
     for (int32_t i = 0; i < p->n_free; i++) {
         int32_t b = p->free_stack[i];
-        if (b < 0 || b >= p->n_blocks || seen[b] || p->state[b] != KVB_FREE)
+        if (b < 0 || b >= p->limit || seen[b] || p->state[b] != KVB_FREE)
             return kvant_err_set(err, KV_EINVAL, "free list entry %d: block %d bad or repeated",
                                  (int)i, (int)b);
         seen[b] = 1;

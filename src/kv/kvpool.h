@@ -2,15 +2,20 @@
  * tables, reference counts, copy-on-write and automatic prefix caching.
  *
  * This module owns no K/V bytes.  It hands out block indices in
- * [0, n_blocks); the backend owns the storage (one buffer from the memory
- * manager, category MEM_KV) laid out as
- *   [n_layers][n_blocks][2 (K,V)][block_size][n_kv_heads * head_dim]
+ * [0, n_blocks); the backend owns the storage (from the memory manager,
+ * category MEM_KV; on the CPU laid out
+ *   [n_blocks][n_layers][2 (K,V)][block_size][n_kv_heads * head_dim])
  * and is asked to copy a block through kvpool_copy_fn when a shared block
  * must be written (copy-on-write).
  *
+ * Resizing: n_blocks may grow up to max_blocks (new ids at the end, handed
+ * out after every older free block) and shrink by giving back a tail of
+ * ids that no sequence holds.  Ids below the new size never move.
+ *
  * Invariants: every block is exactly one of free, in use (refcount > 0),
- * or cached-evictable (refcount 0, holds a registered prefix hash, on the
- * LRU list).  Allocation takes a free block first, else evicts the least
+ * cached-evictable (refcount 0, holds a registered prefix hash, on the
+ * LRU list), or draining (refcount 0, id above a waiting shrink's target,
+ * on no list).  Allocation takes a free block first, else evicts the least
  * recently used cached block (the tail of a sequence first).  Allocate and
  * free are O(1).
  *
@@ -39,6 +44,8 @@ typedef void (*kvpool_evict_fn)(void *ctx, int32_t block);
 
 typedef struct kvpool_config {
     int32_t n_blocks;
+    int32_t max_blocks;        /* most blocks kvpool_grow may reach (metadata is
+                                  allocated for it up front); 0 = n_blocks */
     int32_t block_size;        /* tokens per block: power of two in [8, 128] */
     int prefix_cache;          /* automatic prefix caching on/off */
     uint64_t model_hash;       /* mixed into every block hash */
@@ -128,6 +135,7 @@ typedef struct kvpool_stats {
     int32_t n_free;           /* never used or freed without a hash */
     int32_t n_cached;         /* refcount 0, evictable, holding a prefix */
     int32_t n_used;           /* refcount > 0 */
+    int32_t n_draining;       /* unreferenced, waiting for a shrink (not available) */
     uint64_t prefix_queries;  /* tokens looked up */
     uint64_t prefix_hits;     /* tokens served from cache */
     uint64_t evictions;
@@ -157,5 +165,25 @@ void kvpool_clear_cache(kvpool *p);
 /* Evicts every cached block, least recently used first, through the
  * evict_block hook (the offload tiers keep them at shutdown). */
 void kvpool_evict_cached(kvpool *p);
+
+/* Makes ids [old n_blocks, n_blocks) free blocks (the caller has made
+ * their storage exist first), and ends a drain (below): its unreferenced
+ * blocks are free again.  They are allocated after every block that was
+ * free before.  n_blocks equal to the size only ends a drain.  KV_EINVAL
+ * (nothing changed) below the current size or above max_blocks.
+ * O(n_free + n_blocks - old limit), no allocation. */
+int kvpool_grow(kvpool *p, int32_t n_blocks);
+/* Gives back the longest tail of ids [k, n_blocks) with k >= max(n_blocks
+ * argument, 1) that no sequence holds: cached blocks there are evicted
+ * (through evict_block, counted), free ones dropped.  A block with a
+ * reference stops the cut, so nothing any sequence holds ever moves; the
+ * ids between the target and the cut then drain: no longer handed out (a
+ * cached one is evicted, a released one goes to no list), so a later
+ * shrink can take them once their holders release them (each shrink's
+ * target replaces the last one's; a grow ends the drain).  Returns the new
+ * size (the old one when nothing could go); the caller then releases the
+ * storage of the ids given back.  O(n_free + n_blocks - target). */
+int32_t kvpool_shrink(kvpool *p, int32_t n_blocks);
+int32_t kvpool_max_blocks(const kvpool *p);
 
 #endif

@@ -35,6 +35,7 @@ enum { REC_EMPTY = 0, REC_ALLOC = 1, REC_RESERVE = 2 };
 typedef struct mem_rec {
     uint64_t key;  /* pointer value (REC_ALLOC) or reservation id */
     uint64_t size;
+    uint64_t addr; /* REC_RESERVE: the caller's mapping (mem_reserve_at), or 0 */
     int32_t layer; /* MEM_NO_LAYER or [0, MEM_MAX_LAYERS) */
     uint8_t cat;
     uint8_t kind;  /* REC_* */
@@ -281,7 +282,7 @@ void *mem_alloc(mem_mgr *m, size_t size, mem_cat cat, int layer, kvant_err *err)
             refuse(m, err, KV_ENOMEM, "allocator failed", "allocate", size, (int)cat, layer);
         } else {
             KV_ASSERT(rec_find(m, REC_ALLOC, (uint64_t)(uintptr_t)p) == SIZE_MAX);
-            mem_rec r = { (uint64_t)(uintptr_t)p, size, layer, (uint8_t)cat, REC_ALLOC };
+            mem_rec r = { (uint64_t)(uintptr_t)p, size, 0, layer, (uint8_t)cat, REC_ALLOC };
             rec_put(m->recs, m->cap, &r);
             m->count++;
             account_add(m, size, (int)cat, layer);
@@ -335,6 +336,8 @@ uint64_t mem_resident_bytes(const mem_mgr *m)
         const mem_rec *r = &mm->recs[i];
         if (r->kind == REC_ALLOC && host)
             total += resident_of(r->key, r->size, vec, sizeof vec, pg);
+        else if (r->kind == REC_RESERVE && r->addr)
+            total += resident_of(r->addr, r->size, vec, sizeof vec, pg);
         else if (r->kind != REC_EMPTY)
             total += r->size;
     }
@@ -344,18 +347,55 @@ uint64_t mem_resident_bytes(const mem_mgr *m)
 
 int64_t mem_reserve(mem_mgr *m, uint64_t size, mem_cat cat, int layer, kvant_err *err)
 {
+    return mem_reserve_at(m, NULL, size, cat, layer, err);
+}
+
+int64_t mem_reserve_at(mem_mgr *m, const void *addr, uint64_t size, mem_cat cat, int layer,
+                       kvant_err *err)
+{
     KV_ASSERT(m);
     pthread_mutex_lock(&m->mu);
     int64_t id = admit(m, "reserve", size, (int)cat, layer, err);
     if (id == KV_OK) {
         id = m->next_id++;
-        mem_rec r = { (uint64_t)id, size, layer, (uint8_t)cat, REC_RESERVE };
+        mem_rec r = { (uint64_t)id, size, (uint64_t)(uintptr_t)addr, layer, (uint8_t)cat,
+                      REC_RESERVE };
         rec_put(m->recs, m->cap, &r);
         m->count++;
         account_add(m, size, (int)cat, layer);
     }
     pthread_mutex_unlock(&m->mu);
     return id;
+}
+
+int mem_reserve_resize(mem_mgr *m, int64_t id, uint64_t size, kvant_err *err)
+{
+    KV_ASSERT(m && id > 0);
+    pthread_mutex_lock(&m->mu);
+    size_t i = rec_find(m, REC_RESERVE, (uint64_t)id);
+    KV_ASSERT(i != SIZE_MAX); /* unknown id, or unreserved */
+    mem_rec *r = &m->recs[i];
+    int rc = KV_OK;
+    if (size == 0) {
+        rc = kvant_err_set(err, KV_EINVAL, "mem: cannot resize a reservation of %s to 0 bytes",
+                           mem_cat_name((mem_cat)r->cat));
+    } else if (size > r->size) {
+        const uint64_t more = size - r->size;
+        if (m->fail_countdown > 0 && --m->fail_countdown == 0)
+            rc = refuse(m, err, KV_ENOMEM, "injected failure (fail_nth)", "grow by", more,
+                        r->cat, r->layer);
+        else if (more > m->budget - m->used)
+            rc = refuse(m, err, KV_ENOMEM, "over budget", "grow by", more, r->cat, r->layer);
+        else
+            account_add(m, more, r->cat, r->layer);
+    } else if (size < r->size) {
+        const mem_rec cut = { r->key, r->size - size, r->addr, r->layer, r->cat, r->kind };
+        account_sub(m, &cut);
+    }
+    if (rc == KV_OK)
+        r->size = size;
+    pthread_mutex_unlock(&m->mu);
+    return rc;
 }
 
 void mem_unreserve(mem_mgr *m, int64_t id)

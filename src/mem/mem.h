@@ -70,6 +70,18 @@ void mem_free(mem_mgr *m, void *ptr); /* NULL is a no-op */
  * <= 0 is a no-op; of an unknown positive id, a programmer error. */
 int64_t mem_reserve(mem_mgr *m, uint64_t size, mem_cat cat, int layer, kvant_err *err);
 void mem_unreserve(mem_mgr *m, int64_t id);
+/* A reservation of memory the caller mapped itself at addr (e.g. the CPU
+ * backend's KV pool, a range of address space it commits as it grows):
+ * as mem_reserve, but mem_resident_bytes counts its resident pages
+ * (mincore over [addr, addr + size)) instead of its size. */
+int64_t mem_reserve_at(mem_mgr *m, const void *addr, uint64_t size, mem_cat cat, int layer,
+                       kvant_err *err);
+/* Changes reservation id's size in place (its address, category and layer
+ * stay).  Growing is admitted like a new reservation of the difference
+ * (KV_ENOMEM over budget or from the fail hook, the message naming the
+ * bytes); shrinking always succeeds; size 0 is KV_EINVAL.  A refusal
+ * changes nothing.  An unknown id is a programmer error. */
+int mem_reserve_resize(mem_mgr *m, int64_t id, uint64_t size, kvant_err *err);
 
 void mem_reset_peak(mem_mgr *m);
 uint64_t mem_budget(const mem_mgr *m);

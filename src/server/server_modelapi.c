@@ -100,6 +100,10 @@ static json_t *model_json(const srv_model_info *x)
     set_int(o, "kv_pool_bytes", x->kv_pool_bytes);
     set_int(o, "kv_blocks_total", (uint64_t)x->kv_blocks_total);
     set_int(o, "kv_blocks_used", (uint64_t)x->kv_blocks_used);
+    set_int(o, "kv_blocks_min", (uint64_t)x->kv_blocks_min);
+    set_int(o, "kv_blocks_max", (uint64_t)x->kv_blocks_max);
+    set_int(o, "kv_grows", x->kv_grows);
+    set_int(o, "kv_shrinks", x->kv_shrinks);
     set_int(o, "loads", x->loads);
     set_int(o, "load_failures", x->load_failures);
     set_int(o, "evictions", x->evictions);
@@ -245,14 +249,15 @@ static void hist_lines(FILE *b, const char *metric, const char *lbl, const srv_m
               metric, lbl, (unsigned long long)h->count);
 }
 
-enum { MX_STATE, MX_RES, MX_NEED, MX_KV, MX_INFL, MX_LOADS, MX_FAIL, MX_EVICT, MX_WAKES,
-       MX_SLEEPS, MX_UNLOADS, MX_LOADH, MX_WAKEH, MX_N };
+enum { MX_STATE, MX_RES, MX_NEED, MX_KV, MX_KVB, MX_INFL, MX_LOADS, MX_FAIL, MX_EVICT, MX_WAKES,
+       MX_SLEEPS, MX_UNLOADS, MX_KVRES, MX_LOADH, MX_WAKEH, MX_N };
 
 static const struct { const char *name, *type, *help; } mx[MX_N] = {
     {"kvant_model_state", "gauge", "1 for the model's current state."},
     {"kvant_model_resident_bytes", "gauge", "Bytes the model holds in the budget, by category."},
     {"kvant_model_need_bytes", "gauge", "The model's footprint planned from its header."},
-    {"kvant_model_kv_pool_bytes", "gauge", "The model's KV pool while loaded."},
+    {"kvant_model_kv_pool_bytes", "gauge", "The model's KV pool while loaded (its live size)."},
+    {"kvant_model_kv_blocks", "gauge", "The model's KV pool in blocks while loaded."},
     {"kvant_model_requests_in_flight", "gauge", "Requests holding the model."},
     {"kvant_model_loads_total", "counter", "Loads from unloaded."},
     {"kvant_model_load_failures_total", "counter", "Loads or wakes that failed."},
@@ -260,6 +265,8 @@ static const struct { const char *name, *type, *help; } mx[MX_N] = {
     {"kvant_model_wakes_total", "counter", "Wakes from sleep."},
     {"kvant_model_sleeps_total", "counter", "Sleeps (level 1 or 2)."},
     {"kvant_model_unloads_total", "counter", "Explicit or keep-alive unloads."},
+    {"kvant_model_kv_resizes_total", "counter",
+     "KV pool resizes: grown into free memory, or shrunk to let another model load."},
     {"kvant_model_load_seconds", "histogram", "Duration of loads from unloaded."},
     {"kvant_model_wake_seconds", "histogram", "Duration of wakes from sleep."},
 };
@@ -268,6 +275,7 @@ static void metric_rows(FILE *b, int k, const srv_model_info *x, const char *lbl
 {
     const uint64_t v[MX_N] = {
         [MX_NEED] = x->need_bytes,  [MX_KV] = x->kv_pool_bytes,   [MX_INFL] = (uint64_t)x->refs,
+        [MX_KVB] = (uint64_t)x->kv_blocks_total,
         [MX_LOADS] = x->loads,      [MX_FAIL] = x->load_failures, [MX_EVICT] = x->evictions,
         [MX_WAKES] = x->wakes,      [MX_SLEEPS] = x->sleeps,      [MX_UNLOADS] = x->unloads};
     if (k == MX_STATE) {
@@ -278,6 +286,11 @@ static void metric_rows(FILE *b, int k, const srv_model_info *x, const char *lbl
         for (int c = 0; c < MEM_CAT_COUNT; c++)
             fprintf(b, "%s{model=\"%s\",category=\"%s\"} %llu\n", mx[k].name, lbl,
                       mem_cat_name((mem_cat)c), (unsigned long long)x->resident[c]);
+    } else if (k == MX_KVRES) {
+        fprintf(b, "%s{model=\"%s\",direction=\"grow\"} %llu\n", mx[k].name, lbl,
+                (unsigned long long)x->kv_grows);
+        fprintf(b, "%s{model=\"%s\",direction=\"shrink\"} %llu\n", mx[k].name, lbl,
+                (unsigned long long)x->kv_shrinks);
     } else if (k == MX_LOADH || k == MX_WAKEH) {
         hist_lines(b, mx[k].name, lbl, k == MX_LOADH ? &x->load_h : &x->wake_h);
     } else {

@@ -46,7 +46,12 @@ typedef struct mentry {
     uint64_t block_bytes;      /* one KV block, all layers */
     uint64_t kv_max;           /* KV bytes for max_num_seqs requests of the context: the
                                 * most a grown pool gets */
-    uint64_t kv_extra;         /* KV granted beyond kv_share at this load (spare memory) */
+    uint64_t kv_extra;         /* fixed pools (no resize): KV granted beyond kv_share at this
+                                * load (spare memory) */
+    int32_t kv_blocks;         /* elastic pools: the engine's pool now (0 when not loaded) */
+    int32_t kv_min_blocks, kv_max_blocks; /* ... its size at load, and the most it may grow to */
+    int kv_draining;           /* a shrink stopped above its target: the pool drains */
+    uint64_t kv_grows, kv_shrinks;        /* resizes of this model's pools */
     uint64_t resident[MEM_CAT_COUNT];
     engine_stats retired;      /* counters of this model's destroyed engines */
     uint64_t loads, load_failures, evictions, wakes, sleeps, unloads;
@@ -62,7 +67,8 @@ struct srv_models {
     pthread_cond_t cv;
     mentry *ent[SRV_MODELS_MAX];
     int n;
-    int changing;              /* a life-cycle change is running */
+    int changing;              /* a life-cycle change (or KV resize) is running */
+    int elastic;               /* KV pools follow the load (kv_grow and a backend that resizes) */
     int draining, stop;
     pthread_t ka_thread;
     int ka_started;
@@ -158,6 +164,7 @@ srv_models *srv_models_create(const srv_models_config *cfg, kvant_err *err)
     r->cfg.ec.kv_disk_dir = NULL; /* borrowed strings are not kept */
     uint64_t dm = cfg->ec.device_memory ? cfg->ec.device_memory : dev.total_memory;
     r->budget = cfg->budget ? cfg->budget : (uint64_t)((double)dm * cfg->ec.memory_utilization);
+    r->elastic = cfg->kv_grow && (!cfg->ec.backend || !strcmp(cfg->ec.backend, "cpu"));
     r->mem = mem_create(r->budget, dev.alloc, err);
     if (!r->mem) {
         free(r);
@@ -396,6 +403,8 @@ static void drop_entry(mentry *x, int keep_model, engine_stats *fin)
         engine_destroy(x->e);
         x->e = NULL;
     }
+    x->kv_blocks = 0;
+    x->kv_draining = 0;
     if (!keep_model) {
         model_free(x->m);
         x->m = NULL;
@@ -429,11 +438,16 @@ static int raise_entry(srv_models *r, mentry *x, kvant_err *err)
     ec.device_memory = x->need + x->kv_extra; /* the planner gives this engine exactly that */
     ec.memory_utilization = 1.0;
     ec.max_model_len = x->ctx;
+    ec.kv_max_blocks = r->elastic ? (int32_t)(x->kv_max / x->block_bytes) : 0;
     x->e = engine_create(x->m, &ec, err);
     if (!x->e) {
         rc = err->code ? err->code : KV_ENOMEM;
         goto out;
     }
+    engine_stats st;
+    engine_get_stats(x->e, &st);
+    x->kv_blocks = x->kv_min_blocks = st.kv_blocks_min;
+    x->kv_max_blocks = st.kv_blocks_max;
     mem_get_report(r->mem, after);
     for (int c = 0; c < MEM_CAT_COUNT; c++)
         x->resident[c] = after->cat[c].current - before->cat[c].current;
@@ -471,6 +485,14 @@ static int wait_until(srv_models *r, double deadline)
     return 1;
 }
 
+/* KV bytes an elastic pool holds beyond its size at load. */
+static uint64_t kv_grown_bytes(const mentry *x)
+{
+    return x->kv_blocks > x->kv_min_blocks
+               ? (uint64_t)(x->kv_blocks - x->kv_min_blocks) * x->block_bytes
+               : 0;
+}
+
 /* Chooses victims for x under r->mu; SRV_FIT_* as srv_models_pick. */
 static int choose_victims(srv_models *r, int xi, int *victims, int *nv)
 {
@@ -479,6 +501,8 @@ static int choose_victims(srv_models *r, int xi, int *victims, int *nv)
         const mentry *y = r->ent[i];
         c[i] = (srv_models_cand){resident_sum(y), y->last_used, y->state == SRV_MODEL_LOADED,
                                  y->refs > 0, y->pinned};
+        if (y->pinned) /* a grown pool can shrink back: only its share is fixed */
+            c[i].bytes -= kv_grown_bytes(y);
         if (i == xi)
             c[i].loaded = 0;
     }
@@ -540,6 +564,125 @@ static uint64_t spare_kv_locked(srv_models *r, int xi)
     return extra / x->block_bytes * x->block_bytes;
 }
 
+/* ---- KV memory that follows the load (elastic pools) ----------------------------
+ * Called under r->mu with r->changing set by the caller (so no load runs
+ * and the manager's free bytes only move with these resizes); the engine
+ * round trips run with the lock dropped.  Entries touched stay LOADED:
+ * every other life-cycle change waits for `changing`. */
+
+typedef struct kv_move {
+    int idx;
+    int32_t want, from, got;
+} kv_move;
+
+/* Resizes the entries of mv[0..n) (lock dropped) and publishes the new
+ * sizes and KV bytes; logs each change with why. */
+static void kv_apply_locked(srv_models *r, kv_move *mv, int n, const char *why)
+{
+    engine *es[SRV_MODELS_MAX];
+    for (int k = 0; k < n; k++)
+        es[k] = r->ent[mv[k].idx]->e;
+    pthread_mutex_unlock(&r->mu);
+    for (int k = 0; k < n; k++) {
+        kvant_err e2 = {0};
+        if (engine_kv_resize(es[k], mv[k].want, SRV_MODELS_KV_RESIZE_TIMEOUT_S, &mv[k].got,
+                             &e2) != KV_OK) {
+            mv[k].got = mv[k].from; /* refused (over budget, a step too long): unchanged */
+            log_line(r, "kv: %s not resized: %s", r->ent[mv[k].idx]->name, e2.msg);
+        }
+    }
+    pthread_mutex_lock(&r->mu);
+    for (int k = 0; k < n; k++) {
+        mentry *x = r->ent[mv[k].idx];
+        const int32_t d = mv[k].got - mv[k].from;
+        if (mv[k].want >= mv[k].from && mv[k].got == mv[k].want)
+            x->kv_draining = 0; /* a resize to at least its size ended any drain */
+        else if (mv[k].want < mv[k].from && mv[k].got > mv[k].want)
+            x->kv_draining = 1;
+        if (!d)
+            continue;
+        x->kv_blocks = mv[k].got;
+        x->resident[MEM_KV] += (uint64_t)(int64_t)d * x->block_bytes; /* wraps back on shrink */
+        if (d > 0)
+            x->kv_grows++;
+        else
+            x->kv_shrinks++;
+        char a[32], b[32];
+        fmt_size((uint64_t)(d > 0 ? d : -d) * x->block_bytes, a);
+        fmt_size(mem_available(r->mem), b);
+        log_line(r, "kv: %s %s %d -> %d blocks (%c%s) %s; %s free", x->name,
+                 d > 0 ? "grows" : "shrinks", mv[k].from, mv[k].got, d > 0 ? '+' : '-', a, why,
+                 b);
+    }
+}
+
+/* Grows every loaded elastic pool into the free budget: an equal part
+ * each, in whole blocks, up to its maximum.  A draining pool with nothing
+ * to gain is still resized to its own size, which ends the drain an
+ * earlier reclaim left in it. */
+static void kv_grow_locked(srv_models *r, const char *why)
+{
+    kv_move mv[SRV_MODELS_MAX];
+    int n = 0, k_room = 0;
+    if (!r->elastic || r->stop)
+        return;
+    for (int i = 0; i < r->n; i++) {
+        const mentry *x = r->ent[i];
+        if (x->state == SRV_MODEL_LOADED && x->kv_blocks > 0)
+            k_room += x->kv_blocks < x->kv_max_blocks;
+    }
+    const uint64_t part = k_room ? mem_available(r->mem) / (uint64_t)k_room : 0;
+    for (int i = 0; i < r->n; i++) {
+        const mentry *x = r->ent[i];
+        if (x->state != SRV_MODEL_LOADED || x->kv_blocks <= 0)
+            continue;
+        uint64_t add = part / x->block_bytes, room = (uint64_t)(x->kv_max_blocks - x->kv_blocks);
+        add = add < room ? add : room;
+        if (add || x->kv_draining)
+            mv[n++] = (kv_move){i, x->kv_blocks + (int32_t)add, x->kv_blocks, x->kv_blocks};
+    }
+    kv_apply_locked(r, mv, n, why);
+}
+
+/* Shrinks grown pools (idle models first, then least recently used)
+ * until deficit bytes are free or none can give more; a pool whose tail
+ * is held gives what it can now and drains the rest (its holders finish,
+ * the next attempt takes it).  Returns the bytes given back. */
+static uint64_t kv_reclaim_locked(srv_models *r, int xi, uint64_t deficit, const char *why)
+{
+    kv_move mv[SRV_MODELS_MAX];
+    int n = 0;
+    uint64_t planned = 0, freed = 0;
+    while (planned < deficit) {
+        int best = -1;
+        for (int i = 0; i < r->n; i++) {
+            const mentry *y = r->ent[i];
+            int taken = 0;
+            for (int k = 0; k < n; k++)
+                taken |= mv[k].idx == i;
+            if (i == xi || taken || y->state != SRV_MODEL_LOADED || !kv_grown_bytes(y))
+                continue;
+            const mentry *b = best >= 0 ? r->ent[best] : NULL;
+            if (!b || (y->refs > 0) < (b->refs > 0) ||
+                ((y->refs > 0) == (b->refs > 0) && y->last_used < b->last_used))
+                best = i;
+        }
+        if (best < 0)
+            break;
+        const mentry *y = r->ent[best];
+        const uint64_t left = deficit - planned;
+        int64_t cut = (int64_t)((left + y->block_bytes - 1) / y->block_bytes);
+        const int64_t grown = y->kv_blocks - y->kv_min_blocks;
+        cut = cut < grown ? cut : grown;
+        mv[n++] = (kv_move){best, y->kv_blocks - (int32_t)cut, y->kv_blocks, y->kv_blocks};
+        planned += (uint64_t)cut * y->block_bytes;
+    }
+    kv_apply_locked(r, mv, n, why);
+    for (int k = 0; k < n; k++)
+        freed += (uint64_t)(mv[k].from - mv[k].got) * r->ent[mv[k].idx]->block_bytes;
+    return freed;
+}
+
 /* Evicts the victims and loads x: called under r->mu with the victims
  * chosen; drops the lock for the slow part and retakes it. */
 static int load_locked(srv_models *r, int xi, const int *victims, int nv, kvant_err *err)
@@ -549,7 +692,7 @@ static int load_locked(srv_models *r, int xi, const int *victims, int nv, kvant_
     r->changing = 1;
     srv_model_state from = x->state;
     int from_level = x->sleep_level;
-    x->kv_extra = nv ? 0 : spare_kv_locked(r, xi);
+    x->kv_extra = nv || r->elastic ? 0 : spare_kv_locked(r, xi);
     x->state = SRV_MODEL_LOADING;
     double t = now_s();
     for (int k = 0; k < nv; k++) {
@@ -576,10 +719,13 @@ static int load_locked(srv_models *r, int xi, const int *victims, int nv, kvant_
         v->state = SRV_MODEL_UNLOADED;
         v->evictions++;
     }
-    r->changing = 0;
-    pthread_cond_broadcast(&r->cv);
     if (rc == KV_OK) {
         finish_load_locked(r, x, from, from_level, dt);
+        char why[SRV_MODELS_NAME_MAX + 48];
+        snprintf(why, sizeof why, "into free memory after loading %s", x->name);
+        kv_grow_locked(r, why);
+        r->changing = 0;
+        pthread_cond_broadcast(&r->cv);
         return KV_OK;
     }
     drop_entry(x, 0, &fin[0]); /* under the lock: x has no engine (the load failed) */
@@ -590,6 +736,9 @@ static int load_locked(srv_models *r, int xi, const int *victims, int nv, kvant_
     x->sleep_level = 0;
     snprintf(x->error, sizeof x->error, "%s", le.msg);
     log_line(r, "loading %s failed: %s", x->name, le.msg);
+    kv_grow_locked(r, "into free memory after a failed load");
+    r->changing = 0;
+    pthread_cond_broadcast(&r->cv);
     if (err)
         *err = le;
     return rc;
@@ -603,6 +752,7 @@ static int bring_up_locked(srv_models *r, int xi, double deadline, kvant_err *er
 {
     mentry *x = r->ent[xi];
     char a[32], b[32];
+    int reclaimed = 0, shrank = 0; /* a reclaim since the last wait; any in this call */
     for (;;) {
         if (x->state == SRV_MODEL_LOADED)
             return KV_OK;
@@ -610,6 +760,19 @@ static int bring_up_locked(srv_models *r, int xi, double deadline, kvant_err *er
             return kvant_err_set(err, KV_EBUSY, "the server is draining");
         int victims[SRV_MODELS_MAX], nv = 0;
         int fit = r->changing ? SRV_FIT_WAIT : choose_victims(r, xi, victims, &nv);
+        const uint64_t avail = mem_available(r->mem);
+        if (fit != SRV_FIT_NEVER && (fit == SRV_FIT_WAIT || nv > 0) && !r->changing &&
+            !reclaimed && r->elastic && x->need > avail) {
+            /* grown KV pools give memory back before any model is evicted */
+            char why[SRV_MODELS_NAME_MAX + 24];
+            snprintf(why, sizeof why, "to load %s", x->name);
+            reclaimed = 1;
+            r->changing = 1;
+            shrank |= kv_reclaim_locked(r, xi, x->need - avail, why) > 0;
+            r->changing = 0;
+            pthread_cond_broadcast(&r->cv);
+            continue;
+        }
         if (fit == SRV_FIT_OK)
             return load_locked(r, xi, victims, nv, err);
         if (fit == SRV_FIT_NEVER) {
@@ -621,11 +784,19 @@ static int bring_up_locked(srv_models *r, int xi, double deadline, kvant_err *er
                                  (unsigned long long)r->budget, b,
                                  x->need > r->budget ? "" : " next to the pinned models");
         }
-        if (!wait_until(r, deadline))
+        if (!wait_until(r, deadline)) {
+            if (shrank && !r->changing) { /* give the reclaimed memory back */
+                r->changing = 1;
+                kv_grow_locked(r, "into free memory after a load timed out");
+                r->changing = 0;
+                pthread_cond_broadcast(&r->cv);
+            }
             return kvant_err_set(err, KV_EBUSY,
                                  "timed out after %.1f s waiting for %s to free memory for model "
                                  "'%s'", r->cfg.queue_timeout_s,
                                  r->changing ? "another load" : "busy models", x->name);
+        }
+        reclaimed = 0;
     }
 }
 
@@ -771,6 +942,10 @@ static int lower(srv_models *r, const char *name, int level, kvant_err *err)
         x->unloads++;
         log_line(r, "unloaded %s", x->name);
     }
+    char why[SRV_MODELS_NAME_MAX + 48];
+    snprintf(why, sizeof why, "into free memory after %s %s", level ? "sleeping" : "unloading",
+             x->name);
+    kv_grow_locked(r, why);
     r->changing = 0;
     pthread_cond_broadcast(&r->cv);
     rc = KV_OK;
@@ -913,7 +1088,11 @@ int srv_models_info(srv_models *r, int i, srv_model_info *o)
     o->max_model_len = x->ctx;
     o->need_bytes = x->need;
     o->kv_share_bytes = x->kv_share;
-    o->kv_extra_bytes = x->state == SRV_MODEL_LOADED ? x->kv_extra : 0;
+    o->kv_extra_bytes = x->state != SRV_MODEL_LOADED ? 0 : r->elastic ? kv_grown_bytes(x) : x->kv_extra;
+    o->kv_blocks_min = x->state == SRV_MODEL_LOADED ? x->kv_min_blocks : 0;
+    o->kv_blocks_max = x->state == SRV_MODEL_LOADED ? x->kv_max_blocks : 0;
+    o->kv_grows = x->kv_grows;
+    o->kv_shrinks = x->kv_shrinks;
     memcpy(o->resident, x->resident, sizeof o->resident);
     o->resident_bytes = resident_sum(x);
     if (x->state == SRV_MODEL_LOADED) {

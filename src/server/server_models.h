@@ -15,10 +15,15 @@
  * Sleep level 1 drops the engine (KV, workspace, device weights) and keeps
  * the mapped model (page cache, tokenizer); level 2 drops the model too.
  *
- * KV follows the load: each model's pool is at least its share; a load
- * also takes an equal part of the memory that no model not loaded could
- * need (so a grown pool never has to be taken back), and every block goes
- * back to the budget when the model sleeps or unloads.
+ * KV follows the load: each model's pool is at least its share, and every
+ * block goes back to the budget when the model sleeps or unloads.  With a
+ * backend that resizes pools (the CPU's; kv_grow on), a load, unload or
+ * sleep ends by growing every loaded pool into an equal part of the free
+ * budget (up to max_num_seqs requests of the context), and a load that
+ * does not fit first shrinks grown pools back (idle models first, only
+ * blocks nobody holds; a held tail drains) before any model is evicted or
+ * the request waits.  Otherwise (CUDA) a load takes an equal part of the
+ * memory that no model not loaded could need, fixed until it unloads.
  *
  * Invariants: a model with requests in flight (refs > 0) is never evicted,
  * slept or unloaded (unload/sleep answer KV_EBUSY); one life-cycle change
@@ -50,6 +55,7 @@
 #define SRV_MODELS_DEFAULT_KV_REQS 2         /* default KV share: requests of max context */
 #define SRV_MODELS_QUEUE_TIMEOUT_S 60.0      /* --queue-timeout default */
 #define SRV_MODELS_HIST_N 10                 /* duration histogram buckets (+Inf last) */
+#define SRV_MODELS_KV_RESIZE_TIMEOUT_S 2.0   /* wait for an engine's step boundary to resize */
 
 typedef enum srv_model_state {
     SRV_MODEL_UNLOADED = 0,
@@ -69,9 +75,9 @@ typedef struct srv_models_config {
                              * ec.memory_utilization (as one engine would plan) */
     uint64_t kv_per_model;  /* KV share per model in bytes (whole blocks, rounded down);
                              * 0 = SRV_MODELS_DEFAULT_KV_REQS requests of the max context */
-    int kv_grow;            /* 1 (default): a load also takes an equal part of the memory no
-                             * other model could need, up to max_num_seqs requests of the
-                             * context; 0: every pool is exactly its share */
+    int kv_grow;            /* 1 (default): pools grow into free memory, up to max_num_seqs
+                             * requests of the context (see "KV follows the load" above);
+                             * 0: every pool is exactly its share */
     double keep_alive_s;    /* unload a model idle this long; <= 0: never */
     double queue_timeout_s; /* how long a request waits for its model to load */
     int log;                /* event lines on stderr (load, evict, sleep, ...) */
@@ -144,11 +150,14 @@ typedef struct srv_model_info {
     int64_t max_model_len;
     uint64_t need_bytes;      /* planned footprint (header) */
     uint64_t kv_share_bytes;  /* planned KV share (the minimum) */
-    uint64_t kv_extra_bytes;  /* KV granted beyond it at this load (spare memory) */
+    uint64_t kv_extra_bytes;  /* KV beyond the share now (elastic pools), or granted at
+                               * this load (fixed pools) */
     uint64_t resident[MEM_CAT_COUNT]; /* measured while loaded, else 0 */
     uint64_t resident_bytes;
     uint64_t kv_pool_bytes;   /* the engine's pool while loaded, else 0 */
     int32_t kv_blocks_total, kv_blocks_used;
+    int32_t kv_blocks_min, kv_blocks_max; /* elastic pools: its size at load, and the most */
+    uint64_t kv_grows, kv_shrinks;        /* pool resizes (elastic pools) */
     uint64_t loads, load_failures, evictions, wakes, sleeps, unloads;
     srv_models_hist load_h, wake_h;
     char error[KV_ERR_MSG_MAX];

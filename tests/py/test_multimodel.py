@@ -201,10 +201,105 @@ def test_randomized_two_of_three(kvant_bin, model_paths, reference, default_mode
     evictions = sum(by[m]["evictions"] for m in MODELS)
     # two fit at once: every third-model request after a switch evicts; no loop:
     # each eviction made room for exactly one load
-    print(f"{len(results)} requests, {loads} loads, {evictions} evictions, {len(samples)} samples")
+    grows = sum(by[m]["kv_grows"] for m in MODELS)
+    shrinks = sum(by[m]["kv_shrinks"] for m in MODELS)
+    print(f"{len(results)} requests, {loads} loads, {evictions} evictions, {grows} KV grows, "
+          f"{shrinks} KV shrinks, {len(samples)} samples")
     assert evictions >= 1 and evictions <= loads, by
+    # the pools followed the load: grown into free memory, shrunk for the next load
+    assert grows >= 1 and shrinks >= 1, by
     assert by["big"]["loads"] == 0 and by["big"]["state"] == "unloaded"
     assert "evicting" in s.text() and "(LRU, idle" in s.text()
+
+
+def model_info(s: Proc) -> dict:
+    return {m["id"]: m for m in s.models()["data"]}
+
+
+def test_kv_follows_the_load(kvant_bin, model_paths, reference):
+    """A's KV pool grows into the memory B gives back when it unloads, and shrinks (instead of
+    A being evicted) when B loads again; answers stay those of each model alone, /v1/models
+    and /metrics show the live pool, and the memory in use never exceeds the budget."""
+    need = needs(kvant_bin, model_paths)
+    # room for a, b and 16 blocks of a; a may grow to 64 requests of the context
+    a0 = Proc(kvant_bin, "-m", f"a={model_paths['a']}", "-m", f"b={model_paths['b']}")
+    try:
+        share = model_info(a0)["a"]["kv_share_bytes"]
+    finally:
+        assert a0.stop() == 0, a0.text()
+    bb = share // 16  # the share is 2 requests of 128 tokens: 16 blocks
+    budget = need["a"] + need["b"] + 16 * bb
+    s = Proc(kvant_bin, "-m", f"a={model_paths['a']}", "-m", f"b={model_paths['b']}",
+             "--max-num-seqs", "64", "--device-memory", str(budget), "--memory-utilization", "1",
+             "--queue-timeout", "60")
+    samples, bad, stop = [], [], threading.Event()
+
+    def sampler():
+        while not stop.is_set():
+            used, bud, res = metrics_sample(s)
+            samples.append(used)
+            if used > bud or res > bud:
+                bad.append((used, bud, res))
+            time.sleep(0.005)
+
+    th = threading.Thread(target=sampler)
+    th.start()
+
+    def ask(c, model, n=8):
+        with ThreadPoolExecutor(max_workers=n) as ex:
+            rs = list(ex.map(lambda p: (p, s.complete(c, model, p)), PROMPTS[:n]))
+        for p, r in rs:
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["text"] == reference[(model, p)], (model, p)
+
+    try:
+        with httpx.Client(limits=httpx.Limits(max_connections=16)) as c:
+            ask(c, "a")
+            alone = model_info(s)["a"]  # a alone: grown into all it can hold
+            assert alone["kv_grows"] >= 1 and alone["kv_blocks_total"] > alone["kv_blocks_min"]
+            assert alone["kv_blocks_total"] * bb >= need["b"]  # b cannot fit beside it as is
+            ask(c, "b")
+            both = model_info(s)
+            # b fit because a gave blocks back; nobody was evicted
+            assert both["a"]["kv_shrinks"] >= 1 and both["a"]["evictions"] == 0, both["a"]
+            assert both["a"]["state"] == both["b"]["state"] == "loaded"
+            assert both["a"]["kv_blocks_total"] < alone["kv_blocks_total"]
+            # b unloads: a grows into its memory while serving
+            th_a = threading.Thread(target=ask, args=(c, "a"))
+            th_a.start()
+            r = c.post(s.url + "/v1/models/b/unload", timeout=60)
+            assert r.status_code == 200, r.text
+            th_a.join()
+            grown = model_info(s)["a"]
+            assert grown["kv_grows"] > both["a"]["kv_grows"]
+            assert grown["kv_blocks_total"] > both["a"]["kv_blocks_total"]
+            assert grown["kv_pool_bytes"] == grown["kv_blocks_total"] * bb
+            assert grown["resident_by_category"]["kv"] == grown["kv_pool_bytes"]
+            # b loads again while a is busy: a shrinks (only blocks nobody holds), b waits
+            # for the rest if it must; every answer stays right
+            th_a = threading.Thread(target=ask, args=(c, "a"))
+            th_a.start()
+            ask(c, "b", 2)
+            th_a.join()
+            again = model_info(s)
+            assert again["a"]["kv_shrinks"] > grown["kv_shrinks"], again["a"]
+            assert again["a"]["evictions"] == 0 and again["b"]["state"] == "loaded"
+            ask(c, "a")
+            text = httpx.get(s.url + "/metrics", timeout=30).text
+            assert f'kvant_model_kv_blocks{{model="a"}} {model_info(s)["a"]["kv_blocks_total"]}' \
+                in text
+            assert 'kvant_model_kv_resizes_total{model="a",direction="shrink"}' in text
+    finally:
+        stop.set()
+        th.join()
+        rc = s.stop()
+    assert rc == 0, s.text()
+    assert not bad, bad[:5]
+    assert samples and max(samples) <= budget
+    log = s.text()
+    assert "kv: a grows" in log and "kv: a shrinks" in log and "to load b" in log, log
+    print(f"a alone {alone['kv_blocks_total']} blocks, beside b {both['a']['kv_blocks_total']}, "
+          f"after b unloaded {grown['kv_blocks_total']}, b back {again['a']['kv_blocks_total']}")
 
 
 def need_big(s: Proc) -> int:

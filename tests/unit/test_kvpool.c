@@ -32,16 +32,36 @@ static void store_copy(void *ctx, int32_t dst, int32_t src)
     st->last_src = src;
 }
 
+static int n_evicted; /* evict hook calls */
+
+static void count_evict(void *ctx, int32_t b)
+{
+    (void)ctx;
+    (void)b;
+    n_evicted++;
+}
+
+static kvpool *make_pool_max(store *st, int32_t n_blocks, int32_t max_blocks, int32_t bs,
+                             int prefix);
+
 static kvpool *make_pool(store *st, int32_t n_blocks, int32_t bs, int prefix)
+{
+    return make_pool_max(st, n_blocks, 0, bs, prefix);
+}
+
+static kvpool *make_pool_max(store *st, int32_t n_blocks, int32_t max_blocks, int32_t bs,
+                             int prefix)
 {
     memset(st, 0, sizeof *st);
     st->bs = bs;
     st->last_dst = st->last_src = -1;
     kvpool_config c = kvpool_config_default();
     c.n_blocks = n_blocks;
+    c.max_blocks = max_blocks;
     c.block_size = bs;
     c.prefix_cache = prefix;
     c.model_hash = 0x1234abcdULL;
+    c.evict_block = count_evict;
     c.copy_block = store_copy;
     c.copy_ctx = st;
     kvant_err err = {0};
@@ -382,6 +402,8 @@ typedef struct pt_state {
     pt_seq seq[PT_SEQS];
     int32_t prefix[PT_PREFIXES][PT_PREFIX_LEN];
     int fails;
+    int resize;         /* grow and shrink the pool between operations */
+    int grows, shrinks; /* resizes that changed the size */
 } pt_state;
 
 static int pt_rand(pt_state *t, int n) { return (int)(tu_rand_u64(&t->r) % (unsigned)n); }
@@ -514,8 +536,39 @@ static void pt_fork(pt_state *t)
     t->seq[j].live = 1;
 }
 
+/* Grows or shrinks to a random size; a shrink must stop exactly at the
+ * highest held block (or the target) and keep every id below. */
+static void pt_resize(pt_state *t)
+{
+    kvpool_stats a;
+    kvpool_get_stats(t->p, &a);
+    const int32_t max = kvpool_max_blocks(t->p);
+    if (pt_rand(t, 2)) {
+        int32_t n = a.n_blocks + pt_rand(t, max - a.n_blocks + 1);
+        if (kvpool_grow(t->p, n) != KV_OK)
+            pt_fail(t, __LINE__);
+        t->grows += n > a.n_blocks;
+        return;
+    }
+    int32_t target = 1 + pt_rand(t, a.n_blocks);
+    int32_t got = kvpool_shrink(t->p, target);
+    if (got < target || got > a.n_blocks)
+        pt_fail(t, __LINE__);
+    if (got > target && kvpool_refcount(t->p, got - 1) <= 0)
+        pt_fail(t, __LINE__); /* stopped before a block nobody holds */
+    for (int i = 0; i < PT_SEQS; i++)
+        for (int32_t k = 0; t->seq[i].live && k < t->seq[i].s.n_blocks; k++)
+            if (t->seq[i].s.blocks[k] >= got)
+                pt_fail(t, __LINE__); /* a held block was cut */
+    t->shrinks += got < a.n_blocks;
+}
+
 static void pt_step(pt_state *t)
 {
+    if (t->resize && pt_rand(t, 100) < 3) {
+        pt_resize(t);
+        return;
+    }
     int op = pt_rand(t, 100);
     if (op < 20) {
         pt_new_seq(t);
@@ -574,13 +627,14 @@ static int pt_verify(pt_state *t)
     return ok && t->fails == 0;
 }
 
-static void test_property(int prefix_cache, uint64_t seed, int n_ops)
+static void test_property(int prefix_cache, uint64_t seed, int n_ops, int resize)
 {
     static store st;
     static pt_state t;
     memset(&t, 0, sizeof t);
     t.st = &st;
-    t.p = make_pool(&st, 64, 8, prefix_cache);
+    t.resize = resize;
+    t.p = resize ? make_pool_max(&st, 64, 160, 8, prefix_cache) : make_pool(&st, 64, 8, prefix_cache);
     t.r.s = seed;
     for (int k = 0; k < PT_PREFIXES; k++)
         rand_tokens(&t.r, t.prefix[k], PT_PREFIX_LEN);
@@ -607,13 +661,140 @@ static void test_property(int prefix_cache, uint64_t seed, int n_ops)
             t.seq[i].live = 0;
         }
     check_pool(t.p, NULL, 0);
+    if (resize) {
+        fprintf(stderr, "property resize: %d grows, %d shrinks\n", t.grows, t.shrinks);
+        CHECK(t.grows > 100 && t.shrinks > 100);
+        CHECK(kvpool_shrink(t.p, 64) == 64 || kvpool_grow(t.p, 64) == KV_OK);
+    }
     kvpool_get_stats(t.p, &a);
-    CHECK(a.n_used == 0 && a.n_free + a.n_cached == 64);
+    CHECK(a.n_blocks == 64 && a.n_used == 0 && a.n_free + a.n_cached == 64);
     kvpool_clear_cache(t.p);
     kvpool_get_stats(t.p, &a);
     CHECK(a.n_free == 64 && a.n_cached == 0);
     check_pool(t.p, NULL, 0);
     kvpool_destroy(t.p);
+}
+
+static const kv_seq *const *one_of(const kv_seq *s)
+{
+    static const kv_seq *one[1];
+    one[0] = s;
+    return one;
+}
+
+/* A drain ended by a grow: the unreferenced draining blocks are free
+ * again, the held ones stay with their holder. */
+static void test_drain_grow(void)
+{
+    static store st;
+    kvpool *p = make_pool_max(&st, 16, 16, 16, 0);
+    kv_seq a, b;
+    kvseq_init(&a, 1);
+    kvseq_init(&b, 1);
+    CHECK(kvseq_reserve(p, &a, 0, 10 * 16) == KV_OK); /* 0..9 */
+    CHECK(kvseq_reserve(p, &b, 0, 2 * 16) == KV_OK);  /* 10, 11 */
+    kvseq_release(p, &a);
+    CHECK(kvpool_shrink(p, 4) == 12); /* 11 held: 4..11 drain */
+    kvpool_stats s;
+    kvpool_get_stats(p, &s);
+    CHECK(s.n_free == 4 && s.n_draining == 6 && s.n_used == 2 && kvpool_n_available(p) == 4);
+    check_pool(p, one_of(&b), 1);
+    kv_seq c;
+    kvseq_init(&c, 1);
+    CHECK(kvseq_reserve(p, &c, 0, 5 * 16) == KV_ENOMEM); /* only 0..3 are handed out */
+    CHECK(kvseq_reserve(p, &c, 0, 4 * 16) == KV_OK);
+    for (int i = 0; i < 4; i++)
+        CHECK(c.blocks[i] < 4);
+    kvseq_release(p, &c);
+    CHECK(kvpool_grow(p, 11) == KV_EINVAL);
+    CHECK(kvpool_grow(p, 12) == KV_OK); /* same size: ends the drain */
+    kvpool_get_stats(p, &s);
+    CHECK(s.n_blocks == 12 && s.n_free == 10 && s.n_draining == 0 && kvpool_n_available(p) == 10);
+    check_pool(p, one_of(&b), 1);
+    kvseq_release(p, &b);
+    check_pool(p, NULL, 0);
+    CHECK(kvpool_shrink(p, 1) == 1);
+    kvpool_destroy(p);
+}
+
+/* Grow adds ids at the end, handed out after the older free blocks;
+ * shrink gives back only a tail nobody holds (cached blocks there are
+ * evicted through the hook), and ids below never move. */
+static void test_resize(void)
+{
+    static store st;
+    kvant_err err = {0};
+    kvpool_config c = kvpool_config_default();
+    c.n_blocks = 8;
+    c.max_blocks = 4;
+    CHECK(kvpool_create(&c, &err) == NULL && err.code == KV_EINVAL);
+    c.max_blocks = KVPOOL_MAX_BLOCKS + 1;
+    CHECK(kvpool_create(&c, &err) == NULL && err.code == KV_EINVAL);
+    kvpool *p = make_pool_max(&st, 8, 32, 16, 1);
+    CHECK(kvpool_max_blocks(p) == 32);
+    int32_t tok[32 * 16];
+    for (int i = 0; i < 32 * 16; i++)
+        tok[i] = 100 + i;
+    kv_seq a, b;
+    kvseq_init(&a, 1);
+    kvseq_init(&b, 1);
+    CHECK(kvseq_reserve(p, &a, 0, 6 * 16) == KV_OK);
+    store_write(&st, p, &a, tok, 0, 6 * 16);
+    kvseq_commit(p, &a, tok, 6 * 16);
+    int32_t a_ids[6];
+    memcpy(a_ids, a.blocks, sizeof a_ids);
+    CHECK(kvpool_grow(p, 7) == KV_EINVAL && kvpool_grow(p, 33) == KV_EINVAL);
+    CHECK(kvpool_grow(p, 16) == KV_OK);
+    kvpool_stats s;
+    kvpool_get_stats(p, &s);
+    CHECK(s.n_blocks == 16 && s.n_used == 6 && s.n_free == 10);
+    CHECK(memcmp(a_ids, a.blocks, sizeof a_ids) == 0 && store_readback(&st, &a, tok));
+    /* the two old free blocks first, then the new ids in order */
+    CHECK(kvseq_reserve(p, &b, 0, 6 * 16) == KV_OK);
+    CHECK(b.blocks[0] == 6 && b.blocks[1] == 7 && b.blocks[2] == 8 && b.blocks[5] == 11);
+    const kv_seq *two[2] = {&a, &b};
+    check_pool(p, two, 2);
+    /* b holds block 11: the cut stops above it, and 8..11 drain */
+    CHECK(kvpool_shrink(p, 8) == 12);
+    kvpool_get_stats(p, &s);
+    CHECK(s.n_blocks == 12 && s.n_free == 0 && s.n_draining == 0 && kvpool_refcount(p, 12) == -1);
+    check_pool(p, two, 2);
+    CHECK(kvpool_shrink(p, 20) == 12); /* not smaller */
+    /* b's blocks are registered prefix blocks: 6, 7 become cached, the
+     * draining 8..11 are evicted and go to no list */
+    store_write(&st, p, &b, tok + 6 * 16, 0, 6 * 16);
+    kvseq_commit(p, &b, tok + 6 * 16, 6 * 16);
+    n_evicted = 0;
+    kvseq_release(p, &b);
+    kvpool_get_stats(p, &s);
+    CHECK(s.n_cached == 2 && s.n_draining == 4 && s.n_free == 0 && s.evictions == 4);
+    CHECK(n_evicted == 4 && kvpool_n_available(p) == 2);
+    check_pool(p, one_of(&a), 1);
+    /* the next shrink reaches its target; then the cached 6, 7 go too */
+    CHECK(kvpool_shrink(p, 8) == 8);
+    kvpool_get_stats(p, &s);
+    CHECK(s.n_blocks == 8 && s.n_draining == 0 && s.n_cached == 2);
+    CHECK(kvpool_shrink(p, 6) == 6);
+    kvpool_get_stats(p, &s);
+    CHECK(s.n_blocks == 6 && s.n_cached == 0 && s.n_free == 0 && s.evictions == 6);
+    CHECK(n_evicted == 6);
+    const kv_seq *one[1] = {&a};
+    check_pool(p, one, 1);
+    CHECK(memcmp(a_ids, a.blocks, sizeof a_ids) == 0 && store_readback(&st, &a, tok));
+    kv_seq m;
+    kvseq_init(&m, 1);
+    CHECK(kvseq_match_prefix(p, &m, tok + 6 * 16, 6 * 16) == 0); /* gone with the tail */
+    /* a's own prefix is still served; a full pool refuses until it grows */
+    CHECK(kvseq_reserve(p, &b, 0, 1) == KV_ENOMEM);
+    CHECK(kvpool_grow(p, 32) == KV_OK && kvseq_reserve(p, &b, 0, 1) == KV_OK);
+    CHECK(b.blocks[0] == 6);
+    kvseq_release(p, &b);
+    kvseq_release(p, &a);
+    CHECK(kvpool_shrink(p, 0) == 1);
+    kvpool_get_stats(p, &s);
+    CHECK(s.n_blocks == 1 && s.n_used == 0 && s.n_free + s.n_cached == 1);
+    check_pool(p, NULL, 0);
+    kvpool_destroy(p);
 }
 
 int main(void)
@@ -624,7 +805,11 @@ int main(void)
     test_fork_cow();
     test_prefix();
     test_lru();
-    test_property(1, 0x5eed1234ULL, 200000);
-    test_property(0, 0x0badcafeULL, 20000);
+    test_resize();
+    test_drain_grow();
+    test_property(1, 0x5eed1234ULL, 200000, 0);
+    test_property(0, 0x0badcafeULL, 20000, 0);
+    test_property(1, 0x7e512e00ULL, 100000, 1);
+    test_property(0, 0x7e512e01ULL, 20000, 1);
     return tu_finish("test_kvpool");
 }

@@ -7,6 +7,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -496,8 +498,50 @@ static void test_parse_size(void)
     CHECK(strcmp(mem_cat_name(MEM_KV), "kv") == 0);
 }
 
+/* A reservation resized in place (the CPU KV pool growing and shrinking):
+ * exact accounting, refusals change nothing, resident pages by mincore. */
+static void test_reserve_resize(void)
+{
+    kvant_err err = {0};
+    mem_mgr *m = mem_create(1 << 20, mem_allocator_host(), &err);
+    const long pg = sysconf(_SC_PAGESIZE);
+    const size_t span = (size_t)pg * 8;
+    uint8_t *map = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(m && map != MAP_FAILED);
+    int64_t id = mem_reserve_at(m, map, (uint64_t)pg * 2, MEM_KV, MEM_NO_LAYER, &err);
+    CHECK(id > 0 && mem_used(m) == (uint64_t)pg * 2);
+    CHECK(mem_resident_bytes(m) == 0); /* nothing touched yet */
+    memset(map, 1, (size_t)pg);
+    CHECK(mem_resident_bytes(m) == (uint64_t)pg);
+    CHECK(mem_reserve_resize(m, id, (uint64_t)pg * 6, &err) == KV_OK);
+    mem_report *rep = malloc(sizeof *rep);
+    mem_get_report(m, rep);
+    CHECK(rep->cat[MEM_KV].current == (uint64_t)pg * 6 && rep->used == (uint64_t)pg * 6);
+    CHECK(mem_live_count(m) == 1);
+    /* over budget: refused, nothing changed */
+    CHECK(mem_reserve_resize(m, id, (2 << 20), &err) == KV_ENOMEM);
+    CHECK(strstr(err.msg, "over budget") != NULL);
+    CHECK(mem_used(m) == (uint64_t)pg * 6);
+    mem_fail_nth(m, 1);
+    CHECK(mem_reserve_resize(m, id, (uint64_t)pg * 7, &err) == KV_ENOMEM);
+    CHECK(mem_used(m) == (uint64_t)pg * 6);
+    CHECK(mem_reserve_resize(m, id, 0, &err) == KV_EINVAL && mem_used(m) == (uint64_t)pg * 6);
+    /* shrinking never fails and gives the bytes back; the peak stays */
+    CHECK(mem_reserve_resize(m, id, (uint64_t)pg, &err) == KV_OK);
+    mem_get_report(m, rep);
+    CHECK(rep->cat[MEM_KV].current == (uint64_t)pg && rep->used == (uint64_t)pg);
+    CHECK(rep->cat[MEM_KV].peak == (uint64_t)pg * 6 && rep->peak == (uint64_t)pg * 6);
+    CHECK(mem_resident_bytes(m) == (uint64_t)pg);
+    mem_unreserve(m, id);
+    CHECK(mem_used(m) == 0 && mem_live_count(m) == 0);
+    free(rep);
+    munmap(map, span);
+    mem_destroy(m);
+}
+
 int main(void)
 {
+    test_reserve_resize();
     test_accounting();
     test_refusals();
     test_property();

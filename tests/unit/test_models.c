@@ -73,6 +73,29 @@ static srv_model_state state_of(srv_models *r, const char *name, srv_model_info 
     return x->state;
 }
 
+/* Every loaded model's KV bytes are exactly its live pool, and the models'
+ * bytes are exactly the manager's. */
+static void check_exact(srv_models *r)
+{
+    srv_model_info *x = malloc(sizeof *x);
+    uint64_t sum = 0;
+    for (int i = 0; i < srv_models_count(r); i++) {
+        CHECK(srv_models_info(r, i, x) == KV_OK);
+        sum += x->resident_bytes;
+        if (x->state == SRV_MODEL_LOADED)
+            CHECKF(x->resident[MEM_KV] == x->kv_pool_bytes &&
+                       x->kv_blocks_total >= x->kv_blocks_min &&
+                       x->kv_blocks_total <= x->kv_blocks_max,
+                   "%s: KV %llu bytes, pool %llu, %d blocks in [%d, %d]", x->name,
+                   (unsigned long long)x->resident[MEM_KV], (unsigned long long)x->kv_pool_bytes,
+                   x->kv_blocks_total, x->kv_blocks_min, x->kv_blocks_max);
+    }
+    CHECKF(sum == mem_used(srv_models_mem(r)), "models %llu bytes, manager %llu",
+           (unsigned long long)sum, (unsigned long long)mem_used(srv_models_mem(r)));
+    CHECK(mem_used(srv_models_mem(r)) <= mem_budget(srv_models_mem(r)));
+    free(x);
+}
+
 static void test_lru(uint64_t need)
 {
     kvant_err err = {0};
@@ -85,11 +108,11 @@ static void test_lru(uint64_t need)
     CHECKF(srv_models_acquire(r, "a", &ra, &err) == KV_OK, "%s", err.msg);
     CHECKF(srv_models_acquire(r, "b", &rb, &err) == KV_OK, "%s", err.msg);
     CHECK(ra.e && rb.e && ra.m && rb.m && strcmp(ra.oai->served_name, "a") == 0);
-    /* tight: no model grows into memory another model needs */
-    CHECK(state_of(r, "b", x) == SRV_MODEL_LOADED && x->kv_extra_bytes == 0);
+    /* the pools grew into what is left of the budget */
+    CHECK(state_of(r, "b", x) == SRV_MODEL_LOADED && x->kv_extra_bytes > 0);
     CHECK(state_of(r, "a", x) == SRV_MODEL_LOADED && x->resident_bytes > 0 &&
-          x->resident_bytes <= x->need_bytes && x->kv_pool_bytes > 0);
-    CHECK(mem_used(srv_models_mem(r)) <= mem_budget(srv_models_mem(r)));
+          x->resident_bytes <= x->need_bytes + x->kv_extra_bytes && x->kv_pool_bytes > 0);
+    check_exact(r);
     /* both busy: c waits for them and times out; nothing is evicted */
     CHECK(srv_models_acquire(r, "c", &rc, &err) == KV_EBUSY);
     CHECK(state_of(r, "a", x) == SRV_MODEL_LOADED && x->evictions == 0);
@@ -102,8 +125,8 @@ static void test_lru(uint64_t need)
     srv_models_release(r, &rb);
     CHECKF(srv_models_acquire(r, "c", &rc, &err) == KV_OK, "%s", err.msg);
     CHECK(state_of(r, "a", x) == SRV_MODEL_UNLOADED && x->evictions == 1 && x->resident_bytes == 0);
-    CHECK(state_of(r, "b", x) == SRV_MODEL_LOADED && x->evictions == 0);
-    CHECK(mem_used(srv_models_mem(r)) <= mem_budget(srv_models_mem(r)));
+    CHECK(state_of(r, "b", x) == SRV_MODEL_LOADED && x->evictions == 0 && x->kv_shrinks > 0);
+    check_exact(r);
     srv_models_release(r, &rc);
     /* pin b: loading a must evict c, never b */
     CHECK(srv_models_pin(r, "b", &err) == KV_OK);
@@ -163,8 +186,9 @@ static void test_never_fits_and_corrupt(uint64_t need)
     srv_models_destroy(r);
 }
 
-/* KV grows into memory no model could need, and never so far that a model
- * must be evicted for another. */
+/* KV follows the load: a pool grows into free memory, gives it back (in
+ * whole blocks nobody holds) before another model must be evicted, and
+ * grows again when a model sleeps. */
 static void test_kv_grow(uint64_t need, uint64_t bb)
 {
     kvant_err err = {0};
@@ -175,22 +199,48 @@ static void test_kv_grow(uint64_t need, uint64_t bb)
     srv_model_info *x = malloc(sizeof *x);
     srv_model_ref ref[3] = {{0}};
     const char *names[3] = {"a", "b", "c"};
-    for (int i = 0; i < 3; i++)
+    /* a alone takes all it may use: max_num_seqs (4) requests of the context */
+    CHECKF(srv_models_acquire(r, "a", &ref[0], &err) == KV_OK, "%s", err.msg);
+    CHECK(state_of(r, "a", x) == SRV_MODEL_LOADED && x->kv_grows == 1 &&
+          x->kv_blocks_total == x->kv_blocks_max && x->kv_blocks_max == 4 * 256 / 16);
+    CHECK(x->kv_extra_bytes == (uint64_t)(x->kv_blocks_max - x->kv_blocks_min) * bb);
+    check_exact(r);
+    for (int i = 1; i < 3; i++)
         CHECKF(srv_models_acquire(r, names[i], &ref[i], &err) == KV_OK, "%s", err.msg);
-    /* a took a third of the spare 30 blocks (all three were still to load) */
-    CHECK(state_of(r, "a", x) == SRV_MODEL_LOADED && x->kv_extra_bytes == 10 * bb);
-    CHECK(x->kv_pool_bytes > x->kv_share_bytes && x->resident_bytes <= x->need_bytes + 10 * bb);
+    /* c did not fit next to the grown pools: they shrank, nobody was evicted */
+    uint64_t extra = 0, shrinks = 0;
     for (int i = 0; i < 3; i++) {
         CHECK(state_of(r, names[i], x) == SRV_MODEL_LOADED && x->evictions == 0);
-        CHECK(x->resident_bytes <= x->need_bytes + x->kv_extra_bytes);
+        extra += x->kv_extra_bytes;
+        shrinks += x->kv_shrinks;
         srv_models_release(r, &ref[i]);
     }
-    CHECK(mem_used(srv_models_mem(r)) <= mem_budget(srv_models_mem(r)));
-    /* sleeping gives the grown pool back; a wake grows into what is spare then */
+    CHECK(shrinks >= 1 && extra <= 30 * bb + 3 * bb);
+    check_exact(r);
+    /* sleeping gives b's pool back and the others grow into it */
+    uint64_t before = 0, after = 0;
+    CHECK(state_of(r, "a", x) == SRV_MODEL_LOADED);
+    before += x->kv_pool_bytes;
+    CHECK(state_of(r, "c", x) == SRV_MODEL_LOADED);
+    before += x->kv_pool_bytes;
     CHECK(srv_models_sleep(r, "b", 1, &err) == KV_OK);
     CHECK(state_of(r, "b", x) == SRV_MODEL_SLEEPING && x->kv_extra_bytes == 0 && !x->resident_bytes);
+    CHECK(state_of(r, "a", x) == SRV_MODEL_LOADED);
+    after += x->kv_pool_bytes;
+    CHECK(state_of(r, "c", x) == SRV_MODEL_LOADED);
+    after += x->kv_pool_bytes;
+    CHECKF(after > before, "pools %llu -> %llu bytes", (unsigned long long)before,
+           (unsigned long long)after);
+    check_exact(r);
+    /* the wake takes it back from them; still nobody evicted */
     CHECK(srv_models_wake(r, "b", &err) == KV_OK);
-    CHECK(state_of(r, "b", x) == SRV_MODEL_LOADED && x->kv_extra_bytes > 0);
+    for (int i = 0; i < 3; i++)
+        CHECK(state_of(r, names[i], x) == SRV_MODEL_LOADED && x->evictions == 0);
+    check_exact(r);
+    /* unloading everything gives every byte back */
+    for (int i = 0; i < 3; i++)
+        CHECK(srv_models_unload(r, names[i], &err) == KV_OK);
+    CHECK(mem_used(srv_models_mem(r)) == 0 && mem_live_count(srv_models_mem(r)) == 0);
     free(x);
     srv_models_destroy(r);
 }

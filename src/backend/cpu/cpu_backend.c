@@ -12,6 +12,8 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "backend/cpu/cpu_kv.h"
 #include "backend/cpu/cpu_ops.h"
@@ -26,9 +28,14 @@ typedef struct cpu_backend {
     tpool *pool;
     int n_threads;
     const fwd_batch *batch; /* current batch (borrowed for one forward pass) */
-    kv_layout kv;
-    uint8_t *kv_data;       /* [n_layers][n_blocks][2][block_size] rows of kv_row_bytes */
-    int64_t kv_block_stride, kv_layer_stride, kv_row_bytes; /* in bytes */
+    kv_layout kv;           /* kv.n_blocks: the blocks that exist now */
+    uint8_t *kv_data;       /* [max_blocks][n_layers][2][block_size] rows of kv_row_bytes:
+                             * an address range reserved for max_blocks (PROT_NONE), of
+                             * which the pages of [0, n_blocks) are read/write */
+    size_t kv_map_bytes;    /* the reserved range */
+    int64_t kv_mem_id;      /* the memory manager's reservation of n_blocks blocks */
+    int64_t kv_block_stride, kv_layer_stride, kv_row_bytes; /* in bytes: one block (all
+                             * layers), one layer within a block, one row */
     float *scratch;         /* [n_threads][scratch_per_thread] */
     int64_t scratch_per_thread;
     void *qact;             /* quantized matmul activations (MEM_WORKSPACE), qact_bytes;
@@ -154,9 +161,13 @@ static int cpu_sync(backend *be)
 static void cpu_kv_free(backend *be)
 {
     cpu_backend *cb = cpu(be);
-    mem_free(cb->mem, cb->kv_data);
+    mem_unreserve(cb->mem, cb->kv_mem_id);
+    if (cb->kv_data)
+        munmap(cb->kv_data, cb->kv_map_bytes);
     mem_free(cb->mem, cb->scratch);
     cb->kv_data = NULL;
+    cb->kv_map_bytes = 0;
+    cb->kv_mem_id = 0;
     cb->scratch = NULL;
     memset(&cb->kv, 0, sizeof cb->kv);
 }
@@ -170,24 +181,60 @@ static size_t cpu_qact_bytes(const cpu_backend *cb, int32_t n_tok)
     return dtype_matmul_scratch_bytes(DT_Q4_0, cb->qact_n, n_tok);
 }
 
+/* Bytes of the first n blocks rounded up to whole pages. */
+static size_t kv_pages(const cpu_backend *cb, int32_t n)
+{
+    const long pg = sysconf(_SC_PAGESIZE);
+    const size_t p = pg > 0 ? (size_t)pg : 4096;
+    return ((size_t)n * (size_t)cb->kv_block_stride + p - 1) / p * p;
+}
+
+/* The KV storage is one address range reserved for max_blocks blocks and
+ * committed (read/write) for the first n_blocks, so a block's address is
+ * kv_data + id * block stride whatever the size: growing commits more of
+ * the range, shrinking gives its pages back (madvise) and closes it again.
+ * The memory manager holds one reservation of exactly n_blocks blocks. */
+static int cpu_kv_map(cpu_backend *cb, const kv_layout *lay, kvant_err *err)
+{
+    const int32_t max = lay->max_blocks > lay->n_blocks ? lay->max_blocks : lay->n_blocks;
+    cb->kv_map_bytes = kv_pages(cb, max);
+    void *base = mmap(NULL, cb->kv_map_bytes, PROT_NONE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (base == MAP_FAILED)
+        return kvant_err_set(err, KV_ENOMEM, "kv pool: cannot reserve %zu bytes of address space",
+                             cb->kv_map_bytes);
+    cb->kv_data = base;
+    const uint64_t bytes = (uint64_t)lay->n_blocks * (uint64_t)cb->kv_block_stride;
+    cb->kv_mem_id = mem_reserve_at(cb->mem, base, bytes, MEM_KV, MEM_NO_LAYER, err);
+    if (cb->kv_mem_id <= 0) {
+        cb->kv_mem_id = 0;
+        return KV_ENOMEM;
+    }
+    if (mprotect(base, kv_pages(cb, lay->n_blocks), PROT_READ | PROT_WRITE))
+        return kvant_err_set(err, KV_ENOMEM, "kv pool: cannot commit %llu bytes",
+                             (unsigned long long)bytes);
+    return KV_OK;
+}
+
 static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
 {
     cpu_backend *cb = cpu(be);
     int rc = cpu_kv_check(lay->dtype, lay->head_dim, err);
     if (rc)
         return rc;
-    if (lay->n_blocks < 1 || lay->block_size < 1)
+    if (lay->n_blocks < 1 || lay->block_size < 1 || lay->n_layers < 1)
         return kvant_err_set(err, KV_EINVAL, "kv pool: %d blocks of %d tokens", lay->n_blocks,
                              lay->block_size);
     cpu_kv_free(be);
     int64_t kv_dim = (int64_t)lay->n_kv_heads * lay->head_dim;
     int64_t row_bytes = (int64_t)dtype_row_size(lay->dtype, kv_dim);
-    int64_t block_stride = 2 * (int64_t)lay->block_size * row_bytes;
-    int64_t layer_stride = block_stride * lay->n_blocks;
-    uint64_t bytes = (uint64_t)layer_stride * lay->n_layers;
-    cb->kv_data = mem_alloc(cb->mem, bytes, MEM_KV, MEM_NO_LAYER, err);
-    if (!cb->kv_data)
-        return KV_ENOMEM;
+    cb->kv_row_bytes = row_bytes;
+    cb->kv_layer_stride = 2 * (int64_t)lay->block_size * row_bytes;
+    cb->kv_block_stride = cb->kv_layer_stride * lay->n_layers;
+    if ((rc = cpu_kv_map(cb, lay, err))) {
+        cpu_kv_free(be);
+        return rc;
+    }
     /* the quantized matmul activations of the largest step, up front: a
      * full KV pool leaves nothing to grow them later */
     const size_t qb = cpu_qact_bytes(cb, lay->max_tokens);
@@ -204,9 +251,38 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
         return KV_ENOMEM;
     }
     cb->kv = *lay;
-    cb->kv_block_stride = block_stride;
-    cb->kv_layer_stride = layer_stride;
-    cb->kv_row_bytes = row_bytes;
+    cb->kv.max_blocks = lay->max_blocks > lay->n_blocks ? lay->max_blocks : lay->n_blocks;
+    return KV_OK;
+}
+
+static int cpu_kv_resize(backend *be, int32_t n_blocks, kvant_err *err)
+{
+    cpu_backend *cb = cpu(be);
+    const int32_t old = cb->kv.n_blocks;
+    if (!cb->kv_data || n_blocks < 1 || n_blocks > cb->kv.max_blocks)
+        return kvant_err_set(err, KV_EINVAL, "kv pool: cannot resize to %d blocks (1 to %d)",
+                             n_blocks, cb->kv.max_blocks);
+    const uint64_t bytes = (uint64_t)n_blocks * (uint64_t)cb->kv_block_stride;
+    if (n_blocks > old) {
+        int rc = mem_reserve_resize(cb->mem, cb->kv_mem_id, bytes, err);
+        if (rc)
+            return rc;
+        if (mprotect(cb->kv_data, kv_pages(cb, n_blocks), PROT_READ | PROT_WRITE)) {
+            mem_reserve_resize(cb->mem, cb->kv_mem_id,
+                               (uint64_t)old * (uint64_t)cb->kv_block_stride, NULL);
+            return kvant_err_set(err, KV_ENOMEM, "kv pool: cannot commit %llu bytes",
+                                 (unsigned long long)bytes);
+        }
+    } else if (n_blocks < old) {
+        /* whole pages past the last kept block go back to the system */
+        const size_t lo = kv_pages(cb, n_blocks), hi = kv_pages(cb, old);
+        if (hi > lo) {
+            madvise(cb->kv_data + lo, hi - lo, MADV_DONTNEED);
+            mprotect(cb->kv_data + lo, hi - lo, PROT_NONE);
+        }
+        mem_reserve_resize(cb->mem, cb->kv_mem_id, bytes, NULL); /* smaller: cannot fail */
+    }
+    cb->kv.n_blocks = n_blocks;
     return KV_OK;
 }
 
@@ -219,14 +295,13 @@ static uint64_t cpu_kv_extra_bytes(backend *be, const kv_layout *lay)
                sizeof(float) + 64;
 }
 
+/* Block-major storage: a block's K and V of every layer are one span of
+ * kv_block_stride bytes, laid out as the tier record ([n_layers][2][bs][row]). */
 static void cpu_kv_copy_block(backend *be, int32_t dst, int32_t src)
 {
     cpu_backend *cb = cpu(be);
-    for (int32_t il = 0; il < cb->kv.n_layers; il++) {
-        uint8_t *base = cb->kv_data + il * cb->kv_layer_stride;
-        memcpy(base + dst * cb->kv_block_stride, base + src * cb->kv_block_stride,
-               (size_t)cb->kv_block_stride);
-    }
+    memcpy(cb->kv_data + dst * cb->kv_block_stride, cb->kv_data + src * cb->kv_block_stride,
+           (size_t)cb->kv_block_stride);
 }
 
 static int cpu_kv_export_block(backend *be, int32_t block, void *dst)
@@ -234,10 +309,7 @@ static int cpu_kv_export_block(backend *be, int32_t block, void *dst)
     cpu_backend *cb = cpu(be);
     if (block < 0 || block >= cb->kv.n_blocks)
         return -1;
-    for (int32_t il = 0; il < cb->kv.n_layers; il++)
-        memcpy((uint8_t *)dst + il * cb->kv_block_stride,
-               cb->kv_data + il * cb->kv_layer_stride + block * cb->kv_block_stride,
-               (size_t)cb->kv_block_stride);
+    memcpy(dst, cb->kv_data + block * cb->kv_block_stride, (size_t)cb->kv_block_stride);
     return 0;
 }
 
@@ -246,9 +318,7 @@ static int cpu_kv_import_block(backend *be, int32_t block, const void *src)
     cpu_backend *cb = cpu(be);
     if (block < 0 || block >= cb->kv.n_blocks)
         return -1;
-    for (int32_t il = 0; il < cb->kv.n_layers; il++)
-        memcpy(cb->kv_data + il * cb->kv_layer_stride + block * cb->kv_block_stride,
-               (const uint8_t *)src + il * cb->kv_block_stride, (size_t)cb->kv_block_stride);
+    memcpy(cb->kv_data + block * cb->kv_block_stride, src, (size_t)cb->kv_block_stride);
     return 0;
 }
 
@@ -510,10 +580,12 @@ static void cpu_rope(backend *be, float *d_x, int32_t n_heads, int32_t head_dim,
     cpu_run(cpu(be), rope_worker, &j, (long)j.n * n_heads * head_dim);
 }
 
-/* Address of the K row (or V row when v) of a token slot in layer il. */
+/* Address of the K row (or V row when v) of a token slot in layer il.
+ * The attention kernels take kv_row(il, 0, 0, v) as their base and
+ * kv_block_stride as the distance between blocks. */
 static uint8_t *kv_row(cpu_backend *cb, int32_t il, int32_t block, int32_t off, int v)
 {
-    return cb->kv_data + il * cb->kv_layer_stride + block * cb->kv_block_stride +
+    return cb->kv_data + block * cb->kv_block_stride + il * cb->kv_layer_stride +
            ((int64_t)v * cb->kv.block_size + off) * cb->kv_row_bytes;
 }
 
@@ -667,6 +739,7 @@ static const backend_ops cpu_ops = {
     .kv_export_block = cpu_kv_export_block,
     .kv_import_block = cpu_kv_import_block,
     .kv_extra_bytes = cpu_kv_extra_bytes,
+    .kv_resize = cpu_kv_resize,
     .begin_batch = cpu_begin_batch,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
