@@ -107,6 +107,40 @@ def test_prune_ffn_width_synthetic(run_kvant, synthetic_dir, kvant_logits, tmp_p
     _check_logits(kvant_logits, out, 12)
 
 
+def test_prune_refit_synthetic(run_kvant, synthetic_dir, kvant_logits, tmp_path):
+    """--refit: same channels as without it, the kept ffn_down columns and the bias refit by
+    least squares (they differ from a copy), shrink 1 gives back the mean-bias compensation,
+    and the file matches the numpy reference."""
+    src = ms.make_model(synthetic_dir, "llama-F32")
+    base = _prune(run_kvant, src, tmp_path / "b.gguf", "--ffn-keep", "0.5")
+    fit = _prune(run_kvant, src, tmp_path / "r.gguf", "--ffn-keep", "0.5", "--refit")
+    flap = _prune(run_kvant, src, tmp_path / "s.gguf", "--ffn-keep", "0.5", "--refit",
+                  "--refit-shrink", "1")
+    assert base["ffn_widths"] == fit["ffn_widths"] == flap["ffn_widths"]
+    assert fit["refit"] is True and base["refit"] is False and fit["requantized_tensors"] == 2
+    _, tb = _fields(tmp_path / "b.gguf")
+    _, tr = _fields(tmp_path / "r.gguf")
+    _, ts = _fields(tmp_path / "s.gguf")
+    for L in range(2):
+        w = base["ffn_widths"][L]
+        g = [np.asarray(t[f"blk.{L}.ffn_gate.weight"].data) for t in (tb, tr)]
+        assert np.array_equal(g[0], g[1]), "refit changed the kept gate rows"
+        db, dr, ds = (np.asarray(t[f"blk.{L}.ffn_down.weight"].data).reshape(ms.N_EMBD, w)
+                      for t in (tb, tr, ts))
+        bb, br, bs = (np.asarray(t[f"blk.{L}.ffn_down.bias"].data) for t in (tb, tr, ts))
+        scale = np.abs(db).max()
+        assert np.abs(dr - db).max() > 1e-3 * scale, "refit left ffn_down unchanged"
+        assert np.abs(ds - db).max() < 1e-4 * scale, "shrink 1 is not the mean compensation"
+        assert np.abs(bs - bb).max() < 1e-4 * np.abs(bb).max()
+        assert np.isfinite(br).all() and not np.allclose(br, bb)
+    _check_logits(kvant_logits, tmp_path / "r.gguf", 15)
+    h = tmp_path / "h.gguf"
+    j = _prune(run_kvant, ms.make_model(synthetic_dir, "qwen2-F32"), h, "--heads-keep", "0.5",
+               "--refit")
+    assert j["n_head_kv_out"] == 1 and j["requantized_tensors"] == 2
+    _check_logits(kvant_logits, h, 16)
+
+
 def test_prune_ffn_uniform_and_target(run_kvant, synthetic_dir, tmp_path):
     src = ms.make_model(synthetic_dir, "llama-F32")
     j = _prune(run_kvant, src, tmp_path / "u.gguf", "--ffn-keep", "0.25", "--ffn-uniform",
@@ -172,6 +206,8 @@ def test_prune_refused(run_kvant, synthetic_dir, tmp_path):
         (["--calib", CALIB, "--target-params", "0.01", "--method", "width"], "cannot be reached"),
         (["--calib", CALIB, "--heads-keep", "0.1"], "removes all"),
         (["--drop-layers", "1"], "--calib FILE is required"),
+        (["--calib", CALIB, "--ffn-keep", "0.5", "--refit", "--no-bias"], "--no-bias"),
+        (["--calib", CALIB, "--ffn-keep", "0.5", "--refit-shrink", "2"], "--refit-shrink"),
     ]
     for args, msg in cases:
         r = run_kvant(["prune", src, out, *args])
