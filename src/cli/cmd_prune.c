@@ -34,9 +34,6 @@ static void prune_help(void)
         {"--method", "M", "what --target-params removes: depth, width or both", "depth"},
         {"--drop-layers", "N", "remove the N layers of lowest Block Influence", "0"},
         {"--ffn-keep", "F", "keep fraction F of the FFN channels", "unset"},
-        {"--ffn-alloc", "A", "how the global FFN ranking compares layers: z (scores "
-                             "standardized per layer) or residual (scores over the residual "
-                             "norm)", "z"},
         {"--ffn-uniform", NULL, "the same FFN width in every layer", "off: global ranking"},
         {"--heads-keep", "F", "keep round(F * n_head_kv) KV-head groups per layer", "unset"},
         {"--no-bias", NULL, "no bias compensation (removed channels and heads are otherwise "
@@ -81,7 +78,7 @@ static int parse_opt(pr_opts *o, int argc, char **argv, int *i)
     }
     if (strcmp(a, "--calib") && strcmp(a, "--target-params") && strcmp(a, "--ffn-keep") &&
         strcmp(a, "--heads-keep") && strcmp(a, "--drop-layers") && strcmp(a, "--method") &&
-        strcmp(a, "--refit-damp") && strcmp(a, "--refit-shrink") && strcmp(a, "--ffn-alloc"))
+        strcmp(a, "--refit-damp") && strcmp(a, "--refit-shrink"))
         return cli_err_unknown("prune", a);
     if (!(v = cli_value(argc, argv, i)))
         return CLI_EXIT_USAGE;
@@ -95,10 +92,6 @@ static int parse_opt(pr_opts *o, int argc, char **argv, int *i)
         return parse_fraction(a, v, &o->rq.heads_keep);
     } else if (!strcmp(a, "--refit-damp")) {
         return cli_parse_float(a, v, 0, 1e6, &o->rq.refit_damp) ? 2 : 0;
-    } else if (!strcmp(a, "--ffn-alloc")) {
-        if (strcmp(v, "z") && strcmp(v, "residual"))
-            return cli_err_usage("prune", "--ffn-alloc %s: expected z or residual", v);
-        o->rq.ffn_alloc = v[0] == 'z' ? PRUNE_ALLOC_Z : PRUNE_ALLOC_RESIDUAL;
     } else if (!strcmp(a, "--refit-shrink")) {
         return cli_parse_float(a, v, 0, 1, &o->rq.refit_shrink) ? 2 : 0;
     } else if (!strcmp(a, "--drop-layers")) {

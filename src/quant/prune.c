@@ -25,9 +25,6 @@ struct prune_stats {
     int prev_layer;       /* layer whose input is in prev, -1 none */
     double *cos_sum;      /* [n_layers] sum over tokens of cos(in, out) */
     int64_t *cos_n;       /* [n_layers] tokens */
-    double *res_sq;       /* [n_layers + 1] sum over tokens of |x|^2 at layer il's input
-                           * (n_layers: the last layer's output) */
-    int64_t *res_n;       /* [n_layers + 1] tokens */
     int oom;              /* prev could not grow: BI incomplete */
 };
 
@@ -63,10 +60,6 @@ static void on_norm(void *ctx, const model_tensor *w, const float *d_x, int32_t 
             il = l;
     if (il < 0)
         return; /* ffn_norm */
-    for (int32_t t = 0; t < n; t++)
-        for (int64_t i = 0; i < d; i++)
-            s->res_sq[il] += (double)d_x[t * d + i] * d_x[t * d + i];
-    s->res_n[il] += n;
     if (il > 0 && s->prev_layer == il - 1 && s->prev_n == n) {
         for (int32_t t = 0; t < n; t++)
             s->cos_sum[il - 1] += cos_row(s->prev + t * d, d_x + t * d, d);
@@ -101,9 +94,7 @@ prune_stats *prune_stats_create(model *m, kvant_err *err)
     s->prev_layer = -1;
     s->cos_sum = calloc((size_t)m->hp.n_layers, sizeof *s->cos_sum);
     s->cos_n = calloc((size_t)m->hp.n_layers, sizeof *s->cos_n);
-    s->res_sq = calloc((size_t)m->hp.n_layers + 1, sizeof *s->res_sq);
-    s->res_n = calloc((size_t)m->hp.n_layers + 1, sizeof *s->res_n);
-    if (!s->cos_sum || !s->cos_n || !s->res_sq || !s->res_n) {
+    if (!s->cos_sum || !s->cos_n) {
         prune_stats_destroy(s);
         kvant_err_set(err, KV_ENOMEM, "out of memory");
         return NULL;
@@ -124,8 +115,6 @@ void prune_stats_destroy(prune_stats *s)
     free(s->prev);
     free(s->cos_sum);
     free(s->cos_n);
-    free(s->res_sq);
-    free(s->res_n);
     free(s);
 }
 
@@ -347,17 +336,10 @@ static int plan_width(model *m, prune_stats *st, const prune_request *rq, double
             continue;
         if ((rc = ffn_scores(m, st, l, p->bias_comp, sc, err)))
             goto done;
-        int32_t nff = m->layers[l].n_ff;
-        if (rq->ffn_alloc == PRUNE_ALLOC_RESIDUAL) {
-            /* relative to the residual stream the FFN adds to (the next
-             * layer's input): comparable across layers */
-            double rn = st->res_n[l + 1] ? sqrt(st->res_sq[l + 1] / (double)st->res_n[l + 1]) : 1;
-            for (int32_t j = 0; j < nff; j++)
-                all[k++] = (ranked){sc[j] / (rn > 0 ? rn : 1), j};
-            continue;
-        }
         /* standardized within the layer (FLAP): raw scores of different
-         * layers are not comparable (residual norms grow with depth) */
+         * layers are not comparable (residual norms grow with depth; scores
+         * over the residual norm instead cut the middle layers to 5%) */
+        int32_t nff = m->layers[l].n_ff;
         double mu = 0, var = 0;
         for (int32_t j = 0; j < nff; j++)
             mu += sc[j] / nff;

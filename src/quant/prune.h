@@ -66,11 +66,6 @@ typedef enum prune_method {
 #define PRUNE_MIN_CALIB_TOKENS 256 /* fewer calibration tokens are refused */
 #define PRUNE_MIN_FFN_KEEP 0.05    /* no layer keeps fewer FFN channels than this */
 
-typedef enum prune_alloc {
-    PRUNE_ALLOC_Z = 0,        /* scores standardized within each layer (FLAP) */
-    PRUNE_ALLOC_RESIDUAL = 1, /* scores relative to the residual-stream norm */
-} prune_alloc;
-
 typedef struct prune_request {
     double target_params; /* fraction of all parameters kept, (0, 1); 0 = unset */
     int drop_layers;      /* layers to remove; 0 = unset */
@@ -79,7 +74,6 @@ typedef struct prune_request {
     prune_method method;  /* what target_params removes */
     int ffn_uniform;      /* the same fraction in every layer instead of a global ranking */
     int ffn_align;        /* FFN widths are multiples of this */
-    prune_alloc ffn_alloc; /* how the global ranking compares layers */
     int no_bias;          /* no bias compensation; score by second moment */
     int refit;            /* least-squares refit of the pruned ffn_down / attn_output
                            * (prune_refit.h); needs prune_stats_track_refit */
