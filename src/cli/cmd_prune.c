@@ -1,6 +1,7 @@
 /* cmd_prune.c - `kvant prune IN.gguf OUT.gguf --calib FILE
  * [--target-params F | --drop-layers N | --ffn-keep F] [--heads-keep F]
- * [--method depth|width|both] [--ffn-uniform] [--no-bias] [--refit] [-t N] [--json]`.
+ * [--method depth|width|both] [--ffn-uniform] [--no-bias] [--refit] [--depth-bias]
+ * [-t N] [--json]`.
  *
  * Runs the calibration text through IN (chunks of 512 tokens, logits for
  * every token so the last layer's output is seen), chooses what to remove
@@ -41,6 +42,8 @@ static void prune_help(void)
         {"--refit", NULL, "refit the kept ffn_down / attn_output columns and the bias by least "
                           "squares on the calibration activations (memory: n_ff^2 doubles per "
                           "layer while calibrating)", "off"},
+        {"--depth-bias", NULL, "a removed layer's mean change of the residual stream becomes "
+                               "a bias of the kept layer before it", "off"},
         {"--refit-damp", "D", "ridge of the refit towards the original weights, relative to the "
                               "mean activation energy", "0.3"},
         {"--refit-shrink", "S", "shrink the measured channel correlations towards none, 0..1 "
@@ -68,8 +71,8 @@ static int parse_opt(pr_opts *o, int argc, char **argv, int *i)
 {
     const char *a = argv[*i], *v;
     long n;
-    if (!strcmp(a, "--refit")) {
-        o->rq.refit = 1;
+    if (!strcmp(a, "--refit") || !strcmp(a, "--depth-bias")) {
+        *(a[2] == 'r' ? &o->rq.refit : &o->rq.depth_bias) = 1;
         return 0;
     }
     if (!strcmp(a, "--ffn-uniform") || !strcmp(a, "--no-bias")) {
@@ -199,14 +202,15 @@ static void print_json(const pr_opts *o, const model *m, const prune_plan *p,
     printf("], \"n_head_kv_in\": %d, \"n_head_kv_out\": %d, \"params_in\": %llu, "
            "\"params_out\": %llu, \"params_kept\": %.4f, \"weight_bytes_in\": %llu, "
            "\"weight_bytes_out\": %llu, \"weight_bytes_kept\": %.4f, \"requantized_tensors\": %d, "
-           "\"bias_compensation\": %s, \"refit\": %s, "
+           "\"bias_compensation\": %s, \"refit\": %s, \"depth_bias\": %s, "
            "\"kv_dtype\": \"%s\", \"kv_bytes_per_token_in\": %llu, \"kv_bytes_per_token_out\": "
            "%llu, \"kv_tokens_per_gib_in\": %llu, \"kv_tokens_per_gib_out\": %llu}\n",
            p->n_head_kv, p->kv_keep, (unsigned long long)p->params_in,
            (unsigned long long)r->params_out, (double)r->params_out / (double)p->params_in,
            (unsigned long long)r->bytes_in, (unsigned long long)r->bytes_out,
            (double)r->bytes_out / (double)r->bytes_in, r->requantized,
-           p->bias_comp ? "true" : "false", p->refit ? "true" : "false", dtype_get(o->c.kv_dtype)->name, (unsigned long long)kv0, (unsigned long long)kv1,
+           p->bias_comp ? "true" : "false", p->refit ? "true" : "false",
+           p->depth_bias ? "true" : "false", dtype_get(o->c.kv_dtype)->name, (unsigned long long)kv0, (unsigned long long)kv1,
            (unsigned long long)((1ull << 30) / kv0), (unsigned long long)((1ull << 30) / kv1));
 }
 

@@ -79,6 +79,8 @@ typedef struct prune_request {
                            * (prune_refit.h); needs prune_stats_track_refit */
     double refit_damp;    /* its ridge, relative to the mean diagonal */
     double refit_shrink;  /* its covariance shrinkage towards the diagonal, [0, 1] */
+    int depth_bias;       /* a removed layer's mean output change becomes a bias of the
+                           * kept layer before it */
 } prune_request;
 
 /* All unset, method PRUNE_DEPTH, global ranking, align 32, bias
@@ -105,6 +107,10 @@ int64_t prune_stats_tokens(const prune_stats *s);
  * (quant_calib_imp / quant_calib_mean). */
 const float *prune_stats_imp(prune_stats *s, const char *name, int64_t ne0);
 const float *prune_stats_mean(prune_stats *s, const char *name, int64_t ne0);
+/* out [n_embd] = mean over tokens of layer il's output minus its input
+ * (what the layer adds to the residual stream on average); -1 when
+ * unknown. */
+int prune_stats_layer_mean(const prune_stats *s, int il, float *out);
 /* sum x x^T [ne0][ne0] and its row count (quant_calib_gram), or NULL. */
 const double *prune_stats_gram(prune_stats *s, const char *name, int64_t ne0, int64_t *rows);
 
@@ -125,6 +131,8 @@ typedef struct prune_plan {
     int bias_comp;      /* removed channels / heads replaced by their mean (biases) */
     int refit;          /* kept columns refit by least squares (implies the biases) */
     double refit_damp, refit_shrink;
+    int depth_bias;     /* removed layers' mean residual change in the ffn_down.bias of
+                         * the kept layer before them */
 } prune_plan;
 
 /* Validates rq against m (KV_EINVAL naming the option: nothing to prune,

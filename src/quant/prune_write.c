@@ -209,7 +209,7 @@ static void *quantize_cols(const float *w, int64_t nrows, int64_t n, uint32_t in
  * out[r] = sum over removed j of W[r][j] * mean(x_j).  Returns a malloc'd
  * [n_embd] or NULL (nothing removed, no statistics, or out of memory:
  * *rc says which). */
-static float *compensation(pw_ctx *c, int il, int down, int *rc, kvant_err *err)
+static float *width_compensation(pw_ctx *c, int il, int down, int *rc, kvant_err *err)
 {
     const model_layer *L = &c->m->layers[il];
     const model_tensor *w = down ? &L->w_down : &L->wo;
@@ -263,6 +263,32 @@ static float *compensation(pw_ctx *c, int il, int down, int *rc, kvant_err *err)
     if (own)
         free(keep);
     return out;
+}
+
+/* width_compensation plus, for ffn_down with depth_bias, the mean residual
+ * change of the removed layers that follow il (they are replaced by it). */
+static float *compensation(pw_ctx *c, int il, int down, int *rc, kvant_err *err)
+{
+    float *comp = width_compensation(c, il, down, rc, err);
+    const prune_plan *p = c->p;
+    int64_t d = c->m->hp.n_embd;
+    if (*rc || !down || !p->depth_bias || il + 1 >= p->n_layers || p->keep[il + 1])
+        return comp;
+    float *delta = malloc((size_t)d * sizeof *delta);
+    if (!comp)
+        comp = calloc((size_t)d, sizeof *comp);
+    if (!comp || !delta) {
+        free(comp);
+        free(delta);
+        *rc = kvant_err_set(err, KV_ENOMEM, "out of memory");
+        return NULL;
+    }
+    for (int l = il + 1; l < p->n_layers && !p->keep[l]; l++)
+        if (!prune_stats_layer_mean(c->st, l, delta))
+            for (int64_t i = 0; i < d; i++)
+                comp[i] += delta[i];
+    free(delta);
+    return comp;
 }
 
 /* Adds comp to an existing bias tensor of the input (ffn_down.bias /

@@ -78,6 +78,17 @@ def test_prune_depth_synthetic(run_kvant, synthetic_dir, kvant_logits, tmp_path)
             assert a == b, n
     assert j["kv_bytes_per_token_out"] * 2 == j["kv_bytes_per_token_in"]
     _check_logits(kvant_logits, out, 11)
+    # --depth-bias: the removed layer's mean residual change becomes a bias of the kept layer
+    # before it (none when the first layer goes); the reference applies it
+    out2 = tmp_path / "db.gguf"
+    j2 = _prune(run_kvant, src, out2, "--drop-layers", "1", "--depth-bias")
+    assert j2["removed_layers"] == [gone] and j2["depth_bias"] is True
+    _, t2 = _fields(out2)
+    assert ("blk.0.ffn_down.bias" in t2) == (gone == 1)
+    if gone == 1:
+        b = np.asarray(t2["blk.0.ffn_down.bias"].data)
+        assert np.isfinite(b).all() and np.abs(b).max() > 0
+    _check_logits(kvant_logits, out2, 17)
 
 
 def test_prune_ffn_width_synthetic(run_kvant, synthetic_dir, kvant_logits, tmp_path):
@@ -208,6 +219,7 @@ def test_prune_refused(run_kvant, synthetic_dir, tmp_path):
         (["--drop-layers", "1"], "--calib FILE is required"),
         (["--calib", CALIB, "--ffn-keep", "0.5", "--refit", "--no-bias"], "--no-bias"),
         (["--calib", CALIB, "--ffn-keep", "0.5", "--refit-shrink", "2"], "--refit-shrink"),
+        (["--calib", CALIB, "--drop-layers", "1", "--depth-bias", "--no-bias"], "--no-bias"),
     ]
     for args, msg in cases:
         r = run_kvant(["prune", src, out, *args])

@@ -132,6 +132,47 @@ static void check_gram(model *m, prune_stats *st)
 
 static void check_pruned(const char *out, int32_t kept_ff);
 
+/* --depth-bias: dropping layer 1 of 2 (the lower Block Influence on this
+ * model) leaves layer 0 with an ffn_down.bias equal to layer 1's mean
+ * residual change; without it the file has no bias. */
+static void check_depth_bias(model *m, prune_stats *st, const char *out)
+{
+    prune_request rq = prune_request_default();
+    rq.drop_layers = 1;
+    rq.depth_bias = 1;
+    prune_plan p;
+    prune_result res;
+    kvant_err err = {0};
+    int64_t d = m->hp.n_embd;
+    float *want = malloc((size_t)d * sizeof *want);
+    int rc = prune_plan_make(m, st, &rq, &p, &err);
+    CHECKF(rc == KV_OK && want, "plan: %s", err.msg);
+    if (rc || !want)
+        goto done;
+    CHECKF(p.keep[0] && !p.keep[1], "this model drops layer %d", p.keep[0] ? 1 : 0);
+    rc = prune_write(m, &p, st, out, &res, &err);
+    prune_plan_free(&p);
+    CHECKF(rc == KV_OK, "write: %s", err.msg);
+    CHECK(prune_stats_layer_mean(st, 1, want) == 0 && prune_stats_layer_mean(st, 2, want) != 0);
+    prune_stats_layer_mean(st, 1, want);
+    model *m2 = rc ? NULL : model_load(out, &err);
+    CHECKF(m2 && m2->layers[0].b_down.data, "reload: %s", err.msg);
+    if (m2 && m2->layers[0].b_down.data) {
+        const float *b = m2->layers[0].b_down.data;
+        double worst = 0, norm = 0;
+        for (int64_t i = 0; i < d; i++) {
+            worst = fmax(worst, fabs(b[i] - want[i]));
+            norm = fmax(norm, fabs(want[i]));
+        }
+        CHECKF(norm > 0 && worst <= 1e-6 * norm, "bias vs mean change: %g of %g", worst, norm);
+    }
+    model_free(m2);
+    rq.no_bias = 1;
+    CHECK(prune_plan_make(m, st, &rq, &p, &err) == KV_EINVAL && strstr(err.msg, "--no-bias"));
+done:
+    free(want);
+}
+
 static void test_prune(const char *src, const char *out)
 {
     rig r;
@@ -178,6 +219,7 @@ static void test_prune(const char *src, const char *out)
     int32_t kept_ff = p.ffn_n[1 - gone];
     prune_plan_free(&p);
     check_pruned(out, kept_ff);
+    check_depth_bias(r.m, st, out);
     /* the same plan with the least-squares refit */
     rq.refit = 1;
     rq.no_bias = 1;
