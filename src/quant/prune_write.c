@@ -162,7 +162,8 @@ static int refit_get(pw_ctx *c, int il, int down, const float **w, const float *
     c->refit_w[slot] = malloc((size_t)(k * ne1) * sizeof(float));
     c->refit_b[slot] = malloc((size_t)ne1 * sizeof(float));
     if (!gram || !mu) {
-        rc = kvant_err_set(err, KV_EINVAL, "no refit statistics for %s", name);
+        rc = kvant_err_set(err, KV_EINVAL, "no refit statistics for %s (not recorded, or "
+                                           "out of memory while calibrating)", name);
     } else if (!full || !c->refit_w[slot] || !c->refit_b[slot]) {
         rc = kvant_err_set(err, KV_ENOMEM, "out of memory refitting %s", name);
     } else {
