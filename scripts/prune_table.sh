@@ -32,8 +32,14 @@ declare -A CFG=(
   [both-t80]="--target-params 0.8 --method both"
   [both-t70]="--target-params 0.7 --method both"
   [heads-2of3]="--heads-keep 0.67"
+  [width-t90-refit]="--target-params 0.9 --method width --refit"
+  [width-t80-refit]="--target-params 0.8 --method width --refit"
+  [width-t76-refit]="--target-params 0.76 --method width --refit"
+  [width-t70-refit]="--target-params 0.7 --method width --refit"
+  [both-t80-refit]="--target-params 0.8 --method both --refit"
+  [heads-2of3-refit]="--heads-keep 0.67 --refit"
 )
-CONFIGS=${CONFIGS:-"depth-10 depth-t90 depth-t80 depth-t70 width-t90 width-t80 width-t70 width-t80-uniform both-t90 both-t80 both-t70 heads-2of3"}
+CONFIGS=${CONFIGS:-"depth-10 depth-t90 depth-t80 depth-t70 width-t90 width-t80 width-t70 width-t80-uniform both-t90 both-t80 both-t70 heads-2of3 width-t90-refit width-t80-refit width-t76-refit width-t70-refit both-t80-refit heads-2of3-refit"}
 
 measure() { # name file prune_json args
   local kl tg

@@ -1,6 +1,7 @@
 /* cmd_prune.c - `kvant prune IN.gguf OUT.gguf --calib FILE
  * [--target-params F | --drop-layers N | --ffn-keep F] [--heads-keep F]
- * [--method depth|width|both] [--ffn-uniform] [--no-bias] [-t N] [--json]`.
+ * [--method depth|width|both] [--ffn-uniform] [--no-bias] [--refit] [--depth-bias]
+ * [-t N] [--json]`.
  *
  * Runs the calibration text through IN (chunks of 512 tokens, logits for
  * every token so the last layer's output is seen), chooses what to remove
@@ -38,6 +39,15 @@ static void prune_help(void)
         {"--heads-keep", "F", "keep round(F * n_head_kv) KV-head groups per layer", "unset"},
         {"--no-bias", NULL, "no bias compensation (removed channels and heads are otherwise "
                             "replaced by their calibration mean in a bias)", "off"},
+        {"--refit", NULL, "refit the kept ffn_down / attn_output columns and the bias by least "
+                          "squares on the calibration activations (memory: n_ff^2 doubles per "
+                          "layer while calibrating)", "off"},
+        {"--depth-bias", NULL, "a removed layer's mean change of the residual stream becomes "
+                               "a bias of the kept layer before it", "off"},
+        {"--refit-damp", "D", "ridge of the refit towards the original weights, relative to the "
+                              "mean activation energy", "0.3"},
+        {"--refit-shrink", "S", "shrink the measured channel correlations towards none, 0..1 "
+                                "(1: the refit is the mean bias alone)", "0"},
     };
     cli_help("kvant prune IN.gguf OUT.gguf --calib FILE [options]",
              "Writes a structurally pruned copy of IN.gguf (OUT is written atomically).", t,
@@ -61,12 +71,17 @@ static int parse_opt(pr_opts *o, int argc, char **argv, int *i)
 {
     const char *a = argv[*i], *v;
     long n;
+    if (!strcmp(a, "--refit") || !strcmp(a, "--depth-bias")) {
+        *(a[2] == 'r' ? &o->rq.refit : &o->rq.depth_bias) = 1;
+        return 0;
+    }
     if (!strcmp(a, "--ffn-uniform") || !strcmp(a, "--no-bias")) {
         *(a[2] == 'f' ? &o->rq.ffn_uniform : &o->rq.no_bias) = 1;
         return 0;
     }
     if (strcmp(a, "--calib") && strcmp(a, "--target-params") && strcmp(a, "--ffn-keep") &&
-        strcmp(a, "--heads-keep") && strcmp(a, "--drop-layers") && strcmp(a, "--method"))
+        strcmp(a, "--heads-keep") && strcmp(a, "--drop-layers") && strcmp(a, "--method") &&
+        strcmp(a, "--refit-damp") && strcmp(a, "--refit-shrink"))
         return cli_err_unknown("prune", a);
     if (!(v = cli_value(argc, argv, i)))
         return CLI_EXIT_USAGE;
@@ -78,6 +93,10 @@ static int parse_opt(pr_opts *o, int argc, char **argv, int *i)
         return parse_fraction(a, v, &o->rq.ffn_keep);
     } else if (!strcmp(a, "--heads-keep")) {
         return parse_fraction(a, v, &o->rq.heads_keep);
+    } else if (!strcmp(a, "--refit-damp")) {
+        return cli_parse_float(a, v, 0, 1e6, &o->rq.refit_damp) ? 2 : 0;
+    } else if (!strcmp(a, "--refit-shrink")) {
+        return cli_parse_float(a, v, 0, 1, &o->rq.refit_shrink) ? 2 : 0;
     } else if (!strcmp(a, "--drop-layers")) {
         if (cli_parse_int(a, v, 1, MODEL_MAX_LAYERS, &n))
             return 2;
@@ -183,14 +202,15 @@ static void print_json(const pr_opts *o, const model *m, const prune_plan *p,
     printf("], \"n_head_kv_in\": %d, \"n_head_kv_out\": %d, \"params_in\": %llu, "
            "\"params_out\": %llu, \"params_kept\": %.4f, \"weight_bytes_in\": %llu, "
            "\"weight_bytes_out\": %llu, \"weight_bytes_kept\": %.4f, \"requantized_tensors\": %d, "
-           "\"bias_compensation\": %s, "
+           "\"bias_compensation\": %s, \"refit\": %s, \"depth_bias\": %s, "
            "\"kv_dtype\": \"%s\", \"kv_bytes_per_token_in\": %llu, \"kv_bytes_per_token_out\": "
            "%llu, \"kv_tokens_per_gib_in\": %llu, \"kv_tokens_per_gib_out\": %llu}\n",
            p->n_head_kv, p->kv_keep, (unsigned long long)p->params_in,
            (unsigned long long)r->params_out, (double)r->params_out / (double)p->params_in,
            (unsigned long long)r->bytes_in, (unsigned long long)r->bytes_out,
            (double)r->bytes_out / (double)r->bytes_in, r->requantized,
-           p->bias_comp ? "true" : "false", dtype_get(o->c.kv_dtype)->name, (unsigned long long)kv0, (unsigned long long)kv1,
+           p->bias_comp ? "true" : "false", p->refit ? "true" : "false",
+           p->depth_bias ? "true" : "false", dtype_get(o->c.kv_dtype)->name, (unsigned long long)kv0, (unsigned long long)kv1,
            (unsigned long long)((1ull << 30) / kv0), (unsigned long long)((1ull << 30) / kv1));
 }
 
@@ -231,7 +251,8 @@ int cmd_prune(int argc, char **argv)
     o.c.model_path = o.in;
     rc = 1;
     if (cli_session_open(&s, &o.c, PR_CALIB_CTX, PR_CALIB_CTX, PR_CALIB_CTX, &err) ||
-        !(st = prune_stats_create(s.m, &err)) || run_calib(&o, &s, st, &err) ||
+        !(st = prune_stats_create(s.m, &err)) ||
+        (o.rq.refit && (prune_stats_track_refit(st), 0)) || run_calib(&o, &s, st, &err) ||
         prune_plan_make(s.m, st, &o.rq, &plan, &err) ||
         prune_write(s.m, &plan, st, o.out, &res, &err))
         goto out;

@@ -25,12 +25,16 @@ struct prune_stats {
     int prev_layer;       /* layer whose input is in prev, -1 none */
     double *cos_sum;      /* [n_layers] sum over tokens of cos(in, out) */
     int64_t *cos_n;       /* [n_layers] tokens */
+    double *res_sum;      /* [n_layers + 1][n_embd] sum over tokens of layer il's input
+                           * (n_layers: the last layer's output) */
+    int64_t *res_n;       /* [n_layers + 1] tokens */
     int oom;              /* prev could not grow: BI incomplete */
 };
 
 prune_request prune_request_default(void)
 {
-    return (prune_request){.method = PRUNE_DEPTH, .ffn_align = 32, .no_bias = 0};
+    return (prune_request){.method = PRUNE_DEPTH, .ffn_align = 32, .no_bias = 0,
+                           .refit_damp = 0.3};
 }
 
 /* ---- calibration ---- */
@@ -59,6 +63,10 @@ static void on_norm(void *ctx, const model_tensor *w, const float *d_x, int32_t 
             il = l;
     if (il < 0)
         return; /* ffn_norm */
+    for (int32_t t = 0; t < n; t++)
+        for (int64_t i = 0; i < d; i++)
+            s->res_sum[il * d + i] += d_x[t * d + i];
+    s->res_n[il] += n;
     if (il > 0 && s->prev_layer == il - 1 && s->prev_n == n) {
         for (int32_t t = 0; t < n; t++)
             s->cos_sum[il - 1] += cos_row(s->prev + t * d, d_x + t * d, d);
@@ -93,7 +101,9 @@ prune_stats *prune_stats_create(model *m, kvant_err *err)
     s->prev_layer = -1;
     s->cos_sum = calloc((size_t)m->hp.n_layers, sizeof *s->cos_sum);
     s->cos_n = calloc((size_t)m->hp.n_layers, sizeof *s->cos_n);
-    if (!s->cos_sum || !s->cos_n) {
+    s->res_sum = calloc(((size_t)m->hp.n_layers + 1) * (size_t)m->hp.n_embd, sizeof *s->res_sum);
+    s->res_n = calloc((size_t)m->hp.n_layers + 1, sizeof *s->res_n);
+    if (!s->cos_sum || !s->cos_n || !s->res_sum || !s->res_n) {
         prune_stats_destroy(s);
         kvant_err_set(err, KV_ENOMEM, "out of memory");
         return NULL;
@@ -114,7 +124,32 @@ void prune_stats_destroy(prune_stats *s)
     free(s->prev);
     free(s->cos_sum);
     free(s->cos_n);
+    free(s->res_sum);
+    free(s->res_n);
     free(s);
+}
+
+void prune_stats_track_refit(prune_stats *s)
+{
+    quant_calib_track_gram(s->qc, "ffn_down.weight");
+    quant_calib_track_gram(s->qc, "attn_output.weight");
+}
+
+int prune_stats_layer_mean(const prune_stats *s, int il, float *out)
+{
+    const model *m = s->m;
+    int64_t d = m->hp.n_embd;
+    if (il < 0 || il >= m->hp.n_layers || !s->res_n[il] || !s->res_n[il + 1])
+        return -1;
+    for (int64_t i = 0; i < d; i++)
+        out[i] = (float)(s->res_sum[(il + 1) * d + i] / (double)s->res_n[il + 1] -
+                         s->res_sum[il * d + i] / (double)s->res_n[il]);
+    return 0;
+}
+
+const double *prune_stats_gram(prune_stats *s, const char *name, int64_t ne0, int64_t *rows)
+{
+    return s ? quant_calib_gram(s->qc, name, ne0, rows) : NULL;
 }
 
 void prune_stats_attach(prune_stats *s, backend *be)
@@ -325,7 +360,8 @@ static int plan_width(model *m, prune_stats *st, const prune_request *rq, double
         if ((rc = ffn_scores(m, st, l, p->bias_comp, sc, err)))
             goto done;
         /* standardized within the layer (FLAP): raw scores of different
-         * layers are not comparable (residual norms grow with depth) */
+         * layers are not comparable (residual norms grow with depth; scores
+         * over the residual norm instead cut the middle layers to 5%) */
         int32_t nff = m->layers[l].n_ff;
         double mu = 0, var = 0;
         for (int32_t j = 0; j < nff; j++)
@@ -476,6 +512,16 @@ static int check_request(const model *m, const prune_stats *st, const prune_requ
     if (rq->drop_layers >= m->hp.n_layers)
         return kvant_err_set(err, KV_EINVAL, "--drop-layers %d would remove every layer (%d)",
                              rq->drop_layers, m->hp.n_layers);
+    if (rq->depth_bias && rq->no_bias)
+        return kvant_err_set(err, KV_EINVAL, "--depth-bias is a bias: do not combine it with "
+                                             "--no-bias");
+    if (rq->refit && rq->no_bias)
+        return kvant_err_set(err, KV_EINVAL, "--refit fits a bias: do not combine it with "
+                                             "--no-bias");
+    if (rq->refit && !(rq->refit_damp >= 0 && rq->refit_damp <= 1e6 &&
+                       rq->refit_shrink >= 0 && rq->refit_shrink <= 1))
+        return kvant_err_set(err, KV_EINVAL, "refit damping %g / shrinkage %g out of range",
+                             rq->refit_damp, rq->refit_shrink);
     if (rq->ffn_align < 1 || rq->ffn_align > m->hp.n_ff)
         return kvant_err_set(err, KV_EINVAL, "FFN alignment %d out of range", rq->ffn_align);
     return KV_OK;
@@ -538,7 +584,10 @@ int prune_plan_make(model *m, prune_stats *st, const prune_request *rq, prune_pl
     int rc;
     memset(p, 0, sizeof *p);
     if ((rc = check_request(m, st, rq, err)) || (rc = plan_alloc(m, st, p, err)) ||
-        ((p->bias_comp = !rq->no_bias), (rc = plan_choose(m, st, rq, p, err)))) {
+        ((p->bias_comp = !rq->no_bias), (p->refit = rq->refit), (p->refit_damp = rq->refit_damp),
+         (p->depth_bias = rq->depth_bias),
+         (p->refit_shrink = rq->refit_shrink),
+         (rc = plan_choose(m, st, rq, p, err)))) {
         prune_plan_free(p);
         return rc;
     }

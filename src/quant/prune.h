@@ -31,6 +31,12 @@
  * groups are removed in equal numbers from every layer (the KV pool is
  * uniform across layers), each layer choosing its own weakest groups.
  *
+ * Refit (optional, prune_refit.h): instead of the mean alone, the kept
+ * columns of ffn_down / attn_output and the bias are refit by least
+ * squares to reproduce the unpruned output on the calibration activations
+ * (the structured form of SparseGPT / OBS error compensation); the refit
+ * rows are quantized to the input's type.
+ *
  * Quantization is kept: gate/up rows and Q/K/V rows are copied byte for
  * byte (whole rows); a column selection (ffn_down, attn_output) copies
  * whole blocks when the kept columns form whole blocks (heads of 64 in
@@ -69,10 +75,16 @@ typedef struct prune_request {
     int ffn_uniform;      /* the same fraction in every layer instead of a global ranking */
     int ffn_align;        /* FFN widths are multiples of this */
     int no_bias;          /* no bias compensation; score by second moment */
+    int refit;            /* least-squares refit of the pruned ffn_down / attn_output
+                           * (prune_refit.h); needs prune_stats_track_refit */
+    double refit_damp;    /* its ridge, relative to the mean diagonal */
+    double refit_shrink;  /* its covariance shrinkage towards the diagonal, [0, 1] */
+    int depth_bias;       /* a removed layer's mean output change becomes a bias of the
+                           * kept layer before it */
 } prune_request;
 
 /* All unset, method PRUNE_DEPTH, global ranking, align 32, bias
- * compensation on. */
+ * compensation on, no refit (damping 0.3, no shrinkage when turned on). */
 prune_request prune_request_default(void);
 
 /* ---- calibration ---- */
@@ -80,6 +92,10 @@ typedef struct prune_stats prune_stats;
 
 prune_stats *prune_stats_create(model *m, kvant_err *err);
 void prune_stats_destroy(prune_stats *s);
+/* Also records the full input second moments of ffn_down and
+ * attn_output (n_ff^2 + n_embd^2 doubles per layer) for the refit; call
+ * before the first attach. */
+void prune_stats_track_refit(prune_stats *s);
 /* While attached, forward passes over m on be record statistics.  Every
  * pass must request logits for all its tokens (the last layer's output is
  * read at output_norm). */
@@ -91,6 +107,12 @@ int64_t prune_stats_tokens(const prune_stats *s);
  * (quant_calib_imp / quant_calib_mean). */
 const float *prune_stats_imp(prune_stats *s, const char *name, int64_t ne0);
 const float *prune_stats_mean(prune_stats *s, const char *name, int64_t ne0);
+/* out [n_embd] = mean over tokens of layer il's output minus its input
+ * (what the layer adds to the residual stream on average); -1 when
+ * unknown. */
+int prune_stats_layer_mean(const prune_stats *s, int il, float *out);
+/* sum x x^T [ne0][ne0] and its row count (quant_calib_gram), or NULL. */
+const double *prune_stats_gram(prune_stats *s, const char *name, int64_t ne0, int64_t *rows);
 
 /* ---- the plan ---- */
 typedef struct prune_plan {
@@ -107,6 +129,10 @@ typedef struct prune_plan {
     uint64_t params_in; /* all tensor elements of the input */
     uint64_t params_out;
     int bias_comp;      /* removed channels / heads replaced by their mean (biases) */
+    int refit;          /* kept columns refit by least squares (implies the biases) */
+    double refit_damp, refit_shrink;
+    int depth_bias;     /* removed layers' mean residual change in the ffn_down.bias of
+                         * the kept layer before them */
 } prune_plan;
 
 /* Validates rq against m (KV_EINVAL naming the option: nothing to prune,

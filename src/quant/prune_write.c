@@ -13,6 +13,7 @@
 #include "format/gguf_write.h"
 #include "kernels/dtype.h"
 #include "quant/prune.h"
+#include "quant/prune_refit.h"
 #include "quant/quant.h"
 
 typedef struct pw_ctx {
@@ -24,6 +25,8 @@ typedef struct pw_ctx {
     int n_bufs;
     prune_result *res;
     const char *arch;
+    float **refit_w; /* [n_layers][2] (attn_output, ffn_down) refit columns, owned */
+    float **refit_b; /* [n_layers][2] their biases, owned */
 } pw_ctx;
 
 /* Keeps rows idx[0..n) (each row_bytes); returns a malloc'd buffer. */
@@ -132,12 +135,82 @@ static int32_t *kept_cols(const pw_ctx *c, int il, int down, int64_t *n, int *ow
     return NULL;
 }
 
+/* The least-squares refit (prune_refit.h) of ffn_down (down) or
+ * attn_output of input layer il, computed once and cached in c: *w
+ * [ne1][n kept], *b [ne1].  NULLs when that tensor is not pruned. */
+static int refit_get(pw_ctx *c, int il, int down, const float **w, const float **b,
+                     kvant_err *err)
+{
+    int slot = 2 * il + down, own, rc = KV_OK;
+    *w = *b = NULL;
+    if (c->refit_w[slot]) {
+        *w = c->refit_w[slot], *b = c->refit_b[slot];
+        return KV_OK;
+    }
+    int64_t k;
+    int32_t *keep = kept_cols(c, il, down, &k, &own);
+    if (!keep)
+        return own ? kvant_err_set(err, KV_ENOMEM, "out of memory") : KV_OK;
+    const model_layer *L = &c->m->layers[il];
+    const model_tensor *t = down ? &L->w_down : &L->wo;
+    int64_t ne0 = t->ne[0], ne1 = t->ne[1], rows = 0;
+    char name[64];
+    snprintf(name, sizeof name, "blk.%d.%s.weight", il, down ? "ffn_down" : "attn_output");
+    const double *gram = prune_stats_gram(c->st, name, ne0, &rows);
+    const float *mu = prune_stats_mean(c->st, name, ne0);
+    float *full = malloc((size_t)(ne0 * ne1) * sizeof *full);
+    c->refit_w[slot] = malloc((size_t)(k * ne1) * sizeof(float));
+    c->refit_b[slot] = malloc((size_t)ne1 * sizeof(float));
+    if (!gram || !mu) {
+        rc = kvant_err_set(err, KV_EINVAL, "no refit statistics for %s (not recorded, or "
+                                           "out of memory while calibrating)", name);
+    } else if (!full || !c->refit_w[slot] || !c->refit_b[slot]) {
+        rc = kvant_err_set(err, KV_ENOMEM, "out of memory refitting %s", name);
+    } else {
+        const dtype_traits *tr = dtype_get(t->type);
+        for (int64_t r = 0; r < ne1; r++)
+            tr->to_float((const char *)t->data + (size_t)r * t->row_bytes, full + r * ne0, ne0);
+        rc = prune_refit(full, ne1, ne0, gram, rows, mu, keep, k, c->p->refit_damp, c->p->refit_shrink,
+                         c->refit_w[slot], c->refit_b[slot], err);
+    }
+    free(full);
+    if (own)
+        free(keep);
+    if (rc) {
+        free(c->refit_w[slot]), free(c->refit_b[slot]);
+        c->refit_w[slot] = c->refit_b[slot] = NULL;
+        return rc;
+    }
+    *w = c->refit_w[slot], *b = c->refit_b[slot];
+    return KV_OK;
+}
+
+/* Quantizes w [nrows][n] to the input type (or its quant_fit_type
+ * fallback), importance imp [n] or NULL.  Returns a malloc'd buffer. */
+static void *quantize_cols(const float *w, int64_t nrows, int64_t n, uint32_t in_type,
+                           const float *imp, uint32_t *type)
+{
+    int fell = 0;
+    *type = quant_fit_type(in_type, n, &fell);
+    size_t rb = dtype_row_size(*type, n);
+    char *out = malloc((size_t)nrows * rb);
+    float *tmp = malloc((size_t)n * sizeof *tmp);
+    for (int64_t r = 0; out && tmp && r < nrows; r++)
+        quant_convert(DT_F32, w + r * n, *type, out + (size_t)r * rb, n, 1, imp, tmp);
+    free(tmp);
+    if (!tmp) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
 /* The bias that replaces the removed columns of ffn_down (down) or
  * attn_output of input layer il by their calibration means:
  * out[r] = sum over removed j of W[r][j] * mean(x_j).  Returns a malloc'd
  * [n_embd] or NULL (nothing removed, no statistics, or out of memory:
  * *rc says which). */
-static float *compensation(pw_ctx *c, int il, int down, int *rc, kvant_err *err)
+static float *width_compensation(pw_ctx *c, int il, int down, int *rc, kvant_err *err)
 {
     const model_layer *L = &c->m->layers[il];
     const model_tensor *w = down ? &L->w_down : &L->wo;
@@ -148,6 +221,17 @@ static float *compensation(pw_ctx *c, int il, int down, int *rc, kvant_err *err)
     *rc = KV_OK;
     if (!c->p->bias_comp)
         return NULL;
+    if (c->p->refit) {
+        const float *rw, *rb;
+        if ((*rc = refit_get(c, il, down, &rw, &rb, err)) || !rb)
+            return NULL;
+        float *out = malloc((size_t)w->ne[1] * sizeof *out);
+        if (!out)
+            *rc = kvant_err_set(err, KV_ENOMEM, "out of memory");
+        else
+            memcpy(out, rb, (size_t)w->ne[1] * sizeof *out);
+        return out;
+    }
     const float *mu = prune_stats_mean(c->st, name, w->ne[0]);
     int32_t *keep = kept_cols(c, il, down, &n_keep, &own);
     if (!mu || !keep) {
@@ -180,6 +264,32 @@ static float *compensation(pw_ctx *c, int il, int down, int *rc, kvant_err *err)
     if (own)
         free(keep);
     return out;
+}
+
+/* width_compensation plus, for ffn_down with depth_bias, the mean residual
+ * change of the removed layers that follow il (they are replaced by it). */
+static float *compensation(pw_ctx *c, int il, int down, int *rc, kvant_err *err)
+{
+    float *comp = width_compensation(c, il, down, rc, err);
+    const prune_plan *p = c->p;
+    int64_t d = c->m->hp.n_embd;
+    if (*rc || !down || !p->depth_bias || il + 1 >= p->n_layers || p->keep[il + 1])
+        return comp;
+    float *delta = malloc((size_t)d * sizeof *delta);
+    if (!comp)
+        comp = calloc((size_t)d, sizeof *comp);
+    if (!comp || !delta) {
+        free(comp);
+        free(delta);
+        *rc = kvant_err_set(err, KV_ENOMEM, "out of memory");
+        return NULL;
+    }
+    for (int l = il + 1; l < p->n_layers && !p->keep[l]; l++)
+        if (!prune_stats_layer_mean(c->st, l, delta))
+            for (int64_t i = 0; i < d; i++)
+                comp[i] += delta[i];
+    free(delta);
+    return comp;
 }
 
 /* Adds comp to an existing bias tensor of the input (ffn_down.bias /
@@ -262,6 +372,30 @@ static int transform(pw_ctx *c, const gguf_tensor_info *ti, int il, const char *
     if (!idx)
         return kvant_err_set(err, KV_ENOMEM, "out of memory");
     void *buf;
+    int refit = c->p->refit && !rows && (!strcmp(kind, "ffn_down.weight") ||
+                                         !strcmp(kind, "attn_output.weight"));
+    if (refit) {
+        const float *rw, *rb, *imp = prune_stats_imp(c->st, in_name, (int64_t)ti->ne[0]);
+        float *isel = imp ? malloc((size_t)n * sizeof *isel) : NULL;
+        int rc = refit_get(c, il, !strcmp(kind, "ffn_down.weight"), &rw, &rb, err);
+        for (int64_t j = 0; isel && j < n; j++)
+            isel[j] = imp[idx[j]];
+        if (own)
+            free(idx);
+        if (rc) {
+            free(isel);
+            return rc;
+        }
+        buf = imp && !isel ? NULL : quantize_cols(rw, (int64_t)ti->ne[1], n, ti->type, isel, type);
+        free(isel);
+        if (!buf)
+            return kvant_err_set(err, KV_ENOMEM, "out of memory pruning %s", in_name);
+        ne[0] = (uint64_t)n;
+        c->bufs[c->n_bufs++] = buf;
+        c->res->requantized++;
+        *data = buf;
+        return KV_OK;
+    }
     if (rows) {
         buf = select_rows(ti, idx, n);
         ne[1] = (uint64_t)n;
@@ -389,7 +523,9 @@ int prune_write(const model *m, const prune_plan *p, prune_stats *st, const char
     c.w = gguf_writer_create();
     /* converted tensors plus up to two new biases per layer */
     c.bufs = calloc((size_t)gguf_n_tensors(m->gguf) + 2 * (size_t)p->n_layers + 1, sizeof *c.bufs);
-    if (!c.w || !c.bufs)
+    c.refit_w = calloc(2 * (size_t)p->n_layers, sizeof *c.refit_w);
+    c.refit_b = calloc(2 * (size_t)p->n_layers, sizeof *c.refit_b);
+    if (!c.w || !c.bufs || !c.refit_w || !c.refit_b)
         rc = kvant_err_set(err, KV_ENOMEM, "out of memory");
     if (!rc)
         rc = add_metadata(&c, err);
@@ -400,6 +536,10 @@ int prune_write(const model *m, const prune_plan *p, prune_stats *st, const char
     for (int i = 0; i < c.n_bufs; i++)
         free(c.bufs[i]);
     free(c.bufs);
+    for (int i = 0; c.refit_w && c.refit_b && i < 2 * p->n_layers; i++)
+        free(c.refit_w[i]), free(c.refit_b[i]);
+    free(c.refit_w);
+    free(c.refit_b);
     gguf_writer_destroy(c.w);
     return rc;
 }

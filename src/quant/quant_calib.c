@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/dtype.h"
+#include "kernels/matmul.h"
+
 typedef struct calib_mat {
     const model_tensor *t; /* borrowed */
     char name[64];
@@ -18,6 +21,10 @@ typedef struct calib_mat {
     float *mean;           /* [ne0] filled by quant_calib_imp */
     float *mean1;          /* [ne0] filled by quant_calib_mean */
     int64_t rows;
+    int want_gram;         /* accumulate gram (quant_calib_track_gram) */
+    int gram_oom;          /* gram could not be allocated: reported as unknown */
+    double *gram;          /* [ne0][ne0] sum x x^T, allocated on first use */
+    int64_t gram_rows;
 } calib_mat;
 
 typedef struct calib_ops {
@@ -33,6 +40,8 @@ struct quant_calib {
     calib_ops ops;
     quant_calib_norm_fn norm_fn; /* optional observer of rmsnorm inputs */
     void *norm_ctx;              /* borrowed */
+    float *xt, *g32;             /* gram scratch: x transposed, one call's product */
+    size_t xt_cap, g_cap;        /* floats */
 };
 
 static calib_mat *find_mat(quant_calib *c, const model_tensor *t)
@@ -41,6 +50,41 @@ static calib_mat *find_mat(quant_calib *c, const model_tensor *t)
         if (c->mats[i].t == t)
             return &c->mats[i];
     return NULL;
+}
+
+/* Grows *buf to n floats; 0 or -1. */
+static int grow(float **buf, size_t *cap, size_t n)
+{
+    if (n <= *cap)
+        return 0;
+    float *p = realloc(*buf, n * sizeof *p);
+    if (!p)
+        return -1;
+    *buf = p;
+    *cap = n;
+    return 0;
+}
+
+/* cm->gram += x^T x for x [n][ne0], through the f32 matmul kernel (rows of
+ * x transposed are both the weights and the activations). */
+static void add_gram(quant_calib *c, calib_mat *cm, const float *x, int32_t n)
+{
+    int64_t d = cm->ne0;
+    if (!cm->gram && !cm->gram_oom && !(cm->gram = calloc((size_t)(d * d), sizeof *cm->gram)))
+        cm->gram_oom = 1;
+    if (cm->gram_oom || grow(&c->xt, &c->xt_cap, (size_t)(d * n)) ||
+        grow(&c->g32, &c->g_cap, (size_t)(d * d))) {
+        cm->gram_oom = 1;
+        return;
+    }
+    for (int32_t t = 0; t < n; t++)
+        for (int64_t i = 0; i < d; i++)
+            c->xt[i * n + t] = x[(int64_t)t * d + i];
+    /* g32[i][j] = dot(xt row j, xt row i) */
+    dtype_matmul_rows(DT_F32, c->xt, (size_t)n * sizeof(float), 0, d, n, c->xt, d, c->g32, d);
+    for (int64_t k = 0; k < d * d; k++)
+        cm->gram[k] += c->g32[k];
+    cm->gram_rows += n;
 }
 
 static void hook_matmul(backend *be, const model_tensor *W, const model_tensor *bias,
@@ -57,6 +101,8 @@ static void hook_matmul(backend *be, const model_tensor *W, const model_tensor *
             }
         }
         cm->rows += n;
+        if (cm->want_gram)
+            add_gram(co->c, cm, d_x, n);
     }
     co->orig->matmul(be, W, bias, d_x, d_y, n);
 }
@@ -131,8 +177,10 @@ void quant_calib_destroy(quant_calib *c)
         return;
     for (int i = 0; c->mats && i < c->n; i++)
         free(c->mats[i].sum), free(c->mats[i].mean), free(c->mats[i].sum1),
-            free(c->mats[i].mean1);
+            free(c->mats[i].mean1), free(c->mats[i].gram);
     free(c->mats);
+    free(c->xt);
+    free(c->g32);
     free(c);
 }
 
@@ -174,6 +222,29 @@ const float *quant_calib_mean(quant_calib *c, const char *name, int64_t ne0)
         for (int64_t j = 0; j < ne0; j++)
             cm->mean1[j] = (float)(cm->sum1[j] / (double)cm->rows);
         return cm->mean1;
+    }
+    return NULL;
+}
+
+void quant_calib_track_gram(quant_calib *c, const char *suffix)
+{
+    size_t ls = strlen(suffix);
+    for (int i = 0; i < c->n; i++) {
+        size_t ln = strlen(c->mats[i].name);
+        if (ln >= ls && !strcmp(c->mats[i].name + ln - ls, suffix))
+            c->mats[i].want_gram = 1;
+    }
+}
+
+const double *quant_calib_gram(quant_calib *c, const char *name, int64_t ne0, int64_t *rows)
+{
+    for (int i = 0; i < c->n; i++) {
+        calib_mat *cm = &c->mats[i];
+        if (strcmp(cm->name, name) || cm->ne0 != ne0 || !cm->gram || cm->gram_oom)
+            continue;
+        if (rows)
+            *rows = cm->gram_rows;
+        return cm->gram;
     }
     return NULL;
 }

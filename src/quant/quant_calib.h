@@ -46,6 +46,16 @@ const float *quant_calib_imp(quant_calib *c, const char *name, int64_t ne0);
 /* Mean x per input column [ne0] (as quant_calib_imp): structured pruning
  * replaces removed channels by this mean (bias compensation). */
 const float *quant_calib_mean(quant_calib *c, const char *name, int64_t ne0);
+/* Also accumulates the full second-moment matrix sum x x^T [ne0][ne0]
+ * (doubles: ne0^2 * 8 bytes per matrix) for every matrix whose name ends
+ * with suffix (e.g. "ffn_down.weight"); call before attaching.  Structured
+ * pruning refits the kept columns by least squares from it. */
+void quant_calib_track_gram(quant_calib *c, const char *suffix);
+/* sum x x^T [ne0][ne0] (row-major, symmetric; divide by *rows for the
+ * mean) for the tracked matrix, or NULL when untracked, never seen, ne0
+ * differs, or its accumulator could not be allocated.  Borrowed from c. */
+const double *quant_calib_gram(quant_calib *c, const char *name, int64_t ne0, int64_t *rows);
+
 /* Input rows recorded for the busiest matrix (≈ calibration tokens). */
 int64_t quant_calib_rows(const quant_calib *c);
 

@@ -78,6 +78,17 @@ def test_prune_depth_synthetic(run_kvant, synthetic_dir, kvant_logits, tmp_path)
             assert a == b, n
     assert j["kv_bytes_per_token_out"] * 2 == j["kv_bytes_per_token_in"]
     _check_logits(kvant_logits, out, 11)
+    # --depth-bias: the removed layer's mean residual change becomes a bias of the kept layer
+    # before it (none when the first layer goes); the reference applies it
+    out2 = tmp_path / "db.gguf"
+    j2 = _prune(run_kvant, src, out2, "--drop-layers", "1", "--depth-bias")
+    assert j2["removed_layers"] == [gone] and j2["depth_bias"] is True
+    _, t2 = _fields(out2)
+    assert ("blk.0.ffn_down.bias" in t2) == (gone == 1)
+    if gone == 1:
+        b = np.asarray(t2["blk.0.ffn_down.bias"].data)
+        assert np.isfinite(b).all() and np.abs(b).max() > 0
+    _check_logits(kvant_logits, out2, 17)
 
 
 def test_prune_ffn_width_synthetic(run_kvant, synthetic_dir, kvant_logits, tmp_path):
@@ -105,6 +116,40 @@ def test_prune_ffn_width_synthetic(run_kvant, synthetic_dir, kvant_logits, tmp_p
         assert b.shape == (ms.N_EMBD,) and np.isfinite(b).all() and np.abs(b).max() > 0
     assert j["bias_compensation"] is True
     _check_logits(kvant_logits, out, 12)
+
+
+def test_prune_refit_synthetic(run_kvant, synthetic_dir, kvant_logits, tmp_path):
+    """--refit: same channels as without it, the kept ffn_down columns and the bias refit by
+    least squares (they differ from a copy), shrink 1 gives back the mean-bias compensation,
+    and the file matches the numpy reference."""
+    src = ms.make_model(synthetic_dir, "llama-F32")
+    base = _prune(run_kvant, src, tmp_path / "b.gguf", "--ffn-keep", "0.5")
+    fit = _prune(run_kvant, src, tmp_path / "r.gguf", "--ffn-keep", "0.5", "--refit")
+    flap = _prune(run_kvant, src, tmp_path / "s.gguf", "--ffn-keep", "0.5", "--refit",
+                  "--refit-shrink", "1")
+    assert base["ffn_widths"] == fit["ffn_widths"] == flap["ffn_widths"]
+    assert fit["refit"] is True and base["refit"] is False and fit["requantized_tensors"] == 2
+    _, tb = _fields(tmp_path / "b.gguf")
+    _, tr = _fields(tmp_path / "r.gguf")
+    _, ts = _fields(tmp_path / "s.gguf")
+    for L in range(2):
+        w = base["ffn_widths"][L]
+        g = [np.asarray(t[f"blk.{L}.ffn_gate.weight"].data) for t in (tb, tr)]
+        assert np.array_equal(g[0], g[1]), "refit changed the kept gate rows"
+        db, dr, ds = (np.asarray(t[f"blk.{L}.ffn_down.weight"].data).reshape(ms.N_EMBD, w)
+                      for t in (tb, tr, ts))
+        bb, br, bs = (np.asarray(t[f"blk.{L}.ffn_down.bias"].data) for t in (tb, tr, ts))
+        scale = np.abs(db).max()
+        assert np.abs(dr - db).max() > 1e-3 * scale, "refit left ffn_down unchanged"
+        assert np.abs(ds - db).max() < 1e-4 * scale, "shrink 1 is not the mean compensation"
+        assert np.abs(bs - bb).max() < 1e-4 * np.abs(bb).max()
+        assert np.isfinite(br).all() and not np.allclose(br, bb)
+    _check_logits(kvant_logits, tmp_path / "r.gguf", 15)
+    h = tmp_path / "h.gguf"
+    j = _prune(run_kvant, ms.make_model(synthetic_dir, "qwen2-F32"), h, "--heads-keep", "0.5",
+               "--refit")
+    assert j["n_head_kv_out"] == 1 and j["requantized_tensors"] == 2
+    _check_logits(kvant_logits, h, 16)
 
 
 def test_prune_ffn_uniform_and_target(run_kvant, synthetic_dir, tmp_path):
@@ -172,6 +217,9 @@ def test_prune_refused(run_kvant, synthetic_dir, tmp_path):
         (["--calib", CALIB, "--target-params", "0.01", "--method", "width"], "cannot be reached"),
         (["--calib", CALIB, "--heads-keep", "0.1"], "removes all"),
         (["--drop-layers", "1"], "--calib FILE is required"),
+        (["--calib", CALIB, "--ffn-keep", "0.5", "--refit", "--no-bias"], "--no-bias"),
+        (["--calib", CALIB, "--ffn-keep", "0.5", "--refit-shrink", "2"], "--refit-shrink"),
+        (["--calib", CALIB, "--drop-layers", "1", "--depth-bias", "--no-bias"], "--no-bias"),
     ]
     for args, msg in cases:
         r = run_kvant(["prune", src, out, *args])

@@ -105,6 +105,74 @@ static void test_refused(model *m, prune_stats *st, const char *out)
     CHECK(access(out, F_OK) != 0);
 }
 
+/* The Gram accumulator: its diagonal is the sum of x^2 that the separate
+ * per-column accumulator holds; symmetric; |G_ij| <= sqrt(G_ii G_jj). */
+static void check_gram(model *m, prune_stats *st)
+{
+    const model_tensor *w = &m->layers[0].w_down;
+    int64_t n = w->ne[0], rows = 0;
+    const double *g = prune_stats_gram(st, "blk.0.ffn_down.weight", n, &rows);
+    const float *imp = prune_stats_imp(st, "blk.0.ffn_down.weight", n);
+    CHECK(prune_stats_gram(st, "blk.0.ffn_up.weight", m->layers[0].w_up.ne[0], NULL) == NULL);
+    CHECKF(g && imp && rows == 400, "gram %p rows %lld", (const void *)g, (long long)rows);
+    if (!g || !imp)
+        return;
+    double worst = 0;
+    int ok = 1;
+    for (int64_t i = 0; i < n; i++) {
+        double d = g[i * n + i] / (double)rows;
+        worst = fmax(worst, fabs(d - imp[i]) / fmax(fabs(imp[i]), 1e-12));
+        for (int64_t j = 0; j < n; j++)
+            ok &= fabs(g[i * n + j] - g[j * n + i]) <= 1e-6 * fabs(g[i * n + j]) + 1e-9 &&
+                  fabs(g[i * n + j]) <= sqrt(g[i * n + i] * g[j * n + j]) * (1 + 1e-5) + 1e-9;
+    }
+    CHECKF(worst < 1e-4, "gram diagonal vs mean x^2: rel %g", worst);
+    CHECK(ok);
+}
+
+static void check_pruned(const char *out, int32_t kept_ff);
+
+/* --depth-bias: dropping layer 1 of 2 (the lower Block Influence on this
+ * model) leaves layer 0 with an ffn_down.bias equal to layer 1's mean
+ * residual change; without it the file has no bias. */
+static void check_depth_bias(model *m, prune_stats *st, const char *out)
+{
+    prune_request rq = prune_request_default();
+    rq.drop_layers = 1;
+    rq.depth_bias = 1;
+    prune_plan p;
+    prune_result res;
+    kvant_err err = {0};
+    int64_t d = m->hp.n_embd;
+    float *want = malloc((size_t)d * sizeof *want);
+    int rc = prune_plan_make(m, st, &rq, &p, &err);
+    CHECKF(rc == KV_OK && want, "plan: %s", err.msg);
+    if (rc || !want)
+        goto done;
+    CHECKF(p.keep[0] && !p.keep[1], "this model drops layer %d", p.keep[0] ? 1 : 0);
+    rc = prune_write(m, &p, st, out, &res, &err);
+    prune_plan_free(&p);
+    CHECKF(rc == KV_OK, "write: %s", err.msg);
+    CHECK(prune_stats_layer_mean(st, 1, want) == 0 && prune_stats_layer_mean(st, 2, want) != 0);
+    prune_stats_layer_mean(st, 1, want);
+    model *m2 = rc ? NULL : model_load(out, &err);
+    CHECKF(m2 && m2->layers[0].b_down.data, "reload: %s", err.msg);
+    if (m2 && m2->layers[0].b_down.data) {
+        const float *b = m2->layers[0].b_down.data;
+        double worst = 0, norm = 0;
+        for (int64_t i = 0; i < d; i++) {
+            worst = fmax(worst, fabs(b[i] - want[i]));
+            norm = fmax(norm, fabs(want[i]));
+        }
+        CHECKF(norm > 0 && worst <= 1e-6 * norm, "bias vs mean change: %g of %g", worst, norm);
+    }
+    model_free(m2);
+    rq.no_bias = 1;
+    CHECK(prune_plan_make(m, st, &rq, &p, &err) == KV_EINVAL && strstr(err.msg, "--no-bias"));
+done:
+    free(want);
+}
+
 static void test_prune(const char *src, const char *out)
 {
     rig r;
@@ -115,6 +183,7 @@ static void test_prune(const char *src, const char *out)
     CHECKF(st != NULL, "stats: %s", err.msg);
     if (!st)
         goto done;
+    prune_stats_track_refit(st);
     /* too little calibration first: 100 tokens */
     prune_stats_attach(st, r.be);
     rig_run(&r, 100);
@@ -128,6 +197,7 @@ static void test_prune(const char *src, const char *out)
     prune_stats_detach(st, r.be);
     CHECKF(prune_stats_tokens(st) == 400, "tokens %lld", (long long)prune_stats_tokens(st));
     test_refused(r.m, st, out);
+    check_gram(r.m, st);
     rq.ffn_keep = 0.5;
     rq.heads_keep = 0.5;
     int rc = prune_plan_make(r.m, st, &rq, &p, &err);
@@ -148,8 +218,33 @@ static void test_prune(const char *src, const char *out)
     CHECK(res.bytes_out < res.bytes_in && res.params_out > 0);
     int32_t kept_ff = p.ffn_n[1 - gone];
     prune_plan_free(&p);
+    check_pruned(out, kept_ff);
+    check_depth_bias(r.m, st, out);
+    /* the same plan with the least-squares refit */
+    rq.refit = 1;
+    rq.no_bias = 1;
+    CHECK(prune_plan_make(r.m, st, &rq, &p, &err) == KV_EINVAL && strstr(err.msg, "--no-bias"));
+    rq.no_bias = 0;
+    rc = prune_plan_make(r.m, st, &rq, &p, &err);
+    CHECKF(rc == KV_OK && p.refit, "refit plan: %s", err.msg);
+    if (rc == KV_OK) {
+        rc = prune_write(r.m, &p, st, out, &res, &err);
+        CHECKF(rc == KV_OK && res.requantized == 2, "refit write: %s (%d requantized)", err.msg,
+               res.requantized);
+        prune_plan_free(&p);
+        if (rc == KV_OK)
+            check_pruned(out, kept_ff);
+    }
+done_st:
+    prune_stats_destroy(st);
+done:
+    rig_close(&r);
+}
+
+static void check_pruned(const char *out, int32_t kept_ff)
+{
     rig r2 = {0};
-    if (rc == KV_OK && rig_open(&r2, out) == 0) {
+    if (rig_open(&r2, out) == 0) {
         const model_hparams *hp = &r2.m->hp;
         CHECKF(hp->n_layers == 1 && hp->n_head == 2 && hp->n_head_kv == 1 && hp->head_dim == 16,
                "shape %d %d %d %d", hp->n_layers, hp->n_head, hp->n_head_kv, hp->head_dim);
@@ -162,10 +257,6 @@ static void test_prune(const char *src, const char *out)
         CHECK(finite);
     }
     rig_close(&r2);
-done_st:
-    prune_stats_destroy(st);
-done:
-    rig_close(&r);
 }
 
 int main(void)
