@@ -242,12 +242,8 @@ static void test_large_pool(model *m)
 
 int main(void)
 {
-    const char *path = "build/tests/tiny-kvsnap.gguf";
     dtype_init();
-    CHECK(tiny_model_write(path, 7) == 0);
-    kvant_err err = {0};
-    model *m = model_load(path, &err);
-    CHECKF(m != NULL, "model_load: %s", err.msg);
+    model *m = tiny_model_load("build/tests/tiny-kvsnap.gguf", 7);
     if (!m)
         return tu_finish("test_kvsnap");
     test_manual(m);

@@ -7,6 +7,7 @@
 
 #include "format/gguf_write.h"
 #include "kernels/dtype.h"
+#include "model/model.h"
 #include "testutil.h"
 
 #define TM_EMBD 64
@@ -134,4 +135,13 @@ int tiny_model_write_layers(const char *path, uint64_t seed, int n_layers)
         free(bufs[i]);
     gguf_writer_destroy(w);
     return rc;
+}
+
+model *tiny_model_load(const char *path, uint64_t seed)
+{
+    CHECK(tiny_model_write(path, seed) == 0);
+    kvant_err err = {0};
+    model *m = model_load(path, &err);
+    CHECKF(m != NULL, "model_load %s: %s", path, err.msg);
+    return m;
 }

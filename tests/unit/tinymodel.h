@@ -11,4 +11,9 @@ int tiny_model_write(const char *path, uint64_t seed);
 /* The same with n_layers layers, 1..6. */
 int tiny_model_write_layers(const char *path, uint64_t seed, int n_layers);
 
+struct model;
+/* Writes the model to path and loads it; a failure is a CHECK failure and
+ * returns NULL.  The caller frees it with model_free. */
+struct model *tiny_model_load(const char *path, uint64_t seed);
+
 #endif
