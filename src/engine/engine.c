@@ -11,7 +11,6 @@
 
 #include <errno.h>
 #include <stdio.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -127,8 +126,7 @@ static int start_tp(engine_ext *x, kvant_err *err)
     if (rc)
         return rc;
     uint64_t total = e->cfg.device_memory ? e->cfg.device_memory : dev.total_memory;
-    long double bud = floorl((long double)total * (long double)e->cfg.memory_utilization);
-    return engine_tp_begin(e, dev.alloc, (uint64_t)bud, err);
+    return engine_tp_begin(e, dev.alloc, plan_budget(total, e->cfg.memory_utilization), err);
 }
 
 static int plan_engine(engine_ext *x, kvant_err *err)

@@ -227,6 +227,12 @@ static void fill_concurrency(const plan_model *m, plan_result *r)
         r->conc[i] = (double)r->kv_pool_tokens / (double)r->conc_ctx[i];
 }
 
+uint64_t plan_budget(uint64_t device_memory, double utilization)
+{
+    long double bud = floorl((long double)device_memory * (long double)utilization);
+    return bud >= 18446744073709551615.0L ? UINT64_MAX : (uint64_t)bud;
+}
+
 int plan_compute(const plan_model *m, const plan_config *c, plan_result *out, kvant_err *err)
 {
     plan_result *r = out;
@@ -241,8 +247,7 @@ int plan_compute(const plan_model *m, const plan_config *c, plan_result *out, kv
     r->ctx = c->ctx ? c->ctx : m->n_ctx_train;
     r->block_size = c->block_size;
     r->kv_dtype = c->kv_dtype;
-    long double bud = floorl((long double)c->device_memory * (long double)c->utilization);
-    r->budget = bud >= 18446744073709551615.0L ? UINT64_MAX : (uint64_t)bud;
+    r->budget = plan_budget(c->device_memory, c->utilization);
     r->weights_bytes = m->weights_bytes;
     r->kv_bytes_per_token = plan_kv_bytes_per_token(m, c->kv_dtype);
     if (r->kv_bytes_per_token == 0) {

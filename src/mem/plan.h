@@ -93,6 +93,8 @@ int plan_model_check(const plan_model *m, kvant_err *err);
  * activations plus one KV block exceed the budget; the message says what
  * would fit).  On error *out holds the fields computed so far, the rest 0. */
 int plan_compute(const plan_model *m, const plan_config *c, plan_result *out, kvant_err *err);
+/* The budget plan_compute uses: floor(device_memory * utilization). */
+uint64_t plan_budget(uint64_t device_memory, double utilization);
 
 /* Byte offsets (from a 64-aligned base) of every buffer of one forward
  * pass over max_tokens tokens; all f32, each buffer rounded up to 64 bytes.

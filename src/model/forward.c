@@ -189,28 +189,20 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-int fwd_run(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
-{
-    int rc;
-    if (f->tp && (rc = check_batch(f, b, f->kv.block_size, err)))
-        return rc; /* refused here, before the other ranks see it */
-    if (f->tp && (rc = tp_send_batch(f->tp, b, err)))
-        return rc;
-    return fwd_run_shard(f, b, logits, err);
-}
-
-static int run_head(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
+/* The head over the n_out gathered rows: logits to dst (host); under
+ * tensor parallelism this rank's vocabulary rows, gathered on its stage's
+ * first rank into dst. */
+static int run_head(fwd_ctx *f, int32_t n_out, float *dst, kvant_err *err)
 {
     const backend_ops *op = f->be->ops;
     backend *be = f->be;
     const model *m = f->m;
     op->gather_out(be, f->d_x, m->hp.n_embd, f->d_h);
-    op->rmsnorm(be, f->d_h, &m->output_norm, m->hp.rms_eps, f->d_h, b->n_out);
-    op->matmul(be, &m->output, NULL, f->d_h, f->d_logits, b->n_out);
-    if (f->tp) /* this rank's vocabulary rows, gathered on rank 0 */
-        return tp_gather_logits(f->tp, f->d_logits, b->n_out, logits, err);
-    return op->download(be, logits, f->d_logits,
-                        (size_t)b->n_out * m->hp.n_vocab * sizeof(float));
+    op->rmsnorm(be, f->d_h, &m->output_norm, m->hp.rms_eps, f->d_h, n_out);
+    op->matmul(be, &m->output, NULL, f->d_h, f->d_logits, n_out);
+    if (f->tp)
+        return tp_gather_logits(f->tp, f->d_logits, n_out, dst, err);
+    return op->download(be, dst, f->d_logits, (size_t)n_out * m->hp.n_vocab * sizeof(float));
 }
 
 /* Layers of this rank (all of them, or its pipeline stage's). */
@@ -266,11 +258,7 @@ static int run_micro(fwd_ctx *f, const fwd_batch *b, int k, int32_t off, int32_t
         return tp_pp_give(t, k, f->d_x, cnt, err);
     if (n_out == 0)
         return f->be->ops->sync(f->be);
-    const model *m = f->m;
-    f->be->ops->gather_out(f->be, f->d_x, m->hp.n_embd, f->d_h);
-    f->be->ops->rmsnorm(f->be, f->d_h, &m->output_norm, m->hp.rms_eps, f->d_h, n_out);
-    f->be->ops->matmul(f->be, &m->output, NULL, f->d_h, f->d_logits, n_out);
-    return tp_gather_logits(t, f->d_logits, n_out, tp_pp_rows(t, logits, row0), err);
+    return run_head(f, n_out, tp_pp_rows(t, logits, row0), err);
 }
 
 static int run_pipeline(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
@@ -294,21 +282,36 @@ static int run_pipeline(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err
     return rc ? rc : tp_pp_finish(t, logits, b->n_out, err);
 }
 
-int fwd_run_shard(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
+/* One step on this rank, the batch already checked. */
+static int run_checked(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
 {
     const backend_ops *op = f->be->ops;
     backend *be = f->be;
     const double t0 = f->tp ? now_s() : 0;
     int rc;
-    if ((rc = check_batch(f, b, f->kv.block_size, err)))
-        return rc;
     if (f->tp && tp_pp_n(f->tp) > 1) {
         rc = run_pipeline(f, b, logits, err);
     } else if (!(rc = op->begin_batch(be, b, err)) && !(rc = embed(f, b->n_tokens, err)) &&
                !(rc = run_layers(f, b->n_tokens, err))) {
-        rc = b->n_out == 0 ? op->sync(be) : run_head(f, b, logits, err);
+        rc = b->n_out == 0 ? op->sync(be) : run_head(f, b->n_out, logits, err);
     }
     if (f->tp)
         tp_note_step(f->tp, b->n_tokens, now_s() - t0);
     return rc;
+}
+
+int fwd_run(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
+{
+    int rc;
+    if ((rc = check_batch(f, b, f->kv.block_size, err)))
+        return rc; /* refused here, before the other ranks see it */
+    if (f->tp && (rc = tp_send_batch(f->tp, b, err)))
+        return rc;
+    return run_checked(f, b, logits, err);
+}
+
+int fwd_run_shard(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
+{
+    int rc = check_batch(f, b, f->kv.block_size, err);
+    return rc ? rc : run_checked(f, b, logits, err);
 }

@@ -43,9 +43,14 @@ int shard_range_of(const model_hparams *hp, int rank, int n, shard_range *out, k
         out->head0 = out->kv0 * group + (rank % rep) * (group / rep);
         out->n_head = group / rep;
     }
-    out->vocab0 = (int32_t)((int64_t)rank * hp->n_vocab / n);
-    out->n_vocab = (int32_t)((int64_t)(rank + 1) * hp->n_vocab / n) - out->vocab0;
+    shard_vocab_range(hp->n_vocab, rank, n, &out->vocab0, &out->n_vocab);
     return KV_OK;
+}
+
+void shard_vocab_range(int32_t n_vocab, int rank, int n, int32_t *v0, int32_t *nv)
+{
+    *v0 = (int32_t)((int64_t)rank * n_vocab / n);
+    *nv = (int32_t)((int64_t)(rank + 1) * n_vocab / n) - *v0;
 }
 
 void shard_layer_range(int32_t n_layers, int stage, int n, int32_t *l0, int32_t *n_layers_out)
@@ -248,11 +253,6 @@ model_shard *model_shard_apply(model *m, const shard_spec *sp, mem_mgr *mem, kva
     model_for_each_tensor(m, add_bytes, &total);
     m->weights_bytes = total;
     return s;
-}
-
-uint64_t model_shard_full_bytes(const model_shard *s)
-{
-    return s->weights_bytes;
 }
 
 void model_shard_free(model_shard *s)

@@ -53,6 +53,8 @@ int shard_range_of(const model_hparams *hp, int rank, int n, shard_range *out, k
  * of align. */
 void shard_ff_range(int32_t n_ff, int32_t align, int rank, int n, int32_t *ff0, int32_t *n_ff_out);
 
+/* Vocabulary rows [*v0, *v0 + *nv) of rank of n. */
+void shard_vocab_range(int32_t n_vocab, int rank, int n, int32_t *v0, int32_t *nv);
 /* Pipeline stages: stage s of n holds layers [*l0, *l0 + *n_layers). */
 void shard_layer_range(int32_t n_layers, int stage, int n, int32_t *l0, int32_t *n_layers_out);
 
@@ -74,7 +76,5 @@ typedef struct model_shard model_shard;
  * the planner): the model must not run until model_shard_free. */
 model_shard *model_shard_apply(model *m, const shard_spec *sp, mem_mgr *mem, kvant_err *err);
 void model_shard_free(model_shard *s);
-/* The full model's weight bytes (before the split). */
-uint64_t model_shard_full_bytes(const model_shard *s);
 
 #endif

@@ -7,7 +7,7 @@
  * is broken and every later call fails at once; the caller fails its work
  * and exits (par_abort takes the other ranks down with it).
  *
- * Builds without MPI (MPI=0: the arm64 and sanitizer builds) have the same
+ * Builds without MPI (MPI=0: the arm64 cross build) have the same
  * interface; par_create then fails with KV_EUNSUP.
  *
  * Ownership: par_create/par_destroy pair (MPI_Init/MPI_Finalize: once per
@@ -31,8 +31,6 @@ typedef struct par_stats {
     double seconds;      /* wall time inside collectives */
 } par_stats;
 
-/* 1 when this build has MPI. */
-int par_built(void);
 /* Initialises MPI and checks the group has exactly `expect` ranks.
  * timeout_s bounds every later wait. */
 par *par_create(int expect, double timeout_s, kvant_err *err);

@@ -24,11 +24,6 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-int par_built(void)
-{
-    return 1;
-}
-
 par *par_create(int expect, double timeout_s, kvant_err *err)
 {
     int inited = 0, provided = 0;
@@ -109,8 +104,8 @@ int par_failed(const par *p)
 }
 
 /* Polls req until it completes or the deadline passes.  Spins first
- * (decode-step messages arrive within microseconds), then sleeps between
- * polls so an idle worker does not hold a core. */
+ * (decode-step messages arrive within microseconds), then yields, then
+ * sleeps between polls so an idle worker does not hold a core. */
 static int wait_req(par *p, MPI_Request *req, const char *what, int idle, kvant_err *err)
 {
     const double t0 = now_s();

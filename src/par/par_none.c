@@ -7,11 +7,6 @@ struct par {
     int unused;
 };
 
-int par_built(void)
-{
-    return 0;
-}
-
 par *par_create(int expect, double timeout_s, kvant_err *err)
 {
     (void)timeout_s;

@@ -15,30 +15,34 @@ static int64_t chunk_of(int64_t count, int n)
     return (count + n - 1) / n;
 }
 
+/* Floats of one rank's exchange buffers: reductions always (gathered
+ * partials, reduce-scatter chunks, the summed chunk); the gathered logit
+ * slices on a last stage's tp rank 0 (head); posted receives on stages > 0
+ * (recv); the logits staged for rank 0 on the last stage's tp rank 0 when
+ * it is not rank 0 (stage_logits). */
+static uint64_t buffer_floats(int tp_n, int64_t count, int32_t max_out, int32_t n_vocab,
+                              int head, int recv, int stage_logits)
+{
+    const uint64_t n = (uint64_t)tp_n, nv_max = ((uint64_t)n_vocab + n - 1) / n;
+    return n * (uint64_t)count + (n + 1) * (uint64_t)chunk_of(count, tp_n) +
+           (head ? n * (uint64_t)max_out * nv_max : 0) + (recv ? (uint64_t)count : 0) +
+           (stage_logits ? (uint64_t)max_out * (uint64_t)n_vocab : 0);
+}
+
 uint64_t tp_scratch_bytes(int tp_n, int pp_n, int32_t max_tokens, int32_t max_out,
                           int32_t n_embd, int32_t n_vocab)
 {
-    const uint64_t n = (uint64_t)tp_n, cnt = (uint64_t)max_tokens * (uint64_t)n_embd;
-    const uint64_t chunk = (uint64_t)chunk_of((int64_t)cnt, tp_n);
-    const uint64_t nv_max = ((uint64_t)n_vocab + n - 1) / n;
-    uint64_t f = n * cnt + n * chunk + chunk + n * (uint64_t)max_out * nv_max;
-    if (pp_n > 1) /* a stage's posted receives; the last stage's logits for rank 0 */
-        f += cnt + (uint64_t)max_out * (uint64_t)n_vocab;
-    return f * sizeof(float) + 256;
+    return buffer_floats(tp_n, (int64_t)max_tokens * n_embd, max_out, n_vocab, 1, pp_n > 1,
+                         pp_n > 1) * sizeof(float) + 256;
 }
 
-/* The buffers this rank needs: reductions always; the gathered logit
- * slices on a last stage's tp rank 0; posted receives on stages > 0; the
- * logits staged for rank 0 on the last stage's tp rank 0 (not rank 0). */
 static int alloc_buffers(tp_ctx *t, kvant_err *err)
 {
     const int64_t chunk = chunk_of(t->max_count, t->tp_n);
     const int last = t->pp_stage == t->pp_n - 1, head = last && t->tp_rank == 0;
-    const uint64_t n_l = head ? (uint64_t)t->tp_n * (uint64_t)t->max_out * (uint64_t)t->nv_max : 0;
-    const uint64_t n_r = t->pp_stage > 0 ? (uint64_t)t->max_count : 0;
-    const uint64_t n_p = head && t->rank != 0 ? (uint64_t)t->max_out * (uint64_t)t->n_vocab : 0;
-    const uint64_t floats = (uint64_t)t->tp_n * (uint64_t)t->max_count +
-                            (uint64_t)(t->tp_n + 1) * (uint64_t)chunk + n_l + n_r + n_p;
+    const int recv = t->pp_stage > 0, stage_logits = head && t->rank != 0;
+    const uint64_t floats = buffer_floats(t->tp_n, t->max_count, t->max_out, t->n_vocab, head,
+                                          recv, stage_logits);
     t->d_base = t->be->ops->alloc(t->be, floats * sizeof(float), MEM_ACTIVATIONS, MEM_NO_LAYER,
                                   err);
     if (!t->d_base)
@@ -47,8 +51,9 @@ static int alloc_buffers(tp_ctx *t, kvant_err *err)
     t->sbuf = t->gbuf + (size_t)t->tp_n * (size_t)t->max_count;
     t->ybuf = t->sbuf + (size_t)t->tp_n * (size_t)chunk;
     t->lbuf = t->ybuf + chunk;
-    t->rbuf = n_r ? t->lbuf + n_l : NULL;
-    t->plog = n_p ? t->lbuf + n_l + n_r : NULL;
+    const size_t n_l = head ? (size_t)t->tp_n * (size_t)t->max_out * (size_t)t->nv_max : 0;
+    t->rbuf = recv ? t->lbuf + n_l : NULL;
+    t->plog = stage_logits ? t->lbuf + n_l + (recv ? (size_t)t->max_count : 0) : NULL;
     return KV_OK;
 }
 
@@ -93,8 +98,7 @@ tp_ctx *tp_create(par *world, int tp_n, backend *be, int32_t max_tokens, int32_t
         return NULL;
     }
     for (int r = 0; r < tp_n; r++) {
-        t->vocab0[r] = (int32_t)((int64_t)r * t->n_vocab / tp_n);
-        t->nvocab[r] = (int32_t)((int64_t)(r + 1) * t->n_vocab / tp_n) - t->vocab0[r];
+        shard_vocab_range(t->n_vocab, r, tp_n, &t->vocab0[r], &t->nvocab[r]);
         t->nv_max = t->nvocab[r] > t->nv_max ? t->nvocab[r] : t->nv_max;
     }
     if ((t->pp_n > 1 && !(t->stage = par_split(world, t->pp_stage, err))) ||
@@ -137,11 +141,6 @@ void tp_destroy(tp_ctx *t)
 int tp_rank(const tp_ctx *t)
 {
     return t->rank;
-}
-
-int tp_size(const tp_ctx *t)
-{
-    return t->n;
 }
 
 void tp_get_stats(const tp_ctx *t, tp_stats *out)

@@ -66,7 +66,6 @@ tp_ctx *tp_create(par *world, int tp_n, backend *be, int32_t max_tokens, int32_t
 int tp_attach(tp_ctx *t, fwd_ctx *f, kvant_err *err);
 void tp_destroy(tp_ctx *t);
 int tp_rank(const tp_ctx *t);  /* in the world */
-int tp_size(const tp_ctx *t);
 void tp_get_stats(const tp_ctx *t, tp_stats *out);
 /* 1 once the group failed (a rank died, hung or left): nothing more can run. */
 int tp_failed(const tp_ctx *t);
