@@ -59,13 +59,22 @@ typedef struct kv_layout {
     int32_t n_layers;
     int32_t n_blocks;
     int32_t block_size;
-    int32_t n_kv_heads;
+    int32_t n_kv_heads;   /* the widest layer's KV heads */
     int32_t head_dim;
     uint32_t dtype;       /* element type of the stored K/V (DT_F32, DT_F16, ...) */
     int32_t max_tokens;   /* most tokens one step carries, for the backend's per-step
                            * workspace (0: unknown, sized on first use) */
     int32_t max_blocks;   /* most blocks kv_resize may grow to (0 = n_blocks: fixed) */
+    int32_t layer_kv_heads[MODEL_MAX_LAYERS]; /* KV heads of layer il (a pruned model's
+                           * differ); 0 = n_kv_heads.  Layer il's rows hold
+                           * kv_layout_heads(lay, il) * head_dim elements. */
 } kv_layout;
+
+/* KV heads of layer il under lay. */
+static inline int32_t kv_layout_heads(const kv_layout *lay, int32_t il)
+{
+    return lay->layer_kv_heads[il] ? lay->layer_kv_heads[il] : lay->n_kv_heads;
+}
 
 typedef struct backend_ops {
     const char *name;

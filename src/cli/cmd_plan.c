@@ -231,7 +231,7 @@ int cmd_plan(int argc, char **argv)
         return cli_plan_tp(&c, &pc);
     }
     plan_model pm = {hp.n_layers, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff,
-                     hp.n_vocab, hp.n_ctx_train, 0};
+                     hp.n_vocab, hp.n_ctx_train, 0, hp.n_kv_total};
     /* weight offload: the stored row plans the device bytes of the placement */
     cli_offload *off = NULL;
     if (c.weights_memory || c.weights_memory_frac > 0) {

@@ -36,7 +36,10 @@ static void prune_help(void)
         {"--drop-layers", "N", "remove the N layers of lowest Block Influence", "0"},
         {"--ffn-keep", "F", "keep fraction F of the FFN channels", "unset"},
         {"--ffn-uniform", NULL, "the same FFN width in every layer", "off: global ranking"},
-        {"--heads-keep", "F", "keep round(F * n_head_kv) KV-head groups per layer", "unset"},
+        {"--heads-keep", "F", "keep fraction F of the KV-head groups (at least one per layer)",
+         "unset"},
+        {"--heads-uniform", NULL, "remove the same number of KV-head groups from every layer",
+         "off: global ranking"},
         {"--no-bias", NULL, "no bias compensation (removed channels and heads are otherwise "
                             "replaced by their calibration mean in a bias)", "off"},
         {"--refit", NULL, "refit the kept ffn_down / attn_output columns and the bias by least "
@@ -73,6 +76,10 @@ static int parse_opt(pr_opts *o, int argc, char **argv, int *i)
     long n;
     if (!strcmp(a, "--refit") || !strcmp(a, "--depth-bias")) {
         *(a[2] == 'r' ? &o->rq.refit : &o->rq.depth_bias) = 1;
+        return 0;
+    }
+    if (!strcmp(a, "--heads-uniform")) {
+        o->rq.heads_uniform = 1;
         return 0;
     }
     if (!strcmp(a, "--ffn-uniform") || !strcmp(a, "--no-bias")) {
@@ -174,17 +181,28 @@ static int run_calib(const pr_opts *o, cli_session *s, prune_stats *st, kvant_er
     return rc;
 }
 
-static uint64_t kv_per_token(int n_layers, int n_kv, int head_dim, uint32_t kv_dtype)
+/* KV cache bytes per token of the input (out = 0) or the output: every
+ * layer's K and V rows, each of its KV heads. */
+static uint64_t kv_per_token(const model *m, const prune_plan *p, int out, uint32_t kv_dtype)
 {
-    return 2u * (uint64_t)n_layers * dtype_row_size(kv_dtype, (int64_t)n_kv * head_dim);
+    uint64_t heads = 0;
+    for (int l = 0; l < p->n_layers; l++)
+        heads += !out ? (uint64_t)m->layers[l].n_head_kv : p->keep[l] ? (uint64_t)p->kv_n[l] : 0;
+    return 2u * heads * dtype_row_size(kv_dtype, m->hp.head_dim);
+}
+
+static int32_t kv_max_out(const prune_plan *p)
+{
+    int32_t mx = 0;
+    for (int l = 0; l < p->n_layers; l++)
+        mx = p->keep[l] && p->kv_n[l] > mx ? p->kv_n[l] : mx;
+    return mx;
 }
 
 static void print_json(const pr_opts *o, const model *m, const prune_plan *p,
                        const prune_result *r)
 {
-    const model_hparams *hp = &m->hp;
-    uint64_t kv0 = kv_per_token(hp->n_layers, hp->n_head_kv, hp->head_dim, o->c.kv_dtype);
-    uint64_t kv1 = kv_per_token(p->n_kept, p->kv_keep, hp->head_dim, o->c.kv_dtype);
+    uint64_t kv0 = kv_per_token(m, p, 0, o->c.kv_dtype), kv1 = kv_per_token(m, p, 1, o->c.kv_dtype);
     printf("{\"out\": ");
     cli_json_string(stdout, o->out, strlen(o->out));
     printf(", \"layers_in\": %d, \"layers_out\": %d, \"removed_layers\": [", p->n_layers,
@@ -199,13 +217,17 @@ static void print_json(const pr_opts *o, const model *m, const prune_plan *p,
     for (int l = 0, k = 0; l < p->n_layers; l++)
         if (p->keep[l])
             printf("%s%d", k++ ? ", " : "", p->ffn_n[l]);
+    printf("], \"kv_heads\": [");
+    for (int l = 0, k = 0; l < p->n_layers; l++)
+        if (p->keep[l])
+            printf("%s%d", k++ ? ", " : "", p->kv_n[l]);
     printf("], \"n_head_kv_in\": %d, \"n_head_kv_out\": %d, \"params_in\": %llu, "
            "\"params_out\": %llu, \"params_kept\": %.4f, \"weight_bytes_in\": %llu, "
            "\"weight_bytes_out\": %llu, \"weight_bytes_kept\": %.4f, \"requantized_tensors\": %d, "
            "\"bias_compensation\": %s, \"refit\": %s, \"depth_bias\": %s, "
            "\"kv_dtype\": \"%s\", \"kv_bytes_per_token_in\": %llu, \"kv_bytes_per_token_out\": "
            "%llu, \"kv_tokens_per_gib_in\": %llu, \"kv_tokens_per_gib_out\": %llu}\n",
-           p->n_head_kv, p->kv_keep, (unsigned long long)p->params_in,
+           p->n_head_kv, kv_max_out(p), (unsigned long long)p->params_in,
            (unsigned long long)r->params_out, (double)r->params_out / (double)p->params_in,
            (unsigned long long)r->bytes_in, (unsigned long long)r->bytes_out,
            (double)r->bytes_out / (double)r->bytes_in, r->requantized,
@@ -217,15 +239,13 @@ static void print_json(const pr_opts *o, const model *m, const prune_plan *p,
 static void print_text(const pr_opts *o, const model *m, const prune_plan *p,
                        const prune_result *r)
 {
-    const model_hparams *hp = &m->hp;
-    uint64_t kv0 = kv_per_token(hp->n_layers, hp->n_head_kv, hp->head_dim, o->c.kv_dtype);
-    uint64_t kv1 = kv_per_token(p->n_kept, p->kv_keep, hp->head_dim, o->c.kv_dtype);
-    printf("%5s %10s %8s %s\n", "layer", "influence", "ffn", "");
+    uint64_t kv0 = kv_per_token(m, p, 0, o->c.kv_dtype), kv1 = kv_per_token(m, p, 1, o->c.kv_dtype);
+    printf("%5s %10s %8s %8s %s\n", "layer", "influence", "ffn", "kv_heads", "");
     for (int l = 0; l < p->n_layers; l++)
-        printf("%5d %10.5f %8d %s\n", l, p->bi[l], p->keep[l] ? p->ffn_n[l] : 0,
-               p->keep[l] ? "" : "removed");
-    printf("layers %d -> %d, KV-head groups %d -> %d per layer\n", p->n_layers, p->n_kept,
-           p->n_head_kv, p->kv_keep);
+        printf("%5d %10.5f %8d %8d %s\n", l, p->bi[l], p->keep[l] ? p->ffn_n[l] : 0,
+               p->keep[l] ? p->kv_n[l] : 0, p->keep[l] ? "" : "removed");
+    printf("layers %d -> %d, KV-head groups at most %d -> %d per layer\n", p->n_layers,
+           p->n_kept, p->n_head_kv, kv_max_out(p));
     printf("parameters %llu -> %llu (%.1f%% kept)\n", (unsigned long long)p->params_in,
            (unsigned long long)r->params_out, 100.0 * (double)r->params_out / (double)p->params_in);
     printf("weight bytes %llu -> %llu (%.1f%% kept), %d tensors requantized\n",

@@ -134,7 +134,7 @@ static int plan_engine(engine_ext *x, kvant_err *err)
     engine *e = &x->e;
     const model_hparams *hp = &e->m->hp;
     plan_model pm = {hp->n_layers, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim,
-                     hp->n_ff, hp->n_vocab, hp->n_ctx_train, planned_weights(e)};
+                     hp->n_ff, hp->n_vocab, hp->n_ctx_train, planned_weights(e), hp->n_kv_total};
     plan_config pc = plan_config_default();
     backend_device_info dev;
     int rc0 = backend_query(e->cfg.backend, e->cfg.device, &dev, err);
@@ -284,6 +284,7 @@ static int setup_backend(engine_ext *x, kvant_err *err)
                        &lay, err)) ||
         (rc = engine_tp_attach(e, err)))
         return rc;
+    e->kv_block_bytes = x->plan.kv_bytes_per_token * (uint64_t)e->cfg.block_size;
     if ((rc = engine_tier_create(e, lay.max_blocks, err)))
         return rc;
     kvpool_config pc = kvpool_config_default();
@@ -298,7 +299,6 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     e->pool = kvpool_create(&pc, err);
     if (!e->pool)
         return KV_ENOMEM;
-    e->kv_block_bytes = x->plan.kv_bytes_per_token * (uint64_t)e->cfg.block_size;
     e->kv_pool_stats = (mem_pool_stats){"kv", (uint64_t)n_blocks * e->kv_block_bytes,
                                         (uint64_t)n_blocks * e->kv_block_bytes,
                                         (uint64_t)n_blocks * e->kv_block_bytes};

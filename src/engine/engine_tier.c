@@ -62,6 +62,9 @@ static void fingerprint(engine *e, uint8_t out[KVTIER_KEY_BYTES])
                    e->cfg.block_size, e->cfg.weights_dtype, e->cfg.exact};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         model_hash_u64(&s, (uint64_t)f[i]);
+    if (hp->n_kv_total != (int64_t)hp->n_layers * hp->n_head_kv) /* per-layer KV heads */
+        for (int32_t il = 0; il < hp->n_layers; il++)
+            model_hash_u64(&s, (uint64_t)e->m->layers[il].n_head_kv);
     float fl[] = {hp->rope_base, hp->rope_freq_scale, hp->rms_eps};
     kvhash_sha256_update(&s, fl, sizeof fl);
     /* the backend and the kernels' ISA: the same model computes bitwise
@@ -142,10 +145,7 @@ int engine_tier_create(engine *e, int32_t n_blocks, kvant_err *err)
     if (!et)
         return kvant_err_set(err, KV_ENOMEM, "out of memory");
     e->tier = et;
-    const model_hparams *hp = &e->m->hp;
-    int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
-    et->payload_bytes = (uint64_t)hp->n_layers * 2u * (uint64_t)c->block_size *
-                        (uint64_t)dtype_row_size(c->kv_dtype, kv_dim);
+    et->payload_bytes = e->kv_block_bytes; /* every layer's K and V of one block */
     fingerprint(e, et->fingerprint);
     et->keys = malloc((size_t)n_blocks * KVTIER_KEY_BYTES);
     et->toks = malloc((size_t)n_blocks * (size_t)c->block_size * sizeof(int32_t));

@@ -61,6 +61,11 @@ int plan_model_check(const plan_model *m, kvant_err *err)
     if (m->n_head % m->n_head_kv != 0)
         return kvant_err_set(err, KV_EINVAL, "model n_head %d is not a multiple of n_head_kv %d",
                              m->n_head, m->n_head_kv);
+    if (m->n_kv_total && (m->n_kv_total < m->n_layers ||
+                          m->n_kv_total > (int64_t)m->n_layers * m->n_head_kv))
+        return kvant_err_set(err, KV_EINVAL, "model KV heads over layers %lld out of range "
+                             "[%d, %lld]", (long long)m->n_kv_total, m->n_layers,
+                             (long long)m->n_layers * m->n_head_kv);
     if (m->weights_bytes == 0 || m->weights_bytes > PLAN_MAX_WEIGHTS)
         return kvant_err_set(err, KV_EINVAL, "model weights_bytes %llu out of range [1, %llu]",
                              (unsigned long long)m->weights_bytes, PLAN_MAX_WEIGHTS);
@@ -123,8 +128,14 @@ static uint64_t work_bytes(const plan_model *m, const plan_config *c, int max_to
 
 uint64_t plan_kv_bytes_per_token(const plan_model *m, uint32_t kv_dtype)
 {
-    size_t row = dtype_row_size(kv_dtype, (int64_t)m->n_head_kv * m->head_dim);
-    return (uint64_t)m->n_layers * 2u * (uint64_t)row;
+    const int64_t uniform = (int64_t)m->n_layers * m->n_head_kv;
+    if (m->n_kv_total == 0 || m->n_kv_total == uniform) {
+        size_t row = dtype_row_size(kv_dtype, (int64_t)m->n_head_kv * m->head_dim);
+        return (uint64_t)m->n_layers * 2u * (uint64_t)row;
+    }
+    /* per-layer heads: each layer's rows hold whole heads */
+    size_t head = dtype_row_size(kv_dtype, m->head_dim);
+    return (uint64_t)m->n_kv_total * 2u * (uint64_t)head;
 }
 
 static int check_config(const plan_model *m, const plan_config *c, kvant_err *err)
@@ -315,6 +326,9 @@ char *plan_result_json(const plan_result *r, const plan_model *m)
         json_object_set_new(mo, "n_embd", json_integer(m->n_embd));
         json_object_set_new(mo, "n_head", json_integer(m->n_head));
         json_object_set_new(mo, "n_head_kv", json_integer(m->n_head_kv));
+        json_object_set_new(mo, "kv_heads_total",
+                            json_integer(m->n_kv_total ? m->n_kv_total
+                                                       : (int64_t)m->n_layers * m->n_head_kv));
         json_object_set_new(mo, "head_dim", json_integer(m->head_dim));
         json_object_set_new(mo, "n_ff", json_integer(m->n_ff));
         json_object_set_new(mo, "n_vocab", json_integer(m->n_vocab));

@@ -38,6 +38,8 @@ typedef struct plan_model {
     int n_layers, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab;
     int64_t n_ctx_train;
     uint64_t weights_bytes; /* all tensors at stored size (what mmap maps) */
+    int64_t n_kv_total;     /* KV heads summed over layers when they differ per layer
+                             * (a pruned model); 0 = n_layers * n_head_kv */
 } plan_model;
 
 typedef struct plan_config {

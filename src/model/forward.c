@@ -21,7 +21,7 @@ static plan_model plan_shape(const model_hparams *hp)
     return (plan_model){
         .n_layers = hp->n_layers, .n_embd = hp->n_embd, .n_head = hp->n_head,
         .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .n_ff = hp->n_ff,
-        .n_vocab = hp->n_vocab, .n_ctx_train = hp->n_ctx_train,
+        .n_vocab = hp->n_vocab, .n_ctx_train = hp->n_ctx_train, .n_kv_total = hp->n_kv_total,
         .weights_bytes = 1, /* the workspace does not depend on it */
     };
 }
@@ -45,7 +45,7 @@ void fwd_free(fwd_ctx *f)
 
 kv_layout fwd_kv_layout(const model *m, int32_t n_blocks, int32_t block_size, uint32_t kv_dtype)
 {
-    return (kv_layout){
+    kv_layout lay = {
         .n_layers = m->hp.n_layers,
         .n_blocks = n_blocks,
         .block_size = block_size,
@@ -53,6 +53,9 @@ kv_layout fwd_kv_layout(const model *m, int32_t n_blocks, int32_t block_size, ui
         .head_dim = m->hp.head_dim,
         .dtype = kv_dtype,
     };
+    for (int32_t il = 0; il < m->hp.n_layers && il < MODEL_MAX_LAYERS; il++)
+        lay.layer_kv_heads[il] = m->layers[il].n_head_kv;
+    return lay;
 }
 
 int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_out,
@@ -162,10 +165,10 @@ static int run_layer(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
                                     L->bv.dev ? &L->bv : NULL};
     float *qkv_y[3] = {f->d_q, f->d_k, f->d_v};
     matmuls(f, 3, qkv, qkv_b, f->d_h, qkv_y, n);
-    op->rope(be, f->d_q, hp->n_head, hp->head_dim, &f->rope);
-    op->rope(be, f->d_k, hp->n_head_kv, hp->head_dim, &f->rope);
+    op->rope(be, f->d_q, L->n_head, hp->head_dim, &f->rope);
+    op->rope(be, f->d_k, L->n_head_kv, hp->head_dim, &f->rope);
     op->kv_store(be, il, f->d_k, f->d_v);
-    op->attention(be, il, f->d_q, hp->n_head, f->d_att);
+    op->attention(be, il, f->d_q, L->n_head, f->d_att);
     op->matmul(be, &L->wo, L->bo.dev ? &L->bo : NULL, f->d_att, f->d_h, n);
     if ((rc = reduce(f, f->d_h, (int64_t)n * hp->n_embd, err)))
         return rc;

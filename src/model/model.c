@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "kernels/dtype.h"
+#include "mem/plan.h"
 
 const char *model_arch_name(model_arch a)
 {
@@ -69,43 +70,82 @@ static int read_rope_scaling(const gguf_ctx *g, const char *arch, model_hparams 
                          (int)(type.len > 64 ? 64 : type.len), type.ptr);
 }
 
-int model_ff_length(const gguf_ctx *g, int n_layers, int il, uint32_t *n_ff, kvant_err *err)
+int model_layer_u32(const gguf_ctx *g, const char *suffix, int n_layers, int il, uint32_t def,
+                    uint32_t *out, kvant_err *err)
 {
     gguf_str arch_s;
     int rc = gguf_get_str(g, "general.architecture", &arch_s, err);
     if (rc)
         return rc;
     char key[128];
-    snprintf(key, sizeof key, "%.*s.feed_forward_length", (int)(arch_s.len > 32 ? 32 : arch_s.len),
-             arch_s.ptr);
+    snprintf(key, sizeof key, "%.*s.%s", (int)(arch_s.len > 32 ? 32 : arch_s.len), arch_s.ptr,
+             suffix);
     int64_t ki = gguf_find_key(g, key);
-    if (ki < 0 || gguf_kv_type(g, ki) != GGUF_TYPE_ARRAY) {
-        if ((rc = gguf_get_u32(g, key, n_ff, err)))
-            return rc;
-    } else {
-        /* per-layer widths (a width-pruned model): int32 or uint32 [n_layers];
-         * il < 0 asks for the largest */
-        gguf_type et = gguf_arr_type(g, ki);
-        if ((et != GGUF_TYPE_INT32 && et != GGUF_TYPE_UINT32) ||
-            gguf_arr_n(g, ki) != (uint64_t)n_layers)
-            return kvant_err_set(err, KV_EFORMAT,
-                                 "%s: array must hold %d int32/uint32 values (one per layer)",
-                                 key, n_layers);
-        const uint8_t *d = gguf_arr_data(g, ki);
-        uint32_t best = 0;
-        for (int i = 0; i < n_layers; i++) {
-            int32_t v;
-            memcpy(&v, d + 4 * (size_t)i, 4);
-            if (v < 1)
-                return kvant_err_set(err, KV_EFORMAT, "%s[%d] = %d is not positive", key, i,
-                                     (int)v);
-            if (il < 0 ? (uint32_t)v > best : i == il)
-                best = (uint32_t)v;
-        }
-        *n_ff = best;
+    if (ki < 0 || gguf_kv_type(g, ki) != GGUF_TYPE_ARRAY)
+        return def ? gguf_get_u32_or(g, key, def, out, err) : gguf_get_u32(g, key, out, err);
+    /* per-layer values (a pruned model): int32 or uint32 [n_layers];
+     * il < 0 asks for the largest */
+    gguf_type et = gguf_arr_type(g, ki);
+    if ((et != GGUF_TYPE_INT32 && et != GGUF_TYPE_UINT32) || gguf_arr_n(g, ki) != (uint64_t)n_layers)
+        return kvant_err_set(err, KV_EFORMAT,
+                             "%s: array must hold %d int32/uint32 values (one per layer)", key,
+                             n_layers);
+    const uint8_t *d = gguf_arr_data(g, ki);
+    uint32_t best = 0;
+    for (int i = 0; i < n_layers; i++) {
+        int32_t v;
+        memcpy(&v, d + 4 * (size_t)i, 4);
+        if (v < 1)
+            return kvant_err_set(err, KV_EFORMAT, "%s[%d] = %d is not positive", key, i, (int)v);
+        if (il < 0 ? (uint32_t)v > best : i == il)
+            best = (uint32_t)v;
     }
+    *out = best;
+    return KV_OK;
+}
+
+int model_ff_length(const gguf_ctx *g, int n_layers, int il, uint32_t *n_ff, kvant_err *err)
+{
+    int rc = model_layer_u32(g, "feed_forward_length", n_layers, il, 0, n_ff, err);
+    if (rc)
+        return rc;
     if (*n_ff < 1 || *n_ff > (1u << 20))
-        return kvant_err_set(err, KV_EFORMAT, "%s = %u out of range", key, *n_ff);
+        return kvant_err_set(err, KV_EFORMAT, "feed_forward_length = %u out of range", *n_ff);
+    return KV_OK;
+}
+
+int model_layer_heads(const gguf_ctx *g, int n_layers, int il, uint32_t *n_head,
+                      uint32_t *n_head_kv, kvant_err *err)
+{
+    int rc = model_layer_u32(g, "attention.head_count", n_layers, il, 0, n_head, err);
+    if (rc)
+        return rc;
+    if ((rc = model_layer_u32(g, "attention.head_count_kv", n_layers, il, *n_head, n_head_kv,
+                              err)))
+        return rc;
+    if (*n_head < 1 || *n_head > PLAN_MAX_HEADS || *n_head_kv < 1 || *n_head % *n_head_kv)
+        return kvant_err_set(err, KV_EFORMAT,
+                             "layer %d: attention.head_count_kv %u does not divide head_count %u",
+                             il, *n_head_kv, *n_head);
+    return KV_OK;
+}
+
+/* The widest layer's heads, each layer checked, and the sum of KV heads
+ * over layers (the KV cache's row elements per token / head_dim / 2). */
+static int read_heads(const gguf_ctx *g, int n_layers, uint32_t *n_head, uint32_t *n_head_kv,
+                      int64_t *kv_total, kvant_err *err)
+{
+    *n_head = *n_head_kv = 0;
+    *kv_total = 0;
+    for (int il = 0; il < n_layers; il++) {
+        uint32_t h, kv;
+        int rc = model_layer_heads(g, n_layers, il, &h, &kv, err);
+        if (rc)
+            return rc;
+        *n_head = h > *n_head ? h : *n_head;
+        *n_head_kv = kv > *n_head_kv ? kv : *n_head_kv;
+        *kv_total += kv;
+    }
     return KV_OK;
 }
 
@@ -133,15 +173,14 @@ int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err
     uint32_t n_layers, n_embd, n_head, n_head_kv, n_ff, ctx, key_len, rope_dim;
     if ((rc = get_u32_key(g, arch, "block_count", &n_layers, 1, 0, err)) ||
         (rc = get_u32_key(g, arch, "embedding_length", &n_embd, 1, 0, err)) ||
-        (rc = get_u32_key(g, arch, "attention.head_count", &n_head, 1, 0, err)) ||
         (rc = get_u32_key(g, arch, "context_length", &ctx, 0, 2048, err)))
-        return rc;
-    if ((rc = get_u32_key(g, arch, "attention.head_count_kv", &n_head_kv, 0, n_head, err)))
         return rc;
     if (n_layers < 1 || n_layers > MODEL_MAX_LAYERS)
         return kvant_err_set(err, KV_EFORMAT, "%s.block_count: %u outside [1, %d]", arch,
                              n_layers, MODEL_MAX_LAYERS);
-    if ((rc = model_ff_length(g, (int)n_layers, -1, &n_ff, err)))
+    int64_t kv_total;
+    if ((rc = read_heads(g, (int)n_layers, &n_head, &n_head_kv, &kv_total, err)) ||
+        (rc = model_ff_length(g, (int)n_layers, -1, &n_ff, err)))
         return rc;
     if (n_head < 1 || n_embd < 1)
         return kvant_err_set(err, KV_EFORMAT, "%s: embedding_length %u, head_count %u", arch,
@@ -173,6 +212,7 @@ int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err
     hp->n_embd = (int32_t)n_embd;
     hp->n_head = (int32_t)n_head;
     hp->n_head_kv = (int32_t)n_head_kv;
+    hp->n_kv_total = kv_total;
     hp->head_dim = (int32_t)key_len;
     hp->n_ff = (int32_t)n_ff;
     hp->n_ctx_train = ctx;
@@ -244,15 +284,17 @@ static int bind_layer(model *m, int il, kvant_err *err)
 {
     const model_hparams *hp = &m->hp;
     model_layer *L = &m->layers[il];
-    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
-    int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     int qwen = hp->arch == ARCH_QWEN2;
     char name[96];
-    uint32_t n_ff;
+    uint32_t n_ff, n_head, n_head_kv;
     int rc = model_ff_length(m->gguf, hp->n_layers, il, &n_ff, err);
-    if (rc)
+    if (rc || (rc = model_layer_heads(m->gguf, hp->n_layers, il, &n_head, &n_head_kv, err)))
         return rc;
     L->n_ff = (int32_t)n_ff;
+    L->n_head = (int32_t)n_head;
+    L->n_head_kv = (int32_t)n_head_kv;
+    int64_t q_dim = (int64_t)n_head * hp->head_dim;
+    int64_t kv_dim = (int64_t)n_head_kv * hp->head_dim;
 #define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, il), name)
     if ((rc = bind_vec(m->gguf, &L->attn_norm, NAME("attn_norm.weight"), il, hp->n_embd, 0, err)) ||
         (rc = bind(m->gguf, &L->wq, NAME("attn_q.weight"), il, hp->n_embd, q_dim, 0, err)) ||

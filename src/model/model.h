@@ -35,8 +35,10 @@ typedef struct model_hparams {
     model_arch arch;
     int32_t n_layers;
     int32_t n_embd;
-    int32_t n_head;
-    int32_t n_head_kv;
+    int32_t n_head;       /* the widest layer's (model_layer.n_head per layer) */
+    int32_t n_head_kv;    /* the widest layer's (model_layer.n_head_kv per layer) */
+    int64_t n_kv_total;   /* KV heads summed over layers (n_layers * n_head_kv unless
+                           * a pruned model's layers differ) */
     int32_t head_dim;     /* n_embd / n_head unless key_length says otherwise */
     int32_t n_ff;         /* the widest layer's FFN (model_layer.n_ff per layer) */
     int32_t n_vocab;
@@ -76,6 +78,7 @@ typedef struct model_layer {
     model_tensor ffn_norm, w_gate, w_up, w_down;
     model_tensor b_down;     /* optional, as bo */
     int32_t n_ff;            /* this layer's FFN width (<= hp.n_ff; per-layer after pruning) */
+    int32_t n_head, n_head_kv; /* this layer's heads (<= hp's; per-layer after pruning) */
 } model_layer;
 
 typedef struct model {
@@ -94,10 +97,18 @@ typedef struct model {
     char path[1024];
 } model;
 
-/* FFN width of layer il (il < 0: the widest) from
- * {arch}.feed_forward_length, a u32 or an int32/uint32 array of n_layers
- * (per-layer widths, as llama.cpp reads them and `kvant prune` writes). */
+/* {arch}.{suffix} of layer il (il < 0: the largest over layers): a u32,
+ * or an int32/uint32 array of n_layers (per-layer values, as llama.cpp
+ * reads them and `kvant prune` writes).  Absent: def, an error when 0. */
+int model_layer_u32(const gguf_ctx *g, const char *suffix, int n_layers, int il, uint32_t def,
+                    uint32_t *out, kvant_err *err);
+/* FFN width of layer il (il < 0: the widest) from {arch}.feed_forward_length. */
 int model_ff_length(const gguf_ctx *g, int n_layers, int il, uint32_t *n_ff, kvant_err *err);
+/* Query and KV heads of layer il (il < 0: the largest) from
+ * attention.head_count / head_count_kv (u32 or per-layer arrays; KV
+ * heads default to the query heads); KV_EFORMAT unless KV divides Q. */
+int model_layer_heads(const gguf_ctx *g, int n_layers, int il, uint32_t *n_head,
+                      uint32_t *n_head_kv, kvant_err *err);
 /* Reads hyper-parameters only (no tensors): used by `kvant plan`. */
 int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err);
 const char *model_arch_name(model_arch a);

@@ -143,6 +143,8 @@ static int shard_layer(model_shard *s, model_layer *L, const shard_range *r, int
 {
     const int64_t hd = s->hp.head_dim;
     int rc;
+    if (n == 1)
+        return KV_OK; /* a pipeline stage alone: its layers whole, as mapped */
     rows_view(&L->wq, r->head0 * hd, r->n_head * hd);
     rows_view(&L->wk, r->kv0 * hd, r->n_kv * hd);
     rows_view(&L->wv, r->kv0 * hd, r->n_kv * hd);
@@ -162,6 +164,8 @@ static int shard_layer(model_shard *s, model_layer *L, const shard_range *r, int
     if ((rc = cols_copy(s, &L->w_down, ff0, nff, err)))
         return rc;
     L->n_ff = nff;
+    L->n_head = r->n_head;
+    L->n_head_kv = r->n_kv;
     if (rank != 0) { /* added once, to the sum over ranks */
         no_tensor(&L->bo);
         no_tensor(&L->b_down);
@@ -183,6 +187,22 @@ static int check_spec(const model_hparams *hp, const shard_spec *sp, kvant_err *
     if (sp->pp_n > hp->n_layers)
         return kvant_err_set(err, KV_EUNSUP, "--pp %d: the model has only %d layers", sp->pp_n,
                              hp->n_layers);
+    return KV_OK;
+}
+
+/* Tensor parallelism splits every layer's heads the same way: a model
+ * whose layers have different head counts (a pruned one) is refused. */
+static int check_uniform_heads(const model *m, const shard_spec *sp, kvant_err *err)
+{
+    if (sp->tp_n == 1)
+        return KV_OK;
+    for (int il = 0; il < m->hp.n_layers; il++)
+        if (m->layers[il].n_head != m->hp.n_head || m->layers[il].n_head_kv != m->hp.n_head_kv)
+            return kvant_err_set(err, KV_EUNSUP, "--tp %d: layer %d has %d/%d query/KV heads, "
+                                 "not %d/%d: a model with per-layer head counts (a pruned "
+                                 "one) is split by --pp only", sp->tp_n, il,
+                                 m->layers[il].n_head, m->layers[il].n_head_kv, m->hp.n_head,
+                                 m->hp.n_head_kv);
     return KV_OK;
 }
 
@@ -210,7 +230,8 @@ static void shard_globals(model *m, const shard_range *r, const shard_spec *sp)
 model_shard *model_shard_apply(model *m, const shard_spec *sp, mem_mgr *mem, kvant_err *err)
 {
     shard_range r;
-    if (check_spec(&m->hp, sp, err) || shard_range_of(&m->hp, sp->tp_rank, sp->tp_n, &r, err))
+    if (check_spec(&m->hp, sp, err) || check_uniform_heads(m, sp, err) ||
+        shard_range_of(&m->hp, sp->tp_rank, sp->tp_n, &r, err))
         return NULL;
     model_shard *s = calloc(1, sizeof *s);
     const int nl = m->hp.n_layers;
@@ -234,20 +255,26 @@ model_shard *model_shard_apply(model *m, const shard_spec *sp, mem_mgr *mem, kva
     s->output = m->output;
     s->output_norm = m->output_norm;
     s->weights_bytes = m->weights_bytes;
-    int32_t l0, n_here, max_ff = 0;
+    int32_t l0, n_here, max_ff = 0, max_head = 0, max_kv = 0;
+    int64_t kv_total = 0;
     shard_layer_range(nl, sp->pp_stage, sp->pp_n, &l0, &n_here);
     for (int il = l0; il < l0 + n_here; il++) {
+        const model_layer *L = &m->layers[il];
         if (shard_layer(s, &m->layers[il], &r, sp->tp_rank, sp->tp_n, err)) {
             model_shard_free(s);
             return NULL;
         }
-        max_ff = m->layers[il].n_ff > max_ff ? m->layers[il].n_ff : max_ff;
+        max_ff = L->n_ff > max_ff ? L->n_ff : max_ff;
+        max_head = L->n_head > max_head ? L->n_head : max_head;
+        max_kv = L->n_head_kv > max_kv ? L->n_head_kv : max_kv;
+        kv_total += L->n_head_kv;
     }
     shard_globals(m, &r, sp);
     m->layers += l0;
     m->hp.n_layers = n_here;
-    m->hp.n_head = r.n_head;
-    m->hp.n_head_kv = r.n_kv;
+    m->hp.n_head = max_head;
+    m->hp.n_head_kv = max_kv;
+    m->hp.n_kv_total = kv_total;
     m->hp.n_ff = max_ff;
     uint64_t total = 0;
     model_for_each_tensor(m, add_bytes, &total);

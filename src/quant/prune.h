@@ -27,9 +27,12 @@
  * keeps the channels above one threshold; raw scores are not comparable
  * across layers, residual norms grow with depth) or uniformly
  * (ffn_uniform), rounded to multiples of ffn_align so the requantized
- * down projection keeps whole blocks.  KV
- * groups are removed in equal numbers from every layer (the KV pool is
- * uniform across layers), each layer choosing its own weakest groups.
+ * down projection keeps whole blocks.  KV groups are ranked over all
+ * kept layers by their score relative to the mean of their layer's
+ * groups (a layer whose attention output rests on few groups keeps them;
+ * every layer keeps at least one), so layers end with different KV-head
+ * counts (written as per-layer arrays, and the KV pool's rows follow), or
+ * removed in equal numbers from every layer (heads_uniform).
  *
  * Refit (optional, prune_refit.h): instead of the mean alone, the kept
  * columns of ffn_down / attn_output and the bias are refit by least
@@ -73,6 +76,7 @@ typedef struct prune_request {
     double heads_keep;    /* fraction of KV-head groups kept per layer, (0, 1); 0 = unset */
     prune_method method;  /* what target_params removes */
     int ffn_uniform;      /* the same fraction in every layer instead of a global ranking */
+    int heads_uniform;    /* the same number of KV groups removed from every layer */
     int ffn_align;        /* FFN widths are multiples of this */
     int no_bias;          /* no bias compensation; score by second moment */
     int refit;            /* least-squares refit of the pruned ffn_down / attn_output
@@ -123,9 +127,9 @@ typedef struct prune_plan {
     int32_t n_ff_max;   /* input's widest FFN */
     int32_t *ffn_n;     /* [n_layers] channels kept (the input width when unpruned) */
     int32_t *ffn_idx;   /* [n_layers][n_ff_max] kept channels, ascending (first ffn_n) */
-    int32_t n_head_kv;  /* input KV heads per layer */
-    int32_t kv_keep;    /* KV-head groups kept in every layer */
-    int32_t *kv_idx;    /* [n_layers][n_head_kv] kept groups, ascending (first kv_keep) */
+    int32_t n_head_kv;  /* input's most KV heads in a layer (the stride of kv_idx) */
+    int32_t *kv_n;      /* [n_layers] KV-head groups kept (the input's when unpruned) */
+    int32_t *kv_idx;    /* [n_layers][n_head_kv] kept groups, ascending (first kv_n) */
     uint64_t params_in; /* all tensor elements of the input */
     uint64_t params_out;
     int bias_comp;      /* removed channels / heads replaced by their mean (biases) */

@@ -104,10 +104,10 @@ done:
  * g*per .. g*per+per-1, each head_dim elements. */
 static int32_t *head_elems(const prune_plan *p, int il, int per, int head_dim, int64_t *n)
 {
-    *n = (int64_t)p->kv_keep * per * head_dim;
+    *n = (int64_t)p->kv_n[il] * per * head_dim;
     int32_t *e = malloc((size_t)*n * sizeof *e);
     int64_t k = 0;
-    for (int g = 0; e && g < p->kv_keep; g++) {
+    for (int g = 0; e && g < p->kv_n[il]; g++) {
         int32_t grp = p->kv_idx[(size_t)il * p->n_head_kv + g];
         for (int h = grp * per; h < (grp + 1) * per; h++)
             for (int d = 0; d < head_dim; d++)
@@ -128,9 +128,10 @@ static int32_t *kept_cols(const pw_ctx *c, int il, int down, int64_t *n, int *ow
         *n = p->ffn_n[il];
         return p->ffn_idx + (size_t)il * p->n_ff_max;
     }
-    if (!down && p->kv_keep < p->n_head_kv) {
+    const model_layer *L = &c->m->layers[il];
+    if (!down && p->kv_n[il] < L->n_head_kv) {
         *own = 1;
-        return head_elems(p, il, hp->n_head / hp->n_head_kv, hp->head_dim, n);
+        return head_elems(p, il, L->n_head / L->n_head_kv, hp->head_dim, n);
     }
     return NULL;
 }
@@ -351,7 +352,8 @@ static int transform(pw_ctx *c, const gguf_tensor_info *ti, int il, const char *
     const prune_plan *p = c->p;
     const model_hparams *hp = &c->m->hp;
     int ffn = p->ffn_n[il] < c->m->layers[il].n_ff;
-    int heads = p->kv_keep < p->n_head_kv;
+    const model_layer *L = &c->m->layers[il];
+    int heads = p->kv_n[il] < L->n_head_kv;
     int is_w = strstr(kind, ".weight") != NULL, requant = 0;
     int64_t n = 0;
     int32_t *idx = NULL;
@@ -361,7 +363,7 @@ static int transform(pw_ctx *c, const gguf_tensor_info *ti, int il, const char *
     } else if (ffn && !strcmp(kind, "ffn_down.weight")) {
         idx = p->ffn_idx + (size_t)il * p->n_ff_max, n = p->ffn_n[il], rows = 0;
     } else if (heads && (!strncmp(kind, "attn_q.", 7) || !strcmp(kind, "attn_output.weight"))) {
-        idx = head_elems(p, il, hp->n_head / hp->n_head_kv, hp->head_dim, &n), own = 1;
+        idx = head_elems(p, il, L->n_head / L->n_head_kv, hp->head_dim, &n), own = 1;
         rows = !strncmp(kind, "attn_q.", 7) && is_w;
     } else if (heads && (!strncmp(kind, "attn_k.", 7) || !strncmp(kind, "attn_v.", 7))) {
         idx = head_elems(p, il, 1, hp->head_dim, &n), own = 1;
@@ -472,21 +474,40 @@ static int set_u32(pw_ctx *c, const char *suffix, uint32_t v, kvant_err *err)
     return gguf_writer_add_u32(c->w, key, v, err);
 }
 
+/* A per-layer count: a u32 when every kept layer agrees, else an int32
+ * array of the kept layers (llama.cpp's per-layer convention). */
+static int set_heads(pw_ctx *c, const char *suffix, int same, const int32_t *v, int n,
+                     kvant_err *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", c->arch, suffix);
+    return same ? gguf_writer_add_u32(c->w, key, (uint32_t)v[0], err)
+                : gguf_writer_add_arr(c->w, key, GGUF_TYPE_INT32, v, (uint64_t)n, err);
+}
+
 static int add_metadata(pw_ctx *c, kvant_err *err)
 {
     const prune_plan *p = c->p;
     const model_hparams *hp = &c->m->hp;
     int32_t ff[MODEL_MAX_LAYERS], removed[MODEL_MAX_LAYERS];
-    int n_ff = 0, n_rm = 0, same = 1, rc;
+    int32_t head[MODEL_MAX_LAYERS], head_kv[MODEL_MAX_LAYERS];
+    int n_ff = 0, n_rm = 0, same = 1, same_heads = 1, heads_changed = 0, rc;
     for (int l = 0; l < p->n_layers; l++) {
         if (!p->keep[l]) {
             removed[n_rm++] = l;
             continue;
         }
+        const model_layer *L = &c->m->layers[l];
         ff[n_ff] = p->ffn_n[l];
         same &= ff[n_ff] == ff[0];
+        head_kv[n_ff] = p->kv_n[l];
+        head[n_ff] = p->kv_n[l] * (L->n_head / L->n_head_kv);
+        same_heads &= head[n_ff] == head[0] && head_kv[n_ff] == head_kv[0];
+        heads_changed |= p->kv_n[l] != L->n_head_kv;
         n_ff++;
     }
+    /* per-layer input heads (a pruned input) are rewritten for the kept layers too */
+    heads_changed |= hp->n_kv_total != (int64_t)hp->n_layers * hp->n_head_kv;
     char key[128];
     snprintf(key, sizeof key, "%s.feed_forward_length", c->arch);
     if ((rc = gguf_writer_copy_kv(c->w, c->m->gguf, err)) ||
@@ -496,10 +517,9 @@ static int add_metadata(pw_ctx *c, kvant_err *err)
               : gguf_writer_add_arr(c->w, key, GGUF_TYPE_INT32, ff, (uint64_t)n_ff, err);
     if (rc)
         return rc;
-    if (p->kv_keep < p->n_head_kv) {
-        int group = hp->n_head / hp->n_head_kv;
-        if ((rc = set_u32(c, "attention.head_count", (uint32_t)(p->kv_keep * group), err)) ||
-            (rc = set_u32(c, "attention.head_count_kv", (uint32_t)p->kv_keep, err)) ||
+    if (heads_changed) {
+        if ((rc = set_heads(c, "attention.head_count", same_heads, head, n_ff, err)) ||
+            (rc = set_heads(c, "attention.head_count_kv", same_heads, head_kv, n_ff, err)) ||
             (rc = set_u32(c, "attention.key_length", (uint32_t)hp->head_dim, err)) ||
             (rc = set_u32(c, "attention.value_length", (uint32_t)hp->head_dim, err)))
             return rc;

@@ -211,7 +211,7 @@ static int plan_entry(srv_models *r, mentry *x, kvant_err *err)
     gguf_close(g);
     const engine_config *ec = &r->cfg.ec;
     plan_model pm = {hp.n_layers, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim,
-                     hp.n_ff,     hp.n_vocab, hp.n_ctx_train, wb};
+                     hp.n_ff,     hp.n_vocab, hp.n_ctx_train, wb, hp.n_kv_total};
     plan_config pc = plan_config_default();
     pc.device_memory = PLAN_MAX_WEIGHTS; /* unbounded: only the shape matters here */
     pc.utilization = 1.0;

@@ -2,7 +2,8 @@
 """Tiny synthetic GGUF models (llama / qwen2) in every supported weight type.
 
 Shapes: n_embd 256, n_ff 512, 4 heads of 64, 2 KV heads, 2 layers, vocab 384, ctx 256
-(the -ffw variants have per-layer FFN widths and -heads fewer heads, as `kvant prune` writes).
+(the -ffw variants have per-layer FFN widths, -heads fewer heads and -lheads per-layer head
+counts, as `kvant prune` writes).
 Random weights with realistic scales; norms ~1 (F32).  Types gguf.quants can quantize
 (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) are quantized from Gaussian data; Q4_K, Q5_K and
 Q6_K (no quantizer in gguf 0.17) are built as random but valid blocks whose f16 scales are
@@ -40,6 +41,7 @@ class Spec:
     rope_linear: float | None = None  # rope.scaling.type linear with this factor
     ff: tuple[int, ...] | None = None  # per-layer FFN widths (array key), like a pruned model
     heads: tuple[int, int] | None = None  # (n_head, n_head_kv) with key_length 64: q_dim != n_embd
+    layer_heads: tuple[tuple[int, int], ...] | None = None  # per-layer (n_head, n_head_kv) arrays
 
 
 def _variants() -> dict[str, Spec]:
@@ -57,6 +59,10 @@ def _variants() -> dict[str, Spec]:
     # shapes `kvant prune` writes: per-layer FFN widths, fewer heads than n_embd / head_dim
     v["llama-ffw-Q4_1"] = Spec("llama", "Q4_1", "Q8_0", tied=True, ff=(512, 160))
     v["qwen2-ffw-heads-F16"] = Spec("qwen2", "F16", "F16", tied=True, ff=(96, 512), heads=(2, 1))
+    # per-layer head counts (KV-head groups pruned unevenly): KV rows differ per layer
+    v["llama-lheads-Q8_0"] = Spec("llama", "Q8_0", "Q8_0", tied=True, layer_heads=((4, 2), (2, 1)))
+    v["qwen2-lheads-F32"] = Spec("qwen2", "F32", "F32", tied=True, ff=(512, 96),
+                                 layer_heads=((2, 1), (4, 2)))
     return v
 
 
@@ -150,11 +156,12 @@ def write_model(path: str, spec: Spec, seed: int) -> str:
     w.add_embedding_length(N_EMBD)
     ffs = list(spec.ff) if spec.ff else [N_FF] * N_LAYER
     n_head, n_head_kv = spec.heads or (N_HEAD, N_HEAD_KV)
+    lh = list(spec.layer_heads) if spec.layer_heads else [(n_head, n_head_kv)] * N_LAYER
     w.add_feed_forward_length(ffs if spec.ff else N_FF)
     w.add_block_count(N_LAYER)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    if spec.heads:
+    w.add_head_count([h for h, _ in lh] if spec.layer_heads else n_head)
+    w.add_head_count_kv([k for _, k in lh] if spec.layer_heads else n_head_kv)
+    if spec.heads or spec.layer_heads:
         w.add_key_length(HEAD_DIM)
         w.add_value_length(HEAD_DIM)
     w.add_layer_norm_rms_eps(EPS)
@@ -185,11 +192,11 @@ def write_model(path: str, spec: Spec, seed: int) -> str:
     add("token_embd.weight", (N_VOCAB, N_EMBD), 0.2, spec.emb_type)
     if spec.rope_freqs:
         add_f32("rope_freqs.weight", np.geomspace(1.0, 8.0, HEAD_DIM // 2))
-    kvd = n_head_kv * HEAD_DIM
-    qd = n_head * HEAD_DIM
     for L in range(N_LAYER):
         p = f"blk.{L}."
         nff = ffs[L]
+        kvd = lh[L][1] * HEAD_DIM
+        qd = lh[L][0] * HEAD_DIM
         add_f32(p + "attn_norm.weight", 1.0 + 0.1 * rng.standard_normal(N_EMBD))
         add(p + "attn_q.weight", (qd, N_EMBD), 0.08, spec.wtype)
         add(p + "attn_k.weight", (kvd, N_EMBD), 0.08, spec.wtype)

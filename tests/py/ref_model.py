@@ -64,8 +64,11 @@ class RefModel:
         self.n_embd = int(g("embedding_length"))
         ff = g("feed_forward_length")  # a list for per-layer widths (a width-pruned model)
         self.n_ff = [int(v) for v in ff] if isinstance(ff, (list, tuple)) else [int(ff)] * self.n_layer
-        self.n_head = int(g("attention.head_count"))
-        self.n_head_kv = int(g("attention.head_count_kv", self.n_head))
+        # head counts: ints, or per-layer lists (KV-head groups pruned unevenly)
+        per_layer = lambda v: [int(x) for x in v] if isinstance(v, (list, tuple)) else [int(v)] * self.n_layer  # noqa: E731
+        self.n_heads = per_layer(g("attention.head_count"))
+        self.n_heads_kv = per_layer(g("attention.head_count_kv", self.n_heads))
+        self.n_head = max(self.n_heads)
         self.eps = float(g("attention.layer_norm_rms_epsilon", 1e-5))
         self.head_dim = int(g("attention.key_length", self.n_embd // self.n_head))
         self.freq_base = float(g("rope.freq_base", 10000.0))
@@ -144,11 +147,12 @@ class RefModel:
             raise ValueError("token id out of range")
         x = self.w("token_embd.weight")[ids].astype(self.dt)
         theta = self.rope_thetas(np.arange(n)).astype(self.dt)
-        hd, nh, nkv = self.head_dim, self.n_head, self.n_head_kv
-        group = nh // nkv
+        hd = self.head_dim
         mask = np.triu(np.full((n, n), -np.inf), k=1)  # causal
         for L in range(self.n_layer):
             p = f"blk.{L}."
+            nh, nkv = self.n_heads[L], self.n_heads_kv[L]
+            group = nh // nkv
             h = self.rmsnorm(x, p + "attn_norm.weight")
             q = self.lin(h, p + "attn_q").reshape(n, nh, hd)
             k = self.lin(h, p + "attn_k").reshape(n, nkv, hd)

@@ -356,6 +356,21 @@ def test_tp2_pp2_vs_reference(kvant_bin, synthetic_dir, tmp_path):
     assert rel(four, ref) < REF_BOUND and rel(four, one) < ONE_PROC_BOUND
 
 
+def test_per_layer_heads_pp2_and_tp_refused(kvant_bin, synthetic_dir, tmp_path):
+    """A model with per-layer head counts (KV groups pruned unevenly): each pipeline stage
+    keeps its own layers' KV rows (bitwise equal to one process, close to the reference);
+    --tp, which splits every layer's heads the same way, refuses it."""
+    path = ms.make_model(synthetic_dir, "llama-lheads-Q8_0")
+    ids = np.random.default_rng(6).integers(0, ms.N_VOCAB, size=20)
+    one = logits(kvant_bin, path, ids, ms.N_VOCAB, tmp_path)
+    two = logits(kvant_bin, path, ids, ms.N_VOCAB, tmp_path, pp=2)
+    assert np.array_equal(one, two)
+    assert rel(two, ref_logits(path, ids)) < REF_BOUND
+    r = run(launcher(2) + [kvant_bin, "run", "-m", path, "-p", "hi", "-n", "2", "-t", "1",
+                           "--tp", "2"], timeout=120)
+    assert r.returncode != 0 and "per-layer head counts" in r.stderr, r.stderr[-2000:]
+
+
 def test_serve_pp2_equals_one_process(kvant_bin, default_model):
     import concurrent.futures as cf
     srv = KvantServer(kvant_bin, default_model, "--pp", "2", "-t", "1",

@@ -192,6 +192,66 @@ def test_prune_heads_synthetic(run_kvant, synthetic_dir, kvant_logits, tmp_path)
     _check_logits(kvant_logits, out, 13)
 
 
+def _logits_kv(run_kvant, path, ids, kv_dtype, tmp_path):
+    """kvant logits with a quantized KV cache (the default activations)."""
+    ids_path, out = tmp_path / "ids.txt", tmp_path / f"l-{kv_dtype}.f32"
+    ids_path.write_text(" ".join(str(int(i)) for i in ids) + "\n")
+    r = run_kvant(["logits", "-m", str(path), "--tokens-file", str(ids_path), "--out", str(out),
+                   "-t", "2", "--kv-dtype", kv_dtype])
+    assert r.returncode == 0, r.stderr
+    return np.fromfile(out, dtype="<f4").reshape(len(ids), ms.N_VOCAB)
+
+
+def test_prune_heads_per_layer(run_kvant, synthetic_dir, kvant_logits, tmp_path):
+    """--heads-keep 0.75 of 2 layers x 2 KV groups: one layer keeps 2, the other 1 (the
+    global ranking), written as per-layer head-count arrays; the KV cache per token is
+    3/4; logits match the reference; the pruned file prunes again."""
+    src = ms.make_model(synthetic_dir, "qwen2-F32")
+    out = tmp_path / "lh.gguf"
+    j = _prune(run_kvant, src, out, "--heads-keep", "0.75")
+    assert sorted(j["kv_heads"]) == [1, 2], j["kv_heads"]
+    assert j["kv_bytes_per_token_out"] * 4 == j["kv_bytes_per_token_in"] * 3
+    r, t = _fields(out)
+    _, t0 = _fields(src)
+    hkv = [int(v) for v in _field(r, "qwen2.attention.head_count_kv")]
+    hq = [int(v) for v in _field(r, "qwen2.attention.head_count")]
+    assert hkv == j["kv_heads"] and hq == [2 * v for v in hkv]
+    hd = ms.HEAD_DIM
+    for L in range(2):
+        k0 = np.asarray(t0[f"blk.{L}.attn_k.weight"].data).reshape(2 * hd, ms.N_EMBD)
+        k1 = np.asarray(t[f"blk.{L}.attn_k.weight"].data).reshape(hkv[L] * hd, ms.N_EMBD)
+        if hkv[L] == 2:
+            assert np.array_equal(k1, k0)
+        else:
+            assert any(np.array_equal(k1, k0[g * hd:(g + 1) * hd]) for g in range(2))
+    _check_logits(kvant_logits, out, 17)
+    # the quantized KV caches walk the per-layer rows too (a wrong stride reads garbage)
+    ids = np.random.default_rng(18).integers(0, ms.N_VOCAB, size=16)
+    ref = ref_logits(str(out), ids)
+    for kvd in ("f16", "q8_0"):
+        kv = _logits_kv(run_kvant, out, ids, kvd, tmp_path)
+        err = float(np.linalg.norm(kv - ref) / np.linalg.norm(ref))
+        assert err < 2e-2, f"--kv-dtype {kvd}: rel err {err:.3g}"
+    # the planner sizes KV per token from the per-layer heads
+    p = run_kvant(["plan", "-m", str(out), "--json", "--kv-dtype", "f32"])
+    assert p.returncode == 0, p.stderr
+    plan = json.loads(p.stdout)["plans"][0]["plan"]
+    assert plan["kv_bytes_per_token"] == 2 * 3 * hd * 4 and plan["model"]["kv_heads_total"] == 3
+    # a pruned input: removing a layer rewrites the head counts of the kept one
+    again = tmp_path / "lh1.gguf"
+    j2 = _prune(run_kvant, out, again, "--drop-layers", "1")
+    kept = [L for L in range(2) if L not in j2["removed_layers"]][0]
+    r2, _ = _fields(again)
+    assert int(_field(r2, "qwen2.attention.head_count_kv")) == hkv[kept]
+    assert j2["kv_bytes_per_token_out"] == 2 * hkv[kept] * hd * 2  # f16 default
+    _check_logits(kvant_logits, again, 19)
+    # the same fraction removed from every layer cannot be 3 of 4
+    bad = run_kvant(["prune", src, str(tmp_path / "u.gguf"), "--calib", CALIB, "--heads-keep",
+                     "0.75", "--heads-uniform"])
+    assert bad.returncode != 0 and "keeps every KV-head group" in bad.stderr
+    assert not (tmp_path / "u.gguf").exists()
+
+
 def test_prune_quantized_synthetic(run_kvant, synthetic_dir, kvant_logits, tmp_path):
     src = ms.make_model(synthetic_dir, "llama-tied-Q8_0")  # Q4_1 matrices, Q8_0 embeddings
     out = tmp_path / "q.gguf"
@@ -215,7 +275,7 @@ def test_prune_refused(run_kvant, synthetic_dir, tmp_path):
         (["--calib", str(short), "--drop-layers", "1"], "too short"),
         (["--calib", CALIB], "nothing to prune"),
         (["--calib", CALIB, "--target-params", "0.01", "--method", "width"], "cannot be reached"),
-        (["--calib", CALIB, "--heads-keep", "0.1"], "removes all"),
+        (["--calib", CALIB, "--heads-keep", "0.1"], "fewer than one per layer"),
         (["--drop-layers", "1"], "--calib FILE is required"),
         (["--calib", CALIB, "--ffn-keep", "0.5", "--refit", "--no-bias"], "--no-bias"),
         (["--calib", CALIB, "--ffn-keep", "0.5", "--refit-shrink", "2"], "--refit-shrink"),

@@ -13,7 +13,7 @@
  * vocab 49152, trained context 8192.  weights: a round 100 MB. */
 static plan_model smollm(void)
 {
-    plan_model m = { 30, 576, 9, 3, 64, 1536, 49152, 8192, 100000000ull };
+    plan_model m = { 30, 576, 9, 3, 64, 1536, 49152, 8192, 100000000ull, 0 };
     return m;
 }
 
@@ -21,7 +21,7 @@ static plan_model smollm(void)
  * vocab 32000, trained context 2048.  weights: 2.2 GB (f16). */
 static plan_model tinyllama(void)
 {
-    plan_model m = { 22, 2048, 32, 4, 64, 5632, 32000, 2048, 2200000000ull };
+    plan_model m = { 22, 2048, 32, 4, 64, 5632, 32000, 2048, 2200000000ull, 0 };
     return m;
 }
 
@@ -30,6 +30,22 @@ static void test_smollm(void)
     plan_model m = smollm();
     /* K+V per token, f32: 30 layers * 2 * 3 heads * 64 * 4 B = 46080 */
     CHECK(plan_kv_bytes_per_token(&m, DT_F32) == 46080);
+    /* per-layer KV heads (a pruned model): 90 heads over 30 layers is the
+     * uniform case; 70 heads = 70 * 2 * 64 * 4 B = 35840 (f32), 17920
+     * (f16), 70 * 2 * 68 = 9520 (q8_0: 34 bytes per 32) */
+    m.n_kv_total = 90;
+    CHECK(plan_kv_bytes_per_token(&m, DT_F32) == 46080);
+    m.n_kv_total = 70;
+    CHECK(plan_kv_bytes_per_token(&m, DT_F32) == 35840);
+    CHECK(plan_kv_bytes_per_token(&m, DT_F16) == 17920);
+    CHECK(plan_kv_bytes_per_token(&m, DT_Q8_0) == 9520);
+    kvant_err e0 = {0};
+    CHECK(plan_model_check(&m, &e0) == KV_OK);
+    m.n_kv_total = 91; /* more than 3 per layer */
+    CHECK(plan_model_check(&m, &e0) == KV_EINVAL && strstr(e0.msg, "KV heads over layers"));
+    m.n_kv_total = 29; /* a layer without KV heads */
+    CHECK(plan_model_check(&m, &e0) == KV_EINVAL);
+    m.n_kv_total = 0;
 
     /* activations, 2048 tokens, 64 seqs, 1 thread (all sizes already
      * multiples of 64 bytes):

@@ -29,13 +29,15 @@ typedef struct cpu_backend {
     int n_threads;
     const fwd_batch *batch; /* current batch (borrowed for one forward pass) */
     kv_layout kv;           /* kv.n_blocks: the blocks that exist now */
-    uint8_t *kv_data;       /* [max_blocks][n_layers][2][block_size] rows of kv_row_bytes:
-                             * an address range reserved for max_blocks (PROT_NONE), of
-                             * which the pages of [0, n_blocks) are read/write */
+    uint8_t *kv_data;       /* [max_blocks][n_layers][2][block_size] rows of
+                             * kv_row_bytes[il]: an address range reserved for max_blocks
+                             * (PROT_NONE), of which the pages of [0, n_blocks) are
+                             * read/write */
     size_t kv_map_bytes;    /* the reserved range */
     int64_t kv_mem_id;      /* the memory manager's reservation of n_blocks blocks */
-    int64_t kv_block_stride, kv_layer_stride, kv_row_bytes; /* in bytes: one block (all
-                             * layers), one layer within a block, one row */
+    int64_t kv_block_stride; /* bytes of one block (all layers) */
+    int64_t kv_layer_off[MODEL_MAX_LAYERS]; /* layer il's K rows within a block */
+    int64_t kv_row_bytes[MODEL_MAX_LAYERS]; /* one K or V row of layer il (its KV heads) */
     float *scratch;         /* [n_threads][scratch_per_thread] */
     int64_t scratch_per_thread;
     void *qact;             /* quantized matmul activations (MEM_WORKSPACE), qact_bytes;
@@ -225,12 +227,22 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
     if (lay->n_blocks < 1 || lay->block_size < 1 || lay->n_layers < 1)
         return kvant_err_set(err, KV_EINVAL, "kv pool: %d blocks of %d tokens", lay->n_blocks,
                              lay->block_size);
+    if (lay->n_layers > MODEL_MAX_LAYERS)
+        return kvant_err_set(err, KV_EINVAL, "kv pool: %d layers (limit %d)", lay->n_layers,
+                             MODEL_MAX_LAYERS);
+    for (int32_t il = 0; il < lay->n_layers; il++)
+        if (kv_layout_heads(lay, il) < 1 || kv_layout_heads(lay, il) > lay->n_kv_heads)
+            return kvant_err_set(err, KV_EINVAL, "kv pool: layer %d has %d KV heads (1 to %d)",
+                                 il, kv_layout_heads(lay, il), lay->n_kv_heads);
     cpu_kv_free(be);
-    int64_t kv_dim = (int64_t)lay->n_kv_heads * lay->head_dim;
-    int64_t row_bytes = (int64_t)dtype_row_size(lay->dtype, kv_dim);
-    cb->kv_row_bytes = row_bytes;
-    cb->kv_layer_stride = 2 * (int64_t)lay->block_size * row_bytes;
-    cb->kv_block_stride = cb->kv_layer_stride * lay->n_layers;
+    int64_t off = 0;
+    for (int32_t il = 0; il < lay->n_layers; il++) {
+        const int64_t dim = (int64_t)kv_layout_heads(lay, il) * lay->head_dim;
+        cb->kv_row_bytes[il] = (int64_t)dtype_row_size(lay->dtype, dim);
+        cb->kv_layer_off[il] = off;
+        off += 2 * (int64_t)lay->block_size * cb->kv_row_bytes[il];
+    }
+    cb->kv_block_stride = off;
     if ((rc = cpu_kv_map(cb, lay, err))) {
         cpu_kv_free(be);
         return rc;
@@ -585,15 +597,15 @@ static void cpu_rope(backend *be, float *d_x, int32_t n_heads, int32_t head_dim,
  * kv_block_stride as the distance between blocks. */
 static uint8_t *kv_row(cpu_backend *cb, int32_t il, int32_t block, int32_t off, int v)
 {
-    return cb->kv_data + block * cb->kv_block_stride + il * cb->kv_layer_stride +
-           ((int64_t)v * cb->kv.block_size + off) * cb->kv_row_bytes;
+    return cb->kv_data + block * cb->kv_block_stride + cb->kv_layer_off[il] +
+           ((int64_t)v * cb->kv.block_size + off) * cb->kv_row_bytes[il];
 }
 
 static void cpu_kv_store(backend *be, int32_t il, const float *d_k, const float *d_v)
 {
     cpu_backend *cb = cpu(be);
     const fwd_batch *b = cb->batch;
-    int64_t kv_dim = (int64_t)cb->kv.n_kv_heads * cb->kv.head_dim;
+    int64_t kv_dim = (int64_t)kv_layout_heads(&cb->kv, il) * cb->kv.head_dim;
     for (int32_t t = 0; t < b->n_tokens; t++) {
         const fwd_seq *s = &b->seqs[b->seq[t]];
         int32_t p = b->pos[t];
@@ -621,8 +633,9 @@ static void attn_worker(int ith, int nth, void *arg)
     attn_job *j = arg;
     cpu_backend *cb = j->cb;
     const fwd_batch *b = cb->batch;
-    int32_t hd = cb->kv.head_dim, group = j->n_heads / cb->kv.n_kv_heads;
-    int64_t kv_dim = (int64_t)cb->kv.n_kv_heads * hd;
+    const int32_t n_kv = kv_layout_heads(&cb->kv, j->il);
+    int32_t hd = cb->kv.head_dim, group = j->n_heads / n_kv;
+    int64_t kv_dim = (int64_t)n_kv * hd;
     float *scratch = cb->scratch + ith * cb->scratch_per_thread;
     float scale = 1.0f / sqrtf((float)hd);
     long b0, e0;
@@ -641,7 +654,7 @@ static void attn_worker(int ith, int nth, void *arg)
                 .v_base = kv_row(cb, j->il, 0, 0, 1) + head_off,
                 .table = s->block_table,
                 .block_stride = cb->kv_block_stride,
-                .row_stride = cb->kv_row_bytes,
+                .row_stride = cb->kv_row_bytes[j->il],
                 .block_size = cb->kv.block_size,
                 .type = cb->kv.dtype,
             };

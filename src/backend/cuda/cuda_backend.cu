@@ -275,6 +275,11 @@ static int cuda_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
         return kvant_err_set(err, KV_EINVAL, "kv pool: %d layers, %d blocks of %d tokens "
                              "(CUDA block_size <= %d)", lay->n_layers, lay->n_blocks,
                              lay->block_size, CUDA_ATTN_MAX_BLOCK);
+    for (int32_t il = 0; il < lay->n_layers && il < MODEL_MAX_LAYERS; il++)
+        if (kv_layout_heads(lay, il) != lay->n_kv_heads)
+            return kvant_err_set(err, KV_EUNSUP, "kv pool: layer %d has %d KV heads, not %d: "
+                                 "per-layer KV heads (a pruned model) run on the CPU backend "
+                                 "only", il, kv_layout_heads(lay, il), lay->n_kv_heads);
     cuda_kv_free(be);
     const int64_t kv_dim = (int64_t)lay->n_kv_heads * lay->head_dim;
     const int64_t row = (int64_t)dtype_row_size(lay->dtype, kv_dim);
