@@ -44,8 +44,9 @@ declare -A CFG=(
   [heads-80-refit]="--heads-keep 0.8 --refit"
   [heads-90-refit]="--heads-keep 0.9 --refit"
   [heads-80+ffn70-refit]="--heads-keep 0.8 --ffn-keep 0.7 --refit"
+  [heads-80+ffn66-refit]="--heads-keep 0.8 --ffn-keep 0.66 --refit"
 )
-CONFIGS=${CONFIGS:-"depth-10 depth-t90 depth-t80 depth-t70 width-t90 width-t80 width-t70 width-t80-uniform both-t90 both-t80 both-t70 heads-2of3 width-t90-refit width-t80-refit width-t76-refit width-t70-refit both-t80-refit heads-2of3-refit"}
+CONFIGS=${CONFIGS:-"depth-10 depth-t90 depth-t80 depth-t70 width-t90 width-t80 width-t70 width-t80-uniform both-t90 both-t80 both-t70 heads-2of3 width-t90-refit width-t80-refit width-t76-refit width-t70-refit both-t80-refit heads-2of3-refit heads-2of3-uniform heads-80 heads-80-refit heads-90-refit heads-2of3-uniform-refit heads-80+ffn70-refit heads-80+ffn66-refit"}
 
 measure() { # name file prune_json args
   local kl tg

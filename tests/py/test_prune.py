@@ -12,6 +12,10 @@ What is checked:
   * KV-head groups (qwen2 F32 with biases): head counts and key_length are written, the
     kept Q heads belong to the kept KV group, the KV cache per token halves, and logits
     match the reference;
+  * per-layer KV heads (--heads-keep 0.75 of 2 layers x 2 groups): one layer keeps 2 groups
+    and the other 1, written as head-count arrays; KV bytes per token 3/4; logits match the
+    reference with f32, f16 and q8_0 KV caches; `kvant plan` counts the per-layer heads; the
+    pruned file prunes again; --heads-uniform refuses a fraction it cannot remove equally;
   * quantized input (Q4_1): the down projection is requantized to Q4_1, the file loads and
     matches the reference on itself;
   * refused requests (fraction >= 1, every layer, calibration text too short, nothing to
