@@ -173,6 +173,43 @@ done:
     free(want);
 }
 
+/* --heads-keep 0.75 of 2 layers x 2 KV groups: the global ranking leaves
+ * 1 and 2 groups; the file reloads with per-layer head counts (KV rows of
+ * different widths in one block) and runs. */
+static void check_per_layer_heads(model *m, prune_stats *st, const char *out)
+{
+    prune_request rq = prune_request_default();
+    rq.heads_keep = 0.75;
+    prune_plan p;
+    prune_result res;
+    kvant_err err = {0};
+    int rc = prune_plan_make(m, st, &rq, &p, &err);
+    CHECKF(rc == KV_OK, "heads plan: %s", err.msg);
+    if (rc)
+        return;
+    CHECKF(p.kv_n[0] + p.kv_n[1] == 3 && p.kv_n[0] >= 1 && p.kv_n[1] >= 1, "kept %d + %d",
+           p.kv_n[0], p.kv_n[1]);
+    int32_t want[2] = {p.kv_n[0], p.kv_n[1]};
+    rc = prune_write(m, &p, st, out, &res, &err);
+    prune_plan_free(&p);
+    CHECKF(rc == KV_OK, "heads write: %s", err.msg);
+    rig r2 = {0};
+    if (rc == KV_OK && rig_open(&r2, out) == 0) {
+        const model *m2 = r2.m;
+        CHECKF(m2->layers[0].n_head_kv == want[0] && m2->layers[1].n_head_kv == want[1] &&
+               m2->layers[0].n_head == 2 * want[0] && m2->hp.n_head_kv == 2 &&
+               m2->hp.n_kv_total == 3, "reloaded heads %d/%d %d/%d total %lld",
+               m2->layers[0].n_head, m2->layers[0].n_head_kv, m2->layers[1].n_head,
+               m2->layers[1].n_head_kv, (long long)m2->hp.n_kv_total);
+        CHECK(rig_run(&r2, 70) == KV_OK);
+        int finite = 1;
+        for (int i = 0; i < 6 * m2->hp.n_vocab; i++)
+            finite &= isfinite(r2.logits[i]);
+        CHECK(finite);
+    }
+    rig_close(&r2);
+}
+
 static void test_prune(const char *src, const char *out)
 {
     rig r;
@@ -236,6 +273,7 @@ static void test_prune(const char *src, const char *out)
         if (rc == KV_OK)
             check_pruned(out, kept_ff);
     }
+    check_per_layer_heads(r.m, st, out);
 done_st:
     prune_stats_destroy(st);
 done:
