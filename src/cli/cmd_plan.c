@@ -287,9 +287,15 @@ int cmd_plan(int argc, char **argv)
         }
         printf("}\n");
     } else {
-        printf("%s: %s, %d layers, %d KV heads x %d, context %lld\n", c.model_path,
-               model_arch_name(hp.arch), hp.n_layers, hp.n_head_kv, hp.head_dim,
-               (long long)hp.n_ctx_train);
+        if (hp.n_kv_total == (int64_t)hp.n_layers * hp.n_head_kv)
+            printf("%s: %s, %d layers, %d KV heads x %d, context %lld\n", c.model_path,
+                   model_arch_name(hp.arch), hp.n_layers, hp.n_head_kv, hp.head_dim,
+                   (long long)hp.n_ctx_train);
+        else /* a model pruned per layer */
+            printf("%s: %s, %d layers, %lld KV heads over them (at most %d per layer) x %d, "
+                   "context %lld\n", c.model_path, model_arch_name(hp.arch), hp.n_layers,
+                   (long long)hp.n_kv_total, hp.n_head_kv, hp.head_dim,
+                   (long long)hp.n_ctx_train);
         for (int i = 0; i < n_rows; i++)
             print_row_text(&rows[i], i == 0);
         plan_tiers t = tiers_of(&rows[0].r, &ec);
