@@ -102,7 +102,8 @@ void cli_common_help(FILE *f)
                                  "q8_0 q5_0 q5_1 q4_0 q4_1 q4_K q5_K q6_K)", "as stored"},
         {"--kv-dtype", "T", "KV cache type (f32 f16 bf16 q8_0 q4_0)", kv ? kv->name : "?"},
         {"--backend", "NAME", "cpu or cuda", c.backend},
-        {"--device", "N", "device index for the backend", dev},
+        {"--device", "N", "device index for the backend (--tp/--pp: the i-th rank on a host "
+                          "takes device N + i, modulo the devices present)", dev},
         {"--exact", NULL, "f32 activations in every matmul: the reference path, slower",
          c.exact ? "on" : "off"},
         {"--act-q8", NULL, "int8 activations in quantized matmuls (undoes --exact)",

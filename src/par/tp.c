@@ -95,9 +95,13 @@ tp_ctx *tp_create(par *world, int tp_n, backend *be, int32_t max_tokens, int32_t
         shard_vocab_range(t->n_vocab, r, tp_n, &t->vocab0[r], &t->nvocab[r]);
         t->nv_max = t->nvocab[r] > t->nv_max ? t->nvocab[r] : t->nv_max;
     }
-    t->host_mem = !strcmp(be->ops->name, "cpu");
+    /* KVANT_TP_HOST_STAGING=1 (tests): the CPU backend's memory taken for a
+     * device's, so the staging path of device backends (tp_dev.c) runs and
+     * can be compared with the direct one on a machine without a GPU */
+    const char *staging = getenv("KVANT_TP_HOST_STAGING");
+    t->host_mem = !strcmp(be->ops->name, "cpu") && !(staging && !strcmp(staging, "1"));
     if ((t->pp_n > 1 && !(t->stage = par_split(world, t->pp_stage, err))) ||
-        (t->host_mem ? alloc_buffers(t, err) : tp_dev_setup(t, err))) {
+        (t->host_mem && alloc_buffers(t, err))) {
         tp_destroy(t);
         return NULL;
     }
@@ -110,6 +114,9 @@ int tp_attach(tp_ctx *t, fwd_ctx *f, kvant_err *err)
         (int64_t)f->max_tokens * f->m->hp.n_embd > t->max_count || f->m->hp.n_vocab != t->n_vocab)
         return kvant_err_set(err, KV_EINVAL, "tensor-parallel buffers sized for another batch "
                              "shape");
+    int rc;
+    if (!t->host_mem && !t->h_base && (rc = tp_dev_setup(t, err)))
+        return rc; /* collective: after the agreement, so every rank gets here */
     t->f = f;
     f->tp = t;
     return KV_OK;

@@ -31,7 +31,10 @@
  * Device backends (CUDA, tp_dev.c): one GPU per rank; the reductions run
  * on the device over NCCL (the same rank-order sum, in a kernel), or
  * through host memory and MPI when ranks share a GPU; the logit gather and
- * the stage hand-overs always stage through host buffers and MPI.
+ * the stage hand-overs always stage through host buffers and MPI.  With
+ * KVANT_TP_HOST_STAGING=1 in the environment the CPU backend takes that
+ * path too (the reductions through host buffers and MPI), which the tests
+ * compare bitwise with the direct one.
  *
  * Ownership: tp_create borrows the group and the backend; tp_attach the
  * forward context.  Threading: the thread that runs the forward pass.
@@ -68,7 +71,10 @@ uint64_t tp_scratch_bytes(int tp_n, int pp_n, int32_t max_tokens, int32_t max_ou
  * buffers for batches up to max_tokens tokens and max_out logit rows. */
 tp_ctx *tp_create(par *world, int tp_n, backend *be, int32_t max_tokens, int32_t max_out,
                   int32_t n_embd, int32_t n_vocab, kvant_err *err);
-/* Makes f's forward passes parallel (f->tp = t). */
+/* Makes f's forward passes parallel (f->tp = t).  On a device backend
+ * this is where the exchange is set up (buffers, the choice of transport,
+ * the NCCL communicator): a collective of every rank, called after
+ * tp_agree succeeded. */
 int tp_attach(tp_ctx *t, fwd_ctx *f, kvant_err *err);
 void tp_destroy(tp_ctx *t);
 int tp_rank(const tp_ctx *t);  /* in the world */

@@ -50,7 +50,7 @@ static int stage_all_ok(tp_ctx *t, int rc, const char *what, kvant_err *err)
 static int want_nccl(tp_ctx *t, int *use, kvant_err *err)
 {
     *use = 0;
-    if (t->tp_n < 2)
+    if (t->tp_n < 2 || strcmp(t->be->ops->name, "cuda") != 0)
         return KV_OK;
 #ifdef KVANT_CUDA
     typedef struct who {
@@ -182,8 +182,10 @@ int tp_dev_setup(tp_ctx *t, kvant_err *err)
     if (t->tp_n > 1 && t->tp_rank == 0)
         fprintf(stderr, "kvant: stage %d: %s\n", t->pp_stage,
                 use ? "tensor-parallel reductions on the GPUs over NCCL"
-                    : "the ranks share a GPU (NCCL needs one per rank): reductions through host "
-                      "memory and MPI");
+                : strcmp(t->be->ops->name, "cuda") == 0
+                    ? "the ranks share a GPU (NCCL needs one per rank): reductions through host "
+                      "memory and MPI"
+                    : "reductions staged through host buffers and MPI (KVANT_TP_HOST_STAGING)");
     return KV_OK;
 }
 

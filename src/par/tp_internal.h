@@ -55,7 +55,7 @@ int tp_host_allreduce(tp_ctx *t, float *x, int64_t count, kvant_err *err);
 int tp_is_large(const tp_ctx *t, int64_t count);
 
 /* tp_dev.c: device backends.  tp_dev_setup (every rank of the world, in
- * tp_create) chooses the stage's transport (NCCL when each rank of the
+ * tp_attach) chooses the stage's transport (NCCL when each rank of the
  * stage has its own GPU and the build has CUDA, else host memory and MPI),
  * allocates the exchange buffers and joins the communicator. */
 int tp_dev_setup(tp_ctx *t, kvant_err *err);
