@@ -427,7 +427,7 @@ static void session_fingerprint(cli_session *s, const cli_common *c, int32_t max
                                 uint8_t fp[TP_FP_BYTES])
 {
     const int64_t opts[] = {s->n_ctx, s->max_batch, max_out, c->kv_dtype, c->exact, c->no_pack,
-                            c->tp, c->pp, CLI_DEFAULT_BLOCK};
+                            c->tp, c->pp, CLI_DEFAULT_BLOCK, strcmp(c->backend, "cpu") != 0};
     tp_fingerprint(s->m, opts, (int)(sizeof opts / sizeof opts[0]), fp);
 }
 

@@ -65,7 +65,8 @@ int engine_tp_begin(engine *e, mem_allocator alloc, uint64_t budget, kvant_err *
     e->tp->p = c->tp_group;
     const int64_t opts[] = {c->block_size, c->kv_dtype, c->max_num_seqs,
                             c->max_num_batched_tokens, c->exact, c->no_pack, c->max_model_len,
-                            c->prefix_cache, par_size(c->tp_group), tp_ranks(c)};
+                            c->prefix_cache, par_size(c->tp_group), tp_ranks(c),
+                            c->backend && strcmp(c->backend, "cpu") != 0};
     tp_fingerprint(e->m, opts, (int)(sizeof opts / sizeof opts[0]), e->tp->fp);
     e->mem = mem_create(budget, alloc, err);
     if (!e->mem)
