@@ -42,7 +42,7 @@ static int fail(cuda_tp *c, kvant_err *err, const char *what, const char *why)
         ncclCommAbort(c->comm);
     c->comm = NULL;
     c->broken = 1;
-    return kvant_err_set(err, KV_EIO, "rank %d: NCCL %s: %s", c->rank, what, why);
+    return kvant_err_set(err, KV_EIO, "NCCL rank %d: %s: %s", c->rank, what, why);
 }
 
 /* Spins a little, then yields, then sleeps: a wait of microseconds stays
@@ -181,7 +181,7 @@ extern "C" cuda_tp *cuda_tp_create(backend *be, const uint8_t id[CUDA_TP_ID_BYTE
     if ((e = cudaSetDevice(c->device)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaMemGetInfo(&c->free0, &total)) != cudaSuccess) {
-        kvant_err_set(err, KV_EIO, "rank %d: CUDA device %d: %s", rank, c->device,
+        kvant_err_set(err, KV_EIO, "NCCL rank %d: CUDA device %d: %s", rank, c->device,
                       cudaGetErrorString(e));
         cuda_tp_destroy(c);
         return NULL;
@@ -192,7 +192,8 @@ extern "C" cuda_tp *cuda_tp_create(backend *be, const uint8_t id[CUDA_TP_ID_BYTE
     cfg.blocking = 0; /* every wait is ours, against the deadline */
     ncclResult_t r = ncclCommInitRankConfig(&c->comm, n, u, rank, &cfg);
     if ((r != ncclSuccess && r != ncclInProgress) || !c->comm) {
-        kvant_err_set(err, KV_EIO, "rank %d: ncclCommInitRank: %s", rank, ncclGetErrorString(r));
+        kvant_err_set(err, KV_EIO, "NCCL rank %d: ncclCommInitRank: %s", rank,
+                      ncclGetErrorString(r));
         c->comm = NULL;
         cuda_tp_destroy(c);
         return NULL;
@@ -208,15 +209,15 @@ extern "C" int cuda_tp_reserve(cuda_tp *c, kvant_err *err)
 {
     size_t free1 = 0, total = 0;
     if (cudaMemGetInfo(&free1, &total) != cudaSuccess)
-        return kvant_err_set(err, KV_EIO, "rank %d: cudaMemGetInfo failed", c->rank);
+        return kvant_err_set(err, KV_EIO, "NCCL rank %d: cudaMemGetInfo failed", c->rank);
     if (free1 >= c->free0 || c->reserve_id > 0)
         return KV_OK;
     kvant_err why = {};
     int64_t id = mem_reserve(c->be->ops->mem(c->be), c->free0 - free1, MEM_WORKSPACE,
                              MEM_NO_LAYER, &why);
     if (id < 0)
-        return kvant_err_set(err, KV_ENOMEM, "rank %d: NCCL's buffers (%zu bytes) do not fit "
-                             "the budget: %s", c->rank, c->free0 - free1, why.msg);
+        return kvant_err_set(err, KV_ENOMEM, "NCCL rank %d: NCCL's buffers (%zu bytes) do not "
+                             "fit the budget: %s", c->rank, c->free0 - free1, why.msg);
     c->reserve_id = id;
     return KV_OK;
 }
@@ -297,7 +298,7 @@ extern "C" int cuda_tp_allreduce(cuda_tp *c, float *d_x, int64_t count, float *d
 {
     int rc;
     if (c->broken || !c->comm)
-        return kvant_err_set(err, KV_EIO, "rank %d: NCCL: the process group failed earlier",
+        return kvant_err_set(err, KV_EIO, "NCCL rank %d: the process group failed earlier",
                              c->rank);
     if (count < 1)
         return KV_OK;
