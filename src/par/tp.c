@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "model/model_hash.h"
-#include "par/tp_sum.h"
+#include "kernels/tp_sum.h"
 
 /* Floats of one rank's exchange buffers: reductions always (gathered
  * partials, reduce-scatter chunks, the summed chunk); the gathered logit

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "par/tp_sum.h"
+#include "kernels/tp_sum.h"
 #ifdef KVANT_CUDA
 #include "backend/cuda/cuda_tp.h"
 #endif

@@ -51,7 +51,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_stage.h"
 #include "backend/cuda/cuda_tp.h"
-#include "par/tp_sum.h"
+#include "kernels/tp_sum.h"
 #endif
 
 /* A backend with the memory manager it allocates from. */

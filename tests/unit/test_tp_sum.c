@@ -1,5 +1,5 @@
 /* test_tp_sum.c - the rank-order sum of tensor-parallel partials
- * (par/tp_sum.h), the host reference the CPU reductions use and the CUDA
+ * (kernels/tp_sum.h), the host reference the CPU reductions use and the CUDA
  * kernel must match (test_cuda): the order is the rank order (checked with
  * values where float addition is not associative), rows are read at the
  * given stride, and the reduce-scatter cut (chunks of tp_chunk_of, the last
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "par/tp_sum.h"
+#include "kernels/tp_sum.h"
 #include "testutil.h"
 
 static void test_order(void)

@@ -1,7 +1,7 @@
 /* cuda_tp.cu - tensor-parallel reductions over NCCL (see cuda_tp.h). */
 extern "C" {
 #include "backend/cuda/cuda_tp.h"
-#include "par/tp_sum.h"
+#include "kernels/tp_sum.h"
 }
 
 #include <nccl.h>

@@ -8,7 +8,7 @@
  * Stage rank 0 makes the NCCL id (cuda_tp_make_id), the caller broadcasts
  * it over the stage's MPI group, every rank joins with cuda_tp_create.
  *
- * Deterministic like the CPU path (par/tp_sum.h): the partials are
+ * Deterministic like the CPU path (kernels/tp_sum.h): the partials are
  * gathered, never summed by NCCL, and a kernel adds them in rank order,
  * bitwise equal to tp_sum_ordered:
  *   - small messages: ncclAllGather into [n][count], then the ordered sum;

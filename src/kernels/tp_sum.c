@@ -1,5 +1,5 @@
 /* tp_sum.c - the rank-order sum of tensor-parallel partials (see tp_sum.h). */
-#include "par/tp_sum.h"
+#include "kernels/tp_sum.h"
 
 #include <stddef.h>
 

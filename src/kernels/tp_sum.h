@@ -1,7 +1,8 @@
 /* tp_sum.h - the rank-order sum of tensor-parallel partials (par/tp.h),
  * the host reference of every path that adds them: the CPU reductions
  * use it directly, the CUDA kernel (backend/cuda/cuda_tp.h) must match
- * it bitwise (tests/unit/test_cuda.c).
+ * it bitwise (tests/unit/test_cuda.c).  A kernel, on the bottom floor, so
+ * both par/ and backend/cuda/ can include it.
  *
  * The sum is ((p0 + p1) + p2) + ... in float, element by element, so the
  * result depends only on the partials and the rank order, never on the
@@ -9,8 +10,8 @@
  *
  * Threading: pure functions over caller memory; any thread.
  */
-#ifndef KVANT_TP_SUM_H
-#define KVANT_TP_SUM_H
+#ifndef KVANT_KERNELS_TP_SUM_H
+#define KVANT_KERNELS_TP_SUM_H
 
 #include <stdint.h>
 
