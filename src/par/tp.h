@@ -68,7 +68,8 @@ void tp_spec_of(int rank, int tp_n, int size, shard_spec *out);
 uint64_t tp_scratch_bytes(int tp_n, int pp_n, int32_t max_tokens, int32_t max_out,
                           int32_t n_embd, int32_t n_vocab);
 /* Splits world into stages of tp_n ranks and allocates this rank's
- * buffers for batches up to max_tokens tokens and max_out logit rows. */
+ * buffers for batches up to max_tokens tokens and max_out logit rows (a
+ * device backend's at tp_attach). */
 tp_ctx *tp_create(par *world, int tp_n, backend *be, int32_t max_tokens, int32_t max_out,
                   int32_t n_embd, int32_t n_vocab, kvant_err *err);
 /* Makes f's forward passes parallel (f->tp = t).  On a device backend
