@@ -58,7 +58,7 @@ CU_SRC   := $(shell find src/backend/cuda -name '*.cu' 2>/dev/null | sort)
 CU_CSRC  := $(shell find src/backend/cuda -name '*.c' 2>/dev/null | sort)
 LIB_OBJ  += $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(CU_CSRC:%.c=$(BUILD)/obj/%.o)
 CFLAGS   += -DKVANT_CUDA=1
-LDLIBS   += -L/usr/local/cuda/lib64 -lcudart -lcublas -lstdc++
+LDLIBS   += -L/usr/local/cuda/lib64 -lcudart -lcublas -lnccl -lstdc++
 endif
 
 .PHONY: all lib test unit unit-isa pytest pytest-isa asan fuzz fuzz-run cuda-build arm64 deps venv model serve clean

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Tensor and pipeline parallelism under AddressSanitizer + UBSan with real
 # MPI ranks: BUILD/kvant (built with MPI=1 and the sanitizers, `make asan`)
-# runs --tp 2, --pp 2 and --tp 2 --pp 2 forward passes and a --tp 2 server
+# runs --tp 2, --pp 2 and --tp 2 --pp 2 forward passes (the last also with
+# KVANT_TP_HOST_STAGING=1, the device backends' exchange) and a --tp 2 server
 # answering a request.  Fails on any sanitizer error and on any leak whose
 # stack holds one of kvant's own frames (src/...).  OpenMPI's own one-time
 # allocations (its plugins are unloaded before the leak check, so their
@@ -43,13 +44,15 @@ PY
   echo "asan-mpi: $name: clean (${other} one-time OpenMPI allocations not freed at exit)"
 }
 
-for cfg in "2:--tp 2" "2:--pp 2" "4:--tp 2 --pp 2"; do
-  np=${cfg%%:*}; opts=${cfg#*:}
-  log="$work/logits-$np.log"
+# "4s": the same with the device backends' staged exchange (src/par/tp_dev.c)
+for cfg in "2:--tp 2" "2:--pp 2" "4:--tp 2 --pp 2" "4s:--tp 2 --pp 2"; do
+  np=${cfg%%:*}; opts=${cfg#*:}; stg=""
+  case $np in *s) np=${np%s}; stg="-x KVANT_TP_HOST_STAGING=1" ;; esac
+  log="$work/logits-$np${stg:+s}.log"
   # shellcheck disable=SC2086
-  timeout 600 mpirun -np "$np" --oversubscribe $san "$bin" logits -m "$model" -t 1 -b 16 \
+  timeout 600 mpirun -np "$np" --oversubscribe $san $stg "$bin" logits -m "$model" -t 1 -b 16 \
     --tokens-file "$work/ids.txt" --out "$work/l.f32" $opts > "$log" 2>&1
-  check_log "logits $opts" "$log" $?
+  check_log "logits $opts${stg:+ (staged)}" "$log" $?
 done
 
 # the engine path: a --tp 2 server answers one request, then rank 0 drains on SIGTERM

@@ -33,6 +33,18 @@ int backend_query(const char *name, int device, backend_device_info *out, kvant_
     return kvant_err_set(err, KV_EINVAL, "unknown backend '%s' (cpu, cuda)", name);
 }
 
+int backend_rank_device(const char *name, int device, int local_rank)
+{
+#ifdef KVANT_CUDA
+    if (name && !strcmp(name, "cuda")) {
+        int n = cuda_backend_device_count();
+        return n > 0 && device >= 0 && local_rank >= 0 ? (device + local_rank) % n : device;
+    }
+#endif
+    (void)name, (void)local_rank;
+    return device;
+}
+
 backend *backend_create(const char *name, int device, mem_mgr *mem, int n_threads,
                         unsigned flags, kvant_err *err)
 {

@@ -181,5 +181,9 @@ int backend_query(const char *name, int device, backend_device_info *out, kvant_
                             * repacking for the int8 kernels, backend/cpu/cpu_pack.h) */
 backend *backend_create(const char *name, int device, mem_mgr *mem, int n_threads,
                         unsigned flags, kvant_err *err);
+/* The device of a process that is the local_rank-th of its group on its
+ * host (--tp/--pp): device + local_rank, modulo the devices present (ranks
+ * share a device when there are fewer); the cpu backend: device. */
+int backend_rank_device(const char *name, int device, int local_rank);
 
 #endif

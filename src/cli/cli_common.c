@@ -102,7 +102,8 @@ void cli_common_help(FILE *f)
                                  "q8_0 q5_0 q5_1 q4_0 q4_1 q4_K q5_K q6_K)", "as stored"},
         {"--kv-dtype", "T", "KV cache type (f32 f16 bf16 q8_0 q4_0)", kv ? kv->name : "?"},
         {"--backend", "NAME", "cpu or cuda", c.backend},
-        {"--device", "N", "device index for the backend", dev},
+        {"--device", "N", "device index for the backend (--tp/--pp: the i-th rank on a host "
+                          "takes device N + i, modulo the devices present)", dev},
         {"--exact", NULL, "f32 activations in every matmul: the reference path, slower",
          c.exact ? "on" : "off"},
         {"--act-q8", NULL, "int8 activations in quantized matmuls (undoes --exact)",
@@ -426,7 +427,7 @@ static void session_fingerprint(cli_session *s, const cli_common *c, int32_t max
                                 uint8_t fp[TP_FP_BYTES])
 {
     const int64_t opts[] = {s->n_ctx, s->max_batch, max_out, c->kv_dtype, c->exact, c->no_pack,
-                            c->tp, c->pp, CLI_DEFAULT_BLOCK};
+                            c->tp, c->pp, CLI_DEFAULT_BLOCK, strcmp(c->backend, "cpu") != 0};
     tp_fingerprint(s->m, opts, (int)(sizeof opts / sizeof opts[0]), fp);
 }
 
@@ -434,14 +435,14 @@ static void session_fingerprint(cli_session *s, const cli_common *c, int32_t max
  * loads (and packs) weights. */
 static int session_shard(cli_session *s, const cli_common *c, kvant_err *err)
 {
-    if (strcmp(c->backend, "cpu") != 0)
-        return kvant_err_set(err, KV_EUNSUP, "--tp runs on the CPU backend only (GPU groups "
-                             "over NCCL are not built yet)");
+    if (strcmp(c->backend, "cpu") != 0 && strcmp(c->backend, "cuda") != 0)
+        return kvant_err_set(err, KV_EUNSUP, "--tp runs on the cpu and cuda backends only");
     if (c->weights_dtype >= 0 || c->weights_memory || c->weights_memory_frac > 0)
         return kvant_err_set(err, KV_EUNSUP, "--tp with --weights-dtype or --weights-memory is "
                              "not supported");
     shard_spec sp;
     tp_spec_of(par_rank(s->par), c->tp, par_size(s->par), &sp);
+    sp.host_copies = strcmp(c->backend, "cpu") != 0; /* the backend uploads them */
     s->shard = model_shard_apply(s->m, &sp, s->mem, err);
     return s->shard ? KV_OK : (err->code ? err->code : KV_ENOMEM);
 }
@@ -452,13 +453,16 @@ static int session_load(cli_session *s, const cli_common *c, int32_t n_ctx, int3
                         int32_t max_out, uint8_t fp[TP_FP_BYTES], kvant_err *err)
 {
     backend_device_info info;
-    if (backend_query(c->backend, c->device, &info, err))
+    /* --tp/--pp: one device per rank on its host */
+    const int device = s->par ? backend_rank_device(c->backend, c->device, par_local_rank(s->par))
+                              : c->device;
+    if (backend_query(c->backend, device, &info, err))
         return err->code;
     uint64_t dev = c->device_memory ? c->device_memory : info.total_memory;
     s->mem = mem_create((uint64_t)((double)dev * c->utilization), info.alloc, err);
     if (!s->mem)
         return KV_ENOMEM;
-    s->be = backend_create(c->backend, c->device, s->mem, c->n_threads,
+    s->be = backend_create(c->backend, device, s->mem, c->n_threads,
                            (c->exact ? BACKEND_EXACT : 0) | (c->no_pack ? BACKEND_NO_PACK : 0), err);
     if (!s->be)
         return err->code ? err->code : KV_ENOMEM;

@@ -21,6 +21,7 @@
 #include "kernels/dtype.h"
 #include "mem/plan.h"
 #include "model/wstream.h"
+#include "par/par.h"
 #include "quant/quant.h"
 #include "quant/quant_load.h"
 
@@ -121,6 +122,9 @@ static int start_tp(engine_ext *x, kvant_err *err)
     engine *e = &x->e;
     if (!e->cfg.tp_group)
         return KV_OK;
+    /* one device per rank on its host (this copy of the config is the engine's) */
+    e->cfg.device = backend_rank_device(e->cfg.backend, e->cfg.device,
+                                        par_local_rank(e->cfg.tp_group));
     backend_device_info dev;
     int rc = backend_query(e->cfg.backend, e->cfg.device, &dev, err);
     if (rc)

@@ -33,9 +33,8 @@ struct eng_tp {
 
 static int refuse(const engine_config *c, kvant_err *err)
 {
-    if (c->backend && strcmp(c->backend, "cpu") != 0)
-        return kvant_err_set(err, KV_EUNSUP, "--tp runs on the CPU backend only (GPU groups "
-                             "over NCCL are not built yet)");
+    if (c->backend && strcmp(c->backend, "cpu") != 0 && strcmp(c->backend, "cuda") != 0)
+        return kvant_err_set(err, KV_EUNSUP, "--tp runs on the cpu and cuda backends only");
     if (c->weights_dtype >= 0 || c->weights_memory || c->weights_memory_frac > 0)
         return kvant_err_set(err, KV_EUNSUP, "--tp with --weights-dtype or --weights-memory is "
                              "not supported");
@@ -66,13 +65,15 @@ int engine_tp_begin(engine *e, mem_allocator alloc, uint64_t budget, kvant_err *
     e->tp->p = c->tp_group;
     const int64_t opts[] = {c->block_size, c->kv_dtype, c->max_num_seqs,
                             c->max_num_batched_tokens, c->exact, c->no_pack, c->max_model_len,
-                            c->prefix_cache, par_size(c->tp_group), tp_ranks(c)};
+                            c->prefix_cache, par_size(c->tp_group), tp_ranks(c),
+                            c->backend && strcmp(c->backend, "cpu") != 0};
     tp_fingerprint(e->m, opts, (int)(sizeof opts / sizeof opts[0]), e->tp->fp);
     e->mem = mem_create(budget, alloc, err);
     if (!e->mem)
         return KV_ENOMEM;
     shard_spec sp;
     tp_spec_of(par_rank(e->tp->p), tp_ranks(c), par_size(e->tp->p), &sp);
+    sp.host_copies = c->backend && strcmp(c->backend, "cpu") != 0; /* uploaded at load */
     e->tp->shard = model_shard_apply(e->m, &sp, e->mem, err);
     return e->tp->shard ? KV_OK : (err->code ? err->code : KV_ENOMEM);
 }
@@ -82,8 +83,10 @@ uint64_t engine_tp_extra_bytes(const engine *e)
     if (!e->tp)
         return 0;
     const int tp = tp_ranks(&e->cfg);
+    const int gpu = e->cfg.backend && strcmp(e->cfg.backend, "cpu") != 0;
     return tp_scratch_bytes(tp, par_size(e->tp->p) / tp, e->cfg.max_num_batched_tokens,
-                            e->cfg.max_num_seqs, e->m->hp.n_embd, e->m->hp.n_vocab);
+                            e->cfg.max_num_seqs, e->m->hp.n_embd, e->m->hp.n_vocab) +
+           (gpu && tp > 1 ? TP_NCCL_ALLOWANCE : 0);
 }
 
 int engine_tp_agree(engine *e, int rc, const kvant_err *local, int32_t *n_blocks,

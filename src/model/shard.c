@@ -15,8 +15,9 @@ struct model_shard {
     model_layer *layers_ptr; /* m->layers before a pipeline stage moved it */
     model_tensor tok_embd, output, output_norm;
     uint64_t weights_bytes;
-    void **copies;       /* column slices, from mem */
+    void **copies;       /* column slices, from mem (host_copies: malloc) */
     int n_copies;
+    int host_copies;
 };
 
 int shard_range_of(const model_hparams *hp, int rank, int n, shard_range *out, kvant_err *err)
@@ -116,10 +117,12 @@ static int cols_copy(model_shard *s, model_tensor *t, int64_t c0, int64_t nc, kv
         t->nbytes = nbytes;
         return KV_OK;
     }
-    char *dst = mem_alloc(s->mem, nbytes, MEM_WEIGHTS, t->layer < 0 ? MEM_NO_LAYER : t->layer,
-                          err);
+    char *dst = s->host_copies ? malloc(nbytes)
+                               : mem_alloc(s->mem, nbytes, MEM_WEIGHTS,
+                                           t->layer < 0 ? MEM_NO_LAYER : t->layer, err);
     if (!dst)
-        return KV_ENOMEM;
+        return s->host_copies ? kvant_err_set(err, KV_ENOMEM, "out of memory for a weight slice")
+                              : KV_ENOMEM;
     s->copies[s->n_copies++] = dst;
     for (int64_t r = 0; r < t->ne[1]; r++)
         memcpy(dst + (size_t)r * row, (const char *)t->data + (size_t)r * t->row_bytes + off, row);
@@ -248,6 +251,7 @@ model_shard *model_shard_apply(model *m, const shard_spec *sp, mem_mgr *mem, kva
     }
     s->m = m;
     s->mem = mem;
+    s->host_copies = sp->host_copies;
     s->hp = m->hp;
     s->layers_ptr = m->layers;
     memcpy(s->layers, m->layers, (size_t)nl * sizeof *s->layers);
@@ -294,8 +298,12 @@ void model_shard_free(model_shard *s)
     m->output = s->output;
     m->output_norm = s->output_norm;
     m->weights_bytes = s->weights_bytes;
-    for (int i = 0; i < s->n_copies; i++)
-        mem_free(s->mem, s->copies[i]);
+    for (int i = 0; i < s->n_copies; i++) {
+        if (s->host_copies)
+            free(s->copies[i]);
+        else
+            mem_free(s->mem, s->copies[i]);
+    }
     free(s->copies);
     free(s->layers);
     free(s);

@@ -17,7 +17,10 @@
  * Row slices are views into the mapping (nothing copied); column slices
  * (wo, w_down) are copied into memory from the memory manager
  * (MEM_WEIGHTS, tagged with the layer), so each rank holds and accounts
- * only its own share.  Column cuts fall on the weight type's block
+ * only its own share.  For a backend whose memory is not host memory
+ * (CUDA: shard_spec.host_copies) the column copies are made in host memory
+ * (malloc) and named by model_tensor.dev like a load-time conversion: the
+ * backend uploads them at load_weights and accounts the device copy.  Column cuts fall on the weight type's block
  * boundaries; a model whose heads or FFN width do not split on them is
  * refused with the reason.
  *
@@ -67,6 +70,8 @@ void shard_layer_range(int32_t n_layers, int stage, int n, int32_t *l0, int32_t 
 typedef struct shard_spec {
     int tp_rank, tp_n;
     int pp_stage, pp_n;
+    int host_copies; /* 1: column copies in host memory, for a device backend that
+                      * uploads them (see above); 0: from the memory manager */
 } shard_spec;
 
 typedef struct model_shard model_shard;

@@ -40,6 +40,11 @@ void par_abort(par *p, int code);
 int par_rank(const par *p);
 int par_size(const par *p);
 void par_get_stats(const par *p, par_stats *out);
+/* Seconds any wait on another rank may take (par_create's timeout_s). */
+double par_timeout(const par *p);
+/* This process's rank among the group's processes on its host (0 without
+ * MPI): a GPU rank takes the device of that index (backend_rank_device). */
+int par_local_rank(const par *p);
 /* 1 once a call failed or timed out: the group is unusable. */
 int par_failed(const par *p);
 

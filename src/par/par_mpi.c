@@ -10,6 +10,7 @@
 struct par {
     MPI_Comm comm;
     int rank, size;
+    int local_rank;      /* among the ranks on this host */
     double timeout_s;
     int broken;          /* a collective failed or timed out */
     int sub;             /* made by par_split: MPI stays initialised */
@@ -43,6 +44,13 @@ par *par_create(int expect, double timeout_s, kvant_err *err)
         p->posted[i] = MPI_REQUEST_NULL;
     MPI_Comm_rank(p->comm, &p->rank);
     MPI_Comm_size(p->comm, &p->size);
+    MPI_Comm host;
+    p->local_rank = 0;
+    if (MPI_Comm_split_type(p->comm, MPI_COMM_TYPE_SHARED, p->rank, MPI_INFO_NULL, &host) ==
+        MPI_SUCCESS) {
+        MPI_Comm_rank(host, &p->local_rank);
+        MPI_Comm_free(&host);
+    }
     p->timeout_s = timeout_s > 0 ? timeout_s : 30.0;
     if (!inited && provided < MPI_THREAD_SERIALIZED) {
         kvant_err_set(err, KV_EUNSUP, "this MPI gives thread level %d; kvant needs "
@@ -101,6 +109,16 @@ void par_get_stats(const par *p, par_stats *out)
 int par_failed(const par *p)
 {
     return p->broken;
+}
+
+double par_timeout(const par *p)
+{
+    return p->timeout_s;
+}
+
+int par_local_rank(const par *p)
+{
+    return p->local_rank;
 }
 
 /* Polls req until it completes or the deadline passes.  Spins first
@@ -224,6 +242,7 @@ par *par_split(par *p, int color, kvant_err *err)
     MPI_Comm_rank(q->comm, &q->rank);
     MPI_Comm_size(q->comm, &q->size);
     q->timeout_s = p->timeout_s;
+    q->local_rank = p->local_rank;
     q->sub = 1;
     for (int i = 0; i < PAR_MAX_POSTED; i++)
         q->posted[i] = MPI_REQUEST_NULL;

@@ -49,6 +49,18 @@ int par_failed(const par *p)
     return 0;
 }
 
+double par_timeout(const par *p)
+{
+    (void)p;
+    return 0.0;
+}
+
+int par_local_rank(const par *p)
+{
+    (void)p;
+    return 0;
+}
+
 static int no_mpi(kvant_err *err)
 {
     return kvant_err_set(err, KV_EUNSUP, "built without MPI");

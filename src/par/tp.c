@@ -7,13 +7,7 @@
 #include <string.h>
 
 #include "model/model_hash.h"
-
-#define TP_SMALL_BYTES (256u << 10) /* all-gather below, reduce-scatter above */
-
-static int64_t chunk_of(int64_t count, int n)
-{
-    return (count + n - 1) / n;
-}
+#include "kernels/tp_sum.h"
 
 /* Floats of one rank's exchange buffers: reductions always (gathered
  * partials, reduce-scatter chunks, the summed chunk); the gathered logit
@@ -24,7 +18,7 @@ static uint64_t buffer_floats(int tp_n, int64_t count, int32_t max_out, int32_t 
                               int head, int recv, int stage_logits)
 {
     const uint64_t n = (uint64_t)tp_n, nv_max = ((uint64_t)n_vocab + n - 1) / n;
-    return n * (uint64_t)count + (n + 1) * (uint64_t)chunk_of(count, tp_n) +
+    return n * (uint64_t)count + (n + 1) * (uint64_t)tp_chunk_of(count, tp_n) +
            (head ? n * (uint64_t)max_out * nv_max : 0) + (recv ? (uint64_t)count : 0) +
            (stage_logits ? (uint64_t)max_out * (uint64_t)n_vocab : 0);
 }
@@ -38,7 +32,7 @@ uint64_t tp_scratch_bytes(int tp_n, int pp_n, int32_t max_tokens, int32_t max_ou
 
 static int alloc_buffers(tp_ctx *t, kvant_err *err)
 {
-    const int64_t chunk = chunk_of(t->max_count, t->tp_n);
+    const int64_t chunk = tp_chunk_of(t->max_count, t->tp_n);
     const int last = t->pp_stage == t->pp_n - 1, head = last && t->tp_rank == 0;
     const int recv = t->pp_stage > 0, stage_logits = head && t->rank != 0;
     const uint64_t floats = buffer_floats(t->tp_n, t->max_count, t->max_out, t->n_vocab, head,
@@ -101,8 +95,13 @@ tp_ctx *tp_create(par *world, int tp_n, backend *be, int32_t max_tokens, int32_t
         shard_vocab_range(t->n_vocab, r, tp_n, &t->vocab0[r], &t->nvocab[r]);
         t->nv_max = t->nvocab[r] > t->nv_max ? t->nvocab[r] : t->nv_max;
     }
+    /* KVANT_TP_HOST_STAGING=1 (tests): the CPU backend's memory taken for a
+     * device's, so the staging path of device backends (tp_dev.c) runs and
+     * can be compared with the direct one on a machine without a GPU */
+    const char *staging = getenv("KVANT_TP_HOST_STAGING");
+    t->host_mem = !strcmp(be->ops->name, "cpu") && !(staging && !strcmp(staging, "1"));
     if ((t->pp_n > 1 && !(t->stage = par_split(world, t->pp_stage, err))) ||
-        alloc_buffers(t, err)) {
+        (t->host_mem && alloc_buffers(t, err))) {
         tp_destroy(t);
         return NULL;
     }
@@ -115,6 +114,9 @@ int tp_attach(tp_ctx *t, fwd_ctx *f, kvant_err *err)
         (int64_t)f->max_tokens * f->m->hp.n_embd > t->max_count || f->m->hp.n_vocab != t->n_vocab)
         return kvant_err_set(err, KV_EINVAL, "tensor-parallel buffers sized for another batch "
                              "shape");
+    int rc;
+    if (!t->host_mem && !t->h_base && (rc = tp_dev_setup(t, err)))
+        return rc; /* collective: after the agreement, so every rank gets here */
     t->f = f;
     f->tp = t;
     return KV_OK;
@@ -124,6 +126,7 @@ void tp_destroy(tp_ctx *t)
 {
     if (!t)
         return;
+    tp_dev_free(t);
     if (t->d_base)
         t->be->ops->free(t->be, t->d_base);
     if (t->f && t->f->tp == t)
@@ -154,11 +157,16 @@ void tp_get_stats(const tp_ctx *t, tp_stats *out)
         out->comm.bytes_sent += ss.bytes_sent;
         out->comm.seconds += ss.seconds;
     }
+    int failed;
+    tp_dev_stats(t, &out->comm, &failed);
 }
 
 int tp_failed(const tp_ctx *t)
 {
-    return par_failed(t->world) || (t->stage != t->world && par_failed(t->stage));
+    par_stats ignored = {0};
+    int nccl_failed = 0;
+    tp_dev_stats(t, &ignored, &nccl_failed);
+    return par_failed(t->world) || (t->stage != t->world && par_failed(t->stage)) || nccl_failed;
 }
 
 void tp_note_step(tp_ctx *t, int32_t n_tokens, double seconds)
@@ -224,16 +232,33 @@ int tp_gather_report(tp_ctx *t, const void *mine, void *out, size_t bytes, kvant
     return par_gather(t->world, mine, out, bytes, err);
 }
 
-/* dst[i] = ((src[i] + src[stride + i]) + src[2 stride + i]) + ...: the
- * rank order, the same on every rank. */
-static void sum_ordered(float *dst, const float *src, int n, int64_t count, int64_t stride)
+int tp_is_large(const tp_ctx *t, int64_t count)
 {
-    for (int64_t i = 0; i < count; i++) {
-        float v = src[i];
-        for (int r = 1; r < n; r++)
-            v += src[(size_t)r * (size_t)stride + (size_t)i];
-        dst[i] = v;
+    return (uint64_t)count * sizeof(float) * (uint64_t)t->tp_n > TP_SMALL_BYTES;
+}
+
+int tp_host_allreduce(tp_ctx *t, float *x, int64_t count, kvant_err *err)
+{
+    int rc;
+    const int n = t->tp_n;
+    if (!tp_is_large(t, count)) {
+        if ((rc = par_allgather(t->stage, x, t->gbuf, (size_t)count * sizeof(float), err)))
+            return rc;
+        tp_sum_ordered(x, t->gbuf, n, count, count);
+        return KV_OK;
     }
+    /* reduce-scatter (all-to-all of chunks, ordered sum on the owner), then
+     * all-gather of the summed chunks */
+    const int64_t chunk = tp_chunk_of(count, n), padded = chunk * n;
+    memcpy(t->sbuf, x, (size_t)count * sizeof(float));
+    memset(t->sbuf + count, 0, (size_t)(padded - count) * sizeof(float));
+    if ((rc = par_alltoall(t->stage, t->sbuf, t->gbuf, (size_t)chunk * sizeof(float), err)))
+        return rc;
+    tp_sum_ordered(t->ybuf, t->gbuf, n, chunk, chunk);
+    if ((rc = par_allgather(t->stage, t->ybuf, t->gbuf, (size_t)chunk * sizeof(float), err)))
+        return rc;
+    memcpy(x, t->gbuf, (size_t)count * sizeof(float));
+    return KV_OK;
 }
 
 int tp_allreduce(tp_ctx *t, float *d_x, int64_t count, kvant_err *err)
@@ -241,31 +266,14 @@ int tp_allreduce(tp_ctx *t, float *d_x, int64_t count, kvant_err *err)
     int rc;
     if (t->tp_n == 1)
         return KV_OK; /* a pipeline stage of one rank holds whole tensors */
-    if ((rc = t->be->ops->sync(t->be)))
+    if (t->host_mem && (rc = t->be->ops->sync(t->be)))
         return kvant_err_set(err, rc, "backend failed before a reduction");
     if (count > t->max_count)
         return kvant_err_set(err, KV_EINVAL, "a reduction of %lld values (limit %lld)",
                              (long long)count, (long long)t->max_count);
     t->st.reductions++;
-    const int n = t->tp_n;
-    if ((uint64_t)count * sizeof(float) * (uint64_t)n <= TP_SMALL_BYTES) {
-        if ((rc = par_allgather(t->stage, d_x, t->gbuf, (size_t)count * sizeof(float), err)))
-            return rc;
-        sum_ordered(d_x, t->gbuf, n, count, count);
-        return KV_OK;
-    }
-    /* reduce-scatter (all-to-all of chunks, ordered sum on the owner), then
-     * all-gather of the summed chunks */
-    const int64_t chunk = chunk_of(count, n), padded = chunk * n;
-    memcpy(t->sbuf, d_x, (size_t)count * sizeof(float));
-    memset(t->sbuf + count, 0, (size_t)(padded - count) * sizeof(float));
-    if ((rc = par_alltoall(t->stage, t->sbuf, t->gbuf, (size_t)chunk * sizeof(float), err)))
-        return rc;
-    sum_ordered(t->ybuf, t->gbuf, n, chunk, chunk);
-    if ((rc = par_allgather(t->stage, t->ybuf, t->gbuf, (size_t)chunk * sizeof(float), err)))
-        return rc;
-    memcpy(d_x, t->gbuf, (size_t)count * sizeof(float));
-    return KV_OK;
+    return t->host_mem ? tp_host_allreduce(t, d_x, count, err)
+                       : tp_dev_allreduce(t, d_x, count, err);
 }
 
 int tp_gather_logits(tp_ctx *t, const float *d_logits, int32_t n_out, float *logits,
@@ -275,6 +283,13 @@ int tp_gather_logits(tp_ctx *t, const float *d_logits, int32_t n_out, float *log
     if ((rc = t->be->ops->sync(t->be)))
         return kvant_err_set(err, rc, "backend failed before the logit gather");
     const size_t slab = (size_t)n_out * (size_t)t->nv_max;
+    if (!t->host_mem) { /* device backends: this rank's slice to the host, then MPI */
+        const size_t mine = (size_t)n_out * (size_t)t->nvocab[t->tp_rank] * sizeof(float);
+        if ((rc = t->be->ops->download(t->be, t->hl, d_logits, mine)))
+            return kvant_err_set(err, rc, "rank %d: copying the logits from the device failed",
+                                 t->rank);
+        d_logits = t->hl;
+    }
     if ((rc = par_gather(t->stage, d_logits, t->lbuf, slab * sizeof(float), err)))
         return rc;
     if (t->tp_rank != 0 || !logits)

@@ -28,8 +28,13 @@
  *
  * Memory: the exchange buffers come from the backend's memory manager
  * (MEM_ACTIVATIONS); tp_scratch_bytes bounds them, for the planner.
- * CPU backend only (device memory is host memory there; a GPU group would
- * exchange through NCCL).
+ * Device backends (CUDA, tp_dev.c): one GPU per rank; the reductions run
+ * on the device over NCCL (the same rank-order sum, in a kernel), or
+ * through host memory and MPI when ranks share a GPU; the logit gather and
+ * the stage hand-overs always stage through host buffers and MPI.  With
+ * KVANT_TP_HOST_STAGING=1 in the environment the CPU backend takes that
+ * path too (the reductions through host buffers and MPI), which the tests
+ * compare bitwise with the direct one.
  *
  * Ownership: tp_create borrows the group and the backend; tp_attach the
  * forward context.  Threading: the thread that runs the forward pass.
@@ -55,14 +60,22 @@ typedef struct tp_stats {
 
 /* Where world rank `rank` of `size` sits with tp_n ranks per stage. */
 void tp_spec_of(int rank, int tp_n, int size, shard_spec *out);
+/* Device memory a GPU rank holds back for NCCL's own buffers when it plans
+ * (an estimate, not measured; what NCCL takes is measured and reserved in
+ * the memory manager at tp_create, and a rank over budget fails then). */
+#define TP_NCCL_ALLOWANCE ((uint64_t)1 << 30)
 /* An upper bound of the exchange buffers of any rank. */
 uint64_t tp_scratch_bytes(int tp_n, int pp_n, int32_t max_tokens, int32_t max_out,
                           int32_t n_embd, int32_t n_vocab);
 /* Splits world into stages of tp_n ranks and allocates this rank's
- * buffers for batches up to max_tokens tokens and max_out logit rows. */
+ * buffers for batches up to max_tokens tokens and max_out logit rows (a
+ * device backend's at tp_attach). */
 tp_ctx *tp_create(par *world, int tp_n, backend *be, int32_t max_tokens, int32_t max_out,
                   int32_t n_embd, int32_t n_vocab, kvant_err *err);
-/* Makes f's forward passes parallel (f->tp = t). */
+/* Makes f's forward passes parallel (f->tp = t).  On a device backend
+ * this is where the exchange is set up (buffers, the choice of transport,
+ * the NCCL communicator): a collective of every rank, called after
+ * tp_agree succeeded. */
 int tp_attach(tp_ctx *t, fwd_ctx *f, kvant_err *err);
 void tp_destroy(tp_ctx *t);
 int tp_rank(const tp_ctx *t);  /* in the world */

@@ -8,6 +8,8 @@
 
 #define TP_MSG_INTS 1024            /* a command with a small batch inline */
 #define TP_HDR_INTS 8
+#define TP_SMALL_BYTES (256u << 10) /* all-gather below, reduce-scatter above (bytes of
+                                     * the gathered partials) */
 
 struct tp_ctx {
     par *world;         /* borrowed: every rank, rank 0 schedules */
@@ -30,6 +32,14 @@ struct tp_ctx {
     float *plog;        /* the last stage's tp rank 0 when it is not rank 0:
                          * [max_out][n_vocab] logits before they go to rank 0 */
     int32_t *mb_out;    /* [max_out] a micro-batch's output rows */
+    /* device backends (CUDA; tp_dev.c): what MPI reads and writes lives in
+     * host memory, the reductions' buffers on the device when NCCL
+     * carries them */
+    int host_mem;       /* 1: the backend's memory is host memory (CPU) */
+    void *h_base;       /* device backends: the host exchange buffers (malloc) */
+    float *hx;          /* device backends: [max_count] activations staged on the host */
+    float *hl;          /* device backends: [max_out * nv_max] this rank's logit slice */
+    struct cuda_tp *nccl; /* the stage's NCCL communicator, or NULL (through MPI) */
     int32_t msg[TP_MSG_INTS];
     int32_t *rx;        /* worker: a large batch's payload */
     size_t rx_cap;
@@ -37,5 +47,21 @@ struct tp_ctx {
     int32_t seqs_cap;
     tp_stats st;
 };
+
+/* tp.c: the reduction of x[0..count) in host memory over MPI (the CPU
+ * path; device backends without NCCL after staging x on the host). */
+int tp_host_allreduce(tp_ctx *t, float *x, int64_t count, kvant_err *err);
+/* 1: a reduction of count values takes the reduce-scatter path. */
+int tp_is_large(const tp_ctx *t, int64_t count);
+
+/* tp_dev.c: device backends.  tp_dev_setup (every rank of the world, in
+ * tp_attach) chooses the stage's transport (NCCL when each rank of the
+ * stage has its own GPU and the build has CUDA, else host memory and MPI),
+ * allocates the exchange buffers and joins the communicator. */
+int tp_dev_setup(tp_ctx *t, kvant_err *err);
+void tp_dev_free(tp_ctx *t);
+int tp_dev_allreduce(tp_ctx *t, float *d_x, int64_t count, kvant_err *err);
+/* Adds the NCCL traffic to out; 1 in *failed when the communicator broke. */
+void tp_dev_stats(const tp_ctx *t, par_stats *out, int *failed);
 
 #endif

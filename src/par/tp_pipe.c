@@ -1,5 +1,7 @@
 /* tp_pipe.c - pipeline stages: activations from stage to stage, the
- * logits from the last stage to rank 0 (see tp.h). */
+ * logits from the last stage to rank 0 (see tp.h).  On a device backend
+ * (CUDA) a hand-over goes device -> host -> MPI -> host -> device: the
+ * posted receives and the staged logits are host buffers (tp_dev.c). */
 #include <string.h>
 
 #include "par/tp_internal.h"
@@ -46,17 +48,31 @@ int tp_pp_take(tp_ctx *t, int k, float *d_x, int32_t off, int32_t cnt, kvant_err
     int rc = par_recv_wait(t->world, k, err);
     if (rc)
         return rc;
-    memcpy(d_x, t->rbuf + (size_t)off * t->n_embd, (size_t)cnt * t->n_embd * sizeof(float));
+    const float *src = t->rbuf + (size_t)off * t->n_embd;
+    const size_t bytes = (size_t)cnt * t->n_embd * sizeof(float);
+    if (t->host_mem) {
+        memcpy(d_x, src, bytes);
+        return KV_OK;
+    }
+    if ((rc = t->be->ops->upload(t->be, d_x, src, bytes)))
+        return kvant_err_set(err, rc, "rank %d: copying a micro-batch to the device failed",
+                             t->rank);
     return KV_OK;
 }
 
 int tp_pp_give(tp_ctx *t, int k, const float *d_x, int32_t cnt, kvant_err *err)
 {
     int rc;
+    const size_t bytes = (size_t)cnt * (size_t)t->n_embd * sizeof(float);
     if ((rc = t->be->ops->sync(t->be)))
         return kvant_err_set(err, rc, "backend failed before a stage hand-over");
-    return par_send(t->world, t->rank + t->tp_n, k, d_x,
-                    (size_t)cnt * (size_t)t->n_embd * sizeof(float), err);
+    if (!t->host_mem) {
+        if ((rc = t->be->ops->download(t->be, t->hx, d_x, bytes)))
+            return kvant_err_set(err, rc, "rank %d: copying a micro-batch from the device "
+                                 "failed", t->rank);
+        d_x = t->hx;
+    }
+    return par_send(t->world, t->rank + t->tp_n, k, d_x, bytes, err);
 }
 
 float *tp_pp_rows(tp_ctx *t, float *logits, int32_t row0)

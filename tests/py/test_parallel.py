@@ -9,6 +9,8 @@ forced with --mca btl tcp,self to stand in for two hosts):
   * the default model: --tp 2 and --tp 3 logits within 1e-5 relative of one process on the
     reference path (--exact, f32 KV), greedy tokens identical for 128 tokens;
   * the two transports give bitwise the same logits (the reductions add in rank order);
+  * the exchange path of device backends (staged through host buffers), run on the CPU
+    backend, gives bitwise the logits and greedy tokens of the direct path;
   * `kvant serve --tp 2`: each greedy request gives the same tokens alone and batched with
     others (batch invariance), per-rank memory on /v1/memory and /metrics, weights per rank
     about half;
@@ -57,11 +59,13 @@ def launcher(n: int, *mca: str) -> list[str]:
     return [MPIRUN, "-np", str(n), "--oversubscribe", *extra]
 
 
-def run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV)
+def run(cmd: list[str], timeout: float = 300, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env={**ENV, **(env or {})})
 
 
-def logits(kvant_bin, model, ids, n_vocab, tmp_path, tp=1, mca=(), extra=(), pp=1) -> np.ndarray:
+def logits(kvant_bin, model, ids, n_vocab, tmp_path, tp=1, mca=(), extra=(), pp=1,
+           env=None) -> np.ndarray:
     ids_path = tmp_path / "ids.txt"
     ids_path.write_text(" ".join(str(int(i)) for i in ids))
     out = tmp_path / f"logits-tp{tp}-{zlib.crc32(repr(mca).encode())}.f32"
@@ -69,7 +73,7 @@ def logits(kvant_bin, model, ids, n_vocab, tmp_path, tp=1, mca=(), extra=(), pp=
            "-t", "1", "--kv-dtype", "f32", "--exact", *extra]
     if tp * pp > 1:
         cmd = launcher(tp * pp, *mca) + cmd + ["--tp", str(tp), "--pp", str(pp)]
-    r = run(cmd)
+    r = run(cmd, env=env)
     assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}\n{r.stderr[-3000:]}"
     a = np.fromfile(out, dtype="<f4")
     assert a.size == len(ids) * n_vocab
@@ -126,6 +130,29 @@ def test_tcp_transport_bitwise_equal_to_shared_memory(kvant_bin, default_model, 
     shm = logits(kvant_bin, default_model, ids, 49152, tmp_path, tp=2)
     tcp = logits(kvant_bin, default_model, ids, 49152, tmp_path, tp=2, mca=("btl=tcp,self",))
     assert np.array_equal(shm, tcp), "the reductions must not depend on the transport"
+
+
+# KVANT_TP_HOST_STAGING=1: the CPU backend takes the exchange path of device backends
+# (src/par/tp_dev.c: activations, logit slices and stage hand-overs copied through host
+# buffers with the backend's download/upload, reductions through MPI as when GPU ranks
+# share a device); it must give bitwise what the direct path gives.
+STAGING = {"KVANT_TP_HOST_STAGING": "1"}
+
+
+@pytest.mark.parametrize("tp,pp", [(2, 1), (2, 2)])
+def test_device_staging_path_bitwise_equal(tp, pp, kvant_bin, default_model, tmp_path):
+    ids = english_ids(kvant_bin, default_model, 96)  # prefill: the reduce-scatter path
+    direct = logits(kvant_bin, default_model, ids, 49152, tmp_path, tp=tp, pp=pp)
+    staged = logits(kvant_bin, default_model, ids, 49152, tmp_path, tp=tp, pp=pp, env=STAGING)
+    assert np.array_equal(direct, staged), "the staged exchange changed the logits"
+    # decode steps (one token: the all-gather path), greedy tokens on the default path
+    base = [kvant_bin, "run", "-m", default_model, "-p", "def fibonacci(n):", "-n", "24", "-t",
+            "1", "--json", "--tp", str(tp), "--pp", str(pp)]
+    a = run(launcher(tp * pp) + base)
+    b = run(launcher(tp * pp) + base, env=STAGING)
+    assert a.returncode == 0 and b.returncode == 0, a.stderr[-2000:] + b.stderr[-2000:]
+    assert "KVANT_TP_HOST_STAGING" in b.stderr, "the staged path did not run"
+    assert json.loads(a.stdout)["token_ids"] == json.loads(b.stdout)["token_ids"]
 
 
 @pytest.mark.parametrize("prompt", ["def fibonacci(n):", "Once upon a time, in a land far away,"])

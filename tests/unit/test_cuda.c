@@ -19,7 +19,8 @@
  * shapes for machines without the default model file.
  *
  * Error bounds (each check names its own; |.| over the compared element):
- *   embed, add, gather_out, kv_copy_block ........ exact (bitwise)
+ *   embed (also a vocabulary slice, row0), add, gather_out, kv_copy_block,
+ *   the tensor-parallel ordered sum (vs tp_sum_ordered) ... exact (bitwise)
  *   rmsnorm  |d| <= 1e-6 |ref| + 1e-7   (RMS summed in double, order differs)
  *   rope     |d| <= 2e-6 max|x| + 1e-7  (angles in double on both sides)
  *   swiglu   |d| <= 1e-6 |ref| + 1e-7   (device expf <= 2 ulp)
@@ -49,6 +50,8 @@
 #ifdef KVANT_CUDA
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_stage.h"
+#include "backend/cuda/cuda_tp.h"
+#include "kernels/tp_sum.h"
 #endif
 
 /* A backend with the memory manager it allocates from. */
@@ -333,6 +336,49 @@ static void test_matmul(tb *ref, tb *test, tu_rng *r)
     }
 }
 
+/* A tensor-parallel vocabulary slice (model/shard.h): rows [10, 30) of the
+ * embedding with row0 = 10; a token outside them embeds to zeros. */
+static void test_embed_slice(tb *ref, tb *test, const fwd_batch *bt, uint32_t type, int64_t ne0,
+                             const void *q, const float *deq)
+{
+    const int64_t row0 = 10, rows = 20, n = bt->n_tokens;
+    const size_t bytes = (size_t)n * ne0 * sizeof(float);
+    float *a = malloc(bytes), *b = malloc(bytes);
+    tb *bs[2] = {ref, test};
+    float *outs[2] = {a, b};
+    for (int k = 0; k < 2; k++) {
+        model_tensor E = tensor_on(bs[k], type, ne0, rows,
+                                   (const char *)q + row0 * dtype_row_size(type, ne0));
+        E.row0 = row0;
+        float *dx = dput(bs[k], deq, bytes); /* not zeros: the zeros must be written */
+        if (begin(bs[k], bt) == KV_OK)
+            bs[k]->be->ops->embed(bs[k]->be, &E, dx);
+        dget(bs[k], outs[k], dx, bytes);
+        dfree(bs[k], dx);
+        dfree(bs[k], E.dev);
+    }
+    CHECKF(!memcmp(a, b, bytes), "%s embed slice %s not bitwise equal", test->name,
+           dtype_get(type)->name);
+    int inside = 0;
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t tok = bt->tokens[t];
+        const int in = tok >= row0 && tok < row0 + rows;
+        inside += in;
+        for (int64_t c = 0; c < ne0; c++) {
+            const float want = in ? deq[tok * ne0 + c] : 0.0f;
+            if (b[t * ne0 + c] != want) {
+                CHECKF(0, "%s embed slice %s token %lld (id %lld) column %lld: %g, want %g",
+                       test->name, dtype_get(type)->name, (long long)t, (long long)tok,
+                       (long long)c, b[t * ne0 + c], want);
+                break;
+            }
+        }
+    }
+    CHECKF(inside > 0 && inside < n, "the batch should have tokens inside and outside the slice "
+           "(%d of %lld inside)", inside, (long long)n);
+    free(a), free(b);
+}
+
 static void test_embed(tb *ref, tb *test, tu_rng *r)
 {
     const int64_t ne0 = 256, vocab = 40;
@@ -365,6 +411,7 @@ static void test_embed(tb *ref, tb *test, tu_rng *r)
                            (size_t)ne0 * sizeof(float)),
                    "%s embed %s token %d differs from to_float_ref", test->name,
                    dtype_get(k_types[i])->name, k);
+        test_embed_slice(ref, test, &t.b, k_types[i], ne0, q, deq);
         free(q), free(deq);
     }
     free(a), free(b);
@@ -1138,6 +1185,34 @@ static void run_all(tb *ref, tb *test, const char *path)
     test_engine(ref->name, test->name, path);
 }
 
+#ifdef KVANT_CUDA
+/* The tensor-parallel ordered-sum kernel (cuda_tp.h) against its host
+ * reference tp_sum_ordered: bitwise, on values where the order matters. */
+static void test_tp_sum_kernel(tb *b)
+{
+    tu_rng r = {0x5e11};
+    const int n = 3;
+    const int64_t count = 1000, stride = 1003;
+    float *src = rand_vec(&r, n * stride, 1.0f), *want = malloc(count * sizeof *want);
+    float *got = malloc(count * sizeof *got);
+    for (int64_t i = 0; i < count; i += 7) { /* (1e8 + -1e8) + x != 1e8 + (-1e8 + x) */
+        src[i] = 1e8f;
+        src[stride + i] = -1e8f;
+    }
+    tp_sum_ordered(want, src, n, count, stride);
+    float *d_src = dput(b, src, (size_t)(n * stride) * sizeof(float));
+    float *d_dst = dput(b, src, (size_t)count * sizeof(float));
+    CHECK(cuda_tp_sum_ordered(b->be, d_dst, d_src, n, count, stride) == KV_OK);
+    CHECK(b->be->ops->sync(b->be) == KV_OK);
+    dget(b, got, d_dst, (size_t)count * sizeof(float));
+    CHECKF(!memcmp(got, want, (size_t)count * sizeof(float)),
+           "tp ordered-sum kernel differs from tp_sum_ordered");
+    dfree(b, d_src);
+    dfree(b, d_dst);
+    free(src), free(want), free(got);
+}
+#endif
+
 int main(int argc, char **argv)
 {
     dtype_init();
@@ -1196,6 +1271,7 @@ int main(int argc, char **argv)
     if (tb_open(&b, "cuda", 0) == 0) {
         run_all(&a, &b, path);
         test_nvml(&b);
+        test_tp_sum_kernel(&b);
     }
     CHECK(b.be != NULL);
     tb_close(&b);

@@ -1,7 +1,8 @@
 /* test_shard.c - a rank's share of a model (model/shard.h): head, FFN and
  * vocabulary ranges cover the model exactly once (or replicate KV heads
  * evenly), every slice holds the original bytes, the column copies are
- * accounted by the memory manager and freed, and the model is restored. */
+ * accounted by the memory manager and freed (or, for a device backend,
+ * made in host memory), and the model is restored. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -159,6 +160,42 @@ static void test_apply(void)
     model_free(m);
 }
 
+/* A device backend's shard (host_copies): the column copies are host
+ * memory, not the manager's (the backend uploads and accounts them), hold
+ * the same bytes, and are freed with the shard (ASan: no leak). */
+static void test_host_copies(void)
+{
+    const char *path = "build/tests/tiny-shard-host.gguf";
+    CHECK(tiny_model_write(path, 13) == 0);
+    kvant_err err = {0};
+    model *full = model_load(path, &err), *m = model_load(path, &err);
+    CHECKF(full && m, "%s", err.msg);
+    if (!full || !m) {
+        model_free(full);
+        model_free(m);
+        return;
+    }
+    const uint64_t full_bytes = m->weights_bytes;
+    mem_mgr *mem = mem_create(64u << 20, mem_allocator_host(), &err);
+    for (int rank = 0; rank < 2; rank++) {
+        shard_spec sp = {.tp_rank = rank, .tp_n = 2, .pp_stage = 0, .pp_n = 1,
+                         .host_copies = 1};
+        model_shard *s = model_shard_apply(m, &sp, mem, &err);
+        CHECKF(s, "rank %d: %s", rank, err.msg);
+        if (!s)
+            continue;
+        check_slices(full, m, rank, 2);
+        CHECK(mem_used(mem) == 0 && mem_live_count(mem) == 0);
+        CHECK(m->weights_bytes < full_bytes);
+        model_shard_free(s);
+        CHECK(m->weights_bytes == full_bytes && m->tok_embd.row0 == 0);
+        CHECK(m->layers[0].wo.dev == m->layers[0].wo.data);
+    }
+    mem_destroy(mem);
+    model_free(full);
+    model_free(m);
+}
+
 /* Pipeline stages: each keeps its layers (the array moves), the embedding
  * on the first, the head on the last; every layer on exactly one stage. */
 static void test_stages(void)
@@ -202,6 +239,7 @@ int main(void)
     dtype_init();
     test_ranges();
     test_apply();
+    test_host_copies();
     test_stages();
     return tu_finish("test_shard");
 }

@@ -100,6 +100,16 @@ static void cu_free(void *ctx, void *p, size_t size)
     cudaFree(p);
 }
 
+int cuda_backend_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
 int cuda_backend_query(int device, backend_device_info *out, kvant_err *err)
 {
     memset(out, 0, sizeof *out);
@@ -203,6 +213,16 @@ static int cuda_load_weights(backend *be, model *m, kvant_err *err)
     if (m->tied_output)
         m->output.dev = m->tok_embd.dev;
     return KV_OK;
+}
+
+cudaStream_t cuda_backend_stream(backend *be)
+{
+    return cu(be)->stream;
+}
+
+int cuda_backend_device(backend *be)
+{
+    return cu(be)->device;
 }
 
 /* ---- memory ---- */
@@ -400,7 +420,8 @@ static void cuda_embed_op(backend *be, const model_tensor *emb, float *d_x)
 {
     cuda_backend *cb = cu(be);
     cb_check(cb, cuda_embed(cb->stream, emb->dev, emb->type, emb->ne[0], emb->row_bytes,
-                            cb->bd.tokens, cb->bd.n_tokens, d_x), "embed");
+                            emb->row0, emb->ne[1], cb->bd.tokens, cb->bd.n_tokens, d_x),
+             "embed");
 }
 
 static void cuda_rmsnorm_op(backend *be, const float *d_x, const model_tensor *w, float eps,

@@ -33,6 +33,9 @@
  * KV_EINVAL when device is out of range. */
 int cuda_backend_query(int device, backend_device_info *out, kvant_err *err);
 
+/* CUDA devices present (0 when there is no driver or device). */
+int cuda_backend_device_count(void);
+
 /* NULL + err on failure (bad device, stream/cuBLAS creation failed). */
 backend *cuda_backend_create(int device, mem_mgr *mem, kvant_err *err);
 

@@ -56,9 +56,12 @@ cudaError_t cuda_mm_tiled(cudaStream_t s, const cuda_mm_args *a);
  * fails. */
 cudaError_t cuda_mm_gemm(cudaStream_t s, cublasHandle_t h, const cuda_mm_args *a, float *ws,
                          size_t ws_bytes);
-/* d_y[t][ne0] = dequantized row d_tokens[t] of the embedding. */
+/* d_y[t][ne0] = dequantized row d_tokens[t] - row0 of the embedding, which
+ * holds rows [row0, row0 + n_rows) of the vocabulary (a tensor-parallel
+ * slice, model/shard.h); zeros for a token outside them. */
 cudaError_t cuda_embed(cudaStream_t s, const void *w, uint32_t type, int64_t ne0,
-                       size_t row_bytes, const int32_t *d_tokens, int32_t n, float *d_y);
+                       size_t row_bytes, int64_t row0, int64_t n_rows, const int32_t *d_tokens,
+                       int32_t n, float *d_y);
 
 cudaError_t cuda_rmsnorm(cudaStream_t s, const float *x, const float *w, float eps, float *y,
                          int32_t n, int32_t dim);
@@ -73,5 +76,11 @@ cudaError_t cuda_kv_store(cudaStream_t s, const cuda_kv_desc *kv, int32_t il,
                           const cuda_batch_desc *b, const float *k, const float *v);
 cudaError_t cuda_attention(cudaStream_t s, const cuda_kv_desc *kv, int32_t il,
                            const cuda_batch_desc *b, const float *q, int32_t n_heads, float *out);
+
+/* The backend's stream and device (cuda_backend.cu), for the collectives
+ * of cuda_tp.cu, which run on the same stream. */
+struct backend;
+cudaStream_t cuda_backend_stream(struct backend *be);
+int cuda_backend_device(struct backend *be);
 
 #endif

@@ -181,10 +181,17 @@ cudaError_t cuda_mm_gemm(cudaStream_t s, cublasHandle_t h, const cuda_mm_args *a
 
 template <int T>
 __global__ void embed_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t ne0,
-                             const int32_t *__restrict__ tokens, float *__restrict__ y)
+                             int64_t row0, int64_t n_rows, const int32_t *__restrict__ tokens,
+                             float *__restrict__ y)
 {
     const int32_t t = blockIdx.x;
-    const uint8_t *row = w + (int64_t)tokens[t] * row_bytes;
+    const int64_t r = (int64_t)tokens[t] - row0;
+    if (r < 0 || r >= n_rows) { /* another rank's vocabulary rows: this rank adds zeros */
+        for (int64_t c = threadIdx.x; c < ne0; c += blockDim.x)
+            y[(int64_t)t * ne0 + c] = 0.0f;
+        return;
+    }
+    const uint8_t *row = w + r * row_bytes;
     for (int64_t c = threadIdx.x; c < ne0 / 32; c += blockDim.x) {
         float v[32];
         cq_chunk<T>(row, c, v);
@@ -199,22 +206,24 @@ struct embed_launch {
     cudaStream_t s;
     const uint8_t *w;
     size_t row_bytes;
-    int64_t ne0;
+    int64_t ne0, row0, n_rows;
     const int32_t *tokens;
     int32_t n;
     float *y;
     template <int T> void operator()() const
     {
-        embed_kernel<T><<<n, 128, 0, s>>>(w, row_bytes, ne0, tokens, y);
+        embed_kernel<T><<<n, 128, 0, s>>>(w, row_bytes, ne0, row0, n_rows, tokens, y);
     }
 };
 
 cudaError_t cuda_embed(cudaStream_t s, const void *w, uint32_t type, int64_t ne0,
-                       size_t row_bytes, const int32_t *d_tokens, int32_t n, float *d_y)
+                       size_t row_bytes, int64_t row0, int64_t n_rows, const int32_t *d_tokens,
+                       int32_t n, float *d_y)
 {
     if (n < 1)
         return cudaSuccess;
-    if (!cq_dispatch(type, embed_launch{s, (const uint8_t *)w, row_bytes, ne0, d_tokens, n, d_y}))
+    if (!cq_dispatch(type, embed_launch{s, (const uint8_t *)w, row_bytes, ne0, row0, n_rows,
+                                        d_tokens, n, d_y}))
         return cudaErrorInvalidValue;
     return cudaGetLastError();
 }
