@@ -4,7 +4,8 @@ about 2.1 MiB, a 28.7 MiB embedding that is also the output head).
 - `kvant logits`: every layer streamed (33MiB, the smallest budget) and half the layers
   streamed give bitwise the same logits as fully resident, with 1, 5 and 64 tokens per
   forward pass, on the int8 path (resident weights repacked, streamed ones as stored),
-  with --exact and with --no-pack, and with a 3-buffer ring.
+  with --exact and with --no-pack, with a 3-buffer ring, and with --stream-io direct and
+  both (O_DIRECT reads, or the page cache where the filesystem refuses them).
 - a budget under one layer ring plus the embedding is refused naming the smallest budget;
   a budget that holds everything warns and streams nothing.
 - `kvant serve`: concurrent requests with chunked prefill answer with the same tokens and
@@ -54,9 +55,11 @@ def test_logits_bitwise(kvant_bin, default_model, tmp_path, batch):
         assert got == ref, f"--weights-memory {wm}, -b {batch}: logits differ"
 
 
-@pytest.mark.parametrize("extra", [["--exact"], ["--no-pack"], ["--stream-buffers", "3"]])
+@pytest.mark.parametrize("extra", [["--exact"], ["--no-pack"], ["--stream-buffers", "3"],
+                                   ["--stream-io", "direct"], ["--stream-io", "both"]])
 def test_logits_bitwise_paths(kvant_bin, default_model, tmp_path, extra):
-    base = [e for e in extra if e not in ("--stream-buffers", "3")]
+    base = [e for e in extra if e not in ("--stream-buffers", "3", "--stream-io", "direct",
+                                          "both")]
     ref, _ = logits(kvant_bin, default_model, tmp_path, "ref", "-b", "7", *base)
     wm = "36MiB" if "--stream-buffers" in extra else SMALLEST
     got, _ = logits(kvant_bin, default_model, tmp_path, "off", "-b", "7", "--weights-memory",
@@ -76,6 +79,9 @@ def test_refused_and_fits(kvant_bin, default_model, tmp_path):
     assert "smallest weights budget that works is 33MiB" in r.stderr, r.stderr
     r = subprocess.run(cmd + ["--weights-memory", "1.5"], capture_output=True, text=True)
     assert r.returncode == 2 and "--weights-memory" in r.stderr, r.stderr
+    r = subprocess.run(cmd + ["--weights-memory", SMALLEST, "--stream-io", "mmap"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "'mmap' is not buffered, direct or both" in r.stderr, r.stderr
     r = subprocess.run(cmd + ["--weights-memory", "1GiB"], capture_output=True, text=True)
     assert r.returncode == 0 and "the model fits, no layer is streamed" in r.stderr, r.stderr
     # serve refuses at start, with the same message
