@@ -54,10 +54,11 @@ static void print_prediction(engine *e, const wstream_plan *p)
     }
     ocost_pred d, pf;
     const int32_t n_seqs = e->cfg.max_num_seqs, n_pp = e->cfg.max_num_batched_tokens;
-    ocost_predict(p, e->m, &r, 1, 1, &d);
+    const int io = e->cfg.weights_io;
+    ocost_predict(p, e->m, &r, io, 1, 1, &d);
     fprintf(stderr, "kvant: weight offload: predicted decode %.2f tok/s at 1 sequence", d.tok_s);
-    ocost_predict(p, e->m, &r, n_seqs, n_seqs, &d);
-    ocost_predict(p, e->m, &r, n_pp, 1, &pf);
+    ocost_predict(p, e->m, &r, io, n_seqs, n_seqs, &d);
+    ocost_predict(p, e->m, &r, io, n_pp, 1, &pf);
     fprintf(stderr, ", %.2f tok/s at %d; prefill %.2f tok/s at %d tokens per step (rates from "
             "%s)\n", d.tok_s, (int)n_seqs, pf.tok_s, (int)n_pp, r.cache_path);
 }

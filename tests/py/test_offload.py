@@ -185,12 +185,28 @@ def test_plan_placement_and_prediction(kvant_bin, default_model, tmp_path):
         off["staging_bytes"]
     assert not off["rates"]["cached"] and runs[1]["weights_offload"]["rates"]["cached"]
     assert (tmp_path / "cache" / "offload-rates").exists()
-    assert off["rates"]["read_bytes_per_s"] > 0
+    rates = off["rates"]
+    assert rates["read_bytes_per_s"] > 0 and rates["direct_read_bytes_per_s"] >= 0
+    assert rates["stream_io"] == "buffered"
+    other = [b["other_s_per_layer"] for b in rates["matmul"]]
+    assert all(o > 0 for o in other) and other[-1] > other[0]  # 512 tokens of norms vs 1
     pred = off["predicted"]
     assert [p["tokens_per_pass"] for p in pred] == [1, 8, 32, 128, 512]
     for p in pred:
         assert p["tok_s"] > 0 and p["tok_s"] <= p["resident_tok_s"] * (1 + 1e-9)
         assert p["pass_s"] >= p["stall_s"] >= 0
+        # a pass reads every streamed byte at most at the page-cache rate
+        assert p["pass_s"] >= off["streamed_bytes_per_forward"] / rates["read_bytes_per_s"] * \
+            (1 - 1e-9)
+    # the prediction for O_DIRECT reads, from the same cached rates
+    r = subprocess.run(cmd + ["--weights-memory", "40MiB", "--stream-io", "direct", "--json"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    od = json.loads(r.stdout)["weights_offload"]
+    assert od["rates"]["cached"] and od["rates"]["stream_io"] == "direct"
+    direct = od["rates"]["direct_read_bytes_per_s"] or rates["read_bytes_per_s"]  # 0: refused
+    for p in od["predicted"]:
+        assert p["pass_s"] >= od["streamed_bytes_per_forward"] / direct * (1 - 1e-9)
     # text form and --remeasure
     r = subprocess.run(cmd + ["--weights-memory", "40MiB", "--remeasure"], capture_output=True,
                        text=True, env=env, timeout=120)
