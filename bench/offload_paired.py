@@ -7,8 +7,9 @@ Each round, back to back:
      page-cache and O_DIRECT read rates alone, matmul rates, and the
      predicted tok/s per tokens-per-pass bucket (1 for tg, 128 for pp128)
      with the offload placement and fully resident;
-  2. `kvant bench -p P -n N -r 1 --json`: fully resident, then with
-     --weights-memory W under each read mode (order rotated per round).
+  2. `kvant bench -p P -n N -r 1 --json`: fully resident (no budget), and
+     with --device-memory D --weights-memory W under each read mode (the
+     order rotated per round).
 Prints one JSON line per round and, at the end, per configuration the
 median and range over rounds of: measured tok/s, measured / predicted, and
 (offload) the stream's GB/s of wall time over the tg series divided by the
@@ -90,13 +91,14 @@ def one_round(a, k: int) -> dict:
     order = ["resident", *a.io]
     order = order[k % len(order):] + order[:k % len(order)]
     for cfg in order:
-        extra = [] if cfg == "resident" else ["--weights-memory", a.weights_memory,
-                                               "--stream-io", cfg]
+        # fully resident: no budget (the model is larger than the offload one)
+        extra = ["-m", a.model, "-t", a.threads] if cfg == "resident" else \
+            [*common, "--weights-memory", a.weights_memory, "--stream-io", cfg]
         ev = Evictor(a.model) if a.cold and cfg != "resident" else None
         if ev:
             ev.start()
-        b = run_json([a.kvant, "bench", *common, *extra, "-p", str(a.p), "-n", str(a.n),
-                      "-r", "1", "--json"])
+        b = run_json([a.kvant, "bench", *extra, "-p", str(a.p), "-n", str(a.n), "-r", "1",
+                      "--json"])
         if ev:
             ev.stop.set()
             ev.join()

@@ -9,9 +9,16 @@ about 2.1 MiB, a 28.7 MiB embedding that is also the output head).
 - a budget under one layer ring plus the embedding is refused naming the smallest budget;
   a budget that holds everything warns and streams nothing.
 - `kvant serve`: concurrent requests with chunked prefill answer with the same tokens and
-  logprobs as a server without offload; /v1/memory and /metrics report the placement and
-  the bytes streamed; a model file truncated under the server fails the requests in flight
-  with a clear error and /health turns 503, the process does not crash.
+  logprobs as a server without offload (page-cache and O_DIRECT reads); /v1/memory and
+  /metrics report the placement, the bytes streamed and those read with O_DIRECT (or the
+  note saying the filesystem refused it); a model file truncated under the server fails
+  the requests in flight with a clear error and /health turns 503, the process does not
+  crash.
+- `kvant plan --weights-memory`: the placement, the measured rates (page cache, O_DIRECT,
+  matmul and non-matmul work per bucket), cached; predictions that read every streamed
+  byte at most at the mode's read rate.
+- `kvant bench --weights-memory --json`: the stream's bytes, wall, read and wait seconds per
+  series (absent without offload).
 """
 from __future__ import annotations
 
@@ -136,6 +143,25 @@ def test_serve_same_answers_and_visible(kvant_bin, default_model):
         assert m["kvant_weights_layer_bytes{layer=29,placement=streamed}"] > 0
         assert m["kvant_weights_layer_bytes{layer=0,placement=resident}"] > 0
         assert "weight offload:" in srv.log_text() and "layer placement:" in srv.log_text()
+        assert off["stream_io"] == "buffered" and off["streamed_direct_bytes_total"] == 0
+        assert m["kvant_weights_streamed_direct_bytes_total"] == 0
+    finally:
+        assert srv.stop() == 0
+    # O_DIRECT reads: the same answers; where the filesystem refuses them, the
+    # page cache and a note in the log and on /v1/memory
+    srv = KvantServer(kvant_bin, default_model, *ARGS, "--weights-memory", HALF,
+                      "--stream-io", "direct")
+    try:
+        assert workload(srv) == ref
+        off = httpx.get(srv.url + "/v1/memory", timeout=30).json()["weights_offload"]
+        m = srv.metrics()
+        assert off["stream_io"] == "direct"
+        assert "kvant: weight reads: direct" in srv.log_text()
+        if off["direct"]:
+            assert off["streamed_direct_bytes_total"] == off["streamed_bytes_total"] > 0
+            assert m["kvant_weights_streamed_direct_bytes_total"] == off["streamed_bytes_total"]
+        else:
+            assert "O_DIRECT refused" in off["io_note"] and off["io_note"] in srv.log_text()
     finally:
         assert srv.stop() == 0
 
@@ -218,3 +244,21 @@ def test_plan_placement_and_prediction(kvant_bin, default_model, tmp_path):
     r = subprocess.run(cmd + ["--weights-memory", "1GiB", "--json"], capture_output=True,
                        text=True, env=env)
     assert r.returncode == 0 and json.loads(r.stdout)["weights_offload"]["offload"] is False
+
+
+def test_bench_reports_the_stream(kvant_bin, default_model):
+    """kvant bench with offload: the stream's bytes, wall, read and wait time of each series."""
+    r = subprocess.run([kvant_bin, "bench", "-m", default_model, "-t", THREADS, "-p", "8", "-n",
+                        "4", "-r", "2", "--weights-memory", SMALLEST, "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    b = json.loads(r.stdout)
+    per_pass = 30 * 2_000_000  # 30 streamed layers of about 2.1 MB, at least
+    assert b["tg_stream_bytes"] >= 2 * 4 * per_pass  # 2 reps of 4 decode passes
+    assert b["pp_stream_bytes"] >= 2 * per_pass      # 2 reps of one 8-token pass
+    for t in ("pp", "tg"):
+        assert b[f"{t}_stream_wall_s"] > 0 and b[f"{t}_stream_read_s"] > 0
+        assert 0 <= b[f"{t}_stream_wait_s"] <= b[f"{t}_stream_wall_s"]
+    r = subprocess.run([kvant_bin, "bench", "-m", default_model, "-t", THREADS, "-p", "8", "-n",
+                        "4", "-r", "1", "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "tg_stream_bytes" not in json.loads(r.stdout)
