@@ -24,6 +24,21 @@ static const int32_t k_batch[OCOST_N_BUCKETS] = {1, 8, 32, 128, 512};
 #define OCOST_CACHE_BUST (128ull << 20)  /* matrix copies cycled per timing */
 #define OCOST_MAX_COPIES 64
 #define OCOST_MIN_TIME 0.2               /* seconds per timing, at least */
+#define OCOST_SAMPLES 3                  /* timings per rate, alternating; the median counts */
+#define OCOST_READ_PASSES 5              /* page-cache passes: one to warm, the median of the rest */
+
+static int oc_cmp(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of v[0..n), n >= 1 (sorts v). */
+static double oc_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, oc_cmp);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 static double oc_now(void)
 {
@@ -120,8 +135,10 @@ static void cache_write(const char *path, const char *key, const ocost_rates *r)
 
 /* ---- measuring ---- */
 
-/* pread of up to OCOST_READ_PROBE bytes of the tensor data, twice; the
- * second (page cache) pass is timed. */
+/* pread of up to OCOST_READ_PROBE bytes of the tensor data,
+ * OCOST_READ_PASSES times; the first warms the page cache, the median of
+ * the others counts (on a shared machine a single timing may fall in a
+ * busy or an idle moment). */
 static int measure_read(const model *m, double *bps, kvant_err *err)
 {
     int fd = open(m->path, O_RDONLY | O_CLOEXEC);
@@ -133,8 +150,9 @@ static int measure_read(const model *m, double *bps, kvant_err *err)
     /* into a buffer as large as what is read, as the stream writes a
      * layer-sized slot: a small buffer would stay in the caches */
     char *buf = malloc(n ? n : 1);
-    double best = 0;
-    for (int pass = 0; buf && pass < 3; pass++) {
+    double rate[OCOST_READ_PASSES];
+    int n_rate = 0;
+    for (int pass = 0; buf && pass < OCOST_READ_PASSES; pass++) {
         const double t0 = oc_now();
         uint64_t done = 0;
         while (done < n) {
@@ -145,51 +163,77 @@ static int measure_read(const model *m, double *bps, kvant_err *err)
             done += (uint64_t)r;
         }
         const double dt = oc_now() - t0;
-        if (pass > 0 && dt > 0 && (double)done / dt > best)
-            best = (double)done / dt;
+        if (pass > 0 && done == n && n > 0 && dt > 0)
+            rate[n_rate++] = (double)done / dt;
     }
     free(buf);
     close(fd);
-    if (!(best > 0))
+    if (n_rate == 0)
         return kvant_err_set(err, KV_EIO, "%s: cannot time reads", m->path);
-    *bps = best;
+    *bps = oc_median(rate, n_rate);
     return KV_OK;
 }
 
-/* O_DIRECT reads of the same range as measure_read, in OCOST_READ_CHUNK
- * requests into an aligned buffer, twice (the better pass counts: the
+/* Two threads claiming OCOST_READ_CHUNK chunks of one range in turn, as
+ * the stream's reader and the forward pass do with O_DIRECT. */
+typedef struct dio_probe {
+    int fd;
+    char *buf;         /* [n], WSTREAM_DIO_ALIGN-aligned */
+    uint64_t start, n; /* aligned */
+    atomic_ullong next, done;
+} dio_probe;
+
+static void *dio_main(void *arg)
+{
+    dio_probe *d = arg;
+    for (;;) {
+        const uint64_t off = atomic_fetch_add(&d->next, OCOST_READ_CHUNK);
+        if (off >= d->n)
+            return NULL;
+        const size_t want = d->n - off < OCOST_READ_CHUNK ? (size_t)(d->n - off)
+                                                          : OCOST_READ_CHUNK;
+        ssize_t r = pread(d->fd, d->buf + off, want, (off_t)(d->start + off));
+        if (r != (ssize_t)want)
+            return NULL; /* done stays short: the pass does not count */
+        atomic_fetch_add(&d->done, (uint64_t)r);
+    }
+}
+
+/* O_DIRECT reads of the same range as measure_read into an aligned buffer
+ * by two threads (dio_probe), OCOST_SAMPLES times; the median counts (the
  * page cache plays no part).  0 where the filesystem refuses O_DIRECT. */
 static double measure_direct(const model *m)
 {
     const uint64_t a = WSTREAM_DIO_ALIGN, size = gguf_file_size(m->gguf);
-    const uint64_t start = m->tok_embd.file_off / a * a;
-    uint64_t n = size > start ? (size - start) / a * a : 0;
-    n = n < OCOST_READ_PROBE ? n : OCOST_READ_PROBE;
-    int fd = open(m->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    dio_probe d = {.fd = -1, .start = m->tok_embd.file_off / a * a};
+    d.n = size > d.start ? (size - d.start) / a * a : 0;
+    d.n = d.n < OCOST_READ_PROBE ? d.n : OCOST_READ_PROBE;
+    d.fd = open(m->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
     void *buf = NULL;
-    double best = 0;
-    if (fd < 0 || n == 0 || posix_memalign(&buf, a, n) != 0) {
-        if (fd >= 0)
-            close(fd);
+    double rate[OCOST_SAMPLES];
+    int n_rate = 0;
+    if (d.fd < 0 || d.n == 0 || posix_memalign(&buf, a, d.n) != 0) {
+        if (d.fd >= 0)
+            close(d.fd);
         return 0;
     }
-    for (int pass = 0; pass < 2; pass++) {
+    d.buf = buf;
+    for (int pass = 0; pass < OCOST_SAMPLES; pass++) {
+        atomic_store(&d.next, 0);
+        atomic_store(&d.done, 0);
         const double t0 = oc_now();
-        uint64_t done = 0;
-        while (done < n) {
-            size_t want = n - done < OCOST_READ_CHUNK ? (size_t)(n - done) : OCOST_READ_CHUNK;
-            ssize_t r = pread(fd, (char *)buf + done, want, (off_t)(start + done));
-            if (r <= 0)
-                break;
-            done += (uint64_t)r;
-        }
+        pthread_t th;
+        const int two = pthread_create(&th, NULL, dio_main, &d) == 0;
+        dio_main(&d);
+        if (two)
+            pthread_join(th, NULL);
         const double dt = oc_now() - t0;
-        if (done == n && dt > 0 && (double)done / dt > best)
-            best = (double)done / dt;
+        if (atomic_load(&d.done) == d.n && dt > 0)
+            rate[n_rate++] = (double)d.n / dt;
     }
     free(buf);
-    close(fd);
-    return best;
+    close(d.fd);
+    return n_rate ? oc_median(rate, n_rate) : 0;
 }
 
 typedef struct mm_rig {
@@ -248,7 +292,8 @@ static double time_other(mm_rig *g, int32_t n)
 }
 
 /* Weight bytes per second of matmuls with n tokens, cycling through the
- * copies (one warm-up call, then at least every copy and OCOST_MIN_TIME). */
+ * copies (one warm-up call, then at least OCOST_MIN_TIME and, below 32
+ * tokens, where the weights' trip from memory is the cost, every copy). */
 static double time_matmuls(mm_rig *g, int32_t n)
 {
     model_tensor t = g->t;
@@ -257,7 +302,8 @@ static double time_matmuls(mm_rig *g, int32_t n)
     uint64_t bytes = 0;
     const double t0 = oc_now();
     double dt = 0;
-    for (int i = 0; i < g->n_copies || dt < OCOST_MIN_TIME; i++) {
+    const int min_calls = n < 32 ? g->n_copies : 1;
+    for (int i = 0; i < min_calls || dt < OCOST_MIN_TIME; i++) {
         t.dev = (uint8_t *)g->w + (size_t)(i % g->n_copies) * g->t.nbytes;
         g->be->ops->matmul(g->be, &t, NULL, g->x, g->y, n);
         g->be->ops->sync(g->be);
@@ -363,22 +409,33 @@ static int measure_compute(const model *m, int n_threads, ocost_rates *r, kvant_
         if (sr.fd < 0 || !sr.buf || sr.len == 0)
             rc = kvant_err_set(err, KV_EIO, "%s: cannot read", m->path);
     }
+    /* per bucket, OCOST_SAMPLES rounds of alone then side by side: the
+     * medians count, so that a burst of other work on a shared machine
+     * moves one sample, not the rate */
     for (int k = 0; !rc && k < OCOST_N_BUCKETS; k++) {
+        double alone[OCOST_SAMPLES], conc[OCOST_SAMPLES], rd[OCOST_SAMPLES];
         r->other_s[k] = time_other(&g, k_batch[k]);
-        r->compute_bps[k] = time_matmuls(&g, k_batch[k]);
-        pthread_t th;
-        atomic_store(&sr.stop, 0);
-        sr.bytes = 0;
-        if (pthread_create(&th, NULL, side_main, &sr)) {
-            rc = kvant_err_set(err, KV_ENOMEM, "cannot start a thread");
-            break;
+        for (int s = 0; !rc && s < OCOST_SAMPLES; s++) {
+            alone[s] = time_matmuls(&g, k_batch[k]);
+            pthread_t th;
+            atomic_store(&sr.stop, 0);
+            sr.bytes = 0;
+            if (pthread_create(&th, NULL, side_main, &sr)) {
+                rc = kvant_err_set(err, KV_ENOMEM, "cannot start a thread");
+                break;
+            }
+            conc[s] = time_matmuls(&g, k_batch[k]);
+            atomic_store(&sr.stop, 1);
+            pthread_join(th, NULL);
+            rd[s] = sr.secs > 0 ? (double)sr.bytes / sr.secs : 0;
+            if (!(rd[s] > 0))
+                rc = kvant_err_set(err, KV_EIO, "%s: cannot time reads", m->path);
         }
-        r->compute_conc_bps[k] = time_matmuls(&g, k_batch[k]);
-        atomic_store(&sr.stop, 1);
-        pthread_join(th, NULL);
-        r->read_conc_bps[k] = sr.secs > 0 ? (double)sr.bytes / sr.secs : 0;
-        if (!(r->read_conc_bps[k] > 0))
-            rc = kvant_err_set(err, KV_EIO, "%s: cannot time reads", m->path);
+        if (!rc) {
+            r->compute_bps[k] = oc_median(alone, OCOST_SAMPLES);
+            r->compute_conc_bps[k] = oc_median(conc, OCOST_SAMPLES);
+            r->read_conc_bps[k] = oc_median(rd, OCOST_SAMPLES);
+        }
     }
     if (sr.fd >= 0)
         close(sr.fd);

@@ -2,11 +2,14 @@
  * measured rates and predicted forward-pass times per placement.
  *
  * Rates: read_bps is pread(2) from the model file once its pages are in
- * the page cache (the host tier: a first pass warms, the second is timed);
+ * the page cache (the host tier: a first pass warms, the median of four
+ * more counts);
  * compute_bps[k] is weight bytes per second the backend's matmul processes
  * with batch[k] tokens, timed on copies of layer 0's widest matrix (the FFN
  * gate) as stored, unpacked - the form a streamed layer takes - that
- * together exceed the caches, on the threads the server will use.  Both
+ * together exceed the caches, on the threads the server will use; each
+ * rate is the median of OCOST_SAMPLES timings taken alternately alone and
+ * side by side.  Both
  * are measured again side by side (a reader thread preads while the
  * matmuls run): on a machine whose cores or memory bandwidth are shared,
  * reading and computing slow each other down, and the prediction uses the
@@ -20,7 +23,8 @@
  * Read modes (wstream_io): buffered reads copy out of the page cache on a
  * CPU (read_bps alone, read_conc_bps beside the matmuls, which slow down
  * to compute_conc_bps); direct reads are the device's DMA (direct_bps,
- * measured with O_DIRECT; taken as the same beside the matmuls, which then
+ * measured with O_DIRECT by two threads, as the stream's reader and the
+ * forward pass read; taken as the same beside the matmuls, which then
  * keep their alone rate: no core is copying); both: the two readers side
  * by side (rates added, the matmuls at compute_conc_bps).
  *
@@ -51,7 +55,7 @@
 
 typedef struct ocost_rates {
     double read_bps;                          /* reading alone (page cache) */
-    double direct_bps;                        /* O_DIRECT reads alone (0: refused here) */
+    double direct_bps;                        /* O_DIRECT reads alone, two threads (0: refused) */
     int32_t batch[OCOST_N_BUCKETS];
     double compute_bps[OCOST_N_BUCKETS];      /* computing alone */
     double compute_conc_bps[OCOST_N_BUCKETS]; /* computing while a reader reads */
