@@ -199,15 +199,33 @@ static void *dio_main(void *arg)
     }
 }
 
-/* O_DIRECT reads of the same range as measure_read into an aligned buffer
- * by two threads (dio_probe), OCOST_SAMPLES times; the median counts (the
+/* The end of the last layer's data in the file. */
+static uint64_t layers_end(const model *m)
+{
+    const model_layer *L = &m->layers[m->hp.n_layers - 1];
+    const model_tensor *ts[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk,
+                                &L->bv, &L->bo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down,
+                                &L->b_down};
+    uint64_t end = 0;
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        if (ts[i]->data && ts[i]->file_off + ts[i]->nbytes > end)
+            end = ts[i]->file_off + ts[i]->nbytes;
+    return end;
+}
+
+/* O_DIRECT reads of up to OCOST_READ_PROBE bytes ending with the last
+ * layer (the layers streamed first: what a stream reads, which on a
+ * virtual disk may be cached below the guest) into an aligned buffer by
+ * two threads (dio_probe), OCOST_SAMPLES times; the median counts (the
  * page cache plays no part).  0 where the filesystem refuses O_DIRECT. */
 static double measure_direct(const model *m)
 {
-    const uint64_t a = WSTREAM_DIO_ALIGN, size = gguf_file_size(m->gguf);
-    dio_probe d = {.fd = -1, .start = m->tok_embd.file_off / a * a};
-    d.n = size > d.start ? (size - d.start) / a * a : 0;
+    const uint64_t a = WSTREAM_DIO_ALIGN;
+    const uint64_t first = m->tok_embd.file_off / a * a, last = layers_end(m) / a * a;
+    dio_probe d = {.fd = -1};
+    d.n = last > first ? last - first : 0;
     d.n = d.n < OCOST_READ_PROBE ? d.n : OCOST_READ_PROBE;
+    d.start = last - d.n;
     d.fd = open(m->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
     void *buf = NULL;
     double rate[OCOST_SAMPLES];
