@@ -88,7 +88,7 @@ def one_round(a, k: int) -> dict:
             "tg_pred": pred_at(plan, 1, "tok_s"), "pp_pred": pred_at(plan, a.p, "tok_s"),
             "tg_pred_res": pred_at(plan, 1, "resident_tok_s"),
             "pp_pred_res": pred_at(plan, a.p, "resident_tok_s")}
-    order = ["resident", *a.io]
+    order = [*a.io] if a.cold else ["resident", *a.io]  # cold: the resident run is no different
     order = order[k % len(order):] + order[:k % len(order)]
     for cfg in order:
         # fully resident: no budget (the model is larger than the offload one)
@@ -113,7 +113,7 @@ def summarize(a, rounds: list[dict]) -> None:
 
     print(f"\n{len(rounds)} rounds; load {med([r['load'] for r in rounds])}")
     io0 = a.io[0]
-    for cfg in ["resident", *a.io]:
+    for cfg in [*a.io] if a.cold else ["resident", *a.io]:
         for t in ("tg", "pp"):
             meas = [r["bench"][cfg][f"{t}_tps"] for r in rounds]
             key = f"{t}_pred_res" if cfg == "resident" else f"{t}_pred"
