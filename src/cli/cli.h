@@ -39,6 +39,7 @@ typedef struct cli_common {
     uint64_t weights_memory;    /* --weights-memory SIZE (0: no cap) */
     double weights_memory_frac; /* --weights-memory F, a fraction of the budget (0: none) */
     int weights_slots;          /* --stream-buffers N (0: 2) */
+    int weights_io;             /* --stream-io MODE: WSTREAM_IO_* (0: buffered) */
     int tp;                     /* --tp N: tensor-parallel ranks per stage; 1: none */
     int pp;                     /* --pp N: pipeline stages; mpirun -np tp*pp */
     double tp_timeout;          /* --tp-timeout S: longest wait for another rank */

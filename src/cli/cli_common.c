@@ -120,6 +120,9 @@ void cli_common_help(FILE *f)
                                        "layers that do not fit are streamed from the file (CPU)",
          "no cap"},
         {"--stream-buffers", "N", "staging buffers for streamed layers, 2..8", "2"},
+        {"--stream-io", "MODE", "how streamed layers are read: buffered (page cache), direct "
+                                "(O_DIRECT; page cache where refused) or both side by side",
+         "buffered"},
         {"--tp", "N", "tensor parallelism over N MPI ranks, 1..64: launch as mpirun -np N "
                       "kvant CMD ... --tp N (docs/PARALLEL.md)", "1"},
         {"--pp", "N", "pipeline parallelism over N stages of --tp ranks each, 1..64: launch "
@@ -295,6 +298,15 @@ int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
         c->weights_slots = (int)nb;
         return 1;
     }
+    if (!strcmp(a, "--stream-io")) {
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        if ((c->weights_io = wstream_io_parse(v)) < 0) {
+            fprintf(stderr, "kvant: --stream-io: '%s' is not buffered, direct or both\n", v);
+            return -1;
+        }
+        return 1;
+    }
     if (!strcmp(a, "--tp") || !strcmp(a, "--pp")) {
         if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, 1, 64, &n))
             return -1;
@@ -334,6 +346,7 @@ void cli_engine_config(const cli_common *c, engine_config *ec)
     ec->weights_memory = c->weights_memory;
     ec->weights_memory_frac = c->weights_memory_frac;
     ec->weights_slots = c->weights_slots;
+    ec->weights_io = c->weights_io;
 }
 
 /* --weights-memory for a session: the placement and the stream, before
@@ -360,9 +373,14 @@ static int session_offload(cli_session *s, const cli_common *c, kvant_err *err)
                 "no layer is streamed\n");
         return KV_OK;
     }
-    s->ws = wstream_create(s->m, s->mem, &p, err);
+    const wstream_io io = {c->weights_io, NULL};
+    s->ws = wstream_create(s->m, s->mem, &p, &io, err);
     if (!s->ws)
         return err->code ? err->code : KV_ENOMEM;
+    wstream_stats st;
+    wstream_get_stats(s->ws, &st);
+    if (st.io_note[0])
+        fprintf(stderr, "kvant: weight offload: %s\n", st.io_note);
     s->m->wstream = s->ws;
     return KV_OK;
 }

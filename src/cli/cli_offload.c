@@ -45,17 +45,28 @@ static void print_text(const cli_offload *o)
     printf("  layer placement: %s (R resident, S streamed; largest layer %s)\n", places,
            mem_format_size(widest_layer(p), a, 32));
     const ocost_rates *r = &o->rates;
-    printf("  rates (%s %s, %d threads, %s): page-cache read %.2f GB/s; matmul weight bytes/s",
+    printf("  rates (%s %s, %d threads, %s): page-cache read %.2f GB/s, O_DIRECT read ",
            r->from_cache ? "cached in" : "measured now, cached in",
            r->cache_path[0] ? r->cache_path : "(no cache)", o->n_threads, o->isa,
            r->read_bps / 1e9);
+    if (r->direct_bps > 0)
+        printf("%.2f GB/s", r->direct_bps / 1e9);
+    else
+        printf("refused here");
+    printf("; matmul weight bytes/s");
     for (int k = 0; k < OCOST_N_BUCKETS; k++)
         printf("%s %d tok %.3f GB/s", k ? "," : "", r->batch[k], r->compute_bps[k] / 1e9);
     printf("\n  side by side (matmul GB/s | read GB/s):");
     for (int k = 0; k < OCOST_N_BUCKETS; k++)
         printf("%s %d tok %.3f | %.2f", k ? "," : "", r->batch[k], r->compute_conc_bps[k] / 1e9,
                r->read_conc_bps[k] / 1e9);
-    printf("\n  tokens/pass  offload tok/s  resident tok/s  stall s/pass  read s/pass\n");
+    printf("\n  other work per layer (norms, SwiGLU, adds):");
+    for (int k = 0; k < OCOST_N_BUCKETS; k++)
+        printf("%s %d tok %.3f ms", k ? "," : "", r->batch[k], r->other_s[k] * 1e3);
+    printf("\n  streamed layers read: %s%s\n", wstream_io_name(o->io),
+           o->io != WSTREAM_IO_BUFFERED && !(r->direct_bps > 0)
+               ? " (O_DIRECT refused here: predicted as buffered)" : "");
+    printf("  tokens/pass  offload tok/s  resident tok/s  stall s/pass  read s/pass\n");
     for (int k = 0; k < OCOST_N_BUCKETS; k++)
         printf("  %11d  %13.2f  %14.2f  %12.4f  %11.4f\n", o->pred[k].n_tokens,
                o->pred[k].tok_s, o->resident[k].tok_s, o->pred[k].stall_s, o->pred[k].read_s);
@@ -82,12 +93,14 @@ static void print_json(const cli_offload *o)
                (unsigned long long)p->layer_bytes[il]);
     printf("], \"rates\": {\"cached\": %s, \"cache_path\": ", r->from_cache ? "true" : "false");
     cli_json_string(stdout, r->cache_path, strlen(r->cache_path));
-    printf(", \"threads\": %d, \"isa\": \"%s\", \"read_bytes_per_s\": %.6g, \"matmul\": [",
-           o->n_threads, o->isa, r->read_bps);
+    printf(", \"threads\": %d, \"isa\": \"%s\", \"read_bytes_per_s\": %.6g, "
+           "\"direct_read_bytes_per_s\": %.6g, \"stream_io\": \"%s\", \"matmul\": [",
+           o->n_threads, o->isa, r->read_bps, r->direct_bps, wstream_io_name(o->io));
     for (int k = 0; k < OCOST_N_BUCKETS; k++)
         printf("%s{\"tokens\": %d, \"weight_bytes_per_s\": %.6g, \"side_by_side_weight_bytes_"
-               "per_s\": %.6g, \"side_by_side_read_bytes_per_s\": %.6g}", k ? ", " : "",
-               r->batch[k], r->compute_bps[k], r->compute_conc_bps[k], r->read_conc_bps[k]);
+               "per_s\": %.6g, \"side_by_side_read_bytes_per_s\": %.6g, \"other_s_per_layer\": "
+               "%.6g}", k ? ", " : "", r->batch[k], r->compute_bps[k], r->compute_conc_bps[k],
+               r->read_conc_bps[k], r->other_s[k]);
     printf("]}, \"predicted\": [");
     for (int k = 0; k < OCOST_N_BUCKETS; k++)
         printf("%s{\"tokens_per_pass\": %d, \"tok_s\": %.6g, \"resident_tok_s\": %.6g, "
@@ -114,6 +127,7 @@ int cli_offload_plan(const cli_common *c, uint64_t budget, int remeasure, cli_of
                                : (uint64_t)((double)budget * c->weights_memory_frac);
     int rc = wstream_plan_make(m, o->cap, c->weights_slots, &o->plan, err);
     o->n_threads = c->n_threads;
+    o->io = c->weights_io;
     if (o->n_threads <= 0) {
         long nc = sysconf(_SC_NPROCESSORS_ONLN);
         o->n_threads = nc > 0 ? (int)nc : 1;
@@ -129,8 +143,8 @@ int cli_offload_plan(const cli_common *c, uint64_t budget, int remeasure, cli_of
             const int32_t n = o->rates.batch[k];
             /* decode (n sequences, n logit rows) up to 32, prefill (one row) above */
             const int32_t n_out = n <= 32 ? n : 1;
-            ocost_predict(&o->plan, m, &o->rates, n, n_out, &o->pred[k]);
-            ocost_predict(&all, m, &o->rates, n, n_out, &o->resident[k]);
+            ocost_predict(&o->plan, m, &o->rates, o->io, n, n_out, &o->pred[k]);
+            ocost_predict(&all, m, &o->rates, o->io, n, n_out, &o->resident[k]);
         }
     }
     model_free(m);

@@ -15,6 +15,7 @@ typedef struct cli_offload {
     ocost_pred pred[OCOST_N_BUCKETS];     /* with the plan's placement */
     ocost_pred resident[OCOST_N_BUCKETS]; /* every layer resident */
     int n_threads;
+    int io;              /* WSTREAM_IO_*: how streamed layers are read (--stream-io) */
     char isa[32];
 } cli_offload;
 

@@ -9,6 +9,8 @@
  *   GFLOP/s = 2 * matmul params * tokens / time (attention not counted).
  *   --roofline: read bandwidth (1 and T threads), fp32 FMA and int8 VNNI
  *   peaks measured in this process (src/bench/roofline.h).
+ *   --weights-memory: also the stream's bytes, wall time, time inside reads
+ *   and time the forward pass waited for a layer over the timed reps.
  *   --batch B: B requests of p random prompt tokens and n max_tokens
  *   (ignore_eos, greedy) through the engine in manual mode; stats sampled
  *   after every step.  TTFT is measured from submission; ITL is the gap
@@ -24,6 +26,7 @@
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "kernels/dtype.h"
+#include "model/wstream.h"
 #include "par/par.h"
 #include "par/tp.h"
 
@@ -41,6 +44,8 @@ typedef struct bench_opts {
 
 typedef struct bench_stat {
     double med, lo, hi; /* tok/s */
+    /* --weights-memory: the stream over the timed reps (warm-up excluded) */
+    double stream_bytes, stream_wall_s, stream_read_s, stream_wait_s;
 } bench_stat;
 
 typedef struct bench_weights {
@@ -189,9 +194,20 @@ static int bench_series(cli_session *s, const int32_t *tok, long n_tok, int tg, 
     /* warm-up: a few tokens page in every weight (each token reads them all) */
     if (bench_once(s, tok, n_tok < BENCH_WARMUP_TOKENS ? n_tok : BENCH_WARMUP_TOKENS, tg, err) < 0)
         return -1;
+    wstream_stats w0, w1;
+    if (s->ws)
+        wstream_get_stats(s->ws, &w0);
+    const double t0 = bench_now();
     for (long r = 0; r < reps; r++)
         if ((v[r] = bench_once(s, tok, n_tok, tg, err)) < 0)
             return -1;
+    if (s->ws) {
+        wstream_get_stats(s->ws, &w1);
+        st->stream_wall_s = bench_now() - t0;
+        st->stream_bytes = (double)(w1.bytes_read - w0.bytes_read);
+        st->stream_read_s = w1.read_s - w0.read_s;
+        st->stream_wait_s = w1.wait_s - w0.wait_s;
+    }
     st->med = bench_median(v, (size_t)reps);
     st->lo = v[0];
     st->hi = v[reps - 1];
@@ -335,6 +351,7 @@ typedef struct bench_report {
     bench_weights w;
     int threads;
     bench_stat pp, tg;
+    int streamed; /* --weights-memory streamed layers: the stat's stream fields are set */
     int have_rl, have_batch;
     roofline_result rl;
     bench_batch_res br;
@@ -365,6 +382,15 @@ static void bench_print_json(const bench_report *r)
                "\"tg_gbps\": %.3f, \"tg_gflops\": %.3f",
                r->tg.med, r->tg.lo, r->tg.hi, r->tg.med * r->w.bytes_per_tok * 1e-9,
                r->tg.med * 2 * r->w.params * 1e-9);
+        if (r->streamed)
+            for (int k = 0; k < 2; k++) {
+                const bench_stat *b = k ? &r->tg : &r->pp;
+                const char *n = k ? "tg" : "pp";
+                printf(", \"%s_stream_bytes\": %.0f, \"%s_stream_wall_s\": %.4f, "
+                       "\"%s_stream_read_s\": %.4f, \"%s_stream_wait_s\": %.4f",
+                       n, b->stream_bytes, n, b->stream_wall_s, n, b->stream_read_s, n,
+                       b->stream_wait_s);
+            }
     }
     if (r->have_rl) {
         const roofline_result *l = &r->rl;
@@ -415,6 +441,16 @@ static void bench_print_text(const bench_report *r)
             printf("%-8s %12.2f %12s %10.2f %10.2f\n", name, st[k]->med, rng,
                    st[k]->med * r->w.bytes_per_tok * 1e-9, st[k]->med * 2 * r->w.params * 1e-9);
         }
+        for (int k = 0; r->streamed && k < 2; k++) {
+            const bench_stat *b = st[k];
+            if ((k ? o->n : o->p) < 1 || !(b->stream_wall_s > 0))
+                continue;
+            printf("%s stream: %.2f GB read, %.2f GB/s of wall time, %.2f GB/s inside reads, "
+                   "%.0f%% of the time waiting for a layer\n", k ? "tg" : "pp",
+                   b->stream_bytes * 1e-9, b->stream_bytes * 1e-9 / b->stream_wall_s,
+                   b->stream_read_s > 0 ? b->stream_bytes * 1e-9 / b->stream_read_s : 0.0,
+                   100 * b->stream_wait_s / b->stream_wall_s);
+        }
         if (r->have_rl && r->rl.read_gbps_nt > 0)
             printf("tg at the read roofline: %.1f tok/s (achieved %.0f%%)\n",
                    r->rl.read_gbps_nt * 1e9 / r->w.bytes_per_tok,
@@ -456,6 +492,7 @@ static int bench_single(const cli_common *c, const bench_opts *o, bench_report *
     if (!rc) {
         bench_random_tokens(tok, nt, s.m->hp.n_vocab, 1);
         r->w = bench_weight_traffic(s.m);
+        r->streamed = s.ws != NULL;
         tp_stats t0 = {0}, t1 = {0}, t2 = {0};
         if (s.tp)
             tp_get_stats(s.tp, &t0);

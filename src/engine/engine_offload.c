@@ -54,10 +54,11 @@ static void print_prediction(engine *e, const wstream_plan *p)
     }
     ocost_pred d, pf;
     const int32_t n_seqs = e->cfg.max_num_seqs, n_pp = e->cfg.max_num_batched_tokens;
-    ocost_predict(p, e->m, &r, 1, 1, &d);
+    const int io = e->cfg.weights_io;
+    ocost_predict(p, e->m, &r, io, 1, 1, &d);
     fprintf(stderr, "kvant: weight offload: predicted decode %.2f tok/s at 1 sequence", d.tok_s);
-    ocost_predict(p, e->m, &r, n_seqs, n_seqs, &d);
-    ocost_predict(p, e->m, &r, n_pp, 1, &pf);
+    ocost_predict(p, e->m, &r, io, n_seqs, n_seqs, &d);
+    ocost_predict(p, e->m, &r, io, n_pp, 1, &pf);
     fprintf(stderr, ", %.2f tok/s at %d; prefill %.2f tok/s at %d tokens per step (rates from "
             "%s)\n", d.tok_s, (int)n_seqs, pf.tok_s, (int)n_pp, r.cache_path);
 }
@@ -66,13 +67,19 @@ int engine_offload_start(engine *e, const wstream_plan *p, kvant_err *err)
 {
     if (p->n_streamed == 0)
         return KV_OK;
-    e->ws = wstream_create(e->m, e->mem, p, err);
+    const wstream_io io = {e->cfg.weights_io, NULL};
+    e->ws = wstream_create(e->m, e->mem, p, &io, err);
     if (!e->ws)
         return err && err->code ? err->code : KV_ENOMEM;
     e->m->wstream = e->ws;
     if (e->cfg.print_plan) {
         engine_offload_print(e->ws);
         print_prediction(e, p);
+    } else {
+        wstream_stats st;
+        wstream_get_stats(e->ws, &st);
+        if (st.io_note[0])
+            fprintf(stderr, "kvant: weight offload: %s\n", st.io_note);
     }
     return KV_OK;
 }
@@ -99,6 +106,10 @@ void engine_offload_print(wstream *ws)
     for (int32_t il = 0; il < p->n_layers; il++)
         fputc(p->place[il] == WPLACE_STREAMED ? 'S' : 'R', stderr);
     fprintf(stderr, " (R resident, S streamed)\n");
+    wstream_stats st;
+    wstream_get_stats(ws, &st);
+    fprintf(stderr, "kvant: weight reads: %s%s%s\n", wstream_io_name(st.io_mode),
+            st.io_note[0] ? "; " : "", st.io_note);
 }
 
 int engine_get_offload(engine *e, wstream_stats *out)

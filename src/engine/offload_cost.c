@@ -24,6 +24,21 @@ static const int32_t k_batch[OCOST_N_BUCKETS] = {1, 8, 32, 128, 512};
 #define OCOST_CACHE_BUST (128ull << 20)  /* matrix copies cycled per timing */
 #define OCOST_MAX_COPIES 64
 #define OCOST_MIN_TIME 0.2               /* seconds per timing, at least */
+#define OCOST_SAMPLES 3                  /* timings per rate, alternating; the median counts */
+#define OCOST_READ_PASSES 5              /* page-cache passes: one to warm, the median of the rest */
+
+static int oc_cmp(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of v[0..n), n >= 1 (sorts v). */
+static double oc_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, oc_cmp);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 static double oc_now(void)
 {
@@ -66,7 +81,7 @@ static int cache_key(const model *m, int n_threads, char *key, size_t cap)
     struct stat st;
     if (stat(m->path, &st) != 0)
         return -1;
-    int k = snprintf(key, cap, "%s|%lld|%lld|t%d|%s", m->path, (long long)st.st_size,
+    int k = snprintf(key, cap, "%s|%lld|%lld|t%d|%s|v2", m->path, (long long)st.st_size,
                      (long long)st.st_mtime, n_threads, dtype_isa());
     for (int i = 0; i < k && key[i]; i++)
         if (key[i] == ' ' || key[i] == '\n')
@@ -83,12 +98,14 @@ static int cache_read(const char *path, const char *key, ocost_rates *r)
     int found = -1;
     while (fgets(line, sizeof line, f)) {
         ocost_rates t = *r;
-        int pos = 0, ok = sscanf(line, "%1023s %lf%n", k, &t.read_bps, &pos) == 2;
+        int pos = 0, ok = sscanf(line, "%1023s %lf %lf%n", k, &t.read_bps, &t.direct_bps,
+                                 &pos) == 3 && t.direct_bps >= 0;
         for (int i = 0; ok && i < OCOST_N_BUCKETS; i++) {
             int adv = 0;
-            ok = sscanf(line + pos, " %lf %lf %lf%n", &t.compute_bps[i], &t.compute_conc_bps[i],
-                        &t.read_conc_bps[i], &adv) == 3 &&
-                 t.compute_bps[i] > 0 && t.compute_conc_bps[i] > 0 && t.read_conc_bps[i] > 0;
+            ok = sscanf(line + pos, " %lf %lf %lf %lf%n", &t.compute_bps[i],
+                        &t.compute_conc_bps[i], &t.read_conc_bps[i], &t.other_s[i], &adv) == 4 &&
+                 t.compute_bps[i] > 0 && t.compute_conc_bps[i] > 0 && t.read_conc_bps[i] > 0 &&
+                 t.other_s[i] >= 0;
             pos += adv;
         }
         if (ok && !strcmp(k, key) && t.read_bps > 0) {
@@ -108,18 +125,20 @@ static void cache_write(const char *path, const char *key, const ocost_rates *r)
     FILE *f = fopen(path, "a");
     if (!f)
         return;
-    fprintf(f, "%s %.6g", key, r->read_bps);
+    fprintf(f, "%s %.6g %.6g", key, r->read_bps, r->direct_bps);
     for (int i = 0; i < OCOST_N_BUCKETS; i++)
-        fprintf(f, " %.6g %.6g %.6g", r->compute_bps[i], r->compute_conc_bps[i],
-                r->read_conc_bps[i]);
+        fprintf(f, " %.6g %.6g %.6g %.6g", r->compute_bps[i], r->compute_conc_bps[i],
+                r->read_conc_bps[i], r->other_s[i]);
     fputc('\n', f);
     fclose(f);
 }
 
 /* ---- measuring ---- */
 
-/* pread of up to OCOST_READ_PROBE bytes of the tensor data, twice; the
- * second (page cache) pass is timed. */
+/* pread of up to OCOST_READ_PROBE bytes of the tensor data,
+ * OCOST_READ_PASSES times; the first warms the page cache, the median of
+ * the others counts (on a shared machine a single timing may fall in a
+ * busy or an idle moment). */
 static int measure_read(const model *m, double *bps, kvant_err *err)
 {
     int fd = open(m->path, O_RDONLY | O_CLOEXEC);
@@ -131,8 +150,9 @@ static int measure_read(const model *m, double *bps, kvant_err *err)
     /* into a buffer as large as what is read, as the stream writes a
      * layer-sized slot: a small buffer would stay in the caches */
     char *buf = malloc(n ? n : 1);
-    double best = 0;
-    for (int pass = 0; buf && pass < 3; pass++) {
+    double rate[OCOST_READ_PASSES];
+    int n_rate = 0;
+    for (int pass = 0; buf && pass < OCOST_READ_PASSES; pass++) {
         const double t0 = oc_now();
         uint64_t done = 0;
         while (done < n) {
@@ -143,23 +163,106 @@ static int measure_read(const model *m, double *bps, kvant_err *err)
             done += (uint64_t)r;
         }
         const double dt = oc_now() - t0;
-        if (pass > 0 && dt > 0 && (double)done / dt > best)
-            best = (double)done / dt;
+        if (pass > 0 && done == n && n > 0 && dt > 0)
+            rate[n_rate++] = (double)done / dt;
     }
     free(buf);
     close(fd);
-    if (!(best > 0))
+    if (n_rate == 0)
         return kvant_err_set(err, KV_EIO, "%s: cannot time reads", m->path);
-    *bps = best;
+    *bps = oc_median(rate, n_rate);
     return KV_OK;
+}
+
+/* Two threads claiming OCOST_READ_CHUNK chunks of one range in turn, as
+ * the stream's reader and the forward pass do with O_DIRECT. */
+typedef struct dio_probe {
+    int fd;
+    char *buf;         /* [n], WSTREAM_DIO_ALIGN-aligned */
+    uint64_t start, n; /* aligned */
+    atomic_ullong next, done;
+} dio_probe;
+
+static void *dio_main(void *arg)
+{
+    dio_probe *d = arg;
+    for (;;) {
+        const uint64_t off = atomic_fetch_add(&d->next, OCOST_READ_CHUNK);
+        if (off >= d->n)
+            return NULL;
+        const size_t want = d->n - off < OCOST_READ_CHUNK ? (size_t)(d->n - off)
+                                                          : OCOST_READ_CHUNK;
+        ssize_t r = pread(d->fd, d->buf + off, want, (off_t)(d->start + off));
+        if (r != (ssize_t)want)
+            return NULL; /* done stays short: the pass does not count */
+        atomic_fetch_add(&d->done, (uint64_t)r);
+    }
+}
+
+/* The end of the last layer's data in the file. */
+static uint64_t layers_end(const model *m)
+{
+    const model_layer *L = &m->layers[m->hp.n_layers - 1];
+    const model_tensor *ts[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk,
+                                &L->bv, &L->bo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down,
+                                &L->b_down};
+    uint64_t end = 0;
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        if (ts[i]->data && ts[i]->file_off + ts[i]->nbytes > end)
+            end = ts[i]->file_off + ts[i]->nbytes;
+    return end;
+}
+
+/* O_DIRECT reads of up to OCOST_READ_PROBE bytes ending with the last
+ * layer (the layers streamed first: what a stream reads, which on a
+ * virtual disk may be cached below the guest) into an aligned buffer by
+ * two threads (dio_probe), OCOST_SAMPLES times; the median counts (the
+ * page cache plays no part).  0 where the filesystem refuses O_DIRECT. */
+static double measure_direct(const model *m)
+{
+    const uint64_t a = WSTREAM_DIO_ALIGN;
+    const uint64_t first = m->tok_embd.file_off / a * a, last = layers_end(m) / a * a;
+    dio_probe d = {.fd = -1};
+    d.n = last > first ? last - first : 0;
+    d.n = d.n < OCOST_READ_PROBE ? d.n : OCOST_READ_PROBE;
+    d.start = last - d.n;
+    d.fd = open(m->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    void *buf = NULL;
+    double rate[OCOST_SAMPLES];
+    int n_rate = 0;
+    if (d.fd < 0 || d.n == 0 || posix_memalign(&buf, a, d.n) != 0) {
+        if (d.fd >= 0)
+            close(d.fd);
+        return 0;
+    }
+    d.buf = buf;
+    for (int pass = 0; pass < OCOST_SAMPLES; pass++) {
+        atomic_store(&d.next, 0);
+        atomic_store(&d.done, 0);
+        const double t0 = oc_now();
+        pthread_t th;
+        const int two = pthread_create(&th, NULL, dio_main, &d) == 0;
+        dio_main(&d);
+        if (two)
+            pthread_join(th, NULL);
+        const double dt = oc_now() - t0;
+        if (atomic_load(&d.done) == d.n && dt > 0)
+            rate[n_rate++] = (double)d.n / dt;
+    }
+    free(buf);
+    close(d.fd);
+    return n_rate ? oc_median(rate, n_rate) : 0;
 }
 
 typedef struct mm_rig {
     mem_mgr *mem;
     backend *be;
     void *w, *x, *y;
+    float *z;          /* [nmax][n_ff] SwiGLU output */
+    float *norm;       /* [n_embd] RMS norm weights (ones) */
     int n_copies;      /* copies of the matrix, back to back in w */
-    model_tensor t;
+    model_tensor t, tn;
+    int64_t n_embd, n_ff;
 } mm_rig;
 
 static void rig_free(mm_rig *g)
@@ -168,13 +271,47 @@ static void rig_free(mm_rig *g)
         g->be->ops->free(g->be, g->w);
         g->be->ops->free(g->be, g->x);
         g->be->ops->free(g->be, g->y);
+        g->be->ops->free(g->be, g->z);
+        g->be->ops->free(g->be, g->norm);
         g->be->ops->destroy(g->be);
     }
     mem_destroy(g->mem);
 }
 
+/* Seconds of a layer's work besides its matmuls at n tokens, as the
+ * forward pass runs it (model/forward.c run_layer): two RMS norms, SwiGLU
+ * and two residual adds, each a backend job (median of 5 after a warm-up). */
+static double time_other(mm_rig *g, int32_t n)
+{
+    const backend_ops *op = g->be->ops;
+    backend *be = g->be;
+    float *x = g->x, *h = g->y, *gate = g->y, *up = g->y;
+    const int64_t ne = (int64_t)n * g->n_embd, nf = (int64_t)n * g->n_ff;
+    double v[6];
+    for (int i = 0; i < 6; i++) {
+        const double t0 = oc_now();
+        op->rmsnorm(be, x, &g->tn, 1e-5f, h, n);
+        op->add(be, h, x, ne);
+        op->rmsnorm(be, x, &g->tn, 1e-5f, h, n);
+        op->swiglu(be, gate, up, g->z, nf);
+        op->add(be, h, x, ne);
+        op->sync(be);
+        v[i] = oc_now() - t0;
+    }
+    /* v[0] is the warm-up: the median of v[1..5] */
+    for (int i = 1; i < 6; i++)
+        for (int j = i + 1; j < 6; j++)
+            if (v[j] < v[i]) {
+                const double s = v[i];
+                v[i] = v[j];
+                v[j] = s;
+            }
+    return v[3];
+}
+
 /* Weight bytes per second of matmuls with n tokens, cycling through the
- * copies (one warm-up call, then at least every copy and OCOST_MIN_TIME). */
+ * copies (one warm-up call, then at least OCOST_MIN_TIME and, below 32
+ * tokens, where the weights' trip from memory is the cost, every copy). */
 static double time_matmuls(mm_rig *g, int32_t n)
 {
     model_tensor t = g->t;
@@ -183,7 +320,8 @@ static double time_matmuls(mm_rig *g, int32_t n)
     uint64_t bytes = 0;
     const double t0 = oc_now();
     double dt = 0;
-    for (int i = 0; i < g->n_copies || dt < OCOST_MIN_TIME; i++) {
+    const int min_calls = n < 32 ? g->n_copies : 1;
+    for (int i = 0; i < min_calls || dt < OCOST_MIN_TIME; i++) {
         t.dev = (uint8_t *)g->w + (size_t)(i % g->n_copies) * g->t.nbytes;
         g->be->ops->matmul(g->be, &t, NULL, g->x, g->y, n);
         g->be->ops->sync(g->be);
@@ -226,14 +364,20 @@ static void *side_main(void *arg)
 static int rig_open(mm_rig *g, const model *m, int n_threads, kvant_err *err)
 {
     g->t = m->layers[0].w_gate;
+    g->n_embd = m->hp.n_embd;
+    g->n_ff = m->layers[0].n_ff;
     const int32_t nmax = k_batch[OCOST_N_BUCKETS - 1];
+    const int64_t wide = g->n_ff > g->n_embd ? g->n_ff : g->n_embd;
     const uint64_t xb = (uint64_t)nmax * (uint64_t)g->t.ne[0] * sizeof(float),
-                   yb = (uint64_t)nmax * (uint64_t)g->t.ne[1] * sizeof(float);
+                   yb = (uint64_t)nmax * (uint64_t)(g->t.ne[1] > wide ? g->t.ne[1] : wide) *
+                        sizeof(float),
+                   zb = (uint64_t)nmax * (uint64_t)g->n_ff * sizeof(float),
+                   nb = (uint64_t)g->n_embd * sizeof(float);
     g->n_copies = (int)((OCOST_CACHE_BUST + g->t.nbytes - 1) / g->t.nbytes);
     g->n_copies = g->n_copies < 1 ? 1 : g->n_copies > OCOST_MAX_COPIES ? OCOST_MAX_COPIES
                                                                       : g->n_copies;
     const uint64_t wb = g->t.nbytes * (uint64_t)g->n_copies;
-    g->mem = mem_create(wb + xb + yb + (256ull << 20), mem_allocator_host(), err);
+    g->mem = mem_create(wb + xb + yb + zb + nb + (256ull << 20), mem_allocator_host(), err);
     if (g->mem)
         g->be = backend_create("cpu", 0, g->mem, n_threads, 0, err);
     if (!g->be)
@@ -241,8 +385,14 @@ static int rig_open(mm_rig *g, const model *m, int n_threads, kvant_err *err)
     g->w = g->be->ops->alloc(g->be, wb, MEM_WEIGHTS, 0, err);
     g->x = g->be->ops->alloc(g->be, xb, MEM_ACTIVATIONS, MEM_NO_LAYER, err);
     g->y = g->be->ops->alloc(g->be, yb, MEM_ACTIVATIONS, MEM_NO_LAYER, err);
-    if (!g->w || !g->x || !g->y)
+    g->z = g->be->ops->alloc(g->be, zb, MEM_ACTIVATIONS, MEM_NO_LAYER, err);
+    g->norm = g->be->ops->alloc(g->be, nb, MEM_WEIGHTS, MEM_NO_LAYER, err);
+    if (!g->w || !g->x || !g->y || !g->z || !g->norm)
         return KV_ENOMEM;
+    for (int64_t i = 0; i < g->n_embd; i++)
+        g->norm[i] = 1.0f;
+    g->tn = (model_tensor){.type = DT_F32, .ne = {g->n_embd, 1}, .nbytes = nb,
+                           .row_bytes = (size_t)nb, .data = g->norm, .dev = g->norm, .layer = 0};
     int fd = open(m->path, O_RDONLY | O_CLOEXEC);
     ssize_t got = fd >= 0 ? pread(fd, g->w, g->t.nbytes, (off_t)g->t.file_off) : -1;
     if (fd >= 0)
@@ -251,9 +401,11 @@ static int rig_open(mm_rig *g, const model *m, int n_threads, kvant_err *err)
         return kvant_err_set(err, KV_EIO, "%s: cannot read layer 0", m->path);
     for (int i = 1; i < g->n_copies; i++)
         memcpy((uint8_t *)g->w + (size_t)i * g->t.nbytes, g->w, g->t.nbytes);
-    float *x = g->x;
+    float *x = g->x, *y = g->y;
     for (uint64_t i = 0; i < xb / sizeof(float); i++)
         x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    for (uint64_t i = 0; i < yb / sizeof(float); i++)
+        y[i] = (float)((i * 40503u) % 1000) / 1000.0f - 0.5f;
     g->t.packed = 0;
     g->t.streamed = 0;
     return KV_OK;
@@ -275,21 +427,33 @@ static int measure_compute(const model *m, int n_threads, ocost_rates *r, kvant_
         if (sr.fd < 0 || !sr.buf || sr.len == 0)
             rc = kvant_err_set(err, KV_EIO, "%s: cannot read", m->path);
     }
+    /* per bucket, OCOST_SAMPLES rounds of alone then side by side: the
+     * medians count, so that a burst of other work on a shared machine
+     * moves one sample, not the rate */
     for (int k = 0; !rc && k < OCOST_N_BUCKETS; k++) {
-        r->compute_bps[k] = time_matmuls(&g, k_batch[k]);
-        pthread_t th;
-        atomic_store(&sr.stop, 0);
-        sr.bytes = 0;
-        if (pthread_create(&th, NULL, side_main, &sr)) {
-            rc = kvant_err_set(err, KV_ENOMEM, "cannot start a thread");
-            break;
+        double alone[OCOST_SAMPLES], conc[OCOST_SAMPLES], rd[OCOST_SAMPLES];
+        r->other_s[k] = time_other(&g, k_batch[k]);
+        for (int s = 0; !rc && s < OCOST_SAMPLES; s++) {
+            alone[s] = time_matmuls(&g, k_batch[k]);
+            pthread_t th;
+            atomic_store(&sr.stop, 0);
+            sr.bytes = 0;
+            if (pthread_create(&th, NULL, side_main, &sr)) {
+                rc = kvant_err_set(err, KV_ENOMEM, "cannot start a thread");
+                break;
+            }
+            conc[s] = time_matmuls(&g, k_batch[k]);
+            atomic_store(&sr.stop, 1);
+            pthread_join(th, NULL);
+            rd[s] = sr.secs > 0 ? (double)sr.bytes / sr.secs : 0;
+            if (!(rd[s] > 0))
+                rc = kvant_err_set(err, KV_EIO, "%s: cannot time reads", m->path);
         }
-        r->compute_conc_bps[k] = time_matmuls(&g, k_batch[k]);
-        atomic_store(&sr.stop, 1);
-        pthread_join(th, NULL);
-        r->read_conc_bps[k] = sr.secs > 0 ? (double)sr.bytes / sr.secs : 0;
-        if (!(r->read_conc_bps[k] > 0))
-            rc = kvant_err_set(err, KV_EIO, "%s: cannot time reads", m->path);
+        if (!rc) {
+            r->compute_bps[k] = oc_median(alone, OCOST_SAMPLES);
+            r->compute_conc_bps[k] = oc_median(conc, OCOST_SAMPLES);
+            r->read_conc_bps[k] = oc_median(rd, OCOST_SAMPLES);
+        }
     }
     if (sr.fd >= 0)
         close(sr.fd);
@@ -318,6 +482,7 @@ int ocost_rates_get(model *m, int n_threads, int mode, ocost_rates *out, kvant_e
     if (mode == OCOST_CACHE_ONLY)
         return kvant_err_set(err, KV_EBUSY, "no cached rates for this model, threads and ISA");
     int rc = measure_read(m, &out->read_bps, err);
+    out->direct_bps = rc ? 0 : measure_direct(m);
     if (!rc)
         rc = measure_compute(m, n_threads, out, err);
     if (!rc && keyed)
@@ -332,6 +497,7 @@ int ocost_rates_get(model *m, int n_threads, int mode, ocost_rates *out, kvant_e
 typedef struct oc_at {
     double c_alone, c_conc; /* seconds per weight byte */
     double r_conc;          /* bytes per second */
+    double other;           /* seconds of a layer's non-matmul work */
 } oc_at;
 
 static oc_at rates_at(const ocost_rates *r, int32_t n)
@@ -352,21 +518,50 @@ static oc_at rates_at(const ocost_rates *r, int32_t n)
     a.c_alone = scale * ((1 - f) / r->compute_bps[k] + f / r->compute_bps[k1]);
     a.c_conc = scale * ((1 - f) / r->compute_conc_bps[k] + f / r->compute_conc_bps[k1]);
     a.r_conc = (1 - f) * r->read_conc_bps[k] + f * r->read_conc_bps[k1];
+    a.other = scale * ((1 - f) * r->other_s[k] + f * r->other_s[k1]);
     return a;
 }
 
 #define OC_PASSES 3
 
-void ocost_predict(const wstream_plan *p, const model *m, const ocost_rates *r, int32_t n_tokens,
-                   int32_t n_out, ocost_pred *out)
+/* The read and compute rates of a read mode (see offload_cost.h). */
+typedef struct oc_mode {
+    double r_alone, r_conc; /* bytes per second: reading alone, beside compute */
+    double c_slow;          /* compute speed beside reads, as a share of alone */
+} oc_mode;
+
+static oc_mode mode_rates(const ocost_rates *r, const oc_at *a, int io_mode)
+{
+    const double d = r->direct_bps;
+    if (io_mode == WSTREAM_IO_DIRECT && d > 0)
+        return (oc_mode){d, d, 1.0};
+    if (io_mode == WSTREAM_IO_BOTH && d > 0)
+        return (oc_mode){r->read_bps + d, a->r_conc + d, a->c_alone / a->c_conc};
+    return (oc_mode){r->read_bps, a->r_conc, a->c_alone / a->c_conc};
+}
+
+/* The ri-th streamed layer in forward order. */
+static int32_t nth_streamed(const wstream_plan *p, uint64_t ri)
+{
+    int32_t k = (int32_t)(ri % (uint64_t)p->n_streamed);
+    for (int32_t j = 0; j < p->n_layers; j++)
+        if (p->place[j] == WPLACE_STREAMED && k-- == 0)
+            return j;
+    return 0;
+}
+
+void ocost_predict(const wstream_plan *p, const model *m, const ocost_rates *r, int io_mode,
+                   int32_t n_tokens, int32_t n_out, ocost_pred *out)
 {
     memset(out, 0, sizeof *out);
     out->n_tokens = n_tokens;
     const model_tensor *head = m->tied_output ? &m->tok_embd : &m->output;
     const oc_at at = rates_at(r, n_tokens), at_head = rates_at(r, n_out > 0 ? n_out : 1);
+    const oc_mode md = mode_rates(r, &at, io_mode), md_head = mode_rates(r, &at_head, io_mode);
     const int32_t L = p->n_layers, per_pass = L + 1; /* + the output head */
     const uint64_t n_reads = (uint64_t)p->n_streamed * OC_PASSES;
-    /* compute side: task ci (layer ci % per_pass of pass ci / per_pass), work left in bytes */
+    /* compute side: task ci (layer ci % per_pass of pass ci / per_pass),
+     * work left in seconds at the alone speed */
     int64_t ci = 0;
     uint64_t computed_streamed = 0; /* streamed layers done = slots released */
     double c_left = -1;
@@ -378,29 +573,22 @@ void ocost_predict(const wstream_plan *p, const model *m, const ocost_rates *r, 
     while (ci < (int64_t)per_pass * OC_PASSES) {
         const int32_t il = (int32_t)(ci % per_pass);
         const int streamed = il < L && p->place[il] == WPLACE_STREAMED;
-        const uint64_t cbytes = il < L ? p->layer_bytes[il] : head->nbytes;
+        const double c_work = il < L ? (double)p->layer_bytes[il] * at.c_alone + at.other
+                                     : (double)head->nbytes * at_head.c_alone;
         if (c_left < 0)
-            c_left = (double)cbytes;
+            c_left = c_work;
         const uint64_t my_seq = (uint64_t)(ci / per_pass) * (uint64_t)p->n_streamed +
                                 (uint64_t)streamed_seen;
         const int c_run = !streamed || read_done > my_seq;
         const int r_run = ri < n_reads && ri < computed_streamed + (uint64_t)p->n_slots;
-        if (r_run && r_left < 0) {
-            /* the ri-th streamed layer in order */
-            int32_t k = (int32_t)(ri % (uint64_t)p->n_streamed), lj = 0;
-            for (int32_t j = 0; j < L; j++)
-                if (p->place[j] == WPLACE_STREAMED && k-- == 0) {
-                    lj = j;
-                    break;
-                }
-            r_left = (double)p->layer_bytes[lj];
-        }
-        const oc_at *a = il < L ? &at : &at_head;
-        const double c_rate = 1.0 / (c_run && r_run ? a->c_conc : a->c_alone); /* bytes/s */
-        const double r_rate = c_run && r_run ? a->r_conc : r->read_bps;
+        if (r_run && r_left < 0)
+            r_left = (double)p->layer_bytes[nth_streamed(p, ri)];
+        const oc_mode *a = il < L ? &md : &md_head;
+        const double c_speed = c_run && r_run ? a->c_slow : 1.0; /* alone-seconds per second */
+        const double r_rate = c_run && r_run ? a->r_conc : a->r_alone;
         double dt = 1e300;
         if (c_run)
-            dt = c_left / c_rate;
+            dt = c_left / c_speed;
         if (r_run && r_left / r_rate < dt)
             dt = r_left / r_rate;
         if (!c_run && !r_run)
@@ -418,8 +606,8 @@ void ocost_predict(const wstream_plan *p, const model *m, const ocost_rates *r, 
             }
         }
         if (c_run) {
-            c_left -= c_rate * dt;
-            if (c_left <= 1e-6 * (double)cbytes + 1e-9) {
+            c_left -= c_speed * dt;
+            if (c_left <= 1e-6 * c_work + 1e-12) {
                 c_left = -1;
                 if (streamed) {
                     computed_streamed++;

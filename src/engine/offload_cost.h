@@ -2,18 +2,31 @@
  * measured rates and predicted forward-pass times per placement.
  *
  * Rates: read_bps is pread(2) from the model file once its pages are in
- * the page cache (the host tier: a first pass warms, the second is timed);
+ * the page cache (the host tier: a first pass warms, the median of four
+ * more counts);
  * compute_bps[k] is weight bytes per second the backend's matmul processes
  * with batch[k] tokens, timed on copies of layer 0's widest matrix (the FFN
  * gate) as stored, unpacked - the form a streamed layer takes - that
- * together exceed the caches, on the threads the server will use.  Both
+ * together exceed the caches, on the threads the server will use; each
+ * rate is the median of OCOST_SAMPLES timings taken alternately alone and
+ * side by side.  Both
  * are measured again side by side (a reader thread preads while the
  * matmuls run): on a machine whose cores or memory bandwidth are shared,
  * reading and computing slow each other down, and the prediction uses the
- * side-by-side rates while both run.  A layer's compute time at n tokens is its bytes /
- * compute_bps(n); attention, norms and RoPE are not counted, so the
- * prediction is a lower bound on time that is close while the matmuls
- * dominate (short contexts).
+ * side-by-side rates while both run.  A layer's compute time at n tokens is
+ * its bytes / compute_bps(n) plus other_s(n): the layer's other work (two
+ * RMS norms, SwiGLU, two residual adds, each a backend job), timed on the
+ * same backend at the model's widths.  Attention, RoPE and the KV store are
+ * not counted, so the prediction is a lower bound on time that is close
+ * while the context is short.
+ *
+ * Read modes (wstream_io): buffered reads copy out of the page cache on a
+ * CPU (read_bps alone, read_conc_bps beside the matmuls, which slow down
+ * to compute_conc_bps); direct reads are the device's DMA (direct_bps,
+ * measured with O_DIRECT by two threads, as the stream's reader and the
+ * forward pass read; taken as the same beside the matmuls, which then
+ * keep their alone rate: no core is copying); both: the two readers side
+ * by side (rates added, the matmuls at compute_conc_bps).
  *
  * Prediction: the ring is simulated as two fluid tasks - the reader reads
  * streamed layers in order into n_slots buffers, a buffer is refilled only
@@ -23,7 +36,7 @@
  * forward passes; the third pass's duration is the steady-state time.
  *
  * Cache: rates are measured once per (model file path, size, mtime,
- * threads, ISA) and kept one line per key in $KVANT_CACHE_DIR/offload-rates,
+ * threads, ISA; format version) and kept one line per key in $KVANT_CACHE_DIR/offload-rates,
  * or $XDG_CACHE_HOME/kvant/offload-rates, or ~/.cache/kvant/offload-rates.
  * A cache that cannot be read or written is ignored (measured again).
  *
@@ -41,11 +54,13 @@
 #define OCOST_N_BUCKETS 5 /* batch sizes 1, 8, 32, 128, 512 tokens per forward pass */
 
 typedef struct ocost_rates {
-    double read_bps;                          /* reading alone */
+    double read_bps;                          /* reading alone (page cache) */
+    double direct_bps;                        /* O_DIRECT reads alone, two threads (0: refused) */
     int32_t batch[OCOST_N_BUCKETS];
     double compute_bps[OCOST_N_BUCKETS];      /* computing alone */
     double compute_conc_bps[OCOST_N_BUCKETS]; /* computing while a reader reads */
     double read_conc_bps[OCOST_N_BUCKETS];    /* reading while that computes */
+    double other_s[OCOST_N_BUCKETS];          /* a layer's non-matmul work, seconds */
     int from_cache;        /* 1: read from the cache file, not measured now */
     char cache_path[512];  /* where the rates are cached ("" when no place) */
 } ocost_rates;
@@ -68,8 +83,9 @@ typedef struct ocost_pred {
     double stall_s;     /* seconds per pass the compute waits for a buffer */
 } ocost_pred;
 
-/* Time per forward pass of n_tokens tokens (n_out logit rows) under p. */
-void ocost_predict(const wstream_plan *p, const model *m, const ocost_rates *r, int32_t n_tokens,
-                   int32_t n_out, ocost_pred *out);
+/* Time per forward pass of n_tokens tokens (n_out logit rows) under p,
+ * its streamed layers read in io_mode (WSTREAM_IO_*). */
+void ocost_predict(const wstream_plan *p, const model *m, const ocost_rates *r, int io_mode,
+                   int32_t n_tokens, int32_t n_out, ocost_pred *out);
 
 #endif

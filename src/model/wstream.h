@@ -4,25 +4,36 @@
  * Placement (wstream_plan_make): the globals (token embedding, output
  * norm and head, rope factors) are always resident; layers are resident in
  * order while the resident bytes plus the staging ring stay within
- * --weights-memory; the rest are streamed.  A streamed layer is read with
- * pread(2) from the model file into one of n_slots buffers (the ring) by a
- * reader thread that runs ahead of the forward pass: while layer j
- * computes, layer j+1 (and more with more slots) is being read; a forward
- * pass that reaches a layer not yet read reads its remaining chunks too.  Resident
- * tensors are read the same way once, at create, into buffers from the
- * memory manager, so with offload the mapping is never touched for tensor
- * data: the process's resident memory is the budget, and the page cache is
- * the host tier.  A file that shrinks or changes under a streamed layer
- * gives a short read: the stream fails (for good), the forward pass gets
- * the error, and nothing faults (no SIGBUS).
+ * --weights-memory; the rest are streamed.  A streamed layer is read from
+ * the model file into one of n_slots buffers (the ring) by reader threads
+ * that run ahead of the forward pass: while layer j computes, layer j+1
+ * (and more with more slots) is being read; a forward pass that reaches a
+ * layer not yet read reads its remaining chunks too.  Resident tensors are
+ * read once, at create, into buffers from the memory manager, so with
+ * offload the mapping is never touched for tensor data: the process's
+ * resident memory is the budget.  A file that shrinks or changes under a
+ * streamed layer gives a short read: the stream fails (for good), the
+ * forward pass gets the error, and nothing faults (no SIGBUS).
+ *
+ * Reads (wstream_io.mode): through the page cache (pread(2): a CPU copy
+ * out of the cache, the host tier), with O_DIRECT (the device writes into
+ * the ring, no copy on the CPU and no page cache), or both at once (a
+ * page-cache reader and a direct reader take chunks from the same queue).
+ * A slot lays each tensor at an offset congruent to its file offset modulo
+ * WSTREAM_DIO_ALIGN, in a region rounded out to that alignment, so that a
+ * direct read of the aligned file range around a chunk lands in place;
+ * the bytes around a tensor in its region are the file's neighbouring
+ * bytes (unused).  Where O_DIRECT is refused (opening, or the first read)
+ * the stream reads through the page cache instead and says why
+ * (wstream_stats.io_note).
  *
  * Streamed layers are consumed in a fixed cyclic order (every forward pass
- * runs every layer in order), so the reader knows what comes next.
+ * runs every layer in order), so the readers know what comes next.
  *
  * CPU backend only (the buffers are host memory from the manager).
  *
  * Ownership: wstream_create returns a heap handle freed by wstream_destroy
- * (joins the reader, frees the buffers, points tensors back at the
+ * (joins the readers, frees the buffers, points tensors back at the
  * mapping).  Threading: acquire/release on the engine thread only;
  * wstream_get_stats and wstream_failed from any thread.
  */
@@ -37,7 +48,8 @@
 
 #define WSTREAM_MIN_SLOTS 2
 #define WSTREAM_MAX_SLOTS 8
-#define WSTREAM_ALIGN 64 /* each tensor's offset inside a layer buffer */
+#define WSTREAM_ALIGN 64 /* each tensor's offset inside a resident layer's buffer */
+#define WSTREAM_DIO_ALIGN 4096 /* O_DIRECT file offset, length and buffer alignment */
 
 enum { WPLACE_RESIDENT = 0, WPLACE_STREAMED = 1 };
 
@@ -45,15 +57,18 @@ typedef struct wstream_plan {
     int32_t n_layers;
     uint8_t place[MODEL_MAX_LAYERS];        /* WPLACE_* per layer */
     uint64_t layer_bytes[MODEL_MAX_LAYERS]; /* a layer's tensors, each rounded to WSTREAM_ALIGN */
+    uint64_t stream_bytes[MODEL_MAX_LAYERS]; /* the same in a slot's layout (each tensor's
+                                              * region rounded out to WSTREAM_DIO_ALIGN) */
     uint64_t global_bytes;                  /* embedding, output norm/head, rope factors */
     uint64_t resident_bytes;                /* globals + resident layers */
     uint64_t streamed_bytes;                /* streamed layers: bytes read per forward pass */
     int32_t n_streamed;
     int32_t n_slots;
-    uint64_t slot_bytes;                    /* the largest streamed layer */
-    uint64_t ring_bytes;                    /* n_slots * slot_bytes */
+    uint64_t slot_bytes;                    /* the largest streamed layer's stream_bytes */
+    uint64_t ring_bytes;                    /* n_slots * slot_bytes + WSTREAM_DIO_ALIGN (one
+                                             * allocation, its base aligned inside) */
     uint64_t min_bytes;                     /* smallest weights budget that works: globals +
-                                             * n_slots * the largest layer */
+                                             * a ring for the largest stream_bytes */
 } wstream_plan;
 
 /* Layer sizes of m, everything resident (no stream). */
@@ -71,12 +86,32 @@ uint64_t wstream_plan_device_bytes(const wstream_plan *p);
 
 typedef struct wstream wstream;
 
+enum {
+    WSTREAM_IO_BUFFERED = 0, /* pread through the page cache */
+    WSTREAM_IO_DIRECT = 1,   /* O_DIRECT (page cache where refused) */
+    WSTREAM_IO_BOTH = 2,     /* a page-cache reader and a direct reader side by side */
+    WSTREAM_IO_COUNT
+};
+
+typedef struct wstream_io {
+    int mode; /* WSTREAM_IO_* */
+    /* Opens the model file for direct reads (returns an fd or -1 with
+     * errno); NULL: open(2) with O_DIRECT.  Tests inject a refusal. */
+    int (*open_direct)(const char *path);
+} wstream_io;
+
+wstream_io wstream_io_default(void); /* WSTREAM_IO_BUFFERED, open(2) */
+/* "buffered" / "direct" / "both" -> WSTREAM_IO_*, or -1. */
+int wstream_io_parse(const char *s);
+const char *wstream_io_name(int mode);
+
 /* Reads resident tensors into manager buffers (MEM_WEIGHTS per layer),
  * allocates the ring (MEM_WEIGHTS, no layer), marks streamed tensors
- * (model_tensor.streamed, dev NULL until acquired) and starts the reader.
+ * (model_tensor.streamed, dev NULL until acquired) and starts the readers.
  * Call before the backend's load_weights.  m->path must name the file m
- * was loaded from. */
-wstream *wstream_create(model *m, mem_mgr *mem, const wstream_plan *p, kvant_err *err);
+ * was loaded from.  io: NULL for wstream_io_default(); copied. */
+wstream *wstream_create(model *m, mem_mgr *mem, const wstream_plan *p, const wstream_io *io,
+                        kvant_err *err);
 void wstream_destroy(wstream *ws);
 
 /* Before layer il runs: for a streamed layer, waits until its buffer is
@@ -91,9 +126,13 @@ typedef struct wstream_stats {
     int32_t n_layers, n_streamed, n_slots;
     uint64_t bytes_read;     /* streamed so far */
     uint64_t layers_read;
-    double read_s;           /* reader time inside pread */
+    uint64_t bytes_direct;   /* of bytes_read, read with O_DIRECT */
+    double read_s;           /* reader time inside pread (all readers summed) */
     double wait_s;           /* forward pass time on layers not ready: waiting for the
                               * reader or reading their remaining chunks itself */
+    int io_mode;             /* WSTREAM_IO_* asked for */
+    int direct;              /* 1: direct reads in use (0: refused, or not asked) */
+    char io_note[200];       /* why O_DIRECT is not in use when it was asked for, else "" */
     int failed;              /* 1: the stream failed; reason in `error` */
     char error[256];
     const wstream_plan *plan; /* the placement; borrowed, immutable, valid while the stream is */

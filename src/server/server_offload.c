@@ -48,6 +48,9 @@ char *srv_offload_metrics(engine *e)
             "Weight bytes read from the model file per forward pass.", (double)ws.streamed_bytes);
         one(f, "weights_streamed_bytes_total", "counter", "Weight bytes streamed so far.",
             (double)ws.bytes_read);
+        one(f, "weights_streamed_direct_bytes_total", "counter",
+            "Of the weight bytes streamed, those read with O_DIRECT (not through the page cache).",
+            (double)ws.bytes_direct);
         one(f, "weights_streamed_bytes_per_token", "gauge",
             "Weight bytes streamed per token run through the model, so far.", per_token(e, &ws));
         one(f, "weights_stream_read_seconds_total", "counter",
@@ -77,7 +80,7 @@ json_t *srv_offload_json(engine *e)
                                                 p->place[il] == WPLACE_STREAMED ? "streamed"
                                                                                 : "resident",
                                                 "bytes", (json_int_t)p->layer_bytes[il]));
-    return json_pack("{s:b, s:I, s:I, s:I, s:I, s:i, s:i, s:I, s:f, s:f, s:f, s:b, s:s, s:o}",
+    json_t *o = json_pack("{s:b, s:I, s:I, s:I, s:I, s:i, s:i, s:I, s:f, s:f, s:f, s:b, s:s, s:o}",
                      "enabled", 1, "resident_bytes", (json_int_t)ws.resident_bytes,
                      "global_bytes", (json_int_t)p->global_bytes,
                      "streamed_bytes_per_forward", (json_int_t)ws.streamed_bytes,
@@ -86,4 +89,10 @@ json_t *srv_offload_json(engine *e)
                      (json_int_t)ws.bytes_read, "streamed_bytes_per_token", per_token(e, &ws),
                      "read_seconds", ws.read_s, "wait_seconds", ws.wait_s, "failed", ws.failed,
                      "error", ws.error, "layers", layers ? layers : json_array());
+    if (o)
+        json_object_update_new(o, json_pack("{s:s, s:b, s:s, s:I}", "stream_io",
+                                            wstream_io_name(ws.io_mode), "direct", ws.direct,
+                                            "io_note", ws.io_note, "streamed_direct_bytes_total",
+                                            (json_int_t)ws.bytes_direct));
+    return o;
 }

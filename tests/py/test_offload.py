@@ -4,13 +4,21 @@ about 2.1 MiB, a 28.7 MiB embedding that is also the output head).
 - `kvant logits`: every layer streamed (33MiB, the smallest budget) and half the layers
   streamed give bitwise the same logits as fully resident, with 1, 5 and 64 tokens per
   forward pass, on the int8 path (resident weights repacked, streamed ones as stored),
-  with --exact and with --no-pack, and with a 3-buffer ring.
+  with --exact and with --no-pack, with a 3-buffer ring, and with --stream-io direct and
+  both (O_DIRECT reads, or the page cache where the filesystem refuses them).
 - a budget under one layer ring plus the embedding is refused naming the smallest budget;
   a budget that holds everything warns and streams nothing.
 - `kvant serve`: concurrent requests with chunked prefill answer with the same tokens and
-  logprobs as a server without offload; /v1/memory and /metrics report the placement and
-  the bytes streamed; a model file truncated under the server fails the requests in flight
-  with a clear error and /health turns 503, the process does not crash.
+  logprobs as a server without offload (page-cache and O_DIRECT reads); /v1/memory and
+  /metrics report the placement, the bytes streamed and those read with O_DIRECT (or the
+  note saying the filesystem refused it); a model file truncated under the server fails
+  the requests in flight with a clear error and /health turns 503, the process does not
+  crash.
+- `kvant plan --weights-memory`: the placement, the measured rates (page cache, O_DIRECT,
+  matmul and non-matmul work per bucket), cached; predictions that read every streamed
+  byte at most at the mode's read rate.
+- `kvant bench --weights-memory --json`: the stream's bytes, wall, read and wait seconds per
+  series (absent without offload).
 """
 from __future__ import annotations
 
@@ -54,9 +62,11 @@ def test_logits_bitwise(kvant_bin, default_model, tmp_path, batch):
         assert got == ref, f"--weights-memory {wm}, -b {batch}: logits differ"
 
 
-@pytest.mark.parametrize("extra", [["--exact"], ["--no-pack"], ["--stream-buffers", "3"]])
+@pytest.mark.parametrize("extra", [["--exact"], ["--no-pack"], ["--stream-buffers", "3"],
+                                   ["--stream-io", "direct"], ["--stream-io", "both"]])
 def test_logits_bitwise_paths(kvant_bin, default_model, tmp_path, extra):
-    base = [e for e in extra if e not in ("--stream-buffers", "3")]
+    base = [e for e in extra if e not in ("--stream-buffers", "3", "--stream-io", "direct",
+                                          "both")]
     ref, _ = logits(kvant_bin, default_model, tmp_path, "ref", "-b", "7", *base)
     wm = "36MiB" if "--stream-buffers" in extra else SMALLEST
     got, _ = logits(kvant_bin, default_model, tmp_path, "off", "-b", "7", "--weights-memory",
@@ -76,6 +86,9 @@ def test_refused_and_fits(kvant_bin, default_model, tmp_path):
     assert "smallest weights budget that works is 33MiB" in r.stderr, r.stderr
     r = subprocess.run(cmd + ["--weights-memory", "1.5"], capture_output=True, text=True)
     assert r.returncode == 2 and "--weights-memory" in r.stderr, r.stderr
+    r = subprocess.run(cmd + ["--weights-memory", SMALLEST, "--stream-io", "mmap"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "'mmap' is not buffered, direct or both" in r.stderr, r.stderr
     r = subprocess.run(cmd + ["--weights-memory", "1GiB"], capture_output=True, text=True)
     assert r.returncode == 0 and "the model fits, no layer is streamed" in r.stderr, r.stderr
     # serve refuses at start, with the same message
@@ -130,6 +143,25 @@ def test_serve_same_answers_and_visible(kvant_bin, default_model):
         assert m["kvant_weights_layer_bytes{layer=29,placement=streamed}"] > 0
         assert m["kvant_weights_layer_bytes{layer=0,placement=resident}"] > 0
         assert "weight offload:" in srv.log_text() and "layer placement:" in srv.log_text()
+        assert off["stream_io"] == "buffered" and off["streamed_direct_bytes_total"] == 0
+        assert m["kvant_weights_streamed_direct_bytes_total"] == 0
+    finally:
+        assert srv.stop() == 0
+    # O_DIRECT reads: the same answers; where the filesystem refuses them, the
+    # page cache and a note in the log and on /v1/memory
+    srv = KvantServer(kvant_bin, default_model, *ARGS, "--weights-memory", HALF,
+                      "--stream-io", "direct")
+    try:
+        assert workload(srv) == ref
+        off = httpx.get(srv.url + "/v1/memory", timeout=30).json()["weights_offload"]
+        m = srv.metrics()
+        assert off["stream_io"] == "direct"
+        assert "kvant: weight reads: direct" in srv.log_text()
+        if off["direct"]:
+            assert off["streamed_direct_bytes_total"] == off["streamed_bytes_total"] > 0
+            assert m["kvant_weights_streamed_direct_bytes_total"] == off["streamed_bytes_total"]
+        else:
+            assert "O_DIRECT refused" in off["io_note"] and off["io_note"] in srv.log_text()
     finally:
         assert srv.stop() == 0
 
@@ -179,12 +211,28 @@ def test_plan_placement_and_prediction(kvant_bin, default_model, tmp_path):
         off["staging_bytes"]
     assert not off["rates"]["cached"] and runs[1]["weights_offload"]["rates"]["cached"]
     assert (tmp_path / "cache" / "offload-rates").exists()
-    assert off["rates"]["read_bytes_per_s"] > 0
+    rates = off["rates"]
+    assert rates["read_bytes_per_s"] > 0 and rates["direct_read_bytes_per_s"] >= 0
+    assert rates["stream_io"] == "buffered"
+    other = [b["other_s_per_layer"] for b in rates["matmul"]]
+    assert all(o > 0 for o in other) and other[-1] > other[0]  # 512 tokens of norms vs 1
     pred = off["predicted"]
     assert [p["tokens_per_pass"] for p in pred] == [1, 8, 32, 128, 512]
     for p in pred:
         assert p["tok_s"] > 0 and p["tok_s"] <= p["resident_tok_s"] * (1 + 1e-9)
         assert p["pass_s"] >= p["stall_s"] >= 0
+        # a pass reads every streamed byte at most at the page-cache rate
+        assert p["pass_s"] >= off["streamed_bytes_per_forward"] / rates["read_bytes_per_s"] * \
+            (1 - 1e-9)
+    # the prediction for O_DIRECT reads, from the same cached rates
+    r = subprocess.run(cmd + ["--weights-memory", "40MiB", "--stream-io", "direct", "--json"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    od = json.loads(r.stdout)["weights_offload"]
+    assert od["rates"]["cached"] and od["rates"]["stream_io"] == "direct"
+    direct = od["rates"]["direct_read_bytes_per_s"] or rates["read_bytes_per_s"]  # 0: refused
+    for p in od["predicted"]:
+        assert p["pass_s"] >= od["streamed_bytes_per_forward"] / direct * (1 - 1e-9)
     # text form and --remeasure
     r = subprocess.run(cmd + ["--weights-memory", "40MiB", "--remeasure"], capture_output=True,
                        text=True, env=env, timeout=120)
@@ -196,3 +244,21 @@ def test_plan_placement_and_prediction(kvant_bin, default_model, tmp_path):
     r = subprocess.run(cmd + ["--weights-memory", "1GiB", "--json"], capture_output=True,
                        text=True, env=env)
     assert r.returncode == 0 and json.loads(r.stdout)["weights_offload"]["offload"] is False
+
+
+def test_bench_reports_the_stream(kvant_bin, default_model):
+    """kvant bench with offload: the stream's bytes, wall, read and wait time of each series."""
+    r = subprocess.run([kvant_bin, "bench", "-m", default_model, "-t", THREADS, "-p", "8", "-n",
+                        "4", "-r", "2", "--weights-memory", SMALLEST, "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    b = json.loads(r.stdout)
+    per_pass = 30 * 2_000_000  # 30 streamed layers of about 2.1 MB, at least
+    assert b["tg_stream_bytes"] >= 2 * 4 * per_pass  # 2 reps of 4 decode passes
+    assert b["pp_stream_bytes"] >= 2 * per_pass      # 2 reps of one 8-token pass
+    for t in ("pp", "tg"):
+        assert b[f"{t}_stream_wall_s"] > 0 and b[f"{t}_stream_read_s"] > 0
+        assert 0 <= b[f"{t}_stream_wait_s"] <= b[f"{t}_stream_wall_s"]
+    r = subprocess.run([kvant_bin, "bench", "-m", default_model, "-t", THREADS, "-p", "8", "-n",
+                        "4", "-r", "1", "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "tg_stream_bytes" not in json.loads(r.stdout)
