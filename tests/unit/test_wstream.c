@@ -215,15 +215,21 @@ static void test_placements(model *m, int direct_ok)
     free(got);
 }
 
+/* Every layer streamed through a ring of two buffers. */
+static void plan_all_streamed(model *m, wstream_plan *p)
+{
+    wstream_plan_resident(m, 2, p);
+    for (int il = 0; il < p->n_layers; il++)
+        p->place[il] = WPLACE_STREAMED;
+    wstream_plan_update(p);
+}
+
 /* Every layer streamed: each streamed tensor, once acquired, holds the
  * file's bytes (the mapping), over two passes through the ring. */
 static void check_bytes(model *m, const wstream_io *io, int direct_ok)
 {
     wstream_plan p;
-    wstream_plan_resident(m, 2, &p);
-    for (int il = 0; il < p.n_layers; il++)
-        p.place[il] = WPLACE_STREAMED;
-    wstream_plan_update(&p);
+    plan_all_streamed(m, &p);
     rig r;
     kvant_err err = {0};
     int ok = rig_open_io(&r, m, &p, io) == 0;
@@ -322,10 +328,7 @@ static void test_truncated(const char *src, int io_mode)
     if (!m)
         return;
     wstream_plan p;
-    wstream_plan_resident(m, 2, &p);
-    for (int il = 0; il < p.n_layers; il++)
-        p.place[il] = WPLACE_STREAMED;
-    wstream_plan_update(&p);
+    plan_all_streamed(m, &p);
     rig r;
     const size_t nl = (size_t)N_TOK * m->hp.n_vocab;
     float *got = calloc(nl, sizeof *got);
