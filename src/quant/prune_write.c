@@ -474,9 +474,10 @@ static int set_u32(pw_ctx *c, const char *suffix, uint32_t v, kvant_err *err)
     return gguf_writer_add_u32(c->w, key, v, err);
 }
 
-/* A per-layer count: a u32 when every kept layer agrees, else an int32
- * array of the kept layers (llama.cpp's per-layer convention). */
-static int set_heads(pw_ctx *c, const char *suffix, int same, const int32_t *v, int n,
+/* A per-layer count (FFN width, heads): a u32 when every kept layer
+ * agrees, else an int32 array of the kept layers (llama.cpp's per-layer
+ * convention). */
+static int set_per_layer(pw_ctx *c, const char *suffix, int same, const int32_t *v, int n,
                      kvant_err *err)
 {
     char key[128];
@@ -508,18 +509,13 @@ static int add_metadata(pw_ctx *c, kvant_err *err)
     }
     /* per-layer input heads (a pruned input) are rewritten for the kept layers too */
     heads_changed |= hp->n_kv_total != (int64_t)hp->n_layers * hp->n_head_kv;
-    char key[128];
-    snprintf(key, sizeof key, "%s.feed_forward_length", c->arch);
     if ((rc = gguf_writer_copy_kv(c->w, c->m->gguf, err)) ||
-        (rc = set_u32(c, "block_count", (uint32_t)p->n_kept, err)))
-        return rc;
-    rc = same ? gguf_writer_add_u32(c->w, key, (uint32_t)ff[0], err)
-              : gguf_writer_add_arr(c->w, key, GGUF_TYPE_INT32, ff, (uint64_t)n_ff, err);
-    if (rc)
+        (rc = set_u32(c, "block_count", (uint32_t)p->n_kept, err)) ||
+        (rc = set_per_layer(c, "feed_forward_length", same, ff, n_ff, err)))
         return rc;
     if (heads_changed) {
-        if ((rc = set_heads(c, "attention.head_count", same_heads, head, n_ff, err)) ||
-            (rc = set_heads(c, "attention.head_count_kv", same_heads, head_kv, n_ff, err)) ||
+        if ((rc = set_per_layer(c, "attention.head_count", same_heads, head, n_ff, err)) ||
+            (rc = set_per_layer(c, "attention.head_count_kv", same_heads, head_kv, n_ff, err)) ||
             (rc = set_u32(c, "attention.key_length", (uint32_t)hp->head_dim, err)) ||
             (rc = set_u32(c, "attention.value_length", (uint32_t)hp->head_dim, err)))
             return rc;
