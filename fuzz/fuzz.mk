@@ -19,7 +19,7 @@ DTYPE_SRC   := src/kernels/dtype.c src/kernels/quant_ref.c src/kernels/quant_avx
 GGUF_SRC    := src/format/gguf.c src/util/err.c $(DTYPE_SRC)
 
 GGUF_OBJ    := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_gguf.c $(GGUF_SRC))
-TOK_SRC     := $(GGUF_SRC) $(wildcard src/model/tok*.c) src/model/chat.c
+TOK_SRC     := $(GGUF_SRC) $(wildcard src/text/tok*.c) src/text/chat.c
 TOK_OBJ     := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_tokenizer.c $(TOK_SRC))
 
 KVT_OBJ     := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_kvtier.c src/kv/kvtier.c src/kv/kvhash.c src/util/err.c)

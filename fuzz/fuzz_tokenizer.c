@@ -10,8 +10,8 @@
 #include <string.h>
 
 #include "format/gguf.h"
-#include "model/chat.h"
-#include "model/tokenizer.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
 
 #define VOCAB_DIR "tests/data/vectors/tokenizer/"
 

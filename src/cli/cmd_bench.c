@@ -8,7 +8,7 @@
  *   is a "virtual" figure: weights are re-used across the ubatch);
  *   GFLOP/s = 2 * matmul params * tokens / time (attention not counted).
  *   --roofline: read bandwidth (1 and T threads), fp32 FMA and int8 VNNI
- *   peaks measured in this process (src/bench/roofline.h).
+ *   peaks measured in this process (src/roofline/roofline.h).
  *   --weights-memory: also the stream's bytes, wall time, time inside reads
  *   and time the forward pass waited for a layer over the timed reps.
  *   --batch B: B requests of p random prompt tokens and n max_tokens
@@ -22,7 +22,7 @@
 #include <time.h>
 
 #include "backend/cpu/threadpool.h"
-#include "bench/roofline.h"
+#include "roofline/roofline.h"
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "kernels/dtype.h"

@@ -12,7 +12,7 @@
 
 #include "cli/cli.h"
 #include "kernels/dtype.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 int cmd_kl(int argc, char **argv); /* registered in main.c (cli.h) */
 

@@ -10,7 +10,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 /* -log softmax(logits)[target], in double. */
 static double nll_of(const float *logits, int32_t n_vocab, int32_t target)

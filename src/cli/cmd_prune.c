@@ -5,7 +5,7 @@
  *
  * Runs the calibration text through IN (chunks of 512 tokens, logits for
  * every token so the last layer's output is seen), chooses what to remove
- * (quant/prune.h) and writes OUT atomically: on any error, including a
+ * (prune/prune.h) and writes OUT atomically: on any error, including a
  * refused request, nothing is left at OUT.  Prints what was removed, the
  * parameters and weight bytes before/after, and the KV cache per token.
  */
@@ -16,8 +16,8 @@
 #include "cli/cli.h"
 #include "kernels/dtype.h"
 #include "mem/plan.h"
-#include "model/tokenizer.h"
-#include "quant/prune.h"
+#include "text/tokenizer.h"
+#include "prune/prune.h"
 
 #define PR_CALIB_CTX 512
 

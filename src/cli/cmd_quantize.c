@@ -15,7 +15,7 @@
 #include "cli/cli.h"
 #include "format/gguf_write.h"
 #include "kernels/dtype.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "quant/quant.h"
 #include "quant/quant_calib.h"
 

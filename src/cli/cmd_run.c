@@ -5,9 +5,9 @@
 #include <time.h>
 
 #include "cli/cli.h"
-#include "model/chat.h"
-#include "model/sampler.h"
-#include "model/tokenizer.h"
+#include "text/chat.h"
+#include "text/sampler.h"
+#include "text/tokenizer.h"
 
 typedef struct run_opts {
     const char *prompt;

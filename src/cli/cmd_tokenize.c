@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 static void tokenize_help(void)
 {

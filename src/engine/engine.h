@@ -23,7 +23,7 @@
 #include "kv/kvtier.h"
 #include "mem/mem.h"
 #include "model/model.h"
-#include "model/sampler.h"
+#include "text/sampler.h"
 #include "util/err.h"
 
 #define ENGINE_MAX_N 16          /* sequences per request (n) */

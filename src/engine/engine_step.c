@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 /* ---- lists (ordered by priority, then arrival) ---- */
 

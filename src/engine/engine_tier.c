@@ -33,7 +33,7 @@
 
 #include "kernels/dtype.h"
 #include "model/model_hash.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 struct eng_tier {
     kvtier *t;

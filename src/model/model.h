@@ -17,8 +17,8 @@
 #include <stdint.h>
 
 #include "format/gguf.h"
-#include "model/chat.h"
-#include "model/tokenizer.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
 #include "util/err.h"
 
 typedef enum model_arch { ARCH_LLAMA = 0, ARCH_QWEN2 = 1 } model_arch;

@@ -15,9 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/chat.h"
-#include "model/sampler.h"
-#include "model/tokenizer.h"
+#include "text/chat.h"
+#include "text/sampler.h"
+#include "text/tokenizer.h"
 
 #define SRV_MAX_MESSAGES 4096
 #define SRV_MAX_PROMPT_IDS (1 << 22)

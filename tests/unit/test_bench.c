@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bench/roofline.h"
+#include "roofline/roofline.h"
 #include "kernels/dtype.h"
 #include "testutil.h"
 #include "util/arch.h"

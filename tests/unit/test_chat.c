@@ -12,7 +12,7 @@
  * the system message, with add_generation_prompt true and false.
  * Runs with cwd = repository root.
  */
-#include "model/chat.h"
+#include "text/chat.h"
 #include "testutil.h"
 
 #include <stdlib.h>

@@ -13,7 +13,7 @@
 #include "backend/backend.h"
 #include "mem/mem.h"
 #include "model/forward.h"
-#include "quant/prune.h"
+#include "prune/prune.h"
 #include "testutil.h"
 #include "tinymodel.h"
 

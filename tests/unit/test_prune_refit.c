@@ -1,5 +1,5 @@
 /* test_prune_refit.c - the least-squares refit of pruned columns
- * (quant/prune_refit.h) on synthetic activations:
+ * (prune/prune_refit.h) on synthetic activations:
  *   - every column kept: the refit is W itself and a zero bias;
  *   - a removed column that is an exact affine function of kept ones: the
  *     refit reproduces W x exactly on the samples, where FLAP's mean bias
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant/prune_refit.h"
+#include "prune/prune_refit.h"
 #include "testutil.h"
 
 enum { T = 400, NE0 = 24, NE1 = 8 };

@@ -1,7 +1,7 @@
 /* test_sampler.c - sampler semantics: greedy, ties, seeding, top-k/top-p/
  * min-p truncation, penalties against hand-computed values, softmax
  * frequencies, logprob against double precision, parameter validation. */
-#include "model/sampler.h"
+#include "text/sampler.h"
 
 #include <math.h>
 #include <stdlib.h>

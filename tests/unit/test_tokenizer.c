@@ -9,7 +9,7 @@
  *     a 10 KB encode speed bound and corrupt-vocabulary images.
  * Runs with cwd = repository root.
  */
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "testutil.h"
 
 #include <stdint.h>

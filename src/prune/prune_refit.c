@@ -5,7 +5,7 @@
  * as rows [k + 1][ne1] so the substitutions are contiguous axpys.  The
  * right-hand sides G_K: W^T go through the f32 matmul kernel.
  */
-#include "quant/prune_refit.h"
+#include "prune/prune_refit.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -21,7 +21,7 @@
  * incomplete sequence back and replaces invalid bytes with U+FFFD (one per
  * maximal invalid subpart).
  */
-#include "model/tok_internal.h"
+#include "text/tok_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -6,7 +6,7 @@
  * layer's input rows are kept (one forward pass's worth) so that each
  * layer's cosine is taken between its own input and output rows.
  */
-#include "quant/prune.h"
+#include "prune/prune.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -19,7 +19,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
-#include "model/tok_internal.h"
+#include "text/tok_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -8,7 +8,7 @@
  * 0xA1..0xAC and 0xAE..0xFF map to themselves, the remaining 68 bytes to
  * U+0100.. in increasing byte order.  The mapping is computed, not stored.
  */
-#include "model/tok_internal.h"
+#include "text/tok_internal.h"
 
 int tok_utf8_check(const unsigned char *s, size_t n)
 {

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 /* Limits on untrusted vocabulary metadata (named, checked, in one place). */
 #define TOK_MAX_VOCAB (1 << 24)      /* tokens */

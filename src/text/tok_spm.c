@@ -10,7 +10,7 @@
  *      token per byte (the unknown token if the vocabulary lacks it).
  * Work per segment is O(n log n); scratch memory is per call.
  */
-#include "model/tok_internal.h"
+#include "text/tok_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

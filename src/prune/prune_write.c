@@ -12,8 +12,8 @@
 
 #include "format/gguf_write.h"
 #include "kernels/dtype.h"
-#include "quant/prune.h"
-#include "quant/prune_refit.h"
+#include "prune/prune.h"
+#include "prune/prune_refit.h"
 #include "quant/quant.h"
 
 typedef struct pw_ctx {

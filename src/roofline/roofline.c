@@ -8,7 +8,7 @@
  * scalar, where the compute probes report 0), so the ceilings printed
  * beside a benchmark are those of the instructions it ran.
  */
-#include "bench/roofline.h"
+#include "roofline/roofline.h"
 
 #include <pthread.h>
 #include <stdlib.h>

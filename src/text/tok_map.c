@@ -3,7 +3,7 @@
  * capacity a power of two at most half full; built once at tok_create,
  * read-only afterwards (safe for concurrent lookups).
  */
-#include "model/tok_internal.h"
+#include "text/tok_internal.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -11,7 +11,7 @@
  * extracted (Jinja string escapes undone) if it looks like plain text (no
  * quotes, braces or '+' that would mean it is an expression).
  */
-#include "model/chat.h"
+#include "text/chat.h"
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -19,7 +19,7 @@
  * bucket where the cumulative mass crosses top_p, and sorts only that
  * bucket: two passes over the vocabulary plus a small sort.
  */
-#include "model/sampler.h"
+#include "text/sampler.h"
 
 #include <math.h>
 #include <stdlib.h>
