@@ -126,7 +126,7 @@ typedef struct serve_models_opts {
 
 struct srv;
 struct srv_config;
-struct srv_models;
+struct registry;
 void serve_models_opts_init(serve_models_opts *o);
 /* 1 consumed, 0 not ours, -1 bad value (message printed). */
 int serve_models_parse(serve_models_opts *o, int argc, char **argv, int *i);
@@ -137,7 +137,7 @@ int serve_models_check(serve_models_opts *o, cli_common *c, struct srv_config *s
                        const engine_config *ec);
 /* Builds the registry, registers and pins the models, attaches it to the
  * server, prints the ready lines.  NULL + err on failure. */
-struct srv_models *serve_models_start(const serve_models_opts *o, const engine_config *ec,
+struct registry *serve_models_start(const serve_models_opts *o, const engine_config *ec,
                                       const struct srv_config *sc, struct srv *s,
                                       kvant_err *err);
 

@@ -21,7 +21,7 @@
 #include "engine/engine.h"
 #include "par/par.h"
 #include "server/server.h"
-#include "server/server_models.h"
+#include "registry/registry.h"
 
 #define SERVE_DRAIN_TIMEOUT_S 30 /* --drain-timeout default, seconds */
 
@@ -368,7 +368,7 @@ int cmd_serve(int argc, char **argv)
             srv_port(s), o.mo.multi ? "several models" : o.c.model_path);
     model *m = NULL;
     engine *e = NULL;
-    srv_models *reg = NULL;
+    registry *reg = NULL;
     if (o.mo.multi) {
         reg = serve_models_start(&o.mo, &o.ec, &o.sc, s, &err);
         if (!reg) {
@@ -419,7 +419,7 @@ int cmd_serve(int argc, char **argv)
      * and metrics; then those. */
     srv_stop(s);
     engine_destroy(e);
-    srv_models_destroy(reg);
+    reg_destroy(reg);
     srv_destroy(s);
     model_free(m);
     par_destroy(group);

@@ -1,5 +1,5 @@
 /* cmd_serve_models.c - the options and start-up of `kvant serve` with
- * several models in one memory budget (server/server_models.h).
+ * several models in one memory budget (registry/registry.h).
  *
  * Several models are served when -m is given more than once, or with
  * --models-dir, --pin, --keep-alive, --load or --sleep; a single -m without
@@ -11,12 +11,12 @@
 
 #include "cli/cli.h"
 #include "server/server.h"
-#include "server/server_models.h"
+#include "registry/registry.h"
 
 void serve_models_opts_init(serve_models_opts *o)
 {
     memset(o, 0, sizeof *o);
-    o->queue_timeout_s = SRV_MODELS_QUEUE_TIMEOUT_S;
+    o->queue_timeout_s = REG_QUEUE_TIMEOUT_S;
 }
 
 /* "300", "30s", "5m", "1h", "1.5m": seconds into *out; -1 on garbage. */
@@ -116,7 +116,7 @@ int serve_models_check(serve_models_opts *o, cli_common *c, struct srv_config *s
         if (o->kv_per_model || o->no_kv_grow)
             return cli_err_usage("serve", "--kv-per-model and --no-kv-grow need several models");
         if (o->n_models == 1) {
-            static char name[SRV_MODELS_NAME_MAX];
+            static char name[REG_NAME_MAX];
             split_alias(o->model_args[0], name, sizeof name, &c->model_path);
             if (name[0] && !sc->served_name)
                 sc->served_name = name;
@@ -140,10 +140,10 @@ int serve_models_check(serve_models_opts *o, cli_common *c, struct srv_config *s
     return 0;
 }
 
-static void print_model(const srv_model_info *x)
+static void print_model(const reg_info *x)
 {
     char a[32], b[32];
-    if (x->state == SRV_MODEL_FAILED) {
+    if (x->state == REG_FAILED) {
         fprintf(stderr, "kvant serve: model %s (%s): failed: %s\n", x->name, x->path, x->error);
         return;
     }
@@ -154,16 +154,16 @@ static void print_model(const srv_model_info *x)
 }
 
 /* --pin, --load and --sleep at start. */
-static int start_models(const serve_models_opts *o, srv_models *r, kvant_err *err)
+static int start_models(const serve_models_opts *o, registry *r, kvant_err *err)
 {
     for (int i = 0; i < o->n_pins; i++)
-        if (srv_models_pin(r, o->pins[i], err))
+        if (reg_pin(r, o->pins[i], err))
             return -1;
     for (int i = 0; i < o->n_loads; i++)
-        if (srv_models_load(r, o->loads[i], err))
+        if (reg_load(r, o->loads[i], err))
             return -1;
     for (int i = 0; i < o->n_sleeps; i++) {
-        char name[SRV_MODELS_NAME_MAX];
+        char name[REG_NAME_MAX];
         snprintf(name, sizeof name, "%s", o->sleeps[i]);
         char *colon = strrchr(name, ':');
         int level = 1;
@@ -171,53 +171,53 @@ static int start_models(const serve_models_opts *o, srv_models *r, kvant_err *er
             level = colon[1] - '0';
             *colon = '\0';
         }
-        if (srv_models_load(r, name, err) || srv_models_sleep(r, name, level, err))
+        if (reg_load(r, name, err) || reg_sleep(r, name, level, err))
             return -1;
     }
     return 0;
 }
 
-srv_models *serve_models_start(const serve_models_opts *o, const engine_config *ec,
+registry *serve_models_start(const serve_models_opts *o, const engine_config *ec,
                                const struct srv_config *sc, struct srv *s, kvant_err *err)
 {
-    srv_models_config mc = srv_models_config_default();
+    reg_config mc = reg_config_default();
     mc.ec = *ec;
     mc.kv_per_model = o->kv_per_model;
     mc.kv_grow = !o->no_kv_grow;
     mc.keep_alive_s = o->keep_alive_s;
     mc.queue_timeout_s = o->queue_timeout_s;
-    srv_models *r = srv_models_create(&mc, err);
+    registry *r = reg_create(&mc, err);
     if (!r)
         return NULL;
     for (int i = 0; i < o->n_models; i++) {
-        char name[SRV_MODELS_NAME_MAX];
+        char name[REG_NAME_MAX];
         const char *path;
         split_alias(o->model_args[i], name, sizeof name, &path);
         kvant_err e2 = {0};
-        if (srv_models_add(r, name[0] ? name : NULL, path, &e2)) {
+        if (reg_add(r, name[0] ? name : NULL, path, &e2)) {
             *err = e2;
             goto fail;
         }
     }
-    if (o->models_dir && srv_models_add_dir(r, o->models_dir, err))
+    if (o->models_dir && reg_add_dir(r, o->models_dir, err))
         goto fail;
     char a[32];
-    fprintf(stderr, "kvant serve: %d model(s) share a budget of %s\n", srv_models_count(r),
-            mem_format_size(mem_budget(srv_models_mem(r)), a, 32));
-    if (start_models(o, r, err) || srv_models_start(r, err))
+    fprintf(stderr, "kvant serve: %d model(s) share a budget of %s\n", reg_count(r),
+            mem_format_size(mem_budget(reg_mem(r)), a, 32));
+    if (start_models(o, r, err) || reg_start(r, err))
         goto fail;
-    srv_model_info *x = malloc(sizeof *x);
-    for (int i = 0; x && i < srv_models_count(r); i++)
-        if (srv_models_info(r, i, x) == KV_OK)
+    reg_info *x = malloc(sizeof *x);
+    for (int i = 0; x && i < reg_count(r); i++)
+        if (reg_describe(r, i, x) == KV_OK)
             print_model(x);
     free(x);
     srv_attach_models(s, r);
     const char *host = strcmp(sc->host, "0.0.0.0") ? sc->host : "127.0.0.1";
     fprintf(stderr, "kvant serve: ready on http://%s:%d with %d models (GET /v1/models; the "
                     "request's \"model\" picks one, loaded on demand)\n",
-            host, srv_port(s), srv_models_count(r));
+            host, srv_port(s), reg_count(r));
     return r;
 fail:
-    srv_models_destroy(r);
+    reg_destroy(r);
     return NULL;
 }

@@ -33,21 +33,6 @@ typedef struct roofline_result {
  * Returns 0, or -1 when the buffer cannot be allocated (fields stay 0). */
 int roofline_measure(int threads, size_t read_bytes, int reps, roofline_result *out);
 
-/* Kernels (exposed for tests).  Sum of n uint64 words (n % 64 == 0), in
- * any order: integer addition makes every order give the same value. */
-uint64_t roofline_read_sum_ref(const uint64_t *p, size_t n);
-uint64_t roofline_read_sum_avx512(const uint64_t *p, size_t n);
-uint64_t roofline_read_sum_avx2(const uint64_t *p, size_t n);
-/* `iters` rounds of independent FMA / VNNI chains; the returned value
- * depends on every chain so the work cannot be removed.  Flops (ops)
- * performed: iters * ROOFLINE_FMA_FLOPS_PER_ITER (VNNI likewise). */
-#define ROOFLINE_FMA_FLOPS_PER_ITER (12 * 16 * 2)
-#define ROOFLINE_VNNI_OPS_PER_ITER (12 * 64 * 2)
-#define ROOFLINE_FMA2_FLOPS_PER_ITER (12 * 8 * 2)
-#define ROOFLINE_INT8_AVX2_OPS_PER_ITER (12 * 32 * 2)
-float roofline_fma_avx512(int64_t iters);
-int32_t roofline_vnni_avx512(int64_t iters);
-float roofline_fma_avx2(int64_t iters);
-int32_t roofline_int8_avx2(int64_t iters);
+#include "roofline/roofline_kernels.h" /* the probes' kernels (also for tests) */
 
 #endif

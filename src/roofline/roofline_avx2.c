@@ -7,7 +7,7 @@
  * meaningful; they are only timed. */
 #include <immintrin.h>
 
-#include "roofline/roofline.h"
+#include "roofline/roofline_kernels.h"
 
 uint64_t roofline_read_sum_avx2(const uint64_t *p, size_t n)
 {

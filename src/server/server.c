@@ -3,7 +3,7 @@
  * the small routes (/health, /ready, /metrics, /v1/models, /v1/memory,
  * /v1/memory/blocks, /dashboard, /tokenize, /detokenize).  Generation routes live in server_gen.c.
  * With several models (s->reg) the routes take their engine from the
- * registry (server_models.h) and POST /v1/models/{id}/{action} drives its
+ * registry (registry/registry.h) and POST /v1/models/{id}/{action} drives its
  * life cycle (server_modelapi.c).
  *
  * Threading: MHD runs one thread per connection (so a streaming reader may
@@ -23,10 +23,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "server/server.h"
+#include "text/tokenizer.h"
 #include "server/server_dash.h"
 #include "server/server_internal.h"
 #include "server/server_memview.h"
 #include "server/server_parallel.h"
+#include "server/server_reply.h"
 #include "server/server_modelapi.h"
 #include "server/server_offload.h"
 #include "server/server_tier.h"
@@ -94,26 +97,6 @@ srv_config srv_config_default(void)
     return c;
 }
 
-enum MHD_Result srv_send_json(struct MHD_Connection *c, int status, char *body)
-{
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(body ? strlen(body) : 0, body ? body : (char *)"",
-                                        body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
-    if (!r) {
-        free(body);
-        return MHD_NO;
-    }
-    MHD_add_response_header(r, "Content-Type", "application/json");
-    enum MHD_Result res = MHD_queue_response(c, (unsigned)status, r);
-    MHD_destroy_response(r);
-    return res;
-}
-
-enum MHD_Result srv_send_error(struct MHD_Connection *c, const srv_error *e)
-{
-    return srv_send_json(c, e->status, srv_error_json(e));
-}
-
 static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *ctype,
                                  char *body)
 {
@@ -149,7 +132,7 @@ static enum MHD_Result send_obj(struct MHD_Connection *c, int status, json_t *o)
 static int engine_unhealthy(srv *s, engine_health *h, char *msg, size_t cap)
 {
     if (s->reg)
-        srv_models_health(s->reg, h);
+        reg_health(s->reg, h);
     else
         engine_get_health(s->e, h);
     if (!h->thread_alive) {
@@ -234,7 +217,7 @@ static enum MHD_Result route_dashboard(struct MHD_Connection *c)
 static enum MHD_Result route_models(srv *s, struct MHD_Connection *c)
 {
     if (s->reg) {
-        char *js = srv_models_list_json(s->reg);
+        char *js = srv_modelapi_list_json(s->reg);
         if (js)
             return srv_send_json(c, 200, js);
         srv_error e;
@@ -251,12 +234,12 @@ static enum MHD_Result route_metrics(srv *s, struct MHD_Connection *c)
 {
     engine_stats st;
     if (s->reg)
-        srv_models_stats(s->reg, &st);
+        reg_stats(s->reg, &st);
     else
         engine_get_stats(s->e, &st);
     mem_report *rep = malloc(sizeof *rep);
     if (rep)
-        mem_get_report(s->reg ? srv_models_mem(s->reg) : engine_mem(s->e), rep);
+        mem_get_report(s->reg ? reg_mem(s->reg) : engine_mem(s->e), rep);
     srv_build_info bi = {SRV_VERSION,
 #ifdef KVANT_CUDA
                          "cuda",
@@ -272,12 +255,12 @@ static enum MHD_Result route_metrics(srv *s, struct MHD_Connection *c)
         engine_get_tier_stats(s->e, &ts);
     char *tiers = text ? srv_tier_metrics(&ts) : NULL;
     char *guard = text ? srv_guard_metrics(s->guard) : NULL;
-    char *models = text && s->reg ? srv_models_metrics(s->reg) : NULL;
+    char *models = text && s->reg ? srv_modelapi_metrics(s->reg) : NULL;
     char *offload = text ? srv_offload_metrics(s->e) : NULL;
     char *par = text && !s->reg ? srv_tp_metrics(s->e) : NULL;
     engine_health h;
     if (s->reg)
-        srv_models_health(s->reg, &h);
+        reg_health(s->reg, &h);
     else
         engine_get_health(s->e, &h);
     char stall[256];
@@ -360,25 +343,25 @@ static enum MHD_Result memory_view_models(srv *s, struct MHD_Connection *c, int 
 {
     srv_error e;
     kvant_err ke = {0};
-    srv_model_ref ref = {0};
+    reg_ref ref = {0};
     const char *name = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "model");
     int rc = KV_EBUSY;
     if (name)
-        rc = srv_models_peek(s->reg, name, &ref, &ke);
-    for (int i = 0, n = srv_models_count(s->reg); !name && rc && i < n; i++) {
-        srv_model_info *x = malloc(sizeof *x);
-        if (x && srv_models_info(s->reg, i, x) == KV_OK && x->state == SRV_MODEL_LOADED)
-            rc = srv_models_peek(s->reg, x->name, &ref, &ke);
+        rc = reg_peek(s->reg, name, &ref, &ke);
+    for (int i = 0, n = reg_count(s->reg); !name && rc && i < n; i++) {
+        reg_info *x = malloc(sizeof *x);
+        if (x && reg_describe(s->reg, i, x) == KV_OK && x->state == REG_LOADED)
+            rc = reg_peek(s->reg, x->name, &ref, &ke);
         free(x);
     }
     if (rc) {
         if (!name)
             kvant_err_set(&ke, KV_EBUSY, "no model is loaded (GET /v1/models lists them)");
-        srv_models_error(&e, rc, &ke);
+        srv_modelapi_error(&e, rc, &ke);
         return srv_send_error(c, &e);
     }
     enum MHD_Result res = memory_view(s, c, ref.e, blocks);
-    srv_models_release(s->reg, &ref);
+    reg_release(s->reg, &ref);
     return res;
 }
 
@@ -473,19 +456,19 @@ static enum MHD_Result route_tok(srv *s, struct MHD_Connection *c, int detok, co
         return detok ? route_detokenize(s->m, c, body, len)
                      : route_tokenize(s->m, s->oai.max_model_len, c, body, len);
     srv_error e;
-    char name[SRV_MODELS_NAME_MAX];
-    if (srv_models_body_name(body, len, name, sizeof name, &e))
+    char name[REG_NAME_MAX];
+    if (srv_modelapi_body_name(body, len, name, sizeof name, &e))
         return srv_send_error(c, &e);
-    srv_model_ref ref = {0};
+    reg_ref ref = {0};
     kvant_err ke = {0};
-    int rc = srv_models_acquire(s->reg, name, &ref, &ke);
+    int rc = reg_acquire(s->reg, name, &ref, &ke);
     if (rc) {
-        srv_models_error(&e, rc, &ke);
+        srv_modelapi_error(&e, rc, &ke);
         return srv_send_error(c, &e);
     }
     enum MHD_Result res = detok ? route_detokenize(ref.m, c, body, len)
-                                : route_tokenize(ref.m, ref.oai->max_model_len, c, body, len);
-    srv_models_release(s->reg, &ref);
+                                : route_tokenize(ref.m, ref.max_model_len, c, body, len);
+    reg_release(s->reg, &ref);
     return res;
 }
 
@@ -500,7 +483,7 @@ static enum MHD_Result route_model_action(srv *s, struct MHD_Connection *c, cons
         return srv_send_error(c, &e);
     }
     char *js = NULL;
-    int status = srv_models_action(s->reg, url, body, len, &js);
+    int status = srv_modelapi_action(s->reg, url, body, len, &js);
     if (!js) {
         srv_error_set(&e, 500, NULL, "out of memory");
         return srv_send_error(c, &e);
@@ -530,7 +513,7 @@ static const struct {
     [R_CHAT] = {"/v1/chat/completions", "POST", 1},
     [R_TOKENIZE] = {"/tokenize", "POST", 1},
     [R_DETOKENIZE] = {"/detokenize", "POST", 1},
-    [R_MODEL_ACTION] = {SRV_MODELS_PATH, "POST", 1}, /* a prefix: /v1/models/{id}/{action} */
+    [R_MODEL_ACTION] = {REG_PATH, "POST", 1}, /* a prefix: /v1/models/{id}/{action} */
 };
 
 static route_id route_find(const char *url)
@@ -538,7 +521,7 @@ static route_id route_find(const char *url)
     for (int i = 0; i < R_NONE; i++)
         if (!strcmp(url, routes[i].path))
             return (route_id)i;
-    if (!strncmp(url, SRV_MODELS_PATH, strlen(SRV_MODELS_PATH)))
+    if (!strncmp(url, REG_PATH, strlen(REG_PATH)))
         return R_MODEL_ACTION;
     return R_NONE;
 }
@@ -758,15 +741,15 @@ void srv_attach(srv *s, model *m, engine *e)
     s->oai.m = m;
     s->oai.served_name = s->served_name;
     s->oai.max_model_len = engine_max_model_len(e);
-    s->oai.max_piece_bytes = srv_oai_max_piece_bytes(m);
+    s->oai.max_piece_bytes = tok_max_piece_bytes(m->tok);
     atomic_store(&s->state, SRV_READY);
 }
 
-void srv_attach_models(srv *s, srv_models *r)
+void srv_attach_models(srv *s, registry *r)
 {
     s->reg = r;
-    srv_model_info *x = malloc(sizeof *x);
-    if (x && srv_models_info(r, 0, x) == KV_OK) /* the default model: the first */
+    reg_info *x = malloc(sizeof *x);
+    if (x && reg_describe(r, 0, x) == KV_OK) /* the default model: the first */
         snprintf(s->served_name, sizeof s->served_name, "%s", x->name);
     free(x);
     atomic_store(&s->state, SRV_READY);
@@ -797,7 +780,7 @@ int srv_drain(srv *s, double timeout_s)
             close(ls);
     }
     if (s->reg)
-        srv_models_drain(s->reg);
+        reg_drain(s->reg);
     else if (s->e)
         engine_drain(s->e);
     else

@@ -25,44 +25,20 @@
 
 #include "engine/engine.h"
 #include "model/model.h"
+#include "server/server_config.h"
 #include "util/err.h"
 
-#define SRV_VERSION "0.1.0"
-
-typedef struct srv_config {
-    const char *host;           /* default "127.0.0.1" (borrowed) */
-    int port;                   /* default 8080; 0 = ephemeral */
-    const char *api_key;        /* NULL = no authentication (borrowed) */
-    const char *served_name;    /* model name in the API (borrowed); NULL = file stem */
-    size_t max_body;            /* bytes, default 4 MiB */
-    int conn_timeout_s;         /* no socket progress (a stream nobody reads), default 30 */
-    int max_connections;        /* default 256; at the limit the longest-waiting
-                                 * connection without a complete request is closed */
-    double header_timeout_s;    /* connect / end of last response -> headers, default 15 */
-    double body_timeout_s;      /* headers -> complete body, default 30 */
-    int stream_backlog;         /* events a stream may fall behind before it is
-                                 * cancelled, default 4096 */
-    int send_buffer;            /* SO_SNDBUF of each connection in bytes (the kernel's
-                                 * queue for a client that does not read), default
-                                 * 256 KiB; 0 = the kernel's autotuning (up to
-                                 * net.ipv4.tcp_wmem, often 4 MiB) */
-    double health_stall_s;      /* /health 503 when requests are in flight and the engine
-                                 * made no progress this long; default 60 */
-} srv_config;
-
 srv_config srv_config_default(void);
-
-typedef struct srv srv;
 
 srv *srv_create(const srv_config *cfg, const char *model_path, kvant_err *err);
 /* Serves this model through this engine from now on (/health -> 200). */
 void srv_attach(srv *s, model *m, engine *e);
-/* Serves several models from a registry (server_models.h, borrowed; the
+/* Serves several models from a registry (registry/registry.h, borrowed; the
  * caller destroys it between srv_stop and srv_destroy): requests route by
  * their "model" field, /v1/models lists every model, POST
  * /v1/models/{id}/{load,unload,sleep,wake} drive their life cycle. */
-typedef struct srv_models srv_models;
-void srv_attach_models(srv *s, srv_models *r);
+typedef struct registry registry;
+void srv_attach_models(srv *s, registry *r);
 /* Stops accepting connections, /health -> 503 "draining", stops engine
  * admission, waits up to timeout_s for in-flight requests to finish, then
  * cancels the rest (they end with an error event) and waits briefly for

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "server/server_internal.h"
+#include "server/server_reply.h"
 #include "server/server_modelapi.h"
 
 #define GEN_WAIT_MS 100          /* event wait slice; disconnect checks between */
@@ -39,7 +40,7 @@ struct srv_gen {
     model *m;               /* the request's model and engine: the server's, or */
     engine *e;              /* the registry's (held through ref until gen_free) */
     const char *name;       /* served name */
-    srv_model_ref ref;      /* several models: the reference held (ref.e != NULL) */
+    reg_ref ref;      /* several models: the reference held (ref.e != NULL) */
     srv_gen_req req;
     srv_chan *chan;
     int64_t rid;
@@ -444,7 +445,7 @@ static void gen_free(srv_gen *g)
     }
     srv_chan_unref(g->chan);
     if (g->ref.e)
-        srv_models_release(g->s->reg, &g->ref);
+        reg_release(g->s->reg, &g->ref);
     for (int i = 0; i < ENGINE_MAX_N; i++) {
         srv_buf_free(&g->seq[i].held);
         srv_buf_free(&g->seq[i].text);
@@ -567,16 +568,16 @@ static enum MHD_Result submit_error(srv *s, struct MHD_Connection *c, int rc, co
  * needed) into g->ref; fills e on error. */
 static int gen_route(srv_gen *g, const char *body, size_t len, srv_error *e)
 {
-    char name[SRV_MODELS_NAME_MAX];
-    if (srv_models_body_name(body, len, name, sizeof name, e))
+    char name[REG_NAME_MAX];
+    if (srv_modelapi_body_name(body, len, name, sizeof name, e))
         return -1;
     kvant_err ke = {0};
-    int rc = srv_models_acquire(g->s->reg, name, &g->ref, &ke);
+    int rc = reg_acquire(g->s->reg, name, &g->ref, &ke);
     if (rc)
-        return srv_models_error(e, rc, &ke);
+        return srv_modelapi_error(e, rc, &ke);
     g->m = g->ref.m;
     g->e = g->ref.e;
-    g->name = g->ref.oai->served_name;
+    g->name = g->ref.name;
     return 0;
 }
 
@@ -594,12 +595,15 @@ enum MHD_Result srv_gen_handle(srv *s, struct MHD_Connection *c, srv_api api, co
     g->e = s->e;
     g->name = s->served_name;
     const srv_oai_ctx *oai = &s->oai;
+    srv_oai_ctx routed;
     if (s->reg) { /* several models: route by the body's "model" */
         if (gen_route(g, body, len, &er)) {
             gen_free(g);
             return srv_send_error(c, &er);
         }
-        oai = g->ref.oai;
+        routed = (srv_oai_ctx){g->ref.m, g->ref.name, g->ref.max_model_len,
+                               g->ref.max_piece_bytes};
+        oai = &routed;
     }
     if (srv_oai_parse(oai, api, body, len, &g->req, &er)) {
         gen_free(g);

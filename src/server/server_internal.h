@@ -9,10 +9,10 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "server/server.h"
+#include "server/server_config.h"
 #include "server/server_guard.h"
 #include "server/server_metrics.h"
-#include "server/server_models.h"
+#include "registry/registry.h"
 #include "server/server_openai.h"
 
 enum { SRV_LOADING = 0, SRV_READY = 1, SRV_DRAINING = 2 };
@@ -27,7 +27,7 @@ struct srv {
     int has_key;
     model *m;                 /* set once by srv_attach before state READY */
     engine *e;
-    srv_models *reg;          /* several models (srv_attach_models): m and e stay NULL and
+    registry *reg;          /* several models (srv_attach_models): m and e stay NULL and
                                * every route takes its engine from the registry */
     srv_oai_ctx oai;
     srv_metrics *metrics;
@@ -39,10 +39,6 @@ struct srv {
     srv_gen *active;          /* in-flight generation requests */
     int n_active;
 };
-
-/* Queues a JSON response (takes ownership of the malloc'd body). */
-enum MHD_Result srv_send_json(struct MHD_Connection *c, int status, char *body);
-enum MHD_Result srv_send_error(struct MHD_Connection *c, const srv_error *e);
 
 /* Handles POST /v1/completions and /v1/chat/completions. */
 enum MHD_Result srv_gen_handle(srv *s, struct MHD_Connection *c, srv_api api, const char *body,

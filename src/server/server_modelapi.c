@@ -12,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-int srv_models_body_name(const char *body, size_t len, char *out, size_t cap, srv_error *e)
+int srv_modelapi_body_name(const char *body, size_t len, char *out, size_t cap, srv_error *e)
 {
     out[0] = '\0';
     json_t *o = srv_oai_load_object(body, len, e);
@@ -37,7 +37,7 @@ int srv_models_body_name(const char *body, size_t len, char *out, size_t cap, sr
     return rc;
 }
 
-int srv_models_error(srv_error *e, int rc, const kvant_err *ke)
+int srv_modelapi_error(srv_error *e, int rc, const kvant_err *ke)
 {
     const char *msg = ke && ke->msg[0] ? ke->msg : kvant_status_str(rc);
     switch (rc) {
@@ -61,7 +61,7 @@ int srv_models_error(srv_error *e, int rc, const kvant_err *ke)
     return -e->status;
 }
 
-static json_t *hist_json(const srv_models_hist *h)
+static json_t *hist_json(const reg_hist *h)
 {
     json_t *o = json_object();
     json_object_set_new(o, "count", json_integer((json_int_t)h->count));
@@ -74,11 +74,11 @@ static void set_int(json_t *o, const char *k, uint64_t v)
     json_object_set_new(o, k, json_integer((json_int_t)v));
 }
 
-static json_t *model_json(const srv_model_info *x)
+static json_t *model_json(const reg_info *x)
 {
     json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:s}", "id", x->name, "object", "model",
                           "created", (json_int_t)time(NULL), "owned_by", "kvant", "state",
-                          srv_model_state_name(x->state), "path", x->path);
+                          reg_state_name(x->state), "path", x->path);
     json_t *res = json_object();
     if (!o || !res) {
         json_decref(o);
@@ -117,16 +117,16 @@ static json_t *model_json(const srv_model_info *x)
     return o;
 }
 
-char *srv_models_list_json(srv_models *r)
+char *srv_modelapi_list_json(registry *r)
 {
     json_t *arr = json_array();
-    srv_model_info *x = malloc(sizeof *x);
-    int n = srv_models_count(r);
+    reg_info *x = malloc(sizeof *x);
+    int n = reg_count(r);
     for (int i = 0; x && i < n; i++)
-        if (srv_models_info(r, i, x) == KV_OK)
+        if (reg_describe(r, i, x) == KV_OK)
             json_array_append_new(arr, model_json(x));
     free(x);
-    mem_mgr *m = srv_models_mem(r);
+    mem_mgr *m = reg_mem(r);
     json_t *o = json_pack("{s:s, s:o, s:{s:I, s:I, s:I}}", "object", "list", "data", arr,
                           "memory", "budget_bytes", (json_int_t)mem_budget(m), "used_bytes",
                           (json_int_t)mem_used(m), "available_bytes",
@@ -157,16 +157,16 @@ static int sleep_level(const char *body, size_t len, int *level, srv_error *e)
     return rc;
 }
 
-int srv_models_action(srv_models *r, const char *url, const char *body, size_t len,
+int srv_modelapi_action(registry *r, const char *url, const char *body, size_t len,
                       char **out_json)
 {
     srv_error e;
-    char name[SRV_MODELS_NAME_MAX];
-    const char *p = url + strlen(SRV_MODELS_PATH), *slash = strrchr(p, '/');
+    char name[REG_NAME_MAX];
+    const char *p = url + strlen(REG_PATH), *slash = strrchr(p, '/');
     *out_json = NULL;
     if (!slash || slash == p || (size_t)(slash - p) >= sizeof name) {
         srv_error_set(&e, 404, NULL, "no route POST %.200s (use %s{id}/load|unload|sleep|wake)",
-                      url, SRV_MODELS_PATH);
+                      url, REG_PATH);
         *out_json = srv_error_json(&e);
         return e.status;
     }
@@ -174,27 +174,27 @@ int srv_models_action(srv_models *r, const char *url, const char *body, size_t l
     const char *act = slash + 1;
     kvant_err ke = {0};
     int rc, level = 1;
-    if (srv_models_find(r, name) < 0) {
+    if (reg_find(r, name) < 0) {
         rc = kvant_err_set(&ke, KV_EINVAL, "the model '%s' does not exist", name);
     } else if (!strcmp(act, "load")) {
-        rc = srv_models_load(r, name, &ke);
+        rc = reg_load(r, name, &ke);
     } else if (!strcmp(act, "wake")) {
-        rc = srv_models_wake(r, name, &ke);
+        rc = reg_wake(r, name, &ke);
     } else if (!strcmp(act, "unload")) {
-        rc = srv_models_unload(r, name, &ke);
+        rc = reg_unload(r, name, &ke);
     } else if (!strcmp(act, "sleep")) {
         if (sleep_level(body, len, &level, &e)) {
             *out_json = srv_error_json(&e);
             return e.status;
         }
-        rc = srv_models_sleep(r, name, level, &ke);
+        rc = reg_sleep(r, name, level, &ke);
     } else {
         srv_error_set(&e, 404, NULL, "unknown action '%.64s' (load, unload, sleep, wake)", act);
         *out_json = srv_error_json(&e);
         return e.status;
     }
     if (rc) {
-        srv_models_error(&e, rc, &ke);
+        srv_modelapi_error(&e, rc, &ke);
         if (rc == KV_EBUSY && (!strcmp(act, "unload") || !strcmp(act, "sleep")) &&
             strstr(ke.msg, "in flight")) {
             e.status = 409; /* busy: the model serves requests */
@@ -204,8 +204,8 @@ int srv_models_action(srv_models *r, const char *url, const char *body, size_t l
         *out_json = srv_error_json(&e);
         return e.status;
     }
-    srv_model_info *x = malloc(sizeof *x);
-    json_t *o = x && srv_models_info(r, srv_models_find(r, name), x) == KV_OK ? model_json(x)
+    reg_info *x = malloc(sizeof *x);
+    json_t *o = x && reg_describe(r, reg_find(r, name), x) == KV_OK ? model_json(x)
                                                                                 : NULL;
     free(x);
     *out_json = o ? json_dumps(o, JSON_COMPACT) : NULL;
@@ -233,14 +233,14 @@ static void esc(const char *in, char *out, size_t cap)
     out[j] = '\0';
 }
 
-static void hist_lines(FILE *b, const char *metric, const char *lbl, const srv_models_hist *h)
+static void hist_lines(FILE *b, const char *metric, const char *lbl, const reg_hist *h)
 {
     uint64_t cum = 0;
-    for (int k = 0; k < SRV_MODELS_HIST_N; k++) {
+    for (int k = 0; k < REG_HIST_N; k++) {
         cum += h->bucket[k];
-        if (k < SRV_MODELS_HIST_N - 1)
+        if (k < REG_HIST_N - 1)
             fprintf(b, "%s_bucket{model=\"%s\",le=\"%g\"} %llu\n", metric, lbl,
-                      srv_models_hist_le[k], (unsigned long long)cum);
+                      reg_hist_le[k], (unsigned long long)cum);
         else
             fprintf(b, "%s_bucket{model=\"%s\",le=\"+Inf\"} %llu\n", metric, lbl,
                       (unsigned long long)cum);
@@ -271,7 +271,7 @@ static const struct { const char *name, *type, *help; } mx[MX_N] = {
     {"kvant_model_wake_seconds", "histogram", "Duration of wakes from sleep."},
 };
 
-static void metric_rows(FILE *b, int k, const srv_model_info *x, const char *lbl)
+static void metric_rows(FILE *b, int k, const reg_info *x, const char *lbl)
 {
     const uint64_t v[MX_N] = {
         [MX_NEED] = x->need_bytes,  [MX_KV] = x->kv_pool_bytes,   [MX_INFL] = (uint64_t)x->refs,
@@ -279,9 +279,9 @@ static void metric_rows(FILE *b, int k, const srv_model_info *x, const char *lbl
         [MX_LOADS] = x->loads,      [MX_FAIL] = x->load_failures, [MX_EVICT] = x->evictions,
         [MX_WAKES] = x->wakes,      [MX_SLEEPS] = x->sleeps,      [MX_UNLOADS] = x->unloads};
     if (k == MX_STATE) {
-        for (int s = 0; s < SRV_MODEL_STATE_COUNT; s++)
+        for (int s = 0; s < REG_STATE_COUNT; s++)
             fprintf(b, "%s{model=\"%s\",state=\"%s\"} %d\n", mx[k].name, lbl,
-                      srv_model_state_name((srv_model_state)s), (int)x->state == s);
+                      reg_state_name((reg_state)s), (int)x->state == s);
     } else if (k == MX_RES) {
         for (int c = 0; c < MEM_CAT_COUNT; c++)
             fprintf(b, "%s{model=\"%s\",category=\"%s\"} %llu\n", mx[k].name, lbl,
@@ -298,14 +298,14 @@ static void metric_rows(FILE *b, int k, const srv_model_info *x, const char *lbl
     }
 }
 
-char *srv_models_metrics(srv_models *r)
+char *srv_modelapi_metrics(registry *r)
 {
-    int n = srv_models_count(r);
-    srv_model_info *xs = calloc((size_t)(n ? n : 1), sizeof *xs);
+    int n = reg_count(r);
+    reg_info *xs = calloc((size_t)(n ? n : 1), sizeof *xs);
     if (!xs)
         return NULL;
     for (int i = 0; i < n; i++)
-        srv_models_info(r, i, &xs[i]);
+        reg_describe(r, i, &xs[i]);
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
@@ -313,13 +313,13 @@ char *srv_models_metrics(srv_models *r)
         free(xs);
         return NULL;
     }
-    mem_mgr *m = srv_models_mem(r);
+    mem_mgr *m = reg_mem(r);
     fprintf(f, "# HELP kvant_models_budget_bytes The budget shared by every model.\n"
                   "# TYPE kvant_models_budget_bytes gauge\nkvant_models_budget_bytes %llu\n"
                   "# HELP kvant_models_used_bytes Bytes in use by all loaded models.\n"
                   "# TYPE kvant_models_used_bytes gauge\nkvant_models_used_bytes %llu\n",
               (unsigned long long)mem_budget(m), (unsigned long long)mem_used(m));
-    char lbl[2 * SRV_MODELS_NAME_MAX + 4];
+    char lbl[2 * REG_NAME_MAX + 4];
     for (int k = 0; k < MX_N; k++) {
         fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", mx[k].name, mx[k].help, mx[k].name,
                   mx[k].type);

@@ -194,18 +194,6 @@ static int parse_stop(json_t *o, srv_stops *st, srv_error *e)
     return 0;
 }
 
-int32_t srv_oai_max_piece_bytes(const model *m)
-{
-    char buf[512];
-    int32_t best = 1;
-    for (int32_t id = 0, n = tok_n_vocab(m->tok); id < n; id++) {
-        int L = tok_piece(m->tok, id, 1, buf, sizeof buf);
-        if (L > best)
-            best = L; /* a piece over the buffer returns its whole length */
-    }
-    return best;
-}
-
 /* Encodes text into a malloc'd id array.  Text too long to fit the context
  * whatever its tokens (more bytes than max_model_len of the longest token
  * piece) is refused before tokenizing, so a body at --max-body costs a JSON

@@ -48,13 +48,9 @@ typedef struct srv_oai_ctx {
     const model *m;            /* borrowed */
     const char *served_name;   /* borrowed */
     int64_t max_model_len;
-    int32_t max_piece_bytes;   /* longest token piece in bytes (control tokens
-                                * rendered); 0 = no length pre-check */
+    int32_t max_piece_bytes;   /* longest token piece in bytes (tok_max_piece_bytes);
+                                * 0 = no length pre-check */
 } srv_oai_ctx;
-
-/* The longest piece any token of the model decodes to (control tokens
- * rendered), for srv_oai_ctx.max_piece_bytes. */
-int32_t srv_oai_max_piece_bytes(const model *m);
 
 /* Parses and validates a /v1/completions or /v1/chat/completions body.
  * KV_OK, or a negative status with e filled (out is then empty). */

@@ -15,7 +15,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "text/tokenizer.h"
+#include "format/gguf.h"
+#include "text/tok_types.h"
+#include "util/err.h"
 
 /* Limits on untrusted vocabulary metadata (named, checked, in one place). */
 #define TOK_MAX_VOCAB (1 << 24)      /* tokens */

@@ -21,6 +21,7 @@
  * incomplete sequence back and replaces invalid bytes with U+FFFD (one per
  * maximal invalid subpart).
  */
+#include "text/tokenizer.h"
 #include "text/tok_internal.h"
 
 #include <stdio.h>
@@ -564,4 +565,16 @@ char *tok_decode(const tokenizer *t, const int32_t *ids, int64_t n, int render_s
     }
     s[w] = '\0';
     return s;
+}
+
+int32_t tok_max_piece_bytes(const tokenizer *t)
+{
+    char buf[512];
+    int32_t best = 1;
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        int L = tok_piece(t, id, 1, buf, sizeof buf);
+        if (L > best)
+            best = L; /* a piece over the buffer returns its whole length */
+    }
+    return best;
 }

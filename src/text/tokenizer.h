@@ -17,19 +17,8 @@
 #include <stdint.h>
 
 #include "format/gguf.h"
+#include "text/tok_types.h"
 #include "util/err.h"
-
-typedef struct tokenizer tokenizer;
-
-/* Token attributes (from tokenizer.ggml.token_type). */
-enum tok_attr {
-    TOK_NORMAL = 1,
-    TOK_UNKNOWN = 2,
-    TOK_CONTROL = 3,
-    TOK_USER_DEFINED = 4,
-    TOK_UNUSED = 5,
-    TOK_BYTE = 6,
-};
 
 tokenizer *tok_create(const gguf_ctx *g, kvant_err *err);
 void tok_destroy(tokenizer *t);
@@ -83,5 +72,9 @@ int tok_stream_flush(tok_stream *s, char *out, int cap);
  * add_space_prefix, one leading space of the first piece is removed (the
  * prefix tok_encode added), so decode(encode(s)) == s. */
 char *tok_decode(const tokenizer *t, const int32_t *ids, int64_t n, int render_special);
+
+/* The longest piece any token decodes to, control tokens rendered (at
+ * least 1): a prompt of L bytes has at least L / this many tokens. */
+int32_t tok_max_piece_bytes(const tokenizer *t);
 
 #endif

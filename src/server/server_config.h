@@ -1,0 +1,35 @@
+/* server_config.h - the server's options and handle type, shared by its
+ * public header (server.h) and its internal one (server_internal.h), so
+ * the route files below server.c include no header of the module that
+ * calls them.  Header only. */
+#ifndef KVANT_SERVER_CONFIG_H
+#define KVANT_SERVER_CONFIG_H
+
+#include <stddef.h>
+
+#define SRV_VERSION "0.1.0"
+
+typedef struct srv_config {
+    const char *host;           /* default "127.0.0.1" (borrowed) */
+    int port;                   /* default 8080; 0 = ephemeral */
+    const char *api_key;        /* NULL = no authentication (borrowed) */
+    const char *served_name;    /* model name in the API (borrowed); NULL = file stem */
+    size_t max_body;            /* bytes, default 4 MiB */
+    int conn_timeout_s;         /* no socket progress (a stream nobody reads), default 30 */
+    int max_connections;        /* default 256; at the limit the longest-waiting
+                                 * connection without a complete request is closed */
+    double header_timeout_s;    /* connect / end of last response -> headers, default 15 */
+    double body_timeout_s;      /* headers -> complete body, default 30 */
+    int stream_backlog;         /* events a stream may fall behind before it is
+                                 * cancelled, default 4096 */
+    int send_buffer;            /* SO_SNDBUF of each connection in bytes (the kernel's
+                                 * queue for a client that does not read), default
+                                 * 256 KiB; 0 = the kernel's autotuning (up to
+                                 * net.ipv4.tcp_wmem, often 4 MiB) */
+    double health_stall_s;      /* /health 503 when requests are in flight and the engine
+                                 * made no progress this long; default 60 */
+} srv_config;
+
+typedef struct srv srv;
+
+#endif
