@@ -12,6 +12,7 @@
 #include "model/wstream.h"
 #include "quant/quant_load.h"
 #include "kernels/dtype.h"
+#include "kernels/kvdtype.h"
 #include "model/shard.h"
 #include "par/par.h"
 #include "par/tp.h"
@@ -92,15 +93,16 @@ void cli_common_help(FILE *f)
     cli_common c;
     cli_common_init(&c);
     const dtype_traits *kv = dtype_get(c.kv_dtype);
-    char util[32], dev[32];
+    char util[32], dev[32], kvs[64], kvhelp[96];
     snprintf(util, sizeof util, "%.2f", c.utilization);
+    snprintf(kvhelp, sizeof kvhelp, "KV cache type (%s)", kvdtype_list(kvs, sizeof kvs));
     snprintf(dev, sizeof dev, "%d", c.device);
     const cli_opt t[] = {
         {"-m, --model", "PATH", "GGUF model file", c.model_path},
         {"-t, --threads", "N", "worker threads, 1..1024", "all cores"},
         {"--weights-dtype", "T", "quantize the weight matrices to T while loading (f32 f16 bf16 "
                                  "q8_0 q5_0 q5_1 q4_0 q4_1 q4_K q5_K q6_K)", "as stored"},
-        {"--kv-dtype", "T", "KV cache type (f32 f16 bf16 q8_0 q4_0)", kv ? kv->name : "?"},
+        {"--kv-dtype", "T", kvhelp, kv ? kv->name : "?"},
         {"--backend", "NAME", "cpu or cuda", c.backend},
         {"--device", "N", "device index for the backend (--tp/--pp: the i-th rank on a host "
                           "takes device N + i, modulo the devices present)", dev},
@@ -198,7 +200,8 @@ int cli_parse_float(const char *opt, const char *s, double lo, double hi, double
     return 0;
 }
 
-int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
+/* -m, -t, the dtypes, backend and device, and the on/off flags. */
+static int parse_model_opt(cli_common *c, int argc, char **argv, int *i)
 {
     const char *a = argv[*i], *v;
     long n = 0;
@@ -223,9 +226,10 @@ int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
             fprintf(stderr, "kvant: %s: %s\n", a, err.msg);
             return -1;
         }
-        if (!strcmp(a, "--kv-dtype") && t != DT_F32 && t != DT_F16 && t != DT_BF16 &&
-            t != DT_Q8_0 && t != DT_Q4_0) {
-            fprintf(stderr, "kvant: --kv-dtype: %s is not a KV type (f32, f16, bf16, q8_0, q4_0)\n", v);
+        if (!strcmp(a, "--kv-dtype") && !kvdtype_ok((uint32_t)t)) {
+            char list[64];
+            fprintf(stderr, "kvant: --kv-dtype: %s is not a KV type (%s)\n", v,
+                    kvdtype_list(list, sizeof list));
             return -1;
         }
         if (!strcmp(a, "--kv-dtype"))
@@ -262,6 +266,14 @@ int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
         c->json = 1;
         return 1;
     }
+    return 0;
+}
+
+/* The budget and weight offload: --device-memory, --memory-utilization,
+ * --weights-memory, --stream-buffers, --stream-io. */
+static int parse_memory_opt(cli_common *c, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i], *v;
     if (!strcmp(a, "--device-memory")) {
         kvant_err err = {0};
         if (!(v = cli_value(argc, argv, i)))
@@ -307,17 +319,6 @@ int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
         }
         return 1;
     }
-    if (!strcmp(a, "--tp") || !strcmp(a, "--pp")) {
-        if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, 1, 64, &n))
-            return -1;
-        *(!strcmp(a, "--tp") ? &c->tp : &c->pp) = (int)n;
-        return 1;
-    }
-    if (!strcmp(a, "--tp-timeout")) {
-        if (!(v = cli_value(argc, argv, i)) || cli_parse_float(a, v, 1.0, 3600.0, &c->tp_timeout))
-            return -1;
-        return 1;
-    }
     if (!strcmp(a, "--memory-utilization")) {
         double f;
         if (!(v = cli_value(argc, argv, i)) || cli_parse_float(a, v, 0.0, 1.0, &f))
@@ -330,6 +331,35 @@ int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
         return 1;
     }
     return 0;
+}
+
+/* --tp, --pp, --tp-timeout. */
+static int parse_parallel_opt(cli_common *c, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i], *v;
+    long n = 0;
+    if (!strcmp(a, "--tp") || !strcmp(a, "--pp")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, 1, 64, &n))
+            return -1;
+        *(!strcmp(a, "--tp") ? &c->tp : &c->pp) = (int)n;
+        return 1;
+    }
+    if (!strcmp(a, "--tp-timeout")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_float(a, v, 1.0, 3600.0, &c->tp_timeout))
+            return -1;
+        return 1;
+    }
+    return 0;
+}
+
+int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
+{
+    int rc = parse_model_opt(c, argc, argv, i);
+    if (rc == 0)
+        rc = parse_memory_opt(c, argc, argv, i);
+    if (rc == 0)
+        rc = parse_parallel_opt(c, argc, argv, i);
+    return rc;
 }
 
 void cli_engine_config(const cli_common *c, engine_config *ec)

@@ -204,6 +204,55 @@ static void print_tiers_text(const plan_result *r, const plan_tiers *t)
                t->disk_blocks * (uint64_t)r->block_size);
 }
 
+/* The plan rows, the tiers and the offload placement as one JSON object. */
+static void print_json(const cli_common *c, plan_model *pm, const plan_row *rows, int n_rows,
+                       const engine_config *ec, const cli_offload *off)
+{
+    printf("{\"model\": ");
+    cli_json_string(stdout, c->model_path, strlen(c->model_path));
+    printf(", \"plans\": [");
+    for (int i = 0; i < n_rows; i++) {
+        pm->weights_bytes = rows[i].r.weights_bytes;
+        char *js = plan_result_json(&rows[i].r, pm);
+        printf("%s{\"weights_dtype\": \"%s\", \"ok\": %s, \"error\": ", i ? ", " : "",
+               rows[i].label, rows[i].rc ? "false" : "true");
+        cli_json_string(stdout, rows[i].err, strlen(rows[i].err));
+        printf(", \"plan\": %s}", js ? js : "null");
+        free(js);
+    }
+    plan_tiers t = tiers_of(&rows[0].r, ec);
+    printf("], \"kv_tiers\": {\"record_bytes\": %" PRIu64 ", \"host_bytes\": %" PRIu64
+           ", \"host_blocks\": %" PRIu64 ", \"disk_bytes\": %" PRIu64
+           ", \"disk_blocks\": %" PRIu64 "}", t.record_bytes, t.host_bytes,
+           t.host_blocks, t.disk_bytes, t.disk_blocks);
+    if (off) {
+        printf(", \"weights_offload\": ");
+        cli_offload_print(off, 1);
+    }
+    printf("}\n");
+}
+
+/* The same as text: the model line, one row per weight type, the tiers. */
+static void print_text(const cli_common *c, const model_hparams *hp, const plan_row *rows,
+                       int n_rows, const engine_config *ec, const cli_offload *off)
+{
+    if (hp->n_kv_total == (int64_t)hp->n_layers * hp->n_head_kv)
+        printf("%s: %s, %d layers, %d KV heads x %d, context %lld\n", c->model_path,
+               model_arch_name(hp->arch), hp->n_layers, hp->n_head_kv, hp->head_dim,
+               (long long)hp->n_ctx_train);
+    else /* a model pruned per layer */
+        printf("%s: %s, %d layers, %lld KV heads over them (at most %d per layer) x %d, "
+               "context %lld\n", c->model_path, model_arch_name(hp->arch), hp->n_layers,
+               (long long)hp->n_kv_total, hp->n_head_kv, hp->head_dim,
+               (long long)hp->n_ctx_train);
+    for (int i = 0; i < n_rows; i++)
+        print_row_text(&rows[i], i == 0);
+    plan_tiers t = tiers_of(&rows[0].r, ec);
+    print_tiers_text(&rows[0].r, &t);
+    if (off)
+        cli_offload_print(off, 0);
+}
+
 int cmd_plan(int argc, char **argv)
 {
     cli_common c;
@@ -263,46 +312,10 @@ int cmd_plan(int argc, char **argv)
             return 2;
         }
     }
-    if (c.json) {
-        printf("{\"model\": ");
-        cli_json_string(stdout, c.model_path, strlen(c.model_path));
-        printf(", \"plans\": [");
-        for (int i = 0; i < n_rows; i++) {
-            pm.weights_bytes = rows[i].r.weights_bytes;
-            char *js = plan_result_json(&rows[i].r, &pm);
-            printf("%s{\"weights_dtype\": \"%s\", \"ok\": %s, \"error\": ", i ? ", " : "",
-                   rows[i].label, rows[i].rc ? "false" : "true");
-            cli_json_string(stdout, rows[i].err, strlen(rows[i].err));
-            printf(", \"plan\": %s}", js ? js : "null");
-            free(js);
-        }
-        plan_tiers t = tiers_of(&rows[0].r, &ec);
-        printf("], \"kv_tiers\": {\"record_bytes\": %" PRIu64 ", \"host_bytes\": %" PRIu64
-               ", \"host_blocks\": %" PRIu64 ", \"disk_bytes\": %" PRIu64
-               ", \"disk_blocks\": %" PRIu64 "}", t.record_bytes, t.host_bytes,
-               t.host_blocks, t.disk_bytes, t.disk_blocks);
-        if (off) {
-            printf(", \"weights_offload\": ");
-            cli_offload_print(off, 1);
-        }
-        printf("}\n");
-    } else {
-        if (hp.n_kv_total == (int64_t)hp.n_layers * hp.n_head_kv)
-            printf("%s: %s, %d layers, %d KV heads x %d, context %lld\n", c.model_path,
-                   model_arch_name(hp.arch), hp.n_layers, hp.n_head_kv, hp.head_dim,
-                   (long long)hp.n_ctx_train);
-        else /* a model pruned per layer */
-            printf("%s: %s, %d layers, %lld KV heads over them (at most %d per layer) x %d, "
-                   "context %lld\n", c.model_path, model_arch_name(hp.arch), hp.n_layers,
-                   (long long)hp.n_kv_total, hp.n_head_kv, hp.head_dim,
-                   (long long)hp.n_ctx_train);
-        for (int i = 0; i < n_rows; i++)
-            print_row_text(&rows[i], i == 0);
-        plan_tiers t = tiers_of(&rows[0].r, &ec);
-        print_tiers_text(&rows[0].r, &t);
-        if (off)
-            cli_offload_print(off, 0);
-    }
+    if (c.json)
+        print_json(&c, &pm, rows, n_rows, &ec, off);
+    else
+        print_text(&c, &hp, rows, n_rows, &ec, off);
     free(off);
     gguf_close(g);
     return any_ok ? 0 : 1;

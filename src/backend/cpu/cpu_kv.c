@@ -10,16 +10,16 @@
 #include <string.h>
 
 #include "kernels/dtype.h"
+#include "kernels/kvdtype.h"
 #include "util/arch.h"
 
 int cpu_kv_check(uint32_t type, int32_t head_dim, kvant_err *err)
 {
     const dtype_traits *tr = dtype_get(type);
-    int ok = type == DT_F32 || type == DT_F16 || type == DT_BF16 || type == DT_Q8_0 ||
-             type == DT_Q4_0;
-    if (!tr || !ok)
-        return kvant_err_set(err, KV_EUNSUP, "kv dtype %u: supported are f32, f16, bf16, q8_0, q4_0",
-                             type);
+    char list[64];
+    if (!tr || !kvdtype_ok(type))
+        return kvant_err_set(err, KV_EUNSUP, "kv dtype %u: supported are %s", type,
+                             kvdtype_list(list, sizeof list));
     if (head_dim < 1 || head_dim % tr->block_size)
         return kvant_err_set(err, KV_EUNSUP, "kv dtype %s needs head_dim a multiple of %d (got %d)",
                              tr->name, tr->block_size, head_dim);
