@@ -49,6 +49,12 @@ void cli_common_init(cli_common *c);
 /* Consumes a common option at argv[*i] (advancing *i past its value).
  * Returns 1 if consumed, 0 if not a common option, -1 on a bad value. */
 int cli_common_parse(cli_common *c, int argc, char **argv, int *i);
+/* One turn of a subcommand's option loop at argv[*i]: -h/--help prints
+ * help() and returns CLI_STEP_HELP; a common option is consumed
+ * (CLI_STEP_TAKEN); a bad value prints one line (CLI_STEP_BAD); anything
+ * else is the subcommand's own (CLI_STEP_OWN). */
+enum { CLI_STEP_BAD = -1, CLI_STEP_OWN = 0, CLI_STEP_TAKEN = 1, CLI_STEP_HELP = 2 };
+int cli_common_step(cli_common *c, int argc, char **argv, int *i, void (*help)(void));
 /* Value of the option at argv[*i] (advances); prints a one-line error and
  * returns NULL when missing.  argv[0] is the subcommand's name. */
 const char *cli_value(int argc, char **argv, int *i);

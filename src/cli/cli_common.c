@@ -362,6 +362,15 @@ int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
     return rc;
 }
 
+int cli_common_step(cli_common *c, int argc, char **argv, int *i, void (*help)(void))
+{
+    if (cli_is_help(argv[*i])) {
+        help();
+        return CLI_STEP_HELP;
+    }
+    return cli_common_parse(c, argc, argv, i);
+}
+
 void cli_engine_config(const cli_common *c, engine_config *ec)
 {
     ec->n_threads = c->n_threads;

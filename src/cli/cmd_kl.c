@@ -154,16 +154,13 @@ static int parse_kl(kl_opts *o, int argc, char **argv)
     cli_common_init(&o->c);
     o->ctx = 512;
     for (int i = 1; i < argc; i++) {
-        if (cli_is_help(argv[i])) {
-            kl_help();
-            return 1;
-        }
-        int r = cli_common_parse(&o->c, argc, argv, &i);
+        int r = cli_common_step(&o->c, argc, argv, &i, kl_help);
         const char *v;
-        if (r < 0)
-            return CLI_EXIT_USAGE;
-        if (r)
-            continue;
+        if (r != CLI_STEP_OWN) {
+            if (r == CLI_STEP_TAKEN)
+                continue;
+            return r == CLI_STEP_HELP ? 1 : CLI_EXIT_USAGE;
+        }
         if (!strcmp(argv[i], "--base") || !strcmp(argv[i], "--kl-base")) {
             if (!(o->base = cli_value(argc, argv, &i)))
                 return CLI_EXIT_USAGE;

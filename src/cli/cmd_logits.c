@@ -59,15 +59,12 @@ int cmd_logits(int argc, char **argv)
     const char *ids_file = NULL, *out_path = NULL;
     long ubatch = 64;
     for (int i = 1; i < argc; i++) {
-        if (cli_is_help(argv[i])) {
-            logits_help();
-            return 0;
+        int r = cli_common_step(&c, argc, argv, &i, logits_help);
+        if (r != CLI_STEP_OWN) {
+            if (r == CLI_STEP_TAKEN)
+                continue;
+            return r == CLI_STEP_HELP ? 0 : CLI_EXIT_USAGE;
         }
-        int r = cli_common_parse(&c, argc, argv, &i);
-        if (r < 0)
-            return CLI_EXIT_USAGE;
-        if (r)
-            continue;
         const char *v;
         if (!strcmp(argv[i], "--tokens-file")) {
             if (!(ids_file = cli_value(argc, argv, &i)))

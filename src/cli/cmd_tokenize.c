@@ -27,15 +27,12 @@ int cmd_tokenize(int argc, char **argv)
     const char *text = NULL, *file = NULL;
     int no_bos = 0, parse_special = 0, show_pieces = 0;
     for (int i = 1; i < argc; i++) {
-        if (cli_is_help(argv[i])) {
-            tokenize_help();
-            return 0;
+        int r = cli_common_step(&c, argc, argv, &i, tokenize_help);
+        if (r != CLI_STEP_OWN) {
+            if (r == CLI_STEP_TAKEN)
+                continue;
+            return r == CLI_STEP_HELP ? 0 : CLI_EXIT_USAGE;
         }
-        int r = cli_common_parse(&c, argc, argv, &i);
-        if (r < 0)
-            return CLI_EXIT_USAGE;
-        if (r)
-            continue;
         if (!strcmp(argv[i], "-p") || !strcmp(argv[i], "--prompt")) {
             if (!(text = cli_value(argc, argv, &i)))
                 return CLI_EXIT_USAGE;
