@@ -61,7 +61,7 @@ CFLAGS   += -DKVANT_CUDA=1
 LDLIBS   += -L/usr/local/cuda/lib64 -lcudart -lcublas -lnccl -lstdc++
 endif
 
-.PHONY: all lib test unit unit-isa pytest pytest-isa asan fuzz fuzz-run cuda-build arm64 deps venv model serve clean
+.PHONY: all lib layers test unit unit-isa pytest pytest-isa asan fuzz fuzz-run cuda-build arm64 deps venv model serve clean
 
 all: $(BUILD)/kvant
 
@@ -182,6 +182,11 @@ asan: model
 	@if [ "$(MPI)" = 1 ]; then scripts/asan-mpi.sh build-asan; \
 	else echo "asan: built without MPI (no mpicc): the --tp/--pp sanitizer run is not done"; fi
 
+# The floors of src/FLOORS, no rings between modules (includes and the
+# objects' symbols), file and function lengths (scripts/check-layers).
+layers: $(BUILD)/libkvant.a
+	scripts/check-layers --objects $(BUILD)
+
 fuzz:
 	$(MAKE) -f fuzz/fuzz.mk
 
@@ -197,6 +202,7 @@ cuda-build:
 
 test: deps venv model
 	$(MAKE) WERROR=1 all
+	$(MAKE) layers
 	$(MAKE) WERROR=1 unit
 	$(MAKE) WERROR=1 unit-isa
 	$(MAKE) pytest
