@@ -1,6 +1,6 @@
 /* backend.h - the compute backend interface: a struct of function pointers.
  *
- * The forward pass (model/forward.c) is written once against these ops; a
+ * The forward pass (forward/forward.c) is written once against these ops; a
  * backend (cpu/, cuda/) implements them over its own memory.  Pointers
  * named `d_*` are device memory: the host never dereferences them, it only
  * passes them back to ops or copies through upload/download.  Ops may run

@@ -44,7 +44,7 @@
 
 #include <stdint.h>
 
-#include "model/forward.h"
+#include "forward/forward.h"
 #include "model/shard.h"
 #include "par/par.h"
 

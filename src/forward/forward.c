@@ -6,7 +6,7 @@
  *               x += a Wo (+bo) ; h = rmsnorm(x) ; x += (silu(h Wg) * h Wu) Wd (+bd)
  *   logits = rmsnorm(x[out]) Wout
  */
-#include "model/forward.h"
+#include "forward/forward.h"
 
 #include <string.h>
 #include <time.h>
