@@ -43,6 +43,11 @@ void fwd_free(fwd_ctx *f)
     f->kv.n_blocks = 0;
 }
 
+void fwd_set_tp(fwd_ctx *f, tp_ctx *t)
+{
+    f->tp = t;
+}
+
 kv_layout fwd_kv_layout(const model *m, int32_t n_blocks, int32_t block_size, uint32_t kv_dtype)
 {
     kv_layout lay = {
