@@ -1,6 +1,6 @@
 /* backend.h - the compute backend interface: a struct of function pointers.
  *
- * The forward pass (model/forward.c) is written once against these ops; a
+ * The forward pass (forward/forward.c) is written once against these ops; a
  * backend (cpu/, cuda/) implements them over its own memory.  Pointers
  * named `d_*` are device memory: the host never dereferences them, it only
  * passes them back to ops or copies through upload/download.  Ops may run
@@ -25,27 +25,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "batch/batch.h"
 #include "mem/mem.h"
 #include "model/model.h"
 #include "util/err.h"
 
 typedef struct backend backend;
-
-typedef struct fwd_seq {
-    const int32_t *block_table; /* [n_blocks] physical block ids (host) */
-    int32_t n_blocks;
-} fwd_seq;
-
-typedef struct fwd_batch {
-    int32_t n_tokens;
-    const int32_t *tokens; /* [n_tokens] */
-    const int32_t *pos;    /* [n_tokens] position of each token in its sequence */
-    const int32_t *seq;    /* [n_tokens] index into seqs */
-    int32_t n_seqs;
-    const fwd_seq *seqs;   /* [n_seqs] */
-    int32_t n_out;
-    const int32_t *out;    /* [n_out] token indices whose logits are wanted */
-} fwd_batch;
 
 typedef struct rope_params {
     rope_kind kind;

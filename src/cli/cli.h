@@ -17,7 +17,7 @@
 #include "backend/backend.h"
 #include "engine/engine.h"
 #include "mem/mem.h"
-#include "model/forward.h"
+#include "forward/forward.h"
 #include "model/model.h"
 
 #define CLI_DEFAULT_MODEL "models/SmolLM2-135M-Instruct.Q4_1.gguf"

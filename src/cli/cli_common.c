@@ -16,6 +16,7 @@
 #include "model/shard.h"
 #include "par/par.h"
 #include "par/tp.h"
+#include "forward/fwd_worker.h"
 
 void cli_common_init(cli_common *c)
 {
@@ -575,9 +576,11 @@ int cli_session_open(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t
         kvant_err local = *err;
         rc = tp_agree(s->par, rc, &local, fp, &nb, err);
         if (!rc)
-            rc = tp_attach(s->tp, &s->fwd, err);
+            rc = tp_attach(s->tp, s->fwd.max_tokens, s->fwd.max_out, err);
+        if (!rc)
+            fwd_set_tp(&s->fwd, s->tp);
         if (!rc && par_rank(s->par) != 0) {
-            rc = tp_worker_run(s->tp, err);
+            rc = fwd_worker_run(&s->fwd, s->tp, err);
             if (rc)
                 fprintf(stderr, "kvant: %s\n", err->msg);
             cli_session_close(s);
@@ -597,6 +600,7 @@ void cli_session_close(cli_session *s)
     }
     if (s->fwd.be)
         fwd_free(&s->fwd);
+    fwd_set_tp(&s->fwd, NULL);
     tp_destroy(s->tp);
     if (s->be && s->m)
         s->be->ops->unload_weights(s->be, s->m);

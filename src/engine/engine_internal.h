@@ -9,7 +9,7 @@
 #include "backend/backend.h"
 #include "engine/engine.h"
 #include "kv/kvpool.h"
-#include "model/forward.h"
+#include "forward/forward.h"
 
 typedef struct eng_req eng_req;
 typedef struct eng_tier eng_tier; /* engine_tier.c */

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "engine/engine_internal.h"
+#include "forward/fwd_worker.h"
 #include "model/shard.h"
 #include "par/par.h"
 #include "par/tp.h"
@@ -136,8 +137,9 @@ int engine_tp_attach(engine *e, kvant_err *err)
     int rc;
     if (!t)
         return KV_OK;
-    if ((rc = tp_attach(t->tp, &e->fwd, err)))
+    if ((rc = tp_attach(t->tp, e->fwd.max_tokens, e->fwd.max_out, err)))
         return rc;
+    fwd_set_tp(&e->fwd, t->tp);
     t->n_ranks = par_size(t->p);
     t->ranks = calloc((size_t)t->n_ranks, sizeof *t->ranks);
     if (!t->ranks)
@@ -222,7 +224,7 @@ int engine_tp_worker(engine *e, kvant_err *err)
 {
     if (!e->tp || !e->tp->tp || tp_rank(e->tp->tp) == 0)
         return kvant_err_set(err, KV_EINVAL, "not a tensor-parallel worker rank");
-    return tp_worker_run(e->tp->tp, err);
+    return fwd_worker_run(&e->fwd, e->tp->tp, err);
 }
 
 void engine_tp_stop(engine *e)
@@ -233,6 +235,7 @@ void engine_tp_stop(engine *e)
     kvant_err err = {0};
     if (tp_rank(t->tp) == 0 && !t->failed && e->fwd.tp)
         (void)tp_send_quit(t->tp, &err);
+    fwd_set_tp(&e->fwd, NULL);
     tp_destroy(t->tp);
     t->tp = NULL;
 }

@@ -279,7 +279,7 @@ static void rig_free(mm_rig *g)
 }
 
 /* Seconds of a layer's work besides its matmuls at n tokens, as the
- * forward pass runs it (model/forward.c run_layer): two RMS norms, SwiGLU
+ * forward pass runs it (forward/forward.c run_layer): two RMS norms, SwiGLU
  * and two residual adds, each a backend job (median of 5 after a warm-up). */
 static double time_other(mm_rig *g, int32_t n)
 {

@@ -1,5 +1,5 @@
-/* tp.c - tensor-parallel reductions, logit gather and rank 0's commands
- * (see tp.h). */
+/* tp.c - tensor-parallel set-up, start-up agreement, reductions (through
+ * tp_dev.c or tp_host.c) and the logit gather (see tp.h). */
 #include "par/tp_internal.h"
 
 #include <stdlib.h>
@@ -108,17 +108,16 @@ tp_ctx *tp_create(par *world, int tp_n, backend *be, int32_t max_tokens, int32_t
     return t;
 }
 
-int tp_attach(tp_ctx *t, fwd_ctx *f, kvant_err *err)
+int tp_attach(tp_ctx *t, int32_t max_tokens, int32_t max_out, kvant_err *err)
 {
-    if (f->max_tokens > t->max_tokens || f->max_out > t->max_out ||
-        (int64_t)f->max_tokens * f->m->hp.n_embd > t->max_count || f->m->hp.n_vocab != t->n_vocab)
+    if (max_tokens > t->max_tokens || max_out > t->max_out)
         return kvant_err_set(err, KV_EINVAL, "tensor-parallel buffers sized for another batch "
                              "shape");
     int rc;
     if (!t->host_mem && !t->h_base && (rc = tp_dev_setup(t, err)))
         return rc; /* collective: after the agreement, so every rank gets here */
-    t->f = f;
-    f->tp = t;
+    t->cmd_max_tokens = max_tokens;
+    t->cmd_max_out = max_out;
     return KV_OK;
 }
 
@@ -129,8 +128,6 @@ void tp_destroy(tp_ctx *t)
     tp_dev_free(t);
     if (t->d_base)
         t->be->ops->free(t->be, t->d_base);
-    if (t->f && t->f->tp == t)
-        t->f->tp = NULL;
     if (t->stage && t->stage != t->world)
         par_destroy(t->stage);
     free(t->vocab0);
@@ -230,35 +227,6 @@ void tp_fingerprint(model *m, const int64_t *opts, int n_opts, uint8_t out[TP_FP
 int tp_gather_report(tp_ctx *t, const void *mine, void *out, size_t bytes, kvant_err *err)
 {
     return par_gather(t->world, mine, out, bytes, err);
-}
-
-int tp_is_large(const tp_ctx *t, int64_t count)
-{
-    return (uint64_t)count * sizeof(float) * (uint64_t)t->tp_n > TP_SMALL_BYTES;
-}
-
-int tp_host_allreduce(tp_ctx *t, float *x, int64_t count, kvant_err *err)
-{
-    int rc;
-    const int n = t->tp_n;
-    if (!tp_is_large(t, count)) {
-        if ((rc = par_allgather(t->stage, x, t->gbuf, (size_t)count * sizeof(float), err)))
-            return rc;
-        tp_sum_ordered(x, t->gbuf, n, count, count);
-        return KV_OK;
-    }
-    /* reduce-scatter (all-to-all of chunks, ordered sum on the owner), then
-     * all-gather of the summed chunks */
-    const int64_t chunk = tp_chunk_of(count, n), padded = chunk * n;
-    memcpy(t->sbuf, x, (size_t)count * sizeof(float));
-    memset(t->sbuf + count, 0, (size_t)(padded - count) * sizeof(float));
-    if ((rc = par_alltoall(t->stage, t->sbuf, t->gbuf, (size_t)chunk * sizeof(float), err)))
-        return rc;
-    tp_sum_ordered(t->ybuf, t->gbuf, n, chunk, chunk);
-    if ((rc = par_allgather(t->stage, t->ybuf, t->gbuf, (size_t)chunk * sizeof(float), err)))
-        return rc;
-    memcpy(x, t->gbuf, (size_t)count * sizeof(float));
-    return KV_OK;
 }
 
 int tp_allreduce(tp_ctx *t, float *d_x, int64_t count, kvant_err *err)

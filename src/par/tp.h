@@ -9,8 +9,10 @@
  * positions, sequences, block tables, wanted logit rows) to every rank,
  * and every rank runs the step on its share of the weights
  * (model/shard.h) and of the KV cache (its KV heads of its stage's layers,
- * same block ids everywhere).  Workers (ranks > 0) run tp_worker_run,
- * which executes commands until rank 0 says quit.
+ * same block ids everywhere).  Workers (ranks > 0) take rank 0's commands
+ * one at a time with tp_recv_cmd and carry them out themselves (the loop
+ * is forward/fwd_worker.c): par/ moves batches and reduces activations,
+ * it never calls the forward pass.
  *
  * Reductions are deterministic: a rank's partial sums are exchanged
  * inside its stage and every rank adds them in rank order,
@@ -36,15 +38,16 @@
  * path too (the reductions through host buffers and MPI), which the tests
  * compare bitwise with the direct one.
  *
- * Ownership: tp_create borrows the group and the backend; tp_attach the
- * forward context.  Threading: the thread that runs the forward pass.
+ * Ownership: tp_create borrows the group and the backend.  Threading: the
+ * thread that runs the forward pass.
  */
 #ifndef KVANT_TP_H
 #define KVANT_TP_H
 
 #include <stdint.h>
 
-#include "model/forward.h"
+#include "backend/backend.h"
+#include "batch/batch.h"
 #include "model/shard.h"
 #include "par/par.h"
 
@@ -72,11 +75,13 @@ uint64_t tp_scratch_bytes(int tp_n, int pp_n, int32_t max_tokens, int32_t max_ou
  * device backend's at tp_attach). */
 tp_ctx *tp_create(par *world, int tp_n, backend *be, int32_t max_tokens, int32_t max_out,
                   int32_t n_embd, int32_t n_vocab, kvant_err *err);
-/* Makes f's forward passes parallel (f->tp = t).  On a device backend
- * this is where the exchange is set up (buffers, the choice of transport,
- * the NCCL communicator): a collective of every rank, called after
- * tp_agree succeeded. */
-int tp_attach(tp_ctx *t, fwd_ctx *f, kvant_err *err);
+/* Readies t for a forward pass of batches up to max_tokens tokens and
+ * max_out logit rows (within tp_create's; a worker refuses larger batch
+ * commands); the forward pass then takes t (forward.h fwd_set_tp).  On a
+ * device backend this is where the exchange is set up (buffers, the
+ * choice of transport, the NCCL communicator): a collective of every rank,
+ * called after tp_agree succeeded. */
+int tp_attach(tp_ctx *t, int32_t max_tokens, int32_t max_out, kvant_err *err);
 void tp_destroy(tp_ctx *t);
 int tp_rank(const tp_ctx *t);  /* in the world */
 void tp_get_stats(const tp_ctx *t, tp_stats *out);
@@ -132,12 +137,26 @@ int32_t *tp_pp_out_scratch(tp_ctx *t);
 /* ---- rank 0: commands (tp_cmd.c) ---- */
 int tp_send_batch(tp_ctx *t, const fwd_batch *b, kvant_err *err);
 int tp_send_kv_copy(tp_ctx *t, int32_t dst, int32_t src, kvant_err *err);
-/* Tells the workers to return from tp_worker_run. */
+/* Tells the workers to stop taking commands. */
 int tp_send_quit(tp_ctx *t, kvant_err *err);
 
-/* ---- ranks > 0 ---- */
-/* Runs rank 0's commands until quit (KV_OK) or a failure of the group
- * (its error). */
-int tp_worker_run(tp_ctx *t, kvant_err *err);
+/* ---- ranks > 0 (tp_cmd.c) ---- */
+typedef enum tp_cmd_op {
+    TP_CMD_RUN = 1,     /* run the batch on this rank's share */
+    TP_CMD_KV_COPY = 2, /* copy KV block src into block dst */
+    TP_CMD_QUIT = 3,    /* rank 0 is done: return */
+} tp_cmd_op;
+
+typedef struct tp_cmd {
+    tp_cmd_op op;
+    int32_t dst, src;   /* TP_CMD_KV_COPY: block ids, not checked against a pool */
+} tp_cmd;
+
+/* Waits for rank 0's next command.  TP_CMD_RUN fills b, which points into
+ * t's buffers until the next tp_recv_cmd (sizes checked against
+ * tp_attach's limits, the layout of the block tables too; token ids and
+ * positions are left to the forward pass).  A failure of the group, or a
+ * malformed or unknown command, returns its error. */
+int tp_recv_cmd(tp_ctx *t, tp_cmd *cmd, fwd_batch *b, kvant_err *err);
 
 #endif

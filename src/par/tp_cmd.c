@@ -1,11 +1,12 @@
-/* tp_cmd.c - rank 0's commands to the other ranks and the worker loop
- * (see tp.h). */
+/* tp_cmd.c - rank 0's commands to the other ranks, and a worker receiving
+ * the next one (see tp.h).  The wire: one broadcast of TP_MSG_INTS ints,
+ * a header of TP_HDR_INTS (op, n_tokens, n_seqs, n_out, block-table ints,
+ * KV copy dst, src, 1 when the batch follows inline) and a small batch's
+ * payload; a large batch's payload follows in a second broadcast. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "par/tp_internal.h"
-
-enum { TP_RUN = 1, TP_KV_COPY = 2, TP_QUIT = 3 };
 
 static int send_cmd(tp_ctx *t, int op, int32_t a, int32_t b, kvant_err *err)
 {
@@ -18,12 +19,12 @@ static int send_cmd(tp_ctx *t, int op, int32_t a, int32_t b, kvant_err *err)
 
 int tp_send_kv_copy(tp_ctx *t, int32_t dst, int32_t src, kvant_err *err)
 {
-    return send_cmd(t, TP_KV_COPY, dst, src, err);
+    return send_cmd(t, TP_CMD_KV_COPY, dst, src, err);
 }
 
 int tp_send_quit(tp_ctx *t, kvant_err *err)
 {
-    return send_cmd(t, TP_QUIT, 0, 0, err);
+    return send_cmd(t, TP_CMD_QUIT, 0, 0, err);
 }
 
 /* The payload buffer of a large batch, at least n ints (grown rarely: a
@@ -54,7 +55,7 @@ int tp_send_batch(tp_ctx *t, const fwd_batch *b, kvant_err *err)
     const int inl = TP_HDR_INTS + np <= TP_MSG_INTS;
     int32_t *h = t->msg;
     memset(h, 0, TP_HDR_INTS * sizeof(int32_t));
-    h[0] = TP_RUN, h[1] = b->n_tokens, h[2] = b->n_seqs, h[3] = b->n_out, h[4] = n_table;
+    h[0] = TP_CMD_RUN, h[1] = b->n_tokens, h[2] = b->n_seqs, h[3] = b->n_out, h[4] = n_table;
     h[7] = inl;
     int32_t *w = inl ? h + TP_HDR_INTS : NULL;
     if (!inl) {
@@ -80,14 +81,14 @@ int tp_send_batch(tp_ctx *t, const fwd_batch *b, kvant_err *err)
     return rc;
 }
 
-/* Worker: the batch of a TP_RUN command, from the message (and the
+/* Worker: the batch of a TP_CMD_RUN command, from the message (and the
  * payload broadcast that follows a large one). */
 static int recv_batch(tp_ctx *t, fwd_batch *b, kvant_err *err)
 {
     const int32_t *h = t->msg;
     const int32_t nt = h[1], ns = h[2], no = h[3], ntab = h[4];
-    if (nt < 1 || nt > t->f->max_tokens || ns < 1 || ns > nt || no < 0 || no > t->f->max_out ||
-        ntab < 0)
+    if (nt < 1 || nt > t->cmd_max_tokens || ns < 1 || ns > nt || no < 0 ||
+        no > t->cmd_max_out || ntab < 0)
         return kvant_err_set(err, KV_EINVAL, "rank %d: a malformed batch command", t->rank);
     const int64_t np = payload_ints(nt, ns, no, ntab);
     const int32_t *p = h + TP_HDR_INTS;
@@ -119,30 +120,22 @@ static int recv_batch(tp_ctx *t, fwd_batch *b, kvant_err *err)
     return KV_OK;
 }
 
-int tp_worker_run(tp_ctx *t, kvant_err *err)
+int tp_recv_cmd(tp_ctx *t, tp_cmd *cmd, fwd_batch *b, kvant_err *err)
 {
-    for (;;) {
-        int rc = par_bcast(t->world, t->msg, sizeof t->msg, 1, err);
-        if (rc)
-            return rc;
-        fwd_batch b;
-        switch (t->msg[0]) {
-        case TP_RUN:
-            if ((rc = recv_batch(t, &b, err)) || (rc = fwd_run_shard(t->f, &b, NULL, err)))
-                return rc;
-            break;
-        case TP_KV_COPY:
-            if (t->msg[5] < 0 || t->msg[5] >= t->f->kv.n_blocks || t->msg[6] < 0 ||
-                t->msg[6] >= t->f->kv.n_blocks)
-                return kvant_err_set(err, KV_EINVAL, "rank %d: block copy %d <- %d out of range",
-                                     t->rank, t->msg[5], t->msg[6]);
-            t->f->be->ops->kv_copy_block(t->f->be, t->msg[5], t->msg[6]);
-            break;
-        case TP_QUIT:
-            return KV_OK;
-        default:
-            return kvant_err_set(err, KV_EINVAL, "rank %d: unknown command %d", t->rank,
-                                 t->msg[0]);
-        }
+    int rc = par_bcast(t->world, t->msg, sizeof t->msg, 1, err);
+    if (rc)
+        return rc;
+    *cmd = (tp_cmd){.op = (tp_cmd_op)t->msg[0]};
+    switch (t->msg[0]) {
+    case TP_CMD_RUN:
+        return recv_batch(t, b, err);
+    case TP_CMD_KV_COPY:
+        cmd->dst = t->msg[5];
+        cmd->src = t->msg[6];
+        return KV_OK;
+    case TP_CMD_QUIT:
+        return KV_OK;
+    default:
+        return kvant_err_set(err, KV_EINVAL, "rank %d: unknown command %d", t->rank, t->msg[0]);
     }
 }

@@ -1,6 +1,9 @@
 /* tp_internal.h - par/ internal: the tensor/pipeline-parallel context
- * shared by tp.c (set-up, reductions, logit gather), tp_cmd.c (rank 0's
- * commands, the worker loop) and tp_pipe.c (pipeline stages). */
+ * shared by tp.c (set-up, reductions, logit gather), tp_host.c (the
+ * reduction in host memory), tp_dev.c (device backends), tp_cmd.c (rank
+ * 0's commands, a worker receiving them) and tp_pipe.c (pipeline stages).
+ * Calls run down only: tp.c calls tp_dev.c and tp_host.c, tp_dev.c calls
+ * tp_host.c. */
 #ifndef KVANT_TP_INTERNAL_H
 #define KVANT_TP_INTERNAL_H
 
@@ -16,7 +19,8 @@ struct tp_ctx {
     par *stage;         /* this stage's tensor-parallel ranks: owned when pp_n > 1,
                          * else == world */
     backend *be;        /* borrowed */
-    fwd_ctx *f;         /* borrowed; set by tp_attach */
+    int32_t cmd_max_tokens, cmd_max_out; /* set by tp_attach: the largest batch
+                                          * command a worker accepts */
     int rank, n;        /* in world */
     int tp_rank, tp_n, pp_stage, pp_n;
     int32_t max_tokens;
@@ -48,8 +52,8 @@ struct tp_ctx {
     tp_stats st;
 };
 
-/* tp.c: the reduction of x[0..count) in host memory over MPI (the CPU
- * path; device backends without NCCL after staging x on the host). */
+/* tp_host.c: the reduction of x[0..count) in host memory over MPI (the
+ * CPU path; device backends without NCCL after staging x on the host). */
 int tp_host_allreduce(tp_ctx *t, float *x, int64_t count, kvant_err *err);
 /* 1: a reduction of count values takes the reduce-scatter path. */
 int tp_is_large(const tp_ctx *t, int64_t count);

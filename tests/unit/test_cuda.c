@@ -44,7 +44,7 @@
 #include "engine/engine.h"
 #include "format/gguf_write.h"
 #include "kernels/dtype.h"
-#include "model/forward.h"
+#include "forward/forward.h"
 #include "testutil.h"
 #include "tinymodel.h"
 #ifdef KVANT_CUDA

@@ -12,7 +12,7 @@
 
 #include "backend/backend.h"
 #include "mem/mem.h"
-#include "model/forward.h"
+#include "forward/forward.h"
 #include "prune/prune.h"
 #include "testutil.h"
 #include "tinymodel.h"

@@ -19,7 +19,7 @@
 #include "backend/backend.h"
 #include "engine/engine.h"
 #include "kernels/dtype.h"
-#include "model/forward.h"
+#include "forward/forward.h"
 #include "model/wstream.h"
 #include "testutil.h"
 #include "tinymodel.h"

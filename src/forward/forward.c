@@ -6,7 +6,7 @@
  *               x += a Wo (+bo) ; h = rmsnorm(x) ; x += (silu(h Wg) * h Wu) Wd (+bd)
  *   logits = rmsnorm(x[out]) Wout
  */
-#include "model/forward.h"
+#include "forward/forward.h"
 
 #include <string.h>
 #include <time.h>
@@ -41,6 +41,11 @@ void fwd_free(fwd_ctx *f)
     if (f->kv.n_blocks)
         f->be->ops->kv_free(f->be);
     f->kv.n_blocks = 0;
+}
+
+void fwd_set_tp(fwd_ctx *f, tp_ctx *t)
+{
+    f->tp = t;
 }
 
 kv_layout fwd_kv_layout(const model *m, int32_t n_blocks, int32_t block_size, uint32_t kv_dtype)

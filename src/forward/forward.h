@@ -1,16 +1,20 @@
 /* forward.h - the Llama-family forward pass, written once against the
- * backend ops (backend/backend.h).
+ * backend ops (backend/backend.h), over a batch (batch/batch.h).
  *
  * A fwd_ctx owns the activation workspace, sized at init for the largest
  * batch (max_tokens tokens, max_out logit rows) and allocated through the
  * backend's memory manager (MEM_ACTIVATIONS); fwd_run allocates nothing.
- * Ownership: fwd_init/fwd_free pair; model and backend are borrowed.
- * Threading: one thread (the engine thread) per fwd_ctx.
+ * Under --tp/--pp (fwd_set_tp) the pass calls down into par/tp.h for the
+ * reductions, the logit gather and the stage hand-overs; the other ranks
+ * run fwd_worker.h's loop.
+ * Ownership: fwd_init/fwd_free pair; model, backend and tp_ctx are
+ * borrowed.  Threading: one thread (the engine thread) per fwd_ctx.
  */
 #ifndef KVANT_FORWARD_H
 #define KVANT_FORWARD_H
 
 #include "backend/backend.h"
+#include "batch/batch.h"
 #include "model/model.h"
 
 typedef struct fwd_ctx {
@@ -23,7 +27,8 @@ typedef struct fwd_ctx {
     float *d_logits;  /* [max_out][n_vocab] */
     rope_params rope;
     kv_layout kv;     /* the paged KV storage this context writes */
-    struct tp_ctx *tp; /* tensor parallelism (par/tp.h) or NULL; borrowed */
+    struct tp_ctx *tp; /* tensor parallelism (par/tp.h) or NULL; borrowed, set by
+                        * fwd_set_tp */
 } fwd_ctx;
 
 /* Activation workspace bytes for a batch shape: the planner's
@@ -38,6 +43,9 @@ int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_
 /* A kv_layout for this model with n_blocks blocks of block_size tokens. */
 kv_layout fwd_kv_layout(const model *m, int32_t n_blocks, int32_t block_size, uint32_t kv_dtype);
 void fwd_free(fwd_ctx *f);
+/* Makes f's passes parallel over t (tp_attach'ed with f's max_tokens and
+ * max_out), or serial again with NULL; call with NULL before tp_destroy. */
+void fwd_set_tp(fwd_ctx *f, struct tp_ctx *t);
 
 /* Validates the batch (token ids, positions, table coverage), runs it, and
  * copies logits [n_out][n_vocab] to host memory.  On error nothing in the

@@ -1,0 +1,32 @@
+/* batch.h - one forward pass's batch: tokens, their positions and
+ * sequences, each sequence's block table into the paged KV pool, and the
+ * rows whose logits are wanted.  Plain data, header only, below everything
+ * that carries a batch: the engine builds one per step (phase_build), the
+ * backend reads it (begin_batch), the forward pass runs it and, under
+ * --tp/--pp, par/ sends it to the other ranks and rebuilds it there.
+ *
+ * Ownership: a batch borrows every array it points to; whoever builds it
+ * keeps them alive for the pass.
+ */
+#ifndef KVANT_BATCH_H
+#define KVANT_BATCH_H
+
+#include <stdint.h>
+
+typedef struct fwd_seq {
+    const int32_t *block_table; /* [n_blocks] physical block ids (host) */
+    int32_t n_blocks;
+} fwd_seq;
+
+typedef struct fwd_batch {
+    int32_t n_tokens;
+    const int32_t *tokens; /* [n_tokens] */
+    const int32_t *pos;    /* [n_tokens] position of each token in its sequence */
+    const int32_t *seq;    /* [n_tokens] index into seqs */
+    int32_t n_seqs;
+    const fwd_seq *seqs;   /* [n_seqs] */
+    int32_t n_out;
+    const int32_t *out;    /* [n_out] token indices whose logits are wanted */
+} fwd_batch;
+
+#endif
