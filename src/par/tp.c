@@ -1,5 +1,6 @@
 /* tp.c - tensor-parallel set-up, start-up agreement, reductions (through
  * tp_dev.c or tp_host.c) and the logit gather (see tp.h). */
+#include "par/tp.h"
 #include "par/tp_internal.h"
 
 #include <stdlib.h>

@@ -50,16 +50,8 @@
 #include "batch/batch.h"
 #include "model/shard.h"
 #include "par/par.h"
+#include "par/tp_types.h"
 
-typedef struct tp_ctx tp_ctx;
-
-typedef struct tp_stats {
-    par_stats comm;          /* this rank's collectives and transfers */
-    uint64_t steps;
-    uint64_t tokens;         /* batch tokens of those steps */
-    uint64_t reductions;
-    double step_seconds;     /* wall time of forward passes on this rank */
-} tp_stats;
 
 /* Where world rank `rank` of `size` sits with tp_n ranks per stage. */
 void tp_spec_of(int rank, int tp_n, int size, shard_spec *out);

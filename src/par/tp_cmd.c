@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "par/tp.h"
 #include "par/tp_internal.h"
 
 static int send_cmd(tp_ctx *t, int op, int32_t a, int32_t b, kvant_err *err)

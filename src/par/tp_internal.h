@@ -7,7 +7,10 @@
 #ifndef KVANT_TP_INTERNAL_H
 #define KVANT_TP_INTERNAL_H
 
-#include "par/tp.h"
+#include "backend/backend.h"
+#include "batch/batch.h"
+#include "par/par.h"
+#include "par/tp_types.h"
 
 #define TP_MSG_INTS 1024            /* a command with a small batch inline */
 #define TP_HDR_INTS 8

@@ -4,6 +4,7 @@
  * posted receives and the staged logits are host buffers (tp_dev.c). */
 #include <string.h>
 
+#include "par/tp.h"
 #include "par/tp_internal.h"
 
 #define TP_TAG_LOGITS 1000000
