@@ -107,6 +107,13 @@ $(BUILD)/tests/%: tests/unit/%.c $(TU_OBJ) $(BUILD)/libkvant.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(TU_OBJ) $(BUILD)/libkvant.a $(LDFLAGS) $(LDLIBS)
 
+# test_engine_alloc counts the allocator calls an engine step makes: every
+# reference to these functions, from the test and from libkvant.a, goes to
+# the test's __wrap_ counters (ld --wrap; works under ASan too).
+ALLOC_WRAP := malloc calloc realloc free posix_memalign aligned_alloc memalign valloc \
+              reallocarray strdup strndup
+$(BUILD)/tests/test_engine_alloc: LDFLAGS += $(foreach f,$(ALLOC_WRAP),-Wl,--wrap=$(f))
+
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
 
 # The dashboard page is embedded with .incbin (server_dash.c).
@@ -164,7 +171,8 @@ pytest-isa: $(BUILD)/kvant venv model
 # compiler error vectorizing a reduction in tests/unit/test_sampler.c.
 ARM64_CC ?= aarch64-linux-gnu-gcc
 ARM64_SYSROOT ?= /usr/aarch64-linux-gnu
-ARM64_NOT_RUN := test_bench test_cuda test_dtype test_engine test_engine_tier test_kvq test_kvsnap \
+ARM64_NOT_RUN := test_bench test_cuda test_dtype test_engine test_engine_alloc test_engine_tier \
+                 test_kvq test_kvsnap \
                  test_kvtier test_kvresize test_models test_prune test_threadpool test_wstream
 ARM64_TESTS := $(filter-out $(ARM64_NOT_RUN),$(TEST_SRC:tests/unit/%.c=%))
 arm64:

@@ -7,7 +7,8 @@
  * same formula the planner used, the KV pool), so the printed plan and the
  * real allocation agree.
  */
-#include "engine/engine_internal.h"
+#include "engine/engine_req.h"
+#include "engine/engine_step.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -71,13 +72,6 @@ engine_config engine_config_default(void)
         .kv_dtype = DT_F16,
         .weights_dtype = -1,
     };
-}
-
-double engine_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 const plan_result *engine_plan(const engine *e)
@@ -213,14 +207,18 @@ static int alloc_step_buffers(engine *e, kvant_err *err)
     e->b_seqs = malloc((size_t)ns * sizeof(fwd_seq));
     e->b_seqp = malloc((size_t)ns * sizeof(eng_seq *));
     e->logits = malloc((size_t)(ns + 1) * e->m->hp.n_vocab * sizeof(float)); /* + scratch row */
-    e->cancel_cap = 256;
-    e->cancel_ids = malloc((size_t)e->cancel_cap * sizeof(int64_t));
+    /* one sampler scratch for all sequences: they sample one at a time on
+     * this engine's thread (16 bytes per vocabulary entry, not per sequence) */
+    int rc = sampler_scratch_init(&e->smp_scratch, e->m->hp.n_vocab, err);
     e->step_buf_bytes = (uint64_t)nt * 3 * sizeof(int32_t) +
                         (uint64_t)ns * (sizeof(int32_t) + sizeof(fwd_seq) + sizeof(eng_seq *)) +
-                        (uint64_t)(ns + 1) * (uint64_t)e->m->hp.n_vocab * sizeof(float);
+                        (uint64_t)(ns + 1) * (uint64_t)e->m->hp.n_vocab * sizeof(float) +
+                        (uint64_t)e->m->hp.n_vocab * 16;
     e->stats.host_bytes = e->step_buf_bytes;
+    if (rc)
+        return rc;
     if (!e->b_tokens || !e->b_pos || !e->b_seq || !e->b_out || !e->b_seqs || !e->b_seqp ||
-        !e->logits || !e->cancel_ids)
+        !e->logits)
         return kvant_err_set(err, KV_ENOMEM, "out of memory for step buffers");
     return KV_OK;
 }
@@ -385,6 +383,7 @@ void engine_destroy(engine *e)
         engine_emit_error(e, r, "server shutting down");
         engine_free_req(e, r);
     }
+    engine_req_reap(e);
     if (((engine_ext *)e)->pool_registered)
         mem_unregister_pool(e->mem, kv_pool_report, e);
     engine_tier_shutdown(e);
@@ -408,7 +407,7 @@ void engine_destroy(engine *e)
     free(e->b_seqs);
     free(e->b_seqp);
     free(e->logits);
-    free(e->cancel_ids);
+    sampler_scratch_free(&e->smp_scratch);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     pthread_cond_destroy(&e->snap_cv);
@@ -478,6 +477,8 @@ static void *engine_main(void *arg)
             test_freeze_point();
             note_progress(e, engine_step(e));
         }
+        if (!e->reqs) /* nothing admitted: free finished requests (outside a step) */
+            engine_req_reap(e);
     }
     pthread_mutex_lock(&e->mu);
     e->thread_exited = 1; /* a snapshot waiter gives up */
@@ -523,33 +524,25 @@ static int check_request(const engine *e, const engine_request *r, kvant_err *er
     return KV_OK;
 }
 
+/* The request's storage is allocated here, on the caller's thread, so the
+ * engine thread's steps allocate nothing; requests finished since the last
+ * call are freed here too. */
 int64_t engine_submit(engine *e, const engine_request *r, engine_event_fn fn, void *ctx,
                       kvant_err *err)
 {
     int rc = check_request(e, r, err);
     if (rc)
         return rc;
-    eng_req *q = calloc(1, sizeof *q);
-    int32_t *prompt = malloc((size_t)r->n_prompt * sizeof *prompt);
-    if (!q || !prompt) {
-        free(q);
-        free(prompt);
-        return kvant_err_set(err, KV_ENOMEM, "out of memory");
-    }
-    memcpy(prompt, r->prompt, (size_t)r->n_prompt * sizeof *prompt);
-    q->p = *r;
-    q->p.prompt = prompt;
-    q->prompt = prompt;
-    q->fn = fn;
-    q->ctx = ctx;
-    q->arrival = engine_now();
+    engine_req_reap(e);
+    eng_req *q;
+    if ((rc = engine_req_create(e, r, fn, ctx, &q, err)))
+        return rc;
     pthread_mutex_lock(&e->mu);
     if (e->draining || e->stop ||
         (e->cfg.max_waiting > 0 && e->stats.waiting + e->stats.running >= e->cfg.max_waiting +
                                                                            e->cfg.max_num_seqs)) {
         pthread_mutex_unlock(&e->mu);
-        free(prompt);
-        free(q);
+        engine_req_destroy(q);
         return kvant_err_set(err, KV_EBUSY, e->draining ? "server is draining"
                                                         : "too many requests waiting");
     }
@@ -559,6 +552,10 @@ int64_t engine_submit(engine *e, const engine_request *r, engine_event_fn fn, vo
     else
         e->incoming = q;
     e->incoming_tail = q;
+    q->live_next = e->live;
+    if (e->live)
+        e->live->live_prev = q;
+    e->live = q;
     if (e->n_in_flight++ == 0)
         e->progress_t = engine_now(); /* an idle engine: the stall clock starts now */
     e->stats.waiting++;
@@ -568,29 +565,27 @@ int64_t engine_submit(engine *e, const engine_request *r, engine_event_fn fn, vo
     return id;
 }
 
+/* Marks the request; the next step's admit phase fails it.  No allocation
+ * (an event callback on the engine thread may call this inside a step). */
 void engine_cancel(engine *e, int64_t request_id)
 {
     pthread_mutex_lock(&e->mu);
-    if (e->n_cancel == e->cancel_cap) {
-        int64_t *ids = realloc(e->cancel_ids, (size_t)e->cancel_cap * 2 * sizeof *ids);
-        if (ids) {
-            e->cancel_ids = ids;
-            e->cancel_cap *= 2;
+    for (eng_req *r = e->live; r; r = r->live_next) {
+        if (r->id == request_id) {
+            if (!r->cancel_asked) {
+                r->cancel_asked = 1;
+                e->n_cancel++;
+            }
+            break;
         }
     }
-    /* Out of memory: the cancellation waits for the next call to succeed
-     * only if a slot frees up; the step drains 64 per tick. */
-    if (e->n_cancel < e->cancel_cap)
-        e->cancel_ids[e->n_cancel++] = request_id;
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
 }
 
 void engine_get_stats(engine *e, engine_stats *out)
 {
-    pthread_mutex_lock(&e->mu);
-    *out = e->stats;
-    pthread_mutex_unlock(&e->mu);
+    engine_stats_read(e, out);
 }
 
 mem_mgr *engine_mem(engine *e)

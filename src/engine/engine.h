@@ -152,12 +152,18 @@ typedef void (*engine_event_fn)(void *ctx, const engine_event *ev);
 
 /* Validates and queues a request.  Returns a request id > 0, or a negative
  * status with err filled (KV_EINVAL bad params, KV_ERANGE prompt does not
- * fit, KV_EBUSY queue full or draining).  After a successful submit the
- * callback receives events until exactly one final event (DONE or ERROR). */
+ * fit, KV_EBUSY queue full or draining, KV_ENOMEM).  After a successful
+ * submit the callback receives events until exactly one final event (DONE
+ * or ERROR).  Memory: the request's storage (n sequences of n_prompt +
+ * max_tokens + 1 tokens and their KV block tables) is allocated here, on
+ * the caller's thread, so that engine steps allocate nothing; requests
+ * finished since are freed here too (else when the engine thread has no
+ * admitted request left, or at destroy). */
 int64_t engine_submit(engine *e, const engine_request *r, engine_event_fn fn, void *ctx,
                       kvant_err *err);
 /* Cancels a request; takes effect within one engine step (final ERROR
- * event with "cancelled").  Unknown or finished ids are ignored. */
+ * event with "cancelled").  Unknown or finished ids are ignored.  No
+ * allocation; O(requests in flight). */
 void engine_cancel(engine *e, int64_t request_id);
 
 typedef struct engine_stats {
@@ -173,8 +179,10 @@ typedef struct engine_stats {
     uint64_t prefix_queries, prefix_hits;
     uint64_t steps;
     uint64_t host_bytes;             /* engine host memory outside the memory
-                                      * manager: step buffers (logit rows) and
-                                      * the sequences' token arrays */
+                                      * manager: step buffers (logit rows, the
+                                      * sampler's scratch) and the admitted
+                                      * requests' storage (token arrays, block
+                                      * tables) */
     /* the last step's batch (scheduler tests, bench) */
     int32_t last_tokens, last_seqs, last_decodes;
     /* KV pool resizes (engine_kv_resize): size bounds and events that changed it */

@@ -1,10 +1,20 @@
-/* engine_internal.h - engine state shared by engine.c (lifecycle, thread,
- * thread-safe API) and engine_step.c (the scheduler phases).  Not a public
- * header: only src/engine includes it. */
+/* engine_internal.h - engine state shared by the files of src/engine, and
+ * the functions of the files at the bottom of the engine (the KV views, the
+ * pool resize, the tiers, weight offload, tensor parallelism), which call
+ * nothing above them.  Not a public header: only src/engine includes it.
+ *
+ * Floors (calls go down only):
+ *   engine.c        lifecycle, engine thread, thread-safe API
+ *   engine_step.c   the step's phases (engine_step.h)
+ *   engine_req.c    request storage, lists, events (engine_req.h)
+ *   engine_kvsnap.c engine_kvresize.c engine_tier.c engine_offload.c
+ *   engine_tp.c     (declared here)
+ */
 #ifndef KVANT_ENGINE_INTERNAL_H
 #define KVANT_ENGINE_INTERNAL_H
 
 #include <pthread.h>
+#include <time.h>
 
 #include "backend/backend.h"
 #include "engine/engine.h"
@@ -19,16 +29,18 @@ struct wstream_plan;
 struct wstream;
 
 /* One sequence: the unit the scheduler batches.  tokens holds the prompt
- * followed by generated tokens; the KV cache holds n_computed of them. */
+ * followed by generated tokens; the KV cache holds n_computed of them.
+ * It lives in its request's storage (engine_req.c), tokens and block table
+ * included: nothing in it is allocated or freed on its own. */
 typedef struct eng_seq {
     eng_req *req;
     int32_t index;          /* within the request */
-    int32_t *tokens;        /* [cap] */
+    int32_t *tokens;        /* [cap], in the request's storage */
     int64_t n_tokens, cap;
     int64_t n_computed;
     int64_t n_generated;
-    kv_seq kv;
-    sampler smp;
+    kv_seq kv;              /* fixed table in the request's storage */
+    sampler smp;            /* borrows e->smp_scratch */
     int finished;
     int reported;           /* FINISH event sent */
     engine_finish finish;
@@ -38,23 +50,38 @@ typedef struct eng_seq {
     struct eng_seq *next;   /* waiting / running list link */
 } eng_seq;
 
+/* Why a request is being failed (eng_req.cancelled). */
+enum { ENG_LIVE = 0, ENG_FAIL_FORK, ENG_FAIL_RUN, ENG_CANCELLED };
+
+/* One request and everything its sequences need, in one allocation made
+ * at submit on the submitting thread (engine_req_create):
+ *   [eng_req][eng_seq seq[p.n]][int32 tokens[p.n][seq_cap]][int32 blocks[p.n][seq_blocks]]
+ * Freed off the step (engine_req_reap). */
 struct eng_req {
     int64_t id;
     engine_request p;       /* p.prompt points at prompt below */
-    int32_t *prompt;
+    int32_t *prompt;        /* sequence 0's first n_prompt tokens (never rewritten) */
     engine_event_fn fn;
     void *ctx;
     double arrival;
     uint64_t order;         /* arrival order, ties broken by id */
     eng_seq *seqs[ENGINE_MAX_N];
-    int32_t n_seqs;         /* created so far (forks appear after prefill) */
+    int32_t n_seqs;         /* set up so far (forks appear after prefill) */
     int32_t n_finished;
     int64_t cached_tokens;
     int64_t completion_tokens;
-    int cancelled;
+    int cancelled;          /* ENG_*: engine thread */
+    int cancel_asked;       /* engine_cancel was called (guarded by e->mu) */
     int64_t kv_peak_tokens, kv_peak_blocks; /* footprint at its largest (kvsnap) */
     uint64_t kv_block_bytes;
-    struct eng_req *next;   /* incoming / all-requests list */
+    uint64_t bytes;         /* of this allocation (engine_stats.host_bytes) */
+    int64_t seq_cap;        /* tokens per sequence: n_prompt + max_tokens + 1 */
+    int32_t seq_blocks;     /* block table entries per sequence */
+    int32_t *tok_store;     /* [p.n][seq_cap] */
+    int32_t *blk_store;     /* [p.n][seq_blocks] */
+    struct eng_req *next;   /* incoming / admitted / dead list */
+    struct eng_req *live_prev, *live_next; /* in flight, for engine_cancel (e->mu) */
+    eng_seq seq[];          /* [p.n] */
 };
 
 struct engine {
@@ -78,8 +105,9 @@ struct engine {
     pthread_cond_t cv;
     eng_req *incoming;      /* submitted, not yet admitted (FIFO) */
     eng_req *incoming_tail;
-    int64_t *cancel_ids;    /* [cancel_cap] pending cancellations */
-    int32_t n_cancel, cancel_cap;
+    eng_req *live;          /* every request in flight (engine_cancel's lookup) */
+    eng_req *dead;          /* finished, to be freed off the step (engine_req_reap) */
+    int32_t n_cancel;       /* cancel_asked marks the engine thread has not seen */
     int stop;
     int draining;
     int32_t n_in_flight;
@@ -99,18 +127,30 @@ struct engine {
     uint64_t next_order;
     int last_prefill_first;  /* the last step ran only new requests' prompts */
     /* step buffers, sized at create: no allocation in a step */
-    int32_t *b_tokens, *b_pos, *b_seq, *b_out;
-    fwd_seq *b_seqs;
-    eng_seq **b_seqp;
-    float *logits;          /* [max_num_seqs][n_vocab] */
+    int32_t *b_tokens, *b_pos, *b_seq, *b_out; /* [max_num_batched_tokens] x 3, [max_num_seqs] */
+    fwd_seq *b_seqs;        /* [max_num_seqs] */
+    eng_seq **b_seqp;       /* [max_num_seqs] */
+    float *logits;          /* [max_num_seqs + 1][n_vocab]: logit rows + a sampling copy */
+    sampler_scratch smp_scratch; /* [n_vocab] x 4: every sequence's sampler, one at a time */
     uint64_t step_buf_bytes; /* the step buffers' bytes (host memory, malloc) */
 };
 
-/* One engine step (admit .. retire).  Returns 1 if work was done. */
-int engine_step(engine *e);
-double engine_now(void);
-void engine_emit_error(engine *e, eng_req *r, const char *msg);
-void engine_free_req(engine *e, eng_req *r);
+/* Monotonic seconds.  Any thread. */
+static inline double engine_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The stats as of the last step (engine_get_stats).  Any thread. */
+static inline void engine_stats_read(engine *e, engine_stats *out)
+{
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->mu);
+}
+
 /* engine_kvsnap.c: records r's current KV footprint into its peak (call
  * before any of its blocks are released); serves a pending snapshot. */
 void engine_note_kv(engine *e, eng_req *r);

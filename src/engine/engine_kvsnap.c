@@ -182,7 +182,7 @@ int engine_kv_snapshot_take(engine *e, engine_kv_snapshot *s, kvant_err *err)
 {
     if (e->cfg.manual) {
         fill_snapshot(e, s);
-        engine_get_stats(e, &s->stats);
+        engine_stats_read(e, &s->stats);
         return KV_OK;
     }
     pthread_mutex_lock(&e->mu);

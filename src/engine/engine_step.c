@@ -15,153 +15,56 @@
  * running decodes wait one step), so a short request's time to first token
  * does not grow with the number of long generations in flight.  Never two
  * such steps in a row: running sequences advance at least every other step.
+ *
+ * Memory: a step allocates and frees nothing.  The batch buffers, logit
+ * rows and the sampler's scratch are sized at create (engine.c); every
+ * request brought its sequences' storage at submit (engine_req.c); a
+ * finished request goes to a list freed outside the step.
  */
-#include "engine/engine_internal.h"
+#include "engine/engine_step.h"
 
-#include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine_req.h"
 #include "text/tokenizer.h"
-
-/* ---- lists (ordered by priority, then arrival) ---- */
-
-static int seq_before(const eng_seq *a, const eng_seq *b)
-{
-    if (a->req->p.priority != b->req->p.priority)
-        return a->req->p.priority < b->req->p.priority;
-    if (a->req->order != b->req->order)
-        return a->req->order < b->req->order;
-    return a->index < b->index;
-}
-
-static void list_insert(eng_seq **head, eng_seq *s)
-{
-    while (*head && !seq_before(s, *head))
-        head = &(*head)->next;
-    s->next = *head;
-    *head = s;
-}
-
-/* Unlinks s if it is in the list; a sequence on another list is left
- * untouched (its link belongs to that list). */
-static void list_remove(eng_seq **head, eng_seq *s)
-{
-    while (*head && *head != s)
-        head = &(*head)->next;
-    if (*head) {
-        *head = s->next;
-        s->next = NULL;
-    }
-}
-
-/* ---- requests ---- */
-
-static eng_seq *seq_new(engine *e, eng_req *r, int32_t index)
-{
-    eng_seq *s = calloc(1, sizeof *s);
-    if (!s)
-        return NULL;
-    s->req = r;
-    s->index = index;
-    s->cap = r->p.n_prompt + r->p.max_tokens + 1;
-    s->tokens = malloc((size_t)s->cap * sizeof *s->tokens);
-    sampler_params sp = r->p.sampling;
-    sp.seed += (uint64_t)index;
-    if (!s->tokens || sampler_init(&s->smp, &sp, e->m->hp.n_vocab, NULL)) {
-        free(s->tokens);
-        free(s);
-        return NULL;
-    }
-    memcpy(s->tokens, r->prompt, (size_t)r->p.n_prompt * sizeof *s->tokens);
-    s->n_tokens = r->p.n_prompt;
-    s->out_row = -1;
-    kvseq_init(&s->kv, r->p.cache_salt);
-    return s;
-}
-
-static void seq_free(engine *e, eng_seq *s)
-{
-    kvseq_release(e->pool, &s->kv);
-    sampler_free(&s->smp);
-    free(s->tokens);
-    free(s);
-}
-
-void engine_free_req(engine *e, eng_req *r)
-{
-    for (int32_t i = 0; i < r->n_seqs; i++) {
-        eng_seq *s = r->seqs[i];
-        list_remove(&e->waiting, s);
-        list_remove(&e->running, s);
-        seq_free(e, s);
-    }
-    eng_req **pp = &e->reqs;
-    while (*pp && *pp != r)
-        pp = &(*pp)->next;
-    if (*pp)
-        *pp = r->next;
-    free(r->prompt);
-    free(r);
-    pthread_mutex_lock(&e->mu);
-    e->n_in_flight--;
-    pthread_mutex_unlock(&e->mu);
-}
-
-static void emit(eng_req *r, engine_event *ev)
-{
-    ev->request_id = r->id;
-    ev->prompt_tokens = r->p.n_prompt;
-    ev->cached_tokens = r->cached_tokens;
-    ev->completion_tokens = r->completion_tokens;
-    ev->kv_tokens = r->kv_peak_tokens;
-    ev->kv_blocks = r->kv_peak_blocks;
-    ev->kv_bytes = (uint64_t)r->kv_peak_blocks * r->kv_block_bytes;
-    if (r->fn)
-        r->fn(r->ctx, ev);
-}
-
-void engine_emit_error(engine *e, eng_req *r, const char *msg)
-{
-    engine_event ev = {.type = ENGINE_EV_ERROR, .finish = ENGINE_FINISH_ABORT, .error = msg};
-    engine_note_kv(e, r);
-    emit(r, &ev);
-    pthread_mutex_lock(&e->mu);
-    e->stats.finished_abort++;
-    pthread_mutex_unlock(&e->mu);
-}
 
 /* ---- phase 1: admit ---- */
 
+/* Nothing to allocate: r came with its sequences' storage (engine_req.c). */
 static void admit_one(engine *e, eng_req *r)
 {
     r->order = e->next_order++;
     r->kv_block_bytes = e->kv_block_bytes;
     r->next = e->reqs;
     e->reqs = r;
-    eng_seq *s = seq_new(e, r, 0);
-    if (!s) {
-        engine_emit_error(e, r, "out of memory admitting the request");
-        engine_free_req(e, r);
-        return;
+    engine_list_insert(&e->waiting, r->seqs[0]);
+}
+
+/* Fails the requests engine_cancel marked (under e->mu: the marks). */
+static void admit_cancels(engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    for (eng_req *r = e->reqs; r; r = r->next)
+        if (r->cancel_asked)
+            r->cancelled = ENG_CANCELLED;
+    pthread_mutex_unlock(&e->mu);
+    for (eng_req *r = e->reqs, *next; r; r = next) {
+        next = r->next;
+        if (r->cancelled == ENG_CANCELLED) {
+            engine_emit_error(e, r, "cancelled");
+            engine_free_req(e, r);
+        }
     }
-    r->seqs[0] = s;
-    r->n_seqs = 1;
-    list_insert(&e->waiting, s);
 }
 
 /* Returns the prompt tokens of the requests admitted. */
 static uint64_t phase_admit(engine *e)
 {
-    int64_t cancel[64];
-    int32_t n_cancel;
     pthread_mutex_lock(&e->mu);
     eng_req *in = e->incoming;
     e->incoming = e->incoming_tail = NULL;
-    n_cancel = e->n_cancel < 64 ? e->n_cancel : 64;
-    memcpy(cancel, e->cancel_ids, (size_t)n_cancel * sizeof *cancel);
-    memmove(e->cancel_ids, e->cancel_ids + n_cancel,
-            (size_t)(e->n_cancel - n_cancel) * sizeof *cancel);
-    e->n_cancel -= n_cancel;
+    int32_t n_cancel = e->n_cancel;
+    e->n_cancel = 0;
     pthread_mutex_unlock(&e->mu);
     uint64_t prompt_tok = 0;
     while (in) {
@@ -170,15 +73,8 @@ static uint64_t phase_admit(engine *e)
         admit_one(e, in);
         in = next;
     }
-    for (int32_t i = 0; i < n_cancel; i++) {
-        for (eng_req *r = e->reqs; r; r = r->next) {
-            if (r->id == cancel[i]) {
-                engine_emit_error(e, r, "cancelled");
-                engine_free_req(e, r);
-                break;
-            }
-        }
-    }
+    if (n_cancel > 0)
+        admit_cancels(e);
     return prompt_tok;
 }
 
@@ -196,11 +92,10 @@ static void preempt(engine *e, eng_seq *v)
 {
     engine_note_kv(e, v->req);
     engine_tier_preempt(e, v);
-    kvseq_release(e->pool, &v->kv);
-    kvseq_init(&v->kv, v->req->p.cache_salt);
+    kvseq_release(e->pool, &v->kv); /* empties the table, keeps it and the salt */
     v->n_computed = 0;
     v->preempted = 1;
-    list_remove(&e->running, v);
+    engine_list_remove(&e->running, v);
     v->next = e->waiting;
     e->waiting = v;
     pthread_mutex_lock(&e->mu);
@@ -299,14 +194,13 @@ static void schedule_waiting(engine *e, step_plan *sp)
         int32_t chunk = (int32_t)(need < budget ? need : budget);
         if (kvseq_reserve(e->pool, &s->kv, s->n_computed, s->n_computed + chunk) != KV_OK) {
             kvseq_release(e->pool, &s->kv);
-            kvseq_init(&s->kv, s->req->p.cache_salt);
             s->n_computed = 0;
             break; /* first come, first served: do not skip ahead */
         }
         e->waiting = s->next;
         s->next = NULL;
         s->preempted = 0;
-        list_insert(&e->running, s);
+        engine_list_insert(&e->running, s);
         add_to_plan(e, sp, s, chunk);
         slots--;
     }
@@ -389,7 +283,7 @@ static void sample_emit(engine *e, eng_seq *s, float *row, const float *orig)
     if (r->p.top_logprobs != 0)
         fill_logprobs(s, orig, n_vocab, tok, &ev);
     s->tokens[s->n_tokens++] = tok;
-    emit(r, &ev);
+    engine_emit(r, &ev);
     if (s->n_generated >= r->p.max_tokens || s->n_tokens >= e->max_model_len) {
         s->finished = 1;
         s->finish = ENGINE_FINISH_LENGTH;
@@ -397,21 +291,21 @@ static void sample_emit(engine *e, eng_seq *s, float *row, const float *orig)
 }
 
 /* After the prompt of a request with n > 1 is computed, its other
- * sequences are forked from sequence 0 (sharing the prompt's blocks). */
+ * sequences are set up in the request's storage and forked from sequence 0
+ * (sharing the prompt's blocks).  Their tables are as large as sequence
+ * 0's, so the fork cannot run out of room. */
 static int fork_children(engine *e, eng_seq *s0)
 {
     eng_req *r = s0->req;
     for (int32_t k = 1; k < r->p.n; k++) {
-        eng_seq *c = seq_new(e, r, k);
-        if (!c)
+        if (engine_seq_setup(e, r, k))
+            return KV_EINVAL;
+        eng_seq *c = r->seqs[k];
+        if (kvseq_fork(e->pool, &s0->kv, &c->kv, NULL))
             return KV_ENOMEM;
-        if (kvseq_fork(e->pool, &s0->kv, &c->kv, NULL)) {
-            seq_free(e, c);
-            return KV_ENOMEM;
-        }
         c->n_computed = s0->n_computed;
-        r->seqs[r->n_seqs++] = c;
-        list_insert(&e->running, c);
+        r->n_seqs++;
+        engine_list_insert(&e->running, c);
     }
     return KV_OK;
 }
@@ -434,7 +328,7 @@ static uint64_t phase_sample(engine *e, const step_plan *sp)
         eng_req *r = s->req;
         int first = s->index == 0 && r->n_seqs == 1 && r->p.n > 1 && s->n_generated == 0;
         if (first && fork_children(e, s)) {
-            r->cancelled = 1;
+            r->cancelled = ENG_FAIL_FORK;
             continue;
         }
         int32_t n_sample = first ? r->p.n : 1;
@@ -453,8 +347,8 @@ static void phase_retire(engine *e)
     eng_req *r = e->reqs;
     while (r) {
         eng_req *next = r->next;
-        if (r->cancelled) {
-            engine_emit_error(e, r, "out of memory forking sequences");
+        if (r->cancelled == ENG_FAIL_FORK) {
+            engine_emit_error(e, r, "cannot fork the sequences");
             engine_free_req(e, r);
             r = next;
             continue;
@@ -465,7 +359,7 @@ static void phase_retire(engine *e)
                 continue;
             engine_note_kv(e, r); /* before this sequence's blocks go */
             engine_event ev = {.type = ENGINE_EV_FINISH, .index = s->index, .finish = s->finish};
-            emit(r, &ev);
+            engine_emit(r, &ev);
             pthread_mutex_lock(&e->mu);
             if (s->finish == ENGINE_FINISH_STOP)
                 e->stats.finished_stop++;
@@ -473,13 +367,13 @@ static void phase_retire(engine *e)
                 e->stats.finished_length++;
             pthread_mutex_unlock(&e->mu);
             kvseq_release(e->pool, &s->kv);
-            list_remove(&e->running, s);
+            engine_list_remove(&e->running, s);
             s->reported = 1;
             r->n_finished++;
         }
         if (r->n_finished == r->p.n) {
             engine_event ev = {.type = ENGINE_EV_DONE};
-            emit(r, &ev);
+            engine_emit(r, &ev);
             engine_free_req(e, r);
         }
         r = next;
@@ -497,13 +391,13 @@ static void update_stats(engine *e, const step_plan *sp, int32_t decodes, uint64
     for (eng_seq *s = e->running; s; s = s->next) {
         running++;
         stored += (uint64_t)s->kv.n_tokens;
-        host += sizeof *s + (uint64_t)s->cap * sizeof *s->tokens;
     }
     for (eng_seq *s = e->waiting; s; s = s->next) {
         waiting++;
         pre += s->preempted;
-        host += sizeof *s + (uint64_t)s->cap * sizeof *s->tokens;
     }
+    for (const eng_req *r = e->reqs; r; r = r->next)
+        host += r->bytes;
     /* KV pool shape for the memory report: free = free + cached blocks,
      * largest free extent = longest run of consecutive unreferenced blocks */
     uint64_t block_bytes = e->fwd.kv.n_blocks ? e->kv_block_bytes : 0;
@@ -579,10 +473,10 @@ int engine_step(engine *e)
         engine_tp_after_step(e, frc, err.msg);
         if (frc) {
             for (int32_t i = 0; i < sp.n_seqs; i++)
-                sp.seqs[i]->req->cancelled = 2;
+                sp.seqs[i]->req->cancelled = ENG_FAIL_RUN;
             for (eng_req *r = e->reqs, *next; r; r = next) {
                 next = r->next;
-                if (r->cancelled == 2) {
+                if (r->cancelled == ENG_FAIL_RUN) {
                     engine_emit_error(e, r, err.msg);
                     engine_free_req(e, r);
                 }

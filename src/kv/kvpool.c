@@ -495,10 +495,23 @@ void kvseq_init(kv_seq *s, uint64_t salt)
     s->salt = salt;
 }
 
+void kvseq_init_fixed(kv_seq *s, uint64_t salt, int32_t *blocks, int32_t cap)
+{
+    KV_ASSERT(cap >= 0 && (blocks || cap == 0));
+    kvseq_init(s, salt);
+    s->blocks = blocks;
+    s->cap = cap;
+    s->fixed = 1;
+}
+
 void kvseq_release(kvpool *p, kv_seq *s)
 {
     for (int32_t i = s->n_blocks - 1; i >= 0; i--)
         kvpool_unref(p, s->blocks[i]);
+    if (s->fixed) {
+        kvseq_init_fixed(s, s->salt, s->blocks, s->cap);
+        return;
+    }
     free(s->blocks);
     kvseq_init(s, s->salt);
 }
@@ -509,7 +522,7 @@ static int kvseq_grow_table(kv_seq *s, int64_t n)
 {
     if (n <= s->cap)
         return KV_OK;
-    if (n > KVPOOL_MAX_BLOCKS)
+    if (n > KVPOOL_MAX_BLOCKS || s->fixed)
         return KV_ENOMEM;
     int64_t cap = s->cap > 0 ? s->cap : KVSEQ_MIN_CAP;
     while (cap < n)
@@ -665,16 +678,25 @@ int kvseq_fork(kvpool *p, const kv_seq *parent, kv_seq *child, kvant_err *err)
     if (child->n_blocks != 0 || child->n_tokens != 0)
         return kvant_err_set(err, KV_EINVAL, "kvseq_fork: child sequence is not empty");
     int32_t *t = NULL;
-    if (parent->n_blocks > 0) {
+    if (child->fixed) {
+        if (parent->n_blocks > child->cap)
+            return kvant_err_set(err, KV_ENOMEM, "kvseq_fork: %d blocks do not fit the child's "
+                                 "table of %d", (int)parent->n_blocks, (int)child->cap);
+        t = child->blocks;
+    } else if (parent->n_blocks > 0) {
         t = malloc((size_t)parent->n_blocks * sizeof *t);
         if (!t)
             return kvant_err_set(err, KV_ENOMEM, "kvseq_fork: out of memory for %d blocks",
                                  (int)parent->n_blocks);
-        memcpy(t, parent->blocks, (size_t)parent->n_blocks * sizeof *t);
     }
-    free(child->blocks);
-    child->blocks = t;
-    child->n_blocks = child->cap = parent->n_blocks;
+    if (parent->n_blocks > 0)
+        memcpy(t, parent->blocks, (size_t)parent->n_blocks * sizeof *t);
+    if (!child->fixed) {
+        free(child->blocks);
+        child->blocks = t;
+        child->cap = parent->n_blocks;
+    }
+    child->n_blocks = parent->n_blocks;
     child->n_tokens = parent->n_tokens;
     child->n_hashed = parent->n_hashed;
     child->last_hash = parent->last_hash;

@@ -20,7 +20,9 @@
  * free are O(1).
  *
  * Ownership: kvpool_create returns a heap handle (kvpool_destroy).
- * kv_seq is a caller-owned struct; kvseq_init/kvseq_release pair it.
+ * kv_seq is a caller-owned struct; kvseq_init/kvseq_release pair it.  Its
+ * block table is the pool's (grown by doubling, freed by release) or, with
+ * kvseq_init_fixed, the caller's: then no kvseq_ call ever allocates.
  * Threading: not thread-safe; only the engine thread touches a pool.
  */
 #ifndef KVANT_KVPOOL_H
@@ -67,9 +69,11 @@ void kvpool_destroy(kvpool *p);
 
 /* A sequence's block table.  blocks[i] holds tokens [i*bs, (i+1)*bs). */
 typedef struct kv_seq {
-    int32_t *blocks;      /* [cap] physical block ids; owned by the seq */
+    int32_t *blocks;      /* [cap] physical block ids; owned by the seq, or
+                             borrowed (fixed) */
     int32_t n_blocks;
     int32_t cap;
+    int fixed;            /* blocks is the caller's table (kvseq_init_fixed) */
     int64_t n_tokens;     /* tokens whose K/V are stored (set by commit, match,
                              fork; reserve only adds blocks) */
     int32_t n_hashed;     /* leading full blocks whose chain hash is known; each
@@ -83,9 +87,15 @@ typedef struct kv_seq {
 /* Makes s an empty sequence (no allocation).  Sequences that may share
  * cached blocks must use the same salt. */
 void kvseq_init(kv_seq *s, uint64_t salt);
+/* Makes s an empty sequence whose table is the caller's blocks[cap]
+ * (borrowed: it must outlive s).  The table is never grown, replaced or
+ * freed: a reserve, match or fork that needs more than cap blocks behaves
+ * as if an allocation had failed (KV_ENOMEM; a match stops short). */
+void kvseq_init_fixed(kv_seq *s, uint64_t salt, int32_t *blocks, int32_t cap);
 /* Returns every block of s to the pool (unref, tail block first, so that
- * under LRU the tail of a sequence is evicted first), frees its table and
- * empties s (the salt is kept, s may be reused). */
+ * under LRU the tail of a sequence is evicted first), frees its table
+ * (unless fixed) and empties s (the salt and a fixed table are kept, s may
+ * be reused). */
 void kvseq_release(kvpool *p, kv_seq *s);
 
 /* Looks up the longest chain of cached full blocks for tokens[0..n) and
@@ -126,7 +136,8 @@ void kvseq_commit(kvpool *p, kv_seq *s, const int32_t *tokens, int64_t n_tokens)
 
 /* child becomes a copy of parent's table sharing every block (refcount),
  * and takes parent's salt.  child must be empty (KV_EINVAL otherwise);
- * KV_ENOMEM if its table cannot be allocated (nothing changed). */
+ * KV_ENOMEM if its table cannot be allocated, or (fixed) is smaller than
+ * parent's blocks (nothing changed).  A fixed child keeps its table. */
 int kvseq_fork(kvpool *p, const kv_seq *parent, kv_seq *child, kvant_err *err);
 
 typedef struct kvpool_stats {

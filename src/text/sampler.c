@@ -1,16 +1,20 @@
 /* sampler.c - token sampling (see sampler.h for the pipeline and contract).
  *
  * Invariants:
- *  - s->counts is all zero between calls: the penalty stage counts the
+ *  - s->w.counts is all zero between calls: the penalty stage counts the
  *    window, marks applied tokens by negating their count, and the last step
  *    of every call zeroes exactly the window's entries again.
- *  - s->probs is indexed by token id and holds exp((logit - max) / T), so the
+ *  - s->w.probs is indexed by token id and holds exp((logit - max) / T), so the
  *    most likely candidate has the value 1 exactly; min-p is then "drop
  *    tokens with probs < min_p", independent of normalisation.
  *  - Candidate order is a total order: higher logit (or probability) first,
  *    lower token id first on ties, NaN as -inf.  Every selection is therefore
  *    deterministic whatever the algorithm, and top_k = 1 is the argmax.
- *  - No allocation after sampler_init.
+ *  - No allocation after sampler_init (none at all with sampler_init_shared).
+ *  - The scratch carries nothing from one call to the next: counts is back
+ *    to zero, and every probs / idx / saved entry a call reads was written
+ *    earlier in the same call.  So samplers that take turns may share one
+ *    sampler_scratch, bit for bit as if each had its own.
  *
  * Selection without a full sort: top-k keeps a K-element min-heap while
  * scanning the vocabulary (O(n log K), typically O(n)), then heap-sorts the
@@ -120,6 +124,37 @@ void sampler_reseed(sampler *s, uint64_t seed)
 
 /* ---- lifetime ------------------------------------------------------------ */
 
+int sampler_scratch_init(sampler_scratch *w, int32_t n_vocab, kvant_err *err)
+{
+    KV_ASSERT(w);
+    memset(w, 0, sizeof *w);
+    if (n_vocab < 1)
+        return kvant_err_set(err, KV_EINVAL, "n_vocab: %d is below 1", (int)n_vocab);
+    size_t n = (size_t)n_vocab;
+    w->probs = malloc(n * sizeof *w->probs);
+    w->idx = malloc(n * sizeof *w->idx);
+    w->counts = calloc(n, sizeof *w->counts);
+    w->saved = malloc(n * sizeof *w->saved);
+    if (!w->probs || !w->idx || !w->counts || !w->saved) {
+        sampler_scratch_free(w);
+        return kvant_err_set(err, KV_ENOMEM, "sampler scratch: %zu bytes for n_vocab %d",
+                             n * 16, (int)n_vocab);
+    }
+    w->n_vocab = n_vocab;
+    return KV_OK;
+}
+
+void sampler_scratch_free(sampler_scratch *w)
+{
+    if (!w)
+        return;
+    free(w->probs);
+    free(w->idx);
+    free(w->counts);
+    free(w->saved);
+    memset(w, 0, sizeof *w);
+}
+
 int sampler_init(sampler *s, const sampler_params *p, int32_t n_vocab, kvant_err *err)
 {
     KV_ASSERT(s);
@@ -127,20 +162,28 @@ int sampler_init(sampler *s, const sampler_params *p, int32_t n_vocab, kvant_err
     int rc = sampler_params_check(p, err);
     if (rc != KV_OK)
         return rc;
-    if (n_vocab < 1)
-        return kvant_err_set(err, KV_EINVAL, "n_vocab: %d is below 1", (int)n_vocab);
-    size_t n = (size_t)n_vocab;
-    s->probs = malloc(n * sizeof *s->probs);
-    s->idx = malloc(n * sizeof *s->idx);
-    s->counts = calloc(n, sizeof *s->counts);
-    s->saved = malloc(n * sizeof *s->saved);
-    if (!s->probs || !s->idx || !s->counts || !s->saved) {
-        sampler_free(s);
-        return kvant_err_set(err, KV_ENOMEM, "sampler scratch: %zu bytes for n_vocab %d",
-                             n * 16, (int)n_vocab);
-    }
+    if ((rc = sampler_scratch_init(&s->w, n_vocab, err)) != KV_OK)
+        return rc;
+    s->owns_scratch = 1;
     s->p = *p;
     s->n_vocab = n_vocab;
+    sampler_reseed(s, p->seed);
+    return KV_OK;
+}
+
+int sampler_init_shared(sampler *s, const sampler_params *p, const sampler_scratch *w,
+                        kvant_err *err)
+{
+    KV_ASSERT(s && w);
+    memset(s, 0, sizeof *s);
+    int rc = sampler_params_check(p, err);
+    if (rc != KV_OK)
+        return rc;
+    if (w->n_vocab < 1 || !w->probs)
+        return kvant_err_set(err, KV_EINVAL, "sampler scratch: not initialised");
+    s->w = *w;
+    s->p = *p;
+    s->n_vocab = w->n_vocab;
     sampler_reseed(s, p->seed);
     return KV_OK;
 }
@@ -149,10 +192,8 @@ void sampler_free(sampler *s)
 {
     if (!s)
         return;
-    free(s->probs);
-    free(s->idx);
-    free(s->counts);
-    free(s->saved);
+    if (s->owns_scratch)
+        sampler_scratch_free(&s->w);
     memset(s, 0, sizeof *s);
 }
 
@@ -217,7 +258,7 @@ static const int32_t *sk_window(const sampler *s, const int32_t *history, int64_
 /* Applies repetition (once per distinct token), presence and frequency
  * penalties in place.  Leaves counts[t] = -count for every penalised t (the
  * "applied" mark); sk_counts_clear must follow.  If save, keeps the raw
- * logit of each penalised token in s->saved. */
+ * logit of each penalised token in s->w.saved. */
 static void sk_penalties_apply(sampler *s, float *logits, const int32_t *win, int64_t n_win,
                                int save)
 {
@@ -227,20 +268,20 @@ static void sk_penalties_apply(sampler *s, float *logits, const int32_t *win, in
     for (int64_t i = 0; i < n_win; i++) {
         int32_t t = win[i];
         if (t >= 0 && t < s->n_vocab)
-            s->counts[t]++;
+            s->w.counts[t]++;
     }
     for (int64_t i = 0; i < n_win; i++) {
         int32_t t = win[i];
-        if (t < 0 || t >= s->n_vocab || s->counts[t] <= 0)
+        if (t < 0 || t >= s->n_vocab || s->w.counts[t] <= 0)
             continue; /* out of range, or already applied */
-        int32_t c = s->counts[t];
+        int32_t c = s->w.counts[t];
         float x = logits[t];
         if (save)
-            s->saved[t] = x;
+            s->w.saved[t] = x;
         x = x > 0.0f ? x / rep : x * rep;
         x -= (float)c * freq + pres; /* c > 0 here, so presence always applies */
         logits[t] = x;
-        s->counts[t] = -c;
+        s->w.counts[t] = -c;
     }
 }
 
@@ -249,7 +290,7 @@ static void sk_counts_clear(sampler *s, const int32_t *win, int64_t n_win)
     for (int64_t i = 0; i < n_win; i++) {
         int32_t t = win[i];
         if (t >= 0 && t < s->n_vocab)
-            s->counts[t] = 0;
+            s->w.counts[t] = 0;
     }
 }
 
@@ -341,7 +382,7 @@ static int32_t sk_nucleus(const sampler *s, const int32_t *h, int32_t k, double 
     double c = 0.0;
     int32_t m = 0;
     while (m < k) {
-        c += s->probs[h[m++]];
+        c += s->w.probs[h[m++]];
         if (c >= target)
             break;
     }
@@ -349,13 +390,13 @@ static int32_t sk_nucleus(const sampler *s, const int32_t *h, int32_t k, double 
     return m;
 }
 
-/* top-k path: the K best ids go to s->idx[0..K), their weights to s->probs;
+/* top-k path: the K best ids go to s->w.idx[0..K), their weights to s->w.probs;
  * returns the candidate count after top-p and their weight sum in *total,
  * or 0 when every logit is -inf or NaN. */
 static int32_t sk_select_topk(sampler *s, const float *logits, int32_t k, double *total)
 {
     const int top_p = s->p.top_p < 1.0f;
-    int32_t *h = s->idx;
+    int32_t *h = s->w.idx;
     sk_keep_best(h, s->n_vocab, k, logits);
     if (top_p)
         sk_sort_best(h, k, logits);
@@ -369,7 +410,7 @@ static int32_t sk_select_topk(sampler *s, const float *logits, int32_t k, double
     double sum = 0.0;
     for (int32_t i = 0; i < k; i++) {
         float w = sk_weight(logits[h[i]], mx, inv_t);
-        s->probs[h[i]] = w;
+        s->w.probs[h[i]] = w;
         sum += w;
     }
     if (!top_p) {
@@ -397,7 +438,7 @@ static inline int32_t sk_bucket(float w)
  * (mass[SAMPLER_TOPP_BUCKETS], filled by the caller) locate the bucket where
  * the cumulative mass crosses target; every token of a heavier bucket is in
  * the nucleus, and only the boundary bucket is sorted to place the cut.
- * Leaves the nucleus in s->idx[0..m) (unordered) and returns m. */
+ * Leaves the nucleus in s->w.idx[0..m) (unordered) and returns m. */
 static int32_t sk_nucleus_bucketed(sampler *s, const double *mass, double target, double *total)
 {
     const int32_t n = s->n_vocab;
@@ -408,17 +449,17 @@ static int32_t sk_nucleus_bucketed(sampler *s, const double *mass, double target
             break;
         cum += mass[bb];
     }
-    int32_t *h = s->idx;
+    int32_t *h = s->w.idx;
     int32_t m = 0, nb = 0; /* heavier ids fill h from the front, boundary ids from the back */
     for (int32_t t = 0; t < n; t++) {
-        int32_t b = sk_bucket(s->probs[t]);
+        int32_t b = sk_bucket(s->w.probs[t]);
         if (b < bb)
             h[m++] = t;
         else if (b == bb)
             h[n - 1 - nb++] = t;
     }
     int32_t *bnd = h + n - nb;
-    sk_sort_best(bnd, nb, s->probs);
+    sk_sort_best(bnd, nb, s->w.probs);
     double bcum;
     int32_t j = sk_nucleus(s, bnd, nb, target - cum, &bcum);
     memmove(h + m, bnd, (size_t)j * sizeof *h); /* disjoint: m + nb <= n */
@@ -428,7 +469,7 @@ static int32_t sk_nucleus_bucketed(sampler *s, const double *mass, double target
 
 /* no-top-k path: weights for the whole vocabulary.  Returns the candidate
  * count (0 when every logit is -inf or NaN); *cand is the first candidate
- * id in s->idx, or NULL for "every token, in id order". */
+ * id in s->w.idx, or NULL for "every token, in id order". */
 static int32_t sk_select_full(sampler *s, const float *logits, const int32_t **cand,
                               double *total)
 {
@@ -442,7 +483,7 @@ static int32_t sk_select_full(sampler *s, const float *logits, const int32_t **c
     double sum = 0.0;
     for (int32_t t = 0; t < n; t++) {
         float w = sk_weight(logits[t], mx, inv_t);
-        s->probs[t] = w;
+        s->w.probs[t] = w;
         sum += w;
         if (top_p)
             mass[sk_bucket(w)] += w;
@@ -451,7 +492,7 @@ static int32_t sk_select_full(sampler *s, const float *logits, const int32_t **c
     *total = sum;
     if (!top_p)
         return n;
-    *cand = s->idx;
+    *cand = s->w.idx;
     return sk_nucleus_bucketed(s, mass, (double)s->p.top_p * sum, total);
 }
 
@@ -463,7 +504,7 @@ static int32_t sk_draw(sampler *s, const int32_t *cand, int32_t m, double total)
     if (thr > 0.0f) {
         total = 0.0;
         for (int32_t i = 0; i < m; i++) {
-            float w = s->probs[cand ? cand[i] : i];
+            float w = s->w.probs[cand ? cand[i] : i];
             if (w >= thr)
                 total += w;
         }
@@ -473,7 +514,7 @@ static int32_t sk_draw(sampler *s, const int32_t *cand, int32_t m, double total)
     int32_t last = -1;
     for (int32_t i = 0; i < m; i++) {
         int32_t t = cand ? cand[i] : i;
-        float w = s->probs[t];
+        float w = s->w.probs[t];
         if (w < thr || !(w > 0.0f))
             continue;
         cum += w;
@@ -488,7 +529,7 @@ static int32_t sk_draw(sampler *s, const int32_t *cand, int32_t m, double total)
 int32_t sampler_sample_lp(sampler *s, float *logits, const int32_t *history, int64_t n_history,
                           float *logprob)
 {
-    KV_ASSERT(s && s->probs && logits && n_history >= 0 && (history || n_history == 0));
+    KV_ASSERT(s && s->w.probs && logits && n_history >= 0 && (history || n_history == 0));
     KV_ASSERT(sampler_params_check(&s->p, NULL) == KV_OK);
     const int32_t n = s->n_vocab;
     double lse = 0.0;
@@ -503,7 +544,7 @@ int32_t sampler_sample_lp(sampler *s, float *logits, const int32_t *history, int
     if (s->p.temperature == 0.0f) {
         id = sampler_argmax(logits, n);
     } else {
-        const int32_t *cand = s->idx;
+        const int32_t *cand = s->w.idx;
         double total = 0.0;
         int32_t m;
         if (s->p.top_k > 0 && s->p.top_k < n)
@@ -514,7 +555,7 @@ int32_t sampler_sample_lp(sampler *s, float *logits, const int32_t *history, int
     }
 
     if (logprob) {
-        float raw = s->counts[id] < 0 ? s->saved[id] : logits[id];
+        float raw = s->w.counts[id] < 0 ? s->w.saved[id] : logits[id];
         *logprob = (float)((double)raw - lse);
     }
     sk_counts_clear(s, win, n_win);

@@ -5,9 +5,12 @@
  * -> top-k -> temperature -> softmax -> top-p -> min-p -> renormalise -> draw.
  *
  * A sampler is caller-owned (sampler_init/sampler_free) and used by one
- * thread at a time.  Its scratch space is allocated once at init for the
- * vocabulary size (16 bytes per vocabulary entry); sampler_sample does not
- * allocate.
+ * thread at a time.  Its scratch space (16 bytes per vocabulary entry) is
+ * either allocated at init (sampler_init) or borrowed from a
+ * sampler_scratch that several samplers share (sampler_init_shared: no
+ * allocation; the engine's sequences sample one at a time on its thread).
+ * The scratch carries nothing from one call to the next, so sharing it
+ * changes no result.  sampler_sample does not allocate.
  * Reproducibility: the same params, seed, logits and history give the same
  * token on every machine (the RNG is xoroshiro128++ seeded by splitmix64,
  * not rand()).
@@ -35,22 +38,40 @@ sampler_params sampler_params_default(void); /* greedy, everything disabled */
 /* Validates ranges; returns KV_OK or KV_EINVAL with the field named. */
 int sampler_params_check(const sampler_params *p, kvant_err *err);
 
-typedef struct sampler {
-    sampler_params p;         /* validated at init; do not change in place */
-    uint64_t rng[2];          /* xoroshiro128++ state, never all zero */
+/* Scratch for one sampler_sample call at a time: [n_vocab] each,
+ * meaningful only inside a call.  Caller-owned (sampler_scratch_init /
+ * sampler_scratch_free); samplers that borrow it must not sample
+ * concurrently and must not outlive it. */
+typedef struct sampler_scratch {
     int32_t n_vocab;
-    /* scratch, [n_vocab] each, allocated at init, meaningful only inside
-     * sampler_sample */
     float *probs;             /* unnormalised probabilities, by token id */
     int32_t *idx;             /* candidate token ids (heap / sorted prefix) */
     int32_t *counts;          /* history counts by token id; all zero between calls */
     float *saved;             /* raw logits of penalised tokens (logprob only) */
+} sampler_scratch;
+
+/* Allocates the four arrays (16 * n_vocab bytes).  KV_EINVAL (n_vocab < 1)
+ * or KV_ENOMEM; on failure w is left zeroed. */
+int sampler_scratch_init(sampler_scratch *w, int32_t n_vocab, kvant_err *err);
+void sampler_scratch_free(sampler_scratch *w); /* idempotent; safe on a zeroed struct */
+
+typedef struct sampler {
+    sampler_params p;         /* validated at init; do not change in place */
+    uint64_t rng[2];          /* xoroshiro128++ state, never all zero */
+    int32_t n_vocab;
+    sampler_scratch w;        /* owned (sampler_init) or borrowed pointers (shared) */
+    int owns_scratch;
 } sampler;
 
-/* Validates *p and n_vocab >= 1; on failure s is left zeroed (sampler_free
- * is still safe).  KV_EINVAL / KV_ENOMEM. */
+/* Validates *p and n_vocab >= 1 and allocates the scratch; on failure s is
+ * left zeroed (sampler_free is still safe).  KV_EINVAL / KV_ENOMEM. */
 int sampler_init(sampler *s, const sampler_params *p, int32_t n_vocab, kvant_err *err);
-void sampler_free(sampler *s); /* idempotent; safe on a zeroed struct */
+/* As sampler_init, but s borrows w (initialised; n_vocab is w's) and
+ * allocates nothing.  KV_EINVAL. */
+int sampler_init_shared(sampler *s, const sampler_params *p, const sampler_scratch *w,
+                        kvant_err *err);
+void sampler_free(sampler *s); /* idempotent; safe on a zeroed struct; a borrowed
+                                * scratch is left to its owner */
 /* Re-seeds (e.g. after a request restarts from scratch on preemption). */
 void sampler_reseed(sampler *s, uint64_t seed);
 

@@ -797,12 +797,58 @@ static void test_resize(void)
     kvpool_destroy(p);
 }
 
+/* Caller-owned tables (kvseq_init_fixed): reserve, match, fork and release
+ * use the caller's array and never replace it; past its capacity they fail
+ * as an allocation failure would, changing nothing. */
+static void test_fixed_tables(void)
+{
+    static store st;
+    kvpool *p = make_pool(&st, 32, 16, 1);
+    tu_rng r = {11};
+    int32_t tok[128];
+    rand_tokens(&r, tok, 128);
+    int32_t ta[4], tc[4], td[2];
+    kv_seq a, c, d;
+    kvseq_init_fixed(&a, 5, ta, 4);
+    kvseq_init_fixed(&c, 5, tc, 4);
+    kvseq_init_fixed(&d, 5, td, 2);
+    CHECK(a.fixed && a.blocks == ta && a.cap == 4 && a.n_blocks == 0);
+    CHECK(kvseq_reserve(p, &a, 0, 50) == KV_OK && a.blocks == ta && a.n_blocks == 4);
+    CHECK(store_write(&st, p, &a, tok, 0, 50));
+    kvseq_commit(p, &a, tok, 50);
+    int avail = kvpool_n_available(p);
+    CHECK(kvseq_reserve(p, &a, 50, 65) == KV_ENOMEM); /* a fifth block: past the table */
+    CHECK(a.n_blocks == 4 && a.blocks == ta && kvpool_n_available(p) == avail);
+    kvant_err err = {0};
+    CHECK(kvseq_fork(p, &a, &d, &err) == KV_ENOMEM && d.n_blocks == 0 && d.blocks == td);
+    CHECK(kvseq_fork(p, &a, &c, &err) == KV_OK && c.blocks == tc && c.cap == 4);
+    CHECK(c.n_blocks == 4 && memcmp(ta, tc, sizeof ta) == 0 && c.n_tokens == 50);
+    CHECK(kvpool_refcount(p, ta[0]) == 2 && store_readback(&st, &c, tok));
+    const kv_seq *two[2] = {&a, &c};
+    check_pool(p, two, 2);
+    kvseq_release(p, &c);
+    CHECK(c.fixed && c.blocks == tc && c.cap == 4 && c.n_blocks == 0 && c.salt == 5);
+    kvseq_release(p, &a);
+    CHECK(a.fixed && a.blocks == ta && a.n_blocks == 0 && a.n_tokens == 0);
+    /* a match stops at the table's end: 3 cached full blocks, a table of 2 */
+    CHECK(kvseq_match_prefix(p, &d, tok, 50) == 32 && d.n_blocks == 2 && d.blocks == td);
+    const kv_seq *one[1] = {&d};
+    check_pool(p, one, 1);
+    kvseq_release(p, &d);
+    /* the table is reused after a release */
+    CHECK(kvseq_match_prefix(p, &a, tok, 50) == 48 && a.blocks == ta);
+    kvseq_release(p, &a);
+    check_pool(p, NULL, 0);
+    kvpool_destroy(p);
+}
+
 int main(void)
 {
     test_create_errors();
     test_alloc_until_empty();
     test_reserve_growth();
     test_fork_cow();
+    test_fixed_tables();
     test_prefix();
     test_lru();
     test_resize();

@@ -1,6 +1,7 @@
 /* test_sampler.c - sampler semantics: greedy, ties, seeding, top-k/top-p/
  * min-p truncation, penalties against hand-computed values, softmax
- * frequencies, logprob against double precision, parameter validation. */
+ * frequencies, logprob against double precision, parameter validation,
+ * samplers sharing one scratch bit for bit equal to samplers owning theirs. */
 #include "text/sampler.h"
 
 #include <math.h>
@@ -315,7 +316,7 @@ static void test_penalties(void)
     CHECK(l[1] == -4.25f);
     CHECK(l[0] == 3.0f && l[4] == 4.0f && l[2] == 1.2f);
     for (int i = 0; i < 6; i++) /* counts scratch is clean again */
-        CHECK(s.counts[i] == 0);
+        CHECK(s.w.counts[i] == 0);
     sampler_free(&s);
 
     p.penalty_last_n = -1; /* whole history */
@@ -530,6 +531,70 @@ static void bench_large_vocab(void)
     free(l);
 }
 
+/* Samplers that take turns on one sampler_scratch (the engine's sequences)
+ * pick the same tokens and logprobs, bit for bit, as samplers that own
+ * their scratch: every stage (penalties with history, top-k, top-p with
+ * and without top-k, min-p, greedy) interleaved. */
+static void test_shared_scratch(void)
+{
+    enum { NV = 3000, NS = 5, STEPS = 60 };
+    sampler_scratch w;
+    CHECK(sampler_scratch_init(&w, NV, NULL) == KV_OK);
+    sampler own[NS], shared[NS];
+    for (int k = 0; k < NS; k++) {
+        sampler_params p = params_t(k == 0 ? 0.0f : 0.7f + 0.1f * (float)k, 100 + (uint64_t)k);
+        p.top_k = k == 1 || k == 3 ? 40 : 0;
+        p.top_p = k >= 2 ? 0.85f : 1.0f;
+        p.min_p = k == 4 ? 0.02f : 0.0f;
+        p.repetition_penalty = 1.2f;
+        p.presence_penalty = 0.3f;
+        p.frequency_penalty = 0.2f;
+        p.penalty_last_n = k == 2 ? -1 : 16;
+        CHECK(sampler_init(&own[k], &p, NV, NULL) == KV_OK);
+        CHECK(sampler_init_shared(&shared[k], &p, &w, NULL) == KV_OK);
+    }
+    float *base = malloc(NV * sizeof *base), *a = malloc(NV * sizeof *a),
+          *b = malloc(NV * sizeof *b);
+    int32_t hist[NS][STEPS];
+    tu_rng r = {7};
+    int same = 1;
+    for (int t = 0; t < STEPS; t++) {
+        for (int k = 0; k < NS; k++) {
+            for (int i = 0; i < NV; i++)
+                base[i] = 3.0f * tu_rand_normal(&r);
+            memcpy(a, base, NV * sizeof *a);
+            memcpy(b, base, NV * sizeof *b);
+            float la, lb;
+            int32_t ta = sampler_sample_lp(&own[k], a, hist[k], t, &la);
+            int32_t tb = sampler_sample_lp(&shared[k], b, hist[k], t, &lb);
+            same &= ta == tb && memcmp(&la, &lb, sizeof la) == 0 &&
+                    memcmp(a, b, NV * sizeof *a) == 0;
+            hist[k][t] = ta;
+        }
+    }
+    CHECKF(same, "samplers sharing a scratch differ from samplers owning theirs");
+    for (int k = 0; k < NS; k++) {
+        sampler_free(&own[k]);
+        sampler_free(&shared[k]);
+    }
+    /* sampler_free left the shared scratch alone: still usable */
+    CHECK(w.probs && w.counts);
+    for (int i = 0; i < NV; i++)
+        CHECK(w.counts[i] == 0);
+    sampler_scratch empty;
+    memset(&empty, 0, sizeof empty);
+    sampler s;
+    sampler_params p = params_t(1.0f, 1);
+    CHECK(sampler_init_shared(&s, &p, &empty, NULL) == KV_EINVAL);
+    CHECK(sampler_scratch_init(&empty, 0, NULL) == KV_EINVAL);
+    sampler_scratch_free(&empty);
+    sampler_scratch_free(&w);
+    sampler_scratch_free(&w); /* idempotent */
+    free(base);
+    free(a);
+    free(b);
+}
+
 int main(void)
 {
     test_greedy_and_ties();
@@ -542,6 +607,7 @@ int main(void)
     test_logprob();
     test_params_check();
     test_edge_cases();
+    test_shared_scratch();
     bench_large_vocab();
     return tu_finish("test_sampler");
 }

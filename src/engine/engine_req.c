@@ -1,0 +1,184 @@
+/* engine_req.c - a request's life inside the engine: its storage, the
+ * scheduler's lists, its events, and its end.
+ *
+ * Storage.  A request is one allocation made on the submitting thread
+ * (engine_submit -> engine_req_create), sized by the request alone:
+ *   [eng_req][eng_seq seq[n]][int32 tokens[n][seq_cap]][int32 blocks[n][seq_blocks]]
+ * seq_cap = n_prompt + max_tokens + 1 tokens, seq_blocks the block table
+ * entries that many tokens can need.  Every sequence a step may create
+ * (the n - 1 forks after the prompt) and every block table entry it may
+ * reserve is already there, and the samplers borrow the engine's one
+ * scratch (e->smp_scratch), so admitting, forking, preempting and retiring
+ * allocate nothing on the engine thread.
+ *
+ * End.  engine_free_req (engine thread, inside a step) releases the
+ * request's KV blocks and moves it to e->dead; engine_req_reap frees that
+ * list outside any step: on the next engine_submit (its caller's thread),
+ * when the engine thread has no admitted request left, and at destroy.
+ */
+#include "engine/engine_req.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- storage ---- */
+
+int engine_req_create(engine *e, const engine_request *rq, engine_event_fn fn, void *ctx,
+                      eng_req **out, kvant_err *err)
+{
+    *out = NULL;
+    const int64_t n = rq->n, bs = e->cfg.block_size;
+    const int64_t cap = rq->n_prompt + rq->max_tokens + 1;
+    const int64_t nb = (cap + bs - 1) / bs;
+    if (nb > KVPOOL_MAX_BLOCKS)
+        return kvant_err_set(err, KV_ERANGE, "a sequence of %lld tokens needs more than %d KV "
+                             "blocks", (long long)cap, KVPOOL_MAX_BLOCKS);
+    const size_t bytes = sizeof(eng_req) + (size_t)n * sizeof(eng_seq) +
+                         (size_t)n * (size_t)(cap + nb) * sizeof(int32_t);
+    eng_req *r = calloc(1, bytes);
+    if (!r)
+        return kvant_err_set(err, KV_ENOMEM, "out of memory for a request (%zu bytes)", bytes);
+    r->bytes = bytes;
+    r->seq_cap = cap;
+    r->seq_blocks = (int32_t)nb;
+    r->tok_store = (int32_t *)(void *)(r->seq + n);
+    r->blk_store = r->tok_store + n * cap;
+    r->prompt = r->tok_store; /* sequence 0's tokens start with the prompt */
+    memcpy(r->prompt, rq->prompt, (size_t)rq->n_prompt * sizeof *r->prompt);
+    r->p = *rq;
+    r->p.prompt = r->prompt;
+    r->fn = fn;
+    r->ctx = ctx;
+    r->arrival = engine_now();
+    int rc = engine_seq_setup(e, r, 0);
+    if (rc) {
+        free(r);
+        return kvant_err_set(err, rc, "sampling parameters are invalid");
+    }
+    r->n_seqs = 1;
+    *out = r;
+    return KV_OK;
+}
+
+void engine_req_destroy(eng_req *r)
+{
+    free(r);
+}
+
+int engine_seq_setup(engine *e, eng_req *r, int32_t index)
+{
+    KV_ASSERT(index >= 0 && index < r->p.n);
+    eng_seq *s = &r->seq[index];
+    memset(s, 0, sizeof *s);
+    s->req = r;
+    s->index = index;
+    s->cap = r->seq_cap;
+    s->tokens = r->tok_store + (int64_t)index * r->seq_cap;
+    if (index > 0)
+        memcpy(s->tokens, r->prompt, (size_t)r->p.n_prompt * sizeof *s->tokens);
+    s->n_tokens = r->p.n_prompt;
+    s->out_row = -1;
+    kvseq_init_fixed(&s->kv, r->p.cache_salt, r->blk_store + (int64_t)index * r->seq_blocks,
+                     r->seq_blocks);
+    sampler_params sp = r->p.sampling;
+    sp.seed += (uint64_t)index;
+    r->seqs[index] = s;
+    return sampler_init_shared(&s->smp, &sp, &e->smp_scratch, NULL);
+}
+
+/* ---- lists (ordered by priority, then arrival) ---- */
+
+static int seq_before(const eng_seq *a, const eng_seq *b)
+{
+    if (a->req->p.priority != b->req->p.priority)
+        return a->req->p.priority < b->req->p.priority;
+    if (a->req->order != b->req->order)
+        return a->req->order < b->req->order;
+    return a->index < b->index;
+}
+
+void engine_list_insert(eng_seq **head, eng_seq *s)
+{
+    while (*head && !seq_before(s, *head))
+        head = &(*head)->next;
+    s->next = *head;
+    *head = s;
+}
+
+void engine_list_remove(eng_seq **head, eng_seq *s)
+{
+    while (*head && *head != s)
+        head = &(*head)->next;
+    if (*head) {
+        *head = s->next;
+        s->next = NULL;
+    }
+}
+
+/* ---- events ---- */
+
+void engine_emit(eng_req *r, engine_event *ev)
+{
+    ev->request_id = r->id;
+    ev->prompt_tokens = r->p.n_prompt;
+    ev->cached_tokens = r->cached_tokens;
+    ev->completion_tokens = r->completion_tokens;
+    ev->kv_tokens = r->kv_peak_tokens;
+    ev->kv_blocks = r->kv_peak_blocks;
+    ev->kv_bytes = (uint64_t)r->kv_peak_blocks * r->kv_block_bytes;
+    if (r->fn)
+        r->fn(r->ctx, ev);
+}
+
+void engine_emit_error(engine *e, eng_req *r, const char *msg)
+{
+    engine_event ev = {.type = ENGINE_EV_ERROR, .finish = ENGINE_FINISH_ABORT, .error = msg};
+    engine_note_kv(e, r);
+    engine_emit(r, &ev);
+    pthread_mutex_lock(&e->mu);
+    e->stats.finished_abort++;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* ---- end ---- */
+
+void engine_free_req(engine *e, eng_req *r)
+{
+    for (int32_t i = 0; i < r->n_seqs; i++) {
+        eng_seq *s = r->seqs[i];
+        engine_list_remove(&e->waiting, s);
+        engine_list_remove(&e->running, s);
+        kvseq_release(e->pool, &s->kv);
+        sampler_free(&s->smp); /* the shared scratch stays */
+    }
+    eng_req **pp = &e->reqs;
+    while (*pp && *pp != r)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = r->next;
+    pthread_mutex_lock(&e->mu);
+    if (r->live_prev)
+        r->live_prev->live_next = r->live_next;
+    else if (e->live == r)
+        e->live = r->live_next;
+    if (r->live_next)
+        r->live_next->live_prev = r->live_prev;
+    r->live_prev = r->live_next = NULL;
+    r->next = e->dead;
+    e->dead = r;
+    e->n_in_flight--;
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_req_reap(engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    eng_req *r = e->dead;
+    e->dead = NULL;
+    pthread_mutex_unlock(&e->mu);
+    while (r) {
+        eng_req *next = r->next;
+        free(r);
+        r = next;
+    }
+}
