@@ -7,6 +7,7 @@
  * same formula the planner used, the KV pool), so the printed plan and the
  * real allocation agree.
  */
+#include "engine/engine.h"
 #include "engine/engine_req.h"
 #include "engine/engine_step.h"
 

@@ -18,137 +18,19 @@
 #ifndef KVANT_ENGINE_H
 #define KVANT_ENGINE_H
 
-#include <stdint.h>
-
-#include "kv/kvtier.h"
-#include "mem/mem.h"
-#include "model/model.h"
-#include "text/sampler.h"
-#include "util/err.h"
-
-#define ENGINE_MAX_N 16          /* sequences per request (n) */
-#define ENGINE_MAX_TOP_LOGPROBS 20
-#define ENGINE_MAX_STOP_IDS 16
-#define ENGINE_DEFAULT_DISK_SIZE (4ull << 30) /* kv_disk_size 0 with a disk dir */
-
-typedef struct engine_config {
-    const char *backend;           /* "cpu" (default) or "cuda" */
-    int device;                    /* device index for the backend */
-    int n_threads;                 /* 0 = all cores */
-    uint64_t device_memory;        /* 0 = device total (CPU: available RAM) */
-    double memory_utilization;     /* (0, 1], default 0.90 */
-    int32_t max_num_seqs;          /* default 64 */
-    int32_t max_num_batched_tokens;/* default 2048 */
-    int32_t block_size;            /* default 16 */
-    int prefix_cache;              /* default 1 */
-    int64_t max_model_len;         /* context per request; 0 = model's */
-    int32_t max_waiting;           /* queue cap (0 = unlimited) */
-    uint32_t kv_dtype;             /* default DT_F16 (f32, bf16, q8_0, q4_0) */
-    int32_t weights_dtype;         /* -1 = as stored; else quantize matrices at load */
-    int exact;                     /* 1: f32 activations in every matmul (reference path);
-                                    * 0 (default): int8 activations for quantized weights */
-    int no_pack;                   /* 1: no load-time weight repacking (CPU) */
-    int32_t kv_blocks_override;    /* >0: use exactly this many KV blocks (tests) */
-    int print_plan;                /* print the start-up memory lines to stderr */
-    int manual;                    /* tests: no engine thread; drive with engine_run_step */
-    uint64_t test_fail_nth;        /* tests: the n-th device allocation fails (mem_fail_nth) */
-    /* KV offload tiers (engine_tier.c); both 0/NULL = none */
-    uint64_t kv_host_memory;       /* host tier bytes */
-    const char *kv_disk_dir;       /* disk tier directory (borrowed until create returns) */
-    uint64_t kv_disk_size;         /* disk tier bytes (0: ENGINE_DEFAULT_DISK_SIZE) */
-    int kv_tier_policy;            /* ENGINE_TIER_COST (default); ALWAYS / NEVER for tests */
-    int kv_disk_wait;              /* tests: disk writes wait for the writer, never dropped */
-    /* Several engines, one budget: allocate from this manager (borrowed; it
-     * must outlive the engine) instead of creating one.  The planner still
-     * sizes this engine from device_memory * memory_utilization (its share);
-     * the shared manager refuses what would exceed the common budget.
-     * NULL (default) = the engine creates and owns its manager. */
-    mem_mgr *shared_mem;
-    /* Weight offload (model/wstream.h, CPU backend): weights resident in
-     * device memory (resident layers + the staging ring) are capped at
-     * weights_memory bytes, or at weights_memory_frac of the budget; layers
-     * that do not fit are streamed from the file.  Both 0: no cap. */
-    uint64_t weights_memory;
-    double weights_memory_frac;    /* (0, 1) */
-    int weights_slots;             /* staging ring buffers (0: WSTREAM_MIN_SLOTS) */
-    int weights_io;                /* how streamed layers are read: WSTREAM_IO_* (0: page cache) */
-    /* Tensor parallelism (engine_tp.c, par/tp.h): the MPI group this engine
-     * is one rank of (borrowed; NULL: one process).  Rank 0 schedules and
-     * samples; other ranks are created with manual = 1 and run
-     * engine_tp_worker. */
-    struct par *tp_group;
-    int tp_ranks;                  /* ranks per pipeline stage (0: all: no pipeline) */
-    /* KV that follows the load (engine_kvresize.c): the pool may be grown
-     * with engine_kv_resize up to this many blocks (0: its size is fixed),
-     * and shrunk back down to its size at create. */
-    int32_t kv_max_blocks;
-} engine_config;
-
-/* How the tiers choose between moving a block and recomputing it. */
-enum {
-    ENGINE_TIER_COST = 0,   /* measured bandwidth vs the measured prefill rate */
-    ENGINE_TIER_ALWAYS = 1, /* load every hit, swap every preempted sequence */
-    ENGINE_TIER_NEVER = 2,  /* never load from a tier, never swap (demotion still runs) */
-};
+#include "engine/engine_types.h"
+/* the parts of the API the other engine files implement */
+#include "engine/engine_kvresize.h"
+#include "engine/engine_kvsnap.h"
+#include "engine/engine_offload.h"
+#include "engine/engine_tier.h"
+#include "engine/engine_tp.h"
 
 engine_config engine_config_default(void);
-
-typedef struct engine engine;
 
 engine *engine_create(model *m, const engine_config *cfg, kvant_err *err);
 /* Stops the engine thread (in-flight requests get a final error event). */
 void engine_destroy(engine *e);
-
-typedef struct engine_request {
-    const int32_t *prompt;   /* copied at submit */
-    int64_t n_prompt;
-    sampler_params sampling;
-    int64_t max_tokens;      /* >= 1 */
-    int32_t n;               /* sequences sharing the prompt, [1, ENGINE_MAX_N] */
-    int32_t priority;        /* lower value = served first (vLLM convention) */
-    uint64_t cache_salt;     /* tenant isolation for the prefix cache */
-    int32_t top_logprobs;    /* 0 = none; -1 = chosen token's logprob only */
-    int ignore_eos;
-    int32_t stop_ids[ENGINE_MAX_STOP_IDS];
-    int32_t n_stop_ids;
-} engine_request;
-
-typedef enum engine_event_type {
-    ENGINE_EV_TOKEN = 0,   /* a generated token for sequence `index` */
-    ENGINE_EV_FINISH = 1,  /* sequence `index` finished (reason set) */
-    ENGINE_EV_ERROR = 2,   /* request failed or cancelled; final event */
-    ENGINE_EV_DONE = 3,    /* all sequences finished; final event */
-} engine_event_type;
-
-typedef enum engine_finish {
-    ENGINE_FINISH_NONE = 0,
-    ENGINE_FINISH_STOP,    /* EOS / stop token */
-    ENGINE_FINISH_LENGTH,  /* max_tokens or context */
-    ENGINE_FINISH_ABORT,   /* cancelled or failed */
-} engine_finish;
-
-typedef struct engine_event {
-    engine_event_type type;
-    int64_t request_id;
-    int32_t index;          /* sequence within the request */
-    int32_t token;
-    float logprob;
-    int32_t n_top;
-    int32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
-    float top_logprobs[ENGINE_MAX_TOP_LOGPROBS];
-    engine_finish finish;
-    int64_t prompt_tokens;
-    int64_t cached_tokens;  /* prompt tokens served from the prefix cache */
-    int64_t completion_tokens; /* on DONE: total over sequences */
-    /* The request's KV footprint at its largest so far (distinct blocks
-     * across its sequences, the tokens stored in them, and their bytes);
-     * updated when a sequence finishes or is preempted, so final on DONE. */
-    int64_t kv_tokens, kv_blocks;
-    uint64_t kv_bytes;
-    const char *error;      /* on ERROR (valid during the callback) */
-} engine_event;
-
-typedef void (*engine_event_fn)(void *ctx, const engine_event *ev);
 
 /* Validates and queues a request.  Returns a request id > 0, or a negative
  * status with err filled (KV_EINVAL bad params, KV_ERANGE prompt does not
@@ -166,46 +48,8 @@ int64_t engine_submit(engine *e, const engine_request *r, engine_event_fn fn, vo
  * allocation; O(requests in flight). */
 void engine_cancel(engine *e, int64_t request_id);
 
-typedef struct engine_stats {
-    int32_t running, waiting, preempted_waiting;
-    uint64_t finished_stop, finished_length, finished_abort;
-    uint64_t prompt_tokens;          /* prompt tokens of admitted requests */
-    uint64_t prompt_tokens_computed; /* prompt tokens run through the model (not
-                                      * from the prefix cache; recomputation counts) */
-    uint64_t generation_tokens, preemptions;
-    int32_t kv_blocks_total, kv_blocks_used, kv_blocks_free, kv_blocks_cached;
-    int32_t block_size;
-    uint64_t kv_tokens_stored, kv_token_capacity;
-    uint64_t prefix_queries, prefix_hits;
-    uint64_t steps;
-    uint64_t host_bytes;             /* engine host memory outside the memory
-                                      * manager: step buffers (logit rows, the
-                                      * sampler's scratch) and the admitted
-                                      * requests' storage (token arrays, block
-                                      * tables) */
-    /* the last step's batch (scheduler tests, bench) */
-    int32_t last_tokens, last_seqs, last_decodes;
-    /* KV pool resizes (engine_kv_resize): size bounds and events that changed it */
-    int32_t kv_blocks_min, kv_blocks_max;
-    uint64_t kv_grows, kv_shrinks;
-} engine_stats;
-
 void engine_get_stats(engine *e, engine_stats *out);
 
-/* KV offload tiers, as of the end of the last step (enabled 0: none). */
-typedef struct engine_tier_stats {
-    int enabled;
-    kvtier_stats t;                  /* blocks, bytes moved, hits/misses per tier */
-    uint64_t host_capacity_bytes, disk_capacity_bytes;
-    uint64_t hit_tokens[KVTIER_N];   /* prompt tokens loaded from each tier */
-    uint64_t loads_declined;         /* tier hits the cost model chose to recompute */
-    uint64_t swaps, swap_blocks;     /* preemptions that wrote to the host tier */
-    uint64_t recomputes;             /* preemptions left to recomputation */
-    kvtier_cost cost;                /* measured bandwidths and prefill rate */
-    double busy_seconds;             /* engine-thread time in tier work */
-} engine_tier_stats;
-
-void engine_get_tier_stats(engine *e, engine_tier_stats *out);
 mem_mgr *engine_mem(engine *e);   /* for memory reports (thread-safe reads) */
 int64_t engine_max_model_len(const engine *e);
 uint64_t engine_kv_block_bytes(const engine *e); /* one KV block, all layers */
@@ -214,117 +58,12 @@ uint64_t engine_kv_block_bytes(const engine *e); /* one KV block, all layers */
 int engine_drain(engine *e);
 int engine_in_flight(engine *e);
 
-/* Liveness of the engine thread, for /health.  Progress is a step that ran
- * the model, or the engine having nothing to do; `stalled_s` counts from
- * the last progress (or from the moment work arrived at an idle engine),
- * so a wedged step or a scheduler that stops scheduling shows up as
- * busy with a growing stalled_s.  Thread-safe. */
-typedef struct engine_health {
-    int thread_alive;        /* the engine thread runs (1 in manual mode) */
-    int busy;                /* requests in flight */
-    int32_t in_flight;
-    double stalled_s;        /* seconds since progress; 0 when not busy */
-    uint64_t steps;
-    int weights_failed;      /* offload: the weight stream failed (file truncated, I/O) */
-    char weights_error[256];
-    int group_failed;        /* --tp: a rank failed or stopped answering (group_error) */
-    char group_error[256];
-} engine_health;
-
 void engine_get_health(engine *e, engine_health *out);
 
-/* ---- tensor parallelism (engine_tp.c) ---- */
-/* A rank other than 0: executes rank 0's steps until rank 0's engine is
- * destroyed (KV_OK) or the group fails (its error). */
-int engine_tp_worker(engine *e, kvant_err *err);
-/* One rank's memory as it started (gathered on rank 0 at start-up). */
-typedef struct engine_tp_rank {
-    uint64_t budget, weights, kv, activations, used;
-    int64_t kv_blocks;
-    int32_t n_head, n_head_kv, n_ff;
-    int32_t stage, n_layers;      /* pipeline stage and the layers it holds */
-} engine_tp_rank;
-/* Fills out[0..n) with every rank's memory; returns the rank count (0:
- * not tensor-parallel).  Thread-safe (immutable after create). */
-int engine_tp_ranks(const engine *e, engine_tp_rank *out, int max);
-/* Rank 0's communication: bytes it sent and time in collectives, steps
- * and their time, as of the last step.  0 when not tensor-parallel. */
-typedef struct engine_tp_stats {
-    uint64_t bytes_sent, calls, steps, reductions;
-    double comm_seconds, step_seconds;
-    int failed;
-} engine_tp_stats;
-int engine_get_tp_stats(engine *e, engine_tp_stats *out);
-
-struct wstream_stats;
-/* Weight offload counters (model/wstream.h); returns 0 and leaves out
- * untouched when the engine streams no layer.  Thread-safe. */
-int engine_get_offload(engine *e, struct wstream_stats *out);
 /* Tests (config.manual): runs one step on the calling thread; returns 1 if
  * any work was done. */
 int engine_run_step(engine *e);
-/* ---- memory views (engine_kvsnap.c) ----
- * A consistent copy of the KV pool's block states and of the requests
- * holding blocks, made by the engine thread between two steps (or by the
- * caller in manual mode), so HTTP threads never read the pool. */
-typedef struct engine_kv_req {
-    int64_t id;
-    int32_t priority;
-    int32_t n_seqs;          /* sequences holding KV blocks */
-    int64_t prompt_tokens, generated_tokens;
-    int64_t kv_tokens;       /* tokens stored in its distinct blocks */
-    int32_t blocks_own;      /* distinct blocks with refcount 1 */
-    int32_t blocks_shared;   /* distinct blocks with refcount > 1 (forks, prefix cache) */
-    int64_t blk_off;         /* its distinct block ids: blk_ids[blk_off, +n_blk) */
-    int32_t n_blk;
-    double age_s;            /* since submission */
-} engine_kv_req;
-
-typedef struct engine_kv_snapshot {
-    int32_t n_blocks, block_size;
-    uint64_t block_bytes;    /* one block, all layers */
-    uint8_t *state;          /* [n_blocks] KVPOOL_BLOCK_* */
-    int32_t *refcount;       /* [n_blocks] */
-    int64_t *owner;          /* [n_blocks] first request found holding it, 0 = none */
-    engine_kv_req *reqs;     /* [reqs_cap] */
-    int32_t n_reqs, reqs_cap;
-    int32_t *blk_ids;        /* [blk_cap] */
-    int64_t n_blk_ids, blk_cap;
-    int truncated;           /* reqs or blk_ids ran out of room */
-    engine_stats stats;      /* taken at the same moment */
-    int done;                /* internal: set by the engine thread */
-} engine_kv_snapshot;
-
-/* Allocates a snapshot sized for this engine's pool (caller frees with
- * engine_kv_snapshot_free); NULL when out of memory.  Any thread. */
-engine_kv_snapshot *engine_kv_snapshot_new(const engine *e);
-void engine_kv_snapshot_free(engine_kv_snapshot *s);
-/* Fills s (waits for the engine thread's next step boundary, or fills it
- * at once in manual mode).  One waiter at a time is served; others queue.
- * Returns KV_OK, or KV_EBUSY when the engine is stopping.  Any thread
- * except the engine thread and event callbacks. */
-int engine_kv_snapshot_take(engine *e, engine_kv_snapshot *s, kvant_err *err);
-
-/* ---- KV memory that follows the load (engine_kvresize.c) ----
- * Resizes the KV pool to n_blocks between two steps (waits for the engine
- * thread's next step boundary; at once in manual mode).  Growing is all or
- * nothing: KV_ENOMEM when the memory manager refuses the bytes, KV_ERANGE
- * past config.kv_max_blocks, KV_EUNSUP when the backend cannot resize;
- * nothing changes on error.  Shrinking never fails and never touches a
- * block a sequence holds: it gives back the longest free tail of ids down
- * to max(n_blocks, the size at create) (cached prefix blocks there are
- * evicted), possibly nothing; the ids above the target that it could not
- * give back drain (are no longer handed out) until a later shrink takes
- * them or a resize to at least the current size ends the drain.  *out_blocks (may be NULL) gets the size
- * after the call.  KV_EBUSY (nothing changed) when the engine is stopping,
- * or when timeout_s > 0 passed before the engine thread took the request
- * (a step that long, a wedged engine); once taken, the resize finishes.
- * Any thread except the engine thread and event callbacks. */
-int engine_kv_resize(engine *e, int32_t n_blocks, double timeout_s, int32_t *out_blocks,
-                     kvant_err *err);
-
 /* The start-up plan (filled at create). */
-typedef struct plan_result plan_result;
 const plan_result *engine_plan(const engine *e);
 
 #endif

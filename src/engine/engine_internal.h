@@ -17,7 +17,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
-#include "engine/engine.h"
+#include "engine/engine_types.h"
 #include "kv/kvpool.h"
 #include "forward/forward.h"
 

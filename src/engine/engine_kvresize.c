@@ -18,6 +18,7 @@
  * (engine_serve_resize, from its loop).  In manual mode the caller is the
  * engine thread and the resize runs at once.
  */
+#include "engine/engine_kvresize.h"
 #include "engine/engine_internal.h"
 
 #include <errno.h>

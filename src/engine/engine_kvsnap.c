@@ -14,6 +14,7 @@
  * is counted once when an earlier sequence of the request holds the same
  * block at j.
  */
+#include "engine/engine_kvsnap.h"
 #include "engine/engine_internal.h"
 
 #include <stdlib.h>

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "engine/engine_offload.h"
 #include "engine/engine_internal.h"
 #include "engine/offload_cost.h"
 #include "model/wstream.h"

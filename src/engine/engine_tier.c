@@ -26,6 +26,7 @@
  * Threading: engine thread only, except engine_get_tier_stats (a snapshot
  * taken under e->mu at the end of each step).
  */
+#include "engine/engine_tier.h"
 #include "engine/engine_internal.h"
 
 #include <stdlib.h>

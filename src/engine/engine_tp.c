@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine_tp.h"
 #include "engine/engine_internal.h"
 #include "forward/fwd_worker.h"
 #include "model/shard.h"
