@@ -207,6 +207,22 @@ static void log_once(const srv_fields_policy *pol, const char *name)
 
 /* ---- the check --------------------------------------------------------------------- */
 
+static int unknown(const srv_fields_policy *pol, const char *param, const char *lname,
+                   srv_error *e)
+{
+    if (pol && pol->allow_unknown) {
+        log_once(pol, lname);
+        return 0;
+    }
+    return srv_error_set(e, 400, param, "unknown field '%s': kvant refuses fields it does not "
+                         "implement (the server's --allow-unknown-fields accepts them)", param);
+}
+
+int srv_fields_unknown(const srv_fields_policy *pol, const char *param, srv_error *e)
+{
+    return unknown(pol, param, param, e);
+}
+
 /* Checks one key k (shown as param; logged as lname) with value v against rows. */
 static int check_key(const field_row *rows, size_t n, int api, const char *k, const char *param,
                      const char *lname, json_t *v, const srv_fields_policy *pol, srv_error *e)
@@ -217,15 +233,8 @@ static int check_key(const field_row *rows, size_t n, int api, const char *k, co
     for (size_t i = 0; i < n && !r; i++)
         if (!strcmp(rows[i].name, k) && (rows[i].apis & api))
             r = &rows[i];
-    if (!r) {
-        if (pol && pol->allow_unknown) {
-            log_once(pol, lname);
-            return 0;
-        }
-        return srv_error_set(e, 400, param, "unknown field '%s': kvant refuses fields it does "
-                             "not implement (the server's --allow-unknown-fields accepts "
-                             "them)", param);
-    }
+    if (!r)
+        return unknown(pol, param, lname, e);
     switch (r->kind) {
     case F_IMPL: return 0;
     case F_NOEFFECT: return r->ok(v, param, e);

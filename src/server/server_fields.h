@@ -38,6 +38,9 @@ int srv_fields_check(struct json_t *o, int chat, const srv_fields_policy *pol, s
 /* The keys of messages[i] other than role and content. */
 int srv_fields_check_message(struct json_t *msg, size_t i, const srv_fields_policy *pol,
                              srv_error *e);
+/* An unknown name met by a parser (e.g. a key of stream_options): 0 and
+ * logged once when pol allows unknown fields, else a 400 naming param. */
+int srv_fields_unknown(const srv_fields_policy *pol, const char *param, srv_error *e);
 /* The keys of messages[i].content[k] other than type and text. */
 int srv_fields_check_part(struct json_t *part, size_t i, size_t k, const srv_fields_policy *pol,
                           srv_error *e);

@@ -419,9 +419,13 @@ static int parse_stream(json_t *o, const srv_fields_policy *pol, srv_gen_req *r,
                              "'stream': true");
     const char *k;
     json_object_foreach(so, k, v) {
-        if (strcmp(k, "include_usage") && !json_is_null(v) && !pol->allow_unknown)
-            return srv_error_set(e, 400, "stream_options", "unknown field 'stream_options.%.32s'"
-                                 " (kvant implements include_usage)", k);
+        char param[64];
+        snprintf(param, sizeof param, "stream_options.%.40s", k);
+        if (strcmp(k, "include_usage") && !json_is_null(v) &&
+            (rc = srv_fields_unknown(pol, param, e))) {
+            snprintf(e->param, sizeof e->param, "stream_options");
+            return rc;
+        }
     }
     if ((rc = get_bool(so, "include_usage", &r->include_usage, e)) < 0)
         return srv_error_set(e, 400, "stream_options", "'stream_options.include_usage' must be "
