@@ -24,6 +24,10 @@
 #include "registry/registry.h"
 
 #define SERVE_DRAIN_TIMEOUT_S 30 /* --drain-timeout default, seconds */
+/* --max-waiting default: this many requests per --max-num-seqs, at least
+ * SERVE_MIN_WAITING (docs/SERVER.md "Limits"). */
+#define SERVE_WAITING_PER_SEQ 8
+#define SERVE_MIN_WAITING 64
 
 typedef struct serve_opts {
     cli_common c;
@@ -31,6 +35,7 @@ typedef struct serve_opts {
     engine_config ec;
     double drain_timeout;
     serve_models_opts mo;   /* several models (cmd_serve_models.c) */
+    const char *cors[SRV_MAX_CORS_ORIGINS]; /* --cors-origin values (argv) */
 } serve_opts;
 
 static const char *fmt_long(char *buf, size_t cap, long v)
@@ -44,7 +49,7 @@ static void serve_help(void)
 {
     srv_config sc = srv_config_default();
     engine_config ec = engine_config_default();
-    char port[16], seqs[16], toks[16], blk[16], body[24], tmo[16], conns[16], wait[16], drain[16];
+    char port[16], seqs[16], toks[16], blk[16], body[24], tmo[16], conns[16], drain[16];
     char hdr[16], bdy[16], backlog[16], stall[16], sndbuf[16];
     const cli_opt t[] = {
         {"--host", "ADDR", "IPv4 address to listen on", sc.host},
@@ -60,8 +65,9 @@ static void serve_help(void)
         {"--no-prefix-cache", NULL,
          "turn off the sharing of KV blocks between prompts with a common prefix",
          ec.prefix_cache ? "sharing on" : "sharing off"},
-        {"--max-waiting", "N", "requests queued before 429, 0: no limit",
-         fmt_long(wait, 16, ec.max_waiting)},
+        {"--max-waiting", "N", "requests waiting for a sequence slot before new ones get 503 "
+                               "with Retry-After, 0: no limit",
+         "8 per --max-num-seqs, at least 64"},
         {"--kv-blocks", "N", "use exactly N KV blocks instead of the budget's (tests)",
          "from the budget"},
         {"--max-body", "BYTES", "largest request body", fmt_long(body, 24, (long)sc.max_body)},
@@ -80,6 +86,11 @@ static void serve_help(void)
         {"--send-buffer", "BYTES", "kernel send buffer per connection (what a client that "
                                    "does not read can hold), 0: the kernel's autotuning",
          fmt_long(sndbuf, 16, sc.send_buffer)},
+        {"--allow-unknown-fields", NULL, "accept request fields kvant does not know (logged "
+                                         "once each) instead of answering 400 naming them",
+         "refused"},
+        {"--cors-origin", "ORIGIN", "answer CORS preflights and allow this browser origin "
+                                    "(repeatable, up to 16; * allows any)", "no CORS"},
         {"--health-stall-timeout", "SECONDS", "/health answers 503 when requests are in flight "
                                               "and no engine step completed this long",
          fmt_long(stall, 16, (long)sc.health_stall_s)},
@@ -159,11 +170,28 @@ static int parse_int_opt(serve_opts *o, int argc, char **argv, int *i)
     return 0;
 }
 
+/* One --cors-origin: "*" or scheme://host[:port], no path; 0 or -1. */
+static int parse_cors(serve_opts *o, const char *v)
+{
+    if (o->sc.n_cors_origins >= SRV_MAX_CORS_ORIGINS)
+        return cli_err_usage("serve", "--cors-origin: at most 16 origins");
+    const char *sep = strstr(v, "://");
+    size_t n = strlen(v);
+    if (strcmp(v, "*") && (!sep || sep == v || !sep[3] || strchr(sep + 3, '/') || n > 255 ||
+                           strpbrk(v, " \t\r\n,")))
+        return cli_err_usage("serve", "--cors-origin wants * or an origin such as "
+                             "https://app.example.com (scheme://host[:port], no path)");
+    o->cors[o->sc.n_cors_origins++] = v;
+    o->sc.cors_origins = o->cors;
+    return 0;
+}
+
 static int parse_serve(int argc, char **argv, serve_opts *o)
 {
     cli_common_init(&o->c);
     o->sc = srv_config_default();
     o->ec = engine_config_default();
+    o->ec.max_waiting = -1; /* not given: derived from --max-num-seqs below */
     o->drain_timeout = SERVE_DRAIN_TIMEOUT_S;
     serve_models_opts_init(&o->mo);
     for (int i = 1; i < argc; i++) {
@@ -194,6 +222,12 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
                 return CLI_EXIT_USAGE;
         } else if (!strcmp(a, "--no-prefix-cache")) {
             o->ec.prefix_cache = 0;
+        } else if (!strcmp(a, "--allow-unknown-fields")) {
+            o->sc.allow_unknown_fields = 1;
+        } else if (!strcmp(a, "--cors-origin")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || parse_cors(o, v))
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(a, "--drain-timeout")) {
             const char *v = cli_value(argc, argv, &i);
             if (!v || cli_parse_float(a, v, 0, 86400, &o->drain_timeout))
@@ -213,6 +247,10 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
     if (cli_kvtier_check(&o->ec, "serve"))
         return CLI_EXIT_USAGE;
     cli_engine_config(&o->c, &o->ec);
+    if (o->ec.max_waiting < 0) {
+        long w = (long)SERVE_WAITING_PER_SEQ * o->ec.max_num_seqs;
+        o->ec.max_waiting = (int32_t)(w < SERVE_MIN_WAITING ? SERVE_MIN_WAITING : w);
+    }
     o->ec.print_plan = 1;
     if (serve_models_check(&o->mo, &o->c, &o->sc, &o->ec))
         return CLI_EXIT_USAGE;

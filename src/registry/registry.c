@@ -236,6 +236,7 @@ int reg_add(registry *r, const char *name, const char *path, kvant_err *err)
         return kvant_err_set(err, KV_ENOMEM, "out of memory");
     snprintf(x->name, sizeof x->name, "%s", nm);
     snprintf(x->path, sizeof x->path, "%s", path);
+    x->created = (int64_t)time(NULL);
     kvant_err pe = {0};
     if (plan_entry(r, x, &pe)) {
         x->state = REG_FAILED;

@@ -143,6 +143,7 @@ extern const double reg_hist_le[REG_HIST_N - 1];
 typedef struct reg_info {
     char name[REG_NAME_MAX];
     char path[1024];
+    int64_t created;          /* unix time the model was registered */
     reg_state state;
     int sleep_level;          /* when sleeping */
     int pinned;

@@ -13,6 +13,7 @@
 typedef struct mentry {
     char name[REG_NAME_MAX];
     char path[1024];
+    int64_t created;           /* unix time of reg_add (the API's "created") */
     reg_state state;
     int sleep_level;
     int pinned;

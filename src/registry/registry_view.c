@@ -33,6 +33,7 @@ int reg_describe(registry *r, int i, reg_info *o)
     snprintf(o->path, sizeof o->path, "%s", x->path);
     snprintf(o->error, sizeof o->error, "%s", x->error);
     o->state = x->state;
+    o->created = x->created;
     o->sleep_level = x->state == REG_SLEEPING ? x->sleep_level : 0;
     o->pinned = x->pinned;
     o->refs = x->refs;

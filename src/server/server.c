@@ -44,19 +44,20 @@
 typedef struct srv_conn {
     srv_buf body;
     int too_large;
+    int over;               /* the connection is past --max-connections: 503 */
     double t_arrival;
     srv_guard_slot *slot;   /* the connection's guard slot (borrowed), or NULL */
 } srv_conn;
 
-/* The guard slot of c (MHD's socket context), or NULL. */
+/* The guard slot of c (in MHD's socket context, a srv_sock), or NULL. */
 static srv_guard_slot *conn_slot(struct MHD_Connection *c)
 {
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-    return ci ? ci->socket_context : NULL;
+    srv_sock *k = srv_sock_of(c);
+    return k ? k->slot : NULL;
 }
 
-/* MHD's connection notifications: track each connection in the guard. */
+/* MHD's connection notifications: each connection gets a srv_sock (the
+ * replies' headers) and a guard slot. */
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode code)
 {
@@ -64,13 +65,19 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     if (code == MHD_CONNECTION_NOTIFY_STARTED) {
         const union MHD_ConnectionInfo *ci =
             MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-        *socket_context = ci ? srv_guard_open(s->guard, ci->connect_fd) : NULL;
+        srv_sock *k = calloc(1, sizeof *k);
+        if (k && ci)
+            k->slot = srv_guard_open(s->guard, ci->connect_fd, &k->over);
+        *socket_context = k;
         if (ci && s->cfg.send_buffer > 0) { /* Linux doubles the value it is given */
             int sz = s->cfg.send_buffer / 2;
             setsockopt(ci->connect_fd, SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
         }
     } else {
-        srv_guard_close(s->guard, *socket_context);
+        srv_sock *k = *socket_context;
+        if (k)
+            srv_guard_close(s->guard, k->slot);
+        free(k);
         *socket_context = NULL;
     }
 }
@@ -107,7 +114,7 @@ static enum MHD_Result send_text(struct MHD_Connection *c, int status, const cha
         return MHD_NO;
     }
     MHD_add_response_header(r, "Content-Type", ctype);
-    enum MHD_Result res = MHD_queue_response(c, (unsigned)status, r);
+    enum MHD_Result res = srv_queue(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return res;
 }
@@ -209,9 +216,17 @@ static enum MHD_Result route_dashboard(struct MHD_Connection *c)
     MHD_add_response_header(r, "Content-Security-Policy",
                             "default-src 'none'; script-src 'unsafe-inline'; "
                             "style-src 'unsafe-inline'; connect-src 'self'");
-    enum MHD_Result res = MHD_queue_response(c, 200, r);
+    enum MHD_Result res = srv_queue(c, 200, r);
     MHD_destroy_response(r);
     return res;
+}
+
+/* The one model's object; created is when it was attached (stable). */
+static json_t *model_obj(const srv *s)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", s->served_name, "object", "model",
+                     "created", (json_int_t)s->created, "owned_by", "kvant", "max_model_len",
+                     (json_int_t)s->oai.max_model_len);
 }
 
 static enum MHD_Result route_models(srv *s, struct MHD_Connection *c)
@@ -224,10 +239,37 @@ static enum MHD_Result route_models(srv *s, struct MHD_Connection *c)
         srv_error_set(&e, 500, NULL, "out of memory");
         return srv_send_error(c, &e);
     }
-    json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:I}", "id", s->served_name, "object", "model",
-                          "created", (json_int_t)time(NULL), "owned_by", "kvant", "max_model_len",
-                          (json_int_t)s->oai.max_model_len);
-    return send_obj(c, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
+    return send_obj(c, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", model_obj(s)));
+}
+
+/* GET /v1/models/{id}: the model's object, or 404 model_not_found. */
+static enum MHD_Result route_model_get(srv *s, struct MHD_Connection *c, const char *url)
+{
+    const char *id = url + strlen(REG_PATH);
+    srv_error e;
+    if (s->reg) {
+        char *js = NULL;
+        int status = srv_modelapi_get_json(s->reg, id, &js);
+        if (js)
+            return srv_send_json(c, status, js);
+        srv_error_set(&e, 500, NULL, "out of memory");
+        return srv_send_error(c, &e);
+    }
+    if (!strcmp(id, s->served_name))
+        return send_obj(c, 200, model_obj(s));
+    srv_error_set(&e, 404, "model", "the model '%.200s' does not exist (serving '%.200s')", id,
+                  s->served_name);
+    e.code = "model_not_found";
+    return srv_send_error(c, &e);
+}
+
+/* Routes of OpenAI's API that kvant does not implement yet: 501. */
+static enum MHD_Result route_not_implemented(struct MHD_Connection *c, const char *url)
+{
+    srv_error e;
+    srv_error_set(&e, 501, NULL, "%.64s is not implemented yet by kvant (it serves "
+                  "/v1/completions and /v1/chat/completions)", url);
+    return srv_send_error(c, &e);
 }
 
 static enum MHD_Result route_metrics(srv *s, struct MHD_Connection *c)
@@ -495,7 +537,8 @@ static enum MHD_Result route_model_action(srv *s, struct MHD_Connection *c, cons
 
 typedef enum route_id {
     R_HEALTH, R_READY, R_METRICS, R_MODELS, R_MEMORY, R_MEMORY_BLOCKS, R_DASHBOARD,
-    R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_MODEL_ACTION, R_NONE
+    R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_EMBEDDINGS, R_RESPONSES, R_MODEL_GET,
+    R_MODEL_ACTION, R_NONE
 } route_id;
 
 static const struct {
@@ -513,16 +556,21 @@ static const struct {
     [R_CHAT] = {"/v1/chat/completions", "POST", 1},
     [R_TOKENIZE] = {"/tokenize", "POST", 1},
     [R_DETOKENIZE] = {"/detokenize", "POST", 1},
+    [R_EMBEDDINGS] = {"/v1/embeddings", "POST", 1},   /* 501: not implemented yet */
+    [R_RESPONSES] = {"/v1/responses", "POST", 1},     /* 501: not implemented yet */
+    [R_MODEL_GET] = {REG_PATH, "GET", 1},     /* a prefix: /v1/models/{id} */
     [R_MODEL_ACTION] = {REG_PATH, "POST", 1}, /* a prefix: /v1/models/{id}/{action} */
 };
 
-static route_id route_find(const char *url)
+/* The route of url; under /v1/models/ a GET reads a model, anything else
+ * is a life-cycle action. */
+static route_id route_find(const char *url, const char *method)
 {
-    for (int i = 0; i < R_NONE; i++)
+    for (int i = 0; i < R_MODEL_GET; i++)
         if (!strcmp(url, routes[i].path))
             return (route_id)i;
-    if (!strncmp(url, REG_PATH, strlen(REG_PATH)))
-        return R_MODEL_ACTION;
+    if (!strncmp(url, REG_PATH, strlen(REG_PATH)) && url[strlen(REG_PATH)])
+        return !strcmp(method, "GET") ? R_MODEL_GET : R_MODEL_ACTION;
     return R_NONE;
 }
 
@@ -590,6 +638,9 @@ static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, route_id r, co
     case R_TOKENIZE: return route_tok(s, c, 0, b, n);
     case R_DETOKENIZE: return route_tok(s, c, 1, b, n);
     case R_MODEL_ACTION: return route_model_action(s, c, url, b, n);
+    case R_MODEL_GET: return route_model_get(s, c, url);
+    case R_EMBEDDINGS:
+    case R_RESPONSES: return route_not_implemented(c, url);
     default: return MHD_NO;
     }
 }
@@ -601,9 +652,21 @@ static enum MHD_Result send_405(struct MHD_Connection *c, const srv_error *e, ro
         body ? strlen(body) : 0, body ? body : (char *)"", MHD_RESPMEM_MUST_FREE);
     MHD_add_response_header(resp, "Content-Type", "application/json");
     MHD_add_response_header(resp, "Allow", routes[r].method);
-    enum MHD_Result res = MHD_queue_response(c, 405, resp);
+    enum MHD_Result res = srv_queue(c, 405, resp);
     MHD_destroy_response(resp);
     return res;
+}
+
+/* A connection accepted past --max-connections while every connection was
+ * being served: 503 with Retry-After, then the connection closes. */
+static enum MHD_Result send_overloaded(srv *s, struct MHD_Connection *c)
+{
+    srv_error e;
+    srv_error_set(&e, 503, NULL, "the server is overloaded: all %d connections "
+                  "(--max-connections) are being served; retry later", s->cfg.max_connections);
+    e.code = "server_overloaded";
+    srv_guard_count(s->guard, SRV_GUARD_CONN_OVERLOADED);
+    return srv_send_error_retry(c, &e, "1", 1);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -617,6 +680,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return MHD_NO;
         cn->t_arrival = srv_now();
         cn->slot = conn_slot(c);
+        srv_sock *k = srv_sock_of(c);
+        srv_sock_begin(k, c, &s->cors, s->rid_nonce, atomic_fetch_add(&s->rid_seq, 1));
+        cn->over = k && k->over;
         srv_guard_phase(s->guard, cn->slot, SRV_CONN_BODY);
         *con_cls = cn;
         return MHD_YES;
@@ -624,6 +690,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_size) { /* body chunk */
         if (srv_guard_body_late(s->guard, cn->slot))
             return MHD_NO; /* closes the connection */
+        if (cn->over) { /* answered 503 once complete: nothing to keep */
+            *upload_size = 0;
+            return MHD_YES;
+        }
         if (!cn->too_large && cn->body.len + *upload_size > s->cfg.max_body) {
             cn->too_large = 1;
             srv_guard_count(s->guard, SRV_GUARD_BODY_TOO_LARGE);
@@ -635,7 +705,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     srv_guard_phase(s->guard, cn->slot, SRV_CONN_BUSY);
     srv_error e;
-    route_id r = route_find(url);
+    if (cn->over)
+        return send_overloaded(s, c);
+    route_id r = route_find(url, method);
+    srv_sock *k = srv_sock_of(c);
+    if (r != R_NONE && !strcmp(method, "OPTIONS") && k && k->allow_origin[0])
+        return srv_send_preflight(c); /* CORS: before auth, as browsers send no key */
     if (precheck(s, c, url, method, r, &e))
         return e.status == 405 ? send_405(c, &e, r) : srv_send_error(c, &e);
     if (cn->too_large) {
@@ -695,6 +770,15 @@ srv *srv_create(const srv_config *cfg, const char *model_path, kvant_err *err)
         s->has_key = 1;
     }
     s->cfg.host = s->cfg.api_key = s->cfg.served_name = NULL; /* borrowed: do not keep */
+    s->cfg.cors_origins = NULL;
+    for (int i = 0; i < cfg->n_cors_origins && i < SRV_MAX_CORS_ORIGINS; i++)
+        snprintf(s->cors.origin[s->cors.n++], sizeof s->cors.origin[0], "%s",
+                 cfg->cors_origins[i]);
+    s->unknown_log = cfg->allow_unknown_fields ? srv_unknown_log_create() : NULL;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    s->rid_nonce = ((uint64_t)now.tv_sec << 32) ^ (uint64_t)now.tv_nsec ^
+                   ((uint64_t)getpid() << 48);
     pthread_mutex_init(&s->mu, NULL);
     s->metrics = srv_metrics_create();
     srv_guard_config gc = {cfg->max_connections, cfg->header_timeout_s, cfg->body_timeout_s};
@@ -742,6 +826,9 @@ void srv_attach(srv *s, model *m, engine *e)
     s->oai.served_name = s->served_name;
     s->oai.max_model_len = engine_max_model_len(e);
     s->oai.max_piece_bytes = tok_max_piece_bytes(m->tok);
+    s->oai.allow_unknown = s->cfg.allow_unknown_fields;
+    s->oai.unknown_log = s->unknown_log;
+    s->created = (long long)time(NULL);
     atomic_store(&s->state, SRV_READY);
 }
 
@@ -752,6 +839,9 @@ void srv_attach_models(srv *s, registry *r)
     if (x && reg_describe(r, 0, x) == KV_OK) /* the default model: the first */
         snprintf(s->served_name, sizeof s->served_name, "%s", x->name);
     free(x);
+    s->oai.allow_unknown = s->cfg.allow_unknown_fields; /* the routed contexts copy these */
+    s->oai.unknown_log = s->unknown_log;
+    s->created = (long long)time(NULL);
     atomic_store(&s->state, SRV_READY);
 }
 
@@ -812,6 +902,7 @@ void srv_destroy(srv *s)
     srv_stop(s);
     srv_guard_destroy(s->guard);
     srv_metrics_destroy(s->metrics);
+    srv_unknown_log_destroy(s->unknown_log);
     pthread_mutex_destroy(&s->mu);
     free(s);
 }

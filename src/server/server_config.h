@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #define SRV_VERSION "0.1.0"
+#define SRV_MAX_CORS_ORIGINS 16  /* --cors-origin given this many times at most */
 
 typedef struct srv_config {
     const char *host;           /* default "127.0.0.1" (borrowed) */
@@ -28,6 +29,10 @@ typedef struct srv_config {
                                  * net.ipv4.tcp_wmem, often 4 MiB) */
     double health_stall_s;      /* /health 503 when requests are in flight and the engine
                                  * made no progress this long; default 60 */
+    int allow_unknown_fields;   /* 1: accept request fields kvant does not know (logged
+                                 * once each); default 0: a 400 naming the field */
+    const char *const *cors_origins; /* --cors-origin values (borrowed; "*" = any), or NULL */
+    int n_cors_origins;         /* at most SRV_MAX_CORS_ORIGINS */
 } srv_config;
 
 typedef struct srv srv;

@@ -126,6 +126,18 @@ static json_t *token_json(const model *m, int32_t id)
     return jstr(buf, n > 0 && n <= (int)sizeof buf ? (size_t)n : 0);
 }
 
+/* The token's UTF-8 bytes (chat logprobs' "bytes": a token may hold part
+ * of a character, which "token" can only show as U+FFFD). */
+static json_t *token_bytes(const model *m, int32_t id)
+{
+    char buf[256];
+    int n = tok_piece(m->tok, id, 0, buf, sizeof buf);
+    json_t *a = json_array();
+    for (int i = 0; a && n > 0 && n <= (int)sizeof buf && i < n; i++)
+        json_array_append_new(a, json_integer((unsigned char)buf[i]));
+    return a ? a : json_null();
+}
+
 /* One token's logprob entry.  Chat: {"token","logprob","bytes","top_logprobs"};
  * completions: {"token","logprob","top":{tok: lp}} (split apart later). */
 static json_t *lp_entry(const srv_gen *g, const engine_event *ev)
@@ -135,11 +147,12 @@ static json_t *lp_entry(const srv_gen *g, const engine_event *ev)
     if (g->req.api == SRV_API_CHAT) {
         json_t *tops = json_array();
         for (int k = 0; k < ev->n_top && k < g->req.top_logprobs; k++)
-            json_array_append_new(tops, json_pack("{s:o, s:f}", "token",
+            json_array_append_new(tops, json_pack("{s:o, s:f, s:o}", "token",
                                                   token_json(m, ev->top_ids[k]), "logprob",
-                                                  (double)ev->top_logprobs[k]));
-        return json_pack("{s:o, s:f, s:o}", "token", tok, "logprob", (double)ev->logprob,
-                         "top_logprobs", tops);
+                                                  (double)ev->top_logprobs[k], "bytes",
+                                                  token_bytes(m, ev->top_ids[k])));
+        return json_pack("{s:o, s:f, s:o, s:o}", "token", tok, "logprob", (double)ev->logprob,
+                         "bytes", token_bytes(m, ev->token), "top_logprobs", tops);
     }
     json_t *top = json_object();
     for (int k = 0; k < ev->n_top && k < g->req.top_logprobs; k++) {
@@ -258,6 +271,10 @@ static void seq_out(srv_gen *g, int i, const srv_buf *emit, json_t *lp_entry_or_
         sse_choice(g, i, NULL, 0, NULL, finish);
 }
 
+/* Ends sequence i.  Bytes of an incomplete UTF-8 sequence still held by the
+ * decoder are dropped when the sequence was cut at its length limit (the
+ * rest of the character was never generated), and shown as U+FFFD when the
+ * model itself ended inside a character. */
 static void seq_finish(srv_gen *g, int i, engine_finish f)
 {
     gen_seq *q = &g->seq[i];
@@ -266,6 +283,8 @@ static void seq_finish(srv_gen *g, int i, engine_finish f)
     char tail[16];
     srv_buf emit = {0};
     int tl = tok_stream_flush(&q->ts, tail, sizeof tail);
+    if (f == ENGINE_FINISH_LENGTH)
+        tl = 0;
     int hit = srv_stops_feed(&g->req.stops, &q->held, tail, tl > 0 ? (size_t)tl : 0, &emit);
     if (hit != 1 && q->held.len) /* the rest can no longer become a stop string */
         srv_buf_append(&emit, q->held.s, q->held.len);
@@ -542,22 +561,22 @@ static enum MHD_Result gen_blocking(srv_gen *g, struct MHD_Connection *c)
     return r;
 }
 
+/* engine_submit failed: KV_EBUSY is a full waiting queue (--max-waiting)
+ * or a drain, both 503 with Retry-After. */
 static enum MHD_Result submit_error(srv *s, struct MHD_Connection *c, int rc, const kvant_err *ke)
 {
     srv_error er;
     if (rc == KV_EBUSY) {
         int draining = atomic_load(&s->state) == SRV_DRAINING;
-        srv_error_set(&er, draining ? 503 : 429, NULL, "%s",
+        srv_error_set(&er, 503, NULL, "%s%s",
                       draining ? "the server is shutting down" : ke->msg[0] ? ke->msg
-                                                                            : "queue full");
-        char *body = srv_error_json(&er);
-        struct MHD_Response *r = MHD_create_response_from_buffer(
-            body ? strlen(body) : 0, body ? body : (char *)"", MHD_RESPMEM_MUST_FREE);
-        MHD_add_response_header(r, "Content-Type", "application/json");
-        MHD_add_response_header(r, "Retry-After", "1");
-        enum MHD_Result res = MHD_queue_response(c, (unsigned)er.status, r);
-        MHD_destroy_response(r);
-        return res;
+                                                                            : "queue full",
+                      draining ? "" : " (--max-waiting); retry later");
+        if (!draining) {
+            er.code = "server_overloaded";
+            srv_guard_count(s->guard, SRV_GUARD_QUEUE_FULL);
+        }
+        return srv_send_error_retry(c, &er, "1", 0);
     }
     srv_error_set(&er, rc == KV_EINVAL || rc == KV_ERANGE ? 400 : 500, NULL, "%s",
                   ke->msg[0] ? ke->msg : kvant_status_str(rc));
@@ -602,10 +621,11 @@ enum MHD_Result srv_gen_handle(srv *s, struct MHD_Connection *c, srv_api api, co
             return srv_send_error(c, &er);
         }
         routed = (srv_oai_ctx){g->ref.m, g->ref.name, g->ref.max_model_len,
-                               g->ref.max_piece_bytes};
+                               g->ref.max_piece_bytes, s->oai.allow_unknown,
+                               s->oai.unknown_log};
         oai = &routed;
     }
-    if (srv_oai_parse(oai, api, body, len, &g->req, &er)) {
+    if (srv_oai_parse(oai, api, body, len, srv_request_id(c), &g->req, &er)) {
         gen_free(g);
         return srv_send_error(c, &er);
     }
@@ -651,7 +671,7 @@ enum MHD_Result srv_gen_handle(srv *s, struct MHD_Connection *c, srv_api api, co
     }
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
-    enum MHD_Result res = MHD_queue_response(c, 200, r);
+    enum MHD_Result res = srv_queue(c, 200, r);
     MHD_destroy_response(r);
     return res;
 }

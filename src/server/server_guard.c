@@ -22,6 +22,7 @@ struct srv_guard_slot {
     int used;
     int fd;
     int shut;               /* shutdown(2) done */
+    int over;               /* past max_connections: answered 503 (not served, never evicted) */
     srv_conn_phase phase;
     double since;           /* when the phase began (monotonic s) */
 };
@@ -144,42 +145,58 @@ uint64_t srv_guard_get(srv_guard *g, srv_guard_event ev)
     return v;
 }
 
-int srv_guard_accept(srv_guard *g)
+/* Caller holds g->mu.  Connections being served or waiting for their
+ * request (*live, "over" ones excluded), the "over" ones (*n_over), and the
+ * one waiting longest for its request (NULL when every one is busy). */
+static srv_guard_slot *census_locked(srv_guard *g, int *live, int *n_over)
 {
-    pthread_mutex_lock(&g->mu);
-    int live = 0;
     srv_guard_slot *oldest = NULL;
+    *live = *n_over = 0;
     for (int i = 0; i < g->n_slots; i++) {
         srv_guard_slot *sl = &g->slots[i];
         if (!sl->used || sl->shut)
             continue; /* a shut-down connection is on its way out */
-        live++;
+        if (sl->over) {
+            ++*n_over;
+            continue;
+        }
+        ++*live;
         if (sl->phase != SRV_CONN_BUSY && (!oldest || sl->since < oldest->since))
             oldest = sl;
     }
-    int ok = 1;
+    return oldest;
+}
+
+int srv_guard_accept(srv_guard *g)
+{
+    pthread_mutex_lock(&g->mu);
+    int live, n_over, ok = 1;
+    srv_guard_slot *oldest = census_locked(g, &live, &n_over);
     if (live >= g->cfg.max_connections) {
         if (oldest)
             shut_locked(g, oldest, SRV_GUARD_IDLE_EVICTED);
-        else {
+        else if (n_over >= SRV_GUARD_OVER) {
             g->count[SRV_GUARD_CONN_REFUSED]++;
             ok = 0;
-        }
+        } /* else accepted, to be answered 503 (srv_guard_open marks it) */
     }
     pthread_mutex_unlock(&g->mu);
     return ok;
 }
 
-srv_guard_slot *srv_guard_open(srv_guard *g, int fd)
+srv_guard_slot *srv_guard_open(srv_guard *g, int fd, int *over)
 {
     srv_guard_slot *found = NULL;
     pthread_mutex_lock(&g->mu);
+    int live, n_over;
+    census_locked(g, &live, &n_over);
+    *over = live >= g->cfg.max_connections;
     for (int i = 0; i < g->n_slots && !found; i++)
         if (!g->slots[i].used)
             found = &g->slots[i];
     if (found) {
-        *found = (srv_guard_slot){.used = 1, .fd = fd, .phase = SRV_CONN_HEADERS,
-                                  .since = now_s()};
+        *found = (srv_guard_slot){.used = 1, .fd = fd, .over = *over,
+                                  .phase = SRV_CONN_HEADERS, .since = now_s()};
         g->n_open++;
     }
     pthread_mutex_unlock(&g->mu);
@@ -245,7 +262,8 @@ static const struct {
                                 "Connections waiting for their request closed to admit a new "
                                 "one at --max-connections."},
     [SRV_GUARD_CONN_REFUSED] = {"http_connections_refused_total",
-                                "Connections refused at --max-connections (all being served)."},
+                                "Connections closed at accept: every one of --max-connections "
+                                "being served and the 503 allowance full."},
     [SRV_GUARD_WRITE_TIMEOUT] = {"http_write_timeouts_total",
                                  "Responses cut because the client read nothing for --timeout."},
     [SRV_GUARD_STREAM_BACKLOG] = {"stream_backlog_cancels_total",
@@ -254,6 +272,12 @@ static const struct {
     [SRV_GUARD_HEALTH_STALLED] = {"health_stalled_total",
                                   "/health answers of 503 because the engine made no "
                                   "progress within --health-stall-timeout."},
+    [SRV_GUARD_CONN_OVERLOADED] = {"http_overload_responses_total",
+                                   "Requests answered 503 (Retry-After) on a connection "
+                                   "accepted past --max-connections while all were served."},
+    [SRV_GUARD_QUEUE_FULL] = {"requests_queue_full_total",
+                              "Generation requests answered 503 (Retry-After): --max-waiting "
+                              "requests were already waiting."},
 };
 
 char *srv_guard_metrics(srv_guard *g)

@@ -11,8 +11,10 @@
  * (shutdown(2), so MHD's thread sees end-of-file and closes) connections
  * past their phase's deadline.  At the connection limit, a new connection
  * closes the connection that has waited longest for its request (phase
- * HEADERS or BODY) instead of being refused; only when every connection is
- * being served is it refused.
+ * HEADERS or BODY) instead of being refused.  When every connection is
+ * being served, up to SRV_GUARD_OVER more are accepted as "over" (their
+ * requests are answered 503 with Retry-After, then they close); only past
+ * those is a new connection refused (closed at accept).
  *
  * Ownership: srv_guard_create returns a heap handle (srv_guard_destroy).
  * A slot returned by srv_guard_open belongs to the guard; the caller keeps
@@ -33,6 +35,8 @@ typedef enum srv_guard_event {
     SRV_GUARD_WRITE_TIMEOUT,      /* kvant_http_write_timeouts_total */
     SRV_GUARD_STREAM_BACKLOG,     /* kvant_stream_backlog_cancels_total */
     SRV_GUARD_HEALTH_STALLED,     /* kvant_health_stalled_total */
+    SRV_GUARD_CONN_OVERLOADED,    /* kvant_http_overload_responses_total */
+    SRV_GUARD_QUEUE_FULL,         /* kvant_requests_queue_full_total */
     SRV_GUARD_N
 } srv_guard_event;
 
@@ -50,6 +54,9 @@ typedef struct srv_guard_slot srv_guard_slot;
 /* Extra connections MHD may hold beyond max_connections while evicted ones
  * close (MHD's own hard limit is max_connections + this). */
 #define SRV_GUARD_SLACK 64
+/* Connections accepted past max_connections to be answered 503 (within
+ * the slack, which also holds the evicted ones while they close). */
+#define SRV_GUARD_OVER (SRV_GUARD_SLACK / 2)
 
 srv_guard *srv_guard_create(const srv_guard_config *cfg);
 void srv_guard_destroy(srv_guard *g);
@@ -58,11 +65,13 @@ void srv_guard_count(srv_guard *g, srv_guard_event ev);
 uint64_t srv_guard_get(srv_guard *g, srv_guard_event ev);
 
 /* MHD's accept policy: 1 = accept (closing the longest-waiting idle
- * connection when at the limit), 0 = refuse (every connection is busy). */
+ * connection when at the limit; or, every connection busy, to be answered
+ * 503 while fewer than SRV_GUARD_OVER such are open), 0 = refuse. */
 int srv_guard_accept(srv_guard *g);
 /* A connection started (fd: its socket): its slot, or NULL when no slot is
- * free (it is then not tracked). */
-srv_guard_slot *srv_guard_open(srv_guard *g, int fd);
+ * free (it is then not tracked).  *over = 1 when it is past max_connections
+ * (every request on it gets 503), else 0. */
+srv_guard_slot *srv_guard_open(srv_guard *g, int fd, int *over);
 void srv_guard_close(srv_guard *g, srv_guard_slot *sl);
 /* Moves a connection to phase p (its deadline restarts).  NULL sl: no-op. */
 void srv_guard_phase(srv_guard *g, srv_guard_slot *sl, srv_conn_phase p);

@@ -14,6 +14,7 @@
 #include "server/server_metrics.h"
 #include "registry/registry.h"
 #include "server/server_openai.h"
+#include "server/server_reply.h"
 
 enum { SRV_LOADING = 0, SRV_READY = 1, SRV_DRAINING = 2 };
 
@@ -30,6 +31,11 @@ struct srv {
     registry *reg;          /* several models (srv_attach_models): m and e stay NULL and
                                * every route takes its engine from the registry */
     srv_oai_ctx oai;
+    long long created;        /* unix time of srv_attach: the model object's "created" */
+    srv_cors cors;            /* --cors-origin (copied) */
+    srv_unknown_log *unknown_log; /* --allow-unknown-fields: names logged once */
+    uint64_t rid_nonce;       /* made-up X-Request-Id: this nonce and ... */
+    _Atomic uint64_t rid_seq; /* ... a request counter */
     srv_metrics *metrics;
     srv_guard *guard;         /* connection limits and their counters */
     struct MHD_Daemon *d;

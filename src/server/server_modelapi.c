@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 int srv_modelapi_body_name(const char *body, size_t len, char *out, size_t cap, srv_error *e)
 {
@@ -77,7 +76,7 @@ static void set_int(json_t *o, const char *k, uint64_t v)
 static json_t *model_json(const reg_info *x)
 {
     json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:s, s:s}", "id", x->name, "object", "model",
-                          "created", (json_int_t)time(NULL), "owned_by", "kvant", "state",
+                          "created", (json_int_t)x->created, "owned_by", "kvant", "state",
                           reg_state_name(x->state), "path", x->path);
     json_t *res = json_object();
     if (!o || !res) {
@@ -134,6 +133,29 @@ char *srv_modelapi_list_json(registry *r)
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return s;
+}
+
+int srv_modelapi_get_json(registry *r, const char *name, char **out_json)
+{
+    *out_json = NULL;
+    int i = name[0] ? reg_find(r, name) : -1;
+    reg_info *x = malloc(sizeof *x);
+    json_t *o = NULL;
+    int status = 200;
+    if (x && i >= 0 && reg_describe(r, i, x) == KV_OK) {
+        o = model_json(x);
+    } else if (x) {
+        srv_error e;
+        srv_error_set(&e, 404, "model", "the model '%.200s' does not exist", name);
+        e.code = "model_not_found";
+        status = 404;
+        *out_json = srv_error_json(&e);
+    }
+    free(x);
+    if (o)
+        *out_json = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return status;
 }
 
 /* {"level": 1|2} (optional, default 1) for sleep. */

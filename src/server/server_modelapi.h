@@ -24,6 +24,9 @@ int srv_modelapi_body_name(const char *body, size_t len, char *out, size_t cap, 
 int srv_modelapi_error(srv_error *e, int rc, const kvant_err *ke);
 /* The JSON list for GET /v1/models (malloc'd; NULL on OOM). */
 char *srv_modelapi_list_json(registry *r);
+/* GET /v1/models/{id}: 200 and the model's object, or 404 and an error
+ * body (model_not_found); *out_json malloc'd, NULL on OOM. */
+int srv_modelapi_get_json(registry *r, const char *name, char **out_json);
 /* POST /v1/models/{id}/{action}: status and a malloc'd JSON body (the
  * model's object, or an error body). */
 int srv_modelapi_action(registry *r, const char *url, const char *body, size_t len,

@@ -3,8 +3,10 @@
  * Invariants: on success every engine_request field is in range
  * (sampler_params_check passes, 1 <= n <= ENGINE_MAX_N, 1 <= max_tokens,
  * n_prompt + max_tokens <= max_model_len, token ids in [0, n_vocab)).
- * Unknown fields are ignored (clients send many); known fields with the
- * wrong JSON type are a 400 naming the field.
+ * Every field is implemented here or listed in server_fields.c (accepted
+ * without effect, or refused); unknown fields are a 400 naming them unless
+ * --allow-unknown-fields.  Known fields with the wrong JSON type or out of
+ * OpenAI's ranges are a 400 naming the field; null is the field's absence.
  */
 #include "server/server_openai.h"
 
@@ -21,38 +23,8 @@
 
 #define SRV_MAX_MESSAGES 4096
 #define SRV_MAX_PROMPT_IDS (1 << 22)
-
-int srv_error_set(srv_error *e, int status, const char *param, const char *fmt, ...)
-{
-    e->status = status;
-    e->code = NULL;
-    switch (status) {
-    case 401: e->type = "authentication_error"; e->code = "invalid_api_key"; break;
-    case 404: e->type = "invalid_request_error"; break;
-    case 429: e->type = "rate_limit_error"; e->code = "rate_limit_exceeded"; break;
-    case 503: e->type = "service_unavailable"; break;
-    default: e->type = status >= 500 ? "internal_error" : "invalid_request_error"; break;
-    }
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
-    va_end(ap);
-    return -status;
-}
-
-char *srv_error_json(const srv_error *e)
-{
-    json_t *o = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", e->msg, "type",
-                          e->type ? e->type : "invalid_request_error", "param",
-                          e->param[0] ? json_string(e->param) : json_null(), "code",
-                          e->code ? json_string(e->code) : json_null());
-    if (!o)
-        return NULL;
-    char *s = json_dumps(o, JSON_COMPACT);
-    json_decref(o);
-    return s;
-}
+#define SRV_TEMPERATURE_MAX 2.0   /* OpenAI's range is [0, 2] */
+#define SRV_LOGIT_BIAS_MAX 100.0  /* |bias|; -100 bans the token */
 
 json_t *srv_oai_load_object(const char *body, size_t len, srv_error *e)
 {
@@ -123,7 +95,7 @@ static int parse_sampling(json_t *o, sampler_params *sp, srv_error *e)
     double d;
     int64_t x;
     int rc;
-    if ((rc = get_num(o, "temperature", 0, 100, 0, &d, e)) < 0)
+    if ((rc = get_num(o, "temperature", 0, SRV_TEMPERATURE_MAX, 0, &d, e)) < 0)
         return rc;
     if (rc)
         sp->temperature = (float)d;
@@ -158,6 +130,50 @@ static int parse_sampling(json_t *o, sampler_params *sp, srv_error *e)
     kvant_err ke = {0};
     if (sampler_params_check(sp, &ke))
         return srv_error_set(e, 400, NULL, "%s", ke.msg);
+    return 0;
+}
+
+/* A token id as logit_bias writes it: canonical decimal ("0", "42"; no
+ * sign, no leading zero); -1 otherwise. */
+static int64_t bias_token(const char *k)
+{
+    size_t n = strlen(k);
+    if (n == 0 || n > 10 || (n > 1 && k[0] == '0'))
+        return -1;
+    int64_t x = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (k[i] < '0' || k[i] > '9')
+            return -1;
+        x = x * 10 + (k[i] - '0');
+    }
+    return x;
+}
+
+/* logit_bias: {"token id": bias in [-100, 100]}, at most SAMPLER_MAX_LOGIT_BIAS. */
+static int parse_logit_bias(const srv_oai_ctx *ctx, json_t *o, sampler_params *sp, srv_error *e)
+{
+    json_t *lb = json_object_get(o, "logit_bias"), *v;
+    const char *k;
+    if (!lb || json_is_null(lb))
+        return 0;
+    if (!json_is_object(lb))
+        return srv_error_set(e, 400, "logit_bias", "'logit_bias' must be an object mapping "
+                             "token ids (strings) to numbers in [-100, 100]");
+    if (json_object_size(lb) > SAMPLER_MAX_LOGIT_BIAS)
+        return srv_error_set(e, 400, "logit_bias", "'logit_bias' has %zu entries (at most %d)",
+                             json_object_size(lb), SAMPLER_MAX_LOGIT_BIAS);
+    int32_t nv = tok_n_vocab(ctx->m->tok);
+    json_object_foreach(lb, k, v) {
+        int64_t id = bias_token(k);
+        if (id < 0 || id >= nv)
+            return srv_error_set(e, 400, "logit_bias", "'logit_bias' key '%.32s' is not a "
+                                 "token id in [0, %d)", k, nv);
+        double b = json_is_number(v) ? json_number_value(v) : NAN;
+        if (!(b >= -SRV_LOGIT_BIAS_MAX && b <= SRV_LOGIT_BIAS_MAX))
+            return srv_error_set(e, 400, "logit_bias", "'logit_bias' value for token %lld must "
+                                 "be a number in [-100, 100]", (long long)id);
+        sp->logit_bias[sp->n_logit_bias++] = (sampler_bias){(int32_t)id, (float)b};
+    }
     return 0;
 }
 
@@ -227,10 +243,18 @@ static int encode(const srv_oai_ctx *ctx, const char *text, size_t len, int spec
 static int parse_prompt(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_error *e)
 {
     json_t *p = json_object_get(o, "prompt");
-    if (!p)
+    if (!p || json_is_null(p))
         return srv_error_set(e, 400, "prompt", "'prompt' is required");
-    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
-        p = json_array_get(p, 0);
+    /* A list of one prompt (string or token ids) is that prompt; several
+     * prompts in one request are not supported yet. */
+    json_t *p0 = json_is_array(p) ? json_array_get(p, 0) : NULL;
+    if (json_is_string(p0) || json_is_array(p0)) {
+        if (json_array_size(p) > 1)
+            return srv_error_set(e, 400, "prompt", "'prompt' with %zu prompts: a list of several "
+                                 "prompts is not supported yet (send one request per prompt)",
+                                 json_array_size(p));
+        p = p0;
+    }
     if (json_is_string(p))
         return encode(ctx, json_string_value(p), json_string_length(p), 0, r, e);
     if (!json_is_array(p))
@@ -261,7 +285,8 @@ static int parse_prompt(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_e
 
 /* Message content: a string, or an array of {"type":"text","text":...}
  * parts (concatenated into *buf). */
-static const char *msg_content(json_t *c, size_t i, srv_buf *buf, srv_error *e)
+static const char *msg_content(json_t *c, size_t i, const srv_fields_policy *pol, srv_buf *buf,
+                               srv_error *e)
 {
     if (json_is_string(c))
         return json_string_value(c);
@@ -278,6 +303,8 @@ static const char *msg_content(json_t *c, size_t i, srv_buf *buf, srv_error *e)
                           "are supported", i, k);
             return NULL;
         }
+        if (srv_fields_check_part(part, i, k, pol, e))
+            return NULL;
         if (srv_buf_append(buf, json_string_value(tx), json_string_length(tx))) {
             srv_error_set(e, 500, NULL, "out of memory");
             return NULL;
@@ -286,7 +313,31 @@ static const char *msg_content(json_t *c, size_t i, srv_buf *buf, srv_error *e)
     return buf->s;
 }
 
-static int parse_messages(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_error *e)
+/* messages[i]'s role as the chat template knows it ("developer" is OpenAI's
+ * newer name for "system"); NULL with e filled when kvant has no such role. */
+static const char *msg_role(json_t *msg, size_t i, srv_error *e)
+{
+    json_t *role = json_object_get(msg, "role");
+    if (!json_is_object(msg) || !json_is_string(role)) {
+        srv_error_set(e, 400, "messages", "messages[%zu] needs a string 'role'", i);
+        return NULL;
+    }
+    const char *rs = json_string_value(role);
+    if (!strcmp(rs, "system") || !strcmp(rs, "user") || !strcmp(rs, "assistant"))
+        return rs;
+    if (!strcmp(rs, "developer"))
+        return "system";
+    if (!strcmp(rs, "tool") || !strcmp(rs, "function"))
+        srv_error_set(e, 400, "messages", "messages[%zu].role '%s' is not supported yet: kvant "
+                      "has no tool calling", i, rs);
+    else
+        srv_error_set(e, 400, "messages", "messages[%zu].role '%.32s' is not system, developer, "
+                      "user or assistant", i, rs);
+    return NULL;
+}
+
+static int parse_messages(const srv_oai_ctx *ctx, const srv_fields_policy *pol, json_t *o,
+                          srv_gen_req *r, srv_error *e)
 {
     const model *m = ctx->m;
     if (!m->has_chat)
@@ -302,19 +353,12 @@ static int parse_messages(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv
     srv_buf *parts = calloc(n, sizeof *parts);
     int rc = (!cm || !parts) ? srv_error_set(e, 500, NULL, "out of memory") : 0;
     for (size_t i = 0; !rc && i < n; i++) {
-        json_t *msg = json_array_get(ms, i), *role = json_object_get(msg, "role");
-        if (!json_is_object(msg) || !json_is_string(role)) {
-            rc = srv_error_set(e, 400, "messages", "messages[%zu] needs a string 'role'", i);
+        json_t *msg = json_array_get(ms, i);
+        if (!(cm[i].role = msg_role(msg, i, e)) || srv_fields_check_message(msg, i, pol, e)) {
+            rc = -e->status;
             break;
         }
-        const char *rs = json_string_value(role);
-        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant")) {
-            rc = srv_error_set(e, 400, "messages", "messages[%zu].role '%.32s' is not system, "
-                               "user or assistant", i, rs);
-            break;
-        }
-        cm[i].role = rs;
-        if (!(cm[i].content = msg_content(json_object_get(msg, "content"), i, &parts[i], e)))
+        if (!(cm[i].content = msg_content(json_object_get(msg, "content"), i, pol, &parts[i], e)))
             rc = -e->status;
     }
     char *text = NULL;
@@ -358,29 +402,54 @@ static int parse_logprobs(srv_api api, json_t *o, srv_gen_req *r, srv_error *e)
     return 0;
 }
 
-static int parse_stream(json_t *o, srv_gen_req *r, srv_error *e)
+/* stream, and stream_options {include_usage} (only with stream: true, as
+ * OpenAI and vLLM answer). */
+static int parse_stream(json_t *o, const srv_fields_policy *pol, srv_gen_req *r, srv_error *e)
 {
     int rc;
     if ((rc = get_bool(o, "stream", &r->stream, e)) < 0)
         return rc;
-    json_t *so = json_object_get(o, "stream_options");
-    if (so && !json_is_null(so)) {
-        if (!json_is_object(so))
-            return srv_error_set(e, 400, "stream_options", "'stream_options' must be an object");
-        if ((rc = get_bool(so, "include_usage", &r->include_usage, e)) < 0)
+    json_t *so = json_object_get(o, "stream_options"), *v;
+    if (!so || json_is_null(so))
+        return 0;
+    if (!json_is_object(so))
+        return srv_error_set(e, 400, "stream_options", "'stream_options' must be an object");
+    if (!r->stream)
+        return srv_error_set(e, 400, "stream_options", "'stream_options' is only allowed with "
+                             "'stream': true");
+    const char *k;
+    json_object_foreach(so, k, v) {
+        char param[64];
+        snprintf(param, sizeof param, "stream_options.%.40s", k);
+        if (strcmp(k, "include_usage") && !json_is_null(v) &&
+            (rc = srv_fields_unknown(pol, param, e))) {
+            snprintf(e->param, sizeof e->param, "stream_options");
             return rc;
+        }
     }
+    if ((rc = get_bool(so, "include_usage", &r->include_usage, e)) < 0)
+        return srv_error_set(e, 400, "stream_options", "'stream_options.include_usage' must be "
+                             "a boolean");
     return 0;
 }
 
 static int parse_lengths(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_error *e)
 {
-    int64_t mt = 0, x = 0;
+    int64_t mt = 0, mct = 0, x = 0;
     int rc = get_int(o, "max_tokens", 1, INT64_MAX, &mt, e);
     if (rc < 0)
         return rc;
-    if (!rc && (rc = get_int(o, "max_completion_tokens", 1, INT64_MAX, &mt, e)) < 0)
-        return rc;
+    int rc2 = get_int(o, "max_completion_tokens", 1, INT64_MAX, &mct, e);
+    if (rc2 < 0)
+        return rc2;
+    if (rc && rc2 && mt != mct)
+        return srv_error_set(e, 400, "max_completion_tokens", "'max_tokens' (%lld) and "
+                             "'max_completion_tokens' (%lld) differ: send one of them",
+                             (long long)mt, (long long)mct);
+    if (rc2 && !rc) {
+        mt = mct;
+        rc = rc2;
+    }
     int64_t room = ctx->max_model_len - r->er.n_prompt;
     if (room < 1)
         return srv_error_set(e, 400, "prompt", "the prompt has %lld tokens; the context is %lld "
@@ -410,7 +479,8 @@ static uint64_t fnv1a(const char *s, size_t n)
     return h;
 }
 
-static int parse_body(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_error *e)
+static int parse_body(const srv_oai_ctx *ctx, const srv_fields_policy *pol, json_t *o,
+                      srv_gen_req *r, srv_error *e)
 {
     json_t *mdl = json_object_get(o, "model");
     if (mdl && !json_is_null(mdl)) {
@@ -424,6 +494,8 @@ static int parse_body(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_err
         }
     }
     int rc;
+    if ((rc = srv_fields_check(o, r->api == SRV_API_CHAT, pol, e)))
+        return rc;
     for (const char *const *k = (const char *const[]){"echo", "suffix", "best_of", NULL}; *k; k++) {
         json_t *v = json_object_get(o, *k);
         if (v && !json_is_null(v) && !json_is_false(v) &&
@@ -431,7 +503,8 @@ static int parse_body(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_err
             !(json_is_string(v) && json_string_length(v) == 0))
             return srv_error_set(e, 400, *k, "'%s' is not supported", *k);
     }
-    if ((rc = parse_stream(o, r, e)) || (rc = parse_stop(o, &r->stops, e)) ||
+    if ((rc = parse_stream(o, pol, r, e)) || (rc = parse_stop(o, &r->stops, e)) ||
+        (rc = parse_logit_bias(ctx, o, &r->er.sampling, e)) ||
         (rc = parse_sampling(o, &r->er.sampling, e)) || (rc = parse_logprobs(r->api, o, r, e)))
         return rc;
     json_t *salt = json_object_get(o, "cache_salt");
@@ -440,7 +513,7 @@ static int parse_body(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_err
             return srv_error_set(e, 400, "cache_salt", "'cache_salt' must be a string");
         r->er.cache_salt = fnv1a(json_string_value(salt), json_string_length(salt));
     }
-    rc = r->api == SRV_API_CHAT ? parse_messages(ctx, o, r, e) : parse_prompt(ctx, o, r, e);
+    rc = r->api == SRV_API_CHAT ? parse_messages(ctx, pol, o, r, e) : parse_prompt(ctx, o, r, e);
     if (rc)
         return rc;
     r->er.prompt = r->tokens;
@@ -448,8 +521,9 @@ static int parse_body(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_err
 }
 
 int srv_oai_parse(const srv_oai_ctx *ctx, srv_api api, const char *body, size_t len,
-                  srv_gen_req *out, srv_error *e)
+                  const char *request_id, srv_gen_req *out, srv_error *e)
 {
+    srv_fields_policy pol = {ctx->allow_unknown, ctx->unknown_log, request_id};
     memset(out, 0, sizeof *out);
     out->api = api;
     out->er.sampling = sampler_params_default();
@@ -457,7 +531,7 @@ int srv_oai_parse(const srv_oai_ctx *ctx, srv_api api, const char *body, size_t 
     json_t *o = srv_oai_load_object(body, len, e);
     if (!o)
         return -e->status;
-    int rc = parse_body(ctx, o, out, e);
+    int rc = parse_body(ctx, &pol, o, out, e);
     json_decref(o);
     if (rc) {
         srv_gen_req_free(out);

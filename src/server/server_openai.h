@@ -15,21 +15,10 @@
 
 #include "engine/engine.h"
 #include "model/model.h"
+#include "server/server_error.h"
+#include "server/server_fields.h"
 #include "server/server_stream.h"
 
-typedef struct srv_error {
-    int status;          /* HTTP status */
-    const char *type;    /* "invalid_request_error", ... (static string) */
-    const char *code;    /* static string or NULL */
-    char param[64];      /* offending field or "" */
-    char msg[512];
-} srv_error;
-
-/* Fills e and returns its status, e.g. `return srv_error_set(e, 400, "temperature", ...)`. */
-int srv_error_set(srv_error *e, int status, const char *param, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-/* {"error":{"message","type","param","code"}}; malloc'd (caller frees), NULL on OOM. */
-char *srv_error_json(const srv_error *e);
 
 typedef enum srv_api { SRV_API_COMPLETIONS = 0, SRV_API_CHAT = 1 } srv_api;
 
@@ -50,12 +39,15 @@ typedef struct srv_oai_ctx {
     int64_t max_model_len;
     int32_t max_piece_bytes;   /* longest token piece in bytes (tok_max_piece_bytes);
                                 * 0 = no length pre-check */
+    int allow_unknown;         /* --allow-unknown-fields (server_fields.h) */
+    srv_unknown_log *unknown_log; /* borrowed; logs each accepted unknown name once */
 } srv_oai_ctx;
 
-/* Parses and validates a /v1/completions or /v1/chat/completions body.
+/* Parses and validates a /v1/completions or /v1/chat/completions body;
+ * request_id (borrowed, may be NULL) names the request in log lines.
  * KV_OK, or a negative status with e filled (out is then empty). */
 int srv_oai_parse(const srv_oai_ctx *ctx, srv_api api, const char *body, size_t len,
-                  srv_gen_req *out, srv_error *e);
+                  const char *request_id, srv_gen_req *out, srv_error *e);
 void srv_gen_req_free(srv_gen_req *r);
 
 /* Parses a JSON object body (for /tokenize, /detokenize); returns a new

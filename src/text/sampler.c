@@ -2,8 +2,9 @@
  *
  * Invariants:
  *  - s->w.counts is all zero between calls: the penalty stage counts the
- *    window, marks applied tokens by negating their count, and the last step
- *    of every call zeroes exactly the window's entries again.
+ *    window, marks applied tokens by negating their count (the logit-bias
+ *    stage marks the biased tokens it saved), and the last step of every
+ *    call zeroes exactly the window's and the bias list's entries again.
  *  - s->w.probs is indexed by token id and holds exp((logit - max) / T), so the
  *    most likely candidate has the value 1 exactly; min-p is then "drop
  *    tokens with probs < min_p", independent of normalisation.
@@ -78,6 +79,14 @@ int sampler_params_check(const sampler_params *p, kvant_err *err)
     if (p->penalty_last_n < -1)
         return kvant_err_set(err, KV_EINVAL, "penalty_last_n: %d is below -1",
                              (int)p->penalty_last_n);
+    if (p->n_logit_bias < 0 || p->n_logit_bias > SAMPLER_MAX_LOGIT_BIAS)
+        return kvant_err_set(err, KV_EINVAL, "logit_bias: %d entries (at most %d)",
+                             (int)p->n_logit_bias, SAMPLER_MAX_LOGIT_BIAS);
+    for (int32_t i = 0; i < p->n_logit_bias; i++)
+        if (!(p->logit_bias[i].bias >= -100.0f && p->logit_bias[i].bias <= 100.0f))
+            return kvant_err_set(err, KV_EINVAL, "logit_bias: %g for token %d is outside "
+                                 "[-100, 100]", (double)p->logit_bias[i].bias,
+                                 (int)p->logit_bias[i].token);
     return KV_OK;
 }
 
@@ -285,10 +294,33 @@ static void sk_penalties_apply(sampler *s, float *logits, const int32_t *win, in
     }
 }
 
+/* Adds the logit bias after the penalties (-100 bans: -inf).  If save, a
+ * biased token that no penalty marked keeps its raw logit in s->w.saved and
+ * gets the "applied" mark (counts -1) too; sk_counts_clear must follow. */
+static void sk_bias_apply(sampler *s, float *logits, int save)
+{
+    for (int32_t i = 0; i < s->p.n_logit_bias; i++) {
+        int32_t t = s->p.logit_bias[i].token;
+        float b = s->p.logit_bias[i].bias;
+        if (t < 0 || t >= s->n_vocab)
+            continue;
+        if (save && s->w.counts[t] == 0) {
+            s->w.saved[t] = logits[t];
+            s->w.counts[t] = -1;
+        }
+        logits[t] = b <= SAMPLER_BIAS_BAN ? -INFINITY : logits[t] + b;
+    }
+}
+
 static void sk_counts_clear(sampler *s, const int32_t *win, int64_t n_win)
 {
     for (int64_t i = 0; i < n_win; i++) {
         int32_t t = win[i];
+        if (t >= 0 && t < s->n_vocab)
+            s->w.counts[t] = 0;
+    }
+    for (int32_t i = 0; i < s->p.n_logit_bias; i++) { /* sk_bias_apply's marks */
+        int32_t t = s->p.logit_bias[i].token;
         if (t >= 0 && t < s->n_vocab)
             s->w.counts[t] = 0;
     }
@@ -539,6 +571,7 @@ int32_t sampler_sample_lp(sampler *s, float *logits, const int32_t *history, int
     int64_t n_win;
     const int32_t *win = sk_window(s, history, n_history, &n_win);
     sk_penalties_apply(s, logits, win, n_win, logprob != NULL);
+    sk_bias_apply(s, logits, logprob != NULL);
 
     int32_t id;
     if (s->p.temperature == 0.0f) {

@@ -1,8 +1,9 @@
 /* sampler.h - token sampling: greedy, temperature, top-k, top-p, min-p,
  * repetition / presence / frequency penalties; seeded and reproducible.
  *
- * Pipeline (llama.cpp / vLLM order): penalties -> (temperature == 0: argmax)
- * -> top-k -> temperature -> softmax -> top-p -> min-p -> renormalise -> draw.
+ * Pipeline (llama.cpp / vLLM order): penalties -> logit bias -> (temperature
+ * == 0: argmax) -> top-k -> temperature -> softmax -> top-p -> min-p ->
+ * renormalise -> draw.
  *
  * A sampler is caller-owned (sampler_init/sampler_free) and used by one
  * thread at a time.  Its scratch space (16 bytes per vocabulary entry) is
@@ -22,6 +23,14 @@
 
 #include "util/err.h"
 
+#define SAMPLER_MAX_LOGIT_BIAS 300  /* entries of logit_bias (OpenAI's limit) */
+#define SAMPLER_BIAS_BAN (-100.0f)  /* this bias bans the token (its logit becomes -inf) */
+
+typedef struct sampler_bias {
+    int32_t token;            /* ids outside [0, n_vocab) are ignored (callers validate) */
+    float bias;               /* added to the logit, [-100, 100]; -100 bans */
+} sampler_bias;
+
 typedef struct sampler_params {
     float temperature;        /* 0 = greedy; must be finite and >= 0 */
     int32_t top_k;            /* <= 0 (or >= n_vocab) = disabled */
@@ -32,6 +41,8 @@ typedef struct sampler_params {
     float frequency_penalty;  /* [-2, 2]; 0 = disabled */
     int32_t penalty_last_n;   /* window of history for penalties; -1 = all, 0 = none */
     uint64_t seed;
+    int32_t n_logit_bias;     /* [0, SAMPLER_MAX_LOGIT_BIAS]; 0 = none */
+    sampler_bias logit_bias[SAMPLER_MAX_LOGIT_BIAS]; /* applied after the penalties */
 } sampler_params;
 
 sampler_params sampler_params_default(void); /* greedy, everything disabled */

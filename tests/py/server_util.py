@@ -1,8 +1,9 @@
 """Helpers for the `kvant serve` tests: start the server on a free port, wait for /health,
 stop it, read /metrics.
 
-KvantServer(bin, model, *args, port=None): .url, .port, .proc; .stop(sig) -> exit code.  A server that
-does not become healthy is a test FAILURE (never a skip), with its stderr in the message.
+KvantServer(bin, model, *args, port=None, base_args=BASE_ARGS): .url, .port, .proc; .stop(sig)
+-> exit code.  A server that does not become healthy is a test FAILURE (never a skip), with its
+stderr in the message.
 The `server` fixture (module scope) is one server on the default model with a small KV pool.
 """
 from __future__ import annotations
@@ -32,13 +33,13 @@ def free_port() -> int:
 class KvantServer:
     def __init__(self, kvant_bin: str, model: str, *args: str, health_timeout: float = 90.0,
                  preexec_fn=None, port: int | None = None, launcher: list[str] | None = None,
-                 env: dict | None = None):
+                 env: dict | None = None, base_args: list[str] | None = None):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile(prefix="kvant-serve-", suffix=".log", delete=False)
         # launcher: a prefix such as ["mpirun", "-np", "2"] (tensor parallelism)
         cmd = [*(launcher or []), kvant_bin, "serve", "-m", model, "--port", str(self.port),
-               *BASE_ARGS, *args]
+               *(BASE_ARGS if base_args is None else base_args), *args]
         self.cmd = cmd
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      preexec_fn=preexec_fn, env=env)

@@ -1,6 +1,6 @@
 """Bad requests to `kvant serve`: each gets the right status and an OpenAI-shaped error body
 {"error": {"message", "type", "param", "code"}}, nothing is streamed first, and afterwards the
-server still answers a normal request.  Also: 429 + Retry-After when the waiting queue is full."""
+server still answers a normal request.  Also: 503 + Retry-After when the waiting queue is full."""
 from __future__ import annotations
 
 import concurrent.futures as cf
@@ -156,9 +156,10 @@ def test_still_serves_after_bad_requests(srv):
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["role"] == "assistant"
 
 
-def test_queue_full_429(kvant_bin, default_model):
+def test_queue_full_503(kvant_bin, default_model):
     s = KvantServer(kvant_bin, default_model, "--max-num-seqs", "1", "--max-waiting", "1")
     try:
+        before = s.metrics()["kvant_requests_queue_full_total"]
         body = {"prompt": "Count to one hundred:", "max_tokens": 40, "ignore_eos": True}
 
         def one(_):
@@ -167,11 +168,15 @@ def test_queue_full_429(kvant_bin, default_model):
         with cf.ThreadPoolExecutor(8) as ex:
             rs = list(ex.map(one, range(8)))
         codes = sorted(r.status_code for r in rs)
-        assert 200 in codes and 429 in codes, codes
+        assert 200 in codes and 503 in codes, codes
         for r in rs:
-            if r.status_code == 429:
-                check_error(r, 429)
+            if r.status_code == 503:
+                check_error(r, 503)
                 assert r.headers.get("retry-after") == "1"
+                assert r.json()["error"]["code"] == "server_overloaded"
+                assert "--max-waiting" in r.json()["error"]["message"]
+        after = s.metrics()["kvant_requests_queue_full_total"]
+        assert after - before == codes.count(503)
         # and it recovers
         assert one(0).status_code == 200
     finally:

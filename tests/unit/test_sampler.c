@@ -595,6 +595,56 @@ static void test_shared_scratch(void)
     free(b);
 }
 
+/* logit_bias: -100 bans (also the argmax), a positive bias wins, ids out of
+ * range are ignored, logprobs stay those of the raw logits, and the scratch
+ * marks are cleared (a later call without bias is unaffected). */
+static void test_logit_bias(void)
+{
+    float l[8] = {1.0f, 5.0f, 2.0f, 4.5f, 0.0f, -1.0f, 3.0f, 0.5f};
+    sampler_params p = params_t(0.0f, 1);
+    p.n_logit_bias = 3;
+    p.logit_bias[0] = (sampler_bias){1, -100.0f};
+    p.logit_bias[1] = (sampler_bias){99, 50.0f};  /* out of range: ignored */
+    p.logit_bias[2] = (sampler_bias){7, 2.0f};
+    sampler s;
+    CHECK(sampler_init(&s, &p, 8, NULL) == KV_OK);
+    float c[8], lp = 0.0f;
+    memcpy(c, l, sizeof c);
+    CHECK(sampler_sample(&s, c, NULL, 0) == 3); /* 1 banned: next best is 3 */
+    memcpy(c, l, sizeof c);
+    CHECK(sampler_sample_lp(&s, c, NULL, 0, &lp) == 3);
+    CHECKF(fabsf(lp - sampler_logprob(l, 8, 3)) < 1e-5f, "lp %g", (double)lp);
+    sampler_free(&s);
+    p.logit_bias[2] = (sampler_bias){7, 4.9f}; /* 0.5 + 4.9 > 4.5: 7 wins */
+    CHECK(sampler_init(&s, &p, 8, NULL) == KV_OK);
+    memcpy(c, l, sizeof c);
+    CHECK(sampler_sample_lp(&s, c, NULL, 0, &lp) == 7);
+    CHECKF(fabsf(lp - sampler_logprob(l, 8, 7)) < 1e-5f, "raw lp of a biased token %g",
+           (double)lp);
+    for (int i = 0; i < 8; i++)
+        CHECKF(s.w.counts[i] == 0, "counts[%d] = %d left marked", i, (int)s.w.counts[i]);
+    sampler_free(&s);
+    /* sampling at temperature 1 never draws a banned token */
+    p = params_t(1.0f, 5);
+    p.n_logit_bias = 1;
+    p.logit_bias[0] = (sampler_bias){1, -100.0f};
+    CHECK(sampler_init(&s, &p, 8, NULL) == KV_OK);
+    long hist[8];
+    draw_hist(&s, l, 8, 2000, hist);
+    CHECKF(hist[1] == 0, "banned token drawn %ld times", hist[1]);
+    sampler_free(&s);
+    /* validation */
+    sampler_params bad = sampler_params_default();
+    bad.n_logit_bias = 1;
+    bad.logit_bias[0] = (sampler_bias){0, 100.5f};
+    kvant_err e = {0};
+    CHECK(sampler_params_check(&bad, &e) == KV_EINVAL && strstr(e.msg, "logit_bias"));
+    bad.logit_bias[0].bias = NAN;
+    CHECK(sampler_params_check(&bad, NULL) == KV_EINVAL);
+    bad.n_logit_bias = SAMPLER_MAX_LOGIT_BIAS + 1;
+    CHECK(sampler_params_check(&bad, NULL) == KV_EINVAL);
+}
+
 int main(void)
 {
     test_greedy_and_ties();
@@ -608,6 +658,7 @@ int main(void)
     test_params_check();
     test_edge_cases();
     test_shared_scratch();
+    test_logit_bias();
     bench_large_vocab();
     return tu_finish("test_sampler");
 }
