@@ -35,7 +35,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels/dtype.h"
+#include "kernels/blocks.h"
 
 #define QACT_CHUNK 32
 #define QACT_LANES 16                       /* chunks per SIMD group */

@@ -33,15 +33,15 @@ static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f
     const int64_t row = hd + 8; /* padding: a row stride wider than head_dim */
     const size_t nv = (size_t)(n_blocks * T_BLOCK * row);
     float *k = malloc(sizeof(float) * nv), *v = malloc(sizeof(float) * nv);
-    kv_fp16 *kh = malloc(sizeof(kv_fp16) * nv), *vh = malloc(sizeof(kv_fp16) * nv);
+    half_fp16 *kh = malloc(sizeof(half_fp16) * nv), *vh = malloc(sizeof(half_fp16) * nv);
     int32_t table[(T_MAX_POS + T_BLOCK - 1) / T_BLOCK];
     float q[T_MAX_HD], o_ref[T_MAX_HD], o_simd[T_MAX_HD], o_typed[T_MAX_HD];
     float scratch[T_BLOCK + T_MAX_HD + 16];
     for (size_t i = 0; i < nv; i++) { /* values exactly representable in f16 */
-        kh[i] = kv_f32_to_fp16(tu_rand_uniform(r, -1, 1));
-        vh[i] = kv_f32_to_fp16(tu_rand_uniform(r, -1, 1));
-        k[i] = kv_fp16_to_f32(kh[i]);
-        v[i] = kv_fp16_to_f32(vh[i]);
+        kh[i] = half_f32_to_fp16(tu_rand_uniform(r, -1, 1));
+        vh[i] = half_f32_to_fp16(tu_rand_uniform(r, -1, 1));
+        k[i] = half_fp16_to_f32(kh[i]);
+        v[i] = half_fp16_to_f32(vh[i]);
     }
     for (int32_t i = 0; i < n_blocks; i++)
         table[i] = i;
@@ -64,7 +64,7 @@ static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f
                qscale, err);
     }
     cpu_kvq_seq hs = {(const uint8_t *)kh, (const uint8_t *)vh, table,
-                      (int64_t)(T_BLOCK * row * sizeof(kv_fp16)), (int64_t)(row * sizeof(kv_fp16)),
+                      (int64_t)(T_BLOCK * row * sizeof(half_fp16)), (int64_t)(row * sizeof(half_fp16)),
                       T_BLOCK, DT_F16};
     if (f16_simd) {
         f16_simd(q, &hs, n_pos, hd, scale, scratch, o_simd);

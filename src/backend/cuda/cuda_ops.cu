@@ -185,7 +185,7 @@ template <> __device__ __forceinline__ float kv_load<DT_Q4_0>(const uint8_t *row
     return __fmul_rn((float)((j < 16 ? q & 0xF : q >> 4) - 8), cq_h2f(b));
 }
 
-__device__ __forceinline__ uint16_t f2bf_bits(float f) /* kv_f32_to_bf16 */
+__device__ __forceinline__ uint16_t f2bf_bits(float f) /* half_f32_to_bf16 */
 {
     uint32_t u = __float_as_uint(f);
     if ((u & 0x7FFFFFFFu) > 0x7F800000u)
