@@ -1,12 +1,16 @@
-/* dtype.c - the dtype traits table, CPU feature detection and the one-time
- * SIMD dispatch.
+/* dtype.c - the dtype traits table, CPU feature detection, and the one
+ * choice of instruction set with the kernel tables filled from it.
  *
  * Invariants:
- *  - k_base[] (the reference table) is const; g_traits[] is the only
- *    mutable global: a copy of k_base with to_float / vec_dot replaced by
- *    the fastest kernels the CPU supports.  It is written by dtype_init()
- *    (once, under pthread_once) and by dtype_force_isa() (tests only,
- *    which must not run concurrently with kernels).
+ *  - k_base[] (the reference table) is const.  The mutable globals are
+ *    the dispatch state below: g_isa (the chosen kernel_isa) and the
+ *    tables filled from it, g_traits[] (a copy of k_base with to_float /
+ *    vec_dot replaced by the chosen ISA's kernels), g_multi[] and g_qact.
+ *    They are written together by dispatch_apply(), from dtype_init()
+ *    (once, under pthread_once) and from dtype_force_isa() (tests only,
+ *    which must not run concurrently with kernels); read-only otherwise.
+ *  - The ISA is named by a string only when KVANT_ISA is parsed
+ *    (isa_from_name, once); everything else passes the kernel_isa enum.
  *  - from_float, to_float_ref and vec_dot_ref always point at the scalar
  *    references in quant_ref.c.
  *  - Unsupported enum values (q8_1, q2_K, q3_K, q8_K, gaps) have name NULL
@@ -24,6 +28,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "kernels/qact.h"
+#include "kernels/qpack.h"
 #include "kernels/quant_ref.h"
 
 #define REF_KERNELS(T)                                                          \
@@ -59,11 +65,19 @@ static const dtype_traits k_base[DT_COUNT] = {
 
 static_assert(sizeof(k_base) / sizeof(k_base[0]) == DT_COUNT, "traits table length");
 
-/* ---- dispatch state (the one mutable global; see file comment) ---- */
+/* ---- dispatch state (the mutable globals; see file comment) ---- */
+static kernel_isa g_isa = KERNEL_ISA_SCALAR;
 static dtype_traits g_traits[DT_COUNT];
 static dtype_vec_dot_multi_fn g_multi[DT_COUNT];
-static const char *g_isa = "scalar";
+static qact_kernels g_qact;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static char g_isa_error[160];
+
+static const char *const k_isa_name[KERNEL_ISA_COUNT] = {
+    [KERNEL_ISA_SCALAR] = "scalar",
+    [KERNEL_ISA_AVX2] = "avx2",
+    [KERNEL_ISA_AVX512] = "avx512",
+};
 
 #if KVANT_X86
 static int cpu_has_avx2(void)
@@ -92,19 +106,57 @@ static int cpu_has_avx512(void)
 {
     return 0;
 }
-
-/* never called: the CPU checks above are 0 off x86 */
-static const quant_simd_kernels *quant_avx2_table_none(void)
-{
-    return NULL;
-}
-#define quant_avx2_table quant_avx2_table_none
-#define quant_avx512_table quant_avx2_table_none
 #endif
 
-/* Rebuilds g_traits from k_base plus the given SIMD table (may be NULL). */
-static void dispatch_apply(const quant_simd_kernels *simd, const char *isa)
+static int cpu_has(kernel_isa isa)
 {
+    switch (isa) {
+    case KERNEL_ISA_SCALAR: return 1;
+    case KERNEL_ISA_AVX2: return cpu_has_avx2();
+    case KERNEL_ISA_AVX512: return cpu_has_avx512();
+    default: return 0;
+    }
+}
+
+/* The chosen ISA's to_float / vec_dot / vec_dot_multi by dtype (NULL:
+ * the scalar references). */
+static const quant_simd_kernels *quant_table_for(kernel_isa isa)
+{
+#if KVANT_X86
+    if (isa == KERNEL_ISA_AVX512)
+        return quant_avx512_table();
+    if (isa == KERNEL_ISA_AVX2)
+        return quant_avx2_table();
+#endif
+    (void)isa;
+    return NULL;
+}
+
+/* The chosen ISA's int8-activation kernels into *k (all three ISAs'
+ * kernels are bitwise equal; packed rows need AVX2 or AVX-512). */
+static void qact_fill(qact_kernels *k, kernel_isa isa)
+{
+    memset(k, 0, sizeof *k);
+    k->quantize = qact_quantize_ref;
+    for (uint32_t t = 0; t < DT_COUNT; t++)
+        k->dot[t] = qact_dot_ref(t);
+#if KVANT_X86
+    if (isa == KERNEL_ISA_SCALAR)
+        return;
+    k->quantize = isa == KERNEL_ISA_AVX512 ? qact_quantize_avx512 : qact_quantize_avx2;
+    for (uint32_t t = 0; t < DT_COUNT; t++) {
+        k->dot[t] = isa == KERNEL_ISA_AVX512 ? qact_dot_avx512(t) : qact_dot_avx2(t);
+        k->packed_dot[t] = isa == KERNEL_ISA_AVX512 ? qpack_dot_avx512(t) : qpack_dot_avx2(t);
+    }
+#else
+    (void)isa;
+#endif
+}
+
+/* Makes isa the chosen ISA and rebuilds every table from it. */
+static void dispatch_apply(kernel_isa isa)
+{
+    const quant_simd_kernels *simd = quant_table_for(isa);
     memcpy(g_traits, k_base, sizeof(g_traits));
     memset(g_multi, 0, sizeof(g_multi));
     for (int t = 0; simd && t < DT_COUNT; t++) {
@@ -116,57 +168,41 @@ static void dispatch_apply(const quant_simd_kernels *simd, const char *isa)
             g_traits[t].vec_dot = simd[t].vec_dot;
         g_multi[t] = simd[t].vec_dot_multi;
     }
+    qact_fill(&g_qact, isa);
     g_isa = isa;
 }
 
-static int force_isa(const char *isa)
+/* The one place an ISA is named by a string: KVANT_ISA.  -1 if unknown. */
+static int isa_from_name(const char *name)
 {
-    if (!isa)
-        return -1;
-    if (strcmp(isa, "scalar") == 0) {
-        dispatch_apply(NULL, "scalar");
-        return 0;
-    }
-    if (strcmp(isa, "avx2") == 0 && cpu_has_avx2()) {
-        dispatch_apply(quant_avx2_table(), "avx2");
-        return 0;
-    }
-    if (strcmp(isa, "avx512") == 0 && cpu_has_avx512()) {
-        dispatch_apply(quant_avx512_table(), "avx512");
-        return 0;
-    }
+    for (int i = 0; i < KERNEL_ISA_COUNT; i++)
+        if (strcmp(name, k_isa_name[i]) == 0)
+            return i;
     return -1;
 }
 
-static char g_isa_error[160];
-
-static void dispatch_auto(void)
-{
-    if (cpu_has_avx512())
-        dispatch_apply(quant_avx512_table(), "avx512");
-    else if (cpu_has_avx2())
-        dispatch_apply(quant_avx2_table(), "avx2");
-    else
-        dispatch_apply(NULL, "scalar");
-}
-
-/* KVANT_ISA=scalar|avx2|avx512 overrides the choice (tests run every ISA
- * the CPU has this way); a name the CPU lacks, or an unknown one, keeps the
- * automatic choice and leaves a message for dtype_isa_error(). */
+/* The best ISA the CPU has, unless KVANT_ISA=scalar|avx2|avx512 names
+ * another (tests run every ISA the CPU has this way); a name the CPU
+ * lacks, or an unknown one, keeps the best and leaves a message for
+ * dtype_isa_error(). */
 static void dispatch_select(void)
 {
-    dispatch_auto();
+    kernel_isa best = KERNEL_ISA_SCALAR;
+    for (int i = KERNEL_ISA_COUNT - 1; i > KERNEL_ISA_SCALAR; i--) {
+        if (cpu_has((kernel_isa)i)) {
+            best = (kernel_isa)i;
+            break;
+        }
+    }
     const char *want = getenv("KVANT_ISA");
-    if (!want || !*want)
-        return;
-    if (strcmp(want, "scalar") && strcmp(want, "avx2") && strcmp(want, "avx512")) {
+    const int named = want && *want ? isa_from_name(want) : (int)best;
+    if (named < 0)
         snprintf(g_isa_error, sizeof g_isa_error,
                  "KVANT_ISA=%.40s: unknown instruction set (scalar, avx2, avx512)", want);
-        return;
-    }
-    if (force_isa(want) != 0)
-        snprintf(g_isa_error, sizeof g_isa_error,
-                 "KVANT_ISA=%s: this CPU lacks it (it has %s)", want, g_isa);
+    else if (!cpu_has((kernel_isa)named))
+        snprintf(g_isa_error, sizeof g_isa_error, "KVANT_ISA=%s: this CPU lacks it (it has %s)",
+                 want, k_isa_name[best]);
+    dispatch_apply(named >= 0 && cpu_has((kernel_isa)named) ? (kernel_isa)named : best);
 }
 
 void dtype_init(void)
@@ -180,16 +216,29 @@ const char *dtype_isa_error(void)
     return g_isa_error[0] ? g_isa_error : NULL;
 }
 
-const char *dtype_isa(void)
+kernel_isa dtype_kernel_isa(void)
 {
     dtype_init();
     return g_isa;
 }
 
-int dtype_force_isa(const char *isa)
+const char *dtype_isa_name(kernel_isa isa)
+{
+    return (unsigned)isa < KERNEL_ISA_COUNT ? k_isa_name[isa] : "?";
+}
+
+const char *dtype_isa(void)
+{
+    return dtype_isa_name(dtype_kernel_isa());
+}
+
+int dtype_force_isa(kernel_isa isa)
 {
     dtype_init();
-    return force_isa(isa);
+    if ((unsigned)isa >= KERNEL_ISA_COUNT || !cpu_has(isa))
+        return -1;
+    dispatch_apply(isa);
+    return 0;
 }
 
 const dtype_traits *dtype_get(uint32_t t)
@@ -206,6 +255,12 @@ dtype_vec_dot_multi_fn dtype_vec_dot_multi(uint32_t t)
         return NULL;
     dtype_init();
     return g_multi[t];
+}
+
+const qact_kernels *dtype_qact(void)
+{
+    dtype_init();
+    return &g_qact;
 }
 
 int dtype_from_name(const char *name)

@@ -13,13 +13,10 @@
  */
 #include "kernels/matmul.h"
 
-#include <string.h>
-
 #include "kernels/dtype.h"
 #include "kernels/qact.h"
 #include "kernels/qpack.h"
 #include "kernels/quant_ref.h"
-#include "util/arch.h"
 #include "util/err.h"
 
 #define MM_ROW_TILE_BYTES (256 * 1024)
@@ -28,35 +25,14 @@
  * bounds n to about 47k columns (KV_ASSERT). */
 #define MM_QACT_STACK_BYTES (64 * 1024)
 
-/* The qact kernels of the selected ISA (all three are bitwise equal). */
-static qact_quantize_fn qact_quantizer(void)
+/* The dot kernel for `type` (DT_PACKED: packed rows) in the table of the
+ * chosen ISA; NULL when there is none.  Once per call, never per row. */
+static qact_dot_fn qact_dot_for(const qact_kernels *k, uint32_t type)
 {
-#if KVANT_X86
-    const char *isa = dtype_isa();
-    if (strcmp(isa, "avx512") == 0)
-        return qact_quantize_avx512;
-    if (strcmp(isa, "avx2") == 0)
-        return qact_quantize_avx2;
-#endif
-    return qact_quantize_ref;
-}
-
-/* The dot kernel for `type` (DT_PACKED: packed rows) on the selected ISA. */
-static qact_dot_fn qact_dot_for(uint32_t type)
-{
-#if KVANT_X86
-    const char *isa = dtype_isa();
-    if (type & DT_PACKED) {
-        if (strcmp(isa, "avx512") == 0)
-            return qpack_dot_avx512(qpack_base(type));
-        return strcmp(isa, "avx2") == 0 ? qpack_dot_avx2(qpack_base(type)) : NULL;
-    }
-    if (strcmp(isa, "avx512") == 0)
-        return qact_dot_avx512(type);
-    if (strcmp(isa, "avx2") == 0)
-        return qact_dot_avx2(type);
-#endif
-    return type & DT_PACKED ? NULL : qact_dot_ref(type);
+    const uint32_t base = qpack_base(type);
+    if (base >= DT_COUNT)
+        return NULL;
+    return type & DT_PACKED ? k->packed_dot[base] : k->dot[base];
 }
 
 int dtype_matmul_uses_qact(uint32_t type)
@@ -66,7 +42,7 @@ int dtype_matmul_uses_qact(uint32_t type)
 
 int dtype_matmul_packs(uint32_t type, int64_t n)
 {
-    return qpack_supported(type, n) && qact_dot_for(type | DT_PACKED) != NULL;
+    return qpack_supported(type, n) && qact_dot_for(dtype_qact(), type | DT_PACKED) != NULL;
 }
 
 size_t dtype_matmul_scratch_bytes(uint32_t type, int64_t n, int64_t n_tok)
@@ -82,7 +58,7 @@ void dtype_matmul_quantize(uint32_t type, const float *x, int64_t n, int64_t n_t
         return;
     KV_ASSERT(n % QACT_CHUNK == 0);
     const size_t rb = qact_row_bytes(n);
-    const qact_quantize_fn quant = qact_quantizer();
+    const qact_quantize_fn quant = dtype_qact()->quantize;
     for (int64_t t = 0; t < n_tok; t++) {
         quant(x + t * n, n, (uint8_t *)xq + (size_t)t * rb);
         if (type & DT_PACKED)
@@ -95,7 +71,7 @@ void dtype_matmul_quantize_split(uint32_t type, const float *x, int64_t n, int64
 {
     KV_ASSERT(dtype_matmul_uses_qact(type) && n % QACT_CHUNK == 0);
     const size_t rb = qact_row_bytes(n);
-    const qact_quantize_fn quant = qact_quantizer();
+    const qact_quantize_fn quant = dtype_qact()->quantize;
     for (int64_t t = 0; t < n_tok; t++) {
         uint8_t *q1 = (uint8_t *)xq + (size_t)(2 * t) * rb, *q2 = q1 + rb;
         quant(x + t * n, n, q1);
@@ -153,7 +129,7 @@ static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int
                       int64_t row_end, int64_t n, const void *xq, int64_t n_tok, float *y,
                       int64_t y_stride, int terms)
 {
-    const qact_dot_fn dot = qact_dot_for(type);
+    const qact_dot_fn dot = qact_dot_for(dtype_qact(), type);
     KV_ASSERT(dot != NULL && (terms == 1 || terms == 2));
     const size_t rb = qact_row_bytes(n);
     const int64_t row_tile = row_tile_for(type, n), per = QACT_MULTI_MAX / terms;

@@ -1,9 +1,10 @@
 /* qact_avx2.c - AVX2 activation quantizer and weight x qact dot products,
  * bitwise equal to qact_ref.c (specification in qact.h).
  *
- * Built with -mavx2 -mfma -mf16c; call only when dtype_isa() is "avx2" or
- * "avx512".  Compiled under -std=c11, so GCC does not contract the
- * explicit multiplies and adds below into FMAs (the reference order).
+ * Built with -mavx2 -mfma -mf16c; reached through the table dtype.c fills
+ * when the chosen ISA is AVX2.  Compiled under -std=c11, so GCC does not
+ * contract the explicit multiplies and adds below into FMAs (the
+ * reference order).
  *
  * Scheme: a row is walked in groups of 16 chunks (the reference's 16
  * accumulator lanes), each as two halves of 8 chunks held in one __m256

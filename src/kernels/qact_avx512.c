@@ -1,8 +1,8 @@
 /* qact_avx512.c - AVX-512 VNNI activation quantizer and weight x qact dot
  * products, bitwise equal to qact_ref.c (specification in qact.h).
  *
- * Built with -mavx512*; call only when dtype_isa() is "avx512" (which
- * requires VNNI).
+ * Built with -mavx512*; reached through the table dtype.c fills when the
+ * chosen ISA is AVX-512 (which requires VNNI).
  *
  * Scheme: the row is walked in groups of 16 chunks (512 values; the last
  * group's weights are copied into a zero-padded stack buffer, activation

@@ -86,8 +86,8 @@ void qpack_unpack_rows(uint32_t type, const void *src, void *dst, int64_t n, int
 void qpack_interleave_act(void *xq, int64_t n);
 
 /* Dot kernels over packed rows and interleaved activations, with the
- * contract of qact_dot_fn; NULL for unsupported types.  Call only when
- * dtype_isa() supports the ISA. */
+ * contract of qact_dot_fn; NULL for unsupported types.  Call only on a CPU
+ * with the ISA; callers reach them through dtype_qact()->packed_dot. */
 qact_dot_fn qpack_dot_avx2(uint32_t type);
 qact_dot_fn qpack_dot_avx512(uint32_t type);
 

@@ -29,7 +29,6 @@
 static const int k_types[] = {DT_F32,  DT_F16,  DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_1,
                               DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K};
 #define N_TYPES ((int)(sizeof(k_types) / sizeof(k_types[0])))
-static const char *k_isas[] = {"scalar", "avx2", "avx512"};
 
 static double rt_bound(int t)
 {
@@ -328,16 +327,19 @@ int main(void)
     test_conversions();
     test_round_trip(&r);
     test_gguf_vectors();
-    const char *best = dtype_isa();
-    for (size_t k = 0; k < sizeof(k_isas) / sizeof(k_isas[0]); k++) {
-        if (dtype_force_isa(k_isas[k]) != 0) {
-            fprintf(stderr, "  isa %s not available on this CPU, skipped\n", k_isas[k]);
+    const kernel_isa best = dtype_kernel_isa();
+    CHECK(!strcmp(dtype_isa(), dtype_isa_name(best)));
+    for (int k = 0; k < KERNEL_ISA_COUNT; k++) {
+        const char *name = dtype_isa_name((kernel_isa)k);
+        if (dtype_force_isa((kernel_isa)k) != 0) {
+            fprintf(stderr, "  isa %s not available on this CPU, skipped\n", name);
             continue;
         }
-        test_kernels(&r, k_isas[k]);
-        test_matmul(&r, k_isas[k]);
+        CHECK(dtype_kernel_isa() == (kernel_isa)k && !strcmp(dtype_isa(), name));
+        test_kernels(&r, name);
+        test_matmul(&r, name);
     }
-    CHECK(dtype_force_isa("sse9") == -1);
+    CHECK(dtype_force_isa(KERNEL_ISA_COUNT) == -1);
     CHECK(dtype_force_isa(best) == 0);
     bench(&r);
     return tu_finish("test_dtype");
