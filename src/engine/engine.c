@@ -18,6 +18,7 @@
 #include <unistd.h>
 #endif
 
+#include "backend/backend_select.h"
 #include "kernels/dtype.h"
 #include "mem/plan.h"
 #include "model/wstream.h"
