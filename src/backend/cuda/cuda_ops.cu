@@ -281,7 +281,7 @@ cudaError_t cuda_kv_store(cudaStream_t s, const cuda_kv_desc *kv, int32_t il,
  * Per KV block in table order: scores q.k * scale (per position a lane
  * partial then an xor butterfly, so every lane holds the same score), the
  * block maximum, the online-softmax correction, then p * v accumulated
- * position by position: cpu_attention_row's order, block by block. */
+ * position by position: cpu_attention_row_ref's order, block by block. */
 
 #define ATTN_WARPS 4
 #define ATTN_DPL (MODEL_MAX_HEAD_DIM / 32)
