@@ -18,7 +18,7 @@
 #include "backend/cpu/cpu_kv.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/cpu_pack.h"
-#include "backend/cpu/threadpool.h"
+#include "backend/cpu/tpool.h"
 #include "kernels/dtype.h"
 #include "kernels/matmul.h"
 
