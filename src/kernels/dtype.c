@@ -5,12 +5,14 @@
  *  - k_base[] (the reference table) is const.  The mutable globals are
  *    the dispatch state below: g_isa (the chosen kernel_isa) and the
  *    tables filled from it, g_traits[] (a copy of k_base with to_float /
- *    vec_dot replaced by the chosen ISA's kernels), g_multi[] and g_qact.
+ *    vec_dot replaced by the chosen ISA's kernels) and g_multi[].
  *    They are written together by dispatch_apply(), from dtype_init()
  *    (once, under pthread_once) and from dtype_force_isa() (tests only,
  *    which must not run concurrently with kernels); read-only otherwise.
  *  - The ISA is named by a string only when KVANT_ISA is parsed
- *    (isa_from_name, once); everything else passes the kernel_isa enum.
+ *    (isa_from_name, once); everything else passes the kernel_isa enum
+ *    (matmul.c's int8-activation tables, the CPU backend's attention
+ *    rows and the roofline probes are picked by it).
  *  - from_float, to_float_ref and vec_dot_ref always point at the scalar
  *    references in quant_ref.c.
  *  - Unsupported enum values (q8_1, q2_K, q3_K, q8_K, gaps) have name NULL
@@ -28,8 +30,6 @@
 #include <string.h>
 #include <strings.h>
 
-#include "kernels/qact.h"
-#include "kernels/qpack.h"
 #include "kernels/quant_ref.h"
 
 #define REF_KERNELS(T)                                                          \
@@ -69,7 +69,6 @@ static_assert(sizeof(k_base) / sizeof(k_base[0]) == DT_COUNT, "traits table leng
 static kernel_isa g_isa = KERNEL_ISA_SCALAR;
 static dtype_traits g_traits[DT_COUNT];
 static dtype_vec_dot_multi_fn g_multi[DT_COUNT];
-static qact_kernels g_qact;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static char g_isa_error[160];
 
@@ -132,27 +131,6 @@ static const quant_simd_kernels *quant_table_for(kernel_isa isa)
     return NULL;
 }
 
-/* The chosen ISA's int8-activation kernels into *k (all three ISAs'
- * kernels are bitwise equal; packed rows need AVX2 or AVX-512). */
-static void qact_fill(qact_kernels *k, kernel_isa isa)
-{
-    memset(k, 0, sizeof *k);
-    k->quantize = qact_quantize_ref;
-    for (uint32_t t = 0; t < DT_COUNT; t++)
-        k->dot[t] = qact_dot_ref(t);
-#if KVANT_X86
-    if (isa == KERNEL_ISA_SCALAR)
-        return;
-    k->quantize = isa == KERNEL_ISA_AVX512 ? qact_quantize_avx512 : qact_quantize_avx2;
-    for (uint32_t t = 0; t < DT_COUNT; t++) {
-        k->dot[t] = isa == KERNEL_ISA_AVX512 ? qact_dot_avx512(t) : qact_dot_avx2(t);
-        k->packed_dot[t] = isa == KERNEL_ISA_AVX512 ? qpack_dot_avx512(t) : qpack_dot_avx2(t);
-    }
-#else
-    (void)isa;
-#endif
-}
-
 /* Makes isa the chosen ISA and rebuilds every table from it. */
 static void dispatch_apply(kernel_isa isa)
 {
@@ -168,7 +146,6 @@ static void dispatch_apply(kernel_isa isa)
             g_traits[t].vec_dot = simd[t].vec_dot;
         g_multi[t] = simd[t].vec_dot_multi;
     }
-    qact_fill(&g_qact, isa);
     g_isa = isa;
 }
 
@@ -232,6 +209,11 @@ const char *dtype_isa(void)
     return dtype_isa_name(dtype_kernel_isa());
 }
 
+int dtype_isa_supported(kernel_isa isa)
+{
+    return cpu_has(isa);
+}
+
 int dtype_force_isa(kernel_isa isa)
 {
     dtype_init();
@@ -255,12 +237,6 @@ dtype_vec_dot_multi_fn dtype_vec_dot_multi(uint32_t t)
         return NULL;
     dtype_init();
     return g_multi[t];
-}
-
-const qact_kernels *dtype_qact(void)
-{
-    dtype_init();
-    return &g_qact;
 }
 
 int dtype_from_name(const char *name)

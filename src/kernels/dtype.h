@@ -43,24 +43,29 @@ typedef enum kernel_isa {
 } kernel_isa;
 
 /* Chooses the instruction set once (the best the CPU has, or KVANT_ISA)
- * and fills the kernel tables from it; idempotent and thread-safe (call
- * once from main / test setup before any kernel runs). */
+ * and fills the traits from it; idempotent and thread-safe (call once
+ * from main / test setup before any kernel runs). */
 void dtype_init(void);
 /* NULL, or why the KVANT_ISA environment variable (scalar, avx2, avx512)
  * was not honoured (unknown name, or an ISA this CPU lacks); the program
  * should refuse to run then.  Calls dtype_init(). */
 const char *dtype_isa_error(void);
 /* The instruction set chosen; callers that keep their own table of kernels
- * (the CPU backend's attention rows, the roofline probes) fill it from
- * this once, never per element. */
+ * (matmul.c's int8-activation kernels, the CPU backend's attention rows,
+ * the roofline probes) pick from it once per call or at init, never per
+ * element. */
 kernel_isa dtype_kernel_isa(void);
 /* Name of an instruction set ("scalar", "avx2", "avx512"; "?" out of range). */
 const char *dtype_isa_name(kernel_isa isa);
 /* Name of the instruction set chosen: dtype_isa_name(dtype_kernel_isa()). */
 const char *dtype_isa(void);
-/* Forces an instruction set for tests and refills every kernel table
- * (must not run concurrently with kernels).  Returns 0, or -1 if the CPU
- * lacks it or isa is out of range (the choice then stays). */
+/* 1 when this CPU can run isa's kernels (0 out of range). */
+int dtype_isa_supported(kernel_isa isa);
+/* Forces an instruction set for tests (must not run concurrently with
+ * kernels): refills the traits, and the matmul takes the new ISA's tables
+ * from its next call; a CPU backend created earlier keeps the attention
+ * rows it picked.  Returns 0, or -1 if the CPU lacks it or isa is out of
+ * range (the choice then stays). */
 int dtype_force_isa(kernel_isa isa);
 
 /* NULL when t is out of range or has no implementation. */
@@ -76,11 +81,5 @@ size_t dtype_row_size(uint32_t t, int64_t n);
  * has none (scalar): callers then loop over vec_dot, which is equivalent.
  * Same threading rules as dtype_get. */
 dtype_vec_dot_multi_fn dtype_vec_dot_multi(uint32_t t);
-
-/* The int8-activation kernels (kernels/qact.h) of the chosen instruction
- * set, filled with the traits; for matmul.c and tests.  Fetch once per
- * call, not per row. */
-struct qact_kernels;
-const struct qact_kernels *dtype_qact(void);
 
 #endif

@@ -144,9 +144,10 @@ qact_dot_fn qact_dot_avx2(uint32_t type);
 qact_dot_fn qact_dot_avx512(uint32_t type);
 
 /* One instruction set's int8-activation kernels, by weight type.  Filled
- * once by dtype.c from the chosen ISA (dtype_qact(), dtype.h) from the
- * getters above and qpack_dot_* (qpack.h); read-only afterwards.  All
- * entries of one table are bitwise equal to the reference's. */
+ * once per ISA by matmul.c from the getters above and qpack_dot_*
+ * (qpack.h); read-only afterwards; the matmul calls through the chosen
+ * ISA's (dtype_matmul_qact()).  All entries of one table are bitwise
+ * equal to the reference's. */
 typedef struct qact_kernels {
     qact_quantize_fn quantize;        /* f32 rows -> qact rows */
     qact_dot_fn dot[DT_COUNT];        /* stored rows; NULL: no qact path */

@@ -1,7 +1,7 @@
 /* qact_avx2.c - AVX2 activation quantizer and weight x qact dot products,
  * bitwise equal to qact_ref.c (specification in qact.h).
  *
- * Built with -mavx2 -mfma -mf16c; reached through the table dtype.c fills
+ * Built with -mavx2 -mfma -mf16c; reached through the table matmul.c fills
  * when the chosen ISA is AVX2.  Compiled under -std=c11, so GCC does not
  * contract the explicit multiplies and adds below into FMAs (the
  * reference order).

@@ -1,7 +1,7 @@
 /* qact_avx512.c - AVX-512 VNNI activation quantizer and weight x qact dot
  * products, bitwise equal to qact_ref.c (specification in qact.h).
  *
- * Built with -mavx512*; reached through the table dtype.c fills when the
+ * Built with -mavx512*; reached through the table matmul.c fills when the
  * chosen ISA is AVX-512 (which requires VNNI).
  *
  * Scheme: the row is walked in groups of 16 chunks (512 values; the last

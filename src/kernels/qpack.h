@@ -87,7 +87,7 @@ void qpack_interleave_act(void *xq, int64_t n);
 
 /* Dot kernels over packed rows and interleaved activations, with the
  * contract of qact_dot_fn; NULL for unsupported types.  Call only on a CPU
- * with the ISA; callers reach them through dtype_qact()->packed_dot. */
+ * with the ISA; callers reach them through dtype_matmul_qact()->packed_dot. */
 qact_dot_fn qpack_dot_avx2(uint32_t type);
 qact_dot_fn qpack_dot_avx512(uint32_t type);
 

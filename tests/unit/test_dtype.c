@@ -331,7 +331,8 @@ int main(void)
     CHECK(!strcmp(dtype_isa(), dtype_isa_name(best)));
     for (int k = 0; k < KERNEL_ISA_COUNT; k++) {
         const char *name = dtype_isa_name((kernel_isa)k);
-        if (dtype_force_isa((kernel_isa)k) != 0) {
+        CHECK(dtype_isa_supported((kernel_isa)k) == (dtype_force_isa((kernel_isa)k) == 0));
+        if (!dtype_isa_supported((kernel_isa)k)) {
             fprintf(stderr, "  isa %s not available on this CPU, skipped\n", name);
             continue;
         }
@@ -339,6 +340,7 @@ int main(void)
         test_kernels(&r, name);
         test_matmul(&r, name);
     }
+    CHECK(dtype_isa_supported(KERNEL_ISA_SCALAR) && !dtype_isa_supported(KERNEL_ISA_COUNT));
     CHECK(dtype_force_isa(KERNEL_ISA_COUNT) == -1);
     CHECK(dtype_force_isa(best) == 0);
     bench(&r);

@@ -264,10 +264,10 @@ static void bench(tu_rng *r)
     free(src), free(x), free(y);
 }
 
-/* dtype_qact() holds the forced ISA's kernels (isa NULL: the references). */
+/* dtype_matmul_qact() holds the forced ISA's kernels (isa NULL: the references). */
 static void test_table(const isa_kernels *isa)
 {
-    const qact_kernels *k = dtype_qact();
+    const qact_kernels *k = dtype_matmul_qact();
     const char *name = isa ? isa->name : "scalar";
     CHECKF(k->quantize == (isa ? isa->quant : qact_quantize_ref), "qact table %s: quantizer",
            name);

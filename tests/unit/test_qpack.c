@@ -274,7 +274,7 @@ int main(void)
             continue;
         }
         for (uint32_t t = 0; t < DT_COUNT; t++) /* the table holds this ISA's kernels */
-            CHECKF(dtype_qact()->packed_dot[t] == isas[i].packed(t), "%s table: packed dot %u",
+            CHECKF(dtype_matmul_qact()->packed_dot[t] == isas[i].packed(t), "%s table: packed dot %u",
                    isas[i].name, t);
         test_dots(&r, isas[i].name, isas[i].packed);
         test_matmul(&r);
