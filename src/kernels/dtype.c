@@ -107,7 +107,7 @@ static int cpu_has_avx512(void)
 }
 #endif
 
-static int cpu_has(kernel_isa isa)
+int dtype_isa_supported(kernel_isa isa)
 {
     switch (isa) {
     case KERNEL_ISA_SCALAR: return 1;
@@ -131,7 +131,7 @@ static const quant_simd_kernels *quant_table_for(kernel_isa isa)
     return NULL;
 }
 
-/* Makes isa the chosen ISA and rebuilds every table from it. */
+/* Makes isa the chosen ISA and rebuilds the traits from it. */
 static void dispatch_apply(kernel_isa isa)
 {
     const quant_simd_kernels *simd = quant_table_for(isa);
@@ -166,7 +166,7 @@ static void dispatch_select(void)
 {
     kernel_isa best = KERNEL_ISA_SCALAR;
     for (int i = KERNEL_ISA_COUNT - 1; i > KERNEL_ISA_SCALAR; i--) {
-        if (cpu_has((kernel_isa)i)) {
+        if (dtype_isa_supported((kernel_isa)i)) {
             best = (kernel_isa)i;
             break;
         }
@@ -176,10 +176,10 @@ static void dispatch_select(void)
     if (named < 0)
         snprintf(g_isa_error, sizeof g_isa_error,
                  "KVANT_ISA=%.40s: unknown instruction set (scalar, avx2, avx512)", want);
-    else if (!cpu_has((kernel_isa)named))
+    else if (!dtype_isa_supported((kernel_isa)named))
         snprintf(g_isa_error, sizeof g_isa_error, "KVANT_ISA=%s: this CPU lacks it (it has %s)",
                  want, k_isa_name[best]);
-    dispatch_apply(named >= 0 && cpu_has((kernel_isa)named) ? (kernel_isa)named : best);
+    dispatch_apply(named >= 0 && dtype_isa_supported((kernel_isa)named) ? (kernel_isa)named : best);
 }
 
 void dtype_init(void)
@@ -209,15 +209,10 @@ const char *dtype_isa(void)
     return dtype_isa_name(dtype_kernel_isa());
 }
 
-int dtype_isa_supported(kernel_isa isa)
-{
-    return cpu_has(isa);
-}
-
 int dtype_force_isa(kernel_isa isa)
 {
     dtype_init();
-    if ((unsigned)isa >= KERNEL_ISA_COUNT || !cpu_has(isa))
+    if ((unsigned)isa >= KERNEL_ISA_COUNT || !dtype_isa_supported(isa))
         return -1;
     dispatch_apply(isa);
     return 0;
