@@ -62,8 +62,8 @@ static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f
                qscale, err);
     }
     cpu_kvq_seq hs = {(const uint8_t *)kh, (const uint8_t *)vh, table,
-                      (int64_t)(T_BLOCK * row * sizeof(half_fp16)), (int64_t)(row * sizeof(half_fp16)),
-                      T_BLOCK, DT_F16};
+                      (int64_t)(T_BLOCK * row * sizeof(half_fp16)),
+                      (int64_t)(row * sizeof(half_fp16)), T_BLOCK, DT_F16};
     if (f16_simd) {
         f16_simd(q, &hs, n_pos, hd, scale, scratch, o_simd);
         cpu_kvq_attention_row_ref(q, &hs, n_pos, hd, scale, scratch, o_typed);

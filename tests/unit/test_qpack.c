@@ -266,7 +266,8 @@ int main(void)
         kernel_isa isa;
         const char *name;
         qact_dot_fn (*packed)(uint32_t);
-    } isas[] = {{KERNEL_ISA_AVX2, "avx2", qpack_dot_avx2}, {KERNEL_ISA_AVX512, "avx512", qpack_dot_avx512}};
+    } isas[] = {{KERNEL_ISA_AVX2, "avx2", qpack_dot_avx2},
+                {KERNEL_ISA_AVX512, "avx512", qpack_dot_avx512}};
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
         if (dtype_force_isa(isas[i].isa) != 0) {
             fprintf(stderr, "test_qpack: CPU lacks %s: its packed kernels not run here\n",
@@ -274,8 +275,8 @@ int main(void)
             continue;
         }
         for (uint32_t t = 0; t < DT_COUNT; t++) /* the table holds this ISA's kernels */
-            CHECKF(dtype_matmul_qact()->packed_dot[t] == isas[i].packed(t), "%s table: packed dot %u",
-                   isas[i].name, t);
+            CHECKF(dtype_matmul_qact()->packed_dot[t] == isas[i].packed(t),
+                   "%s table: packed dot %u", isas[i].name, t);
         test_dots(&r, isas[i].name, isas[i].packed);
         test_matmul(&r);
         test_split(&r, 1);
