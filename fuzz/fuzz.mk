@@ -15,7 +15,7 @@ FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -pthread -g -O1 -fno-omit-frame-pointer \
 FUZZ_AVX2   := -mavx2 -mfma -mf16c
 FUZZ_AVX512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c
 
-DTYPE_SRC   := src/kernels/dtype.c src/kernels/quant_ref.c src/kernels/quant_avx2.c src/kernels/quant_avx512.c
+DTYPE_SRC   := src/kernels/dtype.c src/kernels/half.c src/kernels/quant_ref.c src/kernels/quant_avx2.c src/kernels/quant_avx512.c
 GGUF_SRC    := src/format/gguf.c src/util/err.c $(DTYPE_SRC)
 
 GGUF_OBJ    := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_gguf.c $(GGUF_SRC))

@@ -18,6 +18,9 @@
  * whatever else is batched with it.
  *
  * Threading: a backend instance is used by one thread (the engine thread).
+ *
+ * The interface only: implementations (cpu/, cuda/) include it and nothing
+ * above it; choosing one by name is backend_select.h, above them.
  */
 #ifndef KVANT_BACKEND_H
 #define KVANT_BACKEND_H
@@ -140,8 +143,7 @@ struct backend {
     const backend_ops *ops;
 };
 
-
-/* ---- backend selection ---- */
+/* ---- what implementations share with the selection (backend_select.h) ---- */
 
 /* What a device offers before anything is loaded: the planner's budget
  * starts from total_memory, and the memory manager allocates through
@@ -153,10 +155,7 @@ typedef struct backend_device_info {
     mem_allocator alloc;
 } backend_device_info;
 
-/* name: "cpu" or "cuda" (only in builds with CUDA=1).  KV_EUNSUP with a
- * message when the backend is not built in or no device is present. */
-int backend_query(const char *name, int device, backend_device_info *out, kvant_err *err);
-/* Flags for backend_create. */
+/* Flags for backend_create (backend_select.h). */
 #define BACKEND_EXACT 1u /* CPU: f32 activations in every matmul (the reference
                            * path); without it quantized weights take the int8-
                            * activation path (~0.3% error per dot, kernels/matmul.h);
@@ -164,11 +163,5 @@ int backend_query(const char *name, int device, backend_device_info *out, kvant_
                            * int8 path (two terms, ~2.5e-6) */
 #define BACKEND_NO_PACK 2u /* CPU: weights stay in the file's layout (no load-time
                             * repacking for the int8 kernels, backend/cpu/cpu_pack.h) */
-backend *backend_create(const char *name, int device, mem_mgr *mem, int n_threads,
-                        unsigned flags, kvant_err *err);
-/* The device of a process that is the local_rank-th of its group on its
- * host (--tp/--pp): device + local_rank, modulo the devices present (ranks
- * share a device when there are fewer); the cpu backend: device. */
-int backend_rank_device(const char *name, int device, int local_rank);
 
 #endif

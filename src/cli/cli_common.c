@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend_select.h"
 #include "quant/quant.h"
 #include "model/wstream.h"
 #include "quant/quant_load.h"

@@ -21,7 +21,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend/cpu/threadpool.h"
+#include "backend/cpu/tpool.h"
 #include "roofline/roofline.h"
 #include "cli/cli.h"
 #include "engine/engine.h"

@@ -20,6 +20,7 @@
 #include <unistd.h>
 #endif
 
+#include "backend/backend_select.h"
 #include "kernels/dtype.h"
 #include "mem/plan.h"
 #include "model/wstream.h"

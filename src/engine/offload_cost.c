@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend/backend.h"
+#include "backend/backend_select.h"
 #include "kernels/dtype.h"
 
 static const int32_t k_batch[OCOST_N_BUCKETS] = {1, 8, 32, 128, 512};

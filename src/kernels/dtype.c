@@ -1,12 +1,18 @@
-/* dtype.c - the dtype traits table, fp16/bf16 scalar conversions, CPU
- * feature detection and the one-time SIMD dispatch.
+/* dtype.c - the dtype traits table, CPU feature detection, and the one
+ * choice of instruction set with the kernel tables filled from it.
  *
  * Invariants:
- *  - k_base[] (the reference table) is const; g_traits[] is the only
- *    mutable global: a copy of k_base with to_float / vec_dot replaced by
- *    the fastest kernels the CPU supports.  It is written by dtype_init()
- *    (once, under pthread_once) and by dtype_force_isa() (tests only,
- *    which must not run concurrently with kernels).
+ *  - k_base[] (the reference table) is const.  The mutable globals are
+ *    the dispatch state below: g_isa (the chosen kernel_isa) and the
+ *    tables filled from it, g_traits[] (a copy of k_base with to_float /
+ *    vec_dot replaced by the chosen ISA's kernels) and g_multi[].
+ *    They are written together by dispatch_apply(), from dtype_init()
+ *    (once, under pthread_once) and from dtype_force_isa() (tests only,
+ *    which must not run concurrently with kernels); read-only otherwise.
+ *  - The ISA is named by a string only when KVANT_ISA is parsed
+ *    (isa_from_name, once); everything else passes the kernel_isa enum
+ *    (matmul.c's int8-activation tables, the CPU backend's attention
+ *    rows and the roofline probes are picked by it).
  *  - from_float, to_float_ref and vec_dot_ref always point at the scalar
  *    references in quant_ref.c.
  *  - Unsupported enum values (q8_1, q2_K, q3_K, q8_K, gaps) have name NULL
@@ -59,11 +65,18 @@ static const dtype_traits k_base[DT_COUNT] = {
 
 static_assert(sizeof(k_base) / sizeof(k_base[0]) == DT_COUNT, "traits table length");
 
-/* ---- dispatch state (the one mutable global; see file comment) ---- */
+/* ---- dispatch state (the mutable globals; see file comment) ---- */
+static kernel_isa g_isa = KERNEL_ISA_SCALAR;
 static dtype_traits g_traits[DT_COUNT];
 static dtype_vec_dot_multi_fn g_multi[DT_COUNT];
-static const char *g_isa = "scalar";
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static char g_isa_error[160];
+
+static const char *const k_isa_name[KERNEL_ISA_COUNT] = {
+    [KERNEL_ISA_SCALAR] = "scalar",
+    [KERNEL_ISA_AVX2] = "avx2",
+    [KERNEL_ISA_AVX512] = "avx512",
+};
 
 #if KVANT_X86
 static int cpu_has_avx2(void)
@@ -92,19 +105,36 @@ static int cpu_has_avx512(void)
 {
     return 0;
 }
-
-/* never called: the CPU checks above are 0 off x86 */
-static const quant_simd_kernels *quant_avx2_table_none(void)
-{
-    return NULL;
-}
-#define quant_avx2_table quant_avx2_table_none
-#define quant_avx512_table quant_avx2_table_none
 #endif
 
-/* Rebuilds g_traits from k_base plus the given SIMD table (may be NULL). */
-static void dispatch_apply(const quant_simd_kernels *simd, const char *isa)
+int dtype_isa_supported(kernel_isa isa)
 {
+    switch (isa) {
+    case KERNEL_ISA_SCALAR: return 1;
+    case KERNEL_ISA_AVX2: return cpu_has_avx2();
+    case KERNEL_ISA_AVX512: return cpu_has_avx512();
+    default: return 0;
+    }
+}
+
+/* The chosen ISA's to_float / vec_dot / vec_dot_multi by dtype (NULL:
+ * the scalar references). */
+static const quant_simd_kernels *quant_table_for(kernel_isa isa)
+{
+#if KVANT_X86
+    if (isa == KERNEL_ISA_AVX512)
+        return quant_avx512_table();
+    if (isa == KERNEL_ISA_AVX2)
+        return quant_avx2_table();
+#endif
+    (void)isa;
+    return NULL;
+}
+
+/* Makes isa the chosen ISA and rebuilds the traits from it. */
+static void dispatch_apply(kernel_isa isa)
+{
+    const quant_simd_kernels *simd = quant_table_for(isa);
     memcpy(g_traits, k_base, sizeof(g_traits));
     memset(g_multi, 0, sizeof(g_multi));
     for (int t = 0; simd && t < DT_COUNT; t++) {
@@ -119,54 +149,37 @@ static void dispatch_apply(const quant_simd_kernels *simd, const char *isa)
     g_isa = isa;
 }
 
-static int force_isa(const char *isa)
+/* The one place an ISA is named by a string: KVANT_ISA.  -1 if unknown. */
+static int isa_from_name(const char *name)
 {
-    if (!isa)
-        return -1;
-    if (strcmp(isa, "scalar") == 0) {
-        dispatch_apply(NULL, "scalar");
-        return 0;
-    }
-    if (strcmp(isa, "avx2") == 0 && cpu_has_avx2()) {
-        dispatch_apply(quant_avx2_table(), "avx2");
-        return 0;
-    }
-    if (strcmp(isa, "avx512") == 0 && cpu_has_avx512()) {
-        dispatch_apply(quant_avx512_table(), "avx512");
-        return 0;
-    }
+    for (int i = 0; i < KERNEL_ISA_COUNT; i++)
+        if (strcmp(name, k_isa_name[i]) == 0)
+            return i;
     return -1;
 }
 
-static char g_isa_error[160];
-
-static void dispatch_auto(void)
-{
-    if (cpu_has_avx512())
-        dispatch_apply(quant_avx512_table(), "avx512");
-    else if (cpu_has_avx2())
-        dispatch_apply(quant_avx2_table(), "avx2");
-    else
-        dispatch_apply(NULL, "scalar");
-}
-
-/* KVANT_ISA=scalar|avx2|avx512 overrides the choice (tests run every ISA
- * the CPU has this way); a name the CPU lacks, or an unknown one, keeps the
- * automatic choice and leaves a message for dtype_isa_error(). */
+/* The best ISA the CPU has, unless KVANT_ISA=scalar|avx2|avx512 names
+ * another (tests run every ISA the CPU has this way); a name the CPU
+ * lacks, or an unknown one, keeps the best and leaves a message for
+ * dtype_isa_error(). */
 static void dispatch_select(void)
 {
-    dispatch_auto();
+    kernel_isa best = KERNEL_ISA_SCALAR;
+    for (int i = KERNEL_ISA_COUNT - 1; i > KERNEL_ISA_SCALAR; i--) {
+        if (dtype_isa_supported((kernel_isa)i)) {
+            best = (kernel_isa)i;
+            break;
+        }
+    }
     const char *want = getenv("KVANT_ISA");
-    if (!want || !*want)
-        return;
-    if (strcmp(want, "scalar") && strcmp(want, "avx2") && strcmp(want, "avx512")) {
+    const int named = want && *want ? isa_from_name(want) : (int)best;
+    if (named < 0)
         snprintf(g_isa_error, sizeof g_isa_error,
                  "KVANT_ISA=%.40s: unknown instruction set (scalar, avx2, avx512)", want);
-        return;
-    }
-    if (force_isa(want) != 0)
-        snprintf(g_isa_error, sizeof g_isa_error,
-                 "KVANT_ISA=%s: this CPU lacks it (it has %s)", want, g_isa);
+    else if (!dtype_isa_supported((kernel_isa)named))
+        snprintf(g_isa_error, sizeof g_isa_error, "KVANT_ISA=%s: this CPU lacks it (it has %s)",
+                 want, k_isa_name[best]);
+    dispatch_apply(named >= 0 && dtype_isa_supported((kernel_isa)named) ? (kernel_isa)named : best);
 }
 
 void dtype_init(void)
@@ -180,16 +193,29 @@ const char *dtype_isa_error(void)
     return g_isa_error[0] ? g_isa_error : NULL;
 }
 
-const char *dtype_isa(void)
+kernel_isa dtype_kernel_isa(void)
 {
     dtype_init();
     return g_isa;
 }
 
-int dtype_force_isa(const char *isa)
+const char *dtype_isa_name(kernel_isa isa)
+{
+    return (unsigned)isa < KERNEL_ISA_COUNT ? k_isa_name[isa] : "?";
+}
+
+const char *dtype_isa(void)
+{
+    return dtype_isa_name(dtype_kernel_isa());
+}
+
+int dtype_force_isa(kernel_isa isa)
 {
     dtype_init();
-    return force_isa(isa);
+    if ((unsigned)isa >= KERNEL_ISA_COUNT || !dtype_isa_supported(isa))
+        return -1;
+    dispatch_apply(isa);
+    return 0;
 }
 
 const dtype_traits *dtype_get(uint32_t t)
@@ -231,68 +257,4 @@ size_t dtype_row_size(uint32_t t, int64_t n)
     if (blocks > SIZE_MAX / tr->type_size)
         return 0;
     return (size_t)blocks * tr->type_size;
-}
-
-/* ---- fp16 / bf16 (scalar; SIMD files use F16C / shifts) ---- */
-
-static inline uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static inline float f32_from_bits(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-float kv_fp16_to_f32(kv_fp16 h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-    uint32_t exp = (h >> 10) & 0x1F;
-    uint32_t man = h & 0x3FF;
-    if (exp == 0x1F) /* inf / nan: keep payload */
-        return f32_from_bits(sign | 0x7F800000u | (man << 13));
-    if (exp != 0)
-        return f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
-    /* zero or subnormal: man * 2^-24, exact in f32 */
-    float v = (float)man * 0x1p-24f;
-    return f32_from_bits(sign | f32_bits(v));
-}
-
-/* Round to nearest even, overflow to inf, nan stays nan (quiet); the
- * algorithm of Maratyszcza's FP16 library (also ggml's), which matches F16C. */
-kv_fp16 kv_f32_to_fp16(float f)
-{
-    const float scale_to_inf = 0x1.0p+112f;
-    const float scale_to_zero = 0x1.0p-110f;
-    float base = ((f < 0 ? -f : f) * scale_to_inf) * scale_to_zero;
-    uint32_t w = f32_bits(f);
-    uint32_t shl1_w = w + w;
-    uint32_t sign = w & 0x80000000u;
-    uint32_t bias = shl1_w & 0xFF000000u;
-    if (bias < 0x71000000u)
-        bias = 0x71000000u;
-    base = f32_from_bits((bias >> 1) + 0x07800000u) + base;
-    uint32_t bits = f32_bits(base);
-    uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
-    uint32_t mantissa_bits = bits & 0x00000FFFu;
-    uint32_t nonsign = exp_bits + mantissa_bits;
-    return (kv_fp16)((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
-}
-
-float kv_bf16_to_f32(kv_bf16 h)
-{
-    return f32_from_bits((uint32_t)h << 16);
-}
-
-kv_bf16 kv_f32_to_bf16(float f)
-{
-    uint32_t u = f32_bits(f);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) /* nan: truncate, force quiet */
-        return (kv_bf16)((u >> 16) | 64);
-    return (kv_bf16)((u + (0x7FFFu + ((u >> 16) & 1))) >> 16);
 }

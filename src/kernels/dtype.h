@@ -1,10 +1,11 @@
-/* dtype.h - tensor element types with GGUF's exact block layouts, and the
- * traits table that every kernel dispatches through.
+/* dtype.h - the traits table that every kernel dispatches through, over the
+ * element types and block layouts of kernels/blocks.h.
  *
- * Enum values equal GGUF's ggml_type values.  Each quantized block struct
- * has a static_assert on its size.  The traits table is indexed by the enum
- * and is immutable; dtype_init() selects the SIMD implementations the CPU
- * supports (AVX-512, AVX2, else scalar) once at start-up.
+ * The top of src/kernels/ below matmul.c: it includes the kernel files'
+ * headers, they never include it.  The traits table is indexed by the dtype
+ * enum (values equal GGUF's) and is immutable; dtype_init() selects the
+ * SIMD implementations the CPU supports (AVX-512, AVX2, else scalar) once
+ * at start-up.
  *
  * Dot products take a weight row in its stored type and an activation
  * vector in f32 and return an f32; the reduction order depends only on n
@@ -13,69 +14,11 @@
 #ifndef KVANT_DTYPE_H
 #define KVANT_DTYPE_H
 
-#include <assert.h>
 #include <stddef.h>
 #include <stdint.h>
 
-typedef uint16_t kv_fp16; /* IEEE half, bit pattern */
-typedef uint16_t kv_bf16; /* bfloat16, bit pattern */
-
-typedef enum dtype {
-    DT_F32 = 0,
-    DT_F16 = 1,
-    DT_Q4_0 = 2,
-    DT_Q4_1 = 3,
-    DT_Q5_0 = 6,
-    DT_Q5_1 = 7,
-    DT_Q8_0 = 8,
-    DT_Q8_1 = 9,
-    DT_Q2_K = 10,
-    DT_Q3_K = 11,
-    DT_Q4_K = 12,
-    DT_Q5_K = 13,
-    DT_Q6_K = 14,
-    DT_Q8_K = 15,
-    DT_BF16 = 30,
-    DT_COUNT = 31 /* table length; values without traits are unsupported */
-} dtype;
-
-/* A matmul type tag, or'ed onto a dtype: the weight rows are packed at
- * load into the kernels' layout (kernels/qpack.h, kernels/matmul.h).
- * Never stored in a file and never a traits-table index. */
-#define DT_PACKED 0x100u
-
-#define QK4_0 32
-#define QK4_1 32
-#define QK5_0 32
-#define QK5_1 32
-#define QK8_0 32
-#define QK_K 256
-#define K_SCALE_SIZE 12
-
-typedef struct { kv_fp16 d; uint8_t qs[QK4_0 / 2]; } block_q4_0;
-typedef struct { kv_fp16 d; kv_fp16 m; uint8_t qs[QK4_1 / 2]; } block_q4_1;
-typedef struct { kv_fp16 d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0;
-typedef struct { kv_fp16 d; kv_fp16 m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; } block_q5_1;
-typedef struct { kv_fp16 d; int8_t qs[QK8_0]; } block_q8_0;
-typedef struct { kv_fp16 d; kv_fp16 dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qs[QK_K / 2]; } block_q4_K;
-typedef struct { kv_fp16 d; kv_fp16 dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
-typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; kv_fp16 d; } block_q6_K;
-
-static_assert(sizeof(block_q4_0) == 18, "block_q4_0 layout");
-static_assert(sizeof(block_q4_1) == 20, "block_q4_1 layout");
-static_assert(sizeof(block_q5_0) == 22, "block_q5_0 layout");
-static_assert(sizeof(block_q5_1) == 24, "block_q5_1 layout");
-static_assert(sizeof(block_q8_0) == 34, "block_q8_0 layout");
-static_assert(sizeof(block_q4_K) == 144, "block_q4_K layout");
-static_assert(sizeof(block_q5_K) == 176, "block_q5_K layout");
-static_assert(sizeof(block_q6_K) == 210, "block_q6_K layout");
-
-/* Dequantize n elements (n a multiple of block_size) from src to dst. */
-typedef void (*dtype_to_float_fn)(const void *src, float *dst, int64_t n);
-/* Quantize n elements (multiple of block_size): the reference rounding. */
-typedef void (*dtype_from_float_fn)(const float *src, void *dst, int64_t n);
-/* sum_i w[i] * x[i] over n elements; w in the stored type, x in f32. */
-typedef float (*dtype_vec_dot_fn)(int64_t n, const void *w, const float *x);
+#include "kernels/blocks.h" /* the dtype enum, block layouts, kernel signatures */
+#include "kernels/half.h"   /* half_fp16, half_bf16 and their conversions */
 
 typedef struct dtype_traits {
     const char *name;       /* "q4_0", as GGUF/llama.cpp spell it; NULL if unsupported */
@@ -89,18 +32,41 @@ typedef struct dtype_traits {
     dtype_vec_dot_fn vec_dot_ref;        /* scalar specification */
 } dtype_traits;
 
-/* Selects SIMD implementations for this CPU; idempotent and thread-safe
- * (call once from main / test setup before any kernel runs). */
+/* The instruction sets the CPU kernels come in.  Each later one implies
+ * the earlier ones on a CPU that has it (AVX-512 here means F, BW, VL, DQ
+ * and VNNI, with AVX2 + FMA + F16C). */
+typedef enum kernel_isa {
+    KERNEL_ISA_SCALAR = 0,
+    KERNEL_ISA_AVX2 = 1,
+    KERNEL_ISA_AVX512 = 2,
+    KERNEL_ISA_COUNT
+} kernel_isa;
+
+/* Chooses the instruction set once (the best the CPU has, or KVANT_ISA)
+ * and fills the traits from it; idempotent and thread-safe (call once
+ * from main / test setup before any kernel runs). */
 void dtype_init(void);
 /* NULL, or why the KVANT_ISA environment variable (scalar, avx2, avx512)
  * was not honoured (unknown name, or an ISA this CPU lacks); the program
  * should refuse to run then.  Calls dtype_init(). */
 const char *dtype_isa_error(void);
-/* Name of the instruction set chosen ("avx512", "avx2", "scalar"). */
+/* The instruction set chosen; callers that keep their own table of kernels
+ * (matmul.c's int8-activation kernels, the CPU backend's attention rows,
+ * the roofline probes) pick from it once per call or at init, never per
+ * element. */
+kernel_isa dtype_kernel_isa(void);
+/* Name of an instruction set ("scalar", "avx2", "avx512"; "?" out of range). */
+const char *dtype_isa_name(kernel_isa isa);
+/* Name of the instruction set chosen: dtype_isa_name(dtype_kernel_isa()). */
 const char *dtype_isa(void);
-/* Forces an instruction set for tests: "avx512", "avx2" or "scalar".
- * Returns 0, or -1 if the CPU lacks it. */
-int dtype_force_isa(const char *isa);
+/* 1 when this CPU can run isa's kernels (0 out of range). */
+int dtype_isa_supported(kernel_isa isa);
+/* Forces an instruction set for tests (must not run concurrently with
+ * kernels): refills the traits, and the matmul takes the new ISA's tables
+ * from its next call; a CPU backend created earlier keeps the attention
+ * rows it picked.  Returns 0, or -1 if the CPU lacks it or isa is out of
+ * range (the choice then stays). */
+int dtype_force_isa(kernel_isa isa);
 
 /* NULL when t is out of range or has no implementation. */
 const dtype_traits *dtype_get(uint32_t t);
@@ -111,9 +77,9 @@ int dtype_from_name(const char *name);
  * returns 0 for unsupported types or a bad n. */
 size_t dtype_row_size(uint32_t t, int64_t n);
 
-float kv_fp16_to_f32(kv_fp16 h);
-kv_fp16 kv_f32_to_fp16(float f);
-float kv_bf16_to_f32(kv_bf16 h);
-kv_bf16 kv_f32_to_bf16(float f); /* round to nearest even */
+/* The dispatched multi-token dot for type t, or NULL when the selected ISA
+ * has none (scalar): callers then loop over vec_dot, which is equivalent.
+ * Same threading rules as dtype_get. */
+dtype_vec_dot_multi_fn dtype_vec_dot_multi(uint32_t t);
 
 #endif

@@ -13,6 +13,7 @@
  */
 #include "kernels/matmul.h"
 
+#include <pthread.h>
 #include <string.h>
 
 #include "kernels/dtype.h"
@@ -28,35 +29,56 @@
  * bounds n to about 47k columns (KV_ASSERT). */
 #define MM_QACT_STACK_BYTES (64 * 1024)
 
-/* The qact kernels of the selected ISA (all three are bitwise equal). */
-static qact_quantize_fn qact_quantizer(void)
+/* ---- the int8-activation kernels of each ISA ----
+ * g_qact[isa] is filled once (first use, under pthread_once) for every ISA
+ * this CPU has, from the ISA files' getters; read-only afterwards.  A call
+ * takes the chosen ISA's table (dtype_kernel_isa) once, so dtype_force_isa
+ * switches tables without refilling them. */
+static qact_kernels g_qact[KERNEL_ISA_COUNT];
+static pthread_once_t g_qact_once = PTHREAD_ONCE_INIT;
+
+/* isa's int8-activation kernels into *k (all ISAs' are bitwise equal;
+ * packed rows need AVX2 or AVX-512).  Call only when the CPU has isa. */
+static void qact_fill(qact_kernels *k, kernel_isa isa)
 {
+    memset(k, 0, sizeof *k);
+    k->quantize = qact_quantize_ref;
+    for (uint32_t t = 0; t < DT_COUNT; t++)
+        k->dot[t] = qact_dot_ref(t);
 #if KVANT_X86
-    const char *isa = dtype_isa();
-    if (strcmp(isa, "avx512") == 0)
-        return qact_quantize_avx512;
-    if (strcmp(isa, "avx2") == 0)
-        return qact_quantize_avx2;
+    if (isa == KERNEL_ISA_SCALAR)
+        return;
+    k->quantize = isa == KERNEL_ISA_AVX512 ? qact_quantize_avx512 : qact_quantize_avx2;
+    for (uint32_t t = 0; t < DT_COUNT; t++) {
+        k->dot[t] = isa == KERNEL_ISA_AVX512 ? qact_dot_avx512(t) : qact_dot_avx2(t);
+        k->packed_dot[t] = isa == KERNEL_ISA_AVX512 ? qpack_dot_avx512(t) : qpack_dot_avx2(t);
+    }
+#else
+    (void)isa;
 #endif
-    return qact_quantize_ref;
 }
 
-/* The dot kernel for `type` (DT_PACKED: packed rows) on the selected ISA. */
-static qact_dot_fn qact_dot_for(uint32_t type)
+static void qact_fill_all(void)
 {
-#if KVANT_X86
-    const char *isa = dtype_isa();
-    if (type & DT_PACKED) {
-        if (strcmp(isa, "avx512") == 0)
-            return qpack_dot_avx512(qpack_base(type));
-        return strcmp(isa, "avx2") == 0 ? qpack_dot_avx2(qpack_base(type)) : NULL;
-    }
-    if (strcmp(isa, "avx512") == 0)
-        return qact_dot_avx512(type);
-    if (strcmp(isa, "avx2") == 0)
-        return qact_dot_avx2(type);
-#endif
-    return type & DT_PACKED ? NULL : qact_dot_ref(type);
+    for (int i = 0; i < KERNEL_ISA_COUNT; i++)
+        if (dtype_isa_supported((kernel_isa)i))
+            qact_fill(&g_qact[i], (kernel_isa)i);
+}
+
+const qact_kernels *dtype_matmul_qact(void)
+{
+    pthread_once(&g_qact_once, qact_fill_all);
+    return &g_qact[dtype_kernel_isa()];
+}
+
+/* The dot kernel for `type` (DT_PACKED: packed rows) in the table of the
+ * chosen ISA; NULL when there is none.  Once per call, never per row. */
+static qact_dot_fn qact_dot_for(const qact_kernels *k, uint32_t type)
+{
+    const uint32_t base = qpack_base(type);
+    if (base >= DT_COUNT)
+        return NULL;
+    return type & DT_PACKED ? k->packed_dot[base] : k->dot[base];
 }
 
 int dtype_matmul_uses_qact(uint32_t type)
@@ -66,7 +88,7 @@ int dtype_matmul_uses_qact(uint32_t type)
 
 int dtype_matmul_packs(uint32_t type, int64_t n)
 {
-    return qpack_supported(type, n) && qact_dot_for(type | DT_PACKED) != NULL;
+    return qpack_supported(type, n) && qact_dot_for(dtype_matmul_qact(), type | DT_PACKED) != NULL;
 }
 
 size_t dtype_matmul_scratch_bytes(uint32_t type, int64_t n, int64_t n_tok)
@@ -82,7 +104,7 @@ void dtype_matmul_quantize(uint32_t type, const float *x, int64_t n, int64_t n_t
         return;
     KV_ASSERT(n % QACT_CHUNK == 0);
     const size_t rb = qact_row_bytes(n);
-    const qact_quantize_fn quant = qact_quantizer();
+    const qact_quantize_fn quant = dtype_matmul_qact()->quantize;
     for (int64_t t = 0; t < n_tok; t++) {
         quant(x + t * n, n, (uint8_t *)xq + (size_t)t * rb);
         if (type & DT_PACKED)
@@ -95,7 +117,7 @@ void dtype_matmul_quantize_split(uint32_t type, const float *x, int64_t n, int64
 {
     KV_ASSERT(dtype_matmul_uses_qact(type) && n % QACT_CHUNK == 0);
     const size_t rb = qact_row_bytes(n);
-    const qact_quantize_fn quant = qact_quantizer();
+    const qact_quantize_fn quant = dtype_matmul_qact()->quantize;
     for (int64_t t = 0; t < n_tok; t++) {
         uint8_t *q1 = (uint8_t *)xq + (size_t)(2 * t) * rb, *q2 = q1 + rb;
         quant(x + t * n, n, q1);
@@ -153,7 +175,7 @@ static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int
                       int64_t row_end, int64_t n, const void *xq, int64_t n_tok, float *y,
                       int64_t y_stride, int terms)
 {
-    const qact_dot_fn dot = qact_dot_for(type);
+    const qact_dot_fn dot = qact_dot_for(dtype_matmul_qact(), type);
     KV_ASSERT(dot != NULL && (terms == 1 || terms == 2));
     const size_t rb = qact_row_bytes(n);
     const int64_t row_tile = row_tile_for(type, n), per = QACT_MULTI_MAX / terms;

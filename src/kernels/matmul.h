@@ -76,6 +76,11 @@ void dtype_matmul_rows_split(uint32_t type, const void *w, size_t row_stride_byt
                              int64_t row_begin, int64_t row_end, int64_t n, const float *x,
                              const void *xq, int64_t n_tok, float *y, int64_t y_stride);
 
+/* The int8-activation kernels of the chosen ISA (kernels/qact.h), the
+ * table the qact path calls through; for tests.  Thread-safe. */
+struct qact_kernels;
+const struct qact_kernels *dtype_matmul_qact(void);
+
 /* The exact path for every type: each output bitwise equal to one
  * dtype_get(type)->vec_dot call. */
 void dtype_matmul_rows(uint32_t type, const void *w, size_t row_stride_bytes,

@@ -35,7 +35,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "kernels/dtype.h"
+#include "kernels/blocks.h"
 
 #define QACT_CHUNK 32
 #define QACT_LANES 16                       /* chunks per SIMD group */
@@ -137,10 +137,21 @@ void qact_quantize_avx512(const float *x, int64_t n, void *dst);
 /* Scalar references (the specification), one per supported weight type;
  * NULL for types without an activation-quantized path. */
 qact_dot_fn qact_dot_ref(uint32_t type);
-/* AVX2 kernels (VPMADDUBSW); call only when dtype_isa() is "avx2" or
- * "avx512".  Bitwise equal to the reference. */
+/* AVX2 kernels (VPMADDUBSW); call only on a CPU with AVX2 (dtype.c checks
+ * it before it fills a table with them).  Bitwise equal to the reference. */
 qact_dot_fn qact_dot_avx2(uint32_t type);
-/* AVX-512 VNNI kernels; call only when dtype_isa() is "avx512". */
+/* AVX-512 VNNI kernels; call only on a CPU with AVX-512 VNNI. */
 qact_dot_fn qact_dot_avx512(uint32_t type);
+
+/* One instruction set's int8-activation kernels, by weight type.  Filled
+ * once per ISA by matmul.c from the getters above and qpack_dot_*
+ * (qpack.h); read-only afterwards; the matmul calls through the chosen
+ * ISA's (dtype_matmul_qact()).  All entries of one table are bitwise
+ * equal to the reference's. */
+typedef struct qact_kernels {
+    qact_quantize_fn quantize;        /* f32 rows -> qact rows */
+    qact_dot_fn dot[DT_COUNT];        /* stored rows; NULL: no qact path */
+    qact_dot_fn packed_dot[DT_COUNT]; /* packed rows (qpack.h); NULL: none on this ISA */
+} qact_kernels;
 
 #endif

@@ -1,9 +1,10 @@
 /* qact_avx2.c - AVX2 activation quantizer and weight x qact dot products,
  * bitwise equal to qact_ref.c (specification in qact.h).
  *
- * Built with -mavx2 -mfma -mf16c; call only when dtype_isa() is "avx2" or
- * "avx512".  Compiled under -std=c11, so GCC does not contract the
- * explicit multiplies and adds below into FMAs (the reference order).
+ * Built with -mavx2 -mfma -mf16c; reached through the table matmul.c fills
+ * when the chosen ISA is AVX2.  Compiled under -std=c11, so GCC does not
+ * contract the explicit multiplies and adds below into FMAs (the
+ * reference order).
  *
  * Scheme: a row is walked in groups of 16 chunks (the reference's 16
  * accumulator lanes), each as two halves of 8 chunks held in one __m256
@@ -29,8 +30,8 @@
 
 #define AI static inline __attribute__((always_inline))
 
-/* One f16 to f32 with F16C (exact, as kv_fp16_to_f32, without the call). */
-AI float h2f(kv_fp16 h)
+/* One f16 to f32 with F16C (exact, as half_fp16_to_f32, without the call). */
+AI float h2f(half_fp16 h)
 {
     return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 }
@@ -507,7 +508,7 @@ AI pk_kscales pk_k_scales(uint32_t t, const uint8_t *wg, int tc, int h)
     pk_kscales r;
     r.sc = r.mn = r.e6 = r.sc0 = r.sc1 = _mm256_setzero_si256();
     if (t == DT_Q6_K) {
-        kv_fp16 d;
+        half_fp16 d;
         memcpy(&d, wg + 2 * h, 2);
         r.A = _mm256_set1_ps(h2f(d));
         r.B = _mm256_setzero_ps();

@@ -1,8 +1,8 @@
 /* qact_avx512.c - AVX-512 VNNI activation quantizer and weight x qact dot
  * products, bitwise equal to qact_ref.c (specification in qact.h).
  *
- * Built with -mavx512*; call only when dtype_isa() is "avx512" (which
- * requires VNNI).
+ * Built with -mavx512*; reached through the table matmul.c fills when the
+ * chosen ISA is AVX-512 (which requires VNNI).
  *
  * Scheme: the row is walked in groups of 16 chunks (512 values; the last
  * group's weights are copied into a zero-padded stack buffer, activation
@@ -25,8 +25,8 @@
 
 #define AI static inline __attribute__((always_inline))
 
-/* One f16 to f32 with F16C (exact, as kv_fp16_to_f32, without the call). */
-AI float h2f(kv_fp16 h)
+/* One f16 to f32 with F16C (exact, as half_fp16_to_f32, without the call). */
+AI float h2f(half_fp16 h)
 {
     return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 }
@@ -459,7 +459,7 @@ AI pk_kscales pk_k_scales(uint32_t t, const uint8_t *wg, int tc)
     pk_kscales r;
     r.sc = r.mn = r.e6 = r.sc0 = r.sc1 = _mm512_setzero_si512();
     if (t == DT_Q6_K) {
-        kv_fp16 d[2];
+        half_fp16 d[2];
         memcpy(&d[0], wg, 2);
         memcpy(&d[1], wg + (tc > 8 ? 2 : 0), 2);
         r.A = _mm512_insertf32x8(_mm512_set1_ps(h2f(d[0])), _mm256_set1_ps(h2f(d[1])), 1);
@@ -474,7 +474,7 @@ AI pk_kscales pk_k_scales(uint32_t t, const uint8_t *wg, int tc)
     }
     const uint8_t *h0 = wg, *h1 = wg + (tc > 8 ? 16 : 0); /* q4_K, q5_K heads */
     uint32_t u0[4], u1[4];
-    kv_fp16 d[4];
+    half_fp16 d[4];
     qact_k4_scales(h0 + 4, u0);
     qact_k4_scales(h1 + 4, u1);
     memcpy(&d[0], h0, 4);

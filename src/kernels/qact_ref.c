@@ -25,6 +25,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/half.h"
 #include "kernels/quant_ref.h"
 
 /* One 32-value chunk: codes q, scale *d, sums (the row format of qact.h). */
@@ -118,7 +119,7 @@ static chunk_terms terms_legacy(uint32_t type, const void *w, int64_t c, const q
             u[i + 16] = b->qs[i] >> 4;
         }
         t.I = dot_u8(u, a, 32) - 8 * asum;
-        t.A = kv_fp16_to_f32(b->d);
+        t.A = half_fp16_to_f32(b->d);
         break;
     }
     case DT_Q4_1: {
@@ -129,8 +130,8 @@ static chunk_terms terms_legacy(uint32_t type, const void *w, int64_t c, const q
         }
         t.I = dot_u8(u, a, 32);
         t.J = asum;
-        t.A = kv_fp16_to_f32(b->d);
-        t.B = kv_fp16_to_f32(b->m);
+        t.A = half_fp16_to_f32(b->d);
+        t.B = half_fp16_to_f32(b->m);
         break;
     }
     case DT_Q5_0:
@@ -149,11 +150,11 @@ static chunk_terms terms_legacy(uint32_t type, const void *w, int64_t c, const q
             const block_q5_1 *b = (const block_q5_1 *)w + c;
             t.I = raw;
             t.J = asum;
-            t.A = kv_fp16_to_f32(b->d);
-            t.B = kv_fp16_to_f32(b->m);
+            t.A = half_fp16_to_f32(b->d);
+            t.B = half_fp16_to_f32(b->m);
         } else {
             t.I = raw - 16 * asum;
-            t.A = kv_fp16_to_f32(((const block_q5_0 *)w + c)->d);
+            t.A = half_fp16_to_f32(((const block_q5_0 *)w + c)->d);
         }
         break;
     }
@@ -162,7 +163,7 @@ static chunk_terms terms_legacy(uint32_t type, const void *w, int64_t c, const q
         for (int i = 0; i < 32; i++)
             u[i] = (uint8_t)(b->qs[i] + 128);
         t.I = dot_u8(u, a, 32) - 128 * asum;
-        t.A = kv_fp16_to_f32(b->d);
+        t.A = half_fp16_to_f32(b->d);
         break;
     }
     default:
@@ -191,12 +192,12 @@ static chunk_terms terms_k(uint32_t type, const void *w, int64_t c, const qact_v
         const int32_t r0 = dot_u8(u, a, 16), r1 = dot_u8(u + 16, a + 16, 16);
         t.I = b->scales[2 * j] * (r0 - 32 * v->s16[2 * c]) +
               b->scales[2 * j + 1] * (r1 - 32 * v->s16[2 * c + 1]);
-        t.A = kv_fp16_to_f32(b->d);
+        t.A = half_fp16_to_f32(b->d);
         return t;
     }
     /* q4_K and q5_K share scales and qs layout */
     const uint8_t *scales, *qs;
-    kv_fp16 d, dmin;
+    half_fp16 d, dmin;
     if (type == DT_Q4_K) {
         const block_q4_K *b = (const block_q4_K *)w + c / 8;
         scales = b->scales, qs = b->qs, d = b->d, dmin = b->dmin;
@@ -217,8 +218,8 @@ static chunk_terms terms_k(uint32_t type, const void *w, int64_t c, const qact_v
     qref_scale_min_k4(j, scales, &sc, &m);
     t.I = (int32_t)sc * dot_u8(u, a, 32);
     t.J = (int32_t)m * v->s32[c];
-    t.A = kv_fp16_to_f32(d);
-    t.B = -kv_fp16_to_f32(dmin);
+    t.A = half_fp16_to_f32(d);
+    t.B = -half_fp16_to_f32(dmin);
     return t;
 }
 

@@ -4,7 +4,7 @@
 
 #include <string.h>
 
-#include "kernels/dtype.h"
+#include "kernels/blocks.h"
 
 #define K4_HEAD 16 /* d, dmin, scales of a q4_K/q5_K super-block */
 #define QP_GROUP_MAX (QACT_LANES * sizeof(block_q8_0)) /* largest group, q8_0 */
@@ -70,7 +70,7 @@ static size_t head_bytes(uint32_t t, int tc)
 {
     if (t == DT_Q4_K) /* d, dmin, scales[12] of each super-block */
         return (size_t)(tc / 8) * K4_HEAD;
-    return (size_t)(t == DT_Q4_1 ? 2 : 1) * (size_t)tc * sizeof(kv_fp16);
+    return (size_t)(t == DT_Q4_1 ? 2 : 1) * (size_t)tc * sizeof(half_fp16);
 }
 
 /* Value position held by byte b of code vector r (q8_0: r < 8; q4: the

@@ -6,8 +6,8 @@
  * to QACT_LANES = 16 blocks (512 values; the last group of a row holds tc =
  * the remaining blocks, 1..16).  A group, with code(c, p) the code of value
  * p of block c as stored and L = 4 tc the length of one code vector:
- *     kv_fp16 d[tc];                      every block's scale, in order
- *     kv_fp16 m[tc];                      (q4_1, q5_1) every block's min
+ *     half_fp16 d[tc];                      every block's scale, in order
+ *     half_fp16 m[tc];                      (q4_1, q5_1) every block's min
  *     uint32_t qh'[tc];                   (q5_0, q5_1) bit 4 of the codes:
  *                                         byte j, bit i / 4+i = that of the
  *                                         low / high nibble of qs[i][4c+j]
@@ -86,8 +86,8 @@ void qpack_unpack_rows(uint32_t type, const void *src, void *dst, int64_t n, int
 void qpack_interleave_act(void *xq, int64_t n);
 
 /* Dot kernels over packed rows and interleaved activations, with the
- * contract of qact_dot_fn; NULL for unsupported types.  Call only when
- * dtype_isa() supports the ISA. */
+ * contract of qact_dot_fn; NULL for unsupported types.  Call only on a CPU
+ * with the ISA; callers reach them through dtype_matmul_qact()->packed_dot. */
 qact_dot_fn qpack_dot_avx2(uint32_t type);
 qact_dot_fn qpack_dot_avx512(uint32_t type);
 

@@ -17,12 +17,13 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "kernels/half.h"
 #include "kernels/quant_ref.h"
 
 #define AI static inline __attribute__((always_inline))
 #define NT2 2
 
-AI float h2f(kv_fp16 h)
+AI float h2f(half_fp16 h)
 {
     return _cvtsh_ss(h);
 }
@@ -112,7 +113,7 @@ AI float plain_load1(plain_kind kind, const void *w, int64_t i)
     switch (kind) {
     case PL_F32: return ((const float *)w)[i];
     case PL_F16: return h2f(((const uint16_t *)w)[i]);
-    default: return kv_bf16_to_f32(((const uint16_t *)w)[i]);
+    default: return half_bf16_to_f32(((const uint16_t *)w)[i]);
     }
 }
 

@@ -26,7 +26,7 @@
 
 static const float k_iota[16] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
 
-AI float h2f(kv_fp16 h)
+AI float h2f(half_fp16 h)
 {
     return _cvtsh_ss(h);
 }

@@ -24,6 +24,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/half.h"
+
 /* Dequantizes a block at a time into a small buffer and dots in double. */
 static float dot_blocks(int64_t n, const void *w, const float *x, int bs, size_t ts,
                         dtype_to_float_fn to_float)
@@ -79,47 +81,47 @@ float qref_f32_vec_dot(int64_t n, const void *w, const float *x)
 
 void qref_f16_to_float(const void *src, float *dst, int64_t n)
 {
-    const kv_fp16 *h = src;
+    const half_fp16 *h = src;
     for (int64_t i = 0; i < n; i++)
-        dst[i] = kv_fp16_to_f32(h[i]);
+        dst[i] = half_fp16_to_f32(h[i]);
 }
 
 void qref_f16_from_float(const float *src, void *dst, int64_t n)
 {
-    kv_fp16 *h = dst;
+    half_fp16 *h = dst;
     for (int64_t i = 0; i < n; i++)
-        h[i] = kv_f32_to_fp16(src[i]);
+        h[i] = half_f32_to_fp16(src[i]);
 }
 
 float qref_f16_vec_dot(int64_t n, const void *w, const float *x)
 {
-    const kv_fp16 *h = w;
+    const half_fp16 *h = w;
     double sum = 0.0;
     for (int64_t i = 0; i < n; i++)
-        sum += (double)kv_fp16_to_f32(h[i]) * (double)x[i];
+        sum += (double)half_fp16_to_f32(h[i]) * (double)x[i];
     return (float)sum;
 }
 
 void qref_bf16_to_float(const void *src, float *dst, int64_t n)
 {
-    const kv_bf16 *h = src;
+    const half_bf16 *h = src;
     for (int64_t i = 0; i < n; i++)
-        dst[i] = kv_bf16_to_f32(h[i]);
+        dst[i] = half_bf16_to_f32(h[i]);
 }
 
 void qref_bf16_from_float(const float *src, void *dst, int64_t n)
 {
-    kv_bf16 *h = dst;
+    half_bf16 *h = dst;
     for (int64_t i = 0; i < n; i++)
-        h[i] = kv_f32_to_bf16(src[i]);
+        h[i] = half_f32_to_bf16(src[i]);
 }
 
 float qref_bf16_vec_dot(int64_t n, const void *w, const float *x)
 {
-    const kv_bf16 *h = w;
+    const half_bf16 *h = w;
     double sum = 0.0;
     for (int64_t i = 0; i < n; i++)
-        sum += (double)kv_bf16_to_f32(h[i]) * (double)x[i];
+        sum += (double)half_bf16_to_f32(h[i]) * (double)x[i];
     return (float)sum;
 }
 
@@ -129,7 +131,7 @@ void qref_q4_0_to_float(const void *src, float *dst, int64_t n)
 {
     const block_q4_0 *b = src;
     for (int64_t i = 0; i < n / QK4_0; i++, dst += QK4_0) {
-        const float d = kv_fp16_to_f32(b[i].d);
+        const float d = half_fp16_to_f32(b[i].d);
         for (int j = 0; j < QK4_0 / 2; j++) {
             dst[j] = (float)((b[i].qs[j] & 0x0F) - 8) * d;
             dst[j + QK4_0 / 2] = (float)((b[i].qs[j] >> 4) - 8) * d;
@@ -143,7 +145,7 @@ void qref_q4_0_from_float(const float *src, void *dst, int64_t n)
     for (int64_t i = 0; i < n / QK4_0; i++, src += QK4_0) {
         const float d = absmax_signed(src, QK4_0) / -8;
         const float id = d ? 1.0f / d : 0.0f;
-        b[i].d = kv_f32_to_fp16(d);
+        b[i].d = half_f32_to_fp16(d);
         for (int j = 0; j < QK4_0 / 2; j++) {
             const float x0 = src[j] * id;
             const float x1 = src[j + QK4_0 / 2] * id;
@@ -165,8 +167,8 @@ void qref_q4_1_to_float(const void *src, float *dst, int64_t n)
 {
     const block_q4_1 *b = src;
     for (int64_t i = 0; i < n / QK4_1; i++, dst += QK4_1) {
-        const float d = kv_fp16_to_f32(b[i].d);
-        const float m = kv_fp16_to_f32(b[i].m);
+        const float d = half_fp16_to_f32(b[i].d);
+        const float m = half_fp16_to_f32(b[i].m);
         for (int j = 0; j < QK4_1 / 2; j++) {
             dst[j] = (float)(b[i].qs[j] & 0x0F) * d + m;
             dst[j + QK4_1 / 2] = (float)(b[i].qs[j] >> 4) * d + m;
@@ -194,8 +196,8 @@ void qref_q4_1_from_float(const float *src, void *dst, int64_t n)
         minmax(src, QK4_1, &mn, &mx);
         const float d = (mx - mn) / 15;
         const float id = d ? 1.0f / d : 0.0f;
-        b[i].d = kv_f32_to_fp16(d);
-        b[i].m = kv_f32_to_fp16(mn);
+        b[i].d = half_f32_to_fp16(d);
+        b[i].m = half_f32_to_fp16(mn);
         for (int j = 0; j < QK4_1 / 2; j++) {
             const float x0 = (src[j] - mn) * id;
             const float x1 = (src[j + QK4_1 / 2] - mn) * id;
@@ -224,7 +226,7 @@ void qref_q5_0_to_float(const void *src, float *dst, int64_t n)
 {
     const block_q5_0 *b = src;
     for (int64_t i = 0; i < n / QK5_0; i++, dst += QK5_0) {
-        const float d = kv_fp16_to_f32(b[i].d);
+        const float d = half_fp16_to_f32(b[i].d);
         const uint32_t qh = load_u32(b[i].qh);
         for (int j = 0; j < QK5_0 / 2; j++) {
             const int h0 = (int)((qh >> j) & 1) << 4;
@@ -242,7 +244,7 @@ void qref_q5_0_from_float(const float *src, void *dst, int64_t n)
         const float d = absmax_signed(src, QK5_0) / -16;
         const float id = d ? 1.0f / d : 0.0f;
         uint32_t qh = 0;
-        b[i].d = kv_f32_to_fp16(d);
+        b[i].d = half_f32_to_fp16(d);
         for (int j = 0; j < QK5_0 / 2; j++) {
             const float x0 = src[j] * id;
             const float x1 = src[j + QK5_0 / 2] * id;
@@ -266,8 +268,8 @@ void qref_q5_1_to_float(const void *src, float *dst, int64_t n)
 {
     const block_q5_1 *b = src;
     for (int64_t i = 0; i < n / QK5_1; i++, dst += QK5_1) {
-        const float d = kv_fp16_to_f32(b[i].d);
-        const float m = kv_fp16_to_f32(b[i].m);
+        const float d = half_fp16_to_f32(b[i].d);
+        const float m = half_fp16_to_f32(b[i].m);
         const uint32_t qh = load_u32(b[i].qh);
         for (int j = 0; j < QK5_1 / 2; j++) {
             const int h0 = (int)((qh >> j) & 1) << 4;
@@ -287,8 +289,8 @@ void qref_q5_1_from_float(const float *src, void *dst, int64_t n)
         const float d = (mx - mn) / 31;
         const float id = d ? 1.0f / d : 0.0f;
         uint32_t qh = 0;
-        b[i].d = kv_f32_to_fp16(d);
-        b[i].m = kv_f32_to_fp16(mn);
+        b[i].d = half_f32_to_fp16(d);
+        b[i].m = half_f32_to_fp16(mn);
         for (int j = 0; j < QK5_1 / 2; j++) {
             const float x0 = (src[j] - mn) * id;
             const float x1 = (src[j + QK5_1 / 2] - mn) * id;
@@ -312,7 +314,7 @@ void qref_q8_0_to_float(const void *src, float *dst, int64_t n)
 {
     const block_q8_0 *b = src;
     for (int64_t i = 0; i < n / QK8_0; i++, dst += QK8_0) {
-        const float d = kv_fp16_to_f32(b[i].d);
+        const float d = half_fp16_to_f32(b[i].d);
         for (int j = 0; j < QK8_0; j++)
             dst[j] = (float)b[i].qs[j] * d;
     }
@@ -327,7 +329,7 @@ void qref_q8_0_from_float(const float *src, void *dst, int64_t n)
             amax = fmaxf(amax, fabsf(src[j]));
         const float d = amax / 127;
         const float id = d ? 1.0f / d : 0.0f;
-        b[i].d = kv_f32_to_fp16(d);
+        b[i].d = half_f32_to_fp16(d);
         for (int j = 0; j < QK8_0; j++)
             b[i].qs[j] = (int8_t)roundf(src[j] * id);
     }
@@ -344,8 +346,8 @@ void qref_q4_K_to_float(const void *src, float *dst, int64_t n)
 {
     const block_q4_K *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
-        const float d = kv_fp16_to_f32(b[i].d);
-        const float dmin = kv_fp16_to_f32(b[i].dmin);
+        const float d = half_fp16_to_f32(b[i].d);
+        const float dmin = half_fp16_to_f32(b[i].dmin);
         const uint8_t *q = b[i].qs;
         for (int j = 0; j < QK_K / 64; j++, q += 32) {
             uint8_t sc, m;
@@ -365,8 +367,8 @@ void qref_q5_K_to_float(const void *src, float *dst, int64_t n)
 {
     const block_q5_K *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
-        const float d = kv_fp16_to_f32(b[i].d);
-        const float dmin = kv_fp16_to_f32(b[i].dmin);
+        const float d = half_fp16_to_f32(b[i].d);
+        const float dmin = half_fp16_to_f32(b[i].dmin);
         const uint8_t *ql = b[i].qs;
         const uint8_t *qh = b[i].qh;
         for (int j = 0; j < QK_K / 64; j++, ql += 32) {
@@ -387,7 +389,7 @@ void qref_q5_K_to_float(const void *src, float *dst, int64_t n)
 /* Chooses the 8 sub-block scales/mins of one 256-element K block (see the
  * file comment), packs them into scales[12], and writes per-element
  * levels L[256] in [0, nmax]. */
-static void kquant_scales(const float *x, int nmax, kv_fp16 *dh, kv_fp16 *dminh,
+static void kquant_scales(const float *x, int nmax, half_fp16 *dh, half_fp16 *dminh,
                           uint8_t scales[K_SCALE_SIZE], uint8_t L[QK_K])
 {
     float scale[8], mins[8], max_scale = 0.0f, max_min = 0.0f;
@@ -401,9 +403,9 @@ static void kquant_scales(const float *x, int nmax, kv_fp16 *dh, kv_fp16 *dminh,
         max_scale = fmaxf(max_scale, scale[j]);
         max_min = fmaxf(max_min, mins[j]);
     }
-    *dh = kv_f32_to_fp16(max_scale / 63);
-    *dminh = kv_f32_to_fp16(max_min / 63);
-    const float d = kv_fp16_to_f32(*dh), dmin = kv_fp16_to_f32(*dminh);
+    *dh = half_f32_to_fp16(max_scale / 63);
+    *dminh = half_f32_to_fp16(max_min / 63);
+    const float d = half_fp16_to_f32(*dh), dmin = half_fp16_to_f32(*dminh);
     uint8_t sc[8], m[8];
     for (int j = 0; j < 8; j++) {
         sc[j] = (uint8_t)(d > 0 ? clampi((int)lrintf(scale[j] / d), 0, 63) : 0);
@@ -474,7 +476,7 @@ void qref_q6_K_to_float(const void *src, float *dst, int64_t n)
 {
     const block_q6_K *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
-        const float d = kv_fp16_to_f32(b[i].d);
+        const float d = half_fp16_to_f32(b[i].d);
         const uint8_t *ql = b[i].ql, *qh = b[i].qh;
         const int8_t *sc = b[i].scales;
         for (int h = 0; h < QK_K / 128; h++, ql += 64, qh += 32, sc += 8, dst += 128) {
@@ -502,8 +504,8 @@ void qref_q6_K_from_float(const float *src, void *dst, int64_t n)
             scale[j] = absmax_signed(src + 16 * j, 16) / -32;
             amax = fmaxf(amax, fabsf(scale[j]));
         }
-        b[i].d = kv_f32_to_fp16(amax / 127);
-        const float d = kv_fp16_to_f32(b[i].d);
+        b[i].d = half_f32_to_fp16(amax / 127);
+        const float d = half_fp16_to_f32(b[i].d);
         uint8_t L[QK_K];
         for (int j = 0; j < 16; j++) {
             const int sc = d > 0 ? clampi((int)lrintf(scale[j] / d), -128, 127) : 0;

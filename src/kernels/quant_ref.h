@@ -16,7 +16,7 @@
 #ifndef KVANT_QUANT_REF_H
 #define KVANT_QUANT_REF_H
 
-#include "kernels/dtype.h"
+#include "kernels/blocks.h"
 
 /* Scalar references: to_float, from_float (reference quantizer), vec_dot
  * (accumulates in double: the most accurate, not the fastest). */
@@ -77,13 +77,6 @@ static inline void qref_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8
     }
 }
 
-/* Dot products of one weight row against nt (1..QK_MULTI_MAX) activation
- * rows x + t*x_stride, written to out[t].  Each out[t] is bitwise equal to
- * vec_dot(n, w, x + t*x_stride): the batched matmul relies on it. */
-#define QK_MULTI_MAX 4
-typedef void (*dtype_vec_dot_multi_fn)(int64_t n, const void *w, const float *x,
-                                       int64_t x_stride, int nt, float *out);
-
 /* One ISA's kernels for one dtype; a NULL slot means "use the reference". */
 typedef struct quant_simd_kernels {
     dtype_to_float_fn to_float;
@@ -95,10 +88,5 @@ typedef struct quant_simd_kernels {
  * ISA (dtype.c checks); the returned memory is immutable. */
 const quant_simd_kernels *quant_avx2_table(void);
 const quant_simd_kernels *quant_avx512_table(void);
-
-/* The dispatched multi-token dot for type t, or NULL when the selected ISA
- * has none (scalar): callers then loop over vec_dot, which is equivalent.
- * Implemented in dtype.c; same threading rules as dtype_get. */
-dtype_vec_dot_multi_fn dtype_vec_dot_multi(uint32_t t);
 
 #endif

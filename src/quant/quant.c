@@ -101,7 +101,7 @@ static float search_sym(const float *x, const float *w, int nmax, uint8_t *L)
         if (sl2 <= 0)
             continue;
         float d = (float)(slx / sl2);
-        d = kv_fp16_to_f32(kv_f32_to_fp16(d));
+        d = half_fp16_to_f32(half_f32_to_fp16(d));
         double e = 0;
         for (int i = 0; i < QB; i++) {
             double r = x[i] - d * (cand[i] - nmax);
@@ -139,7 +139,7 @@ static void search_asym(const float *x, const float *w, uint8_t *L, float *d_out
         if (det <= 0)
             continue;
         float d = (float)((sw * slx - sl * sx) / det), m = (float)((sl2 * sx - sl * slx) / det);
-        d = kv_fp16_to_f32(kv_f32_to_fp16(d)), m = kv_fp16_to_f32(kv_f32_to_fp16(m));
+        d = half_fp16_to_f32(half_f32_to_fp16(d)), m = half_fp16_to_f32(half_f32_to_fp16(m));
         double e = 0;
         for (int i = 0; i < QB; i++) {
             double r = x[i] - (d * cand[i] + m);
@@ -170,11 +170,11 @@ void quant_row_imp(uint32_t type, const float *x, const float *imp, void *dst, i
             w[i] = (imp ? imp[b * QB + i] : 1.0f) * sqrtf(sigma2 + xb[i] * xb[i]);
         if (type == DT_Q4_0) {
             block_q4_0 *q = (block_q4_0 *)dst + b;
-            q->d = kv_f32_to_fp16(search_sym(xb, w, 8, L));
+            q->d = half_f32_to_fp16(search_sym(xb, w, 8, L));
             pack_nibbles(L, q->qs);
         } else if (type == DT_Q5_0) {
             block_q5_0 *q = (block_q5_0 *)dst + b;
-            q->d = kv_f32_to_fp16(search_sym(xb, w, 16, L));
+            q->d = half_f32_to_fp16(search_sym(xb, w, 16, L));
             pack_nibbles(L, q->qs);
             uint32_t qh = 0;
             for (int j = 0; j < QB; j++)
@@ -182,14 +182,14 @@ void quant_row_imp(uint32_t type, const float *x, const float *imp, void *dst, i
             memcpy(q->qh, &qh, 4);
         } else if (type == DT_Q8_0) {
             block_q8_0 *q = (block_q8_0 *)dst + b;
-            q->d = kv_f32_to_fp16(search_sym(xb, w, 128, L));
+            q->d = half_f32_to_fp16(search_sym(xb, w, 128, L));
             for (int j = 0; j < QB; j++)
                 q->qs[j] = (int8_t)(L[j] - 128);
         } else { /* DT_Q4_1 */
             block_q4_1 *q = (block_q4_1 *)dst + b;
             float d, m;
             search_asym(xb, w, L, &d, &m);
-            q->d = kv_f32_to_fp16(d), q->m = kv_f32_to_fp16(m);
+            q->d = half_f32_to_fp16(d), q->m = half_f32_to_fp16(m);
             pack_nibbles(L, q->qs);
         }
     }

@@ -22,7 +22,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "backend/backend.h"
+#include "backend/backend_select.h"
 #include "format/gguf.h"
 #include "mem/plan.h"
 #include "text/tokenizer.h"

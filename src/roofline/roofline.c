@@ -4,8 +4,9 @@
  * share, and meet again; the calling thread is thread 0 and times the span
  * between the barriers.  The read buffer is touched (written) once before
  * timing so every page is resident; each thread reads a disjoint slice.
- * Dispatch follows the kernels' ISA (dtype_isa(): AVX-512 VNNI, AVX2, or
- * scalar, where the compute probes report 0), so the ceilings printed
+ * The probes follow the kernels' ISA (dtype_kernel_isa(): AVX-512 VNNI,
+ * AVX2, or scalar, where the compute probes report 0), picked into an
+ * rl_kernels table once per roofline_measure, so the ceilings printed
  * beside a benchmark are those of the instructions it ran.
  */
 #include "roofline/roofline.h"
@@ -25,10 +26,34 @@
 
 typedef enum rl_kind { RL_READ, RL_FMA, RL_VNNI } rl_kind;
 
+/* One ISA's probes; fma and int8 NULL on scalar (those ceilings stay 0). */
+typedef struct rl_kernels {
+    uint64_t (*read_sum)(const uint64_t *p, size_t n);
+    float (*fma)(int64_t iters);
+    int32_t (*int8)(int64_t iters);
+    double fma_flops_per_iter;
+    double int8_ops_per_iter;
+} rl_kernels;
+
+static rl_kernels rl_kernels_for(kernel_isa isa)
+{
+    rl_kernels k = {.read_sum = roofline_read_sum_ref};
+#if KVANT_X86
+    if (isa == KERNEL_ISA_AVX512)
+        k = (rl_kernels){roofline_read_sum_avx512, roofline_fma_avx512, roofline_vnni_avx512,
+                         ROOFLINE_FMA_FLOPS_PER_ITER, ROOFLINE_VNNI_OPS_PER_ITER};
+    else if (isa == KERNEL_ISA_AVX2)
+        k = (rl_kernels){roofline_read_sum_avx2, roofline_fma_avx2, roofline_int8_avx2,
+                         ROOFLINE_FMA2_FLOPS_PER_ITER, ROOFLINE_INT8_AVX2_OPS_PER_ITER};
+#endif
+    (void)isa;
+    return k;
+}
+
 typedef struct rl_job {
     rl_kind kind;
     int nth;
-    int isa;               /* 2: AVX-512, 1: AVX2, 0: scalar */
+    const rl_kernels *k;   /* borrowed, the chosen ISA's probes */
     const uint64_t *buf;   /* borrowed, [words] */
     size_t words;
     pthread_barrier_t bar;
@@ -60,22 +85,11 @@ static void rl_work(rl_job *j, int ith)
     if (j->kind == RL_READ) {
         size_t per = j->words / (size_t)j->nth / 64 * 64;
         const uint64_t *p = j->buf + per * (size_t)ith;
-#if KVANT_X86
-        if (j->isa == 2)
-            j->sink += roofline_read_sum_avx512(p, per);
-        else if (j->isa == 1)
-            j->sink += roofline_read_sum_avx2(p, per);
-        else
-#endif
-            j->sink += roofline_read_sum_ref(p, per);
-#if KVANT_X86
+        j->sink += j->k->read_sum(p, per);
     } else if (j->kind == RL_FMA) {
-        j->sink += (uint64_t)(j->isa == 2 ? roofline_fma_avx512(RL_FMA_ITERS)
-                                          : roofline_fma_avx2(RL_FMA_ITERS));
+        j->sink += (uint64_t)j->k->fma(RL_FMA_ITERS);
     } else {
-        j->sink += (uint64_t)(j->isa == 2 ? roofline_vnni_avx512(RL_VNNI_ITERS)
-                                          : roofline_int8_avx2(RL_VNNI_ITERS));
-#endif
+        j->sink += (uint64_t)j->k->int8(RL_VNNI_ITERS);
     }
 }
 
@@ -146,9 +160,9 @@ int roofline_measure(int threads, size_t read_bytes, int reps, roofline_result *
     reps = reps < 1 ? 1 : reps > RL_MAX_REPS ? RL_MAX_REPS : reps;
     if (!read_bytes)
         read_bytes = ROOFLINE_READ_BYTES_DEFAULT;
-    const char *kisa = dtype_isa();
-    const int isa = !strcmp(kisa, "avx512") ? 2 : !strcmp(kisa, "avx2") ? 1 : 0;
-    out->isa = isa == 2 ? "avx512" : isa == 1 ? "avx2" : "scalar";
+    const kernel_isa isa = dtype_kernel_isa();
+    const rl_kernels k = rl_kernels_for(isa);
+    out->isa = dtype_isa_name(isa);
     out->threads = threads;
 
     size_t words = read_bytes / sizeof(uint64_t) / 64 * 64;
@@ -158,7 +172,7 @@ int roofline_measure(int threads, size_t read_bytes, int reps, roofline_result *
     for (size_t i = 0; i < words; i++)
         buf[i] = i * 0x9E3779B97F4A7C15ull;
 
-    rl_job j = {.kind = RL_READ, .isa = isa, .buf = buf, .words = words};
+    rl_job j = {.kind = RL_READ, .k = &k, .buf = buf, .words = words};
     for (int pass = 0; pass < 2; pass++) {
         j.nth = pass ? threads : 1;
         double bytes = (double)(words / (size_t)j.nth / 64 * 64) * j.nth * sizeof(uint64_t);
@@ -166,21 +180,19 @@ int roofline_measure(int threads, size_t read_bytes, int reps, roofline_result *
         *(pass ? &out->read_gbps_nt : &out->read_gbps_1t) = gbps;
     }
     free(buf);
-    if (isa) {
+    if (k.fma) {
         j.kind = RL_FMA;
-        const double per = isa == 2 ? ROOFLINE_FMA_FLOPS_PER_ITER : ROOFLINE_FMA2_FLOPS_PER_ITER;
         for (int pass = 0; pass < 2; pass++) {
             j.nth = pass ? threads : 1;
-            double w = (double)RL_FMA_ITERS * per * j.nth;
+            double w = (double)RL_FMA_ITERS * k.fma_flops_per_iter * j.nth;
             *(pass ? &out->fma_gflops_nt : &out->fma_gflops_1t) = rl_rate(&j, reps, w) * 1e-9;
         }
     }
-    if (isa) {
+    if (k.int8) {
         j.kind = RL_VNNI;
-        const double per = isa == 2 ? ROOFLINE_VNNI_OPS_PER_ITER : ROOFLINE_INT8_AVX2_OPS_PER_ITER;
         for (int pass = 0; pass < 2; pass++) {
             j.nth = pass ? threads : 1;
-            double w = (double)RL_VNNI_ITERS * per * j.nth;
+            double w = (double)RL_VNNI_ITERS * k.int8_ops_per_iter * j.nth;
             *(pass ? &out->vnni_gops_nt : &out->vnni_gops_1t) = rl_rate(&j, reps, w) * 1e-9;
         }
     }

@@ -39,7 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "backend/backend.h"
+#include "backend/backend_select.h"
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine.h"
 #include "format/gguf_write.h"

@@ -29,7 +29,6 @@
 static const int k_types[] = {DT_F32,  DT_F16,  DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_1,
                               DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K};
 #define N_TYPES ((int)(sizeof(k_types) / sizeof(k_types[0])))
-static const char *k_isas[] = {"scalar", "avx2", "avx512"};
 
 static double rt_bound(int t)
 {
@@ -96,34 +95,34 @@ static void test_traits(void)
 /* (5) fp16 / bf16 against known bit patterns. */
 static void test_conversions(void)
 {
-    CHECK(kv_f32_to_fp16(1.0f) == 0x3C00 && kv_f32_to_fp16(-2.0f) == 0xC000);
-    CHECK(kv_f32_to_fp16(65504.0f) == 0x7BFF && kv_f32_to_fp16(65520.0f) == 0x7C00);
-    CHECK(kv_f32_to_fp16(INFINITY) == 0x7C00 && kv_f32_to_fp16(-INFINITY) == 0xFC00);
-    CHECK((kv_f32_to_fp16(NAN) & 0x7FFF) > 0x7C00);
-    CHECK(kv_f32_to_fp16(0x1p-24f) == 0x0001 && kv_f32_to_fp16(0x1p-25f) == 0x0000);
-    CHECK(kv_f32_to_fp16(0x1.8p-25f) == 0x0001);           /* > half ulp rounds up */
-    CHECK(kv_f32_to_fp16(0x1p-14f) == 0x0400);              /* smallest normal */
-    CHECK(kv_f32_to_fp16(1.0f + 0x1p-11f) == 0x3C00);       /* tie -> even */
-    CHECK(kv_f32_to_fp16(1.0f + 3 * 0x1p-11f) == 0x3C02);   /* tie -> even (up) */
-    CHECK(kv_f32_to_fp16(-0.0f) == 0x8000);
-    CHECK(kv_fp16_to_f32(0x3C00) == 1.0f && kv_fp16_to_f32(0x0001) == 0x1p-24f);
-    CHECK(kv_fp16_to_f32(0x03FF) == 0x3FFp-24f && kv_fp16_to_f32(0x7BFF) == 65504.0f);
-    CHECK(isinf(kv_fp16_to_f32(0xFC00)) && kv_fp16_to_f32(0xFC00) < 0);
-    CHECK(isnan(kv_fp16_to_f32(0x7E00)) && f2u(kv_fp16_to_f32(0x8000)) == 0x80000000u);
+    CHECK(half_f32_to_fp16(1.0f) == 0x3C00 && half_f32_to_fp16(-2.0f) == 0xC000);
+    CHECK(half_f32_to_fp16(65504.0f) == 0x7BFF && half_f32_to_fp16(65520.0f) == 0x7C00);
+    CHECK(half_f32_to_fp16(INFINITY) == 0x7C00 && half_f32_to_fp16(-INFINITY) == 0xFC00);
+    CHECK((half_f32_to_fp16(NAN) & 0x7FFF) > 0x7C00);
+    CHECK(half_f32_to_fp16(0x1p-24f) == 0x0001 && half_f32_to_fp16(0x1p-25f) == 0x0000);
+    CHECK(half_f32_to_fp16(0x1.8p-25f) == 0x0001);           /* > half ulp rounds up */
+    CHECK(half_f32_to_fp16(0x1p-14f) == 0x0400);              /* smallest normal */
+    CHECK(half_f32_to_fp16(1.0f + 0x1p-11f) == 0x3C00);       /* tie -> even */
+    CHECK(half_f32_to_fp16(1.0f + 3 * 0x1p-11f) == 0x3C02);   /* tie -> even (up) */
+    CHECK(half_f32_to_fp16(-0.0f) == 0x8000);
+    CHECK(half_fp16_to_f32(0x3C00) == 1.0f && half_fp16_to_f32(0x0001) == 0x1p-24f);
+    CHECK(half_fp16_to_f32(0x03FF) == 0x3FFp-24f && half_fp16_to_f32(0x7BFF) == 65504.0f);
+    CHECK(isinf(half_fp16_to_f32(0xFC00)) && half_fp16_to_f32(0xFC00) < 0);
+    CHECK(isnan(half_fp16_to_f32(0x7E00)) && f2u(half_fp16_to_f32(0x8000)) == 0x80000000u);
     int bad = 0; /* every finite half survives f16 -> f32 -> f16 */
     for (uint32_t h = 0; h < 0x10000; h++)
-        if ((h & 0x7C00) != 0x7C00 && kv_f32_to_fp16(kv_fp16_to_f32((kv_fp16)h)) != h)
+        if ((h & 0x7C00) != 0x7C00 && half_f32_to_fp16(half_fp16_to_f32((half_fp16)h)) != h)
             bad++;
     CHECKF(bad == 0, "%d halves do not round-trip", bad);
 
-    CHECK(kv_f32_to_bf16(1.0f) == 0x3F80 && kv_bf16_to_f32(0x3F80) == 1.0f);
-    CHECK(kv_f32_to_bf16(u2f(0x3F808000u)) == 0x3F80);     /* tie -> even */
-    CHECK(kv_f32_to_bf16(u2f(0x3F818000u)) == 0x3F82);     /* tie -> even (up) */
-    CHECK(kv_f32_to_bf16(u2f(0x3F808001u)) == 0x3F81);
-    CHECK(kv_f32_to_bf16(INFINITY) == 0x7F80 && kv_f32_to_bf16(u2f(0x7F7FFFFFu)) == 0x7F80);
-    CHECK(kv_f32_to_bf16(u2f(0x7F800001u)) == 0x7FC0);     /* snan -> quiet nan */
-    CHECK(kv_f32_to_bf16(u2f(0x00010000u)) == 0x0001);     /* subnormal kept */
-    CHECK(kv_bf16_to_f32(0x0001) == u2f(0x00010000u));
+    CHECK(half_f32_to_bf16(1.0f) == 0x3F80 && half_bf16_to_f32(0x3F80) == 1.0f);
+    CHECK(half_f32_to_bf16(u2f(0x3F808000u)) == 0x3F80);     /* tie -> even */
+    CHECK(half_f32_to_bf16(u2f(0x3F818000u)) == 0x3F82);     /* tie -> even (up) */
+    CHECK(half_f32_to_bf16(u2f(0x3F808001u)) == 0x3F81);
+    CHECK(half_f32_to_bf16(INFINITY) == 0x7F80 && half_f32_to_bf16(u2f(0x7F7FFFFFu)) == 0x7F80);
+    CHECK(half_f32_to_bf16(u2f(0x7F800001u)) == 0x7FC0);     /* snan -> quiet nan */
+    CHECK(half_f32_to_bf16(u2f(0x00010000u)) == 0x0001);     /* subnormal kept */
+    CHECK(half_bf16_to_f32(0x0001) == u2f(0x00010000u));
 }
 
 /* (1) round trip error of the reference quantizers. */
@@ -328,16 +327,21 @@ int main(void)
     test_conversions();
     test_round_trip(&r);
     test_gguf_vectors();
-    const char *best = dtype_isa();
-    for (size_t k = 0; k < sizeof(k_isas) / sizeof(k_isas[0]); k++) {
-        if (dtype_force_isa(k_isas[k]) != 0) {
-            fprintf(stderr, "  isa %s not available on this CPU, skipped\n", k_isas[k]);
+    const kernel_isa best = dtype_kernel_isa();
+    CHECK(!strcmp(dtype_isa(), dtype_isa_name(best)));
+    for (int k = 0; k < KERNEL_ISA_COUNT; k++) {
+        const char *name = dtype_isa_name((kernel_isa)k);
+        CHECK(dtype_isa_supported((kernel_isa)k) == (dtype_force_isa((kernel_isa)k) == 0));
+        if (!dtype_isa_supported((kernel_isa)k)) {
+            fprintf(stderr, "  isa %s not available on this CPU, skipped\n", name);
             continue;
         }
-        test_kernels(&r, k_isas[k]);
-        test_matmul(&r, k_isas[k]);
+        CHECK(dtype_kernel_isa() == (kernel_isa)k && !strcmp(dtype_isa(), name));
+        test_kernels(&r, name);
+        test_matmul(&r, name);
     }
-    CHECK(dtype_force_isa("sse9") == -1);
+    CHECK(dtype_isa_supported(KERNEL_ISA_SCALAR) && !dtype_isa_supported(KERNEL_ISA_COUNT));
+    CHECK(dtype_force_isa(KERNEL_ISA_COUNT) == -1);
     CHECK(dtype_force_isa(best) == 0);
     bench(&r);
     return tu_finish("test_dtype");

@@ -45,6 +45,7 @@ static void fill_normal(tu_rng *r, float *x, int64_t n, float scale)
 
 /* The SIMD kernels under test (NULL: reference only). */
 typedef struct isa_kernels {
+    kernel_isa isa;
     const char *name;
     qact_quantize_fn quant;
     qact_dot_fn (*dot)(uint32_t type);
@@ -263,35 +264,49 @@ static void bench(tu_rng *r)
     free(src), free(x), free(y);
 }
 
+/* dtype_matmul_qact() holds the forced ISA's kernels (isa NULL: the references). */
+static void test_table(const isa_kernels *isa)
+{
+    const qact_kernels *k = dtype_matmul_qact();
+    const char *name = isa ? isa->name : "scalar";
+    CHECKF(k->quantize == (isa ? isa->quant : qact_quantize_ref), "qact table %s: quantizer",
+           name);
+    for (uint32_t t = 0; t < DT_COUNT; t++)
+        CHECKF(k->dot[t] == (isa ? isa->dot(t) : qact_dot_ref(t)), "qact table %s: dot of type %u",
+               name, t);
+}
+
 int main(void)
 {
     tu_rng r = {0x9E3779B97F4A7C15ull};
     dtype_init();
 #if KVANT_X86
     static const isa_kernels simd[] = {
-        {"avx2", qact_quantize_avx2, qact_dot_avx2},
-        {"avx512", qact_quantize_avx512, qact_dot_avx512},
+        {KERNEL_ISA_AVX2, "avx2", qact_quantize_avx2, qact_dot_avx2},
+        {KERNEL_ISA_AVX512, "avx512", qact_quantize_avx512, qact_dot_avx512},
     };
 #else
-    static const isa_kernels simd[] = {{"none", NULL, NULL}};
+    static const isa_kernels simd[] = {{KERNEL_ISA_AVX2, "avx2", NULL, NULL}}; /* never forced */
 #endif
     /* the reference's own accuracy, then each SIMD ISA the CPU has */
     test_quantize(&r, NULL);
     test_dots(&r, NULL);
     for (size_t i = 0; i < sizeof simd / sizeof simd[0]; i++) {
-        if (dtype_force_isa(simd[i].name) != 0) {
+        if (dtype_force_isa(simd[i].isa) != 0) {
             fprintf(stderr, "test_matmul_q8: CPU lacks %s: its kernels not run here\n", simd[i].name);
             continue;
         }
+        test_table(&simd[i]);
         test_quantize(&r, &simd[i]);
         test_dots(&r, &simd[i]);
     }
     /* the matmul driver on every ISA the CPU has, scalar included */
-    static const char *isas[] = {"scalar", "avx2", "avx512"};
-    for (size_t i = 0; i < 3; i++) {
-        if (dtype_force_isa(isas[i]) != 0)
+    for (int i = 0; i < KERNEL_ISA_COUNT; i++) {
+        if (dtype_force_isa((kernel_isa)i) != 0)
             continue;
-        fprintf(stderr, "  matmul on %s\n", isas[i]);
+        if (i == KERNEL_ISA_SCALAR)
+            test_table(NULL);
+        fprintf(stderr, "  matmul on %s\n", dtype_isa_name((kernel_isa)i));
         test_matmul(&r);
         if (i > 0)
             bench(&r);

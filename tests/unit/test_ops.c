@@ -5,7 +5,8 @@
  * default KV dtype) against the scalar f32 row on the same values (f16 ->
  * f32 is exact), and against the typed reference cpu_kvq_attention_row_ref.
  * Each ISA the CPU lacks is named and not run; the test is skipped (77)
- * only when no SIMD row can run. */
+ * only when no SIMD row can run.  Also which row the pickers give each
+ * ISA, KV dtype and head_dim (no CPU feature needed). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,25 +24,22 @@
 #define T_BOUND 2e-5f
 
 #if KVANT_X86
-typedef void (*f16_row_fn)(const float *, const cpu_kvq_seq *, int32_t, int32_t, float, float *,
-                           float *);
-
 static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f32_simd,
-                       f16_row_fn f16_simd, const char *name)
+                       cpu_kvq_row_fn f16_simd, const char *name)
 {
     const int32_t n_blocks = (T_MAX_POS + T_BLOCK - 1) / T_BLOCK;
     const int64_t row = hd + 8; /* padding: a row stride wider than head_dim */
     const size_t nv = (size_t)(n_blocks * T_BLOCK * row);
     float *k = malloc(sizeof(float) * nv), *v = malloc(sizeof(float) * nv);
-    kv_fp16 *kh = malloc(sizeof(kv_fp16) * nv), *vh = malloc(sizeof(kv_fp16) * nv);
+    half_fp16 *kh = malloc(sizeof(half_fp16) * nv), *vh = malloc(sizeof(half_fp16) * nv);
     int32_t table[(T_MAX_POS + T_BLOCK - 1) / T_BLOCK];
     float q[T_MAX_HD], o_ref[T_MAX_HD], o_simd[T_MAX_HD], o_typed[T_MAX_HD];
     float scratch[T_BLOCK + T_MAX_HD + 16];
     for (size_t i = 0; i < nv; i++) { /* values exactly representable in f16 */
-        kh[i] = kv_f32_to_fp16(tu_rand_uniform(r, -1, 1));
-        vh[i] = kv_f32_to_fp16(tu_rand_uniform(r, -1, 1));
-        k[i] = kv_fp16_to_f32(kh[i]);
-        v[i] = kv_fp16_to_f32(vh[i]);
+        kh[i] = half_f32_to_fp16(tu_rand_uniform(r, -1, 1));
+        vh[i] = half_f32_to_fp16(tu_rand_uniform(r, -1, 1));
+        k[i] = half_fp16_to_f32(kh[i]);
+        v[i] = half_fp16_to_f32(vh[i]);
     }
     for (int32_t i = 0; i < n_blocks; i++)
         table[i] = i;
@@ -64,8 +62,8 @@ static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f
                qscale, err);
     }
     cpu_kvq_seq hs = {(const uint8_t *)kh, (const uint8_t *)vh, table,
-                      (int64_t)(T_BLOCK * row * sizeof(kv_fp16)), (int64_t)(row * sizeof(kv_fp16)),
-                      T_BLOCK, DT_F16};
+                      (int64_t)(T_BLOCK * row * sizeof(half_fp16)),
+                      (int64_t)(row * sizeof(half_fp16)), T_BLOCK, DT_F16};
     if (f16_simd) {
         f16_simd(q, &hs, n_pos, hd, scale, scratch, o_simd);
         cpu_kvq_attention_row_ref(q, &hs, n_pos, hd, scale, scratch, o_typed);
@@ -81,8 +79,31 @@ static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f
 }
 #endif
 
+/* The rows cpu_attention_row_for / cpu_kvq_attention_row_for pick (the
+ * backend calls them once per KV layout). */
+static void test_pickers(void)
+{
+    CHECK(cpu_attention_row_for(KERNEL_ISA_SCALAR, 64) == cpu_attention_row_ref);
+    CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_SCALAR, DT_F16, 64) == cpu_kvq_attention_row_ref);
+#if KVANT_X86
+    CHECK(cpu_attention_row_for(KERNEL_ISA_AVX2, 64) == cpu_attention_row_ref);
+    CHECK(cpu_attention_row_for(KERNEL_ISA_AVX512, 64) == cpu_attention_row_avx512);
+    CHECK(cpu_attention_row_for(KERNEL_ISA_AVX512, 72) == cpu_attention_row_ref);
+    CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX2, DT_F16, 72) ==
+          cpu_kvq_attention_row_f16_avx2);
+    CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX2, DT_F16, 68) == cpu_kvq_attention_row_ref);
+    CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX512, DT_F16, 64) ==
+          cpu_kvq_attention_row_f16_avx512);
+    CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX512, DT_F16, 72) ==
+          cpu_kvq_attention_row_f16_avx2);
+    CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX512, DT_Q8_0, 64) == cpu_kvq_attention_row_ref);
+    CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX2, DT_BF16, 64) == cpu_kvq_attention_row_ref);
+#endif
+}
+
 int main(void)
 {
+    test_pickers();
 #if KVANT_X86
     dtype_init();
     __builtin_cpu_init();
@@ -91,7 +112,7 @@ int main(void)
                      __builtin_cpu_supports("f16c");
     if (!has2) {
         printf("SKIPPED: test_ops: the CPU lacks AVX2, the least its SIMD attention rows need\n");
-        return 77;
+        return tu_failures ? tu_finish("test_ops") : 77;
     }
     if (!has512)
         fprintf(stderr, "test_ops: CPU lacks AVX-512: its attention rows not run here\n");
@@ -108,7 +129,7 @@ int main(void)
             }
     return tu_finish("test_ops");
 #else
-    printf("SKIPPED: test_ops: the SIMD attention rows exist on x86-64 only\n");
-    return 77;
+    fprintf(stderr, "test_ops: the SIMD attention rows exist on x86-64 only: not run\n");
+    return tu_finish("test_ops");
 #endif
 }

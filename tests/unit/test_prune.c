@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend/backend.h"
+#include "backend/backend_select.h"
 #include "mem/mem.h"
 #include "forward/forward.h"
 #include "prune/prune.h"

@@ -263,21 +263,26 @@ int main(void)
     test_layout(&r);
 #if KVANT_X86
     static const struct {
+        kernel_isa isa;
         const char *name;
         qact_dot_fn (*packed)(uint32_t);
-    } isas[] = {{"avx2", qpack_dot_avx2}, {"avx512", qpack_dot_avx512}};
+    } isas[] = {{KERNEL_ISA_AVX2, "avx2", qpack_dot_avx2},
+                {KERNEL_ISA_AVX512, "avx512", qpack_dot_avx512}};
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
-        if (dtype_force_isa(isas[i].name) != 0) {
+        if (dtype_force_isa(isas[i].isa) != 0) {
             fprintf(stderr, "test_qpack: CPU lacks %s: its packed kernels not run here\n",
                     isas[i].name);
             continue;
         }
+        for (uint32_t t = 0; t < DT_COUNT; t++) /* the table holds this ISA's kernels */
+            CHECKF(dtype_matmul_qact()->packed_dot[t] == isas[i].packed(t),
+                   "%s table: packed dot %u", isas[i].name, t);
         test_dots(&r, isas[i].name, isas[i].packed);
         test_matmul(&r);
         test_split(&r, 1);
     }
 #endif
-    CHECK(dtype_force_isa("scalar") == 0);
+    CHECK(dtype_force_isa(KERNEL_ISA_SCALAR) == 0);
     CHECK(!dtype_matmul_packs(DT_Q4_0, 2048)); /* no packed kernel without SIMD */
     test_split(&r, 0);
     return tu_finish("test_qpack");

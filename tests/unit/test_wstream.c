@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend/backend.h"
+#include "backend/backend_select.h"
 #include "engine/engine.h"
 #include "kernels/dtype.h"
 #include "forward/forward.h"

@@ -18,12 +18,22 @@
 #include "backend/cpu/cpu_kv.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/cpu_pack.h"
-#include "backend/cpu/threadpool.h"
+#include "backend/cpu/tpool.h"
 #include "kernels/dtype.h"
 #include "kernels/matmul.h"
 
+/* The attention rows of the current KV layout, picked once in cpu_kv_init
+ * from the kernels' ISA (cpu_backend.isa), the KV dtype and head_dim;
+ * attn_worker calls through them. */
+typedef struct cpu_attn_rows {
+    cpu_attn_row_fn f32; /* f32 K/V rows */
+    cpu_kvq_row_fn kvq;  /* K/V rows stored in another dtype */
+} cpu_attn_rows;
+
 typedef struct cpu_backend {
     backend base;
+    kernel_isa isa;         /* the kernels' instruction set at create (dtype_kernel_isa) */
+    cpu_attn_rows attn;     /* valid while a KV layout is set (cpu_kv_init) */
     mem_mgr *mem;           /* borrowed */
     tpool *pool;
     int n_threads;
@@ -264,6 +274,8 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
     }
     cb->kv = *lay;
     cb->kv.max_blocks = lay->max_blocks > lay->n_blocks ? lay->max_blocks : lay->n_blocks;
+    cb->attn.f32 = cpu_attention_row_for(cb->isa, lay->head_dim);
+    cb->attn.kvq = cpu_kvq_attention_row_for(cb->isa, lay->dtype, lay->head_dim);
     return KV_OK;
 }
 
@@ -658,7 +670,7 @@ static void attn_worker(int ith, int nth, void *arg)
                 .block_size = cb->kv.block_size,
                 .type = cb->kv.dtype,
             };
-            cpu_kvq_attention_row(q, &qs, b->pos[t] + 1, hd, scale, scratch, out);
+            cb->attn.kvq(q, &qs, b->pos[t] + 1, hd, scale, scratch, out);
             continue;
         }
         cpu_attn_seq as = {
@@ -669,7 +681,7 @@ static void attn_worker(int ith, int nth, void *arg)
             .row_stride = kv_dim,
             .block_size = cb->kv.block_size,
         };
-        cpu_attention_row(q, &as, b->pos[t] + 1, hd, scale, scratch, out);
+        cb->attn.f32(q, &as, b->pos[t] + 1, hd, scale, scratch, out);
     }
 }
 
@@ -773,7 +785,7 @@ backend *cpu_backend_create(mem_mgr *mem, int n_threads, unsigned flags, kvant_e
         kvant_err_set(err, KV_ENOMEM, "out of memory");
         return NULL;
     }
-    dtype_init();
+    cb->isa = dtype_kernel_isa(); /* chooses it on first use */
     cb->base.ops = &cpu_ops;
     cb->mem = mem;
     cb->act_q8 = (flags & BACKEND_EXACT) == 0;

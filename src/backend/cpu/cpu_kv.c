@@ -2,12 +2,11 @@
  * attend with the type's vec_dot for q.K and a per-row dequantized V slice.
  *
  * Invariant: reduction order per output element depends only on n_pos and
- * the block size, never on threads or batch (as in cpu_attention_row).
+ * the block size, never on threads or batch (as in cpu_attention_row_ref).
  */
 #include "backend/cpu/cpu_kv.h"
 
 #include <math.h>
-#include <string.h>
 
 #include "kernels/dtype.h"
 #include "kernels/kvdtype.h"
@@ -36,23 +35,18 @@ int64_t cpu_kvq_scratch(int32_t block_size, int32_t head_dim)
     return (int64_t)block_size + head_dim + 16;
 }
 
-void cpu_kvq_attention_row(const float *q, const cpu_kvq_seq *s, int32_t n_pos, int32_t head_dim,
-                           float scale, float *scratch, float *out)
+cpu_kvq_row_fn cpu_kvq_attention_row_for(kernel_isa isa, uint32_t type, int32_t head_dim)
 {
 #if KVANT_X86
-    if (s->type == DT_F16) {
-        const char *isa = dtype_isa();
-        if (head_dim % 16 == 0 && strcmp(isa, "avx512") == 0) {
-            cpu_kvq_attention_row_f16_avx512(q, s, n_pos, head_dim, scale, scratch, out);
-            return;
-        }
-        if (head_dim % 8 == 0 && (strcmp(isa, "avx2") == 0 || strcmp(isa, "avx512") == 0)) {
-            cpu_kvq_attention_row_f16_avx2(q, s, n_pos, head_dim, scale, scratch, out);
-            return;
-        }
+    if (type == DT_F16) {
+        if (isa == KERNEL_ISA_AVX512 && head_dim % 16 == 0)
+            return cpu_kvq_attention_row_f16_avx512;
+        if ((isa == KERNEL_ISA_AVX2 || isa == KERNEL_ISA_AVX512) && head_dim % 8 == 0)
+            return cpu_kvq_attention_row_f16_avx2;
     }
 #endif
-    cpu_kvq_attention_row_ref(q, s, n_pos, head_dim, scale, scratch, out);
+    (void)isa, (void)type, (void)head_dim;
+    return cpu_kvq_attention_row_ref;
 }
 
 void cpu_kvq_attention_row_ref(const float *q, const cpu_kvq_seq *s, int32_t n_pos,

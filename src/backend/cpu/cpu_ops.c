@@ -1,17 +1,16 @@
 /* cpu_ops.c - scalar kernels for RMSNorm, RoPE, SwiGLU and attention rows.
  *
  * These are both the CPU implementation and the specification that any
- * SIMD or CUDA variant is tested against (cpu_attention_row dispatches to
- * cpu_attention_row_avx512 when the kernels run AVX-512).  Reductions run in a fixed
- * order per output element (sequential over the row, or block by block in
- * attention), which makes results independent of batch composition.
+ * SIMD or CUDA variant is tested against (cpu_attention_row_for picks
+ * cpu_attention_row_avx512 when the kernels run AVX-512).  Reductions run
+ * in a fixed order per output element (sequential over the row, or block
+ * by block in attention), which makes results independent of batch
+ * composition.
  */
 #include "backend/cpu/cpu_ops.h"
 
 #include <math.h>
-#include <string.h>
 
-#include "kernels/dtype.h"
 #include "util/arch.h"
 
 void cpu_rmsnorm_row(const float *x, const float *w, float eps, float *y, int32_t n)
@@ -81,18 +80,16 @@ static float dot_f32(const float *a, const float *b, int32_t n)
     return (s0 + s1) + (s2 + s3);
 }
 
-void cpu_attention_row(const float *q, const cpu_attn_seq *s, int32_t n_pos, int32_t head_dim,
-                       float scale, float *scratch, float *out)
+cpu_attn_row_fn cpu_attention_row_for(kernel_isa isa, int32_t head_dim)
 {
-    /* follows the kernels' ISA choice, so dtype_force_isa("scalar") makes
-     * the whole forward pass scalar */
+    /* follows the kernels' ISA choice, so dtype_force_isa(KERNEL_ISA_SCALAR)
+     * before the backend is created makes the whole forward pass scalar */
 #if KVANT_X86
-    if (head_dim % 16 == 0 && strcmp(dtype_isa(), "avx512") == 0) {
-        cpu_attention_row_avx512(q, s, n_pos, head_dim, scale, scratch, out);
-        return;
-    }
+    if (isa == KERNEL_ISA_AVX512 && head_dim % 16 == 0)
+        return cpu_attention_row_avx512;
 #endif
-    cpu_attention_row_ref(q, s, n_pos, head_dim, scale, scratch, out);
+    (void)isa, (void)head_dim;
+    return cpu_attention_row_ref;
 }
 
 void cpu_attention_row_ref(const float *q, const cpu_attn_seq *s, int32_t n_pos,

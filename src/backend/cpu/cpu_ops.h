@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "kernels/dtype.h"
 
 void cpu_rmsnorm_row(const float *x, const float *w, float eps, float *y, int32_t n);
 /* cos/sin table for one position: cs[2*i] = cos(theta_i), cs[2*i+1] = sin. */
@@ -29,11 +30,15 @@ typedef struct cpu_attn_seq {
     int64_t row_stride;
     int32_t block_size;
 } cpu_attn_seq;
-void cpu_attention_row(const float *q, const cpu_attn_seq *s, int32_t n_pos, int32_t head_dim,
-                       float scale, float *scratch, float *out);
+typedef void (*cpu_attn_row_fn)(const float *q, const cpu_attn_seq *s, int32_t n_pos,
+                                int32_t head_dim, float scale, float *scratch, float *out);
+/* The attention row for heads of head_dim on `isa` (dtype_kernel_isa()):
+ * the AVX-512 twin when isa is AVX-512 and head_dim % 16 == 0, else the
+ * reference.  The backend picks once per KV layout and calls through it. */
+cpu_attn_row_fn cpu_attention_row_for(kernel_isa isa, int32_t head_dim);
 /* The scalar specification, and its AVX-512 twin (head_dim % 16 == 0, CPU
  * with AVX-512F only; equal to the reference within rounding, see
- * test_ops).  cpu_attention_row picks one by dtype_isa(). */
+ * test_ops). */
 void cpu_attention_row_ref(const float *q, const cpu_attn_seq *s, int32_t n_pos,
                            int32_t head_dim, float scale, float *scratch, float *out);
 void cpu_attention_row_avx512(const float *q, const cpu_attn_seq *s, int32_t n_pos,

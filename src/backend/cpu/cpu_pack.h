@@ -19,7 +19,7 @@
 #ifndef KVANT_CPU_PACK_H
 #define KVANT_CPU_PACK_H
 
-#include "backend/cpu/threadpool.h"
+#include "backend/cpu/tpool.h"
 #include "mem/mem.h"
 #include "model/model.h"
 #include "util/err.h"

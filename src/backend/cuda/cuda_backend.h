@@ -1,7 +1,8 @@
 /* cuda_backend.h - the CUDA implementation of the backend interface.
  *
- * Plain C declarations: this header includes no CUDA headers, so backend.c,
- * the tests and the CLI can include it in builds with CUDA=1 (KVANT_CUDA).
+ * Plain C declarations: this header includes no CUDA headers, so
+ * backend_select.c, the tests and the CLI can include it in builds with
+ * CUDA=1 (KVANT_CUDA).
  * Design, kernels and what is verified: docs/CUDA.md.
  *
  * One backend instance owns one cudaStream_t and one cuBLAS handle on one

@@ -185,7 +185,7 @@ template <> __device__ __forceinline__ float kv_load<DT_Q4_0>(const uint8_t *row
     return __fmul_rn((float)((j < 16 ? q & 0xF : q >> 4) - 8), cq_h2f(b));
 }
 
-__device__ __forceinline__ uint16_t f2bf_bits(float f) /* kv_f32_to_bf16 */
+__device__ __forceinline__ uint16_t f2bf_bits(float f) /* half_f32_to_bf16 */
 {
     uint32_t u = __float_as_uint(f);
     if ((u & 0x7FFFFFFFu) > 0x7F800000u)
@@ -281,7 +281,7 @@ cudaError_t cuda_kv_store(cudaStream_t s, const cuda_kv_desc *kv, int32_t il,
  * Per KV block in table order: scores q.k * scale (per position a lane
  * partial then an xor butterfly, so every lane holds the same score), the
  * block maximum, the online-softmax correction, then p * v accumulated
- * position by position: cpu_attention_row's order, block by block. */
+ * position by position: cpu_attention_row_ref's order, block by block. */
 
 #define ATTN_WARPS 4
 #define ATTN_DPL (MODEL_MAX_HEAD_DIM / 32)

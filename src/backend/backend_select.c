@@ -1,7 +1,8 @@
-/* backend.c - backend selection by name.  The CUDA backend is compiled in
- * only with CUDA=1 (KVANT_CUDA); src/backend/cuda/cuda_backend.h is the only
- * header it exports and it includes no CUDA headers. */
-#include "backend/backend.h"
+/* backend_select.c - backend selection by name (see backend_select.h).
+ * The CUDA backend is compiled in only with CUDA=1 (KVANT_CUDA);
+ * src/backend/cuda/cuda_backend.h is the only header it exports and it
+ * includes no CUDA headers. */
+#include "backend/backend_select.h"
 
 #include <string.h>
 

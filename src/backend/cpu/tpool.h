@@ -1,4 +1,4 @@
-/* threadpool.h - a fixed pool of worker threads for the CPU backend.
+/* tpool.h - a fixed pool of worker threads for the CPU backend.
  *
  * Workers are created once (tpool_create) and park on a condition variable
  * between jobs; a job spins briefly before parking so back-to-back kernel
@@ -8,8 +8,8 @@
  * Threading: tpool_run must be called from one thread at a time (the
  * engine thread); jobs run on all n_threads threads.
  */
-#ifndef KVANT_THREADPOOL_H
-#define KVANT_THREADPOOL_H
+#ifndef KVANT_TPOOL_H
+#define KVANT_TPOOL_H
 
 #include "util/err.h"
 

@@ -1,8 +1,8 @@
-/* test_threadpool.c - every ith runs exactly once per job, parallel sums
+/* test_tpool.c - every ith runs exactly once per job, parallel sums
  * equal serial sums, tpool_range partitions exactly, create/destroy churn,
  * and the overhead of an empty tpool_run (printed, not asserted).
  * Nothing here depends on timing; run it under ASan and TSan. */
-#include "backend/cpu/threadpool.h"
+#include "backend/cpu/tpool.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -208,5 +208,5 @@ int main(int argc, char **argv)
     test_churn();
     if (!(argc > 1 && strcmp(argv[1], "--no-bench") == 0))
         bench_empty_run();
-    return tu_finish("test_threadpool");
+    return tu_finish("test_tpool");
 }

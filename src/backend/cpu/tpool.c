@@ -1,4 +1,4 @@
-/* threadpool.c - fixed worker pool (see threadpool.h for the contract).
+/* tpool.c - fixed worker pool (see tpool.h for the contract).
  *
  * Protocol.  A job is published by storing fn/arg, setting `pending` to the
  * number of workers and incrementing the generation counter `gen`
@@ -22,7 +22,7 @@
  * pending is 0 whenever no tpool_run is in progress; `busy` is 1 exactly
  * while a tpool_run is in progress (catches concurrent or nested calls).
  */
-#include "backend/cpu/threadpool.h"
+#include "backend/cpu/tpool.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -43,7 +43,7 @@
 #define TPOOL_CACHE_LINE 64
 
 /* One step of a spin-wait, i counting from 0. */
-static inline void tp_spin_step(int i)
+static inline void tpool_spin_step(int i)
 {
     if (i % TPOOL_YIELD_EVERY == TPOOL_YIELD_EVERY - 1) {
         sched_yield();
@@ -56,16 +56,16 @@ static inline void tp_spin_step(int i)
 #endif
 }
 
-typedef struct tp_worker {
+typedef struct tpool_worker {
     struct tpool *pool;
     int ith;
     pthread_t thread;
-} tp_worker;
+} tpool_worker;
 
 struct tpool {
     /* read-mostly */
     int n_threads;
-    tp_worker *workers;  /* [n_threads - 1], worker i has ith = i + 1 */
+    tpool_worker *workers;  /* [n_threads - 1], worker i has ith = i + 1 */
     tpool_fn fn;         /* current job, written by the caller before gen++ */
     void *arg;
     pthread_mutex_t mu;
@@ -83,14 +83,14 @@ struct tpool {
 };
 
 /* Waits for gen != seen; returns the new generation. */
-static unsigned tp_wait_job(struct tpool *p, unsigned seen)
+static unsigned tpool_wait_job(struct tpool *p, unsigned seen)
 {
     unsigned g;
     for (int i = 0; i < TPOOL_SPIN_ITERS; i++) {
         g = atomic_load_explicit(&p->gen, memory_order_acquire);
         if (g != seen)
             return g;
-        tp_spin_step(i);
+        tpool_spin_step(i);
     }
     pthread_mutex_lock(&p->mu);
     atomic_fetch_add(&p->n_parked, 1);
@@ -101,13 +101,13 @@ static unsigned tp_wait_job(struct tpool *p, unsigned seen)
     return g;
 }
 
-static void *tp_worker_main(void *varg)
+static void *tpool_worker_main(void *varg)
 {
-    tp_worker *w = varg;
+    tpool_worker *w = varg;
     struct tpool *p = w->pool;
     unsigned seen = 0; /* tpool_create starts gen at 0 */
     for (;;) {
-        seen = tp_wait_job(p, seen);
+        seen = tpool_wait_job(p, seen);
         if (atomic_load_explicit(&p->stop, memory_order_acquire))
             break;
         p->fn(w->ith, p->n_threads, p->arg);
@@ -121,7 +121,7 @@ static void *tp_worker_main(void *varg)
 }
 
 /* Bumps gen (publishing fn/arg/stop) and wakes parked workers. */
-static void tp_post(struct tpool *p)
+static void tpool_post(struct tpool *p)
 {
     atomic_fetch_add(&p->gen, 1);
     if (atomic_load(&p->n_parked) > 0) {
@@ -131,12 +131,12 @@ static void tp_post(struct tpool *p)
     }
 }
 
-static void tp_wait_done(struct tpool *p)
+static void tpool_wait_done(struct tpool *p)
 {
     for (int i = 0; i < TPOOL_SPIN_ITERS; i++) {
         if (atomic_load_explicit(&p->pending, memory_order_acquire) == 0)
             return;
-        tp_spin_step(i);
+        tpool_spin_step(i);
     }
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->caller_parked, 1);
@@ -147,10 +147,10 @@ static void tp_wait_done(struct tpool *p)
 }
 
 /* Stops and joins the first n_started workers, then frees everything. */
-static void tp_teardown(struct tpool *p, int n_started)
+static void tpool_teardown(struct tpool *p, int n_started)
 {
     atomic_store(&p->stop, 1);
-    tp_post(p);
+    tpool_post(p);
     for (int i = 0; i < n_started; i++)
         pthread_join(p->workers[i].thread, NULL);
     pthread_cond_destroy(&p->cv_done);
@@ -170,7 +170,7 @@ tpool *tpool_create(int n_threads, kvant_err *err)
     size_t size = (sizeof(struct tpool) + TPOOL_CACHE_LINE - 1) / TPOOL_CACHE_LINE *
                   TPOOL_CACHE_LINE;
     struct tpool *p = aligned_alloc(TPOOL_CACHE_LINE, size);
-    tp_worker *ws = n_threads > 1 ? calloc((size_t)n_threads - 1, sizeof *ws) : NULL;
+    tpool_worker *ws = n_threads > 1 ? calloc((size_t)n_threads - 1, sizeof *ws) : NULL;
     if (!p || (n_threads > 1 && !ws)) {
         free(p);
         free(ws);
@@ -192,9 +192,9 @@ tpool *tpool_create(int n_threads, kvant_err *err)
     for (int i = 0; i < n_threads - 1; i++) {
         ws[i].pool = p;
         ws[i].ith = i + 1;
-        int rc = pthread_create(&ws[i].thread, NULL, tp_worker_main, &ws[i]);
+        int rc = pthread_create(&ws[i].thread, NULL, tpool_worker_main, &ws[i]);
         if (rc != 0) {
-            tp_teardown(p, i);
+            tpool_teardown(p, i);
             kvant_err_set(err, KV_ENOMEM, "thread pool: pthread_create failed for thread %d of %d: %s",
                           i + 1, n_threads, strerror(rc));
             return NULL;
@@ -208,7 +208,7 @@ void tpool_destroy(tpool *p)
     if (!p)
         return;
     KV_ASSERT(atomic_load(&p->busy) == 0);
-    tp_teardown(p, p->n_threads - 1);
+    tpool_teardown(p, p->n_threads - 1);
 }
 
 int tpool_n_threads(const tpool *p)
@@ -226,11 +226,11 @@ void tpool_run(tpool *p, tpool_fn fn, void *arg)
         p->fn = fn;
         p->arg = arg;
         atomic_store_explicit(&p->pending, p->n_threads - 1, memory_order_relaxed);
-        tp_post(p);
+        tpool_post(p);
     }
     fn(0, p->n_threads, arg);
     if (p->n_threads > 1)
-        tp_wait_done(p);
+        tpool_wait_done(p);
     atomic_store_explicit(&p->busy, 0, memory_order_release);
 }
 

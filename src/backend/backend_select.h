@@ -1,0 +1,29 @@
+/* backend_select.h - choosing a compute backend by name ("cpu", "cuda"),
+ * querying its device, and creating it.
+ *
+ * Above backend/cpu/ and backend/cuda/ (it calls their constructors);
+ * they include only the interface, backend/backend.h.  The CUDA backend
+ * exists only in builds with CUDA=1; elsewhere "cuda" is refused with a
+ * message.
+ * Ownership: backend_create returns a backend the caller destroys with
+ * be->ops->destroy; the mem_mgr is borrowed and must outlive it.
+ * Threading: any thread; the backend created is then used by one.
+ */
+#ifndef KVANT_BACKEND_SELECT_H
+#define KVANT_BACKEND_SELECT_H
+
+#include "backend/backend.h"
+
+/* name: "cpu" or "cuda" (only in builds with CUDA=1).  KV_EUNSUP with a
+ * message when the backend is not built in or no device is present. */
+int backend_query(const char *name, int device, backend_device_info *out, kvant_err *err);
+/* flags: BACKEND_EXACT, BACKEND_NO_PACK (backend.h) or 0.  NULL with a
+ * message in err when the backend is not available. */
+backend *backend_create(const char *name, int device, mem_mgr *mem, int n_threads,
+                        unsigned flags, kvant_err *err);
+/* The device of a process that is the local_rank-th of its group on its
+ * host (--tp/--pp): device + local_rank, modulo the devices present (ranks
+ * share a device when there are fewer); the cpu backend: device. */
+int backend_rank_device(const char *name, int device, int local_rank);
+
+#endif
