@@ -10,7 +10,7 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "backend/cpu/cpu_kv.h"
+#include "backend/cpu/cpu_attn_rows.h"
 
 #define AI static inline __attribute__((always_inline))
 

@@ -1,0 +1,60 @@
+/* cpu_attn_rows.h - the attention rows' data and function types, and the
+ * SIMD twins of the rows (cpu_ops_avx2.c, cpu_ops_avx512.c).  Header
+ * only: cpu_ops.h and cpu_kv.h, whose .c files pick a row once per KV
+ * layout and call it, include it, and so do the SIMD files, which include
+ * no header of the module that calls them. */
+#ifndef KVANT_CPU_ATTN_ROWS_H
+#define KVANT_CPU_ATTN_ROWS_H
+
+#include <stdint.h>
+
+/* One query head of one token against positions [0, n_pos) of a sequence,
+ * read through its block table (f32 K/V), online softmax in block order.
+ * K of position j is at k_base + table[j / block_size] * block_stride +
+ * (j % block_size) * row_stride (head offset already applied to k_base);
+ * V likewise.  scratch: [block_size] floats. */
+typedef struct cpu_attn_seq {
+    const float *k_base;
+    const float *v_base;
+    const int32_t *table;
+    int64_t block_stride;
+    int64_t row_stride;
+    int32_t block_size;
+} cpu_attn_seq;
+typedef void (*cpu_attn_row_fn)(const float *q, const cpu_attn_seq *s, int32_t n_pos,
+                                int32_t head_dim, float scale, float *scratch, float *out);
+
+/* One sequence's stored K/V for one KV head, addressed in bytes: K of
+ * position j is at k_base + table[j / block_size] * block_stride +
+ * (j % block_size) * row_stride (head offset already applied); V likewise. */
+typedef struct cpu_kvq_seq {
+    const uint8_t *k_base;
+    const uint8_t *v_base;
+    const int32_t *table;
+    int64_t block_stride; /* bytes */
+    int64_t row_stride;   /* bytes */
+    int32_t block_size;
+    uint32_t type;
+} cpu_kvq_seq;
+
+/* An attention row over stored rows: out[head_dim] = softmax(q . K_j *
+ * scale) V over positions [0, n_pos), online softmax block by block (same
+ * order as cpu_attention_row_ref).  q.K is the type's vec_dot on the
+ * stored key slice; each V slice is dequantized into scratch (one head_dim
+ * row at a time, never the cache). */
+typedef void (*cpu_kvq_row_fn)(const float *q, const cpu_kvq_seq *s, int32_t n_pos,
+                               int32_t head_dim, float scale, float *scratch, float *out);
+
+/* The SIMD twins: equal to the references (cpu_attention_row_ref,
+ * cpu_kvq_attention_row_ref) within rounding (vector exp(); test_ops
+ * bounds it).  f32 K/V, AVX-512 (head_dim % 16 == 0): */
+void cpu_attention_row_avx512(const float *q, const cpu_attn_seq *s, int32_t n_pos,
+                              int32_t head_dim, float scale, float *scratch, float *out);
+/* f16 K/V, AVX-512 (head_dim % 16 == 0) and AVX2 + FMA + F16C
+ * (head_dim % 8 == 0): */
+void cpu_kvq_attention_row_f16_avx512(const float *q, const cpu_kvq_seq *s, int32_t n_pos,
+                                      int32_t head_dim, float scale, float *scratch, float *out);
+void cpu_kvq_attention_row_f16_avx2(const float *q, const cpu_kvq_seq *s, int32_t n_pos,
+                                    int32_t head_dim, float scale, float *scratch, float *out);
+
+#endif
