@@ -11,7 +11,6 @@
  * touches it, except the list links (s->mu).
  */
 #include <jansson.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +20,8 @@
 #include "server/server_reply.h"
 #include "server/server_modelapi.h"
 
-#define GEN_WAIT_MS 100          /* event wait slice; disconnect checks between */
+#define GEN_WAIT_MS 100          /* event wait slice (keep-alive and drain checks);
+                                  * a disconnect wakes the wait at once */
 #define GEN_KEEPALIVE_S 5.0      /* SSE comment when nothing was sent this long */
 
 typedef struct gen_seq {
@@ -400,15 +400,6 @@ static void gen_on_event(srv_gen *g, const srv_ev *e)
     }
 }
 
-/* 1 when the client closed its socket (checked between event waits). */
-static int peer_gone(int fd)
-{
-    if (fd < 0)
-        return 0;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
-}
-
 /* ---- life cycle ----------------------------------------------------------- */
 
 /* Caller holds s->mu. */
@@ -492,11 +483,12 @@ static ssize_t gen_reader(void *cls, uint64_t pos, char *buf, size_t max)
         if (g->ended)
             return MHD_CONTENT_READER_END_OF_STREAM;
         srv_ev ev;
-        if (srv_chan_wait(g->chan, &ev, GEN_WAIT_MS)) {
+        int got = srv_chan_wait(g->chan, &ev, GEN_WAIT_MS, g->fd);
+        if (got > 0) {
             gen_on_event(g, &ev);
             continue;
         }
-        if (peer_gone(g->fd))
+        if (got < 0) /* the client left: gen_reader_free cancels at once */
             return MHD_CONTENT_READER_END_WITH_ERROR;
         if (srv_now() - g->last_out > GEN_KEEPALIVE_S)
             srv_buf_append(&g->out, ": keep-alive\n\n", 14);
@@ -541,9 +533,10 @@ static enum MHD_Result gen_blocking(srv_gen *g, struct MHD_Connection *c)
 {
     while (!g->ended) {
         srv_ev ev;
-        if (srv_chan_wait(g->chan, &ev, GEN_WAIT_MS))
+        int got = srv_chan_wait(g->chan, &ev, GEN_WAIT_MS, g->fd);
+        if (got > 0)
             gen_on_event(g, &ev);
-        else if (peer_gone(g->fd)) {
+        else if (got < 0) { /* the client left while its tokens kept coming, or waiting */
             gen_free(g);
             return MHD_NO; /* closes the connection */
         }

@@ -8,8 +8,11 @@
 #include "server/server_stream.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -46,7 +49,8 @@ void srv_buf_free(srv_buf *b)
 
 struct srv_chan {
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    int efd;                 /* eventfd: written on every push, so the HTTP thread
+                              * can poll it together with its client socket */
     srv_ev *q;               /* [cap] ring of pending events */
     size_t head, count, cap;
     int refs;
@@ -75,12 +79,13 @@ srv_chan *srv_chan_create(srv_metrics *metrics, double t_arrival)
         free(c);
         return NULL;
     }
+    c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (c->efd < 0) {
+        free(c->q);
+        free(c);
+        return NULL;
+    }
     pthread_mutex_init(&c->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->cv, &ca);
-    pthread_condattr_destroy(&ca);
     c->refs = 2;
     c->metrics = metrics;
     c->t_arrival = c->t_submit = t_arrival;
@@ -93,7 +98,7 @@ static void chan_unref_locked_free(srv_chan *c)
     pthread_mutex_unlock(&c->mu);
     if (left == 0) {
         pthread_mutex_destroy(&c->mu);
-        pthread_cond_destroy(&c->cv);
+        close(c->efd);
         free(c->q);
         free(c);
     }
@@ -130,6 +135,22 @@ void srv_chan_set_backlog(srv_chan *c, engine *e, int64_t rid, int max_pending,
 void srv_chan_submitted(srv_chan *c, double t_submit)
 {
     c->t_submit = t_submit;
+}
+
+/* The eventfd's counter cannot overflow (one post per event, cleared by
+ * every wait), so neither call can fail in a way that matters. */
+static void efd_post(int fd)
+{
+    uint64_t one = 1;
+    ssize_t r = write(fd, &one, sizeof one);
+    (void)r;
+}
+
+static void efd_clear(int fd)
+{
+    uint64_t v;
+    ssize_t r = read(fd, &v, sizeof v); /* EAGAIN when nothing was posted */
+    (void)r;
 }
 
 static void observe(srv_chan *c, const engine_event *ev, double now)
@@ -205,7 +226,7 @@ void srv_chan_on_event(void *ctx, const engine_event *ev)
     } else {
         c->oom = 1; /* the reader reports an internal error */
     }
-    pthread_cond_broadcast(&c->cv);
+    efd_post(c->efd);
     if (final) {
         c->final = 1;
         chan_unref_locked_free(c);
@@ -214,21 +235,10 @@ void srv_chan_on_event(void *ctx, const engine_event *ev)
     pthread_mutex_unlock(&c->mu);
 }
 
-int srv_chan_wait(srv_chan *c, srv_ev *out, int timeout_ms)
+/* Pops the next event, if any (1), else 0. */
+static int chan_pop(srv_chan *c, srv_ev *out)
 {
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
     pthread_mutex_lock(&c->mu);
-    while (c->count == 0 && !c->oom) {
-        if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT)
-            break;
-    }
     int got = 0;
     if (c->count > 0) {
         *out = c->q[c->head];
@@ -246,6 +256,28 @@ int srv_chan_wait(srv_chan *c, srv_ev *out, int timeout_ms)
     if (got && out->err[0])
         out->ev.error = out->err;
     return got;
+}
+
+/* The eventfd is cleared before the queue is looked at, so an event pushed
+ * after the look leaves it readable and the poll returns at once. */
+int srv_chan_wait(srv_chan *c, srv_ev *out, int timeout_ms, int peer_fd)
+{
+    double deadline = srv_now() + timeout_ms * 1e-3;
+    for (;;) {
+        efd_clear(c->efd);
+        if (chan_pop(c, out))
+            return 1;
+        struct pollfd p[2] = {{.fd = c->efd, .events = POLLIN},
+                              {.fd = peer_fd, .events = POLLRDHUP}};
+        int left = (int)((deadline - srv_now()) * 1e3 + 0.999);
+        if (left <= 0)
+            return 0;
+        int n = poll(p, peer_fd >= 0 ? 2 : 1, left);
+        if (n < 0 && errno != EINTR)
+            return 0;
+        if (n > 0 && peer_fd >= 0 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
+            return chan_pop(c, out) ? 1 : -1;
+    }
 }
 
 int srv_chan_engine_done(srv_chan *c)

@@ -51,8 +51,10 @@ void srv_chan_set_backlog(srv_chan *c, engine *e, int64_t rid, int max_pending,
 void srv_chan_submitted(srv_chan *c, double t_submit);
 /* The engine_event_fn to pass to engine_submit with c as ctx. */
 void srv_chan_on_event(void *ctx, const engine_event *ev);
-/* Pops the next event into *out: 1 = got one, 0 = timed out. */
-int srv_chan_wait(srv_chan *c, srv_ev *out, int timeout_ms);
+/* Pops the next event into *out: 1 = got one, 0 = timed out, -1 = the
+ * client closed peer_fd (its socket, polled for POLLRDHUP alongside the
+ * channel, so a departure is seen at once; -1: no socket to watch). */
+int srv_chan_wait(srv_chan *c, srv_ev *out, int timeout_ms, int peer_fd);
 /* 1 once the final event has been pushed by the engine. */
 int srv_chan_engine_done(srv_chan *c);
 
