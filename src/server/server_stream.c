@@ -47,6 +47,18 @@ void srv_buf_free(srv_buf *b)
     memset(b, 0, sizeof *b);
 }
 
+/* One engine request feeding the channel (ctx of its callback). */
+typedef struct chan_src {
+    struct srv_chan *c;
+    int k;
+    int final;               /* its final event pushed (c->mu) */
+    engine *e;               /* backlog bound: whom to cancel (srv_chan_set_backlog) */
+    int64_t rid;
+    /* engine-thread-only timing state */
+    double t_first;
+    double t_last[ENGINE_MAX_N];
+} chan_src;
+
 struct srv_chan {
     pthread_mutex_t mu;
     int efd;                 /* eventfd: written on every push, so the HTTP thread
@@ -54,42 +66,48 @@ struct srv_chan {
     srv_ev *q;               /* [cap] ring of pending events */
     size_t head, count, cap;
     int refs;
-    int final;               /* final event pushed */
+    int n_src, n_final;      /* sources; those whose final event was pushed */
+    chan_src *src;           /* [n_src] */
     int oom;                 /* an event could not be queued */
     srv_metrics *metrics;
-    /* backlog bound (srv_chan_set_backlog) */
-    engine *e;
-    int64_t rid;
-    size_t max_pending;      /* 0 = unbounded */
-    int overflowed;          /* the request was cancelled for its backlog */
+    size_t max_pending;      /* backlog bound; 0 = unbounded */
+    int overflowed;          /* the requests were cancelled for their backlog */
     srv_guard *guard;
-    /* engine-thread-only timing state */
-    double t_arrival, t_submit, t_first;
-    double t_last[ENGINE_MAX_N];
+    double t_arrival, t_submit;
 };
 
-srv_chan *srv_chan_create(srv_metrics *metrics, double t_arrival)
+srv_chan *srv_chan_create(srv_metrics *metrics, double t_arrival, int n_src)
 {
     srv_chan *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
     c->cap = 16;
     c->q = malloc(c->cap * sizeof *c->q);
-    if (!c->q) {
-        free(c);
-        return NULL;
-    }
+    c->src = calloc((size_t)(n_src > 0 ? n_src : 1), sizeof *c->src);
     c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (c->efd < 0) {
+    if (!c->q || !c->src || c->efd < 0) {
+        if (c->efd >= 0)
+            close(c->efd);
         free(c->q);
+        free(c->src);
         free(c);
         return NULL;
     }
     pthread_mutex_init(&c->mu, NULL);
-    c->refs = 2;
+    c->n_src = n_src > 0 ? n_src : 1;
+    for (int k = 0; k < c->n_src; k++) {
+        c->src[k].c = c;
+        c->src[k].k = k;
+    }
+    c->refs = c->n_src + 1;
     c->metrics = metrics;
     c->t_arrival = c->t_submit = t_arrival;
     return c;
+}
+
+void *srv_chan_src(srv_chan *c, int k)
+{
+    return &c->src[k];
 }
 
 static void chan_unref_locked_free(srv_chan *c)
@@ -100,6 +118,7 @@ static void chan_unref_locked_free(srv_chan *c)
         pthread_mutex_destroy(&c->mu);
         close(c->efd);
         free(c->q);
+        free(c->src);
         free(c);
     }
 }
@@ -112,21 +131,24 @@ void srv_chan_unref(srv_chan *c)
     chan_unref_locked_free(c);
 }
 
-void srv_chan_unref_engine(srv_chan *c)
+void srv_chan_unref_engine(srv_chan *c, int k)
 {
     if (!c)
         return;
     pthread_mutex_lock(&c->mu);
-    c->final = 1;
+    if (!c->src[k].final) {
+        c->src[k].final = 1;
+        c->n_final++;
+    }
     chan_unref_locked_free(c);
 }
 
-void srv_chan_set_backlog(srv_chan *c, engine *e, int64_t rid, int max_pending,
+void srv_chan_set_backlog(srv_chan *c, int k, engine *e, int64_t rid, int max_pending,
                           srv_guard *guard)
 {
     pthread_mutex_lock(&c->mu);
-    c->e = e;
-    c->rid = rid;
+    c->src[k].e = e;
+    c->src[k].rid = rid;
     c->max_pending = max_pending > 0 ? (size_t)max_pending : 0;
     c->guard = guard;
     pthread_mutex_unlock(&c->mu);
@@ -153,19 +175,19 @@ static void efd_clear(int fd)
     (void)r;
 }
 
-static void observe(srv_chan *c, const engine_event *ev, double now)
+static void observe(srv_chan *c, chan_src *c1, const engine_event *ev, double now)
 {
     srv_metrics *m = c->metrics;
     if (ev->type == ENGINE_EV_TOKEN) {
-        if (c->t_first == 0) {
-            c->t_first = now;
+        if (c1->t_first == 0) {
+            c1->t_first = now;
             srv_metrics_observe(m, SRV_H_TTFT, now - c->t_arrival);
             srv_metrics_observe(m, SRV_H_QUEUE, now - c->t_submit);
         }
         if (ev->index >= 0 && ev->index < ENGINE_MAX_N) {
-            if (c->t_last[ev->index] > 0)
-                srv_metrics_observe(m, SRV_H_ITL, now - c->t_last[ev->index]);
-            c->t_last[ev->index] = now;
+            if (c1->t_last[ev->index] > 0)
+                srv_metrics_observe(m, SRV_H_ITL, now - c1->t_last[ev->index]);
+            c1->t_last[ev->index] = now;
         }
     } else if (ev->type == ENGINE_EV_DONE || ev->type == ENGINE_EV_ERROR) {
         srv_metrics_observe(m, SRV_H_E2E, now - c->t_arrival);
@@ -178,19 +200,22 @@ static void observe(srv_chan *c, const engine_event *ev, double now)
 
 void srv_chan_on_event(void *ctx, const engine_event *ev)
 {
-    srv_chan *c = ctx;
+    chan_src *c1 = ctx;
+    srv_chan *c = c1->c;
     double now = srv_now();
     int final = ev->type == ENGINE_EV_DONE || ev->type == ENGINE_EV_ERROR;
     pthread_mutex_lock(&c->mu);
-    if (c->final) { /* defensive: nothing after the final event */
+    if (c1->final) { /* defensive: nothing after the final event */
         pthread_mutex_unlock(&c->mu);
         return;
     }
-    observe(c, ev, now);
+    observe(c, c1, ev, now);
     if (!final && c->max_pending && c->count >= c->max_pending) {
         if (!c->overflowed) { /* the client stopped reading: stop the work */
             c->overflowed = 1;
-            engine_cancel(c->e, c->rid);
+            for (int k = 0; k < c->n_src; k++)
+                if (c->src[k].e && !c->src[k].final)
+                    engine_cancel(c->src[k].e, c->src[k].rid);
             srv_guard_count(c->guard, SRV_GUARD_STREAM_BACKLOG);
         }
         pthread_mutex_unlock(&c->mu);
@@ -211,6 +236,7 @@ void srv_chan_on_event(void *ctx, const engine_event *ev)
     if (c->count < c->cap) {
         srv_ev *e = &c->q[(c->head + c->count) % c->cap];
         e->ev = *ev;
+        e->src = c1->k;
         e->err[0] = '\0';
         if (final && c->overflowed) { /* events were dropped: never a clean end */
             e->ev.type = ENGINE_EV_ERROR;
@@ -228,7 +254,8 @@ void srv_chan_on_event(void *ctx, const engine_event *ev)
     }
     efd_post(c->efd);
     if (final) {
-        c->final = 1;
+        c1->final = 1;
+        c->n_final++;
         chan_unref_locked_free(c);
         return;
     }
@@ -283,7 +310,7 @@ int srv_chan_wait(srv_chan *c, srv_ev *out, int timeout_ms, int peer_fd)
 int srv_chan_engine_done(srv_chan *c)
 {
     pthread_mutex_lock(&c->mu);
-    int f = c->final;
+    int f = c->n_final == c->n_src;
     pthread_mutex_unlock(&c->mu);
     return f;
 }

@@ -105,8 +105,10 @@ REFUSED = [
      "messages[0].content[0].y"),
     ("role tool", "chat", {"messages": [{"role": "tool", "content": "1", "tool_call_id": "a"}]},
      "messages"),
-    ("several prompts", "comp", {"prompt": ["a", "b"]}, "prompt"),
-    ("several token-id prompts", "comp", {"prompt": [[1, 2], [3]]}, "prompt"),
+    ("more prompts than the bound", "comp", {"prompt": ["a"] * 129}, "prompt"),
+    ("prompt list of strings and arrays", "comp", {"prompt": ["a", [3]]}, "prompt"),
+    ("prompt list with an empty array", "comp", {"prompt": [[1, 2], []]}, "prompt"),
+    ("empty prompt list", "comp", {"prompt": []}, "prompt"),
     # OpenAI's ranges
     ("temperature above 2", "chat", {"temperature": 2.5}, "temperature"),
     ("temperature negative", "comp", {"temperature": -0.1}, "temperature"),
