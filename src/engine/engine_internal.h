@@ -47,6 +47,11 @@ typedef struct eng_seq {
     int preempted;          /* waiting again after preemption */
     int32_t sched_tokens;   /* tokens scheduled in the current step */
     int32_t out_row;        /* logits row in the current step, -1 if none */
+    int64_t plp_next;       /* prompt_logprobs: next prompt position due an
+                             * ENGINE_EV_PROMPT event (1 at first; n_prompt: none due) */
+    int64_t plp_pos;        /* this step: rows plp_row.. hold the logits after
+                             * positions plp_pos.., plp_n of them */
+    int32_t plp_row, plp_n;
     struct eng_seq *next;   /* waiting / running list link */
 } eng_seq;
 

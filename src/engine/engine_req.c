@@ -78,6 +78,7 @@ int engine_seq_setup(engine *e, eng_req *r, int32_t index)
         memcpy(s->tokens, r->prompt, (size_t)r->p.n_prompt * sizeof *s->tokens);
     s->n_tokens = r->p.n_prompt;
     s->out_row = -1;
+    s->plp_next = index == 0 && r->p.prompt_logprobs ? 1 : r->p.n_prompt;
     kvseq_init_fixed(&s->kv, r->p.cache_salt, r->blk_store + (int64_t)index * r->seq_blocks,
                      r->seq_blocks);
     sampler_params sp = r->p.sampling;

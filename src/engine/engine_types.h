@@ -91,6 +91,10 @@ typedef struct engine_request {
     uint64_t cache_salt;     /* tenant isolation for the prefix cache */
     int32_t top_logprobs;    /* 0 = none; -1 = chosen token's logprob only */
     int ignore_eos;
+    int prompt_logprobs;     /* 1: an ENGINE_EV_PROMPT event per prompt token after the
+                              * first, in order, with its log-probability given the
+                              * tokens before it (and top_logprobs alternatives); the
+                              * request's prompt then skips the prefix cache */
     int32_t stop_ids[ENGINE_MAX_STOP_IDS];
     int32_t n_stop_ids;
 } engine_request;
@@ -100,6 +104,8 @@ typedef enum engine_event_type {
     ENGINE_EV_FINISH = 1,  /* sequence `index` finished (reason set) */
     ENGINE_EV_ERROR = 2,   /* request failed or cancelled; final event */
     ENGINE_EV_DONE = 3,    /* all sequences finished; final event */
+    ENGINE_EV_PROMPT = 4,  /* prompt_logprobs: prompt token `token` (index 0), before
+                            * any TOKEN event */
 } engine_event_type;
 
 typedef enum engine_finish {
