@@ -40,6 +40,9 @@ typedef struct gen_prompt {
     int64_t rid;            /* > 0 once submitted */
     int final;              /* its final engine event handled */
     int counted;            /* its finish metric recorded */
+    int echoed;             /* echo: the prompt was put at the head of its choices */
+    json_t *echo_lp;        /* echo + logprobs: entries of its prompt tokens after the
+                             * first (ENGINE_EV_PROMPT events), until echoed */
     int64_t prompt_tokens, cached_tokens;
     int64_t kv_tokens, kv_blocks; /* its KV footprint at its largest */
     uint64_t kv_bytes;
@@ -308,6 +311,8 @@ static void seq_finish(srv_gen *g, int i, engine_finish f)
     gen_seq *q = &g->seq[i];
     if (q->done)
         return;
+    if (g->req.max_tokens_zero) /* echo of the prompt alone: cut at 0 tokens */
+        f = ENGINE_FINISH_LENGTH;
     char tail[16];
     srv_buf emit = {0};
     int tl = tok_stream_flush(&q->ts, tail, sizeof tail);
@@ -333,7 +338,7 @@ static int all_done(const srv_gen *g)
 
 static void on_token(srv_gen *g, int src, const engine_event *ev)
 {
-    if (ev->index < 0 || ev->index >= g->req.er.n)
+    if (ev->index < 0 || ev->index >= g->req.er.n || g->req.max_tokens_zero)
         return;
     int ci = src * g->req.er.n + ev->index;
     gen_seq *q = &g->seq[ci];
@@ -411,12 +416,75 @@ static void on_final(srv_gen *g, const srv_ev *e)
         end_stream(g);
 }
 
+/* echo + logprobs: a prompt token's entry, kept until the prompt is echoed. */
+static void on_prompt_token(srv_gen *g, gen_prompt *p, const engine_event *ev)
+{
+    if (!g->req.logprobs || p->echoed)
+        return;
+    if (!p->echo_lp)
+        p->echo_lp = json_array();
+    json_array_append_new(p->echo_lp, lp_entry(g, ev));
+}
+
+/* echo: puts prompt k's text (and logprobs: its tokens' entries, the first
+ * with a null logprob as OpenAI gives it) at the head of its choices. */
+static void echo_prompt(srv_gen *g, int k)
+{
+    gen_prompt *p = &g->pr[k];
+    if (!g->req.echo || p->echoed)
+        return;
+    p->echoed = 1;
+    const int32_t *ids = g->req.tokens + g->req.prompt_off[k];
+    int64_t n_ids = g->req.prompt_off[k + 1] - g->req.prompt_off[k];
+    srv_buf text = {0};
+    tok_stream ts;
+    tok_stream_init(&ts);
+    char piece[512];
+    for (int64_t j = 0; j < n_ids; j++) {
+        int pl = tok_stream_feed(g->m->tok, &ts, ids[j], piece, sizeof piece);
+        srv_buf_append(&text, piece, pl > 0 ? (size_t)pl : 0);
+    }
+    int tl = tok_stream_flush(&ts, piece, sizeof piece);
+    srv_buf_append(&text, piece, tl > 0 ? (size_t)tl : 0);
+    json_t *lps = NULL;
+    if (g->req.logprobs) {
+        lps = json_array();
+        json_array_append_new(lps, json_pack("{s:o, s:n, s:n}", "token",
+                                             token_json(g->m, ids[0]), "logprob", "top"));
+        json_array_extend(lps, p->echo_lp ? p->echo_lp : json_array());
+    }
+    for (int i = 0; i < g->req.er.n; i++) {
+        int ci = k * g->req.er.n + i;
+        gen_seq *q = &g->seq[ci];
+        if (!g->req.stream) {
+            srv_buf_append(&q->text, text.s ? text.s : "", text.len);
+            if (lps && !q->lp)
+                q->lp = json_array();
+            if (lps)
+                json_array_extend(q->lp, lps);
+        } else {
+            sse_choice(g, ci, text.s ? text.s : "", text.len, lps ? json_copy(lps) : NULL,
+                       NULL);
+        }
+    }
+    json_decref(lps);
+    json_decref(p->echo_lp);
+    p->echo_lp = NULL;
+    srv_buf_free(&text);
+}
+
 static void gen_on_event(srv_gen *g, const srv_ev *e)
 {
     const engine_event *ev = &e->ev;
     if (e->src < 0 || e->src >= g->req.n_prompts)
         return;
     gen_prompt *p = &g->pr[e->src];
+    if (ev->type == ENGINE_EV_PROMPT) {
+        on_prompt_token(g, p, ev);
+        return;
+    }
+    if (ev->type != ENGINE_EV_ERROR)
+        echo_prompt(g, e->src);
     if (ev->kv_blocks > p->kv_blocks) {
         p->kv_blocks = ev->kv_blocks;
         p->kv_bytes = ev->kv_bytes;
@@ -504,6 +572,8 @@ static void gen_free(srv_gen *g)
         json_decref(g->seq[i].lp);
     }
     free(g->seq);
+    for (int k = 0; g->pr && k < g->req.n_prompts; k++)
+        json_decref(g->pr[k].echo_lp);
     free(g->pr);
     srv_buf_free(&g->out);
     srv_gen_req_free(&g->req);

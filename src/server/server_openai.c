@@ -476,11 +476,11 @@ static int parse_stream(json_t *o, const srv_fields_policy *pol, srv_gen_req *r,
 
 static int parse_lengths(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_error *e)
 {
-    int64_t mt = 0, mct = 0, x = 0;
-    int rc = get_int(o, "max_tokens", 1, INT64_MAX, &mt, e);
+    int64_t mt = 0, mct = 0, x = 0, lo = r->echo ? 0 : 1; /* echo: 0 = the prompt alone */
+    int rc = get_int(o, "max_tokens", lo, INT64_MAX, &mt, e);
     if (rc < 0)
         return rc;
-    int rc2 = get_int(o, "max_completion_tokens", 1, INT64_MAX, &mct, e);
+    int rc2 = get_int(o, "max_completion_tokens", lo, INT64_MAX, &mct, e);
     if (rc2 < 0)
         return rc2;
     if (rc && rc2 && mt != mct)
@@ -502,7 +502,9 @@ static int parse_lengths(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_
                              (long long)mt, (long long)ctx->max_model_len);
     if (!rc)
         mt = r->api == SRV_API_COMPLETIONS ? (room < 16 ? room : 16) : room;
-    r->er.max_tokens = mt;
+    r->max_tokens_zero = mt == 0;
+    r->er.max_tokens = mt == 0 ? 1 : mt; /* the engine samples one token: dropped */
+    r->er.prompt_logprobs = r->echo && r->logprobs;
     if ((rc = get_int(o, "n", 1, ENGINE_MAX_N, &x, e)) < 0)
         return rc;
     r->er.n = rc ? (int32_t)x : 1;
@@ -537,13 +539,15 @@ static int parse_body(const srv_oai_ctx *ctx, const srv_fields_policy *pol, json
     int rc;
     if ((rc = srv_fields_check(o, r->api == SRV_API_CHAT, pol, e)))
         return rc;
-    for (const char *const *k = (const char *const[]){"echo", "suffix", "best_of", NULL}; *k; k++) {
+    for (const char *const *k = (const char *const[]){"suffix", "best_of", NULL}; *k; k++) {
         json_t *v = json_object_get(o, *k);
         if (v && !json_is_null(v) && !json_is_false(v) &&
             !(json_is_integer(v) && json_integer_value(v) == 1) &&
             !(json_is_string(v) && json_string_length(v) == 0))
             return srv_error_set(e, 400, *k, "'%s' is not supported", *k);
     }
+    if (r->api == SRV_API_COMPLETIONS && get_bool(o, "echo", &r->echo, e) < 0)
+        return -e->status;
     if ((rc = parse_stream(o, pol, r, e)) || (rc = parse_stop(o, &r->stops, e)) ||
         (rc = parse_logit_bias(ctx, o, &r->er.sampling, e)) ||
         (rc = parse_sampling(o, &r->er.sampling, e)) || (rc = parse_logprobs(r->api, o, r, e)))

@@ -32,6 +32,10 @@ typedef struct srv_gen_req {
     int stream;
     int include_usage;
     int logprobs;          /* 1: return logprobs */
+    int echo;              /* completions: the prompt leads each choice's text (and
+                            * logprobs: er.prompt_logprobs) */
+    int max_tokens_zero;   /* echo with max_tokens 0: er.max_tokens is 1 and the
+                            * generated token is dropped */
     int32_t top_logprobs;  /* alternatives per token, 0..ENGINE_MAX_TOP_LOGPROBS */
     srv_stops stops;
 } srv_gen_req;

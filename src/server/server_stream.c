@@ -210,7 +210,8 @@ void srv_chan_on_event(void *ctx, const engine_event *ev)
         return;
     }
     observe(c, c1, ev, now);
-    if (!final && c->max_pending && c->count >= c->max_pending) {
+    /* prompt logprobs come in a burst bounded by the prompt: not a backlog */
+    if (!final && ev->type != ENGINE_EV_PROMPT && c->max_pending && c->count >= c->max_pending) {
         if (!c->overflowed) { /* the client stopped reading: stop the work */
             c->overflowed = 1;
             for (int k = 0; k < c->n_src; k++)
