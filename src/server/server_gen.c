@@ -41,6 +41,7 @@ typedef struct gen_prompt {
     int final;              /* its final engine event handled */
     int counted;            /* its finish metric recorded */
     int echoed;             /* echo: the prompt was put at the head of its choices */
+    int we_cancelled;       /* every choice of this prompt hit a stop string */
     json_t *echo_lp;        /* echo + logprobs: entries of its prompt tokens after the
                              * first (ENGINE_EV_PROMPT events), until echoed */
     int64_t prompt_tokens, cached_tokens;
@@ -66,7 +67,6 @@ struct srv_gen {
     srv_buf out;            /* SSE bytes not yet handed to MHD */
     size_t out_off;
     int ended;              /* [DONE] queued */
-    int we_cancelled;       /* every sequence hit a stop string */
     int failed;             /* ERROR event (not ours) */
     int on_active;          /* on s->active (some prompt submitted) */
     int submit_failed;      /* a later prompt's submit failed: the earlier ones are
@@ -328,9 +328,10 @@ static void seq_finish(srv_gen *g, int i, engine_finish f)
     srv_buf_free(&emit);
 }
 
-static int all_done(const srv_gen *g)
+/* Whether every choice of prompt k has ended. */
+static int prompt_done(const srv_gen *g, int k)
 {
-    for (int i = 0; i < g->n_choices; i++)
+    for (int i = k * g->req.er.n; i < (k + 1) * g->req.er.n; i++)
         if (!g->seq[i].done)
             return 0;
     return 1;
@@ -360,9 +361,10 @@ static void on_token(srv_gen *g, int src, const engine_event *ev)
         seq_out(g, ci, &emit, lp, NULL);
     }
     srv_buf_free(&emit);
-    if (hit == 1 && all_done(g) && !g->we_cancelled) {
-        g->we_cancelled = 1; /* nothing more is needed from the engine */
-        cancel_prompts(g);
+    gen_prompt *p = &g->pr[src];
+    if (hit == 1 && prompt_done(g, src) && !p->we_cancelled && !p->final) {
+        p->we_cancelled = 1; /* nothing more is needed from this engine request */
+        engine_cancel(g->e, p->rid);
     }
 }
 
@@ -390,7 +392,7 @@ static void on_final(srv_gen *g, const srv_ev *e)
     g->n_final++;
     if (g->ended) /* a failure of another prompt ended the response */
         return;
-    if (ev->type == ENGINE_EV_ERROR && !(g->we_cancelled && all_done(g))) {
+    if (ev->type == ENGINE_EV_ERROR && !(g->pr[k].we_cancelled && prompt_done(g, k))) {
         g->failed = 1;
         snprintf(g->err, sizeof g->err, "%s", ev->error ? ev->error : "request failed");
         count_finish(g, k, ENGINE_FINISH_ABORT);

@@ -89,3 +89,13 @@ def test_list_bound_and_logprobs(srv, client):
     with pytest.raises(openai.BadRequestError) as ei:
         client.completions.create(model=MODEL, prompt=["Hi"] * 129, max_tokens=1)
     assert ei.value.body["param"] == "prompt" and "128" in ei.value.body["message"]
+
+
+def test_list_one_prompt_stopped_early(client):
+    """A prompt whose choices all hit a stop string is cancelled alone; the others go on."""
+    prompts = [PROMPTS[2], PROMPTS[1]]
+    want = [alone(client, p, stop=[" 6"]) for p in prompts]
+    r = client.completions.create(model=MODEL, prompt=prompts, max_tokens=8, temperature=0,
+                                  stop=[" 6"])
+    assert [c.text for c in r.choices] == [w[0] for w in want]
+    assert [c.finish_reason for c in r.choices] == ["stop", "length"], r.choices
