@@ -80,6 +80,8 @@ struct eng_req {
     int64_t kv_peak_tokens, kv_peak_blocks; /* footprint at its largest (kvsnap) */
     uint64_t kv_block_bytes;
     uint64_t bytes;         /* of this allocation (engine_stats.host_bytes) */
+    double *embed_sum;      /* p.embed: [n_embd] pooled rows so far (else NULL) */
+    float *embed_vec;       /* p.embed: [n_embd] the result */
     int64_t seq_cap;        /* tokens per sequence: n_prompt + max_tokens + 1 */
     int32_t seq_blocks;     /* block table entries per sequence */
     int32_t *tok_store;     /* [p.n][seq_cap] */
@@ -136,6 +138,7 @@ struct engine {
     fwd_seq *b_seqs;        /* [max_num_seqs] */
     eng_seq **b_seqp;       /* [max_num_seqs] */
     float *logits;          /* [max_num_seqs + 1][n_vocab]: logit rows + a sampling copy */
+    float *hidden;          /* [max_num_seqs][n_embd]: the rows' hidden states (embed) */
     sampler_scratch smp_scratch; /* [n_vocab] x 4: every sequence's sampler, one at a time */
     uint64_t step_buf_bytes; /* the step buffers' bytes (host memory, malloc) */
 };

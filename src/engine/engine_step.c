@@ -23,6 +23,7 @@
  */
 #include "engine/engine_step.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "engine/engine_req.h"
@@ -219,7 +220,7 @@ static void schedule_waiting(engine *e, step_plan *sp)
         if (budget < 1)
             break;
         if (s->n_computed == 0 && s->kv.n_blocks == 0 && e->cfg.prefix_cache &&
-            s->plp_next >= s->req->p.n_prompt) { /* prompt logprobs need every row */
+            s->plp_next >= s->req->p.n_prompt && !s->req->p.embed) { /* every row needed */
             int64_t hit = kvseq_match_prefix(e->pool, &s->kv, s->tokens, s->n_tokens);
             hit += engine_tier_extend(e, s);
             s->n_computed = hit;
@@ -246,10 +247,11 @@ static void schedule_waiting(engine *e, step_plan *sp)
 
 static fwd_batch phase_build(engine *e, const step_plan *sp)
 {
-    int32_t nt = 0, n_out = 0;
+    int32_t nt = 0, n_out = 0, hidden = 0;
     for (int32_t i = 0; i < sp->n_seqs; i++) {
         eng_seq *s = sp->seqs[i];
         int32_t nt0 = nt;
+        hidden |= s->req->p.embed != ENGINE_EMBED_NONE;
         for (int32_t j = 0; j < s->sched_tokens; j++) {
             e->b_tokens[nt] = s->tokens[s->n_computed + j];
             e->b_pos[nt] = (int32_t)(s->n_computed + j);
@@ -277,6 +279,7 @@ static fwd_batch phase_build(engine *e, const step_plan *sp)
     return (fwd_batch){
         .n_tokens = nt, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq,
         .n_seqs = sp->n_seqs, .seqs = e->b_seqs, .n_out = n_out, .out = e->b_out,
+        .want_hidden = hidden,
     };
 }
 
@@ -308,11 +311,42 @@ static void fill_logprobs(const eng_seq *s, const float *row, int32_t n_vocab, i
     ev->n_top = k;
 }
 
-/* Prompt logprobs: one ENGINE_EV_PROMPT per row phase_build asked for. */
+/* Embeddings: adds the hidden state of logit row `row` to the pool. */
+static void embed_add(engine *e, eng_req *r, int32_t row)
+{
+    int32_t d = e->m->hp.n_embd;
+    const float *h = e->hidden + (size_t)row * d;
+    for (int32_t i = 0; i < d; i++)
+        r->embed_sum[i] = r->p.embed == ENGINE_EMBED_LAST ? h[i] : r->embed_sum[i] + h[i];
+}
+
+/* Embeddings: the prompt's last row is in: pool, L2-normalise, emit; the
+ * sequence ends without sampling. */
+static void embed_finish(engine *e, eng_seq *s)
+{
+    eng_req *r = s->req;
+    int32_t d = e->m->hp.n_embd;
+    embed_add(e, r, s->out_row);
+    double norm = 0;
+    for (int32_t i = 0; i < d; i++)
+        norm += r->embed_sum[i] * r->embed_sum[i]; /* a mean's scale cancels */
+    norm = norm > 0 ? 1.0 / sqrt(norm) : 0.0;
+    for (int32_t i = 0; i < d; i++)
+        r->embed_vec[i] = (float)(r->embed_sum[i] * norm);
+    engine_event ev = {.type = ENGINE_EV_EMBED, .embedding = r->embed_vec, .n_embd = d};
+    engine_emit(r, &ev);
+    s->finished = 1;
+    s->finish = ENGINE_FINISH_LENGTH;
+}
+
+/* Prompt logprobs: one ENGINE_EV_PROMPT per row phase_build asked for
+ * (embeddings: the rows are pooled instead). */
 static void emit_prompt_logprobs(engine *e, eng_seq *s)
 {
     int32_t n_vocab = e->m->hp.n_vocab;
-    for (int32_t j = 0; j < s->plp_n; j++) {
+    for (int32_t j = 0; j < s->plp_n && s->req->p.embed; j++)
+        embed_add(e, s->req, s->plp_row + j);
+    for (int32_t j = 0; j < s->plp_n && !s->req->p.embed; j++) {
         const float *row = e->logits + (size_t)(s->plp_row + j) * n_vocab;
         int32_t tok = s->tokens[s->plp_pos + j + 1];
         engine_event ev = {.type = ENGINE_EV_PROMPT, .index = s->index, .token = tok};
@@ -386,6 +420,10 @@ static uint64_t phase_sample(engine *e, const step_plan *sp)
             continue;
         float *row = e->logits + (size_t)s->out_row * n_vocab;
         eng_req *r = s->req;
+        if (r->p.embed) {
+            embed_finish(e, s);
+            continue;
+        }
         int first = s->index == 0 && r->n_seqs == 1 && r->p.n > 1 && s->n_generated == 0;
         if (first && fork_children(e, s)) {
             r->cancelled = ENG_FAIL_FORK;

@@ -95,9 +95,16 @@ typedef struct engine_request {
                               * first, in order, with its log-probability given the
                               * tokens before it (and top_logprobs alternatives); the
                               * request's prompt then skips the prefix cache */
+    int32_t embed;           /* ENGINE_EMBED_*: no generation (sampling and max_tokens
+                              * unused, n 1): one ENGINE_EV_EMBED event with the
+                              * prompt's pooled final hidden state (after the output
+                              * norm), L2-normalised, then DONE; skips the prefix
+                              * cache; not under --tp/--pp */
     int32_t stop_ids[ENGINE_MAX_STOP_IDS];
     int32_t n_stop_ids;
 } engine_request;
+
+enum { ENGINE_EMBED_NONE = 0, ENGINE_EMBED_MEAN = 1, ENGINE_EMBED_LAST = 2 };
 
 typedef enum engine_event_type {
     ENGINE_EV_TOKEN = 0,   /* a generated token for sequence `index` */
@@ -106,6 +113,7 @@ typedef enum engine_event_type {
     ENGINE_EV_DONE = 3,    /* all sequences finished; final event */
     ENGINE_EV_PROMPT = 4,  /* prompt_logprobs: prompt token `token` (index 0), before
                             * any TOKEN event */
+    ENGINE_EV_EMBED = 5,   /* embed: `embedding` [n_embd] */
 } engine_event_type;
 
 typedef enum engine_finish {
@@ -134,6 +142,8 @@ typedef struct engine_event {
     int64_t kv_tokens, kv_blocks;
     uint64_t kv_bytes;
     const char *error;      /* on ERROR (valid during the callback) */
+    const float *embedding; /* on EMBED: [n_embd] (valid during the callback) */
+    int32_t n_embd;
 } engine_event;
 
 typedef void (*engine_event_fn)(void *ctx, const engine_event *ev);
