@@ -65,6 +65,7 @@ struct srv_chan {
                               * can poll it together with its client socket */
     srv_ev *q;               /* [cap] ring of pending events */
     size_t head, count, cap;
+    size_t n_prompt_ev;      /* of count, ENGINE_EV_PROMPT events (not a backlog) */
     int refs;
     int n_src, n_final;      /* sources; those whose final event was pushed */
     chan_src *src;           /* [n_src] */
@@ -211,7 +212,8 @@ void srv_chan_on_event(void *ctx, const engine_event *ev)
     }
     observe(c, c1, ev, now);
     /* prompt logprobs come in a burst bounded by the prompt: not a backlog */
-    if (!final && ev->type != ENGINE_EV_PROMPT && c->max_pending && c->count >= c->max_pending) {
+    if (!final && ev->type != ENGINE_EV_PROMPT && c->max_pending &&
+        c->count - c->n_prompt_ev >= c->max_pending) {
         if (!c->overflowed) { /* the client stopped reading: stop the work */
             c->overflowed = 1;
             for (int k = 0; k < c->n_src; k++)
@@ -238,6 +240,7 @@ void srv_chan_on_event(void *ctx, const engine_event *ev)
         srv_ev *e = &c->q[(c->head + c->count) % c->cap];
         e->ev = *ev;
         e->src = c1->k;
+        c->n_prompt_ev += ev->type == ENGINE_EV_PROMPT;
         e->err[0] = '\0';
         if (final && c->overflowed) { /* events were dropped: never a clean end */
             e->ev.type = ENGINE_EV_ERROR;
@@ -272,6 +275,7 @@ static int chan_pop(srv_chan *c, srv_ev *out)
         *out = c->q[c->head];
         c->head = (c->head + 1) % c->cap;
         c->count--;
+        c->n_prompt_ev -= out->ev.type == ENGINE_EV_PROMPT;
         got = 1;
     } else if (c->oom) {
         memset(out, 0, sizeof *out);

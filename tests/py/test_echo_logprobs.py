@@ -147,3 +147,21 @@ def test_echo_refusals(client):
     with pytest.raises(openai.BadRequestError) as ei:
         client.completions.create(model=MODEL, prompt=SHORT, max_tokens=0)
     assert ei.value.body["param"] == "max_tokens"
+
+
+def test_echo_stream_not_cut_by_the_backlog_bound(kvant_bin, default_model):
+    """A long prompt's logprob events arrive in bursts of up to 64 rows per step; with
+    --stream-backlog 16 they must not count as a client falling behind."""
+    s = KvantServer(kvant_bin, default_model, "--stream-backlog", "16")
+    try:
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        ids = tokens(s, LONG)
+        n_lp, finish = 0, None
+        for ch in c.completions.create(model=MODEL, prompt=ids, echo=True, max_tokens=4,
+                                       logprobs=1, temperature=0, stream=True):
+            for x in ch.choices:
+                n_lp += len(x.logprobs.tokens) if x.logprobs else 0
+                finish = x.finish_reason or finish
+        assert finish == "length" and n_lp == len(ids) + 4
+    finally:
+        assert s.stop() == 0, s.log_text()
