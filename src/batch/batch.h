@@ -27,6 +27,8 @@ typedef struct fwd_batch {
     const fwd_seq *seqs;   /* [n_seqs] */
     int32_t n_out;
     const int32_t *out;    /* [n_out] token indices whose logits are wanted */
+    int32_t want_hidden;   /* 1: the out rows' final hidden states (after the output
+                            * norm) too, into fwd_ctx.h_hidden (one process only) */
 } fwd_batch;
 
 #endif

@@ -86,6 +86,8 @@ static void serve_help(void)
         {"--send-buffer", "BYTES", "kernel send buffer per connection (what a client that "
                                    "does not read can hold), 0: the kernel's autotuning",
          fmt_long(sndbuf, 16, sc.send_buffer)},
+        {"--embedding-pooling", "mean|last", "/v1/embeddings: the mean of the prompt's final "
+                                             "hidden states, or the last token's", "mean"},
         {"--allow-unknown-fields", NULL, "accept request fields kvant does not know (logged "
                                          "once each) instead of answering 400 naming them",
          "refused"},
@@ -220,6 +222,13 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
         } else if (!strcmp(a, "--served-model-name")) {
             if (!(o->sc.served_name = cli_value(argc, argv, &i)))
                 return CLI_EXIT_USAGE;
+        } else if (!strcmp(a, "--embedding-pooling")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v || (strcmp(v, "mean") && strcmp(v, "last"))) {
+                fprintf(stderr, "kvant serve: --embedding-pooling: expected mean or last\n");
+                return CLI_EXIT_USAGE;
+            }
+            o->sc.embedding_pooling = !strcmp(v, "mean") ? 1 : 2;
         } else if (!strcmp(a, "--no-prefix-cache")) {
             o->ec.prefix_cache = 0;
         } else if (!strcmp(a, "--allow-unknown-fields")) {

@@ -209,18 +209,21 @@ static int alloc_step_buffers(engine *e, kvant_err *err)
     e->b_seqs = malloc((size_t)ns * sizeof(fwd_seq));
     e->b_seqp = malloc((size_t)ns * sizeof(eng_seq *));
     e->logits = malloc((size_t)(ns + 1) * e->m->hp.n_vocab * sizeof(float)); /* + scratch row */
+    e->hidden = malloc((size_t)ns * e->m->hp.n_embd * sizeof(float));
+    e->fwd.h_hidden = e->hidden; /* where embed requests' rows go (fwd_init ran) */
     /* one sampler scratch for all sequences: they sample one at a time on
      * this engine's thread (16 bytes per vocabulary entry, not per sequence) */
     int rc = sampler_scratch_init(&e->smp_scratch, e->m->hp.n_vocab, err);
     e->step_buf_bytes = (uint64_t)nt * 3 * sizeof(int32_t) +
                         (uint64_t)ns * (sizeof(int32_t) + sizeof(fwd_seq) + sizeof(eng_seq *)) +
                         (uint64_t)(ns + 1) * (uint64_t)e->m->hp.n_vocab * sizeof(float) +
+                        (uint64_t)ns * (uint64_t)e->m->hp.n_embd * sizeof(float) +
                         (uint64_t)e->m->hp.n_vocab * 16;
     e->stats.host_bytes = e->step_buf_bytes;
     if (rc)
         return rc;
     if (!e->b_tokens || !e->b_pos || !e->b_seq || !e->b_out || !e->b_seqs || !e->b_seqp ||
-        !e->logits)
+        !e->logits || !e->hidden)
         return kvant_err_set(err, KV_ENOMEM, "out of memory for step buffers");
     return KV_OK;
 }
@@ -409,6 +412,7 @@ void engine_destroy(engine *e)
     free(e->b_seqs);
     free(e->b_seqp);
     free(e->logits);
+    free(e->hidden);
     sampler_scratch_free(&e->smp_scratch);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
@@ -504,6 +508,10 @@ static int check_request(const engine *e, const engine_request *r, kvant_err *er
                                  r->prompt[i], e->m->hp.n_vocab);
     if (r->max_tokens < 1)
         return kvant_err_set(err, KV_EINVAL, "max_tokens: must be at least 1");
+    if (r->embed && (r->n != 1 || r->embed > ENGINE_EMBED_LAST || r->prompt_logprobs))
+        return kvant_err_set(err, KV_EINVAL, "embed: needs n = 1 and no prompt logprobs");
+    if (r->embed && e->cfg.tp_group)
+        return kvant_err_set(err, KV_EINVAL, "embeddings are not served under --tp/--pp");
     if (r->n < 1 || r->n > ENGINE_MAX_N)
         return kvant_err_set(err, KV_EINVAL, "n: must be in [1, %d]", ENGINE_MAX_N);
     if (r->top_logprobs < -1 || r->top_logprobs > ENGINE_MAX_TOP_LOGPROBS)

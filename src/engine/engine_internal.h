@@ -47,6 +47,11 @@ typedef struct eng_seq {
     int preempted;          /* waiting again after preemption */
     int32_t sched_tokens;   /* tokens scheduled in the current step */
     int32_t out_row;        /* logits row in the current step, -1 if none */
+    int64_t plp_next;       /* prompt_logprobs: next prompt position due an
+                             * ENGINE_EV_PROMPT event (1 at first; n_prompt: none due) */
+    int64_t plp_pos;        /* this step: rows plp_row.. hold the logits after
+                             * positions plp_pos.., plp_n of them */
+    int32_t plp_row, plp_n;
     struct eng_seq *next;   /* waiting / running list link */
 } eng_seq;
 
@@ -75,6 +80,8 @@ struct eng_req {
     int64_t kv_peak_tokens, kv_peak_blocks; /* footprint at its largest (kvsnap) */
     uint64_t kv_block_bytes;
     uint64_t bytes;         /* of this allocation (engine_stats.host_bytes) */
+    double *embed_sum;      /* p.embed: [n_embd] pooled rows so far (else NULL) */
+    float *embed_vec;       /* p.embed: [n_embd] the result */
     int64_t seq_cap;        /* tokens per sequence: n_prompt + max_tokens + 1 */
     int32_t seq_blocks;     /* block table entries per sequence */
     int32_t *tok_store;     /* [p.n][seq_cap] */
@@ -131,6 +138,7 @@ struct engine {
     fwd_seq *b_seqs;        /* [max_num_seqs] */
     eng_seq **b_seqp;       /* [max_num_seqs] */
     float *logits;          /* [max_num_seqs + 1][n_vocab]: logit rows + a sampling copy */
+    float *hidden;          /* [max_num_seqs][n_embd]: the rows' hidden states (embed) */
     sampler_scratch smp_scratch; /* [n_vocab] x 4: every sequence's sampler, one at a time */
     uint64_t step_buf_bytes; /* the step buffers' bytes (host memory, malloc) */
 };

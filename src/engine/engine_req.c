@@ -33,7 +33,9 @@ int engine_req_create(engine *e, const engine_request *rq, engine_event_fn fn, v
     if (nb > KVPOOL_MAX_BLOCKS)
         return kvant_err_set(err, KV_ERANGE, "a sequence of %lld tokens needs more than %d KV "
                              "blocks", (long long)cap, KVPOOL_MAX_BLOCKS);
+    const size_t emb = rq->embed ? (size_t)e->m->hp.n_embd : 0;
     const size_t bytes = sizeof(eng_req) + (size_t)n * sizeof(eng_seq) +
+                         emb * (sizeof(double) + sizeof(float)) +
                          (size_t)n * (size_t)(cap + nb) * sizeof(int32_t);
     eng_req *r = calloc(1, bytes);
     if (!r)
@@ -41,7 +43,9 @@ int engine_req_create(engine *e, const engine_request *rq, engine_event_fn fn, v
     r->bytes = bytes;
     r->seq_cap = cap;
     r->seq_blocks = (int32_t)nb;
-    r->tok_store = (int32_t *)(void *)(r->seq + n);
+    r->embed_sum = emb ? (double *)(void *)(r->seq + n) : NULL;
+    r->embed_vec = emb ? (float *)(void *)(r->embed_sum + emb) : NULL;
+    r->tok_store = emb ? (int32_t *)(void *)(r->embed_vec + emb) : (int32_t *)(void *)(r->seq + n);
     r->blk_store = r->tok_store + n * cap;
     r->prompt = r->tok_store; /* sequence 0's tokens start with the prompt */
     memcpy(r->prompt, rq->prompt, (size_t)rq->n_prompt * sizeof *r->prompt);
@@ -78,6 +82,8 @@ int engine_seq_setup(engine *e, eng_req *r, int32_t index)
         memcpy(s->tokens, r->prompt, (size_t)r->p.n_prompt * sizeof *s->tokens);
     s->n_tokens = r->p.n_prompt;
     s->out_row = -1;
+    s->plp_next = index == 0 && (r->p.prompt_logprobs || r->p.embed == ENGINE_EMBED_MEAN)
+                      ? 1 : r->p.n_prompt;
     kvseq_init_fixed(&s->kv, r->p.cache_salt, r->blk_store + (int64_t)index * r->seq_blocks,
                      r->seq_blocks);
     sampler_params sp = r->p.sampling;

@@ -23,6 +23,7 @@
  */
 #include "engine/engine_step.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "engine/engine_req.h"
@@ -85,6 +86,7 @@ typedef struct step_plan {
     int32_t n_seqs;
     int32_t n_tokens;
     int preempted;    /* a preemption happened in this step */
+    int32_t extra_rows; /* logit rows past one per sequence (prompt logprobs) */
     int32_t prefill_tokens; /* scheduled prompt tokens (recomputation included) */
 } step_plan;
 
@@ -121,10 +123,43 @@ static eng_seq *pick_victim(engine *e, const step_plan *sp)
     return v;
 }
 
+/* Prompt logprobs: the positions [*lo, *hi) of a chunk at s->n_computed
+ * whose logits give a prompt token's log-probability still due. */
+static void plp_range(const eng_seq *s, int32_t chunk, int64_t *lo, int64_t *hi)
+{
+    int64_t nc = s->n_computed, np = s->req->p.n_prompt;
+    *lo = nc > s->plp_next - 1 ? nc : s->plp_next - 1;
+    *hi = nc + chunk < np - 1 ? nc + chunk : np - 1;
+    if (*hi < *lo)
+        *hi = *lo;
+}
+
+/* The largest part of chunk whose logit rows fit those left this step (the
+ * engine has max_num_seqs rows; every sequence keeps one).  A chunk that
+ * wants no prompt logprobs needs one row or none. */
+static int32_t plp_clamp(const engine *e, const step_plan *sp, const eng_seq *s, int32_t chunk)
+{
+    if (s->plp_next >= s->req->p.n_prompt || chunk < 1)
+        return chunk;
+    int32_t rows_left = e->cfg.max_num_seqs - sp->n_seqs - sp->extra_rows; /* >= 1 */
+    int64_t lo, hi;
+    plp_range(s, chunk, &lo, &hi);
+    int normal = s->n_computed + chunk == s->n_tokens;
+    if (hi - lo + normal <= rows_left)
+        return chunk;
+    return (int32_t)(lo - s->n_computed + rows_left); /* ends before the prompt's last */
+}
+
 static void add_to_plan(engine *e, step_plan *sp, eng_seq *s, int32_t chunk)
 {
     (void)e;
     s->sched_tokens = chunk;
+    if (s->plp_next < s->req->p.n_prompt) {
+        int64_t lo, hi;
+        plp_range(s, chunk, &lo, &hi);
+        int32_t rows = (int32_t)(hi - lo) + (s->n_computed + chunk == s->n_tokens);
+        sp->extra_rows += rows > 1 ? rows - 1 : 0;
+    }
     sp->seqs[sp->n_seqs++] = s;
     sp->n_tokens += chunk;
     int64_t np = s->req->p.n_prompt, end = s->n_computed + chunk;
@@ -140,8 +175,9 @@ static void schedule_running(engine *e, step_plan *sp)
         int32_t budget = e->cfg.max_num_batched_tokens - sp->n_tokens;
         int64_t need = s->n_tokens - s->n_computed;
         int32_t chunk = (int32_t)(need < budget ? need : budget);
-        if (chunk < 1 || sp->n_seqs >= e->cfg.max_num_seqs)
+        if (chunk < 1 || sp->n_seqs + sp->extra_rows >= e->cfg.max_num_seqs)
             break;
+        chunk = plp_clamp(e, sp, s, chunk);
         int ok = 0, self = 0;
         while (!ok) {
             if (kvseq_reserve(e->pool, &s->kv, s->n_computed, s->n_computed + chunk) == KV_OK) {
@@ -178,12 +214,13 @@ static int32_t count_running(const engine *e)
 static void schedule_waiting(engine *e, step_plan *sp)
 {
     int32_t slots = e->cfg.max_num_seqs - count_running(e);
-    while (e->waiting && sp->n_seqs < e->cfg.max_num_seqs && slots > 0) {
+    while (e->waiting && sp->n_seqs + sp->extra_rows < e->cfg.max_num_seqs && slots > 0) {
         eng_seq *s = e->waiting;
         int32_t budget = e->cfg.max_num_batched_tokens - sp->n_tokens;
         if (budget < 1)
             break;
-        if (s->n_computed == 0 && s->kv.n_blocks == 0 && e->cfg.prefix_cache) {
+        if (s->n_computed == 0 && s->kv.n_blocks == 0 && e->cfg.prefix_cache &&
+            s->plp_next >= s->req->p.n_prompt && !s->req->p.embed) { /* every row needed */
             int64_t hit = kvseq_match_prefix(e->pool, &s->kv, s->tokens, s->n_tokens);
             hit += engine_tier_extend(e, s);
             s->n_computed = hit;
@@ -191,7 +228,7 @@ static void schedule_waiting(engine *e, step_plan *sp)
                 s->req->cached_tokens = hit;
         }
         int64_t need = s->n_tokens - s->n_computed;
-        int32_t chunk = (int32_t)(need < budget ? need : budget);
+        int32_t chunk = plp_clamp(e, sp, s, (int32_t)(need < budget ? need : budget));
         if (kvseq_reserve(e->pool, &s->kv, s->n_computed, s->n_computed + chunk) != KV_OK) {
             kvseq_release(e->pool, &s->kv);
             s->n_computed = 0;
@@ -210,14 +247,26 @@ static void schedule_waiting(engine *e, step_plan *sp)
 
 static fwd_batch phase_build(engine *e, const step_plan *sp)
 {
-    int32_t nt = 0, n_out = 0;
+    int32_t nt = 0, n_out = 0, hidden = 0;
     for (int32_t i = 0; i < sp->n_seqs; i++) {
         eng_seq *s = sp->seqs[i];
+        int32_t nt0 = nt;
+        hidden |= s->req->p.embed != ENGINE_EMBED_NONE;
         for (int32_t j = 0; j < s->sched_tokens; j++) {
             e->b_tokens[nt] = s->tokens[s->n_computed + j];
             e->b_pos[nt] = (int32_t)(s->n_computed + j);
             e->b_seq[nt] = i;
             nt++;
+        }
+        s->plp_n = 0;
+        if (s->plp_next < s->req->p.n_prompt) { /* rows for prompt logprobs first */
+            int64_t lo, hi;
+            plp_range(s, s->sched_tokens, &lo, &hi);
+            s->plp_pos = lo;
+            s->plp_row = n_out;
+            for (int64_t p = lo; p < hi; p++)
+                e->b_out[n_out++] = nt0 + (int32_t)(p - s->n_computed);
+            s->plp_n = (int32_t)(hi - lo);
         }
         s->out_row = -1;
         if (s->n_computed + s->sched_tokens == s->n_tokens) {
@@ -226,9 +275,11 @@ static fwd_batch phase_build(engine *e, const step_plan *sp)
         }
         e->b_seqs[i] = (fwd_seq){s->kv.blocks, s->kv.n_blocks};
     }
+    KV_ASSERT(n_out <= e->cfg.max_num_seqs); /* the logit rows (plp_clamp) */
     return (fwd_batch){
         .n_tokens = nt, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq,
         .n_seqs = sp->n_seqs, .seqs = e->b_seqs, .n_out = n_out, .out = e->b_out,
+        .want_hidden = hidden,
     };
 }
 
@@ -245,24 +296,66 @@ static int is_stop(const eng_seq *s, int32_t tok, const tokenizer *t)
     return 0;
 }
 
+/* tok's log-probability in row and the top_logprobs best alternatives:
+ * one log-sum-exp and one pass over the row. */
 static void fill_logprobs(const eng_seq *s, const float *row, int32_t n_vocab, int32_t tok,
                           engine_event *ev)
 {
-    int32_t k = s->req->p.top_logprobs;
-    ev->logprob = sampler_logprob(row, n_vocab, tok);
-    ev->n_top = 0;
-    for (int32_t j = 0; j < k; j++) {
-        int32_t best = -1;
-        for (int32_t v = 0; v < n_vocab; v++) {
-            int taken = 0;
-            for (int32_t q = 0; q < ev->n_top; q++)
-                taken |= ev->top_ids[q] == v;
-            if (!taken && (best < 0 || row[v] > row[best]))
-                best = v;
-        }
-        ev->top_ids[ev->n_top] = best;
-        ev->top_logprobs[ev->n_top++] = sampler_logprob(row, n_vocab, best);
+    int32_t k = s->req->p.top_logprobs > 0 ? s->req->p.top_logprobs : 0;
+    k = k < n_vocab ? k : n_vocab;
+    double lse = sampler_logsumexp(row, n_vocab);
+    ev->logprob = (float)((double)row[tok] - lse);
+    sampler_top_k_ids(row, n_vocab, k, ev->top_ids);
+    for (int32_t j = 0; j < k; j++)
+        ev->top_logprobs[j] = (float)((double)row[ev->top_ids[j]] - lse);
+    ev->n_top = k;
+}
+
+/* Embeddings: adds the hidden state of logit row `row` to the pool. */
+static void embed_add(engine *e, eng_req *r, int32_t row)
+{
+    int32_t d = e->m->hp.n_embd;
+    const float *h = e->hidden + (size_t)row * d;
+    for (int32_t i = 0; i < d; i++)
+        r->embed_sum[i] = r->p.embed == ENGINE_EMBED_LAST ? h[i] : r->embed_sum[i] + h[i];
+}
+
+/* Embeddings: the prompt's last row is in: pool, L2-normalise, emit; the
+ * sequence ends without sampling. */
+static void embed_finish(engine *e, eng_seq *s)
+{
+    eng_req *r = s->req;
+    int32_t d = e->m->hp.n_embd;
+    embed_add(e, r, s->out_row);
+    double norm = 0;
+    for (int32_t i = 0; i < d; i++)
+        norm += r->embed_sum[i] * r->embed_sum[i]; /* a mean's scale cancels */
+    norm = norm > 0 ? 1.0 / sqrt(norm) : 0.0;
+    for (int32_t i = 0; i < d; i++)
+        r->embed_vec[i] = (float)(r->embed_sum[i] * norm);
+    engine_event ev = {.type = ENGINE_EV_EMBED, .embedding = r->embed_vec, .n_embd = d};
+    engine_emit(r, &ev);
+    s->finished = 1;
+    s->finish = ENGINE_FINISH_LENGTH;
+}
+
+/* Prompt logprobs: one ENGINE_EV_PROMPT per row phase_build asked for
+ * (embeddings: the rows are pooled instead). */
+static void emit_prompt_logprobs(engine *e, eng_seq *s)
+{
+    int32_t n_vocab = e->m->hp.n_vocab;
+    for (int32_t j = 0; j < s->plp_n && s->req->p.embed; j++)
+        embed_add(e, s->req, s->plp_row + j);
+    for (int32_t j = 0; j < s->plp_n && !s->req->p.embed; j++) {
+        const float *row = e->logits + (size_t)(s->plp_row + j) * n_vocab;
+        int32_t tok = s->tokens[s->plp_pos + j + 1];
+        engine_event ev = {.type = ENGINE_EV_PROMPT, .index = s->index, .token = tok};
+        fill_logprobs(s, row, n_vocab, tok, &ev);
+        engine_emit(s->req, &ev);
     }
+    if (s->plp_n > 0)
+        s->plp_next = s->plp_pos + s->plp_n + 1;
+    s->plp_n = 0;
 }
 
 /* Samples one token for s from row (a private copy it may modify) and
@@ -322,10 +415,15 @@ static uint64_t phase_sample(engine *e, const step_plan *sp)
         int32_t nh0 = s->kv.n_hashed;
         kvseq_commit(e->pool, &s->kv, s->tokens, s->n_computed);
         engine_tier_after_commit(e, s, nh0);
+        emit_prompt_logprobs(e, s);
         if (s->out_row < 0)
             continue;
         float *row = e->logits + (size_t)s->out_row * n_vocab;
         eng_req *r = s->req;
+        if (r->p.embed) {
+            embed_finish(e, s);
+            continue;
+        }
         int first = s->index == 0 && r->n_seqs == 1 && r->p.n > 1 && s->n_generated == 0;
         if (first && fork_children(e, s)) {
             r->cancelled = ENG_FAIL_FORK;

@@ -91,15 +91,29 @@ typedef struct engine_request {
     uint64_t cache_salt;     /* tenant isolation for the prefix cache */
     int32_t top_logprobs;    /* 0 = none; -1 = chosen token's logprob only */
     int ignore_eos;
+    int prompt_logprobs;     /* 1: an ENGINE_EV_PROMPT event per prompt token after the
+                              * first, in order, with its log-probability given the
+                              * tokens before it (and top_logprobs alternatives); the
+                              * request's prompt then skips the prefix cache */
+    int32_t embed;           /* ENGINE_EMBED_*: no generation (sampling and max_tokens
+                              * unused, n 1): one ENGINE_EV_EMBED event with the
+                              * prompt's pooled final hidden state (after the output
+                              * norm), L2-normalised, then DONE; skips the prefix
+                              * cache; not under --tp/--pp */
     int32_t stop_ids[ENGINE_MAX_STOP_IDS];
     int32_t n_stop_ids;
 } engine_request;
+
+enum { ENGINE_EMBED_NONE = 0, ENGINE_EMBED_MEAN = 1, ENGINE_EMBED_LAST = 2 };
 
 typedef enum engine_event_type {
     ENGINE_EV_TOKEN = 0,   /* a generated token for sequence `index` */
     ENGINE_EV_FINISH = 1,  /* sequence `index` finished (reason set) */
     ENGINE_EV_ERROR = 2,   /* request failed or cancelled; final event */
     ENGINE_EV_DONE = 3,    /* all sequences finished; final event */
+    ENGINE_EV_PROMPT = 4,  /* prompt_logprobs: prompt token `token` (index 0), before
+                            * any TOKEN event */
+    ENGINE_EV_EMBED = 5,   /* embed: `embedding` [n_embd] */
 } engine_event_type;
 
 typedef enum engine_finish {
@@ -128,6 +142,8 @@ typedef struct engine_event {
     int64_t kv_tokens, kv_blocks;
     uint64_t kv_bytes;
     const char *error;      /* on ERROR (valid during the callback) */
+    const float *embedding; /* on EMBED: [n_embd] (valid during the callback) */
+    int32_t n_embd;
 } engine_event;
 
 typedef void (*engine_event_fn)(void *ctx, const engine_event *ev);

@@ -200,7 +200,7 @@ static double now_s(void)
 /* The head over the n_out gathered rows: logits to dst (host); under
  * tensor parallelism this rank's vocabulary rows, gathered on its stage's
  * first rank into dst. */
-static int run_head(fwd_ctx *f, int32_t n_out, float *dst, kvant_err *err)
+static int run_head(fwd_ctx *f, int32_t n_out, float *dst, int hidden, kvant_err *err)
 {
     const backend_ops *op = f->be->ops;
     backend *be = f->be;
@@ -210,7 +210,10 @@ static int run_head(fwd_ctx *f, int32_t n_out, float *dst, kvant_err *err)
     op->matmul(be, &m->output, NULL, f->d_h, f->d_logits, n_out);
     if (f->tp)
         return tp_gather_logits(f->tp, f->d_logits, n_out, dst, err);
-    return op->download(be, dst, f->d_logits, (size_t)n_out * m->hp.n_vocab * sizeof(float));
+    int rc = op->download(be, dst, f->d_logits, (size_t)n_out * m->hp.n_vocab * sizeof(float));
+    if (!rc && hidden && f->h_hidden) /* embeddings: the rows the head read */
+        rc = op->download(be, f->h_hidden, f->d_h, (size_t)n_out * m->hp.n_embd * sizeof(float));
+    return rc;
 }
 
 /* Layers of this rank (all of them, or its pipeline stage's). */
@@ -266,7 +269,7 @@ static int run_micro(fwd_ctx *f, const fwd_batch *b, int k, int32_t off, int32_t
         return tp_pp_give(t, k, f->d_x, cnt, err);
     if (n_out == 0)
         return f->be->ops->sync(f->be);
-    return run_head(f, n_out, tp_pp_rows(t, logits, row0), err);
+    return run_head(f, n_out, tp_pp_rows(t, logits, row0), 0, err);
 }
 
 static int run_pipeline(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err *err)
@@ -301,7 +304,7 @@ static int run_checked(fwd_ctx *f, const fwd_batch *b, float *logits, kvant_err 
         rc = run_pipeline(f, b, logits, err);
     } else if (!(rc = op->begin_batch(be, b, err)) && !(rc = embed(f, b->n_tokens, err)) &&
                !(rc = run_layers(f, b->n_tokens, err))) {
-        rc = b->n_out == 0 ? op->sync(be) : run_head(f, b->n_out, logits, err);
+        rc = b->n_out == 0 ? op->sync(be) : run_head(f, b->n_out, logits, b->want_hidden, err);
     }
     if (f->tp)
         tp_note_step(f->tp, b->n_tokens, now_s() - t0);

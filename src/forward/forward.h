@@ -29,6 +29,8 @@ typedef struct fwd_ctx {
     kv_layout kv;     /* the paged KV storage this context writes */
     struct tp_ctx *tp; /* tensor parallelism (par/tp.h) or NULL; borrowed, set by
                         * fwd_set_tp */
+    float *h_hidden;  /* host [max_out][n_embd], borrowed, set by the caller: where a
+                       * batch with want_hidden gets its out rows' normed hidden states */
 } fwd_ctx;
 
 /* Activation workspace bytes for a batch shape: the planner's

@@ -101,6 +101,7 @@ srv_config srv_config_default(void)
     c.body_timeout_s = SRV_BODY_TIMEOUT_S;
     c.stream_backlog = SRV_STREAM_BACKLOG;
     c.send_buffer = SRV_SEND_BUFFER;
+    c.embedding_pooling = 1; /* ENGINE_EMBED_MEAN */
     return c;
 }
 
@@ -556,7 +557,7 @@ static const struct {
     [R_CHAT] = {"/v1/chat/completions", "POST", 1},
     [R_TOKENIZE] = {"/tokenize", "POST", 1},
     [R_DETOKENIZE] = {"/detokenize", "POST", 1},
-    [R_EMBEDDINGS] = {"/v1/embeddings", "POST", 1},   /* 501: not implemented yet */
+    [R_EMBEDDINGS] = {"/v1/embeddings", "POST", 1},
     [R_RESPONSES] = {"/v1/responses", "POST", 1},     /* 501: not implemented yet */
     [R_MODEL_GET] = {REG_PATH, "GET", 1},     /* a prefix: /v1/models/{id} */
     [R_MODEL_ACTION] = {REG_PATH, "POST", 1}, /* a prefix: /v1/models/{id}/{action} */
@@ -639,7 +640,7 @@ static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, route_id r, co
     case R_DETOKENIZE: return route_tok(s, c, 1, b, n);
     case R_MODEL_ACTION: return route_model_action(s, c, url, b, n);
     case R_MODEL_GET: return route_model_get(s, c, url);
-    case R_EMBEDDINGS:
+    case R_EMBEDDINGS: return srv_embed_handle(s, c, b, n);
     case R_RESPONSES: return route_not_implemented(c, url);
     default: return MHD_NO;
     }

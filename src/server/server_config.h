@@ -33,6 +33,8 @@ typedef struct srv_config {
                                  * once each); default 0: a 400 naming the field */
     const char *const *cors_origins; /* --cors-origin values (borrowed; "*" = any), or NULL */
     int n_cors_origins;         /* at most SRV_MAX_CORS_ORIGINS */
+    int embedding_pooling;      /* /v1/embeddings: 1 mean (default), 2 last token
+                                 * (ENGINE_EMBED_MEAN / _LAST) */
 } srv_config;
 
 typedef struct srv srv;

@@ -11,7 +11,6 @@
  * touches it, except the list links (s->mu).
  */
 #include <jansson.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +20,8 @@
 #include "server/server_reply.h"
 #include "server/server_modelapi.h"
 
-#define GEN_WAIT_MS 100          /* event wait slice; disconnect checks between */
+#define GEN_WAIT_MS 100          /* event wait slice (keep-alive and drain checks);
+                                  * a disconnect wakes the wait at once */
 #define GEN_KEEPALIVE_S 5.0      /* SSE comment when nothing was sent this long */
 
 typedef struct gen_seq {
@@ -35,6 +35,20 @@ typedef struct gen_seq {
     int64_t text_off;    /* completions logprobs text_offset */
 } gen_seq;
 
+/* One prompt's engine request (a /v1/completions list has several). */
+typedef struct gen_prompt {
+    int64_t rid;            /* > 0 once submitted */
+    int final;              /* its final engine event handled */
+    int counted;            /* its finish metric recorded */
+    int echoed;             /* echo: the prompt was put at the head of its choices */
+    int we_cancelled;       /* every choice of this prompt hit a stop string */
+    json_t *echo_lp;        /* echo + logprobs: entries of its prompt tokens after the
+                             * first (ENGINE_EV_PROMPT events), until echoed */
+    int64_t prompt_tokens, cached_tokens;
+    int64_t kv_tokens, kv_blocks; /* its KV footprint at its largest */
+    uint64_t kv_bytes;
+} gen_prompt;
+
 struct srv_gen {
     srv *s;
     model *m;               /* the request's model and engine: the server's, or */
@@ -42,23 +56,22 @@ struct srv_gen {
     const char *name;       /* served name */
     reg_ref ref;      /* several models: the reference held (ref.e != NULL) */
     srv_gen_req req;
-    srv_chan *chan;
-    int64_t rid;
+    srv_chan *chan;         /* one source per prompt */
+    gen_prompt *pr;         /* [req.n_prompts] */
+    int n_final;            /* prompts whose final event was handled */
     int fd;                 /* the client socket, for disconnect checks */
     char id[48];
     long long created;
-    gen_seq seq[ENGINE_MAX_N];
+    gen_seq *seq;           /* [n_choices]: choice prompt * n + i, as OpenAI indexes them */
+    int n_choices;
     srv_buf out;            /* SSE bytes not yet handed to MHD */
     size_t out_off;
-    int final;              /* final engine event handled */
     int ended;              /* [DONE] queued */
-    int we_cancelled;       /* every sequence hit a stop string */
-    int counted;            /* finish metric recorded */
     int failed;             /* ERROR event (not ours) */
+    int on_active;          /* on s->active (some prompt submitted) */
+    int submit_failed;      /* a later prompt's submit failed: the earlier ones are
+                             * cancelled and not counted as finished */
     char err[256];
-    int64_t prompt_tokens, cached_tokens;
-    int64_t kv_tokens, kv_blocks; /* the request's KV footprint at its largest */
-    uint64_t kv_bytes;
     double last_out;
     srv_gen *next, *prev;   /* active list (s->mu) */
 };
@@ -101,17 +114,27 @@ static json_t *jstr(const char *s, size_t n)
 
 /* ---- response pieces ---------------------------------------------------- */
 
+/* Summed over the prompts (each one's KV footprint at its largest). */
 static json_t *usage_json(const srv_gen *g)
 {
-    int64_t comp = 0;
-    for (int i = 0; i < g->req.er.n; i++)
+    int64_t comp = 0, prompt = 0, cached = 0, kv_tok = 0, kv_blk = 0;
+    uint64_t kv_bytes = 0;
+    for (int i = 0; i < g->n_choices; i++)
         comp += g->seq[i].n_tok;
+    for (int k = 0; k < g->req.n_prompts; k++) {
+        const gen_prompt *p = &g->pr[k];
+        prompt += p->prompt_tokens;
+        cached += p->cached_tokens;
+        kv_tok += p->kv_tokens;
+        kv_blk += p->kv_blocks;
+        kv_bytes += p->kv_bytes;
+    }
     return json_pack("{s:I, s:I, s:I, s:{s:I}, s:I, s:I, s:I}", "prompt_tokens",
-                     (json_int_t)g->prompt_tokens, "completion_tokens", (json_int_t)comp,
-                     "total_tokens", (json_int_t)(g->prompt_tokens + comp),
-                     "prompt_tokens_details", "cached_tokens", (json_int_t)g->cached_tokens,
-                     "kv_tokens", (json_int_t)g->kv_tokens, "kv_blocks",
-                     (json_int_t)g->kv_blocks, "kv_bytes", (json_int_t)g->kv_bytes);
+                     (json_int_t)prompt, "completion_tokens", (json_int_t)comp,
+                     "total_tokens", (json_int_t)(prompt + comp),
+                     "prompt_tokens_details", "cached_tokens", (json_int_t)cached,
+                     "kv_tokens", (json_int_t)kv_tok, "kv_blocks", (json_int_t)kv_blk,
+                     "kv_bytes", (json_int_t)kv_bytes);
 }
 
 static const char *finish_str(engine_finish f)
@@ -238,12 +261,20 @@ static void sse_choice(srv_gen *g, int index, const char *text, size_t n, json_t
 
 /* ---- event handling ----------------------------------------------------- */
 
-static void count_finish(srv_gen *g, engine_finish f)
+static void count_finish(srv_gen *g, int k, engine_finish f)
 {
-    if (!g->counted) {
-        g->counted = 1;
+    if (!g->pr[k].counted) {
+        g->pr[k].counted = 1;
         srv_metrics_count_finish(g->s->metrics, f);
     }
+}
+
+/* Stops every prompt's engine request not finished yet. */
+static void cancel_prompts(srv_gen *g)
+{
+    for (int k = 0; k < g->req.n_prompts; k++)
+        if (g->pr[k].rid > 0 && !g->pr[k].final)
+            engine_cancel(g->e, g->pr[k].rid);
 }
 
 /* Emits (stream) or appends (non-stream) text for sequence i. */
@@ -280,6 +311,8 @@ static void seq_finish(srv_gen *g, int i, engine_finish f)
     gen_seq *q = &g->seq[i];
     if (q->done)
         return;
+    if (g->req.max_tokens_zero) /* echo of the prompt alone: cut at 0 tokens */
+        f = ENGINE_FINISH_LENGTH;
     char tail[16];
     srv_buf emit = {0};
     int tl = tok_stream_flush(&q->ts, tail, sizeof tail);
@@ -295,19 +328,21 @@ static void seq_finish(srv_gen *g, int i, engine_finish f)
     srv_buf_free(&emit);
 }
 
-static int all_done(const srv_gen *g)
+/* Whether every choice of prompt k has ended. */
+static int prompt_done(const srv_gen *g, int k)
 {
-    for (int i = 0; i < g->req.er.n; i++)
+    for (int i = k * g->req.er.n; i < (k + 1) * g->req.er.n; i++)
         if (!g->seq[i].done)
             return 0;
     return 1;
 }
 
-static void on_token(srv_gen *g, const engine_event *ev)
+static void on_token(srv_gen *g, int src, const engine_event *ev)
 {
-    if (ev->index < 0 || ev->index >= g->req.er.n)
+    if (ev->index < 0 || ev->index >= g->req.er.n || g->req.max_tokens_zero)
         return;
-    gen_seq *q = &g->seq[ev->index];
+    int ci = src * g->req.er.n + ev->index;
+    gen_seq *q = &g->seq[ci];
     /* End-of-generation tokens are not text; with ignore_eos they are
      * ordinary generated tokens (counted, rendering as ""). */
     if (q->done || (!g->req.er.ignore_eos && tok_is_eog(g->m->tok, ev->token)))
@@ -321,14 +356,15 @@ static void on_token(srv_gen *g, const engine_event *ev)
     if (hit == 1) {
         q->done = 1;
         q->finish = ENGINE_FINISH_STOP;
-        seq_out(g, ev->index, &emit, lp, "stop");
+        seq_out(g, ci, &emit, lp, "stop");
     } else {
-        seq_out(g, ev->index, &emit, lp, NULL);
+        seq_out(g, ci, &emit, lp, NULL);
     }
     srv_buf_free(&emit);
-    if (hit == 1 && all_done(g) && !g->we_cancelled) {
-        g->we_cancelled = 1; /* nothing more is needed from the engine */
-        engine_cancel(g->e, g->rid);
+    gen_prompt *p = &g->pr[src];
+    if (hit == 1 && prompt_done(g, src) && !p->we_cancelled && !p->final) {
+        p->we_cancelled = 1; /* nothing more is needed from this engine request */
+        engine_cancel(g->e, p->rid);
     }
 }
 
@@ -344,18 +380,23 @@ static void end_stream(srv_gen *g)
     g->ended = 1;
 }
 
+/* The final event of prompt k's engine request; the response ends with
+ * the last prompt's, or at the first failure (the others are cancelled). */
 static void on_final(srv_gen *g, const srv_ev *e)
 {
     const engine_event *ev = &e->ev;
-    g->final = 1;
-    if (ev->prompt_tokens > 0)
-        g->prompt_tokens = ev->prompt_tokens;
-    if (ev->cached_tokens > g->cached_tokens)
-        g->cached_tokens = ev->cached_tokens;
-    if (ev->type == ENGINE_EV_ERROR && !(g->we_cancelled && all_done(g))) {
+    int k = e->src, n = g->req.er.n;
+    if (g->pr[k].final)
+        return;
+    g->pr[k].final = 1;
+    g->n_final++;
+    if (g->ended) /* a failure of another prompt ended the response */
+        return;
+    if (ev->type == ENGINE_EV_ERROR && !(g->pr[k].we_cancelled && prompt_done(g, k))) {
         g->failed = 1;
         snprintf(g->err, sizeof g->err, "%s", ev->error ? ev->error : "request failed");
-        count_finish(g, ENGINE_FINISH_ABORT);
+        count_finish(g, k, ENGINE_FINISH_ABORT);
+        cancel_prompts(g);
         if (g->req.stream) {
             srv_error er;
             srv_error_set(&er, 500, NULL, "%s", g->err);
@@ -370,43 +411,101 @@ static void on_final(srv_gen *g, const srv_ev *e)
         end_stream(g);
         return;
     }
-    for (int i = 0; i < g->req.er.n; i++)
-        seq_finish(g, i, ENGINE_FINISH_LENGTH);
-    count_finish(g, g->seq[0].finish);
-    end_stream(g);
+    for (int i = 0; i < n; i++)
+        seq_finish(g, k * n + i, ENGINE_FINISH_LENGTH);
+    count_finish(g, k, g->seq[k * n].finish);
+    if (g->n_final == g->req.n_prompts)
+        end_stream(g);
+}
+
+/* echo + logprobs: a prompt token's entry, kept until the prompt is echoed. */
+static void on_prompt_token(srv_gen *g, gen_prompt *p, const engine_event *ev)
+{
+    if (!g->req.logprobs || p->echoed)
+        return;
+    if (!p->echo_lp)
+        p->echo_lp = json_array();
+    json_array_append_new(p->echo_lp, lp_entry(g, ev));
+}
+
+/* echo: puts prompt k's text (and logprobs: its tokens' entries, the first
+ * with a null logprob as OpenAI gives it) at the head of its choices. */
+static void echo_prompt(srv_gen *g, int k)
+{
+    gen_prompt *p = &g->pr[k];
+    if (!g->req.echo || p->echoed)
+        return;
+    p->echoed = 1;
+    const int32_t *ids = g->req.tokens + g->req.prompt_off[k];
+    int64_t n_ids = g->req.prompt_off[k + 1] - g->req.prompt_off[k];
+    srv_buf text = {0};
+    tok_stream ts;
+    tok_stream_init(&ts);
+    char piece[512];
+    for (int64_t j = 0; j < n_ids; j++) {
+        int pl = tok_stream_feed(g->m->tok, &ts, ids[j], piece, sizeof piece);
+        srv_buf_append(&text, piece, pl > 0 ? (size_t)pl : 0);
+    }
+    int tl = tok_stream_flush(&ts, piece, sizeof piece);
+    srv_buf_append(&text, piece, tl > 0 ? (size_t)tl : 0);
+    json_t *lps = NULL;
+    if (g->req.logprobs) {
+        lps = json_array();
+        json_array_append_new(lps, json_pack("{s:o, s:n, s:n}", "token",
+                                             token_json(g->m, ids[0]), "logprob", "top"));
+        json_array_extend(lps, p->echo_lp ? p->echo_lp : json_array());
+    }
+    for (int i = 0; i < g->req.er.n; i++) {
+        int ci = k * g->req.er.n + i;
+        gen_seq *q = &g->seq[ci];
+        if (!g->req.stream) {
+            srv_buf_append(&q->text, text.s ? text.s : "", text.len);
+            if (lps && !q->lp)
+                q->lp = json_array();
+            if (lps)
+                json_array_extend(q->lp, lps);
+        } else {
+            sse_choice(g, ci, text.s ? text.s : "", text.len, lps ? json_copy(lps) : NULL,
+                       NULL);
+        }
+    }
+    json_decref(lps);
+    json_decref(p->echo_lp);
+    p->echo_lp = NULL;
+    srv_buf_free(&text);
 }
 
 static void gen_on_event(srv_gen *g, const srv_ev *e)
 {
     const engine_event *ev = &e->ev;
-    if (ev->kv_blocks > g->kv_blocks) {
-        g->kv_blocks = ev->kv_blocks;
-        g->kv_bytes = ev->kv_bytes;
+    if (e->src < 0 || e->src >= g->req.n_prompts)
+        return;
+    gen_prompt *p = &g->pr[e->src];
+    if (ev->type == ENGINE_EV_PROMPT) {
+        on_prompt_token(g, p, ev);
+        return;
     }
-    if (ev->kv_tokens > g->kv_tokens)
-        g->kv_tokens = ev->kv_tokens;
-    if (ev->cached_tokens > g->cached_tokens)
-        g->cached_tokens = ev->cached_tokens;
+    if (ev->type != ENGINE_EV_ERROR)
+        echo_prompt(g, e->src);
+    if (ev->kv_blocks > p->kv_blocks) {
+        p->kv_blocks = ev->kv_blocks;
+        p->kv_bytes = ev->kv_bytes;
+    }
+    if (ev->kv_tokens > p->kv_tokens)
+        p->kv_tokens = ev->kv_tokens;
+    if (ev->cached_tokens > p->cached_tokens)
+        p->cached_tokens = ev->cached_tokens;
     if (ev->prompt_tokens > 0)
-        g->prompt_tokens = ev->prompt_tokens;
+        p->prompt_tokens = ev->prompt_tokens;
     switch (ev->type) {
-    case ENGINE_EV_TOKEN: on_token(g, ev); break;
+    case ENGINE_EV_TOKEN: on_token(g, e->src, ev); break;
     case ENGINE_EV_FINISH:
         if (ev->index >= 0 && ev->index < g->req.er.n)
-            seq_finish(g, ev->index, ev->finish == ENGINE_FINISH_NONE ? ENGINE_FINISH_STOP
-                                                                     : ev->finish);
+            seq_finish(g, e->src * g->req.er.n + ev->index,
+                       ev->finish == ENGINE_FINISH_NONE ? ENGINE_FINISH_STOP : ev->finish);
         break;
     default: on_final(g, e); break;
     }
-}
-
-/* 1 when the client closed its socket (checked between event waits). */
-static int peer_gone(int fd)
-{
-    if (fd < 0)
-        return 0;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
 /* ---- life cycle ----------------------------------------------------------- */
@@ -439,7 +538,9 @@ void srv_gen_cancel_all(srv *s)
 {
     pthread_mutex_lock(&s->mu);
     for (srv_gen *g = s->active; g; g = g->next)
-        engine_cancel(g->e, g->rid);
+        for (int k = 0; k < g->req.n_prompts; k++)
+            if (g->pr[k].rid > 0)
+                engine_cancel(g->e, g->pr[k].rid);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -455,21 +556,27 @@ static void gen_free(srv_gen *g)
 {
     if (!g)
         return;
-    if (g->rid > 0) {
-        if (!g->final) { /* client went away (or fault): stop the work */
-            engine_cancel(g->e, g->rid);
-            count_finish(g, ENGINE_FINISH_ABORT);
-        }
+    if (g->on_active) {
+        for (int k = 0; k < g->req.n_prompts; k++)
+            if (g->pr[k].rid > 0 && !g->pr[k].final) { /* client went away (or fault) */
+                engine_cancel(g->e, g->pr[k].rid);
+                if (!g->submit_failed)
+                    count_finish(g, k, ENGINE_FINISH_ABORT);
+            }
         active_remove(g->s, g);
     }
     srv_chan_unref(g->chan);
     if (g->ref.e)
         reg_release(g->s->reg, &g->ref);
-    for (int i = 0; i < ENGINE_MAX_N; i++) {
+    for (int i = 0; g->seq && i < g->n_choices; i++) {
         srv_buf_free(&g->seq[i].held);
         srv_buf_free(&g->seq[i].text);
         json_decref(g->seq[i].lp);
     }
+    free(g->seq);
+    for (int k = 0; g->pr && k < g->req.n_prompts; k++)
+        json_decref(g->pr[k].echo_lp);
+    free(g->pr);
     srv_buf_free(&g->out);
     srv_gen_req_free(&g->req);
     free(g);
@@ -492,11 +599,12 @@ static ssize_t gen_reader(void *cls, uint64_t pos, char *buf, size_t max)
         if (g->ended)
             return MHD_CONTENT_READER_END_OF_STREAM;
         srv_ev ev;
-        if (srv_chan_wait(g->chan, &ev, GEN_WAIT_MS)) {
+        int got = srv_chan_wait(g->chan, &ev, GEN_WAIT_MS, g->fd);
+        if (got > 0) {
             gen_on_event(g, &ev);
             continue;
         }
-        if (peer_gone(g->fd))
+        if (got < 0) /* the client left: gen_reader_free cancels at once */
             return MHD_CONTENT_READER_END_WITH_ERROR;
         if (srv_now() - g->last_out > GEN_KEEPALIVE_S)
             srv_buf_append(&g->out, ": keep-alive\n\n", 14);
@@ -511,7 +619,7 @@ static void gen_reader_free(void *cls)
 static enum MHD_Result send_whole(srv_gen *g, struct MHD_Connection *c)
 {
     json_t *choices = json_array();
-    for (int i = 0; i < g->req.er.n; i++) {
+    for (int i = 0; i < g->n_choices; i++) {
         gen_seq *q = &g->seq[i];
         json_t *lp = q->lp ? lp_object(g, q->lp, 0) : json_null();
         json_t *ch;
@@ -541,9 +649,10 @@ static enum MHD_Result gen_blocking(srv_gen *g, struct MHD_Connection *c)
 {
     while (!g->ended) {
         srv_ev ev;
-        if (srv_chan_wait(g->chan, &ev, GEN_WAIT_MS))
+        int got = srv_chan_wait(g->chan, &ev, GEN_WAIT_MS, g->fd);
+        if (got > 0)
             gen_on_event(g, &ev);
-        else if (peer_gone(g->fd)) {
+        else if (got < 0) { /* the client left while its tokens kept coming, or waiting */
             gen_free(g);
             return MHD_NO; /* closes the connection */
         }
@@ -561,10 +670,48 @@ static enum MHD_Result gen_blocking(srv_gen *g, struct MHD_Connection *c)
     return r;
 }
 
-/* engine_submit failed: KV_EBUSY is a full waiting queue (--max-waiting)
- * or a drain, both 503 with Retry-After. */
-static enum MHD_Result submit_error(srv *s, struct MHD_Connection *c, int rc, const kvant_err *ke)
+/* Submits every prompt (one engine request each) under s->mu, so the ids
+ * are on the active list before a drain cancels; *rid0: the first id.  On
+ * a failure the prompts already submitted are cancelled (not counted) and
+ * the rest's channel references dropped. */
+static int submit_prompts(srv_gen *g, int64_t *rid0, kvant_err *ke)
 {
+    srv *s = g->s;
+    int rc = 0;
+    srv_chan_submitted(g->chan, srv_now());
+    pthread_mutex_lock(&s->mu);
+    for (int k = 0; k < g->req.n_prompts; k++) {
+        engine_request er = srv_gen_req_prompt(&g->req, k);
+        g->pr[k].prompt_tokens = er.n_prompt;
+        int64_t rid = rc ? 0 : engine_submit(g->e, &er, srv_chan_on_event,
+                                             srv_chan_src(g->chan, k), ke);
+        if (rid <= 0) {
+            rc = rc ? rc : (int)rid;
+            srv_chan_unref_engine(g->chan, k);
+            continue;
+        }
+        g->pr[k].rid = rid;
+        if (k == 0)
+            *rid0 = rid;
+        if (!g->on_active) {
+            g->on_active = 1;
+            active_add_locked(s, g);
+        }
+        if (g->req.stream)
+            srv_chan_set_backlog(g->chan, k, g->e, rid, s->cfg.stream_backlog, s->guard);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (rc)
+        g->submit_failed = 1;
+    return rc;
+}
+
+/* engine_submit failed (g is freed here): KV_EBUSY is a full waiting queue
+ * (--max-waiting) or a drain, both 503 with Retry-After. */
+static enum MHD_Result submit_error(srv *s, struct MHD_Connection *c, int rc, const kvant_err *ke,
+                                    srv_gen *g)
+{
+    gen_free(g);
     srv_error er;
     if (rc == KV_EBUSY) {
         int draining = atomic_load(&s->state) == SRV_DRAINING;
@@ -604,6 +751,7 @@ enum MHD_Result srv_gen_handle(srv *s, struct MHD_Connection *c, srv_api api, co
                                size_t len, double t_arrival)
 {
     srv_error er;
+    kvant_err ke_out = {0};
     srv_gen *g = calloc(1, sizeof *g);
     if (!g) {
         srv_error_set(&er, 500, NULL, "out of memory");
@@ -629,36 +777,29 @@ enum MHD_Result srv_gen_handle(srv *s, struct MHD_Connection *c, srv_api api, co
         gen_free(g);
         return srv_send_error(c, &er);
     }
-    g->chan = srv_chan_create(s->metrics, t_arrival);
-    if (!g->chan) {
+    g->n_choices = g->req.n_prompts * g->req.er.n;
+    g->chan = srv_chan_create(s->metrics, t_arrival, g->req.n_prompts);
+    g->pr = calloc((size_t)g->req.n_prompts, sizeof *g->pr);
+    g->seq = calloc((size_t)g->n_choices, sizeof *g->seq);
+    if (!g->chan || !g->pr || !g->seq) {
+        if (g->chan) /* nothing submitted: drop the engine's references too */
+            for (int k = 0; k < g->req.n_prompts; k++)
+                srv_chan_unref_engine(g->chan, k);
         gen_free(g);
         srv_error_set(&er, 500, NULL, "out of memory");
         return srv_send_error(c, &er);
     }
-    for (int i = 0; i < ENGINE_MAX_N; i++)
+    for (int i = 0; i < g->n_choices; i++)
         tok_stream_init(&g->seq[i].ts);
-    g->prompt_tokens = g->req.er.n_prompt;
     g->created = (long long)time(NULL);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     g->fd = ci ? ci->connect_fd : -1;
-    kvant_err ke = {0};
-    srv_chan_submitted(g->chan, srv_now());
-    pthread_mutex_lock(&s->mu); /* the id must be on the list before a drain cancels */
-    int64_t rid = engine_submit(g->e, &g->req.er, srv_chan_on_event, g->chan, &ke);
-    if (rid > 0) {
-        g->rid = rid;
-        active_add_locked(s, g);
-        if (g->req.stream)
-            srv_chan_set_backlog(g->chan, g->e, rid, s->cfg.stream_backlog, s->guard);
-    }
-    pthread_mutex_unlock(&s->mu);
-    if (rid <= 0) {
-        srv_chan_unref_engine(g->chan);
-        gen_free(g);
-        return submit_error(s, c, (int)rid, &ke);
-    }
+    int64_t rid0 = 0;
+    int rc = submit_prompts(g, &rid0, &ke_out);
+    if (rc)
+        return submit_error(s, c, rc, &ke_out, g);
     snprintf(g->id, sizeof g->id, "%s-%lld", api == SRV_API_CHAT ? "chatcmpl" : "cmpl",
-             (long long)rid);
+             (long long)rid0);
     if (!g->req.stream)
         return gen_blocking(g, c);
     g->last_out = srv_now();

@@ -49,6 +49,9 @@ struct srv {
 /* Handles POST /v1/completions and /v1/chat/completions. */
 enum MHD_Result srv_gen_handle(srv *s, struct MHD_Connection *c, srv_api api, const char *body,
                                size_t len, double t_arrival);
+/* Handles POST /v1/embeddings (server_embed.c). */
+enum MHD_Result srv_embed_handle(srv *s, struct MHD_Connection *c, const char *body,
+                                 size_t len);
 /* engine_cancel for every active request (drain timeout). */
 void srv_gen_cancel_all(srv *s);
 int srv_gen_active(srv *s);

@@ -23,6 +23,7 @@
 
 #define SRV_MAX_MESSAGES 4096
 #define SRV_MAX_PROMPT_IDS (1 << 22)
+#define SRV_MAX_PROMPTS 128       /* prompts in one /v1/completions list (docs/SERVER.md) */
 #define SRV_TEMPERATURE_MAX 2.0   /* OpenAI's range is [0, 2] */
 #define SRV_LOGIT_BIAS_MAX 100.0  /* |bias|; -100 bans the token */
 
@@ -210,10 +211,30 @@ static int parse_stop(json_t *o, srv_stops *st, srv_error *e)
     return 0;
 }
 
-/* Encodes text into a malloc'd id array.  Text too long to fit the context
- * whatever its tokens (more bytes than max_model_len of the longest token
- * piece) is refused before tokenizing, so a body at --max-body costs a JSON
- * parse, not a tokenization (docs/SERVER.md "Limits"). */
+/* Appends one prompt's ids to r->tokens and its end to r->prompt_off. */
+static int prompt_push(srv_gen_req *r, const int32_t *ids, int64_t n, srv_error *e)
+{
+    int64_t at = r->prompt_off ? r->prompt_off[r->n_prompts] : 0;
+    int32_t *t = realloc(r->tokens, (size_t)(at + n) * sizeof *t);
+    int64_t *off = realloc(r->prompt_off, (size_t)(r->n_prompts + 2) * sizeof *off);
+    if (t)
+        r->tokens = t;
+    if (off)
+        r->prompt_off = off;
+    if (!t || !off)
+        return srv_error_set(e, 500, NULL, "out of memory");
+    if (r->n_prompts == 0)
+        off[0] = 0;
+    memcpy(t + at, ids, (size_t)n * sizeof *t);
+    off[++r->n_prompts] = at + n;
+    return 0;
+}
+
+/* Encodes text and appends it as a prompt (prompt_push).  Text too long to
+ * fit the context whatever its tokens (more bytes than max_model_len of the
+ * longest token piece) is refused before tokenizing, so a body at
+ * --max-body costs a JSON parse, not a tokenization (docs/SERVER.md
+ * "Limits"). */
 static int encode(const srv_oai_ctx *ctx, const char *text, size_t len, int special,
                   srv_gen_req *r, srv_error *e)
 {
@@ -230,56 +251,76 @@ static int encode(const srv_oai_ctx *ctx, const char *text, size_t len, int spec
         return srv_error_set(e, 400, "prompt", "cannot tokenize the prompt: %s", ke.msg);
     if (n == 0)
         return srv_error_set(e, 400, "prompt", "the prompt is empty");
-    r->tokens = malloc((size_t)n * sizeof *r->tokens);
-    if (!r->tokens)
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    if (!ids)
         return srv_error_set(e, 500, NULL, "out of memory tokenizing the prompt");
-    n = tok_encode(m->tok, text, len, add_bos, special, r->tokens, n, &ke);
-    if (n <= 0)
-        return srv_error_set(e, 400, "prompt", "cannot tokenize the prompt: %s", ke.msg);
-    r->er.n_prompt = n;
-    return 0;
+    n = tok_encode(m->tok, text, len, add_bos, special, ids, n, &ke);
+    int rc = n <= 0 ? srv_error_set(e, 400, "prompt", "cannot tokenize the prompt: %s", ke.msg)
+                    : prompt_push(r, ids, n, e);
+    free(ids);
+    return rc;
 }
 
+/* One prompt given as token ids (p: a JSON array), appended. */
+static int prompt_ids(const srv_oai_ctx *ctx, json_t *p, size_t k, srv_gen_req *r,
+                      srv_error *e)
+{
+    size_t n = json_array_size(p);
+    if (n == 0 || n > SRV_MAX_PROMPT_IDS)
+        return srv_error_set(e, 400, "prompt", "'prompt' token array %zu has %zu entries", k, n);
+    int32_t *ids = malloc(n * sizeof *ids);
+    if (!ids)
+        return srv_error_set(e, 500, NULL, "out of memory");
+    int32_t nv = tok_n_vocab(ctx->m->tok);
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        json_t *t = json_array_get(p, i);
+        json_int_t id = json_is_integer(t) ? json_integer_value(t) : -1;
+        if (!json_is_integer(t))
+            rc = srv_error_set(e, 400, "prompt", "'prompt' must be a string, an array of token "
+                               "ids, or a list of either (entry %zu is not an integer)", i);
+        else if (id < 0 || id >= nv)
+            rc = srv_error_set(e, 400, "prompt", "token id %lld at %zu is outside [0, %d)",
+                               (long long)id, i, nv);
+        else
+            ids[i] = (int32_t)id;
+    }
+    if (!rc)
+        rc = prompt_push(r, ids, (int64_t)n, e);
+    free(ids);
+    return rc;
+}
+
+/* "prompt": a string, an array of token ids, or a list of up to
+ * SRV_MAX_PROMPTS strings or token-id arrays (one engine request each). */
 static int parse_prompt(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_error *e)
 {
     json_t *p = json_object_get(o, "prompt");
     if (!p || json_is_null(p))
         return srv_error_set(e, 400, "prompt", "'prompt' is required");
-    /* A list of one prompt (string or token ids) is that prompt; several
-     * prompts in one request are not supported yet. */
-    json_t *p0 = json_is_array(p) ? json_array_get(p, 0) : NULL;
-    if (json_is_string(p0) || json_is_array(p0)) {
-        if (json_array_size(p) > 1)
-            return srv_error_set(e, 400, "prompt", "'prompt' with %zu prompts: a list of several "
-                                 "prompts is not supported yet (send one request per prompt)",
-                                 json_array_size(p));
-        p = p0;
-    }
     if (json_is_string(p))
         return encode(ctx, json_string_value(p), json_string_length(p), 0, r, e);
-    if (!json_is_array(p))
-        return srv_error_set(e, 400, "prompt",
-                             "'prompt' must be a string or an array of token ids");
+    if (!json_is_array(p) || json_array_size(p) == 0)
+        return srv_error_set(e, 400, "prompt", "'prompt' must be a string, an array of token "
+                             "ids, or a non-empty list of either");
+    json_t *p0 = json_array_get(p, 0);
+    if (!json_is_string(p0) && !json_is_array(p0))
+        return prompt_ids(ctx, p, 0, r, e);
     size_t n = json_array_size(p);
-    if (n == 0 || n > SRV_MAX_PROMPT_IDS)
-        return srv_error_set(e, 400, "prompt", "'prompt' token array has %zu entries", n);
-    r->tokens = malloc(n * sizeof *r->tokens);
-    if (!r->tokens)
-        return srv_error_set(e, 500, NULL, "out of memory");
-    int32_t nv = tok_n_vocab(ctx->m->tok);
-    for (size_t i = 0; i < n; i++) {
-        json_t *t = json_array_get(p, i);
-        if (!json_is_integer(t))
-            return srv_error_set(e, 400, "prompt",
-                                 "'prompt' must be a string or an array of token ids "
-                                 "(entry %zu is not an integer)", i);
-        json_int_t id = json_integer_value(t);
-        if (id < 0 || id >= nv)
-            return srv_error_set(e, 400, "prompt", "token id %lld at %zu is outside [0, %d)",
-                                 (long long)id, i, nv);
-        r->tokens[i] = (int32_t)id;
+    if (n > SRV_MAX_PROMPTS)
+        return srv_error_set(e, 400, "prompt", "'prompt' lists %zu prompts: at most %d in one "
+                             "request", n, SRV_MAX_PROMPTS);
+    for (size_t k = 0; k < n; k++) {
+        json_t *pk = json_array_get(p, k);
+        int rc = json_is_string(pk) && json_is_string(p0)
+                     ? encode(ctx, json_string_value(pk), json_string_length(pk), 0, r, e)
+                 : json_is_array(pk) && json_is_array(p0)
+                     ? prompt_ids(ctx, pk, k, r, e)
+                     : srv_error_set(e, 400, "prompt", "'prompt' lists must hold only strings "
+                                     "or only token-id arrays (entry %zu differs)", k);
+        if (rc)
+            return rc;
     }
-    r->er.n_prompt = (int64_t)n;
     return 0;
 }
 
@@ -435,11 +476,11 @@ static int parse_stream(json_t *o, const srv_fields_policy *pol, srv_gen_req *r,
 
 static int parse_lengths(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_error *e)
 {
-    int64_t mt = 0, mct = 0, x = 0;
-    int rc = get_int(o, "max_tokens", 1, INT64_MAX, &mt, e);
+    int64_t mt = 0, mct = 0, x = 0, lo = r->echo ? 0 : 1; /* echo: 0 = the prompt alone */
+    int rc = get_int(o, "max_tokens", lo, INT64_MAX, &mt, e);
     if (rc < 0)
         return rc;
-    int rc2 = get_int(o, "max_completion_tokens", 1, INT64_MAX, &mct, e);
+    int rc2 = get_int(o, "max_completion_tokens", lo, INT64_MAX, &mct, e);
     if (rc2 < 0)
         return rc2;
     if (rc && rc2 && mt != mct)
@@ -450,7 +491,7 @@ static int parse_lengths(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_
         mt = mct;
         rc = rc2;
     }
-    int64_t room = ctx->max_model_len - r->er.n_prompt;
+    int64_t room = ctx->max_model_len - r->er.n_prompt; /* n_prompt: the longest prompt */
     if (room < 1)
         return srv_error_set(e, 400, "prompt", "the prompt has %lld tokens; the context is %lld "
                              "tokens and needs room for at least one more",
@@ -461,7 +502,9 @@ static int parse_lengths(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_
                              (long long)mt, (long long)ctx->max_model_len);
     if (!rc)
         mt = r->api == SRV_API_COMPLETIONS ? (room < 16 ? room : 16) : room;
-    r->er.max_tokens = mt;
+    r->max_tokens_zero = mt == 0;
+    r->er.max_tokens = mt == 0 ? 1 : mt; /* the engine samples one token: dropped */
+    r->er.prompt_logprobs = r->echo && r->logprobs;
     if ((rc = get_int(o, "n", 1, ENGINE_MAX_N, &x, e)) < 0)
         return rc;
     r->er.n = rc ? (int32_t)x : 1;
@@ -496,13 +539,15 @@ static int parse_body(const srv_oai_ctx *ctx, const srv_fields_policy *pol, json
     int rc;
     if ((rc = srv_fields_check(o, r->api == SRV_API_CHAT, pol, e)))
         return rc;
-    for (const char *const *k = (const char *const[]){"echo", "suffix", "best_of", NULL}; *k; k++) {
+    for (const char *const *k = (const char *const[]){"suffix", "best_of", NULL}; *k; k++) {
         json_t *v = json_object_get(o, *k);
         if (v && !json_is_null(v) && !json_is_false(v) &&
             !(json_is_integer(v) && json_integer_value(v) == 1) &&
             !(json_is_string(v) && json_string_length(v) == 0))
             return srv_error_set(e, 400, *k, "'%s' is not supported", *k);
     }
+    if (r->api == SRV_API_COMPLETIONS && get_bool(o, "echo", &r->echo, e) < 0)
+        return -e->status;
     if ((rc = parse_stream(o, pol, r, e)) || (rc = parse_stop(o, &r->stops, e)) ||
         (rc = parse_logit_bias(ctx, o, &r->er.sampling, e)) ||
         (rc = parse_sampling(o, &r->er.sampling, e)) || (rc = parse_logprobs(r->api, o, r, e)))
@@ -517,6 +562,11 @@ static int parse_body(const srv_oai_ctx *ctx, const srv_fields_policy *pol, json
     if (rc)
         return rc;
     r->er.prompt = r->tokens;
+    r->er.n_prompt = 0;
+    for (int32_t k = 0; k < r->n_prompts; k++) {
+        int64_t nk = r->prompt_off[k + 1] - r->prompt_off[k];
+        r->er.n_prompt = nk > r->er.n_prompt ? nk : r->er.n_prompt;
+    }
     return parse_lengths(ctx, o, r, e);
 }
 
@@ -543,6 +593,17 @@ int srv_oai_parse(const srv_oai_ctx *ctx, srv_api api, const char *body, size_t 
 void srv_gen_req_free(srv_gen_req *r)
 {
     free(r->tokens);
+    free(r->prompt_off);
     r->tokens = NULL;
+    r->prompt_off = NULL;
+    r->n_prompts = 0;
     r->er.prompt = NULL;
+}
+
+engine_request srv_gen_req_prompt(const srv_gen_req *r, int32_t k)
+{
+    engine_request er = r->er;
+    er.prompt = r->tokens + r->prompt_off[k];
+    er.n_prompt = r->prompt_off[k + 1] - r->prompt_off[k];
+    return er;
 }

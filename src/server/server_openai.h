@@ -24,11 +24,18 @@ typedef enum srv_api { SRV_API_COMPLETIONS = 0, SRV_API_CHAT = 1 } srv_api;
 
 typedef struct srv_gen_req {
     srv_api api;
-    engine_request er;     /* er.prompt == tokens */
-    int32_t *tokens;       /* owned: free with srv_gen_req_free */
+    engine_request er;     /* er.prompt == tokens; er.n_prompt: the longest prompt's
+                            * length (srv_gen_req_prompt gives each prompt) */
+    int32_t *tokens;       /* owned: every prompt's ids, one after another */
+    int64_t *prompt_off;   /* owned: [n_prompts + 1] prompt k is tokens[off[k], off[k+1]) */
+    int32_t n_prompts;     /* >= 1 after a successful parse (chat: 1) */
     int stream;
     int include_usage;
     int logprobs;          /* 1: return logprobs */
+    int echo;              /* completions: the prompt leads each choice's text (and
+                            * logprobs: er.prompt_logprobs) */
+    int max_tokens_zero;   /* echo with max_tokens 0: er.max_tokens is 1 and the
+                            * generated token is dropped */
     int32_t top_logprobs;  /* alternatives per token, 0..ENGINE_MAX_TOP_LOGPROBS */
     srv_stops stops;
 } srv_gen_req;
@@ -49,6 +56,9 @@ typedef struct srv_oai_ctx {
 int srv_oai_parse(const srv_oai_ctx *ctx, srv_api api, const char *body, size_t len,
                   const char *request_id, srv_gen_req *out, srv_error *e);
 void srv_gen_req_free(srv_gen_req *r);
+/* The engine request for prompt k of r (k < r->n_prompts): r->er with that
+ * prompt; borrows r's tokens. */
+engine_request srv_gen_req_prompt(const srv_gen_req *r, int32_t k);
 
 /* Parses a JSON object body (for /tokenize, /detokenize); returns a new
  * reference or NULL with e filled (400). */

@@ -8,8 +8,11 @@
 #include "server/server_stream.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <pthread.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -44,47 +47,68 @@ void srv_buf_free(srv_buf *b)
     memset(b, 0, sizeof *b);
 }
 
+/* One engine request feeding the channel (ctx of its callback). */
+typedef struct chan_src {
+    struct srv_chan *c;
+    int k;
+    int final;               /* its final event pushed (c->mu) */
+    engine *e;               /* backlog bound: whom to cancel (srv_chan_set_backlog) */
+    int64_t rid;
+    /* engine-thread-only timing state */
+    double t_first;
+    double t_last[ENGINE_MAX_N];
+} chan_src;
+
 struct srv_chan {
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    int efd;                 /* eventfd: written on every push, so the HTTP thread
+                              * can poll it together with its client socket */
     srv_ev *q;               /* [cap] ring of pending events */
     size_t head, count, cap;
+    size_t n_prompt_ev;      /* of count, ENGINE_EV_PROMPT events (not a backlog) */
     int refs;
-    int final;               /* final event pushed */
+    int n_src, n_final;      /* sources; those whose final event was pushed */
+    chan_src *src;           /* [n_src] */
     int oom;                 /* an event could not be queued */
     srv_metrics *metrics;
-    /* backlog bound (srv_chan_set_backlog) */
-    engine *e;
-    int64_t rid;
-    size_t max_pending;      /* 0 = unbounded */
-    int overflowed;          /* the request was cancelled for its backlog */
+    size_t max_pending;      /* backlog bound; 0 = unbounded */
+    int overflowed;          /* the requests were cancelled for their backlog */
     srv_guard *guard;
-    /* engine-thread-only timing state */
-    double t_arrival, t_submit, t_first;
-    double t_last[ENGINE_MAX_N];
+    double t_arrival, t_submit;
 };
 
-srv_chan *srv_chan_create(srv_metrics *metrics, double t_arrival)
+srv_chan *srv_chan_create(srv_metrics *metrics, double t_arrival, int n_src)
 {
     srv_chan *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
     c->cap = 16;
     c->q = malloc(c->cap * sizeof *c->q);
-    if (!c->q) {
+    c->src = calloc((size_t)(n_src > 0 ? n_src : 1), sizeof *c->src);
+    c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (!c->q || !c->src || c->efd < 0) {
+        if (c->efd >= 0)
+            close(c->efd);
+        free(c->q);
+        free(c->src);
         free(c);
         return NULL;
     }
     pthread_mutex_init(&c->mu, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->cv, &ca);
-    pthread_condattr_destroy(&ca);
-    c->refs = 2;
+    c->n_src = n_src > 0 ? n_src : 1;
+    for (int k = 0; k < c->n_src; k++) {
+        c->src[k].c = c;
+        c->src[k].k = k;
+    }
+    c->refs = c->n_src + 1;
     c->metrics = metrics;
     c->t_arrival = c->t_submit = t_arrival;
     return c;
+}
+
+void *srv_chan_src(srv_chan *c, int k)
+{
+    return &c->src[k];
 }
 
 static void chan_unref_locked_free(srv_chan *c)
@@ -93,8 +117,9 @@ static void chan_unref_locked_free(srv_chan *c)
     pthread_mutex_unlock(&c->mu);
     if (left == 0) {
         pthread_mutex_destroy(&c->mu);
-        pthread_cond_destroy(&c->cv);
+        close(c->efd);
         free(c->q);
+        free(c->src);
         free(c);
     }
 }
@@ -107,21 +132,24 @@ void srv_chan_unref(srv_chan *c)
     chan_unref_locked_free(c);
 }
 
-void srv_chan_unref_engine(srv_chan *c)
+void srv_chan_unref_engine(srv_chan *c, int k)
 {
     if (!c)
         return;
     pthread_mutex_lock(&c->mu);
-    c->final = 1;
+    if (!c->src[k].final) {
+        c->src[k].final = 1;
+        c->n_final++;
+    }
     chan_unref_locked_free(c);
 }
 
-void srv_chan_set_backlog(srv_chan *c, engine *e, int64_t rid, int max_pending,
+void srv_chan_set_backlog(srv_chan *c, int k, engine *e, int64_t rid, int max_pending,
                           srv_guard *guard)
 {
     pthread_mutex_lock(&c->mu);
-    c->e = e;
-    c->rid = rid;
+    c->src[k].e = e;
+    c->src[k].rid = rid;
     c->max_pending = max_pending > 0 ? (size_t)max_pending : 0;
     c->guard = guard;
     pthread_mutex_unlock(&c->mu);
@@ -132,19 +160,35 @@ void srv_chan_submitted(srv_chan *c, double t_submit)
     c->t_submit = t_submit;
 }
 
-static void observe(srv_chan *c, const engine_event *ev, double now)
+/* The eventfd's counter cannot overflow (one post per event, cleared by
+ * every wait), so neither call can fail in a way that matters. */
+static void efd_post(int fd)
+{
+    uint64_t one = 1;
+    ssize_t r = write(fd, &one, sizeof one);
+    (void)r;
+}
+
+static void efd_clear(int fd)
+{
+    uint64_t v;
+    ssize_t r = read(fd, &v, sizeof v); /* EAGAIN when nothing was posted */
+    (void)r;
+}
+
+static void observe(srv_chan *c, chan_src *c1, const engine_event *ev, double now)
 {
     srv_metrics *m = c->metrics;
     if (ev->type == ENGINE_EV_TOKEN) {
-        if (c->t_first == 0) {
-            c->t_first = now;
+        if (c1->t_first == 0) {
+            c1->t_first = now;
             srv_metrics_observe(m, SRV_H_TTFT, now - c->t_arrival);
             srv_metrics_observe(m, SRV_H_QUEUE, now - c->t_submit);
         }
         if (ev->index >= 0 && ev->index < ENGINE_MAX_N) {
-            if (c->t_last[ev->index] > 0)
-                srv_metrics_observe(m, SRV_H_ITL, now - c->t_last[ev->index]);
-            c->t_last[ev->index] = now;
+            if (c1->t_last[ev->index] > 0)
+                srv_metrics_observe(m, SRV_H_ITL, now - c1->t_last[ev->index]);
+            c1->t_last[ev->index] = now;
         }
     } else if (ev->type == ENGINE_EV_DONE || ev->type == ENGINE_EV_ERROR) {
         srv_metrics_observe(m, SRV_H_E2E, now - c->t_arrival);
@@ -157,19 +201,24 @@ static void observe(srv_chan *c, const engine_event *ev, double now)
 
 void srv_chan_on_event(void *ctx, const engine_event *ev)
 {
-    srv_chan *c = ctx;
+    chan_src *c1 = ctx;
+    srv_chan *c = c1->c;
     double now = srv_now();
     int final = ev->type == ENGINE_EV_DONE || ev->type == ENGINE_EV_ERROR;
     pthread_mutex_lock(&c->mu);
-    if (c->final) { /* defensive: nothing after the final event */
+    if (c1->final) { /* defensive: nothing after the final event */
         pthread_mutex_unlock(&c->mu);
         return;
     }
-    observe(c, ev, now);
-    if (!final && c->max_pending && c->count >= c->max_pending) {
+    observe(c, c1, ev, now);
+    /* prompt logprobs come in a burst bounded by the prompt: not a backlog */
+    if (!final && ev->type != ENGINE_EV_PROMPT && c->max_pending &&
+        c->count - c->n_prompt_ev >= c->max_pending) {
         if (!c->overflowed) { /* the client stopped reading: stop the work */
             c->overflowed = 1;
-            engine_cancel(c->e, c->rid);
+            for (int k = 0; k < c->n_src; k++)
+                if (c->src[k].e && !c->src[k].final)
+                    engine_cancel(c->src[k].e, c->src[k].rid);
             srv_guard_count(c->guard, SRV_GUARD_STREAM_BACKLOG);
         }
         pthread_mutex_unlock(&c->mu);
@@ -190,6 +239,8 @@ void srv_chan_on_event(void *ctx, const engine_event *ev)
     if (c->count < c->cap) {
         srv_ev *e = &c->q[(c->head + c->count) % c->cap];
         e->ev = *ev;
+        e->src = c1->k;
+        c->n_prompt_ev += ev->type == ENGINE_EV_PROMPT;
         e->err[0] = '\0';
         if (final && c->overflowed) { /* events were dropped: never a clean end */
             e->ev.type = ENGINE_EV_ERROR;
@@ -205,35 +256,26 @@ void srv_chan_on_event(void *ctx, const engine_event *ev)
     } else {
         c->oom = 1; /* the reader reports an internal error */
     }
-    pthread_cond_broadcast(&c->cv);
+    efd_post(c->efd);
     if (final) {
-        c->final = 1;
+        c1->final = 1;
+        c->n_final++;
         chan_unref_locked_free(c);
         return;
     }
     pthread_mutex_unlock(&c->mu);
 }
 
-int srv_chan_wait(srv_chan *c, srv_ev *out, int timeout_ms)
+/* Pops the next event, if any (1), else 0. */
+static int chan_pop(srv_chan *c, srv_ev *out)
 {
-    struct timespec dl;
-    clock_gettime(CLOCK_MONOTONIC, &dl);
-    dl.tv_sec += timeout_ms / 1000;
-    dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (dl.tv_nsec >= 1000000000L) {
-        dl.tv_sec++;
-        dl.tv_nsec -= 1000000000L;
-    }
     pthread_mutex_lock(&c->mu);
-    while (c->count == 0 && !c->oom) {
-        if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT)
-            break;
-    }
     int got = 0;
     if (c->count > 0) {
         *out = c->q[c->head];
         c->head = (c->head + 1) % c->cap;
         c->count--;
+        c->n_prompt_ev -= out->ev.type == ENGINE_EV_PROMPT;
         got = 1;
     } else if (c->oom) {
         memset(out, 0, sizeof *out);
@@ -248,10 +290,32 @@ int srv_chan_wait(srv_chan *c, srv_ev *out, int timeout_ms)
     return got;
 }
 
+/* The eventfd is cleared before the queue is looked at, so an event pushed
+ * after the look leaves it readable and the poll returns at once. */
+int srv_chan_wait(srv_chan *c, srv_ev *out, int timeout_ms, int peer_fd)
+{
+    double deadline = srv_now() + timeout_ms * 1e-3;
+    for (;;) {
+        efd_clear(c->efd);
+        if (chan_pop(c, out))
+            return 1;
+        struct pollfd p[2] = {{.fd = c->efd, .events = POLLIN},
+                              {.fd = peer_fd, .events = POLLRDHUP}};
+        int left = (int)((deadline - srv_now()) * 1e3 + 0.999);
+        if (left <= 0)
+            return 0;
+        int n = poll(p, peer_fd >= 0 ? 2 : 1, left);
+        if (n < 0 && errno != EINTR)
+            return 0;
+        if (n > 0 && peer_fd >= 0 && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
+            return chan_pop(c, out) ? 1 : -1;
+    }
+}
+
 int srv_chan_engine_done(srv_chan *c)
 {
     pthread_mutex_lock(&c->mu);
-    int f = c->final;
+    int f = c->n_final == c->n_src;
     pthread_mutex_unlock(&c->mu);
     return f;
 }

@@ -2,12 +2,13 @@
  * thread and the HTTP thread serving that request, and the stop-string
  * matcher that holds back text which might begin a stop string.
  *
- * Channel life: srv_chan_create gives 2 references: one for the engine
- * callback (dropped when the final DONE/ERROR event is pushed, or by the
- * HTTP side with srv_chan_unref_engine when engine_submit failed) and one
- * for the HTTP side (srv_chan_unref).  Threading: srv_chan_on_event runs on
- * the engine thread; srv_chan_wait on the request's HTTP thread; all
- * channel functions are thread-safe.
+ * Channel life: srv_chan_create(.., n_src) gives n_src + 1 references: one
+ * per engine request feeding it (its source, 0..n_src-1: the prompts of one
+ * HTTP request; dropped when that request's final DONE/ERROR event is
+ * pushed, or by the HTTP side with srv_chan_unref_engine when its
+ * engine_submit failed) and one for the HTTP side (srv_chan_unref).
+ * Threading: srv_chan_on_event runs on the engine thread; srv_chan_wait on
+ * the request's HTTP thread; all channel functions are thread-safe.
  */
 #ifndef KVANT_SERVER_STREAM_H
 #define KVANT_SERVER_STREAM_H
@@ -30,30 +31,35 @@ void srv_buf_free(srv_buf *b);
 /* A copy of one engine event (the error text is copied too). */
 typedef struct srv_ev {
     engine_event ev;        /* ev.error points into err or is NULL */
+    int src;                /* the source (engine request) it came from */
     char err[256];
 } srv_ev;
 
 typedef struct srv_chan srv_chan;
 
 /* t_arrival: monotonic seconds when the HTTP request arrived (for TTFT and
- * e2e).  metrics is borrowed (may be NULL). */
-srv_chan *srv_chan_create(srv_metrics *metrics, double t_arrival);
-void srv_chan_unref(srv_chan *c);        /* HTTP side's reference */
-void srv_chan_unref_engine(srv_chan *c); /* only when engine_submit failed */
+ * e2e, observed per source).  metrics is borrowed (may be NULL); n_src >= 1. */
+srv_chan *srv_chan_create(srv_metrics *metrics, double t_arrival, int n_src);
+/* The ctx to pass to engine_submit with srv_chan_on_event for source k. */
+void *srv_chan_src(srv_chan *c, int k);
+void srv_chan_unref(srv_chan *c);               /* HTTP side's reference */
+void srv_chan_unref_engine(srv_chan *c, int k); /* only when k's engine_submit failed */
 /* Bounds the events waiting for the HTTP side (a client that stops reading
  * its stream): past max_pending, further non-final events are dropped, the
  * request is cancelled in the engine (once, counted in guard) and its final
  * event says why.  Call right after engine_submit succeeded; max_pending 0
  * = unbounded.  e and guard are borrowed. */
-void srv_chan_set_backlog(srv_chan *c, engine *e, int64_t rid, int max_pending,
+void srv_chan_set_backlog(srv_chan *c, int k, engine *e, int64_t rid, int max_pending,
                           srv_guard *guard);
 /* Marks the submission time (call just before engine_submit). */
 void srv_chan_submitted(srv_chan *c, double t_submit);
-/* The engine_event_fn to pass to engine_submit with c as ctx. */
+/* The engine_event_fn to pass to engine_submit with srv_chan_src as ctx. */
 void srv_chan_on_event(void *ctx, const engine_event *ev);
-/* Pops the next event into *out: 1 = got one, 0 = timed out. */
-int srv_chan_wait(srv_chan *c, srv_ev *out, int timeout_ms);
-/* 1 once the final event has been pushed by the engine. */
+/* Pops the next event into *out: 1 = got one, 0 = timed out, -1 = the
+ * client closed peer_fd (its socket, polled for POLLRDHUP alongside the
+ * channel, so a departure is seen at once; -1: no socket to watch). */
+int srv_chan_wait(srv_chan *c, srv_ev *out, int timeout_ms, int peer_fd);
+/* 1 once every source's final event has been pushed by the engine. */
 int srv_chan_engine_done(srv_chan *c);
 
 double srv_now(void); /* CLOCK_MONOTONIC seconds */

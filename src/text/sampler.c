@@ -235,6 +235,37 @@ static double sk_logsumexp(const float *x, int32_t n)
     return (double)mx + log(sum);
 }
 
+double sampler_logsumexp(const float *logits, int32_t n)
+{
+    KV_ASSERT(logits && n >= 1);
+    return sk_logsumexp(logits, n);
+}
+
+void sampler_top_k_ids(const float *x, int32_t n, int32_t k, int32_t *ids)
+{
+    if (k <= 0)
+        return;
+    int32_t m = 0; /* ids[0..m) sorted by value, descending; ties by id */
+    for (int32_t v = 0; v < n; v++) {
+        if (x[v] != x[v] || (m == k && !(x[v] > x[ids[m - 1]])))
+            continue;
+        int32_t at = m < k ? m : k - 1;
+        while (at > 0 && x[v] > x[ids[at - 1]]) {
+            ids[at] = ids[at - 1];
+            at--;
+        }
+        ids[at] = v;
+        m += m < k;
+    }
+    for (int32_t v = 0; m < k && v < n; v++) { /* fewer than k non-NaN values */
+        int taken = 0;
+        for (int32_t q = 0; q < m; q++)
+            taken |= ids[q] == v;
+        if (!taken)
+            ids[m++] = v;
+    }
+}
+
 float sampler_logprob(const float *logits, int32_t n, int32_t id)
 {
     KV_ASSERT(logits && n >= 1 && id >= 0 && id < n);

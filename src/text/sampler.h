@@ -102,5 +102,11 @@ int32_t sampler_sample_lp(sampler *s, float *logits, const int32_t *history, int
 int32_t sampler_argmax(const float *logits, int32_t n);
 /* log-softmax value of logits[id] (numerically stable, double accumulation). */
 float sampler_logprob(const float *logits, int32_t n, int32_t id);
+/* The log-softmax of a whole row at once: lse = sampler_logsumexp(row, n),
+ * then logits[id] - lse is sampler_logprob(logits, n, id) bit for bit. */
+double sampler_logsumexp(const float *logits, int32_t n);
+/* The k (<= n) largest logits' ids, largest first, lowest id first among
+ * equals (repeated sampler_argmax); NaN never taken.  Allocates nothing. */
+void sampler_top_k_ids(const float *logits, int32_t n, int32_t k, int32_t *ids);
 
 #endif

@@ -16,7 +16,8 @@
  *    flag; no other thread of this process allocates meanwhile.
  * After a warm-up round (first-use work happens once), rounds of requests
  * that admit, prefill in chunks, decode, fork n > 1, sample with every
- * sampler stage and logprobs, get preempted, hit the prefix cache and the
+ * sampler stage and logprobs, prompt logprobs (logit rows in chunks
+ * of what the step has left), get preempted, hit the prefix cache and the
  * host tier, get cancelled and retire must count 0 calls. */
 #include <dlfcn.h>
 #include <stdatomic.h>
@@ -209,6 +210,7 @@ static void print_sites(void)
 
 typedef struct res {
     int done, error, n_tok[ENGINE_MAX_N];
+    int n_prompt_lp;        /* ENGINE_EV_PROMPT events */
 } res;
 
 static void on_event(void *ctx, const engine_event *ev)
@@ -216,6 +218,8 @@ static void on_event(void *ctx, const engine_event *ev)
     res *r = ctx;
     if (ev->type == ENGINE_EV_TOKEN && ev->index >= 0 && ev->index < ENGINE_MAX_N)
         r->n_tok[ev->index]++;
+    else if (ev->type == ENGINE_EV_PROMPT)
+        r->n_prompt_lp++;
     else if (ev->type == ENGINE_EV_DONE || ev->type == ENGINE_EV_ERROR) {
         r->done = 1;
         r->error = ev->type == ENGINE_EV_ERROR;
@@ -231,7 +235,7 @@ static engine_request req_for(int round, int i, int32_t *p)
         p[j] = (int32_t)(j < 16 ? (j * 7 + 3) % 250 : (round * 31 + i * 17 + j * 11) % 250);
     engine_request r = {.prompt = p, .n_prompt = n, .max_tokens = 8 + (i * 5) % 17,
                         .n = 1 + i % 3, .priority = i % 2, .top_logprobs = (i % 4) - 1,
-                        .ignore_eos = 1};
+                        .ignore_eos = 1, .prompt_logprobs = i % 4 == 2};
     r.sampling = sampler_params_default();
     if (i % 2) {
         r.sampling.temperature = 0.8f;
@@ -313,11 +317,20 @@ static void test_no_alloc(model *m, const char *name, int32_t n_blocks, uint64_t
     for (int round = 1; round <= 3; round++)
         steps += run_round(e, round, 1, out);
     engine_get_stats(e, &s1);
-    int forks = 0, cancelled = 0;
+    int forks = 0, cancelled = 0, plp = 0;
     for (int i = 0; i < N_REQ; i++) {
         forks += !out[i].error && out[i].n_tok[1] > 0;
         cancelled += out[i].error;
+        if (out[i].error)
+            continue;
+        int32_t p[64];
+        engine_request r = req_for(3, i, p);
+        CHECKF(out[i].n_prompt_lp == (r.prompt_logprobs ? r.n_prompt - 1 : 0),
+               "%s: request %d: %d prompt logprobs for a %lld-token prompt", name, i,
+               out[i].n_prompt_lp, (long long)r.n_prompt);
+        plp += out[i].n_prompt_lp;
     }
+    CHECKF(plp > 0, "%s: no prompt logprobs", name);
     long ne = counted(g_engine), na = counted(g_any);
     CHECKF(ne == 0 && na == 0, "%s: %ld allocator calls on the engine thread, %ld on any thread, "
            "in %d steps", name, ne, na, steps);

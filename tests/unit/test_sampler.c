@@ -645,8 +645,51 @@ static void test_logit_bias(void)
     CHECK(sampler_params_check(&bad, NULL) == KV_EINVAL);
 }
 
+/* sampler_top_k_ids against repeated selection of the best id not taken
+ * (lowest id among equals; the engine's earlier loop, the specification):
+ * random rows with many ties and some NaN and -inf; sampler_logsumexp gives
+ * sampler_logprob bit for bit. */
+static void test_top_k_ids(void)
+{
+    uint64_t st = 12345;
+    float row[300];
+    for (int trial = 0; trial < 200; trial++) {
+        int32_t n = 1 + trial % 300;
+        for (int32_t v = 0; v < n; v++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            int r = (int)(st >> 33) % 40;
+            row[v] = r == 0 ? NAN : r == 1 ? -INFINITY : (float)(r % 13) * 0.5f - 2.0f;
+        }
+        int32_t k = trial % 21 < n ? trial % 21 : n;
+        int32_t got[20], want[20];
+        int n_real = 0;
+        for (int32_t v = 0; v < n; v++)
+            n_real += row[v] == row[v];
+        for (int32_t j = 0; j < k && j < n_real; j++) { /* the best not taken, lowest id */
+            int32_t best = -1;
+            for (int32_t v = 0; v < n; v++) {
+                int taken = row[v] != row[v];
+                for (int32_t q = 0; q < j; q++)
+                    taken |= want[q] == v;
+                if (!taken && (best < 0 || row[v] > row[best]))
+                    best = v;
+            }
+            want[j] = best;
+        }
+        sampler_top_k_ids(row, n, k, got);
+        int ok = 1;
+        for (int32_t j = 0; j < k && j < n_real; j++)
+            ok &= got[j] == want[j];
+        CHECKF(ok, "top_k_ids trial %d (n %d, k %d) differs from repeated argmax", trial, n, k);
+        double lse = sampler_logsumexp(row, n);
+        for (int32_t j = 0; j < k && j < n_real; j++)
+            CHECK((float)((double)row[got[j]] - lse) == sampler_logprob(row, n, got[j]));
+    }
+}
+
 int main(void)
 {
+    test_top_k_ids();
     test_greedy_and_ties();
     test_seeding();
     test_topk1_is_greedy();
