@@ -719,7 +719,7 @@ static int fwd_sequence(tb *b, const char *path, uint32_t wtype, uint32_t kvtype
                 pos[n] = p, seq[n] = s, outi[n] = n;
             }
         }
-        fwd_batch bt = {n, tok, pos, seq, 2, seqs, n, outi};
+        fwd_batch bt = {n, tok, pos, seq, 2, seqs, n, outi, 0};
         rc = fwd_run(&f, &bt, out + (int64_t)rows * m->hp.n_vocab, &err);
         CHECKF(rc == KV_OK, "%s fwd_run step %d: %s", b->name, step, err.msg);
         rows += n;
@@ -990,7 +990,7 @@ static int bench_backend(const char *be_name, const char *path, int32_t gemm, in
     for (int32_t i = 0; i < B_PREFILL; i++)
         tok[i] = (int32_t)(tu_rand_u64(&r) % (uint64_t)m->hp.n_vocab), pos[i] = i, seq[i] = 0;
     fwd_seq s = {table, nb};
-    fwd_batch pf = {B_PREFILL, tok, pos, seq, 1, &s, 1, &last};
+    fwd_batch pf = {B_PREFILL, tok, pos, seq, 1, &s, 1, &last, 0};
     out->last = malloc((size_t)m->hp.n_vocab * sizeof(float));
     out->prefill_s = 1e30;
     for (int rep = 0; !rc && rep < (timed ? B_REPS + 1 : 1); rep++) {
@@ -1002,7 +1002,7 @@ static int bench_backend(const char *be_name, const char *path, int32_t gemm, in
     double t0 = now_s();
     for (int32_t i = 0; timed && !rc && i < B_DECODE; i++) {
         int32_t p = B_PREFILL + i, zero = 0;
-        fwd_batch d = {1, tok + i, &p, &zero, 1, &s, 1, &zero};
+        fwd_batch d = {1, tok + i, &p, &zero, 1, &s, 1, &zero, 0};
         rc = fwd_run(&f, &d, out->last, &err);
     }
     out->decode_s = now_s() - t0;

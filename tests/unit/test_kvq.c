@@ -27,7 +27,7 @@ static int run_attn(uint32_t type, const float *q, const float *k, const float *
         for (int i = 0; i < N_TOK; i++)
             toks[i] = 0, pos[i] = i, seq[i] = 0;
         fwd_seq s = {table, N_BLOCKS};
-        fwd_batch b = {N_TOK, toks, pos, seq, 1, &s, 0, NULL};
+        fwd_batch b = {N_TOK, toks, pos, seq, 1, &s, 0, NULL, 0};
         be->ops->begin_batch(be, &b, &err);
         be->ops->kv_store(be, 1, k, v);
         be->ops->attention(be, 1, q, N_HEADS, out);

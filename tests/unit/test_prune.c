@@ -73,7 +73,7 @@ static int rig_run(rig *r, int n_tok)
             tok[i] = ((p0 + i) * 37 + 11) % 300;
             pos[i] = p0 + i, seq[i] = 0, outi[i] = i;
         }
-        fwd_batch b = {n, tok, pos, seq, 1, &fs, n, outi};
+        fwd_batch b = {n, tok, pos, seq, 1, &fs, n, outi, 0};
         int rc = fwd_run(&r->f, &b, r->logits, &err);
         CHECKF(rc == KV_OK, "fwd_run: %s", err.msg);
         if (rc)
