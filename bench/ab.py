@@ -39,15 +39,21 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("-m", "--model", action="append")
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--workloads", default="single,batch32",
+                    help="comma-separated: single (pp512, tg128), batch32 (32 x (128 + 64))")
     ap.add_argument("--json", action="store_true")
     o = ap.parse_args()
     models = o.model or [DEFAULT_MODEL]
+    wanted = o.workloads.split(",")
+    workloads = [w for w in WORKLOADS if w[0] in wanted]
+    if len(workloads) != len(wanted):
+        sys.exit("ab: --workloads: known are %s" % ", ".join(w[0] for w in WORKLOADS))
     vals = {}  # (model, workload, metric, which) -> [values]
     isa = None
     for rnd in range(o.rounds):
         order = [("A", o.a), ("B", o.b)] if rnd % 2 == 0 else [("B", o.b), ("A", o.a)]
         for model in models:
-            for name, args, metrics in WORKLOADS:
+            for name, args, metrics in workloads:
                 for which, binary in order:
                     r = run(binary, model, args, o.threads)
                     isa = r.get("isa", isa)
@@ -55,7 +61,7 @@ def main():
                         vals.setdefault((model, name, m, which), []).append(r[m])
     rows = []
     for model in models:
-        for name, _, metrics in WORKLOADS:
+        for name, _, metrics in workloads:
             for m in metrics:
                 a = vals[(model, name, m, "A")]
                 b = vals[(model, name, m, "B")]
