@@ -108,3 +108,26 @@ def server(kvant_bin, default_model):
     yield s
     rc = s.stop()
     assert rc == 0, f"kvant serve exited {rc} on SIGTERM\n{s.log_text()}"
+
+
+def module_server(*args):
+    """A module-scoped `srv` fixture: the default model served with args,
+    stopped after the module's tests (its exit status 0 asserted)."""
+    @pytest.fixture(scope="module")
+    def srv(kvant_bin, default_model):
+        s = KvantServer(kvant_bin, default_model, *args)
+        yield s
+        assert s.stop() == 0, s.log_text()
+    return srv
+
+
+def module_openai_client(timeout=120):
+    """A module-scoped `client` fixture: the official openai client on `srv`
+    (no retries, so a refusal is seen as it is)."""
+    import openai
+
+    @pytest.fixture(scope="module")
+    def client(srv):
+        return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0,
+                             timeout=timeout)
+    return client

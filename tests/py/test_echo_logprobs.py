@@ -20,7 +20,7 @@ import numpy as np
 import openai
 import pytest
 
-from server_util import THREADS, KvantServer
+from server_util import KvantServer, THREADS, module_openai_client, module_server
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 TOL = 1e-3
@@ -28,16 +28,10 @@ SHORT = "The capital of France is Paris, and the capital of Italy is"
 LONG = ("In the beginning the sea was calm, and the sailors told stories of distant lands. " * 20)
 
 
-@pytest.fixture(scope="module")
-def srv(kvant_bin, default_model):
-    s = KvantServer(kvant_bin, default_model, "--max-num-seqs", "8")
-    yield s
-    assert s.stop() == 0, s.log_text()
+srv = module_server("--max-num-seqs", "8")
 
 
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+client = module_openai_client(300)
 
 
 def tokens(srv, text):

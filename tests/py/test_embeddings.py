@@ -19,22 +19,16 @@ import pytest
 
 import make_synthetic as ms
 from ref_model import RefModel
-from server_util import THREADS, KvantServer
+from server_util import KvantServer, THREADS, module_openai_client, module_server
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 TEXTS = ["The sea was calm that night.", "Paris is the capital of France.", "1, 2, 3"]
 
 
-@pytest.fixture(scope="module")
-def srv(kvant_bin, default_model):
-    s = KvantServer(kvant_bin, default_model)
-    yield s
-    assert s.stop() == 0, s.log_text()
+srv = module_server()
 
 
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+client = module_openai_client()
 
 
 def vecs(r):

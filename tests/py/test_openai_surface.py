@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from server_util import THREADS, KvantServer
+from server_util import KvantServer, THREADS, module_openai_client, module_server
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 ORIGIN = "http://app.example"
@@ -22,17 +22,11 @@ PROMPT = "The capital of France is"
 HI = [{"role": "user", "content": "Hi"}]
 
 
-@pytest.fixture(scope="module")
-def srv(kvant_bin, default_model):
-    s = KvantServer(kvant_bin, default_model, "--cors-origin", ORIGIN,
+srv = module_server("--cors-origin", ORIGIN,
                     "--cors-origin", "http://other.example")
-    yield s
-    assert s.stop() == 0, s.log_text()
 
 
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+client = module_openai_client()
 
 
 def chat(client, **kw):

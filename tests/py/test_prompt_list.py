@@ -8,22 +8,16 @@ import httpx
 import openai
 import pytest
 
-from server_util import KvantServer
+from server_util import module_openai_client, module_server
 
 MODEL = "SmolLM2-135M-Instruct.Q4_1"
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,"]
 
 
-@pytest.fixture(scope="module")
-def srv(kvant_bin, default_model):
-    s = KvantServer(kvant_bin, default_model)
-    yield s
-    assert s.stop() == 0, s.log_text()
+srv = module_server()
 
 
-@pytest.fixture(scope="module")
-def client(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+client = module_openai_client()
 
 
 def alone(client, prompt, **kw):

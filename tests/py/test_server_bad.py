@@ -8,7 +8,7 @@ import concurrent.futures as cf
 import httpx
 import pytest
 
-from server_util import KvantServer
+from server_util import KvantServer, module_server
 
 KEY = "sk-test-123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -18,11 +18,7 @@ C = "/v1/completions"
 CH = "/v1/chat/completions"
 
 
-@pytest.fixture(scope="module")
-def srv(kvant_bin, default_model):
-    s = KvantServer(kvant_bin, default_model, "--api-key", KEY, "--max-body", str(MAX_BODY))
-    yield s
-    assert s.stop() == 0, s.log_text()
+srv = module_server("--api-key", KEY, "--max-body", str(MAX_BODY))
 
 
 def comp(**kw):
