@@ -61,7 +61,7 @@ CFLAGS   += -DKVANT_CUDA=1
 LDLIBS   += -L/usr/local/cuda/lib64 -lcudart -lcublas -lnccl -lstdc++
 endif
 
-.PHONY: all lib layers test unit unit-isa pytest pytest-isa asan fuzz fuzz-run cuda-build arm64 deps venv model serve clean
+.PHONY: all lib layers test unit unit-isa pytest pytest-isa asan fuzz fuzz-run cuda-build arm64 deps venv model peer-src serve clean
 
 all: $(BUILD)/kvant
 
@@ -132,11 +132,16 @@ model: $(MODEL)
 $(MODEL):
 	@scripts/fetch-model.sh
 
+# The peer's source and test data (tokenizer vectors, chat templates):
+# llama-cpp-python 0.3.36's sdist from PyPI, sha256-checked, under build/peer.
+peer-src:
+	@scripts/fetch-peer-src.sh
+
 # ---- tests ----
 unit: $(BUILD)/kvant $(TEST_BIN)
 	@scripts/run-unit.sh $(BUILD)
 
-pytest: $(BUILD)/kvant $(BUILD)/kvant-testhooks venv model
+pytest: $(BUILD)/kvant $(BUILD)/kvant-testhooks venv model peer-src
 	KVANT_BIN=$(BUILD)/kvant $(PY) -m pytest -q tests/py
 
 # Every instruction set the CPU has, besides the automatic choice that
@@ -208,7 +213,7 @@ cuda-build:
 	  $(MAKE) CUDA=1 BUILD=build-cuda WERROR=1 build-cuda/kvant build-cuda/tests/test_cuda; \
 	else echo "cuda-build: SKIPPED (nvcc not found)"; fi
 
-test: deps venv model
+test: deps venv model peer-src
 	$(MAKE) WERROR=1 all
 	$(MAKE) layers
 	$(MAKE) WERROR=1 unit
