@@ -152,8 +152,11 @@ def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
     return base
 
 
-def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shape: str = "tiny") -> str:
-    """Write one random-weight model of `family` to path; returns path."""
+def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shape: str = "tiny",
+                 extra_kv: dict | None = None, extra_tensors: tuple[str, ...] = ()) -> str:
+    """Write one random-weight model of `family` to path; returns path.  extra_kv (key -> str,
+    float or int, written as string, float32 or uint32) and extra_tensors ("output" adds an
+    untied output.weight) make the deliberately unusual files the refusal tests need."""
     if family not in ARCH:
         raise ValueError(f"unknown family {family!r} (known: {', '.join(FAMILIES)})")
     if wtype not in ms.TYPES:
@@ -162,6 +165,13 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
     rng = np.random.default_rng(seed)
     w = GGUFWriter(path, ARCH[family])
     base = _header(w, family, sh, os.path.basename(path))
+    for k, v in (extra_kv or {}).items():
+        if isinstance(v, str):
+            w.add_string(k, v)
+        elif isinstance(v, float):
+            w.add_float32(k, v)
+        else:
+            w.add_uint32(k, int(v))
     E, hd, qd, kvd, F = sh.n_embd, sh.head_dim, sh.n_head * sh.head_dim, sh.n_head_kv * sh.head_dim, sh.n_ff
     gemma = family.startswith("gemma")
 
@@ -208,7 +218,7 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
         if gemma:
             norm(p + "post_ffw_norm.weight", E, 2.5)
     norm("output_norm.weight", E)
-    if family in ("llama3", "mistral", "phi3"):
+    if family in ("llama3", "mistral", "phi3") or "output" in extra_tensors:
         add("output.weight", (sh.n_vocab, E), 0.2)
     w.write_header_to_file()
     w.write_kv_data_to_file()
