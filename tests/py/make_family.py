@@ -164,7 +164,7 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
     sh = (TINY if shape == "tiny" else BIG)[family]
     rng = np.random.default_rng(seed)
     w = GGUFWriter(path, ARCH[family])
-    base = _header(w, family, sh, os.path.basename(path))
+    base = _header(w, family, sh, os.path.basename(path).removesuffix(".tmp"))
     for k, v in (extra_kv or {}).items():
         if isinstance(v, str):
             w.add_string(k, v)

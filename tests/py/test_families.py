@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -185,3 +186,92 @@ def test_unknown_arch_refused(run_kvant, tmp_path):
     (tmp_path / "ids.txt").write_text("1\n")
     r = run_kvant(["logits", "-m", path, "--tokens-file", tmp_path / "ids.txt", "--out", tmp_path / "o.f32"])
     assert r.returncode > 0 and "gptneox" in r.stderr, r.stderr[-500:]
+
+
+# ---- tools on each family ----
+
+@pytest.mark.parametrize("family", mf.FAMILIES)
+def test_family_quantize(family, fam_dir, run_kvant, kvant_logits, tmp_path):
+    """`kvant quantize` writes a file of the same family that loads and matches the reference."""
+    src = mf.make_family(fam_dir, family, "F32")
+    out = str(tmp_path / f"{family}-q4k.gguf")
+    r = run_kvant(["quantize", src, out, "--recipe", "q4_k_m", "-t", "2"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    ids = _ids(family)
+    ref = RefModel(out).forward(ids)
+    kv = kvant_logits(out, ids, mf.ms.N_VOCAB)
+    assert rel_err(kv, ref) < BOUND
+    assert rel_err(kv, RefModel(src).forward(ids)) > 1e-4   # it did quantize
+
+
+@pytest.mark.parametrize("family", mf.FAMILIES)
+def test_family_prune(family, fam_dir, run_kvant, tmp_path):
+    """`kvant prune` cuts llama-row files (llama3, mistral) and refuses the others naming the arch."""
+    src = mf.make_family(fam_dir, family, "F32")
+    out = tmp_path / "p.gguf"
+    calib = Path(__file__).resolve().parent.parent / "data" / "english.txt"
+    r = run_kvant(["prune", src, out, "--calib", calib, "--drop-layers", "1", "-t", "2"])
+    if mf.ARCH[family] == "llama":
+        assert r.returncode == 0, r.stderr[-2000:]
+        ids = _ids(family)
+        m = RefModel(str(out))
+        assert m.n_layer == 1 and np.all(np.isfinite(m.forward(ids)))
+    else:
+        assert r.returncode > 0 and f"architecture {mf.ARCH[family]} is not supported" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_family_offload(family, fam_dir, kvant_logits, run_kvant, tmp_path):
+    """Weight offload streams layers with the recipe's extra tensors (q/k and post norms): same logits."""
+    path = mf.make_family(fam_dir, family, "F32")
+    ids = _ids(family)
+    want = kvant_logits(path, ids, mf.ms.N_VOCAB)
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, ids)) + "\n")
+    r = run_kvant(["logits", "-m", path, "--tokens-file", tmp_path / "ids.txt", "--out", tmp_path / "o.f32",
+                   "-t", "2", "--kv-dtype", "f32", "--exact", "--weights-memory", "7M"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "no layer is streamed" not in r.stderr
+    got = np.fromfile(tmp_path / "o.f32", dtype="<f4").reshape(N_TOKENS, -1)
+    assert np.array_equal(got, want)
+
+
+def test_family_info_recipe(fam_dir, run_kvant):
+    """`kvant info` shows the recipe and the values the file gives it."""
+    path = mf.make_family(fam_dir, "gemma3", "F32")
+    r = run_kvant(["info", "-m", path, "--json"])
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)["recipe"]
+    assert rec["ffn"] == "geglu" and rec["qk_norm"] and rec["post_norms"] and rec["emb_scale"] == 16
+    assert rec["window"] == 8 and rec["window_layers"] == [0, 1, 2, 3, 4]
+    r = run_kvant(["info", "-m", mf.make_family(fam_dir, "phi3", "F32")])
+    assert "LongRoPE long factors" in r.stdout and "fused attn_qkv" in r.stdout
+
+
+@pytest.mark.parametrize("mode", ["tp", "pp"])
+@pytest.mark.parametrize("family", mf.FAMILIES)
+def test_family_parallel(family, mode, fam_dir, kvant_bin, kvant_logits, tmp_path):
+    """--tp 2 (heads and FFN split, partial sums reduced before the post-norms) within 1e-5 of one
+    process (test_parallel's bound); --pp 2 (layers split) bitwise equal."""
+    import os
+    import shutil
+    import subprocess
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        pytest.fail("mpirun not found: OpenMPI is installed by `make deps` (scripts/setup-deps.sh)",
+                    pytrace=False)
+    path = mf.make_family(fam_dir, family, "F32")
+    ids = _ids(family)
+    one = kvant_logits(path, ids, mf.ms.N_VOCAB, threads="1")
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, ids)) + "\n")
+    cmd = [mpirun, "-np", "2", "--oversubscribe", kvant_bin, "logits", "-m", path, "--tokens-file",
+           str(tmp_path / "ids.txt"), "--out", str(tmp_path / "o.f32"), "-t", "1", "--kv-dtype", "f32",
+           "--exact", "--tp" if mode == "tp" else "--pp", "2"]
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = np.fromfile(tmp_path / "o.f32", dtype="<f4").reshape(N_TOKENS, -1)
+    if mode == "pp":
+        assert np.array_equal(got, one)
+    else:
+        assert rel_err(got, one.astype(np.float64)) < 1e-5
