@@ -475,7 +475,7 @@ static void test_rope_kind(tb *ref, tb *test, tu_rng *r, rope_kind kind, int32_t
     tb *bs[2] = {ref, test};
     for (int k = 0; k < 2; k++) {
         float *dff = with_ff ? dput(bs[k], ff, sizeof ff) : NULL;
-        rope_params rp = {kind, n_rot, 500000.0f, 0.25f, dff, 1.0f};
+        rope_params rp = {kind, n_rot, 500000.0f, 0.25f, dff, with_ff ? 1.069f : 1.0f};
         float *dx = dput(bs[k], x, (size_t)4 * n_heads * hd * 4);
         outs[k] = malloc((size_t)4 * n_heads * hd * 4);
         if (begin(bs[k], &b) == KV_OK)
@@ -487,7 +487,7 @@ static void test_rope_kind(tb *ref, tb *test, tu_rng *r, rope_kind kind, int32_t
     }
     char what[64];
     snprintf(what, sizeof what, "rope %s n_rot %d%s", kind == ROPE_NEOX ? "neox" : "norm", n_rot,
-             with_ff ? " freq_factors" : "");
+             with_ff ? " freq_factors mscale" : "");
     CMP(what, outs[0], outs[1], 4 * n_heads * hd, NULL, 0.0f, 2e-6f * mx + 1e-7f);
     free(x), free(outs[0]), free(outs[1]);
 }
@@ -496,7 +496,7 @@ static void test_elementwise(tb *ref, tb *test, tu_rng *r)
 {
     const int64_t n = 1000;
     const int32_t row = 96;
-    float *g = rand_vec(r, n, 4.0f), *u = rand_vec(r, n, 1.0f), *outs[2][3];
+    float *g = rand_vec(r, n, 4.0f), *u = rand_vec(r, n, 1.0f), *outs[2][6];
     tbatch t;
     const int32_t len[T_SEQS] = {3, 2, 1}, from[T_SEQS] = {0, 0, 0};
     tbatch_make(&t, 7, r, len, from, 300);
@@ -507,10 +507,16 @@ static void test_elementwise(tb *ref, tb *test, tu_rng *r)
     for (int k = 0; k < 2; k++) {
         const backend_ops *op = bs[k]->be->ops;
         float *dg = dput(bs[k], g, n * 4), *du = dput(bs[k], u, n * 4), *dd = dput(bs[k], g, n * 4);
-        for (int j = 0; j < 3; j++)
+        for (int j = 0; j < 6; j++)
             outs[k][j] = malloc(n * 4);
         op->swiglu(bs[k]->be, dg, du, dd, n);
         dget(bs[k], outs[k][0], dd, n * 4);
+        op->geglu(bs[k]->be, dg, du, dd, n); /* the gemma ops */
+        dget(bs[k], outs[k][3], dd, n * 4);
+        op->scale(bs[k]->be, dd, 16.0f, n);
+        dget(bs[k], outs[k][4], dd, n * 4);
+        op->softcap(bs[k]->be, dd, 5.0f, n);
+        dget(bs[k], outs[k][5], dd, n * 4);
         op->add(bs[k]->be, dg, du, n);
         dget(bs[k], outs[k][1], dg, n * 4);
         if (begin(bs[k], &t.b) == KV_OK)
@@ -519,12 +525,15 @@ static void test_elementwise(tb *ref, tb *test, tu_rng *r)
         dfree(bs[k], dg), dfree(bs[k], du), dfree(bs[k], dd);
     }
     CMP("swiglu", outs[0][0], outs[1][0], n, NULL, 1e-6f, 1e-7f);
+    CMP("geglu", outs[0][3], outs[1][3], n, NULL, 1e-6f, 1e-7f);
+    CMP("scale", outs[0][4], outs[1][4], n, NULL, 1e-6f, 1e-7f);
+    CMP("softcap", outs[0][5], outs[1][5], n, NULL, 1e-6f, 1e-6f);
     CHECKF(!memcmp(outs[0][1], outs[1][1], n * 4), "add not bitwise equal");
     CHECKF(!memcmp(outs[0][2], outs[1][2], 3 * row * 4), "gather_out not bitwise equal");
     CHECK(!memcmp(outs[1][2] + row, u + 0 * row, row * 4) &&
           !memcmp(outs[1][2] + 2 * row, u + 2 * row, row * 4)); /* rows 0 and 2 of u */
     for (int k = 0; k < 2; k++)
-        for (int j = 0; j < 3; j++)
+        for (int j = 0; j < 6; j++)
             free(outs[k][j]);
     free(g), free(u);
 }
