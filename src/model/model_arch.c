@@ -19,12 +19,14 @@ static const model_recipe RECIPES[] = {
      .notes = "pre-norm, SwiGLU, NEOX rope, per-head q/k RMS norm before rope"},
     {.arch = "gemma2", .rope = ROPE_NEOX, .act = FFN_GELU_TANH, .output = OUTPUT_TIED,
      .swa = SWA_PATTERN, .post_norms = 1, .emb_scale = 1, .attn_softcap = 1,
-     .swa_base_global = 1, .final_softcap = 30.0f, .swa_pattern = 2, .swa_window = 4096,
+     .swa_base_global = 1, .final_softcap_key = 1, .final_softcap = 30.0f, .swa_pattern = 2,
+     .swa_window = 4096,
      .q_scale_layers = 46,
      .notes = "embeddings * sqrt(n_embd), pre- and post-norms, GeGLU (tanh GELU), NEOX rope, "
               "attention and final logit soft-capping, sliding window on layers il % 2 == 0"},
     {.arch = "gemma3", .rope = ROPE_NEOX, .act = FFN_GELU_TANH, .swa = SWA_PATTERN,
-     .qk_norm = 1, .post_norms = 1, .emb_scale = 1, .swa_pattern = 6, .q_scale_layers = 62,
+     .qk_norm = 1, .post_norms = 1, .emb_scale = 1, .final_softcap_key = 1, .swa_pattern = 6,
+     .q_scale_layers = 62,
      .notes = "embeddings * sqrt(n_embd), pre- and post-norms, q/k RMS norm, GeGLU (tanh GELU), "
               "NEOX rope, sliding window on layers il % 6 < 5 with rope.freq_base_swa "
               "(default 10000, unscaled), optional final soft-capping"},
@@ -144,7 +146,7 @@ int model_family_read(const gguf_ctx *g, const model_recipe *r, const model_fami
     if (r->attn_softcap &&
         (rc = key_f32(g, b->arch, "attn_logit_softcapping", 50.0f, &o->attn_softcap, err)))
         return rc;
-    if (r->act == FFN_GELU_TANH && /* the gemma rows read it; others, like llama.cpp, do not */
+    if (r->final_softcap_key && /* others, like llama.cpp, do not read it */
         (rc = key_f32(g, b->arch, "final_logit_softcapping", r->final_softcap,
                       &o->final_softcap, err)))
         return rc;

@@ -63,7 +63,8 @@ typedef struct model_recipe {
     uint8_t rope_dim_full; /* rope.dimension_count must equal the head size (llama) */
     uint8_t swa_base_global; /* window layers' rope base defaults to rope.freq_base and use
                               * its scale (gemma2); else 10000 and unscaled (gemma3) */
-    float final_softcap;   /* default of {arch}.final_logit_softcapping (0: none; gemma2 30) */
+    uint8_t final_softcap_key; /* {arch}.final_logit_softcapping is read (gemma) */
+    float final_softcap;   /* its default (0: none; gemma2 30) */
     uint32_t swa_pattern;  /* default attention.sliding_window_pattern (SWA_PATTERN) */
     uint32_t swa_window;   /* default window when the key is absent (0: no window layers) */
     int32_t q_scale_layers;/* block_count of the one size whose query scale is

@@ -100,6 +100,48 @@ def test_family_int8_path(family, wtype, fam_dir, kvant_logits, run_kvant, tmp_p
     assert agree >= 0.75, f"{family} {wtype}: int8 path argmax agreement {agree:.2f}"
 
 
+@pytest.mark.parametrize("variant", ["final_softcap", "pattern_array", "freq_base_swa"])
+def test_gemma3_variants(variant, kvant_logits, tmp_path):
+    """Keys gemma3 files may carry: final soft-capping, a per-layer sliding-window pattern (bools,
+    here every third layer global), a rope base for the window layers."""
+    from gguf import GGUFWriter
+    extra = {"final_softcap": {"gemma3.final_logit_softcapping": 3.0},
+             "freq_base_swa": {}, "pattern_array": {}}[variant]
+    path = str(tmp_path / f"gemma3-{variant}.gguf")
+    if variant == "pattern_array":   # GGUFWriter writes a bool array through add_array
+        orig = GGUFWriter.add_uint32
+
+        def add_u32(self, key, val):
+            orig(self, key, val)
+            if key == "gemma3.attention.sliding_window":
+                self.add_array("gemma3.attention.sliding_window_pattern", [il % 3 != 2 for il in range(6)])
+        GGUFWriter.add_uint32 = add_u32
+        try:
+            mf.write_family(path, "gemma3", "F32", seed=3)
+        finally:
+            GGUFWriter.add_uint32 = orig
+    elif variant == "freq_base_swa":   # rewrite the written 10000 as 20000 in place
+        mf.write_family(path, "gemma3", "F32", seed=3)
+        data = bytearray(open(path, "rb").read())
+        key = b"gemma3.rope.freq_base_swa"
+        i = data.index(key) + len(key) + 4
+        data[i:i + 4] = np.float32(20000.0).tobytes()
+        open(path, "wb").write(bytes(data))
+    else:
+        mf.write_family(path, "gemma3", "F32", seed=3, extra_kv=extra)
+    m = RefModel(path)
+    if variant == "pattern_array":
+        assert m.window == [8, 8, 0, 8, 8, 0]
+    if variant == "freq_base_swa":
+        assert m.base_l[0] == 20000.0
+    if variant == "final_softcap":
+        assert m.final_cap == 3.0
+    ids = _ids("gemma3")
+    ref = m.forward(ids)
+    kv = kvant_logits(path, ids, mf.ms.N_VOCAB)
+    assert rel_err(kv, ref) < BOUND, f"{variant}: rel L2 {rel_err(kv, ref):.3e}"
+
+
 @pytest.mark.parametrize("batch", ["1", "5"])
 @pytest.mark.parametrize("family", ["gemma2", "gemma3", "phi3"])
 def test_family_chunked(family, batch, fam_dir, kvant_logits, run_kvant, tmp_path):
