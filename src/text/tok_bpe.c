@@ -112,7 +112,7 @@ static int load_merges(tokenizer *t, const gguf_ctx *g, kvant_err *err)
 {
     int64_t ki = gguf_find_key(g, "tokenizer.ggml.merges");
     if (ki < 0)
-        return kvant_err_set(err, KV_EFORMAT, "tokenizer.ggml.merges: missing (required for gpt2)");
+        return kvant_err_set(err, KV_EFORMAT, "tokenizer.ggml.merges: missing (required for gpt2 and gemma4)");
     if (gguf_kv_type(g, ki) != GGUF_TYPE_ARRAY || gguf_arr_type(g, ki) != GGUF_TYPE_STRING)
         return kvant_err_set(err, KV_EFORMAT, "tokenizer.ggml.merges: not an array of strings");
     uint64_t n = gguf_arr_n(g, ki);

@@ -695,6 +695,146 @@ static gguf_ctx *tiny_open(corrupt_kind ck, unsigned char **img)
     return g;
 }
 
+/* Gemma 4's raw BPE on a vocabulary made here: <pad> <eos> <bos>, the 256
+ * <0xXX> byte tokens (ids 3..258), then h e l o U+2581 he ll hell hello
+ * "\n" "\n\n" (259..269); merges he, ll, hell, hello.  Expected ids follow
+ * llama.cpp's rules: spaces spelt U+2581, no word split but at newline
+ * runs, a newline run that is a token taken whole, <0xXX> for a character
+ * without a token. */
+enum { RAW_N = 270, RAW_H = 259, RAW_SP = 263, RAW_HELLO = 267, RAW_NL = 268, RAW_NL2 = 269 };
+
+static gguf_ctx *raw_open(const char *pre, int merges, unsigned char **img)
+{
+    static char text[RAW_N][8];
+    static const char *tok[RAW_N];
+    static const char *const tail[] = {"h", "e", "l", "o", "\342\226\201", "he", "ll", "hell", "hello", "\n", "\n\n"};
+    static const char *const mg[] = {"h e", "l l", "he ll", "hell o"};
+    int32_t type[RAW_N];
+    for (int i = 0; i < RAW_N; i++) {
+        if (i < 3)
+            snprintf(text[i], sizeof text[i], "%s", i == 0 ? "<pad>" : i == 1 ? "<eos>" : "<bos>");
+        else if (i < 259)
+            snprintf(text[i], sizeof text[i], "<0x%02X>", i - 3);
+        else
+            snprintf(text[i], sizeof text[i], "%s", tail[i - 259]);
+        tok[i] = text[i];
+        type[i] = i < 3 ? TOK_CONTROL : i < 259 ? TOK_BYTE : TOK_NORMAL;
+    }
+    gbuf b = {0};
+    gb_kv_str(&b, "general.architecture", "gemma4");
+    gb_kv_str(&b, "tokenizer.ggml.model", "gemma4");
+    if (pre)
+        gb_kv_str(&b, "tokenizer.ggml.pre", pre);
+    gb_kv_strs(&b, "tokenizer.ggml.tokens", tok, RAW_N);
+    gb_kv_i32s(&b, "tokenizer.ggml.token_type", type, RAW_N);
+    if (merges)
+        gb_kv_strs(&b, "tokenizer.ggml.merges", mg, 4);
+    gb_kv_u32(&b, "tokenizer.ggml.bos_token_id", 2);
+    gb_kv_u32(&b, "tokenizer.ggml.eos_token_id", 1);
+    gb_key(&b, "tokenizer.ggml.add_bos_token", GGUF_TYPE_BOOL);
+    gb_put(&b, "", 1); /* false: llama.cpp turns it on for gemma4 */
+    size_t size;
+    *img = gb_image(&b, &size);
+    free(b.p);
+    kvant_err err = {0};
+    gguf_ctx *g = gguf_open_buffer(*img, size, &err);
+    CHECKF(g != NULL, "raw image rejected by the GGUF reader: %s", err.msg);
+    return g;
+}
+
+static void expect_ids(const tokenizer *t, const char *what, const char *s, size_t len, const int32_t *want,
+                       int64_t nw)
+{
+    int64_t n;
+    int32_t *ids = encode(t, s, len, 0, 0, &n);
+    int ok = ids_equal(ids, n, want, nw);
+    CHECKF(ok, "%s: \"%.*s\"", what, (int)len, s);
+    if (!ok) {
+        print_ids("want", want, nw);
+        print_ids("got ", ids, n);
+    }
+    free(ids);
+}
+
+static void test_raw_bpe(void)
+{
+    unsigned char *img;
+    /* tokenizer.ggml.pre is ignored for gemma4, as llama.cpp does */
+    gguf_ctx *g = raw_open("martian", 1, &img);
+    kvant_err err = {0};
+    tokenizer *t = g ? tok_create(g, &err) : NULL;
+    CHECKF(t != NULL, "raw vocab: %s", err.msg);
+    if (t) {
+        static const int32_t w1[] = {RAW_HELLO, RAW_SP, RAW_HELLO};
+        static const int32_t w2[] = {RAW_H, 3 + 0xFF, RAW_NL2, RAW_HELLO};
+        static const int32_t w3[] = {RAW_NL, RAW_NL, RAW_NL};
+        static const int32_t w4[] = {3 + 0xC3, 3 + 0xA9, RAW_SP, 262 /* o */};
+        expect_ids(t, "raw spaces", "hello hello", 11, w1, 3);
+        expect_ids(t, "raw byte + newline run", "h\377\n\nhello", 9, w2, 4);
+        expect_ids(t, "raw long newline run", "\n\n\n", 3, w3, 3);
+        expect_ids(t, "raw byte fallback", "\303\251 o", 4, w4, 4);
+        CHECK(tok_add_bos(t) == 1 && tok_bos(t) == 2 && tok_is_eog(t, 1));
+        char *d = tok_decode(t, w1, 3, 0);
+        CHECK(d && strcmp(d, "hello hello") == 0);
+        free(d);
+        d = tok_decode(t, w4, 4, 0);
+        CHECK(d && strcmp(d, "\303\251 o") == 0);
+        free(d);
+    }
+    tok_destroy(t);
+    gguf_close(g);
+    free(img);
+    g = raw_open(NULL, 0, &img); /* gemma4 needs merges */
+    t = g ? tok_create(g, &err) : NULL;
+    CHECK(t == NULL && err.code == KV_EFORMAT && strstr(err.msg, "merges"));
+    tok_destroy(t);
+    gguf_close(g);
+    free(img);
+}
+
+/* Qwen3.5 keeps combining marks (\p{M}) in letter runs, Qwen2 does not:
+ * with a merge e + U+0301, "e\314\201" is one token only under qwen35.
+ * Built on the tiny byte-level vocabulary plus "Ìģ" (U+0301's bytes) and
+ * "eÌģ". */
+static void test_qwen35_marks(void)
+{
+    tiny_vocab();
+    static char acute[16], e_acute[24];
+    snprintf(acute, sizeof acute, "%s%s", TINY_TEXT[0xCC], TINY_TEXT[0x81]);
+    snprintf(e_acute, sizeof e_acute, "e%s", acute);
+    const char *tok[258];
+    for (int i = 0; i < 256; i++)
+        tok[i] = TINY_TEXT[i];
+    tok[256] = acute;
+    tok[257] = e_acute;
+    char m1[24], m2[32];
+    snprintf(m1, sizeof m1, "%s %s", TINY_TEXT[0xCC], TINY_TEXT[0x81]);
+    snprintf(m2, sizeof m2, "e %s", acute);
+    const char *mg[2] = {m1, m2};
+    for (int q35 = 0; q35 <= 1; q35++) {
+        gbuf b = {0};
+        gb_kv_str(&b, "tokenizer.ggml.model", "gpt2");
+        gb_kv_str(&b, "tokenizer.ggml.pre", q35 ? "qwen35" : "qwen2");
+        gb_kv_strs(&b, "tokenizer.ggml.tokens", tok, 258);
+        gb_kv_strs(&b, "tokenizer.ggml.merges", mg, 2);
+        size_t size;
+        unsigned char *img = gb_image(&b, &size);
+        free(b.p);
+        kvant_err err = {0};
+        gguf_ctx *g = gguf_open_buffer(img, size, &err);
+        tokenizer *t = g ? tok_create(g, &err) : NULL;
+        CHECKF(t != NULL, "qwen35 marks vocab: %s", err.msg);
+        if (t) {
+            static const int32_t merged[] = {257}, split[] = {'e', 256};
+            expect_ids(t, q35 ? "qwen35 e + U+0301" : "qwen2 e + U+0301", "e\314\201", 3, q35 ? merged : split,
+                       q35 ? 1 : 2);
+        }
+        tok_destroy(t);
+        gguf_close(g);
+        free(img);
+    }
+}
+
 static void test_corrupt(void)
 {
     tiny_vocab();
@@ -844,5 +984,7 @@ int main(void)
     test_family_details();
 
     test_corrupt();
+    test_raw_bpe();
+    test_qwen35_marks();
     return tu_finish("test_tokenizer");
 }
