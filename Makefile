@@ -204,7 +204,7 @@ layers: $(BUILD)/libkvant.a
 fuzz:
 	$(MAKE) -f fuzz/fuzz.mk
 
-fuzz-run: fuzz model
+fuzz-run: fuzz model peer-src
 	@scripts/run-fuzz.sh 60
 
 # The CUDA backend compiles and links wherever nvcc is installed (no GPU
