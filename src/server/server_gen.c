@@ -256,7 +256,10 @@ static void sse_choice(srv_gen *g, int index, const char *text, size_t n, json_t
     json_t *arr = json_array();
     json_array_append_new(arr, choice_base(g, index, text, n, lp, finish, first));
     g->seq[index].text_off += (int64_t)n;
-    sse_json(g, envelope(g, arr, 1));
+    json_t *o = envelope(g, arr, 1);
+    if (g->req.continuous_usage && o) /* vLLM's continuous_usage_stats: the usage so far */
+        json_object_set_new(o, "usage", usage_json(g));
+    sse_json(g, o);
 }
 
 /* ---- event handling ----------------------------------------------------- */

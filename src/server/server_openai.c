@@ -443,8 +443,9 @@ static int parse_logprobs(srv_api api, json_t *o, srv_gen_req *r, srv_error *e)
     return 0;
 }
 
-/* stream, and stream_options {include_usage} (only with stream: true, as
- * OpenAI and vLLM answer). */
+/* stream, and stream_options {include_usage, continuous_usage_stats (vLLM's:
+ * the usage so far in every chunk)} (only with stream: true, as OpenAI and
+ * vLLM answer). */
 static int parse_stream(json_t *o, const srv_fields_policy *pol, srv_gen_req *r, srv_error *e)
 {
     int rc;
@@ -462,7 +463,8 @@ static int parse_stream(json_t *o, const srv_fields_policy *pol, srv_gen_req *r,
     json_object_foreach(so, k, v) {
         char param[64];
         snprintf(param, sizeof param, "stream_options.%.40s", k);
-        if (strcmp(k, "include_usage") && !json_is_null(v) &&
+        if (strcmp(k, "include_usage") && strcmp(k, "continuous_usage_stats") &&
+            !json_is_null(v) &&
             (rc = srv_fields_unknown(pol, param, e))) {
             snprintf(e->param, sizeof e->param, "stream_options");
             return rc;
@@ -471,6 +473,9 @@ static int parse_stream(json_t *o, const srv_fields_policy *pol, srv_gen_req *r,
     if ((rc = get_bool(so, "include_usage", &r->include_usage, e)) < 0)
         return srv_error_set(e, 400, "stream_options", "'stream_options.include_usage' must be "
                              "a boolean");
+    if ((rc = get_bool(so, "continuous_usage_stats", &r->continuous_usage, e)) < 0)
+        return srv_error_set(e, 400, "stream_options", "'stream_options.continuous_usage_stats' "
+                             "must be a boolean");
     return 0;
 }
 

@@ -31,6 +31,7 @@ typedef struct srv_gen_req {
     int32_t n_prompts;     /* >= 1 after a successful parse (chat: 1) */
     int stream;
     int include_usage;
+    int continuous_usage;    /* stream_options.continuous_usage_stats (vLLM): usage in every chunk */
     int logprobs;          /* 1: return logprobs */
     int echo;              /* completions: the prompt leads each choice's text (and
                             * logprobs: er.prompt_logprobs) */
