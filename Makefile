@@ -61,7 +61,7 @@ CFLAGS   += -DKVANT_CUDA=1
 LDLIBS   += -L/usr/local/cuda/lib64 -lcudart -lcublas -lnccl -lstdc++
 endif
 
-.PHONY: all lib layers test unit unit-isa pytest pytest-isa asan fuzz fuzz-run cuda-build arm64 deps venv model peer-src serve clean
+.PHONY: all lib layers test unit unit-isa pytest pytest-isa asan fuzz fuzz-run cuda-build arm64 deps venv model peer-src guidellm-venv serve clean
 
 all: $(BUILD)/kvant
 
@@ -137,12 +137,18 @@ $(MODEL):
 peer-src:
 	@scripts/fetch-peer-src.sh
 
+# guidellm 0.8.1 (pinned, tests/requirements-guidellm.txt) in its own venv,
+# build/guidellm-venv, and its tokenizer built offline from the default
+# model's GGUF into build/guidellm-tok (tests/py/test_guidellm.py).
+guidellm-venv: model
+	@scripts/setup-guidellm.sh
+
 # ---- tests ----
 # test_tokenizer reads the large llama.cpp vocabularies from build/peer.
 unit: $(BUILD)/kvant $(TEST_BIN) peer-src
 	@scripts/run-unit.sh $(BUILD)
 
-pytest: $(BUILD)/kvant $(BUILD)/kvant-testhooks venv model peer-src
+pytest: $(BUILD)/kvant $(BUILD)/kvant-testhooks venv model peer-src guidellm-venv
 	KVANT_BIN=$(BUILD)/kvant $(PY) -m pytest -q tests/py
 
 # Every instruction set the CPU has, besides the automatic choice that

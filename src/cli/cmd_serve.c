@@ -78,8 +78,8 @@ static void serve_help(void)
          fmt_long(hdr, 16, (long)sc.header_timeout_s)},
         {"--body-timeout", "SECONDS", "from the headers to the complete body",
          fmt_long(bdy, 16, (long)sc.body_timeout_s)},
-        {"--max-connections", "N", "open connections at most; at the limit the one waiting "
-                                   "longest for its request is closed",
+        {"--max-connections", "N", "connections served at once; at the limit one idle for "
+                                   "1 s or more is closed, else a new one gets 503",
          fmt_long(conns, 16, sc.max_connections)},
         {"--stream-backlog", "N", "events a stream may fall behind its client before the "
                                   "request is cancelled", fmt_long(backlog, 16, sc.stream_backlog)},

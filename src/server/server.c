@@ -15,6 +15,7 @@
 #include <arpa/inet.h>
 #include <jansson.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,7 +96,7 @@ srv_config srv_config_default(void)
     c.port = 8080;
     c.max_body = 4u << 20;
     c.conn_timeout_s = 30;
-    c.max_connections = 256;
+    c.max_connections = 1024;
     c.health_stall_s = SRV_HEALTH_STALL_S;
     c.header_timeout_s = SRV_HEADER_TIMEOUT_S;
     c.body_timeout_s = SRV_BODY_TIMEOUT_S;
@@ -753,6 +754,25 @@ static void name_from_path(const char *path, char *out, size_t cap)
         *dot = '\0';
 }
 
+/* Every connection slot needs a descriptor: the soft RLIMIT_NOFILE is
+ * raised to cover them (and SRV_FD_RESERVE for model files and logs) as far
+ * as the hard limit allows; short of that, a warning names the limit. */
+#define SRV_FD_RESERVE 128
+static void raise_fd_limit(int slots)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl))
+        return;
+    rlim_t need = (rlim_t)slots + SRV_FD_RESERVE;
+    if (rl.rlim_cur >= need)
+        return;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur < need)
+        fprintf(stderr, "kvant serve: warning: open files limited to %llu (ulimit -n); "
+                "--max-connections needs %llu: connections past it wait in the listen queue\n",
+                (unsigned long long)rl.rlim_cur, (unsigned long long)need);
+}
+
 srv *srv_create(const srv_config *cfg, const char *model_path, kvant_err *err)
 {
     srv *s = calloc(1, sizeof *s);
@@ -782,6 +802,7 @@ srv *srv_create(const srv_config *cfg, const char *model_path, kvant_err *err)
                    ((uint64_t)getpid() << 48);
     pthread_mutex_init(&s->mu, NULL);
     s->metrics = srv_metrics_create();
+    raise_fd_limit(srv_guard_slots(cfg->max_connections));
     srv_guard_config gc = {cfg->max_connections, cfg->header_timeout_s, cfg->body_timeout_s};
     s->guard = srv_guard_create(&gc);
     struct sockaddr_in sa = {0};
@@ -803,7 +824,7 @@ srv *srv_create(const srv_config *cfg, const char *model_path, kvant_err *err)
                             MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)cfg->conn_timeout_s,
                             MHD_OPTION_CONNECTION_LIMIT,
-                            (unsigned)(cfg->max_connections + SRV_GUARD_SLACK),
+                            (unsigned)srv_guard_slots(cfg->max_connections),
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                             MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,

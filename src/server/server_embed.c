@@ -7,27 +7,31 @@
  * Invariants: every input is validated before any is submitted; once some
  * are submitted the HTTP thread waits for the final event of each (a
  * departed client cancels them first), so the waiters outlive every
- * callback.  The callback (engine thread) copies the vector and allocates
- * nothing.
+ * callback.  The callback (engine thread) copies the vector, allocates
+ * nothing, and posts an eventfd on each final event; the HTTP thread polls
+ * that eventfd together with its client socket, so a departed client is
+ * seen at once (as the completions' channel does, server_stream.c).
  */
 #include <jansson.h>
+#include <errno.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "server/server_internal.h"
 #include "server/server_reply.h"
 #include "text/tokenizer.h"
 
 #define SRV_MAX_EMBED_INPUTS 2048 /* inputs in one request (OpenAI's bound) */
-#define EMBED_WAIT_MS 100         /* wait slice; disconnect checks between */
 
 typedef struct emb_batch emb_batch;
 
 typedef struct emb_item {
     emb_batch *b;
-    int32_t *ids;           /* owned */
+    const int32_t *ids;     /* borrowed from the batch's parsed inputs */
     int64_t n_ids;
     int64_t rid;            /* > 0 once submitted */
     float *vec;             /* [n_embd], owned; filled by the EMBED event */
@@ -36,9 +40,10 @@ typedef struct emb_item {
 
 struct emb_batch {
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    int efd;                /* eventfd, posted on every final event */
     int n_final;            /* items whose final event came (mu) */
     char err[256];
+    srv_gen_req in;         /* the parsed inputs (tokens, prompt_off), owned */
     emb_item *it;           /* [cap] (calloc'd: a failed parse leaves NULLs) */
     int n, cap;
     int32_t n_embd;
@@ -60,51 +65,25 @@ static void emb_on_event(void *ctx, const engine_event *ev)
         }
         it->final = 1;
         b->n_final++;
-        pthread_cond_broadcast(&b->cv);
+        uint64_t one = 1; /* cannot overflow: one post per item, cleared by the waiter */
+        ssize_t w = write(b->efd, &one, sizeof one);
+        (void)w;
     }
     pthread_mutex_unlock(&b->mu);
 }
 
-/* Appends input k (a string or an array of token ids) as an item. */
-static int add_input(srv *s, emb_batch *b, json_t *v, size_t k, srv_error *e)
+/* Input k of b->in (parsed by srv_oai_parse_prompts) as an item. */
+static int add_input(srv *s, emb_batch *b, int32_t k, srv_error *e)
 {
     emb_item *it = &b->it[b->n];
-    int32_t nv = tok_n_vocab(s->m->tok);
-    if (json_is_string(v)) {
-        kvant_err ke = {0};
-        const char *t = json_string_value(v);
-        size_t len = json_string_length(v);
-        int64_t n = tok_encode(s->m->tok, t, len, tok_add_bos(s->m->tok), 0, NULL, 0, &ke);
-        if (n <= 0)
-            return srv_error_set(e, 400, "input", "input %zu: %s", k,
-                                 n < 0 ? ke.msg : "the input is empty");
-        if (n >= s->oai.max_model_len)
-            return srv_error_set(e, 400, "input", "input %zu has %lld tokens; the context is "
-                                 "%lld", k, (long long)n, (long long)s->oai.max_model_len);
-        if (!(it->ids = malloc((size_t)n * sizeof *it->ids)))
-            return srv_error_set(e, 500, NULL, "out of memory");
-        it->n_ids = tok_encode(s->m->tok, t, len, tok_add_bos(s->m->tok), 0, it->ids, n, &ke);
-    } else {
-        size_t n = json_array_size(v);
-        if (n == 0 || (int64_t)n >= s->oai.max_model_len)
-            return srv_error_set(e, 400, "input", "input %zu has %zu token ids (1 to %lld)", k,
-                                 n, (long long)s->oai.max_model_len - 1);
-        if (!(it->ids = malloc(n * sizeof *it->ids)))
-            return srv_error_set(e, 500, NULL, "out of memory");
-        for (size_t i = 0; i < n; i++) {
-            json_t *t = json_array_get(v, i);
-            json_int_t id = json_is_integer(t) ? json_integer_value(t) : -1;
-            if (id < 0 || id >= nv)
-                return srv_error_set(e, 400, "input", "input %zu: entry %zu is not a token id "
-                                     "in [0, %d)", k, i, nv);
-            it->ids[i] = (int32_t)id;
-        }
-        it->n_ids = (int64_t)n;
-    }
-    if (it->n_ids <= 0)
-        return srv_error_set(e, 400, "input", "input %zu cannot be tokenized", k);
+    int64_t at = b->in.prompt_off[k], n = b->in.prompt_off[k + 1] - at;
+    if (n >= s->oai.max_model_len)
+        return srv_error_set(e, 400, "input", "input %d has %lld tokens; the context is %lld",
+                             k, (long long)n, (long long)s->oai.max_model_len);
     if (!(it->vec = calloc((size_t)b->n_embd, sizeof *it->vec)))
         return srv_error_set(e, 500, NULL, "out of memory");
+    it->ids = b->in.tokens + at;
+    it->n_ids = n;
     it->b = b;
     b->n++;
     return 0;
@@ -112,10 +91,12 @@ static int add_input(srv *s, emb_batch *b, json_t *v, size_t k, srv_error *e)
 
 /* "input": a string, a list of strings, an array of token ids, or a list
  * of those arrays; the other fields checked. *base64: encoding_format. */
-static int parse_embed(srv *s, json_t *o, emb_batch *b, int *base64, srv_error *e)
+static int parse_embed(srv *s, json_t *o, emb_batch *b, int *base64, const char *rid,
+                       srv_error *e)
 {
     const char *key;
     json_t *v;
+    srv_fields_policy pol = {s->oai.allow_unknown, s->oai.unknown_log, rid};
     json_object_foreach(o, key, v) {
         if (json_is_null(v) || !strcmp(key, "input") || !strcmp(key, "model") ||
             !strcmp(key, "encoding_format") || !strcmp(key, "user"))
@@ -123,8 +104,9 @@ static int parse_embed(srv *s, json_t *o, emb_batch *b, int *base64, srv_error *
         if (!strcmp(key, "dimensions"))
             return srv_error_set(e, 400, "dimensions", "'dimensions' is not supported: the "
                                  "model's embeddings have %d dimensions", b->n_embd);
-        if (!s->cfg.allow_unknown_fields)
-            return srv_error_set(e, 400, key, "unknown field '%.64s'", key);
+        int rc = srv_fields_unknown(&pol, key, e); /* the completions' rule and log */
+        if (rc)
+            return rc;
     }
     json_t *m = json_object_get(o, "model");
     if (m && !json_is_null(m) &&
@@ -147,31 +129,15 @@ static int parse_embed(srv *s, json_t *o, emb_batch *b, int *base64, srv_error *
         *base64 = !strcmp(json_string_value(f), "base64");
     }
     json_t *in = json_object_get(o, "input");
-    if (!in || json_is_null(in))
-        return srv_error_set(e, 400, "input", "'input' is required");
-    json_t *one[1] = {in};
-    int list = json_is_array(in) && json_array_size(in) > 0 &&
-               (json_is_string(json_array_get(in, 0)) || json_is_array(json_array_get(in, 0)));
-    size_t n = list ? json_array_size(in) : 1;
-    if (!json_is_string(in) && !json_is_array(in))
-        return srv_error_set(e, 400, "input", "'input' must be a string, an array of token "
-                             "ids, or a list of either");
-    if (n > SRV_MAX_EMBED_INPUTS)
-        return srv_error_set(e, 400, "input", "'input' lists %zu inputs: at most %d", n,
-                             SRV_MAX_EMBED_INPUTS);
-    if (!(b->it = calloc(n, sizeof *b->it)))
+    int rc = srv_oai_parse_prompts(&s->oai, in, "input", SRV_MAX_EMBED_INPUTS, &b->in, e);
+    if (rc)
+        return rc;
+    if (!(b->it = calloc((size_t)b->in.n_prompts, sizeof *b->it)))
         return srv_error_set(e, 500, NULL, "out of memory");
-    b->cap = (int)n;
-    for (size_t k = 0; k < n; k++) {
-        json_t *x = list ? json_array_get(in, k) : one[0];
-        if (list && !(json_is_string(x) ? json_is_string(json_array_get(in, 0))
-                                        : json_is_array(x) && json_is_array(json_array_get(in, 0))))
-            return srv_error_set(e, 400, "input", "'input' lists must hold only strings or "
-                                 "only token-id arrays (entry %zu differs)", k);
-        int rc = add_input(s, b, x, k, e);
-        if (rc)
+    b->cap = b->in.n_prompts;
+    for (int32_t k = 0; k < b->in.n_prompts; k++)
+        if ((rc = add_input(s, b, k, e)))
             return rc;
-    }
     return 0;
 }
 
@@ -236,7 +202,7 @@ static int run_batch(srv *s, emb_batch *b, int fd, kvant_err *ke, int *gone)
 {
     int rc = 0, submitted = 0;
     for (int k = 0; k < b->n && !rc; k++) {
-        engine_request er = {.prompt = b->it[k].ids, .n_prompt = b->it[k].n_ids,
+        engine_request er = {.prompt = (int32_t *)b->it[k].ids, .n_prompt = b->it[k].n_ids,
                              .sampling = sampler_params_default(), .max_tokens = 1, .n = 1,
                              .embed = s->cfg.embedding_pooling, .ignore_eos = 1};
         int64_t rid = engine_submit(s->e, &er, emb_on_event, &b->it[k], ke);
@@ -249,40 +215,42 @@ static int run_batch(srv *s, emb_batch *b, int fd, kvant_err *ke, int *gone)
     }
     *gone = 0;
     int cancelled = 0;
-    pthread_mutex_lock(&b->mu);
-    while (b->n_final < submitted) {
-        if (rc || *gone) { /* stop the rest of the work, once */
-            if (!cancelled)
-                for (int k = 0; k < b->n; k++)
-                    if (b->it[k].rid > 0 && !b->it[k].final)
-                        engine_cancel(s->e, b->it[k].rid);
+    for (;;) {
+        uint64_t v; /* cleared before the look, so a post after it wakes the poll */
+        ssize_t r = read(b->efd, &v, sizeof v);
+        (void)r;
+        pthread_mutex_lock(&b->mu);
+        int done = b->n_final >= submitted;
+        pthread_mutex_unlock(&b->mu);
+        if (done)
+            break;
+        if ((rc || *gone) && !cancelled) { /* stop the rest of the work, once */
+            for (int k = 0; k < b->n; k++)
+                if (b->it[k].rid > 0)
+                    engine_cancel(s->e, b->it[k].rid);
             cancelled = 1;
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += EMBED_WAIT_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
-        pthread_cond_timedwait(&b->cv, &b->mu, &ts);
-        struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-        if (fd >= 0 && poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+        struct pollfd p[2] = {{.fd = b->efd, .events = POLLIN},
+                              {.fd = fd, .events = POLLRDHUP}};
+        int watch = fd >= 0 && !*gone; /* once gone, only the final events matter */
+        int n = poll(p, watch ? 2 : 1, -1);
+        if (n < 0 && errno != EINTR)
+            break; /* cannot happen with valid fds; do not spin */
+        if (n > 0 && watch && (p[1].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))
             *gone = 1;
     }
-    pthread_mutex_unlock(&b->mu);
     return rc;
 }
 
 static void batch_free(emb_batch *b)
 {
-    for (int k = 0; b->it && k < b->cap; k++) {
-        free(b->it[k].ids);
+    for (int k = 0; b->it && k < b->cap; k++)
         free(b->it[k].vec);
-    }
+    srv_gen_req_free(&b->in);
     free(b->it);
+    if (b->efd >= 0)
+        close(b->efd);
     pthread_mutex_destroy(&b->mu);
-    pthread_cond_destroy(&b->cv);
 }
 
 enum MHD_Result srv_embed_handle(srv *s, struct MHD_Connection *c, const char *body, size_t len)
@@ -296,11 +264,11 @@ enum MHD_Result srv_embed_handle(srv *s, struct MHD_Connection *c, const char *b
     json_t *o = srv_oai_load_object(body, len, &er);
     if (!o)
         return srv_send_error(c, &er);
-    emb_batch b = {.n_embd = s->m->hp.n_embd};
+    emb_batch b = {.n_embd = s->m->hp.n_embd, .efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)};
     pthread_mutex_init(&b.mu, NULL);
-    pthread_cond_init(&b.cv, NULL);
     int base64 = 0;
-    int rc = parse_embed(s, o, &b, &base64, &er);
+    int rc = b.efd < 0 ? srv_error_set(&er, 500, NULL, "cannot create an eventfd")
+                       : parse_embed(s, o, &b, &base64, srv_request_id(c), &er);
     json_decref(o);
     if (rc) {
         batch_free(&b);

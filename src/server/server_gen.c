@@ -256,7 +256,10 @@ static void sse_choice(srv_gen *g, int index, const char *text, size_t n, json_t
     json_t *arr = json_array();
     json_array_append_new(arr, choice_base(g, index, text, n, lp, finish, first));
     g->seq[index].text_off += (int64_t)n;
-    sse_json(g, envelope(g, arr, 1));
+    json_t *o = envelope(g, arr, 1);
+    if (g->req.continuous_usage && o) /* vLLM's continuous_usage_stats: the usage so far */
+        json_object_set_new(o, "usage", usage_json(g));
+    sse_json(g, o);
 }
 
 /* ---- event handling ----------------------------------------------------- */
@@ -730,6 +733,20 @@ static enum MHD_Result submit_error(srv *s, struct MHD_Connection *c, int rc, co
     return srv_send_error(c, &er);
 }
 
+/* The events a request's channel must hold (srv_chan_create): the stream
+ * backlog (a non-streaming request's reader drains as the engine emits),
+ * one final event per prompt, and with prompt logprobs (echo) one event per
+ * prompt token. */
+static size_t chan_cap(const srv *s, const srv_gen_req *r)
+{
+    size_t cap = (size_t)(s->cfg.stream_backlog > 0 ? s->cfg.stream_backlog : 1) +
+                 (size_t)r->n_prompts;
+    if (r->echo)
+        for (int32_t k = 0; k < r->n_prompts; k++)
+            cap += (size_t)srv_gen_req_prompt(r, k).n_prompt;
+    return cap;
+}
+
 /* Several models: acquires the model the body names (loading it if
  * needed) into g->ref; fills e on error. */
 static int gen_route(srv_gen *g, const char *body, size_t len, srv_error *e)
@@ -778,7 +795,7 @@ enum MHD_Result srv_gen_handle(srv *s, struct MHD_Connection *c, srv_api api, co
         return srv_send_error(c, &er);
     }
     g->n_choices = g->req.n_prompts * g->req.er.n;
-    g->chan = srv_chan_create(s->metrics, t_arrival, g->req.n_prompts);
+    g->chan = srv_chan_create(s->metrics, t_arrival, g->req.n_prompts, chan_cap(s, &g->req));
     g->pr = calloc((size_t)g->req.n_prompts, sizeof *g->pr);
     g->seq = calloc((size_t)g->n_choices, sizeof *g->seq);
     if (!g->chan || !g->pr || !g->seq) {

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -64,6 +65,8 @@ static double deadline_of(const srv_guard *g, const srv_guard_slot *sl)
     return 0;
 }
 
+static void unjam_locked(srv_guard *g);
+
 static void *reaper_main(void *arg)
 {
     srv_guard *g = arg;
@@ -77,6 +80,7 @@ static void *reaper_main(void *arg)
             shut_locked(g, sl, sl->phase == SRV_CONN_HEADERS ? SRV_GUARD_HEADER_TIMEOUT
                                                              : SRV_GUARD_BODY_TIMEOUT);
         }
+        unjam_locked(g);
         struct timespec dl;
         clock_gettime(CLOCK_MONOTONIC, &dl);
         dl.tv_nsec += GUARD_TICK_MS * 1000000L;
@@ -96,7 +100,7 @@ srv_guard *srv_guard_create(const srv_guard_config *cfg)
     if (!g)
         return NULL;
     g->cfg = *cfg;
-    g->n_slots = cfg->max_connections + SRV_GUARD_SLACK;
+    g->n_slots = srv_guard_slots(cfg->max_connections);
     g->slots = calloc((size_t)g->n_slots, sizeof *g->slots);
     pthread_mutex_init(&g->mu, NULL);
     pthread_condattr_t ca;
@@ -145,40 +149,96 @@ uint64_t srv_guard_get(srv_guard *g, srv_guard_event ev)
     return v;
 }
 
+/* 1 when the client has sent bytes that no one has read yet (a request on
+ * its way: closing now would lose it). */
+static int has_unread(int fd)
+{
+    int n = 0;
+    return ioctl(fd, FIONREAD, &n) == 0 && n > 0;
+}
+
+/* Caller holds g->mu.  Whether sl may be closed to admit a new connection:
+ * waiting for its request (headers or body incomplete) for at least
+ * SRV_GUARD_EVICT_MIN_S, and nothing of a request unread in its socket.  A
+ * keep-alive connection between two requests of a busy client is neither,
+ * so a client is never cut while it sends. */
+static int evictable_locked(const srv_guard_slot *sl, double t)
+{
+    return sl->phase != SRV_CONN_BUSY && t - sl->since >= SRV_GUARD_EVICT_MIN_S &&
+           !has_unread(sl->fd);
+}
+
+enum { PICK_NONE, PICK_LIVE, PICK_ANY }; /* which connections census_locked may pick */
+
 /* Caller holds g->mu.  Connections being served or waiting for their
  * request (*live, "over" ones excluded), the "over" ones (*n_over), and the
- * one waiting longest for its request (NULL when every one is busy). */
-static srv_guard_slot *census_locked(srv_guard *g, int *live, int *n_over)
+ * evictable one waiting longest among those `pick` names (NULL: none). */
+static srv_guard_slot *census_locked(srv_guard *g, int pick, int *live, int *n_over)
 {
     srv_guard_slot *oldest = NULL;
+    double t = now_s();
     *live = *n_over = 0;
     for (int i = 0; i < g->n_slots; i++) {
         srv_guard_slot *sl = &g->slots[i];
         if (!sl->used || sl->shut)
             continue; /* a shut-down connection is on its way out */
-        if (sl->over) {
+        if (sl->over)
             ++*n_over;
+        else
+            ++*live;
+        if (pick == PICK_NONE || (sl->over && pick != PICK_ANY))
             continue;
-        }
-        ++*live;
-        if (sl->phase != SRV_CONN_BUSY && (!oldest || sl->since < oldest->since))
+        if ((!oldest || sl->since < oldest->since) && evictable_locked(sl, t))
             oldest = sl;
     }
     return oldest;
 }
 
+int srv_guard_slots(int max_connections)
+{
+    return 2 * max_connections + SRV_GUARD_SLACK;
+}
+
+/* Caller holds g->mu.  Idle connections, "over" ones included, are closed
+ * (longest-idle first) while more than SRV_GUARD_SLACK / 2 are "over" or
+ * every slot is open, so a flood of idle sockets holds neither threads nor
+ * slots until its header timeout (the reaper calls this every tick). */
+static void unjam_locked(srv_guard *g)
+{
+    int live, n_over;
+    census_locked(g, PICK_NONE, &live, &n_over);
+    for (int k = 0; k < g->n_slots; k++) {
+        if (n_over <= SRV_GUARD_SLACK / 2 && live + n_over < g->n_slots - 1)
+            return;
+        srv_guard_slot *sl = census_locked(g, PICK_ANY, &live, &n_over);
+        if (!sl)
+            return;
+        shut_locked(g, sl, SRV_GUARD_IDLE_EVICTED);
+        if (sl->over)
+            n_over--;
+        else
+            live--;
+    }
+}
+
+/* At --max-connections a new connection takes the place of the longest-idle
+ * evictable one; with none it is "over" (answered 503).  Refused (closed at
+ * accept, counted) only with every slot open. */
 int srv_guard_accept(srv_guard *g)
 {
     pthread_mutex_lock(&g->mu);
     int live, n_over, ok = 1;
-    srv_guard_slot *oldest = census_locked(g, &live, &n_over);
+    census_locked(g, PICK_NONE, &live, &n_over);
     if (live >= g->cfg.max_connections) {
-        if (oldest)
-            shut_locked(g, oldest, SRV_GUARD_IDLE_EVICTED);
-        else if (n_over >= SRV_GUARD_OVER) {
-            g->count[SRV_GUARD_CONN_REFUSED]++;
-            ok = 0;
-        } /* else accepted, to be answered 503 (srv_guard_open marks it) */
+        srv_guard_slot *sl = census_locked(g, PICK_LIVE, &live, &n_over);
+        if (sl)
+            shut_locked(g, sl, SRV_GUARD_IDLE_EVICTED);
+        else
+            unjam_locked(g);
+    }
+    if (g->n_open >= g->n_slots) {
+        g->count[SRV_GUARD_CONN_REFUSED]++;
+        ok = 0;
     }
     pthread_mutex_unlock(&g->mu);
     return ok;
@@ -189,7 +249,7 @@ srv_guard_slot *srv_guard_open(srv_guard *g, int fd, int *over)
     srv_guard_slot *found = NULL;
     pthread_mutex_lock(&g->mu);
     int live, n_over;
-    census_locked(g, &live, &n_over);
+    census_locked(g, PICK_NONE, &live, &n_over);
     *over = live >= g->cfg.max_connections;
     for (int i = 0; i < g->n_slots && !found; i++)
         if (!g->slots[i].used)
@@ -259,11 +319,11 @@ static const struct {
     [SRV_GUARD_BODY_TOO_LARGE] = {"http_body_too_large_total",
                                   "Requests answered 413: body over --max-body."},
     [SRV_GUARD_IDLE_EVICTED] = {"http_idle_evictions_total",
-                                "Connections waiting for their request closed to admit a new "
-                                "one at --max-connections."},
+                                "Connections idle (no request unread) for at least 1 s "
+                                "closed to admit a new one at --max-connections."},
     [SRV_GUARD_CONN_REFUSED] = {"http_connections_refused_total",
-                                "Connections closed at accept: every one of --max-connections "
-                                "being served and the 503 allowance full."},
+                                "Connections closed at accept: 2 x --max-connections + 64 "
+                                "open at once."},
     [SRV_GUARD_WRITE_TIMEOUT] = {"http_write_timeouts_total",
                                  "Responses cut because the client read nothing for --timeout."},
     [SRV_GUARD_STREAM_BACKLOG] = {"stream_backlog_cancels_total",

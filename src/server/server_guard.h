@@ -11,10 +11,14 @@
  * (shutdown(2), so MHD's thread sees end-of-file and closes) connections
  * past their phase's deadline.  At the connection limit, a new connection
  * closes the connection that has waited longest for its request (phase
- * HEADERS or BODY) instead of being refused.  When every connection is
- * being served, up to SRV_GUARD_OVER more are accepted as "over" (their
- * requests are answered 503 with Retry-After, then they close); only past
- * those is a new connection refused (closed at accept).
+ * HEADERS or BODY, idle at least SRV_GUARD_EVICT_MIN_S with no request
+ * bytes unread in its socket, so a keep-alive client that is sending its
+ * next request is never cut).  When none is evictable the new connection is
+ * accepted as "over" (its requests are answered 503 with Retry-After and
+ * Connection: close).  Idle "over" connections past SRV_GUARD_SLACK / 2 are
+ * evicted the same way.  Only when every slot (srv_guard_slots: MHD's own
+ * limit, 2 x max_connections + SRV_GUARD_SLACK) is open at once is a new
+ * connection closed at accept.
  *
  * Ownership: srv_guard_create returns a heap handle (srv_guard_destroy).
  * A slot returned by srv_guard_open belongs to the guard; the caller keeps
@@ -51,12 +55,11 @@ typedef struct srv_guard_config {
 typedef struct srv_guard srv_guard;
 typedef struct srv_guard_slot srv_guard_slot;
 
-/* Extra connections MHD may hold beyond max_connections while evicted ones
- * close (MHD's own hard limit is max_connections + this). */
+/* Connections MHD may hold beyond 2 x max_connections: the "over" ones
+ * being answered 503 and evicted ones while they close. */
 #define SRV_GUARD_SLACK 64
-/* Connections accepted past max_connections to be answered 503 (within
- * the slack, which also holds the evicted ones while they close). */
-#define SRV_GUARD_OVER (SRV_GUARD_SLACK / 2)
+/* A connection waiting for its request this long (s) may be evicted. */
+#define SRV_GUARD_EVICT_MIN_S 1.0
 
 srv_guard *srv_guard_create(const srv_guard_config *cfg);
 void srv_guard_destroy(srv_guard *g);
@@ -64,10 +67,13 @@ void srv_guard_destroy(srv_guard *g);
 void srv_guard_count(srv_guard *g, srv_guard_event ev);
 uint64_t srv_guard_get(srv_guard *g, srv_guard_event ev);
 
-/* MHD's accept policy: 1 = accept (closing the longest-waiting idle
- * connection when at the limit; or, every connection busy, to be answered
- * 503 while fewer than SRV_GUARD_OVER such are open), 0 = refuse. */
+/* MHD's accept policy: 1 = accept, closing the longest-waiting evictable
+ * connection when at the limit (with none, the new connection is answered
+ * 503: srv_guard_open marks it "over"); 0 = refuse, only when every slot
+ * is open. */
 int srv_guard_accept(srv_guard *g);
+/* Connections tracked at most: MHD's connection limit. */
+int srv_guard_slots(int max_connections);
 /* A connection started (fd: its socket): its slot, or NULL when no slot is
  * free (it is then not tracked).  *over = 1 when it is past max_connections
  * (every request on it gets 503), else 0. */

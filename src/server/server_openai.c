@@ -235,39 +235,40 @@ static int prompt_push(srv_gen_req *r, const int32_t *ids, int64_t n, srv_error 
  * longest token piece) is refused before tokenizing, so a body at
  * --max-body costs a JSON parse, not a tokenization (docs/SERVER.md
  * "Limits"). */
-static int encode(const srv_oai_ctx *ctx, const char *text, size_t len, int special,
-                  srv_gen_req *r, srv_error *e)
+static int encode(const srv_oai_ctx *ctx, const char *param, const char *text, size_t len,
+                  int special, srv_gen_req *r, srv_error *e)
 {
     const model *m = ctx->m;
     if (ctx->max_piece_bytes > 0 &&
         len / (size_t)ctx->max_piece_bytes > (size_t)ctx->max_model_len)
-        return srv_error_set(e, 400, "prompt", "the prompt has %zu bytes: more than %lld tokens "
-                             "(the context) whatever its tokens", len,
+        return srv_error_set(e, 400, param, "the %s has %zu bytes: more than %lld tokens "
+                             "(the context) whatever its tokens", param, len,
                              (long long)ctx->max_model_len);
     kvant_err ke = {0};
     int add_bos = tok_add_bos(m->tok);
     int64_t n = tok_encode(m->tok, text, len, add_bos, special, NULL, 0, &ke);
     if (n < 0)
-        return srv_error_set(e, 400, "prompt", "cannot tokenize the prompt: %s", ke.msg);
+        return srv_error_set(e, 400, param, "cannot tokenize the %s: %s", param, ke.msg);
     if (n == 0)
-        return srv_error_set(e, 400, "prompt", "the prompt is empty");
+        return srv_error_set(e, 400, param, "the %s is empty", param);
     int32_t *ids = malloc((size_t)n * sizeof *ids);
     if (!ids)
-        return srv_error_set(e, 500, NULL, "out of memory tokenizing the prompt");
+        return srv_error_set(e, 500, NULL, "out of memory tokenizing the %s", param);
     n = tok_encode(m->tok, text, len, add_bos, special, ids, n, &ke);
-    int rc = n <= 0 ? srv_error_set(e, 400, "prompt", "cannot tokenize the prompt: %s", ke.msg)
+    int rc = n <= 0 ? srv_error_set(e, 400, param, "cannot tokenize the %s: %s", param, ke.msg)
                     : prompt_push(r, ids, n, e);
     free(ids);
     return rc;
 }
 
 /* One prompt given as token ids (p: a JSON array), appended. */
-static int prompt_ids(const srv_oai_ctx *ctx, json_t *p, size_t k, srv_gen_req *r,
-                      srv_error *e)
+static int prompt_ids(const srv_oai_ctx *ctx, const char *param, json_t *p, size_t k,
+                      srv_gen_req *r, srv_error *e)
 {
     size_t n = json_array_size(p);
     if (n == 0 || n > SRV_MAX_PROMPT_IDS)
-        return srv_error_set(e, 400, "prompt", "'prompt' token array %zu has %zu entries", k, n);
+        return srv_error_set(e, 400, param, "'%s' token array %zu has %zu entries", param, k,
+                             n);
     int32_t *ids = malloc(n * sizeof *ids);
     if (!ids)
         return srv_error_set(e, 500, NULL, "out of memory");
@@ -277,10 +278,11 @@ static int prompt_ids(const srv_oai_ctx *ctx, json_t *p, size_t k, srv_gen_req *
         json_t *t = json_array_get(p, i);
         json_int_t id = json_is_integer(t) ? json_integer_value(t) : -1;
         if (!json_is_integer(t))
-            rc = srv_error_set(e, 400, "prompt", "'prompt' must be a string, an array of token "
-                               "ids, or a list of either (entry %zu is not an integer)", i);
+            rc = srv_error_set(e, 400, param, "'%s' must be a string, an array of token "
+                               "ids, or a list of either (entry %zu is not an integer)", param,
+                               i);
         else if (id < 0 || id >= nv)
-            rc = srv_error_set(e, 400, "prompt", "token id %lld at %zu is outside [0, %d)",
+            rc = srv_error_set(e, 400, param, "token id %lld at %zu is outside [0, %d)",
                                (long long)id, i, nv);
         else
             ids[i] = (int32_t)id;
@@ -291,37 +293,44 @@ static int prompt_ids(const srv_oai_ctx *ctx, json_t *p, size_t k, srv_gen_req *
     return rc;
 }
 
-/* "prompt": a string, an array of token ids, or a list of up to
- * SRV_MAX_PROMPTS strings or token-id arrays (one engine request each). */
-static int parse_prompt(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_error *e)
+int srv_oai_parse_prompts(const srv_oai_ctx *ctx, json_t *p, const char *param, int max_list,
+                          srv_gen_req *r, srv_error *e)
 {
-    json_t *p = json_object_get(o, "prompt");
     if (!p || json_is_null(p))
-        return srv_error_set(e, 400, "prompt", "'prompt' is required");
+        return srv_error_set(e, 400, param, "'%s' is required", param);
     if (json_is_string(p))
-        return encode(ctx, json_string_value(p), json_string_length(p), 0, r, e);
+        return encode(ctx, param, json_string_value(p), json_string_length(p), 0, r, e);
     if (!json_is_array(p) || json_array_size(p) == 0)
-        return srv_error_set(e, 400, "prompt", "'prompt' must be a string, an array of token "
-                             "ids, or a non-empty list of either");
+        return srv_error_set(e, 400, param, "'%s' must be a string, an array of token "
+                             "ids, or a non-empty list of either", param);
     json_t *p0 = json_array_get(p, 0);
     if (!json_is_string(p0) && !json_is_array(p0))
-        return prompt_ids(ctx, p, 0, r, e);
+        return prompt_ids(ctx, param, p, 0, r, e);
     size_t n = json_array_size(p);
-    if (n > SRV_MAX_PROMPTS)
-        return srv_error_set(e, 400, "prompt", "'prompt' lists %zu prompts: at most %d in one "
-                             "request", n, SRV_MAX_PROMPTS);
+    if (n > (size_t)max_list)
+        return srv_error_set(e, 400, param, "'%s' lists %zu inputs: at most %d in one "
+                             "request", param, n, max_list);
     for (size_t k = 0; k < n; k++) {
         json_t *pk = json_array_get(p, k);
         int rc = json_is_string(pk) && json_is_string(p0)
-                     ? encode(ctx, json_string_value(pk), json_string_length(pk), 0, r, e)
+                     ? encode(ctx, param, json_string_value(pk), json_string_length(pk), 0, r,
+                              e)
                  : json_is_array(pk) && json_is_array(p0)
-                     ? prompt_ids(ctx, pk, k, r, e)
-                     : srv_error_set(e, 400, "prompt", "'prompt' lists must hold only strings "
-                                     "or only token-id arrays (entry %zu differs)", k);
+                     ? prompt_ids(ctx, param, pk, k, r, e)
+                     : srv_error_set(e, 400, param, "'%s' lists must hold only strings "
+                                     "or only token-id arrays (entry %zu differs)", param, k);
         if (rc)
             return rc;
     }
     return 0;
+}
+
+/* "prompt": a string, an array of token ids, or a list of up to
+ * SRV_MAX_PROMPTS strings or token-id arrays (one engine request each). */
+static int parse_prompt(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_error *e)
+{
+    return srv_oai_parse_prompts(ctx, json_object_get(o, "prompt"), "prompt", SRV_MAX_PROMPTS,
+                                 r, e);
 }
 
 /* Message content: a string, or an array of {"type":"text","text":...}
@@ -410,7 +419,7 @@ static int parse_messages(const srv_oai_ctx *ctx, const srv_fields_policy *pol, 
             rc = srv_error_set(e, 400, "messages", "chat template: %s", ke.msg);
     }
     if (!rc)
-        rc = encode(ctx, text, strlen(text), 1, r, e);
+        rc = encode(ctx, "messages", text, strlen(text), 1, r, e);
     free(text);
     for (size_t i = 0; parts && i < n; i++)
         srv_buf_free(&parts[i]);
@@ -443,8 +452,9 @@ static int parse_logprobs(srv_api api, json_t *o, srv_gen_req *r, srv_error *e)
     return 0;
 }
 
-/* stream, and stream_options {include_usage} (only with stream: true, as
- * OpenAI and vLLM answer). */
+/* stream, and stream_options {include_usage, continuous_usage_stats (vLLM's:
+ * the usage so far in every chunk)} (only with stream: true, as OpenAI and
+ * vLLM answer). */
 static int parse_stream(json_t *o, const srv_fields_policy *pol, srv_gen_req *r, srv_error *e)
 {
     int rc;
@@ -462,7 +472,8 @@ static int parse_stream(json_t *o, const srv_fields_policy *pol, srv_gen_req *r,
     json_object_foreach(so, k, v) {
         char param[64];
         snprintf(param, sizeof param, "stream_options.%.40s", k);
-        if (strcmp(k, "include_usage") && !json_is_null(v) &&
+        if (strcmp(k, "include_usage") && strcmp(k, "continuous_usage_stats") &&
+            !json_is_null(v) &&
             (rc = srv_fields_unknown(pol, param, e))) {
             snprintf(e->param, sizeof e->param, "stream_options");
             return rc;
@@ -471,6 +482,9 @@ static int parse_stream(json_t *o, const srv_fields_policy *pol, srv_gen_req *r,
     if ((rc = get_bool(so, "include_usage", &r->include_usage, e)) < 0)
         return srv_error_set(e, 400, "stream_options", "'stream_options.include_usage' must be "
                              "a boolean");
+    if ((rc = get_bool(so, "continuous_usage_stats", &r->continuous_usage, e)) < 0)
+        return srv_error_set(e, 400, "stream_options", "'stream_options.continuous_usage_stats' "
+                             "must be a boolean");
     return 0;
 }
 

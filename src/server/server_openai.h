@@ -31,6 +31,7 @@ typedef struct srv_gen_req {
     int32_t n_prompts;     /* >= 1 after a successful parse (chat: 1) */
     int stream;
     int include_usage;
+    int continuous_usage;    /* stream_options.continuous_usage_stats (vLLM): usage in every chunk */
     int logprobs;          /* 1: return logprobs */
     int echo;              /* completions: the prompt leads each choice's text (and
                             * logprobs: er.prompt_logprobs) */
@@ -56,6 +57,16 @@ typedef struct srv_oai_ctx {
 int srv_oai_parse(const srv_oai_ctx *ctx, srv_api api, const char *body, size_t len,
                   const char *request_id, srv_gen_req *out, srv_error *e);
 void srv_gen_req_free(srv_gen_req *r);
+/* A prompt-like value p (param names it in errors: "prompt", "input"): a
+ * string, an array of token ids, or a list of up to max_list of either,
+ * appended to r's prompts (tokens, prompt_off, n_prompts; free with
+ * srv_gen_req_free).  Strings are tokenized with the model's BOS rule and
+ * refused before tokenizing when longer in bytes than the context could
+ * hold (max_piece_bytes); ids are checked against the vocabulary.  Shared
+ * by completions and embeddings.  0, or a negative status with e filled. */
+struct json_t;
+int srv_oai_parse_prompts(const srv_oai_ctx *ctx, struct json_t *p, const char *param,
+                          int max_list, srv_gen_req *r, srv_error *e);
 /* The engine request for prompt k of r (k < r->n_prompts): r->er with that
  * prompt; borrows r's tokens. */
 engine_request srv_gen_req_prompt(const srv_gen_req *r, int32_t k);

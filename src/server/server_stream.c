@@ -69,7 +69,7 @@ struct srv_chan {
     int refs;
     int n_src, n_final;      /* sources; those whose final event was pushed */
     chan_src *src;           /* [n_src] */
-    int oom;                 /* an event could not be queued */
+    int oom;                 /* an event could not be queued (past cap) */
     srv_metrics *metrics;
     size_t max_pending;      /* backlog bound; 0 = unbounded */
     int overflowed;          /* the requests were cancelled for their backlog */
@@ -77,12 +77,12 @@ struct srv_chan {
     double t_arrival, t_submit;
 };
 
-srv_chan *srv_chan_create(srv_metrics *metrics, double t_arrival, int n_src)
+srv_chan *srv_chan_create(srv_metrics *metrics, double t_arrival, int n_src, size_t cap)
 {
     srv_chan *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
-    c->cap = 16;
+    c->cap = cap > 0 ? cap : 1;
     c->q = malloc(c->cap * sizeof *c->q);
     c->src = calloc((size_t)(n_src > 0 ? n_src : 1), sizeof *c->src);
     c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -224,19 +224,7 @@ void srv_chan_on_event(void *ctx, const engine_event *ev)
         pthread_mutex_unlock(&c->mu);
         return;
     }
-    if (c->count == c->cap) {
-        size_t cap = c->cap * 2;
-        srv_ev *nq = malloc(cap * sizeof *nq);
-        if (nq) {
-            for (size_t i = 0; i < c->count; i++)
-                nq[i] = c->q[(c->head + i) % c->cap];
-            free(c->q);
-            c->q = nq;
-            c->head = 0;
-            c->cap = cap;
-        }
-    }
-    if (c->count < c->cap) {
+    if (c->count < c->cap) { /* sized once at create: no allocation here */
         srv_ev *e = &c->q[(c->head + c->count) % c->cap];
         e->ev = *ev;
         e->src = c1->k;
@@ -275,12 +263,14 @@ static int chan_pop(srv_chan *c, srv_ev *out)
         *out = c->q[c->head];
         c->head = (c->head + 1) % c->cap;
         c->count--;
+        if (c->count == 0)
+            c->head = 0; /* back to the first slots: their pages stay the only ones used */
         c->n_prompt_ev -= out->ev.type == ENGINE_EV_PROMPT;
         got = 1;
     } else if (c->oom) {
         memset(out, 0, sizeof *out);
         out->ev.type = ENGINE_EV_ERROR;
-        strcpy(out->err, "internal error: event queue out of memory");
+        strcpy(out->err, "internal error: the request's event queue is full");
         c->oom = 0;
         got = 1;
     }

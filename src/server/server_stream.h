@@ -38,8 +38,14 @@ typedef struct srv_ev {
 typedef struct srv_chan srv_chan;
 
 /* t_arrival: monotonic seconds when the HTTP request arrived (for TTFT and
- * e2e, observed per source).  metrics is borrowed (may be NULL); n_src >= 1. */
-srv_chan *srv_chan_create(srv_metrics *metrics, double t_arrival, int n_src);
+ * e2e, observed per source).  metrics is borrowed (may be NULL); n_src >= 1.
+ * cap: the events the channel can hold, allocated here once (the engine's
+ * callback never allocates): the stream backlog, plus one final event per
+ * source, plus the prompt's events when prompt logprobs are asked for.  An
+ * event past cap is not queued; the reader then gets an internal error.
+ * The queue restarts at its first slot whenever it empties, so a reader
+ * that keeps up touches only the first few slots' pages. */
+srv_chan *srv_chan_create(srv_metrics *metrics, double t_arrival, int n_src, size_t cap);
 /* The ctx to pass to engine_submit with srv_chan_on_event for source k. */
 void *srv_chan_src(srv_chan *c, int k);
 void srv_chan_unref(srv_chan *c);               /* HTTP side's reference */

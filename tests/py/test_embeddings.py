@@ -76,6 +76,45 @@ def test_token_arrays_and_refusals(srv, client):
         client.embeddings.create(model="nope", input="x")
 
 
+def test_departed_client_cancelled_at_once(srv):
+    """A client that closes its connection while its 512 short inputs are waiting and running: every
+    one is cancelled (the HTTP thread polls an eventfd with the socket, no timed wait), so
+    running + waiting reach 0 within an engine step or two (3 s allowed: a step of this batch
+    takes ~0.7 s on the loaded 2-core machine, and the whole request ~60 s), most inputs never
+    computed, and the KV blocks are back."""
+    import json
+    import socket
+    import time
+
+    import httpx
+    before = srv.metrics()
+    body = json.dumps({"model": MODEL, "input": [f"{TEXTS[0]} {i}" for i in range(512)]})
+    sk = socket.create_connection(("127.0.0.1", srv.port))
+    sk.sendall((f"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                f"\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
+    deadline = time.time() + 30
+    while srv.metrics()["kvant_num_requests_running"] == 0 and time.time() < deadline:
+        time.sleep(0.02)
+    m = srv.metrics()
+    assert m["kvant_num_requests_running"] + m["kvant_num_requests_waiting"] > 0, m
+    sk.close()
+    t0 = time.time()
+    while True:
+        m = srv.metrics()
+        if m["kvant_num_requests_running"] + m["kvant_num_requests_waiting"] == 0:
+            break
+        assert time.time() - t0 < 3.0, m
+        time.sleep(0.02)
+    m = srv.wait_idle(before["kvant_kv_blocks_used"], timeout=5)
+    assert m["kvant_kv_blocks_used"] == before["kvant_kv_blocks_used"]
+    key = "kvant_prompt_tokens_computed_total"
+    computed = m[key] - before[key]
+    assert computed < 5000 / 2, computed  # the 512 inputs are ~5,500 tokens
+    r = httpx.post(srv.url + "/v1/embeddings", json={"model": MODEL, "input": TEXTS[0]},
+                   timeout=60)
+    assert r.status_code == 200 and len(r.json()["data"]) == 1
+
+
 def test_generation_beside_embeddings_unchanged(client):
     gen = dict(model=MODEL, prompt="Once upon a time", max_tokens=32, temperature=0)
     alone = client.completions.create(**gen).choices[0].text

@@ -6,7 +6,8 @@ unloaded value (medians over several requests, plus an absolute allowance of ABS
 noisy 2-core machine), that the limit's counter moved, and that the server is idle again after.
 
   - slowloris: headers trickled a byte at a time from more connections than --max-connections
-    (--header-timeout closes them; at the limit the longest-waiting one is closed for a new one);
+    (--header-timeout closes them; at the limit the longest-waiting one, once it has waited 1 s,
+    is closed for a new one);
   - a body trickled a byte at a time (--body-timeout);
   - hundreds of idle connections, over --max-connections (idle eviction);
   - a body at --max-body, back to back, and one over it (413);
@@ -138,9 +139,9 @@ def test_slowloris_headers(hs):
     before = hs.metrics()
     head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
     tr = Trickler(hs.port, 2 * MAX_CONN, head, b"X-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n")
-    time.sleep(0.5)
+    time.sleep(1.2)  # evictable after 1 s without a complete request
     loaded = ttft_median(hs.url)
-    time.sleep(2.5)  # past --header-timeout
+    time.sleep(2.0)  # past --header-timeout
     closed = tr.finish()
     m = hs.metrics()
     cut = (m["kvant_http_header_timeouts_total"] - before["kvant_http_header_timeouts_total"]
@@ -181,12 +182,15 @@ def test_many_idle_connections(hs):
     n = 600
     socks = []
     for _ in range(n):
-        socks.append(socket.create_connection(("127.0.0.1", hs.port)))
-    time.sleep(0.5)
+        try:
+            socks.append(socket.create_connection(("127.0.0.1", hs.port)))
+        except OSError:  # refused at accept: every slot open (2 x --max-connections + 64)
+            pass
+    time.sleep(1.2)  # evictable after 1 s without a request
     loaded = ttft_median(hs.url)
     m = hs.metrics()
     open_now = m["kvant_http_connections_open"]
-    closed = sum(closed_now(s) for s in socks)
+    closed = sum(closed_now(s) for s in socks) + n - len(socks)
     for s in socks:
         s.close()
     d = {k: m[f"kvant_http_{k}_total"] - before[f"kvant_http_{k}_total"]
@@ -195,7 +199,7 @@ def test_many_idle_connections(hs):
                                    "open_at_once": open_now, **d}
     # at most --max-connections stay open (+ the slack of connections being closed)
     assert closed >= n - MAX_CONN - 64, (closed, d)
-    assert open_now <= MAX_CONN + 64, open_now
+    assert open_now <= 2 * MAX_CONN + 64, open_now
     assert d["idle_evictions"] >= MAX_CONN, d
     check_ttft(hs, "idle_connections", loaded)
 

@@ -7,6 +7,7 @@ X-Request-Id on every response, CORS (--cors-origin), UTF-8-safe text cut at max
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import threading
 import time
 
@@ -497,3 +498,26 @@ def test_503_past_max_connections(kvant_bin, default_model):
     finally:
         stop.set()
         assert s.stop() == 0, s.log_text()
+
+
+def test_continuous_usage_stats(srv):
+    """stream_options.continuous_usage_stats (vLLM's, sent by guidellm): the usage so far in
+    every chunk, completion_tokens counting up to the final usage."""
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 6, "ignore_eos": True,
+            "stream": True, "temperature": 0,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    chunks = []
+    with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    text = [c for c in chunks if c["choices"] and c["choices"][0]["text"]]
+    assert len(text) == 6 and all("usage" in c for c in chunks), chunks
+    final = chunks[-1]["usage"]
+    assert final["completion_tokens"] == 6
+    assert [c["usage"]["completion_tokens"] for c in text] == list(range(1, 7))
+    assert {c["usage"]["prompt_tokens"] for c in chunks} == {final["prompt_tokens"]}
+    r = httpx.post(srv.url + "/v1/completions", json={**body, "stream_options": {
+        "continuous_usage_stats": "yes"}}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options"
