@@ -26,11 +26,7 @@ typedef struct nvec {
 
 static const jtok *cur(parser *P) { return &P->t[P->pos < P->n ? P->pos : P->n - 1]; }
 static const jtok *peek(parser *P, size_t k) { return &P->t[P->pos + k < P->n ? P->pos + k : P->n - 1]; }
-static void next(parser *P)
-{
-    if (P->pos + 1 < P->n)
-        P->pos++;
-}
+static void next(parser *P) { P->pos += P->pos + 1 < P->n; }
 
 static int tok_is(const jtok *t, jtok_type ty, const char *s)
 {
@@ -109,7 +105,6 @@ static int expect_end(parser *P, const char *tag)
 
 static int parse_expr(parser *P, jnode **out);
 static int parse_or(parser *P, jnode **out);
-static int parse_unary(parser *P, int with_filter, jnode **out);
 static int parse_tuple(parser *P, int with_cond, jnode **out);
 
 /* (args): positional and keyword arguments into n's items / names+items2. */
@@ -200,7 +195,6 @@ static int test_arg_start(parser *P)
 
 static int parse_primary(parser *P, jnode **out);
 static int parse_postfix(parser *P, jnode *node, jnode **out);
-
 static int parse_test(parser *P, jnode *operand, jnode **out)
 {
     jnode *n = mk(P, JN_TEST);
