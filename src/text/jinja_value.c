@@ -54,6 +54,8 @@ void *jv_alloc(jv_arena *a, size_t n)
     if (!c || c->cap - c->used < n) {
         size_t cap = n > JV_CHUNK ? n : JV_CHUNK;
         if (a->total + cap > a->budget)
+            cap = a->budget - a->total >= n ? a->budget - a->total : 0; /* the last, smaller chunk */
+        if (!cap)
             return NULL;
         c = malloc(sizeof *c + cap);
         if (!c)
