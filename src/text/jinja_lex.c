@@ -253,7 +253,9 @@ static int lex_number(lexer *L, size_t *p)
     }
     if (i + 1 < L->n && L->s[i] == '.' && L->s[i + 1] >= '0' && L->s[i + 1] <= '9') {
         is_float = 1;
-        buf[bn++] = L->s[i++];
+        if (bn < sizeof buf - 1)
+            buf[bn++] = L->s[i];
+        i++;
         while (i < L->n && ((L->s[i] >= '0' && L->s[i] <= '9') || L->s[i] == '_')) {
             if (L->s[i] != '_' && bn < sizeof buf - 1)
                 buf[bn++] = L->s[i];
@@ -266,10 +268,12 @@ static int lex_number(lexer *L, size_t *p)
             j++;
         if (j < L->n && L->s[j] >= '0' && L->s[j] <= '9') {
             is_float = 1;
-            while (i < j && bn < sizeof buf - 1)
-                buf[bn++] = L->s[i++];
-            while (i < L->n && L->s[i] >= '0' && L->s[i] <= '9' && bn < sizeof buf - 1)
-                buf[bn++] = L->s[i++];
+            for (; i < j; i++)
+                if (bn < sizeof buf - 1)
+                    buf[bn++] = L->s[i];
+            for (; i < L->n && L->s[i] >= '0' && L->s[i] <= '9'; i++)
+                if (bn < sizeof buf - 1)
+                    buf[bn++] = L->s[i];
         }
     }
     buf[bn] = '\0';
