@@ -82,7 +82,7 @@ TOOLS = [{
             "type": "object",
             "properties": {
                 "city": {"type": "string", "description": "The city's name"},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                "unit": {"type": "string", "description": "Temperature unit", "enum": ["celsius", "fahrenheit"]},
             },
             "required": ["city"],
         },
@@ -112,10 +112,14 @@ CONVERSATIONS = [
         {"role": "system", "content": "You can call tools."},
         {"role": "user", "content": "What's the weather in Paris?"},
         {"role": "assistant", "content": "", "tool_calls": [{
-            "id": "call_1", "type": "function",
+            "id": "a1b2c3d4e", "type": "function",
             "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}},
         }]},
-        {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "{\"temp\": 18}"},
+        {"role": "tool", "tool_call_id": "a1b2c3d4e", "name": "get_weather", "content": "{\"temp\": 18}"},
+    ], TOOLS, True),
+    ("tools_offered", [
+        {"role": "system", "content": "You can call tools."},
+        {"role": "user", "content": "Hi"},
     ], TOOLS, True),
 ]
 
