@@ -436,6 +436,8 @@ int cmd_serve(int argc, char **argv)
         if (m && cli_chat_template(m, o.chat_template, "serve", &err)) {
             model_free(m);
             m = NULL;
+        } else if (m && !m->has_chat && !o.chat_template) {
+            fprintf(stderr, "kvant serve: chat requests will be refused: %s\n", m->chat_err);
         }
         e = m ? engine_create(m, &o.ec, &err) : NULL;
         if (!e) {
