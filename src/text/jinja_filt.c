@@ -364,10 +364,11 @@ static int f_safe(jv_arena *a, jv in, const jv_args *args, jv *out, char *emsg, 
     jv s = jv_to_str(a, in);
     if (s.t != JV_STR)
         return ferr(emsg, cap, "%s", "out of memory");
-    if (!s.u.s->safe)
+    if (!s.u.s->safe) { /* a fresh copy: the input may be the template's own literal */
         s = jv_strn(a, s.u.s->s, s.u.s->n);
-    if (s.t == JV_STR)
-        ((jv_str *)s.u.s)->safe = 1;
+        if (s.t == JV_STR)
+            ((jv_str *)s.u.s)->safe = 1;
+    }
     *out = s;
     return 0;
 }
