@@ -318,12 +318,14 @@ static int exec_stmt(jexpr_ctx *E, const jnode *n, jscope *s, jv_buf *out)
 
 static int exec_body(jexpr_ctx *E, jnode *const *items, size_t n, jscope *s, jv_buf *out)
 {
-    for (size_t i = 0; i < n; i++) {
-        int rc = exec_stmt(E, items[i], s, out);
-        if (rc)
-            return rc;
-    }
-    return KV_OK;
+    if (n && E->nest >= JEXPR_MAX_NEST)
+        return jexpr_fail(E, items[0]->line, "template nested deeper than %d levels at run time", JEXPR_MAX_NEST);
+    E->nest++;
+    int rc = KV_OK;
+    for (size_t i = 0; i < n && !rc; i++)
+        rc = exec_stmt(E, items[i], s, out);
+    E->nest--;
+    return rc;
 }
 
 char *jinja_render(const jinja_tpl *t, const json_t *vars, int64_t now, const jinja_limits *lim, kvant_err *err)

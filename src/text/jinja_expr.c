@@ -646,7 +646,19 @@ static int eval_container(jexpr_ctx *E, const jnode *n, jscope *s, jv *out)
     return KV_OK;
 }
 
+static int eval_node(jexpr_ctx *E, const jnode *n, jscope *s, jv *out);
+
 int jexpr_eval(jexpr_ctx *E, const jnode *n, jscope *s, jv *out)
+{
+    if (E->nest >= JEXPR_MAX_NEST)
+        return jexpr_fail(E, n->line, "template nested deeper than %d levels at run time", JEXPR_MAX_NEST);
+    E->nest++;
+    int rc = eval_node(E, n, s, out);
+    E->nest--;
+    return rc;
+}
+
+static int eval_node(jexpr_ctx *E, const jnode *n, jscope *s, jv *out)
 {
     jv x, y;
     int rc;

@@ -36,11 +36,16 @@ struct jexpr_ctx {
     jscope *root;             /* top-level frame; macros run in a child of it */
     int64_t now;              /* strftime_now's time (Unix seconds, local time zone) */
     int depth, max_depth;     /* macro call nesting */
+    int nest;                 /* expressions + statements being evaluated (C stack depth) */
     size_t iters, max_iters;  /* loop iterations, all loops together */
     size_t max_output;        /* bytes one render may produce */
     jv filter_input;          /* the body of a filter block / block set */
     jexpr_macro_fn call_macro;
 };
+
+/* Most expressions and statements evaluated inside each other, all macro
+ * calls together: bounds the C stack an untrusted template can use. */
+#define JEXPR_MAX_NEST 1500
 
 int jexpr_eval(jexpr_ctx *E, const jnode *n, jscope *s, jv *out);
 /* Fills E->err with "chat template: MSG (line N)" and returns KV_EINVAL. */

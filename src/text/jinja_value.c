@@ -260,8 +260,18 @@ double jv_num(jv v)
 
 static int64_t as_int(jv v) { return v.t == JV_INT ? v.u.i : v.u.b; }
 
-int jv_eq(jv a, jv b)
+#define JV_MAX_NEST 256 /* containers compared deeper than this are unequal / unordered */
+
+static int eq_at(jv a, jv b, int depth);
+
+int jv_eq(jv a, jv b) { return eq_at(a, b, 0); }
+
+static int eq_at(jv a, jv b, int depth)
 {
+    if ((a.t == JV_LIST && b.t == JV_LIST && a.u.l == b.u.l) || (a.t == JV_DICT && b.t == JV_DICT && a.u.d == b.u.d))
+        return 1; /* the same object, as Python's identity shortcut */
+    if (depth > JV_MAX_NEST)
+        return 0;
     if (jv_is_num(a) && jv_is_num(b)) {
         if (a.t != JV_FLOAT && b.t != JV_FLOAT)
             return as_int(a) == as_int(b);
@@ -277,7 +287,7 @@ int jv_eq(jv a, jv b)
         if (a.u.l->n != b.u.l->n || a.u.l->tuple != b.u.l->tuple)
             return 0;
         for (size_t i = 0; i < a.u.l->n; i++)
-            if (!jv_eq(a.u.l->v[i], b.u.l->v[i]))
+            if (!eq_at(a.u.l->v[i], b.u.l->v[i], depth + 1))
                 return 0;
         return 1;
     case JV_DICT:
@@ -287,7 +297,7 @@ int jv_eq(jv a, jv b)
             return 0;
         for (size_t i = 0; i < a.u.d->n; i++) {
             jv o;
-            if (!jv_dict_get(b, a.u.d->k[i], &o) || !jv_eq(a.u.d->v[i], o))
+            if (!jv_dict_get(b, a.u.d->k[i], &o) || !eq_at(a.u.d->v[i], o, depth + 1))
                 return 0;
         }
         return 1;
@@ -296,8 +306,14 @@ int jv_eq(jv a, jv b)
     }
 }
 
-int jv_cmp(jv a, jv b, int *cmp)
+static int cmp_at(jv a, jv b, int *cmp, int depth);
+
+int jv_cmp(jv a, jv b, int *cmp) { return cmp_at(a, b, cmp, 0); }
+
+static int cmp_at(jv a, jv b, int *cmp, int depth)
 {
+    if (depth > JV_MAX_NEST)
+        return -1;
     if (jv_is_num(a) && jv_is_num(b)) {
         if (a.t != JV_FLOAT && b.t != JV_FLOAT) {
             int64_t x = as_int(a), y = as_int(b);
@@ -320,9 +336,9 @@ int jv_cmp(jv a, jv b, int *cmp)
     if (a.t == JV_LIST && b.t == JV_LIST && a.u.l->tuple == b.u.l->tuple) {
         size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
         for (size_t i = 0; i < n; i++) {
-            if (jv_eq(a.u.l->v[i], b.u.l->v[i]))
+            if (eq_at(a.u.l->v[i], b.u.l->v[i], depth + 1))
                 continue;
-            return jv_cmp(a.u.l->v[i], b.u.l->v[i], cmp);
+            return cmp_at(a.u.l->v[i], b.u.l->v[i], cmp, depth + 1);
         }
         *cmp = a.u.l->n < b.u.l->n ? -1 : a.u.l->n > b.u.l->n;
         return 0;

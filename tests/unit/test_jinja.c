@@ -202,6 +202,19 @@ static void test_limits(void)
     CHECK(!s);
     s = render("{{ range(1000000) | length }}", NULL, NULL, &err);
     CHECKF(!s && strstr(err.msg, "Range too big"), "%s", err.msg);
+    /* a left-deep chain the parser builds by iteration, and data nested by a loop */
+    static char chain[40000];
+    size_t ck = (size_t)snprintf(chain, sizeof chain, "{{ 1");
+    for (int i = 0; i < 5000; i++)
+        ck += (size_t)snprintf(chain + ck, sizeof chain - ck, " + 1");
+    snprintf(chain + ck, sizeof chain - ck, " }}");
+    s = render(chain, NULL, NULL, &err);
+    CHECKF(!s && strstr(err.msg, "nested deeper"), "%s", err.msg);
+    s = render("{% set ns = namespace(x=[], y=[]) %}{% for i in range(5000) %}{% set ns.x = [ns.x] %}"
+               "{% set ns.y = [ns.y] %}{% endfor %}{{ ns.x == ns.x }}{{ ns.x == ns.y }}{{ ns.x | length }}",
+               NULL, NULL, &err);
+    CHECKF(s && strcmp(s, "TrueFalse1") == 0, "%s", s ? s : err.msg); /* jinja2: RecursionError */
+    free(s);
     s = render("{{ 9223372036854775807 + 1 }}", NULL, NULL, &err);
     CHECKF(!s && strstr(err.msg, "overflow"), "%s", err.msg);
     /* deep nesting is refused at compile time */
