@@ -188,3 +188,22 @@ def test_apply_template(qwen_server, default_model):
     r = httpx.post(qwen_server.url + "/v1/chat/completions", timeout=30,
                    json={"messages": [{"role": "user", "content": "x"}], "tools": jinja_ref.TOOLS})
     assert r.status_code == 400 and "tools" in r.text
+
+
+def test_run_chat_template(kvant_bin, default_model, tmp_path):
+    """kvant run --chat --chat-template FILE feeds the model that template's prompt."""
+    tpl = tmp_path / "t.jinja"
+    tpl.write_text("<|im_start|>user {{ messages[0].content | upper }}<|im_end|>{{ eos_token }}")
+    p = subprocess.run([kvant_bin, "run", "-m", default_model, "-t", "2", "--chat", "--chat-template", str(tpl),
+                        "-p", "hello there", "-n", "1", "--temp", "0", "--json"],
+                       capture_output=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    ids = json.loads(p.stdout)["token_ids"]
+    want = subprocess.run([kvant_bin, "tokenize", "-m", default_model, "--parse-special", "--json", "-p",
+                           "<|im_start|>user HELLO THERE<|im_end|><|im_end|>"], capture_output=True, timeout=60)
+    assert want.returncode == 0, want.stderr
+    prompt = json.loads(want.stdout)
+    assert ids[:len(prompt)] == prompt and len(ids) == len(prompt) + 1
+    p = subprocess.run([kvant_bin, "run", "-m", default_model, "--chat-template", str(tpl), "-p", "x"],
+                       capture_output=True, timeout=60)
+    assert p.returncode == 2 and b"--chat-template needs --chat" in p.stderr
