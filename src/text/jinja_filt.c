@@ -387,7 +387,7 @@ static int f_int(jv_arena *a, jv in, const jv_args *args, jv *out, char *emsg, s
         long long v = strtoll(s.u.s->s, &end, 10);
         if (s.u.s->n && *end == '\0')
             *out = jv_int(v);
-        else {
+        else if (!strpbrk(s.u.s->s, "xXpP")) { /* Python's float() reads no hex */
             double f = strtod(s.u.s->s, &end);
             if (s.u.s->n && *end == '\0' && isfinite(f) && fabs(f) < 9.2e18)
                 *out = jv_int((int64_t)f);
@@ -406,7 +406,7 @@ static int f_float(jv_arena *a, jv in, const jv_args *args, jv *out, char *emsg,
         jv s = jmeth_strip(a, in, NULL, 1, 1);
         char *end;
         double f = strtod(s.u.s->s, &end);
-        if (s.u.s->n && *end == '\0')
+        if (s.u.s->n && *end == '\0' && !strpbrk(s.u.s->s, "xXpP"))
             *out = jv_float(f);
     }
     return 0;

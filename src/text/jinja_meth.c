@@ -279,6 +279,22 @@ static int affix(jv s, const jv *arg, int end, jv *out, char *emsg, size_t cap)
     return 0;
 }
 
+const char *jmeth_format_unsupported(const char *fmt, size_t *len)
+{
+    for (const char *p = strchr(fmt, '{'); p; p = strchr(p + 1, '{')) {
+        if (p[1] == '{') {
+            p++;
+            continue;
+        }
+        size_t n = strcspn(p, "}");
+        if (memchr(p, ':', n) || memchr(p, '.', n) || memchr(p, '[', n)) {
+            *len = n + (p[n] == '}');
+            return p;
+        }
+    }
+    return NULL;
+}
+
 /* '{} {0} {name}'.format(...) with !s / !r conversions, no format specs. */
 static int str_format(jv_arena *a, jv s, const jv_args *args, jv *out, char *emsg, size_t cap)
 {

@@ -24,6 +24,10 @@ typedef enum jmeth_case_mode { JCASE_LOWER, JCASE_UPPER, JCASE_CAPITALIZE, JCASE
 jv jmeth_case(jv_arena *a, jv s, jmeth_case_mode mode);
 /* s.replace(old, new, count) (count < 0: all). */
 jv jmeth_replace(jv_arena *a, jv s, const jv_str *old, const jv_str *rep, int64_t count);
+/* The first field of a str.format string that jmeth_call cannot format
+ * (a format spec {:>5}, an attribute {0.x} or an item {0[1]}), its length
+ * in *len; NULL when every field is plain. */
+const char *jmeth_format_unsupported(const char *fmt, size_t *len);
 /* Positional or keyword argument i / name, or NULL. */
 const jv *jmeth_arg(const jv_args *args, size_t i, const char *name);
 

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "text/jinja_filt.h"
+#include "text/jinja_meth.h"
 
 typedef struct parser {
     jv_arena *a;
@@ -83,24 +84,16 @@ static const char *tok_str(parser *P, const jtok *t)
 
 static int expect_op(parser *P, const char *op)
 {
-    if (!is_op(P, op)) {
-        char what[48];
-        snprintf(what, sizeof what, "expected '%s'", op);
-        return fail(P, what);
-    }
-    next(P);
-    return KV_OK;
+    char what[48];
+    snprintf(what, sizeof what, "expected '%s'", op);
+    return is_op(P, op) ? (next(P), KV_OK) : fail(P, what);
 }
 
 static int expect_end(parser *P, const char *tag)
 {
-    if (cur(P)->t != JT_BLOCK_END) {
-        char what[80];
-        snprintf(what, sizeof what, "expected end of '%s' tag", tag);
-        return fail(P, what);
-    }
-    next(P);
-    return KV_OK;
+    char what[80];
+    snprintf(what, sizeof what, "expected end of '%s' tag", tag);
+    return cur(P)->t == JT_BLOCK_END ? (next(P), KV_OK) : fail(P, what);
 }
 
 static int parse_expr(parser *P, jnode **out);
@@ -261,6 +254,17 @@ static int parse_subscript(parser *P, jnode *obj, jnode **out)
     return KV_OK;
 }
 
+/* 'literal'.format(...) with a format spec ({:>5}, {0.attr}) is refused:
+ * kvant's str.format has plain fields and !r / !s only. */
+static int check_format(parser *P, const jnode *callee)
+{
+    size_t n = 0;
+    const char *f = callee->kind == JN_ATTR && !strcmp(callee->name, "format") && callee->a->kind == JN_CONST &&
+                    callee->a->val.t == JV_STR ? jmeth_format_unsupported(callee->a->val.u.s->s, &n) : NULL;
+    return f ? kvant_err_set(P->err, KV_EUNSUP, "chat template: unsupported construct: str.format spec '%.*s' at "
+                             "line %d", (int)(n > 40 ? 40 : n), f, callee->line) : KV_OK;
+}
+
 static int parse_postfix(parser *P, jnode *node, jnode **out)
 {
     int rc = KV_OK;
@@ -291,7 +295,7 @@ static int parse_postfix(parser *P, jnode *node, jnode **out)
             if (!n)
                 return oom(P);
             n->a = node;
-            if ((rc = parse_call_args(P, n)))
+            if ((rc = parse_call_args(P, n)) || (rc = check_format(P, node)))
                 return rc;
             node = n;
         } else {
@@ -487,6 +491,9 @@ static int parse_level(parser *P, int lvl, jnode **out)
         jnode *rhs = NULL;
         if ((rc = parse_level(P, lvl + 1, &rhs)))
             break;
+        if (r->op == JOP_MOD && l->kind == JN_CONST && l->val.t == JV_STR)
+            return kvant_err_set(P->err, KV_EUNSUP, "chat template: unsupported construct: printf-style "
+                                 "'...' %% x formatting at line %d", l->line);
         if (!(l = mk_bin(P, r->op, l, rhs)))
             return oom(P);
     }
@@ -652,16 +659,10 @@ static int parse_until(parser *P, const char *const *ends, nvec *body, int *whic
     return fail(P, "unexpected tag");
 }
 
-static int set_body(jnode *n, nvec *v, int second)
+static void set_body(jnode *n, nvec *v, int second)
 {
-    if (second) {
-        n->items2 = v->v;
-        n->n_items2 = v->n;
-    } else {
-        n->items = v->v;
-        n->n_items = v->n;
-    }
-    return KV_OK;
+    *(second ? &n->items2 : &n->items) = v->v;
+    *(second ? &n->n_items2 : &n->n_items) = v->n;
 }
 
 /* After "if" / "elif": condition, body, then elif / else / endif. */

@@ -164,6 +164,9 @@ static void test_compile_errors(void)
     const char *filt = "{{ x | wordwrap(5) }}";
     CHECK(chat_template_compile(filt, strlen(filt), NULL, NULL, &tpl, &err) == KV_EUNSUP &&
           strstr(err.msg, "wordwrap"));
+    const char *pct = "{{ '%s!' % x }}", *spec = "{{ '{:>5}'.format(x) }}";
+    CHECK(chat_template_compile(pct, strlen(pct), NULL, NULL, &tpl, &err) == KV_EUNSUP && strstr(err.msg, "printf"));
+    CHECK(chat_template_compile(spec, strlen(spec), NULL, NULL, &tpl, &err) == KV_EUNSUP && strstr(err.msg, "{:>5}"));
     /* a syntax error names its line */
     const char *syn = "{% if x %}\n\n{{ 1 + }}{% endif %}";
     CHECK(chat_template_compile(syn, strlen(syn), NULL, NULL, &tpl, &err) == KV_EINVAL && strstr(err.msg, "line 3"));
