@@ -106,8 +106,10 @@ static int f_length(jv_arena *a, jv in, const jv_args *args, jv *out, char *emsg
 
 static int f_tojson(jv_arena *a, jv in, const jv_args *args, jv *out, char *emsg, size_t cap)
 {
-    const jv *ind = ARG(0, "indent"), *sep = ARG(1, "separators"), *sk = ARG(2, "sort_keys");
-    jjson_opts o = {.indent = -1, .sort_keys = sk && jv_truthy(*sk)};
+    /* transformers: tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) */
+    const jv *ea = ARG(0, "ensure_ascii"), *ind = ARG(1, "indent"), *sep = ARG(2, "separators");
+    const jv *sk = ARG(3, "sort_keys");
+    jjson_opts o = {.indent = -1, .sort_keys = sk && jv_truthy(*sk), .ensure_ascii = ea && jv_truthy(*ea)};
     if (ind && ind->t == JV_INT)
         o.indent = (int)(ind->u.i < 0 ? 0 : ind->u.i > 64 ? 64 : ind->u.i);
     if (sep && sep->t == JV_LIST && sep->u.l->n == 2 && sep->u.l->v[0].t == JV_STR && sep->u.l->v[1].t == JV_STR) {

@@ -15,12 +15,34 @@ typedef struct dumper {
     size_t cap;
 } dumper;
 
-static void dump_str(jv_buf *b, const char *s, size_t n)
+/* \uXXXX for the code point at s[*i] (ensure_ascii). */
+static void ascii_escape(jv_buf *b, const char *s, size_t n, size_t *i)
+{
+    size_t k;
+    uint32_t cp = jv_utf8_dec((const unsigned char *)s + *i, n - *i, &k);
+    char u[16];
+    if (cp >= 0x10000) {
+        cp -= 0x10000;
+        snprintf(u, sizeof u, "\\u%04x\\u%04x", 0xD800 + (cp >> 10), 0xDC00 + (cp & 0x3FF));
+    } else {
+        snprintf(u, sizeof u, "\\u%04x", cp);
+    }
+    jv_buf_cstr(b, u);
+    *i += k - 1;
+}
+
+static void dump_str(jv_buf *b, const char *s, size_t n, int ensure_ascii)
 {
     jv_buf_add(b, "\"", 1);
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
+        if (ensure_ascii && c >= 0x80) {
+            jv_buf_add(b, s + i - run, run);
+            run = 0;
+            ascii_escape(b, s, n, &i);
+            continue;
+        }
         const char *esc = c == '"' ? "\\\"" : c == '\\' ? "\\\\" : c == '\n' ? "\\n" : c == '\r' ? "\\r"
                         : c == '\t' ? "\\t" : c == '\b' ? "\\b" : c == '\f' ? "\\f" : NULL;
         char u[8];
@@ -53,7 +75,7 @@ static int dump_key(dumper *d, jv k)
 {
     char num[64];
     switch (k.t) {
-    case JV_STR: dump_str(&d->b, k.u.s->s, k.u.s->n); return 0;
+    case JV_STR: dump_str(&d->b, k.u.s->s, k.u.s->n, d->o->ensure_ascii); return 0;
     case JV_INT: snprintf(num, sizeof num, "\"%lld\"", (long long)k.u.i); break;
     case JV_BOOL: snprintf(num, sizeof num, "\"%s\"", k.u.b ? "true" : "false"); break;
     case JV_NONE: snprintf(num, sizeof num, "\"null\""); break;
@@ -143,7 +165,7 @@ static int dump(dumper *d, jv v, int level)
             jv_float_repr(v.u.f, num, sizeof num);
         jv_buf_cstr(&d->b, num);
         return 0;
-    case JV_STR: dump_str(&d->b, v.u.s->s, v.u.s->n); return 0;
+    case JV_STR: dump_str(&d->b, v.u.s->s, v.u.s->n, d->o->ensure_ascii); return 0;
     case JV_LIST:
         if (v.u.l->gen)
             break;

@@ -1,6 +1,6 @@
 /* jinja_json.h - JSON in and out of Jinja values.
  *
- * jjson_dumps is Python's json.dumps(v, ensure_ascii=False, indent=...,
+ * jjson_dumps is Python's json.dumps(v, ensure_ascii=..., indent=...,
  * separators=..., sort_keys=...) byte for byte (what transformers' tojson
  * filter returns); jjson_from is a jansson value as the json module would
  * load it (objects keep their order, integers stay integers).
@@ -18,6 +18,7 @@ typedef struct jjson_opts {
     const char *item_sep; /* NULL: ", " without indent, "," with it */
     const char *key_sep;  /* NULL: ": " */
     int sort_keys;
+    int ensure_ascii;     /* non-ASCII as \uXXXX (surrogate pairs above U+FFFF) */
 } jjson_opts;
 
 /* Returns 0 with *out a string, or -1 with a Python-like TypeError

@@ -81,7 +81,7 @@ TOOLS = [{
         "parameters": {
             "type": "object",
             "properties": {
-                "city": {"type": "string", "description": "The city's name"},
+                "city": {"type": "string", "description": "The city's name (\u00e9 ok)"},
                 "unit": {"type": "string", "description": "Temperature unit", "enum": ["celsius", "fahrenheit"]},
             },
             "required": ["city"],
@@ -110,10 +110,10 @@ CONVERSATIONS = [
     ], None, True),
     ("tools", [
         {"role": "system", "content": "You can call tools."},
-        {"role": "user", "content": "What's the weather in Paris?"},
+        {"role": "user", "content": "What's the weather in Z\u00fcrich?"},
         {"role": "assistant", "content": "", "tool_calls": [{
             "id": "a1b2c3d4e", "type": "function",
-            "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}},
+            "function": {"name": "get_weather", "arguments": {"city": "Z\u00fcrich", "unit": "celsius"}},
         }]},
         {"role": "tool", "tool_call_id": "a1b2c3d4e", "name": "get_weather", "content": "{\"temp\": 18}"},
     ], TOOLS, True),

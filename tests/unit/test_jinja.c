@@ -62,6 +62,8 @@ static const jcase CASES[] = {
      "a\n  b\n\n  c|  a\n  b|[1]|[2]|['A', 'B']|5|1|9"},
     {"{{ messages[2].tool_calls | tojson }}\n{{ d | tojson(indent=2) }}\n{{ d | tojson(sort_keys=true) }}\n{{ {'q': '\"\\\\\n\303\251'} | tojson }}\n{{ [] | tojson(indent=2) }}{{ none | tojson }}{{ 1.0 | tojson }}",
      "[{\"function\": {\"name\": \"f\", \"arguments\": {\"b\": 2, \"a\": [1, 2.5, null, true]}}}]\n{\n  \"z\": 1,\n  \"Y\": 2,\n  \"x\": 3\n}\n{\"Y\": 2, \"x\": 3, \"z\": 1}\n{\"q\": \"\\\"\\\\\\n\303\251\"}\n[]null1.0"},
+    {"{{ {'k': 'caf\303\251 \360\237\230\200'} | tojson(ensure_ascii=True) }}|{{ 'caf\303\251' | tojson(true, 1) }}|{{ [1] | tojson(false, none, (',', ':')) }}",
+     "{\"k\": \"caf\\u00e9 \\ud83d\\ude00\"}|\"caf\\u00e9\"|[1]"},
     {"{{ n is odd }} {{ n is even }} {{ n is divisibleby 7 }} {{ n is number }} {{ n is integer }} {{ f is float }} {{ s is string }} {{ d is mapping }} {{ e is iterable }} {{ e is sequence }} {{ t is none }} {{ nope is defined }} {{ nope is undefined }} {{ true is boolean }} {{ 'ab' is lower }} {{ n is not none }} {{ 'a' is eq('a') }} {{ 3 is gt 2 }}",
      "True False True True True True True True True True True False True True True True True True"},
     {"{% for m in messages %}{{ loop.index }}/{{ loop.length }}{{ '<' if loop.first }}{{ '>' if loop.last }}{{ loop.revindex0 }}{{ loop.cycle('a', 'b') }}{% if not loop.first %}({{ loop.previtem.role }}){% endif %};{% endfor %}",
