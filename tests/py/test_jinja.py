@@ -207,3 +207,23 @@ def test_run_chat_template(kvant_bin, default_model, tmp_path):
     p = subprocess.run([kvant_bin, "run", "-m", default_model, "--chat-template", str(tpl), "-p", "x"],
                        capture_output=True, timeout=60)
     assert p.returncode == 2 and b"--chat-template needs --chat" in p.stderr
+
+
+def test_refused_template_server(kvant_bin, default_model, tmp_path):
+    """A template kvant refuses: the model still loads and completes; chat requests get a 400
+    naming the construct (and so does /apply-template)."""
+    tpl = tmp_path / "refused.jinja"
+    tpl.write_text("{% for m in messages %}\n{{ m.content | wordwrap(10) }}{% endfor %}")
+    s = KvantServer(kvant_bin, default_model, "--chat-template", str(tpl))
+    try:
+        chat = httpx.post(s.url + "/v1/chat/completions", timeout=60,
+                          json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+        assert chat.status_code == 400 and "unsupported filter 'wordwrap' at line 2" in chat.text, chat.text
+        r = httpx.post(s.url + "/apply-template", json={"messages": [{"role": "user", "content": "x"}]},
+                       timeout=30)
+        assert r.status_code == 400 and "wordwrap" in r.text, r.text
+        comp = httpx.post(s.url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 2}, timeout=60)
+        assert comp.status_code == 200, comp.text
+        assert "refused" in s.log_text() and "wordwrap" in s.log_text()
+    finally:
+        assert s.stop() == 0, s.log_text()
