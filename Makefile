@@ -138,7 +138,8 @@ peer-src:
 	@scripts/fetch-peer-src.sh
 
 # ---- tests ----
-unit: $(BUILD)/kvant $(TEST_BIN)
+# test_tokenizer reads the large llama.cpp vocabularies from build/peer.
+unit: $(BUILD)/kvant $(TEST_BIN) peer-src
 	@scripts/run-unit.sh $(BUILD)
 
 pytest: $(BUILD)/kvant $(BUILD)/kvant-testhooks venv model peer-src
@@ -149,7 +150,7 @@ pytest: $(BUILD)/kvant $(BUILD)/kvant-testhooks venv model peer-src
 # tests (numpy float64 forward pass) on each.  An ISA the CPU lacks is
 # named and not run (KVANT_ISA refuses it).
 ALL_ISAS := scalar avx2 avx512
-unit-isa: $(BUILD)/kvant $(TEST_BIN)
+unit-isa: $(BUILD)/kvant $(TEST_BIN) peer-src
 	@auto=$$(env -u KVANT_ISA $(BUILD)/kvant --isa); for isa in $(ALL_ISAS); do \
 	  if [ "$$isa" = "$$auto" ]; then continue; fi; \
 	  if KVANT_ISA=$$isa $(BUILD)/kvant --help >/dev/null 2>&1; then \
@@ -180,7 +181,7 @@ ARM64_NOT_RUN := test_bench test_cuda test_dtype test_engine test_engine_alloc t
                  test_kvq test_kvsnap test_kvtier test_kvresize test_models test_prune test_tpool \
                  test_wstream
 ARM64_TESTS := $(filter-out $(ARM64_NOT_RUN),$(TEST_SRC:tests/unit/%.c=%))
-arm64:
+arm64: peer-src
 	rm -rf build-arm64/tests
 	$(MAKE) CC=$(ARM64_CC) BUILD=build-arm64 MPI=0 WERROR=1 OPT="-O2 -g -fno-tree-vectorize" build-arm64/kvant \
 	  $(ARM64_TESTS:%=build-arm64/tests/%) $(ARM64_NOT_RUN:%=build-arm64/obj/tests/unit/%.o)
@@ -203,7 +204,7 @@ layers: $(BUILD)/libkvant.a
 fuzz:
 	$(MAKE) -f fuzz/fuzz.mk
 
-fuzz-run: fuzz model
+fuzz-run: fuzz model peer-src
 	@scripts/run-fuzz.sh 60
 
 # The CUDA backend compiles and links wherever nvcc is installed (no GPU

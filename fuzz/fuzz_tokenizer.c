@@ -1,6 +1,9 @@
 /* fuzz_tokenizer.c - libFuzzer target for the tokenizers (the chat
  * templates have their own target, fuzz_jinja.c).  The first input byte picks the vocabulary
- * (SentencePiece or byte-level BPE) and parse_special; the rest is text.
+ * (bits 0 and 4: SentencePiece, byte-level BPE, raw-UTF-8 BPE (gemma-4),
+ * byte-level BPE with Qwen3.5's regex), parse_special (bit 1) and add_bos
+ * (bit 2); the rest is text.  The last two vocabularies come from
+ * build/peer (`make peer-src`, which `make fuzz-run` runs).
  * Checks: encode never fails on any bytes, ids are in range, decode of the
  * ids and the streaming decoder agree. */
 #include <stdint.h>
@@ -12,15 +15,19 @@
 #include "text/tokenizer.h"
 
 #define VOCAB_DIR "tests/data/vectors/tokenizer/"
+#define PEER_DIR "build/peer/llama.cpp/models/"
+
+enum { N_TOK = 4 };
 
 /* libFuzzer harness state: loaded once per process. */
-static tokenizer *g_tok[2];
-static gguf_ctx *g_gguf[2];
+static tokenizer *g_tok[N_TOK];
+static gguf_ctx *g_gguf[N_TOK];
 
 static void load(void)
 {
-    const char *files[2] = {VOCAB_DIR "ggml-vocab-llama-spm.gguf", VOCAB_DIR "ggml-vocab-gpt-2.gguf"};
-    for (int i = 0; i < 2; i++) {
+    const char *files[N_TOK] = {VOCAB_DIR "ggml-vocab-llama-spm.gguf", VOCAB_DIR "ggml-vocab-gpt-2.gguf",
+                                PEER_DIR "ggml-vocab-gemma-4.gguf", PEER_DIR "ggml-vocab-qwen35.gguf"};
+    for (int i = 0; i < N_TOK; i++) {
         kvant_err err = {0};
         g_gguf[i] = gguf_open(files[i], &err);
         g_tok[i] = g_gguf[i] ? tok_create(g_gguf[i], &err) : NULL;
@@ -39,7 +46,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         load();
     if (size < 1)
         return 0;
-    const tokenizer *t = g_tok[data[0] & 1];
+    const tokenizer *t = g_tok[(data[0] & 1) | ((data[0] >> 3) & 2)];
     int special = (data[0] >> 1) & 1;
     const char *text = (const char *)data + 1;
     size_t len = size - 1;

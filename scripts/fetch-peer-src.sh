@@ -11,7 +11,12 @@ ver=0.3.36
 sha=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 dst=build/peer/llama.cpp
 stamp=build/peer/.src-$sha
-if [ -f "$stamp" ] && [ -d "$dst/models/templates" ]; then
+# what the tests read; a copy missing any of it is unpacked again
+need="models/templates models/ggml-vocab-llama-bpe.gguf models/ggml-vocab-qwen2.gguf
+      models/ggml-vocab-qwen35.gguf models/ggml-vocab-gemma-4.gguf"
+complete=1
+for f in $need; do [ -e "$dst/$f" ] || complete=0; done
+if [ -f "$stamp" ] && [ "$complete" = 1 ]; then
   exit 0
 fi
 mkdir -p build/peer

@@ -40,8 +40,17 @@ typedef struct rope_params {
     int32_t n_rot;        /* rotated dims per head */
     float base;
     float freq_scale;
-    const float *d_freq_factors; /* [n_rot/2] or NULL (Llama-3 rope_freqs) */
+    const float *d_freq_factors; /* [n_rot/2] or NULL: theta_i /= factor_i (Llama-3
+                                  * rope_freqs, LongRoPE long/short factors) */
+    float mscale;         /* cos and sin are multiplied by it (LongRoPE attn_factor; 1) */
 } rope_params;
+
+/* How one layer attends (the recipe's attention variant). */
+typedef struct attn_params {
+    float scale;          /* score = q.k * scale */
+    float softcap;        /* > 0: score = softcap * tanh(score / softcap), before the mask */
+    int32_t window;       /* > 0: a token at p attends to positions (p - window, p] only */
+} attn_params;
 
 typedef struct kv_layout {
     int32_t n_layers;
@@ -128,11 +137,19 @@ typedef struct backend_ops {
                  const rope_params *rp);
     /* Stores the batch's K and V ([t][n_kv_heads*head_dim]) into layer il. */
     void (*kv_store)(backend *be, int32_t il, const float *d_k, const float *d_v);
-    /* d_out[t][n_heads*head_dim] = causal softmax(q k^T / sqrt(d)) v for
-     * every batch token, reading layer il's K/V through block tables. */
-    void (*attention)(backend *be, int32_t il, const float *d_q, int32_t n_heads, float *d_out);
+    /* d_out[t][n_heads*head_dim] = causal softmax(cap(q k^T * ap->scale)) v for
+     * every batch token over positions (pos - window, pos] (all of [0, pos]
+     * when window is 0), reading layer il's K/V through block tables. */
+    void (*attention)(backend *be, int32_t il, const float *d_q, int32_t n_heads,
+                      const attn_params *ap, float *d_out);
     /* d_out[i] = silu(d_gate[i]) * d_up[i] */
     void (*swiglu)(backend *be, const float *d_gate, const float *d_up, float *d_out, int64_t n);
+    /* d_out[i] = gelu(d_gate[i]) * d_up[i], GELU's tanh form (ggml_gelu) */
+    void (*geglu)(backend *be, const float *d_gate, const float *d_up, float *d_out, int64_t n);
+    /* d_x[i] *= s */
+    void (*scale)(backend *be, float *d_x, float s, int64_t n);
+    /* d_x[i] = cap * tanh(d_x[i] / cap) */
+    void (*softcap)(backend *be, float *d_x, float cap, int64_t n);
     /* d_x[i] += d_y[i] */
     void (*add)(backend *be, float *d_x, const float *d_y, int64_t n);
     /* d_dst[j] = d_src[out[j]] rows of row_len floats, j < n_out */

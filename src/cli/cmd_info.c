@@ -85,6 +85,43 @@ static void info_help(void)
              t, CLI_N_OPTS(t));
 }
 
+/* The family's layer recipe (model/model_arch.h) and the values this file
+ * gives it: text, or the members of a JSON "recipe" object. */
+static void print_recipe(const model_hparams *hp, int json)
+{
+    const model_recipe *r = hp->recipe;
+    const model_family_hp *f = &hp->fam;
+    char swa[160] = "none";
+    int n = 0;
+    for (int il = 0; f->n_swa && il < hp->n_layers && n < (int)sizeof swa - 8; il++)
+        if (f->is_swa[il])
+            n += snprintf(swa + n, sizeof swa - (size_t)n, "%s%d", n ? "," : "", il);
+    if (json) {
+        printf(", \"recipe\": {\"rope\": \"%s\", \"ffn\": \"%s\", \"qk_norm\": %s, "
+               "\"post_norms\": %s, \"fused_qkv\": %s, \"fused_gate_up\": %s, "
+               "\"q_scale\": %g, \"attn_softcap\": %g, \"final_softcap\": %g, "
+               "\"emb_scale\": %g, \"rope_attn_factor\": %g, \"window\": %u, "
+               "\"window_layers\": [%s], \"rope_base_swa\": %g, \"rope_scale_swa\": %g}",
+               r->rope == ROPE_NEOX ? "neox" : "norm", r->act == FFN_GELU_TANH ? "geglu" : "swiglu",
+               r->qk_norm ? "true" : "false", r->post_norms ? "true" : "false",
+               r->fused_qkv ? "true" : "false", r->fused_gate_up ? "true" : "false",
+               (double)f->q_scale, (double)f->attn_softcap, (double)f->final_softcap,
+               (double)f->emb_scale, (double)f->rope_attn_factor, f->n_swa,
+               f->n_swa ? swa : "", (double)f->rope_base_swa, (double)f->rope_scale_swa);
+        return;
+    }
+    printf("recipe %s: %s\n", r->arch, r->notes);
+    printf("  query scale %g, attention soft-cap %g, final soft-cap %g, embedding scale %g, "
+           "rope scale %g, rope attn_factor %g%s\n",
+           (double)f->q_scale, (double)f->attn_softcap, (double)f->final_softcap,
+           (double)f->emb_scale, (double)hp->rope_freq_scale, (double)f->rope_attn_factor,
+           f->longrope ? (f->use_long ? ", LongRoPE long factors" : ", LongRoPE short factors")
+                       : "");
+    if (f->n_swa)
+        printf("  sliding window %u on layers %s (rope base %g, scale %g); other layers global\n",
+               f->n_swa, swa, (double)f->rope_base_swa, (double)f->rope_scale_swa);
+}
+
 int cmd_info(int argc, char **argv)
 {
     cli_common c;
@@ -147,6 +184,8 @@ int cmd_info(int argc, char **argv)
                    "\"n_ctx_train\": %lld",
                    model_arch_name(hp.arch), hp.n_layers, hp.n_embd, hp.n_head, hp.n_head_kv,
                    hp.head_dim, hp.n_ff, hp.n_vocab, (long long)hp.n_ctx_train);
+        if (hp_ok)
+            print_recipe(&hp, 1);
         else
             printf(", \"error\": "), cli_json_string(stdout, err.msg, strlen(err.msg));
         printf(", \"tensors\": [");
@@ -155,6 +194,7 @@ int cmd_info(int argc, char **argv)
                "ctx %lld, rope base %g\n",
                model_arch_name(hp.arch), hp.n_layers, hp.n_embd, hp.n_head, hp.n_head_kv,
                hp.head_dim, hp.n_ff, hp.n_vocab, (long long)hp.n_ctx_train, (double)hp.rope_base);
+        print_recipe(&hp, 0);
     } else {
         printf("\nnot runnable by kvant: %s\n", err.msg);
     }

@@ -202,12 +202,10 @@ static void *dio_main(void *arg)
 /* The end of the last layer's data in the file. */
 static uint64_t layers_end(const model *m)
 {
-    const model_layer *L = &m->layers[m->hp.n_layers - 1];
-    const model_tensor *ts[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk,
-                                &L->bv, &L->bo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down,
-                                &L->b_down};
+    model_tensor *ts[MODEL_LAYER_TENSORS];
+    const int n = model_layer_tensors(&m->layers[m->hp.n_layers - 1], ts);
     uint64_t end = 0;
-    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+    for (int i = 0; i < n; i++)
         if (ts[i]->data && ts[i]->file_off + ts[i]->nbytes > end)
             end = ts[i]->file_off + ts[i]->nbytes;
     return end;

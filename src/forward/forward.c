@@ -1,10 +1,14 @@
-/* forward.c - one forward pass of a llama/qwen2 decoder over a batch.
+/* forward.c - one forward pass of a decoder over a batch, composed from the
+ * model's layer recipe (model/model_arch.h).
  *
- *   x = embed(tokens)
- *   per layer:  h = rmsnorm(x) ; q,k,v = h W{q,k,v} (+b) ; rope(q,k)
- *               store k,v in the paged cache ; a = attention(q)
- *               x += a Wo (+bo) ; h = rmsnorm(x) ; x += (silu(h Wg) * h Wu) Wd (+bd)
- *   logits = rmsnorm(x[out]) Wout
+ *   x = embed(tokens) (* sqrt(n_embd): recipe emb_scale)
+ *   per layer:  h = rmsnorm(x) ; q,k,v = h W{q,k,v} (+b)
+ *               (q,k = per-head rmsnorm: qk_norm) ; rope(q,k) with the layer's base/scale
+ *               store k,v in the paged cache ; a = attention(q) (scale, soft-cap, window)
+ *               a = a Wo (+bo) (; a = rmsnorm(a): post_norms) ; x += a
+ *               h = rmsnorm(x) ; f = (act(h Wg) * h Wu) Wd (+bd), act silu or gelu_tanh
+ *               (; f = rmsnorm(f): post_norms) ; x += f
+ *   logits = rmsnorm(x[out]) Wout (; soft-capped: final_softcap)
  */
 #include "forward/forward.h"
 
@@ -107,6 +111,7 @@ int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_
         .base = m->hp.rope_base,
         .freq_scale = m->hp.rope_freq_scale,
         .d_freq_factors = m->rope_freqs.dev,
+        .mscale = m->hp.fam.rope_attn_factor,
     };
     return KV_OK;
 }
@@ -157,9 +162,9 @@ static int reduce(fwd_ctx *f, float *d_y, int64_t count, kvant_err *err)
     return f->tp ? tp_allreduce(f->tp, d_y, count, err) : KV_OK;
 }
 
-static int run_layer(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
+/* Attention half of layer il: d_x += post_norm(attention(...) Wo). */
+static int run_attn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
 {
-    int rc;
     const backend_ops *op = f->be->ops;
     backend *be = f->be;
     const model_hparams *hp = &f->m->hp;
@@ -170,24 +175,57 @@ static int run_layer(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
                                     L->bv.dev ? &L->bv : NULL};
     float *qkv_y[3] = {f->d_q, f->d_k, f->d_v};
     matmuls(f, 3, qkv, qkv_b, f->d_h, qkv_y, n);
-    op->rope(be, f->d_q, L->n_head, hp->head_dim, &f->rope);
-    op->rope(be, f->d_k, L->n_head_kv, hp->head_dim, &f->rope);
+    if (L->q_norm.dev) { /* per-head: rows of head_dim */
+        op->rmsnorm(be, f->d_q, &L->q_norm, hp->rms_eps, f->d_q, n * L->n_head);
+        op->rmsnorm(be, f->d_k, &L->k_norm, hp->rms_eps, f->d_k, n * L->n_head_kv);
+    }
+    rope_params rp = f->rope;
+    rp.base = L->rope_base;
+    rp.freq_scale = L->rope_scale;
+    op->rope(be, f->d_q, L->n_head, hp->head_dim, &rp);
+    op->rope(be, f->d_k, L->n_head_kv, hp->head_dim, &rp);
     op->kv_store(be, il, f->d_k, f->d_v);
-    op->attention(be, il, f->d_q, L->n_head, f->d_att);
+    const attn_params ap = {hp->fam.q_scale, hp->fam.attn_softcap, L->window};
+    op->attention(be, il, f->d_q, L->n_head, &ap, f->d_att);
     op->matmul(be, &L->wo, L->bo.dev ? &L->bo : NULL, f->d_att, f->d_h, n);
-    if ((rc = reduce(f, f->d_h, (int64_t)n * hp->n_embd, err)))
+    int rc = reduce(f, f->d_h, (int64_t)n * hp->n_embd, err);
+    if (rc)
         return rc;
+    if (L->post_attn_norm.dev)
+        op->rmsnorm(be, f->d_h, &L->post_attn_norm, hp->rms_eps, f->d_h, n);
     op->add(be, f->d_x, f->d_h, (int64_t)n * hp->n_embd);
+    return KV_OK;
+}
+
+/* FFN half of layer il: d_x += post_norm((act(h Wg) * h Wu) Wd). */
+static int run_ffn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
+{
+    const backend_ops *op = f->be->ops;
+    backend *be = f->be;
+    const model_hparams *hp = &f->m->hp;
+    const model_layer *L = &f->m->layers[il];
     op->rmsnorm(be, f->d_x, &L->ffn_norm, hp->rms_eps, f->d_h, n);
     const model_tensor *gu[2] = {&L->w_gate, &L->w_up}, *gu_b[2] = {NULL, NULL};
     float *gu_y[2] = {f->d_gate, f->d_up};
     matmuls(f, 2, gu, gu_b, f->d_h, gu_y, n);
-    op->swiglu(be, f->d_gate, f->d_up, f->d_gate, (int64_t)n * L->n_ff);
+    if (hp->recipe->act == FFN_GELU_TANH)
+        op->geglu(be, f->d_gate, f->d_up, f->d_gate, (int64_t)n * L->n_ff);
+    else
+        op->swiglu(be, f->d_gate, f->d_up, f->d_gate, (int64_t)n * L->n_ff);
     op->matmul(be, &L->w_down, L->b_down.dev ? &L->b_down : NULL, f->d_gate, f->d_h, n);
-    if ((rc = reduce(f, f->d_h, (int64_t)n * hp->n_embd, err)))
+    int rc = reduce(f, f->d_h, (int64_t)n * hp->n_embd, err);
+    if (rc)
         return rc;
+    if (L->post_ffn_norm.dev)
+        op->rmsnorm(be, f->d_h, &L->post_ffn_norm, hp->rms_eps, f->d_h, n);
     op->add(be, f->d_x, f->d_h, (int64_t)n * hp->n_embd);
     return KV_OK;
+}
+
+static int run_layer(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
+{
+    int rc = run_attn(f, il, n, err);
+    return rc ? rc : run_ffn(f, il, n, err);
 }
 
 static double now_s(void)
@@ -208,6 +246,8 @@ static int run_head(fwd_ctx *f, int32_t n_out, float *dst, int hidden, kvant_err
     op->gather_out(be, f->d_x, m->hp.n_embd, f->d_h);
     op->rmsnorm(be, f->d_h, &m->output_norm, m->hp.rms_eps, f->d_h, n_out);
     op->matmul(be, &m->output, NULL, f->d_h, f->d_logits, n_out);
+    if (m->hp.fam.final_softcap > 0.0f) /* elementwise: a vocabulary slice caps its own rows */
+        op->softcap(be, f->d_logits, m->hp.fam.final_softcap, (int64_t)n_out * m->output.ne[1]);
     if (f->tp)
         return tp_gather_logits(f->tp, f->d_logits, n_out, dst, err);
     int rc = op->download(be, dst, f->d_logits, (size_t)n_out * m->hp.n_vocab * sizeof(float));
@@ -242,6 +282,8 @@ static int run_layers(fwd_ctx *f, int32_t n, kvant_err *err)
 static int embed(fwd_ctx *f, int32_t n, kvant_err *err)
 {
     f->be->ops->embed(f->be, &f->m->tok_embd, f->d_x);
+    if (f->m->hp.fam.emb_scale != 1.0f) /* linear: before the sum over ranks is the same */
+        f->be->ops->scale(f->be, f->d_x, f->m->hp.fam.emb_scale, (int64_t)n * f->m->hp.n_embd);
     return reduce(f, f->d_x, (int64_t)n * f->m->hp.n_embd, err);
 }
 

@@ -16,7 +16,8 @@
 
 const char *model_arch_name(model_arch a)
 {
-    return a == ARCH_QWEN2 ? "qwen2" : "llama";
+    const model_recipe *r = model_recipe_at(a);
+    return r ? r->arch : "?";
 }
 
 static int get_u32_key(const gguf_ctx *g, const char *arch, const char *suffix, uint32_t *out,
@@ -37,37 +38,43 @@ static int get_f32_key(const gguf_ctx *g, const char *arch, const char *suffix, 
     return gguf_get_f32_or(g, key, def, out, err);
 }
 
-static int read_rope_scaling(const gguf_ctx *g, const char *arch, model_hparams *hp,
+/* rope.scaling.*: as llama.cpp reads them for every architecture (an absent
+ * type is "linear"; the factor scales unless the type is "none").  Types
+ * whose maths kvant does not implement (yarn, anything unknown) are refused. */
+static int read_rope_scaling(const gguf_ctx *g, const char *arch, model_hparams *hp, int *longrope,
                              kvant_err *err)
 {
     char key[128];
     gguf_str type = {0};
     hp->rope_freq_scale = 1.0f;
+    *longrope = 0;
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
-    if (gguf_find_key(g, key) < 0)
-        return KV_OK;
-    int rc = gguf_get_str(g, key, &type, err);
+    int rc = gguf_find_key(g, key) < 0 ? KV_OK : gguf_get_str(g, key, &type, err);
     if (rc)
         return rc;
-    if (gguf_str_eq(type, "none"))
+    if (type.ptr && gguf_str_eq(type, "none"))
         return KV_OK;
-    if (gguf_str_eq(type, "linear")) {
-        float factor = 1.0f;
-        rc = get_f32_key(g, arch, "rope.scaling.factor", 1.0f, &factor, err);
-        if (rc)
-            return rc;
-        if (!(factor > 0.0f && factor < 1e6f))
-            return kvant_err_set(err, KV_EFORMAT, "%s.rope.scaling.factor: %g is not positive",
-                                 arch, (double)factor);
-        hp->rope_freq_scale = 1.0f / factor;
-        return KV_OK;
-    }
     /* Llama-3 style scaling is carried by the rope_freqs.weight tensor
-     * (freq factors computed at conversion); other kinds are unsupported. */
-    if (gguf_str_eq(type, "llama3"))
+     * (freq factors computed at conversion) */
+    *longrope = type.ptr && gguf_str_eq(type, "longrope");
+    if (type.ptr && !gguf_str_eq(type, "linear") && !gguf_str_eq(type, "llama3") && !*longrope)
+        return kvant_err_set(err, KV_EUNSUP, "%s '%.*s' is not supported (kvant runs none, "
+                             "linear, longrope)", key, (int)(type.len > 64 ? 64 : type.len),
+                             type.ptr);
+    if (*longrope && !hp->recipe->rope_factors)
+        return kvant_err_set(err, KV_EUNSUP, "%s longrope: not for architecture %s", key, arch);
+    float factor = 0.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
+    if (gguf_find_key(g, key) < 0)
+        snprintf(key, sizeof key, "%s.rope.scale_linear", arch); /* the old name */
+    if ((rc = gguf_get_f32_or(g, key, 0.0f, &factor, err)))
+        return rc;
+    if (factor == 0.0f)
         return KV_OK;
-    return kvant_err_set(err, KV_EUNSUP, "%s.rope.scaling.type '%.*s' is not supported", arch,
-                         (int)(type.len > 64 ? 64 : type.len), type.ptr);
+    if (!(factor > 0.0f && factor < 1e6f))
+        return kvant_err_set(err, KV_EFORMAT, "%s: %g is not positive", key, (double)factor);
+    hp->rope_freq_scale = 1.0f / factor;
+    return KV_OK;
 }
 
 int model_layer_u32(const gguf_ctx *g, const char *suffix, int n_layers, int il, uint32_t def,
@@ -156,20 +163,15 @@ int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err
     int rc = gguf_get_str(g, "general.architecture", &arch_s, err);
     if (rc)
         return rc;
-    const char *arch;
-    if (gguf_str_eq(arch_s, "llama")) {
-        hp->arch = ARCH_LLAMA;
-        hp->rope = ROPE_NORM;
-        arch = "llama";
-    } else if (gguf_str_eq(arch_s, "qwen2")) {
-        hp->arch = ARCH_QWEN2;
-        hp->rope = ROPE_NEOX;
-        arch = "qwen2";
-    } else {
+    hp->recipe = model_recipe_find(arch_s.ptr, arch_s.len);
+    if (!hp->recipe)
         return kvant_err_set(err, KV_EUNSUP,
-                             "general.architecture '%.*s' is not supported (kvant runs llama, qwen2)",
-                             (int)(arch_s.len > 64 ? 64 : arch_s.len), arch_s.ptr);
-    }
+                             "general.architecture '%.*s' is not supported (kvant runs %s)",
+                             (int)(arch_s.len > 64 ? 64 : arch_s.len), arch_s.ptr,
+                             model_recipe_list());
+    hp->arch = model_recipe_index(hp->recipe);
+    hp->rope = hp->recipe->rope;
+    const char *arch = hp->recipe->arch;
     uint32_t n_layers, n_embd, n_head, n_head_kv, n_ff, ctx, key_len, rope_dim;
     if ((rc = get_u32_key(g, arch, "block_count", &n_layers, 1, 0, err)) ||
         (rc = get_u32_key(g, arch, "embedding_length", &n_embd, 1, 0, err)) ||
@@ -223,8 +225,17 @@ int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err
     if (!(hp->rope_base > 0.0f) || !(hp->rms_eps > 0.0f && hp->rms_eps < 1.0f))
         return kvant_err_set(err, KV_EFORMAT, "%s: rope.freq_base or rms epsilon out of range",
                              arch);
-    if ((rc = read_rope_scaling(g, arch, hp, err)))
+    if (hp->recipe->rope_dim_full && rope_dim != key_len)
+        return kvant_err_set(err, KV_EFORMAT, "%s.rope.dimension_count %u: must equal the head "
+                             "size %u", arch, rope_dim, key_len);
+    int longrope;
+    if ((rc = read_rope_scaling(g, arch, hp, &longrope, err)))
         return rc;
+    model_family_base fb = {arch, hp->n_layers, hp->n_embd, hp->n_head, hp->head_dim,
+                            (uint32_t)ctx, hp->rope_base, hp->rope_freq_scale};
+    if ((rc = model_family_read(g, hp->recipe, &fb, &hp->fam, err)))
+        return rc;
+    hp->fam.longrope = longrope;
     const gguf_tensor_info *emb = gguf_find_tensor(g, "token_embd.weight");
     if (!emb)
         return kvant_err_set(err, KV_EFORMAT, "tensor 'token_embd.weight' is missing");
@@ -280,12 +291,96 @@ static int bind_vec(const gguf_ctx *g, model_tensor *t, const char *name, int la
     return rc;
 }
 
+/* Row views [row0, row0 + rows) of a fused tensor (attn_qkv, ffn_up): same
+ * type and width, the data and file offset of its first row. */
+static model_tensor row_view(const model_tensor *t, int64_t row0, int64_t rows)
+{
+    model_tensor v = *t;
+    v.ne[1] = rows;
+    v.nbytes = (uint64_t)rows * t->row_bytes;
+    v.data = (const char *)t->data + row0 * (int64_t)t->row_bytes;
+    v.dev = (void *)v.data;
+    v.file_off = t->file_off + (uint64_t)row0 * t->row_bytes;
+    return v;
+}
+
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, il), name)
+
+static int bind_attn(model *m, int il, model_layer *L, kvant_err *err)
+{
+    const model_hparams *hp = &m->hp;
+    const model_recipe *r = hp->recipe;
+    const gguf_ctx *g = m->gguf;
+    char name[96];
+    int64_t q_dim = (int64_t)L->n_head * hp->head_dim, kv_dim = (int64_t)L->n_head_kv * hp->head_dim;
+    int rc, nb = !r->qkv_bias;
+    if ((rc = bind_vec(g, &L->attn_norm, NAME("attn_norm.weight"), il, hp->n_embd, 0, err)))
+        return rc;
+    if (r->fused_qkv) {
+        model_tensor qkv;
+        if ((rc = bind(g, &qkv, NAME("attn_qkv.weight"), il, hp->n_embd, q_dim + 2 * kv_dim, 0,
+                       err)))
+            return rc;
+        L->wq = row_view(&qkv, 0, q_dim);
+        L->wk = row_view(&qkv, q_dim, kv_dim);
+        L->wv = row_view(&qkv, q_dim + kv_dim, kv_dim);
+    } else if ((rc = bind(g, &L->wq, NAME("attn_q.weight"), il, hp->n_embd, q_dim, 0, err)) ||
+               (rc = bind(g, &L->wk, NAME("attn_k.weight"), il, hp->n_embd, kv_dim, 0, err)) ||
+               (rc = bind(g, &L->wv, NAME("attn_v.weight"), il, hp->n_embd, kv_dim, 0, err))) {
+        return rc;
+    }
+    if ((rc = bind(g, &L->wo, NAME("attn_output.weight"), il, q_dim, hp->n_embd, 0, err)) ||
+        (rc = bind_vec(g, &L->bq, NAME("attn_q.bias"), il, q_dim, nb, err)) ||
+        (rc = bind_vec(g, &L->bk, NAME("attn_k.bias"), il, kv_dim, nb, err)) ||
+        (rc = bind_vec(g, &L->bv, NAME("attn_v.bias"), il, kv_dim, nb, err)) ||
+        (rc = bind_vec(g, &L->bo, NAME("attn_output.bias"), il, hp->n_embd, 1, err)))
+        return rc;
+    if (r->qk_norm &&
+        ((rc = bind_vec(g, &L->q_norm, NAME("attn_q_norm.weight"), il, hp->head_dim, 0, err)) ||
+         (rc = bind_vec(g, &L->k_norm, NAME("attn_k_norm.weight"), il, hp->head_dim, 0, err))))
+        return rc;
+    if (r->post_norms &&
+        (rc = bind_vec(g, &L->post_attn_norm, NAME("post_attention_norm.weight"), il,
+                       hp->n_embd, 0, err)))
+        return rc;
+    return KV_OK;
+}
+
+static int bind_ffn(model *m, int il, model_layer *L, kvant_err *err)
+{
+    const model_hparams *hp = &m->hp;
+    const model_recipe *r = hp->recipe;
+    const gguf_ctx *g = m->gguf;
+    char name[96];
+    int rc;
+    if ((rc = bind_vec(g, &L->ffn_norm, NAME("ffn_norm.weight"), il, hp->n_embd, 0, err)) ||
+        (rc = bind_vec(g, &L->b_down, NAME("ffn_down.bias"), il, hp->n_embd, 1, err)) ||
+        (rc = bind(g, &L->w_down, NAME("ffn_down.weight"), il, L->n_ff, hp->n_embd, 0, err)))
+        return rc;
+    if (r->fused_gate_up) {
+        model_tensor up;
+        if ((rc = bind(g, &up, NAME("ffn_up.weight"), il, hp->n_embd, 2 * (int64_t)L->n_ff, 0,
+                       err)))
+            return rc;
+        L->w_gate = row_view(&up, 0, L->n_ff); /* llama.cpp's swiglu: silu(first half) */
+        L->w_up = row_view(&up, L->n_ff, L->n_ff);
+    } else if ((rc = bind(g, &L->w_gate, NAME("ffn_gate.weight"), il, hp->n_embd, L->n_ff, 0,
+                          err)) ||
+               (rc = bind(g, &L->w_up, NAME("ffn_up.weight"), il, hp->n_embd, L->n_ff, 0, err))) {
+        return rc;
+    }
+    if (r->post_norms && (rc = bind_vec(g, &L->post_ffn_norm, NAME("post_ffw_norm.weight"), il,
+                                        hp->n_embd, 0, err)))
+        return rc;
+    return KV_OK;
+}
+
+#undef NAME
+
 static int bind_layer(model *m, int il, kvant_err *err)
 {
     const model_hparams *hp = &m->hp;
     model_layer *L = &m->layers[il];
-    int qwen = hp->arch == ARCH_QWEN2;
-    char name[96];
     uint32_t n_ff, n_head, n_head_kv;
     int rc = model_ff_length(m->gguf, hp->n_layers, il, &n_ff, err);
     if (rc || (rc = model_layer_heads(m->gguf, hp->n_layers, il, &n_head, &n_head_kv, err)))
@@ -293,26 +388,35 @@ static int bind_layer(model *m, int il, kvant_err *err)
     L->n_ff = (int32_t)n_ff;
     L->n_head = (int32_t)n_head;
     L->n_head_kv = (int32_t)n_head_kv;
-    int64_t q_dim = (int64_t)n_head * hp->head_dim;
-    int64_t kv_dim = (int64_t)n_head_kv * hp->head_dim;
-#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, il), name)
-    if ((rc = bind_vec(m->gguf, &L->attn_norm, NAME("attn_norm.weight"), il, hp->n_embd, 0, err)) ||
-        (rc = bind(m->gguf, &L->wq, NAME("attn_q.weight"), il, hp->n_embd, q_dim, 0, err)) ||
-        (rc = bind(m->gguf, &L->wk, NAME("attn_k.weight"), il, hp->n_embd, kv_dim, 0, err)) ||
-        (rc = bind(m->gguf, &L->wv, NAME("attn_v.weight"), il, hp->n_embd, kv_dim, 0, err)) ||
-        (rc = bind(m->gguf, &L->wo, NAME("attn_output.weight"), il, q_dim, hp->n_embd, 0, err)) ||
-        (rc = bind_vec(m->gguf, &L->bq, NAME("attn_q.bias"), il, q_dim, !qwen, err)) ||
-        (rc = bind_vec(m->gguf, &L->bk, NAME("attn_k.bias"), il, kv_dim, !qwen, err)) ||
-        (rc = bind_vec(m->gguf, &L->bv, NAME("attn_v.bias"), il, kv_dim, !qwen, err)) ||
-        (rc = bind_vec(m->gguf, &L->bo, NAME("attn_output.bias"), il, hp->n_embd, 1, err)) ||
-        (rc = bind_vec(m->gguf, &L->b_down, NAME("ffn_down.bias"), il, hp->n_embd, 1, err)) ||
-        (rc = bind_vec(m->gguf, &L->ffn_norm, NAME("ffn_norm.weight"), il, hp->n_embd, 0, err)) ||
-        (rc = bind(m->gguf, &L->w_gate, NAME("ffn_gate.weight"), il, hp->n_embd, L->n_ff, 0, err)) ||
-        (rc = bind(m->gguf, &L->w_up, NAME("ffn_up.weight"), il, hp->n_embd, L->n_ff, 0, err)) ||
-        (rc = bind(m->gguf, &L->w_down, NAME("ffn_down.weight"), il, L->n_ff, hp->n_embd, 0, err)))
+    const int swa = hp->fam.n_swa && hp->fam.is_swa[il];
+    L->window = swa ? (int32_t)hp->fam.n_swa : 0;
+    L->rope_base = swa ? hp->fam.rope_base_swa : hp->rope_base;
+    L->rope_scale = swa ? hp->fam.rope_scale_swa : hp->rope_freq_scale;
+    if ((rc = bind_attn(m, il, L, err)) || (rc = bind_ffn(m, il, L, err)))
         return rc;
-#undef NAME
     return KV_OK;
+}
+
+/* rope_freqs.weight, or the LongRoPE factor set llama.cpp picks at its
+ * default context; a set the recipe does not read is refused. */
+static int bind_rope_factors(model *m, kvant_err *err)
+{
+    const gguf_ctx *g = m->gguf;
+    const model_hparams *hp = &m->hp;
+    const char *names[] = {"rope_freqs.weight", "rope_factors_long.weight",
+                           "rope_factors_short.weight"};
+    for (int i = 0; i < 3; i++)
+        if (gguf_find_tensor(g, names[i]) && !hp->recipe->rope_factors)
+            return kvant_err_set(err, KV_EUNSUP, "tensor '%s': architecture %s does not read it",
+                                 names[i], hp->recipe->arch);
+    if (!hp->fam.longrope)
+        return bind_vec(g, &m->rope_freqs, names[0], -1, hp->rope_dim / 2, 1, err);
+    if (gguf_find_tensor(g, names[0]))
+        return kvant_err_set(err, KV_EUNSUP, "tensor 'rope_freqs.weight' with rope.scaling.type "
+                             "longrope");
+    /* both sets are optional in llama.cpp; without the one in use, no factors */
+    return bind_vec(g, &m->rope_freqs, names[hp->fam.use_long ? 1 : 2], -1, hp->rope_dim / 2, 1,
+                    err);
 }
 
 static void add_bytes(void *ctx, model_tensor *t)
@@ -327,8 +431,11 @@ static int bind_all(model *m, kvant_err *err)
     if ((rc = bind(m->gguf, &m->tok_embd, "token_embd.weight", -1, hp->n_embd, hp->n_vocab, 0, err)) ||
         (rc = bind_vec(m->gguf, &m->output_norm, "output_norm.weight", -1, hp->n_embd, 0, err)) ||
         (rc = bind(m->gguf, &m->output, "output.weight", -1, hp->n_embd, hp->n_vocab, 1, err)) ||
-        (rc = bind_vec(m->gguf, &m->rope_freqs, "rope_freqs.weight", -1, hp->rope_dim / 2, 1, err)))
+        (rc = bind_rope_factors(m, err)))
         return rc;
+    if (m->output.data && hp->recipe->output == OUTPUT_TIED)
+        return kvant_err_set(err, KV_EUNSUP, "tensor 'output.weight': architecture %s always "
+                             "uses token_embd for the output", hp->recipe->arch);
     m->tied_output = m->output.data == NULL;
     if (m->tied_output)
         m->output = m->tok_embd;
@@ -402,6 +509,19 @@ int model_set_chat_template(model *m, const char *src, size_t len)
     return m->has_chat ? KV_OK : cerr.code;
 }
 
+int model_layer_tensors(model_layer *L, model_tensor **out)
+{
+    model_tensor *ts[] = {&L->attn_norm, &L->wq,     &L->wk,     &L->wv,
+                          &L->wo,        &L->bq,     &L->bk,     &L->bv,
+                          &L->bo,        &L->q_norm, &L->k_norm, &L->post_attn_norm,
+                          &L->ffn_norm,  &L->w_gate, &L->w_up,   &L->w_down,
+                          &L->b_down,    &L->post_ffn_norm};
+    _Static_assert(sizeof ts / sizeof ts[0] <= MODEL_LAYER_TENSORS, "MODEL_LAYER_TENSORS");
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        out[i] = ts[i];
+    return (int)(sizeof ts / sizeof ts[0]);
+}
+
 void model_for_each_tensor(model *m, model_tensor_fn fn, void *ctx)
 {
     fn(ctx, &m->tok_embd);
@@ -411,11 +531,9 @@ void model_for_each_tensor(model *m, model_tensor_fn fn, void *ctx)
     if (m->rope_freqs.data)
         fn(ctx, &m->rope_freqs);
     for (int il = 0; m->layers && il < m->hp.n_layers; il++) {
-        model_layer *L = &m->layers[il];
-        model_tensor *ts[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk,
-                              &L->bv, &L->bo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down,
-                              &L->b_down};
-        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        model_tensor *ts[MODEL_LAYER_TENSORS];
+        int n = model_layer_tensors(&m->layers[il], ts);
+        for (int i = 0; i < n; i++)
             if (ts[i]->data)
                 fn(ctx, ts[i]);
     }

@@ -1,10 +1,11 @@
 /* model.h - a loaded Llama-family model: hyper-parameters, weight tensors
  * (zero-copy views into the mmap'd GGUF), tokenizer and chat template.
  *
- * Architectures: "llama" (Llama 2/3, TinyLlama, SmolLM/SmolLM2, Mistral
- * style) and "qwen2" (QKV bias, NEOX RoPE).  Every hyper-parameter comes
- * from GGUF metadata; anything missing or inconsistent is a KV_EFORMAT /
- * KV_EUNSUP error naming the key or tensor.
+ * Architectures: the rows of model_arch.c's recipe table ("llama" for
+ * Llama 2/3, TinyLlama, SmolLM, Mistral; "qwen2", "qwen3", "gemma2",
+ * "gemma3", "phi3").  Every hyper-parameter comes from GGUF metadata;
+ * anything missing, inconsistent or asking for maths kvant does not
+ * implement is a KV_EFORMAT / KV_EUNSUP error naming the key or tensor.
  *
  * Ownership: model_load returns a heap handle freed by model_free; it owns
  * the gguf_ctx (the mapping), the tokenizer and the layer array.  Weight
@@ -17,19 +18,12 @@
 #include <stdint.h>
 
 #include "format/gguf.h"
+#include "model/model_arch.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
 #include "util/err.h"
 
-typedef enum model_arch { ARCH_LLAMA = 0, ARCH_QWEN2 = 1 } model_arch;
-
-typedef enum rope_kind {
-    ROPE_NORM = 0, /* rotate adjacent pairs (x[2i], x[2i+1]): llama */
-    ROPE_NEOX = 1, /* rotate (x[i], x[i + n/2]): qwen2 */
-} rope_kind;
-
-#define MODEL_MAX_LAYERS 512
-#define MODEL_MAX_HEAD_DIM 256
+typedef int32_t model_arch; /* index of the family's row in model_arch.c's table */
 
 typedef struct model_hparams {
     model_arch arch;
@@ -48,6 +42,8 @@ typedef struct model_hparams {
     float rope_base;
     float rope_freq_scale; /* 1 / linear scaling factor */
     float rms_eps;
+    const model_recipe *recipe; /* the family's layer recipe (model_arch.h) */
+    model_family_hp fam;   /* the recipe's values read from this file */
 } model_hparams;
 
 /* A weight tensor: ne[0] elements per row, ne[1] rows. */
@@ -72,13 +68,19 @@ typedef struct model_tensor {
 } model_tensor;
 
 typedef struct model_layer {
-    model_tensor attn_norm, wq, wk, wv, wo;
+    model_tensor attn_norm, wq, wk, wv, wo; /* a fused attn_qkv (phi3): wq, wk, wv are
+                              * row views of it */
     model_tensor bq, bk, bv; /* qwen2 only; type == DT_F32 and data NULL when absent */
+    model_tensor q_norm, k_norm; /* [head_dim] per-head RMS norm (recipe qk_norm), else NULL */
+    model_tensor post_attn_norm, post_ffn_norm; /* recipe post_norms, else data NULL */
     model_tensor bo;         /* optional (a pruned model's compensation); data NULL when absent */
-    model_tensor ffn_norm, w_gate, w_up, w_down;
+    model_tensor ffn_norm, w_gate, w_up, w_down; /* a fused ffn_up (phi3): w_gate, w_up
+                              * are its two row halves */
     model_tensor b_down;     /* optional, as bo */
     int32_t n_ff;            /* this layer's FFN width (<= hp.n_ff; per-layer after pruning) */
     int32_t n_head, n_head_kv; /* this layer's heads (<= hp's; per-layer after pruning) */
+    int32_t window;          /* sliding window W: attends to (p - W, p]; 0 = all of [0, p] */
+    float rope_base, rope_scale; /* this layer's rope base and frequency scale */
 } model_layer;
 
 typedef struct model {
@@ -88,7 +90,8 @@ typedef struct model {
     chat_template chat;
     int has_chat;            /* chat template compiled */
     char chat_err[KV_ERR_MSG_MAX];      /* why not, when has_chat == 0 */
-    model_tensor tok_embd, output_norm, output, rope_freqs;
+    model_tensor tok_embd, output_norm, output, rope_freqs; /* rope_freqs: rope_freqs.weight,
+                              * or the LongRoPE factor set in use (see model_family_hp) */
     int tied_output;         /* output == tok_embd */
     model_layer *layers;     /* [n_layers] */
     uint64_t weights_bytes;  /* sum of all tensors used */
@@ -112,6 +115,9 @@ int model_layer_heads(const gguf_ctx *g, int n_layers, int il, uint32_t *n_head,
 /* Reads hyper-parameters only (no tensors): used by `kvant plan`. */
 int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err);
 const char *model_arch_name(model_arch a);
+/* Tensors of layer L (the pointers into L), data NULL ones included: n returned, <= 24. */
+#define MODEL_LAYER_TENSORS 24
+int model_layer_tensors(model_layer *L, model_tensor **out);
 
 model *model_load(const char *path, kvant_err *err);
 void model_free(model *m);

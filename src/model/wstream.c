@@ -29,7 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define WS_MAX_PIECES 16 /* tensors per layer (model_layer has 14) */
+#define WS_MAX_PIECES MODEL_LAYER_TENSORS /* tensors per layer (model_layer_tensors) */
 #define WS_CHUNK (4u << 20) /* bytes per pread claim, a multiple of WSTREAM_DIO_ALIGN */
 #define WS_MAX_READERS 2    /* reader threads: page cache and direct (WSTREAM_IO_BOTH) */
 #define WS_EDIRECT (-100)   /* read_chunk: O_DIRECT refused the read (EINVAL) */
@@ -117,12 +117,7 @@ static void layer_pieces(model *m, int32_t il, ws_layer *out)
             ts[n++] = &m->output;
         ts[n++] = &m->rope_freqs;
     } else {
-        model_layer *L = &m->layers[il];
-        model_tensor *lt[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk,
-                              &L->bv, &L->bo, &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down,
-                              &L->b_down};
-        for (size_t i = 0; i < sizeof lt / sizeof lt[0]; i++)
-            ts[n++] = lt[i];
+        n = model_layer_tensors(&m->layers[il], ts); /* fused tensors: each view is a piece */
     }
     uint64_t off = 0;
     for (int i = 0; i < n; i++) {

@@ -90,8 +90,22 @@ static void on_norm(void *ctx, const model_tensor *w, const float *d_x, int32_t 
     s->prev_layer = il;
 }
 
+/* The recipes whose layers prune knows how to cut and rewrite: pre-norm
+ * SwiGLU layers with separate q/k/v and gate/up tensors and no per-layer
+ * pattern that renumbering would break (llama, qwen2). */
+static int recipe_prunable(const model_recipe *r)
+{
+    return !r->qk_norm && !r->post_norms && !r->fused_qkv && !r->fused_gate_up &&
+           r->swa != SWA_PATTERN && r->act == FFN_SILU && !r->emb_scale && !r->attn_softcap;
+}
+
 prune_stats *prune_stats_create(model *m, kvant_err *err)
 {
+    if (!recipe_prunable(m->hp.recipe)) {
+        kvant_err_set(err, KV_EUNSUP, "prune: architecture %s is not supported (prune runs "
+                      "llama and qwen2 layers)", m->hp.recipe->arch);
+        return NULL;
+    }
     prune_stats *s = calloc(1, sizeof *s);
     if (!s) {
         kvant_err_set(err, KV_ENOMEM, "out of memory");

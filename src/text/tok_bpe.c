@@ -1,4 +1,5 @@
-/* tok_bpe.c - byte-level BPE (tokenizer.ggml.model = "gpt2").
+/* tok_bpe.c - BPE with merges: byte-level (tokenizer.ggml.model = "gpt2")
+ * and over raw UTF-8 (model "gemma4").
  *
  * Encoding a text segment:
  *   1. pre-tokenize with the regexes named by tokenizer.ggml.pre (PCRE2,
@@ -7,9 +8,14 @@
  *      llama.cpp's unicode_regex_split does.  Invalid UTF-8 never matches
  *      (PCRE2_MATCH_INVALID_UTF), so stray bytes land in gaps and survive
  *      to the byte-level step: encode/decode round-trips any bytes.
- *   2. every byte of a word becomes the token of its GPT-2 byte-level
- *      character; adjacent pairs are merged lowest merge rank first (ties:
- *      leftmost) with a min-heap over a linked list, O(n log n) per word.
+ *   2. byte-level: every byte of a word becomes the token of its GPT-2
+ *      byte-level character.  Raw (gemma4): the word's spaces become U+2581
+ *      and every UTF-8 character its own token (-1 if the vocabulary lacks
+ *      it; an invalid byte is a character of its own).  Adjacent pairs are
+ *      then merged lowest merge rank first (ties: leftmost) with a min-heap
+ *      over a linked list, O(n log n) per word.
+ *   3. a symbol without a token becomes its bytes: <0xXX> tokens (raw), or
+ *      the unknown token where those are missing too.
  *
  * Merges are stored by token ids: (left, right) -> (rank, merged id).  A
  * merge whose left, right or concatenation is not in the vocabulary is
@@ -28,33 +34,50 @@
 #define RE_DIGIT "\\p{N}"
 /* Llama-3 / Qwen2 use (?i:'s|...); spelt with explicit classes as llama.cpp
  * does, so Unicode case folding cannot widen it. */
-#define RE_LLAMA3_HEAD "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+#define RE_CONTRACTIONS "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|"
+#define RE_LLAMA3_HEAD RE_CONTRACTIONS "[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
 #define RE_LLAMA3_TAIL "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 #define RE_LLAMA3 RE_LLAMA3_HEAD "\\p{N}{1,3}" RE_LLAMA3_TAIL
 #define RE_QWEN2 RE_LLAMA3_HEAD "\\p{N}" RE_LLAMA3_TAIL
+/* Qwen3.5: letter runs also take combining marks (\p{M}) */
+#define RE_QWEN35                                                                                             \
+    RE_CONTRACTIONS "[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|"       \
+                    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* Gemma 4: no word splitting, only runs of newlines apart from the rest */
+#define RE_NEWLINES "[^\\n]+|\\n+"
+
+enum pre_bos { PRE_BOS_FILE = 0, PRE_BOS_DEFAULT_ON, PRE_BOS_FORCED };
 
 typedef struct pre_spec {
     const char *name;
     const char *re[TOK_MAX_REGEX]; /* NULL-terminated */
-    int ignore_merges;
+    int ignore_merges;             /* a word that is a token is emitted whole */
+    int raw;                       /* merges over raw UTF-8, ' ' as U+2581, <0xXX> bytes */
+    enum pre_bos bos;              /* llama.cpp's add_bos: the key alone, true unless
+                                    * the key says otherwise, or true whatever the key */
 } pre_spec;
 
 /* tokenizer.ggml.pre values kvant knows.  "default" follows the GPT-2 regex
  * (kvant's choice; llama.cpp uses a different multi-regex default). */
 static const pre_spec PRE_SPECS[] = {
-    {"default", {RE_GPT2, NULL}, 0},
-    {"gpt-2", {RE_GPT2, NULL}, 0},
-    {"gpt2", {RE_GPT2, NULL}, 0},
-    {"smollm", {RE_DIGIT, RE_GPT2, NULL}, 0}, /* llama.cpp: \p{N} split first */
-    {"llama-bpe", {RE_LLAMA3, NULL}, 1},
-    {"llama3", {RE_LLAMA3, NULL}, 1},
-    {"qwen2", {RE_QWEN2, NULL}, 0},
+    {"default", {RE_GPT2, NULL}, 0, 0, PRE_BOS_FILE},
+    {"gpt-2", {RE_GPT2, NULL}, 0, 0, PRE_BOS_FILE},
+    {"gpt2", {RE_GPT2, NULL}, 0, 0, PRE_BOS_FILE},
+    {"smollm", {RE_DIGIT, RE_GPT2, NULL}, 0, 0, PRE_BOS_FILE}, /* llama.cpp: \p{N} split first */
+    {"llama-bpe", {RE_LLAMA3, NULL}, 1, 0, PRE_BOS_DEFAULT_ON},
+    {"llama3", {RE_LLAMA3, NULL}, 1, 0, PRE_BOS_DEFAULT_ON},
+    {"qwen2", {RE_QWEN2, NULL}, 0, 0, PRE_BOS_FILE},
+    {"qwen35", {RE_QWEN35, NULL}, 0, 0, PRE_BOS_FILE},
+    {"gemma4", {RE_NEWLINES, NULL}, 0, 1, PRE_BOS_FORCED}, /* llama.cpp PR 21500 forces BOS */
 };
 
-static int compile_pre(tokenizer *t, const gguf_ctx *g, kvant_err *err)
+static int compile_pre(tokenizer *t, const gguf_ctx *g, const char *forced, const pre_spec **out,
+                       kvant_err *err)
 {
     gguf_str pre = {"default", 7};
-    if (gguf_find_key(g, "tokenizer.ggml.pre") >= 0) {
+    if (forced) {
+        pre = (gguf_str){forced, strlen(forced)};
+    } else if (gguf_find_key(g, "tokenizer.ggml.pre") >= 0) {
         int rc = gguf_get_str(g, "tokenizer.ggml.pre", &pre, err);
         if (rc)
             return rc;
@@ -78,6 +101,10 @@ static int compile_pre(tokenizer *t, const gguf_ctx *g, kvant_err *err)
         t->re[t->n_re++] = re;
     }
     t->ignore_merges = spec->ignore_merges;
+    t->byte_level = !spec->raw;
+    t->escape_ws = spec->raw;
+    t->newline_whole = spec->raw;
+    *out = spec;
     return KV_OK;
 }
 
@@ -85,7 +112,7 @@ static int load_merges(tokenizer *t, const gguf_ctx *g, kvant_err *err)
 {
     int64_t ki = gguf_find_key(g, "tokenizer.ggml.merges");
     if (ki < 0)
-        return kvant_err_set(err, KV_EFORMAT, "tokenizer.ggml.merges: missing (required for gpt2)");
+        return kvant_err_set(err, KV_EFORMAT, "tokenizer.ggml.merges: missing (required for gpt2 and gemma4)");
     if (gguf_kv_type(g, ki) != GGUF_TYPE_ARRAY || gguf_arr_type(g, ki) != GGUF_TYPE_STRING)
         return kvant_err_set(err, KV_EFORMAT, "tokenizer.ggml.merges: not an array of strings");
     uint64_t n = gguf_arr_n(g, ki);
@@ -126,17 +153,25 @@ static int load_merges(tokenizer *t, const gguf_ctx *g, kvant_err *err)
     return KV_OK;
 }
 
-int tok_bpe_init(tokenizer *t, const gguf_ctx *g, kvant_err *err)
+int tok_bpe_init(tokenizer *t, const gguf_ctx *g, const char *pre, kvant_err *err)
 {
-    for (int b = 0; b < 256; b++) {
-        char u[4];
-        int n = tok_utf8_put(tok_byte_to_cp((uint8_t)b), u);
-        t->byte_tok[b] = tok_strmap_find(&t->vocab, t, u, (size_t)n);
-    }
-    int rc = load_merges(t, g, err);
+    const pre_spec *spec = NULL;
+    int rc = compile_pre(t, g, pre, &spec, err);
     if (rc)
         return rc;
-    return compile_pre(t, g, err);
+    if (spec->bos == PRE_BOS_FORCED ||
+        (spec->bos == PRE_BOS_DEFAULT_ON && gguf_find_key(g, "tokenizer.ggml.add_bos_token") < 0))
+        t->add_bos = 1;
+    if (t->byte_level) {
+        for (int b = 0; b < 256; b++) {
+            char u[4];
+            int n = tok_utf8_put(tok_byte_to_cp((uint8_t)b), u);
+            t->byte_tok[b] = tok_strmap_find(&t->vocab, t, u, (size_t)n);
+        }
+    } else {
+        tok_map_hex_bytes(t);
+    }
+    return load_merges(t, g, err);
 }
 
 void tok_bpe_free(tokenizer *t)
@@ -150,7 +185,8 @@ void tok_bpe_free(tokenizer *t)
 /* ---- encoding ---- */
 
 typedef struct bpe_sym {
-    int32_t id;         /* current token, -1 if the byte has no token */
+    int32_t id;         /* current token, -1 if the byte / character has no token */
+    int32_t start;      /* first byte in the word */
     int32_t prev, next; /* live list; -1 at the ends */
 } bpe_sym;
 
@@ -166,7 +202,8 @@ typedef struct bpe_ctx {
     bpe_pair *heap;
     size_t cap_sym, cap_heap, n_heap;
     char *tmp;          /* byte-level spelling of a word (ignore_merges) */
-    unsigned char *sub; /* the word with unrepresentable bytes replaced */
+    unsigned char *sub; /* the word with unrepresentable bytes replaced, or
+                         * (raw) with its spaces spelt U+2581 */
 } bpe_ctx;
 
 static int pair_before(const bpe_pair *a, const bpe_pair *b)
@@ -269,27 +306,75 @@ static const unsigned char *substitute_missing(bpe_ctx *c, const unsigned char *
     return c->sub;
 }
 
-static int bpe_word(bpe_ctx *c, const unsigned char *w, size_t n)
+/* Raw BPE (gemma4): the word with ' ' spelt U+2581, as llama.cpp's
+ * escape_whitespaces does to the whole fragment before splitting (the
+ * newline split cannot tell the difference). */
+static const unsigned char *escape_spaces(bpe_ctx *c, const unsigned char *w, size_t *n)
+{
+    if (!memchr(w, ' ', *n))
+        return w;
+    size_t m = 0;
+    for (size_t i = 0; i < *n; i++) {
+        if (w[i] == ' ') {
+            memcpy(c->sub + m, "\xE2\x96\x81", 3);
+            m += 3;
+        } else {
+            c->sub[m++] = w[i];
+        }
+    }
+    *n = m;
+    return c->sub;
+}
+
+/* The word's whole token when it is emitted without merging: llama-bpe's
+ * ignore_merges (any word that is a token) and gemma4's newline runs.
+ * -1 when the merges must run. */
+static int32_t whole_word(bpe_ctx *c, const unsigned char *w, size_t n)
 {
     const tokenizer *t = c->t;
-    if (ensure_cap(c, 3 * n))
-        return KV_ENOMEM;
-    w = substitute_missing(c, w, &n);
-    if (t->ignore_merges) {
+    if (t->ignore_merges && t->byte_level) {
         size_t m = 0;
         for (size_t i = 0; i < n; i++)
             m += (size_t)tok_utf8_put(tok_byte_to_cp(w[i]), c->tmp + m);
-        int32_t id = tok_strmap_find(&t->vocab, t, c->tmp, m);
-        if (id >= 0) {
-            tok_out_push(c->out, id);
-            return KV_OK;
-        }
+        return tok_strmap_find(&t->vocab, t, c->tmp, m);
     }
-    for (size_t i = 0; i < n; i++)
-        c->sym[i] = (bpe_sym){t->byte_tok[w[i]], (int32_t)i - 1, i + 1 == n ? -1 : (int32_t)i + 1};
+    size_t nl = 0;
+    while (nl < n && w[nl] == '\n')
+        nl++;
+    if (t->ignore_merges || (t->newline_whole && nl == n))
+        return tok_strmap_find(&t->vocab, t, (const char *)w, n);
+    return -1;
+}
+
+/* One symbol per byte (byte-level) or per UTF-8 character (raw; an
+ * invalid byte is a character of its own and has no token).  Returns the
+ * number of symbols. */
+static int32_t init_symbols(bpe_ctx *c, const unsigned char *w, size_t n)
+{
+    const tokenizer *t = c->t;
+    int32_t k = 0;
+    for (size_t i = 0; i < n;) {
+        size_t l = 1;
+        int32_t id;
+        if (t->byte_level) {
+            id = t->byte_tok[w[i]];
+        } else {
+            int cl = tok_utf8_check(w + i, n - i);
+            l = cl > 0 ? (size_t)cl : 1;
+            id = cl > 0 ? tok_strmap_find(&t->vocab, t, (const char *)w + i, l) : -1;
+        }
+        c->sym[k] = (bpe_sym){id, (int32_t)i, k - 1, i + l == n ? -1 : k + 1};
+        k++;
+        i += l;
+    }
+    return k;
+}
+
+static void merge_symbols(bpe_ctx *c, int32_t n_sym)
+{
     c->n_heap = 0;
-    for (size_t i = 1; i < n; i++)
-        try_pair(c, (int32_t)i - 1, (int32_t)i);
+    for (int32_t i = 1; i < n_sym; i++)
+        try_pair(c, i - 1, i);
     while (c->n_heap) {
         bpe_pair p = heap_pop(c);
         bpe_sym *l = &c->sym[p.left], *r = &c->sym[p.right];
@@ -304,10 +389,48 @@ static int bpe_word(bpe_ctx *c, const unsigned char *w, size_t n)
         try_pair(c, l->prev, p.left);
         try_pair(c, p.left, l->next);
     }
+}
+
+/* A symbol without a token: raw BPE spells its bytes as <0xXX> tokens
+ * (an unmerged symbol is one character); the unknown token stands in for
+ * whatever has no token at all. */
+static void emit_missing(bpe_ctx *c, const unsigned char *w, size_t n, const bpe_sym *s)
+{
+    const tokenizer *t = c->t;
+    if (t->byte_level) {
+        if (t->unk >= 0)
+            tok_out_push(c->out, t->unk);
+        return;
+    }
+    int cl = tok_utf8_check(w + s->start, n - (size_t)s->start);
+    for (int j = 0; j < (cl > 0 ? cl : 1); j++) {
+        int32_t b = t->byte_tok[w[s->start + j]];
+        if (b < 0)
+            b = t->unk;
+        if (b >= 0)
+            tok_out_push(c->out, b);
+    }
+}
+
+static int bpe_word(bpe_ctx *c, const unsigned char *w, size_t n)
+{
+    if (ensure_cap(c, 3 * n))
+        return KV_ENOMEM;
+    if (c->t->byte_level)
+        w = substitute_missing(c, w, &n);
+    else if (c->t->escape_ws)
+        w = escape_spaces(c, w, &n);
+    int32_t id = whole_word(c, w, n);
+    if (id >= 0) {
+        tok_out_push(c->out, id);
+        return KV_OK;
+    }
+    merge_symbols(c, init_symbols(c, w, n));
     for (int32_t i = 0; i != -1; i = c->sym[i].next) {
-        int32_t id = c->sym[i].id >= 0 ? c->sym[i].id : t->unk;
-        if (id >= 0)
-            tok_out_push(c->out, id);
+        if (c->sym[i].id >= 0)
+            tok_out_push(c->out, c->sym[i].id);
+        else
+            emit_missing(c, w, n, &c->sym[i]);
     }
     return KV_OK;
 }

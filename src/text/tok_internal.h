@@ -58,7 +58,9 @@ struct tokenizer {
     uint8_t *attr;       /* [n_vocab] enum tok_attr */
     tok_strmap vocab;
     tok_pairmap merges;  /* BPE only */
-    int32_t byte_tok[256]; /* SPM: <0xXX>; BPE: the byte-level char token; -1 */
+    int32_t byte_tok[256]; /* <0xXX> tokens (SPM, raw BPE); byte-level BPE: the byte's char token; -1 */
+    int byte_level;      /* BPE on GPT-2 byte-level characters (gpt2); 0: on raw UTF-8 (gemma4) */
+    int escape_ws;       /* ' ' is spelt U+2581 in token texts (SPM, gemma4) */
 
     int32_t bos, eos, eot, unk, pad;
     int add_bos, add_space_prefix;
@@ -76,6 +78,7 @@ struct tokenizer {
     void *re[TOK_MAX_REGEX];  /* pcre2_code_8 * (kept opaque here) */
     int n_re;
     int ignore_merges;        /* llama-bpe: a word that is a token is emitted whole */
+    int newline_whole;        /* gemma4: a word of only '\n' that is a token is emitted whole */
 };
 
 /* Growable output of an encode call: counts every token, stores up to cap. */
@@ -99,6 +102,8 @@ static inline const char *tok_text(const tokenizer *t, int32_t id, uint32_t *len
 }
 
 /* tok_map.c */
+/* Fills t->byte_tok from the vocabulary's "<0xXX>" tokens (-1 if absent). */
+void tok_map_hex_bytes(tokenizer *t);
 uint32_t tok_map_hash(const char *s, size_t n);
 int tok_strmap_build(tok_strmap *m, const tokenizer *t);
 void tok_strmap_free(tok_strmap *m);
@@ -123,7 +128,10 @@ int tok_utf8_get(const unsigned char *s, uint32_t *cp);
 uint32_t tok_byte_to_cp(uint8_t b);
 
 /* tok_bpe.c */
-int tok_bpe_init(tokenizer *t, const gguf_ctx *g, kvant_err *err);
+/* pre: the pre-tokenizer to use, or NULL to read tokenizer.ggml.pre
+ * ("default" when absent).  Also settles add_bos where the pre-tokenizer
+ * implies it (llama.cpp's rules), so it runs after the special ids. */
+int tok_bpe_init(tokenizer *t, const gguf_ctx *g, const char *pre, kvant_err *err);
 void tok_bpe_free(tokenizer *t);
 int tok_bpe_encode(const tokenizer *t, const char *text, size_t len, tok_out *out, kvant_err *err);
 

@@ -1,10 +1,12 @@
 /* tok_map.c - the tokenizer's two hash maps: token text -> id and
- * (left id, right id) -> BPE merge.  Open addressing with linear probing,
+ * (left id, right id) -> BPE merge, and the byte-token table read
+ * through the first.  Open addressing with linear probing,
  * capacity a power of two at most half full; built once at tok_create,
  * read-only afterwards (safe for concurrent lookups).
  */
 #include "text/tok_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,6 +76,15 @@ int32_t tok_strmap_find(const tok_strmap *m, const tokenizer *t, const char *s, 
             return -1;
         if (m->hashes[i] == h && t->text_len[o] == n && memcmp(t->text + t->text_off[o], s, n) == 0)
             return o;
+    }
+}
+
+void tok_map_hex_bytes(tokenizer *t)
+{
+    for (int b = 0; b < 256; b++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", b);
+        t->byte_tok[b] = tok_strmap_find(&t->vocab, t, name, 6);
     }
 }
 

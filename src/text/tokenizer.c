@@ -1,6 +1,9 @@
 /* tokenizer.c - tokenizer construction from GGUF metadata, the encode
  * driver (special-token partition), token pieces and streaming decode.
- * The algorithms live in tok_spm.c (SentencePiece) and tok_bpe.c (gpt2).
+ * The algorithms live in tok_spm.c (SentencePiece, model "llama") and
+ * tok_bpe.c (BPE with merges, models "gpt2" and "gemma4").  Any other
+ * tokenizer.ggml.model, or a tokenizer.ggml.pre tok_bpe.c does not know,
+ * is refused at creation with the value named.
  *
  * Validation (every failure is an error naming the key, never an abort):
  *   tokens: a non-empty array of strings (<= TOK_MAX_VOCAB, each
@@ -16,8 +19,8 @@
  * right after a special token gets the U+2581 space prefix (llama.cpp).
  *
  * Decoding: pieces are precomputed at creation (byte tokens -> the byte,
- * gpt2 byte-level characters -> bytes, U+2581 -> ' ', control/user tokens
- * -> their text).  The stream decoder emits only valid UTF-8: it holds an
+ * gpt2 byte-level characters -> bytes, U+2581 -> ' ' for SentencePiece and
+ * gemma4, control/user tokens -> their text).  The stream decoder emits only valid UTF-8: it holds an
  * incomplete sequence back and replaces invalid bytes with U+FFFD (one per
  * maximal invalid subpart).
  */
@@ -28,19 +31,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int load_kind(tokenizer *t, const gguf_ctx *g, kvant_err *err)
+/* tokenizer.ggml.model -> kind.  "gemma4" is BPE with merges over raw
+ * UTF-8 and always the "gemma4" pre-tokenizer (llama.cpp ignores
+ * tokenizer.ggml.pre for it); *pre gets that name, else NULL. */
+static int load_kind(tokenizer *t, const gguf_ctx *g, const char **pre, kvant_err *err)
 {
     gguf_str model;
     int rc = gguf_get_str(g, "tokenizer.ggml.model", &model, err);
     if (rc)
         return rc;
-    if (gguf_str_eq(model, "llama"))
+    *pre = NULL;
+    if (gguf_str_eq(model, "llama")) {
         t->kind = TOK_KIND_SPM;
-    else if (gguf_str_eq(model, "gpt2"))
+    } else if (gguf_str_eq(model, "gpt2")) {
         t->kind = TOK_KIND_BPE;
-    else
+    } else if (gguf_str_eq(model, "gemma4")) {
+        t->kind = TOK_KIND_BPE;
+        *pre = "gemma4";
+    } else {
         return kvant_err_set(err, KV_EUNSUP, "tokenizer.ggml.model: unsupported tokenizer '%.*s'",
                              (int)(model.len > 64 ? 64 : model.len), model.ptr);
+    }
     return KV_OK;
 }
 
@@ -170,10 +181,26 @@ static void add_eog(tokenizer *t, int32_t id)
         t->eog[t->n_eog++] = id;
 }
 
+/* An end-of-generation token found by its text is made CONTROL, as
+ * llama.cpp does (Gemma 4's "<|tool_response>" is USER_DEFINED in the
+ * file): it is then read from text only with parse_special. */
+static void add_eog_text(tokenizer *t, const char *text)
+{
+    int32_t id = find_special_text(t, text);
+    if (id >= 0) {
+        t->attr[id] = TOK_CONTROL;
+        add_eog(t, id);
+    }
+}
+
 static int load_special_ids(tokenizer *t, const gguf_ctx *g, kvant_err *err)
 {
-    static const char *const eot_texts[] = {"<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"};
-    static const char *const eog_texts[] = {"<|eom_id|>", "<|endoftext|>"};
+    /* a subset of llama.cpp's end-of-generation texts: Llama 3, Qwen, Phi-3
+     * ("</s>" is USER_DEFINED in its file), Gemma 2/3 and Gemma 4 ("<turn|>",
+     * "<|tool_response>") */
+    static const char *const eot_texts[] = {"<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<turn|>"};
+    static const char *const eog_texts[] = {"<|eom_id|>", "<|endoftext|>", "<|end_of_text|>",
+                                            "<|tool_response>", "</s>"};
     int spm = t->kind == TOK_KIND_SPM;
     int32_t eom;
     int rc;
@@ -194,9 +221,12 @@ static int load_special_ids(tokenizer *t, const gguf_ctx *g, kvant_err *err)
     add_eog(t, t->eot);
     add_eog(t, eom);
     for (size_t i = 0; i < sizeof eot_texts / sizeof eot_texts[0]; i++)
-        add_eog(t, find_special_text(t, eot_texts[i]));
+        add_eog_text(t, eot_texts[i]);
+    /* llama.cpp: where "<|tool_response>" ends generation (Gemma 4), "</s>" is an ordinary token */
+    int s_is_text = find_special_text(t, "<|tool_response>") >= 0;
     for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++)
-        add_eog(t, find_special_text(t, eog_texts[i]));
+        if (!(s_is_text && strcmp(eog_texts[i], "</s>") == 0))
+            add_eog_text(t, eog_texts[i]);
     return KV_OK;
 }
 
@@ -242,9 +272,9 @@ static uint32_t decode_text(const tokenizer *t, int32_t id, const int16_t *inv, 
             tok_utf8_get((const unsigned char *)s + i, &cp);
         else
             cl = 1;
-        if (t->kind == TOK_KIND_SPM && cp == 0x2581)
+        if (t->escape_ws && cp == 0x2581)
             dst[m++] = ' ';
-        else if (t->kind == TOK_KIND_BPE && cp < 0x144 && inv[cp] >= 0)
+        else if (t->byte_level && cp < 0x144 && inv[cp] >= 0)
             dst[m++] = (char)inv[cp];
         else {
             memcpy(dst + m, s + i, (size_t)cl);
@@ -317,15 +347,6 @@ static int build_specials(tokenizer *t, kvant_err *err)
     return KV_OK;
 }
 
-static void spm_byte_tokens(tokenizer *t)
-{
-    for (int b = 0; b < 256; b++) {
-        char name[8];
-        snprintf(name, sizeof name, "<0x%02X>", b);
-        t->byte_tok[b] = tok_strmap_find(&t->vocab, t, name, 6);
-    }
-}
-
 tokenizer *tok_create(const gguf_ctx *g, kvant_err *err)
 {
     if (!g) {
@@ -338,7 +359,8 @@ tokenizer *tok_create(const gguf_ctx *g, kvant_err *err)
         return NULL;
     }
     t->bos = t->eos = t->eot = t->unk = t->pad = -1;
-    int rc = load_kind(t, g, err);
+    const char *pre;
+    int rc = load_kind(t, g, &pre, err);
     if (!rc)
         rc = load_tokens(t, g, err);
     if (!rc && tok_strmap_build(&t->vocab, t))
@@ -346,10 +368,12 @@ tokenizer *tok_create(const gguf_ctx *g, kvant_err *err)
     if (!rc)
         rc = load_special_ids(t, g, err);
     if (!rc) {
-        if (t->kind == TOK_KIND_BPE)
-            rc = tok_bpe_init(t, g, err);
-        else
-            spm_byte_tokens(t);
+        if (t->kind == TOK_KIND_BPE) {
+            rc = tok_bpe_init(t, g, pre, err);
+        } else {
+            t->escape_ws = 1;
+            tok_map_hex_bytes(t);
+        }
     }
     if (!rc)
         rc = build_specials(t, err);

@@ -1,9 +1,12 @@
 /* tokenizer.h - tokenizers built from GGUF metadata.
  *
- * Supports tokenizer.ggml.model = "llama" (SentencePiece-style, scores)
- * and "gpt2" (byte-level BPE with merges; pre-tokenizers default/gpt-2,
- * smollm, llama-bpe, qwen2 via PCRE2).  Special/control tokens, BOS/EOS
- * per metadata, and streaming decode across partial UTF-8 sequences.
+ * Supports tokenizer.ggml.model = "llama" (SentencePiece-style, scores),
+ * "gpt2" (byte-level BPE with merges; pre-tokenizers default/gpt-2,
+ * smollm, llama-bpe, qwen2, qwen35 via PCRE2) and "gemma4" (BPE with
+ * merges over raw UTF-8, spaces as U+2581, <0xXX> byte fallback).  Other
+ * models and pre-tokenizers are refused by tok_create, the value named.
+ * Special/control tokens, BOS/EOS per metadata, and streaming decode
+ * across partial UTF-8 sequences.
  *
  * Ownership: tok_create returns a heap handle freed by tok_destroy; it
  * copies what it needs, so the gguf_ctx may be closed afterwards.

@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
-"""Independent float64 numpy reference forward pass for GGUF Llama-family models.
+"""Independent float64 numpy reference forward pass for GGUF decoder models.
 
-Supports llama.cpp's `llama` (NORMAL rope: adjacent pairs) and `qwen2` (NEOX rope:
-pairs (i, i + rope_dim/2), q/k/v biases) architectures.  Weights are dequantized with
-gguf.quants.dequantize (exact values of what is stored, f32) and all arithmetic is done
-in float64.
+Supports llama.cpp's `llama` (NORMAL rope: adjacent pairs; rope_freqs, LongRoPE factors),
+`qwen2` (NEOX rope: pairs (i, i + rope_dim/2), q/k/v biases), `qwen3` (per-head q/k RMS
+norm before rope), `gemma2` (sqrt(n_embd) embedding scale, post-attention/post-FFN norms,
+GeGLU with tanh GELU, attention and final logit soft-capping, sliding window on layers
+il % 2 == 0), `gemma3` (as gemma2 with q/k norm, no attention soft-cap, sliding window on
+layers il % 6 < 5 with rope.freq_base_swa (default 10000) unscaled) and `phi3` (fused
+attn_qkv and gate|up ffn_up, LongRoPE long/short factors and attn_factor), each written
+from llama.cpp's graph builders (src/models/*.cpp) as semantics, not from kvant.
+Weights are dequantized with gguf.quants.dequantize (exact values of what is stored, f32)
+and all arithmetic is done in float64.
 
     python tests/py/ref_model.py MODEL.gguf --tokens 1,2,3 --out logits.npy
     python tests/py/ref_model.py MODEL.gguf --text-file tests/data/english.txt --ppl 512
@@ -25,7 +31,8 @@ from gguf import quants
 
 ROPE_NORMAL = "normal"   # rotate (x[2i], x[2i+1])
 ROPE_NEOX = "neox"       # rotate (x[i], x[i + n_rot/2])
-ARCH_ROPE = {"llama": ROPE_NORMAL, "qwen2": ROPE_NEOX}
+ARCH_ROPE = {"llama": ROPE_NORMAL, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "gemma2": ROPE_NEOX,
+             "gemma3": ROPE_NEOX, "phi3": ROPE_NEOX}
 
 
 def _field(reader: GGUFReader, key: str, default=None):
@@ -76,14 +83,51 @@ class RefModel:
         self.n_ctx_train = int(g("context_length", 0))
         st = g("rope.scaling.type", None)
         self.rope_scale = 1.0
-        if st == "linear":
-            self.rope_scale = 1.0 / float(g("rope.scaling.factor", 1.0))
-        elif st not in (None, "none"):
+        if st in ("linear", "longrope", None):   # llama.cpp: the factor scales unless type none
+            f = float(g("rope.scaling.factor", 0.0) or 0.0)
+            self.rope_scale = 1.0 / f if f else 1.0
+        elif st != "none":
             raise ValueError(f"unsupported rope scaling {st!r}")
+        self.attn_factor = float(g("rope.scaling.attn_factor", 1.0))
         self.rope_mode = rope_mode or ARCH_ROPE[arch]
         te = self.tensors["token_embd.weight"]
         self.n_vocab = int(te.shape[1])
         self._cache: dict[str, np.ndarray] = {}
+        self._family(g)
+
+    def _family(self, g) -> None:
+        """Per-family recipe facts, as llama.cpp's load_arch_hparams sets them."""
+        a, nl = self.arch, self.n_layer
+        self.gemma = a in ("gemma2", "gemma3")
+        self.emb_scale = math.sqrt(self.n_embd) if self.gemma else 1.0
+        self.attn_cap = float(g("attn_logit_softcapping", 50.0)) if a == "gemma2" else 0.0
+        self.final_cap = float(g("final_logit_softcapping", 30.0 if a == "gemma2" else 0.0)) \
+            if self.gemma else 0.0
+        self.q_scale = 1.0 / math.sqrt(self.head_dim)
+        if self.gemma and nl == {"gemma2": 46, "gemma3": 62}[a]:   # the 27B models
+            self.q_scale = 1.0 / math.sqrt(self.n_embd / self.n_head)
+        self.window = [0] * nl
+        self.base_l = [self.freq_base] * nl
+        self.scale_l = [self.rope_scale] * nl
+        win = int(g("attention.sliding_window", 4096 if a == "gemma2" else 0))
+        if a in ("gemma2", "gemma3") and win > 0:
+            pat = g("attention.sliding_window_pattern", 2 if a == "gemma2" else 6)
+            swa = list(pat) if isinstance(pat, (list, tuple)) else \
+                [int(pat) == 0 or il % int(pat) < int(pat) - 1 for il in range(nl)]
+            base_swa = float(g("rope.freq_base_swa", self.freq_base if a == "gemma2" else 10000.0))
+            for il in range(nl):
+                if swa[il]:
+                    self.window[il] = win
+                    self.base_l[il] = base_swa
+                    self.scale_l[il] = self.rope_scale if a == "gemma2" else 1.0
+        # rope factors: rope_freqs, else LongRoPE long/short by llama.cpp's default context
+        # (n_ctx = context_length: long when it exceeds original_context_length)
+        self.factors = None
+        if self.has("rope_freqs.weight"):
+            self.factors = "rope_freqs.weight"
+        elif self.has("rope_factors_long.weight"):
+            orig = int(g("rope.scaling.original_context_length", self.n_ctx_train))
+            self.factors = "rope_factors_long.weight" if self.n_ctx_train > orig else "rope_factors_short.weight"
 
     def has(self, name: str) -> bool:
         return name in self.tensors
@@ -104,19 +148,21 @@ class RefModel:
         ms = np.mean(x * x, axis=-1, keepdims=True)
         return x / np.sqrt(ms + self.dt.type(self.eps)) * self.w64(wname)
 
-    def rope_thetas(self, pos: np.ndarray) -> np.ndarray:
+    def rope_thetas(self, pos: np.ndarray, base: float | None = None, scale: float | None = None) -> np.ndarray:
         """theta[p, i] for i < n_rot/2."""
+        base = self.freq_base if base is None else base
+        scale = self.rope_scale if scale is None else scale
         i = np.arange(self.n_rot // 2, dtype=np.float64)
-        inv = self.freq_base ** (-2.0 * i / self.n_rot)
-        if self.has("rope_freqs.weight"):
-            ff = self.w64("rope_freqs.weight").reshape(-1)[: self.n_rot // 2]
+        inv = base ** (-2.0 * i / self.n_rot)
+        if self.factors:
+            ff = self.w(self.factors).astype(np.float64).reshape(-1)[: self.n_rot // 2]
             inv = inv / ff
-        return (pos.astype(np.float64) * self.rope_scale)[:, None] * inv[None, :]
+        return (pos.astype(np.float64) * scale)[:, None] * inv[None, :]
 
     def rope(self, x: np.ndarray, theta: np.ndarray) -> np.ndarray:
         """x: [n, heads, head_dim]; theta: [n, n_rot/2]."""
-        c = np.cos(theta)[:, None, :]
-        s = np.sin(theta)[:, None, :]
+        c = np.cos(theta)[:, None, :] * self.attn_factor   # ggml's mscale on cos and sin
+        s = np.sin(theta)[:, None, :] * self.attn_factor
         out = x.copy()
         half = self.n_rot // 2
         if self.rope_mode == ROPE_NORMAL:
@@ -137,6 +183,51 @@ class RefModel:
             y = y + self.w64(name + ".bias").reshape(-1)
         return y
 
+    def qkv(self, h: np.ndarray, p: str, nh: int, nkv: int):
+        n, hd = h.shape[0], self.head_dim
+        if self.has(p + "attn_qkv.weight"):   # phi3: rows Q | K | V
+            y = self.lin(h, p + "attn_qkv")
+            qd, kd = nh * hd, nkv * hd
+            q, k, v = y[:, :qd], y[:, qd:qd + kd], y[:, qd + kd:qd + 2 * kd]
+        else:
+            q, k, v = self.lin(h, p + "attn_q"), self.lin(h, p + "attn_k"), self.lin(h, p + "attn_v")
+        return q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
+
+    def ffn(self, h: np.ndarray, p: str, L: int) -> np.ndarray:
+        if not self.has(p + "ffn_gate.weight"):   # phi3: ffn_up rows are gate then up
+            y = self.lin(h, p + "ffn_up")
+            if y.shape[1] != 2 * self.n_ff[L]:
+                raise ValueError(f"layer {L}: fused ffn_up rows differ from 2 * feed_forward_length")
+            gt, up = y[:, :self.n_ff[L]], y[:, self.n_ff[L]:]
+        else:
+            if self.w(p + "ffn_gate.weight").shape[0] != self.n_ff[L]:
+                raise ValueError(f"layer {L}: ffn_gate rows differ from feed_forward_length")
+            gt, up = self.lin(h, p + "ffn_gate"), self.lin(h, p + "ffn_up")
+        if self.gemma:   # GELU, tanh approximation
+            c = math.sqrt(2.0 / math.pi)
+            act = 0.5 * gt * (1.0 + np.tanh(c * (gt + 0.044715 * gt ** 3)))
+        else:
+            act = gt / (self.dt.type(1) + np.exp(-gt))
+        return self.lin(act * up, p + "ffn_down")
+
+    def attend(self, q, k, v, L: int) -> np.ndarray:
+        n, nh, hd = q.shape
+        group = nh // k.shape[1]
+        kh = np.repeat(k, group, axis=1)  # head j uses kv head j // group
+        vh = np.repeat(v, group, axis=1)
+        s = np.einsum("qhd,khd->hqk", q * self.dt.type(self.q_scale), kh)
+        if self.attn_cap:
+            s = np.tanh(s / self.attn_cap) * self.attn_cap
+        i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+        masked = j > i
+        if self.window[L]:
+            masked |= (i - j) >= self.window[L]   # llama.cpp is_masked_swa (standard)
+        s = s + np.where(masked, -np.inf, 0.0).astype(self.dt)
+        s = s - s.max(axis=-1, keepdims=True)
+        pr = np.exp(s)
+        pr /= pr.sum(axis=-1, keepdims=True)
+        return np.einsum("hqk,khd->qhd", pr, vh).reshape(n, nh * hd)
+
     def forward(self, ids, drop_cache: bool = False) -> np.ndarray:
         """Teacher-forced logits [n][n_vocab] (float64), positions 0..n-1 from an empty cache."""
         ids = np.asarray(ids, dtype=np.int64)
@@ -146,33 +237,26 @@ class RefModel:
         if ids.min() < 0 or ids.max() >= self.n_vocab:
             raise ValueError("token id out of range")
         x = self.w("token_embd.weight")[ids].astype(self.dt)
-        theta = self.rope_thetas(np.arange(n)).astype(self.dt)
-        hd = self.head_dim
-        mask = np.triu(np.full((n, n), -np.inf), k=1)  # causal
+        if self.emb_scale != 1.0:
+            x = x * self.dt.type(np.float32(self.emb_scale))
+        pos = np.arange(n)
         for L in range(self.n_layer):
             p = f"blk.{L}."
+            theta = self.rope_thetas(pos, self.base_l[L], self.scale_l[L]).astype(self.dt)
             nh, nkv = self.n_heads[L], self.n_heads_kv[L]
-            group = nh // nkv
             h = self.rmsnorm(x, p + "attn_norm.weight")
-            q = self.lin(h, p + "attn_q").reshape(n, nh, hd)
-            k = self.lin(h, p + "attn_k").reshape(n, nkv, hd)
-            v = self.lin(h, p + "attn_v").reshape(n, nkv, hd)
-            q = self.rope(q, theta)
-            k = self.rope(k, theta)
-            kh = np.repeat(k, group, axis=1)  # head j uses kv head j // group
-            vh = np.repeat(v, group, axis=1)
-            s = np.einsum("qhd,khd->hqk", q, kh) / self.dt.type(math.sqrt(hd)) + mask.astype(self.dt)
-            s = s - s.max(axis=-1, keepdims=True)
-            pr = np.exp(s)
-            pr /= pr.sum(axis=-1, keepdims=True)
-            att = np.einsum("hqk,khd->qhd", pr, vh).reshape(n, nh * hd)
-            x = x + self.lin(att, p + "attn_output")
-            h = self.rmsnorm(x, p + "ffn_norm.weight")
-            if self.w(p + "ffn_gate.weight").shape[0] != self.n_ff[L]:
-                raise ValueError(f"layer {L}: ffn_gate rows differ from feed_forward_length")
-            gt = self.lin(h, p + "ffn_gate")
-            up = self.lin(h, p + "ffn_up")
-            x = x + self.lin(gt / (self.dt.type(1) + np.exp(-gt)) * up, p + "ffn_down")
+            q, k, v = self.qkv(h, p, nh, nkv)
+            if self.has(p + "attn_q_norm.weight"):   # per-head RMS norm before rope
+                q = self.rmsnorm(q, p + "attn_q_norm.weight")
+                k = self.rmsnorm(k, p + "attn_k_norm.weight")
+            a = self.lin(self.attend(self.rope(q, theta), self.rope(k, theta), v, L), p + "attn_output")
+            if self.gemma:
+                a = self.rmsnorm(a, p + "post_attention_norm.weight")
+            x = x + a
+            f = self.ffn(self.rmsnorm(x, p + "ffn_norm.weight"), p, L)
+            if self.gemma:
+                f = self.rmsnorm(f, p + "post_ffw_norm.weight")
+            x = x + f
             if drop_cache:
                 for key in [k_ for k_ in self._cache if k_.startswith(p)]:
                     del self._cache[key]
@@ -184,6 +268,8 @@ class RefModel:
         step = 8192
         for a in range(0, self.n_vocab, step):
             logits[:, a:a + step] = x @ W[a:a + step].astype(self.dt).T
+        if self.final_cap:
+            logits = np.tanh(logits / self.final_cap) * self.final_cap
         return logits
 
 

@@ -475,7 +475,7 @@ static void test_rope_kind(tb *ref, tb *test, tu_rng *r, rope_kind kind, int32_t
     tb *bs[2] = {ref, test};
     for (int k = 0; k < 2; k++) {
         float *dff = with_ff ? dput(bs[k], ff, sizeof ff) : NULL;
-        rope_params rp = {kind, n_rot, 500000.0f, 0.25f, dff};
+        rope_params rp = {kind, n_rot, 500000.0f, 0.25f, dff, with_ff ? 1.069f : 1.0f};
         float *dx = dput(bs[k], x, (size_t)4 * n_heads * hd * 4);
         outs[k] = malloc((size_t)4 * n_heads * hd * 4);
         if (begin(bs[k], &b) == KV_OK)
@@ -487,7 +487,7 @@ static void test_rope_kind(tb *ref, tb *test, tu_rng *r, rope_kind kind, int32_t
     }
     char what[64];
     snprintf(what, sizeof what, "rope %s n_rot %d%s", kind == ROPE_NEOX ? "neox" : "norm", n_rot,
-             with_ff ? " freq_factors" : "");
+             with_ff ? " freq_factors mscale" : "");
     CMP(what, outs[0], outs[1], 4 * n_heads * hd, NULL, 0.0f, 2e-6f * mx + 1e-7f);
     free(x), free(outs[0]), free(outs[1]);
 }
@@ -496,7 +496,7 @@ static void test_elementwise(tb *ref, tb *test, tu_rng *r)
 {
     const int64_t n = 1000;
     const int32_t row = 96;
-    float *g = rand_vec(r, n, 4.0f), *u = rand_vec(r, n, 1.0f), *outs[2][3];
+    float *g = rand_vec(r, n, 4.0f), *u = rand_vec(r, n, 1.0f), *outs[2][6];
     tbatch t;
     const int32_t len[T_SEQS] = {3, 2, 1}, from[T_SEQS] = {0, 0, 0};
     tbatch_make(&t, 7, r, len, from, 300);
@@ -507,10 +507,16 @@ static void test_elementwise(tb *ref, tb *test, tu_rng *r)
     for (int k = 0; k < 2; k++) {
         const backend_ops *op = bs[k]->be->ops;
         float *dg = dput(bs[k], g, n * 4), *du = dput(bs[k], u, n * 4), *dd = dput(bs[k], g, n * 4);
-        for (int j = 0; j < 3; j++)
+        for (int j = 0; j < 6; j++)
             outs[k][j] = malloc(n * 4);
         op->swiglu(bs[k]->be, dg, du, dd, n);
         dget(bs[k], outs[k][0], dd, n * 4);
+        op->geglu(bs[k]->be, dg, du, dd, n); /* the gemma ops */
+        dget(bs[k], outs[k][3], dd, n * 4);
+        op->scale(bs[k]->be, dd, 16.0f, n);
+        dget(bs[k], outs[k][4], dd, n * 4);
+        op->softcap(bs[k]->be, dd, 5.0f, n);
+        dget(bs[k], outs[k][5], dd, n * 4);
         op->add(bs[k]->be, dg, du, n);
         dget(bs[k], outs[k][1], dg, n * 4);
         if (begin(bs[k], &t.b) == KV_OK)
@@ -519,12 +525,15 @@ static void test_elementwise(tb *ref, tb *test, tu_rng *r)
         dfree(bs[k], dg), dfree(bs[k], du), dfree(bs[k], dd);
     }
     CMP("swiglu", outs[0][0], outs[1][0], n, NULL, 1e-6f, 1e-7f);
+    CMP("geglu", outs[0][3], outs[1][3], n, NULL, 1e-6f, 1e-7f);
+    CMP("scale", outs[0][4], outs[1][4], n, NULL, 1e-6f, 1e-7f);
+    CMP("softcap", outs[0][5], outs[1][5], n, NULL, 1e-6f, 1e-6f);
     CHECKF(!memcmp(outs[0][1], outs[1][1], n * 4), "add not bitwise equal");
     CHECKF(!memcmp(outs[0][2], outs[1][2], 3 * row * 4), "gather_out not bitwise equal");
     CHECK(!memcmp(outs[1][2] + row, u + 0 * row, row * 4) &&
           !memcmp(outs[1][2] + 2 * row, u + 2 * row, row * 4)); /* rows 0 and 2 of u */
     for (int k = 0; k < 2; k++)
-        for (int j = 0; j < 3; j++)
+        for (int j = 0; j < 6; j++)
             free(outs[k][j]);
     free(g), free(u);
 }
@@ -535,6 +544,7 @@ typedef struct attn_case {
     tbatch hist, cur;       /* positions stored first, then the batch */
     float *kh, *vh, *k, *v, *q;
     int32_t n_heads, hd;
+    attn_params ap;         /* scale, soft-cap, window */
 } attn_case;
 
 static void attn_case_make(attn_case *c, tu_rng *r, int32_t hd)
@@ -546,6 +556,7 @@ static void attn_case_make(attn_case *c, tu_rng *r, int32_t hd)
     tbatch_make(&c->cur, 11, r, len, from, 300);
     c->n_heads = 6;
     c->hd = hd;
+    c->ap = (attn_params){1.0f / sqrtf((float)hd), 0.0f, 0};
     int64_t kvd = 2 * hd;
     c->kh = rand_vec(r, c->hist.b.n_tokens * kvd, 0.5f);
     c->vh = rand_vec(r, c->hist.b.n_tokens * kvd, 1.0f);
@@ -588,13 +599,13 @@ static void attn_run(tb *b, attn_case *c, float *out, int check_more)
     if (begin(b, &c->cur.b) == KV_OK) {
         op->kv_store(b->be, 0, dv, dk); /* layer 0 holds other data: must not be read */
         op->kv_store(b->be, 1, dk, dv);
-        op->attention(b->be, 1, dq, c->n_heads, dout);
+        op->attention(b->be, 1, dq, c->n_heads, &c->ap, dout);
     }
     dget(b, out, dout, ob);
     for (int32_t k = 0; check_more && k < n; k += 6) {
         fwd_batch one = tbatch_one(&c->cur, k);
         if (begin(b, &one) == KV_OK)
-            op->attention(b->be, 1, dq + (int64_t)k * row, c->n_heads, d1);
+            op->attention(b->be, 1, dq + (int64_t)k * row, c->n_heads, &c->ap, d1);
         dget(b, tmp, d1, (size_t)row * sizeof(float));
         CHECKF(!memcmp(tmp, out + (int64_t)k * row, (size_t)row * sizeof(float)),
                "%s attention: token %d alone differs from the batch", b->name, k);
@@ -604,7 +615,7 @@ static void attn_run(tb *b, attn_case *c, float *out, int check_more)
         op->kv_copy_block(b->be, fresh, old);
         c->cur.tables[2][0] = fresh;
         if (begin(b, &c->cur.b) == KV_OK)
-            op->attention(b->be, 1, dq, c->n_heads, d1);
+            op->attention(b->be, 1, dq, c->n_heads, &c->ap, d1);
         dget(b, tmp, d1, ob);
         CHECKF(!memcmp(tmp, out, ob), "%s: attention through a copied block differs", b->name);
         c->cur.tables[2][0] = old;
@@ -616,13 +627,20 @@ static void attn_run(tb *b, attn_case *c, float *out, int check_more)
 
 static void test_attention(tb *ref, tb *test, tu_rng *r)
 {
-    static const struct { uint32_t dtype; int32_t hd; } cases[] = {
-        {DT_F32, 64}, {DT_F32, 16}, {DT_F32, 128}, {DT_F16, 64},
-        {DT_BF16, 64}, {DT_Q8_0, 64}, {DT_Q4_0, 64},
+    /* softcap / window: gemma's variants (window 7 and 13 cut inside and at
+     * block boundaries of the 37-token history) */
+    static const struct { uint32_t dtype; int32_t hd; float softcap; int32_t window; } cases[] = {
+        {DT_F32, 64, 0, 0},   {DT_F32, 16, 0, 0},   {DT_F32, 128, 0, 0}, {DT_F16, 64, 0, 0},
+        {DT_BF16, 64, 0, 0},  {DT_Q8_0, 64, 0, 0},  {DT_Q4_0, 64, 0, 0}, {DT_F32, 64, 1.5f, 7},
+        {DT_F16, 64, 0, 13},  {DT_Q8_0, 64, 2.0f, 5},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         attn_case c;
         attn_case_make(&c, r, cases[i].hd);
+        c.ap.softcap = cases[i].softcap;
+        c.ap.window = cases[i].window;
+        if (c.ap.window)
+            c.ap.scale *= 3.0f; /* sharper scores: the cap and window matter */
         if (kv_init_both(ref, test, cases[i].dtype, cases[i].hd) == 0) {
             int64_t n = (int64_t)c.cur.b.n_tokens * c.n_heads * c.hd;
             float *a = malloc(n * 4), *b = malloc(n * 4), mv = 0.0f;
@@ -632,9 +650,10 @@ static void test_attention(tb *ref, tb *test, tu_rng *r)
                 mv = fmaxf(mv, fabsf(c.v[j]));
             attn_run(ref, &c, a, 0);
             attn_run(test, &c, b, 1);
-            char what[64];
-            snprintf(what, sizeof what, "attention kv %s head_dim %d",
-                     dtype_get(cases[i].dtype)->name, cases[i].hd);
+            char what[96];
+            snprintf(what, sizeof what, "attention kv %s head_dim %d cap %g window %d",
+                     dtype_get(cases[i].dtype)->name, cases[i].hd, (double)cases[i].softcap,
+                     cases[i].window);
             CMP(what, a, b, n, NULL, 0.0f, 5e-5f * mv + 1e-6f);
             free(a), free(b);
         }

@@ -24,8 +24,40 @@
 #define T_BOUND 2e-5f
 
 #if KVANT_X86
+/* The specification written plainly: softmax(cap(q.k * scale)) V over
+ * positions [p0, n_pos), in double. */
+static void naive_row(const float *q, const cpu_attn_seq *s, int32_t n_pos, int32_t hd,
+                      float scale, double *out)
+{
+    double w[T_MAX_POS], mx = -INFINITY, sum = 0.0;
+    for (int32_t j = s->p0; j < n_pos; j++) {
+        const float *kr = s->k_base + s->table[j / s->block_size] * s->block_stride +
+                          (j % s->block_size) * s->row_stride;
+        double d = 0.0;
+        for (int32_t e = 0; e < hd; e++)
+            d += (double)q[e] * kr[e];
+        d *= scale;
+        if (s->softcap > 0.0f)
+            d = s->softcap * tanh(d / s->softcap);
+        w[j] = d;
+        mx = d > mx ? d : mx;
+    }
+    for (int32_t e = 0; e < hd; e++)
+        out[e] = 0.0;
+    for (int32_t j = s->p0; j < n_pos; j++) {
+        const float *vr = s->v_base + s->table[j / s->block_size] * s->block_stride +
+                          (j % s->block_size) * s->row_stride;
+        const double p = exp(w[j] - mx);
+        sum += p;
+        for (int32_t e = 0; e < hd; e++)
+            out[e] += p * vr[e];
+    }
+    for (int32_t e = 0; e < hd; e++)
+        out[e] /= sum;
+}
+
 static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f32_simd,
-                       cpu_kvq_row_fn f16_simd, const char *name)
+                       cpu_kvq_row_fn f16_simd, const char *name, int32_t p0, float softcap)
 {
     const int32_t n_blocks = (T_MAX_POS + T_BLOCK - 1) / T_BLOCK;
     const int64_t row = hd + 8; /* padding: a row stride wider than head_dim */
@@ -50,20 +82,27 @@ static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f
     }
     for (int32_t d = 0; d < hd; d++)
         q[d] = tu_rand_normal(r) * qscale;
-    cpu_attn_seq s = {k, v, table, T_BLOCK * row, row, T_BLOCK};
+    cpu_attn_seq s = {k, v, table, T_BLOCK * row, row, T_BLOCK, p0, softcap};
     const float scale = 1.0f / sqrtf((float)hd);
     cpu_attention_row_ref(q, &s, n_pos, hd, scale, scratch, o_ref);
+    double o_naive[T_MAX_HD];
+    naive_row(q, &s, n_pos, hd, scale, o_naive);
     float err = 0.0f;
+    for (int32_t d = 0; d < hd; d++)
+        err = fmaxf(err, (float)fabs(o_ref[d] - o_naive[d]));
+    CHECKF(err <= 1e-5f, "scalar row vs double n_pos %d p0 %d cap %g: max err %g", n_pos, p0,
+           (double)softcap, err);
+    err = 0.0f;
     if (f32_simd) {
         cpu_attention_row_avx512(q, &s, n_pos, hd, scale, scratch, o_simd);
         for (int32_t d = 0; d < hd; d++)
             err = fmaxf(err, fabsf(o_ref[d] - o_simd[d]));
-        CHECKF(err <= T_BOUND, "f32 avx512 n_pos %d hd %d qscale %g: max err %g", n_pos, hd,
-               qscale, err);
+        CHECKF(err <= T_BOUND, "f32 avx512 n_pos %d hd %d qscale %g p0 %d cap %g: max err %g",
+               n_pos, hd, qscale, p0, (double)softcap, err);
     }
     cpu_kvq_seq hs = {(const uint8_t *)kh, (const uint8_t *)vh, table,
                       (int64_t)(T_BLOCK * row * sizeof(half_fp16)),
-                      (int64_t)(row * sizeof(half_fp16)), T_BLOCK, DT_F16};
+                      (int64_t)(row * sizeof(half_fp16)), T_BLOCK, DT_F16, p0, softcap};
     if (f16_simd) {
         f16_simd(q, &hs, n_pos, hd, scale, scratch, o_simd);
         cpu_kvq_attention_row_ref(q, &hs, n_pos, hd, scale, scratch, o_typed);
@@ -72,8 +111,9 @@ static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f
             e1 = fmaxf(e1, fabsf(o_ref[d] - o_simd[d]));
             e2 = fmaxf(e2, fabsf(o_typed[d] - o_simd[d]));
         }
-        CHECKF(e1 <= T_BOUND && e2 <= T_BOUND, "f16 %s n_pos %d hd %d qscale %g: max err %g / %g",
-               name, n_pos, hd, qscale, e1, e2);
+        CHECKF(e1 <= T_BOUND && e2 <= T_BOUND,
+               "f16 %s n_pos %d hd %d qscale %g p0 %d cap %g: max err %g / %g", name, n_pos, hd,
+               qscale, p0, (double)softcap, e1, e2);
     }
     free(k), free(v), free(kh), free(vh);
 }
@@ -121,12 +161,17 @@ int main(void)
     const float qs[] = {0.5f, 4.0f, 20.0f}; /* soft to very peaked softmax */
     for (size_t i = 0; i < sizeof n_pos / sizeof n_pos[0]; i++)
         for (size_t j = 0; j < sizeof qs / sizeof qs[0]; j++)
-            for (int32_t hd = 64; hd <= 128; hd += 64) {
-                check_case(&r, n_pos[i], hd, qs[j], 0, cpu_kvq_attention_row_f16_avx2, "avx2");
-                if (has512)
-                    check_case(&r, n_pos[i], hd, qs[j], 1, cpu_kvq_attention_row_f16_avx512,
-                               "avx512");
-            }
+            for (int32_t hd = 64; hd <= 128; hd += 64)
+                for (int v = 0; v < 4; v++) { /* plain; window in a block; on a boundary; cap */
+                    const int32_t np = n_pos[i];
+                    const int32_t p0 = v == 1 ? np * 2 / 3 : v == 2 ? np / 2 / T_BLOCK * T_BLOCK : 0;
+                    const float cap = v == 3 ? 2.5f : v == 1 ? 8.0f : 0.0f;
+                    check_case(&r, n_pos[i], hd, qs[j], 0, cpu_kvq_attention_row_f16_avx2, "avx2",
+                               p0, cap);
+                    if (has512)
+                        check_case(&r, n_pos[i], hd, qs[j], 1, cpu_kvq_attention_row_f16_avx512,
+                                   "avx512", p0, cap);
+                }
     return tu_finish("test_ops");
 #else
     fprintf(stderr, "test_ops: the SIMD attention rows exist on x86-64 only: not run\n");

@@ -1,14 +1,18 @@
 /* test_tokenizer.c - tokenizer tests.
  *
  *  1. llama.cpp's vocabulary test vectors (tests/data/vectors/tokenizer, see
- *     its README): every line must match exactly (add_bos = 0,
- *     parse_special = 0).  A missing directory is a FAILURE, not a skip.
+ *     its README) for llama-spm, gpt-2, phi-3, llama-bpe (Llama 3), qwen2,
+ *     qwen35 and gemma-4: every line must match exactly (add_bos = 0,
+ *     parse_special = 0).  The four large vocabularies are read from
+ *     build/peer (`make peer-src`) and checked by sha256; a missing or
+ *     different file is a FAILURE, not a skip.
  *  2. The default model (SmolLM2, gpt2 + "smollm" pre-tokenizer) against
  *     an independent reference table (see SMOL_CASES).
  *  3. parse_special, round trips (incl. invalid UTF-8), streaming decode,
  *     a 10 KB encode speed bound and corrupt-vocabulary images.
  * Runs with cwd = repository root.
  */
+#include "kv/kvhash.h"
 #include "text/tokenizer.h"
 #include "testutil.h"
 
@@ -19,6 +23,7 @@
 #include <time.h>
 
 #define VEC_DIR "tests/data/vectors/tokenizer"
+#define PEER_DIR "build/peer/llama.cpp/models" /* llama.cpp 0c1e570, `make peer-src` */
 #define MODEL_PATH "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define SEP "\n__ggml_vocab_test__\n"
 
@@ -66,6 +71,11 @@ static int32_t *encode(const tokenizer *t, const char *s, size_t len, int bos, i
     return ids;
 }
 
+static int ids_equal(const int32_t *a, int64_t na, const int32_t *b, int64_t nb)
+{
+    return a && na == nb && (na == 0 || memcmp(a, b, (size_t)na * sizeof *a) == 0);
+}
+
 static tokenizer *load(const char *path)
 {
     kvant_err err = {0};
@@ -79,55 +89,122 @@ static tokenizer *load(const char *path)
     return t;
 }
 
+/* The vocabularies whose vectors are checked.  .inp/.out are vendored in
+ * VEC_DIR; a vocabulary with a sha256 is too large to vendor and is read
+ * from PEER_DIR, where scripts/fetch-peer-src.sh unpacks it. */
+typedef struct vec_vocab {
+    const char *name;
+    const char *sha256; /* of PEER_DIR/name; NULL: vendored in VEC_DIR */
+} vec_vocab;
+
+static const vec_vocab VOCABS[] = {
+    {"ggml-vocab-llama-spm.gguf", NULL},
+    {"ggml-vocab-gpt-2.gguf", NULL},
+    {"ggml-vocab-phi-3.gguf", NULL},
+    {"ggml-vocab-llama-bpe.gguf", "97272e430d53bc7688f52d5e0ad8ea8f163ede9f1bbd1694feaa504797d5d96e"},
+    {"ggml-vocab-qwen2.gguf", "44c2f46b715f585c6ab513970e8a006bfa5badd6108560054921cf598d154d8c"},
+    {"ggml-vocab-qwen35.gguf", "63ed952ff338996cf0bdf24a7b10015124273f75c6dc9bb427356aa3f67ec62c"},
+    {"ggml-vocab-gemma-4.gguf", "58b1ba0b57f3b4d7c468ba4ffd91ad85190346a3d7ad7e71d1cabaae8a14bb65"},
+};
+enum { N_VOCABS = sizeof VOCABS / sizeof VOCABS[0] };
+
+/* Path of a vocabulary's GGUF; for a peer file, fails the test (and
+ * returns 0) unless the file is there with the recorded sha256. */
+static int vocab_path(const vec_vocab *v, char *path, size_t cap)
+{
+    if (!v->sha256) {
+        snprintf(path, cap, "%s/%s", VEC_DIR, v->name);
+        return 1;
+    }
+    snprintf(path, cap, "%s/%s", PEER_DIR, v->name);
+    size_t len;
+    char *data = read_file(path, &len);
+    CHECKF(data != NULL, "missing %s: run make peer-src", path);
+    if (!data)
+        return 0;
+    uint8_t h[KVHASH_SHA256_BYTES];
+    kvhash_sha256(data, len, h);
+    free(data);
+    char hex[2 * KVHASH_SHA256_BYTES + 1];
+    for (int i = 0; i < KVHASH_SHA256_BYTES; i++)
+        snprintf(hex + 2 * i, 3, "%02x", h[i]);
+    int same = strcmp(hex, v->sha256) == 0;
+    CHECKF(same, "%s: sha256 %s, expected %s: run make peer-src", path, hex, v->sha256);
+    return same;
+}
+
+static tokenizer *load_vocab(const char *name)
+{
+    for (int i = 0; i < N_VOCABS; i++) {
+        char path[512];
+        if (strcmp(VOCABS[i].name, name) == 0)
+            return vocab_path(&VOCABS[i], path, sizeof path) ? load(path) : NULL;
+    }
+    CHECKF(0, "no vocabulary %s", name);
+    return NULL;
+}
+
+/* Next input of a .inp file: the text up to the separator, or (as
+ * llama.cpp's test reads them) the rest of the file when no separator
+ * follows the last one.  NULL at the end. */
+static const char *next_input(const char **ip, size_t *len)
+{
+    const char *s = *ip;
+    if (!*s)
+        return NULL;
+    const char *sep = strstr(s, SEP);
+    *len = sep ? (size_t)(sep - s) : strlen(s);
+    *ip = sep ? sep + strlen(SEP) : s + *len;
+    return s;
+}
+
 /* Checks one vocabulary's .inp/.out pair; returns the number of cases. */
-static int check_vectors(const char *name)
+static int check_vectors(const vec_vocab *v)
 {
     char path[512];
     size_t inp_len, out_len;
-    snprintf(path, sizeof path, "%s/%s.inp", VEC_DIR, name);
+    snprintf(path, sizeof path, "%s/%s.inp", VEC_DIR, v->name);
     char *inp = read_file(path, &inp_len);
     CHECKF(inp != NULL, "missing test vector file %s", path);
-    snprintf(path, sizeof path, "%s/%s.out", VEC_DIR, name);
+    snprintf(path, sizeof path, "%s/%s.out", VEC_DIR, v->name);
     char *out = read_file(path, &out_len);
     CHECKF(out != NULL, "missing test vector file %s", path);
-    snprintf(path, sizeof path, "%s/%s", VEC_DIR, name);
-    tokenizer *t = inp && out ? load(path) : NULL;
+    tokenizer *t = inp && out && vocab_path(v, path, sizeof path) ? load(path) : NULL;
     int n_cases = 0, n_bad = 0;
-    char *ip = inp, *op = out;
-    while (t) {
-        char *sep = strstr(ip, SEP);
-        if (!sep)
-            break;
+    const char *ip = inp, *text;
+    char *op = out;
+    size_t tl;
+    while (t && (text = next_input(&ip, &tl))) {
         char *eol = strchr(op, '\n');
-        CHECKF(eol != NULL, "%s: fewer output lines than inputs (case %d)", name, n_cases);
+        CHECKF(eol != NULL, "%s: fewer output lines than inputs (case %d)", v->name, n_cases);
         if (!eol)
             break;
         *eol = '\0';
         int32_t want[4096];
         int64_t nw = 0;
         for (char *p = op, *e; nw < 4096; p = e) {
-            long v = strtol(p, &e, 10);
+            long x = strtol(p, &e, 10);
             if (e == p)
                 break;
-            want[nw++] = (int32_t)v;
+            want[nw++] = (int32_t)x;
         }
         int64_t ng;
-        int32_t *got = encode(t, ip, (size_t)(sep - ip), 0, 0, &ng);
-        int same = got && ng == nw && memcmp(got, want, (size_t)nw * sizeof *want) == 0;
+        int32_t *got = encode(t, text, tl, 0, 0, &ng);
+        int same = ids_equal(got, ng, want, nw);
         if (!same && n_bad++ == 0) {
-            fprintf(stderr, "%s case %d mismatch, input (%zu bytes): \"%.*s\"\n", name, n_cases,
-                    (size_t)(sep - ip), (int)(sep - ip), ip);
+            fprintf(stderr, "%s case %d mismatch, input (%zu bytes): \"%.*s\"\n", v->name, n_cases, tl,
+                    (int)tl, text);
             print_ids("want", want, nw);
             print_ids("got ", got, ng);
         }
         free(got);
         n_cases++;
-        ip = sep + strlen(SEP);
         op = eol + 1;
     }
-    CHECKF(t && n_bad == 0, "%s: %d of %d cases differ", name, n_bad, n_cases);
-    CHECKF(!t || n_cases > 20, "%s: only %d cases parsed", name, n_cases);
-    fprintf(stderr, "%s: %d cases, %d mismatches\n", name, n_cases, n_bad);
+    CHECKF(!t || *op == '\0', "%s: more output lines than inputs (%d inputs)", v->name, n_cases);
+    CHECKF(t && n_bad == 0, "%s: %d of %d cases differ", v->name, n_bad, n_cases);
+    CHECKF(!t || n_cases > 20, "%s: only %d cases parsed", v->name, n_cases);
+    fprintf(stderr, "%s: %d cases, %d mismatches\n", v->name, n_cases, n_bad);
     tok_destroy(t);
     free(inp);
     free(out);
@@ -165,11 +242,6 @@ static const smol_case SMOL_CASES[] = {
     {"   leading and trailing   \012\012", 6, {256, 2899, 284, 35079, 333, 1116}},
     {"!!!???...,,,;;; @#$%^&*()", 16, {29646, 16693, 47, 27040, 12002, 43, 43, 43, 3394, 19, 20, 21, 78, 22, 26, 1000}},
 };
-
-static int ids_equal(const int32_t *a, int64_t na, const int32_t *b, int64_t nb)
-{
-    return a && na == nb && (na == 0 || memcmp(a, b, (size_t)na * sizeof *a) == 0);
-}
 
 static void test_smollm(const tokenizer *t)
 {
@@ -623,6 +695,146 @@ static gguf_ctx *tiny_open(corrupt_kind ck, unsigned char **img)
     return g;
 }
 
+/* Gemma 4's raw BPE on a vocabulary made here: <pad> <eos> <bos>, the 256
+ * <0xXX> byte tokens (ids 3..258), then h e l o U+2581 he ll hell hello
+ * "\n" "\n\n" (259..269); merges he, ll, hell, hello.  Expected ids follow
+ * llama.cpp's rules: spaces spelt U+2581, no word split but at newline
+ * runs, a newline run that is a token taken whole, <0xXX> for a character
+ * without a token. */
+enum { RAW_N = 270, RAW_H = 259, RAW_SP = 263, RAW_HELLO = 267, RAW_NL = 268, RAW_NL2 = 269 };
+
+static gguf_ctx *raw_open(const char *pre, int merges, unsigned char **img)
+{
+    static char text[RAW_N][8];
+    static const char *tok[RAW_N];
+    static const char *const tail[] = {"h", "e", "l", "o", "\342\226\201", "he", "ll", "hell", "hello", "\n", "\n\n"};
+    static const char *const mg[] = {"h e", "l l", "he ll", "hell o"};
+    int32_t type[RAW_N];
+    for (int i = 0; i < RAW_N; i++) {
+        if (i < 3)
+            snprintf(text[i], sizeof text[i], "%s", i == 0 ? "<pad>" : i == 1 ? "<eos>" : "<bos>");
+        else if (i < 259)
+            snprintf(text[i], sizeof text[i], "<0x%02X>", i - 3);
+        else
+            snprintf(text[i], sizeof text[i], "%s", tail[i - 259]);
+        tok[i] = text[i];
+        type[i] = i < 3 ? TOK_CONTROL : i < 259 ? TOK_BYTE : TOK_NORMAL;
+    }
+    gbuf b = {0};
+    gb_kv_str(&b, "general.architecture", "gemma4");
+    gb_kv_str(&b, "tokenizer.ggml.model", "gemma4");
+    if (pre)
+        gb_kv_str(&b, "tokenizer.ggml.pre", pre);
+    gb_kv_strs(&b, "tokenizer.ggml.tokens", tok, RAW_N);
+    gb_kv_i32s(&b, "tokenizer.ggml.token_type", type, RAW_N);
+    if (merges)
+        gb_kv_strs(&b, "tokenizer.ggml.merges", mg, 4);
+    gb_kv_u32(&b, "tokenizer.ggml.bos_token_id", 2);
+    gb_kv_u32(&b, "tokenizer.ggml.eos_token_id", 1);
+    gb_key(&b, "tokenizer.ggml.add_bos_token", GGUF_TYPE_BOOL);
+    gb_put(&b, "", 1); /* false: llama.cpp turns it on for gemma4 */
+    size_t size;
+    *img = gb_image(&b, &size);
+    free(b.p);
+    kvant_err err = {0};
+    gguf_ctx *g = gguf_open_buffer(*img, size, &err);
+    CHECKF(g != NULL, "raw image rejected by the GGUF reader: %s", err.msg);
+    return g;
+}
+
+static void expect_ids(const tokenizer *t, const char *what, const char *s, size_t len, const int32_t *want,
+                       int64_t nw)
+{
+    int64_t n;
+    int32_t *ids = encode(t, s, len, 0, 0, &n);
+    int ok = ids_equal(ids, n, want, nw);
+    CHECKF(ok, "%s: \"%.*s\"", what, (int)len, s);
+    if (!ok) {
+        print_ids("want", want, nw);
+        print_ids("got ", ids, n);
+    }
+    free(ids);
+}
+
+static void test_raw_bpe(void)
+{
+    unsigned char *img;
+    /* tokenizer.ggml.pre is ignored for gemma4, as llama.cpp does */
+    gguf_ctx *g = raw_open("martian", 1, &img);
+    kvant_err err = {0};
+    tokenizer *t = g ? tok_create(g, &err) : NULL;
+    CHECKF(t != NULL, "raw vocab: %s", err.msg);
+    if (t) {
+        static const int32_t w1[] = {RAW_HELLO, RAW_SP, RAW_HELLO};
+        static const int32_t w2[] = {RAW_H, 3 + 0xFF, RAW_NL2, RAW_HELLO};
+        static const int32_t w3[] = {RAW_NL, RAW_NL, RAW_NL};
+        static const int32_t w4[] = {3 + 0xC3, 3 + 0xA9, RAW_SP, 262 /* o */};
+        expect_ids(t, "raw spaces", "hello hello", 11, w1, 3);
+        expect_ids(t, "raw byte + newline run", "h\377\n\nhello", 9, w2, 4);
+        expect_ids(t, "raw long newline run", "\n\n\n", 3, w3, 3);
+        expect_ids(t, "raw byte fallback", "\303\251 o", 4, w4, 4);
+        CHECK(tok_add_bos(t) == 1 && tok_bos(t) == 2 && tok_is_eog(t, 1));
+        char *d = tok_decode(t, w1, 3, 0);
+        CHECK(d && strcmp(d, "hello hello") == 0);
+        free(d);
+        d = tok_decode(t, w4, 4, 0);
+        CHECK(d && strcmp(d, "\303\251 o") == 0);
+        free(d);
+    }
+    tok_destroy(t);
+    gguf_close(g);
+    free(img);
+    g = raw_open(NULL, 0, &img); /* gemma4 needs merges */
+    t = g ? tok_create(g, &err) : NULL;
+    CHECK(t == NULL && err.code == KV_EFORMAT && strstr(err.msg, "merges"));
+    tok_destroy(t);
+    gguf_close(g);
+    free(img);
+}
+
+/* Qwen3.5 keeps combining marks (\p{M}) in letter runs, Qwen2 does not:
+ * with a merge e + U+0301, "e\314\201" is one token only under qwen35.
+ * Built on the tiny byte-level vocabulary plus "Ìģ" (U+0301's bytes) and
+ * "eÌģ". */
+static void test_qwen35_marks(void)
+{
+    tiny_vocab();
+    static char acute[16], e_acute[24];
+    snprintf(acute, sizeof acute, "%s%s", TINY_TEXT[0xCC], TINY_TEXT[0x81]);
+    snprintf(e_acute, sizeof e_acute, "e%s", acute);
+    const char *tok[258];
+    for (int i = 0; i < 256; i++)
+        tok[i] = TINY_TEXT[i];
+    tok[256] = acute;
+    tok[257] = e_acute;
+    char m1[24], m2[32];
+    snprintf(m1, sizeof m1, "%s %s", TINY_TEXT[0xCC], TINY_TEXT[0x81]);
+    snprintf(m2, sizeof m2, "e %s", acute);
+    const char *mg[2] = {m1, m2};
+    for (int q35 = 0; q35 <= 1; q35++) {
+        gbuf b = {0};
+        gb_kv_str(&b, "tokenizer.ggml.model", "gpt2");
+        gb_kv_str(&b, "tokenizer.ggml.pre", q35 ? "qwen35" : "qwen2");
+        gb_kv_strs(&b, "tokenizer.ggml.tokens", tok, 258);
+        gb_kv_strs(&b, "tokenizer.ggml.merges", mg, 2);
+        size_t size;
+        unsigned char *img = gb_image(&b, &size);
+        free(b.p);
+        kvant_err err = {0};
+        gguf_ctx *g = gguf_open_buffer(img, size, &err);
+        tokenizer *t = g ? tok_create(g, &err) : NULL;
+        CHECKF(t != NULL, "qwen35 marks vocab: %s", err.msg);
+        if (t) {
+            static const int32_t merged[] = {257}, split[] = {'e', 256};
+            expect_ids(t, q35 ? "qwen35 e + U+0301" : "qwen2 e + U+0301", "e\314\201", 3, q35 ? merged : split,
+                       q35 ? 1 : 2);
+        }
+        tok_destroy(t);
+        gguf_close(g);
+        free(img);
+    }
+}
+
 static void test_corrupt(void)
 {
     tiny_vocab();
@@ -656,7 +868,8 @@ static void test_corrupt(void)
             ids = encode(t, "<|c|>", 5, 0, 0, &n);
             CHECK(n == 5 && ids && ids[0] == '<');
             free(ids);
-            CHECK(tok_bos(t) == 260 && tok_add_bos(t) == 0 && tok_eos(t) == -1);
+            /* llama-bpe's add_bos is true unless the file says otherwise (it does not here) */
+            CHECK(tok_bos(t) == 260 && tok_add_bos(t) == (ck == CK_PRE_LLAMA3) && tok_eos(t) == -1);
         }
         tok_destroy(t);
         gguf_close(g);
@@ -664,10 +877,60 @@ static void test_corrupt(void)
     }
 }
 
+/* Metadata rules that the vectors (add_bos = 0, parse_special = 0) do not
+ * reach, each as llama.cpp 0c1e570 applies it. */
+static void test_family_details(void)
+{
+    tokenizer *l3 = load_vocab("ggml-vocab-llama-bpe.gguf");
+    if (l3) /* llama-bpe: add_bos defaults to true when the key is absent (it is here) */
+        CHECK(tok_add_bos(l3) == 1 && tok_bos(l3) == 128000 && tok_is_eog(l3, 128001));
+    tok_destroy(l3);
+    tokenizer *q = load_vocab("ggml-vocab-qwen35.gguf");
+    if (q) {
+        CHECK(tok_add_bos(q) == 0 && tok_eot(q) == 151645 && tok_is_eog(q, 151643));
+        int64_t n;
+        int32_t *ids = encode(q, "<|im_start|>user", 16, 0, 1, &n);
+        CHECK(n == 2 && ids && ids[0] == 151644);
+        free(ids);
+    }
+    tok_destroy(q);
+    tokenizer *g = load_vocab("ggml-vocab-gemma-4.gguf");
+    if (!g)
+        return;
+    /* gemma4: BOS forced on, <turn|> ends a turn, <|tool_response> ends
+     * generation and (USER_DEFINED in the file, CONTROL in llama.cpp) is
+     * read as one token only with parse_special */
+    CHECK(tok_add_bos(g) == 1 && tok_bos(g) == 2 && tok_eos(g) == 1);
+    CHECK(tok_eot(g) == 106 && tok_is_eog(g, 106) && tok_is_eog(g, 1) && tok_is_eog(g, 50));
+    int64_t n;
+    int32_t *ids = encode(g, "<|tool_response>", 16, 0, 0, &n);
+    CHECK(ids && n > 1);
+    free(ids);
+    ids = encode(g, "<|tool_response>", 16, 0, 1, &n);
+    CHECK(ids && n == 1 && ids[0] == 50);
+    free(ids);
+    ids = encode(g, "<|tool_call>x", 13, 0, 0, &n); /* USER_DEFINED: always one token */
+    CHECK(ids && n == 2 && ids[0] == 48);
+    free(ids);
+    /* spaces are U+2581 in the vocabulary and decode back; a byte without
+     * a character token falls back to <0xXX> */
+    static const int32_t hw[] = {9259, 1902};
+    ids = encode(g, "Hello world", 11, 0, 0, &n);
+    CHECK(ids_equal(ids, n, hw, 2));
+    free(ids);
+    char buf[16];
+    CHECK(tok_piece(g, 1902, 0, buf, sizeof buf) == 6 && memcmp(buf, " world", 6) == 0);
+    ids = encode(g, "\377", 1, 0, 0, &n);
+    CHECK(n == 1 && ids && ids[0] == 238 + 0xFF);
+    free(ids);
+    CHECK(tok_piece(g, 238 + 0x0A, 0, buf, sizeof buf) == 1 && buf[0] == '\n');
+    tok_destroy(g);
+}
+
 int main(void)
 {
-    check_vectors("ggml-vocab-llama-spm.gguf");
-    check_vectors("ggml-vocab-gpt-2.gguf");
+    for (int i = 0; i < N_VOCABS; i++)
+        check_vectors(&VOCABS[i]);
 
     tokenizer *smol = load(MODEL_PATH);
     if (smol) {
@@ -697,6 +960,31 @@ int main(void)
     tok_destroy(gpt2);
     tok_destroy(smol);
 
+    /* the families' own vocabularies: round trips (any bytes) and speed */
+    static const struct {
+        const char *file, *name;
+        int spm, specials;
+    } fam[] = {
+        {"ggml-vocab-phi-3.gguf", "phi-3", 1, 0},
+        {"ggml-vocab-llama-bpe.gguf", "llama-bpe", 0, 1},
+        {"ggml-vocab-qwen35.gguf", "qwen35", 0, 1},
+        {"ggml-vocab-gemma-4.gguf", "gemma-4", 0, 1},
+    };
+    for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++) {
+        tokenizer *t = load_vocab(fam[i].file);
+        if (!t)
+            continue;
+        test_round_trip(t, fam[i].name, fam[i].spm);
+        /* U+2581 decodes to ' ' wherever it spells a space (SPM, gemma4) */
+        int u2581_is_space = fam[i].spm || strcmp(fam[i].name, "gemma-4") == 0;
+        test_random_round_trip(t, fam[i].name, 1, fam[i].specials, u2581_is_space);
+        test_speed(t, fam[i].name);
+        tok_destroy(t);
+    }
+    test_family_details();
+
     test_corrupt();
+    test_raw_bpe();
+    test_qwen35_marks();
     return tu_finish("test_tokenizer");
 }

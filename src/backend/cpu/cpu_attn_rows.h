@@ -6,13 +6,16 @@
 #ifndef KVANT_CPU_ATTN_ROWS_H
 #define KVANT_CPU_ATTN_ROWS_H
 
+#include <math.h>
 #include <stdint.h>
 
-/* One query head of one token against positions [0, n_pos) of a sequence,
+/* One query head of one token against positions [p0, n_pos) of a sequence,
  * read through its block table (f32 K/V), online softmax in block order.
  * K of position j is at k_base + table[j / block_size] * block_stride +
  * (j % block_size) * row_stride (head offset already applied to k_base);
- * V likewise.  scratch: [block_size] floats. */
+ * V likewise.  scratch: [block_size] floats.  p0 > 0: a sliding window
+ * (positions before p0 are not read); softcap > 0: each scaled score s
+ * becomes softcap * tanh(s / softcap) (attn_softcap). */
 typedef struct cpu_attn_seq {
     const float *k_base;
     const float *v_base;
@@ -20,7 +23,15 @@ typedef struct cpu_attn_seq {
     int64_t block_stride;
     int64_t row_stride;
     int32_t block_size;
+    int32_t p0;
+    float softcap;
 } cpu_attn_seq;
+
+/* The score transform every row applies after the scale (the reference). */
+static inline float attn_softcap(float s, float cap)
+{
+    return cap > 0.0f ? cap * tanhf(s / cap) : s;
+}
 typedef void (*cpu_attn_row_fn)(const float *q, const cpu_attn_seq *s, int32_t n_pos,
                                 int32_t head_dim, float scale, float *scratch, float *out);
 
@@ -35,6 +46,8 @@ typedef struct cpu_kvq_seq {
     int64_t row_stride;   /* bytes */
     int32_t block_size;
     uint32_t type;
+    int32_t p0;           /* first position read (sliding window), as cpu_attn_seq */
+    float softcap;        /* as cpu_attn_seq */
 } cpu_kvq_seq;
 
 /* An attention row over stored rows: out[head_dim] = softmax(q . K_j *

@@ -638,6 +638,7 @@ typedef struct attn_job {
     int32_t il, n_heads;
     const float *q;
     float *out;
+    attn_params ap;
 } attn_job;
 
 static void attn_worker(int ith, int nth, void *arg)
@@ -649,7 +650,7 @@ static void attn_worker(int ith, int nth, void *arg)
     int32_t hd = cb->kv.head_dim, group = j->n_heads / n_kv;
     int64_t kv_dim = (int64_t)n_kv * hd;
     float *scratch = cb->scratch + ith * cb->scratch_per_thread;
-    float scale = 1.0f / sqrtf((float)hd);
+    const float scale = j->ap.scale;
     long b0, e0;
     tpool_range((long)b->n_tokens * j->n_heads, ith, nth, &b0, &e0);
     for (long w = b0; w < e0; w++) {
@@ -658,6 +659,10 @@ static void attn_worker(int ith, int nth, void *arg)
         int32_t kvh = h / group;
         const float *q = j->q + ((int64_t)t * j->n_heads + h) * hd;
         float *out = j->out + ((int64_t)t * j->n_heads + h) * hd;
+        /* a window W reads (pos - W, pos]: llama.cpp masks pos - p >= W */
+        const int32_t p0 = j->ap.window > 0 && b->pos[t] >= j->ap.window
+                               ? b->pos[t] - j->ap.window + 1
+                               : 0;
         if (cb->kv.dtype != DT_F32) {
             const dtype_traits *tr = dtype_get(cb->kv.dtype);
             size_t head_off = (size_t)kvh * hd / tr->block_size * tr->type_size;
@@ -669,6 +674,8 @@ static void attn_worker(int ith, int nth, void *arg)
                 .row_stride = cb->kv_row_bytes[j->il],
                 .block_size = cb->kv.block_size,
                 .type = cb->kv.dtype,
+                .p0 = p0,
+                .softcap = j->ap.softcap,
             };
             cb->attn.kvq(q, &qs, b->pos[t] + 1, hd, scale, scratch, out);
             continue;
@@ -680,22 +687,28 @@ static void attn_worker(int ith, int nth, void *arg)
             .block_stride = cb->kv_block_stride / (int64_t)sizeof(float),
             .row_stride = kv_dim,
             .block_size = cb->kv.block_size,
+            .p0 = p0,
+            .softcap = j->ap.softcap,
         };
         cb->attn.f32(q, &as, b->pos[t] + 1, hd, scale, scratch, out);
     }
 }
 
-static void cpu_attention(backend *be, int32_t il, const float *d_q, int32_t n_heads, float *d_out)
+static void cpu_attention(backend *be, int32_t il, const float *d_q, int32_t n_heads,
+                          const attn_params *ap, float *d_out)
 {
-    attn_job j = {cpu(be), il, n_heads, d_q, d_out};
+    attn_job j = {cpu(be), il, n_heads, d_q, d_out, *ap};
     tpool_run(cpu(be)->pool, attn_worker, &j);
 }
+
+typedef enum ew_op { EW_SWIGLU, EW_ADD, EW_GEGLU, EW_SCALE, EW_SOFTCAP } ew_op;
 
 typedef struct ew_job {
     const float *a, *b;
     float *out;
     int64_t n;
-    int op; /* 0 swiglu, 1 add */
+    ew_op op;
+    float s; /* EW_SCALE's factor, EW_SOFTCAP's cap */
 } ew_job;
 
 static void ew_worker(int ith, int nth, void *arg)
@@ -703,25 +716,54 @@ static void ew_worker(int ith, int nth, void *arg)
     ew_job *j = arg;
     long b, e;
     tpool_range((long)j->n, ith, nth, &b, &e);
-    if (j->op == 0) {
-        cpu_swiglu(j->a + b, j->b + b, j->out + b, e - b);
-    } else {
+    switch (j->op) {
+    case EW_SWIGLU: cpu_swiglu(j->a + b, j->b + b, j->out + b, e - b); break;
+    case EW_GEGLU: cpu_geglu(j->a + b, j->b + b, j->out + b, e - b); break;
+    case EW_ADD:
         for (long i = b; i < e; i++)
             j->out[i] += j->b[i];
+        break;
+    case EW_SCALE:
+        for (long i = b; i < e; i++)
+            j->out[i] *= j->s;
+        break;
+    case EW_SOFTCAP:
+        for (long i = b; i < e; i++)
+            j->out[i] = j->s * tanhf(j->out[i] / j->s);
+        break;
     }
 }
 
 static void cpu_swiglu_op(backend *be, const float *d_gate, const float *d_up, float *d_out,
                           int64_t n)
 {
-    ew_job j = {d_gate, d_up, d_out, n, 0};
+    ew_job j = {d_gate, d_up, d_out, n, EW_SWIGLU, 0.0f};
     cpu_run(cpu(be), ew_worker, &j, (long)n * 4); /* expf: ~4 adds' worth */
+}
+
+static void cpu_geglu_op(backend *be, const float *d_gate, const float *d_up, float *d_out,
+                         int64_t n)
+{
+    ew_job j = {d_gate, d_up, d_out, n, EW_GEGLU, 0.0f};
+    cpu_run(cpu(be), ew_worker, &j, (long)n * 4);
 }
 
 static void cpu_add(backend *be, float *d_x, const float *d_y, int64_t n)
 {
-    ew_job j = {d_x, d_y, d_x, n, 1};
+    ew_job j = {d_x, d_y, d_x, n, EW_ADD, 0.0f};
     cpu_run(cpu(be), ew_worker, &j, (long)n);
+}
+
+static void cpu_scale(backend *be, float *d_x, float s, int64_t n)
+{
+    ew_job j = {d_x, NULL, d_x, n, EW_SCALE, s};
+    cpu_run(cpu(be), ew_worker, &j, (long)n);
+}
+
+static void cpu_softcap(backend *be, float *d_x, float cap, int64_t n)
+{
+    ew_job j = {d_x, NULL, d_x, n, EW_SOFTCAP, cap};
+    cpu_run(cpu(be), ew_worker, &j, (long)n * 4);
 }
 
 static void cpu_gather_out(backend *be, const float *d_src, int32_t row_len, float *d_dst)
@@ -774,6 +816,9 @@ static const backend_ops cpu_ops = {
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .swiglu = cpu_swiglu_op,
+    .geglu = cpu_geglu_op,
+    .scale = cpu_scale,
+    .softcap = cpu_softcap,
     .add = cpu_add,
     .gather_out = cpu_gather_out,
 };

@@ -57,14 +57,15 @@ void cpu_kvq_attention_row_ref(const float *q, const cpu_kvq_seq *s, int32_t n_p
     float m = -INFINITY, l = 0.0f;
     for (int32_t d = 0; d < head_dim; d++)
         out[d] = 0.0f;
-    for (int32_t start = 0; start < n_pos; start += s->block_size) {
+    for (int32_t start = s->p0 - s->p0 % s->block_size; start < n_pos; start += s->block_size) {
+        const int32_t lo = start < s->p0 ? s->p0 - start : 0; /* window start in this block */
         int32_t blk = s->table[start / s->block_size];
-        int32_t cnt = n_pos - start < s->block_size ? n_pos - start : s->block_size;
-        const uint8_t *kb = s->k_base + (int64_t)blk * s->block_stride;
-        const uint8_t *vb = s->v_base + (int64_t)blk * s->block_stride;
+        int32_t cnt = (n_pos - start < s->block_size ? n_pos - start : s->block_size) - lo;
+        const uint8_t *kb = s->k_base + (int64_t)blk * s->block_stride + (int64_t)lo * s->row_stride;
+        const uint8_t *vb = s->v_base + (int64_t)blk * s->block_stride + (int64_t)lo * s->row_stride;
         float bm = -INFINITY;
         for (int32_t j = 0; j < cnt; j++) {
-            scratch[j] = tr->vec_dot(head_dim, kb + j * s->row_stride, q) * scale;
+            scratch[j] = attn_softcap(tr->vec_dot(head_dim, kb + j * s->row_stride, q) * scale, s->softcap);
             bm = scratch[j] > bm ? scratch[j] : bm;
         }
         float m_new = bm > m ? bm : m;

@@ -1,5 +1,6 @@
 /* cpu_ops.c - scalar kernels for RMSNorm, RoPE, SwiGLU and attention rows.
  *
+ * (and GeGLU; attention rows take a sliding window start and a soft-cap)
  * These are both the CPU implementation and the specification that any
  * SIMD or CUDA variant is tested against (cpu_attention_row_for picks
  * cpu_attention_row_avx512 when the kernels run AVX-512).  Reductions run
@@ -31,8 +32,8 @@ void cpu_rope_table(int32_t pos, const rope_params *rp, const float *freq_factor
         double theta = (double)pos * rp->freq_scale * inv;
         if (freq_factors)
             theta /= freq_factors[i];
-        cs[2 * i] = (float)cos(theta);
-        cs[2 * i + 1] = (float)sin(theta);
+        cs[2 * i] = (float)cos(theta) * rp->mscale;
+        cs[2 * i + 1] = (float)sin(theta) * rp->mscale;
     }
 }
 
@@ -61,6 +62,16 @@ void cpu_swiglu(const float *gate, const float *up, float *out, int64_t n)
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i];
         out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void cpu_geglu(const float *gate, const float *up, float *out, int64_t n)
+{
+    /* ggml_gelu's tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+    const float c = 0.79788456080286535588f, a = 0.044715f;
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = 0.5f * g * (1.0f + tanhf(c * g * (1.0f + a * g * g))) * up[i];
     }
 }
 
@@ -98,14 +109,15 @@ void cpu_attention_row_ref(const float *q, const cpu_attn_seq *s, int32_t n_pos,
     float m = -INFINITY, l = 0.0f;
     for (int32_t d = 0; d < head_dim; d++)
         out[d] = 0.0f;
-    for (int32_t start = 0; start < n_pos; start += s->block_size) {
+    for (int32_t start = s->p0 - s->p0 % s->block_size; start < n_pos; start += s->block_size) {
+        const int32_t lo = start < s->p0 ? s->p0 - start : 0; /* window start in this block */
         int32_t blk = s->table[start / s->block_size];
-        int32_t cnt = n_pos - start < s->block_size ? n_pos - start : s->block_size;
-        const float *kb = s->k_base + (int64_t)blk * s->block_stride;
-        const float *vb = s->v_base + (int64_t)blk * s->block_stride;
+        int32_t cnt = (n_pos - start < s->block_size ? n_pos - start : s->block_size) - lo;
+        const float *kb = s->k_base + (int64_t)blk * s->block_stride + (int64_t)lo * s->row_stride;
+        const float *vb = s->v_base + (int64_t)blk * s->block_stride + (int64_t)lo * s->row_stride;
         float bm = -INFINITY;
         for (int32_t j = 0; j < cnt; j++) {
-            scratch[j] = dot_f32(q, kb + j * s->row_stride, head_dim) * scale;
+            scratch[j] = attn_softcap(dot_f32(q, kb + j * s->row_stride, head_dim) * scale, s->softcap);
             bm = scratch[j] > bm ? scratch[j] : bm;
         }
         float m_new = bm > m ? bm : m;

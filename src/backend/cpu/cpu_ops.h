@@ -13,10 +13,12 @@
 #include "kernels/dtype.h"
 
 void cpu_rmsnorm_row(const float *x, const float *w, float eps, float *y, int32_t n);
-/* cos/sin table for one position: cs[2*i] = cos(theta_i), cs[2*i+1] = sin. */
+/* cos/sin table for one position: cs[2*i] = mscale cos(theta_i), cs[2*i+1] = mscale sin. */
 void cpu_rope_table(int32_t pos, const rope_params *rp, const float *freq_factors, float *cs);
 void cpu_rope_head(float *x, const float *cs, const rope_params *rp, int32_t head_dim);
 void cpu_swiglu(const float *gate, const float *up, float *out, int64_t n);
+/* out[i] = gelu_tanh(gate[i]) * up[i] */
+void cpu_geglu(const float *gate, const float *up, float *out, int64_t n);
 
 /* The attention row for heads of head_dim on `isa` (dtype_kernel_isa()):
  * the AVX-512 twin when isa is AVX-512 and head_dim % 16 == 0, else the

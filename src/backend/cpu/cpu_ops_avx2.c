@@ -78,14 +78,15 @@ void cpu_kvq_attention_row_f16_avx2(const float *q, const cpu_kvq_seq *s, int32_
     float m = -INFINITY, l = 0.0f;
     for (int32_t d = 0; d < head_dim; d += 8)
         _mm256_storeu_ps(out + d, _mm256_setzero_ps());
-    for (int32_t start = 0; start < n_pos; start += s->block_size) {
+    for (int32_t start = s->p0 - s->p0 % s->block_size; start < n_pos; start += s->block_size) {
+        const int32_t lo = start < s->p0 ? s->p0 - start : 0; /* window start in this block */
         const int32_t blk = s->table[start / s->block_size];
-        const int32_t cnt = n_pos - start < s->block_size ? n_pos - start : s->block_size;
-        const uint8_t *kb = s->k_base + (int64_t)blk * s->block_stride;
-        const uint8_t *vb = s->v_base + (int64_t)blk * s->block_stride;
+        const int32_t cnt = (n_pos - start < s->block_size ? n_pos - start : s->block_size) - lo;
+        const uint8_t *kb = s->k_base + (int64_t)blk * s->block_stride + (int64_t)lo * s->row_stride;
+        const uint8_t *vb = s->v_base + (int64_t)blk * s->block_stride + (int64_t)lo * s->row_stride;
         float bm = -INFINITY;
         for (int32_t j = 0; j < cnt; j++) {
-            scratch[j] = dot256_f16(q, kb + j * s->row_stride, head_dim) * scale;
+            scratch[j] = attn_softcap(dot256_f16(q, kb + j * s->row_stride, head_dim) * scale, s->softcap);
             bm = scratch[j] > bm ? scratch[j] : bm;
         }
         const float m_new = bm > m ? bm : m;

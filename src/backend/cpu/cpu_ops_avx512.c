@@ -79,6 +79,8 @@ typedef struct kv_rows {
     const int32_t *table;
     int64_t block_stride, row_stride; /* bytes */
     int32_t block_size;
+    int32_t p0;    /* first position read (sliding window) */
+    float softcap; /* > 0: scores capped (attn_softcap) */
 } kv_rows;
 
 AI void attention_row(const float *q, const kv_rows *s, int f16, int32_t n_pos, int32_t head_dim,
@@ -88,14 +90,16 @@ AI void attention_row(const float *q, const kv_rows *s, int f16, int32_t n_pos, 
     float m = -INFINITY, l = 0.0f;
     for (int32_t d = 0; d < head_dim; d += 16)
         _mm512_storeu_ps(out + d, _mm512_setzero_ps());
-    for (int32_t start = 0; start < n_pos; start += s->block_size) {
+    for (int32_t start = s->p0 - s->p0 % s->block_size; start < n_pos; start += s->block_size) {
+        const int32_t lo = start < s->p0 ? s->p0 - start : 0; /* window start in this block */
         const int32_t blk = s->table[start / s->block_size];
-        const int32_t cnt = n_pos - start < s->block_size ? n_pos - start : s->block_size;
-        const uint8_t *kb = s->k_base + (int64_t)blk * s->block_stride;
-        const uint8_t *vb = s->v_base + (int64_t)blk * s->block_stride;
+        const int32_t cnt = (n_pos - start < s->block_size ? n_pos - start : s->block_size) - lo;
+        const uint8_t *kb = s->k_base + (int64_t)blk * s->block_stride + (int64_t)lo * s->row_stride;
+        const uint8_t *vb = s->v_base + (int64_t)blk * s->block_stride + (int64_t)lo * s->row_stride;
         float bm = -INFINITY;
         for (int32_t j = 0; j < cnt; j++) {
-            scratch[j] = dot512_kv(q, kb + j * s->row_stride, head_dim, f16) * scale;
+            scratch[j] =
+                attn_softcap(dot512_kv(q, kb + j * s->row_stride, head_dim, f16) * scale, s->softcap);
             bm = scratch[j] > bm ? scratch[j] : bm;
         }
         const float m_new = bm > m ? bm : m;
@@ -124,7 +128,7 @@ void cpu_attention_row_avx512(const float *q, const cpu_attn_seq *s, int32_t n_p
 {
     const kv_rows r = {(const uint8_t *)s->k_base, (const uint8_t *)s->v_base, s->table,
                        s->block_stride * (int64_t)sizeof(float),
-                       s->row_stride * (int64_t)sizeof(float), s->block_size};
+                       s->row_stride * (int64_t)sizeof(float), s->block_size, s->p0, s->softcap};
     attention_row(q, &r, 0, n_pos, head_dim, scale, scratch, out);
 }
 
@@ -132,6 +136,6 @@ void cpu_kvq_attention_row_f16_avx512(const float *q, const cpu_kvq_seq *s, int3
                                       int32_t head_dim, float scale, float *scratch, float *out)
 {
     const kv_rows r = {s->k_base, s->v_base, s->table, s->block_stride, s->row_stride,
-                       s->block_size};
+                       s->block_size, s->p0, s->softcap};
     attention_row(q, &r, 1, n_pos, head_dim, scale, scratch, out);
 }

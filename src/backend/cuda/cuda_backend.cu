@@ -451,7 +451,7 @@ static void cuda_rope_op(backend *be, float *d_x, int32_t n_heads, int32_t head_
     cuda_backend *cb = cu(be);
     cb_check(cb, cuda_rope(cb->stream, d_x, cb->bd.pos, cb->bd.n_tokens, n_heads, head_dim,
                            rp->kind == ROPE_NEOX, rp->n_rot, rp->base, rp->freq_scale,
-                           rp->d_freq_factors), "rope");
+                           rp->d_freq_factors, rp->mscale), "rope");
 }
 
 static void cuda_kv_store_op(backend *be, int32_t il, const float *d_k, const float *d_v)
@@ -461,11 +461,31 @@ static void cuda_kv_store_op(backend *be, int32_t il, const float *d_k, const fl
 }
 
 static void cuda_attention_op(backend *be, int32_t il, const float *d_q, int32_t n_heads,
-                              float *d_out)
+                              const attn_params *ap, float *d_out)
 {
     cuda_backend *cb = cu(be);
-    cb_check(cb, cuda_attention(cb->stream, &cb->kvd, il, &cb->bd, d_q, n_heads, d_out),
+    cb_check(cb, cuda_attention(cb->stream, &cb->kvd, il, &cb->bd, d_q, n_heads, ap->scale,
+                                ap->softcap, ap->window, d_out),
              "attention");
+}
+
+static void cuda_geglu_op(backend *be, const float *d_gate, const float *d_up, float *d_out,
+                          int64_t n)
+{
+    cuda_backend *cb = cu(be);
+    cb_check(cb, cuda_geglu(cb->stream, d_gate, d_up, d_out, n), "geglu");
+}
+
+static void cuda_scale_op(backend *be, float *d_x, float f, int64_t n)
+{
+    cuda_backend *cb = cu(be);
+    cb_check(cb, cuda_scale(cb->stream, d_x, f, n), "scale");
+}
+
+static void cuda_softcap_op(backend *be, float *d_x, float cap, int64_t n)
+{
+    cuda_backend *cb = cu(be);
+    cb_check(cb, cuda_softcap(cb->stream, d_x, cap, n), "softcap");
 }
 
 static void cuda_swiglu_op(backend *be, const float *d_gate, const float *d_up, float *d_out,
@@ -543,6 +563,9 @@ static const backend_ops cuda_ops = {
     .kv_store = cuda_kv_store_op,
     .attention = cuda_attention_op,
     .swiglu = cuda_swiglu_op,
+    .geglu = cuda_geglu_op,
+    .scale = cuda_scale_op,
+    .softcap = cuda_softcap_op,
     .add = cuda_add_op,
     .gather_out = cuda_gather_op,
 };

@@ -67,15 +67,21 @@ cudaError_t cuda_rmsnorm(cudaStream_t s, const float *x, const float *w, float e
                          int32_t n, int32_t dim);
 cudaError_t cuda_rope(cudaStream_t s, float *x, const int32_t *d_pos, int32_t n_tokens,
                       int32_t n_heads, int32_t head_dim, int neox, int32_t n_rot, float base,
-                      float freq_scale, const float *d_freq_factors);
+                      float freq_scale, const float *d_freq_factors, float mscale);
 cudaError_t cuda_swiglu(cudaStream_t s, const float *gate, const float *up, float *out, int64_t n);
+/* out = gelu_tanh(gate) * up; x *= f; x = cap * tanh(x / cap) */
+cudaError_t cuda_geglu(cudaStream_t s, const float *gate, const float *up, float *out, int64_t n);
+cudaError_t cuda_scale(cudaStream_t s, float *x, float f, int64_t n);
+cudaError_t cuda_softcap(cudaStream_t s, float *x, float cap, int64_t n);
 cudaError_t cuda_add(cudaStream_t s, float *x, const float *y, int64_t n);
 cudaError_t cuda_gather(cudaStream_t s, const float *src, int32_t row_len,
                         const int32_t *d_out, int32_t n_out, float *dst);
 cudaError_t cuda_kv_store(cudaStream_t s, const cuda_kv_desc *kv, int32_t il,
                           const cuda_batch_desc *b, const float *k, const float *v);
+/* scale, softcap (> 0: scores capped), window (> 0: positions (p - window, p]) */
 cudaError_t cuda_attention(cudaStream_t s, const cuda_kv_desc *kv, int32_t il,
-                           const cuda_batch_desc *b, const float *q, int32_t n_heads, float *out);
+                           const cuda_batch_desc *b, const float *q, int32_t n_heads, float scale,
+                           float softcap, int32_t window, float *out);
 
 /* The backend's stream and device (cuda_backend.cu), for the collectives
  * of cuda_tp.cu, which run on the same stream. */

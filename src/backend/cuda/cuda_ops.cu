@@ -61,7 +61,7 @@ cudaError_t cuda_rmsnorm(cudaStream_t s, const float *x, const float *w, float e
 
 __global__ void rope_kernel(float *x, const int32_t *__restrict__ pos, int32_t n_heads,
                             int32_t head_dim, int neox, int32_t n_rot, float base,
-                            float freq_scale, const float *__restrict__ ff)
+                            float freq_scale, const float *__restrict__ ff, float mscale)
 {
     __shared__ float cs[MODEL_MAX_HEAD_DIM];
     const int32_t t = blockIdx.x, half = n_rot / 2;
@@ -70,8 +70,8 @@ __global__ void rope_kernel(float *x, const int32_t *__restrict__ pos, int32_t n
         double theta = (double)pos[t] * freq_scale * inv;
         if (ff)
             theta /= ff[i];
-        cs[2 * i] = (float)cos(theta);
-        cs[2 * i + 1] = (float)sin(theta);
+        cs[2 * i] = __fmul_rn((float)cos(theta), mscale);
+        cs[2 * i + 1] = __fmul_rn((float)sin(theta), mscale);
     }
     __syncthreads();
     for (int32_t k = threadIdx.x; k < n_heads * half; k += blockDim.x) {
@@ -87,14 +87,14 @@ __global__ void rope_kernel(float *x, const int32_t *__restrict__ pos, int32_t n
 
 cudaError_t cuda_rope(cudaStream_t s, float *x, const int32_t *d_pos, int32_t n_tokens,
                       int32_t n_heads, int32_t head_dim, int neox, int32_t n_rot, float base,
-                      float freq_scale, const float *d_freq_factors)
+                      float freq_scale, const float *d_freq_factors, float mscale)
 {
     if (n_tokens < 1 || n_rot < 2)
         return cudaSuccess;
     if (n_rot > head_dim || n_rot > MODEL_MAX_HEAD_DIM)
         return cudaErrorInvalidValue;
     rope_kernel<<<n_tokens, 128, 0, s>>>(x, d_pos, n_heads, head_dim, neox, n_rot, base,
-                                         freq_scale, d_freq_factors);
+                                         freq_scale, d_freq_factors, mscale);
     return cudaGetLastError();
 }
 
@@ -107,6 +107,30 @@ __global__ void swiglu_kernel(const float *gate, const float *up, float *out, in
         const float g = gate[i];
         out[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), up[i]);
     }
+}
+
+__global__ void geglu_kernel(const float *gate, const float *up, float *out, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float g = gate[i];
+        const float t = tanhf(0.79788456080286535588f * g * (1.0f + 0.044715f * g * g));
+        out[i] = __fmul_rn(0.5f * g * (1.0f + t), up[i]);
+    }
+}
+
+__global__ void scale_kernel(float *x, float f, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = __fmul_rn(x[i], f);
+}
+
+__global__ void softcap_kernel(float *x, float cap, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = cap * tanhf(x[i] / cap);
 }
 
 __global__ void add_kernel(float *x, const float *y, int64_t n)
@@ -127,6 +151,30 @@ cudaError_t cuda_swiglu(cudaStream_t s, const float *gate, const float *up, floa
     if (n < 1)
         return cudaSuccess;
     swiglu_kernel<<<ew_blocks(n), 256, 0, s>>>(gate, up, out, n);
+    return cudaGetLastError();
+}
+
+cudaError_t cuda_geglu(cudaStream_t s, const float *gate, const float *up, float *out, int64_t n)
+{
+    if (n < 1)
+        return cudaSuccess;
+    geglu_kernel<<<ew_blocks(n), 256, 0, s>>>(gate, up, out, n);
+    return cudaGetLastError();
+}
+
+cudaError_t cuda_scale(cudaStream_t s, float *x, float f, int64_t n)
+{
+    if (n < 1)
+        return cudaSuccess;
+    scale_kernel<<<ew_blocks(n), 256, 0, s>>>(x, f, n);
+    return cudaGetLastError();
+}
+
+cudaError_t cuda_softcap(cudaStream_t s, float *x, float cap, int64_t n)
+{
+    if (n < 1 || !(cap > 0.0f))
+        return cudaSuccess;
+    softcap_kernel<<<ew_blocks(n), 256, 0, s>>>(x, cap, n);
     return cudaGetLastError();
 }
 
@@ -289,7 +337,7 @@ cudaError_t cuda_kv_store(cudaStream_t s, const cuda_kv_desc *kv, int32_t il,
 template <int KT>
 __global__ void __launch_bounds__(ATTN_WARPS * 32)
 attn_kernel(cuda_kv_desc kv, int32_t il, cuda_batch_desc b, const float *__restrict__ q,
-            int32_t n_heads, float *__restrict__ out, float scale)
+            int32_t n_heads, float *__restrict__ out, float scale, float softcap, int32_t window)
 {
     extern __shared__ float sh_scores[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -309,12 +357,15 @@ attn_kernel(cuda_kv_desc kv, int32_t il, cuda_batch_desc b, const float *__restr
     float *sc = sh_scores + warp * bs;
     const int32_t *tab = b.tables + b.table_off[b.seq[t]];
     const int32_t n_pos = b.pos[t] + 1;
+    /* a window W reads (pos - W, pos] (llama.cpp masks pos - p >= W) */
+    const int32_t p0 = window > 0 && b.pos[t] >= window ? b.pos[t] - window + 1 : 0;
     const uint8_t *layer = kv.data + il * kv.layer_stride;
     float m = -INFINITY, l = 0.0f;
-    for (int32_t start = 0; start < n_pos; start += bs) {
-        const uint8_t *kb = layer + tab[start / bs] * kv.block_stride;
-        const uint8_t *vb = kb + bs * kv.row_bytes;
-        const int32_t cnt = n_pos - start < bs ? n_pos - start : bs;
+    for (int32_t start = p0 - p0 % bs; start < n_pos; start += bs) {
+        const int32_t lo = start < p0 ? p0 - start : 0;
+        const uint8_t *kb = layer + tab[start / bs] * kv.block_stride + lo * kv.row_bytes;
+        const uint8_t *vb = layer + tab[start / bs] * kv.block_stride + (bs + lo) * kv.row_bytes;
+        const int32_t cnt = (n_pos - start < bs ? n_pos - start : bs) - lo;
         float bm = -INFINITY;
         for (int32_t j = 0; j < cnt; j++) {
             const uint8_t *kr = kb + j * kv.row_bytes;
@@ -325,7 +376,9 @@ attn_kernel(cuda_kv_desc kv, int32_t il, cuda_batch_desc b, const float *__restr
                     part = __fmaf_rn(qr[i], kv_load<KT>(kr, e0 + lane + 32 * i), part);
             for (int o = 16; o > 0; o >>= 1)
                 part = __fadd_rn(part, __shfl_xor_sync(0xffffffffu, part, o));
-            const float s = __fmul_rn(part, scale);
+            float s = __fmul_rn(part, scale);
+            if (softcap > 0.0f)
+                s = softcap * tanhf(s / softcap);
             if (lane == 0)
                 sc[j] = s;
             bm = s > bm ? s : bm;
@@ -356,16 +409,23 @@ attn_kernel(cuda_kv_desc kv, int32_t il, cuda_batch_desc b, const float *__restr
             out[w * hd + lane + 32 * i] = __fmul_rn(acc[i], inv);
 }
 
+typedef struct attn_variant {
+    float scale, softcap;
+    int32_t window;
+} attn_variant;
+
 template <int KT>
 static void attn_launch(cudaStream_t s, unsigned grid, size_t smem, const cuda_kv_desc *kv,
                         int32_t il, const cuda_batch_desc *b, const float *q, int32_t n_heads,
-                        float *out, float scale)
+                        float *out, attn_variant v)
 {
-    attn_kernel<KT><<<grid, ATTN_WARPS * 32, smem, s>>>(*kv, il, *b, q, n_heads, out, scale);
+    attn_kernel<KT><<<grid, ATTN_WARPS * 32, smem, s>>>(*kv, il, *b, q, n_heads, out, v.scale,
+                                                       v.softcap, v.window);
 }
 
 cudaError_t cuda_attention(cudaStream_t s, const cuda_kv_desc *kv, int32_t il,
-                           const cuda_batch_desc *b, const float *q, int32_t n_heads, float *out)
+                           const cuda_batch_desc *b, const float *q, int32_t n_heads, float scale_,
+                           float softcap, int32_t window, float *out)
 {
     if (b->n_tokens < 1)
         return cudaSuccess;
@@ -375,7 +435,7 @@ cudaError_t cuda_attention(cudaStream_t s, const cuda_kv_desc *kv, int32_t il,
     const int64_t warps = (int64_t)b->n_tokens * n_heads;
     const unsigned grid = (unsigned)((warps + ATTN_WARPS - 1) / ATTN_WARPS);
     const size_t smem = (size_t)ATTN_WARPS * kv->block_size * sizeof(float);
-    const float scale = 1.0f / sqrtf((float)kv->head_dim);
+    const attn_variant scale = {scale_, softcap, window};
     switch (kv->dtype) {
     case DT_F32: attn_launch<DT_F32>(s, grid, smem, kv, il, b, q, n_heads, out, scale); break;
     case DT_F16: attn_launch<DT_F16>(s, grid, smem, kv, il, b, q, n_heads, out, scale); break;

@@ -1,0 +1,166 @@
+/* model_arch.c - the recipe table: one row per family, each read off
+ * llama.cpp 0c1e570's graph builder for that architecture
+ * (src/models/<arch>.cpp) and its load_arch_hparams defaults.
+ */
+#include "model/model_arch.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static const model_recipe RECIPES[] = {
+    {.arch = "llama", .rope = ROPE_NORM, .act = FFN_SILU, .rope_factors = 1,
+     .rope_dim_full = 1,
+     .notes = "pre-norm, SwiGLU, NORM rope; rope_freqs (Llama 3) or LongRoPE factors; "
+              "no sliding window (Mistral runs as full attention, as in llama.cpp)"},
+    {.arch = "qwen2", .rope = ROPE_NEOX, .act = FFN_SILU, .qkv_bias = 1,
+     .notes = "pre-norm, SwiGLU, NEOX rope, q/k/v biases"},
+    {.arch = "qwen3", .rope = ROPE_NEOX, .act = FFN_SILU, .qk_norm = 1,
+     .notes = "pre-norm, SwiGLU, NEOX rope, per-head q/k RMS norm before rope"},
+    {.arch = "gemma2", .rope = ROPE_NEOX, .act = FFN_GELU_TANH, .output = OUTPUT_TIED,
+     .swa = SWA_PATTERN, .post_norms = 1, .emb_scale = 1, .attn_softcap = 1,
+     .swa_base_global = 1, .final_softcap_key = 1, .final_softcap = 30.0f, .swa_pattern = 2,
+     .swa_window = 4096,
+     .q_scale_layers = 46,
+     .notes = "embeddings * sqrt(n_embd), pre- and post-norms, GeGLU (tanh GELU), NEOX rope, "
+              "attention and final logit soft-capping, sliding window on layers il % 2 == 0"},
+    {.arch = "gemma3", .rope = ROPE_NEOX, .act = FFN_GELU_TANH, .swa = SWA_PATTERN,
+     .qk_norm = 1, .post_norms = 1, .emb_scale = 1, .final_softcap_key = 1, .swa_pattern = 6,
+     .q_scale_layers = 62,
+     .notes = "embeddings * sqrt(n_embd), pre- and post-norms, q/k RMS norm, GeGLU (tanh GELU), "
+              "NEOX rope, sliding window on layers il % 6 < 5 with rope.freq_base_swa "
+              "(default 10000, unscaled), optional final soft-capping"},
+    {.arch = "phi3", .rope = ROPE_NEOX, .act = FFN_SILU, .swa = SWA_DISABLED, .fused_qkv = 1,
+     .fused_gate_up = 1, .rope_factors = 1,
+     .notes = "pre-norm, fused attn_qkv, fused gate|up SwiGLU, NEOX rope, LongRoPE "
+              "factors and attn_factor; sliding window disabled as in llama.cpp"},
+};
+
+#define N_RECIPES (sizeof RECIPES / sizeof RECIPES[0])
+
+const model_recipe *model_recipe_find(const char *arch, uint64_t len)
+{
+    for (size_t i = 0; i < N_RECIPES; i++)
+        if (strlen(RECIPES[i].arch) == len && memcmp(RECIPES[i].arch, arch, len) == 0)
+            return &RECIPES[i];
+    return NULL;
+}
+
+const char *model_recipe_list(void)
+{
+    return "llama, qwen2, qwen3, gemma2, gemma3, phi3";
+}
+
+const model_recipe *model_recipe_at(int32_t i)
+{
+    return i >= 0 && (size_t)i < N_RECIPES ? &RECIPES[i] : NULL;
+}
+
+int32_t model_recipe_index(const model_recipe *r)
+{
+    return r ? (int32_t)(r - RECIPES) : -1;
+}
+
+static int key_f32(const gguf_ctx *g, const char *arch, const char *suffix, float def, float *out,
+                   kvant_err *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    return gguf_get_f32_or(g, key, def, out, err);
+}
+
+static int key_u32(const gguf_ctx *g, const char *arch, const char *suffix, uint32_t def,
+                   uint32_t *out, kvant_err *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    return gguf_get_u32_or(g, key, def, out, err);
+}
+
+/* attention.sliding_window_pattern: a bool (or integer) array, one per
+ * layer, or a period n (layer il slides when il % n < n - 1; 0: all). */
+static int read_swa_pattern(const gguf_ctx *g, const model_recipe *r, const model_family_base *b,
+                            model_family_hp *o, kvant_err *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", b->arch);
+    int64_t ki = gguf_find_key(g, key);
+    if (ki >= 0 && gguf_kv_type(g, ki) == GGUF_TYPE_ARRAY) {
+        gguf_type et = gguf_arr_type(g, ki);
+        size_t es = et == GGUF_TYPE_BOOL || et == GGUF_TYPE_UINT8 || et == GGUF_TYPE_INT8 ? 1
+                    : et == GGUF_TYPE_INT32 || et == GGUF_TYPE_UINT32                 ? 4
+                                                                                      : 0;
+        if (!es || gguf_arr_n(g, ki) != (uint64_t)b->n_layers)
+            return kvant_err_set(err, KV_EFORMAT, "%s: must hold %d bools (one per layer)", key,
+                                 b->n_layers);
+        const uint8_t *d = gguf_arr_data(g, ki);
+        for (int32_t il = 0; il < b->n_layers; il++) {
+            uint32_t v = 0;
+            memcpy(&v, d + es * (size_t)il, es);
+            o->is_swa[il] = v != 0;
+        }
+        return KV_OK;
+    }
+    uint32_t n = r->swa_pattern;
+    int rc = gguf_get_u32_or(g, key, n, &n, err);
+    if (rc)
+        return rc;
+    for (int32_t il = 0; il < b->n_layers; il++)
+        o->is_swa[il] = n == 0 || il % (int32_t)n < (int32_t)n - 1;
+    return KV_OK;
+}
+
+static int read_swa(const gguf_ctx *g, const model_recipe *r, const model_family_base *b,
+                    model_family_hp *o, kvant_err *err)
+{
+    uint32_t w = 0;
+    int rc = key_u32(g, b->arch, "attention.sliding_window", r->swa_window, &w, err);
+    if (rc || r->swa != SWA_PATTERN || w == 0) {
+        if (!rc && r->swa == SWA_PATTERN && r->swa_window) /* llama.cpp would mask all */
+            return kvant_err_set(err, KV_EFORMAT, "%s.attention.sliding_window: 0", b->arch);
+        return rc;
+    }
+    o->n_swa = w;
+    if ((rc = read_swa_pattern(g, r, b, o, err)))
+        return rc;
+    o->rope_base_swa = r->swa_base_global ? b->rope_base : 10000.0f;
+    o->rope_scale_swa = r->swa_base_global ? b->rope_scale : 1.0f;
+    if ((rc = key_f32(g, b->arch, "rope.freq_base_swa", o->rope_base_swa, &o->rope_base_swa,
+                      err)))
+        return rc;
+    if (!(o->rope_base_swa > 0.0f))
+        return kvant_err_set(err, KV_EFORMAT, "%s.rope.freq_base_swa: %g is not positive",
+                             b->arch, (double)o->rope_base_swa);
+    return KV_OK;
+}
+
+int model_family_read(const gguf_ctx *g, const model_recipe *r, const model_family_base *b,
+                      model_family_hp *o, kvant_err *err)
+{
+    memset(o, 0, sizeof *o);
+    o->q_scale = 1.0f / sqrtf((float)b->head_dim);
+    if (r->q_scale_layers && b->n_layers == r->q_scale_layers)
+        o->q_scale = 1.0f / sqrtf((float)(b->n_embd / b->n_head));
+    o->emb_scale = r->emb_scale ? sqrtf((float)b->n_embd) : 1.0f;
+    int rc;
+    if (r->attn_softcap &&
+        (rc = key_f32(g, b->arch, "attn_logit_softcapping", 50.0f, &o->attn_softcap, err)))
+        return rc;
+    if (r->final_softcap_key && /* others, like llama.cpp, do not read it */
+        (rc = key_f32(g, b->arch, "final_logit_softcapping", r->final_softcap,
+                      &o->final_softcap, err)))
+        return rc;
+    if (o->attn_softcap < 0.0f || o->final_softcap < 0.0f || !isfinite(o->attn_softcap) ||
+        !isfinite(o->final_softcap))
+        return kvant_err_set(err, KV_EFORMAT, "%s: negative logit soft-capping", b->arch);
+    if ((rc = key_f32(g, b->arch, "rope.scaling.attn_factor", 1.0f, &o->rope_attn_factor, err)))
+        return rc;
+    if (!(o->rope_attn_factor > 0.0f && o->rope_attn_factor < 100.0f))
+        return kvant_err_set(err, KV_EFORMAT, "%s.rope.scaling.attn_factor: %g out of range",
+                             b->arch, (double)o->rope_attn_factor);
+    if ((rc = key_u32(g, b->arch, "rope.scaling.original_context_length", b->n_ctx_train,
+                      &o->n_ctx_orig, err)))
+        return rc;
+    o->use_long = b->n_ctx_train > o->n_ctx_orig;
+    return read_swa(g, r, b, o, err);
+}

@@ -1,0 +1,114 @@
+/* model_arch.h - the layer recipe of each model family kvant runs.
+ *
+ * A family is data: one row of model_arch.c's table says how llama.cpp
+ * builds that architecture's graph (norm placement, attention variant,
+ * rope variant, FFN variant, scalings, which tensors exist), and the
+ * loader (model.c) and the forward pass (forward/forward.c) walk it.
+ * Adding a family is a table row plus any op it needs; values that vary
+ * per layer (sliding window or global, rope base and scale, head counts)
+ * live in model_layer.
+ *
+ * Header only for the types; model_arch.c holds the table.  Threading:
+ * the table is immutable.
+ */
+#ifndef KVANT_MODEL_ARCH_H
+#define KVANT_MODEL_ARCH_H
+
+#include <stdint.h>
+
+#include "format/gguf.h"
+#include "util/err.h"
+
+#define MODEL_MAX_LAYERS 512
+#define MODEL_MAX_HEAD_DIM 256
+
+typedef enum rope_kind {
+    ROPE_NORM = 0, /* rotate adjacent pairs (x[2i], x[2i+1]): llama */
+    ROPE_NEOX = 1, /* rotate (x[i], x[i + n/2]): qwen2/3, gemma2/3, phi3 */
+} rope_kind;
+
+typedef enum ffn_act {
+    FFN_SILU = 0,      /* SwiGLU: silu(gate) * up */
+    FFN_GELU_TANH = 1, /* GeGLU: gelu_tanh(gate) * up (ggml_gelu) */
+} ffn_act;
+
+typedef enum swa_kind {
+    SWA_NONE = 0,    /* no sliding window (a window key, if any, is not read: llama.cpp
+                      * does not read one for this architecture) */
+    SWA_PATTERN = 1, /* attention.sliding_window (+ _pattern): window layers attend to
+                      * positions (p - W, p] (llama.cpp LLAMA_SWA_TYPE_STANDARD) */
+    SWA_DISABLED = 2,/* the key is read and ignored, as llama.cpp does (phi3) */
+} swa_kind;
+
+typedef enum output_kind {
+    OUTPUT_OPTIONAL = 0, /* output.weight, or tied to token_embd when absent */
+    OUTPUT_TIED = 1,     /* always token_embd; an output.weight is refused (gemma2) */
+} output_kind;
+
+typedef struct model_recipe {
+    const char *arch;      /* general.architecture */
+    rope_kind rope;
+    ffn_act act;
+    output_kind output;
+    swa_kind swa;
+    uint8_t qkv_bias;      /* attn_{q,k,v}.bias required (qwen2) */
+    uint8_t qk_norm;       /* attn_q_norm / attn_k_norm: per-head RMS norm before rope */
+    uint8_t post_norms;    /* post_attention_norm / post_ffw_norm on each branch's output
+                            * before the residual add (gemma) */
+    uint8_t fused_qkv;     /* attn_qkv.weight: rows Q | K | V (phi3) */
+    uint8_t fused_gate_up; /* ffn_up.weight: rows gate | up, 2 * n_ff (phi3) */
+    uint8_t emb_scale;     /* embeddings * sqrt(n_embd) (gemma) */
+    uint8_t attn_softcap;  /* {arch}.attn_logit_softcapping, default 50 (gemma2) */
+    uint8_t rope_factors;  /* rope_freqs.weight (llama 3) or LongRoPE long/short factors */
+    uint8_t rope_dim_full; /* rope.dimension_count must equal the head size (llama) */
+    uint8_t swa_base_global; /* window layers' rope base defaults to rope.freq_base and use
+                              * its scale (gemma2); else 10000 and unscaled (gemma3) */
+    uint8_t final_softcap_key; /* {arch}.final_logit_softcapping is read (gemma) */
+    float final_softcap;   /* its default (0: none; gemma2 30) */
+    uint32_t swa_pattern;  /* default attention.sliding_window_pattern (SWA_PATTERN) */
+    uint32_t swa_window;   /* default window when the key is absent (0: no window layers) */
+    int32_t q_scale_layers;/* block_count of the one size whose query scale is
+                            * 1/sqrt(n_embd / n_head) (gemma 27B); 0: never */
+    const char *notes;     /* what `kvant info` shows for the recipe */
+} model_recipe;
+
+/* A recipe's values as one file sets them (model_family_read). */
+typedef struct model_family_hp {
+    float q_scale;          /* attention score scale (1/sqrt(head_dim) unless the recipe
+                             * says otherwise) */
+    float attn_softcap;     /* > 0: scores = c * tanh(scores / c), after the scale */
+    float final_softcap;    /* > 0: logits = c * tanh(logits / c) */
+    float emb_scale;        /* 1, or sqrt(n_embd) as an f32 (gemma) */
+    float rope_attn_factor; /* rope.scaling.attn_factor: scales cos and sin (LongRoPE) */
+    uint32_t n_swa;         /* window of the window layers (0: none) */
+    float rope_base_swa, rope_scale_swa; /* rope of the window layers */
+    uint32_t n_ctx_orig;    /* rope.scaling.original_context_length (n_ctx_train if absent) */
+    int longrope;           /* rope.scaling.type longrope: factors rope_factors_long/short */
+    int use_long;           /* LongRoPE: the long factors (n_ctx_train > n_ctx_orig, llama.cpp's
+                             * choice at its default context) */
+    uint8_t is_swa[MODEL_MAX_LAYERS]; /* layer il is a window layer */
+} model_family_hp;
+
+/* What model_family_read needs of the common hyper-parameters. */
+typedef struct model_family_base {
+    const char *arch;
+    int32_t n_layers, n_embd, n_head, head_dim;
+    uint32_t n_ctx_train;
+    float rope_base, rope_scale;
+} model_family_base;
+
+/* Reads the recipe's keys (soft-caps, sliding window and its pattern, the
+ * window layers' rope, rope.scaling.attn_factor / original_context_length)
+ * into out.  KV_EFORMAT / KV_EUNSUP naming the key on a bad value. */
+int model_family_read(const gguf_ctx *g, const model_recipe *r, const model_family_base *b,
+                      model_family_hp *out, kvant_err *err);
+
+/* The recipe for general.architecture arch (len bytes), or NULL. */
+const model_recipe *model_recipe_find(const char *arch, uint64_t len);
+/* "llama, qwen2, ..." for messages. */
+const char *model_recipe_list(void);
+/* The row at index i (model_hparams.arch), or NULL; its index by pointer. */
+const model_recipe *model_recipe_at(int32_t i);
+int32_t model_recipe_index(const model_recipe *r);
+
+#endif

@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""Random-weight GGUF models of each family kvant runs, written as llama.cpp's converter writes them.
+
+Families (GGUF architecture in brackets):
+    llama3   [llama]  GQA, rope_freqs.weight (Llama-3.1 factors, computed as convert_hf_to_gguf
+                      does), rope.freq_base 500000, untied output
+    mistral  [llama]  GQA 4:1, rope.freq_base 1e6, untied output (llama.cpp's llama arch has no
+                      sliding window, so none is written)
+    qwen3    [qwen3]  attn_q_norm / attn_k_norm (per-head RMS norm before rope), key_length 64 with
+                      n_head * 64 != n_embd, NEOX rope, tied output
+    gemma2   [gemma2] sqrt(n_embd) embedding scale, post-attention / post-FFN norms, GeGLU (tanh
+                      GELU), attn_logit_softcapping, final_logit_softcapping, sliding window on even
+                      layers (llama.cpp's pattern 2), output tied to token_embd
+    gemma3   [gemma3] as gemma2 without soft-capping, plus q/k norm; 6 layers of which 0..4 slide
+                      (pattern 6) and 5 is global; global layers use rope.freq_base and linear rope
+                      scaling, window layers rope.freq_base_swa unscaled
+    phi3     [phi3]   fused attn_qkv (Q|K|V rows), fused ffn_up (gate rows then up rows), LongRoPE:
+                      rope.scaling.type longrope, rope_factors_long/short.weight, attn_factor,
+                      original_context_length 128 < context_length 256
+
+Norm weights are stored as llama.cpp's graph uses them (Gemma's converter has already added the +1).
+Shapes: "tiny" (n_embd 256, vocab 384, window 8: fast, yet every layer kind, GQA and a window smaller
+than the tests' sequences) or "1b" (about 1e9 parameters, for speed runs; slow to write).
+Weight types: those of make_synthetic (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K) for the
+2-D matrices; norms, rope factors stay F32; token_embd takes the weight type too.
+
+    python tests/py/make_family.py OUTDIR FAMILY [--wtype T] [--shape tiny|1b] [--seed N]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import zlib
+from dataclasses import dataclass, replace
+
+import numpy as np
+from gguf import GGUFWriter
+
+import make_synthetic as ms
+
+FAMILIES = ["llama3", "mistral", "qwen3", "gemma2", "gemma3", "phi3"]
+ARCH = {"llama3": "llama", "mistral": "llama", "qwen3": "qwen3", "gemma2": "gemma2",
+        "gemma3": "gemma3", "phi3": "phi3"}
+
+
+@dataclass(frozen=True)
+class Shape:
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_layer: int
+    n_vocab: int
+    n_ctx: int
+    window: int
+
+
+TINY = {
+    "llama3": Shape(256, 512, 4, 2, 64, 2, ms.N_VOCAB, 256, 0),
+    "mistral": Shape(256, 512, 8, 2, 32, 2, ms.N_VOCAB, 256, 0),
+    "qwen3": Shape(256, 512, 8, 2, 64, 2, ms.N_VOCAB, 256, 0),
+    "gemma2": Shape(256, 512, 4, 2, 64, 4, ms.N_VOCAB, 256, 8),
+    "gemma3": Shape(256, 512, 4, 2, 64, 6, ms.N_VOCAB, 256, 8),
+    "phi3": Shape(256, 512, 4, 2, 64, 2, ms.N_VOCAB, 256, 0),
+}
+# ~1e9 parameters each (embedding included); vocabularies stay small-ish to keep the files lean
+BIG = {
+    "llama3": Shape(2048, 8192, 32, 8, 64, 16, 32768, 4096, 0),
+    "mistral": Shape(2048, 7168, 16, 4, 128, 18, 32768, 4096, 0),
+    "qwen3": Shape(2048, 6144, 16, 8, 128, 20, 32768, 4096, 0),
+    "gemma2": Shape(2048, 8192, 8, 4, 256, 16, 32768, 4096, 512),
+    "gemma3": Shape(1536, 6912, 8, 2, 256, 24, 32768, 4096, 512),
+    "phi3": Shape(2048, 8192, 32, 8, 64, 16, 32768, 4096, 0),
+}
+
+PHI3_ORIG_CTX = 128   # tiny: original_context_length < context_length, so LongRoPE has both sets
+
+
+def llama3_rope_factors(base: float, dim: int, factor=8.0, low=1.0, high=4.0, old_ctx=8192) -> np.ndarray:
+    """rope_freqs.weight as convert_hf_to_gguf computes it for rope_type llama3."""
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    lo_w, hi_w = old_ctx / low, old_ctx / high
+    out = []
+    for f in freqs:
+        wl = 2 * math.pi / f
+        if wl < hi_w:
+            out.append(1.0)
+        elif wl > lo_w:
+            out.append(factor)
+        else:
+            s = (old_ctx / wl - low) / (high - low)
+            out.append(1.0 / ((1 - s) / factor + s))
+    return np.asarray(out, dtype=np.float32)
+
+
+def _vocab(n_vocab: int):
+    tokens, types, merges, bos, eos = ms.tokenizer_vocab()
+    while len(tokens) < n_vocab:
+        tokens.append(f"<|tok_{len(tokens)}|>")
+        types.append(3)
+    return tokens[:n_vocab], types[:n_vocab], merges, bos, eos
+
+
+def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
+    arch = ARCH[fam]
+    w.add_name(name)
+    w.add_context_length(sh.n_ctx)
+    w.add_embedding_length(sh.n_embd)
+    w.add_feed_forward_length(sh.n_ff)
+    w.add_block_count(sh.n_layer)
+    w.add_head_count(sh.n_head)
+    w.add_head_count_kv(sh.n_head_kv)
+    w.add_layer_norm_rms_eps(1e-6 if fam.startswith("gemma") or fam == "qwen3" else 1e-5)
+    if fam in ("qwen3", "gemma2", "gemma3") or sh.n_head * sh.head_dim != sh.n_embd:
+        w.add_key_length(sh.head_dim)
+        w.add_value_length(sh.head_dim)
+    w.add_rope_dimension_count(sh.head_dim)
+    base = {"llama3": 500000.0, "mistral": 1e6, "qwen3": 1e6, "gemma2": 10000.0,
+            "gemma3": 1e6, "phi3": 10000.0}[fam]
+    w.add_rope_freq_base(base)
+    if fam == "gemma2":
+        tiny = sh.n_embd <= 256
+        w.add_float32(f"{arch}.attn_logit_softcapping", 4.0 if tiny else 50.0)
+        w.add_float32(f"{arch}.final_logit_softcapping", 6.0 if tiny else 30.0)
+        w.add_uint32(f"{arch}.attention.sliding_window", sh.window)
+    if fam == "gemma3":
+        w.add_uint32(f"{arch}.attention.sliding_window", sh.window)
+        w.add_float32(f"{arch}.rope.freq_base_swa", 10000.0)
+        if sh.n_embd <= 256:   # linear scaling of the global layers (Gemma-3 4B and larger have 8)
+            w.add_string(f"{arch}.rope.scaling.type", "linear")
+            w.add_float32(f"{arch}.rope.scaling.factor", 2.0)
+    if fam == "phi3":
+        orig = PHI3_ORIG_CTX if sh.n_embd <= 256 else sh.n_ctx // 2
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", orig)
+        w.add_string(f"{arch}.rope.scaling.type", "longrope")
+        scale = sh.n_ctx / orig
+        w.add_float32(f"{arch}.rope.scaling.attn_factor", math.sqrt(1 + math.log(scale) / math.log(orig)))
+        w.add_uint32(f"{arch}.attention.sliding_window", 0)
+    w.add_vocab_size(sh.n_vocab)
+    tokens, types, merges, bos, eos = _vocab(sh.n_vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos)
+    w.add_add_bos_token(False)
+    return base
+
+
+def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shape: str = "tiny",
+                 extra_kv: dict | None = None, extra_tensors: tuple[str, ...] = ()) -> str:
+    """Write one random-weight model of `family` to path; returns path.  extra_kv (key -> str,
+    float or int, written as string, float32 or uint32) and extra_tensors ("output" adds an
+    untied output.weight) make the deliberately unusual files the refusal tests need."""
+    if family not in ARCH:
+        raise ValueError(f"unknown family {family!r} (known: {', '.join(FAMILIES)})")
+    if wtype not in ms.TYPES:
+        raise ValueError(f"unknown weight type {wtype!r}")
+    sh = (TINY if shape == "tiny" else BIG)[family]
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(path, ARCH[family])
+    base = _header(w, family, sh, os.path.basename(path).removesuffix(".tmp"))
+    for k, v in (extra_kv or {}).items():
+        if isinstance(v, str):
+            w.add_string(k, v)
+        elif isinstance(v, float):
+            w.add_float32(k, v)
+        else:
+            w.add_uint32(k, int(v))
+    E, hd, qd, kvd, F = sh.n_embd, sh.head_dim, sh.n_head * sh.head_dim, sh.n_head_kv * sh.head_dim, sh.n_ff
+    gemma = family.startswith("gemma")
+
+    def add(name, shp, std, t=wtype):
+        arr, raw = ms._tensor(rng, shp, std, t)
+        w.add_tensor(name, arr, raw_dtype=raw)
+
+    def add_f32(name, arr):
+        w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+
+    def norm(name, n, mean=1.0):
+        add_f32(name, mean + 0.1 * rng.standard_normal(n))
+
+    # gemma scales the embedding by sqrt(n_embd): keep its rows small as real checkpoints do
+    add("token_embd.weight", (sh.n_vocab, E), 0.2)
+    if family == "llama3":
+        add_f32("rope_freqs.weight", llama3_rope_factors(base, hd))
+    if family == "phi3":
+        add_f32("rope_factors_long.weight", np.geomspace(1.0, 16.0, hd // 2))
+        add_f32("rope_factors_short.weight", 1.0 + 0.5 * rng.random(hd // 2))
+    ws = 1.0 / math.sqrt(E)
+    for L in range(sh.n_layer):
+        p = f"blk.{L}."
+        norm(p + "attn_norm.weight", E)
+        if family == "phi3":
+            add(p + "attn_qkv.weight", (qd + 2 * kvd, E), 1.3 * ws)
+        else:
+            add(p + "attn_q.weight", (qd, E), 1.3 * ws)
+            add(p + "attn_k.weight", (kvd, E), 1.3 * ws)
+            add(p + "attn_v.weight", (kvd, E), ws)
+        if family in ("qwen3", "gemma3"):
+            norm(p + "attn_q_norm.weight", hd)
+            norm(p + "attn_k_norm.weight", hd)
+        add(p + "attn_output.weight", (E, qd), ws)
+        if gemma:
+            norm(p + "post_attention_norm.weight", E, 2.5)   # layers rival the scaled embedding
+        norm(p + "ffn_norm.weight", E)
+        if family == "phi3":
+            add(p + "ffn_up.weight", (2 * F, E), ws)
+        else:
+            add(p + "ffn_gate.weight", (F, E), ws)
+            add(p + "ffn_up.weight", (F, E), ws)
+        add(p + "ffn_down.weight", (E, F), 1.0 / math.sqrt(F))
+        if gemma:
+            norm(p + "post_ffw_norm.weight", E, 2.5)
+    norm("output_norm.weight", E)
+    if family in ("llama3", "mistral", "phi3") or "output" in extra_tensors:
+        add("output.weight", (sh.n_vocab, E), 0.2)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def make_family(outdir: str, family: str, wtype: str = "F32", shape: str = "tiny") -> str:
+    """Write (once) and return outdir/{family}-{wtype}[-1b].gguf; the seed follows the name."""
+    os.makedirs(outdir, exist_ok=True)
+    name = f"{family}-{wtype}" + ("" if shape == "tiny" else f"-{shape}")
+    path = os.path.join(outdir, name + ".gguf")
+    if not os.path.exists(path):
+        tmp = path + ".tmp"
+        write_family(tmp, family, wtype, seed=zlib.crc32(name.encode()), shape=shape)
+        os.replace(tmp, path)
+    return path
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("outdir")
+    ap.add_argument("family", choices=FAMILIES + ["all"])
+    ap.add_argument("--wtype", default="F32", choices=ms.TYPES)
+    ap.add_argument("--shape", default="tiny", choices=["tiny", "1b"])
+    a = ap.parse_args(argv)
+    for fam in (FAMILIES if a.family == "all" else [a.family]):
+        print(make_family(a.outdir, fam, a.wtype, a.shape))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,345 @@
+"""Every model family kvant runs, on random-weight files written as llama.cpp's converter writes them
+(make_family.py), against the independent float64 numpy reference (ref_model.py, written from
+llama.cpp's graph builders):
+
+  * the reference path (--exact, f32 K/V): rel L2 logit error over [24][384] < 5e-6, test_logits'
+    bound ("today's bound": f32 rounding only, the weight type does not matter because both sides
+    dequantize the same blocks exactly), for F32 and the quantized types Q8_0 Q4_0 Q4_K Q6_K, plus
+    argmax agreement per position (a differing argmax only at a near-tie, as test_logits);
+  * the default path (int8 activations, weights repacked at load, f16 K/V) against the reference
+    path: rel L2 < INT8_BOUND;
+  * greedy generation (`kvant run`, temperature 0) against the reference's greedy continuation;
+  * the sequences (24 tokens) are longer than the sliding window (8) of gemma2/gemma3, so window
+    layers differ from full attention (test_reference_window_matters checks the reference itself);
+  * files that ask for what kvant does not implement are refused at load, naming the key/tensor.
+
+Measured (kvant at the time of writing, AVX2 host, -t 2; rel L2 / max |logit diff| vs numpy, F32):
+    llama3 4.0e-7 / 5.5e-6    mistral 4.5e-7 / 6.4e-6   qwen3 3.5e-7 / 5.0e-6
+    gemma2 3.6e-7 / 4.5e-6    gemma3  3.5e-7 / 5.2e-6   phi3  4.2e-7 / 7.2e-6
+(quantized weights: up to 7.3e-7 / 3.1e-5, llama3 Q4_K; the int8 path: 0.6%..2.4% of the exact one).
+A window off by one position (7 or 9 instead of 8) gives rel L2 0.25..0.39 on gemma2/gemma3.
+kvant's numbers are written to build/test-results/family_<family>_<type>.json.
+"""
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import make_family as mf
+from ref_model import RefModel
+
+N_TOKENS = 24
+BOUND = 5e-6          # as test_logits.BOUND
+INT8_BOUND = 3e-2     # int8 activations (~0.3% per dot) and f16 K/V, compounded over the layers
+WTYPES = ["F32", "Q8_0", "Q4_0", "Q4_K", "Q6_K"]
+
+
+def rel_err(a, b) -> float:
+    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
+
+
+def near_tie_ok(kv: np.ndarray, ref: np.ndarray) -> list[str]:
+    ka, ra = kv.argmax(-1), ref.argmax(-1)
+    bad = []
+    for p in np.nonzero(ka != ra)[0]:
+        gap = ref[p, ra[p]] - ref[p, ka[p]]
+        tol = 4.0 * float(np.abs(kv[p].astype(np.float64) - ref[p]).max())
+        if gap > tol:
+            bad.append(f"pos {p}: kvant {ka[p]} ref {ra[p]} (gap {gap:.3g} > {tol:.3g})")
+    return bad
+
+
+@pytest.fixture(scope="module")
+def fam_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("families"))
+
+
+def _ids(name: str) -> np.ndarray:
+    return np.random.default_rng(zlib.crc32(name.encode())).integers(0, mf.ms.N_VOCAB, size=N_TOKENS)
+
+
+@pytest.mark.parametrize("wtype", WTYPES)
+@pytest.mark.parametrize("family", mf.FAMILIES)
+def test_family_logits(family, wtype, fam_dir, kvant_logits, record_result):
+    path = mf.make_family(fam_dir, family, wtype)
+    ids = _ids(family)
+    ref = RefModel(path).forward(ids)
+    kv = kvant_logits(path, ids, mf.ms.N_VOCAB)
+    assert np.all(np.isfinite(kv)), f"{family} {wtype}: NaN/Inf in kvant's logits"
+    err, maxabs = rel_err(kv, ref), float(np.abs(kv - ref).max())
+    bad = near_tie_ok(kv, ref)
+    agree = int((kv.argmax(-1) == ref.argmax(-1)).sum())
+    record_result(f"family_{family}_{wtype}", {"rel_l2": err, "max_abs": maxabs, "argmax_agree": agree,
+                                               "n": N_TOKENS, "bound": BOUND})
+    print(f"{family} {wtype}: rel L2 {err:.3e}, max |diff| {maxabs:.3e}, argmax {agree}/{N_TOKENS}")
+    assert err < BOUND, f"{family} {wtype}: rel L2 {err:.3e} >= {BOUND:.0e}"
+    assert not bad, f"{family} {wtype}: argmax disagreements {bad}"
+
+
+@pytest.mark.parametrize("wtype", ["Q8_0", "Q4_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("family", mf.FAMILIES)
+def test_family_int8_path(family, wtype, fam_dir, kvant_logits, run_kvant, tmp_path, record_result):
+    """The default CPU path (int8 activations on repacked weights, f16 K/V) vs the reference path."""
+    path = mf.make_family(fam_dir, family, wtype)
+    ids = _ids(family)
+    exact = kvant_logits(path, ids, mf.ms.N_VOCAB).astype(np.float64)
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, ids)) + "\n")
+    r = run_kvant(["logits", "-m", path, "--tokens-file", tmp_path / "ids.txt", "--out", tmp_path / "o.f32",
+                   "-t", "2"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    kv = np.fromfile(tmp_path / "o.f32", dtype="<f4").reshape(N_TOKENS, -1)
+    err = rel_err(kv, exact)
+    record_result(f"family_int8_{family}_{wtype}", {"rel_l2_vs_exact": err, "bound": INT8_BOUND})
+    print(f"{family} {wtype} int8 path: rel L2 vs exact {err:.3e}")
+    assert 0 < err < INT8_BOUND, f"{family} {wtype}: int8 path rel L2 {err:.3e} (bound {INT8_BOUND})"
+    agree = (kv.argmax(-1) == exact.argmax(-1)).mean()
+    assert agree >= 0.75, f"{family} {wtype}: int8 path argmax agreement {agree:.2f}"
+
+
+@pytest.mark.parametrize("variant", ["final_softcap", "pattern_array", "freq_base_swa"])
+def test_gemma3_variants(variant, kvant_logits, tmp_path):
+    """Keys gemma3 files may carry: final soft-capping, a per-layer sliding-window pattern (bools,
+    here every third layer global), a rope base for the window layers."""
+    from gguf import GGUFWriter
+    extra = {"final_softcap": {"gemma3.final_logit_softcapping": 3.0},
+             "freq_base_swa": {}, "pattern_array": {}}[variant]
+    path = str(tmp_path / f"gemma3-{variant}.gguf")
+    if variant == "pattern_array":   # GGUFWriter writes a bool array through add_array
+        orig = GGUFWriter.add_uint32
+
+        def add_u32(self, key, val):
+            orig(self, key, val)
+            if key == "gemma3.attention.sliding_window":
+                self.add_array("gemma3.attention.sliding_window_pattern", [il % 3 != 2 for il in range(6)])
+        GGUFWriter.add_uint32 = add_u32
+        try:
+            mf.write_family(path, "gemma3", "F32", seed=3)
+        finally:
+            GGUFWriter.add_uint32 = orig
+    elif variant == "freq_base_swa":   # rewrite the written 10000 as 20000 in place
+        mf.write_family(path, "gemma3", "F32", seed=3)
+        data = bytearray(open(path, "rb").read())
+        key = b"gemma3.rope.freq_base_swa"
+        i = data.index(key) + len(key) + 4
+        data[i:i + 4] = np.float32(20000.0).tobytes()
+        open(path, "wb").write(bytes(data))
+    else:
+        mf.write_family(path, "gemma3", "F32", seed=3, extra_kv=extra)
+    m = RefModel(path)
+    if variant == "pattern_array":
+        assert m.window == [8, 8, 0, 8, 8, 0]
+    if variant == "freq_base_swa":
+        assert m.base_l[0] == 20000.0
+    if variant == "final_softcap":
+        assert m.final_cap == 3.0
+    ids = _ids("gemma3")
+    ref = m.forward(ids)
+    kv = kvant_logits(path, ids, mf.ms.N_VOCAB)
+    assert rel_err(kv, ref) < BOUND, f"{variant}: rel L2 {rel_err(kv, ref):.3e}"
+
+
+@pytest.mark.parametrize("batch", ["1", "5"])
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "phi3"])
+def test_family_chunked(family, batch, fam_dir, kvant_logits, run_kvant, tmp_path):
+    """The sequence in passes of 1 and 5 tokens (-b): the window reads K/V stored by earlier passes,
+    across block boundaries; same logits as one pass within rounding."""
+    path = mf.make_family(fam_dir, family, "F32")
+    ids = _ids(family)
+    one = kvant_logits(path, ids, mf.ms.N_VOCAB)
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, ids)) + "\n")
+    r = run_kvant(["logits", "-m", path, "--tokens-file", tmp_path / "ids.txt", "--out", tmp_path / "o.f32",
+                   "-t", "2", "--kv-dtype", "f32", "--exact", "-b", batch])
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = np.fromfile(tmp_path / "o.f32", dtype="<f4").reshape(N_TOKENS, -1)
+    assert rel_err(got, one.astype(np.float64)) < 1e-6
+
+
+@pytest.mark.parametrize("family", mf.FAMILIES)
+def test_family_greedy(family, fam_dir, run_kvant):
+    """Greedy generation: kvant's tokens equal the reference's greedy continuation (a divergence is
+    accepted only at a near-tie of the reference, after which the sequences may differ)."""
+    path = mf.make_family(fam_dir, family, "F32")
+    n_gen = 16
+    r = run_kvant(["run", "-m", path, "-p", "the cat is on the mat", "-n", n_gen, "--json", "--exact",
+                   "--kv-dtype", "f32", "-t", "2"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    seq = out["token_ids"]
+    n_prompt = out["prompt_tokens"]
+    assert len(seq) >= n_prompt + 1
+    m = RefModel(path)
+    lg = m.forward(seq)
+    for i in range(n_prompt, len(seq)):
+        row = lg[i - 1]
+        want = int(np.argmax(row))
+        if seq[i] != want:
+            gap = row[want] - row[seq[i]]
+            assert gap < 1e-4 * max(1.0, float(np.abs(row).max())), \
+                f"{family}: generated token {i - n_prompt} is {seq[i]}, reference greedy {want} (gap {gap:.3g})"
+            break
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_reference_window_matters(family, fam_dir):
+    """Self-check of the reference (no kvant): the window layers change the logits of positions past
+    the window, and soft-capping (gemma2) changes them too, so the tests above can fail."""
+    path = mf.make_family(fam_dir, family, "F32")
+    ids = _ids(family)
+    m = RefModel(path)
+    a = m.forward(ids)
+    assert any(m.window) and not all(m.window), f"{family}: expected both layer kinds"
+    w = m.window
+    m.window = [0] * m.n_layer
+    b = m.forward(ids)
+    assert rel_err(b[:8], a[:8]) < 1e-12       # inside the window nothing changes
+    assert rel_err(b[8:], a[8:]) > 0.05
+    m.window = w
+    if family == "gemma2":
+        m.attn_cap = m.final_cap = 0.0
+        assert rel_err(m.forward(ids), a) > 0.05
+
+
+REFUSALS = {
+    # (family, extra keys, extra tensors, what the message must name)
+    "yarn": ("llama3", {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}, (),
+             "llama.rope.scaling.type"),
+    "unknown_rope": ("qwen3", {"qwen3.rope.scaling.type": "dynamic"}, (), "qwen3.rope.scaling.type"),
+    "gemma2_output": ("gemma2", {}, ("output",), "output.weight"),
+    "longrope_qwen3": ("qwen3", {"qwen3.rope.scaling.type": "longrope"}, (), "longrope"),
+    "gemma2_window0": ("gemma2", None, (), "sliding_window"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_family_refusals(case, run_kvant, tmp_path):
+    family, extra, tensors, needle = REFUSALS[case]
+    path = str(tmp_path / f"{case}.gguf")
+    if extra is None:   # a window key of 0: rewrite the header's value
+        mf.write_family(path, family, "F32", seed=1, extra_kv={})
+        data = bytearray(open(path, "rb").read())
+        key = b"gemma2.attention.sliding_window"
+        i = data.index(key) + len(key) + 4          # value type (u32), then the value
+        data[i:i + 4] = (0).to_bytes(4, "little")
+        open(path, "wb").write(bytes(data))
+    else:
+        mf.write_family(path, family, "F32", seed=1, extra_kv=extra, extra_tensors=tensors)
+    (tmp_path / "ids.txt").write_text("1 2 3\n")
+    r = run_kvant(["logits", "-m", path, "--tokens-file", tmp_path / "ids.txt", "--out", tmp_path / "o.f32"])
+    assert r.returncode > 0, f"{case}: loaded (exit {r.returncode}), expected a refusal"
+    assert needle in r.stderr, f"{case}: message does not name {needle!r}: {r.stderr[-500:]}"
+
+
+def test_unknown_arch_refused(run_kvant, tmp_path):
+    from gguf import GGUFWriter
+    path = str(tmp_path / "gptneox.gguf")
+    w = GGUFWriter(path, "gptneox")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    (tmp_path / "ids.txt").write_text("1\n")
+    r = run_kvant(["logits", "-m", path, "--tokens-file", tmp_path / "ids.txt", "--out", tmp_path / "o.f32"])
+    assert r.returncode > 0 and "gptneox" in r.stderr, r.stderr[-500:]
+
+
+# ---- tools on each family ----
+
+@pytest.mark.parametrize("family", mf.FAMILIES)
+def test_family_quantize(family, fam_dir, run_kvant, kvant_logits, tmp_path):
+    """`kvant quantize` writes a file of the same family that loads and matches the reference."""
+    src = mf.make_family(fam_dir, family, "F32")
+    out = str(tmp_path / f"{family}-q4k.gguf")
+    r = run_kvant(["quantize", src, out, "--recipe", "q4_k_m", "-t", "2"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    ids = _ids(family)
+    ref = RefModel(out).forward(ids)
+    kv = kvant_logits(out, ids, mf.ms.N_VOCAB)
+    assert rel_err(kv, ref) < BOUND
+    assert rel_err(kv, RefModel(src).forward(ids)) > 1e-4   # it did quantize
+
+
+@pytest.mark.parametrize("family", mf.FAMILIES)
+def test_family_prune(family, fam_dir, run_kvant, tmp_path):
+    """`kvant prune` cuts llama-row files (llama3, mistral) and refuses the others naming the arch."""
+    src = mf.make_family(fam_dir, family, "F32")
+    out = tmp_path / "p.gguf"
+    calib = Path(__file__).resolve().parent.parent / "data" / "english.txt"
+    r = run_kvant(["prune", src, out, "--calib", calib, "--drop-layers", "1", "-t", "2"])
+    if mf.ARCH[family] == "llama":
+        assert r.returncode == 0, r.stderr[-2000:]
+        ids = _ids(family)
+        m = RefModel(str(out))
+        assert m.n_layer == 1 and np.all(np.isfinite(m.forward(ids)))
+    else:
+        assert r.returncode > 0 and f"architecture {mf.ARCH[family]} is not supported" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_family_offload(family, fam_dir, kvant_logits, run_kvant, tmp_path):
+    """Weight offload streams layers with the recipe's extra tensors (q/k and post norms): same logits."""
+    path = mf.make_family(fam_dir, family, "F32")
+    ids = _ids(family)
+    want = kvant_logits(path, ids, mf.ms.N_VOCAB)
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, ids)) + "\n")
+    r = run_kvant(["logits", "-m", path, "--tokens-file", tmp_path / "ids.txt", "--out", tmp_path / "o.f32",
+                   "-t", "2", "--kv-dtype", "f32", "--exact", "--weights-memory", "7M"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "no layer is streamed" not in r.stderr
+    got = np.fromfile(tmp_path / "o.f32", dtype="<f4").reshape(N_TOKENS, -1)
+    assert np.array_equal(got, want)
+
+
+def test_family_info_recipe(fam_dir, run_kvant):
+    """`kvant info` shows the recipe and the values the file gives it."""
+    path = mf.make_family(fam_dir, "gemma3", "F32")
+    r = run_kvant(["info", "-m", path, "--json"])
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)["recipe"]
+    assert rec["ffn"] == "geglu" and rec["qk_norm"] and rec["post_norms"] and rec["emb_scale"] == 16
+    assert rec["window"] == 8 and rec["window_layers"] == [0, 1, 2, 3, 4]
+    r = run_kvant(["info", "-m", mf.make_family(fam_dir, "phi3", "F32")])
+    assert "LongRoPE long factors" in r.stdout and "fused attn_qkv" in r.stdout
+
+
+@pytest.mark.parametrize("family", mf.FAMILIES)
+def test_family_plan(family, fam_dir, run_kvant):
+    """`kvant plan` reads every family's header (hyper-parameters only)."""
+    r = run_kvant(["plan", "-m", mf.make_family(fam_dir, family, "F32")])
+    assert r.returncode == 0 and f"{mf.ARCH[family]}, {mf.TINY[family].n_layer} layers" in r.stdout, \
+        r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("mode", ["tp", "pp"])
+@pytest.mark.parametrize("family", mf.FAMILIES)
+def test_family_parallel(family, mode, fam_dir, kvant_bin, kvant_logits, tmp_path):
+    """--tp 2 (heads and FFN split, partial sums reduced before the post-norms) within 1e-5 of one
+    process (test_parallel's bound); --pp 2 (layers split) bitwise equal."""
+    import os
+    import shutil
+    import subprocess
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        pytest.fail("mpirun not found: OpenMPI is installed by `make deps` (scripts/setup-deps.sh)",
+                    pytrace=False)
+    path = mf.make_family(fam_dir, family, "F32")
+    ids = _ids(family)
+    one = kvant_logits(path, ids, mf.ms.N_VOCAB, threads="1")
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, ids)) + "\n")
+    cmd = [mpirun, "-np", "2", "--oversubscribe", kvant_bin, "logits", "-m", path, "--tokens-file",
+           str(tmp_path / "ids.txt"), "--out", str(tmp_path / "o.f32"), "-t", "1", "--kv-dtype", "f32",
+           "--exact", "--tp" if mode == "tp" else "--pp", "2"]
+    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = np.fromfile(tmp_path / "o.f32", dtype="<f4").reshape(N_TOKENS, -1)
+    if mode == "pp":
+        assert np.array_equal(got, one)
+    else:
+        assert rel_err(got, one.astype(np.float64)) < 1e-5
