@@ -19,13 +19,18 @@ DTYPE_SRC   := src/kernels/dtype.c src/kernels/half.c src/kernels/quant_ref.c sr
 GGUF_SRC    := src/format/gguf.c src/util/err.c $(DTYPE_SRC)
 
 GGUF_OBJ    := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_gguf.c $(GGUF_SRC))
-TOK_SRC     := $(GGUF_SRC) $(wildcard src/text/tok*.c) src/text/chat.c
+TOK_SRC     := $(GGUF_SRC) $(wildcard src/text/tok*.c)
 TOK_OBJ     := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_tokenizer.c $(TOK_SRC))
+
+JINJA_OBJ   := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_jinja.c $(wildcard src/text/jinja*.c) src/util/err.c)
 
 KVT_OBJ     := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_kvtier.c src/kv/kvtier.c src/kv/kvidx.c src/kv/kvhash.c src/util/err.c)
 
 .PHONY: all
-all: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_tokenizer $(FUZZ_BUILD)/fuzz_kvtier
+all: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_tokenizer $(FUZZ_BUILD)/fuzz_kvtier $(FUZZ_BUILD)/fuzz_jinja
+
+$(FUZZ_BUILD)/fuzz_jinja: $(JINJA_OBJ)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ -ljansson -lm
 
 $(FUZZ_BUILD)/fuzz_kvtier: $(KVT_OBJ)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ -lm
@@ -48,4 +53,4 @@ $(FUZZ_BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
 
--include $(GGUF_OBJ:.o=.d) $(TOK_OBJ:.o=.d) $(KVT_OBJ:.o=.d)
+-include $(GGUF_OBJ:.o=.d) $(TOK_OBJ:.o=.d) $(KVT_OBJ:.o=.d) $(JINJA_OBJ:.o=.d)

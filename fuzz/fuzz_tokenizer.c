@@ -1,19 +1,17 @@
-/* fuzz_tokenizer.c - libFuzzer target for the tokenizers and the chat
- * template detector/renderer.  The first input byte picks the vocabulary
+/* fuzz_tokenizer.c - libFuzzer target for the tokenizers (the chat
+ * templates have their own target, fuzz_jinja.c).  The first input byte picks the vocabulary
  * (bits 0 and 4: SentencePiece, byte-level BPE, raw-UTF-8 BPE (gemma-4),
  * byte-level BPE with Qwen3.5's regex), parse_special (bit 1) and add_bos
  * (bit 2); the rest is text.  The last two vocabularies come from
  * build/peer (`make peer-src`, which `make fuzz-run` runs).
  * Checks: encode never fails on any bytes, ids are in range, decode of the
- * ids and the streaming decoder agree, and template detection on arbitrary
- * text either succeeds or returns an error. */
+ * ids and the streaming decoder agree. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "format/gguf.h"
-#include "text/chat.h"
 #include "text/tokenizer.h"
 
 #define VOCAB_DIR "tests/data/vectors/tokenizer/"
@@ -69,16 +67,5 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     tok_stream_flush(&st, out, sizeof out);
     free(tok_decode(t, ids, n, 1));
-    chat_template tpl;
-    if (chat_template_detect(text, len, &tpl, NULL) == KV_OK) {
-        char *content = malloc(len + 1);
-        if (content) {
-            memcpy(content, text, len);
-            content[len] = '\0';
-            chat_msg msgs[2] = {{"system", content}, {"user", content}};
-            free(chat_render(&tpl, msgs, 2, 1, NULL));
-            free(content);
-        }
-    }
     return 0;
 }

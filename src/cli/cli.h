@@ -95,6 +95,11 @@ int cli_plan_tp(const cli_common *c, const struct plan_config *pc);
 
 /* Reads a whole file into a malloc'd NUL-terminated buffer. */
 char *cli_read_file(const char *path, size_t *len, kvant_err *err);
+/* --chat-template FILE: compiles the file's Jinja template for m in place
+ * of the GGUF's.  An unreadable file is an error; a template kvant refuses
+ * leaves m->has_chat = 0 with the reason in m->chat_err, and a line on
+ * stderr prefixed with cmd (chat requests then get that error). */
+int cli_chat_template(model *m, const char *path, const char *cmd, kvant_err *err);
 void cli_json_string(FILE *f, const char *s, size_t len);
 
 /* Copies the common options that configure an engine (threads, memory
@@ -180,6 +185,7 @@ int cli_session_eval(cli_session *s, const int32_t *tokens, int32_t n, int32_t p
 /* Subcommands. */
 int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_template(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_logits(int argc, char **argv);

@@ -656,3 +656,17 @@ int cli_session_eval(cli_session *s, const int32_t *tokens, int32_t n, int32_t p
     }
     return KV_OK;
 }
+
+int cli_chat_template(model *m, const char *path, const char *cmd, kvant_err *err)
+{
+    if (!path)
+        return KV_OK;
+    size_t len = 0;
+    char *src = cli_read_file(path, &len, err);
+    if (!src)
+        return err->code ? err->code : KV_EIO;
+    if (model_set_chat_template(m, src, len))
+        fprintf(stderr, "kvant %s: --chat-template %s refused: %s\n", cmd, path, m->chat_err);
+    free(src);
+    return KV_OK;
+}

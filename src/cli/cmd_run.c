@@ -14,6 +14,7 @@ typedef struct run_opts {
     long n_predict;
     long ctx;
     int chat;
+    const char *chat_template; /* --chat-template FILE or NULL */
     sampler_params sp;
 } run_opts;
 
@@ -84,6 +85,7 @@ static void run_help(void)
         {"-n, --n-predict", "N", "tokens to generate at most", "128"},
         {"-c, --ctx-size", "N", "context in tokens, 16..", "the model's, at most 4096"},
         {"--chat", NULL, "wrap the prompt in the model's chat template", "off"},
+        {"--chat-template", "FILE", "with --chat: this Jinja template instead of the model's", "the model's"},
         {"--temp", "T", "sampling temperature, 0..100", temp},
         {"--top-k", "K", "keep the K most likely tokens", topk},
         {"--top-p", "P", "nucleus sampling, (0, 1]", topp},
@@ -127,6 +129,9 @@ static int parse_run(int argc, char **argv, cli_common *c, run_opts *o)
         } else if (!strcmp(argv[i], "-c") || !strcmp(argv[i], "--ctx-size")) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int("-c", v, 16, 1 << 20, &o->ctx))
                 return CLI_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--chat-template")) {
+            if (!(o->chat_template = cli_value(argc, argv, &i)))
+                return CLI_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--chat")) {
             o->chat = 1;
         } else {
@@ -135,6 +140,8 @@ static int parse_run(int argc, char **argv, cli_common *c, run_opts *o)
     }
     if (!o->prompt)
         return cli_err_usage("run", "missing -p PROMPT");
+    if (o->chat_template && !o->chat)
+        return cli_err_usage("run", "--chat-template needs --chat");
     return 0;
 }
 
@@ -260,7 +267,7 @@ int cmd_run(int argc, char **argv)
         return 1;
     }
     int64_t n_prompt = 0;
-    int32_t *ids = prompt_tokens(s.m, &o, &n_prompt, &err);
+    int32_t *ids = cli_chat_template(s.m, o.chat_template, "run", &err) ? NULL : prompt_tokens(s.m, &o, &n_prompt, &err);
     int32_t *toks = ids ? realloc(ids, (size_t)s.n_ctx * sizeof *toks + sizeof *toks) : NULL;
     gen_out g = {0};
     int rc = 1;

@@ -36,6 +36,7 @@ typedef struct serve_opts {
     double drain_timeout;
     serve_models_opts mo;   /* several models (cmd_serve_models.c) */
     const char *cors[SRV_MAX_CORS_ORIGINS]; /* --cors-origin values (argv) */
+    const char *chat_template;              /* --chat-template FILE or NULL */
 } serve_opts;
 
 static const char *fmt_long(char *buf, size_t cap, long v)
@@ -55,6 +56,7 @@ static void serve_help(void)
         {"--host", "ADDR", "IPv4 address to listen on", sc.host},
         {"--port", "N", "TCP port, 0: any free one", fmt_long(port, 16, sc.port)},
         {"--api-key", "KEY", "require 'Authorization: Bearer KEY'", "none"},
+        {"--chat-template", "FILE", "a Jinja chat template used instead of the model's", "the model's"},
         {"--served-model-name", "NAME", "the model's name in the API",
          "the file name without .gguf"},
         {"-c, --ctx-size", "N", "context per request in tokens", "the model's"},
@@ -195,6 +197,7 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
     o->ec = engine_config_default();
     o->ec.max_waiting = -1; /* not given: derived from --max-num-seqs below */
     o->drain_timeout = SERVE_DRAIN_TIMEOUT_S;
+    o->chat_template = NULL;
     serve_models_opts_init(&o->mo);
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) {
@@ -215,6 +218,9 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
         const char *a = argv[i];
         if (!strcmp(a, "--host")) {
             if (!(o->sc.host = cli_value(argc, argv, &i)))
+                return CLI_EXIT_USAGE;
+        } else if (!strcmp(a, "--chat-template")) {
+            if (!(o->chat_template = cli_value(argc, argv, &i)))
                 return CLI_EXIT_USAGE;
         } else if (!strcmp(a, "--api-key")) {
             if (!(o->sc.api_key = cli_value(argc, argv, &i)))
@@ -265,6 +271,8 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
         return CLI_EXIT_USAGE;
     if (o->c.tp * o->c.pp > 1 && o->mo.multi)
         return cli_err_usage("serve", "--tp and --pp serve one model (not several)");
+    if (o->chat_template && o->mo.multi)
+        return cli_err_usage("serve", "--chat-template applies to one model (not several)");
     if (!o->c.model_path)
         o->c.model_path = CLI_DEFAULT_MODEL;
     return 0;
@@ -425,6 +433,12 @@ int cmd_serve(int argc, char **argv)
         }
     } else {
         m = model_load(o.c.model_path, &err);
+        if (m && cli_chat_template(m, o.chat_template, "serve", &err)) {
+            model_free(m);
+            m = NULL;
+        } else if (m && !m->has_chat && !o.chat_template) {
+            fprintf(stderr, "kvant serve: chat requests will be refused: %s\n", m->chat_err);
+        }
         e = m ? engine_create(m, &o.ec, &err) : NULL;
         if (!e) {
             fprintf(stderr, "kvant serve: %s\n", err.msg);

@@ -480,10 +480,7 @@ model *model_load(const char *path, kvant_err *err)
                       tok_n_vocab(m->tok), m->hp.n_vocab);
         goto fail;
     }
-    kvant_err cerr = {0};
-    m->has_chat = chat_template_from_gguf(m->gguf, &m->chat, &cerr) == KV_OK;
-    if (!m->has_chat)
-        snprintf(m->chat_err, sizeof m->chat_err, "%s", cerr.msg);
+    model_set_chat_template(m, NULL, 0);
     return m;
 fail:
     model_free(m);
@@ -495,9 +492,21 @@ void model_free(model *m)
     if (!m)
         return;
     tok_destroy(m->tok);
+    chat_template_free(&m->chat);
     free(m->layers);
     gguf_close(m->gguf);
     free(m);
+}
+
+int model_set_chat_template(model *m, const char *src, size_t len)
+{
+    kvant_err cerr = {0};
+    chat_template_free(&m->chat);
+    m->chat_err[0] = '\0';
+    m->has_chat = chat_template_from_gguf(m->gguf, src, len, &m->chat, &cerr) == KV_OK;
+    if (!m->has_chat)
+        snprintf(m->chat_err, sizeof m->chat_err, "%s", cerr.msg);
+    return m->has_chat ? KV_OK : cerr.code;
 }
 
 int model_layer_tensors(model_layer *L, model_tensor **out)

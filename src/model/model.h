@@ -88,7 +88,7 @@ typedef struct model {
     gguf_ctx *gguf;
     tokenizer *tok;
     chat_template chat;
-    int has_chat;            /* chat template known */
+    int has_chat;            /* chat template compiled */
     char chat_err[KV_ERR_MSG_MAX];      /* why not, when has_chat == 0 */
     model_tensor tok_embd, output_norm, output, rope_freqs; /* rope_freqs: rope_freqs.weight,
                               * or the LongRoPE factor set in use (see model_family_hp) */
@@ -121,6 +121,11 @@ int model_layer_tensors(model_layer *L, model_tensor **out);
 
 model *model_load(const char *path, kvant_err *err);
 void model_free(model *m);
+/* Compiles the chat template: src (--chat-template's file contents), or
+ * the GGUF's own when src is NULL.  A template kvant cannot compile leaves
+ * has_chat = 0 and the reason (naming the construct) in chat_err; the
+ * model stays usable for plain completions.  Returns KV_OK or that code. */
+int model_set_chat_template(model *m, const char *src, size_t len);
 
 /* Calls fn for every weight tensor of the model (global then per layer). */
 typedef void (*model_tensor_fn)(void *ctx, model_tensor *t);

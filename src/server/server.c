@@ -1,7 +1,7 @@
 /* server.c - the HTTP daemon of `kvant serve`: libmicrohttpd set-up,
  * request body collection with a size cap, routing, authentication, and
  * the small routes (/health, /ready, /metrics, /v1/models, /v1/memory,
- * /v1/memory/blocks, /dashboard, /tokenize, /detokenize).  Generation routes live in server_gen.c.
+ * /v1/memory/blocks, /dashboard, /tokenize, /detokenize, /apply-template).  Generation routes live in server_gen.c.
  * With several models (s->reg) the routes take their engine from the
  * registry (registry/registry.h) and POST /v1/models/{id}/{action} drives its
  * life cycle (server_modelapi.c).
@@ -33,6 +33,7 @@
 #include "server/server_reply.h"
 #include "server/server_modelapi.h"
 #include "server/server_offload.h"
+#include "server/server_template.h"
 #include "server/server_tier.h"
 
 #define SRV_MAX_DETOKENIZE (1 << 20)
@@ -491,14 +492,32 @@ static enum MHD_Result route_detokenize(const model *m, struct MHD_Connection *c
     return send_obj(c, 200, json_pack("{s:o}", "prompt", js));
 }
 
-/* /tokenize and /detokenize: the server's model, or (several models) the
- * one the body names, loaded if needed and held for the call. */
+static enum MHD_Result route_apply_template(const model *m, struct MHD_Connection *c, const char *body,
+                                            size_t len)
+{
+    srv_error e;
+    json_t *out = NULL;
+    if (srv_template_apply(m, body, len, &out, &e))
+        return srv_send_error(c, &e);
+    return send_obj(c, 200, out);
+}
+
+/* /tokenize (0), /detokenize (1), /apply-template (2) on a model. */
+static enum MHD_Result tok_call(int kind, const model *m, int64_t max_len, struct MHD_Connection *c,
+                                const char *body, size_t len)
+{
+    if (kind == 2)
+        return route_apply_template(m, c, body, len);
+    return kind ? route_detokenize(m, c, body, len) : route_tokenize(m, max_len, c, body, len);
+}
+
+/* /tokenize, /detokenize, /apply-template: the server's model, or (several
+ * models) the one the body names, loaded if needed and held for the call. */
 static enum MHD_Result route_tok(srv *s, struct MHD_Connection *c, int detok, const char *body,
                                  size_t len)
 {
     if (!s->reg)
-        return detok ? route_detokenize(s->m, c, body, len)
-                     : route_tokenize(s->m, s->oai.max_model_len, c, body, len);
+        return tok_call(detok, s->m, s->oai.max_model_len, c, body, len);
     srv_error e;
     char name[REG_NAME_MAX];
     if (srv_modelapi_body_name(body, len, name, sizeof name, &e))
@@ -510,8 +529,7 @@ static enum MHD_Result route_tok(srv *s, struct MHD_Connection *c, int detok, co
         srv_modelapi_error(&e, rc, &ke);
         return srv_send_error(c, &e);
     }
-    enum MHD_Result res = detok ? route_detokenize(ref.m, c, body, len)
-                                : route_tokenize(ref.m, ref.max_model_len, c, body, len);
+    enum MHD_Result res = tok_call(detok, ref.m, ref.max_model_len, c, body, len);
     reg_release(s->reg, &ref);
     return res;
 }
@@ -539,8 +557,8 @@ static enum MHD_Result route_model_action(srv *s, struct MHD_Connection *c, cons
 
 typedef enum route_id {
     R_HEALTH, R_READY, R_METRICS, R_MODELS, R_MEMORY, R_MEMORY_BLOCKS, R_DASHBOARD,
-    R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_EMBEDDINGS, R_RESPONSES, R_MODEL_GET,
-    R_MODEL_ACTION, R_NONE
+    R_COMPLETIONS, R_CHAT, R_TOKENIZE, R_DETOKENIZE, R_EMBEDDINGS, R_RESPONSES, R_APPLY_TEMPLATE,
+    R_MODEL_GET, R_MODEL_ACTION, R_NONE
 } route_id;
 
 static const struct {
@@ -560,6 +578,7 @@ static const struct {
     [R_DETOKENIZE] = {"/detokenize", "POST", 1},
     [R_EMBEDDINGS] = {"/v1/embeddings", "POST", 1},
     [R_RESPONSES] = {"/v1/responses", "POST", 1},     /* 501: not implemented yet */
+    [R_APPLY_TEMPLATE] = {"/apply-template", "POST", 1},
     [R_MODEL_GET] = {REG_PATH, "GET", 1},     /* a prefix: /v1/models/{id} */
     [R_MODEL_ACTION] = {REG_PATH, "POST", 1}, /* a prefix: /v1/models/{id}/{action} */
 };
@@ -639,6 +658,7 @@ static enum MHD_Result dispatch(srv *s, struct MHD_Connection *c, route_id r, co
     case R_CHAT: return srv_gen_handle(s, c, SRV_API_CHAT, b, n, cn->t_arrival);
     case R_TOKENIZE: return route_tok(s, c, 0, b, n);
     case R_DETOKENIZE: return route_tok(s, c, 1, b, n);
+    case R_APPLY_TEMPLATE: return route_tok(s, c, 2, b, n);
     case R_MODEL_ACTION: return route_model_action(s, c, url, b, n);
     case R_MODEL_GET: return route_model_get(s, c, url);
     case R_EMBEDDINGS: return srv_embed_handle(s, c, b, n);

@@ -1,25 +1,39 @@
-/* chat.h - chat templates.
+/* chat.h - chat templates: the model's tokenizer.chat_template, compiled
+ * and rendered by kvant's Jinja interpreter (text/jinja.h).
  *
- * kvant does not run Jinja.  It recognises the families of templates it
- * knows from tokenizer.chat_template (ChatML-style as used by SmolLM2 and
- * Qwen2, Llama-2 [INST], Llama-3 header ids) and renders them natively.
- * An unknown template is a clear error naming it.
- * Ownership: plain data; rendered strings are malloc'd, the caller frees.
+ * Every template goes through Jinja (the three native renderers kvant had
+ * for ChatML, Llama-2 and Llama-3 are gone: the interpreter renders their
+ * templates byte for byte as jinja2 does).  A model without a template
+ * gets CHAT_DEFAULT_TEMPLATE (ChatML, what llama.cpp also falls back to).
+ *
+ * The variables a template sees (as transformers passes them):
+ *   messages               the conversation: a list of dicts (role,
+ *                          content, and whatever else the caller's JSON
+ *                          has: tool_calls, tool_call_id, name, ...)
+ *   tools                  the tool list, or None when none is given
+ *   documents              None
+ *   add_generation_prompt  bool
+ *   bos_token, eos_token   the model's BOS / EOS token texts ("" if none)
+ * strftime_now() formats the time KVANT_TEMPLATE_TIME (Unix seconds, so a
+ * test can pin the date) or, when unset, the current time.
+ *
+ * Ownership: chat_template owns its compiled template and token texts
+ * (chat_template_free); rendered strings are malloc'd, the caller frees.
+ * A compiled template may be rendered from several threads at once.
  */
 #ifndef KVANT_CHAT_H
 #define KVANT_CHAT_H
 
+#include <jansson.h>
 #include <stddef.h>
 
 #include "format/gguf.h"
+#include "text/jinja.h"
 #include "util/err.h"
 
-typedef enum chat_kind {
-    CHAT_NONE = 0,
-    CHAT_CHATML,      /* <|im_start|>role\ncontent<|im_end|>\n */
-    CHAT_LLAMA2,      /* [INST] ... [/INST] */
-    CHAT_LLAMA3,      /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
-} chat_kind;
+#define CHAT_DEFAULT_TEMPLATE                                                                        \
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] " \
+    "+ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 
 typedef struct chat_msg {
     const char *role;    /* "system", "user", "assistant" (borrowed) */
@@ -27,26 +41,31 @@ typedef struct chat_msg {
 } chat_msg;
 
 typedef struct chat_template {
-    chat_kind kind;
-    /* ChatML-style templates may inject a default system prompt when the
-     * first message is not a system message (SmolLM2 does). */
-    char default_system[512];
+    jinja_tpl *jt; /* owned; NULL until compiled */
+    char *bos;     /* owned BOS token text ("" none) */
+    char *eos;     /* owned EOS token text ("" none) */
+    int builtin;   /* 1: the model had no template, CHAT_DEFAULT_TEMPLATE is used */
 } chat_template;
 
-/* Detects the template from tokenizer.chat_template (or CHAT_CHATML when
- * absent).  Unknown templates: KV_EUNSUP with a message. */
-int chat_template_from_gguf(const gguf_ctx *g, chat_template *out, kvant_err *err);
-/* Detects from template source text; NULL src means "model has none". */
-int chat_template_detect(const char *src, size_t len, chat_template *out, kvant_err *err);
-/* Renders messages; add_assistant appends the assistant turn opener.
- * Returns a malloc'd NUL-terminated prompt (special tokens as text, to be
- * encoded with parse_special = 1), or NULL with err filled. */
-char *chat_render(const chat_template *tpl, const chat_msg *msgs, size_t n_msgs,
-                  int add_assistant, kvant_err *err);
-const char *chat_kind_name(chat_kind k);
-/* 1 when the rendered prompt already starts with the BOS text (Llama-2's
- * "<s>", Llama-3's "<|begin_of_text|>", as their Jinja templates emit it):
- * encode such prompts with add_bos = 0 and parse_special = 1. */
-int chat_prompt_has_bos(const chat_template *tpl);
+/* Compiles src (NULL: CHAT_DEFAULT_TEMPLATE) with the given token texts
+ * (NULL: "").  A construct kvant does not implement: KV_EUNSUP naming it
+ * and its line; a syntax error: KV_EINVAL.  *out is zeroed on failure. */
+int chat_template_compile(const char *src, size_t len, const char *bos, const char *eos, chat_template *out,
+                          kvant_err *err);
+/* The GGUF's tokenizer.chat_template, or override_src when non-NULL
+ * (--chat-template), with BOS/EOS texts from the GGUF's vocabulary. */
+int chat_template_from_gguf(const gguf_ctx *g, const char *override_src, size_t override_len, chat_template *out,
+                            kvant_err *err);
+void chat_template_free(chat_template *t);
+
+/* Renders messages (each {role, content}); add_assistant is the
+ * generation prompt.  Returns a malloc'd prompt (special tokens as text,
+ * to be encoded with parse_special = 1), or NULL with err filled (a
+ * raise_exception in the template gives its message). */
+char *chat_render(const chat_template *tpl, const chat_msg *msgs, size_t n_msgs, int add_assistant, kvant_err *err);
+/* The same from JSON: messages an array of objects (borrowed), tools an
+ * array or NULL. */
+char *chat_render_json(const chat_template *tpl, const json_t *messages, const json_t *tools,
+                       int add_generation_prompt, kvant_err *err);
 
 #endif

@@ -1,5 +1,6 @@
 /* test_chat.c - chat template detection and rendering.
  *
+ * Every template renders through the Jinja interpreter (text/jinja.h).
  * Expected strings were produced by /tmp/ref/chat_ref.py in the session that
  * wrote this test: jinja2 3.1.6 ImmutableSandboxedEnvironment(trim_blocks,
  * lstrip_blocks) rendering (as transformers' apply_chat_template does)
@@ -93,11 +94,10 @@ static void test_smollm_gguf(void)
     if (!g)
         return;
     chat_template tpl;
-    CHECKF(chat_template_from_gguf(g, &tpl, &err) == KV_OK, "%s", err.msg);
-    CHECK(tpl.kind == CHAT_CHATML);
-    CHECKF(strcmp(tpl.default_system, "You are a helpful AI assistant named SmolLM, trained by Hugging Face") == 0,
-           "default system: \"%s\"", tpl.default_system);
-    CHECK(!chat_prompt_has_bos(&tpl));
+    CHECKF(chat_template_from_gguf(g, NULL, 0, &tpl, &err) == KV_OK, "%s", err.msg);
+    CHECK(!tpl.builtin && tpl.jt != NULL);
+    CHECKF(strcmp(tpl.bos, "<|im_start|>") == 0 && strcmp(tpl.eos, "<|im_end|>") == 0, "bos '%s' eos '%s'",
+           tpl.bos, tpl.eos);
     check_renders(&tpl, SMOL_WANT, sizeof SMOL_WANT / sizeof SMOL_WANT[0], "smollm");
     /* no messages: only the generation prompt (the template's loop is empty) */
     char *s = chat_render(&tpl, NULL, 0, 1, &err);
@@ -106,6 +106,14 @@ static void test_smollm_gguf(void)
     s = chat_render(&tpl, NULL, 0, 0, &err);
     CHECK(s && strcmp(s, "") == 0);
     free(s);
+    chat_template_free(&tpl);
+    /* --chat-template: the override replaces the GGUF's template, same BOS/EOS */
+    const char *ovr = "{{ bos_token }}|{{ messages[0].content }}|{{ eos_token }}";
+    CHECK(chat_template_from_gguf(g, ovr, strlen(ovr), &tpl, &err) == KV_OK);
+    s = chat_render(&tpl, FULL, 1, 0, &err);
+    CHECKF(s && strcmp(s, "<|im_start|>|You are terse.|<|im_end|>") == 0, "got %s", s ? s : err.msg);
+    free(s);
+    chat_template_free(&tpl);
     gguf_close(g);
 }
 
@@ -113,61 +121,64 @@ static void test_families(void)
 {
     kvant_err err = {0};
     chat_template tpl;
-    CHECK(chat_template_detect(LLAMA2_SRC, strlen(LLAMA2_SRC), &tpl, &err) == KV_OK && tpl.kind == CHAT_LLAMA2);
-    CHECK(chat_prompt_has_bos(&tpl) && strcmp(chat_kind_name(tpl.kind), "llama2") == 0);
+    CHECK(chat_template_compile(LLAMA2_SRC, strlen(LLAMA2_SRC), "<s>", "</s>", &tpl, &err) == KV_OK);
     check_renders(&tpl, LLAMA2_WANT, sizeof LLAMA2_WANT / sizeof LLAMA2_WANT[0], "llama2");
-    /* roles must alternate (the Jinja template raises) */
+    /* roles must alternate (the template's raise_exception, with its message) */
     static const chat_msg bad[] = {{"user", "a"}, {"user", "b"}};
     kvant_err_clear(&err);
     char *s = chat_render(&tpl, bad, 2, 1, &err);
-    CHECK(s == NULL && err.code == KV_EINVAL && strstr(err.msg, "alternat"));
+    CHECKF(s == NULL && err.code == KV_EINVAL &&
+           strstr(err.msg, "Conversation roles must alternate user/assistant/user/assistant/..."), "%s", err.msg);
     free(s);
+    chat_template_free(&tpl);
 
-    CHECK(chat_template_detect(LLAMA3_SRC, strlen(LLAMA3_SRC), &tpl, &err) == KV_OK && tpl.kind == CHAT_LLAMA3);
-    CHECK(chat_prompt_has_bos(&tpl));
+    CHECK(chat_template_compile(LLAMA3_SRC, strlen(LLAMA3_SRC), "<|begin_of_text|>", "<|end_of_text|>", &tpl,
+                                &err) == KV_OK);
     check_renders(&tpl, LLAMA3_WANT, sizeof LLAMA3_WANT / sizeof LLAMA3_WANT[0], "llama3");
     s = chat_render(&tpl, NULL, 0, 1, &err);
     CHECK(s && strcmp(s, "<|start_header_id|>assistant<|end_header_id|>\n\n") == 0);
     free(s);
+    chat_template_free(&tpl);
 }
 
-static void test_detection(void)
+static void test_compile_errors(void)
 {
     kvant_err err = {0};
     chat_template tpl;
-    /* absent template: ChatML without a default system prompt */
-    CHECK(chat_template_detect(NULL, 0, &tpl, &err) == KV_OK && tpl.kind == CHAT_CHATML && !tpl.default_system[0]);
+    /* absent template: the built-in ChatML one */
+    CHECK(chat_template_compile(NULL, 0, NULL, NULL, &tpl, &err) == KV_OK && tpl.builtin);
     static const chat_msg one[] = {{"user", "hi"}};
     char *s = chat_render(&tpl, one, 1, 1, &err);
     CHECK(s && strcmp(s, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n") == 0);
     free(s);
-    /* Qwen2-style source with Jinja escapes (backslash-n, escaped quote) */
-    const char *qwen = "{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou\\'re "
-                       "a helpful assistant.<|im_end|>\\n' }}{% endif %}";
-    CHECK(chat_template_detect(qwen, strlen(qwen), &tpl, &err) == KV_OK && tpl.kind == CHAT_CHATML);
-    CHECKF(strcmp(tpl.default_system, "You're a helpful assistant.") == 0, "got \"%s\"", tpl.default_system);
-    /* a system block that is an expression, not a literal: no default */
-    const char *expr = "{{ '<|im_start|>system\\n' + message['content'] + '<|im_end|>' }}";
-    CHECK(chat_template_detect(expr, strlen(expr), &tpl, &err) == KV_OK && tpl.kind == CHAT_CHATML &&
-          !tpl.default_system[0]);
-    /* unknown template: an error naming it */
-    const char *odd = "{% for m in messages %}### {{ m['role'] }}: {{ m['content'] }}{% endfor %}";
-    kvant_err_clear(&err);
-    CHECK(chat_template_detect(odd, strlen(odd), &tpl, &err) == KV_EUNSUP && strstr(err.msg, "###"));
-    /* a huge injected system prompt is refused, not truncated */
-    char big[2048];
-    snprintf(big, sizeof big, "'<|im_start|>system\n%0900d<|im_end|>'", 7);
-    CHECK(chat_template_detect(big, strlen(big), &tpl, &err) == KV_ERANGE);
     /* a message without a role */
-    chat_template ml = {CHAT_CHATML, ""};
     static const chat_msg norole[] = {{NULL, "x"}};
-    CHECK(chat_render(&ml, norole, 1, 1, &err) == NULL && err.code == KV_EINVAL);
+    CHECK(chat_render(&tpl, norole, 1, 1, &err) == NULL && err.code == KV_EINVAL);
+    chat_template_free(&tpl);
+    /* an unsupported construct is refused, naming it and its line */
+    const char *call = "hello\n{% call foo() %}x{% endcall %}";
+    kvant_err_clear(&err);
+    CHECK(chat_template_compile(call, strlen(call), NULL, NULL, &tpl, &err) == KV_EUNSUP);
+    CHECKF(strstr(err.msg, "'call'") && strstr(err.msg, "line 2"), "%s", err.msg);
+    CHECK(tpl.jt == NULL);
+    const char *filt = "{{ x | wordwrap(5) }}";
+    CHECK(chat_template_compile(filt, strlen(filt), NULL, NULL, &tpl, &err) == KV_EUNSUP &&
+          strstr(err.msg, "wordwrap"));
+    const char *pct = "{{ '%s!' % x }}", *spec = "{{ '{:>5}'.format(x) }}";
+    CHECK(chat_template_compile(pct, strlen(pct), NULL, NULL, &tpl, &err) == KV_EUNSUP && strstr(err.msg, "printf"));
+    CHECK(chat_template_compile(spec, strlen(spec), NULL, NULL, &tpl, &err) == KV_EUNSUP && strstr(err.msg, "{:>5}"));
+    /* a syntax error names its line */
+    const char *syn = "{% if x %}\n\n{{ 1 + }}{% endif %}";
+    CHECK(chat_template_compile(syn, strlen(syn), NULL, NULL, &tpl, &err) == KV_EINVAL && strstr(err.msg, "line 3"));
+    const char *open_if = "{% if x %}never closed";
+    CHECK(chat_template_compile(open_if, strlen(open_if), NULL, NULL, &tpl, &err) == KV_EINVAL &&
+          strstr(err.msg, "never closed"));
 }
 
 int main(void)
 {
     test_smollm_gguf();
     test_families();
-    test_detection();
+    test_compile_errors();
     return tu_finish("test_chat");
 }
