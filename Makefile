@@ -220,7 +220,11 @@ cuda-build:
 	  $(MAKE) CUDA=1 BUILD=build-cuda WERROR=1 build-cuda/kvant build-cuda/tests/test_cuda; \
 	else echo "cuda-build: SKIPPED (nvcc not found)"; fi
 
+# guidellm's venv (a large download, ~10 min) is set up in the background
+# while the builds and unit tests run; `pytest` waits for it (a lock).
 test: deps venv model peer-src
+	@mkdir -p build; (scripts/setup-guidellm.sh > build/guidellm-setup.log 2>&1 &); \
+	  echo "test: setting up build/guidellm-venv in the background (build/guidellm-setup.log)"
 	$(MAKE) WERROR=1 all
 	$(MAKE) layers
 	$(MAKE) WERROR=1 unit

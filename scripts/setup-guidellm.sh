@@ -4,9 +4,13 @@
 # the default model offline from the GGUF itself (transformers'
 # AutoTokenizer, gguf_file=) into build/guidellm-tok, so no benchmark run
 # downloads anything.  Idempotent: each step is skipped when its stamp is
-# newer than its inputs.
+# newer than its inputs.  One run at a time (a lock): `make test` starts it
+# in the background at the beginning, and `make pytest` waits for it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mkdir -p build
+exec 9>build/.guidellm-setup.lock
+flock 9
 venv=build/guidellm-venv
 req=tests/requirements-guidellm.txt
 model=models/SmolLM2-135M-Instruct.Q4_1.gguf
