@@ -96,12 +96,20 @@ def llama3_rope_factors(base: float, dim: int, factor=8.0, low=1.0, high=4.0, ol
     return np.asarray(out, dtype=np.float32)
 
 
-def _vocab(n_vocab: int):
+# llama.cpp gives a vocabulary whose general.name contains "phi3" rules for these tokens
+# and fails to load one that lacks them, as a real Phi-3 vocabulary never does.
+PHI3_SPECIAL = ["<unk>", "<s>", "</s>", "<|endoftext|>"]
+
+
+def _vocab(n_vocab: int, fam: str):
     tokens, types, merges, bos, eos = ms.tokenizer_vocab()
     while len(tokens) < n_vocab:
         tokens.append(f"<|tok_{len(tokens)}|>")
         types.append(3)
-    return tokens[:n_vocab], types[:n_vocab], merges, bos, eos
+    tokens, types = tokens[:n_vocab], types[:n_vocab]
+    if fam == "phi3":
+        tokens[n_vocab - len(PHI3_SPECIAL):] = PHI3_SPECIAL
+    return tokens, types, merges, bos, eos
 
 
 def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
@@ -140,7 +148,7 @@ def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
         w.add_float32(f"{arch}.rope.scaling.attn_factor", math.sqrt(1 + math.log(scale) / math.log(orig)))
         w.add_uint32(f"{arch}.attention.sliding_window", 0)
     w.add_vocab_size(sh.n_vocab)
-    tokens, types, merges, bos, eos = _vocab(sh.n_vocab)
+    tokens, types, merges, bos, eos = _vocab(sh.n_vocab, fam)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens)
