@@ -29,10 +29,7 @@ def model_path(d, fam):
         subprocess.run([sys.executable, os.path.join(ROOT, "tests", "py", "make_family.py"), d, fam,
                         "--wtype", "Q4_0", "--shape", "1b"], check=True)
     if not os.path.exists(p):
-        cands = [f for f in os.listdir(d) if f.startswith(fam) and f.endswith(".gguf") and "1b" in f]
-        if not cands:
-            sys.exit(f"families: no 1b model for {fam} in {d}")
-        p = os.path.join(d, cands[0])
+        sys.exit(f"families: make_family.py wrote no {p}")
     return p
 
 

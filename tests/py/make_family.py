@@ -148,15 +148,7 @@ def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
         w.add_float32(f"{arch}.rope.scaling.attn_factor", math.sqrt(1 + math.log(scale) / math.log(orig)))
         w.add_uint32(f"{arch}.attention.sliding_window", 0)
     w.add_vocab_size(sh.n_vocab)
-    tokens, types, merges, bos, eos = _vocab(sh.n_vocab, fam)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(bos)
-    w.add_eos_token_id(eos)
-    w.add_add_bos_token(False)
+    ms.add_tokenizer(w, *_vocab(sh.n_vocab, fam))
     return base
 
 

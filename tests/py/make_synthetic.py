@@ -148,6 +148,18 @@ def tokenizer_vocab():
     return tokens, types, list(MERGES), bos, bos + 1
 
 
+def add_tokenizer(w: GGUFWriter, tokens, types, merges, bos: int, eos: int) -> None:
+    """The byte-level BPE vocabulary's keys (gpt2 model, no BOS added), in this order."""
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos)
+    w.add_add_bos_token(False)
+
+
 def write_model(path: str, spec: Spec, seed: int) -> str:
     rng = np.random.default_rng(seed)
     w = GGUFWriter(path, spec.arch)
@@ -172,15 +184,7 @@ def write_model(path: str, spec: Spec, seed: int) -> str:
         w.add_string(f"{spec.arch}.rope.scaling.type", "linear")
         w.add_float32(f"{spec.arch}.rope.scaling.factor", spec.rope_linear)
     w.add_vocab_size(N_VOCAB)
-    tokens, types, merges, bos, eos = tokenizer_vocab()
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(bos)
-    w.add_eos_token_id(eos)
-    w.add_add_bos_token(False)
+    add_tokenizer(w, *tokenizer_vocab())
 
     def add(name, shape, std, t):
         arr, raw = _tensor(rng, shape, std, t)

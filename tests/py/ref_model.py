@@ -273,6 +273,25 @@ class RefModel:
         return logits
 
 
+def rel_err(a: np.ndarray, b: np.ndarray) -> float:
+    """||a - b|| / ||b|| in float64 (a: kvant's float32 logits, b: the reference)."""
+    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
+
+
+def check_argmax(kv: np.ndarray, ref: np.ndarray) -> tuple[int, list[str]]:
+    """(#positions where kvant's argmax is the reference's, unacceptable disagreements).  A
+    differing argmax is accepted only for a near-tie: the reference gap between the two
+    candidates below 4x that row's max abs error."""
+    ka, ra = kv.argmax(-1), ref.argmax(-1)
+    bad = []
+    for p in np.nonzero(ka != ra)[0]:
+        gap = ref[p, ra[p]] - ref[p, ka[p]]
+        tol = 4.0 * float(np.abs(kv[p].astype(np.float64) - ref[p]).max())
+        if gap > tol:
+            bad.append(f"pos {p}: kvant argmax {ka[p]} ref argmax {ra[p]} (ref gap {gap:.3g} > tol {tol:.3g})")
+    return int((ka == ra).sum()), bad
+
+
 def ref_logits(path: str, ids, rope_mode: str | None = None, dtype=np.float64) -> np.ndarray:
     return RefModel(path, rope_mode=rope_mode, dtype=dtype).forward(ids, drop_cache=True)
 

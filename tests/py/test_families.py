@@ -30,27 +30,12 @@ import numpy as np
 import pytest
 
 import make_family as mf
-from ref_model import RefModel
+from ref_model import RefModel, check_argmax, rel_err
 
 N_TOKENS = 24
 BOUND = 5e-6          # as test_logits.BOUND
 INT8_BOUND = 3e-2     # int8 activations (~0.3% per dot) and f16 K/V, compounded over the layers
 WTYPES = ["F32", "Q8_0", "Q4_0", "Q4_K", "Q6_K"]
-
-
-def rel_err(a, b) -> float:
-    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
-
-
-def near_tie_ok(kv: np.ndarray, ref: np.ndarray) -> list[str]:
-    ka, ra = kv.argmax(-1), ref.argmax(-1)
-    bad = []
-    for p in np.nonzero(ka != ra)[0]:
-        gap = ref[p, ra[p]] - ref[p, ka[p]]
-        tol = 4.0 * float(np.abs(kv[p].astype(np.float64) - ref[p]).max())
-        if gap > tol:
-            bad.append(f"pos {p}: kvant {ka[p]} ref {ra[p]} (gap {gap:.3g} > {tol:.3g})")
-    return bad
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +56,7 @@ def test_family_logits(family, wtype, fam_dir, kvant_logits, record_result):
     kv = kvant_logits(path, ids, mf.ms.N_VOCAB)
     assert np.all(np.isfinite(kv)), f"{family} {wtype}: NaN/Inf in kvant's logits"
     err, maxabs = rel_err(kv, ref), float(np.abs(kv - ref).max())
-    bad = near_tie_ok(kv, ref)
+    _, bad = check_argmax(kv, ref)
     agree = int((kv.argmax(-1) == ref.argmax(-1)).sum())
     record_result(f"family_{family}_{wtype}", {"rel_l2": err, "max_abs": maxabs, "argmax_agree": agree,
                                                "n": N_TOKENS, "bound": BOUND})

@@ -44,27 +44,11 @@ import numpy as np
 import pytest
 
 import make_synthetic as ms
-from ref_model import ref_logits
+from ref_model import check_argmax, ref_logits, rel_err
 
 N_TOKENS = 20
 
 BOUND = {t: 5e-6 for t in ms.TYPES}   # see the table above
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.linalg.norm(a.astype(np.float64) - b) / np.linalg.norm(b))
-
-
-def check_argmax(kv: np.ndarray, ref: np.ndarray) -> tuple[int, list[str]]:
-    """(#exact agreements, list of unacceptable disagreements)."""
-    ka, ra = kv.argmax(-1), ref.argmax(-1)
-    bad = []
-    for p in np.nonzero(ka != ra)[0]:
-        gap = ref[p, ra[p]] - ref[p, ka[p]]
-        tol = 4.0 * float(np.abs(kv[p].astype(np.float64) - ref[p]).max())
-        if gap > tol:
-            bad.append(f"pos {p}: kvant argmax {ka[p]} ref argmax {ra[p]} (ref gap {gap:.3g} > tol {tol:.3g})")
-    return int((ka == ra).sum()), bad
 
 
 @pytest.mark.parametrize("name", list(ms.VARIANTS))
