@@ -7,9 +7,12 @@
  *   qact path: the token's row is quantized alone (qact_quantize_* is a
  *     pure per-row function) and the qact dot gives out[k] bitwise equal
  *     to its nt = 1 result.
- * Tiling: a tile of rows (<= MM_ROW_TILE_BYTES) is kept in L2 while a tile
- * of tokens (<= MM_TOK_TILE_BYTES of activations) streams past it, a few
- * tokens per pass over a row.
+ * Tiling: a tile of rows (<= MM_ROW_TILE_BYTES) is kept in L2 while the
+ * tokens pass over it a few at a time (QACT_MULTI_MAX / QK_MULTI_MAX): each
+ * group of tokens, small enough for L1, meets every row of the tile before
+ * the next group, so per dot only the weight row comes from L2 (streaming
+ * the whole token tile past each row instead read the activations from L2
+ * or L3 for every row).
  */
 #include "kernels/matmul.h"
 
@@ -23,8 +26,7 @@
 #include "util/arch.h"
 #include "util/err.h"
 
-#define MM_ROW_TILE_BYTES (256 * 1024)
-#define MM_TOK_TILE_BYTES (512 * 1024)
+#define MM_ROW_TILE_BYTES (128 * 1024)
 /* Stack buffer for dtype_matmul_rows without pre-quantized activations:
  * bounds n to about 47k columns (KV_ASSERT). */
 #define MM_QACT_STACK_BYTES (64 * 1024)
@@ -143,27 +145,22 @@ static void rows_exact(uint32_t type, const void *w, size_t row_stride_bytes, in
     const dtype_vec_dot_multi_fn multi = dtype_vec_dot_multi(type);
     const dtype_vec_dot_fn dot = dtype_get(type)->vec_dot;
     const int64_t row_tile = row_tile_for(type, n);
-    int64_t tok_tile = (int64_t)(MM_TOK_TILE_BYTES / ((size_t)n * sizeof(float)));
-    tok_tile = tok_tile < QK_MULTI_MAX ? QK_MULTI_MAX : tok_tile / QK_MULTI_MAX * QK_MULTI_MAX;
 
     for (int64_t r0 = row_begin; r0 < row_end; r0 += row_tile) {
         const int64_t r1 = r0 + row_tile < row_end ? r0 + row_tile : row_end;
-        for (int64_t t0 = 0; t0 < n_tok; t0 += tok_tile) {
-            const int64_t t1 = t0 + tok_tile < n_tok ? t0 + tok_tile : n_tok;
+        for (int64_t t = 0; t < n_tok; t += QK_MULTI_MAX) {
+            const int nt = (int)(n_tok - t < QK_MULTI_MAX ? n_tok - t : QK_MULTI_MAX);
             for (int64_t r = r0; r < r1; r++) {
                 const void *wr = (const uint8_t *)w + (size_t)r * row_stride_bytes;
-                for (int64_t t = t0; t < t1; t += QK_MULTI_MAX) {
-                    const int nt = (int)(t1 - t < QK_MULTI_MAX ? t1 - t : QK_MULTI_MAX);
-                    float out[QK_MULTI_MAX];
-                    if (multi) {
-                        multi(n, wr, x + t * n, n, nt, out);
-                    } else {
-                        for (int k = 0; k < nt; k++)
-                            out[k] = dot(n, wr, x + (t + k) * n);
-                    }
+                float out[QK_MULTI_MAX];
+                if (multi) {
+                    multi(n, wr, x + t * n, n, nt, out);
+                } else {
                     for (int k = 0; k < nt; k++)
-                        y[(t + k) * y_stride + r] = out[k];
+                        out[k] = dot(n, wr, x + (t + k) * n);
                 }
+                for (int k = 0; k < nt; k++)
+                    y[(t + k) * y_stride + r] = out[k];
             }
         }
     }
@@ -179,24 +176,17 @@ static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int
     KV_ASSERT(dot != NULL && (terms == 1 || terms == 2));
     const size_t rb = qact_row_bytes(n);
     const int64_t row_tile = row_tile_for(type, n), per = QACT_MULTI_MAX / terms;
-    int64_t tok_tile = (int64_t)(MM_TOK_TILE_BYTES / (rb * (size_t)terms));
-    tok_tile = tok_tile < per ? per : tok_tile / per * per;
 
     for (int64_t r0 = row_begin; r0 < row_end; r0 += row_tile) {
         const int64_t r1 = r0 + row_tile < row_end ? r0 + row_tile : row_end;
-        for (int64_t t0 = 0; t0 < n_tok; t0 += tok_tile) {
-            const int64_t t1 = t0 + tok_tile < n_tok ? t0 + tok_tile : n_tok;
+        for (int64_t t = 0; t < n_tok; t += per) {
+            const int nt = (int)(n_tok - t < per ? n_tok - t : per);
+            const uint8_t *xt = (const uint8_t *)xq + (size_t)(terms * t) * rb;
             for (int64_t r = r0; r < r1; r++) {
-                const void *wr = (const uint8_t *)w + (size_t)r * row_stride_bytes;
-                for (int64_t t = t0; t < t1; t += per) {
-                    const int nt = (int)(t1 - t < per ? t1 - t : per);
-                    float out[QACT_MULTI_MAX];
-                    dot(n, wr, (const uint8_t *)xq + (size_t)(terms * t) * rb, rb, terms * nt,
-                        out);
-                    for (int k = 0; k < nt; k++)
-                        y[(t + k) * y_stride + r] =
-                            terms == 1 ? out[k] : out[2 * k] + out[2 * k + 1];
-                }
+                float out[QACT_MULTI_MAX];
+                dot(n, (const uint8_t *)w + (size_t)r * row_stride_bytes, xt, rb, terms * nt, out);
+                for (int k = 0; k < nt; k++)
+                    y[(t + k) * y_stride + r] = terms == 1 ? out[k] : out[2 * k] + out[2 * k + 1];
             }
         }
     }
