@@ -3,7 +3,9 @@
  * and 128), bound 2e-5 absolute (outputs are averages of V in [-1, 1]):
  * the AVX-512 f32 row, and the AVX-512 and AVX2 rows over f16 K/V (the
  * default KV dtype) against the scalar f32 row on the same values (f16 ->
- * f32 is exact), and against the typed reference cpu_kvq_attention_row_ref.
+ * f32 is exact), and against the typed reference cpu_kvq_attention_row_ref;
+ * the AVX2 group kernel (several heads of one KV head) bitwise against
+ * the AVX2 row per head.
  * Each ISA the CPU lacks is named and not run; the test is skipped (77)
  * only when no SIMD row can run.  Also which row the pickers give each
  * ISA, KV dtype and head_dim (no CPU feature needed). */
@@ -54,6 +56,27 @@ static void naive_row(const float *q, const cpu_attn_seq *s, int32_t n_pos, int3
     }
     for (int32_t e = 0; e < hd; e++)
         out[e] /= sum;
+}
+
+/* The AVX2 group kernel: nq = 1..CPU_ATTN_GROUP_MAX heads against one KV
+ * head, each head bitwise the AVX2 row's output. */
+static void check_group(tu_rng *r, const cpu_kvq_seq *hs, int32_t n_pos, int32_t hd, float qscale,
+                        float scale)
+{
+    float q[CPU_ATTN_GROUP_MAX * T_MAX_HD], og[CPU_ATTN_GROUP_MAX * T_MAX_HD], orow[T_MAX_HD];
+    float scratch[T_BLOCK * CPU_ATTN_GROUP_MAX + T_MAX_HD + 16];
+    for (int32_t i = 0; i < CPU_ATTN_GROUP_MAX * hd; i++)
+        q[i] = tu_rand_normal(r) * qscale;
+    for (int32_t nq = 1; nq <= CPU_ATTN_GROUP_MAX; nq++) {
+        cpu_kvq_attention_group_f16_avx2(q, nq, hs, n_pos, hd, scale, scratch, og);
+        int same = 1;
+        for (int32_t g = 0; g < nq; g++) {
+            cpu_kvq_attention_row_f16_avx2(q + g * hd, hs, n_pos, hd, scale, scratch, orow);
+            same &= memcmp(orow, og + g * hd, sizeof(float) * (size_t)hd) == 0;
+        }
+        CHECKF(same, "f16 avx2 group of %d n_pos %d hd %d p0 %d cap %g: not the row's bits", nq,
+               n_pos, hd, hs->p0, (double)hs->softcap);
+    }
 }
 
 static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f32_simd,
@@ -114,6 +137,8 @@ static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f
         CHECKF(e1 <= T_BOUND && e2 <= T_BOUND,
                "f16 %s n_pos %d hd %d qscale %g p0 %d cap %g: max err %g / %g", name, n_pos, hd,
                qscale, p0, (double)softcap, e1, e2);
+        if (f16_simd == cpu_kvq_attention_row_f16_avx2)
+            check_group(r, &hs, n_pos, hd, qscale, scale);
     }
     free(k), free(v), free(kh), free(vh);
 }
@@ -138,6 +163,13 @@ static void test_pickers(void)
           cpu_kvq_attention_row_f16_avx2);
     CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX512, DT_Q8_0, 64) == cpu_kvq_attention_row_ref);
     CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX2, DT_BF16, 64) == cpu_kvq_attention_row_ref);
+    CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX2, DT_F16, 72) ==
+          cpu_kvq_attention_group_f16_avx2);
+    CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX512, DT_F16, 64) == NULL);
+    CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX512, DT_F16, 72) ==
+          cpu_kvq_attention_group_f16_avx2);
+    CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX2, DT_F16, 68) == NULL);
+    CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX2, DT_Q8_0, 64) == NULL);
 #endif
 }
 

@@ -70,4 +70,17 @@ void cpu_kvq_attention_row_f16_avx512(const float *q, const cpu_kvq_seq *s, int3
 void cpu_kvq_attention_row_f16_avx2(const float *q, const cpu_kvq_seq *s, int32_t n_pos,
                                     int32_t head_dim, float scale, float *scratch, float *out);
 
+/* Query heads of one token that share a KV head, attended together: q and
+ * out hold nq (1..CPU_ATTN_GROUP_MAX) rows of head_dim; scratch: [nq]
+ * [block_size] floats.  Each head's out is bitwise the row function's
+ * (cpu_kvq_attention_group_for pairs them): the K and V rows are read and
+ * converted once for all nq heads. */
+#define CPU_ATTN_GROUP_MAX 4
+typedef void (*cpu_kvq_group_fn)(const float *q, int32_t nq, const cpu_kvq_seq *s, int32_t n_pos,
+                                 int32_t head_dim, float scale, float *scratch, float *out);
+/* The twin of cpu_kvq_attention_row_f16_avx2 (f16 K/V, head_dim % 8 == 0). */
+void cpu_kvq_attention_group_f16_avx2(const float *q, int32_t nq, const cpu_kvq_seq *s,
+                                      int32_t n_pos, int32_t head_dim, float scale,
+                                      float *scratch, float *out);
+
 #endif

@@ -32,7 +32,17 @@ void cpu_kv_store_row(uint32_t type, const float *src, void *dst, int64_t n)
 
 int64_t cpu_kvq_scratch(int32_t block_size, int32_t head_dim)
 {
-    return (int64_t)block_size + head_dim + 16;
+    return (int64_t)block_size * CPU_ATTN_GROUP_MAX + head_dim + 16;
+}
+
+cpu_kvq_group_fn cpu_kvq_attention_group_for(kernel_isa isa, uint32_t type, int32_t head_dim)
+{
+#if KVANT_X86
+    if (cpu_kvq_attention_row_for(isa, type, head_dim) == cpu_kvq_attention_row_f16_avx2)
+        return cpu_kvq_attention_group_f16_avx2;
+#endif
+    (void)isa, (void)type, (void)head_dim;
+    return NULL;
 }
 
 cpu_kvq_row_fn cpu_kvq_attention_row_for(kernel_isa isa, uint32_t type, int32_t head_dim)

@@ -109,3 +109,101 @@ void cpu_kvq_attention_row_f16_avx2(const float *q, const cpu_kvq_seq *s, int32_
     for (int32_t d = 0; d < head_dim; d += 8)
         _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), inv));
 }
+
+/* q . k for nq (1..CPU_ATTN_GROUP_MAX) heads against one f16 key row,
+ * each head's sum in dot256_f16's order (the key's halves are converted
+ * once for all heads). */
+AI void dotn256_f16(const float *q, int32_t nq, const uint8_t *k, int32_t n, float *dots)
+{
+    __m256 s0[CPU_ATTN_GROUP_MAX], s1[CPU_ATTN_GROUP_MAX];
+    for (int32_t g = 0; g < nq; g++)
+        s0[g] = s1[g] = _mm256_setzero_ps();
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 k0 = ld_f16x8(k + 2 * i), k1 = ld_f16x8(k + 2 * i + 16);
+        for (int32_t g = 0; g < nq; g++) {
+            s0[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * n + i), k0, s0[g]);
+            s1[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * n + i + 8), k1, s1[g]);
+        }
+    }
+    if (i < n) {
+        const __m256 k0 = ld_f16x8(k + 2 * i);
+        for (int32_t g = 0; g < nq; g++)
+            s0[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * n + i), k0, s0[g]);
+    }
+    for (int32_t g = 0; g < nq; g++) {
+        const __m256 s = _mm256_add_ps(s0[g], s1[g]);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        dots[g] = _mm_cvtss_f32(h);
+    }
+}
+
+/* out_g = the p V sums of one block for nq heads: out_g * corr_g, then
+ * + p_g[j] V_j for j in order (cpu_kvq_attention_row_f16_avx2's order per
+ * head; each V slice converted once for all heads). */
+AI void pv_block_f16(int32_t nq, const float *p, int32_t bs, const float *corr, const uint8_t *vb,
+                     int64_t rs, int32_t cnt, int32_t head_dim, float *out)
+{
+    for (int32_t d = 0; d < head_dim; d += 8) {
+        __m256 o[CPU_ATTN_GROUP_MAX];
+        for (int32_t g = 0; g < nq; g++)
+            o[g] = _mm256_mul_ps(_mm256_loadu_ps(out + g * head_dim + d), _mm256_set1_ps(corr[g]));
+        for (int32_t j = 0; j < cnt; j++) {
+            const __m256 v = ld_f16x8(vb + j * rs + 2 * d);
+            for (int32_t g = 0; g < nq; g++)
+                o[g] = _mm256_fmadd_ps(_mm256_set1_ps(p[g * bs + j]), v, o[g]);
+        }
+        for (int32_t g = 0; g < nq; g++)
+            _mm256_storeu_ps(out + g * head_dim + d, o[g]);
+    }
+}
+
+void cpu_kvq_attention_group_f16_avx2(const float *q, int32_t nq, const cpu_kvq_seq *s,
+                                      int32_t n_pos, int32_t head_dim, float scale,
+                                      float *scratch, float *out)
+{
+    float m[CPU_ATTN_GROUP_MAX], l[CPU_ATTN_GROUP_MAX], corr[CPU_ATTN_GROUP_MAX];
+    float bm[CPU_ATTN_GROUP_MAX], dots[CPU_ATTN_GROUP_MAX];
+    const int32_t bs = s->block_size;
+    for (int32_t g = 0; g < nq; g++) {
+        m[g] = -INFINITY, l[g] = 0.0f;
+        for (int32_t d = 0; d < head_dim; d += 8)
+            _mm256_storeu_ps(out + g * head_dim + d, _mm256_setzero_ps());
+    }
+    for (int32_t start = s->p0 - s->p0 % bs; start < n_pos; start += bs) {
+        const int32_t lo = start < s->p0 ? s->p0 - start : 0;
+        const int32_t blk = s->table[start / bs];
+        const int32_t cnt = (n_pos - start < bs ? n_pos - start : bs) - lo;
+        const uint8_t *kb = s->k_base + (int64_t)blk * s->block_stride + (int64_t)lo * s->row_stride;
+        const uint8_t *vb = s->v_base + (int64_t)blk * s->block_stride + (int64_t)lo * s->row_stride;
+        for (int32_t g = 0; g < nq; g++)
+            bm[g] = -INFINITY;
+        for (int32_t j = 0; j < cnt; j++) {
+            dotn256_f16(q, nq, kb + j * s->row_stride, head_dim, dots);
+            for (int32_t g = 0; g < nq; g++) {
+                const float v = attn_softcap(dots[g] * scale, s->softcap);
+                scratch[g * bs + j] = v;
+                bm[g] = v > bm[g] ? v : bm[g];
+            }
+        }
+        for (int32_t g = 0; g < nq; g++) {
+            const float m_new = bm[g] > m[g] ? bm[g] : m[g];
+            corr[g] = expf(m[g] - m_new);
+            exp_block256(scratch + g * bs, cnt, m_new);
+            l[g] *= corr[g];
+            m[g] = m_new;
+        }
+        pv_block_f16(nq, scratch, bs, corr, vb, s->row_stride, cnt, head_dim, out);
+        for (int32_t g = 0; g < nq; g++)
+            for (int32_t j = 0; j < cnt; j++)
+                l[g] += scratch[g * bs + j];
+    }
+    for (int32_t g = 0; g < nq; g++) {
+        const __m256 inv = _mm256_set1_ps(l[g] > 0.0f ? 1.0f / l[g] : 0.0f);
+        for (int32_t d = 0; d < head_dim; d += 8)
+            _mm256_storeu_ps(out + g * head_dim + d,
+                             _mm256_mul_ps(_mm256_loadu_ps(out + g * head_dim + d), inv));
+    }
+}
