@@ -639,6 +639,77 @@ AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t
     }
 }
 
+/* ---- packed q4_0 against four tokens whose rows fit in L1 ----
+ * The same arithmetic as pk_dot_type (so bitwise the reference), laid out
+ * for the common prefill shape: the row walked twice, lanes 0-7 of every
+ * group and then lanes 8-15, so each token needs one accumulator (four in
+ * all, not eight), and every token's codes, scales and sums addressed from
+ * one base and the qact row stride.  Measured on AVX2 (Zen 3, one thread,
+ * the tiled matmul): 1.1-1.3x pk_dot_type for n <= 4096; slower above,
+ * where the four rows leave L1 between the two walks (PK4_L1_BYTES). */
+#define PK4_L1_BYTES (24 * 1024)
+
+/* s += the pair sums of code vector (lo, hi) against the codes of token k
+ * of this half group (a: token 0's, xs: the qact row stride). */
+#define PK4_SUM(s, k)                                                                           \
+    do {                                                                                        \
+        const int8_t *ak_ = a + (k) * xs + 128 * i;                                             \
+        s = _mm256_add_epi16(s, pk_pair16(lo, hi, ak_));                                        \
+    } while (0)
+
+/* acc += (A * d) * (float)(S - 8 asum) for token k's chunks c0 .. c0 + 7. */
+#define PK4_EPI(s, acc, k)                                                                      \
+    do {                                                                                        \
+        const uint8_t *xk_ = x + (k) * xs + np;                                                 \
+        const __m256 da_ = _mm256_loadu_ps((const float *)xk_ + c0);                            \
+        const __m256i as_ = _mm256_loadu_si256((const __m256i *)(xk_ + np / 8) + c0 / 8);       \
+        const __m256i I_ = _mm256_sub_epi32(_mm256_madd_epi16(s, ones), _mm256_slli_epi32(as_, 3)); \
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(A, da_), _mm256_cvtepi32_ps(I_)));  \
+    } while (0)
+
+/* n % QACT_GROUP == 0, four tokens. */
+static void pk_q4_0_x4(int64_t n, const void *w, const void *xq, size_t xs, float *out)
+{
+    const int64_t np = qact_padded(n), ng = n / QACT_GROUP;
+    const uint8_t *x = xq;
+    const size_t gb = QACT_LANES * sizeof(block_q4_0);
+    const __m256i m = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    _Alignas(32) float l[QACT_MULTI_MAX][QACT_LANES];
+    for (int h = 0; h < 2; h++) {
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+        for (int64_t g = 0; g < ng; g++) {
+            const uint8_t *wg = (const uint8_t *)w + g * gb;
+            const uint8_t *qs = wg + qpack_qs_off(DT_Q4_0, QACT_LANES) + 32 * h;
+            const int8_t *a = (const int8_t *)x + g * QACT_GROUP + 32 * h;
+            const int64_t c0 = g * QACT_LANES + 8 * h;
+            if (h == 0)
+                for (size_t o = 0; o < gb; o += 64)
+                    _mm_prefetch((const char *)wg + QACT2_PREFETCH + o, _MM_HINT_T0);
+            __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+            for (int i = 0; i < 4; i++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * i));
+                const __m256i lo = _mm256_and_si256(v, m);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+                PK4_SUM(s0, 0);
+                PK4_SUM(s1, 1);
+                PK4_SUM(s2, 2);
+                PK4_SUM(s3, 3);
+            }
+            const __m256 A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wg + 16 * h)));
+            PK4_EPI(s0, acc0, 0);
+            PK4_EPI(s1, acc1, 1);
+            PK4_EPI(s2, acc2, 2);
+            PK4_EPI(s3, acc3, 3);
+        }
+        _mm256_store_ps(l[0] + 8 * h, acc0);
+        _mm256_store_ps(l[1] + 8 * h, acc1);
+        _mm256_store_ps(l[2] + 8 * h, acc2);
+        _mm256_store_ps(l[3] + 8 * h, acc3);
+    }
+    for (int k = 0; k < QACT_MULTI_MAX; k++)
+        out[k] = qact_reduce16(l[k]);
+}
+
 QACT_NT_ENTRY(v2_q4_0, dot_type, DT_Q4_0)
 QACT_NT_ENTRY(v2_q4_1, dot_type, DT_Q4_1)
 QACT_NT_ENTRY(v2_q5_0, dot_type, DT_Q5_0)
@@ -647,7 +718,16 @@ QACT_NT_ENTRY(v2_q8_0, dot_type, DT_Q8_0)
 QACT_NT_ENTRY(v2_q4_K, dot_type, DT_Q4_K)
 QACT_NT_ENTRY(v2_q5_K, dot_type, DT_Q5_K)
 QACT_NT_ENTRY(v2_q6_K, dot_type, DT_Q6_K)
-QACT_NT_ENTRY(p2_q4_0, pk_dot_type, DT_Q4_0)
+QACT_NT_ENTRY(p2_q4_0_any, pk_dot_type, DT_Q4_0)
+
+static void p2_q4_0(int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out)
+{
+    if (nt == QACT_MULTI_MAX && n % QACT_GROUP == 0 &&
+        QACT_MULTI_MAX * qact_row_bytes(n) <= PK4_L1_BYTES)
+        pk_q4_0_x4(n, w, xq, xs, out);
+    else
+        p2_q4_0_any(n, w, xq, xs, nt, out);
+}
 QACT_NT_ENTRY(p2_q4_1, pk_dot_type, DT_Q4_1)
 QACT_NT_ENTRY(p2_q8_0, pk_dot_type, DT_Q8_0)
 QACT_NT_ENTRY(p2_q4_K, pk_dot_type, DT_Q4_K)
