@@ -149,6 +149,12 @@ static int plan_engine(engine_ext *x, kvant_err *err)
     pc.max_num_batched_tokens = e->cfg.max_num_batched_tokens;
     pc.kv_dtype = e->cfg.kv_dtype;
     pc.act_q8 = (!e->cfg.backend || strcmp(e->cfg.backend, "cpu") == 0) && !e->cfg.exact;
+    e->kv_window = engine_kvwin_use(e);
+    if (e->kv_window && !e->cfg.kv_window_keep) { /* keep: sized as one group, split below */
+        pc.kv_window = e->kv_window;
+        for (int32_t il = 0; il < hp->n_layers; il++)
+            pc.kv_window_heads += e->m->layers[il].window > 0 ? e->m->layers[il].n_head_kv : 0;
+    }
     int rc = engine_offload_plan(e, (uint64_t)((double)pc.device_memory * pc.utilization),
                                  &x->wplan, &pm.weights_bytes, err);
     if (rc)
@@ -238,6 +244,33 @@ static void kv_pool_report(void *ctx, mem_pool_stats *out)
     pthread_mutex_unlock(&e->mu);
 }
 
+/* Blocks of the window group: the plan's split, or with kv_window_keep as
+ * many as the global group (every layer's whole context, no block given
+ * back); tests may set them. */
+static int32_t window_blocks(const engine *e, const engine_ext *x, int32_t n_blocks)
+{
+    if (e->cfg.kv_window_blocks_override > 0)
+        return e->cfg.kv_window_blocks_override;
+    if (e->cfg.kv_blocks_override > 0 || e->cfg.kv_window_keep)
+        return n_blocks;
+    return (int32_t)x->plan.kv_window_blocks;
+}
+
+/* Bytes of one block of each group. */
+static void set_block_bytes(engine *e, const engine_ext *x)
+{
+    const uint64_t bs = (uint64_t)e->cfg.block_size;
+    uint64_t w = 0;
+    for (int32_t il = 0; e->kv_window && il < e->m->hp.n_layers; il++)
+        if (e->m->layers[il].window > 0)
+            w += (uint64_t)e->m->layers[il].n_head_kv * 2u *
+                 (uint64_t)dtype_row_size(e->cfg.kv_dtype, e->m->hp.head_dim);
+    /* the plan's bytes per token are the global layers' when it split them */
+    uint64_t g = x->plan.kv_bytes_per_token - (x->plan.window > 0 ? 0 : w);
+    e->kv_block_bytes = g * bs;
+    e->kv_block_bytes_w = w * bs;
+}
+
 static int setup_backend(engine_ext *x, kvant_err *err)
 {
     engine *e = &x->e;
@@ -287,11 +320,13 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     if (lay.max_blocks > KVPOOL_MAX_BLOCKS)
         lay.max_blocks = KVPOOL_MAX_BLOCKS > n_blocks ? KVPOOL_MAX_BLOCKS : n_blocks;
     e->kv_min_blocks = n_blocks;
+    if (e->kv_window)
+        lay.n_blocks_w = window_blocks(e, x, n_blocks);
     if ((rc = fwd_init(&e->fwd, e->m, e->be, e->cfg.max_num_batched_tokens, e->cfg.max_num_seqs,
                        &lay, err)) ||
         (rc = engine_tp_attach(e, err)))
         return rc;
-    e->kv_block_bytes = x->plan.kv_bytes_per_token * (uint64_t)e->cfg.block_size;
+    set_block_bytes(e, x);
     if ((rc = engine_tier_create(e, lay.max_blocks, err)))
         return rc;
     kvpool_config pc = kvpool_config_default();
@@ -304,8 +339,8 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     pc.copy_ctx = e;
     engine_tier_hook(e, &pc);
     e->pool = kvpool_create(&pc, err);
-    if (!e->pool)
-        return KV_ENOMEM;
+    if (!e->pool || (e->kv_window && (rc = engine_kvwin_create(e, lay.n_blocks_w, err))))
+        return e->pool ? rc : KV_ENOMEM;
     e->kv_pool_stats = (mem_pool_stats){"kv", (uint64_t)n_blocks * e->kv_block_bytes,
                                         (uint64_t)n_blocks * e->kv_block_bytes,
                                         (uint64_t)n_blocks * e->kv_block_bytes};
@@ -392,6 +427,7 @@ void engine_destroy(engine *e)
     if (((engine_ext *)e)->pool_registered)
         mem_unregister_pool(e->mem, kv_pool_report, e);
     engine_tier_shutdown(e);
+    engine_kvwin_destroy(e);
     kvpool_destroy(e->pool);
     engine_tier_destroy(e); /* writes the host tier to disk: KV storage still alive */
     engine_tp_stop(e);

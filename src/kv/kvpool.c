@@ -507,7 +507,8 @@ void kvseq_init_fixed(kv_seq *s, uint64_t salt, int32_t *blocks, int32_t cap)
 void kvseq_release(kvpool *p, kv_seq *s)
 {
     for (int32_t i = s->n_blocks - 1; i >= 0; i--)
-        kvpool_unref(p, s->blocks[i]);
+        if (s->blocks[i] != KVSEQ_DROPPED)
+            kvpool_unref(p, s->blocks[i]);
     if (s->fixed) {
         kvseq_init_fixed(s, s->salt, s->blocks, s->cap);
         return;
@@ -545,6 +546,7 @@ static void kvseq_truncate_hashed(const kvpool *p, kv_seq *s, int32_t nh)
         s->last_hash = 0;
     } else {
         int32_t b = s->blocks[nh - 1];
+        KV_ASSERT(b != KVSEQ_DROPPED); /* a roll-back into dropped blocks */
         KV_ASSERT(p->flags[b] & KVB_HASHED);
         s->last_hash = p->hash[b];
     }
@@ -579,6 +581,7 @@ int64_t kvseq_match_prefix(kvpool *p, kv_seq *s, const int32_t *tokens, int64_t 
 
 static int kvpool_block_shared(const kvpool *p, int32_t b)
 {
+    KV_ASSERT(b != KVSEQ_DROPPED); /* reserve never writes below the window */
     return p->refcount[b] > 1 || (p->flags[b] & KVB_REGISTERED);
 }
 
@@ -702,10 +705,41 @@ int kvseq_fork(kvpool *p, const kv_seq *parent, kv_seq *child, kvant_err *err)
     child->last_hash = parent->last_hash;
     child->salt = parent->salt;
     for (int32_t i = 0; i < child->n_blocks; i++) {
+        if (t[i] == KVSEQ_DROPPED)
+            continue;
         KV_ASSERT(p->refcount[t[i]] > 0);
         kvpool_ref(p, t[i]);
     }
     return KV_OK;
+}
+
+void kvseq_unmatch(kvpool *p, kv_seq *s, int64_t n_tokens)
+{
+    KV_ASSERT(s->n_blocks == s->n_hashed && n_tokens >= 0 && n_tokens % p->bs == 0 &&
+              n_tokens <= s->n_tokens);
+    const int32_t keep = (int32_t)(n_tokens / p->bs);
+    for (int32_t i = s->n_blocks - 1; i >= keep; i--)
+        kvpool_unref(p, s->blocks[i]);
+    p->prefix_hits -= (uint64_t)(s->n_blocks - keep) * (uint64_t)p->bs;
+    s->n_blocks = keep;
+    s->n_tokens = n_tokens;
+    kvseq_truncate_hashed(p, s, keep);
+}
+
+int32_t kvseq_drop_before(kvpool *p, kv_seq *s, int32_t n)
+{
+    int32_t dropped = 0;
+    n = n < s->n_blocks ? n : s->n_blocks;
+    /* from the newest down, as release does: under LRU the older blocks of
+     * a prefix are evicted first, and a chain is only matched contiguously */
+    for (int32_t i = n - 1; i >= 0; i--) {
+        if (s->blocks[i] == KVSEQ_DROPPED)
+            break; /* everything below was dropped earlier */
+        kvpool_unref(p, s->blocks[i]);
+        s->blocks[i] = KVSEQ_DROPPED;
+        dropped++;
+    }
+    return dropped;
 }
 
 /* ---- consistency check ---- */
@@ -727,6 +761,8 @@ static int kvcheck_seqs(const kvpool *p, const kv_seq *const *seqs, int n_seqs, 
                                  (int)s->n_hashed);
         for (int32_t i = 0; i < s->n_blocks; i++) {
             int32_t b = s->blocks[i];
+            if (b == KVSEQ_DROPPED)
+                continue;
             if (b < 0 || b >= p->n_blocks)
                 return kvant_err_set(err, KV_EINVAL, "seq %d: block id %d out of range", k,
                                      (int)b);
@@ -735,7 +771,8 @@ static int kvcheck_seqs(const kvpool *p, const kv_seq *const *seqs, int n_seqs, 
                 return kvant_err_set(err, KV_EINVAL, "seq %d: block %d (idx %d) not hashed", k,
                                      (int)b, (int)i);
         }
-        if (s->n_hashed > 0 && p->hash[s->blocks[s->n_hashed - 1]] != s->last_hash)
+        if (s->n_hashed > 0 && s->blocks[s->n_hashed - 1] != KVSEQ_DROPPED &&
+            p->hash[s->blocks[s->n_hashed - 1]] != s->last_hash)
             return kvant_err_set(err, KV_EINVAL, "seq %d: last_hash mismatch", k);
         if (s->n_hashed == 0 && s->last_hash != 0)
             return kvant_err_set(err, KV_EINVAL, "seq %d: last_hash set with no hashed block", k);
