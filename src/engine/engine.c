@@ -107,8 +107,17 @@ static void print_plan(const engine *e, const plan_result *p)
     fprintf(stderr, "kvant: KV pool %s: %lld blocks of %d tokens = %llu tokens, %s per token\n",
             mem_format_size(p->kv_pool_bytes, a, 32), (long long)p->kv_pool_blocks, p->block_size,
             (unsigned long long)p->kv_pool_tokens, mem_format_size(p->kv_bytes_per_token, c, 32));
+    if (p->window > 0)
+        fprintf(stderr, "kvant: window layers' KV pool %s: %lld blocks (window %lld, %s per "
+                "token); %s per sequence of %lld tokens\n",
+                mem_format_size(p->kv_window_bytes, a, 32), (long long)p->kv_window_blocks,
+                (long long)p->window, mem_format_size(p->kv_window_bytes_per_token, b, 32),
+                mem_format_size(p->kv_seq_bytes, c, 32), (long long)p->ctx);
+    double conc = p->ctx ? (double)p->kv_pool_tokens / (double)p->ctx : 0.0;
+    for (int i = 0; i < p->n_conc; i++) /* the plan's, bounded by both pools */
+        conc = p->conc_ctx[i] == p->ctx ? p->conc[i] : conc;
     fprintf(stderr, "kvant: maximum concurrency at context %lld: %.2fx\n", (long long)p->ctx,
-            p->ctx ? (double)p->kv_pool_tokens / (double)p->ctx : 0.0);
+            conc);
 }
 
 /* --tp: the budget's memory manager and this rank's share of the model,
