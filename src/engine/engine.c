@@ -348,15 +348,16 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     pc.copy_ctx = e;
     engine_tier_hook(e, &pc);
     e->pool = kvpool_create(&pc, err);
-    if (!e->pool || (e->kv_window && (rc = engine_kvwin_create(e, lay.n_blocks_w, err))))
-        return e->pool ? rc : KV_ENOMEM;
+    if (!e->pool)
+        return KV_ENOMEM;
     e->kv_pool_stats = (mem_pool_stats){"kv", (uint64_t)n_blocks * e->kv_block_bytes,
                                         (uint64_t)n_blocks * e->kv_block_bytes,
                                         (uint64_t)n_blocks * e->kv_block_bytes};
     if ((rc = mem_register_pool(e->mem, kv_pool_report, e)))
         return kvant_err_set(err, rc, "cannot register the KV pool with the memory manager");
     x->pool_registered = 1;
-    return KV_OK;
+    /* the window group's pool after the global one (first in the memory report) */
+    return e->kv_window ? engine_kvwin_create(e, lay.n_blocks_w, err) : KV_OK;
 }
 
 engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)

@@ -12,11 +12,12 @@
  * model without window layers (or where the group is off, below) runs
  * exactly as before.
  *
- * Prefix cache: a hit is served only as far as both groups hold it.  The
- * window pool's chain match starts at block 0, like the global one: a
- * prefix whose early window blocks were evicted is a shorter (or no) hit,
- * recomputed, never served from blocks that are gone.  After the match
- * the window blocks below the hit's window are given back at once.
+ * Prefix cache: a hit is served only as far as both groups hold it.  In
+ * the window group only the blocks the hit's window reads must still be
+ * cached (kvseq_match_window: those below it were given back when the
+ * prefix was computed and may be evicted since); the global match is cut
+ * back to what the window group holds (kvseq_unmatch) and the rest is
+ * recomputed, never read from blocks that are gone.
  *
  * Where the group is off (one group, every layer in e->pool, as before):
  * the backend has no kv_copy_block_w (CUDA), --tp/--pp, KV tiers, a
@@ -156,7 +157,9 @@ int64_t engine_kv_match(engine *e, eng_seq *s)
         return hit;
     /* at most hit tokens: match_prefix leaves one token to compute, so ask
      * for hit + 1 */
-    int64_t hit_w = hit > 0 ? kvseq_match_prefix(e->pool_w, &s->kv_w, s->tokens, hit + 1) : 0;
+    int64_t hit_w = hit > 0 ? kvseq_match_window(e->pool_w, &s->kv_w, s->tokens, hit + 1,
+                                                 e->cfg.kv_window_keep ? 0 : e->kv_window)
+                            : 0;
     if (hit_w < hit)
         kvseq_unmatch(e->pool, &s->kv, hit_w);
     s->n_computed = hit_w;

@@ -200,3 +200,32 @@ def test_gemma3_32k_window_memory(fam_dir, kvant_bin, run_kvant, record_result):
     by_global = plan["kv_pool_tokens"] / 32768
     by_window = (plan["kv_window"]["blocks"] - plan["kv_window"]["margin_blocks"]) / (sh.window // 16 + 1)
     assert conc == pytest.approx(min(by_global, by_window))
+
+
+def test_window_prefix_hit_after_eviction(fam_dir, kvant_bin):
+    """A window pool of 8 blocks cannot keep a 112-token prompt's 14 window blocks: its early ones
+    are evicted while the prompt is still being prefilled.  The prompt again (and more) is still a
+    prefix hit of all 14 blocks, because only the blocks the hit's window reads (the last one or
+    two) must be cached (a match from block 0 would find nothing); its outputs equal the reference
+    server's (window blocks kept), which served the hit from a full chain."""
+    model = mf.make_family(fam_dir, "gemma3", "F32")
+    prompt = TEXT + " " + TEXT[:10]
+    got = {}
+    for mode, args in (("free", ("--kv-window-blocks", "8")), ("keep", ("--kv-window-keep",))):
+        srv = _server(kvant_bin, model, "--kv-blocks", "160", *args)
+        try:
+            first = _sampled(srv.url, prompt, 3, 1)
+            again = _sampled(srv.url, prompt + " and more", 4, 30)
+            mem = _memory(srv.url)["kv"]
+        finally:
+            srv.stop()
+        got[mode] = (_outputs(first["choices"][0]), _outputs(again["choices"][0]),
+                     again["usage"]["prompt_tokens_details"]["cached_tokens"],
+                     first["usage"]["prompt_tokens"])
+        if mode == "free":
+            assert mem["window"]["blocks"] == 8 and mem["window"]["dropped_total"] >= 15
+    n_prompt = got["free"][3]
+    assert n_prompt > 100
+    hit = n_prompt // BS * BS  # the full blocks the first request stored
+    assert got["free"][2] == hit and got["keep"][2] == hit, (got["free"][2], got["keep"][2], hit)
+    assert json.dumps(got["free"][:2]) == json.dumps(got["keep"][:2])

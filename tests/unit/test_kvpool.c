@@ -905,8 +905,55 @@ static void test_drop_window(int prefix)
     kvpool_destroy(p);
 }
 
+/* kvseq_match_window: only the blocks the hit's window reads must be
+ * cached; an evicted block below the window does not stop the match, one
+ * inside it does. */
+static void test_match_window(void)
+{
+    static store st;
+    kvpool *p = make_pool(&st, 16, 16, 1);
+    tu_rng r = {11};
+    int32_t tok[128];
+    rand_tokens(&r, tok, 128);
+    kv_seq a, b, m;
+    kvseq_init(&a, 1);
+    kvseq_init(&b, 2);
+    kvseq_init(&m, 1);
+    CHECK(kvseq_reserve(p, &a, 0, 112) == KV_OK);
+    CHECK(store_write(&st, p, &a, tok, 0, 112));
+    kvseq_commit(p, &a, tok, 112);
+    int32_t blk[7];
+    memcpy(blk, a.blocks, sizeof blk);
+    CHECK(kvseq_drop_before(p, &a, 5) == 5); /* 0..4 cached, 0 least recently used */
+    CHECK(kvseq_reserve(p, &b, 0, 10 * 16) == KV_OK); /* 9 free + evicts block 0 */
+    CHECK(kvpool_refcount(p, blk[0]) == 1 && b.blocks[9] == blk[0]); /* b took it */
+    CHECK(kvpool_block_state(p, blk[1]) == KVPOOL_BLOCK_CACHED);
+    CHECK(kvseq_match_prefix(p, &m, tok, 128) == 0); /* the chain from block 0 is broken */
+    kvseq_release(p, &m);
+    /* window 20: blocks 5, 6 (in use by a) */
+    CHECK(kvseq_match_window(p, &m, tok, 128, 20) == 112);
+    CHECK(m.blocks[4] == KVSEQ_DROPPED && m.blocks[5] == blk[5] && m.blocks[6] == blk[6]);
+    CHECK(kvpool_refcount(p, blk[5]) == 2 && m.n_hashed == 7);
+    const kv_seq *three[3] = {&a, &b, &m};
+    check_pool(p, three, 3);
+    kvseq_release(p, &m);
+    /* window 40: block 4 (cached) too */
+    CHECK(kvseq_match_window(p, &m, tok, 128, 40) == 112 && m.blocks[4] == blk[4]);
+    CHECK(kvpool_refcount(p, blk[4]) == 1);
+    kvseq_release(p, &m);
+    /* window 100 reads block 0 for every k: evicted, no hit */
+    CHECK(kvseq_match_window(p, &m, tok, 128, 100) == 0 && m.n_blocks == 0);
+    /* window 0: the whole chain, as kvseq_match_prefix */
+    CHECK(kvseq_match_window(p, &m, tok, 128, 0) == 0);
+    kvseq_release(p, &a);
+    kvseq_release(p, &b);
+    check_pool(p, NULL, 0);
+    kvpool_destroy(p);
+}
+
 int main(void)
 {
+    test_match_window();
     test_drop_window(1);
     test_drop_window(0);
     test_create_errors();
