@@ -65,6 +65,15 @@ typedef struct kv_layout {
     int32_t layer_kv_heads[MODEL_MAX_LAYERS]; /* KV heads of layer il (a pruned model's
                            * differ); 0 = n_kv_heads.  Layer il's rows hold
                            * kv_layout_heads(lay, il) * head_dim elements. */
+    /* Sliding-window layer group (docs/ARCHITECTURE.md, memory model): the
+     * K/V of layers with layer_window[il] = 1 live in a second storage of
+     * n_blocks_w blocks, [n_blocks_w][window layers][2][block_size][row],
+     * addressed through fwd_seq.block_table_w; the other (global) layers
+     * keep [n_blocks][global layers][2][block_size][row].  n_blocks_w 0: one
+     * group, every layer global (as without windows).  A backend without
+     * kv_copy_block_w refuses n_blocks_w > 0 at kv_init. */
+    int32_t n_blocks_w;
+    uint8_t layer_window[MODEL_MAX_LAYERS];
 } kv_layout;
 
 /* KV heads of layer il under lay. */
@@ -92,6 +101,9 @@ typedef struct backend_ops {
     int (*kv_init)(backend *be, const kv_layout *lay, kvant_err *err);
     void (*kv_free)(backend *be);
     void (*kv_copy_block)(backend *be, int32_t dst, int32_t src);
+    /* Optional (NULL: kv_init refuses a window group): the same for a block
+     * of the window group (kv_layout.n_blocks_w). */
+    void (*kv_copy_block_w)(backend *be, int32_t dst, int32_t src);
     /* Optional (NULL: the KV offload tiers are refused).  Copy one block's
      * K and V of every layer to / from one contiguous record of
      * n_layers * 2 * block_size * row bytes, laid out [n_layers][2 (K,V)]

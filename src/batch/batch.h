@@ -16,6 +16,11 @@
 typedef struct fwd_seq {
     const int32_t *block_table; /* [n_blocks] physical block ids (host) */
     int32_t n_blocks;
+    /* the window layer group's table (kv_layout.n_blocks_w > 0), else NULL;
+     * entries below the window of every position in the batch may be
+     * KVSEQ_DROPPED (-1): the window layers never read them */
+    const int32_t *block_table_w; /* [n_blocks_w] */
+    int32_t n_blocks_w;
 } fwd_seq;
 
 typedef struct fwd_batch {

@@ -624,7 +624,7 @@ int cli_session_eval(cli_session *s, const int32_t *tokens, int32_t n, int32_t p
                      int all_logits, float *out, kvant_err *err)
 {
     int32_t pos[4096], seq[4096], outi[4096];
-    fwd_seq fs = {s->table, s->n_blocks};
+    fwd_seq fs = {.block_table = s->table, .n_blocks = s->n_blocks};
     int32_t step = s->max_batch < 4096 ? s->max_batch : 4096;
     if (all_logits && s->fwd.max_out < step)
         step = s->fwd.max_out;

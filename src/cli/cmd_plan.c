@@ -253,6 +253,23 @@ static void print_text(const cli_common *c, const model_hparams *hp, const plan_
         cli_offload_print(off, 0);
 }
 
+/* The sliding-window layer group as the engine sets it up
+ * (engine_kvwin_use): both kinds of layer, the CPU backend, one process,
+ * no KV tiers, a fixed pool. */
+static void plan_window(const model_hparams *hp, const cli_common *c, const engine_config *ec,
+                        plan_config *pc)
+{
+    int32_t n_win = 0;
+    for (int32_t il = 0; hp->fam.n_swa > 0 && il < hp->n_layers && il < MODEL_MAX_LAYERS; il++)
+        n_win += hp->fam.is_swa[il] != 0;
+    if (n_win == 0 || n_win == hp->n_layers || (c->backend && strcmp(c->backend, "cpu") != 0) ||
+        c->tp * c->pp > 1 || ec->kv_host_memory || ec->kv_disk_dir || ec->kv_max_blocks > 0 ||
+        ec->kv_window_keep)
+        return;
+    pc->kv_window = hp->fam.n_swa;
+    pc->kv_window_heads = (int64_t)n_win * hp->n_head_kv;
+}
+
 int cmd_plan(int argc, char **argv)
 {
     cli_common c;
@@ -281,6 +298,7 @@ int cmd_plan(int argc, char **argv)
     }
     plan_model pm = {hp.n_layers, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff,
                      hp.n_vocab, hp.n_ctx_train, 0, hp.n_kv_total};
+    plan_window(&hp, &c, &ec, &pc);
     /* weight offload: the stored row plans the device bytes of the placement */
     cli_offload *off = NULL;
     if (c.weights_memory || c.weights_memory_frac > 0) {

@@ -72,6 +72,11 @@ static void serve_help(void)
          "8 per --max-num-seqs, at least 64"},
         {"--kv-blocks", "N", "use exactly N KV blocks instead of the budget's (tests)",
          "from the budget"},
+        {"--kv-window-blocks", "N", "use exactly N blocks for the sliding-window layers' KV "
+                                    "group (tests)", "from the budget, or --kv-blocks"},
+        {"--kv-window-keep", NULL, "sliding-window layers keep every block (as many as the "
+                                   "global layers) instead of giving back those out of the "
+                                   "window: the reference their outputs equal", "give back"},
         {"--max-body", "BYTES", "largest request body", fmt_long(body, 24, (long)sc.max_body)},
         {"--timeout", "SECONDS", "close a connection whose socket made no progress this long "
                                  "(a stream nobody reads)", fmt_long(tmo, 16, sc.conn_timeout_s)},
@@ -146,6 +151,7 @@ static int parse_int_opt(serve_opts *o, int argc, char **argv, int *i)
         {"--kv-blocks", NULL, 1, 1 << 24},
         {"--stream-backlog", NULL, 16, 1 << 24},
         {"--send-buffer", NULL, 0, 1 << 30},
+        {"--kv-window-blocks", NULL, 1, 1 << 24},
     };
     const char *a = argv[*i];
     for (size_t k = 0; k < sizeof t / sizeof t[0]; k++) {
@@ -167,6 +173,7 @@ static int parse_int_opt(serve_opts *o, int argc, char **argv, int *i)
         case 8: o->sc.max_connections = (int)x; break;
         case 10: o->sc.stream_backlog = (int)x; break;
         case 11: o->sc.send_buffer = (int)x; break;
+        case 12: o->ec.kv_window_blocks_override = (int32_t)x; break;
         default: o->ec.kv_blocks_override = (int32_t)x; break;
         }
         return 1;
@@ -237,6 +244,8 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
             o->sc.embedding_pooling = !strcmp(v, "mean") ? 1 : 2;
         } else if (!strcmp(a, "--no-prefix-cache")) {
             o->ec.prefix_cache = 0;
+        } else if (!strcmp(a, "--kv-window-keep")) {
+            o->ec.kv_window_keep = 1;
         } else if (!strcmp(a, "--allow-unknown-fields")) {
             o->sc.allow_unknown_fields = 1;
         } else if (!strcmp(a, "--cors-origin")) {

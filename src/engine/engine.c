@@ -107,8 +107,17 @@ static void print_plan(const engine *e, const plan_result *p)
     fprintf(stderr, "kvant: KV pool %s: %lld blocks of %d tokens = %llu tokens, %s per token\n",
             mem_format_size(p->kv_pool_bytes, a, 32), (long long)p->kv_pool_blocks, p->block_size,
             (unsigned long long)p->kv_pool_tokens, mem_format_size(p->kv_bytes_per_token, c, 32));
+    if (p->window > 0)
+        fprintf(stderr, "kvant: window layers' KV pool %s: %lld blocks (window %lld, %s per "
+                "token); %s per sequence of %lld tokens\n",
+                mem_format_size(p->kv_window_bytes, a, 32), (long long)p->kv_window_blocks,
+                (long long)p->window, mem_format_size(p->kv_window_bytes_per_token, b, 32),
+                mem_format_size(p->kv_seq_bytes, c, 32), (long long)p->ctx);
+    double conc = p->ctx ? (double)p->kv_pool_tokens / (double)p->ctx : 0.0;
+    for (int i = 0; i < p->n_conc; i++) /* the plan's, bounded by both pools */
+        conc = p->conc_ctx[i] == p->ctx ? p->conc[i] : conc;
     fprintf(stderr, "kvant: maximum concurrency at context %lld: %.2fx\n", (long long)p->ctx,
-            p->ctx ? (double)p->kv_pool_tokens / (double)p->ctx : 0.0);
+            conc);
 }
 
 /* --tp: the budget's memory manager and this rank's share of the model,
@@ -149,6 +158,12 @@ static int plan_engine(engine_ext *x, kvant_err *err)
     pc.max_num_batched_tokens = e->cfg.max_num_batched_tokens;
     pc.kv_dtype = e->cfg.kv_dtype;
     pc.act_q8 = (!e->cfg.backend || strcmp(e->cfg.backend, "cpu") == 0) && !e->cfg.exact;
+    e->kv_window = engine_kvwin_use(e);
+    if (e->kv_window && !e->cfg.kv_window_keep) { /* keep: sized as one group, split below */
+        pc.kv_window = e->kv_window;
+        for (int32_t il = 0; il < hp->n_layers; il++)
+            pc.kv_window_heads += e->m->layers[il].window > 0 ? e->m->layers[il].n_head_kv : 0;
+    }
     int rc = engine_offload_plan(e, (uint64_t)((double)pc.device_memory * pc.utilization),
                                  &x->wplan, &pm.weights_bytes, err);
     if (rc)
@@ -238,6 +253,33 @@ static void kv_pool_report(void *ctx, mem_pool_stats *out)
     pthread_mutex_unlock(&e->mu);
 }
 
+/* Blocks of the window group: the plan's split, or with kv_window_keep as
+ * many as the global group (every layer's whole context, no block given
+ * back); tests may set them. */
+static int32_t window_blocks(const engine *e, const engine_ext *x, int32_t n_blocks)
+{
+    if (e->cfg.kv_window_blocks_override > 0)
+        return e->cfg.kv_window_blocks_override;
+    if (e->cfg.kv_blocks_override > 0 || e->cfg.kv_window_keep)
+        return n_blocks;
+    return (int32_t)x->plan.kv_window_blocks;
+}
+
+/* Bytes of one block of each group. */
+static void set_block_bytes(engine *e, const engine_ext *x)
+{
+    const uint64_t bs = (uint64_t)e->cfg.block_size;
+    uint64_t w = 0;
+    for (int32_t il = 0; e->kv_window && il < e->m->hp.n_layers; il++)
+        if (e->m->layers[il].window > 0)
+            w += (uint64_t)e->m->layers[il].n_head_kv * 2u *
+                 (uint64_t)dtype_row_size(e->cfg.kv_dtype, e->m->hp.head_dim);
+    /* the plan's bytes per token are the global layers' when it split them */
+    uint64_t g = x->plan.kv_bytes_per_token - (x->plan.window > 0 ? 0 : w);
+    e->kv_block_bytes = g * bs;
+    e->kv_block_bytes_w = w * bs;
+}
+
 static int setup_backend(engine_ext *x, kvant_err *err)
 {
     engine *e = &x->e;
@@ -287,11 +329,13 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     if (lay.max_blocks > KVPOOL_MAX_BLOCKS)
         lay.max_blocks = KVPOOL_MAX_BLOCKS > n_blocks ? KVPOOL_MAX_BLOCKS : n_blocks;
     e->kv_min_blocks = n_blocks;
+    if (e->kv_window)
+        lay.n_blocks_w = window_blocks(e, x, n_blocks);
     if ((rc = fwd_init(&e->fwd, e->m, e->be, e->cfg.max_num_batched_tokens, e->cfg.max_num_seqs,
                        &lay, err)) ||
         (rc = engine_tp_attach(e, err)))
         return rc;
-    e->kv_block_bytes = x->plan.kv_bytes_per_token * (uint64_t)e->cfg.block_size;
+    set_block_bytes(e, x);
     if ((rc = engine_tier_create(e, lay.max_blocks, err)))
         return rc;
     kvpool_config pc = kvpool_config_default();
@@ -312,7 +356,8 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     if ((rc = mem_register_pool(e->mem, kv_pool_report, e)))
         return kvant_err_set(err, rc, "cannot register the KV pool with the memory manager");
     x->pool_registered = 1;
-    return KV_OK;
+    /* the window group's pool after the global one (first in the memory report) */
+    return e->kv_window ? engine_kvwin_create(e, lay.n_blocks_w, err) : KV_OK;
 }
 
 engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)
@@ -392,6 +437,7 @@ void engine_destroy(engine *e)
     if (((engine_ext *)e)->pool_registered)
         mem_unregister_pool(e->mem, kv_pool_report, e);
     engine_tier_shutdown(e);
+    engine_kvwin_destroy(e);
     kvpool_destroy(e->pool);
     engine_tier_destroy(e); /* writes the host tier to disk: KV storage still alive */
     engine_tp_stop(e);

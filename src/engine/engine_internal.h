@@ -40,6 +40,7 @@ typedef struct eng_seq {
     int64_t n_computed;
     int64_t n_generated;
     kv_seq kv;              /* fixed table in the request's storage */
+    kv_seq kv_w;            /* the window group's (e->pool_w), likewise; else empty */
     sampler smp;            /* borrows e->smp_scratch */
     int finished;
     int reported;           /* FINISH event sent */
@@ -61,6 +62,7 @@ enum { ENG_LIVE = 0, ENG_FAIL_FORK, ENG_FAIL_RUN, ENG_CANCELLED };
 /* One request and everything its sequences need, in one allocation made
  * at submit on the submitting thread (engine_req_create):
  *   [eng_req][eng_seq seq[p.n]][int32 tokens[p.n][seq_cap]][int32 blocks[p.n][seq_blocks]]
+ *   (then the window group's blocks[p.n][seq_blocks] when e->pool_w)
  * Freed off the step (engine_req_reap). */
 struct eng_req {
     int64_t id;
@@ -99,6 +101,10 @@ struct engine {
     int own_be;
     fwd_ctx fwd;
     kvpool *pool;
+    kvpool *pool_w;             /* the window layer group's pool (engine_kvwin.c), or NULL */
+    int32_t kv_window;          /* its widest window (0: one group) */
+    uint64_t kv_block_bytes_w;  /* one window-group block */
+    int kvwin_registered;       /* its memory report is registered */
     int64_t max_model_len;
     uint64_t kv_block_bytes;    /* bytes of one KV block, all layers */
     int32_t kv_min_blocks;      /* the pool's size at create: it never shrinks below */
@@ -121,6 +127,7 @@ struct engine {
     int64_t next_id;
     engine_stats stats;
     mem_pool_stats kv_pool_stats; /* refreshed each step for mem reports */
+    mem_pool_stats kv_pool_stats_w; /* the window group's */
     engine_kv_snapshot *snap_req; /* a waiting snapshot request, or NULL */
     eng_resize *resize_req;       /* a waiting KV resize request, or NULL */
     pthread_cond_t snap_cv;       /* snapshot or resize served / engine thread gone */
@@ -158,6 +165,28 @@ static inline void engine_stats_read(engine *e, engine_stats *out)
     *out = e->stats;
     pthread_mutex_unlock(&e->mu);
 }
+
+/* engine_kvwin.c: a sequence's KV through both layer groups (one group
+ * when e->pool_w is NULL: then each is the plain kvseq_ call).
+ * use: whether this engine's model and configuration get a window group
+ * (before the plan); create: the window pool of n_blocks (after fwd_init). */
+int engine_kvwin_use(const engine *e);
+int engine_kvwin_create(engine *e, int32_t n_blocks, kvant_err *err);
+void engine_kvwin_destroy(engine *e);
+/* Refreshes the window pool's numbers in e->stats and the memory report
+ * (engine thread, after each step; takes e->mu). */
+void engine_kvwin_note(engine *e);
+int engine_kv_reserve(engine *e, eng_seq *s, int64_t from, int64_t n_tokens);
+void engine_kv_release(engine *e, eng_seq *s);
+/* Prefix match in both groups, cut to what both hold (never serves a hit
+ * whose window the window group no longer has: those tokens are
+ * recomputed); returns the tokens s now holds. */
+int64_t engine_kv_match(engine *e, eng_seq *s);
+/* Commits s->n_computed tokens in both groups, then gives back the window
+ * blocks no later position reads (unless kv_window_keep). */
+void engine_kv_commit(engine *e, eng_seq *s);
+int engine_kv_fork(engine *e, const eng_seq *parent, eng_seq *child);
+fwd_seq engine_kv_fwd_seq(const eng_seq *s);
 
 /* engine_kvsnap.c: records r's current KV footprint into its peak (call
  * before any of its blocks are released); serves a pending snapshot. */

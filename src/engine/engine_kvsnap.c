@@ -31,6 +31,24 @@ static int seen_before(const eng_req *r, int32_t k, int32_t j, int32_t b)
     return 0;
 }
 
+/* Distinct window-group blocks r holds (dropped entries not counted). */
+static int32_t window_blocks(const eng_req *r)
+{
+    int32_t n = 0;
+    for (int32_t k = 0; k < r->n_seqs; k++) {
+        const kv_seq *s = &r->seqs[k]->kv_w;
+        for (int32_t j = 0; j < s->n_blocks; j++) {
+            int dup = s->blocks[j] == KVSEQ_DROPPED;
+            for (int32_t i = 0; i < k && !dup; i++) {
+                const kv_seq *q = &r->seqs[i]->kv_w;
+                dup = j < q->n_blocks && q->blocks[j] == s->blocks[j];
+            }
+            n += !dup;
+        }
+    }
+    return n;
+}
+
 static int64_t block_tokens(const kv_seq *s, int32_t j, int32_t bs)
 {
     int64_t t = s->n_tokens - (int64_t)j * bs;
@@ -137,6 +155,17 @@ static void fill_snapshot(engine *e, engine_kv_snapshot *o)
     o->n_blk_ids = 0;
     o->truncated = 0;
     kvpool_block_states(e->pool, o->state, o->refcount);
+    o->window = e->kv_window;
+    o->block_bytes_w = e->kv_block_bytes_w;
+    o->n_blocks_w = o->w_used = o->w_free = o->w_cached = 0;
+    if (e->pool_w) {
+        kvpool_stats ws;
+        kvpool_get_stats(e->pool_w, &ws);
+        o->n_blocks_w = ws.n_blocks;
+        o->w_used = ws.n_used;
+        o->w_free = ws.n_free;
+        o->w_cached = ws.n_cached;
+    }
     memset(o->owner, 0, (size_t)n * sizeof *o->owner);
     double now = engine_now();
     for (eng_req *r = e->reqs; r; r = r->next) {
@@ -160,6 +189,7 @@ static void fill_snapshot(engine *e, engine_kv_snapshot *o)
         q->age_s = now - r->arrival;
         fill_ctx f = {o, q};
         for_each_block(e, r, fill_block, &f);
+        q->blocks_w = e->pool_w ? window_blocks(r) : 0;
     }
 }
 

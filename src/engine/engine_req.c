@@ -34,9 +34,10 @@ int engine_req_create(engine *e, const engine_request *rq, engine_event_fn fn, v
         return kvant_err_set(err, KV_ERANGE, "a sequence of %lld tokens needs more than %d KV "
                              "blocks", (long long)cap, KVPOOL_MAX_BLOCKS);
     const size_t emb = rq->embed ? (size_t)e->m->hp.n_embd : 0;
+    const int64_t tables = e->pool_w ? 2 : 1; /* the window group's table after the others */
     const size_t bytes = sizeof(eng_req) + (size_t)n * sizeof(eng_seq) +
                          emb * (sizeof(double) + sizeof(float)) +
-                         (size_t)n * (size_t)(cap + nb) * sizeof(int32_t);
+                         (size_t)n * (size_t)(cap + tables * nb) * sizeof(int32_t);
     eng_req *r = calloc(1, bytes);
     if (!r)
         return kvant_err_set(err, KV_ENOMEM, "out of memory for a request (%zu bytes)", bytes);
@@ -86,6 +87,11 @@ int engine_seq_setup(engine *e, eng_req *r, int32_t index)
                       ? 1 : r->p.n_prompt;
     kvseq_init_fixed(&s->kv, r->p.cache_salt, r->blk_store + (int64_t)index * r->seq_blocks,
                      r->seq_blocks);
+    if (e->pool_w)
+        kvseq_init_fixed(&s->kv_w, r->p.cache_salt,
+                         r->blk_store + (int64_t)(r->p.n + index) * r->seq_blocks, r->seq_blocks);
+    else
+        kvseq_init(&s->kv_w, r->p.cache_salt);
     sampler_params sp = r->p.sampling;
     sp.seed += (uint64_t)index;
     r->seqs[index] = s;
@@ -154,7 +160,7 @@ void engine_free_req(engine *e, eng_req *r)
         eng_seq *s = r->seqs[i];
         engine_list_remove(&e->waiting, s);
         engine_list_remove(&e->running, s);
-        kvseq_release(e->pool, &s->kv);
+        engine_kv_release(e, s);
         sampler_free(&s->smp); /* the shared scratch stays */
     }
     eng_req **pp = &e->reqs;

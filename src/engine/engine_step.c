@@ -94,7 +94,7 @@ static void preempt(engine *e, eng_seq *v)
 {
     engine_note_kv(e, v->req);
     engine_tier_preempt(e, v);
-    kvseq_release(e->pool, &v->kv); /* empties the table, keeps it and the salt */
+    engine_kv_release(e, v); /* empties the tables, keeps them and the salt */
     v->n_computed = 0;
     v->preempted = 1;
     engine_list_remove(&e->running, v);
@@ -180,7 +180,7 @@ static void schedule_running(engine *e, step_plan *sp)
         chunk = plp_clamp(e, sp, s, chunk);
         int ok = 0, self = 0;
         while (!ok) {
-            if (kvseq_reserve(e->pool, &s->kv, s->n_computed, s->n_computed + chunk) == KV_OK) {
+            if (engine_kv_reserve(e, s, s->n_computed, s->n_computed + chunk) == KV_OK) {
                 ok = 1;
                 break;
             }
@@ -221,7 +221,7 @@ static void schedule_waiting(engine *e, step_plan *sp)
             break;
         if (s->n_computed == 0 && s->kv.n_blocks == 0 && e->cfg.prefix_cache &&
             s->plp_next >= s->req->p.n_prompt && !s->req->p.embed) { /* every row needed */
-            int64_t hit = kvseq_match_prefix(e->pool, &s->kv, s->tokens, s->n_tokens);
+            int64_t hit = engine_kv_match(e, s);
             hit += engine_tier_extend(e, s);
             s->n_computed = hit;
             if (s->index == 0 && !s->preempted)
@@ -229,8 +229,8 @@ static void schedule_waiting(engine *e, step_plan *sp)
         }
         int64_t need = s->n_tokens - s->n_computed;
         int32_t chunk = plp_clamp(e, sp, s, (int32_t)(need < budget ? need : budget));
-        if (kvseq_reserve(e->pool, &s->kv, s->n_computed, s->n_computed + chunk) != KV_OK) {
-            kvseq_release(e->pool, &s->kv);
+        if (engine_kv_reserve(e, s, s->n_computed, s->n_computed + chunk) != KV_OK) {
+            engine_kv_release(e, s);
             s->n_computed = 0;
             break; /* first come, first served: do not skip ahead */
         }
@@ -273,7 +273,7 @@ static fwd_batch phase_build(engine *e, const step_plan *sp)
             e->b_out[n_out] = nt - 1;
             s->out_row = n_out++;
         }
-        e->b_seqs[i] = (fwd_seq){s->kv.blocks, s->kv.n_blocks};
+        e->b_seqs[i] = engine_kv_fwd_seq(s);
     }
     KV_ASSERT(n_out <= e->cfg.max_num_seqs); /* the logit rows (plp_clamp) */
     return (fwd_batch){
@@ -394,7 +394,7 @@ static int fork_children(engine *e, eng_seq *s0)
         if (engine_seq_setup(e, r, k))
             return KV_EINVAL;
         eng_seq *c = r->seqs[k];
-        if (kvseq_fork(e->pool, &s0->kv, &c->kv, NULL))
+        if (engine_kv_fork(e, s0, c))
             return KV_ENOMEM;
         c->n_computed = s0->n_computed;
         r->n_seqs++;
@@ -413,7 +413,7 @@ static uint64_t phase_sample(engine *e, const step_plan *sp)
         eng_seq *s = sp->seqs[i];
         s->n_computed += s->sched_tokens;
         int32_t nh0 = s->kv.n_hashed;
-        kvseq_commit(e->pool, &s->kv, s->tokens, s->n_computed);
+        engine_kv_commit(e, s);
         engine_tier_after_commit(e, s, nh0);
         emit_prompt_logprobs(e, s);
         if (s->out_row < 0)
@@ -464,7 +464,7 @@ static void phase_retire(engine *e)
             else
                 e->stats.finished_length++;
             pthread_mutex_unlock(&e->mu);
-            kvseq_release(e->pool, &s->kv);
+            engine_kv_release(e, s);
             engine_list_remove(&e->running, s);
             s->reported = 1;
             r->n_finished++;
@@ -535,6 +535,7 @@ static void update_stats(engine *e, const step_plan *sp, int32_t decodes, uint64
     st->last_seqs = sp->n_seqs;
     st->last_decodes = decodes;
     pthread_mutex_unlock(&e->mu);
+    engine_kvwin_note(e);
 }
 
 /* Whether this step should run new prompts before the running decodes. */

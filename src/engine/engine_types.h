@@ -70,6 +70,16 @@ typedef struct engine_config {
      * with engine_kv_resize up to this many blocks (0: its size is fixed),
      * and shrunk back down to its size at create. */
     int32_t kv_max_blocks;
+    /* Sliding-window layer groups (engine_kvwin.c, docs/ARCHITECTURE.md): a
+     * model with both window and global layers keeps the window layers' KV
+     * in a second pool of bounded size and gives back each sequence's
+     * blocks that fall wholly out of the window (CPU backend, one process,
+     * no tiers, fixed pool size; otherwise one group as before).
+     * kv_window_keep 1: the second pool is sized like the first and no
+     * block is given back (the reference the outputs must equal). */
+    int kv_window_keep;
+    int32_t kv_window_blocks_override; /* >0: exactly this many window-group blocks (tests;
+                                        * default with kv_blocks_override: the same count) */
 } engine_config;
 
 /* How the tiers choose between moving a block and recomputing it. */
@@ -170,6 +180,11 @@ typedef struct engine_stats {
     /* KV pool resizes (engine_kv_resize): size bounds and events that changed it */
     int32_t kv_blocks_min, kv_blocks_max;
     uint64_t kv_grows, kv_shrinks;
+    /* the window layer group (kv_window 0: none; the kv_blocks_* above are then
+     * every layer's, else the global layers') */
+    int32_t kv_window;
+    int32_t kv_w_blocks_total, kv_w_blocks_used, kv_w_blocks_free, kv_w_blocks_cached;
+    uint64_t kv_w_dropped;           /* window blocks given back as sequences advanced */
 } engine_stats;
 
 /* KV offload tiers, as of the end of the last step (enabled 0: none). */
@@ -228,13 +243,17 @@ typedef struct engine_kv_req {
     int64_t kv_tokens;       /* tokens stored in its distinct blocks */
     int32_t blocks_own;      /* distinct blocks with refcount 1 */
     int32_t blocks_shared;   /* distinct blocks with refcount > 1 (forks, prefix cache) */
+    int32_t blocks_w;        /* distinct window-group blocks it holds (dropped ones not) */
     int64_t blk_off;         /* its distinct block ids: blk_ids[blk_off, +n_blk) */
     int32_t n_blk;
     double age_s;            /* since submission */
 } engine_kv_req;
 typedef struct engine_kv_snapshot {
     int32_t n_blocks, block_size;
-    uint64_t block_bytes;    /* one block, all layers */
+    uint64_t block_bytes;    /* one block, all layers (of the global group) */
+    int32_t window;          /* the window group (0: none) */
+    int32_t n_blocks_w, w_used, w_free, w_cached;
+    uint64_t block_bytes_w;  /* one window-group block */
     uint8_t *state;          /* [n_blocks] KVPOOL_BLOCK_* */
     int32_t *refcount;       /* [n_blocks] */
     int64_t *owner;          /* [n_blocks] first request found holding it, 0 = none */

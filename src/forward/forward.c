@@ -62,8 +62,10 @@ kv_layout fwd_kv_layout(const model *m, int32_t n_blocks, int32_t block_size, ui
         .head_dim = m->hp.head_dim,
         .dtype = kv_dtype,
     };
-    for (int32_t il = 0; il < m->hp.n_layers && il < MODEL_MAX_LAYERS; il++)
+    for (int32_t il = 0; il < m->hp.n_layers && il < MODEL_MAX_LAYERS; il++) {
         lay.layer_kv_heads[il] = m->layers[il].n_head_kv;
+        lay.layer_window[il] = m->layers[il].window > 0;
+    }
     return lay;
 }
 
@@ -105,6 +107,8 @@ int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_
         return rc;
     }
     f->kv = *kv;
+    for (int32_t il = 0; il < m->hp.n_layers; il++)
+        f->max_window = m->layers[il].window > f->max_window ? m->layers[il].window : f->max_window;
     f->rope = (rope_params){
         .kind = m->hp.rope,
         .n_rot = m->hp.rope_dim,
@@ -116,8 +120,27 @@ int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_
     return KV_OK;
 }
 
+/* The window group's table covers position p and every block of its
+ * window (a dropped block there would be read: refused, never served).
+ * Dropped entries are a leading run, so the window's first block is
+ * enough. */
+static int check_window(const fwd_ctx *f, const fwd_seq *s, int32_t p, int32_t block_size,
+                        kvant_err *err)
+{
+    const int32_t w = f->max_window;
+    const int32_t p0 = w > 0 && p >= w ? p - w + 1 : 0;
+    if (!s->block_table_w || p / block_size >= s->n_blocks_w)
+        return kvant_err_set(err, KV_EINVAL, "position %d not covered by %d window-group blocks",
+                             p, s->n_blocks_w);
+    if (s->block_table_w[p0 / block_size] < 0 || s->block_table_w[p / block_size] < 0)
+        return kvant_err_set(err, KV_EINVAL, "position %d: a window-group block of its window "
+                             "was dropped", p);
+    return KV_OK;
+}
+
 static int check_batch(const fwd_ctx *f, const fwd_batch *b, int32_t block_size, kvant_err *err)
 {
+    int rc;
     if (b->n_tokens < 1 || b->n_tokens > f->max_tokens)
         return kvant_err_set(err, KV_EINVAL, "batch of %d tokens (limit %d)", b->n_tokens,
                              f->max_tokens);
@@ -135,6 +158,8 @@ static int check_batch(const fwd_ctx *f, const fwd_batch *b, int32_t block_size,
         if (b->pos[t] < 0 || b->pos[t] / block_size >= s->n_blocks)
             return kvant_err_set(err, KV_EINVAL, "token %d: position %d not covered by %d blocks",
                                  t, b->pos[t], s->n_blocks);
+        if (f->kv.n_blocks_w > 0 && (rc = check_window(f, s, b->pos[t], block_size, err)))
+            return rc;
     }
     for (int32_t j = 0; j < b->n_out; j++)
         if (b->out[j] < 0 || b->out[j] >= b->n_tokens)

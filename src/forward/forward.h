@@ -27,6 +27,7 @@ typedef struct fwd_ctx {
     float *d_logits;  /* [max_out][n_vocab] */
     rope_params rope;
     kv_layout kv;     /* the paged KV storage this context writes */
+    int32_t max_window; /* the widest layer window (0: none) */
     struct tp_ctx *tp; /* tensor parallelism (par/tp.h) or NULL; borrowed, set by
                         * fwd_set_tp */
     float *h_hidden;  /* host [max_out][n_embd], borrowed, set by the caller: where a
@@ -42,7 +43,9 @@ uint64_t fwd_workspace_bytes(const model_hparams *hp, int64_t max_tokens, int64_
  * (n_layers, n_kv_heads and head_dim are taken from the model). */
 int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_out,
              const kv_layout *kv, kvant_err *err);
-/* A kv_layout for this model with n_blocks blocks of block_size tokens. */
+/* A kv_layout for this model with n_blocks blocks of block_size tokens
+ * (layer_window marks its window layers; n_blocks_w is 0: one group, the
+ * caller sets it to give the window layers their own group). */
 kv_layout fwd_kv_layout(const model *m, int32_t n_blocks, int32_t block_size, uint32_t kv_dtype);
 void fwd_free(fwd_ctx *f);
 /* Makes f's passes parallel over t (tp_attach'ed with f's max_tokens and

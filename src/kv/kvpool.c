@@ -507,7 +507,8 @@ void kvseq_init_fixed(kv_seq *s, uint64_t salt, int32_t *blocks, int32_t cap)
 void kvseq_release(kvpool *p, kv_seq *s)
 {
     for (int32_t i = s->n_blocks - 1; i >= 0; i--)
-        kvpool_unref(p, s->blocks[i]);
+        if (s->blocks[i] != KVSEQ_DROPPED)
+            kvpool_unref(p, s->blocks[i]);
     if (s->fixed) {
         kvseq_init_fixed(s, s->salt, s->blocks, s->cap);
         return;
@@ -545,6 +546,7 @@ static void kvseq_truncate_hashed(const kvpool *p, kv_seq *s, int32_t nh)
         s->last_hash = 0;
     } else {
         int32_t b = s->blocks[nh - 1];
+        KV_ASSERT(b != KVSEQ_DROPPED); /* a roll-back into dropped blocks */
         KV_ASSERT(p->flags[b] & KVB_HASHED);
         s->last_hash = p->hash[b];
     }
@@ -579,6 +581,7 @@ int64_t kvseq_match_prefix(kvpool *p, kv_seq *s, const int32_t *tokens, int64_t 
 
 static int kvpool_block_shared(const kvpool *p, int32_t b)
 {
+    KV_ASSERT(b != KVSEQ_DROPPED); /* reserve never writes below the window */
     return p->refcount[b] > 1 || (p->flags[b] & KVB_REGISTERED);
 }
 
@@ -702,10 +705,86 @@ int kvseq_fork(kvpool *p, const kv_seq *parent, kv_seq *child, kvant_err *err)
     child->last_hash = parent->last_hash;
     child->salt = parent->salt;
     for (int32_t i = 0; i < child->n_blocks; i++) {
+        if (t[i] == KVSEQ_DROPPED)
+            continue;
         KV_ASSERT(p->refcount[t[i]] > 0);
         kvpool_ref(p, t[i]);
     }
     return KV_OK;
+}
+
+/* First block a window of `window` tokens reads for positions >= k
+ * blocks (0 without a window). */
+static int64_t kvseq_window_first(const kvpool *p, int64_t k, int32_t window)
+{
+    const int64_t lo = k * p->bs - window + 1;
+    return window > 0 && lo > 0 ? lo / p->bs : 0;
+}
+
+int64_t kvseq_match_window(kvpool *p, kv_seq *s, const int32_t *tokens, int64_t n,
+                           int32_t window)
+{
+    KV_ASSERT(s->n_blocks == 0 && s->n_tokens == 0);
+    if (n <= 0 || !p->cfg.prefix_cache)
+        return 0;
+    p->prefix_queries += (uint64_t)n;
+    /* pass 1: the largest k whose blocks [first(k), k) are all cached */
+    const int64_t max_blocks = (n - 1) / p->bs;
+    int64_t best = 0, last_missing = -1;
+    uint64_t h = 0;
+    for (int64_t i = 0; i < max_blocks; i++) {
+        h = kvpool_hash_block(p, h, tokens + i * p->bs, s->salt);
+        if (kvmap_find(p, h) < 0)
+            last_missing = i;
+        if (last_missing < kvseq_window_first(p, i + 1, window))
+            best = i + 1;
+    }
+    if (best == 0 || kvseq_grow_table(s, best) != KV_OK)
+        return 0;
+    /* pass 2: attach them; the blocks below the window stay dropped */
+    const int64_t first = kvseq_window_first(p, best, window);
+    h = 0;
+    for (int64_t i = 0; i < best; i++) {
+        h = kvpool_hash_block(p, h, tokens + i * p->bs, s->salt);
+        int32_t b = i < first ? KVSEQ_DROPPED : kvmap_find(p, h);
+        if (b != KVSEQ_DROPPED)
+            kvpool_ref(p, b);
+        s->blocks[i] = b;
+    }
+    s->n_blocks = (int32_t)best;
+    s->n_hashed = s->n_blocks;
+    s->last_hash = h;
+    s->n_tokens = best * p->bs;
+    p->prefix_hits += (uint64_t)s->n_tokens;
+    return s->n_tokens;
+}
+
+void kvseq_unmatch(kvpool *p, kv_seq *s, int64_t n_tokens)
+{
+    KV_ASSERT(s->n_blocks == s->n_hashed && n_tokens >= 0 && n_tokens % p->bs == 0 &&
+              n_tokens <= s->n_tokens);
+    const int32_t keep = (int32_t)(n_tokens / p->bs);
+    for (int32_t i = s->n_blocks - 1; i >= keep; i--)
+        kvpool_unref(p, s->blocks[i]);
+    p->prefix_hits -= (uint64_t)(s->n_blocks - keep) * (uint64_t)p->bs;
+    s->n_blocks = keep;
+    s->n_tokens = n_tokens;
+    kvseq_truncate_hashed(p, s, keep);
+}
+
+int32_t kvseq_drop_before(kvpool *p, kv_seq *s, int32_t n)
+{
+    n = n < s->n_blocks ? n : s->n_blocks;
+    int32_t lo = n; /* the dropped entries are a leading run: find its end */
+    while (lo > 0 && s->blocks[lo - 1] != KVSEQ_DROPPED)
+        lo--;
+    /* oldest first: under LRU the blocks nearest the window, which a later
+     * window match needs (kvseq_match_window), are evicted last */
+    for (int32_t i = lo; i < n; i++) {
+        kvpool_unref(p, s->blocks[i]);
+        s->blocks[i] = KVSEQ_DROPPED;
+    }
+    return n - lo;
 }
 
 /* ---- consistency check ---- */
@@ -727,6 +806,8 @@ static int kvcheck_seqs(const kvpool *p, const kv_seq *const *seqs, int n_seqs, 
                                  (int)s->n_hashed);
         for (int32_t i = 0; i < s->n_blocks; i++) {
             int32_t b = s->blocks[i];
+            if (b == KVSEQ_DROPPED)
+                continue;
             if (b < 0 || b >= p->n_blocks)
                 return kvant_err_set(err, KV_EINVAL, "seq %d: block id %d out of range", k,
                                      (int)b);
@@ -735,7 +816,8 @@ static int kvcheck_seqs(const kvpool *p, const kv_seq *const *seqs, int n_seqs, 
                 return kvant_err_set(err, KV_EINVAL, "seq %d: block %d (idx %d) not hashed", k,
                                      (int)b, (int)i);
         }
-        if (s->n_hashed > 0 && p->hash[s->blocks[s->n_hashed - 1]] != s->last_hash)
+        if (s->n_hashed > 0 && s->blocks[s->n_hashed - 1] != KVSEQ_DROPPED &&
+            p->hash[s->blocks[s->n_hashed - 1]] != s->last_hash)
             return kvant_err_set(err, KV_EINVAL, "seq %d: last_hash mismatch", k);
         if (s->n_hashed == 0 && s->last_hash != 0)
             return kvant_err_set(err, KV_EINVAL, "seq %d: last_hash set with no hashed block", k);

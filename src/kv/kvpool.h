@@ -67,7 +67,13 @@ kvpool *kvpool_create(const kvpool_config *cfg, kvant_err *err);
  * their owners without touching the pool).  NULL is a no-op. */
 void kvpool_destroy(kvpool *p);
 
-/* A sequence's block table.  blocks[i] holds tokens [i*bs, (i+1)*bs). */
+/* A table entry whose block was given back by kvseq_drop_before (a
+ * sliding-window layer group no longer reads it). */
+#define KVSEQ_DROPPED (-1)
+
+/* A sequence's block table.  blocks[i] holds tokens [i*bs, (i+1)*bs), or
+ * is KVSEQ_DROPPED for a leading run of blocks given back (release and
+ * fork skip those; reserve, commit and roll-back never reach them). */
 typedef struct kv_seq {
     int32_t *blocks;      /* [cap] physical block ids; owned by the seq, or
                              borrowed (fixed) */
@@ -139,6 +145,32 @@ void kvseq_commit(kvpool *p, kv_seq *s, const int32_t *tokens, int64_t n_tokens)
  * KV_ENOMEM if its table cannot be allocated, or (fixed) is smaller than
  * parent's blocks (nothing changed).  A fixed child keeps its table. */
 int kvseq_fork(kvpool *p, const kv_seq *parent, kv_seq *child, kvant_err *err);
+
+/* kvseq_match_prefix for a sliding-window layer group: s (empty) gets the
+ * longest prefix of k full blocks (at most (n - 1) / block_size) whose
+ * blocks a window of `window` tokens still reads for the positions after
+ * it, [max(0, (k * bs - window + 1) / bs), k), are all cached; the blocks
+ * below stay KVSEQ_DROPPED, cached or not.  n_hashed covers all k.
+ * Returns the tokens s holds (k * block_size); no allocation beyond the
+ * table (none for a fixed one). */
+int64_t kvseq_match_window(kvpool *p, kv_seq *s, const int32_t *tokens, int64_t n,
+                           int32_t window);
+
+/* Gives back the blocks of a just-matched s (kvseq_match_prefix) past
+ * n_tokens (a multiple of block_size, at most s->n_tokens), tail first,
+ * and no longer counts them as hits: a caller that can serve only part of
+ * a match (the other layer group holds less) cuts it back. */
+void kvseq_unmatch(kvpool *p, kv_seq *s, int64_t n_tokens);
+
+/* Sliding-window layer groups: gives back blocks [0, n) of s (those not
+ * dropped yet; their table entries become KVSEQ_DROPPED).  A registered
+ * block goes to the cached LRU (a later prefix match may still find it),
+ * others to the free list.  The caller guarantees no future step reads
+ * tokens below n * bs.  The entries dropped earlier are a leading run;
+ * the blocks after it are given back oldest first (so under LRU the
+ * newest of them, nearest the window, are evicted last).  Returns the
+ * blocks given back.  O(blocks given back). */
+int32_t kvseq_drop_before(kvpool *p, kv_seq *s, int32_t n);
 
 typedef struct kvpool_stats {
     int32_t n_blocks;

@@ -234,8 +234,46 @@ static void fill_concurrency(const plan_model *m, plan_result *r)
         r->conc_ctx[pos] = v;
         r->n_conc++;
     }
-    for (int i = 0; i < r->n_conc; i++)
+    for (int i = 0; i < r->n_conc; i++) {
         r->conc[i] = (double)r->kv_pool_tokens / (double)r->conc_ctx[i];
+        if (r->window > 0) { /* the window group bounds it too */
+            double w = (double)(r->kv_window_blocks - r->kv_window_margin) /
+                       (double)plan_window_blocks(r->window, r->conc_ctx[i], r->block_size);
+            r->conc[i] = w < r->conc[i] ? (w > 0 ? w : 0) : r->conc[i];
+        }
+    }
+}
+
+int64_t plan_window_blocks(int64_t window, int64_t ctx, int block_size)
+{
+    const int64_t full = (ctx + block_size - 1) / block_size;
+    const int64_t w = (window + block_size - 1) / block_size + 1;
+    return w < full ? w : full;
+}
+
+/* The split of the KV bytes between the global and the window group
+ * (c->kv_window > 0): the window group gets every sequence's bounded
+ * share at the concurrency the budget allows at ctx, plus a margin for
+ * one step's new tokens; the global group the rest. */
+static void plan_window_split(const plan_config *c, plan_result *r, uint64_t avail)
+{
+    const uint64_t gbb = r->kv_bytes_per_token * (uint64_t)c->block_size;
+    const uint64_t wbb = r->kv_window_bytes_per_token * (uint64_t)c->block_size;
+    const int64_t gps = (r->ctx + c->block_size - 1) / c->block_size;
+    const int64_t wps = plan_window_blocks(c->kv_window, r->ctx, c->block_size);
+    r->kv_window_margin = (c->max_num_batched_tokens + c->block_size - 1) / c->block_size +
+                          c->max_num_seqs;
+    const uint64_t margin = (uint64_t)r->kv_window_margin * wbb;
+    const uint64_t per_seq = (uint64_t)gps * gbb + (uint64_t)wps * wbb;
+    int64_t conc = avail > margin ? (int64_t)((avail - margin) / per_seq) : 0;
+    r->kv_window_blocks = (conc > 0 ? conc : 1) * wps + r->kv_window_margin;
+    if ((uint64_t)r->kv_window_blocks * wbb + gbb > avail) /* leave one global block */
+        r->kv_window_blocks = (int64_t)((avail - gbb) / wbb); /* >= 1: checked by the caller */
+    r->kv_pool_blocks = (int64_t)((avail - (uint64_t)r->kv_window_blocks * wbb) / gbb);
+    r->kv_window_bytes = (uint64_t)r->kv_window_blocks * wbb;
+    r->kv_seq_bytes = per_seq;
+    r->fits_one_max_ctx = r->kv_pool_blocks >= gps &&
+                          r->kv_window_blocks >= wps + r->kv_window_margin;
 }
 
 uint64_t plan_budget(uint64_t device_memory, double utilization)
@@ -261,6 +299,19 @@ int plan_compute(const plan_model *m, const plan_config *c, plan_result *out, kv
     r->budget = plan_budget(c->device_memory, c->utilization);
     r->weights_bytes = m->weights_bytes;
     r->kv_bytes_per_token = plan_kv_bytes_per_token(m, c->kv_dtype);
+    const int64_t heads = m->n_kv_total ? m->n_kv_total : (int64_t)m->n_layers * m->n_head_kv;
+    if (c->kv_window < 0 || c->kv_window > PLAN_MAX_CTX ||
+        (c->kv_window > 0 && (c->kv_window_heads < 1 || c->kv_window_heads >= heads)))
+        return kvant_err_set(err, KV_EINVAL, "kv_window %lld over %lld of %lld KV heads: the "
+                             "window group needs some but not all layers",
+                             (long long)c->kv_window, (long long)c->kv_window_heads,
+                             (long long)heads);
+    if (c->kv_window > 0 && r->kv_bytes_per_token) {
+        r->window = c->kv_window;
+        r->kv_window_bytes_per_token = (uint64_t)c->kv_window_heads * 2u *
+                                       (uint64_t)dtype_row_size(c->kv_dtype, m->head_dim);
+        r->kv_bytes_per_token -= r->kv_window_bytes_per_token;
+    }
     if (r->kv_bytes_per_token == 0) {
         const dtype_traits *tr = dtype_get(c->kv_dtype);
         return kvant_err_set(err, KV_EUNSUP, "kv_dtype %s cannot store K/V rows of %d elements "
@@ -272,18 +323,24 @@ int plan_compute(const plan_model *m, const plan_config *c, plan_result *out, kv
     uint64_t block_bytes = r->kv_bytes_per_token * (uint64_t)c->block_size;
     r->act_q8_bytes = c->act_q8 ? plan_act_q8_bytes(m, c->max_num_batched_tokens) : 0;
     uint64_t fixed = r->weights_bytes + r->activation_bytes + r->act_q8_bytes;
-    if (fixed >= r->budget || r->budget - fixed < block_bytes)
-        return refuse_nofit(m, c, r, block_bytes, err);
+    const uint64_t wbb = r->kv_window_bytes_per_token * (uint64_t)c->block_size;
+    if (fixed >= r->budget || r->budget - fixed < block_bytes + wbb)
+        return refuse_nofit(m, c, r, block_bytes + wbb, err);
 
-    r->kv_pool_blocks = (int64_t)((r->budget - fixed) / block_bytes);
-    r->kv_pool_tokens = (uint64_t)r->kv_pool_blocks * (uint64_t)c->block_size;
-    r->kv_pool_bytes = (uint64_t)r->kv_pool_blocks * block_bytes;
     int64_t need_blocks = (r->ctx + c->block_size - 1) / c->block_size;
-    r->fits_one_max_ctx = r->kv_pool_blocks >= need_blocks;
+    if (r->window > 0) {
+        plan_window_split(c, r, r->budget - fixed);
+    } else {
+        r->kv_pool_blocks = (int64_t)((r->budget - fixed) / block_bytes);
+        r->kv_seq_bytes = (uint64_t)need_blocks * block_bytes;
+        r->fits_one_max_ctx = r->kv_pool_blocks >= need_blocks;
+    }
+    r->kv_pool_tokens = (uint64_t)r->kv_pool_blocks * (uint64_t)c->block_size;
+    r->kv_pool_bytes = (uint64_t)r->kv_pool_blocks * block_bytes + r->kv_window_bytes;
     r->max_ctx_that_fits = (int64_t)r->kv_pool_tokens < m->n_ctx_train ? (int64_t)r->kv_pool_tokens
                                                                         : m->n_ctx_train;
-    r->missing_bytes = r->fits_one_max_ctx ? 0
-                       : fixed + (uint64_t)need_blocks * block_bytes - r->budget;
+    const uint64_t need = fixed + r->kv_seq_bytes + (r->window ? (uint64_t)r->kv_window_margin * wbb : 0);
+    r->missing_bytes = r->fits_one_max_ctx || need <= r->budget ? 0 : need - r->budget;
     fill_concurrency(m, r);
     return KV_OK;
 }
@@ -305,6 +362,16 @@ char *plan_result_json(const plan_result *r, const plan_model *m)
     json_object_set_new(o, "act_q8_bytes", u64j(r->act_q8_bytes));
     json_object_set_new(o, "kv_dtype", json_string(tr && tr->name ? tr->name : "unknown"));
     json_object_set_new(o, "kv_bytes_per_token", u64j(r->kv_bytes_per_token));
+    json_object_set_new(o, "kv_seq_bytes", u64j(r->kv_seq_bytes));
+    if (r->window > 0) {
+        json_object_set_new(o, "kv_window", json_pack("{s:I, s:I, s:I, s:I, s:I}", "window",
+                                                      (json_int_t)r->window, "bytes_per_token",
+                                                      (json_int_t)r->kv_window_bytes_per_token,
+                                                      "blocks", (json_int_t)r->kv_window_blocks,
+                                                      "margin_blocks",
+                                                      (json_int_t)r->kv_window_margin, "bytes",
+                                                      (json_int_t)r->kv_window_bytes));
+    }
     json_object_set_new(o, "block_size", json_integer(r->block_size));
     json_object_set_new(o, "kv_pool_blocks", json_integer(r->kv_pool_blocks));
     json_object_set_new(o, "kv_pool_tokens", u64j(r->kv_pool_tokens));

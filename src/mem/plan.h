@@ -51,6 +51,9 @@ typedef struct plan_config {
     int max_num_batched_tokens; /* tokens in one forward pass */
     int n_threads;              /* backend threads (attention scratch each) */
     uint32_t kv_dtype;          /* dtype enum (src/kernels/dtype.h) of stored K/V */
+    int64_t kv_window;          /* > 0: the window layers keep their own KV group of
+                                 * bounded size (their widest window); 0: one group */
+    int64_t kv_window_heads;    /* KV heads summed over the window layers */
     int act_q8;                 /* 1: the CPU backend's int8 matmul activations (a
                                  * quantized copy of the widest matmul input for
                                  * max_num_batched_tokens) come out of the budget too */
@@ -65,10 +68,21 @@ typedef struct plan_result {
     uint64_t weights_bytes;
     uint64_t activation_bytes;   /* plan_activation_bytes(...) */
     uint64_t act_q8_bytes;       /* plan_act_q8_bytes(...) when act_q8, else 0 */
-    uint64_t kv_bytes_per_token; /* all layers, K and V */
-    uint64_t kv_pool_bytes;      /* kv_pool_blocks * block_size * kv_bytes_per_token */
+    uint64_t kv_bytes_per_token; /* all layers (with kv_window: the global layers), K and V */
+    uint64_t kv_pool_bytes;      /* kv_pool_blocks * block_size * kv_bytes_per_token
+                                  * + kv_window_bytes */
     uint64_t kv_pool_tokens;     /* kv_pool_blocks * block_size */
-    int64_t kv_pool_blocks;      /* whole blocks in budget - weights - activations */
+    int64_t kv_pool_blocks;      /* whole blocks in budget - weights - activations
+                                  * (with kv_window: the global group's) */
+    uint64_t kv_seq_bytes;       /* KV bytes of one sequence of ctx tokens: global rows x
+                                  * ctx + window rows x plan_window_blocks, in whole blocks */
+    /* the window group (plan_config.kv_window > 0), else all 0 */
+    int64_t window;
+    uint64_t kv_window_bytes_per_token; /* the window layers', K and V */
+    int64_t kv_window_blocks;    /* its pool: conc x plan_window_blocks + margin */
+    int64_t kv_window_margin;    /* blocks for one step's new tokens beyond the windows
+                                  * (max_num_batched_tokens / block_size + max_num_seqs) */
+    uint64_t kv_window_bytes;
     int fits_one_max_ctx;        /* one sequence of ctx tokens fits the pool */
     int64_t max_ctx_that_fits;   /* min(n_ctx_train, kv_pool_tokens) */
     uint64_t missing_bytes;      /* budget bytes short of one ctx sequence; 0 if it fits */
@@ -127,6 +141,11 @@ uint64_t plan_activation_bytes(const plan_model *m, int max_tokens, int max_seqs
  * matmul input (max of n_embd, n_ff, n_head * head_dim), as the CPU
  * backend allocates them (kernels/matmul.h). */
 uint64_t plan_act_q8_bytes(const plan_model *m, int max_tokens);
+
+/* Window-group blocks one sequence of ctx tokens holds at most between
+ * steps: ceil(window / block_size) + 1 (an unaligned window straddles one
+ * more), never more than ctx needs. */
+int64_t plan_window_blocks(int64_t window, int64_t ctx, int block_size);
 
 /* KV bytes per token for all layers, K and V, stored as kv_dtype; 0 when
  * the dtype cannot store a row of n_head_kv * head_dim elements. */

@@ -115,7 +115,7 @@ static int recv_batch(tp_ctx *t, fwd_batch *b, kvant_err *err)
     for (int32_t s = 0; s < ns; s++) {
         if (nb[s] < 0 || used + nb[s] > ntab)
             return kvant_err_set(err, KV_EINVAL, "rank %d: a malformed block table", t->rank);
-        t->seqs[s] = (fwd_seq){tab + used, nb[s]};
+        t->seqs[s] = (fwd_seq){.block_table = tab + used, .n_blocks = nb[s]};
         used += nb[s];
     }
     return KV_OK;

@@ -125,18 +125,42 @@ static json_t *engine_json(const engine_stats *st)
                      (json_int_t)st->prefix_hits);
 }
 
+/* The window layer group's pool (present only for a model that has one). */
+static json_t *kv_window_json(const engine_kv_snapshot *sn)
+{
+    const uint64_t bb = sn->block_bytes_w;
+    return json_pack("{s:i, s:i, s:I, s:i, s:i, s:i, s:I, s:I, s:I}", "window", sn->window,
+                     "blocks", sn->n_blocks_w, "block_bytes", (json_int_t)bb, "used", sn->w_used,
+                     "free", sn->w_free, "cached", sn->w_cached, "bytes_reserved",
+                     (json_int_t)((uint64_t)sn->n_blocks_w * bb), "bytes_used",
+                     (json_int_t)((uint64_t)sn->w_used * bb), "dropped_total",
+                     (json_int_t)sn->stats.kv_w_dropped);
+}
+
 static json_t *kv_json(const engine_kv_snapshot *sn)
 {
     int32_t n[N_STATES] = {0};
     for (int32_t b = 0; b < sn->n_blocks; b++)
         if (sn->state[b] < N_STATES)
             n[sn->state[b]]++;
-    return json_pack("{s:i, s:i, s:I, s:i, s:i, s:i, s:f}", "blocks", sn->n_blocks,
+    json_t *o = json_pack("{s:i, s:i, s:I, s:i, s:i, s:i, s:f}", "blocks", sn->n_blocks,
                      "block_size", sn->block_size, "block_bytes", (json_int_t)sn->block_bytes,
                      "used", n[KVPOOL_BLOCK_USED], "free", n[KVPOOL_BLOCK_FREE], "cached",
                      n[KVPOOL_BLOCK_CACHED],
                      "usage_ratio", sn->n_blocks ? (double)n[KVPOOL_BLOCK_USED] / sn->n_blocks
                                                  : 0.0);
+    if (o && sn->n_blocks_w > 0) { /* the fields above are then the global layers' */
+        json_object_set_new(o, "global", json_pack("{s:i, s:I, s:I, s:I}", "blocks",
+                                                   sn->n_blocks, "block_bytes",
+                                                   (json_int_t)sn->block_bytes, "bytes_reserved",
+                                                   (json_int_t)((uint64_t)sn->n_blocks *
+                                                                sn->block_bytes),
+                                                   "bytes_used",
+                                                   (json_int_t)((uint64_t)n[KVPOOL_BLOCK_USED] *
+                                                                sn->block_bytes)));
+        json_object_set_new(o, "window", kv_window_json(sn));
+    }
+    return o;
 }
 
 /* A request's distinct block ids as [first, count] ranges of consecutive ids. */
@@ -166,6 +190,14 @@ static json_t *requests_json(const engine_kv_snapshot *sn)
             "kv_tokens", (json_int_t)q->kv_tokens, "blocks_own", q->blocks_own, "blocks_shared",
             q->blocks_shared, "kv_bytes", (json_int_t)((uint64_t)nb * sn->block_bytes), "age_s",
             q->age_s);
+        if (o && sn->n_blocks_w > 0) { /* kv_bytes: both groups */
+            const uint64_t g = (uint64_t)nb * sn->block_bytes;
+            const uint64_t w = (uint64_t)q->blocks_w * sn->block_bytes_w;
+            json_object_set_new(o, "kv_bytes_global", u64j(g));
+            json_object_set_new(o, "kv_bytes_window", u64j(w));
+            json_object_set_new(o, "blocks_window", json_integer(q->blocks_w));
+            json_object_set_new(o, "kv_bytes", u64j(g + w));
+        }
         if (o)
             json_object_set_new(o, "blocks", ranges_json(sn->blk_ids + q->blk_off, q->n_blk));
         json_array_append_new(a, o);

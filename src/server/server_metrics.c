@@ -223,6 +223,19 @@ static void render_engine(sbuf *b, const engine_stats *st, uint64_t block_bytes)
     counter(b, "prefix_cache_hits_tokens_total", "Prompt tokens found in the prefix cache.",
             (double)st->prefix_hits);
     counter(b, "engine_steps_total", "Engine steps run.", (double)st->steps);
+    if (st->kv_window > 0) { /* a sliding-window layer group: the kv_blocks_* above are global */
+        gauge(b, "kv_window_blocks_capacity", "KV blocks of the sliding-window layers' pool.",
+              st->kv_w_blocks_total);
+        gauge(b, "kv_window_blocks_used", "Window-layer KV blocks referenced by requests.",
+              st->kv_w_blocks_used);
+        gauge(b, "kv_window_blocks_free", "Window-layer KV blocks free.", st->kv_w_blocks_free);
+        gauge(b, "kv_window_blocks_cached",
+              "Free window-layer KV blocks holding reusable prefix-cache content.",
+              st->kv_w_blocks_cached);
+        counter(b, "kv_window_blocks_dropped_total",
+                "Window-layer KV blocks given back as sequences moved past them.",
+                (double)st->kv_w_dropped);
+    }
 }
 
 static void render_mem(sbuf *b, const mem_report *r)

@@ -20,7 +20,9 @@ Families (GGUF architecture in brackets):
 
 Norm weights are stored as llama.cpp's graph uses them (Gemma's converter has already added the +1).
 Shapes: "tiny" (n_embd 256, vocab 384, window 8: fast, yet every layer kind, GQA and a window smaller
-than the tests' sequences) or "1b" (about 1e9 parameters, for speed runs; slow to write).
+than the tests' sequences), "1b" (about 1e9 parameters, for speed runs; slow to write) or "long"
+(gemma2/gemma3 only: Gemma-3-shaped layers, 5 window + 1 global, window 1024, context 32768, but
+n_embd 64 and one KV head: the 32k sliding-window KV measurement, cheap on two cores).
 Weight types: those of make_synthetic (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K) for the
 2-D matrices; norms, rope factors stay F32; token_embd takes the weight type too.
 
@@ -75,6 +77,13 @@ BIG = {
     "gemma3": Shape(1536, 6912, 8, 2, 256, 24, 32768, 4096, 512),
     "phi3": Shape(2048, 8192, 32, 8, 64, 16, 32768, 4096, 0),
 }
+
+# 32k context at a tiny width: the window-group memory test (tests/py/test_kv_window.py)
+LONG = {
+    "gemma3": Shape(64, 128, 2, 1, 32, 6, ms.N_VOCAB, 32768, 1024),
+    "gemma2": Shape(64, 128, 2, 1, 32, 2, ms.N_VOCAB, 32768, 1024),
+}
+SHAPES = {"tiny": TINY, "1b": BIG, "long": LONG}
 
 PHI3_ORIG_CTX = 128   # tiny: original_context_length < context_length, so LongRoPE has both sets
 
@@ -161,7 +170,9 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
         raise ValueError(f"unknown family {family!r} (known: {', '.join(FAMILIES)})")
     if wtype not in ms.TYPES:
         raise ValueError(f"unknown weight type {wtype!r}")
-    sh = (TINY if shape == "tiny" else BIG)[family]
+    if family not in SHAPES[shape]:
+        raise ValueError(f"shape {shape!r} has no {family!r}")
+    sh = SHAPES[shape][family]
     rng = np.random.default_rng(seed)
     w = GGUFWriter(path, ARCH[family])
     base = _header(w, family, sh, os.path.basename(path).removesuffix(".tmp"))
@@ -244,7 +255,7 @@ def main(argv=None) -> int:
     ap.add_argument("outdir")
     ap.add_argument("family", choices=FAMILIES + ["all"])
     ap.add_argument("--wtype", default="F32", choices=ms.TYPES)
-    ap.add_argument("--shape", default="tiny", choices=["tiny", "1b"])
+    ap.add_argument("--shape", default="tiny", choices=list(SHAPES))
     a = ap.parse_args(argv)
     for fam in (FAMILIES if a.family == "all" else [a.family]):
         print(make_family(a.outdir, fam, a.wtype, a.shape))

@@ -177,7 +177,7 @@ static void tbatch_make(tbatch *t, uint64_t table_seed, tu_rng *r, const int32_t
         int nb = (T_MAXPOS + T_BS - 1) / T_BS; /* whatever len is: tables stay the same */
         for (int i = 0; i < nb; i++)
             t->tables[s][i] = perm[used++];
-        t->seqs[s] = (fwd_seq){t->tables[s], nb};
+        t->seqs[s] = (fwd_seq){.block_table = t->tables[s], .n_blocks = nb};
     }
     for (int32_t p = 0; p < T_MAXPOS; p++)
         for (int s = 0; s < T_SEQS; s++)
@@ -463,7 +463,7 @@ static void test_rope_kind(tb *ref, tb *test, tu_rng *r, rope_kind kind, int32_t
     int32_t seq[4] = {0, 0, 0, 0}, out[1] = {0};
     for (int i = 0; i < T_BLOCKS; i++)
         table[i] = i;
-    fwd_seq s = {table, T_BLOCKS};
+    fwd_seq s = {.block_table = table, .n_blocks = T_BLOCKS};
     fwd_batch b = {.n_tokens = 4, .tokens = tok, .pos = pos, .seq = seq, .n_seqs = 1,
                    .seqs = &s, .n_out = 1, .out = out};
     float *x = rand_vec(r, 4 * n_heads * hd, 2.0f), ff[MODEL_MAX_HEAD_DIM / 2];
@@ -728,7 +728,7 @@ static int fwd_sequence(tb *b, const char *path, uint32_t wtype, uint32_t kvtype
         rc = fwd_init(&f, m, b->be, 64, 64, &lay, &err);
     CHECKF(rc == KV_OK, "%s forward set-up: %s", b->name, err.msg);
     int32_t t0[3] = {5, 9, 1}, t1[2] = {2, 7}, tok[64], pos[64], seq[64], outi[64];
-    fwd_seq seqs[2] = {{t0, 3}, {t1, 2}};
+    fwd_seq seqs[2] = {{.block_table = t0, .n_blocks = 3}, {.block_table = t1, .n_blocks = 2}};
     for (int step = 0; !rc && step < F_STEPS; step++) {
         int32_t n = 0;
         for (int s = 0; s < 2; s++) {
@@ -1008,7 +1008,7 @@ static int bench_backend(const char *be_name, const char *path, int32_t gemm, in
     tu_rng r = {2024};
     for (int32_t i = 0; i < B_PREFILL; i++)
         tok[i] = (int32_t)(tu_rand_u64(&r) % (uint64_t)m->hp.n_vocab), pos[i] = i, seq[i] = 0;
-    fwd_seq s = {table, nb};
+    fwd_seq s = {.block_table = table, .n_blocks = nb};
     fwd_batch pf = {B_PREFILL, tok, pos, seq, 1, &s, 1, &last, 0};
     out->last = malloc((size_t)m->hp.n_vocab * sizeof(float));
     out->prefill_s = 1e30;

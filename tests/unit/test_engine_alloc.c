@@ -347,6 +347,12 @@ static void test_no_alloc(model *m, const char *name, int32_t n_blocks, uint64_t
         CHECKF(ts.t.stores[KVTIER_HOST] > 0, "%s: nothing went to the host tier", name);
     }
     CHECK(s1.kv_blocks_used == 0 && s1.running == 0 && s1.waiting == 0);
+    if (m->layers[0].window > 0)
+        CHECKF(s1.kv_window == 8 && s1.kv_w_dropped > s0.kv_w_dropped &&
+                   s1.kv_w_blocks_used == 0 && s1.kv_w_blocks_total == n_blocks,
+               "%s: window group %d, %llu blocks given back, %d used of %d", name, s1.kv_window,
+               (unsigned long long)(s1.kv_w_dropped - s0.kv_w_dropped), s1.kv_w_blocks_used,
+               s1.kv_w_blocks_total);
     fprintf(stderr, "  %s: %d counted steps, %llu preemptions, %d forked, %d cancelled: %ld "
             "allocator calls\n", name, steps, (unsigned long long)(s1.preemptions - s0.preemptions),
             forks, cancelled, na);
@@ -375,6 +381,11 @@ int main(void)
         return tu_finish("test_engine_alloc");
     test_no_alloc(m, "device pool", 12, 0);
     test_no_alloc(m, "device pool + host tier", 12, 4ull << 20);
+    /* layer 0 slides (window 8; the engine reads the layer's window at
+     * create): a second KV group whose blocks are given back as sequences
+     * advance, and prefix hits matched in both groups */
+    m->layers[0].window = 8;
+    test_no_alloc(m, "device pool, window group", 12, 0);
     model_free(m);
     return tu_finish("test_engine_alloc");
 }

@@ -842,8 +842,120 @@ static void test_fixed_tables(void)
     kvpool_destroy(p);
 }
 
+/* Sliding-window groups: kvseq_drop_before gives blocks back (registered
+ * ones to the cached LRU, others free), leaves KVSEQ_DROPPED entries that
+ * release, fork and the checker skip, and a later prefix match still finds
+ * the dropped, registered blocks; kvseq_unmatch cuts a match back. */
+static void test_drop_window(int prefix)
+{
+    static store st;
+    kvpool *p = make_pool(&st, 16, 16, prefix);
+    tu_rng r = {7};
+    int32_t tok[128];
+    rand_tokens(&r, tok, 128);
+    kv_seq a, c, m;
+    kvseq_init(&a, 5);
+    kvseq_init(&c, 0);
+    kvseq_init(&m, 5);
+    CHECK(kvseq_reserve(p, &a, 0, 100) == KV_OK && a.n_blocks == 7);
+    CHECK(store_write(&st, p, &a, tok, 0, 100));
+    kvseq_commit(p, &a, tok, 100);
+    int32_t b0 = a.blocks[0], b3 = a.blocks[3];
+    kvpool_stats s0, s1;
+    kvpool_get_stats(p, &s0);
+    CHECK(kvseq_drop_before(p, &a, 4) == 4);
+    kvpool_get_stats(p, &s1);
+    CHECK(s1.n_used == s0.n_used - 4);
+    CHECK(prefix ? s1.n_cached == s0.n_cached + 4 : s1.n_free == s0.n_free + 4);
+    CHECK(a.blocks[0] == KVSEQ_DROPPED && a.blocks[3] == KVSEQ_DROPPED && a.blocks[4] >= 0);
+    CHECK(kvpool_refcount(p, b0) == 0 && kvpool_refcount(p, b3) == 0);
+    CHECK(kvseq_drop_before(p, &a, 4) == 0); /* nothing left below */
+    CHECK(kvseq_drop_before(p, &a, 5) == 1);
+    const kv_seq *one[1] = {&a};
+    check_pool(p, one, 1);
+    kvant_err err = {0};
+    CHECK(kvseq_fork(p, &a, &c, &err) == KV_OK && c.blocks[0] == KVSEQ_DROPPED);
+    CHECK(kvpool_refcount(p, a.blocks[5]) == 2);
+    const kv_seq *two[2] = {&a, &c};
+    check_pool(p, two, 2);
+    /* the sequence goes on writing after its dropped blocks */
+    CHECK(kvseq_reserve(p, &a, 100, 120) == KV_OK);
+    CHECK(store_write(&st, p, &a, tok, 100, 120));
+    kvseq_commit(p, &a, tok, 120);
+    check_pool(p, two, 2);
+    kvseq_release(p, &c);
+    /* a new sequence with the same prompt: the dropped blocks, cached, still match */
+    int64_t hit = kvseq_match_prefix(p, &m, tok, 128);
+    CHECK(prefix ? hit == 112 : hit == 0);
+    if (prefix) {
+        CHECK(m.blocks[0] == b0 && m.blocks[3] == b3);
+        kvpool_get_stats(p, &s0);
+        kvseq_unmatch(p, &m, 48);
+        kvpool_get_stats(p, &s1);
+        CHECK(m.n_blocks == 3 && m.n_tokens == 48 && m.n_hashed == 3);
+        CHECK(s1.prefix_hits == s0.prefix_hits - 64 && kvpool_refcount(p, b3) == 0);
+    }
+    const kv_seq *am[2] = {&a, &m};
+    check_pool(p, am, 2);
+    kvseq_release(p, &a);
+    kvseq_release(p, &m);
+    kvpool_get_stats(p, &s1);
+    CHECK(s1.n_used == 0 && s1.n_free + s1.n_cached == 16);
+    check_pool(p, NULL, 0);
+    kvpool_destroy(p);
+}
+
+/* kvseq_match_window: only the blocks the hit's window reads must be
+ * cached; an evicted block below the window does not stop the match, one
+ * inside it does. */
+static void test_match_window(void)
+{
+    static store st;
+    kvpool *p = make_pool(&st, 16, 16, 1);
+    tu_rng r = {11};
+    int32_t tok[128];
+    rand_tokens(&r, tok, 128);
+    kv_seq a, b, m;
+    kvseq_init(&a, 1);
+    kvseq_init(&b, 2);
+    kvseq_init(&m, 1);
+    CHECK(kvseq_reserve(p, &a, 0, 112) == KV_OK);
+    CHECK(store_write(&st, p, &a, tok, 0, 112));
+    kvseq_commit(p, &a, tok, 112);
+    int32_t blk[7];
+    memcpy(blk, a.blocks, sizeof blk);
+    CHECK(kvseq_drop_before(p, &a, 5) == 5); /* 0..4 cached, 0 least recently used */
+    CHECK(kvseq_reserve(p, &b, 0, 10 * 16) == KV_OK); /* 9 free + evicts block 0 */
+    CHECK(kvpool_refcount(p, blk[0]) == 1 && b.blocks[9] == blk[0]); /* b took it */
+    CHECK(kvpool_block_state(p, blk[1]) == KVPOOL_BLOCK_CACHED);
+    CHECK(kvseq_match_prefix(p, &m, tok, 128) == 0); /* the chain from block 0 is broken */
+    kvseq_release(p, &m);
+    /* window 20: blocks 5, 6 (in use by a) */
+    CHECK(kvseq_match_window(p, &m, tok, 128, 20) == 112);
+    CHECK(m.blocks[4] == KVSEQ_DROPPED && m.blocks[5] == blk[5] && m.blocks[6] == blk[6]);
+    CHECK(kvpool_refcount(p, blk[5]) == 2 && m.n_hashed == 7);
+    const kv_seq *three[3] = {&a, &b, &m};
+    check_pool(p, three, 3);
+    kvseq_release(p, &m);
+    /* window 40: block 4 (cached) too */
+    CHECK(kvseq_match_window(p, &m, tok, 128, 40) == 112 && m.blocks[4] == blk[4]);
+    CHECK(kvpool_refcount(p, blk[4]) == 1);
+    kvseq_release(p, &m);
+    /* window 100 reads block 0 for every k: evicted, no hit */
+    CHECK(kvseq_match_window(p, &m, tok, 128, 100) == 0 && m.n_blocks == 0);
+    /* window 0: the whole chain, as kvseq_match_prefix */
+    CHECK(kvseq_match_window(p, &m, tok, 128, 0) == 0);
+    kvseq_release(p, &a);
+    kvseq_release(p, &b);
+    check_pool(p, NULL, 0);
+    kvpool_destroy(p);
+}
+
 int main(void)
 {
+    test_match_window();
+    test_drop_window(1);
+    test_drop_window(0);
     test_create_errors();
     test_alloc_until_empty();
     test_reserve_growth();

@@ -26,7 +26,7 @@ static int run_attn(uint32_t type, const float *q, const float *k, const float *
         int32_t toks[N_TOK], pos[N_TOK], seq[N_TOK];
         for (int i = 0; i < N_TOK; i++)
             toks[i] = 0, pos[i] = i, seq[i] = 0;
-        fwd_seq s = {table, N_BLOCKS};
+        fwd_seq s = {.block_table = table, .n_blocks = N_BLOCKS};
         fwd_batch b = {N_TOK, toks, pos, seq, 1, &s, 0, NULL, 0};
         be->ops->begin_batch(be, &b, &err);
         be->ops->kv_store(be, 1, k, v);

@@ -193,6 +193,50 @@ static void test_q8_kv(void)
     CHECK(plan_compute(&m, &c, &r, &err) == KV_EUNSUP);
 }
 
+static void expect_refusal_fwd(const plan_model *m, const plan_config *c);
+
+/* A Gemma-3-like split: 6 layers of 1 KV head of 32 (f16 rows of 64 B, K+V
+ * 128 B per layer per token), 5 of them on a 1024 window, context 32768. */
+static void test_window_split(void)
+{
+    plan_model m = { 6, 64, 2, 1, 32, 128, 384, 32768, 1000000ull, 0 };
+    plan_config c = plan_config_default();
+    c.device_memory = 512ull << 20;
+    c.ctx = 32768;
+    plan_result one, r;
+    kvant_err err = {0};
+    CHECKF(plan_compute(&m, &c, &one, &err) == KV_OK, "%s", err.msg);
+    c.kv_window = 1024;
+    c.kv_window_heads = 5;
+    CHECKF(plan_compute(&m, &c, &r, &err) == KV_OK, "%s", err.msg);
+    CHECK(one.kv_bytes_per_token == 768 && one.kv_seq_bytes == 32768ull * 768);
+    CHECK(r.kv_bytes_per_token == 128 && r.kv_window_bytes_per_token == 640);
+    CHECK(plan_window_blocks(1024, 32768, 16) == 65 && plan_window_blocks(1024, 512, 16) == 32);
+    CHECK(plan_window_blocks(8, 4096, 8) == 2);
+    /* per sequence: 2048 global blocks + 65 window blocks of 16 tokens */
+    CHECK(r.kv_seq_bytes == 2048ull * 16 * 128 + 65ull * 16 * 640);
+    /* within 1% of (1 x 32768 + 5 x 1024) x 128 */
+    const double f = (32768.0 + 5 * 1024.0) * 128.0;
+    CHECK(r.kv_seq_bytes / f < 1.01 && r.kv_seq_bytes / f > 0.99);
+    /* both pools come out of what one pool had; the window pool is the
+     * concurrency's windows plus the margin, the global pool the rest */
+    const uint64_t gbb = 16 * 128, wbb = 16 * 640, avail = one.kv_pool_bytes + 16 * 768 - 1;
+    CHECK(r.kv_window_margin == 2048 / 16 + 64);
+    CHECK((uint64_t)r.kv_pool_blocks * gbb + (uint64_t)r.kv_window_blocks * wbb <= avail + gbb);
+    CHECK(r.kv_pool_bytes == (uint64_t)r.kv_pool_blocks * gbb + r.kv_window_bytes);
+    const double conc = (double)(r.kv_window_blocks - r.kv_window_margin) / 65.0;
+    CHECK(r.conc_ctx[r.n_conc - 1] == 32768 && r.conc[r.n_conc - 1] <= conc + 1e-9);
+    CHECK(r.conc[r.n_conc - 1] <= (double)r.kv_pool_tokens / 32768.0 + 1e-9);
+    CHECKF(r.conc[r.n_conc - 1] > 4.5 * one.conc[one.n_conc - 1], "%.2f vs %.2f",
+           r.conc[r.n_conc - 1], one.conc[one.n_conc - 1]); /* ~5.2x at 32k */
+    CHECK(r.fits_one_max_ctx && r.window == 1024);
+    /* every layer on the window, or none: not a split */
+    c.kv_window_heads = 6;
+    expect_refusal_fwd(&m, &c);
+    c.kv_window_heads = 0;
+    expect_refusal_fwd(&m, &c);
+}
+
 static void expect_refusal(const plan_model *m, const plan_config *c, int code,
                            const char *needle)
 {
@@ -289,8 +333,14 @@ static void test_refusals(void)
     CHECK(plan_activation_bytes(&m, 0, 64, 1) == 0);
 }
 
+static void expect_refusal_fwd(const plan_model *m, const plan_config *c)
+{
+    expect_refusal(m, c, KV_EINVAL, "window group");
+}
+
 int main(void)
 {
+    test_window_split();
     dtype_init();
     test_smollm();
     test_tinyllama();

@@ -65,7 +65,7 @@ static int rig_run(rig *r, int n_tok)
     int32_t table[NB], tok[STEP], pos[STEP], seq[STEP], outi[STEP];
     for (int i = 0; i < NB; i++)
         table[i] = i;
-    fwd_seq fs = {table, NB};
+    fwd_seq fs = {.block_table = table, .n_blocks = NB};
     kvant_err err = {0};
     for (int p0 = 0; p0 < n_tok; p0 += STEP) {
         int n = n_tok - p0 < STEP ? n_tok - p0 : STEP;

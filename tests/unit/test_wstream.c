@@ -113,7 +113,7 @@ static int run_tokens(rig *r, model *m, float *logits, kvant_err *err)
         tok[i] = (i * 37 + 11) % 290;
     for (int i = 0; i < 8; i++)
         table[i] = i;
-    fwd_seq s = {table, 8};
+    fwd_seq s = {.block_table = table, .n_blocks = 8};
     int done = 0;
     while (done < N_TOK) {
         int n = done < N_TOK - 6 ? (N_TOK - 6 - done < 7 ? N_TOK - 6 - done : 7) : 1;

@@ -46,8 +46,12 @@ typedef struct cpu_backend {
                              * read/write */
     size_t kv_map_bytes;    /* the reserved range */
     int64_t kv_mem_id;      /* the memory manager's reservation of n_blocks blocks */
-    int64_t kv_block_stride; /* bytes of one block (all layers) */
-    int64_t kv_layer_off[MODEL_MAX_LAYERS]; /* layer il's K rows within a block */
+    int64_t kv_block_stride; /* bytes of one block (all layers of the global group) */
+    uint8_t *kv_data_w;     /* the window group's storage (kv.n_blocks_w > 0), after the
+                             * global blocks in the same range:
+                             * [n_blocks_w][window layers][2][block_size][row] */
+    int64_t kv_block_stride_w; /* bytes of one window-group block */
+    int64_t kv_layer_off[MODEL_MAX_LAYERS]; /* layer il's K rows within a block of its group */
     int64_t kv_row_bytes[MODEL_MAX_LAYERS]; /* one K or V row of layer il (its KV heads) */
     float *scratch;         /* [n_threads][scratch_per_thread] */
     int64_t scratch_per_thread;
@@ -179,6 +183,8 @@ static void cpu_kv_free(backend *be)
         munmap(cb->kv_data, cb->kv_map_bytes);
     mem_free(cb->mem, cb->scratch);
     cb->kv_data = NULL;
+    cb->kv_data_w = NULL;
+    cb->kv_block_stride_w = 0;
     cb->kv_map_bytes = 0;
     cb->kv_mem_id = 0;
     cb->scratch = NULL;
@@ -194,12 +200,20 @@ static size_t cpu_qact_bytes(const cpu_backend *cb, int32_t n_tok)
     return dtype_matmul_scratch_bytes(DT_Q4_0, cb->qact_n, n_tok);
 }
 
-/* Bytes of the first n blocks rounded up to whole pages. */
+/* Bytes of the window group (fixed size: a layout with one is never
+ * resized). */
+static size_t kv_w_bytes(const cpu_backend *cb)
+{
+    return (size_t)cb->kv.n_blocks_w * (size_t)cb->kv_block_stride_w;
+}
+
+/* Bytes of the first n blocks (and the window group after them) rounded
+ * up to whole pages. */
 static size_t kv_pages(const cpu_backend *cb, int32_t n)
 {
     const long pg = sysconf(_SC_PAGESIZE);
     const size_t p = pg > 0 ? (size_t)pg : 4096;
-    return ((size_t)n * (size_t)cb->kv_block_stride + p - 1) / p * p;
+    return ((size_t)n * (size_t)cb->kv_block_stride + kv_w_bytes(cb) + p - 1) / p * p;
 }
 
 /* The KV storage is one address range reserved for max_blocks blocks and
@@ -217,7 +231,9 @@ static int cpu_kv_map(cpu_backend *cb, const kv_layout *lay, kvant_err *err)
         return kvant_err_set(err, KV_ENOMEM, "kv pool: cannot reserve %zu bytes of address space",
                              cb->kv_map_bytes);
     cb->kv_data = base;
-    const uint64_t bytes = (uint64_t)lay->n_blocks * (uint64_t)cb->kv_block_stride;
+    cb->kv_data_w = cb->kv_data + (size_t)max * (size_t)cb->kv_block_stride;
+    const uint64_t bytes =
+        (uint64_t)lay->n_blocks * (uint64_t)cb->kv_block_stride + (uint64_t)kv_w_bytes(cb);
     cb->kv_mem_id = mem_reserve_at(cb->mem, base, bytes, MEM_KV, MEM_NO_LAYER, err);
     if (cb->kv_mem_id <= 0) {
         cb->kv_mem_id = 0;
@@ -245,15 +261,21 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
         if (kv_layout_heads(lay, il) < 1 || kv_layout_heads(lay, il) > lay->n_kv_heads)
             return kvant_err_set(err, KV_EINVAL, "kv pool: layer %d has %d KV heads (1 to %d)",
                                  il, kv_layout_heads(lay, il), lay->n_kv_heads);
+    if (lay->n_blocks_w < 0 || (lay->n_blocks_w > 0 && lay->max_blocks > lay->n_blocks))
+        return kvant_err_set(err, KV_EINVAL, "kv pool: a window group of %d blocks needs a "
+                             "fixed-size pool", lay->n_blocks_w);
     cpu_kv_free(be);
-    int64_t off = 0;
+    cb->kv.n_blocks_w = lay->n_blocks_w; /* kv_pages reads it */
+    int64_t off[2] = {0, 0}; /* global, window */
     for (int32_t il = 0; il < lay->n_layers; il++) {
         const int64_t dim = (int64_t)kv_layout_heads(lay, il) * lay->head_dim;
+        const int g = lay->n_blocks_w > 0 && lay->layer_window[il];
         cb->kv_row_bytes[il] = (int64_t)dtype_row_size(lay->dtype, dim);
-        cb->kv_layer_off[il] = off;
-        off += 2 * (int64_t)lay->block_size * cb->kv_row_bytes[il];
+        cb->kv_layer_off[il] = off[g];
+        off[g] += 2 * (int64_t)lay->block_size * cb->kv_row_bytes[il];
     }
-    cb->kv_block_stride = off;
+    cb->kv_block_stride = off[0];
+    cb->kv_block_stride_w = off[1];
     if ((rc = cpu_kv_map(cb, lay, err))) {
         cpu_kv_free(be);
         return rc;
@@ -285,7 +307,7 @@ static int cpu_kv_resize(backend *be, int32_t n_blocks, kvant_err *err)
 {
     cpu_backend *cb = cpu(be);
     const int32_t old = cb->kv.n_blocks;
-    if (!cb->kv_data || n_blocks < 1 || n_blocks > cb->kv.max_blocks)
+    if (!cb->kv_data || n_blocks < 1 || n_blocks > cb->kv.max_blocks || cb->kv.n_blocks_w > 0)
         return kvant_err_set(err, KV_EINVAL, "kv pool: cannot resize to %d blocks (1 to %d)",
                              n_blocks, cb->kv.max_blocks);
     const uint64_t bytes = (uint64_t)n_blocks * (uint64_t)cb->kv_block_stride;
@@ -328,6 +350,13 @@ static void cpu_kv_copy_block(backend *be, int32_t dst, int32_t src)
     cpu_backend *cb = cpu(be);
     memcpy(cb->kv_data + dst * cb->kv_block_stride, cb->kv_data + src * cb->kv_block_stride,
            (size_t)cb->kv_block_stride);
+}
+
+static void cpu_kv_copy_block_w(backend *be, int32_t dst, int32_t src)
+{
+    cpu_backend *cb = cpu(be);
+    memcpy(cb->kv_data_w + dst * cb->kv_block_stride_w, cb->kv_data_w + src * cb->kv_block_stride_w,
+           (size_t)cb->kv_block_stride_w);
 }
 
 static int cpu_kv_export_block(backend *be, int32_t block, void *dst)
@@ -609,9 +638,27 @@ static void cpu_rope(backend *be, float *d_x, int32_t n_heads, int32_t head_dim,
 /* Address of the K row (or V row when v) of a token slot in layer il.
  * The attention kernels take kv_row(il, 0, 0, v) as their base and
  * kv_block_stride as the distance between blocks. */
+static int kv_is_window(const cpu_backend *cb, int32_t il)
+{
+    return cb->kv.n_blocks_w > 0 && cb->kv.layer_window[il];
+}
+
+/* Bytes between two blocks of layer il's group. */
+static int64_t kv_stride(const cpu_backend *cb, int32_t il)
+{
+    return kv_is_window(cb, il) ? cb->kv_block_stride_w : cb->kv_block_stride;
+}
+
+/* The block table of s that layer il reads. */
+static const int32_t *kv_table(const cpu_backend *cb, const fwd_seq *s, int32_t il)
+{
+    return kv_is_window(cb, il) ? s->block_table_w : s->block_table;
+}
+
 static uint8_t *kv_row(cpu_backend *cb, int32_t il, int32_t block, int32_t off, int v)
 {
-    return cb->kv_data + block * cb->kv_block_stride + cb->kv_layer_off[il] +
+    uint8_t *base = kv_is_window(cb, il) ? cb->kv_data_w : cb->kv_data;
+    return base + block * kv_stride(cb, il) + cb->kv_layer_off[il] +
            ((int64_t)v * cb->kv.block_size + off) * cb->kv_row_bytes[il];
 }
 
@@ -623,7 +670,7 @@ static void cpu_kv_store(backend *be, int32_t il, const float *d_k, const float 
     for (int32_t t = 0; t < b->n_tokens; t++) {
         const fwd_seq *s = &b->seqs[b->seq[t]];
         int32_t p = b->pos[t];
-        int32_t blk = s->block_table[p / cb->kv.block_size];
+        int32_t blk = kv_table(cb, s, il)[p / cb->kv.block_size];
         int32_t off = p % cb->kv.block_size;
         if (cb->kv.dtype == DT_F32) {
             memcpy(kv_row(cb, il, blk, off, 0), d_k + t * kv_dim, (size_t)kv_dim * sizeof(float));
@@ -669,8 +716,8 @@ static void attn_unit(const attn_job *j, int32_t t, int32_t kvh, int32_t h0, int
         cpu_kvq_seq qs = {
             .k_base = kv_row(cb, j->il, 0, 0, 0) + head_off,
             .v_base = kv_row(cb, j->il, 0, 0, 1) + head_off,
-            .table = s->block_table,
-            .block_stride = cb->kv_block_stride,
+            .table = kv_table(cb, s, j->il),
+            .block_stride = kv_stride(cb, j->il),
             .row_stride = cb->kv_row_bytes[j->il],
             .block_size = cb->kv.block_size,
             .type = cb->kv.dtype,
@@ -688,8 +735,8 @@ static void attn_unit(const attn_job *j, int32_t t, int32_t kvh, int32_t h0, int
     cpu_attn_seq as = {
         .k_base = (const float *)kv_row(cb, j->il, 0, 0, 0) + kvh * hd,
         .v_base = (const float *)kv_row(cb, j->il, 0, 0, 1) + kvh * hd,
-        .table = s->block_table,
-        .block_stride = cb->kv_block_stride / (int64_t)sizeof(float),
+        .table = kv_table(cb, s, j->il),
+        .block_stride = kv_stride(cb, j->il) / (int64_t)sizeof(float),
         .row_stride = kv_dim,
         .block_size = cb->kv.block_size,
         .p0 = p0,
@@ -841,6 +888,7 @@ static const backend_ops cpu_ops = {
     .kv_init = cpu_kv_init,
     .kv_free = cpu_kv_free,
     .kv_copy_block = cpu_kv_copy_block,
+    .kv_copy_block_w = cpu_kv_copy_block_w,
     .kv_export_block = cpu_kv_export_block,
     .kv_import_block = cpu_kv_import_block,
     .kv_extra_bytes = cpu_kv_extra_bytes,

@@ -295,6 +295,10 @@ static int cuda_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
         return kvant_err_set(err, KV_EINVAL, "kv pool: %d layers, %d blocks of %d tokens "
                              "(CUDA block_size <= %d)", lay->n_layers, lay->n_blocks,
                              lay->block_size, CUDA_ATTN_MAX_BLOCK);
+    if (lay->n_blocks_w > 0)
+        return kvant_err_set(err, KV_EUNSUP, "kv pool: the CUDA backend keeps one KV group; a "
+                             "sliding-window group of %d blocks is not supported",
+                             lay->n_blocks_w);
     for (int32_t il = 0; il < lay->n_layers && il < MODEL_MAX_LAYERS; il++)
         if (kv_layout_heads(lay, il) != lay->n_kv_heads)
             return kvant_err_set(err, KV_EUNSUP, "kv pool: layer %d has %d KV heads, not %d: "
