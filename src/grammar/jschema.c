@@ -86,13 +86,15 @@ static int32_t digit_range(js *c, char lo, char hi)
     return gram_class(c->g, s);
 }
 
-/* One character of a JSON string: unescaped, or an escape sequence. */
+/* One character of a JSON string: unescaped, or an escape sequence.
+ * Unescaped: any code point but '"', '\\', controls below U+0020 and
+ * U+007F (RFC 8259 admits DEL raw; llguidance does not, nor do we). */
 static int32_t str_char(js *c)
 {
     if (c->str_char != GRAM_BAD)
         return c->str_char;
-    uint32_t r[6] = {0x20, 0x21, 0x23, 0x5B, 0x5D, GRAM_MAX_CP};
-    int32_t plain = gram_cpset(c->g, r, 3, 0);
+    uint32_t r[8] = {0x20, 0x21, 0x23, 0x5B, 0x5D, 0x7E, 0x80, GRAM_MAX_CP};
+    int32_t plain = gram_cpset(c->g, r, 4, 0);
     int32_t hex = ascii_class(c, "0123456789abcdefABCDEF");
     int32_t u = gram_seq(c->g, (int32_t[]){lit(c, "u"), hex, hex, hex, hex}, 5);
     int32_t esc = seq2(c, lit(c, "\\"), gram_alt(c->g, (int32_t[]){ascii_class(c, "\"\\/bfnrt"), u}, 2));
@@ -218,8 +220,8 @@ static int32_t int_range(js *c, int has_lo, long long lo, int has_hi, long long 
     int32_t alts[2], na = 0;
     if (!has_hi || hi >= 0)   /* the non-negative part */
         alts[na++] = nat_range(c, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
-    if (!has_lo || lo < 0)    /* the negative part: "-" n, n in [max(1,-hi), -lo] */
-        alts[na++] = seq2(c, lit(c, "-"), nat_range(c, has_hi && hi < -1 ? -hi : 1, has_lo ? -lo : -1));
+    if (!has_lo || lo < 0)    /* "-" n, n in [-hi, -lo]; "-0" where 0 is in range, as JSON has it */
+        alts[na++] = seq2(c, lit(c, "-"), nat_range(c, has_hi && hi < 0 ? -hi : 0, has_lo ? -lo : -1));
     return gram_alt(c->g, alts, na);
 }
 
@@ -296,6 +298,25 @@ static const struct {
     {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
 };
 
+/* JSON Schema's pattern matches anywhere in the string unless anchored:
+ * "re" becomes "(.|\n)*(?:re)(.|\n)*", a leading ^ / trailing $ drops
+ * that side's filler.  Caller frees. */
+static char *unanchored(const char *re)
+{
+    size_t n = strlen(re);
+    int lead = n && re[0] == '^';
+    size_t bs = 0;   /* backslashes before a final '$' */
+    while (n >= 2 + bs && re[n - 2 - bs] == '\\')
+        bs++;
+    int trail = n > (size_t)lead && re[n - 1] == '$' && bs % 2 == 0;
+    const char *any = "(.|\n)*";
+    char *o = malloc(n + 32);
+    if (o)
+        snprintf(o, n + 32, "%s(?:%.*s)%s", lead ? "" : any, (int)(n - (size_t)lead - (size_t)trail),
+                 re + lead, trail ? "" : any);
+    return o;
+}
+
 static int32_t js_string(js *c, json_t *s, const char *ptr)
 {
     json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
@@ -320,7 +341,11 @@ static int32_t js_string(js *c, json_t *s, const char *ptr)
             return child_ptr(p, ptr, mn ? "minLength" : "maxLength"),
                    js_fail(c, p, "length bounds together with a pattern or format are unsupported", NULL);
         kvant_err e = {0};
-        int32_t body = rx_build(c->g, re, strlen(re), 1, p, &e);
+        char *wrapped = pat ? unanchored(re) : NULL;
+        if (pat && !wrapped)
+            return gram_fail(c->g, KV_ENOMEM, "out of memory");
+        int32_t body = rx_build(c->g, wrapped ? wrapped : re, strlen(wrapped ? wrapped : re), 1, p, &e);
+        free(wrapped);
         if (body == GRAM_BAD && !c->failed) {
             c->err = e;
             c->err.code = KV_EUNSUP;

@@ -7,7 +7,8 @@
  * properties: then any keys), enum, const, items, minItems, maxItems,
  * anyOf, oneOf (as anyOf), allOf of one schema, $ref to "#..." pointers
  * ($defs, definitions, recursion), string minLength / maxLength / pattern
- * (anchored, see regex.h) / format (date, time, date-time, uuid), integer
+ * (matching anywhere unless anchored with ^ / $, as JSON Schema says;
+ * the regex subset of regex.h) / format (date, time, date-time, uuid), integer
  * minimum / maximum / exclusiveMinimum / exclusiveMaximum, number
  * minimum 0; true / false schemas; annotations (title, description,
  * default, examples, $schema, $id, $comment, ...) are ignored.

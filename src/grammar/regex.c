@@ -167,14 +167,15 @@ static int32_t set_elem(rx *p, ranges *r, int negate)
 {
     if (!p->json)
         return gram_cpset(p->g, r->v, r->n, negate);
-    /* membership of the 34 specials, computed on the raw ranges */
+    /* membership of the 35 specials, computed on the raw ranges */
     int32_t alts[40], na = 0;
-    uint32_t specials[34];
+    uint32_t specials[35];
     int ns = 0;
     for (uint32_t c = 0; c < 0x20; c++)
         specials[ns++] = c;
     specials[ns++] = '"';
     specials[ns++] = '\\';
+    specials[ns++] = 0x7F;
     for (int k = 0; k < ns; k++) {
         int in = 0;
         for (int32_t j = 0; j < r->n && !in; j++)
@@ -187,6 +188,7 @@ static int32_t set_elem(rx *p, ranges *r, int negate)
     rg_add(p, r, 0, 0x1F);
     rg_add(p, r, '"', '"');
     rg_add(p, r, '\\', '\\');
+    rg_add(p, r, 0x7F, 0x7F);
     int32_t rest;
     if (negate) {
         rest = gram_cpset(p->g, r->v, r->n, 1);
@@ -194,8 +196,8 @@ static int32_t set_elem(rx *p, ranges *r, int negate)
         ranges keep = {0};
         for (int32_t j = 0; j < n0; j++) {
             uint32_t lo = r->v[2 * j], hi = r->v[2 * j + 1];
-            const uint32_t cuts[3][2] = {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}};
-            for (int k = 0; k < 3 && lo <= hi; k++) {
+            const uint32_t cuts[4][2] = {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}, {0x7F, 0x7F}};
+            for (int k = 0; k < 4 && lo <= hi; k++) {
                 if (cuts[k][1] < lo || cuts[k][0] > hi)
                     continue;
                 if (cuts[k][0] > lo)

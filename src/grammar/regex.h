@@ -11,9 +11,9 @@
  * the construct: backreferences, lookaround, word boundaries, inline flags,
  * possessive quantifiers, `^`/`$` elsewhere.
  *
- * json_string: the language is of JSON string contents - a `"`, `\` or
- * control character the regex matches must appear escaped, as JSON
- * requires (\" \\ \n \t \r \b \f, else \u00XX).
+ * json_string: the language is of JSON string contents - a `"`, `\`,
+ * control character or DEL the regex matches must appear escaped, as JSON
+ * requires (\" \\ \n \t \r \b \f, else \u00XX; DEL as llguidance does).
  *
  * Pure: no shared state, callable from any thread.
  */
