@@ -28,6 +28,7 @@ static void grammar_help(void)
         {"--max-elems", "N", "largest grammar, in rule elements", "1000000"},
         {"--stdin", NULL, "print each mask as a JSON line, read the next token id from stdin",
          "off"},
+        {"--no-memo", NULL, "the plain trie walk (every byte parsed), the memo's reference", "off"},
         {"--vocab", NULL, "print the vocabulary's token bytes (hex) and end ids, no walk", "off"},
     };
     cli_help("kvant grammar -m MODEL (--gbnf F | --schema F | --json-object | --regex RE | "
@@ -41,7 +42,7 @@ typedef struct gr_opts {
     int kind;
     const char *src_arg, *file;
     uint64_t seed;
-    int steps, vocab, drive;
+    int steps, vocab, drive, no_memo;
     int32_t max_elems;
 } gr_opts;
 
@@ -140,6 +141,7 @@ static int walk(const tmask_vocab *v, const gram *g, const gr_opts *o, json_t *o
 {
     kvant_err err = {0};
     earley *e = earley_create(g, &err);
+    tmask_work *w = o->no_memo ? NULL : tmask_work_create(v, &err);
     uint32_t *mask = malloc((size_t)tmask_n_words(v) * sizeof *mask);
     double *us = malloc(((size_t)o->steps + 1) * sizeof *us);
     json_t *steps = json_array();
@@ -148,7 +150,7 @@ static int walk(const tmask_vocab *v, const gram *g, const gr_opts *o, json_t *o
     uint64_t rng = o->seed * 2654435761u + 88172645463325252ull;
     const char *end = "steps";
     int rc = 0, n = 0;
-    if (!e || !mask || !us || !text) {
+    if (!e || !mask || !us || !text || (!w && !o->no_memo)) {
         fprintf(stderr, "kvant grammar: %s\n", e ? "out of memory" : err.msg);
         rc = 1;
         goto out;
@@ -156,7 +158,7 @@ static int walk(const tmask_vocab *v, const gram *g, const gr_opts *o, json_t *o
     for (; n < o->steps; n++) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        int32_t cnt = tmask_compute(v, e, mask, &err);
+        int32_t cnt = tmask_compute(v, e, w, mask, &err);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         if (cnt < 0) {
             fprintf(stderr, "kvant grammar: %s\n", err.msg);
@@ -212,6 +214,7 @@ static int walk(const tmask_vocab *v, const gram *g, const gr_opts *o, json_t *o
     json_object_set_new(out, "mask_us_p99", json_real(n ? us[(n * 99) / 100] : 0));
 out:
     json_decref(steps);
+    tmask_work_destroy(w);
     earley_destroy(e);
     free(mask);
     free(us);
@@ -221,14 +224,15 @@ out:
 
 /* --stdin: prints each step's mask as one JSON line, then reads the next
  * token id from stdin (a line; EOF or a negative id ends). */
-static int drive(const tmask_vocab *v, const gram *g)
+static int drive(const tmask_vocab *v, const gram *g, int no_memo)
 {
     kvant_err err = {0};
     earley *e = earley_create(g, &err);
+    tmask_work *w = no_memo ? NULL : tmask_work_create(v, &err);
     uint32_t *mask = malloc((size_t)tmask_n_words(v) * sizeof *mask);
     int rc = 0;
     char line[64];
-    if (!e || !mask) {
+    if (!e || !mask || (!w && !no_memo)) {
         fprintf(stderr, "kvant grammar: %s\n", e ? "out of memory" : err.msg);
         rc = 1;
         goto out;
@@ -236,7 +240,7 @@ static int drive(const tmask_vocab *v, const gram *g)
     for (;;) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        int32_t cnt = tmask_compute(v, e, mask, &err);
+        int32_t cnt = tmask_compute(v, e, w, mask, &err);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         if (cnt < 0) {
             fprintf(stderr, "kvant grammar: %s\n", err.msg);
@@ -263,6 +267,7 @@ static int drive(const tmask_vocab *v, const gram *g)
         }
     }
 out:
+    tmask_work_destroy(w);
     earley_destroy(e);
     free(mask);
     return rc;
@@ -319,6 +324,8 @@ static int parse_opts(int argc, char **argv, cli_common *c, gr_opts *o)
             o->vocab = 1;
         } else if (!strcmp(argv[i], "--stdin")) {
             o->drive = 1;
+        } else if (!strcmp(argv[i], "--no-memo")) {
+            o->no_memo = 1;
         } else {
             return cli_err_unknown("grammar", argv[i]);
         }
@@ -369,7 +376,7 @@ int cmd_grammar(int argc, char **argv)
     json_object_set_new(out, "grammar_bytes", json_integer((json_int_t)gram_mem_bytes(gr)));
     json_object_set_new(out, "vocab_bytes", json_integer((json_int_t)tmask_vocab_mem_bytes(v)));
     if (o.drive) {
-        rc = drive(v, gr);
+        rc = drive(v, gr, o.no_memo);
         goto done;
     }
     if (o.steps && walk(v, gr, &o, out, c.json))

@@ -20,6 +20,8 @@ struct earley {
     eitem *items;
     int64_t n_items, cap_items;
     int32_t *set_start;
+    uint64_t *set_serial;  /* [cap_sets] never reused: a rebuilt set gets a new one */
+    uint64_t next_serial;
     int32_t n_sets, cap_sets;
     uint64_t *hkey;       /* [hcap] (pos << 32 | origin) */
     uint32_t *hgen;       /* [hcap] generation that wrote the slot */
@@ -139,11 +141,15 @@ static int push_set(earley *e)
     if (e->n_sets + 1 >= e->cap_sets) {
         int32_t nc = e->cap_sets * 2;
         int32_t *ns = realloc(e->set_start, (size_t)nc * sizeof *ns);
-        if (!ns)
+        if (ns)
+            e->set_start = ns;
+        uint64_t *nr = ns ? realloc(e->set_serial, (size_t)nc * sizeof *nr) : NULL;
+        if (!nr)
             return -1;
-        e->set_start = ns;
+        e->set_serial = nr;
         e->cap_sets = nc;
     }
+    e->set_serial[e->n_sets] = ++e->next_serial;
     e->set_start[e->n_sets++] = (int32_t)e->n_items;
     e->set_start[e->n_sets] = (int32_t)e->n_items;
     return 0;
@@ -173,9 +179,11 @@ earley *earley_create(const gram *g, kvant_err *err)
         e->cap_sets = 64;
         e->items = malloc((size_t)e->cap_items * sizeof *e->items);
         e->set_start = malloc((size_t)e->cap_sets * sizeof *e->set_start);
+        e->set_serial = malloc((size_t)e->cap_sets * sizeof *e->set_serial);
         e->pred_gen = calloc((size_t)t->n_nt + 1, sizeof *e->pred_gen);
     }
-    if (!e || !e->items || !e->set_start || !e->pred_gen || hash_resize(e, 256)) {
+    if (!e || !e->items || !e->set_start || !e->set_serial || !e->pred_gen ||
+        hash_resize(e, 256)) {
         earley_destroy(e);
         kvant_err_set(err, KV_ENOMEM, "out of memory creating a grammar state");
         return NULL;
@@ -196,6 +204,7 @@ void earley_destroy(earley *e)
         return;
     free(e->items);
     free(e->set_start);
+    free(e->set_serial);
     free(e->hkey);
     free(e->hgen);
     free(e->pred_gen);
@@ -290,10 +299,69 @@ void earley_allowed_bytes(const earley *e, uint32_t out[8])
     }
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int32_t earley_top_items(const earley *e, int32_t origin_limit, uint64_t *out, int32_t cap)
+{
+    const gram_tables *t = e->t;
+    int32_t k = e->n_sets - 1, n = 0;
+    for (int64_t i = e->set_start[k]; i < e->n_items; i++) {
+        eitem it = e->items[i];
+        if (t->pos_elem[it.pos] == GRAM_END)
+            continue;
+        if (it.origin != k && it.origin >= origin_limit)
+            return -1;
+        if (n == cap)
+            return -1;
+        uint32_t code = it.origin == k ? EARLEY_SELF : (uint32_t)it.origin;
+        out[n++] = (uint64_t)(uint32_t)it.pos << 32 | code;
+    }
+    qsort(out, (size_t)n, sizeof *out, cmp_u64);
+    return n;
+}
+
+uint64_t earley_set_serial(const earley *e, int32_t idx)
+{
+    return idx >= 0 && idx < e->n_sets ? e->set_serial[idx] : 0;
+}
+
+int earley_push_items(earley *e, const uint64_t *items, int32_t n)
+{
+    if (e->n_items + n > e->t->lim.max_state_items)
+        return KV_ERANGE;
+    while (e->n_items + n > e->cap_items) {
+        eitem *ni = realloc(e->items, (size_t)e->cap_items * 2 * sizeof *ni);
+        if (!ni)
+            return KV_ENOMEM;
+        e->items = ni;
+        e->cap_items *= 2;
+    }
+    int64_t n0 = e->n_items;
+    if (push_set(e))
+        return KV_ENOMEM;
+    int32_t k = e->n_sets - 1;
+    for (int32_t i = 0; i < n; i++) {
+        uint32_t code = (uint32_t)items[i];
+        int32_t o = code == EARLEY_SELF ? k : (int32_t)code;
+        if (code != EARLEY_SELF && o >= k) {
+            e->n_items = n0;
+            e->n_sets--;
+            return KV_EINVAL;
+        }
+        e->items[e->n_items++] = (eitem){(int32_t)(items[i] >> 32), o};
+    }
+    e->set_start[e->n_sets] = (int32_t)e->n_items;
+    return 1;
+}
+
 size_t earley_mem_bytes(const earley *e)
 {
     return sizeof *e + (size_t)e->cap_items * sizeof(eitem) +
-           (size_t)e->cap_sets * sizeof(int32_t) +
+           (size_t)e->cap_sets * (sizeof(int32_t) + sizeof(uint64_t)) +
            (size_t)e->hcap * (sizeof(uint64_t) + sizeof(uint32_t)) +
            (size_t)e->t->n_nt * sizeof(uint32_t);
 }

@@ -54,6 +54,21 @@ void earley_allowed_bytes(const earley *e, uint32_t out[8]);
 /* Consumes a byte string; on refusal restores the state and returns 0. */
 int earley_push_bytes(earley *e, const uint8_t *s, size_t n);
 
+/* ---- memoization support (tokmask.c) ----
+ * The newest set, described for reuse: its items that still matter (not
+ * completed ones), each (pos << 32 | origin code), sorted, where the code
+ * of the set itself is EARLEY_SELF and other origins are set indices.
+ * Fails (-1) if an origin lies at or above set index origin_limit (a set
+ * that may change), or if more than cap items.  Returns the count. */
+#define EARLEY_SELF 0xFFFFFFFFu
+int32_t earley_top_items(const earley *e, int32_t origin_limit, uint64_t *out, int32_t cap);
+/* A number naming set idx's contents: never reused, so while set j keeps
+ * its serial, sets 0..j are unchanged (sets go only from the top). */
+uint64_t earley_set_serial(const earley *e, int32_t idx);
+/* Pushes a set from such a description (its origin sets must still be
+ * there): 1, or a negative kvant_status (state unchanged). */
+int earley_push_items(earley *e, const uint64_t *items, int32_t n);
+
 /* Bytes the state holds (accounting), and its item count. */
 size_t earley_mem_bytes(const earley *e);
 int64_t earley_n_items(const earley *e);

@@ -243,20 +243,186 @@ size_t tmask_vocab_mem_bytes(const tmask_vocab *v)
 }
 
 typedef struct walk_frame {
-    int32_t node, ci;
+    int32_t node, ci, state;
     uint32_t allowed[8];
 } walk_frame;
 
-int32_t tmask_compute(const tmask_vocab *v, earley *e, uint32_t *mask, kvant_err *err)
+#define TR_UNKNOWN (-2)
+#define TR_REJECT (-1)
+#define MEMO_HCAP (2 * TMASK_MEMO_STATES)
+
+typedef struct memo_state {
+    uint64_t hash;
+    uint32_t off;          /* into item_pool */
+    int32_t n;
+    uint32_t allowed[8];
+} memo_state;
+
+typedef struct mask_entry {
+    uint64_t hash, serial, last_use;
+    int32_t n, max_origin, count, acc;
+    uint64_t *items;       /* [TMASK_MEMO_ITEMS] */
+    uint32_t *mask;        /* [n_words] */
+} mask_entry;
+
+struct tmask_work {
+    const tmask_vocab *v;
+    walk_frame *st;                 /* [max_len + 1] */
+    memo_state *states;             /* [TMASK_MEMO_STATES] */
+    int32_t *trans;                 /* [TMASK_MEMO_STATES][256] */
+    int32_t n_states;
+    uint64_t *pool;
+    size_t n_pool, cap_pool;
+    int32_t *htab;                  /* [MEMO_HCAP] */
+    uint64_t *scratch;              /* [TMASK_MEMO_ITEMS] */
+    mask_entry cache[TMASK_CACHE_MASKS];
+    uint64_t tick;
+};
+
+tmask_work *tmask_work_create(const tmask_vocab *v, kvant_err *err)
 {
-    memset(mask, 0, (size_t)tmask_n_words(v) * sizeof *mask);
-    walk_frame *st = malloc(((size_t)v->max_len + 1) * sizeof *st);
-    if (!st)
-        return kvant_err_set(err, KV_ENOMEM, "out of memory computing a token mask");
+    tmask_work *w = calloc(1, sizeof *w);
+    int ok = w != NULL;
+    if (ok) {
+        w->v = v;
+        w->st = malloc(((size_t)v->max_len + 1) * sizeof *w->st);
+        w->states = malloc(TMASK_MEMO_STATES * sizeof *w->states);
+        w->trans = malloc((size_t)TMASK_MEMO_STATES * 256 * sizeof *w->trans);
+        w->htab = malloc(MEMO_HCAP * sizeof *w->htab);
+        w->scratch = malloc(TMASK_MEMO_ITEMS * sizeof *w->scratch);
+        w->cap_pool = 4096;
+        w->pool = malloc(w->cap_pool * sizeof *w->pool);
+        ok = w->st && w->states && w->trans && w->htab && w->scratch && w->pool;
+        for (int i = 0; ok && i < TMASK_CACHE_MASKS; i++) {
+            w->cache[i].items = malloc(TMASK_MEMO_ITEMS * sizeof *w->cache[i].items);
+            w->cache[i].mask = malloc((size_t)tmask_n_words(v) * sizeof *w->cache[i].mask);
+            ok = w->cache[i].items && w->cache[i].mask;
+        }
+    }
+    if (!ok) {
+        tmask_work_destroy(w);
+        kvant_err_set(err, KV_ENOMEM, "out of memory for the token-mask memo");
+        return NULL;
+    }
+    tmask_work_reset(w);
+    return w;
+}
+
+void tmask_work_destroy(tmask_work *w)
+{
+    if (!w)
+        return;
+    for (int i = 0; i < TMASK_CACHE_MASKS; i++) {
+        free(w->cache[i].items);
+        free(w->cache[i].mask);
+    }
+    free(w->st);
+    free(w->states);
+    free(w->trans);
+    free(w->htab);
+    free(w->scratch);
+    free(w->pool);
+    free(w);
+}
+
+void tmask_work_reset(tmask_work *w)
+{
+    for (int i = 0; i < TMASK_CACHE_MASKS; i++)
+        w->cache[i].n = -1;
+}
+
+size_t tmask_work_mem_bytes(const tmask_work *w)
+{
+    return sizeof *w + ((size_t)w->v->max_len + 1) * sizeof(walk_frame) +
+           TMASK_MEMO_STATES * (sizeof(memo_state) + 256 * sizeof(int32_t)) +
+           MEMO_HCAP * sizeof(int32_t) + TMASK_MEMO_ITEMS * sizeof(uint64_t) * (1 + TMASK_CACHE_MASKS) +
+           w->cap_pool * sizeof(uint64_t) +
+           (size_t)TMASK_CACHE_MASKS * (size_t)tmask_n_words(w->v) * sizeof(uint32_t);
+}
+
+static uint64_t items_hash(const uint64_t *it, int32_t n, int acc)
+{
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)acc;
+    for (int32_t i = 0; i < n; i++)
+        h = (h ^ it[i]) * 1099511628211ull;
+    return h ^ (h >> 29);
+}
+
+/* The memo state for the newest set of e (described in w->scratch[0..n)),
+ * added if new; -1 when the memo is full. */
+static int32_t memo_intern(tmask_work *w, const earley *e, int32_t n, uint64_t h)
+{
+    uint32_t k = (uint32_t)h & (MEMO_HCAP - 1);
+    for (; w->htab[k] >= 0; k = (k + 1) & (MEMO_HCAP - 1)) {
+        const memo_state *s = &w->states[w->htab[k]];
+        if (s->hash == h && s->n == n && !memcmp(w->pool + s->off, w->scratch, (size_t)n * 8))
+            return w->htab[k];
+    }
+    if (w->n_states == TMASK_MEMO_STATES)
+        return -1;
+    if (w->n_pool + (size_t)n > w->cap_pool) {
+        size_t nc = w->cap_pool * 2 + (size_t)n;
+        uint64_t *np = realloc(w->pool, nc * sizeof *np);
+        if (!np)
+            return -1;
+        w->pool = np;
+        w->cap_pool = nc;
+    }
+    int32_t id = w->n_states++;
+    memo_state *s = &w->states[id];
+    s->hash = h;
+    s->off = (uint32_t)w->n_pool;
+    s->n = n;
+    memcpy(w->pool + w->n_pool, w->scratch, (size_t)n * 8);
+    w->n_pool += (size_t)n;
+    earley_allowed_bytes(e, s->allowed);
+    for (int b = 0; b < 256; b++)
+        w->trans[(size_t)id * 256 + b] = TR_UNKNOWN;
+    w->htab[k] = id;
+    return id;
+}
+
+static int32_t memo_of_top(tmask_work *w, const earley *e, int32_t d0)
+{
+    int32_t n = earley_top_items(e, d0, w->scratch, TMASK_MEMO_ITEMS);
+    return n < 0 ? -1 : memo_intern(w, e, n, items_hash(w->scratch, n, 0));
+}
+
+/* Pushes byte b from frame f: 1 pushed (*child: its memo state or -1),
+ * 0 refused, negative on error. */
+static int memo_push(tmask_work *w, earley *e, const walk_frame *f, uint8_t b, int32_t d0,
+                     int32_t *child)
+{
+    int32_t *tr = f->state >= 0 ? &w->trans[(size_t)f->state * 256 + b] : NULL;
+    if (tr && *tr == TR_REJECT)
+        return 0;
+    if (tr && *tr >= 0) {
+        const memo_state *s = &w->states[*tr];
+        *child = *tr;
+        return earley_push_items(e, w->pool + s->off, s->n);
+    }
+    int r = earley_push_byte(e, b);
+    if (r <= 0) {
+        if (r == 0 && tr)
+            *tr = TR_REJECT;
+        return r;
+    }
+    *child = memo_of_top(w, e, d0);
+    if (tr && *child >= 0)
+        *tr = *child;
+    return 1;
+}
+
+/* The depth-first trie walk; w NULL: every byte parsed. */
+static int32_t walk(const tmask_vocab *v, earley *e, tmask_work *w, walk_frame *st,
+                    uint32_t *mask, kvant_err *err)
+{
     int32_t d0 = earley_depth(e), sp = 0, count = 0;
-    st[0].node = 0;
-    st[0].ci = 0;
-    earley_allowed_bytes(e, st[0].allowed);
+    st[0] = (walk_frame){.node = 0, .state = w ? memo_of_top(w, e, d0) : -1};
+    if (st[0].state >= 0)
+        memcpy(st[0].allowed, w->states[st[0].state].allowed, sizeof st[0].allowed);
+    else
+        earley_allowed_bytes(e, st[0].allowed);
     while (sp >= 0) {
         walk_frame *f = &st[sp];
         const trie_node *nd = &v->nodes[f->node];
@@ -266,14 +432,13 @@ int32_t tmask_compute(const tmask_vocab *v, earley *e, uint32_t *mask, kvant_err
             sp--;
             continue;
         }
-        int32_t c = nd->child_first + f->ci++;
+        int32_t c = nd->child_first + f->ci++, child = -1;
         uint8_t b = v->nodes[c].byte;
         if (!(f->allowed[b >> 5] >> (b & 31) & 1))
             continue;
-        int r = earley_push_byte(e, b);
+        int r = w ? memo_push(w, e, f, b, d0, &child) : earley_push_byte(e, b);
         if (r < 0) {
             earley_truncate(e, d0);
-            free(st);
             return kvant_err_set(err, r, "grammar state above its item limit");
         }
         if (r == 0)
@@ -282,25 +447,91 @@ int32_t tmask_compute(const tmask_vocab *v, earley *e, uint32_t *mask, kvant_err
         for (int32_t i = 0; i < cn->n_tok; i++) {
             int32_t id = v->order[cn->tok_first + i];
             mask[id >> 5] |= 1u << (id & 31);
-            count++;
         }
-        if (cn->n_child) {
-            sp++;
-            st[sp].node = c;
-            st[sp].ci = 0;
-            earley_allowed_bytes(e, st[sp].allowed);
-        } else {
+        count += cn->n_tok;
+        if (!cn->n_child) {
             earley_pop(e);
+            continue;
         }
+        walk_frame *nf = &st[++sp];
+        nf->node = c;
+        nf->ci = 0;
+        nf->state = child;
+        if (child >= 0)
+            memcpy(nf->allowed, w->states[child].allowed, sizeof nf->allowed);
+        else
+            earley_allowed_bytes(e, nf->allowed);
     }
-    free(st);
-    if (earley_accepting(e))
-        for (int32_t i = 0; i < v->n_eos; i++) {
-            int32_t id = v->eos[i];
-            if (!(mask[id >> 5] >> (id & 31) & 1))
-                count++;
-            mask[id >> 5] |= 1u << (id & 31);
+    return count;
+}
+
+/* The cross-call cache: the entry for e's top set, or NULL. */
+static mask_entry *cache_find(tmask_work *w, const earley *e, int32_t n, uint64_t h, int acc)
+{
+    for (int i = 0; i < TMASK_CACHE_MASKS; i++) {
+        mask_entry *c = &w->cache[i];
+        if (c->n == n && c->hash == h && c->acc == acc && !memcmp(c->items, w->scratch, (size_t)n * 8) &&
+            (c->max_origin < 0 || earley_set_serial(e, c->max_origin) == c->serial))
+            return c;
+    }
+    return NULL;
+}
+
+static void cache_store(tmask_work *w, const earley *e, int32_t n, uint64_t h, int acc,
+                        const uint32_t *mask, int32_t count)
+{
+    mask_entry *c = &w->cache[0];
+    for (int i = 1; i < TMASK_CACHE_MASKS; i++)
+        if (w->cache[i].last_use < c->last_use)
+            c = &w->cache[i];
+    int32_t mo = -1;
+    for (int32_t i = 0; i < n; i++)
+        if ((uint32_t)w->scratch[i] != EARLEY_SELF && (int32_t)(uint32_t)w->scratch[i] > mo)
+            mo = (int32_t)(uint32_t)w->scratch[i];
+    memcpy(c->items, w->scratch, (size_t)n * 8);
+    memcpy(c->mask, mask, (size_t)tmask_n_words(w->v) * sizeof *mask);
+    *c = (mask_entry){.hash = h, .serial = earley_set_serial(e, mo), .last_use = ++w->tick, .n = n,
+                      .max_origin = mo, .count = count, .acc = acc, .items = c->items, .mask = c->mask};
+}
+
+int32_t tmask_compute(const tmask_vocab *v, earley *e, tmask_work *w, uint32_t *mask,
+                      kvant_err *err)
+{
+    int acc = earley_accepting(e);
+    int32_t n = -1;
+    uint64_t h = 0;
+    if (w) {
+        n = earley_top_items(e, earley_depth(e), w->scratch, TMASK_MEMO_ITEMS);
+        h = n >= 0 ? items_hash(w->scratch, n, acc) : 0;
+        mask_entry *c = n >= 0 ? cache_find(w, e, n, h, acc) : NULL;
+        if (c) {
+            c->last_use = ++w->tick;
+            memcpy(mask, c->mask, (size_t)tmask_n_words(v) * sizeof *mask);
+            return c->count;
         }
+        w->n_states = 0;
+        w->n_pool = 0;
+        memset(w->htab, 0xff, MEMO_HCAP * sizeof *w->htab);
+    }
+    memset(mask, 0, (size_t)tmask_n_words(v) * sizeof *mask);
+    walk_frame *st = w ? w->st : malloc(((size_t)v->max_len + 1) * sizeof *st);
+    if (!st)
+        return kvant_err_set(err, KV_ENOMEM, "out of memory computing a token mask");
+    int32_t count = walk(v, e, w, st, mask, err);
+    if (!w)
+        free(st);
+    if (count < 0)
+        return count;
+    for (int32_t i = 0; acc && i < v->n_eos; i++) {
+        int32_t id = v->eos[i];
+        count += !(mask[id >> 5] >> (id & 31) & 1);
+        mask[id >> 5] |= 1u << (id & 31);
+    }
+    if (w && n >= 0) {   /* scratch was overwritten by the walk: describe the root again */
+        n = earley_top_items(e, earley_depth(e), w->scratch, TMASK_MEMO_ITEMS);
+        if (n >= 0)
+            cache_store(w, e, n, h, acc, mask, count);
+    }
     return count;
 }
 

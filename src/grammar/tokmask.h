@@ -48,10 +48,33 @@ int tmask_is_eos(const tmask_vocab *v, int32_t id);
 const uint8_t *tmask_token(const tmask_vocab *v, int32_t id, int32_t *len);
 size_t tmask_vocab_mem_bytes(const tmask_vocab *v);
 
+/* Per-sequence scratch and memo for tmask_compute (one thread at a time):
+ * - within a call, Earley sets are memoized by their description
+ *   (earley_top_items): a byte pushed from a set seen before is looked up,
+ *   not parsed again, so in a string or free text each of the 256 bytes is
+ *   parsed about once and the rest of the trie walk copies small sets;
+ * - across calls, the masks of the last TMASK_CACHE_MASKS states are kept
+ *   (keyed by the description, checked against the origin sets' serials), so
+ *   successive steps inside one JSON string reuse one mask.
+ * Its memory is bounded (TMASK_MEMO_STATES states) and counted by
+ * tmask_work_mem_bytes.  Ownership: heap handle, tmask_work_destroy; it
+ * borrows v, and is bound to one earley state at a time (reset it with
+ * tmask_work_reset when switching states). */
+#define TMASK_MEMO_STATES 2048
+#define TMASK_MEMO_ITEMS 512     /* sets larger than this are not memoized */
+#define TMASK_CACHE_MASKS 8
+typedef struct tmask_work tmask_work;
+tmask_work *tmask_work_create(const tmask_vocab *v, kvant_err *err);
+void tmask_work_destroy(tmask_work *w);
+void tmask_work_reset(tmask_work *w);
+size_t tmask_work_mem_bytes(const tmask_work *w);
+
 /* Writes the mask of the tokens e can consume (bit i of mask[i >> 5]) into
- * mask[tmask_n_words(v)].  Returns the number of allowed tokens, or a
- * negative kvant_status (the state's item limit). */
-int32_t tmask_compute(const tmask_vocab *v, earley *e, uint32_t *mask, kvant_err *err);
+ * mask[tmask_n_words(v)].  w: the memo (NULL: the plain walk, which is the
+ * reference the memoized one is tested against).  Returns the number of
+ * allowed tokens, or a negative kvant_status (the state's item limit). */
+int32_t tmask_compute(const tmask_vocab *v, earley *e, tmask_work *w, uint32_t *mask,
+                      kvant_err *err);
 
 /* Advances e by token id: 1 consumed (an end-of-sequence id is consumed,
  * leaving the state unchanged, iff e accepts), 0 refused (e unchanged),
