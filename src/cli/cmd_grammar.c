@@ -18,11 +18,11 @@
 static void grammar_help(void)
 {
     static const cli_opt t[] = {
-        {"--gbnf", "FILE", "a GBNF grammar (llama.cpp syntax)", NULL},
-        {"--schema", "FILE", "a JSON Schema", NULL},
-        {"--json-object", NULL, "any JSON object", NULL},
-        {"--regex", "RE", "a regular expression (the whole output matches)", NULL},
-        {"--choice", "JSON", "a JSON array of strings: the output is one of them", NULL},
+        {"--gbnf", "FILE", "a GBNF grammar (llama.cpp syntax); one grammar option is required", NULL},
+        {"--schema", "FILE", "a JSON Schema; one grammar option is required", NULL},
+        {"--json-object", NULL, "any JSON object; one grammar option is required", NULL},
+        {"--regex", "RE", "a regular expression (the whole output matches); one grammar option is required", NULL},
+        {"--choice", "JSON", "a JSON array of strings, the output one of them; one grammar option is required", NULL},
         {"--walk", "SEED", "seed of the random walk over allowed tokens", "1"},
         {"--steps", "N", "most tokens in the walk (0: compile only)", "64"},
         {"--max-elems", "N", "largest grammar, in rule elements", "1000000"},
