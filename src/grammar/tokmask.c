@@ -242,8 +242,16 @@ size_t tmask_vocab_mem_bytes(const tmask_vocab *v)
            (size_t)v->n_vocab * sizeof(int32_t) + (size_t)v->n_nodes * sizeof(trie_node);
 }
 
+/* One trie node on the walk's path.  state: its memo state (-1: none).
+ * Its Earley set is materialized at chart depth cd (serial `serial`) or not
+ * at all (cd 0): a memoized transition moves down the trie without touching
+ * the chart; the set is rebuilt from its description only when a byte
+ * must really be parsed from it.  A frame without a memo state always has
+ * its set in the chart, and nothing below it is truncated while it is on
+ * the path. */
 typedef struct walk_frame {
-    int32_t node, ci, state;
+    int32_t node, ci, state, cd;
+    uint64_t serial;
     uint32_t allowed[8];
 } walk_frame;
 
@@ -388,55 +396,89 @@ static int32_t memo_of_top(tmask_work *w, const earley *e, int32_t d0)
     return n < 0 ? -1 : memo_intern(w, e, n, items_hash(w->scratch, n, 0));
 }
 
-/* Pushes byte b from frame f: 1 pushed (*child: its memo state or -1),
- * 0 refused, negative on error. */
-static int memo_push(tmask_work *w, earley *e, const walk_frame *f, uint8_t b, int32_t d0,
-                     int32_t *child)
+/* Makes frame sp's set the chart's top (rebuilding a memo state's set
+ * above the deepest frame that has no memo state): 1, or negative. */
+static int materialize(earley *e, walk_frame *st, int32_t sp, tmask_work *w, int32_t d0)
 {
-    int32_t *tr = f->state >= 0 ? &w->trans[(size_t)f->state * 256 + b] : NULL;
+    walk_frame *f = &st[sp];
+    if (f->cd > 0 && earley_depth(e) >= f->cd && earley_set_serial(e, f->cd - 1) == f->serial) {
+        earley_truncate(e, f->cd);
+        return 1;
+    }
+    if (f->state < 0)   /* cannot happen: such sets are never truncated away */
+        return KV_EINVAL;
+    int32_t keep = d0;
+    for (int32_t k = sp - 1; k >= 0; k--)
+        if (st[k].state < 0) {
+            keep = st[k].cd;
+            break;
+        }
+    earley_truncate(e, keep);
+    const memo_state *ms = &w->states[f->state];
+    int r = earley_push_items(e, w->pool + ms->off, ms->n);
+    if (r == 1) {
+        f->cd = earley_depth(e);
+        f->serial = earley_set_serial(e, f->cd - 1);
+    }
+    return r;
+}
+
+/* Steps from frame sp by byte b: 1 (child frame fields in *c), 0 refused,
+ * negative on error. */
+static int step(earley *e, walk_frame *st, int32_t sp, tmask_work *w, int32_t d0, uint8_t b,
+                walk_frame *c)
+{
+    walk_frame *f = &st[sp];
+    int32_t *tr = w && f->state >= 0 ? &w->trans[(size_t)f->state * 256 + b] : NULL;
     if (tr && *tr == TR_REJECT)
         return 0;
-    if (tr && *tr >= 0) {
-        const memo_state *s = &w->states[*tr];
-        *child = *tr;
-        return earley_push_items(e, w->pool + s->off, s->n);
+    if (tr && *tr >= 0) {   /* known: no parsing, no chart */
+        c->state = *tr;
+        c->cd = 0;
+        memcpy(c->allowed, w->states[*tr].allowed, sizeof c->allowed);
+        return 1;
     }
-    int r = earley_push_byte(e, b);
+    int r = materialize(e, st, sp, w, d0);
+    if (r == 1)
+        r = earley_push_byte(e, b);
     if (r <= 0) {
         if (r == 0 && tr)
             *tr = TR_REJECT;
         return r;
     }
-    *child = memo_of_top(w, e, d0);
-    if (tr && *child >= 0)
-        *tr = *child;
+    c->state = w ? memo_of_top(w, e, d0) : -1;
+    c->cd = earley_depth(e);
+    c->serial = earley_set_serial(e, c->cd - 1);
+    if (tr && c->state >= 0)
+        *tr = c->state;
+    if (c->state >= 0)
+        memcpy(c->allowed, w->states[c->state].allowed, sizeof c->allowed);
+    else
+        earley_allowed_bytes(e, c->allowed);
     return 1;
 }
 
-/* The depth-first trie walk; w NULL: every byte parsed. */
+/* The depth-first trie walk; w NULL: every byte parsed, no memo. */
 static int32_t walk(const tmask_vocab *v, earley *e, tmask_work *w, walk_frame *st,
                     uint32_t *mask, kvant_err *err)
 {
     int32_t d0 = earley_depth(e), sp = 0, count = 0;
-    st[0] = (walk_frame){.node = 0, .state = w ? memo_of_top(w, e, d0) : -1};
-    if (st[0].state >= 0)
-        memcpy(st[0].allowed, w->states[st[0].state].allowed, sizeof st[0].allowed);
-    else
-        earley_allowed_bytes(e, st[0].allowed);
+    st[0] = (walk_frame){.node = 0, .state = w ? memo_of_top(w, e, d0) : -1, .cd = d0,
+                         .serial = earley_set_serial(e, d0 - 1)};
+    earley_allowed_bytes(e, st[0].allowed);
     while (sp >= 0) {
         walk_frame *f = &st[sp];
         const trie_node *nd = &v->nodes[f->node];
         if (f->ci == nd->n_child) {
-            if (sp > 0)
-                earley_pop(e);
             sp--;
             continue;
         }
-        int32_t c = nd->child_first + f->ci++, child = -1;
+        int32_t c = nd->child_first + f->ci++;
         uint8_t b = v->nodes[c].byte;
         if (!(f->allowed[b >> 5] >> (b & 31) & 1))
             continue;
-        int r = w ? memo_push(w, e, f, b, d0, &child) : earley_push_byte(e, b);
+        walk_frame child;
+        int r = step(e, st, sp, w, d0, b, &child);
         if (r < 0) {
             earley_truncate(e, d0);
             return kvant_err_set(err, r, "grammar state above its item limit");
@@ -449,19 +491,13 @@ static int32_t walk(const tmask_vocab *v, earley *e, tmask_work *w, walk_frame *
             mask[id >> 5] |= 1u << (id & 31);
         }
         count += cn->n_tok;
-        if (!cn->n_child) {
-            earley_pop(e);
-            continue;
+        if (cn->n_child) {
+            child.node = c;
+            child.ci = 0;
+            st[++sp] = child;
         }
-        walk_frame *nf = &st[++sp];
-        nf->node = c;
-        nf->ci = 0;
-        nf->state = child;
-        if (child >= 0)
-            memcpy(nf->allowed, w->states[child].allowed, sizeof nf->allowed);
-        else
-            earley_allowed_bytes(e, nf->allowed);
     }
+    earley_truncate(e, d0);
     return count;
 }
 
