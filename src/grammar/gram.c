@@ -277,6 +277,11 @@ int32_t gram_plus(gram *g, int32_t e)
     return g->failed ? GRAM_BAD : nt;
 }
 
+/* e{min,max} as left-recursive counts: A_0 = eps, A_k ::= A_(k-1) e, and
+ * the result A_min | .. | A_max (or A_min e* when unbounded).  All A_k of
+ * one repetition share its start as their origin, so a set inside it holds
+ * one item per live count and never points at a set inside the
+ * repetition (the token-mask memo can reuse it). */
 int32_t gram_repeat(gram *g, int32_t e, int32_t min, int32_t max)
 {
     if (e == GRAM_BAD || g->failed)
@@ -286,30 +291,26 @@ int32_t gram_repeat(gram *g, int32_t e, int32_t min, int32_t max)
     if (min > g->lim.max_repeat || max > g->lim.max_repeat)
         return gram_fail(g, KV_ERANGE, "repetition bound above the limit of %d",
                          g->lim.max_repeat);
-    int32_t tail;
-    if (max < 0) {
-        tail = gram_star(g, e);
-    } else {   /* R_0 = eps, R_j = eps | e R_{j-1} */
-        tail = gram_eps(g);
-        for (int32_t j = 0; j < max - min; j++) {
-            int32_t nt = gram_nt(g), r[2] = {e, tail};
-            gram_rule(g, nt, NULL, 0);
-            gram_rule(g, nt, r, 2);
-            tail = nt;
-        }
-    }
-    if (min == 0)
-        return g->failed ? GRAM_BAD : tail;
-    int32_t *seq = malloc((size_t)(min + 1) * sizeof *seq);
-    if (!seq)
+    int32_t top = max < 0 ? min : max;
+    int32_t *alts = malloc((size_t)(top - min + 1) * sizeof *alts);
+    if (!alts)
         return gram_fail(g, KV_ENOMEM, "out of memory building a grammar");
-    for (int32_t i = 0; i < min; i++)
-        seq[i] = e;
-    seq[min] = tail;
-    int32_t nt = gram_nt(g);
-    gram_rule(g, nt, seq, min + 1);
-    free(seq);
-    return g->failed ? GRAM_BAD : nt;
+    int32_t a = gram_eps(g);
+    for (int32_t k = 0; k <= top && !g->failed; k++) {
+        if (k > 0) {
+            int32_t nt = gram_nt(g), r[2] = {a, e};
+            gram_rule(g, nt, r, 2);
+            a = nt;
+        }
+        if (k >= min)
+            alts[k - min] = a;
+    }
+    int32_t res = GRAM_BAD;
+    if (!g->failed)
+        res = max < 0 ? gram_seq(g, (int32_t[]){alts[0], gram_star(g, e)}, 2)
+                      : gram_alt(g, alts, top - min + 1);
+    free(alts);
+    return g->failed ? GRAM_BAD : res;
 }
 
 /* ---- code-point ranges -> UTF-8 byte sequences ------------------------ */

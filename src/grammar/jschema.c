@@ -298,23 +298,35 @@ static const struct {
     {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
 };
 
-/* JSON Schema's pattern matches anywhere in the string unless anchored:
- * "re" becomes "(.|\n)*(?:re)(.|\n)*", a leading ^ / trailing $ drops
- * that side's filler.  Caller frees. */
-static char *unanchored(const char *re)
+/* JSON Schema's pattern matches anywhere in the string unless anchored
+ * (a leading ^, a trailing $).  The regex's anchors are cut off here; the
+ * unanchored sides become  T ::= T ch | P core,  P ::= ch*  - left
+ * recursion with one origin, so the text after the first match costs one
+ * item per byte however many matches end earlier. */
+static int32_t pattern_body(js *c, const char *re, const char *ptr, kvant_err *e)
 {
-    size_t n = strlen(re);
+    size_t n = strlen(re), bs = 0;
     int lead = n && re[0] == '^';
-    size_t bs = 0;   /* backslashes before a final '$' */
     while (n >= 2 + bs && re[n - 2 - bs] == '\\')
         bs++;
     int trail = n > (size_t)lead && re[n - 1] == '$' && bs % 2 == 0;
-    const char *any = "(.|\n)*";
-    char *o = malloc(n + 32);
-    if (o)
-        snprintf(o, n + 32, "%s(?:%.*s)%s", lead ? "" : any, (int)(n - (size_t)lead - (size_t)trail),
-                 re + lead, trail ? "" : any);
-    return o;
+    size_t len = n - (size_t)lead - (size_t)trail;
+    char *inner = malloc(len + 8);
+    if (!inner)
+        return gram_fail(c->g, KV_ENOMEM, "out of memory");
+    snprintf(inner, len + 8, "(?:%.*s)", (int)len, re + lead);
+    int32_t core = rx_build(c->g, inner, strlen(inner), 1, ptr, e);
+    free(inner);
+    if (core == GRAM_BAD)
+        return GRAM_BAD;
+    if (!lead)
+        core = seq2(c, gram_star(c->g, str_char(c)), core);
+    if (trail)
+        return core;
+    int32_t t = gram_nt(c->g), ext[2] = {t, str_char(c)};
+    gram_rule(c->g, t, &core, 1);
+    gram_rule(c->g, t, ext, 2);
+    return t;
 }
 
 static int32_t js_string(js *c, json_t *s, const char *ptr)
@@ -341,11 +353,7 @@ static int32_t js_string(js *c, json_t *s, const char *ptr)
             return child_ptr(p, ptr, mn ? "minLength" : "maxLength"),
                    js_fail(c, p, "length bounds together with a pattern or format are unsupported", NULL);
         kvant_err e = {0};
-        char *wrapped = pat ? unanchored(re) : NULL;
-        if (pat && !wrapped)
-            return gram_fail(c->g, KV_ENOMEM, "out of memory");
-        int32_t body = rx_build(c->g, wrapped ? wrapped : re, strlen(wrapped ? wrapped : re), 1, p, &e);
-        free(wrapped);
+        int32_t body = pat ? pattern_body(c, re, p, &e) : rx_build(c->g, re, strlen(re), 1, p, &e);
         if (body == GRAM_BAD && !c->failed) {
             c->err = e;
             c->err.code = KV_EUNSUP;
