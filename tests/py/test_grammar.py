@@ -22,6 +22,7 @@ import json
 import random
 import re
 import subprocess
+from pathlib import Path
 
 import jsonschema
 import llguidance
@@ -219,10 +220,14 @@ def test_json_schema_masks_match_llguidance(kvant_bin, default_model, vocab, llt
                 ended_n += 1
                 jsonschema.validate(json.loads(out), schema)
     p50, p99 = np.percentile(times, 50), np.percentile(times, 99)
-    print(f"\njson-schema walks: {len(times)} masks, p50 {p50:.0f} us, p99 {p99:.0f} us; "
-          f"{ended_n} outputs validated; differences {diffs}")
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
+                if ln.startswith("model name")), "unknown CPU")
+    print(f"\njson-schema walks on {cpu} (scalar C, one thread): {len(times)} masks over "
+          f"{vocab['n_vocab']} tokens, p50 {p50:.0f} us, p99 {p99:.0f} us; {ended_n} outputs "
+          f"validated; differences {diffs}")
     record_result("grammar", {"json_schema_mask_us_p50": p50, "json_schema_mask_us_p99": p99,
-                              "masks": len(times), "validated": ended_n, "differences": diffs})
+                              "masks": len(times), "validated": ended_n, "differences": diffs,
+                              "cpu": cpu})
     assert ended_n >= 6
 
 
@@ -271,10 +276,23 @@ def test_gbnf_masks_match_llguidance(kvant_bin, default_model, vocab, lltok, tmp
                      diffs)
 
 
+PEER_GRAMMARS = Path("build/peer/llama.cpp/grammars")
+
+
+@pytest.mark.parametrize("name", ["arithmetic", "c", "chess", "english", "japanese", "json",
+                                  "json_arr", "list"])
+def test_peer_gbnf_masks_match_llguidance(kvant_bin, default_model, vocab, lltok, name):
+    """llama.cpp's own grammars (the peer's corpus), converted for llguidance
+    by its gbnf_to_lark; one walk each."""
+    f = PEER_GRAMMARS / f"{name}.gbnf"
+    g = LLMatcher.grammar_from_lark(llguidance.gbnf_to_lark.gbnf_to_lark(f.read_text()))
+    times, diffs = [], {}
+    walk_compare(kvant_bin, default_model, vocab, lltok, ["--gbnf", str(f)], g, 1, times, diffs)
+
+
 def test_peer_gbnf_corpus_compiles(kvant_bin, default_model):
     """Every grammar llama.cpp ships parses, and a short walk runs."""
-    from pathlib import Path
-    files = sorted(Path("build/peer/llama.cpp/grammars").glob("*.gbnf"))
+    files = sorted(PEER_GRAMMARS.glob("*.gbnf"))
     assert len(files) >= 8
     for f in files:
         r = subprocess.run([kvant_bin, "grammar", "-m", default_model, "--gbnf", str(f),
