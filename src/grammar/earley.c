@@ -324,6 +324,21 @@ int32_t earley_top_items(const earley *e, int32_t origin_limit, uint64_t *out, i
     return n;
 }
 
+int32_t earley_top_raw(const earley *e, uint64_t *out, int32_t cap)
+{
+    const gram_tables *t = e->t;
+    int32_t n = 0;
+    for (int64_t i = e->set_start[e->n_sets - 1]; i < e->n_items; i++) {
+        eitem it = e->items[i];
+        if (t->pos_elem[it.pos] == GRAM_END)
+            continue;
+        if (n == cap)
+            return -1;
+        out[n++] = (uint64_t)(uint32_t)it.pos << 32 | (uint32_t)it.origin;
+    }
+    return n;
+}
+
 uint64_t earley_set_serial(const earley *e, int32_t idx)
 {
     return idx >= 0 && idx < e->n_sets ? e->set_serial[idx] : 0;

@@ -65,6 +65,9 @@ int32_t earley_top_items(const earley *e, int32_t origin_limit, uint64_t *out, i
 /* A number naming set idx's contents: never reused, so while set j keeps
  * its serial, sets 0..j are unchanged (sets go only from the top). */
 uint64_t earley_set_serial(const earley *e, int32_t idx);
+/* The newest set's items that still matter, raw: (pos << 32 | origin set
+ * index), unsorted; -1 if more than cap. */
+int32_t earley_top_raw(const earley *e, uint64_t *out, int32_t cap);
 /* Pushes a set from such a description (its origin sets must still be
  * there): 1, or a negative kvant_status (state unchanged). */
 int earley_push_items(earley *e, const uint64_t *items, int32_t n);

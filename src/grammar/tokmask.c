@@ -285,6 +285,12 @@ struct tmask_work {
     uint64_t *scratch;              /* [TMASK_MEMO_ITEMS] */
     mask_entry cache[TMASK_CACHE_MASKS];
     uint64_t tick;
+    /* the walk's chart: the memo state of the set at index d0 + i (-1 none) */
+    int32_t *chart_state;           /* [chart_cap] */
+    int32_t chart_cap, d0;
+    int32_t *mat_idx;               /* [TMASK_MEMO_STATES] chart index while materializing */
+    int32_t *mat_touched;           /* [TMASK_MEMO_STATES] */
+    uint64_t *tmp;                  /* [TMASK_MEMO_ITEMS] */
 };
 
 tmask_work *tmask_work_create(const tmask_vocab *v, kvant_err *err)
@@ -298,9 +304,17 @@ tmask_work *tmask_work_create(const tmask_vocab *v, kvant_err *err)
         w->trans = malloc((size_t)TMASK_MEMO_STATES * 256 * sizeof *w->trans);
         w->htab = malloc(MEMO_HCAP * sizeof *w->htab);
         w->scratch = malloc(TMASK_MEMO_ITEMS * sizeof *w->scratch);
+        w->chart_cap = 4 * (v->max_len + 2);
+        w->chart_state = malloc((size_t)w->chart_cap * sizeof *w->chart_state);
+        w->mat_idx = malloc(TMASK_MEMO_STATES * sizeof *w->mat_idx);
+        w->mat_touched = malloc(TMASK_MEMO_STATES * sizeof *w->mat_touched);
+        w->tmp = malloc(TMASK_MEMO_ITEMS * sizeof *w->tmp);
         w->cap_pool = 4096;
         w->pool = malloc(w->cap_pool * sizeof *w->pool);
-        ok = w->st && w->states && w->trans && w->htab && w->scratch && w->pool;
+        ok = w->st && w->states && w->trans && w->htab && w->scratch && w->pool &&
+             w->chart_state && w->mat_idx && w->mat_touched && w->tmp;
+        for (int i = 0; ok && i < TMASK_MEMO_STATES; i++)
+            w->mat_idx[i] = -1;
         for (int i = 0; ok && i < TMASK_CACHE_MASKS; i++) {
             w->cache[i].items = malloc(TMASK_MEMO_ITEMS * sizeof *w->cache[i].items);
             w->cache[i].mask = malloc((size_t)tmask_n_words(v) * sizeof *w->cache[i].mask);
@@ -330,6 +344,10 @@ void tmask_work_destroy(tmask_work *w)
     free(w->htab);
     free(w->scratch);
     free(w->pool);
+    free(w->chart_state);
+    free(w->mat_idx);
+    free(w->mat_touched);
+    free(w->tmp);
     free(w);
 }
 
@@ -344,7 +362,8 @@ size_t tmask_work_mem_bytes(const tmask_work *w)
     return sizeof *w + ((size_t)w->v->max_len + 1) * sizeof(walk_frame) +
            TMASK_MEMO_STATES * (sizeof(memo_state) + 256 * sizeof(int32_t)) +
            MEMO_HCAP * sizeof(int32_t) + TMASK_MEMO_ITEMS * sizeof(uint64_t) * (1 + TMASK_CACHE_MASKS) +
-           w->cap_pool * sizeof(uint64_t) +
+           w->cap_pool * sizeof(uint64_t) + (size_t)w->chart_cap * sizeof(int32_t) +
+           TMASK_MEMO_STATES * 2 * sizeof(int32_t) + TMASK_MEMO_ITEMS * sizeof(uint64_t) +
            (size_t)TMASK_CACHE_MASKS * (size_t)tmask_n_words(w->v) * sizeof(uint32_t);
 }
 
@@ -390,10 +409,89 @@ static int32_t memo_intern(tmask_work *w, const earley *e, int32_t n, uint64_t h
     return id;
 }
 
+#define WALK_REF 0x80000000u   /* origin code: a set of the walk, by memo state */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Describes the newest set into w->scratch: an origin is EARLEY_SELF, a
+ * committed set's index (< d0), or WALK_REF | the memo state of a walk set
+ * (a set's future depends only on its items and, through completions, on
+ * the sets its origins name - so equal descriptions behave alike).  -1 if
+ * some walk set it points at has no memo state. */
+static int32_t describe_top(tmask_work *w, const earley *e, int32_t d0)
+{
+    int32_t n = earley_top_raw(e, w->scratch, TMASK_MEMO_ITEMS), k = earley_depth(e) - 1;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t o = (int32_t)(uint32_t)w->scratch[i];
+        uint32_t code;
+        if (o == k) {
+            code = EARLEY_SELF;
+        } else if (o < d0) {
+            code = (uint32_t)o;
+        } else {
+            int32_t st = o - d0 < w->chart_cap ? w->chart_state[o - d0] : -1;
+            if (st < 0)
+                return -1;
+            code = WALK_REF | (uint32_t)st;
+        }
+        w->scratch[i] = (w->scratch[i] & ~0xFFFFFFFFull) | code;
+    }
+    if (n > 0)
+        qsort(w->scratch, (size_t)n, sizeof *w->scratch, cmp_u64);
+    return n;
+}
+
+/* Records the memo state of the chart's newest set (-1: none). */
+static void note_chart(tmask_work *w, const earley *e, int32_t state)
+{
+    int32_t i = earley_depth(e) - 1 - w->d0;
+    if (i >= 0 && i < w->chart_cap)
+        w->chart_state[i] = state;
+}
+
 static int32_t memo_of_top(tmask_work *w, const earley *e, int32_t d0)
 {
-    int32_t n = earley_top_items(e, d0, w->scratch, TMASK_MEMO_ITEMS);
-    return n < 0 ? -1 : memo_intern(w, e, n, items_hash(w->scratch, n, 0));
+    int32_t n = describe_top(w, e, d0);
+    int32_t id = n < 0 ? -1 : memo_intern(w, e, n, items_hash(w->scratch, n, 0));
+    note_chart(w, e, id);
+    return id;
+}
+
+/* Pushes memo state x's set, after the walk sets it points at (post-order;
+ * descriptions only point at older sets, so this ends).  Returns its chart
+ * index, or a negative kvant_status. */
+static int32_t mat_state(tmask_work *w, earley *e, int32_t x, int32_t *n_touched, int guard)
+{
+    const memo_state *ms = &w->states[x];
+    if (guard > 4 * TMASK_MAX_TOKEN_BYTES)
+        return KV_EINVAL;
+    for (int32_t i = 0; i < ms->n; i++) {
+        uint32_t code = (uint32_t)w->pool[ms->off + i];
+        if (code != EARLEY_SELF && (code & WALK_REF) && w->mat_idx[code & ~WALK_REF] < 0) {
+            int32_t r = mat_state(w, e, (int32_t)(code & ~WALK_REF), n_touched, guard + 1);
+            if (r < 0)
+                return r;
+        }
+    }
+    for (int32_t i = 0; i < ms->n; i++) {
+        uint64_t it = w->pool[ms->off + i];
+        uint32_t code = (uint32_t)it;
+        if (code != EARLEY_SELF && (code & WALK_REF))
+            it = (it & ~0xFFFFFFFFull) | (uint32_t)w->mat_idx[code & ~WALK_REF];
+        w->tmp[i] = it;
+    }
+    int r = earley_push_items(e, w->tmp, ms->n);
+    if (r != 1)
+        return r < 0 ? r : KV_EINVAL;
+    int32_t idx = earley_depth(e) - 1;
+    note_chart(w, e, x);
+    w->mat_idx[x] = idx;
+    w->mat_touched[(*n_touched)++] = x;
+    return idx;
 }
 
 /* Makes frame sp's set the chart's top (rebuilding a memo state's set
@@ -414,11 +512,14 @@ static int materialize(earley *e, walk_frame *st, int32_t sp, tmask_work *w, int
             break;
         }
     earley_truncate(e, keep);
-    const memo_state *ms = &w->states[f->state];
-    int r = earley_push_items(e, w->pool + ms->off, ms->n);
-    if (r == 1) {
+    int32_t n_touched = 0;
+    int32_t r = mat_state(w, e, f->state, &n_touched, 0);
+    for (int32_t i = 0; i < n_touched; i++)
+        w->mat_idx[w->mat_touched[i]] = -1;
+    if (r >= 0) {
         f->cd = earley_depth(e);
         f->serial = earley_set_serial(e, f->cd - 1);
+        r = 1;
     }
     return r;
 }
@@ -463,6 +564,8 @@ static int32_t walk(const tmask_vocab *v, earley *e, tmask_work *w, walk_frame *
                     uint32_t *mask, kvant_err *err)
 {
     int32_t d0 = earley_depth(e), sp = 0, count = 0;
+    if (w)
+        w->d0 = d0;
     st[0] = (walk_frame){.node = 0, .state = w ? memo_of_top(w, e, d0) : -1, .cd = d0,
                          .serial = earley_set_serial(e, d0 - 1)};
     earley_allowed_bytes(e, st[0].allowed);
