@@ -49,10 +49,12 @@ const uint8_t *tmask_token(const tmask_vocab *v, int32_t id, int32_t *len);
 size_t tmask_vocab_mem_bytes(const tmask_vocab *v);
 
 /* Per-sequence scratch and memo for tmask_compute (one thread at a time):
- * - within a call, Earley sets are memoized by their description
- *   (earley_top_items): a byte pushed from a set seen before is looked up,
- *   not parsed again, so in a string or free text each of the 256 bytes is
- *   parsed about once and the rest of the trie walk copies small sets;
+ * - within a call, Earley sets are memoized by their description (items
+ *   that still matter; origins: the set itself, a committed set, or a set
+ *   of the walk named by its memo state): a byte pushed from a set seen
+ *   before is a table lookup that leaves the chart alone, so in a string or
+ *   free text each of the 256 bytes is parsed about once per state; a set
+ *   is rebuilt from its description only where a byte must be parsed;
  * - across calls, the masks of the last TMASK_CACHE_MASKS states are kept
  *   (keyed by the description, checked against the origin sets' serials), so
  *   successive steps inside one JSON string reuse one mask.
