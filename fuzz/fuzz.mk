@@ -24,10 +24,15 @@ TOK_OBJ     := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_tokenizer.c $(TOK_
 
 JINJA_OBJ   := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_jinja.c $(wildcard src/text/jinja*.c) src/util/err.c)
 
+GRAM_OBJ    := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_grammar.c src/grammar/gram.c src/grammar/earley.c src/grammar/gbnf.c src/grammar/gnames.c src/grammar/regex.c src/grammar/jschema.c src/grammar/gcache.c src/util/err.c)
+
 KVT_OBJ     := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_kvtier.c src/kv/kvtier.c src/kv/kvidx.c src/kv/kvhash.c src/util/err.c)
 
 .PHONY: all
-all: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_tokenizer $(FUZZ_BUILD)/fuzz_kvtier $(FUZZ_BUILD)/fuzz_jinja
+all: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_tokenizer $(FUZZ_BUILD)/fuzz_kvtier $(FUZZ_BUILD)/fuzz_jinja $(FUZZ_BUILD)/fuzz_grammar
+
+$(FUZZ_BUILD)/fuzz_grammar: $(GRAM_OBJ)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ -ljansson -lm
 
 $(FUZZ_BUILD)/fuzz_jinja: $(JINJA_OBJ)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ -ljansson -lm
@@ -53,4 +58,4 @@ $(FUZZ_BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
 
--include $(GGUF_OBJ:.o=.d) $(TOK_OBJ:.o=.d) $(KVT_OBJ:.o=.d) $(JINJA_OBJ:.o=.d)
+-include $(GGUF_OBJ:.o=.d) $(TOK_OBJ:.o=.d) $(KVT_OBJ:.o=.d) $(JINJA_OBJ:.o=.d) $(GRAM_OBJ:.o=.d)

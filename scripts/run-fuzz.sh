@@ -2,7 +2,9 @@
 # run-fuzz.sh SECONDS - runs each fuzz target for SECONDS (default 60):
 # fuzz_gguf on a scratch copy of tests/data/fuzz-seeds, fuzz_tokenizer on a
 # few seed texts, fuzz_kvtier (KV disk records) from an empty corpus,
-# fuzz_jinja (chat templates) on tests/data/fuzz-seeds-jinja.  Builds nothing: `make fuzz` (which `make fuzz-run` calls
+# fuzz_jinja (chat templates) on tests/data/fuzz-seeds-jinja, fuzz_grammar
+# (GBNF / JSON Schema / regex / choice; first byte = kind) on
+# tests/data/fuzz-seeds-grammar.  Builds nothing: `make fuzz` (which `make fuzz-run` calls
 # first) builds them.  Exits non-zero if a target found a crash, leak or
 # timeout; reproducers are copied to build-fuzz/crashes/.
 set -u
@@ -39,4 +41,5 @@ run_target fuzz_gguf tests/data/fuzz-seeds 65536 || status=1
 run_target fuzz_tokenizer tests/data/fuzz-seeds-text 4096 || status=1
 run_target fuzz_kvtier none 1024 || status=1
 run_target fuzz_jinja tests/data/fuzz-seeds-jinja 16384 || status=1
+run_target fuzz_grammar tests/data/fuzz-seeds-grammar 8192 || status=1
 exit $status

@@ -185,6 +185,7 @@ int cli_session_eval(cli_session *s, const int32_t *tokens, int32_t n, int32_t p
 /* Subcommands. */
 int cmd_run(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
+int cmd_grammar(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_info(int argc, char **argv);

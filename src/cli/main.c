@@ -17,6 +17,7 @@ static const cli_cmd cmds[] = {
     {"top", cmd_top, "terminal view of a running server's memory and requests", 0},
     {"run", cmd_run, "generate text from a prompt", 1},
     {"tokenize", cmd_tokenize, "print the token ids of a text", 0},
+    {"grammar", cmd_grammar, "compile a grammar / JSON schema and walk its token masks", 0},
     {"template", cmd_template, "print the prompt a chat template renders for a conversation", 0},
     {"perplexity", cmd_perplexity, "perplexity of a text file (llama.cpp convention)", 1},
     {"info", cmd_info, "model metadata and tensors (--memory: memory profile)", 0},

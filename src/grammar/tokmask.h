@@ -1,0 +1,86 @@
+/* tokmask.h - token masks: which vocabulary tokens a grammar state can
+ * consume next.
+ *
+ * A tmask_vocab is built once per vocabulary: a byte trie of every token's
+ * bytes (tokens that decode to no bytes, such as control tokens, are never
+ * in it) and the end-of-sequence ids.  tmask_compute walks the trie
+ * depth-first with the recognizer, pushing a byte on the way down and
+ * popping it on the way up, so the shared prefixes of tokens are parsed
+ * once; a child is entered only if its byte is among the bytes the state
+ * can consume (earley_allowed_bytes).  The end-of-sequence ids are allowed
+ * iff the state is accepting.
+ *
+ * What does not depend on the state is computed once: the trie per
+ * vocabulary, and per grammar the prediction closures (gram_finish).
+ *
+ * Ownership: tmask_vocab_create* return heap handles freed by
+ * tmask_vocab_destroy.  Threading: a vocabulary is immutable after creation
+ * and may be shared by any threads; tmask_compute uses the given state
+ * (one thread) and returns it as it was.
+ */
+#ifndef KVANT_TOKMASK_H
+#define KVANT_TOKMASK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "grammar/earley.h"
+#include "text/tokenizer.h"
+#include "util/err.h"
+
+#define TMASK_MAX_TOKEN_BYTES 4096   /* longer tokens are refused at creation */
+
+typedef struct tmask_vocab tmask_vocab;
+
+/* tok[i] (len[i] bytes) for i < n_vocab; len 0: never allowed.  eos: the
+ * ids allowed when the grammar accepts (n_eos may be 0).  Copies. */
+tmask_vocab *tmask_vocab_create(const uint8_t *const *tok, const int32_t *len, int32_t n_vocab,
+                                const int32_t *eos, int32_t n_eos, kvant_err *err);
+/* The tokenizer's vocabulary: each token's piece (control tokens excluded),
+ * end of sequence = tok_eos and tok_eot. */
+tmask_vocab *tmask_vocab_from_tok(const tokenizer *t, kvant_err *err);
+void tmask_vocab_destroy(tmask_vocab *v);
+
+int32_t tmask_n_vocab(const tmask_vocab *v);
+int32_t tmask_n_words(const tmask_vocab *v);   /* (n_vocab + 31) / 32 */
+int tmask_is_eos(const tmask_vocab *v, int32_t id);
+/* The token's bytes (borrowed) and length; NULL for an id out of range. */
+const uint8_t *tmask_token(const tmask_vocab *v, int32_t id, int32_t *len);
+size_t tmask_vocab_mem_bytes(const tmask_vocab *v);
+
+/* Per-sequence scratch and memo for tmask_compute (one thread at a time):
+ * - within a call, Earley sets are memoized by their description (items
+ *   that still matter; origins: the set itself, a committed set, or a set
+ *   of the walk named by its memo state): a byte pushed from a set seen
+ *   before is a table lookup that leaves the chart alone, so in a string or
+ *   free text each of the 256 bytes is parsed about once per state; a set
+ *   is rebuilt from its description only where a byte must be parsed;
+ * - across calls, the masks of the last TMASK_CACHE_MASKS states are kept
+ *   (keyed by the description, checked against the origin sets' serials), so
+ *   successive steps inside one JSON string reuse one mask.
+ * Its memory is bounded (TMASK_MEMO_STATES states) and counted by
+ * tmask_work_mem_bytes.  Ownership: heap handle, tmask_work_destroy; it
+ * borrows v, and is bound to one earley state at a time (reset it with
+ * tmask_work_reset when switching states). */
+#define TMASK_MEMO_STATES 2048
+#define TMASK_MEMO_ITEMS 512     /* sets larger than this are not memoized */
+#define TMASK_CACHE_MASKS 8
+typedef struct tmask_work tmask_work;
+tmask_work *tmask_work_create(const tmask_vocab *v, kvant_err *err);
+void tmask_work_destroy(tmask_work *w);
+void tmask_work_reset(tmask_work *w);
+size_t tmask_work_mem_bytes(const tmask_work *w);
+
+/* Writes the mask of the tokens e can consume (bit i of mask[i >> 5]) into
+ * mask[tmask_n_words(v)].  w: the memo (NULL: the plain walk, which is the
+ * reference the memoized one is tested against).  Returns the number of
+ * allowed tokens, or a negative kvant_status (the state's item limit). */
+int32_t tmask_compute(const tmask_vocab *v, earley *e, tmask_work *w, uint32_t *mask,
+                      kvant_err *err);
+
+/* Advances e by token id: 1 consumed (an end-of-sequence id is consumed,
+ * leaving the state unchanged, iff e accepts), 0 refused (e unchanged),
+ * negative on error (e unchanged). */
+int tmask_advance(const tmask_vocab *v, earley *e, int32_t id);
+
+#endif
