@@ -421,3 +421,23 @@ def test_moe_refusals(case, run_kvant, tmp_path):
     r = run_kvant(["logits", "-m", path, "--tokens-file", tmp_path / "ids.txt", "--out", tmp_path / "o.f32"])
     assert r.returncode > 0, f"{case}: loaded (exit {r.returncode}), expected a refusal"
     assert needle in r.stderr, f"{case}: message does not name {needle!r}: {r.stderr[-500:]}"
+
+
+@pytest.mark.parametrize("family", mf.MOE_FAMILIES)
+def test_moe_info_plan_bytes(family, fam_dir, run_kvant):
+    """`kvant info` and `kvant plan` count the stacked experts' bytes (most of the file) and show
+    the expert shape the header gives."""
+    from gguf import GGUFReader
+    path = mf.make_family(fam_dir, family, "Q4_K")
+    want = sum(int(t.n_bytes) for t in GGUFReader(path).tensors)
+    r = run_kvant(["info", "-m", path, "--json"])
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    mo = mf.MOE[family]
+    assert d["tensor_bytes"] == want
+    rec = d["recipe"]
+    assert (rec["experts"], rec["experts_used"], rec["shared_ff"]) == (mo.n_expert, mo.n_used, mo.n_ff_shexp)
+    assert rec["expert_ff"] == mo.n_ff_exp
+    r = run_kvant(["plan", "-m", path])
+    assert r.returncode == 0, r.stderr
+    assert f"{want / 2**20:.2f} MiB" in r.stdout, r.stdout
