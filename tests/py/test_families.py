@@ -386,12 +386,18 @@ def test_moe_routing_matters(family, fam_dir):
 
 
 def test_moe_offload_refused(fam_dir, run_kvant, tmp_path):
-    """Weight offload does not stream experts yet: refused, naming the option."""
+    """Weight offload does not stream experts yet: refused, naming the option (`kvant plan`'s
+    prediction too, whose rates are measured on a dense FFN); a budget that holds the whole
+    model streams nothing and runs."""
     path = mf.make_family(fam_dir, "qwen3moe", "F32")
     (tmp_path / "ids.txt").write_text("1 2 3\n")
-    r = run_kvant(["logits", "-m", path, "--tokens-file", tmp_path / "ids.txt", "--out", tmp_path / "o.f32",
-                   "--weights-memory", "7M"])
+    run = ["logits", "-m", path, "--tokens-file", tmp_path / "ids.txt", "--out", tmp_path / "o.f32"]
+    r = run_kvant(run + ["--weights-memory", "7M"])
     assert r.returncode > 0 and "--weights-memory" in r.stderr and "mixture-of-experts" in r.stderr, r.stderr
+    for budget in ("7M", "1G"):
+        r = run_kvant(["plan", "-m", path, "--weights-memory", budget])
+        assert r.returncode == 1 and "mixture-of-experts" in r.stderr, (budget, r.returncode, r.stderr)
+    assert run_kvant(run + ["--weights-memory", "1G"]).returncode == 0
 
 
 MOE_REFUSALS = {
