@@ -2,8 +2,9 @@
  * (zero-copy views into the mmap'd GGUF), tokenizer and chat template.
  *
  * Architectures: the rows of model_arch.c's recipe table ("llama" for
- * Llama 2/3, TinyLlama, SmolLM, Mistral; "qwen2", "qwen3", "gemma2",
- * "gemma3", "phi3").  Every hyper-parameter comes from GGUF metadata;
+ * Llama 2/3, TinyLlama, SmolLM, Mistral, and Mixtral with experts; "qwen2",
+ * "qwen3", "gemma2", "gemma3", "phi3", and the mixtures of experts
+ * "qwen2moe", "qwen3moe", "olmoe").  Every hyper-parameter comes from GGUF metadata;
  * anything missing, inconsistent or asking for maths kvant does not
  * implement is a KV_EFORMAT / KV_EUNSUP error naming the key or tensor.
  *

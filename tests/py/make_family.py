@@ -60,12 +60,13 @@ ARCH = {"llama3": "llama", "mistral": "llama", "qwen3": "qwen3", "gemma2": "gemm
 class Moe:
     n_expert: int
     n_used: int
-    n_ff_exp: int    # written as expert_feed_forward_length where the family reads it
+    n_ff_exp: int    # expert_feed_forward_length (qwen2moe, qwen3moe; mixtral and olmoe experts are
+                     # feed_forward_length wide)
     n_ff_shexp: int  # 0: no shared expert
 
 
-MOE = {"mixtral": Moe(8, 2, 512, 0), "qwen2moe": Moe(8, 2, 256, 512), "qwen3moe": Moe(8, 2, 256, 0),
-       "olmoe": Moe(8, 2, 512, 0)}
+MOE = {"mixtral": Moe(8, 2, 0, 0), "qwen2moe": Moe(8, 2, 256, 512), "qwen3moe": Moe(8, 2, 256, 0),
+       "olmoe": Moe(8, 2, 0, 0)}
 
 
 @dataclass(frozen=True)
@@ -192,10 +193,10 @@ def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
     return base
 
 
-def _experts(w, add, add_f32, rng, p: str, E: int, mo: Moe, wtype: str) -> None:
-    """The router (F32), stacked experts and the shared expert of one layer.  The router's rows are
-    large enough that the top-k choice is clear of near-ties yet differs between tokens."""
-    X, F = mo.n_expert, mo.n_ff_exp
+def _experts(w, add, add_f32, rng, p: str, E: int, F: int, mo: Moe, wtype: str) -> None:
+    """The router (F32), stacked experts (F wide) and the shared expert of one layer.  The router's
+    rows are large enough that the top-k choice differs between tokens."""
+    X = mo.n_expert
 
     def add3(name, rows, cols, std):   # [X][rows][cols]: X * rows rows written as one 3-D tensor
         arr, raw = ms._tensor(rng, (X * rows, cols), std, wtype)
@@ -277,7 +278,9 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
             norm(p + "post_attention_norm.weight", E, 2.5)   # layers rival the scaled embedding
         norm(p + "ffn_norm.weight", E)
         if family in MOE:
-            _experts(w, add, add_f32, rng, p, E, MOE[family], wtype)
+            # mixtral and olmoe read no expert width: their experts are feed_forward_length wide
+            F_exp = F if family in ("mixtral", "olmoe") else MOE[family].n_ff_exp
+            _experts(w, add, add_f32, rng, p, E, F_exp, MOE[family], wtype)
             continue
         if family == "phi3":
             add(p + "ffn_up.weight", (2 * F, E), ws)
