@@ -2,15 +2,17 @@
  * random F32 experts against a double-precision reference written here:
  * top-k ties, router and expert maths (normalised or not, shared expert),
  * each expert's rows read once per call, and a token's result bitwise the
- * same alone or in a batch.
+ * same alone or in a batch; a backend without the op refuses such a model.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_moe.h"
+#include "forward/forward.h"
 #include "kernels/dtype.h"
 #include "testutil.h"
+#include "tinymodel.h"
 
 enum { D = 32, X = 6, K = 2, F = 16, S = 24, N = 7 };
 
@@ -189,9 +191,28 @@ static void test_ffn(int shared, int norm_w)
     free(ws);
 }
 
+/* fwd_init on a backend whose ops lack moe_ffn (the CUDA backend's case):
+ * KV_EUNSUP naming the experts, before anything is allocated. */
+static void test_refused_without_op(void)
+{
+    model *m = tiny_model_load("build/tests/tiny-moe.gguf", 5);
+    if (!m)
+        return;
+    m->hp.fam.n_expert = 4; /* as a file with expert_count 4 would say */
+    const backend_ops ops = {.name = "no-moe"};
+    backend be = {&ops};
+    kv_layout lay = fwd_kv_layout(m, 4, 16, DT_F32);
+    fwd_ctx f;
+    kvant_err err = {0};
+    CHECK(fwd_init(&f, m, &be, 8, 1, &lay, &err) == KV_EUNSUP);
+    CHECKF(strstr(err.msg, "mixture-of-experts") && strstr(err.msg, "no-moe"), "%s", err.msg);
+    model_free(m);
+}
+
 int main(void)
 {
     dtype_init();
+    test_refused_without_op();
     test_topk();
     for (int shared = 0; shared < 2; shared++)
         for (int norm_w = 0; norm_w < 2; norm_w++)
