@@ -52,6 +52,11 @@ typedef struct attn_params {
     int32_t window;       /* > 0: a token at p attends to positions (p - window, p] only */
 } attn_params;
 
+/* How one layer's experts are combined (the recipe's MoE variant). */
+typedef struct moe_params {
+    int norm_w;           /* the top-k softmax weights divided by their sum */
+} moe_params;
+
 typedef struct kv_layout {
     int32_t n_layers;
     int32_t n_blocks;
@@ -164,6 +169,18 @@ typedef struct backend_ops {
     void (*softcap)(backend *be, float *d_x, float cap, int64_t n);
     /* d_x[i] += d_y[i] */
     void (*add)(backend *be, float *d_x, const float *d_y, int64_t n);
+    /* Optional (NULL: models with experts are refused, fwd_init).  The
+     * mixture-of-experts FFN of layer L (L->n_expert > 0) over the batch:
+     * per token t, p = softmax(d_h[t] ffn_gate_inp), the n_expert_used
+     * largest (ties: lower expert first) in slot order, weights p_k (divided
+     * by their sum when mp->norm_w), then
+     *   d_x[t] += sum_k w_k down_e(silu(gate_e h) * up_e h)
+     *             (+ sigmoid(h . gate_inp_shexp) * shared(h) when L has one).
+     * Each expert's rows are read once per call, for all its tokens; a
+     * token's result does not depend on the rest of the batch.  KV_ENOMEM
+     * when its workspace cannot be had. */
+    int (*moe_ffn)(backend *be, const model_layer *L, const moe_params *mp, const float *d_h,
+                   float *d_x, int32_t n, kvant_err *err);
     /* d_dst[j] = d_src[out[j]] rows of row_len floats, j < n_out */
     void (*gather_out)(backend *be, const float *d_src, int32_t row_len, float *d_dst);
 } backend_ops;

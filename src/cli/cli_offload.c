@@ -123,6 +123,13 @@ int cli_offload_plan(const cli_common *c, uint64_t budget, int remeasure, cli_of
     model *m = model_load(c->model_path, err);
     if (!m)
         return err->code ? err->code : KV_EIO;
+    if (model_has_experts(m)) { /* the rates are measured on a dense FFN's tensors */
+        kvant_err_set(err, KV_EUNSUP, "--weights-memory: weight offload of mixture-of-experts "
+                      "models (%s.expert_count %u) is not supported", m->hp.recipe->arch,
+                      m->hp.fam.n_expert);
+        model_free(m);
+        return KV_EUNSUP;
+    }
     o->cap = c->weights_memory ? c->weights_memory
                                : (uint64_t)((double)budget * c->weights_memory_frac);
     int rc = wstream_plan_make(m, o->cap, c->weights_slots, &o->plan, err);

@@ -84,14 +84,20 @@ static double bench_pct(double *v, size_t n, double q) /* v sorted */
     return v[i < n ? i : n - 1];
 }
 
-static void bench_add_tensor(bench_weights *w, const model_tensor *t)
+/* frac of t's rows are read per token (1; the used share of stacked experts) */
+static void bench_add_part(bench_weights *w, const model_tensor *t, double frac)
 {
     if (!t->data || t->ne[1] <= 1)
         return; /* norms, absent biases */
-    w->bytes_per_tok += (double)t->nbytes;
-    w->params += (double)t->ne[0] * (double)t->ne[1];
+    w->bytes_per_tok += frac * (double)t->nbytes;
+    w->params += frac * (double)t->ne[0] * (double)t->ne[1];
     if (t->packed)
-        w->packed_bytes += (double)t->nbytes;
+        w->packed_bytes += frac * (double)t->nbytes;
+}
+
+static void bench_add_tensor(bench_weights *w, const model_tensor *t)
+{
+    bench_add_part(w, t, 1.0);
 }
 
 static bench_weights bench_weight_traffic(const model *m)
@@ -103,6 +109,15 @@ static bench_weights bench_weight_traffic(const model *m)
                                     &L->w_gate, &L->w_up, &L->w_down};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
             bench_add_tensor(&w, ts[i]);
+        /* experts: a token reads the router, n_expert_used of the stacked
+         * experts and the shared one */
+        const model_tensor *moe[] = {&L->ffn_gate_inp, &L->gate_shexp, &L->up_shexp,
+                                     &L->down_shexp};
+        const model_tensor *exps[] = {&L->gate_exps, &L->up_exps, &L->down_exps};
+        for (size_t i = 0; L->n_expert && i < 4; i++)
+            bench_add_tensor(&w, moe[i]);
+        for (size_t i = 0; L->n_expert && i < 3; i++)
+            bench_add_part(&w, exps[i], (double)L->n_expert_used / L->n_expert);
     }
     /* the embedding lookup reads one row; the output head reads all of it */
     bench_add_tensor(&w, m->tied_output ? &m->tok_embd : &m->output);

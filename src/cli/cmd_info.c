@@ -55,7 +55,11 @@ static void print_tensors(const gguf_ctx *g, int json)
         const gguf_tensor_info *ti = gguf_tensor(g, i);
         const dtype_traits *tr = dtype_get(ti->type);
         char shape[64];
-        snprintf(shape, sizeof shape, "[%" PRIu64 ", %" PRIu64 "]", ti->ne[0], ti->ne[1]);
+        if (ti->n_dims > 2) /* stacked experts: [cols, rows, n_expert] */
+            snprintf(shape, sizeof shape, "[%" PRIu64 ", %" PRIu64 ", %" PRIu64 "]", ti->ne[0],
+                     ti->ne[1], ti->ne[2]);
+        else
+            snprintf(shape, sizeof shape, "[%" PRIu64 ", %" PRIu64 "]", ti->ne[0], ti->ne[1]);
         total += ti->nbytes;
         if (json) {
             printf("%s{\"name\": ", i ? ", " : "");
@@ -101,13 +105,17 @@ static void print_recipe(const model_hparams *hp, int json)
                "\"post_norms\": %s, \"fused_qkv\": %s, \"fused_gate_up\": %s, "
                "\"q_scale\": %g, \"attn_softcap\": %g, \"final_softcap\": %g, "
                "\"emb_scale\": %g, \"rope_attn_factor\": %g, \"window\": %u, "
-               "\"window_layers\": [%s], \"rope_base_swa\": %g, \"rope_scale_swa\": %g}",
+               "\"window_layers\": [%s], \"rope_base_swa\": %g, \"rope_scale_swa\": %g, "
+               "\"experts\": %u, \"experts_used\": %u, \"expert_ff\": %u, \"shared_ff\": %u, "
+               "\"experts_norm_w\": %s}",
                r->rope == ROPE_NEOX ? "neox" : "norm", r->act == FFN_GELU_TANH ? "geglu" : "swiglu",
                r->qk_norm ? "true" : "false", r->post_norms ? "true" : "false",
                r->fused_qkv ? "true" : "false", r->fused_gate_up ? "true" : "false",
                (double)f->q_scale, (double)f->attn_softcap, (double)f->final_softcap,
                (double)f->emb_scale, (double)f->rope_attn_factor, f->n_swa,
-               f->n_swa ? swa : "", (double)f->rope_base_swa, (double)f->rope_scale_swa);
+               f->n_swa ? swa : "", (double)f->rope_base_swa, (double)f->rope_scale_swa,
+               f->n_expert, f->n_expert_used, f->n_ff_exp, f->n_ff_shexp,
+               f->n_expert && r->moe_norm_w ? "true" : "false");
         return;
     }
     printf("recipe %s: %s\n", r->arch, r->notes);
@@ -117,6 +125,10 @@ static void print_recipe(const model_hparams *hp, int json)
            (double)f->emb_scale, (double)hp->rope_freq_scale, (double)f->rope_attn_factor,
            f->longrope ? (f->use_long ? ", LongRoPE long factors" : ", LongRoPE short factors")
                        : "");
+    if (f->n_expert)
+        printf("  experts: %u, %u per token, %u wide%s; shared expert %u wide\n", f->n_expert,
+               f->n_expert_used, f->n_ff_exp, r->moe_norm_w ? ", weights normalised" : "",
+               f->n_ff_shexp);
     if (f->n_swa)
         printf("  sliding window %u on layers %s (rope base %g, scale %g); other layers global\n",
                f->n_swa, swa, (double)f->rope_base_swa, (double)f->rope_scale_swa);

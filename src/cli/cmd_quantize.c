@@ -278,6 +278,20 @@ static void print_summary(const qz_opts *o, const qz_sum *sm)
            (unsigned long long)sm->bytes_after, bpw, mbpw);
 }
 
+/* Stacked expert tensors (3-D) would pass through unquantized, most of a
+ * mixture of experts' bytes: such files are refused rather than half done. */
+static int refuse_experts(const gguf_ctx *g, kvant_err *err)
+{
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor_info *ti = gguf_tensor(g, i);
+        if (ti->n_dims > 2)
+            return kvant_err_set(err, KV_EUNSUP, "tensor '%.*s': mixture-of-experts (3-D) "
+                                 "tensors are not quantized by kvant quantize",
+                                 (int)ti->name.len, ti->name.ptr);
+    }
+    return KV_OK;
+}
+
 int cmd_quantize(int argc, char **argv)
 {
     qz_opts o;
@@ -292,7 +306,7 @@ int cmd_quantize(int argc, char **argv)
     void **bufs = NULL;
     gguf_ctx *g = gguf_open(o.in, &err);
     rc = 1;
-    if (!g)
+    if (!g || refuse_experts(g, &err))
         goto out;
     if (o.calib && !(qc = run_calib(&o, &s, &err)))
         goto out;

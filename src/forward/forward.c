@@ -7,6 +7,7 @@
  *               store k,v in the paged cache ; a = attention(q) (scale, soft-cap, window)
  *               a = a Wo (+bo) (; a = rmsnorm(a): post_norms) ; x += a
  *               h = rmsnorm(x) ; f = (act(h Wg) * h Wu) Wd (+bd), act silu or gelu_tanh
+ *               (or experts: f = sum over the router's top k of w_k expert_k(h), backend moe_ffn)
  *               (; f = rmsnorm(f): post_norms) ; x += f
  *   logits = rmsnorm(x[out]) Wout (; soft-capped: final_softcap)
  */
@@ -76,6 +77,10 @@ int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_
     if (max_tokens < 1 || max_out < 1 || max_out > max_tokens)
         return kvant_err_set(err, KV_EINVAL, "batch shape: %d tokens, %d outputs", max_tokens,
                              max_out);
+    if (model_has_experts(m) && !be->ops->moe_ffn)
+        return kvant_err_set(err, KV_EUNSUP, "backend %s: mixture-of-experts models (%s."
+                             "expert_count %u) are not supported", be->ops->name,
+                             m->hp.recipe->arch, m->hp.fam.n_expert);
     f->m = m;
     f->be = be;
     f->max_tokens = max_tokens;
@@ -200,9 +205,11 @@ static int run_attn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
                                     L->bv.dev ? &L->bv : NULL};
     float *qkv_y[3] = {f->d_q, f->d_k, f->d_v};
     matmuls(f, 3, qkv, qkv_b, f->d_h, qkv_y, n);
-    if (L->q_norm.dev) { /* per-head: rows of head_dim */
-        op->rmsnorm(be, f->d_q, &L->q_norm, hp->rms_eps, f->d_q, n * L->n_head);
-        op->rmsnorm(be, f->d_k, &L->k_norm, hp->rms_eps, f->d_k, n * L->n_head_kv);
+    if (L->q_norm.dev) { /* per head (rows of head_dim) or per token (qk_norm_full) */
+        op->rmsnorm(be, f->d_q, &L->q_norm, hp->rms_eps, f->d_q,
+                    (int32_t)((int64_t)n * L->n_head * hp->head_dim / L->q_norm.ne[0]));
+        op->rmsnorm(be, f->d_k, &L->k_norm, hp->rms_eps, f->d_k,
+                    (int32_t)((int64_t)n * L->n_head_kv * hp->head_dim / L->k_norm.ne[0]));
     }
     rope_params rp = f->rope;
     rp.base = L->rope_base;
@@ -230,6 +237,10 @@ static int run_ffn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
     const model_hparams *hp = &f->m->hp;
     const model_layer *L = &f->m->layers[il];
     op->rmsnorm(be, f->d_x, &L->ffn_norm, hp->rms_eps, f->d_h, n);
+    if (L->n_expert) { /* experts (tensor parallelism refuses these models) */
+        const moe_params mp = {.norm_w = hp->recipe->moe_norm_w};
+        return op->moe_ffn(be, L, &mp, f->d_h, f->d_x, n, err);
+    }
     const model_tensor *gu[2] = {&L->w_gate, &L->w_up}, *gu_b[2] = {NULL, NULL};
     float *gu_y[2] = {f->d_gate, f->d_up};
     matmuls(f, 2, gu, gu_b, f->d_h, gu_y, n);

@@ -231,11 +231,16 @@ int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err
     int longrope;
     if ((rc = read_rope_scaling(g, arch, hp, &longrope, err)))
         return rc;
-    model_family_base fb = {arch, hp->n_layers, hp->n_embd, hp->n_head, hp->head_dim,
+    model_family_base fb = {arch, hp->n_layers, hp->n_embd, hp->n_head, hp->head_dim, hp->n_ff,
                             (uint32_t)ctx, hp->rope_base, hp->rope_freq_scale};
     if ((rc = model_family_read(g, hp->recipe, &fb, &hp->fam, err)))
         return rc;
     hp->fam.longrope = longrope;
+    /* the widest matmul input of an FFN: an expert's or the shared expert's */
+    if ((int64_t)hp->fam.n_ff_exp > hp->n_ff)
+        hp->n_ff = (int32_t)hp->fam.n_ff_exp;
+    if ((int64_t)hp->fam.n_ff_shexp > hp->n_ff)
+        hp->n_ff = (int32_t)hp->fam.n_ff_shexp;
     const gguf_tensor_info *emb = gguf_find_tensor(g, "token_embd.weight");
     if (!emb)
         return kvant_err_set(err, KV_EFORMAT, "tensor 'token_embd.weight' is missing");
@@ -339,12 +344,78 @@ static int bind_attn(model *m, int il, model_layer *L, kvant_err *err)
         ((rc = bind_vec(g, &L->q_norm, NAME("attn_q_norm.weight"), il, hp->head_dim, 0, err)) ||
          (rc = bind_vec(g, &L->k_norm, NAME("attn_k_norm.weight"), il, hp->head_dim, 0, err))))
         return rc;
+    if (r->qk_norm_full && /* the whole row (olmoe): rmsnorm over q_dim / kv_dim values */
+        ((rc = bind_vec(g, &L->q_norm, NAME("attn_q_norm.weight"), il, q_dim, 0, err)) ||
+         (rc = bind_vec(g, &L->k_norm, NAME("attn_k_norm.weight"), il, kv_dim, 0, err))))
+        return rc;
     if (r->post_norms &&
         (rc = bind_vec(g, &L->post_attn_norm, NAME("post_attention_norm.weight"), il,
                        hp->n_embd, 0, err)))
         return rc;
     return KV_OK;
 }
+
+/* A stacked expert tensor: GGUF [n_expert][rows][ne0] bound as one matrix of
+ * n_expert * rows rows. */
+static int bind_exps(const gguf_ctx *g, model_tensor *t, const char *name, int layer, int64_t ne0,
+                     int64_t rows, int64_t n_expert, kvant_err *err)
+{
+    const gguf_tensor_info *ti = gguf_find_tensor(g, name);
+    memset(t, 0, sizeof *t);
+    t->layer = layer;
+    if (!ti)
+        return kvant_err_set(err, KV_EFORMAT, "tensor '%s' is missing", name);
+    if (ti->n_dims != 3 || (int64_t)ti->ne[0] != ne0 || (int64_t)ti->ne[1] != rows ||
+        (int64_t)ti->ne[2] != n_expert || ti->ne[3] != 1)
+        return kvant_err_set(err, KV_EFORMAT,
+                             "tensor '%s' has shape [%llu, %llu, %llu], expected [%lld, %lld, %lld]",
+                             name, (unsigned long long)ti->ne[0], (unsigned long long)ti->ne[1],
+                             (unsigned long long)ti->ne[2], (long long)ne0, (long long)rows,
+                             (long long)n_expert);
+    const dtype_traits *tr = dtype_get(ti->type);
+    if (!tr || !tr->vec_dot)
+        return kvant_err_set(err, KV_EUNSUP, "tensor '%s': type %u has no kernels in kvant", name,
+                             ti->type);
+    t->type = ti->type;
+    t->ne[0] = ne0;
+    t->ne[1] = rows * n_expert;
+    t->nbytes = ti->nbytes;
+    t->row_bytes = dtype_row_size(ti->type, ne0);
+    t->data = ti->data;
+    t->dev = (void *)ti->data;
+    t->file_off = gguf_data_offset(g) + ti->offset;
+    return KV_OK;
+}
+
+
+/* The experts of layer il (recipe moe, the file's expert_count > 0). */
+static int bind_moe(model *m, int il, model_layer *L, kvant_err *err)
+{
+    const model_hparams *hp = &m->hp;
+    const gguf_ctx *g = m->gguf;
+    char name[96];
+    const int64_t E = hp->n_embd, X = hp->fam.n_expert, F = hp->fam.n_ff_exp;
+    const int64_t S = hp->fam.n_ff_shexp;
+    L->n_expert = (int32_t)X;
+    L->n_expert_used = (int32_t)hp->fam.n_expert_used;
+    L->n_ff_exp = (int32_t)F;
+    L->n_ff_shexp = (int32_t)S;
+    int rc;
+    if ((rc = bind(g, &L->ffn_gate_inp, NAME("ffn_gate_inp.weight"), il, E, X, 0, err)) ||
+        (rc = bind_exps(g, &L->gate_exps, NAME("ffn_gate_exps.weight"), il, E, F, X, err)) ||
+        (rc = bind_exps(g, &L->up_exps, NAME("ffn_up_exps.weight"), il, E, F, X, err)) ||
+        (rc = bind_exps(g, &L->down_exps, NAME("ffn_down_exps.weight"), il, F, E, X, err)))
+        return rc;
+    if (!S)
+        return KV_OK;
+    if ((rc = bind(g, &L->gate_shexp, NAME("ffn_gate_shexp.weight"), il, E, S, 0, err)) ||
+        (rc = bind(g, &L->up_shexp, NAME("ffn_up_shexp.weight"), il, E, S, 0, err)) ||
+        (rc = bind(g, &L->down_shexp, NAME("ffn_down_shexp.weight"), il, S, E, 0, err)) ||
+        (rc = bind(g, &L->gate_inp_shexp, NAME("ffn_gate_inp_shexp.weight"), il, E, 1, 0, err)))
+        return rc;
+    return KV_OK;
+}
+
 
 static int bind_ffn(model *m, int il, model_layer *L, kvant_err *err)
 {
@@ -353,6 +424,11 @@ static int bind_ffn(model *m, int il, model_layer *L, kvant_err *err)
     const gguf_ctx *g = m->gguf;
     char name[96];
     int rc;
+    if (hp->fam.n_expert) {
+        if ((rc = bind_vec(g, &L->ffn_norm, NAME("ffn_norm.weight"), il, hp->n_embd, 0, err)))
+            return rc;
+        return bind_moe(m, il, L, err);
+    }
     if ((rc = bind_vec(g, &L->ffn_norm, NAME("ffn_norm.weight"), il, hp->n_embd, 0, err)) ||
         (rc = bind_vec(g, &L->b_down, NAME("ffn_down.bias"), il, hp->n_embd, 1, err)) ||
         (rc = bind(g, &L->w_down, NAME("ffn_down.weight"), il, L->n_ff, hp->n_embd, 0, err)))
@@ -515,11 +591,18 @@ int model_layer_tensors(model_layer *L, model_tensor **out)
                           &L->wo,        &L->bq,     &L->bk,     &L->bv,
                           &L->bo,        &L->q_norm, &L->k_norm, &L->post_attn_norm,
                           &L->ffn_norm,  &L->w_gate, &L->w_up,   &L->w_down,
-                          &L->b_down,    &L->post_ffn_norm};
+                          &L->b_down,    &L->post_ffn_norm, &L->ffn_gate_inp, &L->gate_exps,
+                          &L->up_exps,   &L->down_exps, &L->gate_shexp, &L->up_shexp,
+                          &L->down_shexp, &L->gate_inp_shexp};
     _Static_assert(sizeof ts / sizeof ts[0] <= MODEL_LAYER_TENSORS, "MODEL_LAYER_TENSORS");
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
         out[i] = ts[i];
     return (int)(sizeof ts / sizeof ts[0]);
+}
+
+int model_has_experts(const model *m)
+{
+    return m->hp.fam.n_expert > 0;
 }
 
 void model_for_each_tensor(model *m, model_tensor_fn fn, void *ctx)

@@ -2,8 +2,9 @@
  * (zero-copy views into the mmap'd GGUF), tokenizer and chat template.
  *
  * Architectures: the rows of model_arch.c's recipe table ("llama" for
- * Llama 2/3, TinyLlama, SmolLM, Mistral; "qwen2", "qwen3", "gemma2",
- * "gemma3", "phi3").  Every hyper-parameter comes from GGUF metadata;
+ * Llama 2/3, TinyLlama, SmolLM, Mistral, and Mixtral with experts; "qwen2",
+ * "qwen3", "gemma2", "gemma3", "phi3", and the mixtures of experts
+ * "qwen2moe", "qwen3moe", "olmoe").  Every hyper-parameter comes from GGUF metadata;
  * anything missing, inconsistent or asking for maths kvant does not
  * implement is a KV_EFORMAT / KV_EUNSUP error naming the key or tensor.
  *
@@ -77,6 +78,15 @@ typedef struct model_layer {
     model_tensor ffn_norm, w_gate, w_up, w_down; /* a fused ffn_up (phi3): w_gate, w_up
                               * are its two row halves */
     model_tensor b_down;     /* optional, as bo */
+    /* Mixture of experts (n_expert > 0; w_gate, w_up, w_down then have data NULL).
+     * The stacked tensors are GGUF's [n_expert][rows][cols] seen as one matrix of
+     * n_expert * rows rows: expert e's rows are [e * rows, (e + 1) * rows). */
+    model_tensor ffn_gate_inp;  /* router: [n_expert][n_embd] */
+    model_tensor gate_exps, up_exps; /* [n_expert * n_ff_exp][n_embd] */
+    model_tensor down_exps;     /* [n_expert * n_embd][n_ff_exp] */
+    model_tensor gate_shexp, up_shexp, down_shexp; /* shared expert (n_ff_shexp > 0) */
+    model_tensor gate_inp_shexp; /* [1][n_embd]: its gate sigmoid(h . w) */
+    int32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp; /* 0 for a dense FFN */
     int32_t n_ff;            /* this layer's FFN width (<= hp.n_ff; per-layer after pruning) */
     int32_t n_head, n_head_kv; /* this layer's heads (<= hp's; per-layer after pruning) */
     int32_t window;          /* sliding window W: attends to (p - W, p]; 0 = all of [0, p] */
@@ -115,9 +125,12 @@ int model_layer_heads(const gguf_ctx *g, int n_layers, int il, uint32_t *n_head,
 /* Reads hyper-parameters only (no tensors): used by `kvant plan`. */
 int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err);
 const char *model_arch_name(model_arch a);
-/* Tensors of layer L (the pointers into L), data NULL ones included: n returned, <= 24. */
-#define MODEL_LAYER_TENSORS 24
+/* Tensors of layer L (the pointers into L), data NULL ones included: n returned, <= 32. */
+#define MODEL_LAYER_TENSORS 32
 int model_layer_tensors(model_layer *L, model_tensor **out);
+
+/* 1 when some layer's FFN is a mixture of experts. */
+int model_has_experts(const model *m);
 
 model *model_load(const char *path, kvant_err *err);
 void model_free(model *m);

@@ -10,9 +10,10 @@
 
 static const model_recipe RECIPES[] = {
     {.arch = "llama", .rope = ROPE_NORM, .act = FFN_SILU, .rope_factors = 1,
-     .rope_dim_full = 1,
+     .rope_dim_full = 1, .moe = MOE_OPTIONAL, .moe_norm_w = 1,
      .notes = "pre-norm, SwiGLU, NORM rope; rope_freqs (Llama 3) or LongRoPE factors; "
-              "no sliding window (Mistral runs as full attention, as in llama.cpp)"},
+              "no sliding window (Mistral runs as full attention, as in llama.cpp); "
+              "experts when expert_count > 0 (Mixtral: softmax top-k, weights normalised)"},
     {.arch = "qwen2", .rope = ROPE_NEOX, .act = FFN_SILU, .qkv_bias = 1,
      .notes = "pre-norm, SwiGLU, NEOX rope, q/k/v biases"},
     {.arch = "qwen3", .rope = ROPE_NEOX, .act = FFN_SILU, .qk_norm = 1,
@@ -34,6 +35,18 @@ static const model_recipe RECIPES[] = {
      .fused_gate_up = 1, .rope_factors = 1,
      .notes = "pre-norm, fused attn_qkv, fused gate|up SwiGLU, NEOX rope, LongRoPE "
               "factors and attn_factor; sliding window disabled as in llama.cpp"},
+    {.arch = "qwen2moe", .rope = ROPE_NEOX, .act = FFN_SILU, .moe = MOE_REQUIRED,
+     .moe_ff_key = 1, .moe_shared = 1,
+     .notes = "pre-norm, NEOX rope, optional q/k/v biases; experts (softmax top-k, weights "
+              "not normalised) plus a shared expert scaled by sigmoid(ffn_gate_inp_shexp)"},
+    {.arch = "qwen3moe", .rope = ROPE_NEOX, .act = FFN_SILU, .qk_norm = 1, .moe = MOE_REQUIRED,
+     .moe_norm_w = 1, .moe_ff_key = 1,
+     .notes = "pre-norm, NEOX rope, per-head q/k RMS norm; experts (softmax top-k, weights "
+              "normalised)"},
+    {.arch = "olmoe", .rope = ROPE_NEOX, .act = FFN_SILU, .qk_norm_full = 1,
+     .moe = MOE_REQUIRED,
+     .notes = "pre-norm, NEOX rope, q/k RMS norm over the whole row; experts (softmax top-k, "
+              "weights not normalised)"},
 };
 
 #define N_RECIPES (sizeof RECIPES / sizeof RECIPES[0])
@@ -48,7 +61,7 @@ const model_recipe *model_recipe_find(const char *arch, uint64_t len)
 
 const char *model_recipe_list(void)
 {
-    return "llama, qwen2, qwen3, gemma2, gemma3, phi3";
+    return "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen2moe, qwen3moe, olmoe";
 }
 
 const model_recipe *model_recipe_at(int32_t i)
@@ -134,6 +147,50 @@ static int read_swa(const gguf_ctx *g, const model_recipe *r, const model_family
     return KV_OK;
 }
 
+/* The experts' keys as llama.cpp reads them for the recipe's family; what
+ * it would read and kvant does not implement is refused, naming the key. */
+static int read_moe(const gguf_ctx *g, const model_recipe *r, const model_family_base *b,
+                    model_family_hp *o, kvant_err *err)
+{
+    int rc;
+    uint32_t groups = 0;
+    if ((rc = key_u32(g, b->arch, "expert_count", 0, &o->n_expert, err)) ||
+        (rc = key_u32(g, b->arch, "expert_used_count", 0, &o->n_expert_used, err)) ||
+        (rc = key_u32(g, b->arch, "expert_group_count", 0, &groups, err)))
+        return rc;
+    if (o->n_expert == 0 && r->moe != MOE_REQUIRED)
+        return KV_OK;
+    if (r->moe == MOE_NONE)
+        return kvant_err_set(err, KV_EUNSUP, "%s.expert_count %u: architecture %s has no "
+                             "experts in kvant", b->arch, o->n_expert, b->arch);
+    if (o->n_expert < 1 || o->n_expert > MODEL_MAX_EXPERTS)
+        return kvant_err_set(err, KV_EFORMAT, "%s.expert_count %u outside [1, %d]", b->arch,
+                             o->n_expert, MODEL_MAX_EXPERTS);
+    if (o->n_expert_used < 1 || o->n_expert_used > o->n_expert ||
+        o->n_expert_used > MODEL_MAX_EXPERT_USED)
+        return kvant_err_set(err, KV_EFORMAT, "%s.expert_used_count %u outside [1, %u] (limit %d)",
+                             b->arch, o->n_expert_used, o->n_expert, MODEL_MAX_EXPERT_USED);
+    if (groups > 1)
+        return kvant_err_set(err, KV_EUNSUP, "%s.expert_group_count %u: expert groups are not "
+                             "supported", b->arch, groups);
+    o->n_ff_exp = (uint32_t)b->n_ff;
+    if (r->moe_ff_key &&
+        (rc = key_u32(g, b->arch, "expert_feed_forward_length",
+                      (uint32_t)b->n_ff / o->n_expert_used, &o->n_ff_exp, err)))
+        return rc;
+    char key[128];
+    snprintf(key, sizeof key, "%s.expert_shared_feed_forward_length", b->arch);
+    if (!r->moe_shared && gguf_find_key(g, key) >= 0)
+        return kvant_err_set(err, KV_EUNSUP, "%s: shared experts are not supported for %s", key,
+                             b->arch);
+    if (r->moe_shared && (rc = gguf_get_u32_or(g, key, (uint32_t)b->n_ff, &o->n_ff_shexp, err)))
+        return rc;
+    if (o->n_ff_exp < 1 || o->n_ff_exp > (1u << 20) || o->n_ff_shexp > (1u << 20))
+        return kvant_err_set(err, KV_EFORMAT, "%s: expert width %u / shared %u out of range",
+                             b->arch, o->n_ff_exp, o->n_ff_shexp);
+    return KV_OK;
+}
+
 int model_family_read(const gguf_ctx *g, const model_recipe *r, const model_family_base *b,
                       model_family_hp *o, kvant_err *err)
 {
@@ -162,5 +219,7 @@ int model_family_read(const gguf_ctx *g, const model_recipe *r, const model_fami
                       &o->n_ctx_orig, err)))
         return rc;
     o->use_long = b->n_ctx_train > o->n_ctx_orig;
+    if ((rc = read_moe(g, r, b, o, err)))
+        return rc;
     return read_swa(g, r, b, o, err);
 }

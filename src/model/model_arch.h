@@ -21,6 +21,8 @@
 
 #define MODEL_MAX_LAYERS 512
 #define MODEL_MAX_HEAD_DIM 256
+#define MODEL_MAX_EXPERTS 512      /* {arch}.expert_count (llama.cpp's LLAMA_MAX_EXPERTS) */
+#define MODEL_MAX_EXPERT_USED 64   /* {arch}.expert_used_count: slots per token */
 
 typedef enum rope_kind {
     ROPE_NORM = 0, /* rotate adjacent pairs (x[2i], x[2i+1]): llama */
@@ -40,6 +42,12 @@ typedef enum swa_kind {
     SWA_DISABLED = 2,/* the key is read and ignored, as llama.cpp does (phi3) */
 } swa_kind;
 
+typedef enum moe_kind {
+    MOE_NONE = 0,     /* dense FFN only; an expert_count > 0 is refused */
+    MOE_OPTIONAL = 1, /* experts when {arch}.expert_count > 0 (llama: Mixtral) */
+    MOE_REQUIRED = 2, /* always experts (qwen2moe, qwen3moe, olmoe) */
+} moe_kind;
+
 typedef enum output_kind {
     OUTPUT_OPTIONAL = 0, /* output.weight, or tied to token_embd when absent */
     OUTPUT_TIED = 1,     /* always token_embd; an output.weight is refused (gemma2) */
@@ -53,6 +61,14 @@ typedef struct model_recipe {
     swa_kind swa;
     uint8_t qkv_bias;      /* attn_{q,k,v}.bias required (qwen2) */
     uint8_t qk_norm;       /* attn_q_norm / attn_k_norm: per-head RMS norm before rope */
+    uint8_t qk_norm_full;  /* attn_q_norm / attn_k_norm over the whole q / k row (olmoe) */
+    moe_kind moe;          /* mixture-of-experts FFN (llama.cpp build_moe_ffn, softmax
+                            * gating, top expert_used_count) */
+    uint8_t moe_norm_w;    /* the top-k weights are divided by their sum (qwen3moe, llama) */
+    uint8_t moe_ff_key;    /* {arch}.expert_feed_forward_length (default n_ff / n_used);
+                            * else experts are feed_forward_length wide */
+    uint8_t moe_shared;    /* shared expert ffn_*_shexp scaled by sigmoid(h . ffn_gate_inp_shexp),
+                            * {arch}.expert_shared_feed_forward_length (qwen2moe) */
     uint8_t post_norms;    /* post_attention_norm / post_ffw_norm on each branch's output
                             * before the residual add (gemma) */
     uint8_t fused_qkv;     /* attn_qkv.weight: rows Q | K | V (phi3) */
@@ -86,19 +102,24 @@ typedef struct model_family_hp {
     int longrope;           /* rope.scaling.type longrope: factors rope_factors_long/short */
     int use_long;           /* LongRoPE: the long factors (n_ctx_train > n_ctx_orig, llama.cpp's
                              * choice at its default context) */
+    uint32_t n_expert;      /* expert_count (0: dense FFN) */
+    uint32_t n_expert_used; /* expert_used_count: experts per token */
+    uint32_t n_ff_exp;      /* one expert's FFN width */
+    uint32_t n_ff_shexp;    /* the shared expert's width (0: none) */
     uint8_t is_swa[MODEL_MAX_LAYERS]; /* layer il is a window layer */
 } model_family_hp;
 
 /* What model_family_read needs of the common hyper-parameters. */
 typedef struct model_family_base {
     const char *arch;
-    int32_t n_layers, n_embd, n_head, head_dim;
+    int32_t n_layers, n_embd, n_head, head_dim, n_ff;
     uint32_t n_ctx_train;
     float rope_base, rope_scale;
 } model_family_base;
 
 /* Reads the recipe's keys (soft-caps, sliding window and its pattern, the
- * window layers' rope, rope.scaling.attn_factor / original_context_length)
+ * window layers' rope, rope.scaling.attn_factor / original_context_length,
+ * the experts' counts and widths)
  * into out.  KV_EFORMAT / KV_EUNSUP naming the key on a bad value. */
 int model_family_read(const gguf_ctx *g, const model_recipe *r, const model_family_base *b,
                       model_family_hp *out, kvant_err *err);

@@ -190,6 +190,10 @@ static int check_spec(const model_hparams *hp, const shard_spec *sp, kvant_err *
     if (sp->pp_n > hp->n_layers)
         return kvant_err_set(err, KV_EUNSUP, "--pp %d: the model has only %d layers", sp->pp_n,
                              hp->n_layers);
+    if (hp->fam.n_expert && (sp->tp_n > 1 || sp->pp_n > 1)) /* no expert split or hand-over */
+        return kvant_err_set(err, KV_EUNSUP, "--tp / --pp: mixture-of-experts models (%s."
+                             "expert_count %u) run in one process", hp->recipe->arch,
+                             hp->fam.n_expert);
     return KV_OK;
 }
 

@@ -203,6 +203,11 @@ int wstream_plan_make(const model *m, uint64_t weights_memory, int n_slots, wstr
     wstream_plan_resident(m, n_slots, p);
     if (p->resident_bytes <= weights_memory)
         return KV_OK; /* everything fits: no offload */
+    if (model_has_experts(m)) /* experts are not streamed (nor placed by use) yet */
+        return kvant_err_set(err, KV_EUNSUP, "--weights-memory: weight offload of mixture-of-"
+                             "experts models (%s.expert_count %u) is not supported; the model "
+                             "needs %llu bytes resident", m->hp.recipe->arch, m->hp.fam.n_expert,
+                             (unsigned long long)p->resident_bytes);
     if (weights_memory < p->min_bytes)
         return kvant_err_set(err, KV_ENOMEM,
                              "--weights-memory %llu bytes cannot hold the embedding and output "

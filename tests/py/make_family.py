@@ -18,6 +18,14 @@ Families (GGUF architecture in brackets):
                       rope.scaling.type longrope, rope_factors_long/short.weight, attn_factor,
                       original_context_length 128 < context_length 256
 
+Mixtures of experts (tiny: 8 experts, top 2, routers and the shared gate F32 as llama.cpp's quantize
+keeps them; expert tensors stacked [n_expert][rows][cols] as ffn_{gate,up,down}_exps.weight):
+    mixtral  [llama]    llama.expert_count / expert_used_count (softmax top-k, weights normalised)
+    qwen2moe [qwen2moe] q/k/v biases, expert_feed_forward_length, shared expert ffn_*_shexp with
+                        its sigmoid gate ffn_gate_inp_shexp, expert_shared_feed_forward_length
+    qwen3moe [qwen3moe] per-head q/k norm, expert_feed_forward_length (weights normalised)
+    olmoe    [olmoe]    q/k RMS norm over the whole row, experts feed_forward_length wide
+
 Norm weights are stored as llama.cpp's graph uses them (Gemma's converter has already added the +1).
 Shapes: "tiny" (n_embd 256, vocab 384, window 8: fast, yet every layer kind, GQA and a window smaller
 than the tests' sequences), "1b" (about 1e9 parameters, for speed runs; slow to write) or "long"
@@ -42,9 +50,25 @@ from gguf import GGUFWriter
 
 import make_synthetic as ms
 
-FAMILIES = ["llama3", "mistral", "qwen3", "gemma2", "gemma3", "phi3"]
+DENSE_FAMILIES = ["llama3", "mistral", "qwen3", "gemma2", "gemma3", "phi3"]
+MOE_FAMILIES = ["mixtral", "qwen2moe", "qwen3moe", "olmoe"]
+FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
 ARCH = {"llama3": "llama", "mistral": "llama", "qwen3": "qwen3", "gemma2": "gemma2",
-        "gemma3": "gemma3", "phi3": "phi3"}
+        "gemma3": "gemma3", "phi3": "phi3", "mixtral": "llama", "qwen2moe": "qwen2moe",
+        "qwen3moe": "qwen3moe", "olmoe": "olmoe"}
+
+
+@dataclass(frozen=True)
+class Moe:
+    n_expert: int
+    n_used: int
+    n_ff_exp: int    # expert_feed_forward_length (qwen2moe, qwen3moe; mixtral and olmoe experts are
+                     # feed_forward_length wide)
+    n_ff_shexp: int  # 0: no shared expert
+
+
+MOE = {"mixtral": Moe(8, 2, 0, 0), "qwen2moe": Moe(8, 2, 256, 512), "qwen3moe": Moe(8, 2, 256, 0),
+       "olmoe": Moe(8, 2, 0, 0)}
 
 
 @dataclass(frozen=True)
@@ -67,6 +91,10 @@ TINY = {
     "gemma2": Shape(256, 512, 4, 2, 64, 4, ms.N_VOCAB, 256, 8),
     "gemma3": Shape(256, 512, 4, 2, 64, 6, ms.N_VOCAB, 256, 8),
     "phi3": Shape(256, 512, 4, 2, 64, 2, ms.N_VOCAB, 256, 0),
+    "mixtral": Shape(256, 512, 8, 2, 32, 2, ms.N_VOCAB, 256, 0),
+    "qwen2moe": Shape(256, 1024, 4, 4, 64, 2, ms.N_VOCAB, 256, 0),
+    "qwen3moe": Shape(256, 1024, 8, 2, 64, 2, ms.N_VOCAB, 256, 0),
+    "olmoe": Shape(256, 512, 4, 4, 64, 2, ms.N_VOCAB, 256, 0),
 }
 # ~1e9 parameters each (embedding included); vocabularies stay small-ish to keep the files lean
 BIG = {
@@ -76,6 +104,10 @@ BIG = {
     "gemma2": Shape(2048, 8192, 8, 4, 256, 16, 32768, 4096, 512),
     "gemma3": Shape(1536, 6912, 8, 2, 256, 24, 32768, 4096, 512),
     "phi3": Shape(2048, 8192, 32, 8, 64, 16, 32768, 4096, 0),
+    "mixtral": Shape(1024, 1024, 16, 4, 64, 8, 32768, 4096, 0),
+    "qwen2moe": Shape(1024, 2048, 16, 16, 64, 8, 32768, 4096, 0),
+    "qwen3moe": Shape(1024, 2048, 16, 4, 64, 8, 32768, 4096, 0),
+    "olmoe": Shape(1024, 1024, 16, 16, 64, 8, 32768, 4096, 0),
 }
 
 # 32k context at a tiny width: the window-group memory test (tests/py/test_kv_window.py)
@@ -130,13 +162,22 @@ def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
     w.add_block_count(sh.n_layer)
     w.add_head_count(sh.n_head)
     w.add_head_count_kv(sh.n_head_kv)
-    w.add_layer_norm_rms_eps(1e-6 if fam.startswith("gemma") or fam == "qwen3" else 1e-5)
-    if fam in ("qwen3", "gemma2", "gemma3") or sh.n_head * sh.head_dim != sh.n_embd:
+    w.add_layer_norm_rms_eps(1e-6 if fam.startswith("gemma") or fam.startswith("qwen3") else 1e-5)
+    if fam in MOE:
+        mo = MOE[fam]
+        w.add_expert_count(mo.n_expert)
+        w.add_expert_used_count(mo.n_used)
+        if fam in ("qwen2moe", "qwen3moe"):
+            w.add_expert_feed_forward_length(mo.n_ff_exp)
+        if mo.n_ff_shexp:
+            w.add_expert_shared_feed_forward_length(mo.n_ff_shexp)
+    if fam in ("qwen3", "qwen3moe", "gemma2", "gemma3") or sh.n_head * sh.head_dim != sh.n_embd:
         w.add_key_length(sh.head_dim)
         w.add_value_length(sh.head_dim)
     w.add_rope_dimension_count(sh.head_dim)
     base = {"llama3": 500000.0, "mistral": 1e6, "qwen3": 1e6, "gemma2": 10000.0,
-            "gemma3": 1e6, "phi3": 10000.0}[fam]
+            "gemma3": 1e6, "phi3": 10000.0, "mixtral": 1e6, "qwen2moe": 1e6, "qwen3moe": 1e6,
+            "olmoe": 10000.0}[fam]
     w.add_rope_freq_base(base)
     if fam == "gemma2":
         tiny = sh.n_embd <= 256
@@ -159,6 +200,27 @@ def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
     w.add_vocab_size(sh.n_vocab)
     ms.add_tokenizer(w, *_vocab(sh.n_vocab, fam))
     return base
+
+
+def _experts(w, add, add_f32, rng, p: str, E: int, F: int, mo: Moe, wtype: str) -> None:
+    """The router (F32), stacked experts (F wide) and the shared expert of one layer.  The router's
+    rows are large enough that the top-k choice differs between tokens."""
+    X = mo.n_expert
+
+    def add3(name, rows, cols, std):   # [X][rows][cols]: X * rows rows written as one 3-D tensor
+        arr, raw = ms._tensor(rng, (X * rows, cols), std, wtype)
+        w.add_tensor(name, arr.reshape(X, rows, arr.shape[-1]), raw_dtype=raw)
+
+    add_f32(p + "ffn_gate_inp.weight", 2.0 / math.sqrt(E) * rng.standard_normal((X, E)))
+    add3(p + "ffn_gate_exps.weight", F, E, 1.0 / math.sqrt(E))
+    add3(p + "ffn_up_exps.weight", F, E, 1.0 / math.sqrt(E))
+    add3(p + "ffn_down_exps.weight", E, F, 1.0 / math.sqrt(F))
+    if mo.n_ff_shexp:
+        S = mo.n_ff_shexp
+        add_f32(p + "ffn_gate_inp_shexp.weight", 1.0 / math.sqrt(E) * rng.standard_normal(E))
+        add(p + "ffn_gate_shexp.weight", (S, E), 1.0 / math.sqrt(E))
+        add(p + "ffn_up_shexp.weight", (S, E), 1.0 / math.sqrt(E))
+        add(p + "ffn_down_shexp.weight", (E, S), 1.0 / math.sqrt(S))
 
 
 def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shape: str = "tiny",
@@ -213,13 +275,24 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
             add(p + "attn_q.weight", (qd, E), 1.3 * ws)
             add(p + "attn_k.weight", (kvd, E), 1.3 * ws)
             add(p + "attn_v.weight", (kvd, E), ws)
-        if family in ("qwen3", "gemma3"):
+        if family == "qwen2moe":
+            for b, n in (("q", qd), ("k", kvd), ("v", kvd)):
+                add_f32(p + f"attn_{b}.bias", 0.1 * rng.standard_normal(n))
+        if family in ("qwen3", "qwen3moe", "gemma3"):
             norm(p + "attn_q_norm.weight", hd)
             norm(p + "attn_k_norm.weight", hd)
+        if family == "olmoe":   # the whole q / k row
+            norm(p + "attn_q_norm.weight", qd)
+            norm(p + "attn_k_norm.weight", kvd)
         add(p + "attn_output.weight", (E, qd), ws)
         if gemma:
             norm(p + "post_attention_norm.weight", E, 2.5)   # layers rival the scaled embedding
         norm(p + "ffn_norm.weight", E)
+        if family in MOE:
+            # mixtral and olmoe read no expert width: their experts are feed_forward_length wide
+            F_exp = F if family in ("mixtral", "olmoe") else MOE[family].n_ff_exp
+            _experts(w, add, add_f32, rng, p, E, F_exp, MOE[family], wtype)
+            continue
         if family == "phi3":
             add(p + "ffn_up.weight", (2 * F, E), ws)
         else:
@@ -229,7 +302,7 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
         if gemma:
             norm(p + "post_ffw_norm.weight", E, 2.5)
     norm("output_norm.weight", E)
-    if family in ("llama3", "mistral", "phi3") or "output" in extra_tensors:
+    if family in ("llama3", "mistral", "phi3", "mixtral", "qwen2moe", "olmoe") or "output" in extra_tensors:
         add("output.weight", (sh.n_vocab, E), 0.2)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -7,7 +7,9 @@ norm before rope), `gemma2` (sqrt(n_embd) embedding scale, post-attention/post-F
 GeGLU with tanh GELU, attention and final logit soft-capping, sliding window on layers
 il % 2 == 0), `gemma3` (as gemma2 with q/k norm, no attention soft-cap, sliding window on
 layers il % 6 < 5 with rope.freq_base_swa (default 10000) unscaled) and `phi3` (fused
-attn_qkv and gate|up ffn_up, LongRoPE long/short factors and attn_factor), each written
+attn_qkv and gate|up ffn_up, LongRoPE long/short factors and attn_factor), and the mixtures of
+experts `llama` with expert_count (Mixtral), `qwen2moe` (shared expert with a sigmoid gate),
+`qwen3moe`, `olmoe` (q/k RMS norm over the whole row), each written
 from llama.cpp's graph builders (src/models/*.cpp) as semantics, not from kvant.
 Weights are dequantized with gguf.quants.dequantize (exact values of what is stored, f32)
 and all arithmetic is done in float64.
@@ -32,7 +34,11 @@ from gguf import quants
 ROPE_NORMAL = "normal"   # rotate (x[2i], x[2i+1])
 ROPE_NEOX = "neox"       # rotate (x[i], x[i + n_rot/2])
 ARCH_ROPE = {"llama": ROPE_NORMAL, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "gemma2": ROPE_NEOX,
-             "gemma3": ROPE_NEOX, "phi3": ROPE_NEOX}
+             "gemma3": ROPE_NEOX, "phi3": ROPE_NEOX, "qwen2moe": ROPE_NEOX, "qwen3moe": ROPE_NEOX,
+             "olmoe": ROPE_NEOX}
+# mixtures of experts (llama.cpp build_moe_ffn): softmax over ffn_gate_inp, top expert_used_count,
+# the chosen probabilities divided by their sum where the family's graph passes norm_w = true
+MOE_NORM_W = {"llama": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False}
 
 
 def _field(reader: GGUFReader, key: str, default=None):
@@ -93,6 +99,8 @@ class RefModel:
         te = self.tensors["token_embd.weight"]
         self.n_vocab = int(te.shape[1])
         self._cache: dict[str, np.ndarray] = {}
+        self.n_expert = int(g("expert_count", 0) or 0)
+        self.n_expert_used = int(g("expert_used_count", 0) or 0)
         self._family(g)
 
     def _family(self, g) -> None:
@@ -193,7 +201,36 @@ class RefModel:
             q, k, v = self.lin(h, p + "attn_q"), self.lin(h, p + "attn_k"), self.lin(h, p + "attn_v")
         return q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
 
+    def gated(self, h: np.ndarray, g: np.ndarray, u: np.ndarray, d: np.ndarray) -> np.ndarray:
+        gt, up = h @ g.T, h @ u.T
+        return ((gt / (self.dt.type(1) + np.exp(-gt))) * up) @ d.T
+
+    def moe(self, h: np.ndarray, p: str) -> np.ndarray:
+        """Router softmax, top-k (ties: lower index), weighted sum of the chosen experts' SwiGLU,
+        plus the shared expert times sigmoid(h . ffn_gate_inp_shexp) where there is one."""
+        logits = h @ self.w64(p + "ffn_gate_inp.weight").T
+        pr = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        pr /= pr.sum(axis=-1, keepdims=True)
+        k = self.n_expert_used
+        sel = np.argsort(-pr, axis=-1, kind="stable")[:, :k]
+        wt = np.take_along_axis(pr, sel, axis=-1)
+        if MOE_NORM_W[self.arch]:
+            wt = wt / np.maximum(wt.sum(axis=-1, keepdims=True), 6.103515625e-5)
+        G, U, D = (self.w64(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
+        out = np.zeros_like(h)
+        for e in range(self.n_expert):
+            rows, slots = np.nonzero(sel == e)
+            if len(rows):
+                out[rows] += wt[rows, slots][:, None] * self.gated(h[rows], G[e], U[e], D[e])
+        if self.has(p + "ffn_gate_inp_shexp.weight"):
+            gs = h @ self.w64(p + "ffn_gate_inp_shexp.weight").reshape(-1)
+            sh = self.gated(h, *(self.w64(p + f"ffn_{n}_shexp.weight") for n in ("gate", "up", "down")))
+            out += (1.0 / (1.0 + np.exp(-gs)))[:, None] * sh
+        return out
+
     def ffn(self, h: np.ndarray, p: str, L: int) -> np.ndarray:
+        if self.n_expert:
+            return self.moe(h, p)
         if not self.has(p + "ffn_gate.weight"):   # phi3: ffn_up rows are gate then up
             y = self.lin(h, p + "ffn_up")
             if y.shape[1] != 2 * self.n_ff[L]:
@@ -246,7 +283,10 @@ class RefModel:
             nh, nkv = self.n_heads[L], self.n_heads_kv[L]
             h = self.rmsnorm(x, p + "attn_norm.weight")
             q, k, v = self.qkv(h, p, nh, nkv)
-            if self.has(p + "attn_q_norm.weight"):   # per-head RMS norm before rope
+            if self.has(p + "attn_q_norm.weight") and self.w(p + "attn_q_norm.weight").size != self.head_dim:
+                q = self.rmsnorm(q.reshape(len(ids), -1), p + "attn_q_norm.weight").reshape(q.shape)
+                k = self.rmsnorm(k.reshape(len(ids), -1), p + "attn_k_norm.weight").reshape(k.shape)
+            elif self.has(p + "attn_q_norm.weight"):   # per-head RMS norm before rope
                 q = self.rmsnorm(q, p + "attn_q_norm.weight")
                 k = self.rmsnorm(k, p + "attn_k_norm.weight")
             a = self.lin(self.attend(self.rope(q, theta), self.rope(k, theta), v, L), p + "attn_output")

@@ -16,7 +16,12 @@ llama.cpp's graph builders):
 Measured (kvant at the time of writing, AVX2 host, -t 2; rel L2 / max |logit diff| vs numpy, F32):
     llama3 4.0e-7 / 5.5e-6    mistral 4.5e-7 / 6.4e-6   qwen3 3.5e-7 / 5.0e-6
     gemma2 3.6e-7 / 4.5e-6    gemma3  3.5e-7 / 5.2e-6   phi3  4.2e-7 / 7.2e-6
-(quantized weights: up to 7.3e-7 / 3.1e-5, llama3 Q4_K; the int8 path: 0.6%..2.4% of the exact one).
+    mixtral 5.2e-7 / 7.9e-6   qwen2moe 4.7e-7 / 7.4e-6  qwen3moe 3.2e-7 / 5.7e-6  olmoe 3.1e-7 / 5.1e-6
+(quantized weights: up to 7.3e-7 / 3.1e-5, llama3 Q4_K; the int8 path: 0.6%..2.4% of the exact one;
+on the mixtures of experts the int8 path's median token 1.2%..4.5%, a router near a tie flipping
+now and then).  The mixtures of experts (8 experts, top 2) also check: batch invariance (bitwise
+over steps of 1, 5 and 24 tokens), that routing varies and matters (reference self-check), the
+refusals of tools that do not handle experts, and the expert bytes in `kvant info` / `kvant plan`.
 A window off by one position (7 or 9 instead of 8) gives rel L2 0.25..0.39 on gemma2/gemma3.
 kvant's numbers are written to build/test-results/family_<family>_<type>.json.
 """
@@ -35,6 +40,7 @@ from ref_model import RefModel, check_argmax, rel_err
 N_TOKENS = 24
 BOUND = 5e-6          # as test_logits.BOUND
 INT8_BOUND = 3e-2     # int8 activations (~0.3% per dot) and f16 K/V, compounded over the layers
+MOE_INT8_BOUND = 1e-1 # the same, per token (median), where a perturbed router may flip experts
 WTYPES = ["F32", "Q8_0", "Q4_0", "Q4_K", "Q6_K"]
 
 
@@ -78,9 +84,18 @@ def test_family_int8_path(family, wtype, fam_dir, kvant_logits, run_kvant, tmp_p
     assert r.returncode == 0, r.stderr[-2000:]
     kv = np.fromfile(tmp_path / "o.f32", dtype="<f4").reshape(N_TOKENS, -1)
     err = rel_err(kv, exact)
-    record_result(f"family_int8_{family}_{wtype}", {"rel_l2_vs_exact": err, "bound": INT8_BOUND})
+    if family in mf.MOE_FAMILIES:
+        # a token whose router is near a tie may pick another expert under the int8 perturbation
+        # (mixtral Q8_0: one of 24 tokens at rel 0.43), and later tokens attend to its changed K/V
+        # (olmoe Q6_K: 8 of 24 above 3%); the median token: 1-2% as the dense families, 4.5% on
+        # qwen3moe Q6_K, whose routers are near ties on many tokens (the reference's gap between
+        # the 2nd and 3rd expert: 0.002 on token 0's layer 1, 0.006 on token 1's layer 0)
+        per_tok = np.linalg.norm(kv - exact, axis=1) / np.linalg.norm(exact, axis=1)
+        err = float(np.median(per_tok))
+    bound = MOE_INT8_BOUND if family in mf.MOE_FAMILIES else INT8_BOUND
+    record_result(f"family_int8_{family}_{wtype}", {"rel_l2_vs_exact": err, "bound": bound})
     print(f"{family} {wtype} int8 path: rel L2 vs exact {err:.3e}")
-    assert 0 < err < INT8_BOUND, f"{family} {wtype}: int8 path rel L2 {err:.3e} (bound {INT8_BOUND})"
+    assert 0 < err < bound, f"{family} {wtype}: int8 path rel L2 {err:.3e} (bound {bound})"
     agree = (kv.argmax(-1) == exact.argmax(-1)).mean()
     assert agree >= 0.75, f"{family} {wtype}: int8 path argmax agreement {agree:.2f}"
 
@@ -241,6 +256,10 @@ def test_family_quantize(family, fam_dir, run_kvant, kvant_logits, tmp_path):
     src = mf.make_family(fam_dir, family, "F32")
     out = str(tmp_path / f"{family}-q4k.gguf")
     r = run_kvant(["quantize", src, out, "--recipe", "q4_k_m", "-t", "2"])
+    if family in mf.MOE_FAMILIES:   # the 3-D expert tensors are not quantized: refused, not half done
+        assert r.returncode > 0 and "ffn_gate_exps.weight" in r.stderr and "mixture-of-experts" in r.stderr, \
+            r.stderr[-2000:]
+        return
     assert r.returncode == 0, r.stderr[-2000:]
     ids = _ids(family)
     ref = RefModel(out).forward(ids)
@@ -256,7 +275,9 @@ def test_family_prune(family, fam_dir, run_kvant, tmp_path):
     out = tmp_path / "p.gguf"
     calib = Path(__file__).resolve().parent.parent / "data" / "english.txt"
     r = run_kvant(["prune", src, out, "--calib", calib, "--drop-layers", "1", "-t", "2"])
-    if mf.ARCH[family] == "llama":
+    if family in mf.MOE_FAMILIES:
+        assert r.returncode > 0 and "prune: mixture-of-experts models" in r.stderr, r.stderr
+    elif mf.ARCH[family] == "llama":
         assert r.returncode == 0, r.stderr[-2000:]
         ids = _ids(family)
         m = RefModel(str(out))
@@ -322,9 +343,113 @@ def test_family_parallel(family, mode, fam_dir, kvant_bin, kvant_logits, tmp_pat
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    if family in mf.MOE_FAMILIES:   # experts are not split over ranks or stages: refused
+        assert r.returncode > 0 and "--tp / --pp: mixture-of-experts" in r.stderr, r.stderr[-3000:]
+        return
     assert r.returncode == 0, r.stderr[-3000:]
     got = np.fromfile(tmp_path / "o.f32", dtype="<f4").reshape(N_TOKENS, -1)
     if mode == "pp":
         assert np.array_equal(got, one)
     else:
         assert rel_err(got, one.astype(np.float64)) < 1e-5
+
+
+# ---- mixtures of experts ----
+
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("family", mf.MOE_FAMILIES)
+def test_moe_batch_invariance(family, exact, fam_dir, run_kvant, tmp_path):
+    """A token's logits do not depend on the tokens sharing its step: the sequence in passes of 1, 5
+    and 24 tokens (-b) gives bitwise the same logits, on the reference path and on the default one
+    (int8 activations, repacked experts).  The steps group different tokens per expert."""
+    path = mf.make_family(fam_dir, family, "Q4_0")
+    ids = _ids(family)
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, ids)) + "\n")
+    outs = []
+    for b in ("24", "5", "1"):
+        args = ["logits", "-m", path, "--tokens-file", tmp_path / "ids.txt", "--out", tmp_path / f"o{b}.f32",
+                "-t", "2", "--kv-dtype", "f32", "-b", b] + (["--exact"] if exact else [])
+        r = run_kvant(args)
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs.append(np.fromfile(tmp_path / f"o{b}.f32", dtype="<f4"))
+    assert np.all(np.isfinite(outs[0]))
+    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("family", mf.MOE_FAMILIES)
+def test_moe_routing_matters(family, fam_dir):
+    """Self-check of the reference (no kvant): tokens choose different experts, and taking the
+    top-k by lowest probability instead changes the logits, so the tests above can fail."""
+    path = mf.make_family(fam_dir, family, "F32")
+    ids = _ids(family)
+    m = RefModel(path)
+    a = m.forward(ids)
+    h = m.rmsnorm(m.w("token_embd.weight")[ids].astype(np.float64), "blk.0.ffn_norm.weight")
+    sel = np.argsort(-(h @ m.w64("blk.0.ffn_gate_inp.weight").T), axis=-1)[:, :m.n_expert_used]
+    assert len({tuple(sorted(s)) for s in sel}) > 3, f"{family}: routing hardly varies"
+    m.n_expert_used = m.n_expert   # every expert, weighted: not the top-k mixture
+    assert rel_err(m.forward(ids), a) > 1e-2
+
+
+def test_moe_offload_refused(fam_dir, run_kvant, tmp_path):
+    """Weight offload does not stream experts yet: refused, naming the option (`kvant plan`'s
+    prediction too, whose rates are measured on a dense FFN); a budget that holds the whole
+    model streams nothing and runs."""
+    path = mf.make_family(fam_dir, "qwen3moe", "F32")
+    (tmp_path / "ids.txt").write_text("1 2 3\n")
+    run = ["logits", "-m", path, "--tokens-file", tmp_path / "ids.txt", "--out", tmp_path / "o.f32"]
+    r = run_kvant(run + ["--weights-memory", "7M"])
+    assert r.returncode > 0 and "--weights-memory" in r.stderr and "mixture-of-experts" in r.stderr, r.stderr
+    for budget in ("7M", "1G"):
+        r = run_kvant(["plan", "-m", path, "--weights-memory", budget])
+        assert r.returncode == 1 and "mixture-of-experts" in r.stderr, (budget, r.returncode, r.stderr)
+    assert run_kvant(run + ["--weights-memory", "1G"]).returncode == 0
+
+
+MOE_REFUSALS = {
+    # (family, extra keys, what the message must name)
+    "groups": ("qwen3moe", {"qwen3moe.expert_group_count": 2}, "qwen3moe.expert_group_count"),
+    "used_gt_count": ("olmoe", {"olmoe.expert_used_count": 9}, "olmoe.expert_used_count"),
+    "dense_with_experts": ("qwen3", {"qwen3.expert_count": 4}, "qwen3.expert_count"),
+    "mixtral_shared": ("mixtral", {"llama.expert_shared_feed_forward_length": 256},
+                       "llama.expert_shared_feed_forward_length"),
+}
+
+
+@pytest.mark.parametrize("case", list(MOE_REFUSALS))
+def test_moe_refusals(case, run_kvant, tmp_path):
+    family, extra, needle = MOE_REFUSALS[case]
+    path = str(tmp_path / f"{case}.gguf")
+    if case == "used_gt_count":   # rewrite the header's value in place (the key is written once)
+        mf.write_family(path, family, "F32", seed=1)
+        data = bytearray(open(path, "rb").read())
+        key = b"olmoe.expert_used_count"
+        i = data.index(key) + len(key) + 4
+        data[i:i + 4] = (9).to_bytes(4, "little")
+        open(path, "wb").write(bytes(data))
+    else:
+        mf.write_family(path, family, "F32", seed=1, extra_kv=extra)
+    (tmp_path / "ids.txt").write_text("1 2 3\n")
+    r = run_kvant(["logits", "-m", path, "--tokens-file", tmp_path / "ids.txt", "--out", tmp_path / "o.f32"])
+    assert r.returncode > 0, f"{case}: loaded (exit {r.returncode}), expected a refusal"
+    assert needle in r.stderr, f"{case}: message does not name {needle!r}: {r.stderr[-500:]}"
+
+
+@pytest.mark.parametrize("family", mf.MOE_FAMILIES)
+def test_moe_info_plan_bytes(family, fam_dir, run_kvant):
+    """`kvant info` and `kvant plan` count the stacked experts' bytes (most of the file) and show
+    the expert shape the header gives."""
+    from gguf import GGUFReader
+    path = mf.make_family(fam_dir, family, "Q4_K")
+    want = sum(int(t.n_bytes) for t in GGUFReader(path).tensors)
+    r = run_kvant(["info", "-m", path, "--json"])
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    mo = mf.MOE[family]
+    assert d["tensor_bytes"] == want
+    rec = d["recipe"]
+    assert (rec["experts"], rec["experts_used"], rec["shared_ff"]) == (mo.n_expert, mo.n_used, mo.n_ff_shexp)
+    assert rec["expert_ff"] == (mo.n_ff_exp or mf.TINY[family].n_ff)
+    r = run_kvant(["plan", "-m", path])
+    assert r.returncode == 0, r.stderr
+    assert f"{want / 2**20:.2f} MiB" in r.stdout, r.stdout

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "backend/cpu/cpu_kv.h"
+#include "backend/cpu/cpu_moe.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/cpu_pack.h"
 #include "backend/cpu/tpool.h"
@@ -64,6 +65,9 @@ typedef struct cpu_backend {
     cpu_packed *packed;     /* weights repacked at load (act_q8 only) */
     int pack;               /* 0 under BACKEND_NO_PACK */
     int n_weight_ids, cap_weight_ids;
+    cpu_moe_dims moe;       /* the loaded model's widest expert layer (zero: dense) */
+    void *moe_ws;           /* MEM_WORKSPACE for cpu_moe_ffn, moe_ws_bytes */
+    size_t moe_ws_bytes;
 } cpu_backend;
 
 static cpu_backend *cpu(backend *be)
@@ -135,6 +139,7 @@ static int cpu_load_weights(backend *be, model *m, kvant_err *err)
     cb->qact_n = m->hp.n_embd > m->hp.n_ff ? m->hp.n_embd : m->hp.n_ff;
     if ((int64_t)m->hp.n_head * m->hp.head_dim > cb->qact_n)
         cb->qact_n = (int64_t)m->hp.n_head * m->hp.head_dim;
+    cb->moe = cpu_moe_dims_of(m);
     if (cb->act_q8 && cb->pack) {
         cb->packed = cpu_pack_weights(m, cb->mem, cb->pool, err);
         if (!cb->packed)
@@ -288,6 +293,13 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
         cb->qact = mem_alloc(cb->mem, qb, MEM_WORKSPACE, MEM_NO_LAYER, NULL);
         cb->qact_bytes = cb->qact ? qb : 0;
     }
+    /* the experts' workspace of the largest step, as the activations */
+    const size_t mb = cpu_moe_ws_bytes(&cb->moe, lay->max_tokens);
+    if (mb > cb->moe_ws_bytes) {
+        mem_free(cb->mem, cb->moe_ws);
+        cb->moe_ws = mem_alloc(cb->mem, mb, MEM_WORKSPACE, MEM_NO_LAYER, NULL);
+        cb->moe_ws_bytes = cb->moe_ws ? mb : 0;
+    }
     cb->scratch_per_thread = cpu_kvq_scratch(lay->block_size, lay->head_dim);
     cb->scratch = mem_alloc(cb->mem, (size_t)cb->scratch_per_thread * cb->n_threads * sizeof(float),
                             MEM_WORKSPACE, MEM_NO_LAYER, err);
@@ -340,7 +352,7 @@ static uint64_t cpu_kv_extra_bytes(backend *be, const kv_layout *lay)
      * rounding; its int8 matmul activations are in the plan
      * (plan_config.act_q8, plan_act_q8_bytes) */
     return (uint64_t)cpu_kvq_scratch(lay->block_size, lay->head_dim) * cpu(be)->n_threads *
-               sizeof(float) + 64;
+               sizeof(float) + 64 + cpu_moe_ws_bytes(&cpu(be)->moe, lay->max_tokens);
 }
 
 /* Block-major storage: a block's K and V of every layer are one span of
@@ -613,6 +625,32 @@ static void cpu_matmul(backend *be, const model_tensor *W, const model_tensor *b
     cpu_matmul_n(be, 1, &W, &bias, d_x, &d_y, n);
 }
 
+static void moe_mm(void *ctx, int count, const model_tensor *const *W, const float *x,
+                   float *const *y, int32_t n)
+{
+    const model_tensor *no_bias[MM_MAX_PARTS] = {NULL, NULL, NULL};
+    cpu_matmul_n(ctx, count, W, no_bias, x, y, n);
+}
+
+/* The workspace kv_init sized for the largest step; a larger step (a
+ * layout without max_tokens) grows it once, as the int8 activations. */
+static int cpu_moe_ffn_op(backend *be, const model_layer *L, const moe_params *mp,
+                          const float *d_h, float *d_x, int32_t n, kvant_err *err)
+{
+    cpu_backend *cb = cpu(be);
+    const size_t need = cpu_moe_ws_bytes(&cb->moe, n);
+    if (need > cb->moe_ws_bytes) {
+        mem_free(cb->mem, cb->moe_ws);
+        cb->moe_ws = mem_alloc(cb->mem, need, MEM_WORKSPACE, MEM_NO_LAYER, err);
+        cb->moe_ws_bytes = cb->moe_ws ? need : 0;
+        if (!cb->moe_ws)
+            return KV_ENOMEM;
+    }
+    const cpu_moe_env env = {moe_mm, be, cb->moe_ws};
+    cpu_moe_ffn(&env, L, mp->norm_w, d_h, d_x, n);
+    return KV_OK;
+}
+
 static void rope_worker(int ith, int nth, void *arg)
 {
     row_job *j = arg;
@@ -866,6 +904,7 @@ static void cpu_destroy(backend *be)
         return;
     cpu_kv_free(be);
     mem_free(cb->mem, cb->qact);
+    mem_free(cb->mem, cb->moe_ws);
     cpu_pack_drop(cb->packed, cb->mem);
     for (int i = 0; i < cb->n_weight_ids; i++)
         mem_unreserve(cb->mem, cb->weight_ids[i]);
@@ -906,6 +945,7 @@ static const backend_ops cpu_ops = {
     .scale = cpu_scale,
     .softcap = cpu_softcap,
     .add = cpu_add,
+    .moe_ffn = cpu_moe_ffn_op,
     .gather_out = cpu_gather_out,
 };
 

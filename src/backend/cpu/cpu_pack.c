@@ -85,7 +85,7 @@ static void pack_one(cpu_packed *p, model_tensor *t, mem_mgr *mem, tpool *pool)
 cpu_packed *cpu_pack_weights(model *m, mem_mgr *mem, tpool *pool, kvant_err *err)
 {
     cpu_packed *p = calloc(1, sizeof *p);
-    const int cap = 7 * m->hp.n_layers + 1;
+    const int cap = 13 * m->hp.n_layers + 1;
     if (p)
         p->e = calloc((size_t)cap, sizeof *p->e);
     if (!p || !p->e) {
@@ -95,8 +95,13 @@ cpu_packed *cpu_pack_weights(model *m, mem_mgr *mem, tpool *pool, kvant_err *err
     }
     for (int il = 0; m->layers && il < m->hp.n_layers; il++) {
         model_layer *L = &m->layers[il];
-        model_tensor *ts[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++)
+        /* stacked experts pack row by row like any matrix: an expert's rows
+         * stay a contiguous slice */
+        model_tensor *ts[] = {&L->wq,        &L->wk,         &L->wv,      &L->wo,
+                              &L->w_gate,    &L->w_up,       &L->w_down,  &L->gate_exps,
+                              &L->up_exps,   &L->down_exps,  &L->gate_shexp, &L->up_shexp,
+                              &L->down_shexp};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
             pack_one(p, ts[i], mem, pool);
     }
     if (!m->tied_output)

@@ -201,6 +201,10 @@ static void cuda_unload_weights(backend *be, model *m)
 static int cuda_load_weights(backend *be, model *m, kvant_err *err)
 {
     cuda_backend *cb = cu(be);
+    if (model_has_experts(m)) /* no expert kernels (backend.h moe_ffn) on this backend */
+        return kvant_err_set(err, KV_EUNSUP, "backend cuda: mixture-of-experts models (%s."
+                             "expert_count %u) are not supported; use --backend cpu",
+                             m->hp.recipe->arch, m->hp.fam.n_expert);
     if (cudaSetDevice(cb->device) != cudaSuccess)
         return kvant_err_set(err, KV_EIO, "cudaSetDevice(%d) failed", cb->device);
     load_ctx lc = {cb, err, 0};

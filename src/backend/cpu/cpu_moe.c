@@ -1,0 +1,223 @@
+/* cpu_moe.c - the mixture-of-experts FFN on the CPU (see cpu_moe.h).
+ *
+ * Per step:
+ *   logits[t] = h[t] ffn_gate_inp            (matmul)
+ *   p[t] = softmax(logits[t]) ; sel[t][k], w[t][k] = top-k of p[t] (k < n_used)
+ *   (w[t] /= sum w[t], clamped below at 2^-14, when norm_w)
+ *   order = (t, k) pairs sorted by expert, then t, then k (a counting sort)
+ *   per expert e with tokens: xg = h[tokens] ; y = down_e(silu(gate_e xg) * up_e xg)
+ *                             into yslot at the pairs' sorted positions
+ *   x[t] += sum_k w[t][k] yslot[t][k] (k ascending) (+ sigmoid(h . g_sh) shared(h))
+ */
+#include "backend/cpu/cpu_moe.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_ops.h"
+
+/* The workspace's parts for n tokens, in floats (int32 parts share the size). */
+typedef struct moe_ws {
+    float *logits;    /* [n][n_expert] */
+    int32_t *sel;     /* [n][n_used] expert of each slot */
+    float *w;         /* [n][n_used] its weight */
+    int32_t *start;   /* [n_expert + 1] first sorted position of each expert */
+    int32_t *pos;     /* [n][n_used] sorted position of each (t, k) */
+    int32_t *tok;     /* [n * n_used] token of each sorted position */
+    float *xg;        /* [n][n_embd] an expert's gathered inputs */
+    float *gate, *up; /* [n][max(n_ff_exp, n_ff_shexp)] */
+    float *yslot;     /* [n * n_used][n_embd] outputs in sorted order */
+    float *ysh;       /* [n][n_embd] shared expert output */
+    float *gsh;       /* [n] shared expert gate logits */
+} moe_ws;
+
+static size_t round16(size_t n)
+{
+    return (n + 15) / 16 * 16; /* 64-byte parts */
+}
+
+/* Lays the parts out from base (NULL: only counts); returns floats used. */
+static size_t ws_layout(const cpu_moe_dims *d, int32_t n, float *base, moe_ws *o)
+{
+    const size_t nt = (size_t)n, k = (size_t)d->n_used, D = (size_t)d->n_embd;
+    const size_t F = (size_t)(d->n_ff_exp > d->n_ff_shexp ? d->n_ff_exp : d->n_ff_shexp);
+    const size_t sizes[] = {nt * (size_t)d->n_expert, nt * k, nt * k, (size_t)d->n_expert + 1,
+                            nt * k, nt * k, nt * D, nt * F, nt * F, nt * k * D,
+                            d->n_ff_shexp ? nt * D : 0, nt};
+    void **parts[] = {(void **)&o->logits, (void **)&o->sel,  (void **)&o->w,
+                      (void **)&o->start,  (void **)&o->pos,  (void **)&o->tok,
+                      (void **)&o->xg,     (void **)&o->gate, (void **)&o->up,
+                      (void **)&o->yslot,  (void **)&o->ysh,  (void **)&o->gsh};
+    size_t off = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        if (base)
+            *parts[i] = base + off;
+        off += round16(sizes[i]);
+    }
+    return off;
+}
+
+cpu_moe_dims cpu_moe_dims_of(const model *m)
+{
+    cpu_moe_dims d = {0};
+    for (int32_t il = 0; m->layers && il < m->hp.n_layers; il++) {
+        const model_layer *L = &m->layers[il];
+        if (!L->n_expert)
+            continue;
+        d.n_embd = m->hp.n_embd;
+        d.n_expert = L->n_expert > d.n_expert ? L->n_expert : d.n_expert;
+        d.n_used = L->n_expert_used > d.n_used ? L->n_expert_used : d.n_used;
+        d.n_ff_exp = L->n_ff_exp > d.n_ff_exp ? L->n_ff_exp : d.n_ff_exp;
+        d.n_ff_shexp = L->n_ff_shexp > d.n_ff_shexp ? L->n_ff_shexp : d.n_ff_shexp;
+    }
+    return d;
+}
+
+size_t cpu_moe_ws_bytes(const cpu_moe_dims *d, int32_t n_tok)
+{
+    if (!d->n_expert || n_tok < 1)
+        return 0;
+    moe_ws o;
+    return ws_layout(d, n_tok, NULL, &o) * sizeof(float);
+}
+
+void cpu_moe_topk(const float *p, int32_t n_expert, int32_t k, int32_t *sel, float *w)
+{
+    /* k passes of the largest not yet taken: k and n_expert are small, and a
+     * strict > keeps the lower index on ties */
+    for (int32_t s = 0; s < k; s++) {
+        int32_t best = -1;
+        for (int32_t e = 0; e < n_expert; e++) {
+            int taken = 0;
+            for (int32_t j = 0; j < s && !taken; j++)
+                taken = sel[j] == e;
+            if (!taken && (best < 0 || p[e] > p[best]))
+                best = e;
+        }
+        sel[s] = best;
+        w[s] = p[best];
+    }
+}
+
+/* Softmax, top-k and the weights of token t's slots. */
+static void route_token(const moe_ws *ws, int32_t t, int32_t n_expert, int32_t k, int norm_w)
+{
+    float *p = ws->logits + (size_t)t * n_expert;
+    float mx = p[0];
+    for (int32_t e = 1; e < n_expert; e++)
+        mx = p[e] > mx ? p[e] : mx;
+    float sum = 0.0f;
+    for (int32_t e = 0; e < n_expert; e++) {
+        p[e] = expf(p[e] - mx);
+        sum += p[e];
+    }
+    for (int32_t e = 0; e < n_expert; e++)
+        p[e] /= sum;
+    int32_t *sel = ws->sel + (size_t)t * k;
+    float *w = ws->w + (size_t)t * k;
+    cpu_moe_topk(p, n_expert, k, sel, w);
+    if (!norm_w)
+        return;
+    float ws_sum = 0.0f;
+    for (int32_t s = 0; s < k; s++)
+        ws_sum += w[s];
+    if (ws_sum < 6.103515625e-5f) /* llama.cpp clamps the sum to f16's smallest normal */
+        ws_sum = 6.103515625e-5f;
+    for (int32_t s = 0; s < k; s++)
+        w[s] /= ws_sum;
+}
+
+/* Counting sort of the (t, k) pairs by expert: start[e] .. start[e + 1]. */
+static void group(const moe_ws *ws, int32_t n, int32_t n_expert, int32_t k)
+{
+    memset(ws->start, 0, (size_t)(n_expert + 1) * sizeof *ws->start);
+    for (int32_t i = 0; i < n * k; i++)
+        ws->start[ws->sel[i] + 1]++;
+    for (int32_t e = 0; e < n_expert; e++)
+        ws->start[e + 1] += ws->start[e];
+    /* pos doubles as the fill cursor: start[e] advanced per pair, then restored */
+    for (int32_t i = 0; i < n * k; i++) {
+        const int32_t e = ws->sel[i];
+        ws->pos[i] = ws->start[e]++;
+        ws->tok[ws->pos[i]] = i / k;
+    }
+    for (int32_t e = n_expert; e > 0; e--)
+        ws->start[e] = ws->start[e - 1];
+    ws->start[0] = 0;
+}
+
+/* Row view [row0, row0 + rows) of a stacked tensor, at its backend copy. */
+static model_tensor rows_of(const model_tensor *t, int64_t row0, int64_t rows)
+{
+    model_tensor v = *t;
+    v.ne[1] = rows;
+    v.nbytes = (uint64_t)rows * t->row_bytes;
+    v.data = t->data ? (const char *)t->data + row0 * (int64_t)t->row_bytes : NULL;
+    v.dev = (char *)t->dev + row0 * (int64_t)t->row_bytes;
+    return v;
+}
+
+/* One gated FFN over n rows of xin into y: y = down(silu(gate xin) * up xin). */
+static void gated_ffn(const cpu_moe_env *env, const moe_ws *ws, const model_tensor *g,
+                      const model_tensor *u, const model_tensor *d, const float *xin, float *y,
+                      int32_t n)
+{
+    const model_tensor *gu[2] = {g, u};
+    float *gu_y[2] = {ws->gate, ws->up};
+    env->mm(env->mm_ctx, 2, gu, xin, gu_y, n);
+    cpu_swiglu(ws->gate, ws->up, ws->gate, (int64_t)n * g->ne[1]);
+    env->mm(env->mm_ctx, 1, &d, ws->gate, &y, n);
+}
+
+static void run_experts(const cpu_moe_env *env, const moe_ws *ws, const model_layer *L,
+                        const float *h)
+{
+    const int64_t D = L->down_exps.ne[1] / L->n_expert, F = L->n_ff_exp;
+    for (int32_t e = 0; e < L->n_expert; e++) {
+        const int32_t b = ws->start[e], cnt = ws->start[e + 1] - b;
+        if (cnt == 0)
+            continue;
+        for (int32_t i = 0; i < cnt; i++)
+            memcpy(ws->xg + (size_t)i * D, h + (size_t)ws->tok[b + i] * D,
+                   (size_t)D * sizeof(float));
+        const model_tensor g = rows_of(&L->gate_exps, e * F, F);
+        const model_tensor u = rows_of(&L->up_exps, e * F, F);
+        const model_tensor d = rows_of(&L->down_exps, e * D, D);
+        gated_ffn(env, ws, &g, &u, &d, ws->xg, ws->yslot + (size_t)b * D, cnt);
+    }
+}
+
+void cpu_moe_ffn(const cpu_moe_env *env, const model_layer *L, int norm_w, const float *h,
+                 float *x, int32_t n)
+{
+    const cpu_moe_dims dims = {(int32_t)L->ffn_gate_inp.ne[0], L->n_expert, L->n_expert_used,
+                               L->n_ff_exp, L->n_ff_shexp};
+    moe_ws ws;
+    ws_layout(&dims, n, env->ws, &ws);
+    const int32_t k = L->n_expert_used, D = dims.n_embd;
+    const model_tensor *router = &L->ffn_gate_inp;
+    env->mm(env->mm_ctx, 1, &router, h, &ws.logits, n);
+    for (int32_t t = 0; t < n; t++)
+        route_token(&ws, t, L->n_expert, k, norm_w);
+    group(&ws, n, L->n_expert, k);
+    run_experts(env, &ws, L, h);
+    if (L->n_ff_shexp) {
+        const model_tensor *gi = &L->gate_inp_shexp;
+        env->mm(env->mm_ctx, 1, &gi, h, &ws.gsh, n);
+        gated_ffn(env, &ws, &L->gate_shexp, &L->up_shexp, &L->down_shexp, h, ws.ysh, n);
+    }
+    for (int32_t t = 0; t < n; t++) {
+        float *xt = x + (size_t)t * D;
+        const int32_t *pos = ws.pos + (size_t)t * k;
+        const float *w = ws.w + (size_t)t * k;
+        const float sg = L->n_ff_shexp ? 1.0f / (1.0f + expf(-ws.gsh[t])) : 0.0f;
+        for (int32_t c = 0; c < D; c++) {
+            float acc = 0.0f;
+            for (int32_t s = 0; s < k; s++)
+                acc += w[s] * ws.yslot[(size_t)pos[s] * D + c];
+            if (L->n_ff_shexp)
+                acc += sg * ws.ysh[(size_t)t * D + c];
+            xt[c] += acc;
+        }
+    }
+}

@@ -1,0 +1,52 @@
+/* cpu_moe.h - the mixture-of-experts FFN on the CPU (backend.h moe_ffn).
+ *
+ * One call runs a layer's experts over a step's tokens: router logits,
+ * softmax, top-k per token (ties: the lower expert index), then the
+ * tokens grouped by expert so that each expert's rows are read once per
+ * step (its gathered tokens go through the backend's matmul, int8
+ * activations included), and each token's (slot) outputs combined in slot
+ * order.  Every value a token gets depends only on its own row, never on
+ * the other tokens of the step: batch invariance stays bitwise.
+ *
+ * Memory: all scratch is the caller's workspace (cpu_moe_ws_bytes for the
+ * step's token count); nothing is allocated here.  Threading: called by
+ * the engine thread; parallelism is inside the matmul callback.
+ */
+#ifndef KVANT_CPU_MOE_H
+#define KVANT_CPU_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/model.h"
+
+/* The widest layer's expert shape (the workspace's size). */
+typedef struct cpu_moe_dims {
+    int32_t n_embd, n_expert, n_used, n_ff_exp, n_ff_shexp;
+} cpu_moe_dims;
+
+/* The shape of m's widest expert layer (all zero for a dense model). */
+cpu_moe_dims cpu_moe_dims_of(const model *m);
+/* Workspace bytes for n_tok tokens (0 for a dense model). */
+size_t cpu_moe_ws_bytes(const cpu_moe_dims *d, int32_t n_tok);
+
+/* y[i] = W[i] x for i < count over n rows of x: the backend's matmul_n
+ * (same results as its matmul; ctx is the backend). */
+typedef void (*cpu_moe_mm_fn)(void *ctx, int count, const model_tensor *const *W,
+                              const float *x, float *const *y, int32_t n);
+
+typedef struct cpu_moe_env {
+    cpu_moe_mm_fn mm;
+    void *mm_ctx;
+    void *ws;          /* cpu_moe_ws_bytes(dims, n) bytes at least, float-aligned */
+} cpu_moe_env;
+
+/* x[t] += MoE_L(h[t]) for t < n (backend.h moe_ffn). */
+void cpu_moe_ffn(const cpu_moe_env *env, const model_layer *L, int norm_w, const float *h,
+                 float *x, int32_t n);
+
+/* The top k of p[0..n_expert) into sel[0..k) (largest first, ties: lower
+ * index first) and their values into w. */
+void cpu_moe_topk(const float *p, int32_t n_expert, int32_t k, int32_t *sel, float *w);
+
+#endif

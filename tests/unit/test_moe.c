@@ -1,0 +1,221 @@
+/* test_moe.c - the CPU mixture-of-experts FFN (backend/cpu/cpu_moe.h) on
+ * random F32 experts against a double-precision reference written here:
+ * top-k ties, router and expert maths (normalised or not, shared expert),
+ * each expert's rows read once per call, and a token's result bitwise the
+ * same alone or in a batch; a backend without the op refuses such a model.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_moe.h"
+#include "forward/forward.h"
+#include "kernels/dtype.h"
+#include "testutil.h"
+#include "tinymodel.h"
+
+enum { D = 32, X = 6, K = 2, F = 16, S = 24, N = 7 };
+
+/* The matmul the backend would pass: y[t][r] = sum_c W[r][c] x[t][c], f32,
+ * c ascending (per-row, so batch invariant); counts the calls per tensor. */
+typedef struct mm_ctx {
+    const model_layer *L;
+    int gate_calls[X]; /* gate_exps slices seen, per expert */
+    int calls;
+} mm_ctx;
+
+static void mm(void *ctx, int count, const model_tensor *const *W, const float *x,
+               float *const *y, int32_t n)
+{
+    mm_ctx *c = ctx;
+    c->calls++;
+    for (int i = 0; i < count; i++) {
+        const model_tensor *w = W[i];
+        const float *g0 = c->L->gate_exps.dev;
+        const float *wd = w->dev;
+        if (wd >= g0 && wd < g0 + (size_t)X * F * D)
+            c->gate_calls[(wd - g0) / (F * D)]++;
+        for (int32_t t = 0; t < n; t++)
+            for (int64_t r = 0; r < w->ne[1]; r++) {
+                float acc = 0.0f;
+                for (int64_t k = 0; k < w->ne[0]; k++)
+                    acc += wd[r * w->ne[0] + k] * x[t * w->ne[0] + k];
+                y[i][t * w->ne[1] + r] = acc;
+            }
+    }
+}
+
+static model_tensor mat(float *data, int64_t cols, int64_t rows)
+{
+    model_tensor t = {0};
+    t.type = DT_F32;
+    t.ne[0] = cols;
+    t.ne[1] = rows;
+    t.row_bytes = (size_t)cols * sizeof(float);
+    t.nbytes = (uint64_t)rows * t.row_bytes;
+    t.data = data;
+    t.dev = data;
+    return t;
+}
+
+static void fill(tu_rng *r, float *p, size_t n, float s)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = s * tu_rand_normal(r);
+}
+
+static double silu(double v)
+{
+    return v / (1.0 + exp(-v));
+}
+
+/* sum_k w_k down_e(silu(gate_e h) * up_e h) (+ sigmoid(h.g) shared(h)), in double. */
+static void ref_token(const model_layer *L, int norm_w, const float *h, double *out)
+{
+    const float *R = L->ffn_gate_inp.data;
+    double p[X], mx = -1e300, sum = 0;
+    for (int e = 0; e < X; e++) {
+        p[e] = 0;
+        for (int c = 0; c < D; c++)
+            p[e] += (double)R[e * D + c] * h[c];
+        mx = p[e] > mx ? p[e] : mx;
+    }
+    for (int e = 0; e < X; e++)
+        sum += (p[e] = exp(p[e] - mx));
+    int sel[K];
+    double w[K], ws = 0;
+    for (int s = 0; s < K; s++) {
+        int best = -1;
+        for (int e = 0; e < X; e++)
+            if ((s == 0 || e != sel[0]) && (best < 0 || p[e] > p[best]))
+                best = e;
+        sel[s] = best;
+        ws += (w[s] = p[best] / sum);
+    }
+    memset(out, 0, D * sizeof *out);
+    const int nex = L->n_ff_shexp ? K + 1 : K;
+    for (int s = 0; s < nex; s++) {
+        const int sh = s == K, ff = sh ? S : F;
+        const float *G = sh ? L->gate_shexp.data : (const float *)L->gate_exps.data + sel[s] * F * D;
+        const float *U = sh ? L->up_shexp.data : (const float *)L->up_exps.data + sel[s] * F * D;
+        const float *Dn = sh ? L->down_shexp.data : (const float *)L->down_exps.data + sel[s] * D * F;
+        double a[S], wk;
+        if (sh) {
+            double g = 0;
+            for (int c = 0; c < D; c++)
+                g += (double)((const float *)L->gate_inp_shexp.data)[c] * h[c];
+            wk = 1.0 / (1.0 + exp(-g));
+        } else {
+            wk = norm_w ? w[s] / ws : w[s];
+        }
+        for (int r = 0; r < ff; r++) {
+            double g = 0, u = 0;
+            for (int c = 0; c < D; c++) {
+                g += (double)G[r * D + c] * h[c];
+                u += (double)U[r * D + c] * h[c];
+            }
+            a[r] = silu(g) * u;
+        }
+        for (int r = 0; r < D; r++) {
+            double y = 0;
+            for (int c = 0; c < ff; c++)
+                y += (double)Dn[r * ff + c] * a[c];
+            out[r] += wk * y;
+        }
+    }
+}
+
+static void test_topk(void)
+{
+    const float p[6] = {0.1f, 0.3f, 0.3f, 0.05f, 0.3f, 0.0f};
+    int32_t sel[4];
+    float w[4];
+    cpu_moe_topk(p, 6, 4, sel, w);
+    CHECK(sel[0] == 1 && sel[1] == 2 && sel[2] == 4 && sel[3] == 0); /* ties: lower first */
+    CHECK(w[0] == 0.3f && w[3] == 0.1f);
+}
+
+static void test_ffn(int shared, int norm_w)
+{
+    tu_rng r = {0x5eed + (unsigned)shared * 2 + (unsigned)norm_w};
+    static float router[X * D], ge[X * F * D], ue[X * F * D], de[X * D * F];
+    static float gs[S * D], us[S * D], ds[D * S], gis[D], h[N * D];
+    fill(&r, router, X * D, 0.5f);
+    fill(&r, ge, X * F * D, 0.2f);
+    fill(&r, ue, X * F * D, 0.2f);
+    fill(&r, de, X * D * F, 0.25f);
+    fill(&r, gs, S * D, 0.2f);
+    fill(&r, us, S * D, 0.2f);
+    fill(&r, ds, D * S, 0.2f);
+    fill(&r, gis, D, 0.3f);
+    fill(&r, h, N * D, 1.0f);
+    model_layer L = {0};
+    L.n_expert = X, L.n_expert_used = K, L.n_ff_exp = F, L.n_ff_shexp = shared ? S : 0;
+    L.ffn_gate_inp = mat(router, D, X);
+    L.gate_exps = mat(ge, D, (int64_t)X * F);
+    L.up_exps = mat(ue, D, (int64_t)X * F);
+    L.down_exps = mat(de, F, (int64_t)X * D);
+    L.gate_shexp = mat(gs, D, S);
+    L.up_shexp = mat(us, D, S);
+    L.down_shexp = mat(ds, S, D);
+    L.gate_inp_shexp = mat(gis, D, 1);
+    const cpu_moe_dims dims = {D, X, K, F, L.n_ff_shexp};
+    void *ws = malloc(cpu_moe_ws_bytes(&dims, N));
+    mm_ctx c = {.L = &L};
+    const cpu_moe_env env = {mm, &c, ws};
+    float x[N * D], x1[N * D];
+    for (int i = 0; i < N * D; i++)
+        x[i] = x1[i] = 0.01f * (float)(i % 13);
+    cpu_moe_ffn(&env, &L, norm_w, h, x, N);
+    int distinct = 0, once = 1;
+    for (int e = 0; e < X; e++) {
+        distinct += c.gate_calls[e] > 0;
+        once &= c.gate_calls[e] <= 1;
+    }
+    CHECKF(once && distinct >= 3, "each used expert read once (%d experts used)", distinct);
+    double worst = 0;
+    for (int t = 0; t < N; t++) {
+        double ref[D], num = 0, den = 0;
+        ref_token(&L, norm_w, h + t * D, ref);
+        for (int i = 0; i < D; i++) {
+            const double want = 0.01 * ((t * D + i) % 13) + ref[i];
+            num += (x[t * D + i] - want) * (x[t * D + i] - want);
+            den += want * want;
+        }
+        worst = fmax(worst, sqrt(num / den));
+    }
+    CHECKF(worst < 1e-5, "shared %d norm_w %d: rel err %.3g", shared, norm_w, worst);
+    for (int t = 0; t < N; t++) /* alone: bitwise the batch's row */
+        cpu_moe_ffn(&env, &L, norm_w, h + t * D, x1 + t * D, 1);
+    CHECK(memcmp(x, x1, sizeof x) == 0);
+    free(ws);
+}
+
+/* fwd_init on a backend whose ops lack moe_ffn (the CUDA backend's case):
+ * KV_EUNSUP naming the experts, before anything is allocated. */
+static void test_refused_without_op(void)
+{
+    model *m = tiny_model_load("build/tests/tiny-moe.gguf", 5);
+    if (!m)
+        return;
+    m->hp.fam.n_expert = 4; /* as a file with expert_count 4 would say */
+    const backend_ops ops = {.name = "no-moe"};
+    backend be = {&ops};
+    kv_layout lay = fwd_kv_layout(m, 4, 16, DT_F32);
+    fwd_ctx f;
+    kvant_err err = {0};
+    CHECK(fwd_init(&f, m, &be, 8, 1, &lay, &err) == KV_EUNSUP);
+    CHECKF(strstr(err.msg, "mixture-of-experts") && strstr(err.msg, "no-moe"), "%s", err.msg);
+    model_free(m);
+}
+
+int main(void)
+{
+    dtype_init();
+    test_refused_without_op();
+    test_topk();
+    for (int shared = 0; shared < 2; shared++)
+        for (int norm_w = 0; norm_w < 2; norm_w++)
+            test_ffn(shared, norm_w);
+    return tu_finish("test_moe");
+}
