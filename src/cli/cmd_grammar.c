@@ -137,6 +137,21 @@ static void print_vocab(const tmask_vocab *v)
 }
 
 /* The walk; fills out (JSON) and returns 0, or 1 with a message. */
+/* One mask and the microseconds it took; -1 (the error printed) on failure. */
+static int32_t timed_mask(const tmask_vocab *v, earley *e, tmask_work *w, uint32_t *mask,
+                          double *us)
+{
+    kvant_err err = {0};
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const int32_t cnt = tmask_compute(v, e, w, mask, &err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *us = (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3;
+    if (cnt < 0)
+        fprintf(stderr, "kvant grammar: %s\n", err.msg);
+    return cnt;
+}
+
 static int walk(const tmask_vocab *v, const gram *g, const gr_opts *o, json_t *out, int json)
 {
     kvant_err err = {0};
@@ -156,16 +171,11 @@ static int walk(const tmask_vocab *v, const gram *g, const gr_opts *o, json_t *o
         goto out;
     }
     for (; n < o->steps; n++) {
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        int32_t cnt = tmask_compute(v, e, w, mask, &err);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
+        int32_t cnt = timed_mask(v, e, w, mask, &us[n]);
         if (cnt < 0) {
-            fprintf(stderr, "kvant grammar: %s\n", err.msg);
             rc = 1;
             goto out;
         }
-        us[n] = (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3;
         int32_t tok = draw(v, mask, &rng);
         json_t *st = json_pack("{s:i,s:i,s:b,s:f}", "step", n, "n_allowed", cnt, "accepting",
                                earley_accepting(e), "us", us[n]);
@@ -238,16 +248,12 @@ static int drive(const tmask_vocab *v, const gram *g, int no_memo)
         goto out;
     }
     for (;;) {
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        int32_t cnt = tmask_compute(v, e, w, mask, &err);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double us;
+        int32_t cnt = timed_mask(v, e, w, mask, &us);
         if (cnt < 0) {
-            fprintf(stderr, "kvant grammar: %s\n", err.msg);
             rc = 1;
             break;
         }
-        double us = (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3;
         json_t *st = json_pack("{s:i,s:b,s:f,s:i}", "n_allowed", cnt, "accepting", earley_accepting(e),
                                "us", us, "state_bytes", (json_int_t)earley_mem_bytes(e));
         json_object_set_new(st, "mask", mask_hex(mask, tmask_n_words(v)));

@@ -251,6 +251,26 @@ int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err
     return KV_OK;
 }
 
+/* t = the file's tensor ti seen as n_rows rows of ne0 values (shape checked
+ * by the caller), if kvant has kernels for its type. */
+static int bind_rows(const gguf_ctx *g, const gguf_tensor_info *ti, model_tensor *t,
+                     const char *name, int64_t ne0, int64_t n_rows, kvant_err *err)
+{
+    const dtype_traits *tr = dtype_get(ti->type);
+    if (!tr || !tr->vec_dot)
+        return kvant_err_set(err, KV_EUNSUP, "tensor '%s': type %u has no kernels in kvant", name,
+                             ti->type);
+    t->type = ti->type;
+    t->ne[0] = ne0;
+    t->ne[1] = n_rows;
+    t->nbytes = ti->nbytes;
+    t->row_bytes = dtype_row_size(ti->type, ne0);
+    t->data = ti->data;
+    t->dev = (void *)ti->data;
+    t->file_off = gguf_data_offset(g) + ti->offset;
+    return KV_OK;
+}
+
 /* Binds a tensor by name and checks its shape; optional tensors may be
  * absent (t->data stays NULL). */
 static int bind(const gguf_ctx *g, model_tensor *t, const char *name, int layer, int64_t ne0,
@@ -270,19 +290,7 @@ static int bind(const gguf_ctx *g, model_tensor *t, const char *name, int layer,
                              "tensor '%s' has shape [%llu, %llu], expected [%lld, %lld]", name,
                              (unsigned long long)ti->ne[0], (unsigned long long)ti->ne[1],
                              (long long)ne0, (long long)ne1);
-    const dtype_traits *tr = dtype_get(ti->type);
-    if (!tr || !tr->vec_dot)
-        return kvant_err_set(err, KV_EUNSUP, "tensor '%s': type %u has no kernels in kvant", name,
-                             ti->type);
-    t->type = ti->type;
-    t->ne[0] = ne0;
-    t->ne[1] = ne1;
-    t->nbytes = ti->nbytes;
-    t->row_bytes = dtype_row_size(ti->type, ne0);
-    t->data = ti->data;
-    t->dev = (void *)ti->data;
-    t->file_off = gguf_data_offset(g) + ti->offset;
-    return KV_OK;
+    return bind_rows(g, ti, t, name, ne0, ne1, err);
 }
 
 /* 1-D tensors (norms, biases) must be F32: the kernels read them as floats. */
@@ -372,19 +380,7 @@ static int bind_exps(const gguf_ctx *g, model_tensor *t, const char *name, int l
                              name, (unsigned long long)ti->ne[0], (unsigned long long)ti->ne[1],
                              (unsigned long long)ti->ne[2], (long long)ne0, (long long)rows,
                              (long long)n_expert);
-    const dtype_traits *tr = dtype_get(ti->type);
-    if (!tr || !tr->vec_dot)
-        return kvant_err_set(err, KV_EUNSUP, "tensor '%s': type %u has no kernels in kvant", name,
-                             ti->type);
-    t->type = ti->type;
-    t->ne[0] = ne0;
-    t->ne[1] = rows * n_expert;
-    t->nbytes = ti->nbytes;
-    t->row_bytes = dtype_row_size(ti->type, ne0);
-    t->data = ti->data;
-    t->dev = (void *)ti->data;
-    t->file_off = gguf_data_offset(g) + ti->offset;
-    return KV_OK;
+    return bind_rows(g, ti, t, name, ne0, rows * n_expert, err);
 }
 
 
