@@ -73,8 +73,13 @@ CU_COMPILE = $(CXX) $(CU_CXXFLAGS) -MMD -MP
 LIB_OBJ  += $(BUILD)/obj/tests/cuda_host/cuda_host.o
 LDLIBS   += -lstdc++ -ldl
 else
+# ptxas reports every spill and every use of local memory (a stack frame)
+# at sm_80 and sm_90; with WERROR=1 (`make cuda-build`, part of `make
+# test`) either fails the build.
+comma    := ,
+CU_PTXAS := -Xptxas -warn-spills,-warn-lmem-usage$(if $(filter 1,$(WERROR)),$(comma)-Werror)
 CU_COMPILE = $(NVCC) -O2 -Isrc -MMD -MP -gencode arch=compute_80,code=sm_80 \
-             -gencode arch=compute_90,code=sm_90
+             -gencode arch=compute_90,code=sm_90 $(CU_PTXAS)
 LDLIBS   += -L/usr/local/cuda/lib64 -lcudart -lcublas -lnccl -lstdc++
 endif
 endif
@@ -246,10 +251,15 @@ cuda-build:
 # over a shim (tests/cuda_host, docs/CUDA.md: each CUDA thread a fiber,
 # lazy streams, launch limits checked) and the whole test_cuda run on it
 # under ASan + UBSan.  Needs only g++ (no nvcc, no GPU).
+# x86-64 only (the shim's context switch).
 cuda-host:
+ifneq ($(findstring x86_64,$(TARGET)),)
 	$(MAKE) CUDA=1 CUDA_HOST=1 BUILD=build-cuda-host WERROR=1 OPT="$(ASAN_OPT)" \
 	  build-cuda-host/tests/test_cuda
 	build-cuda-host/tests/test_cuda
+else
+	@echo "cuda-host: SKIPPED (the shim's fibers are x86-64 only; compiler targets $(TARGET))"
+endif
 
 # guidellm's venv (a large download, ~10 min) is set up in the background
 # while the builds and unit tests run; `pytest` waits for it (a lock).

@@ -304,6 +304,14 @@ static inline float __int_as_float(int u)
     return f;
 }
 
+/* sin(pi x), cos(pi x) with the argument reduced exactly first */
+static inline void sincospi(double x, double *s, double *c)
+{
+    const double r = remainder(x, 2.0); /* exact, in [-1, 1] */
+    *s = sin(r * M_PI);
+    *c = cos(r * M_PI);
+}
+
 /* ---- the launch: KV_LAUNCH(grid, block, smem, stream, kernel)(args) ---- */
 
 typedef struct cuhost_cfg {

@@ -70,8 +70,13 @@ __global__ void rope_kernel(float *x, const int32_t *__restrict__ pos, int32_t n
         double theta = (double)pos[t] * freq_scale * inv;
         if (ff)
             theta /= ff[i];
-        cs[2 * i] = __fmul_rn((float)cos(theta), mscale);
-        cs[2 * i + 1] = __fmul_rn((float)sin(theta), mscale);
+        /* sincospi: its argument reduction is exact and needs no local
+         * memory (cos/sin's slow path for large angles puts a 40-byte
+         * array on the stack); theta / pi rounds once, ~1e-16 relative */
+        double sn, cn;
+        sincospi(theta * 0.318309886183790671538, &sn, &cn);
+        cs[2 * i] = __fmul_rn((float)cn, mscale);
+        cs[2 * i + 1] = __fmul_rn((float)sn, mscale);
     }
     __syncthreads();
     for (int32_t k = threadIdx.x; k < n_heads * half; k += blockDim.x) {
@@ -229,8 +234,10 @@ template <> __device__ __forceinline__ float kv_load<DT_Q4_0>(const uint8_t *row
 {
     const uint8_t *b = row + (e >> 5) * sizeof(block_q4_0);
     const int j = e & 31;
-    const uint8_t q = b[2 + (j & 15)];
-    return __fmul_rn((float)((j < 16 ? q & 0xF : q >> 4) - 8), cq_h2f(b));
+    /* low nibbles hold elements 0..15, high ones 16..31 (a shift, not a
+     * select: the select made ptxas spill 16 bytes at sm_90) */
+    const int q = (b[2 + (j & 15)] >> ((j >> 4) << 2)) & 0xF;
+    return __fmul_rn((float)(q - 8), cq_h2f(b));
 }
 
 __device__ __forceinline__ uint16_t f2bf_bits(float f) /* half_f32_to_bf16 */
