@@ -13,7 +13,11 @@ typedef enum cublasStatus_t {
     CUBLAS_STATUS_INVALID_VALUE = 7,
     CUBLAS_STATUS_NOT_SUPPORTED = 15,
 } cublasStatus_t;
-typedef enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2 } cublasOperation_t;
+typedef enum cublasOperation_t {
+    CUBLAS_OP_N = 0,
+    CUBLAS_OP_T = 1,
+    CUBLAS_OP_C = 2,
+} cublasOperation_t;
 typedef enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType_t;
 typedef enum cublasComputeType_t {
     CUBLAS_COMPUTE_32F = 68,

@@ -1049,7 +1049,9 @@ uint64_t cuhost_warp_op(int kind, unsigned mask, uint64_t val, int src)
         for (int l = 0; l < 32; l++) {
             if (!(mask >> l & 1))
                 continue;
-            w.res[l] = kind == CUHOST_W_BALLOT ? ballot : kind == CUHOST_W_SHFL ? w.val[w.src[l]] : 0;
+            w.res[l] = kind == CUHOST_W_BALLOT ? ballot
+                       : kind == CUHOST_W_SHFL ? w.val[w.src[l]]
+                                               : 0;
             fiber &o = s.f[(size_t)(f->t.warp * 32 + l)];
             if (o.st == F_WARP)
                 o.st = F_READY;

@@ -146,8 +146,9 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
 cudaError_t cuhost_func_set_smem(const void *fn, int bytes);
 template <class F> cudaError_t cudaFuncSetAttribute(F *fn, cudaFuncAttribute a, int v)
 {
-    return a == cudaFuncAttributeMaxDynamicSharedMemorySize ? cuhost_func_set_smem((const void *)fn, v)
-                                                            : cudaErrorInvalidValue;
+    if (a != cudaFuncAttributeMaxDynamicSharedMemorySize)
+        return cudaErrorInvalidValue;
+    return cuhost_func_set_smem((const void *)fn, v);
 }
 
 /* ---- the shim's own interface (tests/cuda_host/cuda_host.cc) ---- */

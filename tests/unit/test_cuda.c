@@ -45,6 +45,7 @@
 #include "format/gguf_write.h"
 #include "kernels/dtype.h"
 #include "forward/forward.h"
+#include "quant/quant_load.h"
 #include "testutil.h"
 #include "tinymodel.h"
 #ifdef KVANT_CUDA
@@ -847,16 +848,28 @@ static void quantize_tensor(void *ctx, model_tensor *t)
 
 /* Prefill of two sequences (37 and 20 tokens, all logits), then F_STEPS-1
  * decode steps of both; logits appended to out (returns rows written). */
-static int fwd_sequence(tb *b, const char *path, uint32_t wtype, uint32_t kvtype, float *out)
+/* load: how the weights become wtype: 0 re-typed in the test (quantize_tensor),
+ * 1 --weights-dtype into the backend's memory (quant_weights_apply, as
+ * for the CPU backend), 2 --weights-dtype on the host
+ * (quant_weights_apply_host, as for a device backend). */
+static int fwd_sequence(tb *b, const char *path, uint32_t wtype, uint32_t kvtype, int load,
+                        float *out)
 {
     kvant_err err = {0};
     qmodel_ctx q = {.type = wtype};
+    quant_weights *qw = NULL;
     int rows = 0;
     model *m = model_load(path, &err);
     CHECKF(m != NULL, "model_load: %s", err.msg);
     if (!m)
         return 0;
-    model_for_each_tensor(m, quantize_tensor, &q);
+    if (load == 0)
+        model_for_each_tensor(m, quantize_tensor, &q);
+    else
+        qw = load == 1 ? quant_weights_apply(m, wtype, b->mem, &err)
+                       : quant_weights_apply_host(m, wtype, &err);
+    CHECKF(load == 0 || qw, "%s --weights-dtype %s: %s", b->name, dtype_get(wtype)->name,
+           err.msg);
     fwd_ctx f;
     kv_layout lay = fwd_kv_layout(m, T_BLOCKS, T_BS, kvtype);
     int rc = b->be->ops->load_weights(b->be, m, &err);
@@ -881,6 +894,7 @@ static int fwd_sequence(tb *b, const char *path, uint32_t wtype, uint32_t kvtype
     }
     fwd_free(&f);
     b->be->ops->unload_weights(b->be, m);
+    quant_weights_free(qw);
     model_free(m);
     for (int i = 0; i < q.nb; i++)
         free(q.bufs[i]);
@@ -889,23 +903,27 @@ static int fwd_sequence(tb *b, const char *path, uint32_t wtype, uint32_t kvtype
 
 static void test_forward(tb *ref, tb *test, const char *path)
 {
-    static const struct { uint32_t w, kv; } cases[] = {
-        {DT_F32, DT_F32}, {DT_Q8_0, DT_F32}, {DT_Q4_1, DT_F16}, {DT_Q5_0, DT_BF16},
-        {DT_Q4_0, DT_F32},
+    /* load 1: --weights-dtype (quant_weights_apply on the CPU, converted on
+     * the host and uploaded on a device) */
+    static const struct { uint32_t w, kv; int load; } cases[] = {
+        {DT_F32, DT_F32, 0}, {DT_Q8_0, DT_F32, 0}, {DT_Q4_1, DT_F16, 0}, {DT_Q5_0, DT_BF16, 0},
+        {DT_Q4_0, DT_F32, 0}, {DT_Q8_0, DT_F32, 1}, {DT_F16, DT_F16, 1},
     };
     const int64_t cap = (int64_t)(57 + 2 * F_STEPS) * 300;
     float *a = malloc(cap * 4), *b = malloc(cap * 4);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int ra = fwd_sequence(ref, path, cases[i].w, cases[i].kv, a);
+        const int load = cases[i].load, dev = strcmp(test->name, "cpu") != 0;
+        int ra = fwd_sequence(ref, path, cases[i].w, cases[i].kv, load, a);
         tb_fresh(test, 0);
-        int rb = fwd_sequence(test, path, cases[i].w, cases[i].kv, b);
+        int rb = fwd_sequence(test, path, cases[i].w, cases[i].kv, load == 1 && dev ? 2 : load, b);
         CHECK(ra == rb && ra > 0);
         float mx = 0.0f;
         for (int64_t j = 0; j < (int64_t)ra * 300; j++)
             mx = fmaxf(mx, fabsf(a[j]));
-        char what[64];
-        snprintf(what, sizeof what, "%s forward logits, weights %s, kv %s", test->name,
-                 dtype_get(cases[i].w)->name, dtype_get(cases[i].kv)->name);
+        char what[96];
+        snprintf(what, sizeof what, "%s forward logits, weights %s%s, kv %s", test->name,
+                 dtype_get(cases[i].w)->name, load ? " (--weights-dtype)" : "",
+                 dtype_get(cases[i].kv)->name);
         if (ra == rb)
             CMP(what, a, b, (int64_t)ra * 300, NULL, 0.0f, 1e-3f * mx);
     }
