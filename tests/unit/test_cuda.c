@@ -659,6 +659,34 @@ static void attn_run(tb *b, attn_case *c, float *out, int check_more)
     dfree(b, d1);
 }
 
+/* The KV tier's record of one block (backend.h kv_export_block): the
+ * backend's export equals the CPU's byte for byte, an import of the CPU's
+ * record exports back unchanged, a bad block id is refused. */
+static void test_kv_record(tb *ref, tb *test, const attn_case *c, uint32_t kv_type, int32_t bs,
+                           const char *what)
+{
+    const size_t rec = (size_t)2 * 2 * bs * dtype_row_size(kv_type, 2 * c->hd); /* 2 layers */
+    uint8_t *a = malloc(rec), *b = malloc(rec);
+    const int32_t blk = c->cur.tables[2][0], other = free_block(&c->cur);
+    /* the rows written: layer 1, positions 0 .. min(bs, T_MAXPOS) - 1 of
+     * sequence 2 (layer 0 holds only the batch's rows; unwritten rows are
+     * whatever each pool held) */
+    const size_t row = dtype_row_size(kv_type, 2 * c->hd), l1 = (size_t)2 * bs * row;
+    const size_t n = (size_t)(bs < T_MAXPOS ? bs : T_MAXPOS) * row;
+    memset(b, 0x5A, rec);
+    CHECK(ref->be->ops->kv_export_block(ref->be, blk, a) == 0);
+    CHECKF(test->be->ops->kv_export_block(test->be, blk, b) == 0 && !memcmp(a + l1, b + l1, n) &&
+           !memcmp(a + l1 + bs * row, b + l1 + bs * row, n),
+           "%s: %s exported KV record differs from the CPU's", what, test->name);
+    memset(b, 0x5A, rec);
+    CHECK(other >= 0 && test->be->ops->kv_import_block(test->be, other, a) == 0);
+    CHECKF(test->be->ops->kv_export_block(test->be, other, b) == 0 && !memcmp(a, b, rec),
+           "%s: %s imported KV record does not export back", what, test->name);
+    CHECK(test->be->ops->kv_export_block(test->be, -1, b) == -1);
+    CHECK(test->be->ops->kv_import_block(test->be, T_BLOCKS, a) == -1);
+    free(a), free(b);
+}
+
 static void test_attention(tb *ref, tb *test, tu_rng *r)
 {
     /* softcap / window: gemma's variants (window 7 and 13 cut inside and at
@@ -700,6 +728,7 @@ static void test_attention(tb *ref, tb *test, tu_rng *r)
                      dtype_get(cases[i].dtype)->name, cases[i].hd, (double)cases[i].softcap,
                      cases[i].window, cases[i].bs);
             CMP(what, a, b, n, NULL, 0.0f, 5e-5f * mv + 1e-6f);
+            test_kv_record(ref, test, &c, cases[i].dtype, cases[i].bs, what);
             free(a), free(b);
         }
         ref->be->ops->kv_free(ref->be);
