@@ -112,6 +112,11 @@ $(BUILD)/obj/tests/cuda_host/%.o: tests/cuda_host/%.cc
 	@mkdir -p $(dir $@)
 	$(CU_COMPILE) -c $< -o $@
 
+# The shim's own checks (warp values, barriers, launch limits, faults).
+$(BUILD)/tests/cuda_shim_test: tests/cuda_host/shim_test.cc $(BUILD)/obj/tests/cuda_host/cuda_host.o
+	@mkdir -p $(dir $@)
+	$(CU_COMPILE) -o $@ $< -x none $(BUILD)/obj/tests/cuda_host/cuda_host.o -ldl
+
 $(BUILD)/libkvant.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
@@ -255,7 +260,8 @@ cuda-build:
 cuda-host:
 ifneq ($(findstring x86_64,$(TARGET)),)
 	$(MAKE) CUDA=1 CUDA_HOST=1 BUILD=build-cuda-host WERROR=1 OPT="$(ASAN_OPT)" \
-	  build-cuda-host/tests/test_cuda
+	  build-cuda-host/tests/cuda_shim_test build-cuda-host/tests/test_cuda
+	build-cuda-host/tests/cuda_shim_test
 	build-cuda-host/tests/test_cuda
 else
 	@echo "cuda-host: SKIPPED (the shim's fibers are x86-64 only; compiler targets $(TARGET))"

@@ -909,13 +909,14 @@ void report_deadlock(sched &s)
 {
     fprintf(stderr, "cuda-host: FATAL: %s block (%u,%u,%u): no thread can run (a deadlock the "
             "device would hang on)\n", kname(), s.blk.bid.x, s.blk.bid.y, s.blk.bid.z);
-    int shown = 0;
-    for (fiber &f : s.f) {
-        if (f.st == F_DONE || shown >= 8)
-            continue;
-        shown++;
-        fprintf(stderr, "  thread %u (warp %d lane %d): waiting at %s\n", f.t.tid.x, f.t.warp,
-                f.t.lane, f.st == F_BAR ? "__syncthreads" : "a warp operation");
+    for (int pass = 0; pass < 2; pass++) { /* warp waits first: they are the rarer */
+        int shown = 0;
+        for (fiber &f : s.f) {
+            if (f.st != (pass ? F_BAR : F_WARP) || shown++ >= 8)
+                continue;
+            fprintf(stderr, "  thread %u (warp %d lane %d): waiting at %s\n", f.t.tid.x,
+                    f.t.warp, f.t.lane, pass ? "__syncthreads" : "a warp operation");
+        }
     }
     fprintf(stderr, "  %d live threads, %d at __syncthreads\n", s.live, s.at_bar);
     abort();
