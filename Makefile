@@ -70,7 +70,8 @@ ifeq ($(WERROR),1)
 CU_CXXFLAGS += -Werror
 endif
 CU_COMPILE = $(CXX) $(CU_CXXFLAGS) -MMD -MP
-LIB_OBJ  += $(BUILD)/obj/tests/cuda_host/cuda_host.o
+CUHOST_OBJ := $(patsubst %.cc,$(BUILD)/obj/%.o,$(wildcard tests/cuda_host/cuda_host*.cc))
+LIB_OBJ  += $(CUHOST_OBJ)
 LDLIBS   += -lstdc++ -ldl
 else
 # ptxas reports every spill and every use of local memory (a stack frame)
@@ -113,9 +114,9 @@ $(BUILD)/obj/tests/cuda_host/%.o: tests/cuda_host/%.cc
 	$(CU_COMPILE) -c $< -o $@
 
 # The shim's own checks (warp values, barriers, launch limits, faults).
-$(BUILD)/tests/cuda_shim_test: tests/cuda_host/shim_test.cc $(BUILD)/obj/tests/cuda_host/cuda_host.o
+$(BUILD)/tests/cuda_shim_test: tests/cuda_host/shim_test.cc $(CUHOST_OBJ)
 	@mkdir -p $(dir $@)
-	$(CU_COMPILE) -o $@ $< -x none $(BUILD)/obj/tests/cuda_host/cuda_host.o -ldl
+	$(CU_COMPILE) -o $@ $< -x none $(CUHOST_OBJ) -ldl
 
 $(BUILD)/libkvant.a: $(LIB_OBJ)
 	@rm -f $@

@@ -4,7 +4,8 @@
  * header because the host build puts -Itests/cuda_host first and never
  * adds the toolkit's include directory.
  *
- * Model (tests/cuda_host/cuda_host.cc implements it):
+ * Model (tests/cuda_host/cuda_host.cc, cuda_host_fiber.cc and
+ * cuda_host_libs.cc implement it):
  *   - device memory is host memory the host code may not touch: it is
  *     PROT_NONE except while a stream's work runs, filled with 0xFF (NaN)
  *     when allocated, the bytes past its end poisoned for ASan;
