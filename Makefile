@@ -58,10 +58,34 @@ CU_SRC   := $(shell find src/backend/cuda -name '*.cu' 2>/dev/null | sort)
 CU_CSRC  := $(shell find src/backend/cuda -name '*.c' 2>/dev/null | sort)
 LIB_OBJ  += $(CU_SRC:%.cu=$(BUILD)/obj/%.o) $(CU_CSRC:%.c=$(BUILD)/obj/%.o)
 CFLAGS   += -DKVANT_CUDA=1
+ifeq ($(CUDA_HOST),1)
+# The host build (`make cuda-host`): the .cu files compiled as C++ by the
+# host compiler over the shim in tests/cuda_host (its cuda_runtime.h,
+# cublas_v2.h, cuda_fp16.h and nccl.h stand for the toolkit's).
+CXX      ?= g++
+CU_CXXFLAGS := $(OPT) -std=c++17 -pthread -x c++ -ffp-contract=off -Itests/cuda_host -Isrc \
+               -Wall -Wextra -Wshadow -Wno-unused-parameter -Wno-unknown-pragmas \
+               -Wno-missing-field-initializers -Wno-format-truncation -DKVANT_CUDA=1
+ifeq ($(WERROR),1)
+CU_CXXFLAGS += -Werror
+endif
+CU_COMPILE = $(CXX) $(CU_CXXFLAGS) -MMD -MP
+CUHOST_OBJ := $(patsubst %.cc,$(BUILD)/obj/%.o,$(wildcard tests/cuda_host/cuda_host*.cc))
+LIB_OBJ  += $(CUHOST_OBJ)
+LDLIBS   += -lstdc++ -ldl
+else
+# ptxas reports every spill and every use of local memory (a stack frame)
+# at sm_80 and sm_90; with WERROR=1 (`make cuda-build`, part of `make
+# test`) either fails the build.
+comma    := ,
+CU_PTXAS := -Xptxas -warn-spills,-warn-lmem-usage$(if $(filter 1,$(WERROR)),$(comma)-Werror)
+CU_COMPILE = $(NVCC) -O2 -Isrc -MMD -MP -gencode arch=compute_80,code=sm_80 \
+             -gencode arch=compute_90,code=sm_90 $(CU_PTXAS)
 LDLIBS   += -L/usr/local/cuda/lib64 -lcudart -lcublas -lnccl -lstdc++
 endif
+endif
 
-.PHONY: all lib layers test unit unit-isa pytest pytest-isa asan fuzz fuzz-run cuda-build arm64 deps venv model peer-src guidellm-venv serve clean
+.PHONY: all lib layers test unit unit-isa pytest pytest-isa asan fuzz fuzz-run cuda-build cuda-host arm64 deps venv model peer-src guidellm-venv serve clean
 
 all: $(BUILD)/kvant
 
@@ -83,7 +107,16 @@ $(BUILD)/obj/src/par/par_mpi.o: CFLAGS += $(MPI_CFLAGS)
 
 $(BUILD)/obj/%.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) -O2 -Isrc -MMD -MP -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -c $< -o $@
+	$(CU_COMPILE) -c $< -o $@
+
+$(BUILD)/obj/tests/cuda_host/%.o: tests/cuda_host/%.cc
+	@mkdir -p $(dir $@)
+	$(CU_COMPILE) -c $< -o $@
+
+# The shim's own checks (warp values, barriers, launch limits, faults).
+$(BUILD)/tests/cuda_shim_test: tests/cuda_host/shim_test.cc $(CUHOST_OBJ)
+	@mkdir -p $(dir $@)
+	$(CU_COMPILE) -o $@ $< -x none $(CUHOST_OBJ) -ldl
 
 $(BUILD)/libkvant.a: $(LIB_OBJ)
 	@rm -f $@
@@ -220,6 +253,21 @@ cuda-build:
 	  $(MAKE) CUDA=1 BUILD=build-cuda WERROR=1 build-cuda/kvant build-cuda/tests/test_cuda; \
 	else echo "cuda-build: SKIPPED (nvcc not found)"; fi
 
+# The CUDA backend's kernels and host code built with the host compiler
+# over a shim (tests/cuda_host, docs/CUDA.md: each CUDA thread a fiber,
+# lazy streams, launch limits checked) and the whole test_cuda run on it
+# under ASan + UBSan.  Needs only g++ (no nvcc, no GPU).
+# x86-64 only (the shim's context switch).
+cuda-host:
+ifneq ($(findstring x86_64,$(TARGET)),)
+	$(MAKE) CUDA=1 CUDA_HOST=1 BUILD=build-cuda-host WERROR=1 OPT="$(ASAN_OPT)" \
+	  build-cuda-host/tests/cuda_shim_test build-cuda-host/tests/test_cuda
+	build-cuda-host/tests/cuda_shim_test
+	build-cuda-host/tests/test_cuda
+else
+	@echo "cuda-host: SKIPPED (the shim's fibers are x86-64 only; compiler targets $(TARGET))"
+endif
+
 # guidellm's venv (a large download, ~10 min) is set up in the background
 # while the builds and unit tests run; `pytest` waits for it (a lock).
 test: deps venv model peer-src
@@ -235,10 +283,11 @@ test: deps venv model peer-src
 	$(MAKE) arm64
 	$(MAKE) fuzz-run
 	$(MAKE) cuda-build
+	$(MAKE) cuda-host
 
 serve: deps model
 	$(MAKE) all
 	$(BUILD)/kvant serve -m $(MODEL)
 
 clean:
-	rm -rf build build-asan build-fuzz build-cuda build-arm64
+	rm -rf build build-asan build-fuzz build-cuda build-cuda-host build-arm64

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kvant builds and tests with, when missing.
 set -euo pipefail
-pkgs=(gcc make libpcre2-dev libjansson-dev libmicrohttpd-dev clang libclang-rt-14-dev
+pkgs=(gcc g++ make libpcre2-dev libjansson-dev libmicrohttpd-dev clang libclang-rt-14-dev
       python3 python3-venv curl prometheus chromium tmux
       gcc-aarch64-linux-gnu qemu-user libpcre2-dev:arm64 libjansson-dev:arm64
       libmicrohttpd-dev:arm64 openmpi-bin libopenmpi-dev)

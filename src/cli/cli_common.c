@@ -539,7 +539,11 @@ static int session_load(cli_session *s, const cli_common *c, int32_t n_ctx, int3
             return err->code;
     }
     if (c->weights_dtype >= 0) {
-        s->qw = quant_weights_apply(s->m, (uint32_t)c->weights_dtype, s->mem, err);
+        /* a device backend's memory is not the host's: convert on the host,
+         * load_weights uploads the copies */
+        s->qw = strcmp(c->backend, "cpu")
+                    ? quant_weights_apply_host(s->m, (uint32_t)c->weights_dtype, err)
+                    : quant_weights_apply(s->m, (uint32_t)c->weights_dtype, s->mem, err);
         if (!s->qw)
             return err->code ? err->code : KV_ENOMEM;
     }

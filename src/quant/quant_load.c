@@ -19,7 +19,8 @@ typedef struct qw_entry {
 } qw_entry;
 
 struct quant_weights {
-    mem_mgr *mem; /* borrowed */
+    mem_mgr *mem; /* borrowed, or own_mem */
+    mem_mgr *own_mem; /* quant_weights_apply_host's host manager, or NULL */
     model *m;     /* borrowed */
     qw_entry *e;
     int n, cap;
@@ -103,6 +104,8 @@ void quant_weights_free(quant_weights *qw)
     }
     free(qw->e);
     free(qw->tmp);
+    if (qw->own_mem)
+        mem_destroy(qw->own_mem);
     free(qw);
 }
 
@@ -130,6 +133,20 @@ quant_weights *quant_weights_apply(model *m, uint32_t type, mem_mgr *mem, kvant_
     free(qw->tmp);
     qw->tmp = NULL;
     qw->err = NULL;
+    return qw;
+}
+
+quant_weights *quant_weights_apply_host(model *m, uint32_t type, kvant_err *err)
+{
+    mem_mgr *host = mem_create(UINT64_C(1) << 62, mem_allocator_host(), err);
+    if (!host)
+        return NULL;
+    quant_weights *qw = quant_weights_apply(m, type, host, err);
+    if (!qw) {
+        mem_destroy(host);
+        return NULL;
+    }
+    qw->own_mem = host;
     return qw;
 }
 

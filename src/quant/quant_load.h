@@ -34,6 +34,11 @@ typedef struct quant_weights quant_weights;
  * handle, or NULL with err (KV_ENOMEM over budget, KV_EINVAL bad type);
  * on failure the model is unchanged. */
 quant_weights *quant_weights_apply(model *m, uint32_t type, mem_mgr *mem, kvant_err *err);
+/* The same, converting into host memory the handle owns (a host mem_mgr of
+ * its own) rather than into mem: for a backend whose memory manager hands
+ * out device memory (CUDA), which the host cannot write; that backend's
+ * load_weights uploads the converted copies (dev != data). */
+quant_weights *quant_weights_apply_host(model *m, uint32_t type, kvant_err *err);
 void quant_weights_free(quant_weights *qw);
 
 /* Bytes of converted copies now held. */

@@ -45,6 +45,7 @@
 #include "format/gguf_write.h"
 #include "kernels/dtype.h"
 #include "forward/forward.h"
+#include "quant/quant_load.h"
 #include "testutil.h"
 #include "tinymodel.h"
 #ifdef KVANT_CUDA
@@ -54,11 +55,14 @@
 #include "kernels/tp_sum.h"
 #endif
 
-/* A backend with the memory manager it allocates from. */
+/* A backend with the memory manager it allocates from.  The CPU backends
+ * are created with BACKEND_EXACT (f32 activations in every matmul: the
+ * reference; the int8-activation path has its own budget, test_matmul). */
 typedef struct tb {
     const char *name;
     backend *be;
     mem_mgr *mem;
+    int n_threads;
 } tb;
 
 static int tb_open(tb *b, const char *name, int n_threads)
@@ -67,11 +71,12 @@ static int tb_open(tb *b, const char *name, int n_threads)
     backend_device_info dev;
     memset(b, 0, sizeof *b);
     b->name = name;
+    b->n_threads = n_threads;
     if (backend_query(name, 0, &dev, &err))
         return -1;
     b->mem = mem_create(2ull << 30, dev.alloc, &err);
     if (b->mem)
-        b->be = backend_create(name, 0, b->mem, n_threads, 0, &err);
+        b->be = backend_create(name, 0, b->mem, n_threads, BACKEND_EXACT, &err);
     if (!b->be)
         fprintf(stderr, "backend %s: %s\n", name, err.msg);
     return b->be ? 0 : -1;
@@ -87,6 +92,24 @@ static void tb_close(tb *b)
         mem_destroy(b->mem);
     }
     memset(b, 0, sizeof *b);
+}
+
+static kv_layout t_layout(uint32_t kv_type, int32_t head_dim, int32_t block_size);
+
+/* A new instance of b's backend for the next check: a CUDA backend's first
+ * fault is sticky (every later op of the instance fails), so each check
+ * gets its own and a fault names the op that caused it.  with_kv: the
+ * default KV pool (begin_batch needs one). */
+static void tb_fresh(tb *b, int with_kv)
+{
+    const char *name = b->name;
+    int n_threads = b->n_threads;
+    tb_close(b);
+    KV_ASSERT(tb_open(b, name, n_threads) == 0);
+    kvant_err err = {0};
+    kv_layout lay = t_layout(DT_F32, 64, 16);
+    if (with_kv)
+        CHECKF(b->be->ops->kv_init(b->be, &lay, &err) == KV_OK, "%s kv_init: %s", name, err.msg);
 }
 
 static void *dput(tb *b, const void *host, size_t bytes)
@@ -160,8 +183,8 @@ typedef struct tbatch {
  * blocks drawn from table_seed (the same seed gives the same tables).  The
  * batch holds positions [from[s], len[s]) of each sequence,
  * interleaved (decode-like and prefill-chunk-like in one batch). */
-static void tbatch_make(tbatch *t, uint64_t table_seed, tu_rng *r, const int32_t *len,
-                        const int32_t *from, int32_t n_vocab)
+static void tbatch_make_bs(tbatch *t, int32_t bs, uint64_t table_seed, tu_rng *r,
+                           const int32_t *len, const int32_t *from, int32_t n_vocab)
 {
     int32_t perm[T_BLOCKS];
     tu_rng tr = {table_seed};
@@ -174,7 +197,7 @@ static void tbatch_make(tbatch *t, uint64_t table_seed, tu_rng *r, const int32_t
     memset(t, 0, sizeof *t);
     int used = 0, n = 0;
     for (int s = 0; s < T_SEQS; s++) {
-        int nb = (T_MAXPOS + T_BS - 1) / T_BS; /* whatever len is: tables stay the same */
+        int nb = (T_MAXPOS + bs - 1) / bs; /* whatever len is: tables stay the same */
         for (int i = 0; i < nb; i++)
             t->tables[s][i] = perm[used++];
         t->seqs[s] = (fwd_seq){.block_table = t->tables[s], .n_blocks = nb};
@@ -190,6 +213,12 @@ static void tbatch_make(tbatch *t, uint64_t table_seed, tu_rng *r, const int32_t
             }
     t->b = (fwd_batch){.n_tokens = n, .tokens = t->tokens, .pos = t->pos, .seq = t->seq,
                        .n_seqs = T_SEQS, .seqs = t->seqs, .n_out = n, .out = t->out};
+}
+
+static void tbatch_make(tbatch *t, uint64_t table_seed, tu_rng *r, const int32_t *len,
+                        const int32_t *from, int32_t n_vocab)
+{
+    tbatch_make_bs(t, T_BS, table_seed, r, len, from, n_vocab);
 }
 
 /* A batch of just token k of t (same sequences and tables). */
@@ -286,6 +315,7 @@ static void test_matmul_shape(tb *ref, tb *test, tu_rng *r, uint32_t type, int64
 {
     const int32_t n = 19;
     char what[96];
+    tb_fresh(test, 0);
     float *deq, *bias = with_bias ? rand_vec(r, rows, 1.0f) : NULL;
     void *q = make_weight(r, type, ne0, rows, &deq);
     float *x = rand_vec(r, n * ne0, 1.0f);
@@ -392,6 +422,7 @@ static void test_embed(tb *ref, tb *test, tu_rng *r)
         if (!dtype_get(k_types[i]))
             continue;
         float *deq;
+        tb_fresh(test, 1);
         void *q = make_weight(r, k_types[i], ne0, vocab, &deq);
         tb *bs[2] = {ref, test};
         float *outs[2] = {a, b};
@@ -419,16 +450,16 @@ static void test_embed(tb *ref, tb *test, tu_rng *r)
 
 /* ---- row-wise and element-wise ops ---- */
 
-static kv_layout t_layout(uint32_t kv_type, int32_t head_dim)
+static kv_layout t_layout(uint32_t kv_type, int32_t head_dim, int32_t block_size)
 {
-    return (kv_layout){.n_layers = 2, .n_blocks = T_BLOCKS, .block_size = T_BS, .n_kv_heads = 2,
-                       .head_dim = head_dim, .dtype = kv_type};
+    return (kv_layout){.n_layers = 2, .n_blocks = T_BLOCKS, .block_size = block_size,
+                       .n_kv_heads = 2, .head_dim = head_dim, .dtype = kv_type};
 }
 
-static int kv_init_both(tb *ref, tb *test, uint32_t kv_type, int32_t head_dim)
+static int kv_init_both(tb *ref, tb *test, uint32_t kv_type, int32_t head_dim, int32_t bs)
 {
     kvant_err err = {0};
-    kv_layout lay = t_layout(kv_type, head_dim);
+    kv_layout lay = t_layout(kv_type, head_dim, bs);
     int rc = ref->be->ops->kv_init(ref->be, &lay, &err);
     CHECKF(rc == KV_OK, "%s kv_init: %s", ref->name, err.msg);
     int rc2 = test->be->ops->kv_init(test->be, &lay, &err);
@@ -441,6 +472,7 @@ static void test_rmsnorm(tb *ref, tb *test, tu_rng *r)
     const int32_t n = 5, dim = 576;
     float *x = rand_vec(r, n * dim, 3.0f), *w = rand_vec(r, dim, 1.0f);
     float *out[2];
+    tb_fresh(test, 0);
     tb *bs[2] = {ref, test};
     for (int k = 0; k < 2; k++) {
         model_tensor W = tensor_on(bs[k], DT_F32, dim, 1, w);
@@ -459,6 +491,7 @@ static void test_rope_kind(tb *ref, tb *test, tu_rng *r, rope_kind kind, int32_t
                            int with_ff)
 {
     const int32_t n_heads = 6, hd = 64;
+    tb_fresh(test, 1);
     int32_t table[T_BLOCKS], tok[4] = {1, 2, 3, 4}, pos[4] = {0, 1, 517, T_BLOCKS * T_BS - 1};
     int32_t seq[4] = {0, 0, 0, 0}, out[1] = {0};
     for (int i = 0; i < T_BLOCKS; i++)
@@ -503,6 +536,7 @@ static void test_elementwise(tb *ref, tb *test, tu_rng *r)
     int32_t outsel[3] = {4, 0, 2};
     t.b.n_out = 3;
     t.b.out = outsel;
+    tb_fresh(test, 1);
     tb *bs[2] = {ref, test};
     for (int k = 0; k < 2; k++) {
         const backend_ops *op = bs[k]->be->ops;
@@ -547,13 +581,13 @@ typedef struct attn_case {
     attn_params ap;         /* scale, soft-cap, window */
 } attn_case;
 
-static void attn_case_make(attn_case *c, tu_rng *r, int32_t hd)
+static void attn_case_make(attn_case *c, tu_rng *r, int32_t hd, int32_t bs)
 {
     const int32_t len[T_SEQS] = {37, 1, T_MAXPOS}, from[T_SEQS] = {20, 0, T_MAXPOS - 1};
     const int32_t zero[T_SEQS] = {0, 0, 0};
     memset(c, 0, sizeof *c);
-    tbatch_make(&c->hist, 11, r, from, zero, 300);
-    tbatch_make(&c->cur, 11, r, len, from, 300);
+    tbatch_make_bs(&c->hist, bs, 11, r, from, zero, 300);
+    tbatch_make_bs(&c->cur, bs, 11, r, len, from, 300);
     c->n_heads = 6;
     c->hd = hd;
     c->ap = (attn_params){1.0f / sqrtf((float)hd), 0.0f, 0};
@@ -625,23 +659,62 @@ static void attn_run(tb *b, attn_case *c, float *out, int check_more)
     dfree(b, d1);
 }
 
+/* The KV tier's record of one block (backend.h kv_export_block): the
+ * backend's export equals the CPU's byte for byte, an import of the CPU's
+ * record exports back unchanged, a bad block id is refused. */
+static void test_kv_record(tb *ref, tb *test, const attn_case *c, uint32_t kv_type, int32_t bs,
+                           const char *what)
+{
+    const size_t rec = (size_t)2 * 2 * bs * dtype_row_size(kv_type, 2 * c->hd); /* 2 layers */
+    uint8_t *a = malloc(rec), *b = malloc(rec);
+    const int32_t blk = c->cur.tables[2][0], other = free_block(&c->cur);
+    /* the rows written: layer 1, positions 0 .. min(bs, T_MAXPOS) - 1 of
+     * sequence 2 (layer 0 holds only the batch's rows; unwritten rows are
+     * whatever each pool held) */
+    const size_t row = dtype_row_size(kv_type, 2 * c->hd), l1 = (size_t)2 * bs * row;
+    const size_t n = (size_t)(bs < T_MAXPOS ? bs : T_MAXPOS) * row;
+    memset(b, 0x5A, rec);
+    CHECK(ref->be->ops->kv_export_block(ref->be, blk, a) == 0);
+    CHECKF(test->be->ops->kv_export_block(test->be, blk, b) == 0 && !memcmp(a + l1, b + l1, n) &&
+           !memcmp(a + l1 + bs * row, b + l1 + bs * row, n),
+           "%s: %s exported KV record differs from the CPU's", what, test->name);
+    memset(b, 0x5A, rec);
+    CHECK(other >= 0 && test->be->ops->kv_import_block(test->be, other, a) == 0);
+    CHECKF(test->be->ops->kv_export_block(test->be, other, b) == 0 && !memcmp(a, b, rec),
+           "%s: %s imported KV record does not export back", what, test->name);
+    CHECK(test->be->ops->kv_export_block(test->be, -1, b) == -1);
+    CHECK(test->be->ops->kv_import_block(test->be, T_BLOCKS, a) == -1);
+    free(a), free(b);
+}
+
 static void test_attention(tb *ref, tb *test, tu_rng *r)
 {
     /* softcap / window: gemma's variants (window 7 and 13 cut inside and at
-     * block boundaries of the 37-token history) */
-    static const struct { uint32_t dtype; int32_t hd; float softcap; int32_t window; } cases[] = {
-        {DT_F32, 64, 0, 0},   {DT_F32, 16, 0, 0},   {DT_F32, 128, 0, 0}, {DT_F16, 64, 0, 0},
-        {DT_BF16, 64, 0, 0},  {DT_Q8_0, 64, 0, 0},  {DT_Q4_0, 64, 0, 0}, {DT_F32, 64, 1.5f, 7},
-        {DT_F16, 64, 0, 13},  {DT_Q8_0, 64, 2.0f, 5},
+     * block boundaries of the 37-token history); head_dim up to
+     * MODEL_MAX_HEAD_DIM (256: 8 dims per lane); block sizes 8 to 128 (the
+     * kernel's shared score buffer is 4 warps x block_size floats) */
+    static const struct {
+        uint32_t dtype;
+        int32_t hd;
+        float softcap;
+        int32_t window, bs;
+    } cases[] = {
+        {DT_F32, 64, 0, 0, 16},    {DT_F32, 16, 0, 0, 16},   {DT_F32, 128, 0, 0, 16},
+        {DT_F16, 64, 0, 0, 16},    {DT_BF16, 64, 0, 0, 16},  {DT_Q8_0, 64, 0, 0, 16},
+        {DT_Q4_0, 64, 0, 0, 16},   {DT_F32, 64, 1.5f, 7, 16}, {DT_F16, 64, 0, 13, 16},
+        {DT_Q8_0, 64, 2.0f, 5, 16}, {DT_F32, 256, 0, 0, 16},  {DT_Q8_0, 256, 0, 0, 32},
+        {DT_BF16, 256, 1.5f, 7, 8}, {DT_F32, 64, 0, 0, 8},    {DT_F16, 128, 0, 13, 32},
+        {DT_Q4_0, 64, 0, 0, 64},   {DT_F32, 64, 0, 5, 128},  {DT_Q8_0, 128, 2.0f, 0, 128},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         attn_case c;
-        attn_case_make(&c, r, cases[i].hd);
+        tb_fresh(test, 0);
+        attn_case_make(&c, r, cases[i].hd, cases[i].bs);
         c.ap.softcap = cases[i].softcap;
         c.ap.window = cases[i].window;
         if (c.ap.window)
             c.ap.scale *= 3.0f; /* sharper scores: the cap and window matter */
-        if (kv_init_both(ref, test, cases[i].dtype, cases[i].hd) == 0) {
+        if (kv_init_both(ref, test, cases[i].dtype, cases[i].hd, cases[i].bs) == 0) {
             int64_t n = (int64_t)c.cur.b.n_tokens * c.n_heads * c.hd;
             float *a = malloc(n * 4), *b = malloc(n * 4), mv = 0.0f;
             for (int64_t j = 0; j < (int64_t)c.hist.b.n_tokens * 2 * c.hd; j++)
@@ -651,10 +724,11 @@ static void test_attention(tb *ref, tb *test, tu_rng *r)
             attn_run(ref, &c, a, 0);
             attn_run(test, &c, b, 1);
             char what[96];
-            snprintf(what, sizeof what, "attention kv %s head_dim %d cap %g window %d",
+            snprintf(what, sizeof what, "attention kv %s head_dim %d cap %g window %d block %d",
                      dtype_get(cases[i].dtype)->name, cases[i].hd, (double)cases[i].softcap,
-                     cases[i].window);
+                     cases[i].window, cases[i].bs);
             CMP(what, a, b, n, NULL, 0.0f, 5e-5f * mv + 1e-6f);
+            test_kv_record(ref, test, &c, cases[i].dtype, cases[i].bs, what);
             free(a), free(b);
         }
         ref->be->ops->kv_free(ref->be);
@@ -663,10 +737,99 @@ static void test_attention(tb *ref, tb *test, tu_rng *r)
     }
 }
 
+/* One sequence of n_pos positions over a pool of block size bs: the first
+ * n_pos - 3 stored in one batch, then the last 3 (a prefill chunk) stored
+ * and attended; softmax over 4k+ scores, block tables of hundreds of
+ * entries. */
+static void attn_long_run(tb *b, const kv_layout *lay, int32_t n_pos, const float *k,
+                          const float *v, const float *q, int32_t n_heads, float *out)
+{
+    kvant_err err = {0};
+    const int32_t nb = lay->n_blocks, kvd = lay->n_kv_heads * lay->head_dim;
+    const int32_t row = n_heads * lay->head_dim;
+    int32_t *table = malloc((size_t)nb * 4), *tok = malloc((size_t)n_pos * 4);
+    int32_t *pos = malloc((size_t)n_pos * 4), *seq = calloc((size_t)n_pos, 4);
+    int32_t *outi = malloc((size_t)n_pos * 4);
+    for (int32_t i = 0; i < nb; i++)
+        table[i] = nb - 1 - i; /* reversed: table order, not block order */
+    for (int32_t i = 0; i < n_pos; i++)
+        tok[i] = i % 300, pos[i] = i, outi[i] = i < 3 ? i : 0;
+    fwd_seq s = {table, nb};
+    const int32_t nh = n_pos - 3;
+    fwd_batch hist = {nh, tok, pos, seq, 1, &s, 1, outi, 0};
+    fwd_batch cur = {3, tok + nh, pos + nh, seq, 1, &s, 3, outi, 0};
+    CHECKF(b->be->ops->kv_init(b->be, lay, &err) == KV_OK, "%s kv_init: %s", b->name, err.msg);
+    float *dk = dput(b, k, (size_t)n_pos * kvd * 4), *dv = dput(b, v, (size_t)n_pos * kvd * 4);
+    float *dq = dput(b, q, (size_t)3 * row * 4), *dout = dput(b, q, (size_t)3 * row * 4);
+    attn_params ap = {1.0f / sqrtf((float)lay->head_dim), 0.0f, 0};
+    if (begin(b, &hist) == KV_OK)
+        b->be->ops->kv_store(b->be, 1, dk, dv);
+    if (begin(b, &cur) == KV_OK) {
+        b->be->ops->kv_store(b->be, 1, dk + (int64_t)nh * kvd, dv + (int64_t)nh * kvd);
+        b->be->ops->attention(b->be, 1, dq, n_heads, &ap, dout);
+    }
+    dget(b, out, dout, (size_t)3 * row * 4);
+    dfree(b, dk), dfree(b, dv), dfree(b, dq), dfree(b, dout);
+    b->be->ops->kv_free(b->be);
+    free(table), free(tok), free(pos), free(seq), free(outi);
+}
+
+static void test_attention_long(tb *ref, tb *test, tu_rng *r)
+{
+    static const struct { uint32_t dtype; int32_t hd, bs, n_pos; } cases[] = {
+        {DT_F32, 64, 16, 4100}, {DT_Q8_0, 128, 128, 4200}, {DT_F16, 256, 64, 4097},
+    };
+    const int32_t n_heads = 4;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const int32_t hd = cases[i].hd, n_pos = cases[i].n_pos, bs = cases[i].bs;
+        kv_layout lay = {.n_layers = 2, .n_blocks = (n_pos + bs - 1) / bs + 1, .block_size = bs,
+                         .n_kv_heads = 2, .head_dim = hd, .dtype = cases[i].dtype,
+                         .max_tokens = n_pos};
+        float *k = rand_vec(r, (int64_t)n_pos * 2 * hd, 0.5f);
+        float *v = rand_vec(r, (int64_t)n_pos * 2 * hd, 1.0f);
+        float *q = rand_vec(r, (int64_t)3 * n_heads * hd, 2.0f); /* sharp: few keys matter */
+        float *a = malloc((size_t)3 * n_heads * hd * 4), *b = malloc((size_t)3 * n_heads * hd * 4);
+        float mv = 0.0f;
+        for (int64_t j = 0; j < (int64_t)n_pos * 2 * hd; j++)
+            mv = fmaxf(mv, fabsf(v[j]));
+        tb_fresh(test, 0);
+        attn_long_run(ref, &lay, n_pos, k, v, q, n_heads, a);
+        attn_long_run(test, &lay, n_pos, k, v, q, n_heads, b);
+        char what[96];
+        snprintf(what, sizeof what, "attention kv %s head_dim %d block %d over %d positions",
+                 dtype_get(cases[i].dtype)->name, hd, bs, n_pos);
+        CMP(what, a, b, 3 * n_heads * hd, NULL, 0.0f, 5e-5f * mv + 1e-6f);
+        free(k), free(v), free(q), free(a), free(b);
+    }
+}
+
+/* A fault is sticky in a CUDA backend (its context is gone on a device):
+ * the failing op is named by the next begin_batch, and a new instance
+ * (tb_fresh, one per check) works again. */
+static void test_fault_named(tb *test)
+{
+    kvant_err err = {0};
+    tb_fresh(test, 1);
+    float *d = dput(test, (float[64]){1.0f}, 64 * 4);
+    attn_params ap = {1.0f, 0.0f, 0};
+    int32_t tok = 1, pos = 0, seq = 0, out = 0, table[1] = {0};
+    fwd_seq s = {table, 1};
+    fwd_batch b = {1, &tok, &pos, &seq, 1, &s, 1, &out, 0};
+    if (begin(test, &b) == KV_OK) /* 3 query heads over 2 KV heads: refused */
+        test->be->ops->attention(test->be, 1, d, 3, &ap, d);
+    int rc = test->be->ops->begin_batch(test->be, &b, &err);
+    CHECKF(rc == KV_EIO && strstr(err.msg, "attention"), "a failed attention launch: rc %d, '%s'",
+           rc, err.msg);
+    CHECK(test->be->ops->sync(test->be) == KV_EIO); /* sticky */
+    dfree(test, d);
+    tb_fresh(test, 1);
+    CHECK(test->be->ops->sync(test->be) == KV_OK && begin(test, &b) == KV_OK);
+}
+
 static void test_ops(tb *ref, tb *test, uint64_t seed)
 {
     tu_rng r = {seed};
-    if (kv_init_both(ref, test, DT_F32, 64))
+    if (kv_init_both(ref, test, DT_F32, 64, T_BS))
         return;
     test_matmul(ref, test, &r);
     test_embed(ref, test, &r);
@@ -678,6 +841,9 @@ static void test_ops(tb *ref, tb *test, uint64_t seed)
     ref->be->ops->kv_free(ref->be);
     test->be->ops->kv_free(test->be);
     test_attention(ref, test, &r);
+    test_attention_long(ref, test, &r);
+    if (!strcmp(test->name, "cuda"))
+        test_fault_named(test);
 }
 
 /* ---- whole forward passes on tiny models (f32 and quantized) ---- */
@@ -711,16 +877,28 @@ static void quantize_tensor(void *ctx, model_tensor *t)
 
 /* Prefill of two sequences (37 and 20 tokens, all logits), then F_STEPS-1
  * decode steps of both; logits appended to out (returns rows written). */
-static int fwd_sequence(tb *b, const char *path, uint32_t wtype, uint32_t kvtype, float *out)
+/* load: how the weights become wtype: 0 re-typed in the test (quantize_tensor),
+ * 1 --weights-dtype into the backend's memory (quant_weights_apply, as
+ * for the CPU backend), 2 --weights-dtype on the host
+ * (quant_weights_apply_host, as for a device backend). */
+static int fwd_sequence(tb *b, const char *path, uint32_t wtype, uint32_t kvtype, int load,
+                        float *out)
 {
     kvant_err err = {0};
     qmodel_ctx q = {.type = wtype};
+    quant_weights *qw = NULL;
     int rows = 0;
     model *m = model_load(path, &err);
     CHECKF(m != NULL, "model_load: %s", err.msg);
     if (!m)
         return 0;
-    model_for_each_tensor(m, quantize_tensor, &q);
+    if (load == 0)
+        model_for_each_tensor(m, quantize_tensor, &q);
+    else
+        qw = load == 1 ? quant_weights_apply(m, wtype, b->mem, &err)
+                       : quant_weights_apply_host(m, wtype, &err);
+    CHECKF(load == 0 || qw, "%s --weights-dtype %s: %s", b->name, dtype_get(wtype)->name,
+           err.msg);
     fwd_ctx f;
     kv_layout lay = fwd_kv_layout(m, T_BLOCKS, T_BS, kvtype);
     int rc = b->be->ops->load_weights(b->be, m, &err);
@@ -745,6 +923,7 @@ static int fwd_sequence(tb *b, const char *path, uint32_t wtype, uint32_t kvtype
     }
     fwd_free(&f);
     b->be->ops->unload_weights(b->be, m);
+    quant_weights_free(qw);
     model_free(m);
     for (int i = 0; i < q.nb; i++)
         free(q.bufs[i]);
@@ -753,22 +932,27 @@ static int fwd_sequence(tb *b, const char *path, uint32_t wtype, uint32_t kvtype
 
 static void test_forward(tb *ref, tb *test, const char *path)
 {
-    static const struct { uint32_t w, kv; } cases[] = {
-        {DT_F32, DT_F32}, {DT_Q8_0, DT_F32}, {DT_Q4_1, DT_F16}, {DT_Q5_0, DT_BF16},
-        {DT_Q4_0, DT_F32},
+    /* load 1: --weights-dtype (quant_weights_apply on the CPU, converted on
+     * the host and uploaded on a device) */
+    static const struct { uint32_t w, kv; int load; } cases[] = {
+        {DT_F32, DT_F32, 0}, {DT_Q8_0, DT_F32, 0}, {DT_Q4_1, DT_F16, 0}, {DT_Q5_0, DT_BF16, 0},
+        {DT_Q4_0, DT_F32, 0}, {DT_Q8_0, DT_F32, 1}, {DT_F16, DT_F16, 1},
     };
     const int64_t cap = (int64_t)(57 + 2 * F_STEPS) * 300;
     float *a = malloc(cap * 4), *b = malloc(cap * 4);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int ra = fwd_sequence(ref, path, cases[i].w, cases[i].kv, a);
-        int rb = fwd_sequence(test, path, cases[i].w, cases[i].kv, b);
+        const int load = cases[i].load, dev = strcmp(test->name, "cpu") != 0;
+        int ra = fwd_sequence(ref, path, cases[i].w, cases[i].kv, load, a);
+        tb_fresh(test, 0);
+        int rb = fwd_sequence(test, path, cases[i].w, cases[i].kv, load == 1 && dev ? 2 : load, b);
         CHECK(ra == rb && ra > 0);
         float mx = 0.0f;
         for (int64_t j = 0; j < (int64_t)ra * 300; j++)
             mx = fmaxf(mx, fabsf(a[j]));
-        char what[64];
-        snprintf(what, sizeof what, "%s forward logits, weights %s, kv %s", test->name,
-                 dtype_get(cases[i].w)->name, dtype_get(cases[i].kv)->name);
+        char what[96];
+        snprintf(what, sizeof what, "%s forward logits, weights %s%s, kv %s", test->name,
+                 dtype_get(cases[i].w)->name, load ? " (--weights-dtype)" : "",
+                 dtype_get(cases[i].kv)->name);
         if (ra == rb)
             CMP(what, a, b, (int64_t)ra * 300, NULL, 0.0f, 1e-3f * mx);
     }

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/engine.h"
 #include "kernels/dtype.h"
@@ -435,14 +436,25 @@ static void test_alloc_failures(model *m)
 
 int main(void)
 {
-    const char *path = "build/tests/tiny-engine.gguf";
+    /* a private temporary file (TMPDIR, else /tmp): the test runs from any
+     * directory, with or without a build/ tree */
+    char path[4096];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(path, sizeof path, "%s/kvant_test_engine_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    int fd = mkstemp(path);
+    CHECKF(fd >= 0, "mkstemp %s", path);
+    if (fd < 0)
+        return tu_finish("test_engine");
+    close(fd);
     dtype_init();
     CHECK(tiny_model_write(path, 42) == 0);
     kvant_err err = {0};
     model *m = model_load(path, &err);
     CHECKF(m != NULL, "model_load: %s", err.msg);
-    if (!m)
+    if (!m) {
+        unlink(path);
         return tu_finish("test_engine");
+    }
     test_invariance(m);
     test_prefix_reuse(m);
     test_scheduler(m);
@@ -450,5 +462,6 @@ int main(void)
     test_plan_agreement(m);
     test_alloc_failures(m);
     model_free(m);
+    unlink(path);
     return tu_finish("test_engine");
 }

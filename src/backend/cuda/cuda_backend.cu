@@ -178,7 +178,10 @@ static void load_tensor(void *ctx, model_tensor *t)
      * those bytes, not the mapping's, are the tensor */
     const void *src = t->dev && t->dev != t->data ? t->dev : t->data;
     cb->w[cb->n_w++] = (cuda_weight){t, d, t->dev};
-    cudaError_t e = cudaMemcpy(d, src, t->nbytes, cudaMemcpyHostToDevice);
+    /* on the compute stream, which is non-blocking: a cudaMemcpy on the
+     * legacy stream would not be ordered before the kernels that read it
+     * (a pageable copy's last DMA may still be in flight when it returns) */
+    cudaError_t e = cudaMemcpyAsync(d, src, t->nbytes, cudaMemcpyHostToDevice, cb->stream);
     if (e != cudaSuccess) {
         lc->rc = kvant_err_set(lc->err, KV_EIO, "uploading weights: %s", cudaGetErrorString(e));
         return;
@@ -210,6 +213,9 @@ static int cuda_load_weights(backend *be, model *m, kvant_err *err)
     load_ctx lc = {cb, err, 0};
     cb->tied_prev = m->output.dev;
     model_for_each_tensor(m, load_tensor, &lc);
+    cudaError_t e = cudaStreamSynchronize(cb->stream); /* the sources may go away on return */
+    if (!lc.rc && e != cudaSuccess)
+        lc.rc = kvant_err_set(err, KV_EIO, "uploading weights: %s", cudaGetErrorString(e));
     if (lc.rc) {
         cuda_unload_weights(be, m);
         return lc.rc;

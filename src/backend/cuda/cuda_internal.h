@@ -15,6 +15,20 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+/* One launch syntax for nvcc and for the host build (tests/cuda_host, whose
+ * cuda_runtime.h defines the host versions):
+ *   KV_LAUNCH(grid, block, smem, stream, kernel)(args...);
+ *   KV_LAUNCH_BOUNDED(bound, grid, block, smem, stream, kernel)(args...);
+ * the second for a kernel declared __launch_bounds__(bound), which the host
+ * build checks the block against.  KV_DYN_SHARED(type, name) declares the
+ * kernel's dynamic shared memory (type name[]). */
+#ifdef __CUDACC__
+#define KV_LAUNCH(grid, block, smem, stream, ...) __VA_ARGS__<<<grid, block, smem, stream>>>
+#define KV_LAUNCH_BOUNDED(bound, grid, block, smem, stream, ...) \
+    __VA_ARGS__<<<grid, block, smem, stream>>>
+#define KV_DYN_SHARED(type, name) extern __shared__ type name[]
+#endif
+
 /* Device view of the staged batch (see cuda_stage.h for the layout). */
 typedef struct cuda_batch_desc {
     const int32_t *tokens, *pos, *seq, *out; /* [n_tokens] ([n_out] for out) */

@@ -26,9 +26,14 @@ extern "C" {
 }
 
 #define MM_WARPS 4 /* warps (rows) per thread block */
+#define MM_THREADS (MM_WARPS * 32)
 
+/* (MM_THREADS, 1): with the thread bound alone, ptxas for sm_80 spilled 8
+ * bytes in the decode variant (NT = 1) of q4_0, q4_1, q5_0 and q5_1 at 56
+ * registers; with a minimum of one block per SM it does not (make
+ * cuda-build fails on any spill) */
 template <int T, int NT>
-__global__ void __launch_bounds__(MM_WARPS * 32)
+__global__ void __launch_bounds__(MM_THREADS, 1)
 mm_tiled_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_rows, int64_t ne0,
                 const float *__restrict__ bias, const float *__restrict__ x,
                 float *__restrict__ y, int32_t n_tok)
@@ -88,11 +93,12 @@ struct mm_tiled_launch {
         const int64_t blocks = (a->n_rows + MM_WARPS - 1) / MM_WARPS;
         if (a->n == 1) {
             dim3 grid((unsigned)blocks, 1);
-            mm_tiled_kernel<T, 1><<<grid, MM_WARPS * 32, 0, s>>>(
+            KV_LAUNCH_BOUNDED(MM_THREADS, grid, MM_THREADS, 0, s, mm_tiled_kernel<T, 1>)(
                 (const uint8_t *)a->w, a->row_bytes, a->n_rows, a->ne0, a->bias, a->x, a->y, 1);
         } else {
             dim3 grid((unsigned)blocks, (unsigned)((a->n + CUDA_MM_TILE - 1) / CUDA_MM_TILE));
-            mm_tiled_kernel<T, CUDA_MM_TILE><<<grid, MM_WARPS * 32, 0, s>>>(
+            KV_LAUNCH_BOUNDED(MM_THREADS, grid, MM_THREADS, 0, s,
+                              mm_tiled_kernel<T, CUDA_MM_TILE>)(
                 (const uint8_t *)a->w, a->row_bytes, a->n_rows, a->ne0, a->bias, a->x, a->y,
                 a->n);
         }
@@ -136,8 +142,8 @@ struct deq_rows_launch {
     template <int T> void operator()() const
     {
         const int64_t n = ne0 / 32 * n_rows;
-        deq_rows_kernel<T><<<(unsigned)((n + 255) / 256), 256, 0, s>>>(w, row_bytes, ne0, n_rows,
-                                                                        out);
+        KV_LAUNCH((unsigned)((n + 255) / 256), 256, 0, s, deq_rows_kernel<T>)(w, row_bytes, ne0,
+                                                                             n_rows, out);
     }
 };
 
@@ -171,8 +177,8 @@ cudaError_t cuda_mm_gemm(cudaStream_t s, cublasHandle_t h, const cuda_mm_args *a
     }
     if (a->bias) {
         const int64_t total = a->n_rows * a->n;
-        add_bias_kernel<<<(unsigned)((total + 255) / 256), 256, 0, s>>>(a->y, a->bias, a->n_rows,
-                                                                          total);
+        KV_LAUNCH((unsigned)((total + 255) / 256), 256, 0, s, add_bias_kernel)(a->y, a->bias,
+                                                                              a->n_rows, total);
     }
     return cudaGetLastError();
 }
@@ -212,7 +218,7 @@ struct embed_launch {
     float *y;
     template <int T> void operator()() const
     {
-        embed_kernel<T><<<n, 128, 0, s>>>(w, row_bytes, ne0, row0, n_rows, tokens, y);
+        KV_LAUNCH(n, 128, 0, s, embed_kernel<T>)(w, row_bytes, ne0, row0, n_rows, tokens, y);
     }
 };
 

@@ -53,7 +53,7 @@ cudaError_t cuda_rmsnorm(cudaStream_t s, const float *x, const float *w, float e
 {
     if (n < 1)
         return cudaSuccess;
-    rmsnorm_kernel<<<n, NORM_THREADS, 0, s>>>(x, w, eps, y, dim);
+    KV_LAUNCH(n, NORM_THREADS, 0, s, rmsnorm_kernel)(x, w, eps, y, dim);
     return cudaGetLastError();
 }
 
@@ -70,8 +70,13 @@ __global__ void rope_kernel(float *x, const int32_t *__restrict__ pos, int32_t n
         double theta = (double)pos[t] * freq_scale * inv;
         if (ff)
             theta /= ff[i];
-        cs[2 * i] = __fmul_rn((float)cos(theta), mscale);
-        cs[2 * i + 1] = __fmul_rn((float)sin(theta), mscale);
+        /* sincospi: its argument reduction is exact and needs no local
+         * memory (cos/sin's slow path for large angles puts a 40-byte
+         * array on the stack); theta / pi rounds once, ~1e-16 relative */
+        double sn, cn;
+        sincospi(theta * 0.318309886183790671538, &sn, &cn);
+        cs[2 * i] = __fmul_rn((float)cn, mscale);
+        cs[2 * i + 1] = __fmul_rn((float)sn, mscale);
     }
     __syncthreads();
     for (int32_t k = threadIdx.x; k < n_heads * half; k += blockDim.x) {
@@ -93,7 +98,7 @@ cudaError_t cuda_rope(cudaStream_t s, float *x, const int32_t *d_pos, int32_t n_
         return cudaSuccess;
     if (n_rot > head_dim || n_rot > MODEL_MAX_HEAD_DIM)
         return cudaErrorInvalidValue;
-    rope_kernel<<<n_tokens, 128, 0, s>>>(x, d_pos, n_heads, head_dim, neox, n_rot, base,
+    KV_LAUNCH(n_tokens, 128, 0, s, rope_kernel)(x, d_pos, n_heads, head_dim, neox, n_rot, base,
                                          freq_scale, d_freq_factors, mscale);
     return cudaGetLastError();
 }
@@ -150,7 +155,7 @@ cudaError_t cuda_swiglu(cudaStream_t s, const float *gate, const float *up, floa
 {
     if (n < 1)
         return cudaSuccess;
-    swiglu_kernel<<<ew_blocks(n), 256, 0, s>>>(gate, up, out, n);
+    KV_LAUNCH(ew_blocks(n), 256, 0, s, swiglu_kernel)(gate, up, out, n);
     return cudaGetLastError();
 }
 
@@ -158,7 +163,7 @@ cudaError_t cuda_geglu(cudaStream_t s, const float *gate, const float *up, float
 {
     if (n < 1)
         return cudaSuccess;
-    geglu_kernel<<<ew_blocks(n), 256, 0, s>>>(gate, up, out, n);
+    KV_LAUNCH(ew_blocks(n), 256, 0, s, geglu_kernel)(gate, up, out, n);
     return cudaGetLastError();
 }
 
@@ -166,7 +171,7 @@ cudaError_t cuda_scale(cudaStream_t s, float *x, float f, int64_t n)
 {
     if (n < 1)
         return cudaSuccess;
-    scale_kernel<<<ew_blocks(n), 256, 0, s>>>(x, f, n);
+    KV_LAUNCH(ew_blocks(n), 256, 0, s, scale_kernel)(x, f, n);
     return cudaGetLastError();
 }
 
@@ -174,7 +179,7 @@ cudaError_t cuda_softcap(cudaStream_t s, float *x, float cap, int64_t n)
 {
     if (n < 1 || !(cap > 0.0f))
         return cudaSuccess;
-    softcap_kernel<<<ew_blocks(n), 256, 0, s>>>(x, cap, n);
+    KV_LAUNCH(ew_blocks(n), 256, 0, s, softcap_kernel)(x, cap, n);
     return cudaGetLastError();
 }
 
@@ -182,7 +187,7 @@ cudaError_t cuda_add(cudaStream_t s, float *x, const float *y, int64_t n)
 {
     if (n < 1)
         return cudaSuccess;
-    add_kernel<<<ew_blocks(n), 256, 0, s>>>(x, y, n);
+    KV_LAUNCH(ew_blocks(n), 256, 0, s, add_kernel)(x, y, n);
     return cudaGetLastError();
 }
 
@@ -201,7 +206,7 @@ cudaError_t cuda_gather(cudaStream_t s, const float *src, int32_t row_len,
 {
     if (n_out < 1)
         return cudaSuccess;
-    gather_kernel<<<n_out, 256, 0, s>>>(src, row_len, d_out, dst);
+    KV_LAUNCH(n_out, 256, 0, s, gather_kernel)(src, row_len, d_out, dst);
     return cudaGetLastError();
 }
 
@@ -229,8 +234,10 @@ template <> __device__ __forceinline__ float kv_load<DT_Q4_0>(const uint8_t *row
 {
     const uint8_t *b = row + (e >> 5) * sizeof(block_q4_0);
     const int j = e & 31;
-    const uint8_t q = b[2 + (j & 15)];
-    return __fmul_rn((float)((j < 16 ? q & 0xF : q >> 4) - 8), cq_h2f(b));
+    /* low nibbles hold elements 0..15, high ones 16..31 (a shift, not a
+     * select: the select made ptxas spill 16 bytes at sm_90) */
+    const int q = (b[2 + (j & 15)] >> ((j >> 4) << 2)) & 0xF;
+    return __fmul_rn((float)(q - 8), cq_h2f(b));
 }
 
 __device__ __forceinline__ uint16_t f2bf_bits(float f) /* half_f32_to_bf16 */
@@ -320,7 +327,7 @@ cudaError_t cuda_kv_store(cudaStream_t s, const cuda_kv_desc *kv, int32_t il,
 {
     if (b->n_tokens < 1)
         return cudaSuccess;
-    kv_store_kernel<<<dim3(b->n_tokens, 2), 128, 0, s>>>(*kv, il, *b, k, v);
+    KV_LAUNCH(dim3(b->n_tokens, 2), 128, 0, s, kv_store_kernel)(*kv, il, *b, k, v);
     return cudaGetLastError();
 }
 
@@ -332,14 +339,15 @@ cudaError_t cuda_kv_store(cudaStream_t s, const cuda_kv_desc *kv, int32_t il,
  * position by position: cpu_attention_row_ref's order, block by block. */
 
 #define ATTN_WARPS 4
+#define ATTN_THREADS (ATTN_WARPS * 32)
 #define ATTN_DPL (MODEL_MAX_HEAD_DIM / 32)
 
 template <int KT>
-__global__ void __launch_bounds__(ATTN_WARPS * 32)
+__global__ void __launch_bounds__(ATTN_THREADS)
 attn_kernel(cuda_kv_desc kv, int32_t il, cuda_batch_desc b, const float *__restrict__ q,
             int32_t n_heads, float *__restrict__ out, float scale, float softcap, int32_t window)
 {
-    extern __shared__ float sh_scores[];
+    KV_DYN_SHARED(float, sh_scores);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t w = (int64_t)blockIdx.x * ATTN_WARPS + warp;
     if (w >= (int64_t)b.n_tokens * n_heads)
@@ -419,8 +427,8 @@ static void attn_launch(cudaStream_t s, unsigned grid, size_t smem, const cuda_k
                         int32_t il, const cuda_batch_desc *b, const float *q, int32_t n_heads,
                         float *out, attn_variant v)
 {
-    attn_kernel<KT><<<grid, ATTN_WARPS * 32, smem, s>>>(*kv, il, *b, q, n_heads, out, v.scale,
-                                                       v.softcap, v.window);
+    KV_LAUNCH_BOUNDED(ATTN_THREADS, grid, ATTN_THREADS, smem, s, attn_kernel<KT>)(
+        *kv, il, *b, q, n_heads, out, v.scale, v.softcap, v.window);
 }
 
 cudaError_t cuda_attention(cudaStream_t s, const cuda_kv_desc *kv, int32_t il,

@@ -124,7 +124,7 @@ static cudaError_t sum_ordered(cudaStream_t s, float *dst, const float *src, int
     int64_t blocks = (count + 255) / 256;
     if (blocks > 4096)
         blocks = 4096;
-    sum_ordered_kernel<<<(unsigned)blocks, 256, 0, s>>>(dst, src, n, count, stride);
+    KV_LAUNCH((unsigned)blocks, 256, 0, s, sum_ordered_kernel)(dst, src, n, count, stride);
     return cudaGetLastError();
 }
 
