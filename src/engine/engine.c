@@ -296,7 +296,11 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     if (!e->be)
         return KV_ENOMEM;
     if (e->cfg.weights_dtype >= 0) {
-        x->qw = quant_weights_apply(e->m, (uint32_t)e->cfg.weights_dtype, e->mem, err);
+        /* a device backend's memory is not the host's: convert on the host,
+         * load_weights uploads the copies (as the CLI session does) */
+        x->qw = e->cfg.backend && strcmp(e->cfg.backend, "cpu")
+                    ? quant_weights_apply_host(e->m, (uint32_t)e->cfg.weights_dtype, err)
+                    : quant_weights_apply(e->m, (uint32_t)e->cfg.weights_dtype, e->mem, err);
         if (!x->qw)
             return err && err->code ? err->code : KV_ENOMEM;
     }
