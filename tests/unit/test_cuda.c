@@ -754,7 +754,7 @@ static void attn_long_run(tb *b, const kv_layout *lay, int32_t n_pos, const floa
         table[i] = nb - 1 - i; /* reversed: table order, not block order */
     for (int32_t i = 0; i < n_pos; i++)
         tok[i] = i % 300, pos[i] = i, outi[i] = i < 3 ? i : 0;
-    fwd_seq s = {table, nb};
+    fwd_seq s = {.block_table = table, .n_blocks = nb};
     const int32_t nh = n_pos - 3;
     fwd_batch hist = {nh, tok, pos, seq, 1, &s, 1, outi, 0};
     fwd_batch cur = {3, tok + nh, pos + nh, seq, 1, &s, 3, outi, 0};
@@ -813,7 +813,7 @@ static void test_fault_named(tb *test)
     float *d = dput(test, (float[64]){1.0f}, 64 * 4);
     attn_params ap = {1.0f, 0.0f, 0};
     int32_t tok = 1, pos = 0, seq = 0, out = 0, table[1] = {0};
-    fwd_seq s = {table, 1};
+    fwd_seq s = {.block_table = table, .n_blocks = 1};
     fwd_batch b = {1, &tok, &pos, &seq, 1, &s, 1, &out, 0};
     if (begin(test, &b) == KV_OK) /* 3 query heads over 2 KV heads: refused */
         test->be->ops->attention(test->be, 1, d, 3, &ap, d);
