@@ -33,18 +33,6 @@
 
 namespace {
 
-[[noreturn]] void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void die(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("cuda-host: FATAL: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    abort();
-}
-
 void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void say(const char *fmt, ...)
 {
@@ -118,7 +106,7 @@ void protect_all(int prot)
 {
     for (auto &kv : G().dev)
         if (mprotect(kv.second.base, kv.second.mapped - k_page, prot) != 0)
-            die("mprotect failed");
+            cuhost_die("mprotect failed");
 }
 
 /* Device memory is readable only while stream work runs. */
@@ -286,7 +274,7 @@ cudaError_t do_copy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kin
             run_all(s);
         j->owned = malloc(bytes); /* staged now; the DMA runs with the stream */
         if (!j->owned)
-            die("out of host memory staging %zu bytes", bytes);
+            cuhost_die("out of host memory staging %zu bytes", bytes);
         memcpy(j->owned, src, bytes);
     } else if (kind == cudaMemcpyHostToDevice) {
         wait = sync_api; /* pinned: cudaMemcpy returns when done */

@@ -28,10 +28,9 @@
 
 thread_local cuhost_thread *cuhost_cur;
 
-namespace {
-
-[[noreturn]] void die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void die(const char *fmt, ...)
+/* Reports a fault of the emulated device and aborts (the shim's one exit
+ * on a broken kernel or launch). */
+void cuhost_die(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -41,6 +40,8 @@ void die(const char *fmt, ...)
     va_end(ap);
     abort();
 }
+
+namespace {
 
 const size_t k_page = 4096;
 
@@ -136,7 +137,7 @@ char *stack_of(sched &s, int i)
         void *m = mmap(nullptr, k_stack + k_page, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (m == MAP_FAILED)
-            die("cannot map a fiber stack");
+            cuhost_die("cannot map a fiber stack");
         mprotect(m, k_page, PROT_NONE); /* a stack overflow faults */
         s.stacks.push_back((char *)m + k_page);
     }
@@ -196,12 +197,12 @@ void fiber_main(fiber *f)
     s.live--;
     warp_state &w = s.w[(size_t)f->t.warp];
     if (w.arrived && (w.mask >> f->t.lane & 1))
-        die("%s: thread %u of block (%u,%u,%u) exited while lanes of its warp wait for it in a "
+        cuhost_die("%s: thread %u of block (%u,%u,%u) exited while lanes of its warp wait for it in a "
             "warp operation (mask %#x)", kname(), f->t.tid.x, s.blk.bid.x, s.blk.bid.y,
             s.blk.bid.z, w.mask);
     release_bar(s);
     to_sched(f, true);
-    die("a finished fiber was resumed");
+    cuhost_die("a finished fiber was resumed");
 }
 
 void report_deadlock(sched &s)
@@ -276,7 +277,7 @@ void cuhost_run_grid(const cuhost_cfg *c, void (*body)(void *), void *ctx)
 {
     sched &s = me();
     if (s.cfg)
-        die("a kernel launched from inside a kernel (%s in %s)", c->name, s.cfg->name);
+        cuhost_die("a kernel launched from inside a kernel (%s in %s)", c->name, s.cfg->name);
     s.cfg = c;
     s.body = body;
     s.ctx = ctx;
@@ -301,7 +302,7 @@ void __syncthreads(void)
     sched &s = me();
     fiber *f = s.cur;
     if (!f)
-        die("__syncthreads outside a kernel");
+        cuhost_die("__syncthreads outside a kernel");
     f->st = F_BAR;
     s.at_bar++;
     release_bar(s);
@@ -314,30 +315,30 @@ uint64_t cuhost_warp_op(int kind, unsigned mask, uint64_t val, int src)
     sched &s = me();
     fiber *f = s.cur;
     if (!f)
-        die("a warp operation outside a kernel");
+        cuhost_die("a warp operation outside a kernel");
     warp_state &w = s.w[(size_t)f->t.warp];
     const int lane = f->t.lane;
     const char *kn = kind == CUHOST_W_SYNC ? "__syncwarp" : kind == CUHOST_W_SHFL ? "a shuffle"
                                                                                   : "a ballot";
     if (!(mask >> lane & 1))
-        die("%s: lane %d of warp %d calls %s with mask %#x, which leaves it out", kname(), lane,
+        cuhost_die("%s: lane %d of warp %d calls %s with mask %#x, which leaves it out", kname(), lane,
             f->t.warp, kn, mask);
     if (mask & ~w.exists)
-        die("%s: %s with mask %#x names lanes the block does not have (block of %d threads)",
+        cuhost_die("%s: %s with mask %#x names lanes the block does not have (block of %d threads)",
             kname(), kn, mask, s.n);
     for (int l = 0; l < 32; l++)
         if ((mask >> l & 1) && s.f[(size_t)(f->t.warp * 32 + l)].st == F_DONE)
-            die("%s: %s with mask %#x in warp %d, but lane %d has exited", kname(), kn, mask,
+            cuhost_die("%s: %s with mask %#x in warp %d, but lane %d has exited", kname(), kn, mask,
                 f->t.warp, l);
     if (w.arrived == 0) {
         w.kind = kind;
         w.mask = mask;
     } else if (w.kind != kind || w.mask != mask) {
-        die("%s: warp %d: lane %d is at %s (mask %#x) while other lanes wait at another warp "
+        cuhost_die("%s: warp %d: lane %d is at %s (mask %#x) while other lanes wait at another warp "
             "operation (kind %d, mask %#x)", kname(), f->t.warp, lane, kn, mask, w.kind, w.mask);
     }
     if (kind == CUHOST_W_SHFL && !(mask >> src & 1))
-        die("%s: lane %d shuffles from lane %d, outside the mask %#x", kname(), lane, src, mask);
+        cuhost_die("%s: lane %d shuffles from lane %d, outside the mask %#x", kname(), lane, src, mask);
     w.val[lane] = val;
     w.src[lane] = src;
     w.arrived |= 1u << lane;

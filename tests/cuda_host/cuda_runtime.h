@@ -172,6 +172,8 @@ struct cuhost_block {
     void *dyn_smem;
 };
 extern thread_local cuhost_thread *cuhost_cur;
+/* Prints "cuda-host: FATAL: ..." and aborts (cuda_host_fiber.cc). */
+[[noreturn]] void cuhost_die(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #define threadIdx (cuhost_cur->tid)
 #define blockIdx (cuhost_cur->blk->bid)
