@@ -645,8 +645,9 @@ AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t
  * group and then lanes 8-15, so each token needs one accumulator (four in
  * all, not eight), and every token's codes, scales and sums addressed from
  * one base and the qact row stride.  Measured on AVX2 (Zen 3, one thread,
- * the tiled matmul): 1.1-1.3x pk_dot_type for n <= 4096; slower above,
- * where the four rows leave L1 between the two walks (PK4_L1_BYTES). */
+ * the tiled matmul, quiet machine): 1.21-1.54x pk_dot_type at n = 2048 and
+ * 1.21-1.36x at 4096; at 8192 the four rows leave L1 between the two walks
+ * and the generic kernel stays (PK4_L1_BYTES). */
 #define PK4_L1_BYTES (24 * 1024)
 
 /* s += the pair sums of code vector (lo, hi) against the codes of token k

@@ -38,23 +38,6 @@ AI __m256 ld_f16x8(const uint8_t *p)
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
-AI float dot256_f16(const float *q, const uint8_t *k, int32_t n)
-{
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int32_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), ld_f16x8(k + 2 * i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), ld_f16x8(k + 2 * i + 16), s1);
-    }
-    if (i < n)
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), ld_f16x8(k + 2 * i), s0);
-    const __m256 s = _mm256_add_ps(s0, s1);
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
-}
-
 /* scratch[0..cnt) = exp(scratch - m) in place, 8 at a time, scalar tail. */
 AI void exp_block256(float *scratch, int32_t cnt, float m)
 {
@@ -72,47 +55,9 @@ AI void exp_block256(float *scratch, int32_t cnt, float m)
     }
 }
 
-void cpu_kvq_attention_row_f16_avx2(const float *q, const cpu_kvq_seq *s, int32_t n_pos,
-                                    int32_t head_dim, float scale, float *scratch, float *out)
-{
-    float m = -INFINITY, l = 0.0f;
-    for (int32_t d = 0; d < head_dim; d += 8)
-        _mm256_storeu_ps(out + d, _mm256_setzero_ps());
-    for (int32_t start = s->p0 - s->p0 % s->block_size; start < n_pos; start += s->block_size) {
-        const int32_t lo = start < s->p0 ? s->p0 - start : 0; /* window start in this block */
-        const int32_t blk = s->table[start / s->block_size];
-        const int32_t cnt = (n_pos - start < s->block_size ? n_pos - start : s->block_size) - lo;
-        const uint8_t *kb = s->k_base + (int64_t)blk * s->block_stride + (int64_t)lo * s->row_stride;
-        const uint8_t *vb = s->v_base + (int64_t)blk * s->block_stride + (int64_t)lo * s->row_stride;
-        float bm = -INFINITY;
-        for (int32_t j = 0; j < cnt; j++) {
-            scratch[j] = attn_softcap(dot256_f16(q, kb + j * s->row_stride, head_dim) * scale, s->softcap);
-            bm = scratch[j] > bm ? scratch[j] : bm;
-        }
-        const float m_new = bm > m ? bm : m;
-        const float corr = expf(m - m_new); /* 0 on the first block (m = -inf) */
-        exp_block256(scratch, cnt, m_new);
-        const __m256 vc = _mm256_set1_ps(corr);
-        l *= corr;
-        for (int32_t d = 0; d < head_dim; d += 8) {
-            __m256 o = _mm256_mul_ps(_mm256_loadu_ps(out + d), vc);
-            for (int32_t j = 0; j < cnt; j++)
-                o = _mm256_fmadd_ps(_mm256_set1_ps(scratch[j]),
-                                    ld_f16x8(vb + j * s->row_stride + 2 * d), o);
-            _mm256_storeu_ps(out + d, o);
-        }
-        for (int32_t j = 0; j < cnt; j++)
-            l += scratch[j];
-        m = m_new;
-    }
-    const __m256 inv = _mm256_set1_ps(l > 0.0f ? 1.0f / l : 0.0f);
-    for (int32_t d = 0; d < head_dim; d += 8)
-        _mm256_storeu_ps(out + d, _mm256_mul_ps(_mm256_loadu_ps(out + d), inv));
-}
-
 /* q . k for nq (1..CPU_ATTN_GROUP_MAX) heads against one f16 key row,
- * each head's sum in dot256_f16's order (the key's halves are converted
- * once for all heads). */
+ * each head's sum over two 8-wide FMA chains, the chains added, then
+ * halves to one lane (the key's halves are converted once for all heads). */
 AI void dotn256_f16(const float *q, int32_t nq, const uint8_t *k, int32_t n, float *dots)
 {
     __m256 s0[CPU_ATTN_GROUP_MAX], s1[CPU_ATTN_GROUP_MAX];
@@ -141,7 +86,7 @@ AI void dotn256_f16(const float *q, int32_t nq, const uint8_t *k, int32_t n, flo
 }
 
 /* out_g = the p V sums of one block for nq heads: out_g * corr_g, then
- * + p_g[j] V_j for j in order (cpu_kvq_attention_row_f16_avx2's order per
+ * + p_g[j] V_j for j in order (the reference's order per
  * head; each V slice converted once for all heads). */
 AI void pv_block_f16(int32_t nq, const float *p, int32_t bs, const float *corr, const uint8_t *vb,
                      int64_t rs, int32_t cnt, int32_t head_dim, float *out)
@@ -206,4 +151,12 @@ void cpu_kvq_attention_group_f16_avx2(const float *q, int32_t nq, const cpu_kvq_
             _mm256_storeu_ps(out + g * head_dim + d,
                              _mm256_mul_ps(_mm256_loadu_ps(out + g * head_dim + d), inv));
     }
+}
+
+/* The row is the group of one head: a single body, so a head's result is
+ * the same whether it is attended alone or with the others of its KV head. */
+void cpu_kvq_attention_row_f16_avx2(const float *q, const cpu_kvq_seq *s, int32_t n_pos,
+                                    int32_t head_dim, float scale, float *scratch, float *out)
+{
+    cpu_kvq_attention_group_f16_avx2(q, 1, s, n_pos, head_dim, scale, scratch, out);
 }
