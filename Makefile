@@ -270,20 +270,25 @@ endif
 
 # guidellm's venv (a large download, ~10 min) is set up in the background
 # while the builds and unit tests run; `pytest` waits for it (a lock).
+# Each stage's builds run TEST_JOBS compiles at once (default: the cores);
+# each stage prints how long it took.
+TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+stage = @t0=$$(date +%s); $(MAKE) -j$(TEST_JOBS) $(1) && \
+	echo "test: stage '$(strip $(1))' passed in $$(( $$(date +%s) - t0 )) s"
 test: deps venv model peer-src
 	@mkdir -p build; (scripts/setup-guidellm.sh > build/guidellm-setup.log 2>&1 &); \
 	  echo "test: setting up build/guidellm-venv in the background (build/guidellm-setup.log)"
-	$(MAKE) WERROR=1 all
-	$(MAKE) layers
-	$(MAKE) WERROR=1 unit
-	$(MAKE) WERROR=1 unit-isa
-	$(MAKE) pytest
-	$(MAKE) pytest-isa
-	$(MAKE) asan
-	$(MAKE) arm64
-	$(MAKE) fuzz-run
-	$(MAKE) cuda-build
-	$(MAKE) cuda-host
+	$(call stage,WERROR=1 all)
+	$(call stage,layers)
+	$(call stage,WERROR=1 unit)
+	$(call stage,WERROR=1 unit-isa)
+	$(call stage,pytest)
+	$(call stage,pytest-isa)
+	$(call stage,asan)
+	$(call stage,arm64)
+	$(call stage,fuzz-run)
+	$(call stage,cuda-build)
+	$(call stage,cuda-host)
 
 serve: deps model
 	$(MAKE) all

@@ -6,7 +6,8 @@
 # (GBNF / JSON Schema / regex / choice; first byte = kind) on
 # tests/data/fuzz-seeds-grammar.  Builds nothing: `make fuzz` (which `make fuzz-run` calls
 # first) builds them.  Exits non-zero if a target found a crash, leak or
-# timeout; reproducers are copied to build-fuzz/crashes/.
+# timeout; reproducers are copied to build-fuzz/crashes/.  KVANT_FUZZ_JOBS
+# targets run at once (default 2).
 set -u
 secs=${1:-60}
 status=0
@@ -37,9 +38,27 @@ run_target() {
   rm -rf "$work"
   echo "run-fuzz: $name ok, no crash in ${secs}s"
 }
-run_target fuzz_gguf tests/data/fuzz-seeds 65536 || status=1
-run_target fuzz_tokenizer tests/data/fuzz-seeds-text 4096 || status=1
-run_target fuzz_kvtier none 1024 || status=1
-run_target fuzz_jinja tests/data/fuzz-seeds-jinja 16384 || status=1
-run_target fuzz_grammar tests/data/fuzz-seeds-grammar 8192 || status=1
+# Two targets at a time (a machine has at least two cores; each target is one
+# process): each writes its own log, printed whole once it ends, in order.
+jobs=${KVANT_FUZZ_JOBS:-2}
+logs=$(mktemp -d "${TMPDIR:-/tmp}/kvant-fuzz-logs.XXXXXX")
+targets=(
+  "fuzz_gguf tests/data/fuzz-seeds 65536"
+  "fuzz_tokenizer tests/data/fuzz-seeds-text 4096"
+  "fuzz_kvtier none 1024"
+  "fuzz_jinja tests/data/fuzz-seeds-jinja 16384"
+  "fuzz_grammar tests/data/fuzz-seeds-grammar 8192"
+)
+pids=()
+for i in "${!targets[@]}"; do
+  # shellcheck disable=SC2086
+  run_target ${targets[$i]} >"$logs/$i" 2>&1 &
+  pids[$i]=$!
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+done
+for i in "${!targets[@]}"; do
+  wait "${pids[$i]}" || status=1
+  cat "$logs/$i"
+done
+rm -rf "$logs"
 exit $status
