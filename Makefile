@@ -247,10 +247,13 @@ fuzz-run: fuzz model peer-src
 	@scripts/run-fuzz.sh 60
 
 # The CUDA backend compiles and links wherever nvcc is installed (no GPU
-# needed); without nvcc this says so and skips.
-cuda-build:
+# needed), and each kernel's registers, stack, local and shared memory are
+# checked against their budgets (scripts/check-cuda-resources, cuobjdump
+# from the venv); without nvcc this says so and skips.
+cuda-build: venv
 	@if command -v $(or $(NVCC),nvcc) >/dev/null 2>&1; then \
-	  $(MAKE) CUDA=1 BUILD=build-cuda WERROR=1 build-cuda/kvant build-cuda/tests/test_cuda; \
+	  $(MAKE) CUDA=1 BUILD=build-cuda WERROR=1 build-cuda/kvant build-cuda/tests/test_cuda && \
+	  scripts/check-cuda-resources build-cuda; \
 	else echo "cuda-build: SKIPPED (nvcc not found)"; fi
 
 # The CUDA backend's kernels and host code built with the host compiler
