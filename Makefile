@@ -136,6 +136,11 @@ $(BUILD)/kvant-testhooks: $(CLI_OBJ) $(BUILD)/obj/testhooks/engine.o $(BUILD)/li
 	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/obj/testhooks/engine.o $(BUILD)/libkvant.a \
 	  $(LDFLAGS) $(LDLIBS)
 
+# Tools the scripts run (not unit tests: scripts/run-unit.sh runs test_*).
+$(BUILD)/tests/cuda_bench: tests/tools/cuda_bench.c $(TU_OBJ) $(BUILD)/libkvant.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(TU_OBJ) $(BUILD)/libkvant.a $(LDFLAGS) $(LDLIBS)
+
 $(BUILD)/tests/%: tests/unit/%.c $(TU_OBJ) $(BUILD)/libkvant.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(TU_OBJ) $(BUILD)/libkvant.a $(LDFLAGS) $(LDLIBS)
@@ -252,7 +257,8 @@ fuzz-run: fuzz model peer-src
 # from the venv); without nvcc this says so and skips.
 cuda-build: venv
 	@if command -v $(or $(NVCC),nvcc) >/dev/null 2>&1; then \
-	  $(MAKE) CUDA=1 BUILD=build-cuda WERROR=1 build-cuda/kvant build-cuda/tests/test_cuda && \
+	  $(MAKE) CUDA=1 BUILD=build-cuda WERROR=1 build-cuda/kvant build-cuda/tests/test_cuda \
+	    build-cuda/tests/cuda_bench && \
 	  scripts/check-cuda-resources build-cuda; \
 	else echo "cuda-build: SKIPPED (nvcc not found)"; fi
 
@@ -264,7 +270,8 @@ cuda-build: venv
 cuda-host:
 ifneq ($(findstring x86_64,$(TARGET)),)
 	$(MAKE) CUDA=1 CUDA_HOST=1 BUILD=build-cuda-host WERROR=1 OPT="$(ASAN_OPT)" \
-	  build-cuda-host/tests/cuda_shim_test build-cuda-host/tests/test_cuda
+	  build-cuda-host/tests/cuda_shim_test build-cuda-host/tests/test_cuda \
+	  build-cuda-host/tests/cuda_bench
 	build-cuda-host/tests/cuda_shim_test
 	build-cuda-host/tests/test_cuda
 else

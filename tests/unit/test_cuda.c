@@ -12,11 +12,10 @@
  *     (cuda_stage.c: batch packing and validation), then "SKIPPED: no CUDA
  *     device", exit 77;
  *   - with a device: everything, exit 0/1.
- * `test_cuda --bench MODEL [--gemm N] [--backend cpu]` (CUDA builds, used by
- * scripts/gpu-check) times prefill of 512 tokens and 128 decode steps on
- * the device and measures device-to-device copy bandwidth in the same run;
- * `test_cuda --write-bench-model PATH` writes a random model of the same
- * shapes for machines without the default model file.
+ * `test_cuda --ops`: the op checks only, CPU against CUDA, no self-check
+ * (what scripts/gpu-check runs under compute-sanitizer).  The device
+ * measurements (prefill, decode, matmul bandwidth) are in
+ * tests/tools/cuda_bench.c, which scripts/gpu-check runs.
  *
  * Error bounds (each check names its own; |.| over the compared element):
  *   embed (also a vocabulary slice, row0), add, gather_out, kv_copy_block,
@@ -1130,260 +1129,13 @@ static void test_nvml(tb *b)
 }
 #endif
 
-#ifdef KVANT_CUDA
-/* ---- benchmark (scripts/gpu-check): prefill, decode, copy bandwidth ---- */
-
-#define B_PREFILL 512
-#define B_DECODE 128
-#define B_REPS 3
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* Matmul weight bytes one token reads (as cmd_bench counts them). */
-static double weight_bytes(const model *m)
-{
-    double b = (double)(m->tied_output ? m->tok_embd.nbytes : m->output.nbytes);
-    for (int32_t l = 0; l < m->hp.n_layers; l++) {
-        const model_layer *L = &m->layers[l];
-        b += (double)(L->wq.nbytes + L->wk.nbytes + L->wv.nbytes + L->wo.nbytes +
-                      L->w_gate.nbytes + L->w_up.nbytes + L->w_down.nbytes);
-    }
-    return b;
-}
-
-typedef struct bench_run {
-    double prefill_s, decode_s; /* best prefill; decode total over B_DECODE steps */
-    float *last;                /* [n_vocab] logits of the prefill's last token */
-} bench_run;
-
-static int bench_backend(const char *be_name, const char *path, int32_t gemm, int timed,
-                         bench_run *out)
-{
-    kvant_err err = {0};
-    backend_device_info dev;
-    tb b = {.name = be_name};
-    model *m = model_load(path, &err);
-    int rc = m ? backend_query(be_name, 0, &dev, &err) : KV_EIO;
-    if (!rc && (b.mem = mem_create((uint64_t)(dev.free_memory * 0.9), dev.alloc, &err)))
-        b.be = backend_create(be_name, 0, b.mem, 0, 0, &err);
-    if (!rc && !b.be)
-        rc = KV_ENOMEM;
-    if (!rc)
-        rc = b.be->ops->load_weights(b.be, m, &err);
-    if (!rc && gemm && !strcmp(be_name, "cuda"))
-        rc = cuda_backend_set_gemm_min_tokens(b.be, gemm, &err);
-    fwd_ctx f;
-    int32_t nb = (B_PREFILL + B_DECODE) / T_BS + 1, table[64], tok[B_PREFILL], pos[B_PREFILL],
-            seq[B_PREFILL], last = B_PREFILL - 1;
-    kv_layout lay = m ? fwd_kv_layout(m, nb, T_BS, DT_F32) : (kv_layout){0};
-    if (!rc)
-        rc = fwd_init(&f, m, b.be, B_PREFILL, 1, &lay, &err);
-    if (rc) {
-        fprintf(stderr, "bench %s: %s\n", be_name, err.msg);
-        goto done;
-    }
-    for (int32_t i = 0; i < nb; i++)
-        table[i] = i;
-    tu_rng r = {2024};
-    for (int32_t i = 0; i < B_PREFILL; i++)
-        tok[i] = (int32_t)(tu_rand_u64(&r) % (uint64_t)m->hp.n_vocab), pos[i] = i, seq[i] = 0;
-    fwd_seq s = {.block_table = table, .n_blocks = nb};
-    fwd_batch pf = {B_PREFILL, tok, pos, seq, 1, &s, 1, &last, 0};
-    out->last = malloc((size_t)m->hp.n_vocab * sizeof(float));
-    out->prefill_s = 1e30;
-    for (int rep = 0; !rc && rep < (timed ? B_REPS + 1 : 1); rep++) {
-        double t0 = now_s();
-        rc = fwd_run(&f, &pf, out->last, &err);
-        if (rep > 0 && now_s() - t0 < out->prefill_s) /* rep 0 warms up */
-            out->prefill_s = now_s() - t0;
-    }
-    double t0 = now_s();
-    for (int32_t i = 0; timed && !rc && i < B_DECODE; i++) {
-        int32_t p = B_PREFILL + i, zero = 0;
-        fwd_batch d = {1, tok + i, &p, &zero, 1, &s, 1, &zero, 0};
-        rc = fwd_run(&f, &d, out->last, &err);
-    }
-    out->decode_s = now_s() - t0;
-    if (timed && !rc) /* the decodes overwrote out->last: redo the prefill's logits */
-        rc = fwd_run(&f, &pf, out->last, &err);
-    if (rc)
-        fprintf(stderr, "bench %s: %s\n", be_name, err.msg);
-    if (timed && !strcmp(be_name, "cuda"))
-        test_nvml(&b);
-    fwd_free(&f);
-    b.be->ops->unload_weights(b.be, m);
-done:
-    tb_close(&b);
-    if (m)
-        model_free(m);
-    return rc;
-}
-
-/* A random llama GGUF with SmolLM2-135M's shapes and types (Q4_1 matrices,
- * Q8_0 token_embd, tied output, byte-level vocabulary of 49152 tokens):
- * the benchmark's stand-in when the real file is not on the machine (same bytes moved,
- * same kernels; logits are compared with the CPU backend either way). */
-#define BM_VOCAB 49152
-#define BM_EMBD 576
-#define BM_FF 1536
-#define BM_LAYERS 30
-
-static void bm_byte_token(int b, char out[8]) /* GPT-2's byte-to-unicode, as UTF-8 */
-{
-    int cp = b, n = 0;
-    if (!((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255))) {
-        for (int x = 0; x < b; x++)
-            n += !((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255));
-        cp = 256 + n;
-    }
-    if (cp < 0x80) {
-        out[0] = (char)cp, out[1] = 0;
-    } else {
-        out[0] = (char)(0xC0 | (cp >> 6)), out[1] = (char)(0x80 | (cp & 0x3F)), out[2] = 0;
-    }
-}
-
-static int bm_tensor(gguf_writer *w, tu_rng *r, void **keep, int *nk, const char *name,
-                     int64_t ne0, int64_t ne1, float scale, float off)
-{
-    uint32_t type = ne1 == BM_VOCAB ? DT_Q8_0 : ne1 > 1 ? DT_Q4_1 : DT_F32; /* as the real file */
-    float *f = rand_vec(r, ne0 * ne1, scale);
-    for (int64_t i = 0; i < ne0 * ne1; i++)
-        f[i] += off;
-    void *q = malloc(dtype_row_size(type, ne0) * (size_t)ne1);
-    dtype_get(type)->from_float(f, q, ne0 * ne1);
-    free(f);
-    keep[(*nk)++] = q;
-    uint64_t ne[2] = {(uint64_t)ne0, (uint64_t)ne1};
-    return gguf_writer_add_tensor(w, name, type, ne1 > 1 ? 2 : 1, ne, q, NULL);
-}
-
-static int write_bench_model(const char *path)
-{
-    gguf_writer *w = gguf_writer_create();
-    static char store[BM_VOCAB][16];
-    static const char *toks[BM_VOCAB];
-    static int32_t types[BM_VOCAB];
-    void *keep[8 + 9 * BM_LAYERS];
-    int nk = 0, rc = 0;
-    tu_rng r = {135};
-    for (int i = 0; i < BM_VOCAB; i++) {
-        if (i < 256)
-            bm_byte_token(i, store[i]);
-        else
-            snprintf(store[i], sizeof store[i], "<|t%d|>", i);
-        toks[i] = store[i];
-        types[i] = i < 256 ? 1 : 3;
-    }
-    rc |= gguf_writer_add_str(w, "general.architecture", "llama", NULL);
-    rc |= gguf_writer_add_u32(w, "llama.block_count", BM_LAYERS, NULL);
-    rc |= gguf_writer_add_u32(w, "llama.context_length", 8192, NULL);
-    rc |= gguf_writer_add_u32(w, "llama.embedding_length", BM_EMBD, NULL);
-    rc |= gguf_writer_add_u32(w, "llama.feed_forward_length", BM_FF, NULL);
-    rc |= gguf_writer_add_u32(w, "llama.attention.head_count", 9, NULL);
-    rc |= gguf_writer_add_u32(w, "llama.attention.head_count_kv", 3, NULL);
-    rc |= gguf_writer_add_f32(w, "llama.rope.freq_base", 100000.0f, NULL);
-    rc |= gguf_writer_add_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f, NULL);
-    rc |= gguf_writer_add_str(w, "tokenizer.ggml.model", "gpt2", NULL);
-    rc |= gguf_writer_add_str(w, "tokenizer.ggml.pre", "default", NULL);
-    rc |= gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", toks, BM_VOCAB, NULL);
-    rc |= gguf_writer_add_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, BM_VOCAB,
-                              NULL);
-    rc |= gguf_writer_add_arr_str(w, "tokenizer.ggml.merges", toks, 0, NULL);
-    rc |= gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", 256, NULL);
-    rc |= gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 257, NULL);
-    rc |= bm_tensor(w, &r, keep, &nk, "token_embd.weight", BM_EMBD, BM_VOCAB, 0.05f, 0.0f);
-    rc |= bm_tensor(w, &r, keep, &nk, "output_norm.weight", BM_EMBD, 1, 0.1f, 1.0f);
-    for (int il = 0; il < BM_LAYERS; il++) {
-        struct { const char *n; int64_t ne0, ne1; float sc, off; } ls[] = {
-            {"attn_norm", BM_EMBD, 1, 0.1f, 1}, {"attn_q", BM_EMBD, BM_EMBD, 0.04f, 0},
-            {"attn_k", BM_EMBD, 192, 0.04f, 0}, {"attn_v", BM_EMBD, 192, 0.04f, 0},
-            {"attn_output", BM_EMBD, BM_EMBD, 0.04f, 0}, {"ffn_norm", BM_EMBD, 1, 0.1f, 1},
-            {"ffn_gate", BM_EMBD, BM_FF, 0.04f, 0}, {"ffn_up", BM_EMBD, BM_FF, 0.04f, 0},
-            {"ffn_down", BM_FF, BM_EMBD, 0.025f, 0},
-        };
-        for (size_t i = 0; i < sizeof ls / sizeof ls[0]; i++) {
-            char name[64];
-            snprintf(name, sizeof name, "blk.%d.%s.weight", il, ls[i].n);
-            rc |= bm_tensor(w, &r, keep, &nk, name, ls[i].ne0, ls[i].ne1, ls[i].sc, ls[i].off);
-        }
-    }
-    kvant_err err = {0};
-    if (!rc && (rc = gguf_writer_write(w, path, &err)))
-        fprintf(stderr, "write %s: %s\n", path, err.msg);
-    gguf_writer_destroy(w);
-    for (int i = 0; i < nk; i++)
-        free(keep[i]);
-    return rc ? 1 : 0;
-}
-
-/* be_name "cuda"; "cpu" runs the same measurement on the CPU (a dry run of
- * this code on machines without a device; no d2d figure then). */
-static int bench_main(const char *path, int32_t gemm, const char *be_name)
-{
-    kvant_err err = {0};
-    bench_run g = {0}, c = {0};
-    model *m = model_load(path, &err);
-    if (!m) {
-        fprintf(stderr, "bench: %s\n", err.msg);
-        return 1;
-    }
-    double wb = weight_bytes(m), gbps = 0.0;
-    int32_t n_vocab = m->hp.n_vocab;
-    model_free(m);
-    if (bench_backend(be_name, path, gemm, 1, &g) != KV_OK) {
-        CHECK(0);
-        free(g.last);
-        return tu_finish("test_cuda --bench");
-    }
-    if (!strcmp(be_name, "cuda"))
-        CHECK(cuda_backend_d2d_bandwidth(0, (size_t)256 << 20, 20, &gbps, &err) == KV_OK);
-    CHECK(bench_backend("cpu", path, 0, 0, &c) == KV_OK); /* reference logits */
-    double mx = 0.0, md = 0.0;
-    int32_t ag = 0, ac = 0;
-    for (int32_t i = 0; g.last && c.last && i < n_vocab; i++) {
-        mx = fmax(mx, fabs(c.last[i]));
-        md = fmax(md, fabs((double)c.last[i] - g.last[i]));
-        ag = g.last[i] > g.last[ag] ? i : ag;
-        ac = c.last[i] > c.last[ac] ? i : ac;
-    }
-    double tpt = g.decode_s / B_DECODE;
-    char v[7][64];
-    snprintf(v[0], 64, "%.2f ms, %.0f tok/s", g.prefill_s * 1e3, B_PREFILL / g.prefill_s);
-    snprintf(v[1], 64, "%.3f ms/tok, %.1f tok/s", tpt * 1e3, 1.0 / tpt);
-    snprintf(v[2], 64, "%.1f GB/s (%.1f%% of d2d)", wb / tpt / 1e9,
-             gbps > 0 ? 100.0 * wb / tpt / 1e9 / gbps : 0.0);
-    snprintf(v[3], 64, "%.1f GB/s", gbps);
-    snprintf(v[4], 64, "%.2e (max abs logit %.2f)", md, mx);
-    snprintf(v[5], 64, "%d / %d", ag, ac);
-    snprintf(v[6], 64, "%s, gemm_min_tokens %d", be_name, gemm);
-    const char *k[7] = {"prefill 512 tokens", "decode 128 steps (1 token each)",
-                        "decode weight traffic", "d2d cudaMemcpy (read+write)",
-                        "prefill logits vs cpu: max abs diff", "prefill argmax: this / cpu",
-                        "backend"};
-    printf("\n| %-35s | %-32s |\n|%s|%s|\n", "", "", "-------------------------------------",
-           "----------------------------------");
-    printf("| %-35s | %-32s |\n", k[6], v[6]);
-    for (int i = 0; i < 6; i++)
-        printf("| %-35s | %-32s |\n", k[i], v[i]);
-    printf("\n");
-    CHECKF(md <= 1e-2 * mx, "prefill logits differ from the CPU backend by %g (max %g)", md, mx);
-    CHECKF(ag == ac || fabs(c.last[ag] - c.last[ac]) <= 1e-2 * mx, "argmax %d vs %d", ag, ac);
-    free(g.last), free(c.last);
-    return tu_finish("test_cuda --bench");
-}
-#endif
-
 /* ---- main ---- */
 
-static void run_all(tb *ref, tb *test, const char *path)
+static void run_all(tb *ref, tb *test, const char *path, int ops_only)
 {
     test_ops(ref, test, 1234);
+    if (ops_only)
+        return;
     test_forward(ref, test, path);
     test_engine(ref->name, test->name, path);
 }
@@ -1419,22 +1171,7 @@ static void test_tp_sum_kernel(tb *b)
 int main(int argc, char **argv)
 {
     dtype_init();
-#ifdef KVANT_CUDA
-    if (argc >= 3 && !strcmp(argv[1], "--write-bench-model"))
-        return write_bench_model(argv[2]);
-    if (argc >= 3 && !strcmp(argv[1], "--bench")) {
-        int32_t gemm = 0;
-        const char *be_name = "cuda";
-        for (int i = 3; i + 1 < argc; i += 2) {
-            if (!strcmp(argv[i], "--gemm"))
-                gemm = atoi(argv[i + 1]);
-            else if (!strcmp(argv[i], "--backend"))
-                be_name = argv[i + 1];
-        }
-        return bench_main(argv[2], gemm, be_name);
-    }
-#endif
-    (void)argc, (void)argv;
+    int ops_only = argc >= 2 && !strcmp(argv[1], "--ops"); /* the sanitizers' runs */
     char path[] = "/tmp/kvant_test_cuda_XXXXXX";
     int fd = mkstemp(path);
     if (fd < 0 || tiny_model_write(path, 77) != 0) {
@@ -1442,10 +1179,12 @@ int main(int argc, char **argv)
         return 1;
     }
     close(fd);
-    tb a, b;
+    tb a = {0}, b = {0};
     /* self-check of the harness: CPU (1 thread) against CPU (3 threads) */
-    if (tb_open(&a, "cpu", 1) == 0 && tb_open(&b, "cpu", 3) == 0)
-        run_all(&a, &b, path);
+    if (!ops_only && tb_open(&a, "cpu", 1) == 0 && tb_open(&b, "cpu", 3) == 0)
+        run_all(&a, &b, path, 0);
+    else if (ops_only && tb_open(&a, "cpu", 1))
+        CHECK(0);
     tb_close(&b);
     int rc = tu_failures ? 1 : 0;
 #ifndef KVANT_CUDA
@@ -1472,7 +1211,7 @@ int main(int argc, char **argv)
     }
     fprintf(stderr, "test_cuda: device %s, %.1f GiB\n", dev.name, dev.total_memory / 1073741824.0);
     if (tb_open(&b, "cuda", 0) == 0) {
-        run_all(&a, &b, path);
+        run_all(&a, &b, path, ops_only);
         test_nvml(&b);
         test_tp_sum_kernel(&b);
     }

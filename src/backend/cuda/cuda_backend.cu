@@ -666,3 +666,34 @@ done:
         return kvant_err_set(err, KV_EIO, "d2d bandwidth: %s", cudaGetErrorString(e));
     return KV_OK;
 }
+
+int cuda_backend_time_matmul(backend *be, const model_tensor *W, const float *d_x, float *d_y,
+                             int32_t n, int reps, double *ms, kvant_err *err)
+{
+    cuda_backend *cb = cu(be);
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    cudaError_t e;
+    float t = 0.0f;
+    *ms = 0.0;
+    if (reps < 1)
+        return kvant_err_set(err, KV_EINVAL, "time_matmul: %d reps", reps);
+    be->ops->matmul(be, W, NULL, d_x, d_y, n); /* warm-up */
+    if ((e = cudaEventCreate(&e0)) != cudaSuccess || (e = cudaEventCreate(&e1)) != cudaSuccess)
+        goto done;
+    cudaEventRecord(e0, cb->stream);
+    for (int i = 0; i < reps; i++)
+        be->ops->matmul(be, W, NULL, d_x, d_y, n);
+    cudaEventRecord(e1, cb->stream);
+    if ((e = cudaEventSynchronize(e1)) == cudaSuccess &&
+        (e = cudaEventElapsedTime(&t, e0, e1)) == cudaSuccess)
+        *ms = t;
+done:
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    if (e != cudaSuccess)
+        return kvant_err_set(err, KV_EIO, "time_matmul: %s", cudaGetErrorString(e));
+    return be->ops->sync(be) == KV_OK ? KV_OK : kvant_err_set(err, KV_EIO, "time_matmul: the "
+                                                                   "matmul failed on the device");
+}

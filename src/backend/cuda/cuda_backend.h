@@ -71,4 +71,11 @@ int cuda_backend_nvml_used(int device, uint64_t *bytes);
  * bandwidth-bound kernel is compared against. */
 int cuda_backend_d2d_bandwidth(int device, size_t bytes, int reps, double *gbps, kvant_err *err);
 
+/* Device time of `reps` launches of be's matmul d_y = W d_x (n tokens, no
+ * bias) after one warm-up launch, measured by two events recorded on be's
+ * stream around them: *ms is the total.  KV_EIO names the CUDA error (the
+ * instance's sticky fault included); KV_EINVAL for reps < 1. */
+int cuda_backend_time_matmul(backend *be, const model_tensor *W, const float *d_x, float *d_y,
+                             int32_t n, int reps, double *ms, kvant_err *err);
+
 #endif
