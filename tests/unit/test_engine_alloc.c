@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine/engine.h"
 #include "kernels/dtype.h"
@@ -371,11 +372,13 @@ int main(void)
                         "build it with the Makefile's -Wl,--wrap flags)\n");
         return 1;
     }
-    const char *path = "build/tests/tiny-engine-alloc.gguf";
+    char path[256];
     dtype_init();
+    CHECK(tu_tmp_path(path, sizeof path, "engine-alloc") == 0);
     CHECK(tiny_model_write(path, 7) == 0);
     kvant_err err = {0};
     model *m = model_load(path, &err);
+    unlink(path); /* mapped */
     CHECKF(m != NULL, "model_load: %s", err.msg);
     if (!m)
         return tu_finish("test_engine_alloc");

@@ -221,8 +221,8 @@ static void test_host_and_disk(model *m)
     engine_destroy(e);
 
     /* host + disk: a 2-record host tier pushes blocks on to disk */
-    char dir[] = "build/tests/engine-tier.XXXXXX";
-    CHECK(mkdtemp(dir) != NULL);
+    char dir[256];
+    CHECK(tu_tmp_dir(dir, sizeof dir, "engine-tier") == 0);
     tier_opts disk = {.blocks = 8, .host_records = 2, .dir = dir, .disk_records = 256,
                       .policy = ENGINE_TIER_ALWAYS};
     e = mk(m, disk, 2048, 8);
@@ -357,13 +357,13 @@ static void test_swap(model *m)
 
 int main(void)
 {
-    const char *path = "build/tests/tiny-engine-tier.gguf";
-    mkdir("build", 0755);
-    mkdir("build/tests", 0755);
+    char path[256];
     dtype_init();
+    CHECK(tu_tmp_path(path, sizeof path, "engine-tier") == 0);
     CHECK(tiny_model_write(path, 42) == 0);
     kvant_err err = {0};
     model *m = model_load(path, &err);
+    unlink(path); /* mapped */
     CHECKF(m != NULL, "model_load: %s", err.msg);
     if (!m)
         return tu_finish("test_engine_tier");

@@ -41,9 +41,8 @@ static void test_pick(void)
     CHECK(reg_pick(c, 4, 1, 1000, 30, 3, v, &nv) == SRV_FIT_OK && nv == 1 && v[0] == 1);
 }
 
-static const char *const paths[3] = {"build/tests/tiny-reg-a.gguf", "build/tests/tiny-reg-b.gguf",
-                                     "build/tests/tiny-reg-c.gguf"};
-static const char *const bad_path = "build/tests/tiny-reg-bad.gguf";
+/* in a temporary directory (tu_tmp_dir), made by main */
+static char paths[3][256], bad_path[256];
 
 static registry *make_reg(uint64_t budget, double keep_alive, kvant_err *err)
 {
@@ -271,8 +270,13 @@ int main(void)
 {
     dtype_init();
     test_pick();
-    for (int i = 0; i < 3; i++)
+    char dir[200];
+    CHECK(tu_tmp_dir(dir, sizeof dir, "models") == 0); /* the file names name the models */
+    snprintf(bad_path, sizeof bad_path, "%s/tiny-reg-bad.gguf", dir);
+    for (int i = 0; i < 3; i++) {
+        snprintf(paths[i], sizeof paths[i], "%s/tiny-reg-%c.gguf", dir, 'a' + i);
         CHECK(tiny_model_write(paths[i], 100 + (uint64_t)i) == 0);
+    }
     kvant_err err = {0};
     registry *r = make_reg(0, 0, &err);
     CHECKF(r != NULL, "%s", err.msg);
@@ -294,5 +298,6 @@ int main(void)
     remove(bad_path);
     for (int i = 0; i < 3; i++)
         remove(paths[i]);
+    rmdir(dir);
     return tu_finish("test_models");
 }

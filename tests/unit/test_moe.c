@@ -195,7 +195,7 @@ static void test_ffn(int shared, int norm_w)
  * KV_EUNSUP naming the experts, before anything is allocated. */
 static void test_refused_without_op(void)
 {
-    model *m = tiny_model_load("build/tests/tiny-moe.gguf", 5);
+    model *m = tiny_model_load(NULL, 5);
     if (!m)
         return;
     m->hp.fam.n_expert = 4; /* as a file with expert_count 4 would say */

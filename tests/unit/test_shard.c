@@ -5,6 +5,7 @@
  * made in host memory), and the model is restored. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/dtype.h"
 #include "mem/mem.h"
@@ -102,10 +103,12 @@ static void check_slices(const model *full, const model *m, int rank, int n)
 
 static void test_apply(void)
 {
-    const char *path = "build/tests/tiny-shard.gguf";
+    char path[256];
+    CHECK(tu_tmp_path(path, sizeof path, "shard") == 0);
     CHECK(tiny_model_write(path, 11) == 0);
     kvant_err err = {0};
     model *full = model_load(path, &err), *m = model_load(path, &err);
+    unlink(path); /* mapped */
     CHECKF(full && m, "%s", err.msg);
     if (!full || !m)
         return;
@@ -165,10 +168,12 @@ static void test_apply(void)
  * the same bytes, and are freed with the shard (ASan: no leak). */
 static void test_host_copies(void)
 {
-    const char *path = "build/tests/tiny-shard-host.gguf";
+    char path[256];
+    CHECK(tu_tmp_path(path, sizeof path, "shard-host") == 0);
     CHECK(tiny_model_write(path, 13) == 0);
     kvant_err err = {0};
     model *full = model_load(path, &err), *m = model_load(path, &err);
+    unlink(path); /* mapped */
     CHECKF(full && m, "%s", err.msg);
     if (!full || !m) {
         model_free(full);
@@ -200,10 +205,12 @@ static void test_host_copies(void)
  * on the first, the head on the last; every layer on exactly one stage. */
 static void test_stages(void)
 {
-    const char *path = "build/tests/tiny-shard-pp.gguf";
+    char path[256];
+    CHECK(tu_tmp_path(path, sizeof path, "shard-pp") == 0);
     CHECK(tiny_model_write_layers(path, 12, 5) == 0);
     kvant_err err = {0};
     model *m = model_load(path, &err);
+    unlink(path); /* mapped */
     CHECKF(m, "%s", err.msg);
     if (!m)
         return;

@@ -432,6 +432,8 @@ static void test_engine(model *m)
 
 int main(void)
 {
+    /* under build/ (made by make), not $TMPDIR: the O_DIRECT read modes need
+     * a disk filesystem, and /tmp is often tmpfs, which refuses O_DIRECT */
     const char *path = "build/tests/tiny-wstream.gguf";
     dtype_init();
     CHECK(tiny_model_write_layers(path, 7, 5) == 0);

@@ -1,6 +1,8 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <unistd.h>
 
 int tu_failures;
 int tu_checks;
@@ -37,4 +39,27 @@ float tu_rand_normal(tu_rng *r)
     double u1 = ((double)(tu_rand_u64(r) >> 11) + 1.0) / ((double)(1ULL << 53) + 1.0);
     double u2 = (double)(tu_rand_u64(r) >> 11) / (double)(1ULL << 53);
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static int tmp_name(char *buf, size_t n, const char *stem)
+{
+    const char *dir = getenv("TMPDIR");
+    int w = snprintf(buf, n, "%s/kvant-%s-XXXXXX", dir && *dir ? dir : "/tmp", stem);
+    return w > 0 && (size_t)w < n ? 0 : -1;
+}
+
+int tu_tmp_path(char *buf, size_t n, const char *stem)
+{
+    if (tmp_name(buf, n, stem))
+        return -1;
+    int fd = mkstemp(buf);
+    if (fd < 0)
+        return -1;
+    close(fd);
+    return 0;
+}
+
+int tu_tmp_dir(char *buf, size_t n, const char *stem)
+{
+    return tmp_name(buf, n, stem) || !mkdtemp(buf) ? -1 : 0;
 }

@@ -3,6 +3,7 @@
 #ifndef KVANT_TESTUTIL_H
 #define KVANT_TESTUTIL_H
 
+#include <stddef.h>
 #include <stdio.h>
 
 extern int tu_failures;
@@ -23,5 +24,11 @@ typedef struct tu_rng { unsigned long long s; } tu_rng;
 unsigned long long tu_rand_u64(tu_rng *r);
 float tu_rand_uniform(tu_rng *r, float lo, float hi);
 float tu_rand_normal(tu_rng *r);
+
+/* A new empty file ${TMPDIR:-/tmp}/kvant-STEM-XXXXXX (mkstemp), its name in
+ * buf[n]; 0 on success.  The test removes it.  tu_tmp_dir: a new directory
+ * the same way (mkdtemp). */
+int tu_tmp_path(char *buf, size_t n, const char *stem);
+int tu_tmp_dir(char *buf, size_t n, const char *stem);
 
 #endif

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "format/gguf_write.h"
 #include "kernels/dtype.h"
@@ -139,9 +140,16 @@ int tiny_model_write_layers(const char *path, uint64_t seed, int n_layers)
 
 model *tiny_model_load(const char *path, uint64_t seed)
 {
+    char tmp[256];
+    if (!path) {
+        CHECK(tu_tmp_path(tmp, sizeof tmp, "tiny") == 0);
+        path = tmp;
+    }
     CHECK(tiny_model_write(path, seed) == 0);
     kvant_err err = {0};
     model *m = model_load(path, &err);
     CHECKF(m != NULL, "model_load %s: %s", path, err.msg);
+    if (path == tmp)
+        unlink(tmp);
     return m;
 }

@@ -13,7 +13,9 @@ int tiny_model_write_layers(const char *path, uint64_t seed, int n_layers);
 
 struct model;
 /* Writes the model to path and loads it; a failure is a CHECK failure and
- * returns NULL.  The caller frees it with model_free. */
+ * returns NULL.  The caller frees it with model_free.  path NULL: a
+ * temporary file (testutil.h's tu_tmp_path), removed once the model is
+ * mapped. */
 struct model *tiny_model_load(const char *path, uint64_t seed);
 
 #endif
