@@ -73,6 +73,8 @@ struct srv_gen {
                              * cancelled and not counted as finished */
     char err[256];
     double last_out;
+    gcache_entry *gent;     /* structured outputs: the compiled grammar's reference
+                             * until prompt 0's engine request takes it */
     srv_gen *next, *prev;   /* active list (s->mu) */
 };
 
@@ -569,6 +571,8 @@ static void gen_free(srv_gen *g)
         active_remove(g->s, g);
     }
     srv_chan_unref(g->chan);
+    if (g->gent)
+        gcache_release(g->s->gcache, g->gent);
     if (g->ref.e)
         reg_release(g->s->reg, &g->ref);
     for (int i = 0; g->seq && i < g->n_choices; i++) {
@@ -673,6 +677,28 @@ static enum MHD_Result gen_blocking(srv_gen *g, struct MHD_Connection *c)
     return r;
 }
 
+/* Structured outputs: a reference to the compiled grammar for prompt k's
+ * engine request (prompt 0 takes the one srv_gen_handle got; later prompts
+ * of a /v1/completions list get theirs from the cache). */
+static int attach_grammar(srv_gen *g, int k, engine_request *er, kvant_err *ke)
+{
+    gcache_entry *ent = g->gent;
+    g->gent = NULL;
+    if (!ent) {
+        srv_error se;
+        if (!(ent = srv_constraint_get(g->s->gcache, &g->req.cons, &se)))
+            return kvant_err_set(ke, KV_ENOMEM, "%s", se.msg);
+    }
+    srv_gref *ref = srv_gref_create(g->s->gcache, ent);
+    if (!ref)
+        return kvant_err_set(ke, KV_ENOMEM, "out of memory");
+    er->grammar = gcache_gram(ent);
+    er->grammar_release = srv_gref_release;
+    er->grammar_ctx = ref;
+    (void)k;
+    return 0;
+}
+
 /* Submits every prompt (one engine request each) under s->mu, so the ids
  * are on the active list before a drain cancels; *rid0: the first id.  On
  * a failure the prompts already submitted are cancelled (not counted) and
@@ -686,8 +712,12 @@ static int submit_prompts(srv_gen *g, int64_t *rid0, kvant_err *ke)
     for (int k = 0; k < g->req.n_prompts; k++) {
         engine_request er = srv_gen_req_prompt(&g->req, k);
         g->pr[k].prompt_tokens = er.n_prompt;
+        if (!rc && g->req.cons.kind >= 0 && (rc = attach_grammar(g, k, &er, ke)))
+            rc = rc > 0 ? -rc : rc;
         int64_t rid = rc ? 0 : engine_submit(g->e, &er, srv_chan_on_event,
                                              srv_chan_src(g->chan, k), ke);
+        if (rid <= 0 && er.grammar)
+            srv_gref_release(er.grammar_ctx); /* a failed submit leaves it with us */
         if (rid <= 0) {
             rc = rc ? rc : (int)rid;
             srv_chan_unref_engine(g->chan, k);
@@ -787,12 +817,21 @@ enum MHD_Result srv_gen_handle(srv *s, struct MHD_Connection *c, srv_api api, co
         }
         routed = (srv_oai_ctx){g->ref.m, g->ref.name, g->ref.max_model_len,
                                g->ref.max_piece_bytes, s->oai.allow_unknown,
-                               s->oai.unknown_log};
+                               s->oai.unknown_log, s->oai.grammar_max_bytes};
         oai = &routed;
     }
     if (srv_oai_parse(oai, api, body, len, srv_request_id(c), &g->req, &er)) {
         gen_free(g);
         return srv_send_error(c, &er);
+    }
+    if (g->req.cons.kind >= 0) { /* compiled here, on this HTTP thread, never the engine's */
+        double t0 = srv_now();
+        g->gent = srv_constraint_get(s->gcache, &g->req.cons, &er);
+        srv_metrics_observe(s->metrics, SRV_H_GRAMMAR_COMPILE, srv_now() - t0);
+        if (!g->gent) {
+            gen_free(g);
+            return srv_send_error(c, &er);
+        }
     }
     g->n_choices = g->req.n_prompts * g->req.er.n;
     g->chan = srv_chan_create(s->metrics, t_arrival, g->req.n_prompts, chan_cap(s, &g->req));

@@ -572,6 +572,8 @@ static int parse_body(const srv_oai_ctx *ctx, const srv_fields_policy *pol, json
             return srv_error_set(e, 400, "cache_salt", "'cache_salt' must be a string");
         r->er.cache_salt = fnv1a(json_string_value(salt), json_string_length(salt));
     }
+    if ((rc = srv_constraint_parse(o, ctx->grammar_max_bytes, &r->cons, e)))
+        return rc;
     rc = r->api == SRV_API_CHAT ? parse_messages(ctx, pol, o, r, e) : parse_prompt(ctx, o, r, e);
     if (rc)
         return rc;
@@ -589,6 +591,7 @@ int srv_oai_parse(const srv_oai_ctx *ctx, srv_api api, const char *body, size_t 
 {
     srv_fields_policy pol = {ctx->allow_unknown, ctx->unknown_log, request_id};
     memset(out, 0, sizeof *out);
+    out->cons.kind = -1;
     out->api = api;
     out->er.sampling = sampler_params_default();
     out->er.n = 1;
@@ -608,6 +611,7 @@ void srv_gen_req_free(srv_gen_req *r)
 {
     free(r->tokens);
     free(r->prompt_off);
+    srv_constraint_free(&r->cons);
     r->tokens = NULL;
     r->prompt_off = NULL;
     r->n_prompts = 0;
