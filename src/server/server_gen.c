@@ -282,11 +282,61 @@ static void cancel_prompts(srv_gen *g)
             engine_cancel(g->e, g->pr[k].rid);
 }
 
+/* Whether replies are parsed for tool calls (a stream then sends the whole
+ * message in one delta when the choice ends: a call is known only then). */
+static int tools_parse(const srv_gen *g)
+{
+    return g->req.api == SRV_API_CHAT && g->req.tools.mode >= SRV_TOOLS_AUTO;
+}
+
+/* The reply message of choice i, and its finish reason ("tool_calls" when
+ * it holds calls and the model finished). */
+static json_t *tools_message(const srv_gen *g, int i, const char **finish)
+{
+    const gen_seq *q = &g->seq[i];
+    int n_calls = 0;
+    json_t *m = srv_tools_message(&g->req.tools, q->text.s ? q->text.s : "", q->text.len, g->id,
+                                  i, &n_calls);
+    *finish = n_calls && q->finish == ENGINE_FINISH_STOP ? "tool_calls" : finish_str(q->finish);
+    return m;
+}
+
+/* Streaming with tools: choice i ended: its message as one delta, then
+ * the finish chunk. */
+static void sse_tools_final(srv_gen *g, int i)
+{
+    const char *finish;
+    json_t *m = tools_message(g, i, &finish);
+    if (!m)
+        return;
+    json_t *tc = json_object_get(m, "tool_calls");
+    for (size_t k = 0; k < json_array_size(tc); k++)
+        json_object_set_new(json_array_get(tc, k), "index", json_integer((json_int_t)k));
+    json_t *arr = json_array();
+    json_array_append_new(arr, json_pack("{s:i, s:o, s:n, s:n}", "index", i, "delta", m,
+                                         "logprobs", "finish_reason"));
+    sse_json(g, envelope(g, arr, 1));
+    arr = json_array();
+    json_array_append_new(arr, json_pack("{s:i, s:{}, s:n, s:s}", "index", i, "delta",
+                                         "logprobs", "finish_reason", finish));
+    json_t *o = envelope(g, arr, 1);
+    if (g->req.continuous_usage && o)
+        json_object_set_new(o, "usage", usage_json(g));
+    sse_json(g, o);
+}
+
 /* Emits (stream) or appends (non-stream) text for sequence i. */
 static void seq_out(srv_gen *g, int i, const srv_buf *emit, json_t *lp_entry_or_null,
                     const char *finish)
 {
     gen_seq *q = &g->seq[i];
+    if (g->req.stream && tools_parse(g)) { /* held until the choice ends (logprobs dropped) */
+        json_decref(lp_entry_or_null);
+        srv_buf_append(&q->text, emit->s ? emit->s : "", emit->len);
+        if (finish)
+            sse_tools_final(g, i);
+        return;
+    }
     if (!g->req.stream) {
         srv_buf_append(&q->text, emit->s ? emit->s : "", emit->len);
         if (lp_entry_or_null) {
@@ -630,7 +680,12 @@ static enum MHD_Result send_whole(srv_gen *g, struct MHD_Connection *c)
         gen_seq *q = &g->seq[i];
         json_t *lp = q->lp ? lp_object(g, q->lp, 0) : json_null();
         json_t *ch;
-        if (g->req.api == SRV_API_CHAT)
+        const char *fin;
+        json_t *tm = tools_parse(g) ? tools_message(g, i, &fin) : NULL;
+        if (tm)
+            ch = json_pack("{s:i, s:o, s:o, s:s}", "index", i, "message", tm, "logprobs", lp,
+                           "finish_reason", fin);
+        else if (g->req.api == SRV_API_CHAT)
             ch = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", i, "message", "role",
                            "assistant", "content", jstr(q->text.s ? q->text.s : "", q->text.len),
                            "logprobs", lp, "finish_reason", finish_str(q->finish));

@@ -19,6 +19,7 @@
 #include "server/server_error.h"
 #include "server/server_fields.h"
 #include "server/server_stream.h"
+#include "server/server_tools.h"
 
 
 typedef enum srv_api { SRV_API_COMPLETIONS = 0, SRV_API_CHAT = 1 } srv_api;
@@ -41,6 +42,7 @@ typedef struct srv_gen_req {
     int32_t top_logprobs;  /* alternatives per token, 0..ENGINE_MAX_TOP_LOGPROBS */
     srv_stops stops;
     srv_constraint cons;   /* structured outputs (kind -1: none); compiled by the caller */
+    srv_tools tools;       /* chat: tools and tool_choice (mode OFF: none) */
 } srv_gen_req;
 
 typedef struct srv_oai_ctx {
