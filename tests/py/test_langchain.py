@@ -3,8 +3,8 @@
 (the same text as the official openai client at temperature 0), max_tokens / temperature /
 stop / seed are honoured, every field LangChain puts in its requests is one kvant honours
 (recorded off the wire and checked field by field), with_structured_output(json_schema) returns
-the Pydantic object (structured outputs), and with_structured_output(function_calling) fails
-with a 400 naming tools instead of returning None."""
+the Pydantic object (structured outputs), and so does with_structured_output(function_calling)
+(tool calling with a named function)."""
 from __future__ import annotations
 
 import json
@@ -151,15 +151,13 @@ class Person(BaseModel):
     age: int = Field(ge=0, le=120)
 
 
-def test_structured_output_tools_fail_clearly(srv):
-    llm = lc(srv).with_structured_output(Person, method="function_calling")
-    with pytest.raises(openai.BadRequestError) as ei:
-        out = llm.invoke("Alice is 30.")
-        pytest.fail(f"with_structured_output(function_calling) returned {out!r} instead of "
-                    "failing")
-    assert ei.value.status_code == 400
-    msg = str(ei.value)
-    assert "tool" in msg and "not supported" in msg, msg
+def test_structured_output_function_calling(srv):
+    """tools + tool_choice naming the function: the arguments are constrained to its schema."""
+    rec = Recorder()
+    out = lc(srv, rec, max_tokens=200).with_structured_output(Person, method="function_calling") \
+        .invoke("Alice is 30.")
+    assert isinstance(out, Person), out
+    assert rec.bodies[-1]["tool_choice"]["function"]["name"] == "Person"
 
 
 def test_structured_output_json_schema(srv):

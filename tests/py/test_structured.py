@@ -403,13 +403,6 @@ def test_bad_input_400(srv, name, api, extra, param, needle):
     assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == "ok"
 
 
-def test_tools_still_refused(srv):
-    r = post(srv, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
-                                           "tools": [{"type": "function",
-                                                      "function": {"name": "f"}}]})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
-
-
 # ---- accounting -------------------------------------------------------------------------------
 
 def test_metrics_and_memory(srv):
