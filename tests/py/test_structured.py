@@ -213,6 +213,19 @@ def test_n2_each_choice_valid(srv):
         check_json(SCHEMAS[0], text)
 
 
+def test_prompt_list_each_choice_valid(srv):
+    """A /v1/completions prompt list: one engine request per prompt, each holding its own
+    reference to the one compiled grammar."""
+    choices = ["north", "south", "east", "west"]
+    r = post(srv, "/v1/completions", {"prompt": ["Go", "Turn", "Face"], "n": 2,
+                                      "max_tokens": 8, "temperature": 1.0, "seed": 3,
+                                      "guided_choice": choices})
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"]
+    assert len(ch) == 6
+    assert all(c["text"] in choices and c["finish_reason"] == "stop" for c in ch), ch
+
+
 def test_json_object_modes(srv):
     for api, extra in (("chat", {"response_format": {"type": "json_object"}}),
                        ("comp", {"response_format": {"type": "json_object"}}),
