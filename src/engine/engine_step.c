@@ -469,7 +469,8 @@ static void phase_retire(engine *e)
             if (!s->finished || s->reported)
                 continue;
             engine_note_kv(e, r); /* before this sequence's blocks go */
-            engine_event ev = {.type = ENGINE_EV_FINISH, .index = s->index, .finish = s->finish};
+            engine_event ev = {.type = ENGINE_EV_FINISH, .index = s->index, .finish = s->finish,
+                               .grammar_seconds = s->gram_s}; /* an end token's mask */
             engine_emit(r, &ev);
             pthread_mutex_lock(&e->mu);
             if (s->finish == ENGINE_FINISH_STOP)

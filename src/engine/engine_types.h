@@ -167,8 +167,9 @@ typedef struct engine_event {
     const char *error;      /* on ERROR (valid during the callback) */
     const float *embedding; /* on EMBED: [n_embd] (valid during the callback) */
     int32_t n_embd;
-    double grammar_seconds; /* on TOKEN of a constrained request: engine-thread time spent
-                             * on this token's mask and state advance (0 otherwise) */
+    double grammar_seconds; /* constrained requests, on TOKEN: engine-thread time spent on
+                             * this token's mask and state advance; on FINISH: on the
+                             * mask of the end token that finished it (0 otherwise) */
 } engine_event;
 
 typedef void (*engine_event_fn)(void *ctx, const engine_event *ev);

@@ -57,8 +57,8 @@ static const srv_hist_def hist_defs[SRV_H_COUNT] = {
                                "thread (compile on a cache miss; cache hits included).",
                                le_compile, N_OF(le_compile)},
     [SRV_H_GRAMMAR_MASK] = {"grammar_mask_seconds",
-                            "Engine-thread time per constrained token: its mask, applied to the "
-                            "logits, and the state advance.",
+                            "Engine-thread time per constrained token (the end token included): "
+                            "its mask, applied to the logits, and the state advance.",
                             le_mask, N_OF(le_mask)},
 };
 
