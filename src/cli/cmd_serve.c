@@ -51,7 +51,7 @@ static void serve_help(void)
     srv_config sc = srv_config_default();
     engine_config ec = engine_config_default();
     char port[16], seqs[16], toks[16], blk[16], body[24], tmo[16], conns[16], drain[16];
-    char hdr[16], bdy[16], backlog[16], stall[16], sndbuf[16];
+    char hdr[16], bdy[16], backlog[16], stall[16], sndbuf[16], gmax[16], gcache_n[16];
     const cli_opt t[] = {
         {"--host", "ADDR", "IPv4 address to listen on", sc.host},
         {"--port", "N", "TCP port, 0: any free one", fmt_long(port, 16, sc.port)},
@@ -93,6 +93,11 @@ static void serve_help(void)
         {"--send-buffer", "BYTES", "kernel send buffer per connection (what a client that "
                                    "does not read can hold), 0: the kernel's autotuning",
          fmt_long(sndbuf, 16, sc.send_buffer)},
+        {"--grammar-max-bytes", "BYTES", "structured outputs: the largest schema, grammar or "
+                                         "regex a request may send (400 past it)",
+         fmt_long(gmax, 16, (long)sc.grammar_max_bytes)},
+        {"--grammar-cache", "N", "compiled grammars kept for reuse (LRU)",
+         fmt_long(gcache_n, 16, sc.grammar_cache)},
         {"--embedding-pooling", "mean|last", "/v1/embeddings: the mean of the prompt's final "
                                              "hidden states, or the last token's", "mean"},
         {"--allow-unknown-fields", NULL, "accept request fields kvant does not know (logged "
@@ -152,6 +157,8 @@ static int parse_int_opt(serve_opts *o, int argc, char **argv, int *i)
         {"--stream-backlog", NULL, 16, 1 << 24},
         {"--send-buffer", NULL, 0, 1 << 30},
         {"--kv-window-blocks", NULL, 1, 1 << 24},
+        {"--grammar-max-bytes", NULL, 16, 1L << 30},
+        {"--grammar-cache", NULL, 1, 1 << 16},
     };
     const char *a = argv[*i];
     for (size_t k = 0; k < sizeof t / sizeof t[0]; k++) {
@@ -174,6 +181,8 @@ static int parse_int_opt(serve_opts *o, int argc, char **argv, int *i)
         case 10: o->sc.stream_backlog = (int)x; break;
         case 11: o->sc.send_buffer = (int)x; break;
         case 12: o->ec.kv_window_blocks_override = (int32_t)x; break;
+        case 13: o->sc.grammar_max_bytes = (size_t)x; break;
+        case 14: o->sc.grammar_cache = (int)x; break;
         default: o->ec.kv_blocks_override = (int32_t)x; break;
         }
         return 1;

@@ -8,6 +8,7 @@
  * real allocation agree.
  */
 #include "engine/engine.h"
+#include "engine/engine_gram.h"
 #include "engine/engine_req.h"
 #include "engine/engine_step.h"
 
@@ -391,6 +392,8 @@ engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)
         }
         goto fail;
     }
+    engine_gram_create(e); /* the token trie for constrained decoding, once per model */
+    e->stats.grammar_vocab_bytes = e->gvocab_bytes;
     kvpool_stats ks; /* the pool's shape is reported before the first step */
     kvpool_get_stats(e->pool, &ks);
     e->stats.kv_blocks_total = ks.n_blocks;
@@ -463,6 +466,7 @@ void engine_destroy(engine *e)
     free(e->b_seqp);
     free(e->logits);
     free(e->hidden);
+    engine_gram_destroy(e);
     sampler_scratch_free(&e->smp_scratch);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
@@ -560,6 +564,8 @@ static int check_request(const engine *e, const engine_request *r, kvant_err *er
         return kvant_err_set(err, KV_EINVAL, "max_tokens: must be at least 1");
     if (r->embed && (r->n != 1 || r->embed > ENGINE_EMBED_LAST || r->prompt_logprobs))
         return kvant_err_set(err, KV_EINVAL, "embed: needs n = 1 and no prompt logprobs");
+    if (r->embed && r->grammar)
+        return kvant_err_set(err, KV_EINVAL, "embed: no grammar");
     if (r->embed && e->cfg.tp_group)
         return kvant_err_set(err, KV_EINVAL, "embeddings are not served under --tp/--pp");
     if (r->n < 1 || r->n > ENGINE_MAX_N)

@@ -27,6 +27,9 @@ typedef struct eng_tp eng_tp;     /* engine_tp.c */
 typedef struct eng_resize eng_resize; /* engine_kvresize.c */
 struct wstream_plan;
 struct wstream;
+struct earley;
+struct tmask_work;
+struct tmask_vocab;
 
 /* One sequence: the unit the scheduler batches.  tokens holds the prompt
  * followed by generated tokens; the KV cache holds n_computed of them.
@@ -53,11 +56,12 @@ typedef struct eng_seq {
     int64_t plp_pos;        /* this step: rows plp_row.. hold the logits after
                              * positions plp_pos.., plp_n of them */
     int32_t plp_row, plp_n;
+    double gram_s;          /* grammar time spent on the token being sampled */
     struct eng_seq *next;   /* waiting / running list link */
 } eng_seq;
 
 /* Why a request is being failed (eng_req.cancelled). */
-enum { ENG_LIVE = 0, ENG_FAIL_FORK, ENG_FAIL_RUN, ENG_CANCELLED };
+enum { ENG_LIVE = 0, ENG_FAIL_FORK, ENG_FAIL_RUN, ENG_CANCELLED, ENG_FAIL_GRAMMAR };
 
 /* One request and everything its sequences need, in one allocation made
  * at submit on the submitting thread (engine_req_create):
@@ -88,6 +92,11 @@ struct eng_req {
     int32_t seq_blocks;     /* block table entries per sequence */
     int32_t *tok_store;     /* [p.n][seq_cap] */
     int32_t *blk_store;     /* [p.n][seq_blocks] */
+    /* p.grammar: sequence i's recognizer and mask memo (engine_gram.c);
+     * made at submit, freed at reap */
+    struct earley *gstate[ENGINE_MAX_N];
+    struct tmask_work *gwork[ENGINE_MAX_N];
+    char gram_err[192];     /* why ENG_FAIL_GRAMMAR */
     struct eng_req *next;   /* incoming / admitted / dead list */
     struct eng_req *live_prev, *live_next; /* in flight, for engine_cancel (e->mu) */
     eng_seq seq[];          /* [p.n] */
@@ -148,6 +157,11 @@ struct engine {
     float *hidden;          /* [max_num_seqs][n_embd]: the rows' hidden states (embed) */
     sampler_scratch smp_scratch; /* [n_vocab] x 4: every sequence's sampler, one at a time */
     uint64_t step_buf_bytes; /* the step buffers' bytes (host memory, malloc) */
+    /* constrained decoding (engine_gram.c), made at create */
+    struct tmask_vocab *gvocab; /* the tokenizer's trie, or NULL (gvocab_err says why) */
+    uint32_t *gmask;        /* [tmask_n_words] one sequence's mask at a time */
+    uint64_t gvocab_bytes;
+    char gvocab_err[192];
 };
 
 /* Monotonic seconds.  Any thread. */

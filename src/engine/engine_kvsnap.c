@@ -15,6 +15,7 @@
  * block at j.
  */
 #include "engine/engine_kvsnap.h"
+#include "engine/engine_gram.h"
 #include "engine/engine_internal.h"
 
 #include <stdlib.h>
@@ -187,6 +188,7 @@ static void fill_snapshot(engine *e, engine_kv_snapshot *o)
         q->generated_tokens = r->completion_tokens;
         q->blk_off = o->n_blk_ids;
         q->age_s = now - r->arrival;
+        q->grammar_bytes = engine_gram_req_bytes(r);
         fill_ctx f = {o, q};
         for_each_block(e, r, fill_block, &f);
         q->blocks_w = e->pool_w ? window_blocks(r) : 0;

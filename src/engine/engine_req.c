@@ -18,6 +18,8 @@
  */
 #include "engine/engine_req.h"
 
+#include "engine/engine_gram.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,12 +63,17 @@ int engine_req_create(engine *e, const engine_request *rq, engine_event_fn fn, v
         return kvant_err_set(err, rc, "sampling parameters are invalid");
     }
     r->n_seqs = 1;
+    if ((rc = engine_gram_req_init(e, r, err))) { /* the caller keeps its grammar reference */
+        free(r);
+        return rc;
+    }
     *out = r;
     return KV_OK;
 }
 
 void engine_req_destroy(eng_req *r)
 {
+    engine_gram_req_free(r, 0);
     free(r);
 }
 
@@ -190,6 +197,7 @@ void engine_req_reap(engine *e)
     pthread_mutex_unlock(&e->mu);
     while (r) {
         eng_req *next = r->next;
+        engine_gram_req_free(r, 1); /* the grammar's reference goes back to its owner */
         free(r);
         r = next;
     }

@@ -26,6 +26,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "engine/engine_gram.h"
 #include "engine/engine_req.h"
 #include "text/tokenizer.h"
 
@@ -368,11 +369,18 @@ static void sample_emit(engine *e, eng_seq *s, float *row, const float *orig)
     s->n_generated++;
     r->completion_tokens++;
     engine_event ev = {.type = ENGINE_EV_TOKEN, .index = s->index, .token = tok};
-    if (is_stop(s, tok, e->m->tok)) {
+    /* constrained: an end id was allowed only because the grammar accepts */
+    if (is_stop(s, tok, e->m->tok) || (r->p.grammar && engine_gram_is_end(e, tok))) {
         s->finished = 1;
         s->finish = ENGINE_FINISH_STOP;
         return;
     }
+    if (r->p.grammar && engine_gram_advance(e, s, tok)) {
+        r->cancelled = ENG_FAIL_GRAMMAR;
+        return;
+    }
+    ev.grammar_seconds = s->gram_s;
+    s->gram_s = 0;
     if (r->p.top_logprobs != 0)
         fill_logprobs(s, orig, n_vocab, tok, &ev);
     s->tokens[s->n_tokens++] = tok;
@@ -430,9 +438,13 @@ static uint64_t phase_sample(engine *e, const step_plan *sp)
             continue;
         }
         int32_t n_sample = first ? r->p.n : 1;
-        for (int32_t k = 0; k < n_sample; k++) {
+        for (int32_t k = 0; k < n_sample && r->cancelled != ENG_FAIL_GRAMMAR; k++) {
             eng_seq *t = first ? r->seqs[k] : s;
             memcpy(scratch, row, (size_t)n_vocab * sizeof(float));
+            if (r->p.grammar && engine_gram_mask(e, t, scratch) < 0) { /* before any sampler */
+                r->cancelled = ENG_FAIL_GRAMMAR;
+                break;
+            }
             sample_emit(e, t, scratch, row);
             sampled++;
         }
@@ -445,8 +457,9 @@ static void phase_retire(engine *e)
     eng_req *r = e->reqs;
     while (r) {
         eng_req *next = r->next;
-        if (r->cancelled == ENG_FAIL_FORK) {
-            engine_emit_error(e, r, "cannot fork the sequences");
+        if (r->cancelled == ENG_FAIL_FORK || r->cancelled == ENG_FAIL_GRAMMAR) {
+            engine_emit_error(e, r, r->cancelled == ENG_FAIL_FORK ? "cannot fork the sequences"
+                                                                  : r->gram_err);
             engine_free_req(e, r);
             r = next;
             continue;
@@ -456,7 +469,8 @@ static void phase_retire(engine *e)
             if (!s->finished || s->reported)
                 continue;
             engine_note_kv(e, r); /* before this sequence's blocks go */
-            engine_event ev = {.type = ENGINE_EV_FINISH, .index = s->index, .finish = s->finish};
+            engine_event ev = {.type = ENGINE_EV_FINISH, .index = s->index, .finish = s->finish,
+                               .grammar_seconds = s->gram_s}; /* an end token's mask */
             engine_emit(r, &ev);
             pthread_mutex_lock(&e->mu);
             if (s->finish == ENGINE_FINISH_STOP)
@@ -494,8 +508,14 @@ static void update_stats(engine *e, const step_plan *sp, int32_t decodes, uint64
         waiting++;
         pre += s->preempted;
     }
-    for (const eng_req *r = e->reqs; r; r = r->next)
-        host += r->bytes;
+    uint64_t gram_bytes = 0;
+    int32_t gram_reqs = 0;
+    for (const eng_req *r = e->reqs; r; r = r->next) {
+        uint64_t gb = engine_gram_req_bytes(r);
+        host += r->bytes + gb;
+        gram_bytes += gb;
+        gram_reqs += r->p.grammar != NULL;
+    }
     /* KV pool shape for the memory report: free = free + cached blocks,
      * largest free extent = longest run of consecutive unreferenced blocks */
     uint64_t block_bytes = e->fwd.kv.n_blocks ? e->kv_block_bytes : 0;
@@ -531,6 +551,8 @@ static void update_stats(engine *e, const step_plan *sp, int32_t decodes, uint64
     st->prefix_hits = ks.prefix_hits;
     st->steps++;
     st->host_bytes = host;
+    st->grammar_bytes = gram_bytes;
+    st->grammar_requests = gram_reqs;
     st->last_tokens = sp->n_tokens;
     st->last_seqs = sp->n_seqs;
     st->last_decodes = decodes;

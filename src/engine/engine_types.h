@@ -90,6 +90,7 @@ enum {
 };
 
 typedef struct engine engine;
+struct gram;
 
 typedef struct engine_request {
     const int32_t *prompt;   /* copied at submit */
@@ -112,6 +113,18 @@ typedef struct engine_request {
                               * cache; not under --tp/--pp */
     int32_t stop_ids[ENGINE_MAX_STOP_IDS];
     int32_t n_stop_ids;
+    /* Constrained decoding (engine_gram.h): every sequence's output is a
+     * sentence of this finished grammar (grammar/gram.h), NULL: none.  The
+     * engine never compiles: the caller does, off the engine thread.
+     * Borrowed: it stays valid until the engine calls
+     * grammar_release(grammar_ctx), once, on any thread, after its last use;
+     * a successful engine_submit takes that reference, a failed one leaves
+     * it with the caller.  With a grammar an end-of-sequence token (allowed
+     * only where the grammar accepts) ends the sequence even with
+     * ignore_eos; not with embed. */
+    const struct gram *grammar;
+    void (*grammar_release)(void *ctx);
+    void *grammar_ctx;
 } engine_request;
 
 enum { ENGINE_EMBED_NONE = 0, ENGINE_EMBED_MEAN = 1, ENGINE_EMBED_LAST = 2 };
@@ -154,6 +167,9 @@ typedef struct engine_event {
     const char *error;      /* on ERROR (valid during the callback) */
     const float *embedding; /* on EMBED: [n_embd] (valid during the callback) */
     int32_t n_embd;
+    double grammar_seconds; /* constrained requests, on TOKEN: engine-thread time spent on
+                             * this token's mask and state advance; on FINISH: on the
+                             * mask of the end token that finished it (0 otherwise) */
 } engine_event;
 
 typedef void (*engine_event_fn)(void *ctx, const engine_event *ev);
@@ -185,6 +201,11 @@ typedef struct engine_stats {
     int32_t kv_window;
     int32_t kv_w_blocks_total, kv_w_blocks_used, kv_w_blocks_free, kv_w_blocks_cached;
     uint64_t kv_w_dropped;           /* window blocks given back as sequences advanced */
+    /* constrained decoding (engine_gram.h): host bytes of the admitted
+     * requests' grammar states (recognizer charts and mask memos; also in
+     * host_bytes), how many requests hold one, and the vocabulary's trie */
+    uint64_t grammar_bytes, grammar_vocab_bytes;
+    int32_t grammar_requests;
 } engine_stats;
 
 /* KV offload tiers, as of the end of the last step (enabled 0: none). */
@@ -244,6 +265,7 @@ typedef struct engine_kv_req {
     int32_t blocks_own;      /* distinct blocks with refcount 1 */
     int32_t blocks_shared;   /* distinct blocks with refcount > 1 (forks, prefix cache) */
     int32_t blocks_w;        /* distinct window-group blocks it holds (dropped ones not) */
+    uint64_t grammar_bytes;  /* its grammar states (0: unconstrained) */
     int64_t blk_off;         /* its distinct block ids: blk_ids[blk_off, +n_blk) */
     int32_t n_blk;
     double age_s;            /* since submission */

@@ -104,6 +104,8 @@ srv_config srv_config_default(void)
     c.stream_backlog = SRV_STREAM_BACKLOG;
     c.send_buffer = SRV_SEND_BUFFER;
     c.embedding_pooling = 1; /* ENGINE_EMBED_MEAN */
+    c.grammar_max_bytes = SRV_GRAMMAR_MAX_BYTES_DEFAULT;
+    c.grammar_cache = SRV_GRAMMAR_CACHE_DEFAULT;
     return c;
 }
 
@@ -292,7 +294,8 @@ static enum MHD_Result route_metrics(srv *s, struct MHD_Connection *c)
                          "cpu",
 #endif
                          s->served_name, s->reg ? 0 : engine_kv_block_bytes(s->e),
-                         atomic_load(&s->state) == SRV_READY};
+                         atomic_load(&s->state) == SRV_READY, 0, 0};
+    gcache_stats(s->gcache, &bi.grammar_cache_hits, &bi.grammar_cache_misses);
     char *text = srv_metrics_render(s->metrics, &bi, &st, rep);
     free(rep);
     engine_tier_stats ts = {0}; /* several models: no offload tiers */
@@ -822,6 +825,8 @@ srv *srv_create(const srv_config *cfg, const char *model_path, kvant_err *err)
                    ((uint64_t)getpid() << 48);
     pthread_mutex_init(&s->mu, NULL);
     s->metrics = srv_metrics_create();
+    s->gcache = gcache_create(cfg->grammar_cache > 0 ? cfg->grammar_cache : 1,
+                              gram_limits_default());
     raise_fd_limit(srv_guard_slots(cfg->max_connections));
     srv_guard_config gc = {cfg->max_connections, cfg->header_timeout_s, cfg->body_timeout_s};
     s->guard = srv_guard_create(&gc);
@@ -833,7 +838,7 @@ srv *srv_create(const srv_config *cfg, const char *model_path, kvant_err *err)
         srv_destroy(s);
         return NULL;
     }
-    if (!s->metrics || inet_pton(AF_INET, cfg->host ? cfg->host : "127.0.0.1", &sa.sin_addr) != 1) {
+    if (!s->metrics || !s->gcache || inet_pton(AF_INET, cfg->host ? cfg->host : "127.0.0.1", &sa.sin_addr) != 1) {
         kvant_err_set(err, KV_EINVAL, "--host '%s' is not an IPv4 address", cfg->host);
         srv_destroy(s);
         return NULL;
@@ -870,6 +875,7 @@ void srv_attach(srv *s, model *m, engine *e)
     s->oai.max_piece_bytes = tok_max_piece_bytes(m->tok);
     s->oai.allow_unknown = s->cfg.allow_unknown_fields;
     s->oai.unknown_log = s->unknown_log;
+    s->oai.grammar_max_bytes = s->cfg.grammar_max_bytes;
     s->created = (long long)time(NULL);
     atomic_store(&s->state, SRV_READY);
 }
@@ -883,6 +889,7 @@ void srv_attach_models(srv *s, registry *r)
     free(x);
     s->oai.allow_unknown = s->cfg.allow_unknown_fields; /* the routed contexts copy these */
     s->oai.unknown_log = s->unknown_log;
+    s->oai.grammar_max_bytes = s->cfg.grammar_max_bytes;
     s->created = (long long)time(NULL);
     atomic_store(&s->state, SRV_READY);
 }
@@ -944,6 +951,7 @@ void srv_destroy(srv *s)
     srv_stop(s);
     srv_guard_destroy(s->guard);
     srv_metrics_destroy(s->metrics);
+    gcache_destroy(s->gcache); /* after the engines: they held references until destroyed */
     srv_unknown_log_destroy(s->unknown_log);
     pthread_mutex_destroy(&s->mu);
     free(s);

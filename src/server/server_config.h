@@ -35,6 +35,9 @@ typedef struct srv_config {
     int n_cors_origins;         /* at most SRV_MAX_CORS_ORIGINS */
     int embedding_pooling;      /* /v1/embeddings: 1 mean (default), 2 last token
                                  * (ENGINE_EMBED_MEAN / _LAST) */
+    size_t grammar_max_bytes;   /* structured outputs: the largest schema / grammar /
+                                 * regex source compiled (bytes), default 256 KiB */
+    int grammar_cache;          /* compiled grammars kept (LRU), default 128 */
 } srv_config;
 
 typedef struct srv srv;

@@ -79,20 +79,11 @@ static int v_modalities(json_t *v, const char *k, srv_error *e)
     return srv_error_set(e, 400, k, "'modalities': only [\"text\"] is supported");
 }
 
-/* response_format {"type": "text"} is what kvant produces; the rest is not
- * supported until structured outputs land. */
-static int v_response_format(json_t *v, const char *k, srv_error *e)
-{
-    json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
-    if (json_is_string(t) && !strcmp(json_string_value(t), "text") && json_object_size(v) == 1)
-        return 0;
-    return srv_error_set(e, 400, k, "'response_format' other than {\"type\": \"text\"} is not "
-                         "supported yet (structured outputs)");
-}
-
 /* ---- the tables -------------------------------------------------------------- */
 
-static const char NOTOOLS[] = " yet: kvant has no tool calling";
+static const char NOTOOLS[] = ": the legacy function-calling fields; send 'tools' and "
+                              "'tool_choice'";
+static const char NOLEGACY[] = ": the legacy function-calling field; send 'tool_calls'";
 
 static const field_row top_fields[] = {
     {"model", API_BOTH, F_IMPL, NULL, NULL},
@@ -122,6 +113,19 @@ static const field_row top_fields[] = {
     {"priority", API_BOTH, F_IMPL, NULL, NULL},
     {"ignore_eos", API_BOTH, F_IMPL, NULL, NULL},
     {"cache_salt", API_BOTH, F_IMPL, NULL, NULL},
+    /* tool calling (read and checked by server_tools.c) */
+    {"tools", API_CHAT, F_IMPL, NULL, NULL},
+    {"tool_choice", API_CHAT, F_IMPL, NULL, NULL},
+    {"parallel_tool_calls", API_CHAT, F_IMPL, NULL, NULL},
+    /* structured outputs (read and checked by server_constraint.c) */
+    {"response_format", API_BOTH, F_IMPL, NULL, NULL},
+    {"structured_outputs", API_BOTH, F_IMPL, NULL, NULL},  /* vLLM */
+    {"guided_json", API_BOTH, F_IMPL, NULL, NULL},         /* vLLM (older) */
+    {"guided_regex", API_BOTH, F_IMPL, NULL, NULL},
+    {"guided_choice", API_BOTH, F_IMPL, NULL, NULL},
+    {"guided_grammar", API_BOTH, F_IMPL, NULL, NULL},
+    {"grammar", API_BOTH, F_IMPL, NULL, NULL},             /* llama.cpp (GBNF) */
+    {"json_schema", API_BOTH, F_IMPL, NULL, NULL},         /* llama.cpp */
     /* the allow-list: accepted, no effect on the output */
     {"user", API_BOTH, F_NOEFFECT, v_string, NULL},
     {"safety_identifier", API_BOTH, F_NOEFFECT, v_string, NULL},
@@ -131,12 +135,8 @@ static const field_row top_fields[] = {
     {"service_tier", API_BOTH, F_NOEFFECT, v_service_tier, NULL},
     {"modalities", API_CHAT, F_NOEFFECT, v_modalities, NULL},
     /* refused */
-    {"response_format", API_BOTH, F_NOTYET, v_response_format, NULL},
-    {"tools", API_CHAT, F_NOTYET, NULL, NOTOOLS},
-    {"tool_choice", API_CHAT, F_NOTYET, NULL, NOTOOLS},
-    {"parallel_tool_calls", API_CHAT, F_NOTYET, NULL, NOTOOLS},
-    {"functions", API_CHAT, F_NOTYET, NULL, NOTOOLS},
-    {"function_call", API_CHAT, F_NOTYET, NULL, NOTOOLS},
+    {"functions", API_CHAT, F_REFUSED, NULL, NOTOOLS},
+    {"function_call", API_CHAT, F_REFUSED, NULL, NOTOOLS},
     {"audio", API_CHAT, F_NOTYET, NULL, " yet: text output only"},
     {"prediction", API_CHAT, F_NOTYET, NULL, " yet (predicted outputs)"},
     {"web_search_options", API_CHAT, F_REFUSED, NULL, ": kvant does not search the web"},
@@ -148,9 +148,9 @@ static const field_row message_fields[] = {
     {"role", API_CHAT, F_IMPL, NULL, NULL},
     {"content", API_CHAT, F_IMPL, NULL, NULL},
     {"name", API_CHAT, F_REFUSED, NULL, ": the chat template has no participant names"},
-    {"tool_calls", API_CHAT, F_NOTYET, NULL, NOTOOLS},
-    {"tool_call_id", API_CHAT, F_NOTYET, NULL, NOTOOLS},
-    {"function_call", API_CHAT, F_NOTYET, NULL, NOTOOLS},
+    {"tool_calls", API_CHAT, F_IMPL, NULL, NULL},
+    {"tool_call_id", API_CHAT, F_IMPL, NULL, NULL},
+    {"function_call", API_CHAT, F_REFUSED, NULL, NOLEGACY},
     {"audio", API_CHAT, F_NOTYET, NULL, " yet: text only"},
     {"refusal", API_CHAT, F_NOTYET, NULL, " yet"},
 };

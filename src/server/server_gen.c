@@ -73,6 +73,8 @@ struct srv_gen {
                              * cancelled and not counted as finished */
     char err[256];
     double last_out;
+    gcache_entry *gent;     /* structured outputs: the compiled grammar's reference
+                             * until prompt 0's engine request takes it */
     srv_gen *next, *prev;   /* active list (s->mu) */
 };
 
@@ -280,11 +282,61 @@ static void cancel_prompts(srv_gen *g)
             engine_cancel(g->e, g->pr[k].rid);
 }
 
+/* Whether replies are parsed for tool calls (a stream then sends the whole
+ * message in one delta when the choice ends: a call is known only then). */
+static int tools_parse(const srv_gen *g)
+{
+    return g->req.api == SRV_API_CHAT && g->req.tools.mode >= SRV_TOOLS_AUTO;
+}
+
+/* The reply message of choice i, and its finish reason ("tool_calls" when
+ * it holds calls and the model finished). */
+static json_t *tools_message(const srv_gen *g, int i, const char **finish)
+{
+    const gen_seq *q = &g->seq[i];
+    int n_calls = 0;
+    json_t *m = srv_tools_message(&g->req.tools, q->text.s ? q->text.s : "", q->text.len, g->id,
+                                  i, &n_calls);
+    *finish = n_calls && q->finish == ENGINE_FINISH_STOP ? "tool_calls" : finish_str(q->finish);
+    return m;
+}
+
+/* Streaming with tools: choice i ended: its message as one delta, then
+ * the finish chunk. */
+static void sse_tools_final(srv_gen *g, int i)
+{
+    const char *finish;
+    json_t *m = tools_message(g, i, &finish);
+    if (!m)
+        return;
+    json_t *tc = json_object_get(m, "tool_calls");
+    for (size_t k = 0; k < json_array_size(tc); k++)
+        json_object_set_new(json_array_get(tc, k), "index", json_integer((json_int_t)k));
+    json_t *arr = json_array();
+    json_array_append_new(arr, json_pack("{s:i, s:o, s:n, s:n}", "index", i, "delta", m,
+                                         "logprobs", "finish_reason"));
+    sse_json(g, envelope(g, arr, 1));
+    arr = json_array();
+    json_array_append_new(arr, json_pack("{s:i, s:{}, s:n, s:s}", "index", i, "delta",
+                                         "logprobs", "finish_reason", finish));
+    json_t *o = envelope(g, arr, 1);
+    if (g->req.continuous_usage && o)
+        json_object_set_new(o, "usage", usage_json(g));
+    sse_json(g, o);
+}
+
 /* Emits (stream) or appends (non-stream) text for sequence i. */
 static void seq_out(srv_gen *g, int i, const srv_buf *emit, json_t *lp_entry_or_null,
                     const char *finish)
 {
     gen_seq *q = &g->seq[i];
+    if (g->req.stream && tools_parse(g)) { /* held until the choice ends (logprobs dropped) */
+        json_decref(lp_entry_or_null);
+        srv_buf_append(&q->text, emit->s ? emit->s : "", emit->len);
+        if (finish)
+            sse_tools_final(g, i);
+        return;
+    }
     if (!g->req.stream) {
         srv_buf_append(&q->text, emit->s ? emit->s : "", emit->len);
         if (lp_entry_or_null) {
@@ -569,6 +621,8 @@ static void gen_free(srv_gen *g)
         active_remove(g->s, g);
     }
     srv_chan_unref(g->chan);
+    if (g->gent)
+        gcache_release(g->s->gcache, g->gent);
     if (g->ref.e)
         reg_release(g->s->reg, &g->ref);
     for (int i = 0; g->seq && i < g->n_choices; i++) {
@@ -626,7 +680,12 @@ static enum MHD_Result send_whole(srv_gen *g, struct MHD_Connection *c)
         gen_seq *q = &g->seq[i];
         json_t *lp = q->lp ? lp_object(g, q->lp, 0) : json_null();
         json_t *ch;
-        if (g->req.api == SRV_API_CHAT)
+        const char *fin;
+        json_t *tm = tools_parse(g) ? tools_message(g, i, &fin) : NULL;
+        if (tm)
+            ch = json_pack("{s:i, s:o, s:o, s:s}", "index", i, "message", tm, "logprobs", lp,
+                           "finish_reason", fin);
+        else if (g->req.api == SRV_API_CHAT)
             ch = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", i, "message", "role",
                            "assistant", "content", jstr(q->text.s ? q->text.s : "", q->text.len),
                            "logprobs", lp, "finish_reason", finish_str(q->finish));
@@ -673,6 +732,28 @@ static enum MHD_Result gen_blocking(srv_gen *g, struct MHD_Connection *c)
     return r;
 }
 
+/* Structured outputs: a reference to the compiled grammar for prompt k's
+ * engine request (prompt 0 takes the one srv_gen_handle got; later prompts
+ * of a /v1/completions list get theirs from the cache). */
+static int attach_grammar(srv_gen *g, int k, engine_request *er, kvant_err *ke)
+{
+    gcache_entry *ent = g->gent;
+    g->gent = NULL;
+    if (!ent) {
+        srv_error se;
+        if (!(ent = srv_constraint_get(g->s->gcache, &g->req.cons, &se)))
+            return kvant_err_set(ke, KV_ENOMEM, "%s", se.msg);
+    }
+    srv_gref *ref = srv_gref_create(g->s->gcache, ent);
+    if (!ref)
+        return kvant_err_set(ke, KV_ENOMEM, "out of memory");
+    er->grammar = gcache_gram(ent);
+    er->grammar_release = srv_gref_release;
+    er->grammar_ctx = ref;
+    (void)k;
+    return 0;
+}
+
 /* Submits every prompt (one engine request each) under s->mu, so the ids
  * are on the active list before a drain cancels; *rid0: the first id.  On
  * a failure the prompts already submitted are cancelled (not counted) and
@@ -686,8 +767,12 @@ static int submit_prompts(srv_gen *g, int64_t *rid0, kvant_err *ke)
     for (int k = 0; k < g->req.n_prompts; k++) {
         engine_request er = srv_gen_req_prompt(&g->req, k);
         g->pr[k].prompt_tokens = er.n_prompt;
+        if (!rc && g->req.cons.kind >= 0 && (rc = attach_grammar(g, k, &er, ke)))
+            rc = rc > 0 ? -rc : rc;
         int64_t rid = rc ? 0 : engine_submit(g->e, &er, srv_chan_on_event,
                                              srv_chan_src(g->chan, k), ke);
+        if (rid <= 0 && er.grammar)
+            srv_gref_release(er.grammar_ctx); /* a failed submit leaves it with us */
         if (rid <= 0) {
             rc = rc ? rc : (int)rid;
             srv_chan_unref_engine(g->chan, k);
@@ -787,12 +872,21 @@ enum MHD_Result srv_gen_handle(srv *s, struct MHD_Connection *c, srv_api api, co
         }
         routed = (srv_oai_ctx){g->ref.m, g->ref.name, g->ref.max_model_len,
                                g->ref.max_piece_bytes, s->oai.allow_unknown,
-                               s->oai.unknown_log};
+                               s->oai.unknown_log, s->oai.grammar_max_bytes};
         oai = &routed;
     }
     if (srv_oai_parse(oai, api, body, len, srv_request_id(c), &g->req, &er)) {
         gen_free(g);
         return srv_send_error(c, &er);
+    }
+    if (g->req.cons.kind >= 0) { /* compiled here, on this HTTP thread, never the engine's */
+        double t0 = srv_now();
+        g->gent = srv_constraint_get(s->gcache, &g->req.cons, &er);
+        srv_metrics_observe(s->metrics, SRV_H_GRAMMAR_COMPILE, srv_now() - t0);
+        if (!g->gent) {
+            gen_free(g);
+            return srv_send_error(c, &er);
+        }
     }
     g->n_choices = g->req.n_prompts * g->req.er.n;
     g->chan = srv_chan_create(s->metrics, t_arrival, g->req.n_prompts, chan_cap(s, &g->req));

@@ -37,6 +37,8 @@ struct srv {
     uint64_t rid_nonce;       /* made-up X-Request-Id: this nonce and ... */
     _Atomic uint64_t rid_seq; /* ... a request counter */
     srv_metrics *metrics;
+    gcache *gcache;           /* compiled grammars (structured outputs), all models: a
+                               * grammar is over bytes, only its mask is per vocabulary */
     srv_guard *guard;         /* connection limits and their counters */
     struct MHD_Daemon *d;
     int port;

@@ -198,6 +198,8 @@ static json_t *requests_json(const engine_kv_snapshot *sn)
             json_object_set_new(o, "blocks_window", json_integer(q->blocks_w));
             json_object_set_new(o, "kv_bytes", u64j(g + w));
         }
+        if (o && q->grammar_bytes) /* structured outputs: its grammar states */
+            json_object_set_new(o, "grammar_bytes", u64j(q->grammar_bytes));
         if (o)
             json_object_set_new(o, "blocks", ranges_json(sn->blk_ids + q->blk_off, q->n_blk));
         json_array_append_new(a, o);
@@ -218,6 +220,9 @@ char *srv_memview_json(engine *e, const engine_kv_snapshot *sn)
         json_object_set_new(root, "process", process_json(engine_mem(e), rep, &sn->stats));
         json_object_set_new(root, "engine", engine_json(&sn->stats));
         json_object_set_new(root, "kv", kv_json(sn));
+        json_object_set_new(root, "grammar", json_pack( /* host memory, in engine_host_bytes */
+            "{s:I, s:i, s:I}", "state_bytes", (json_int_t)sn->stats.grammar_bytes, "requests",
+            sn->stats.grammar_requests, "vocab_bytes", (json_int_t)sn->stats.grammar_vocab_bytes));
         json_object_set_new(root, "requests", requests_json(sn));
         json_object_set_new(root, "truncated", json_boolean(sn->truncated));
     }

@@ -29,6 +29,10 @@ static const double le_itl[] = {0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.1
                                 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0};
 static const double le_e2e[] = {0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0,
                                 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 300.0};
+static const double le_compile[] = {0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05,
+                                    0.1, 0.25, 0.5, 1.0, 2.5};
+static const double le_mask[] = {0.00001, 0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001,
+                                 0.002, 0.005, 0.01, 0.02, 0.05, 0.1};
 static const double le_tok[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000,
                                 10000, 20000, 50000, 100000};
 
@@ -48,6 +52,14 @@ static const srv_hist_def hist_defs[SRV_H_COUNT] = {
                       N_OF(le_tok)},
     [SRV_H_GEN] = {"request_generation_tokens", "Generated tokens per finished request.", le_tok,
                    N_OF(le_tok)},
+    [SRV_H_GRAMMAR_COMPILE] = {"grammar_compile_seconds",
+                               "Time to get a constrained request's compiled grammar on its HTTP "
+                               "thread (compile on a cache miss; cache hits included).",
+                               le_compile, N_OF(le_compile)},
+    [SRV_H_GRAMMAR_MASK] = {"grammar_mask_seconds",
+                            "Engine-thread time per constrained token (the end token included): "
+                            "its mask, applied to the logits, and the state advance.",
+                            le_mask, N_OF(le_mask)},
 };
 
 typedef struct srv_hist {
@@ -271,6 +283,12 @@ char *srv_metrics_render(srv_metrics *m, const srv_build_info *bi, const engine_
         sb_printf(&b, "kvant_request_success_total{finished_reason=\"%s\"} %llu\n", reasons[i],
                   (unsigned long long)fin[i]);
     render_hists(&b, h);
+    counter(&b, "grammar_cache_hits_total", "Constrained requests whose grammar was compiled "
+            "already.", (double)bi->grammar_cache_hits);
+    counter(&b, "grammar_cache_misses_total", "Constrained requests whose grammar was compiled "
+            "for them.", (double)bi->grammar_cache_misses);
+    gauge(&b, "grammar_state_bytes", "Host bytes of the admitted requests' grammar states.",
+          (double)st->grammar_bytes);
     if (rep)
         render_mem(&b, rep);
     head(&b, "build_info", "gauge", "Build and model information.");

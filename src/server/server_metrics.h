@@ -20,6 +20,8 @@ typedef enum srv_hist_id {
     SRV_H_QUEUE,         /* request_queue_time_seconds */
     SRV_H_PROMPT,        /* request_prompt_tokens */
     SRV_H_GEN,           /* request_generation_tokens */
+    SRV_H_GRAMMAR_COMPILE, /* grammar_compile_seconds (HTTP thread, cache hits included) */
+    SRV_H_GRAMMAR_MASK,  /* grammar_mask_seconds (engine thread, per constrained token) */
     SRV_H_COUNT
 } srv_hist_id;
 
@@ -37,6 +39,7 @@ typedef struct srv_build_info {
     const char *version, *backend, *model;
     uint64_t kv_block_bytes; /* bytes of one KV block, all layers */
     int ready;               /* server state is ready */
+    int64_t grammar_cache_hits, grammar_cache_misses; /* the compiled-grammar cache */
 } srv_build_info;
 
 /* Renders the exposition text from the current histograms plus an engine

@@ -373,17 +373,62 @@ static const char *msg_role(json_t *msg, size_t i, srv_error *e)
         return NULL;
     }
     const char *rs = json_string_value(role);
-    if (!strcmp(rs, "system") || !strcmp(rs, "user") || !strcmp(rs, "assistant"))
+    if (!strcmp(rs, "system") || !strcmp(rs, "user") || !strcmp(rs, "assistant") ||
+        !strcmp(rs, "tool"))
         return rs;
     if (!strcmp(rs, "developer"))
         return "system";
-    if (!strcmp(rs, "tool") || !strcmp(rs, "function"))
-        srv_error_set(e, 400, "messages", "messages[%zu].role '%s' is not supported yet: kvant "
-                      "has no tool calling", i, rs);
+    if (!strcmp(rs, "function"))
+        srv_error_set(e, 400, "messages", "messages[%zu].role 'function' is the legacy "
+                      "function-calling role: send 'tool' messages", i);
     else
         srv_error_set(e, 400, "messages", "messages[%zu].role '%.32s' is not system, developer, "
-                      "user or assistant", i, rs);
+                      "user, assistant or tool", i, rs);
     return NULL;
+}
+
+/* messages[i] as the chat template sees it: role (developer as system),
+ * content (parts concatenated; null: ""), and for tool calling the
+ * assistant's tool_calls (arguments as objects) and a tool result's
+ * tool_call_id.  A new reference, or NULL with e filled. */
+static json_t *msg_json(json_t *msg, size_t i, const srv_fields_policy *pol, srv_error *e)
+{
+    const char *role = msg_role(msg, i, e), *content = "";
+    if (!role || srv_fields_check_message(msg, i, pol, e))
+        return NULL;
+    json_t *c = json_object_get(msg, "content"), *calls = json_object_get(msg, "tool_calls");
+    json_t *tid = json_object_get(msg, "tool_call_id");
+    int has_calls = calls && !json_is_null(calls);
+    if (has_calls && strcmp(role, "assistant")) {
+        srv_error_set(e, 400, "messages", "messages[%zu].tool_calls: only assistant messages "
+                      "make tool calls", i);
+        return NULL;
+    }
+    if (tid && !json_is_null(tid) && (strcmp(role, "tool") || !json_is_string(tid))) {
+        srv_error_set(e, 400, "messages", "messages[%zu].tool_call_id: a string, on tool "
+                      "messages", i);
+        return NULL;
+    }
+    srv_buf part = {0};
+    if (c && !json_is_null(c))
+        content = msg_content(c, i, pol, &part, e);
+    else if (!has_calls) /* only an assistant's tool calls may come without content */
+        content = msg_content(c, i, pol, &part, e);
+    json_t *o = content ? json_pack("{s:s, s:s}", "role", role, "content", content) : NULL;
+    srv_buf_free(&part);
+    if (content && !o)
+        srv_error_set(e, 400, "messages", "messages[%zu] is not valid UTF-8", i);
+    if (o && has_calls) {
+        json_t *tc = srv_tools_msg_calls(calls, i, e);
+        if (!tc) {
+            json_decref(o);
+            return NULL;
+        }
+        json_object_set_new(o, "tool_calls", tc);
+    }
+    if (o && json_is_string(tid))
+        json_object_set(o, "tool_call_id", tid);
+    return o;
 }
 
 static int parse_messages(const srv_oai_ctx *ctx, const srv_fields_policy *pol, json_t *o,
@@ -399,32 +444,24 @@ static int parse_messages(const srv_oai_ctx *ctx, const srv_fields_policy *pol, 
     size_t n = json_array_size(ms);
     if (n > SRV_MAX_MESSAGES)
         return srv_error_set(e, 400, "messages", "too many messages (%zu)", n);
-    chat_msg *cm = calloc(n, sizeof *cm);
-    srv_buf *parts = calloc(n, sizeof *parts);
-    int rc = (!cm || !parts) ? srv_error_set(e, 500, NULL, "out of memory") : 0;
+    json_t *arr = json_array();
+    int rc = !arr ? srv_error_set(e, 500, NULL, "out of memory") : 0;
     for (size_t i = 0; !rc && i < n; i++) {
-        json_t *msg = json_array_get(ms, i);
-        if (!(cm[i].role = msg_role(msg, i, e)) || srv_fields_check_message(msg, i, pol, e)) {
-            rc = -e->status;
-            break;
-        }
-        if (!(cm[i].content = msg_content(json_object_get(msg, "content"), i, pol, &parts[i], e)))
+        json_t *mj = msg_json(json_array_get(ms, i), i, pol, e);
+        if (!mj || json_array_append_new(arr, mj))
             rc = -e->status;
     }
     char *text = NULL;
     if (!rc) {
         kvant_err ke = {0};
-        text = chat_render(&m->chat, cm, n, 1, &ke);
+        text = chat_render_json(&m->chat, arr, r->tools.tools, 1, &ke);
         if (!text)
             rc = srv_error_set(e, 400, "messages", "chat template: %s", ke.msg);
     }
     if (!rc)
         rc = encode(ctx, "messages", text, strlen(text), 1, r, e);
     free(text);
-    for (size_t i = 0; parts && i < n; i++)
-        srv_buf_free(&parts[i]);
-    free(parts);
-    free(cm);
+    json_decref(arr);
     return rc;
 }
 
@@ -572,6 +609,11 @@ static int parse_body(const srv_oai_ctx *ctx, const srv_fields_policy *pol, json
             return srv_error_set(e, 400, "cache_salt", "'cache_salt' must be a string");
         r->er.cache_salt = fnv1a(json_string_value(salt), json_string_length(salt));
     }
+    if ((rc = srv_constraint_parse(o, ctx->grammar_max_bytes, &r->cons, e)))
+        return rc;
+    if (r->api == SRV_API_CHAT &&
+        (rc = srv_tools_parse(o, ctx->grammar_max_bytes, &r->tools, &r->cons, e)))
+        return rc;
     rc = r->api == SRV_API_CHAT ? parse_messages(ctx, pol, o, r, e) : parse_prompt(ctx, o, r, e);
     if (rc)
         return rc;
@@ -589,6 +631,7 @@ int srv_oai_parse(const srv_oai_ctx *ctx, srv_api api, const char *body, size_t 
 {
     srv_fields_policy pol = {ctx->allow_unknown, ctx->unknown_log, request_id};
     memset(out, 0, sizeof *out);
+    out->cons.kind = -1;
     out->api = api;
     out->er.sampling = sampler_params_default();
     out->er.n = 1;
@@ -608,6 +651,8 @@ void srv_gen_req_free(srv_gen_req *r)
 {
     free(r->tokens);
     free(r->prompt_off);
+    srv_constraint_free(&r->cons);
+    srv_tools_free(&r->tools);
     r->tokens = NULL;
     r->prompt_off = NULL;
     r->n_prompts = 0;

@@ -15,9 +15,11 @@
 
 #include "engine/engine.h"
 #include "model/model.h"
+#include "server/server_constraint.h"
 #include "server/server_error.h"
 #include "server/server_fields.h"
 #include "server/server_stream.h"
+#include "server/server_tools.h"
 
 
 typedef enum srv_api { SRV_API_COMPLETIONS = 0, SRV_API_CHAT = 1 } srv_api;
@@ -39,6 +41,8 @@ typedef struct srv_gen_req {
                             * generated token is dropped */
     int32_t top_logprobs;  /* alternatives per token, 0..ENGINE_MAX_TOP_LOGPROBS */
     srv_stops stops;
+    srv_constraint cons;   /* structured outputs (kind -1: none); compiled by the caller */
+    srv_tools tools;       /* chat: tools and tool_choice (mode OFF: none) */
 } srv_gen_req;
 
 typedef struct srv_oai_ctx {
@@ -49,6 +53,7 @@ typedef struct srv_oai_ctx {
                                 * 0 = no length pre-check */
     int allow_unknown;         /* --allow-unknown-fields (server_fields.h) */
     srv_unknown_log *unknown_log; /* borrowed; logs each accepted unknown name once */
+    size_t grammar_max_bytes;  /* --grammar-max-bytes (0: no limit) */
 } srv_oai_ctx;
 
 /* Parses and validates a /v1/completions or /v1/chat/completions body;

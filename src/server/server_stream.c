@@ -190,6 +190,10 @@ static void observe(srv_chan *c, chan_src *c1, const engine_event *ev, double no
                 srv_metrics_observe(m, SRV_H_ITL, now - c1->t_last[ev->index]);
             c1->t_last[ev->index] = now;
         }
+        if (ev->grammar_seconds > 0)
+            srv_metrics_observe(m, SRV_H_GRAMMAR_MASK, ev->grammar_seconds);
+    } else if (ev->type == ENGINE_EV_FINISH && ev->grammar_seconds > 0) {
+        srv_metrics_observe(m, SRV_H_GRAMMAR_MASK, ev->grammar_seconds);
     } else if (ev->type == ENGINE_EV_DONE || ev->type == ENGINE_EV_ERROR) {
         srv_metrics_observe(m, SRV_H_E2E, now - c->t_arrival);
         if (ev->type == ENGINE_EV_DONE) {

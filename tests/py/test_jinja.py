@@ -184,10 +184,15 @@ def test_apply_template(qwen_server, default_model):
     for body, param in bad:
         r = httpx.post(url, json=body, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.text)
-    # chat requests with tools are still refused (tool calling is another piece of work)
-    r = httpx.post(qwen_server.url + "/v1/chat/completions", timeout=30,
-                   json={"messages": [{"role": "user", "content": "x"}], "tools": jinja_ref.TOOLS})
-    assert r.status_code == 400 and "tools" in r.text
+    # a chat request with tools: the template renders them into the prompt
+    usage = []
+    for extra in ({}, {"tools": jinja_ref.TOOLS, "tool_choice": "none"}):
+        r = httpx.post(qwen_server.url + "/v1/chat/completions", timeout=120,
+                       json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 1,
+                             **extra})
+        assert r.status_code == 200, r.text
+        usage.append(r.json()["usage"]["prompt_tokens"])
+    assert usage[1] > usage[0] + 20, usage
 
 
 def test_run_chat_template(kvant_bin, default_model, tmp_path):

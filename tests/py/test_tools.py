@@ -1,0 +1,180 @@
+"""Tool calling through `kvant serve` with the official openai client: tool_choice required and
+named constrain the output to the functions' parameter schemas (every call's arguments validate
+with `jsonschema`, finish_reason "tool_calls"), streaming and not; auto parses Hermes / Qwen
+`<tool_call>` blocks (forced here with a GBNF grammar, since the small default model never
+writes one by itself); none returns text; a two-round conversation (the assistant's tool_calls
+and the tool's result sent back) is accepted; bad tool requests are 400s naming the field.
+The default model's chat template ignores `tools` (it has no tool syntax), so what the model
+sees is the plain conversation: the constraint alone makes the calls valid."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from server_util import module_openai_client, module_server
+
+MODEL = "SmolLM2-135M-Instruct.Q4_1"
+
+srv = module_server()
+client = module_openai_client(timeout=300)
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                            "unit": {"enum": ["c", "f"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+ADD = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                        "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+       "required": ["a", "b"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "add", "parameters": ADD}}]
+SCHEMA = {"get_weather": WEATHER, "add": ADD}
+MSGS = [{"role": "user", "content": "What is the weather in Paris, and what is 2 + 3?"}]
+
+
+def check_calls(msg, names=None):
+    assert msg.tool_calls, msg
+    for c in msg.tool_calls:
+        assert c.type == "function" and c.id
+        assert c.function.name in (names or SCHEMA)
+        jsonschema.validate(json.loads(c.function.arguments), SCHEMA[c.function.name])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_required(client, seed):
+    r = client.chat.completions.create(model=MODEL, messages=MSGS, tools=TOOLS,
+                                       tool_choice="required", max_tokens=300,
+                                       temperature=1.0, seed=seed)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    assert ch.message.content is None
+    check_calls(ch.message)
+
+
+def test_required_not_parallel(client):
+    r = client.chat.completions.create(model=MODEL, messages=MSGS, tools=TOOLS,
+                                       tool_choice="required", parallel_tool_calls=False,
+                                       max_tokens=300, temperature=1.0, seed=4)
+    assert len(r.choices[0].message.tool_calls) == 1
+    check_calls(r.choices[0].message)
+
+
+def test_named(client):
+    for seed in (1, 2):
+        r = client.chat.completions.create(
+            model=MODEL, messages=MSGS, tools=TOOLS, max_tokens=200, temperature=1.0, seed=seed,
+            tool_choice={"type": "function", "function": {"name": "add"}})
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls"
+        assert [c.function.name for c in ch.message.tool_calls] == ["add"]
+        check_calls(ch.message, ["add"])
+
+
+def test_stream_equals_non_stream(client):
+    kw = dict(model=MODEL, messages=MSGS, tools=TOOLS, tool_choice="required", max_tokens=300,
+              temperature=0)
+    full = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    calls = [tc for ch in chunks if ch.choices for tc in (ch.choices[0].delta.tool_calls or [])]
+    fins = [ch.choices[0].finish_reason for ch in chunks if ch.choices and
+            ch.choices[0].finish_reason]
+    assert fins == ["tool_calls"]
+    assert [(c.function.name, c.function.arguments) for c in calls] == \
+        [(c.function.name, c.function.arguments) for c in full.choices[0].message.tool_calls]
+
+
+def test_auto_parses_hermes_blocks(srv):
+    """auto: the reply's <tool_call> blocks become tool_calls and the rest is the content (the
+    output is forced by a GBNF grammar, which auto leaves free to use)."""
+    g = (r'root ::= "Sure. <tool_call>{\"name\": \"add\", \"arguments\": {\"a\": " [1-9] '
+         r'", \"b\": 4}}</tool_call>"')
+    for stream in (False, True):
+        body = {"model": MODEL, "messages": MSGS, "tools": TOOLS, "tool_choice": "auto",
+                "max_tokens": 100, "grammar": g, "stream": stream}
+        if not stream:
+            r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            ch = r.json()["choices"][0]
+            msg, fin = ch["message"], ch["finish_reason"]
+        else:
+            msg, fin = {}, None
+            with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body,
+                              timeout=120) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        c = json.loads(line[6:])["choices"][0]
+                        msg.update({k: v for k, v in c["delta"].items() if v is not None})
+                        fin = c["finish_reason"] or fin
+        assert fin == "tool_calls", msg
+        assert msg["content"] == "Sure. "
+        (call,) = msg["tool_calls"]
+        assert call["function"]["name"] == "add"
+        args = json.loads(call["function"]["arguments"])
+        assert args["b"] == 4 and 1 <= args["a"] <= 9
+
+
+def test_auto_and_none_return_text(client):
+    for tc in ("auto", "none"):
+        r = client.chat.completions.create(model=MODEL, messages=MSGS, tools=TOOLS,
+                                           tool_choice=tc, max_tokens=24, temperature=0)
+        ch = r.choices[0]
+        assert ch.message.content and not ch.message.tool_calls
+        assert ch.finish_reason in ("stop", "length")
+
+
+def test_two_rounds(client):
+    """The assistant's calls and the tool's results go back to the model (rendered by its
+    template) and the conversation goes on."""
+    first = client.chat.completions.create(model=MODEL, messages=MSGS, tools=TOOLS,
+                                           tool_choice="required", max_tokens=300, seed=7,
+                                           temperature=1.0)
+    msg = first.choices[0].message
+    check_calls(msg)
+    msgs = MSGS + [msg.model_dump(exclude_none=True)]
+    for c in msg.tool_calls:
+        msgs.append({"role": "tool", "tool_call_id": c.id, "content": json.dumps({"ok": 1})})
+    second = client.chat.completions.create(model=MODEL, messages=msgs, tools=TOOLS,
+                                            max_tokens=16, temperature=0)
+    assert second.choices[0].message.content
+    assert second.usage.prompt_tokens > first.usage.prompt_tokens
+
+
+BAD = [
+    ("tool_choice unknown name", {"tools": TOOLS, "tool_choice": {"type": "function",
+                                                                  "function": {"name": "nope"}}},
+     "tool_choice", "nope"),
+    ("tool_choice without tools", {"tool_choice": "required"}, "tool_choice", "tools"),
+    ("tool_choice bad string", {"tools": TOOLS, "tool_choice": "always"}, "tool_choice",
+     "always"),
+    ("tools not functions", {"tools": [{"type": "retrieval"}]}, "tools", "function"),
+    ("tool name twice", {"tools": [TOOLS[1], TOOLS[1]]}, "tools", "twice"),
+    ("parameters not a schema", {"tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"x": {"not": {}}}}}}],
+        "tool_choice": "required"}, "tool_choice", "/not"),
+    ("required and response_format", {"tools": TOOLS, "tool_choice": "required",
+                                      "response_format": {"type": "json_object"}},
+     "tool_choice", "response_format"),
+    ("parallel_tool_calls not bool", {"tools": TOOLS, "parallel_tool_calls": 1},
+     "parallel_tool_calls", "boolean"),
+    ("functions (legacy)", {"functions": [TOOLS[1]["function"]]}, "functions", "tools"),
+    ("tool message without a call id type", {"messages": MSGS + [
+        {"role": "tool", "tool_call_id": 5, "content": "x"}]}, "messages", "tool_call_id"),
+    ("tool_calls on a user message", {"messages": [{"role": "user", "content": "x",
+                                                    "tool_calls": []}]}, "messages",
+     "assistant"),
+    ("tool_calls arguments not JSON", {"messages": MSGS + [
+        {"role": "assistant", "tool_calls": [{"id": "c", "type": "function", "function": {
+            "name": "add", "arguments": "{nope"}}]}]}, "messages", "arguments"),
+]
+
+
+@pytest.mark.parametrize("name,extra,param,needle", BAD, ids=[b[0] for b in BAD])
+def test_bad_tool_requests(srv, name, extra, param, needle):
+    body = {"model": MODEL, "messages": MSGS, "max_tokens": 4, **extra}
+    r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and needle in err["message"], err
