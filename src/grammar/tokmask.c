@@ -291,6 +291,9 @@ struct tmask_work {
     int32_t *mat_idx;               /* [TMASK_MEMO_STATES] chart index while materializing */
     int32_t *mat_touched;           /* [TMASK_MEMO_STATES] */
     uint64_t *tmp;                  /* [TMASK_MEMO_ITEMS] */
+    tmshare *shared;                /* borrowed, or NULL */
+    uint64_t *dkey;                 /* [TMSHARE_MAX_KEY] earley_describe's output */
+    int32_t *dsets;                 /* [TMASK_DESC_SETS] its scratch */
 };
 
 tmask_work *tmask_work_create(const tmask_vocab *v, kvant_err *err)
@@ -309,10 +312,12 @@ tmask_work *tmask_work_create(const tmask_vocab *v, kvant_err *err)
         w->mat_idx = malloc(TMASK_MEMO_STATES * sizeof *w->mat_idx);
         w->mat_touched = malloc(TMASK_MEMO_STATES * sizeof *w->mat_touched);
         w->tmp = malloc(TMASK_MEMO_ITEMS * sizeof *w->tmp);
+        w->dkey = malloc(TMSHARE_MAX_KEY * sizeof *w->dkey);
+        w->dsets = malloc(TMASK_DESC_SETS * sizeof *w->dsets);
         w->cap_pool = 4096;
         w->pool = malloc(w->cap_pool * sizeof *w->pool);
         ok = w->st && w->states && w->trans && w->htab && w->scratch && w->pool &&
-             w->chart_state && w->mat_idx && w->mat_touched && w->tmp;
+             w->chart_state && w->mat_idx && w->mat_touched && w->tmp && w->dkey && w->dsets;
         for (int i = 0; ok && i < TMASK_MEMO_STATES; i++)
             w->mat_idx[i] = -1;
         for (int i = 0; ok && i < TMASK_CACHE_MASKS; i++) {
@@ -348,6 +353,8 @@ void tmask_work_destroy(tmask_work *w)
     free(w->mat_idx);
     free(w->mat_touched);
     free(w->tmp);
+    free(w->dkey);
+    free(w->dsets);
     free(w);
 }
 
@@ -364,7 +371,8 @@ size_t tmask_work_mem_bytes(const tmask_work *w)
            MEMO_HCAP * sizeof(int32_t) + TMASK_MEMO_ITEMS * sizeof(uint64_t) * (1 + TMASK_CACHE_MASKS) +
            w->cap_pool * sizeof(uint64_t) + (size_t)w->chart_cap * sizeof(int32_t) +
            TMASK_MEMO_STATES * 2 * sizeof(int32_t) + TMASK_MEMO_ITEMS * sizeof(uint64_t) +
-           (size_t)TMASK_CACHE_MASKS * (size_t)tmask_n_words(w->v) * sizeof(uint32_t);
+           (size_t)TMASK_CACHE_MASKS * (size_t)tmask_n_words(w->v) * sizeof(uint32_t) +
+           TMSHARE_MAX_KEY * sizeof(uint64_t) + TMASK_DESC_SETS * sizeof(int32_t);
 }
 
 static uint64_t items_hash(const uint64_t *it, int32_t n, int acc)
@@ -633,12 +641,32 @@ static void cache_store(tmask_work *w, const earley *e, int32_t n, uint64_t h, i
                       .max_origin = mo, .count = count, .acc = acc, .items = c->items, .mask = c->mask};
 }
 
+int tmask_work_share(tmask_work *w, tmshare *s)
+{
+    if (s && tmshare_n_words(s) != tmask_n_words(w->v))
+        return KV_EINVAL;
+    w->shared = s;
+    return KV_OK;
+}
+
+/* The shared cache's key for e's state into w->dkey (its length, or -1:
+ * not shared: no cache, another grammar, a state too large to describe). */
+static int32_t shared_key(tmask_work *w, const earley *e, int acc, uint64_t *h)
+{
+    if (!w || !w->shared || gram_get_tables(tmshare_gram(w->shared)) != earley_tables(e))
+        return -1;
+    int32_t n = earley_describe(e, w->dkey, TMSHARE_MAX_KEY, w->dsets, TMASK_DESC_SETS);
+    if (n >= 0)
+        *h = items_hash(w->dkey, n, acc);
+    return n;
+}
+
 int32_t tmask_compute(const tmask_vocab *v, earley *e, tmask_work *w, uint32_t *mask,
                       kvant_err *err)
 {
     int acc = earley_accepting(e);
-    int32_t n = -1;
-    uint64_t h = 0;
+    int32_t n = -1, nk = -1;
+    uint64_t h = 0, hk = 0;
     if (w) {
         n = earley_top_items(e, earley_depth(e), w->scratch, TMASK_MEMO_ITEMS);
         h = n >= 0 ? items_hash(w->scratch, n, acc) : 0;
@@ -647,6 +675,13 @@ int32_t tmask_compute(const tmask_vocab *v, earley *e, tmask_work *w, uint32_t *
             c->last_use = ++w->tick;
             memcpy(mask, c->mask, (size_t)tmask_n_words(v) * sizeof *mask);
             return c->count;
+        }
+        nk = shared_key(w, e, acc, &hk);
+        int32_t count = nk >= 0 ? tmshare_get(w->shared, w->dkey, nk, hk, mask) : -1;
+        if (count >= 0) {
+            if (n >= 0)
+                cache_store(w, e, n, h, acc, mask, count);
+            return count;
         }
         w->n_states = 0;
         w->n_pool = 0;
@@ -671,6 +706,8 @@ int32_t tmask_compute(const tmask_vocab *v, earley *e, tmask_work *w, uint32_t *
         if (n >= 0)
             cache_store(w, e, n, h, acc, mask, count);
     }
+    if (nk >= 0)   /* the walk leaves dkey alone */
+        tmshare_put(w->shared, w->dkey, nk, hk, mask, count);
     return count;
 }
 

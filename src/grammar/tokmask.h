@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "grammar/earley.h"
+#include "grammar/tmshare.h"
 #include "text/tokenizer.h"
 #include "util/err.h"
 
@@ -70,6 +71,13 @@ tmask_work *tmask_work_create(const tmask_vocab *v, kvant_err *err);
 void tmask_work_destroy(tmask_work *w);
 void tmask_work_reset(tmask_work *w);
 size_t tmask_work_mem_bytes(const tmask_work *w);
+/* Binds w to a shared mask cache (tmshare.h; NULL unbinds; borrowed, must
+ * outlive the binding): after a miss in its own cache, tmask_compute looks
+ * the state up there, and stores the masks it walks.  The cache is used
+ * only for states of its own grammar (others walk as before).  KV_EINVAL
+ * if the cache's masks have another size. */
+#define TMASK_DESC_SETS 256      /* states reaching more sets are not shared */
+int tmask_work_share(tmask_work *w, tmshare *s);
 
 /* Writes the mask of the tokens e can consume (bit i of mask[i >> 5]) into
  * mask[tmask_n_words(v)].  w: the memo (NULL: the plain walk, which is the
