@@ -13,7 +13,7 @@
 typedef struct trie_node {
     int32_t child_first, n_child;
     int32_t tok_first, n_tok;
-    int32_t lo, hi;   /* order[lo..hi): the tokens below (build only) */
+    int32_t lo, hi;   /* order[lo..hi): the tokens at and below the node */
     uint8_t byte;
 } trie_node;
 
@@ -24,6 +24,7 @@ struct tmask_vocab {
     int32_t *order;       /* [n_in_trie] ids sorted by bytes */
     int32_t *eos;         /* [n_eos] */
     trie_node *nodes;
+    uint32_t *below;      /* [n_nodes][8] the bytes after the node's in tokens below it */
     int32_t n_nodes;
 };
 
@@ -95,6 +96,19 @@ static int build_trie(tmask_vocab *v, int32_t n_in)
         }
     }
     free(depth);
+    v->below = calloc((size_t)v->n_nodes * 8, sizeof *v->below);
+    if (!v->below)
+        return -1;
+    for (int32_t i = v->n_nodes - 1; i >= 0; i--) {   /* children come after parents */
+        const trie_node *nd = &v->nodes[i];
+        uint32_t *bl = v->below + 8 * (size_t)i;
+        for (int32_t c = nd->child_first; c < nd->child_first + nd->n_child; c++) {
+            const uint32_t *cb = v->below + 8 * (size_t)c;
+            for (int k = 0; k < 8; k++)
+                bl[k] |= cb[k];
+            bl[v->nodes[c].byte >> 5] |= 1u << (v->nodes[c].byte & 31);
+        }
+    }
     return 0;
 }
 
@@ -207,6 +221,7 @@ void tmask_vocab_destroy(tmask_vocab *v)
     free(v->order);
     free(v->eos);
     free(v->nodes);
+    free(v->below);
     free(v);
 }
 
@@ -239,7 +254,8 @@ const uint8_t *tmask_token(const tmask_vocab *v, int32_t id, int32_t *len)
 size_t tmask_vocab_mem_bytes(const tmask_vocab *v)
 {
     return sizeof *v + (size_t)v->off[v->n_vocab] + ((size_t)v->n_vocab + 1) * sizeof(int64_t) +
-           (size_t)v->n_vocab * sizeof(int32_t) + (size_t)v->n_nodes * sizeof(trie_node);
+           (size_t)v->n_vocab * sizeof(int32_t) +
+           (size_t)v->n_nodes * (sizeof(trie_node) + 8 * sizeof(uint32_t));
 }
 
 /* One trie node on the walk's path.  state: its memo state (-1: none).
@@ -264,6 +280,7 @@ typedef struct memo_state {
     uint32_t off;          /* into item_pool */
     int32_t n;
     uint32_t allowed[8];
+    uint32_t loop[8], notloop[8];   /* bytes known to lead back to this state, or not */
 } memo_state;
 
 typedef struct mask_entry {
@@ -411,6 +428,8 @@ static int32_t memo_intern(tmask_work *w, const earley *e, int32_t n, uint64_t h
     memcpy(w->pool + w->n_pool, w->scratch, (size_t)n * 8);
     w->n_pool += (size_t)n;
     earley_allowed_bytes(e, s->allowed);
+    memset(s->loop, 0, sizeof s->loop);
+    memset(s->notloop, 0, sizeof s->notloop);
     for (int b = 0; b < 256; b++)
         w->trans[(size_t)id * 256 + b] = TR_UNKNOWN;
     w->htab[k] = id;
@@ -567,6 +586,46 @@ static int step(earley *e, walk_frame *st, int32_t sp, tmask_work *w, int32_t d0
     return 1;
 }
 
+/* Whether every byte below frame sp's node leads from its memo state back
+ * to that state (then every token below is allowed, and none need be
+ * walked): 1, 0, or negative.  Transitions still unknown for the bytes
+ * below are parsed (once per state and byte in a walk). */
+static int subtree_loops(const tmask_vocab *v, earley *e, walk_frame *st, int32_t sp,
+                         tmask_work *w, int32_t d0)
+{
+    const uint32_t *bl = v->below + 8 * (size_t)st[sp].node;
+    memo_state *ms = &w->states[st[sp].state];
+    for (int k = 0; k < 8; k++)
+        if ((bl[k] & ~ms->allowed[k]) | (bl[k] & ms->notloop[k]))
+            return 0;
+    for (int k = 0; k < 8; k++) {
+        for (uint32_t unk = bl[k] & ~ms->loop[k]; unk; unk &= unk - 1) {
+            int b = k * 32 + __builtin_ctz(unk);
+            walk_frame c;
+            int r = step(e, st, sp, w, d0, (uint8_t)b, &c);
+            if (r < 0)
+                return r;
+            if (r == 0 || c.state != st[sp].state) {
+                ms->notloop[k] |= 1u << (b & 31);
+                return 0;
+            }
+            ms->loop[k] |= 1u << (b & 31);
+        }
+    }
+    return 1;
+}
+
+/* Sets the mask bits of the tokens strictly below trie node c; their count. */
+static int32_t allow_below(const tmask_vocab *v, int32_t c, uint32_t *mask)
+{
+    const trie_node *cn = &v->nodes[c];
+    for (int32_t i = cn->tok_first + cn->n_tok; i < cn->hi; i++) {
+        int32_t id = v->order[i];
+        mask[id >> 5] |= 1u << (id & 31);
+    }
+    return cn->hi - cn->tok_first - cn->n_tok;
+}
+
 /* The depth-first trie walk; w NULL: every byte parsed, no memo. */
 static int32_t walk(const tmask_vocab *v, earley *e, tmask_work *w, walk_frame *st,
                     uint32_t *mask, kvant_err *err)
@@ -605,7 +664,16 @@ static int32_t walk(const tmask_vocab *v, earley *e, tmask_work *w, walk_frame *
         if (cn->n_child) {
             child.node = c;
             child.ci = 0;
-            st[++sp] = child;
+            st[sp + 1] = child;
+            int sl = w && child.state >= 0 ? subtree_loops(v, e, st, sp + 1, w, d0) : 0;
+            if (sl < 0) {
+                earley_truncate(e, d0);
+                return kvant_err_set(err, sl, "grammar state above its item limit");
+            }
+            if (sl)
+                count += allow_below(v, c, mask);
+            else
+                sp++;
         }
     }
     earley_truncate(e, d0);

@@ -265,6 +265,40 @@ static tmask_vocab *synthetic_vocab(tu_rng *rng, int32_t n)
     return v;
 }
 
+/* One walk of n steps from a fresh state of g: the memoized masks (w, its
+ * shared cache if bound) and the plain walk's against pushing every token
+ * alone, then a random allowed token. */
+static void check_walk(const tmask_vocab *v, const gram *g, tmask_work *w, tu_rng *rng,
+                       const char *what, int n)
+{
+    kvant_err err = {0};
+    int32_t nw = tmask_n_words(v);
+    uint32_t *m1 = calloc((size_t)nw, 4), *m2 = calloc((size_t)nw, 4), *m3 = calloc((size_t)nw, 4);
+    earley *e = earley_create(g, &err);
+    tmask_work_reset(w);
+    for (int step = 0; e && m1 && m2 && m3 && step < n; step++) {
+        int32_t c1 = tmask_compute(v, e, w, m1, &err);
+        int32_t c2 = tmask_compute(v, e, NULL, m2, &err);
+        int32_t c3 = brute_mask(v, e, m3);
+        CHECKF(c1 == c3 && c2 == c3, "%s step %d: %d %d %d", what, step, c1, c2, c3);
+        CHECKF(!memcmp(m1, m3, (size_t)nw * 4) && !memcmp(m2, m3, (size_t)nw * 4), "%s step %d",
+               what, step);
+        if (c3 <= 0)
+            break;
+        int32_t k = (int32_t)(tu_rand_u64(rng) % (uint64_t)c3), tok = -1;
+        for (int32_t i = 0; i < tmask_n_vocab(v) && tok < 0; i++)
+            if (m3[i >> 5] >> (i & 31) & 1 && k-- == 0)
+                tok = i;
+        if (tmask_is_eos(v, tok))
+            break;
+        CHECK(tmask_advance(v, e, tok) == 1);
+    }
+    earley_destroy(e);
+    free(m1);
+    free(m2);
+    free(m3);
+}
+
 static void test_masks(void)
 {
     tu_rng rng = {0x9E3779B97F4A7C15ull};
@@ -274,41 +308,52 @@ static void test_masks(void)
         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},\"b\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}},\"additionalProperties\":false}",
         "{\"anyOf\":[{\"type\":\"string\",\"pattern\":\"a(b|x)*\"},{\"enum\":[\"ab\",10,[]]}]}",
         "{\"type\":\"object\"}",
+        "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\"},\"t\":{\"type\":\"string\",\"maxLength\":3},\"n\":{\"type\":\"number\"}},\"required\":[\"t\"],\"additionalProperties\":false}",
     };
     kvant_err err = {0};
     tmask_work *w = v ? tmask_work_create(v, &err) : NULL;
     CHECK(w != NULL);
-    int32_t nw = v ? tmask_n_words(v) : 1;
-    uint32_t *m1 = calloc((size_t)nw, 4), *m2 = calloc((size_t)nw, 4), *m3 = calloc((size_t)nw, 4);
     for (size_t s = 0; v && w && s < sizeof schemas / sizeof schemas[0]; s++) {
         gram *g = js(schemas[s], &err);
         CHECKF(g != NULL, "%s", err.msg);
-        for (int walk = 0; g && walk < 4; walk++) {
-            earley *e = earley_create(g, &err);
-            tmask_work_reset(w);
-            for (int step = 0; e && step < 30; step++) {
-                int32_t c1 = tmask_compute(v, e, w, m1, &err);
-                int32_t c2 = tmask_compute(v, e, NULL, m2, &err);
-                int32_t c3 = brute_mask(v, e, m3);
-                CHECKF(c1 == c3 && c2 == c3, "schema %zu walk %d step %d: %d %d %d", s, walk, step, c1, c2, c3);
-                CHECK(!memcmp(m1, m3, (size_t)nw * 4) && !memcmp(m2, m3, (size_t)nw * 4));
-                if (c3 <= 0)
-                    break;
-                int32_t k = (int32_t)(tu_rand_u64(&rng) % (uint64_t)c3), tok = -1;
-                for (int32_t i = 0; i < tmask_n_vocab(v) && tok < 0; i++)
-                    if (m3[i >> 5] >> (i & 31) & 1 && k-- == 0)
-                        tok = i;
-                if (tmask_is_eos(v, tok))
-                    break;
-                CHECK(tmask_advance(v, e, tok) == 1);
-            }
-            earley_destroy(e);
+        char what[64];
+        /* on its own, then with a cache shared by the walks (small: evictions) */
+        tmshare *sh = g ? tmshare_create(g, tmask_n_words(v), 16, &err) : NULL;
+        CHECK(!g || sh);
+        for (int walk = 0; g && sh && walk < 8; walk++) {
+            CHECK(tmask_work_share(w, walk < 2 ? NULL : sh) == KV_OK);
+            snprintf(what, sizeof what, "schema %zu walk %d", s, walk);
+            check_walk(v, g, w, &rng, what, 30);
         }
+        int64_t hits = 0, misses = 0;
+        int32_t n_masks = 0;
+        if (sh)
+            tmshare_stats(sh, &hits, &misses, &n_masks);
+        CHECKF(hits > 0 && misses > 0 && n_masks <= 16, "schema %zu: %lld hits %lld misses %d masks",
+               s, (long long)hits, (long long)misses, n_masks);
+        tmask_work_share(w, NULL);
+        tmshare_destroy(sh);
         gram_destroy(g);
     }
-    free(m1);
-    free(m2);
-    free(m3);
+    /* a cache of another grammar is not used */
+    gram *g1 = js(schemas[0], &err), *g2 = js(schemas[2], &err);
+    tmshare *sh = g1 ? tmshare_create(g1, tmask_n_words(v), 16, &err) : NULL;
+    CHECK(w && sh && tmask_work_share(w, sh) == KV_OK);
+    if (w && sh && g2)
+        check_walk(v, g2, w, &rng, "other grammar", 20);
+    int64_t hits = 0, misses = 0;
+    int32_t n_masks = -1;
+    if (sh)
+        tmshare_stats(sh, &hits, &misses, &n_masks);
+    CHECK(n_masks == 0 && hits == 0);
+    tmshare *bad = g1 ? tmshare_create(g1, tmask_n_words(v) + 1, 4, &err) : NULL;
+    CHECK(w && bad && tmask_work_share(w, bad) == KV_EINVAL);
+    if (w)
+        tmask_work_share(w, NULL);
+    tmshare_destroy(bad);
+    tmshare_destroy(sh);
+    gram_destroy(g1);
+    gram_destroy(g2);
     tmask_work_destroy(w);
     tmask_vocab_destroy(v);
 }
