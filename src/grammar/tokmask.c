@@ -551,6 +551,19 @@ static int materialize(earley *e, walk_frame *st, int32_t sp, tmask_work *w, int
     return r;
 }
 
+/* Records state's transition on byte b, and on every byte of b's class
+ * (the recognizer cannot tell them apart: earley_push_byte only tests
+ * terminal classes). */
+static void fill_class(tmask_work *w, const earley *e, int32_t state, uint8_t b, int32_t to)
+{
+    const gram_tables *t = earley_tables(e);
+    const uint32_t *cb = t->class_bytes + 8 * (size_t)t->byte_class[b];
+    int32_t *tr = &w->trans[(size_t)state * 256];
+    for (int k = 0; k < 8; k++)
+        for (uint32_t m = cb[k]; m; m &= m - 1)
+            tr[k * 32 + __builtin_ctz(m)] = to;
+}
+
 /* Steps from frame sp by byte b: 1 (child frame fields in *c), 0 refused,
  * negative on error. */
 static int step(earley *e, walk_frame *st, int32_t sp, tmask_work *w, int32_t d0, uint8_t b,
@@ -571,14 +584,14 @@ static int step(earley *e, walk_frame *st, int32_t sp, tmask_work *w, int32_t d0
         r = earley_push_byte(e, b);
     if (r <= 0) {
         if (r == 0 && tr)
-            *tr = TR_REJECT;
+            fill_class(w, e, f->state, b, TR_REJECT);
         return r;
     }
     c->state = w ? memo_of_top(w, e, d0) : -1;
     c->cd = earley_depth(e);
     c->serial = earley_set_serial(e, c->cd - 1);
     if (tr && c->state >= 0)
-        *tr = c->state;
+        fill_class(w, e, f->state, b, c->state);
     if (c->state >= 0)
         memcpy(c->allowed, w->states[c->state].allowed, sizeof c->allowed);
     else
