@@ -11,7 +11,12 @@
  * iff the state is accepting.
  *
  * What does not depend on the state is computed once: the trie per
- * vocabulary, and per grammar the prediction closures (gram_finish).
+ * vocabulary (with, per node, the set of bytes that follow it in the
+ * tokens below: a subtree whose bytes all lead from the walk's memo state
+ * back to it is allowed whole, unvisited), per grammar the prediction
+ * closures and the byte classes (gram_finish: a transition parsed for one
+ * byte holds for its class), and per grammar and vocabulary the masks of
+ * the states seen, shared by all sequences (tmshare.h, tmask_work_share).
  *
  * Ownership: tmask_vocab_create* return heap handles freed by
  * tmask_vocab_destroy.  Threading: a vocabulary is immutable after creation
