@@ -375,7 +375,10 @@ static void test_cache(void)
     gcache_entry *y = gcache_get(c, GRAM_KIND_REGEX, "y", 1, &err);
     gcache_entry *z = gcache_get(c, GRAM_KIND_CHOICE, "[\"z\"]", 5, &err);
     CHECK(x && y && z && run(gcache_gram(a), "abbb", 4) == 1 && run(gcache_gram(z), "z", 1) == 1);
-    gcache_release(c, a);
+    tmshare *m1 = gcache_masks(c, a, 10, &err), *m2 = gcache_masks(c, a, 10, &err);
+    CHECK(m1 && m1 == m2 && tmshare_gram(m1) == gcache_gram(a) && tmshare_n_words(m1) == 10);
+    CHECK(!gcache_masks(c, a, 11, &err) && err.code == KV_EINVAL);
+    gcache_release(c, a);   /* evicted while held: its masks go with it */
     gcache_release(c, x);
     gcache_release(c, y);
     gcache_release(c, z);
