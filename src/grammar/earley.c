@@ -384,6 +384,23 @@ static int64_t set_end(const earley *e, int32_t k)
     return k == e->n_sets - 1 ? e->n_items : e->set_start[k + 1];
 }
 
+void earley_byte_peers(const earley *e, int32_t idx, uint8_t b, uint32_t out[8])
+{
+    const gram_tables *t = e->t;
+    memset(out, 0xff, 8 * sizeof *out);
+    if (idx < 0 || idx >= e->n_sets)
+        return;
+    for (int64_t i = e->set_start[idx]; i < set_end(e, idx); i++) {
+        int32_t el = t->pos_elem[e->items[i].pos];
+        if (el >= 0 || el == GRAM_END)
+            continue;
+        const uint32_t *s = t->terms + 8 * GRAM_TERM_ID(el);
+        uint32_t flip = (s[b >> 5] >> (b & 31) & 1) ? 0 : 0xFFFFFFFFu;
+        for (int k = 0; k < 8; k++)
+            out[k] &= s[k] ^ flip;
+    }
+}
+
 /* Whether item it of set `set` enters the description (top: the set
  * described). */
 static int desc_keeps(const gram_tables *t, eitem it, int top)

@@ -84,6 +84,10 @@ int earley_push_items(earley *e, const uint64_t *items, int32_t n);
 #define EARLEY_DESC_SET 0xFFFFFFFFu
 int32_t earley_describe(const earley *e, uint64_t *out, int32_t cap, int32_t *sets,
                         int32_t max_sets);
+/* The bytes set idx cannot tell from b (bit x of out[x >> 5]): those in
+ * exactly the terminal classes of its items that b is in.  Pushing any of
+ * them onto that set gives the same items as pushing b. */
+void earley_byte_peers(const earley *e, int32_t idx, uint8_t b, uint32_t out[8]);
 /* The tables of the grammar e runs (to check a shared memo is its own). */
 const gram_tables *earley_tables(const earley *e);
 

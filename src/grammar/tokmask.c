@@ -7,6 +7,7 @@
  */
 #include "grammar/tokmask.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,7 +18,16 @@ typedef struct trie_node {
     uint8_t byte;
 } trie_node;
 
+/* The tokens whose first byte is in first and every further byte in rest. */
+typedef struct run_mask {
+    uint32_t first[8], rest[8];
+    uint32_t *mask;       /* [n_words] */
+} run_mask;
+
 struct tmask_vocab {
+    pthread_mutex_t mu;   /* guards runs[], the one part that changes after creation */
+    run_mask runs[TMASK_RUN_MASKS];
+    int32_t n_runs, run_hand;
     int32_t n_vocab, n_eos, max_len;
     uint8_t *bytes;       /* every token's bytes, concatenated */
     int64_t *off;         /* [n_vocab + 1] */
@@ -122,6 +132,7 @@ tmask_vocab *tmask_vocab_create(const uint8_t *const *tok, const int32_t *len, i
     tmask_vocab *v = calloc(1, sizeof *v);
     if (!v)
         goto oom;
+    pthread_mutex_init(&v->mu, NULL);
     v->n_vocab = n_vocab;
     v->off = malloc(((size_t)n_vocab + 1) * sizeof *v->off);
     v->order = malloc((size_t)n_vocab * sizeof *v->order);
@@ -216,6 +227,9 @@ void tmask_vocab_destroy(tmask_vocab *v)
 {
     if (!v)
         return;
+    for (int32_t i = 0; i < v->n_runs; i++)
+        free(v->runs[i].mask);
+    pthread_mutex_destroy(&v->mu);
     free(v->bytes);
     free(v->off);
     free(v->order);
@@ -255,7 +269,8 @@ size_t tmask_vocab_mem_bytes(const tmask_vocab *v)
 {
     return sizeof *v + (size_t)v->off[v->n_vocab] + ((size_t)v->n_vocab + 1) * sizeof(int64_t) +
            (size_t)v->n_vocab * sizeof(int32_t) +
-           (size_t)v->n_nodes * (sizeof(trie_node) + 8 * sizeof(uint32_t));
+           (size_t)v->n_nodes * (sizeof(trie_node) + 8 * sizeof(uint32_t)) +
+           (size_t)TMASK_RUN_MASKS * (size_t)tmask_n_words(v) * sizeof(uint32_t);
 }
 
 /* One trie node on the walk's path.  state: its memo state (-1: none).
@@ -267,6 +282,7 @@ size_t tmask_vocab_mem_bytes(const tmask_vocab *v)
  * the path. */
 typedef struct walk_frame {
     int32_t node, ci, state, cd;
+    int32_t covered;   /* the path's tokens are in the root's run mask (see root_cover) */
     uint64_t serial;
     uint32_t allowed[8];
 } walk_frame;
@@ -274,6 +290,7 @@ typedef struct walk_frame {
 #define TR_UNKNOWN (-2)
 #define TR_REJECT (-1)
 #define MEMO_HCAP (2 * TMASK_MEMO_STATES)
+#define COVER_MIN_BYTES 32   /* a root state allowing fewer bytes is walked plainly */
 
 typedef struct memo_state {
     uint64_t hash;
@@ -551,16 +568,16 @@ static int materialize(earley *e, walk_frame *st, int32_t sp, tmask_work *w, int
     return r;
 }
 
-/* Records state's transition on byte b, and on every byte of b's class
- * (the recognizer cannot tell them apart: earley_push_byte only tests
- * terminal classes). */
-static void fill_class(tmask_work *w, const earley *e, int32_t state, uint8_t b, int32_t to)
+/* Records state's transition on byte b, and on every byte the state's set
+ * (chart index idx) cannot tell from b (earley_byte_peers). */
+static void fill_class(tmask_work *w, const earley *e, int32_t idx, int32_t state, uint8_t b,
+                       int32_t to)
 {
-    const gram_tables *t = earley_tables(e);
-    const uint32_t *cb = t->class_bytes + 8 * (size_t)t->byte_class[b];
+    uint32_t peers[8];
+    earley_byte_peers(e, idx, b, peers);
     int32_t *tr = &w->trans[(size_t)state * 256];
     for (int k = 0; k < 8; k++)
-        for (uint32_t m = cb[k]; m; m &= m - 1)
+        for (uint32_t m = peers[k]; m; m &= m - 1)
             tr[k * 32 + __builtin_ctz(m)] = to;
 }
 
@@ -584,14 +601,14 @@ static int step(earley *e, walk_frame *st, int32_t sp, tmask_work *w, int32_t d0
         r = earley_push_byte(e, b);
     if (r <= 0) {
         if (r == 0 && tr)
-            fill_class(w, e, f->state, b, TR_REJECT);
+            fill_class(w, e, earley_depth(e) - 1, f->state, b, TR_REJECT);
         return r;
     }
     c->state = w ? memo_of_top(w, e, d0) : -1;
     c->cd = earley_depth(e);
     c->serial = earley_set_serial(e, c->cd - 1);
     if (tr && c->state >= 0)
-        fill_class(w, e, f->state, b, c->state);
+        fill_class(w, e, c->cd - 2, f->state, b, c->state);
     if (c->state >= 0)
         memcpy(c->allowed, w->states[c->state].allowed, sizeof c->allowed);
     else
@@ -639,6 +656,147 @@ static int32_t allow_below(const tmask_vocab *v, int32_t c, uint32_t *mask)
     return cn->hi - cn->tok_first - cn->n_tok;
 }
 
+static int in_set(const uint32_t set[8], int b)
+{
+    return (int)(set[b >> 5] >> (b & 31) & 1);
+}
+
+/* Whether every byte below trie node c lies in set. */
+static int below_in(const tmask_vocab *v, int32_t c, const uint32_t set[8])
+{
+    const uint32_t *bl = v->below + 8 * (size_t)c;
+    uint32_t out = 0;
+    for (int k = 0; k < 8; k++)
+        out |= bl[k] & ~set[k];
+    return out == 0;
+}
+
+static run_mask *find_run(tmask_vocab *v, const uint32_t first[8], const uint32_t rest[8])
+{
+    for (int32_t i = 0; i < v->n_runs; i++)
+        if (!memcmp(v->runs[i].first, first, 32) && !memcmp(v->runs[i].rest, rest, 32))
+            return &v->runs[i];
+    return NULL;
+}
+
+/* ORs into mask the run mask of (first, rest), computed on the first use
+ * and kept by the vocabulary (TMASK_RUN_MASKS, replaced round robin).  0,
+ * or -1 out of memory (mask unchanged). */
+static int run_mask_or(const tmask_vocab *cv, const uint32_t first[8], const uint32_t rest[8],
+                       uint32_t *mask)
+{
+    tmask_vocab *v = (tmask_vocab *)cv;   /* only runs[] changes, under v->mu */
+    int32_t nw = tmask_n_words(v);
+    pthread_mutex_lock(&v->mu);
+    run_mask *hit = find_run(v, first, rest);
+    for (int32_t k = 0; hit && k < nw; k++)
+        mask[k] |= hit->mask[k];
+    pthread_mutex_unlock(&v->mu);
+    if (hit)
+        return 0;
+    uint32_t *nm = calloc((size_t)nw, sizeof *nm);   /* computed outside the lock */
+    if (!nm)
+        return -1;
+    for (int32_t id = 0; id < v->n_vocab; id++) {
+        int32_t len = tok_len(v, id);
+        const uint8_t *b = v->bytes + v->off[id];
+        int ok = len > 0 && in_set(first, b[0]);
+        for (int32_t j = 1; ok && j < len; j++)
+            ok = in_set(rest, b[j]);
+        if (ok)
+            nm[id >> 5] |= 1u << (id & 31);
+    }
+    for (int32_t k = 0; k < nw; k++)
+        mask[k] |= nm[k];
+    pthread_mutex_lock(&v->mu);
+    if (!find_run(v, first, rest)) {   /* a thread that raced keeps the first */
+        run_mask *r = v->n_runs < TMASK_RUN_MASKS ? &v->runs[v->n_runs++]
+                                                  : &v->runs[v->run_hand++ % TMASK_RUN_MASKS];
+        free(r->mask);
+        r->mask = nm;
+        nm = NULL;
+        memcpy(r->first, first, 32);
+        memcpy(r->rest, rest, 32);
+    }
+    pthread_mutex_unlock(&v->mu);
+    free(nm);
+    return 0;
+}
+
+/* The run the walk's root state leads into (see root_cover). */
+typedef struct cover {
+    int on;
+    uint32_t first[8], loop[8];
+} cover;
+
+/* Parses frame sp's transitions on every byte its state allows (one parse
+ * per byte class).  0, or negative. */
+static int all_trans(earley *e, walk_frame *st, int32_t sp, tmask_work *w, int32_t d0)
+{
+    const memo_state *ms = &w->states[st[sp].state];
+    const int32_t *tr = &w->trans[(size_t)st[sp].state * 256];
+    for (int k = 0; k < 8; k++)
+        for (uint32_t m = ms->allowed[k]; m; m &= m - 1) {
+            int b = k * 32 + __builtin_ctz(m);
+            walk_frame c;
+            int r = tr[b] == TR_UNKNOWN ? step(e, st, sp, w, d0, (uint8_t)b, &c) : 0;
+            if (r < 0)
+                return r;
+        }
+    return 0;
+}
+
+/* Where the root state allows many bytes (a string, free text), most of
+ * them lead to one state s1 that loops on most bytes: every token whose
+ * first byte leads the root to s1 and whose other bytes loop on s1 is
+ * allowed.  Those tokens come at once from the vocabulary's run mask; the
+ * walk skips the subtrees they fill (frames on such a path are `covered`).
+ * 0 (cov->on says whether it applies), or negative. */
+static int root_cover(const tmask_vocab *v, earley *e, walk_frame *st, tmask_work *w,
+                      int32_t d0, uint32_t *mask, cover *cov)
+{
+    int32_t s0 = st[0].state, n_al = 0, best = -1, best_n = 0;
+    cov->on = 0;
+    for (int k = 0; s0 >= 0 && k < 8; k++)
+        n_al += __builtin_popcount(w->states[s0].allowed[k]);
+    if (s0 < 0 || n_al < COVER_MIN_BYTES || v->max_len < 2)
+        return 0;
+    int r = all_trans(e, st, 0, w, d0);
+    const int32_t *tr = &w->trans[(size_t)s0 * 256];
+    int32_t tgt[256], tn[256], n_tgt = 0;
+    for (int b = 0; r == 0 && b < 256; b++) {   /* the most frequent target (few distinct) */
+        int32_t i = 0;
+        while (tr[b] >= 0 && i < n_tgt && tgt[i] != tr[b])
+            i++;
+        if (tr[b] < 0)
+            continue;
+        if (i == n_tgt)
+            tgt[n_tgt] = tr[b], tn[n_tgt++] = 0;
+        if (++tn[i] > best_n)
+            best = tgt[i], best_n = tn[i];
+    }
+    if (r < 0 || best_n < COVER_MIN_BYTES / 4)
+        return r;
+    st[1] = (walk_frame){.node = 0, .state = best, .cd = 0};
+    if ((r = all_trans(e, st, 1, w, d0)) < 0)
+        return r;
+    int32_t n_loop = 0;
+    memset(cov->first, 0, sizeof cov->first);
+    memset(cov->loop, 0, sizeof cov->loop);
+    for (int b = 0; b < 256; b++) {
+        if (tr[b] == best)
+            cov->first[b >> 5] |= 1u << (b & 31);
+        if (w->trans[(size_t)best * 256 + b] == best) {
+            cov->loop[b >> 5] |= 1u << (b & 31);
+            n_loop++;
+        }
+    }
+    if (n_loop < COVER_MIN_BYTES / 4)
+        return 0;
+    cov->on = run_mask_or(v, cov->first, cov->loop, mask) == 0;
+    return 0;
+}
+
 /* The depth-first trie walk; w NULL: every byte parsed, no memo. */
 static int32_t walk(const tmask_vocab *v, earley *e, tmask_work *w, walk_frame *st,
                     uint32_t *mask, kvant_err *err)
@@ -649,6 +807,12 @@ static int32_t walk(const tmask_vocab *v, earley *e, tmask_work *w, walk_frame *
     st[0] = (walk_frame){.node = 0, .state = w ? memo_of_top(w, e, d0) : -1, .cd = d0,
                          .serial = earley_set_serial(e, d0 - 1)};
     earley_allowed_bytes(e, st[0].allowed);
+    cover cov = {0};
+    int rc = w ? root_cover(v, e, st, w, d0, mask, &cov) : 0;
+    if (rc < 0) {
+        earley_truncate(e, d0);
+        return kvant_err_set(err, rc, "grammar state above its item limit");
+    }
     while (sp >= 0) {
         walk_frame *f = &st[sp];
         const trie_node *nd = &v->nodes[f->node];
@@ -668,12 +832,15 @@ static int32_t walk(const tmask_vocab *v, earley *e, tmask_work *w, walk_frame *
         }
         if (r == 0)
             continue;
+        child.covered = cov.on && in_set(sp == 0 ? cov.first : cov.loop, b) && (sp == 0 || f->covered);
         const trie_node *cn = &v->nodes[c];
         for (int32_t i = 0; i < cn->n_tok; i++) {
             int32_t id = v->order[cn->tok_first + i];
             mask[id >> 5] |= 1u << (id & 31);
         }
         count += cn->n_tok;
+        if (cn->n_child && child.covered && below_in(v, c, cov.loop))
+            continue;   /* every token below is in the run mask */
         if (cn->n_child) {
             child.node = c;
             child.ci = 0;
@@ -777,6 +944,9 @@ int32_t tmask_compute(const tmask_vocab *v, earley *e, tmask_work *w, uint32_t *
         free(st);
     if (count < 0)
         return count;
+    count = 0;   /* the walk may set a bit twice (run masks): count the bits */
+    for (int32_t k = 0; k < tmask_n_words(v); k++)
+        count += __builtin_popcount(mask[k]);
     for (int32_t i = 0; acc && i < v->n_eos; i++) {
         int32_t id = v->eos[i];
         count += !(mask[id >> 5] >> (id & 31) & 1);

@@ -35,6 +35,7 @@
 #include "util/err.h"
 
 #define TMASK_MAX_TOKEN_BYTES 4096   /* longer tokens are refused at creation */
+#define TMASK_RUN_MASKS 8            /* run masks a vocabulary keeps (tokmask.c) */
 
 typedef struct tmask_vocab tmask_vocab;
 
