@@ -31,29 +31,8 @@
 
 #include "grammar/earley.h"
 #include "grammar/tmshare.h"
-#include "text/tokenizer.h"
+#include "grammar/tmvocab.h"
 #include "util/err.h"
-
-#define TMASK_MAX_TOKEN_BYTES 4096   /* longer tokens are refused at creation */
-#define TMASK_RUN_MASKS 8            /* run masks a vocabulary keeps (tokmask.c) */
-
-typedef struct tmask_vocab tmask_vocab;
-
-/* tok[i] (len[i] bytes) for i < n_vocab; len 0: never allowed.  eos: the
- * ids allowed when the grammar accepts (n_eos may be 0).  Copies. */
-tmask_vocab *tmask_vocab_create(const uint8_t *const *tok, const int32_t *len, int32_t n_vocab,
-                                const int32_t *eos, int32_t n_eos, kvant_err *err);
-/* The tokenizer's vocabulary: each token's piece (control tokens excluded),
- * end of sequence = tok_eos and tok_eot. */
-tmask_vocab *tmask_vocab_from_tok(const tokenizer *t, kvant_err *err);
-void tmask_vocab_destroy(tmask_vocab *v);
-
-int32_t tmask_n_vocab(const tmask_vocab *v);
-int32_t tmask_n_words(const tmask_vocab *v);   /* (n_vocab + 31) / 32 */
-int tmask_is_eos(const tmask_vocab *v, int32_t id);
-/* The token's bytes (borrowed) and length; NULL for an id out of range. */
-const uint8_t *tmask_token(const tmask_vocab *v, int32_t id, int32_t *len);
-size_t tmask_vocab_mem_bytes(const tmask_vocab *v);
 
 /* Per-sequence scratch and memo for tmask_compute (one thread at a time):
  * - within a call, Earley sets are memoized by their description (items
