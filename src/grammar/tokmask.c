@@ -23,6 +23,7 @@ typedef struct walk_frame {
 #define TR_REJECT (-1)
 #define MEMO_HCAP (2 * TMASK_MEMO_STATES)
 #define COVER_MIN_BYTES 32   /* a root state allowing fewer bytes is walked plainly */
+#define COVER_MAX_RUN 64     /* the longest counted run followed */
 
 typedef struct memo_state {
     uint64_t hash;
@@ -407,7 +408,9 @@ static int below_in(const tmvocab_trie *v, int32_t c, const uint32_t set[8])
 /* The run the walk's root state leads into (see root_cover). */
 typedef struct cover {
     int on;
-    uint32_t first[8], loop[8];
+    uint32_t first[8], rest[8];
+    int32_t max_rest;
+    int end_refuses;   /* after max_rest bytes of rest, each byte of rest is refused */
 } cover;
 
 /* Parses frame sp's transitions on every byte its state allows (one parse
@@ -427,16 +430,91 @@ static int all_trans(earley *e, walk_frame *st, int32_t sp, tmask_work *w, int32
     return 0;
 }
 
-/* Where the root state allows many bytes (a string, free text), most of
- * them lead to one state s1 that loops on most bytes: every token whose
- * first byte leads the root to s1 and whose other bytes loop on s1 is
- * allowed.  Those tokens come at once from the vocabulary's run mask; the
- * walk skips the subtrees they fill (frames on such a path are `covered`).
- * 0 (cov->on says whether it applies), or negative. */
-static int root_cover(const tmask_vocab *voc, const tmvocab_trie *v, earley *e, walk_frame *st, tmask_work *w,
-                      int32_t d0, uint32_t *mask, cover *cov)
+/* The target most of a state's allowed bytes lead to (>= 0, or -1). */
+static int32_t main_target(const int32_t *tr, int32_t *n_best)
 {
-    int32_t s0 = st[0].state, n_al = 0, best = -1, best_n = 0;
+    int32_t tgt[256], tn[256], n_tgt = 0, best = -1;
+    *n_best = 0;
+    for (int b = 0; b < 256; b++) {
+        int32_t i = 0;
+        if (tr[b] < 0)
+            continue;
+        while (i < n_tgt && tgt[i] != tr[b])
+            i++;
+        if (i == n_tgt)
+            tgt[n_tgt] = tr[b], tn[n_tgt++] = 0;
+        if (++tn[i] > *n_best)
+            best = tgt[i], *n_best = tn[i];
+    }
+    return best;
+}
+
+/* Follows the run from t0 = the root's main target: rest is the set of
+ * bytes leading t0 to its main target t1, and the run goes on while all of
+ * rest leads t_i to one state t_i+1 (unbounded once t_i+1 = t_i, as in a
+ * string; counted as with maxLength).  Sets cov->rest, cov->max_rest and
+ * cov->end_refuses; 0, or negative. */
+static int follow_run(earley *e, walk_frame *st, tmask_work *w, int32_t d0, int32_t t0, cover *cov)
+{
+    int32_t t = t0;
+    cov->max_rest = 0;
+    cov->end_refuses = 0;
+    for (int32_t i = 0; i < COVER_MAX_RUN; i++) {
+        st[1] = (walk_frame){.node = 0, .state = t, .cd = 0};
+        int r = all_trans(e, st, 1, w, d0);
+        if (r < 0)
+            return r;
+        const int32_t *tr = &w->trans[(size_t)t * 256];
+        int32_t next = -1, n = 0;
+        if (i == 0) {
+            next = main_target(tr, &n);
+            memset(cov->rest, 0, sizeof cov->rest);
+            for (int b = 0; next >= 0 && b < 256; b++)
+                if (tr[b] == next)
+                    cov->rest[b >> 5] |= 1u << (b & 31);
+            if (n < COVER_MIN_BYTES / 4)
+                return 0;
+        } else {
+            for (int b = 0; b < 256; b++) {
+                if (!in_set(cov->rest, b))
+                    continue;
+                if (next == -1)
+                    next = tr[b];
+                if (tr[b] != next || tr[b] < 0) {
+                    next = -2;
+                    break;
+                }
+            }
+            if (next < 0) {
+                cov->end_refuses = 1;
+                for (int b = 0; b < 256; b++)
+                    if (in_set(cov->rest, b) && in_set(w->states[t].allowed, b) &&
+                        tr[b] != TR_REJECT)
+                        cov->end_refuses = 0;
+                return 0;
+            }
+        }
+        cov->max_rest = i + 1;
+        if (next == t) {
+            cov->max_rest = TMVOCAB_UNBOUNDED;
+            return 0;
+        }
+        t = next;
+    }
+    return 0;
+}
+
+/* Where the root state allows many bytes (a string, free text), most of
+ * them lead to one state, from which a run of bytes goes on (follow_run):
+ * every token whose first byte leads the root there and whose other bytes
+ * (at most max_rest) lie in the run's bytes is allowed.  Those tokens come
+ * at once from the vocabulary's run mask; the walk skips the subtrees they
+ * fill (frames on such a path are `covered`).  0 (cov->on says whether it
+ * applies), or negative. */
+static int root_cover(const tmask_vocab *voc, const tmvocab_trie *v, earley *e, walk_frame *st,
+                      tmask_work *w, int32_t d0, uint32_t *mask, cover *cov)
+{
+    int32_t s0 = st[0].state, n_al = 0, best_n = 0;
     cov->on = 0;
     for (int k = 0; s0 >= 0 && k < 8; k++)
         n_al += __builtin_popcount(w->states[s0].allowed[k]);
@@ -444,37 +522,16 @@ static int root_cover(const tmask_vocab *voc, const tmvocab_trie *v, earley *e, 
         return 0;
     int r = all_trans(e, st, 0, w, d0);
     const int32_t *tr = &w->trans[(size_t)s0 * 256];
-    int32_t tgt[256], tn[256], n_tgt = 0;
-    for (int b = 0; r == 0 && b < 256; b++) {   /* the most frequent target (few distinct) */
-        int32_t i = 0;
-        while (tr[b] >= 0 && i < n_tgt && tgt[i] != tr[b])
-            i++;
-        if (tr[b] < 0)
-            continue;
-        if (i == n_tgt)
-            tgt[n_tgt] = tr[b], tn[n_tgt++] = 0;
-        if (++tn[i] > best_n)
-            best = tgt[i], best_n = tn[i];
-    }
+    int32_t best = r < 0 ? -1 : main_target(tr, &best_n);
     if (r < 0 || best_n < COVER_MIN_BYTES / 4)
         return r;
-    st[1] = (walk_frame){.node = 0, .state = best, .cd = 0};
-    if ((r = all_trans(e, st, 1, w, d0)) < 0)
-        return r;
-    int32_t n_loop = 0;
     memset(cov->first, 0, sizeof cov->first);
-    memset(cov->loop, 0, sizeof cov->loop);
-    for (int b = 0; b < 256; b++) {
+    for (int b = 0; b < 256; b++)
         if (tr[b] == best)
             cov->first[b >> 5] |= 1u << (b & 31);
-        if (w->trans[(size_t)best * 256 + b] == best) {
-            cov->loop[b >> 5] |= 1u << (b & 31);
-            n_loop++;
-        }
-    }
-    if (n_loop < COVER_MIN_BYTES / 4)
-        return 0;
-    cov->on = tmvocab_run_mask_or(voc, cov->first, cov->loop, TMVOCAB_UNBOUNDED, mask) == 0;
+    if ((r = follow_run(e, st, w, d0, best, cov)) < 0 || cov->max_rest == 0)
+        return r;
+    cov->on = tmvocab_run_mask_or(voc, cov->first, cov->rest, cov->max_rest, mask) == 0;
     return 0;
 }
 
@@ -514,15 +571,21 @@ static int32_t walk(const tmask_vocab *voc, earley *e, tmask_work *w, walk_frame
         }
         if (r == 0)
             continue;
-        child.covered = cov.on && in_set(sp == 0 ? cov.first : cov.loop, b) && (sp == 0 || f->covered);
+        child.covered = !cov.on                  ? 0
+                        : sp == 0                ? in_set(cov.first, b)
+                        : f->covered && f->covered <= cov.max_rest && in_set(cov.rest, b)
+                            ? f->covered + 1
+                            : 0;
         const tmvocab_node *cn = &v->nodes[c];
         for (int32_t i = 0; i < cn->n_tok; i++) {
             int32_t id = v->order[cn->tok_first + i];
             mask[id >> 5] |= 1u << (id & 31);
         }
         count += cn->n_tok;
-        if (cn->n_child && child.covered && below_in(v, c, cov.loop))
-            continue;   /* every token below is in the run mask */
+        if (cn->n_child && child.covered && below_in(v, c, cov.rest) &&
+            (cov.max_rest == TMVOCAB_UNBOUNDED || cov.end_refuses ||
+             child.covered - 1 + cn->height <= cov.max_rest))
+            continue;   /* every token below is in the run mask, or refused (too long) */
         if (cn->n_child) {
             child.node = c;
             child.ci = 0;

@@ -335,6 +335,18 @@ static void test_masks(void)
         tmshare_destroy(sh);
         gram_destroy(g);
     }
+    /* runs counted (the end refusing, or not) and looping, for the run masks */
+    static const char *const regexes[] = {"[ -~]{3}([ -~]x)?", "[ -~]{0,4}", "[ -~]{2}[ -z]*b?",
+                                          "[ -~]{1,3}(x[ -~]|[ -~]{3})"};
+    for (size_t r = 0; v && w && r < sizeof regexes / sizeof regexes[0]; r++) {
+        gram *g = rx_compile(regexes[r], strlen(regexes[r]), gram_limits_default(), &err);
+        CHECKF(g != NULL, "%s", err.msg);
+        char what[64];
+        snprintf(what, sizeof what, "regex %zu", r);
+        for (int walk = 0; g && walk < 3; walk++)
+            check_walk(v, g, w, &rng, what, 8);
+        gram_destroy(g);
+    }
     /* a cache of another grammar is not used */
     gram *g1 = js(schemas[0], &err), *g2 = js(schemas[2], &err);
     tmshare *sh = g1 ? tmshare_create(g1, tmask_n_words(v), 16, &err) : NULL;
