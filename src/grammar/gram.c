@@ -33,8 +33,6 @@ struct gram {
     /* sealed tables (owned) */
     int32_t *pos_elem, *pos_lhs, *clo_off, *clo_pos, *clon_off, *clo_nt;
     uint8_t *nullable;
-    uint8_t byte_class[256];
-    uint32_t class_bytes[256][8];
     gram_tables t;
 };
 
@@ -691,31 +689,6 @@ static int build_closures(gram *g, const int32_t *nt_off, const int32_t *nt_pos)
     return rc;
 }
 
-/* Partitions the bytes by their membership in every terminal class
- * (refined one class at a time). */
-static int32_t byte_classes(gram *g)
-{
-    int32_t n = 1;
-    memset(g->byte_class, 0, sizeof g->byte_class);
-    for (int32_t t = 0; t < g->n_terms && n < 256; t++) {
-        const uint32_t *set = g->terms + 8 * t;
-        int16_t map[512];
-        int32_t nn = 0;
-        memset(map, 0xff, sizeof map);
-        for (int b = 0; b < 256; b++) {
-            int key = g->byte_class[b] * 2 + (int)(set[b >> 5] >> (b & 31) & 1);
-            if (map[key] < 0)
-                map[key] = (int16_t)nn++;
-            g->byte_class[b] = (uint8_t)map[key];
-        }
-        n = nn;
-    }
-    memset(g->class_bytes, 0, sizeof g->class_bytes);
-    for (int b = 0; b < 256; b++)
-        g->class_bytes[g->byte_class[b]][b >> 5] |= 1u << (b & 31);
-    return n;
-}
-
 int gram_finish(gram *g, int32_t start, kvant_err *err)
 {
     if (g->finished)
@@ -752,9 +725,7 @@ int gram_finish(gram *g, int32_t start, kvant_err *err)
             .terms = g->terms, .clo_off = g->clo_off, .clo_pos = g->clo_pos,
             .clon_off = g->clon_off, .clo_nt = g->clo_nt,
             .start_pos = nt_pos[nt_off[s]], .start_nt = s, .lim = g->lim,
-            .byte_class = g->byte_class, .class_bytes = &g->class_bytes[0][0],
         };
-        g->t.n_byte_classes = byte_classes(g);
         g->finished = 1;
     }
     free(nt_off);

@@ -104,11 +104,6 @@ typedef struct gram_tables {
     int32_t start_pos;           /* the augmented rule S' ::= . start */
     int32_t start_nt;            /* S' */
     gram_limits lim;
-    /* bytes in one class are in the same terminal classes, so the
-     * recognizer treats them alike */
-    int32_t n_byte_classes;
-    const uint8_t *byte_class;   /* [256] a byte's class */
-    const uint32_t *class_bytes; /* [n_byte_classes][8] a class's bytes */
 } gram_tables;
 /* The tables of a finished grammar (NULL before gram_finish succeeded). */
 const gram_tables *gram_get_tables(const gram *g);
