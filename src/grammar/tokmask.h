@@ -1,27 +1,33 @@
 /* tokmask.h - token masks: which vocabulary tokens a grammar state can
  * consume next.
  *
- * A tmask_vocab is built once per vocabulary: a byte trie of every token's
- * bytes (tokens that decode to no bytes, such as control tokens, are never
- * in it) and the end-of-sequence ids.  tmask_compute walks the trie
- * depth-first with the recognizer, pushing a byte on the way down and
+ * A tmask_vocab (tmvocab.h) is built once per vocabulary: a byte trie of
+ * every token's bytes and the end-of-sequence ids.  tmask_compute walks the
+ * trie depth-first with the recognizer, pushing a byte on the way down and
  * popping it on the way up, so the shared prefixes of tokens are parsed
  * once; a child is entered only if its byte is among the bytes the state
  * can consume (earley_allowed_bytes).  The end-of-sequence ids are allowed
  * iff the state is accepting.
  *
- * What does not depend on the state is computed once: the trie per
- * vocabulary (with, per node, the set of bytes that follow it in the
- * tokens below: a subtree whose bytes all lead from the walk's memo state
- * back to it is allowed whole, unvisited), per grammar the prediction
- * closures and the byte classes (gram_finish: a transition parsed for one
- * byte holds for its class), and per grammar and vocabulary the masks of
- * the states seen, shared by all sequences (tmshare.h, tmask_work_share).
+ * What does not depend on the state is computed once, or once per state:
+ * - per vocabulary: the trie, with per node the set of bytes that follow it
+ *   in the tokens below and their most further bytes; run masks (the
+ *   tokens whose first byte is in one set and at most n further bytes in
+ *   another), kept by the vocabulary;
+ * - per walk: a transition parsed for one byte holds for every byte the
+ *   set cannot tell apart (earley_byte_peers); a subtree whose bytes all
+ *   lead from the walk's memo state back to it is allowed whole, unvisited;
+ *   where the root state allows many bytes and most lead into a run (a
+ *   string's characters: looping, or counted as with maxLength), the run's
+ *   tokens come from a run mask and their subtrees are skipped;
+ * - per grammar and vocabulary: the masks of the states seen, shared by all
+ *   sequences (tmshare.h, tmask_work_share; gcache_masks holds one per
+ *   cached grammar).
+ * The masks are exactly those of the plain walk (w NULL), which the tests
+ * compare them with.
  *
- * Ownership: tmask_vocab_create* return heap handles freed by
- * tmask_vocab_destroy.  Threading: a vocabulary is immutable after creation
- * and may be shared by any threads; tmask_compute uses the given state
- * (one thread) and returns it as it was.
+ * Threading: tmask_compute uses the given state and work (one thread) and
+ * returns the state as it was; the vocabulary and a tmshare may be shared.
  */
 #ifndef KVANT_TOKMASK_H
 #define KVANT_TOKMASK_H
