@@ -9,7 +9,7 @@
 /* The tokens whose first byte is in first and every further byte in rest. */
 typedef struct run_mask {
     uint32_t first[8], rest[8];
-    int32_t max_rest;
+    int32_t max_rest, count;
     uint32_t *mask;       /* [n_words] */
 } run_mask;
 
@@ -289,18 +289,20 @@ static int in_set(const uint32_t set[8], int b)
 }
 
 /* Kept TMASK_RUN_MASKS at a time, replaced round robin. */
-int tmvocab_run_mask_or(const tmask_vocab *cv, const uint32_t first[8], const uint32_t rest[8],
-                        int32_t max_rest, uint32_t *mask)
+int32_t tmvocab_run_mask_or(const tmask_vocab *cv, const uint32_t first[8], const uint32_t rest[8],
+                            int32_t max_rest, uint32_t *mask)
 {
     tmask_vocab *v = (tmask_vocab *)cv;   /* only runs[] changes, under v->mu */
-    int32_t nw = tmask_n_words(v);
+    int32_t nw = tmask_n_words(v), count = 0;
     pthread_mutex_lock(&v->mu);
     run_mask *hit = find_run(v, first, rest, max_rest);
     for (int32_t k = 0; hit && k < nw; k++)
         mask[k] |= hit->mask[k];
+    if (hit)
+        count = hit->count;
     pthread_mutex_unlock(&v->mu);
     if (hit)
-        return 0;
+        return count;
     uint32_t *nm = calloc((size_t)nw, sizeof *nm);   /* computed outside the lock */
     if (!nm)
         return -1;
@@ -312,22 +314,22 @@ int tmvocab_run_mask_or(const tmask_vocab *cv, const uint32_t first[8], const ui
             ok = in_set(rest, b[j]);
         if (ok)
             nm[id >> 5] |= 1u << (id & 31);
+        count += ok;
     }
     for (int32_t k = 0; k < nw; k++)
         mask[k] |= nm[k];
     pthread_mutex_lock(&v->mu);
     if (!find_run(v, first, rest, max_rest)) {   /* a thread that raced keeps the first */
-        run_mask *r = v->n_runs < TMASK_RUN_MASKS ? &v->runs[v->n_runs++]
-                                                  : &v->runs[v->run_hand++ % TMASK_RUN_MASKS];
+        run_mask *r = &v->runs[v->n_runs < TMASK_RUN_MASKS ? v->n_runs++ : v->run_hand];
+        if (r->mask)
+            v->run_hand = (v->run_hand + 1) % TMASK_RUN_MASKS;
         free(r->mask);
-        r->mask = nm;
+        *r = (run_mask){.max_rest = max_rest, .count = count, .mask = nm};
         nm = NULL;
         memcpy(r->first, first, 32);
         memcpy(r->rest, rest, 32);
-        r->max_rest = max_rest;
     }
     pthread_mutex_unlock(&v->mu);
     free(nm);
-    return 0;
+    return count;
 }
-

@@ -71,8 +71,9 @@ const tmvocab_trie *tmvocab_trie_of(const tmask_vocab *v);
 
 #define TMVOCAB_UNBOUNDED INT32_MAX
 /* ORs the run mask of (first, rest, max_rest) into mask (computed on the
- * first use, then kept).  0, or -1 out of memory (mask unchanged). */
-int tmvocab_run_mask_or(const tmask_vocab *v, const uint32_t first[8], const uint32_t rest[8],
-                        int32_t max_rest, uint32_t *mask);
+ * first use, then kept).  The number of tokens in the run mask, or -1 out
+ * of memory (mask unchanged). */
+int32_t tmvocab_run_mask_or(const tmask_vocab *v, const uint32_t first[8], const uint32_t rest[8],
+                            int32_t max_rest, uint32_t *mask);
 
 #endif

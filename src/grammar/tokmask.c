@@ -24,6 +24,7 @@ typedef struct walk_frame {
 #define MEMO_HCAP (2 * TMASK_MEMO_STATES)
 #define COVER_MIN_BYTES 32   /* a root state allowing fewer bytes is walked plainly */
 #define COVER_MAX_RUN 64     /* the longest counted run followed */
+#define SHARE_MIN_BYTES 16   /* states allowing fewer bytes are not looked up in a tmshare */
 
 typedef struct memo_state {
     uint64_t hash;
@@ -379,15 +380,18 @@ static int subtree_loops(const tmvocab_trie *v, earley *e, walk_frame *st, int32
     return 1;
 }
 
-/* Sets the mask bits of the tokens strictly below trie node c; their count. */
+/* Sets the mask bits of the tokens strictly below trie node c; the number
+ * of bits it set (some may be set already: the run mask). */
 static int32_t allow_below(const tmvocab_trie *v, int32_t c, uint32_t *mask)
 {
     const tmvocab_node *cn = &v->nodes[c];
+    int32_t n = 0;
     for (int32_t i = cn->tok_first + cn->n_tok; i < cn->hi; i++) {
         int32_t id = v->order[i];
+        n += !(mask[id >> 5] >> (id & 31) & 1);
         mask[id >> 5] |= 1u << (id & 31);
     }
-    return cn->hi - cn->tok_first - cn->n_tok;
+    return n;
 }
 
 static int in_set(const uint32_t set[8], int b)
@@ -409,7 +413,7 @@ static int below_in(const tmvocab_trie *v, int32_t c, const uint32_t set[8])
 typedef struct cover {
     int on;
     uint32_t first[8], rest[8];
-    int32_t max_rest;
+    int32_t max_rest, n;   /* n: tokens in the run mask */
     int end_refuses;   /* after max_rest bytes of rest, each byte of rest is refused */
 } cover;
 
@@ -531,7 +535,8 @@ static int root_cover(const tmask_vocab *voc, const tmvocab_trie *v, earley *e, 
             cov->first[b >> 5] |= 1u << (b & 31);
     if ((r = follow_run(e, st, w, d0, best, cov)) < 0 || cov->max_rest == 0)
         return r;
-    cov->on = tmvocab_run_mask_or(voc, cov->first, cov->rest, cov->max_rest, mask) == 0;
+    cov->n = tmvocab_run_mask_or(voc, cov->first, cov->rest, cov->max_rest, mask);
+    cov->on = cov->n >= 0;
     return 0;
 }
 
@@ -552,6 +557,7 @@ static int32_t walk(const tmask_vocab *voc, earley *e, tmask_work *w, walk_frame
         earley_truncate(e, d0);
         return kvant_err_set(err, rc, "grammar state above its item limit");
     }
+    count = cov.on ? cov.n : 0;
     while (sp >= 0) {
         walk_frame *f = &st[sp];
         const tmvocab_node *nd = &v->nodes[f->node];
@@ -577,11 +583,11 @@ static int32_t walk(const tmask_vocab *voc, earley *e, tmask_work *w, walk_frame
                             ? f->covered + 1
                             : 0;
         const tmvocab_node *cn = &v->nodes[c];
-        for (int32_t i = 0; i < cn->n_tok; i++) {
+        for (int32_t i = 0; !child.covered && i < cn->n_tok; i++) {   /* covered: in the run */
             int32_t id = v->order[cn->tok_first + i];
             mask[id >> 5] |= 1u << (id & 31);
         }
-        count += cn->n_tok;
+        count += child.covered ? 0 : cn->n_tok;
         if (cn->n_child && child.covered && below_in(v, c, cov.rest) &&
             (cov.max_rest == TMVOCAB_UNBOUNDED || cov.end_refuses ||
              child.covered - 1 + cn->height <= cov.max_rest))
@@ -643,10 +649,18 @@ int tmask_work_share(tmask_work *w, tmshare *s)
 }
 
 /* The shared cache's key for e's state into w->dkey (its length, or -1:
- * not shared: no cache, another grammar, a state too large to describe). */
+ * not shared: no cache, another grammar, a state allowing few bytes or too
+ * large to describe). */
 static int32_t shared_key(tmask_work *w, const earley *e, int acc, uint64_t *h)
 {
     if (!w || !w->shared || gram_get_tables(tmshare_gram(w->shared)) != earley_tables(e))
+        return -1;
+    uint32_t al[8];
+    int32_t n_al = 0;
+    earley_allowed_bytes(e, al);
+    for (int k = 0; k < 8; k++)
+        n_al += __builtin_popcount(al[k]);
+    if (n_al < SHARE_MIN_BYTES)   /* a short walk: cheaper than describing the state */
         return -1;
     int32_t n = earley_describe(e, w->dkey, TMSHARE_MAX_KEY, w->dsets, TMASK_DESC_SETS);
     if (n >= 0)
@@ -690,9 +704,6 @@ int32_t tmask_compute(const tmask_vocab *v, earley *e, tmask_work *w, uint32_t *
         free(st);
     if (count < 0)
         return count;
-    count = 0;   /* the walk may set a bit twice (run masks): count the bits */
-    for (int32_t k = 0; k < tmask_n_words(v); k++)
-        count += __builtin_popcount(mask[k]);
     for (int32_t i = 0; acc && i < tr->n_eos; i++) {
         int32_t id = tr->eos[i];
         count += !(mask[id >> 5] >> (id & 31) & 1);
