@@ -27,7 +27,8 @@ static void grammar_help(void)
         {"--walk", "SEED", "seed of the random walk over allowed tokens", "1"},
         {"--steps", "N", "most tokens in the walk (0: compile only)", "64"},
         {"--max-elems", "N", "largest grammar, in rule elements", "1000000"},
-        {"--stdin", NULL, "print each mask as a JSON line, read the next token id from stdin",
+        {"--stdin", NULL, "print each mask as a JSON line, read the next token id from stdin "
+         "(-2: a new sequence, shared masks kept)",
          "off"},
         {"--no-memo", NULL, "the plain trie walk (every byte parsed), the memo's reference", "off"},
         {"--vocab", NULL, "print the vocabulary's token bytes (hex) and end ids, no walk", "off"},
@@ -242,7 +243,8 @@ out:
 }
 
 /* --stdin: prints each step's mask as one JSON line, then reads the next
- * token id from stdin (a line; EOF or a negative id ends). */
+ * token id from stdin (a line; -2 starts a new sequence of the same grammar,
+ * the masks shared across sequences kept; EOF or another negative id ends). */
 static int drive(const tmask_vocab *v, const gram *g, int no_memo, tmshare *sh)
 {
     kvant_err err = {0};
@@ -268,6 +270,12 @@ static int drive(const tmask_vocab *v, const gram *g, int no_memo, tmshare *sh)
         json_t *st = json_pack("{s:i,s:b,s:f,s:i}", "n_allowed", cnt, "accepting", earley_accepting(e),
                                "us", us, "state_bytes", (json_int_t)earley_mem_bytes(e));
         json_object_set_new(st, "mask", mask_hex(mask, tmask_n_words(v)));
+        if (sh) {
+            int64_t hits, misses;
+            int32_t n_masks;
+            tmshare_stats(sh, &hits, &misses, &n_masks);
+            json_object_set_new(st, "shared_hits", json_integer((json_int_t)hits));
+        }
         json_dumpf(st, stdout, JSON_COMPACT);
         json_decref(st);
         fputc('\n', stdout);
@@ -275,6 +283,12 @@ static int drive(const tmask_vocab *v, const gram *g, int no_memo, tmshare *sh)
         if (!fgets(line, sizeof line, stdin))
             break;
         long tok = strtol(line, NULL, 10);
+        if (tok == -2) {   /* a new sequence: the state from the start, the shared masks kept */
+            earley_reset(e);
+            if (w)
+                tmask_work_reset(w);
+            continue;
+        }
         if (tok < 0)
             break;
         if (tok >= tmask_n_vocab(v) || tmask_advance(v, e, (int32_t)tok) != 1) {
