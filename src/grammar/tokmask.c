@@ -662,9 +662,11 @@ static int32_t shared_key(tmask_work *w, const earley *e, int acc, uint64_t *h)
         n_al += __builtin_popcount(al[k]);
     if (n_al < SHARE_MIN_BYTES)   /* a short walk: cheaper than describing the state */
         return -1;
-    int32_t n = earley_describe(e, w->dkey, TMSHARE_MAX_KEY, w->dsets, TMASK_DESC_SETS);
-    if (n >= 0)
-        *h = items_hash(w->dkey, n, acc);
+    int32_t n = earley_describe(e, w->dkey, TMSHARE_MAX_KEY - 1, w->dsets, TMASK_DESC_SETS);
+    if (n < 0)
+        return -1;
+    w->dkey[n++] = (uint64_t)acc;   /* the end ids depend on it: part of the key */
+    *h = items_hash(w->dkey, n, acc);
     return n;
 }
 
