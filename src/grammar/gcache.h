@@ -52,7 +52,7 @@ void gcache_release(gcache *c, gcache_entry *e);
  * freed with the entry): bind each sequence's tmask_work to it with
  * tmask_work_share while the caller holds e.  NULL with err set out of
  * memory, or if asked for another n_words than the first call (one
- * vocabulary per cache). */
+ * vocabulary per cache: tmask_work_share refuses a second one). */
 tmshare *gcache_masks(gcache *c, gcache_entry *e, int32_t n_words, kvant_err *err);
 /* Hits and misses so far. */
 void gcache_stats(gcache *c, int64_t *hits, int64_t *misses);

@@ -23,6 +23,7 @@ typedef struct ts_entry {
 struct tmshare {
     pthread_mutex_t mu;
     const gram *g;
+    const void *vocab;   /* the claiming vocabulary, or NULL */
     int32_t n_words, cap, n_used, hand;
     uint32_t hcap;
     int32_t *slot;       /* [hcap] entry index or -1 */
@@ -193,6 +194,16 @@ void tmshare_put(tmshare *s, const uint64_t *key, int32_t n, uint64_t h, const u
     s->slot[find_slot(s, key, n, h)] = i;
     s->n_used++;
     pthread_mutex_unlock(&s->mu);
+}
+
+int tmshare_claim(tmshare *s, const void *vocab)
+{
+    pthread_mutex_lock(&s->mu);
+    if (!s->vocab)
+        s->vocab = vocab;
+    int ok = s->vocab == vocab;
+    pthread_mutex_unlock(&s->mu);
+    return ok ? 0 : -1;
 }
 
 void tmshare_stats(tmshare *s, int64_t *hits, int64_t *misses, int32_t *n_masks)

@@ -50,6 +50,11 @@ int32_t tmshare_get(tmshare *s, const uint64_t *key, int32_t n, uint64_t h, uint
 void tmshare_put(tmshare *s, const uint64_t *key, int32_t n, uint64_t h, const uint32_t *mask,
                  int32_t count);
 
+/* A cache serves one vocabulary: the first caller claims it with its
+ * vocabulary's address (tmask_work_share does); 0 if s is now or already
+ * that vocabulary's, -1 if another's. */
+int tmshare_claim(tmshare *s, const void *vocab);
+
 void tmshare_stats(tmshare *s, int64_t *hits, int64_t *misses, int32_t *n_masks);
 size_t tmshare_mem_bytes(tmshare *s);
 

@@ -642,7 +642,7 @@ static void cache_store(tmask_work *w, const earley *e, int32_t n, uint64_t h, i
 
 int tmask_work_share(tmask_work *w, tmshare *s)
 {
-    if (s && tmshare_n_words(s) != tmask_n_words(w->v))
+    if (s && (tmshare_n_words(s) != tmask_n_words(w->v) || tmshare_claim(s, w->v)))
         return KV_EINVAL;
     w->shared = s;
     return KV_OK;

@@ -66,7 +66,8 @@ size_t tmask_work_mem_bytes(const tmask_work *w);
  * outlive the binding): after a miss in its own cache, tmask_compute looks
  * the state up there, and stores the masks it walks.  The cache is used
  * only for states of its own grammar (others walk as before).  KV_EINVAL
- * if the cache's masks have another size. */
+ * if the cache's masks have another size or it serves another vocabulary
+ * (tmshare_claim). */
 #define TMASK_DESC_SETS 256      /* states reaching more sets are not shared */
 int tmask_work_share(tmask_work *w, tmshare *s);
 

@@ -360,6 +360,12 @@ static void test_masks(void)
     CHECK(n_masks == 0 && hits == 0);
     tmshare *bad = g1 ? tmshare_create(g1, tmask_n_words(v) + 1, 4, &err) : NULL;
     CHECK(w && bad && tmask_work_share(w, bad) == KV_EINVAL);
+    tu_rng r2 = {7};
+    tmask_vocab *v2 = synthetic_vocab(&r2, 3000);   /* same size, another vocabulary */
+    tmask_work *w2 = v2 ? tmask_work_create(v2, &err) : NULL;
+    CHECK(w2 && sh && tmask_work_share(w2, sh) == KV_EINVAL);
+    tmask_work_destroy(w2);
+    tmask_vocab_destroy(v2);
     if (w)
         tmask_work_share(w, NULL);
     tmshare_destroy(bad);
