@@ -24,7 +24,7 @@ TOK_OBJ     := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_tokenizer.c $(TOK_
 
 JINJA_OBJ   := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_jinja.c $(wildcard src/text/jinja*.c) src/util/err.c)
 
-GRAM_OBJ    := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_grammar.c src/grammar/gram.c src/grammar/earley.c src/grammar/gbnf.c src/grammar/gnames.c src/grammar/regex.c src/grammar/jschema.c src/grammar/gcache.c src/util/err.c)
+GRAM_OBJ    := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_grammar.c src/grammar/gram.c src/grammar/earley.c src/grammar/gbnf.c src/grammar/gnames.c src/grammar/regex.c src/grammar/jschema.c src/grammar/gcache.c src/grammar/tokmask.c src/grammar/tmvocab.c src/grammar/tmshare.c $(filter-out src/util/err.c,$(TOK_SRC)) src/util/err.c)
 
 KVT_OBJ     := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_kvtier.c src/kv/kvtier.c src/kv/kvidx.c src/kv/kvhash.c src/util/err.c)
 
@@ -32,7 +32,7 @@ KVT_OBJ     := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_kvtier.c src/kv/kv
 all: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_tokenizer $(FUZZ_BUILD)/fuzz_kvtier $(FUZZ_BUILD)/fuzz_jinja $(FUZZ_BUILD)/fuzz_grammar
 
 $(FUZZ_BUILD)/fuzz_grammar: $(GRAM_OBJ)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ -ljansson -lm
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ -lpcre2-8 -ljansson -lm
 
 $(FUZZ_BUILD)/fuzz_jinja: $(JINJA_OBJ)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ -ljansson -lm

@@ -12,6 +12,7 @@
 #include "cli/cli.h"
 #include "grammar/earley.h"
 #include "grammar/gcache.h"
+#include "grammar/tmshare.h"
 #include "grammar/tokmask.h"
 #include "text/tokenizer.h"
 
@@ -26,10 +27,16 @@ static void grammar_help(void)
         {"--walk", "SEED", "seed of the random walk over allowed tokens", "1"},
         {"--steps", "N", "most tokens in the walk (0: compile only)", "64"},
         {"--max-elems", "N", "largest grammar, in rule elements", "1000000"},
-        {"--stdin", NULL, "print each mask as a JSON line, read the next token id from stdin",
+        {"--stdin", NULL, "print each mask as a JSON line, read the next token id from stdin "
+         "(-2: a new sequence, shared masks kept)",
          "off"},
         {"--no-memo", NULL, "the plain trie walk (every byte parsed), the memo's reference", "off"},
         {"--vocab", NULL, "print the vocabulary's token bytes (hex) and end ids, no walk", "off"},
+        {"--no-share", NULL, "no mask cache shared across walks (each walk on its own)", "off"},
+        {"--bench", NULL, "time --walks walks (seeds SEED..): every mask's CPU time and "
+         "the compile time (median of --compiles); --json for the numbers", "off"},
+        {"--walks", "N", "walks for --bench, sharing one mask cache unless --no-share", "1"},
+        {"--compiles", "N", "compilations timed for --bench", "20"},
     };
     cli_help("kvant grammar -m MODEL (--gbnf F | --schema F | --json-object | --regex RE | "
              "--choice JSON) [options]",
@@ -42,7 +49,7 @@ typedef struct gr_opts {
     int kind;
     const char *src_arg, *file;
     uint64_t seed;
-    int steps, vocab, drive, no_memo;
+    int steps, vocab, drive, no_memo, no_share, bench, walks, compiles;
     int32_t max_elems;
 } gr_opts;
 
@@ -136,27 +143,30 @@ static void print_vocab(const tmask_vocab *v)
     json_decref(o);
 }
 
-/* The walk; fills out (JSON) and returns 0, or 1 with a message. */
-/* One mask and the microseconds it took; -1 (the error printed) on failure. */
+/* One mask and the microseconds of CPU time it took; -1 (the error printed) on failure. */
 static int32_t timed_mask(const tmask_vocab *v, earley *e, tmask_work *w, uint32_t *mask,
                           double *us)
 {
     kvant_err err = {0};
     struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
     const int32_t cnt = tmask_compute(v, e, w, mask, &err);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
     *us = (double)(t1.tv_sec - t0.tv_sec) * 1e6 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e3;
     if (cnt < 0)
         fprintf(stderr, "kvant grammar: %s\n", err.msg);
     return cnt;
 }
 
-static int walk(const tmask_vocab *v, const gram *g, const gr_opts *o, json_t *out, int json)
+/* The walk; fills out (JSON) and returns 0, or 1 with a message. */
+static int walk(const tmask_vocab *v, const gram *g, const gr_opts *o, tmshare *sh, json_t *out,
+                int json)
 {
     kvant_err err = {0};
     earley *e = earley_create(g, &err);
     tmask_work *w = o->no_memo ? NULL : tmask_work_create(v, &err);
+    if (w)
+        tmask_work_share(w, sh);
     uint32_t *mask = malloc((size_t)tmask_n_words(v) * sizeof *mask);
     double *us = malloc(((size_t)o->steps + 1) * sizeof *us);
     json_t *steps = json_array();
@@ -183,7 +193,7 @@ static int walk(const tmask_vocab *v, const gram *g, const gr_opts *o, json_t *o
             json_object_set_new(st, "mask", mask_hex(mask, tmask_n_words(v)));
         json_object_set_new(st, "token", json_integer(tok));
         json_array_append_new(steps, st);
-        if (!json)
+        if (!json && !o->bench)
             printf("step %d: %d allowed, %.1f us, token %d\n", n, cnt, us[n], tok);
         if (tok < 0) {
             end = "stuck";
@@ -233,12 +243,15 @@ out:
 }
 
 /* --stdin: prints each step's mask as one JSON line, then reads the next
- * token id from stdin (a line; EOF or a negative id ends). */
-static int drive(const tmask_vocab *v, const gram *g, int no_memo)
+ * token id from stdin (a line; -2 starts a new sequence of the same grammar,
+ * the masks shared across sequences kept; EOF or another negative id ends). */
+static int drive(const tmask_vocab *v, const gram *g, int no_memo, tmshare *sh)
 {
     kvant_err err = {0};
     earley *e = earley_create(g, &err);
     tmask_work *w = no_memo ? NULL : tmask_work_create(v, &err);
+    if (w)
+        tmask_work_share(w, sh);
     uint32_t *mask = malloc((size_t)tmask_n_words(v) * sizeof *mask);
     int rc = 0;
     char line[64];
@@ -257,6 +270,12 @@ static int drive(const tmask_vocab *v, const gram *g, int no_memo)
         json_t *st = json_pack("{s:i,s:b,s:f,s:i}", "n_allowed", cnt, "accepting", earley_accepting(e),
                                "us", us, "state_bytes", (json_int_t)earley_mem_bytes(e));
         json_object_set_new(st, "mask", mask_hex(mask, tmask_n_words(v)));
+        if (sh) {
+            int64_t hits, misses;
+            int32_t n_masks;
+            tmshare_stats(sh, &hits, &misses, &n_masks);
+            json_object_set_new(st, "shared_hits", json_integer((json_int_t)hits));
+        }
         json_dumpf(st, stdout, JSON_COMPACT);
         json_decref(st);
         fputc('\n', stdout);
@@ -264,6 +283,12 @@ static int drive(const tmask_vocab *v, const gram *g, int no_memo)
         if (!fgets(line, sizeof line, stdin))
             break;
         long tok = strtol(line, NULL, 10);
+        if (tok == -2) {   /* a new sequence: the state from the start, the shared masks kept */
+            earley_reset(e);
+            if (w)
+                tmask_work_reset(w);
+            continue;
+        }
         if (tok < 0)
             break;
         if (tok >= tmask_n_vocab(v) || tmask_advance(v, e, (int32_t)tok) != 1) {
@@ -276,6 +301,79 @@ out:
     tmask_work_destroy(w);
     earley_destroy(e);
     free(mask);
+    return rc;
+}
+
+static double cpu_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+/* --bench: the median CPU time of --compiles compilations, then --walks
+ * walks (seeds seed, seed + 1, ...; one mask cache shared unless
+ * --no-share) with every mask's CPU time.  0, or 1 with a message. */
+static int bench(const tmask_vocab *v, const gram *g, const gr_opts *o, tmshare *sh,
+                 const char *src, size_t len, int json)
+{
+    double *cus = malloc((size_t)o->compiles * sizeof *cus);
+    json_t *out = json_object(), *times = json_array(), *ends = json_array();
+    int rc = 1;
+    for (int i = 0; cus && i < o->compiles; i++) {
+        kvant_err err = {0};
+        gram_limits lim = gram_limits_default();
+        lim.max_elems = o->max_elems;
+        double t0 = cpu_us();
+        gram *x = gcache_compile(o->kind, src, len, lim, &err);
+        cus[i] = cpu_us() - t0;
+        gram_destroy(x);
+    }
+    if (!cus)
+        goto out;
+    qsort(cus, (size_t)o->compiles, sizeof *cus, cmp_dbl);
+    json_object_set_new(out, "compile_us_median", json_real(cus[o->compiles / 2]));
+    gr_opts wo = *o;
+    for (int k = 0; k < o->walks; k++) {
+        json_t *wj = json_object();
+        wo.seed = o->seed + (uint64_t)k;
+        if (walk(v, g, &wo, sh, wj, 0)) {
+            json_decref(wj);
+            goto out;
+        }
+        size_t i;
+        json_t *st;
+        json_array_foreach(json_object_get(wj, "steps"), i, st)
+            json_array_append(times, json_object_get(st, "us"));
+        json_array_append(ends, json_object_get(wj, "end"));
+        json_decref(wj);
+    }
+    json_object_set_new(out, "walks", json_integer(o->walks));
+    json_object_set_new(out, "ends", ends);
+    ends = NULL;
+    if (sh) {
+        int64_t hits, misses;
+        int32_t n_masks;
+        tmshare_stats(sh, &hits, &misses, &n_masks);
+        json_object_set_new(out, "shared", json_pack("{s:I,s:I,s:i,s:I}", "hits", (json_int_t)hits,
+                                                     "misses", (json_int_t)misses, "masks", n_masks,
+                                                     "bytes", (json_int_t)tmshare_mem_bytes(sh)));
+    }
+    json_object_set_new(out, "mask_us", times);
+    times = NULL;
+    if (json) {
+        json_dumpf(out, stdout, JSON_COMPACT);
+        fputc('\n', stdout);
+    } else {
+        printf("compile %.0f us (median of %d); %d walks\n", cus[o->compiles / 2], o->compiles,
+               o->walks);
+    }
+    rc = 0;
+out:
+    json_decref(out);
+    json_decref(times);
+    json_decref(ends);
+    free(cus);
     return rc;
 }
 
@@ -312,7 +410,8 @@ static int parse_opts(int argc, char **argv, cli_common *c, gr_opts *o)
             o->kind = GRAM_KIND_JSON_OBJECT;
             o->src_arg = "";
         } else if (!strcmp(argv[i], "--walk") || !strcmp(argv[i], "--steps") ||
-                   !strcmp(argv[i], "--max-elems")) {
+                   !strcmp(argv[i], "--max-elems") || !strcmp(argv[i], "--walks") ||
+                   !strcmp(argv[i], "--compiles")) {
             const char *name = argv[i];
             if (!(val = cli_value(argc, argv, &i)))
                 return CLI_EXIT_USAGE;
@@ -324,6 +423,10 @@ static int parse_opts(int argc, char **argv, cli_common *c, gr_opts *o)
                 o->seed = (uint64_t)x;
             else if (!strcmp(name, "--steps"))
                 o->steps = (int)x;
+            else if (!strcmp(name, "--walks"))
+                o->walks = (int)x;
+            else if (!strcmp(name, "--compiles"))
+                o->compiles = (int)x;
             else
                 o->max_elems = (int32_t)x;
         } else if (!strcmp(argv[i], "--vocab")) {
@@ -332,6 +435,10 @@ static int parse_opts(int argc, char **argv, cli_common *c, gr_opts *o)
             o->drive = 1;
         } else if (!strcmp(argv[i], "--no-memo")) {
             o->no_memo = 1;
+        } else if (!strcmp(argv[i], "--no-share")) {
+            o->no_share = 1;
+        } else if (!strcmp(argv[i], "--bench")) {
+            o->bench = 1;
         } else {
             return cli_err_unknown("grammar", argv[i]);
         }
@@ -340,6 +447,8 @@ static int parse_opts(int argc, char **argv, cli_common *c, gr_opts *o)
         return cli_err_usage("grammar", "missing a grammar (--gbnf, --schema, --json-object, --regex, --choice)");
     if (o->steps > 100000)
         return cli_err_usage("grammar", "--steps: at most 100000");
+    if (o->walks < 1 || o->walks > 10000 || o->compiles < 1 || o->compiles > 10000)
+        return cli_err_usage("grammar", "--walks, --compiles: 1 to 10000");
     return 0;
 }
 
@@ -347,7 +456,8 @@ int cmd_grammar(int argc, char **argv)
 {
     cli_common c;
     cli_common_init(&c);
-    gr_opts o = {.kind = -1, .seed = 1, .steps = 64, .max_elems = gram_limits_default().max_elems};
+    gr_opts o = {.kind = -1, .seed = 1, .steps = 64, .walks = 1, .compiles = 20,
+                 .max_elems = gram_limits_default().max_elems};
     int r = parse_opts(argc, argv, &c, &o);
     if (r)
         return r < 0 ? 0 : r;
@@ -358,6 +468,7 @@ int cmd_grammar(int argc, char **argv)
     tokenizer *t = NULL;
     tmask_vocab *v = NULL;
     gram *gr = NULL;
+    tmshare *sh = NULL;
     json_t *out = json_object();
     int rc = 1;
     if (o.file && !(buf = cli_read_file(o.file, &len, &err)))
@@ -381,11 +492,18 @@ int cmd_grammar(int argc, char **argv)
     json_object_set_new(out, "compile_us", json_real(cus));
     json_object_set_new(out, "grammar_bytes", json_integer((json_int_t)gram_mem_bytes(gr)));
     json_object_set_new(out, "vocab_bytes", json_integer((json_int_t)tmask_vocab_mem_bytes(v)));
-    if (o.drive) {
-        rc = drive(v, gr, o.no_memo);
+    if (!o.no_share && !o.no_memo &&
+        !(sh = tmshare_create(gr, tmask_n_words(v), TMSHARE_DEFAULT_MASKS, &err)))
+        goto fail;
+    if (o.bench) {
+        rc = bench(v, gr, &o, sh, buf ? buf : o.src_arg, len, c.json);
         goto done;
     }
-    if (o.steps && walk(v, gr, &o, out, c.json))
+    if (o.drive) {
+        rc = drive(v, gr, o.no_memo, sh);
+        goto done;
+    }
+    if (o.steps && walk(v, gr, &o, sh, out, c.json))
         goto done;
     if (c.json) {
         json_dumpf(out, stdout, JSON_COMPACT);
@@ -404,6 +522,7 @@ fail:
     fprintf(stderr, "kvant grammar: %s\n", err.msg);
 done:
     json_decref(out);
+    tmshare_destroy(sh);
     gram_destroy(gr);
     tmask_vocab_destroy(v);
     tok_destroy(t);

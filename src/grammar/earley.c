@@ -373,6 +373,107 @@ int earley_push_items(earley *e, const uint64_t *items, int32_t n)
     return 1;
 }
 
+const gram_tables *earley_tables(const earley *e)
+{
+    return e->t;
+}
+
+/* Where set k's items end (the newest set's end is n_items). */
+static int64_t set_end(const earley *e, int32_t k)
+{
+    return k == e->n_sets - 1 ? e->n_items : e->set_start[k + 1];
+}
+
+void earley_byte_peers(const earley *e, int32_t idx, uint8_t b, uint32_t out[8])
+{
+    const gram_tables *t = e->t;
+    memset(out, 0xff, 8 * sizeof *out);
+    if (idx < 0 || idx >= e->n_sets)
+        return;
+    for (int64_t i = e->set_start[idx]; i < set_end(e, idx); i++) {
+        int32_t el = t->pos_elem[e->items[i].pos];
+        if (el >= 0 || el == GRAM_END)
+            continue;
+        const uint32_t *s = t->terms + 8 * GRAM_TERM_ID(el);
+        uint32_t flip = (s[b >> 5] >> (b & 31) & 1) ? 0 : 0xFFFFFFFFu;
+        for (int k = 0; k < 8; k++)
+            out[k] &= s[k] ^ flip;
+    }
+}
+
+/* Whether item it of set `set` enters the description (top: the set
+ * described). */
+static int desc_keeps(const gram_tables *t, eitem it, int top)
+{
+    int32_t el = t->pos_elem[it.pos];
+    return top ? el != GRAM_END : el >= 0 && el != GRAM_END;
+}
+
+/* The rank of set index x in sets[0..n) (sorted descending), or -1. */
+static int32_t desc_rank(const int32_t *sets, int32_t n, int32_t x)
+{
+    int32_t lo = 0, hi = n;
+    while (lo < hi) {
+        int32_t mid = (lo + hi) / 2;
+        if (sets[mid] == x)
+            return mid;
+        if (sets[mid] > x)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return -1;
+}
+
+int32_t earley_describe(const earley *e, uint64_t *out, int32_t cap, int32_t *sets,
+                        int32_t max_sets)
+{
+    const gram_tables *t = e->t;
+    int32_t ns = 1, n = 0;
+    if (max_sets < 1)
+        return -1;
+    sets[0] = e->n_sets - 1;
+    for (int32_t si = 0; si < ns; si++) {   /* the sets reached, breadth first */
+        int32_t k = sets[si];
+        for (int64_t i = e->set_start[k]; i < set_end(e, k); i++) {
+            eitem it = e->items[i];
+            if (it.origin == k || !desc_keeps(t, it, si == 0))
+                continue;
+            int32_t j = 0;
+            while (j < ns && sets[j] != it.origin)
+                j++;
+            if (j == ns) {
+                if (ns == max_sets)
+                    return -1;
+                sets[ns++] = it.origin;
+            }
+        }
+    }
+    for (int32_t i = 1; i < ns; i++)   /* newest first (insertion sort: few sets) */
+        for (int32_t j = i; j > 0 && sets[j] > sets[j - 1]; j--) {
+            int32_t x = sets[j];
+            sets[j] = sets[j - 1];
+            sets[j - 1] = x;
+        }
+    for (int32_t r = 0; r < ns; r++) {
+        int32_t k = sets[r];
+        if (n == cap)
+            return -1;
+        out[n++] = (uint64_t)EARLEY_DESC_SET << 32 | (uint32_t)r;
+        int32_t first = n;
+        for (int64_t i = e->set_start[k]; i < set_end(e, k); i++) {
+            eitem it = e->items[i];
+            if (!desc_keeps(t, it, r == 0))
+                continue;
+            if (n == cap)
+                return -1;
+            out[n++] = (uint64_t)(uint32_t)it.pos << 32 | (uint32_t)desc_rank(sets, ns, it.origin);
+        }
+        qsort(out + first, (size_t)(n - first), sizeof *out, cmp_u64);
+    }
+    return n;
+}
+
 size_t earley_mem_bytes(const earley *e)
 {
     return sizeof *e + (size_t)e->cap_items * sizeof(eitem) +

@@ -72,6 +72,25 @@ int32_t earley_top_raw(const earley *e, uint64_t *out, int32_t cap);
  * there): 1, or a negative kvant_status (state unchanged). */
 int earley_push_items(earley *e, const uint64_t *items, int32_t n);
 
+/* A description of the newest set that names no set index, for masks
+ * shared across sequences (tmshare.h): the sets reachable from the newest
+ * through origins (of the newest set's items that still matter, then of
+ * the reached sets' items before a nonterminal - the only ones a later
+ * completion reads), ranked newest first, each as a header word
+ * (EARLEY_DESC_SET << 32 | rank) then its items (pos << 32 | rank of the
+ * origin), sorted.  Two states with equal descriptions (and equal
+ * earley_accepting) accept the same continuations.  -1 if more than
+ * max_sets sets or cap words; sets: scratch of max_sets entries. */
+#define EARLEY_DESC_SET 0xFFFFFFFFu
+int32_t earley_describe(const earley *e, uint64_t *out, int32_t cap, int32_t *sets,
+                        int32_t max_sets);
+/* The bytes set idx cannot tell from b (bit x of out[x >> 5]): those in
+ * exactly the terminal classes of its items that b is in.  Pushing any of
+ * them onto that set gives the same items as pushing b. */
+void earley_byte_peers(const earley *e, int32_t idx, uint8_t b, uint32_t out[8]);
+/* The tables of the grammar e runs (to check a shared memo is its own). */
+const gram_tables *earley_tables(const earley *e);
+
 /* Bytes the state holds (accounting), and its item count. */
 size_t earley_mem_bytes(const earley *e);
 int64_t earley_n_items(const earley *e);

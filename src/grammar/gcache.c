@@ -85,6 +85,7 @@ struct gcache_entry {
     char *src;
     size_t n;
     gram *g;
+    tmshare *masks;      /* created by gcache_masks, or NULL */
     int32_t refs;
     int detached;        /* evicted while held: freed on the last release */
     uint64_t last_use;
@@ -97,6 +98,7 @@ struct gcache {
     int32_t n, cap;
     uint64_t tick;
     int64_t hits, misses;
+    int32_t share_masks;  /* capacity of each entry's shared masks */
 };
 
 static uint64_t key_hash(gram_kind kind, const char *s, size_t n)
@@ -122,11 +124,13 @@ gcache *gcache_create(int32_t capacity, gram_limits lim)
     pthread_mutex_init(&c->mu, NULL);
     c->cap = capacity;
     c->lim = lim;
+    c->share_masks = TMSHARE_DEFAULT_MASKS;
     return c;
 }
 
 static void entry_free(gcache_entry *e)
 {
+    tmshare_destroy(e->masks);
     gram_destroy(e->g);
     free(e->src);
     free(e);
@@ -237,4 +241,28 @@ void gcache_stats(gcache *c, int64_t *hits, int64_t *misses)
     *hits = c->hits;
     *misses = c->misses;
     pthread_mutex_unlock(&c->mu);
+}
+
+tmshare *gcache_masks(gcache *c, gcache_entry *e, int32_t n_words, kvant_err *err)
+{
+    pthread_mutex_lock(&c->mu);
+    tmshare *s = e->masks;
+    pthread_mutex_unlock(&c->mu);
+    if (!s) {   /* created outside the lock; a thread that raced keeps the first */
+        tmshare *n = tmshare_create(e->g, n_words, c->share_masks, err);
+        if (!n)
+            return NULL;
+        pthread_mutex_lock(&c->mu);
+        if (!e->masks)
+            e->masks = n, n = NULL;
+        s = e->masks;
+        pthread_mutex_unlock(&c->mu);
+        tmshare_destroy(n);
+    }
+    if (tmshare_n_words(s) != n_words) {
+        kvant_err_set(err, KV_EINVAL, "shared masks: made for %d words, asked for %d",
+                      tmshare_n_words(s), n_words);
+        return NULL;
+    }
+    return s;
 }

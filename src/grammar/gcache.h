@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "grammar/gram.h"
+#include "grammar/tmshare.h"
 #include "util/err.h"
 
 typedef enum gram_kind {
@@ -46,6 +47,13 @@ void gcache_destroy(gcache *c);
 gcache_entry *gcache_get(gcache *c, gram_kind kind, const char *src, size_t n, kvant_err *err);
 const gram *gcache_gram(const gcache_entry *e);
 void gcache_release(gcache *c, gcache_entry *e);
+/* The token masks shared by the sequences of entry e (tmshare.h, created
+ * on the first call, with TMSHARE_DEFAULT_MASKS masks of n_words words;
+ * freed with the entry): bind each sequence's tmask_work to it with
+ * tmask_work_share while the caller holds e.  NULL with err set out of
+ * memory, or if asked for another n_words than the first call (one
+ * vocabulary per cache: tmask_work_share refuses a second one). */
+tmshare *gcache_masks(gcache *c, gcache_entry *e, int32_t n_words, kvant_err *err);
 /* Hits and misses so far. */
 void gcache_stats(gcache *c, int64_t *hits, int64_t *misses);
 

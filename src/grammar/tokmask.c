@@ -1,246 +1,9 @@
-/* tokmask.c - the vocabulary trie and the mask walk (tokmask.h).
- *
- * The trie's nodes lie in breadth-first order, so a node's children are
- * contiguous (child_first .. + n_child) and sorted by byte.  order[] holds
- * the token ids sorted by their bytes; the tokens whose bytes end at a node
- * are order[tok_first .. + n_tok).
- */
+/* tokmask.c - the mask walk over the vocabulary trie (tokmask.h; the
+ * trie: tmvocab.h). */
 #include "grammar/tokmask.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct trie_node {
-    int32_t child_first, n_child;
-    int32_t tok_first, n_tok;
-    int32_t lo, hi;   /* order[lo..hi): the tokens below (build only) */
-    uint8_t byte;
-} trie_node;
-
-struct tmask_vocab {
-    int32_t n_vocab, n_eos, max_len;
-    uint8_t *bytes;       /* every token's bytes, concatenated */
-    int64_t *off;         /* [n_vocab + 1] */
-    int32_t *order;       /* [n_in_trie] ids sorted by bytes */
-    int32_t *eos;         /* [n_eos] */
-    trie_node *nodes;
-    int32_t n_nodes;
-};
-
-static int cmp_tok(const void *a, const void *b, void *ctx)
-{
-    const tmask_vocab *v = ctx;
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    int64_t lx = v->off[x + 1] - v->off[x], ly = v->off[y + 1] - v->off[y];
-    int c = memcmp(v->bytes + v->off[x], v->bytes + v->off[y], (size_t)(lx < ly ? lx : ly));
-    if (c)
-        return c;
-    if (lx != ly)
-        return lx < ly ? -1 : 1;
-    return x < y ? -1 : x > y;
-}
-
-static int32_t tok_len(const tmask_vocab *v, int32_t id)
-{
-    return (int32_t)(v->off[id + 1] - v->off[id]);
-}
-
-/* Breadth-first: node i covers order[lo..hi) whose bytes share the first
- * depth(i) bytes; tokens of exactly that length come first. */
-static int build_trie(tmask_vocab *v, int32_t n_in)
-{
-    int32_t cap = 1024;
-    v->nodes = malloc((size_t)cap * sizeof *v->nodes);
-    int32_t *depth = malloc((size_t)cap * sizeof *depth);
-    if (!v->nodes || !depth) {
-        free(depth);
-        return -1;
-    }
-    v->nodes[0] = (trie_node){.lo = 0, .hi = n_in};
-    depth[0] = 0;
-    v->n_nodes = 1;
-    for (int32_t i = 0; i < v->n_nodes; i++) {
-        trie_node *nd = &v->nodes[i];
-        int32_t d = depth[i], j = nd->lo;
-        while (j < nd->hi && tok_len(v, v->order[j]) == d)
-            j++;
-        nd->tok_first = nd->lo;
-        nd->n_tok = j - nd->lo;
-        nd->child_first = v->n_nodes;
-        nd->n_child = 0;
-        int32_t hi = nd->hi;
-        while (j < hi) {
-            uint8_t b = v->bytes[v->off[v->order[j]] + d];
-            int32_t k = j;
-            while (k < hi && v->bytes[v->off[v->order[k]] + d] == b)
-                k++;
-            if (v->n_nodes == cap) {
-                cap *= 2;
-                trie_node *nn = realloc(v->nodes, (size_t)cap * sizeof *nn);
-                int32_t *ndp = realloc(depth, (size_t)cap * sizeof *ndp);
-                if (nn)
-                    v->nodes = nn;
-                if (ndp)
-                    depth = ndp;
-                if (!nn || !ndp) {
-                    free(depth);
-                    return -1;
-                }
-                nd = &v->nodes[i];
-            }
-            v->nodes[v->n_nodes] = (trie_node){.lo = j, .hi = k, .byte = b};
-            depth[v->n_nodes++] = d + 1;
-            nd->n_child++;
-            j = k;
-        }
-    }
-    free(depth);
-    return 0;
-}
-
-tmask_vocab *tmask_vocab_create(const uint8_t *const *tok, const int32_t *len, int32_t n_vocab,
-                                const int32_t *eos, int32_t n_eos, kvant_err *err)
-{
-    if (n_vocab <= 0 || n_eos < 0) {
-        kvant_err_set(err, KV_EINVAL, "vocabulary: %d tokens, %d end ids", n_vocab, n_eos);
-        return NULL;
-    }
-    tmask_vocab *v = calloc(1, sizeof *v);
-    if (!v)
-        goto oom;
-    v->n_vocab = n_vocab;
-    v->off = malloc(((size_t)n_vocab + 1) * sizeof *v->off);
-    v->order = malloc((size_t)n_vocab * sizeof *v->order);
-    v->eos = malloc((size_t)(n_eos ? n_eos : 1) * sizeof *v->eos);
-    if (!v->off || !v->order || !v->eos)
-        goto oom;
-    v->off[0] = 0;
-    for (int32_t i = 0; i < n_vocab; i++) {
-        if (len[i] < 0 || len[i] > TMASK_MAX_TOKEN_BYTES) {
-            kvant_err_set(err, KV_ERANGE, "vocabulary: token %d has %d bytes (limit %d)", i,
-                          len[i], TMASK_MAX_TOKEN_BYTES);
-            tmask_vocab_destroy(v);
-            return NULL;
-        }
-        v->off[i + 1] = v->off[i] + len[i];
-        if (len[i] > v->max_len)
-            v->max_len = len[i];
-    }
-    v->bytes = malloc((size_t)(v->off[n_vocab] ? v->off[n_vocab] : 1));
-    if (!v->bytes)
-        goto oom;
-    int32_t n_in = 0;
-    for (int32_t i = 0; i < n_vocab; i++) {
-        if (len[i])
-            memcpy(v->bytes + v->off[i], tok[i], (size_t)len[i]);
-        if (len[i])
-            v->order[n_in++] = i;
-    }
-    for (int32_t i = 0; i < n_eos; i++) {
-        if (eos[i] < 0 || eos[i] >= n_vocab) {
-            kvant_err_set(err, KV_EINVAL, "vocabulary: end id %d out of range", eos[i]);
-            tmask_vocab_destroy(v);
-            return NULL;
-        }
-        v->eos[v->n_eos++] = eos[i];
-    }
-    qsort_r(v->order, (size_t)n_in, sizeof *v->order, cmp_tok, v);
-    if (build_trie(v, n_in))
-        goto oom;
-    return v;
-oom:
-    tmask_vocab_destroy(v);
-    kvant_err_set(err, KV_ENOMEM, "out of memory building the token trie");
-    return NULL;
-}
-
-tmask_vocab *tmask_vocab_from_tok(const tokenizer *t, kvant_err *err)
-{
-    int32_t n = tok_n_vocab(t);
-    if (n <= 0) {
-        kvant_err_set(err, KV_EINVAL, "vocabulary: %d tokens", n);
-        return NULL;
-    }
-    uint8_t **toks = calloc((size_t)n, sizeof *toks);
-    int32_t *len = calloc((size_t)n, sizeof *len);
-    tmask_vocab *v = NULL;
-    char buf[TMASK_MAX_TOKEN_BYTES];
-    if (!toks || !len) {
-        kvant_err_set(err, KV_ENOMEM, "out of memory reading the vocabulary");
-        goto out;
-    }
-    for (int32_t i = 0; i < n; i++) {
-        int l = tok_piece(t, i, 0, buf, (int)sizeof buf);
-        if (l < 0 || l > (int)sizeof buf) {
-            kvant_err_set(err, KV_ERANGE, "vocabulary: token %d too long (limit %d bytes)", i,
-                          TMASK_MAX_TOKEN_BYTES);
-            goto out;
-        }
-        if (l > 0 && !(toks[i] = malloc((size_t)l))) {
-            kvant_err_set(err, KV_ENOMEM, "out of memory reading the vocabulary");
-            goto out;
-        }
-        if (l > 0)
-            memcpy(toks[i], buf, (size_t)l);
-        len[i] = l;
-    }
-    int32_t eos[2], n_eos = 0;
-    if (tok_eos(t) >= 0)
-        eos[n_eos++] = tok_eos(t);
-    if (tok_eot(t) >= 0 && tok_eot(t) != tok_eos(t))
-        eos[n_eos++] = tok_eot(t);
-    v = tmask_vocab_create((const uint8_t *const *)toks, len, n, eos, n_eos, err);
-out:
-    for (int32_t i = 0; toks && i < n; i++)
-        free(toks[i]);
-    free(toks);
-    free(len);
-    return v;
-}
-
-void tmask_vocab_destroy(tmask_vocab *v)
-{
-    if (!v)
-        return;
-    free(v->bytes);
-    free(v->off);
-    free(v->order);
-    free(v->eos);
-    free(v->nodes);
-    free(v);
-}
-
-int32_t tmask_n_vocab(const tmask_vocab *v)
-{
-    return v->n_vocab;
-}
-
-int32_t tmask_n_words(const tmask_vocab *v)
-{
-    return (v->n_vocab + 31) / 32;
-}
-
-int tmask_is_eos(const tmask_vocab *v, int32_t id)
-{
-    for (int32_t i = 0; i < v->n_eos; i++)
-        if (v->eos[i] == id)
-            return 1;
-    return 0;
-}
-
-const uint8_t *tmask_token(const tmask_vocab *v, int32_t id, int32_t *len)
-{
-    if (id < 0 || id >= v->n_vocab)
-        return NULL;
-    *len = tok_len(v, id);
-    return v->bytes + v->off[id];
-}
-
-size_t tmask_vocab_mem_bytes(const tmask_vocab *v)
-{
-    return sizeof *v + (size_t)v->off[v->n_vocab] + ((size_t)v->n_vocab + 1) * sizeof(int64_t) +
-           (size_t)v->n_vocab * sizeof(int32_t) + (size_t)v->n_nodes * sizeof(trie_node);
-}
 
 /* One trie node on the walk's path.  state: its memo state (-1: none).
  * Its Earley set is materialized at chart depth cd (serial `serial`) or not
@@ -251,6 +14,7 @@ size_t tmask_vocab_mem_bytes(const tmask_vocab *v)
  * the path. */
 typedef struct walk_frame {
     int32_t node, ci, state, cd;
+    int32_t covered;   /* the path's tokens are in the root's run mask (see root_cover) */
     uint64_t serial;
     uint32_t allowed[8];
 } walk_frame;
@@ -258,12 +22,16 @@ typedef struct walk_frame {
 #define TR_UNKNOWN (-2)
 #define TR_REJECT (-1)
 #define MEMO_HCAP (2 * TMASK_MEMO_STATES)
+#define COVER_MIN_BYTES 32   /* a root state allowing fewer bytes is walked plainly */
+#define COVER_MAX_RUN 64     /* the longest counted run followed */
+#define SHARE_MIN_BYTES 16   /* states allowing fewer bytes are not looked up in a tmshare */
 
 typedef struct memo_state {
     uint64_t hash;
     uint32_t off;          /* into item_pool */
     int32_t n;
     uint32_t allowed[8];
+    uint32_t loop[8], notloop[8];   /* bytes known to lead back to this state, or not */
 } memo_state;
 
 typedef struct mask_entry {
@@ -291,6 +59,9 @@ struct tmask_work {
     int32_t *mat_idx;               /* [TMASK_MEMO_STATES] chart index while materializing */
     int32_t *mat_touched;           /* [TMASK_MEMO_STATES] */
     uint64_t *tmp;                  /* [TMASK_MEMO_ITEMS] */
+    tmshare *shared;                /* borrowed, or NULL */
+    uint64_t *dkey;                 /* [TMSHARE_MAX_KEY] earley_describe's output */
+    int32_t *dsets;                 /* [TMASK_DESC_SETS] its scratch */
 };
 
 tmask_work *tmask_work_create(const tmask_vocab *v, kvant_err *err)
@@ -299,20 +70,23 @@ tmask_work *tmask_work_create(const tmask_vocab *v, kvant_err *err)
     int ok = w != NULL;
     if (ok) {
         w->v = v;
-        w->st = malloc(((size_t)v->max_len + 1) * sizeof *w->st);
+        int32_t max_len = tmvocab_trie_of(v)->max_len;
+        w->st = malloc(((size_t)max_len + 1) * sizeof *w->st);
         w->states = malloc(TMASK_MEMO_STATES * sizeof *w->states);
         w->trans = malloc((size_t)TMASK_MEMO_STATES * 256 * sizeof *w->trans);
         w->htab = malloc(MEMO_HCAP * sizeof *w->htab);
         w->scratch = malloc(TMASK_MEMO_ITEMS * sizeof *w->scratch);
-        w->chart_cap = 4 * (v->max_len + 2);
+        w->chart_cap = 4 * (max_len + 2);
         w->chart_state = malloc((size_t)w->chart_cap * sizeof *w->chart_state);
         w->mat_idx = malloc(TMASK_MEMO_STATES * sizeof *w->mat_idx);
         w->mat_touched = malloc(TMASK_MEMO_STATES * sizeof *w->mat_touched);
         w->tmp = malloc(TMASK_MEMO_ITEMS * sizeof *w->tmp);
+        w->dkey = malloc(TMSHARE_MAX_KEY * sizeof *w->dkey);
+        w->dsets = malloc(TMASK_DESC_SETS * sizeof *w->dsets);
         w->cap_pool = 4096;
         w->pool = malloc(w->cap_pool * sizeof *w->pool);
         ok = w->st && w->states && w->trans && w->htab && w->scratch && w->pool &&
-             w->chart_state && w->mat_idx && w->mat_touched && w->tmp;
+             w->chart_state && w->mat_idx && w->mat_touched && w->tmp && w->dkey && w->dsets;
         for (int i = 0; ok && i < TMASK_MEMO_STATES; i++)
             w->mat_idx[i] = -1;
         for (int i = 0; ok && i < TMASK_CACHE_MASKS; i++) {
@@ -348,6 +122,8 @@ void tmask_work_destroy(tmask_work *w)
     free(w->mat_idx);
     free(w->mat_touched);
     free(w->tmp);
+    free(w->dkey);
+    free(w->dsets);
     free(w);
 }
 
@@ -359,12 +135,13 @@ void tmask_work_reset(tmask_work *w)
 
 size_t tmask_work_mem_bytes(const tmask_work *w)
 {
-    return sizeof *w + ((size_t)w->v->max_len + 1) * sizeof(walk_frame) +
+    return sizeof *w + ((size_t)tmvocab_trie_of(w->v)->max_len + 1) * sizeof(walk_frame) +
            TMASK_MEMO_STATES * (sizeof(memo_state) + 256 * sizeof(int32_t)) +
            MEMO_HCAP * sizeof(int32_t) + TMASK_MEMO_ITEMS * sizeof(uint64_t) * (1 + TMASK_CACHE_MASKS) +
            w->cap_pool * sizeof(uint64_t) + (size_t)w->chart_cap * sizeof(int32_t) +
            TMASK_MEMO_STATES * 2 * sizeof(int32_t) + TMASK_MEMO_ITEMS * sizeof(uint64_t) +
-           (size_t)TMASK_CACHE_MASKS * (size_t)tmask_n_words(w->v) * sizeof(uint32_t);
+           (size_t)TMASK_CACHE_MASKS * (size_t)tmask_n_words(w->v) * sizeof(uint32_t) +
+           TMSHARE_MAX_KEY * sizeof(uint64_t) + TMASK_DESC_SETS * sizeof(int32_t);
 }
 
 static uint64_t items_hash(const uint64_t *it, int32_t n, int acc)
@@ -403,6 +180,8 @@ static int32_t memo_intern(tmask_work *w, const earley *e, int32_t n, uint64_t h
     memcpy(w->pool + w->n_pool, w->scratch, (size_t)n * 8);
     w->n_pool += (size_t)n;
     earley_allowed_bytes(e, s->allowed);
+    memset(s->loop, 0, sizeof s->loop);
+    memset(s->notloop, 0, sizeof s->notloop);
     for (int b = 0; b < 256; b++)
         w->trans[(size_t)id * 256 + b] = TR_UNKNOWN;
     w->htab[k] = id;
@@ -524,6 +303,19 @@ static int materialize(earley *e, walk_frame *st, int32_t sp, tmask_work *w, int
     return r;
 }
 
+/* Records state's transition on byte b, and on every byte the state's set
+ * (chart index idx) cannot tell from b (earley_byte_peers). */
+static void fill_class(tmask_work *w, const earley *e, int32_t idx, int32_t state, uint8_t b,
+                       int32_t to)
+{
+    uint32_t peers[8];
+    earley_byte_peers(e, idx, b, peers);
+    int32_t *tr = &w->trans[(size_t)state * 256];
+    for (int k = 0; k < 8; k++)
+        for (uint32_t m = peers[k]; m; m &= m - 1)
+            tr[k * 32 + __builtin_ctz(m)] = to;
+}
+
 /* Steps from frame sp by byte b: 1 (child frame fields in *c), 0 refused,
  * negative on error. */
 static int step(earley *e, walk_frame *st, int32_t sp, tmask_work *w, int32_t d0, uint8_t b,
@@ -544,14 +336,14 @@ static int step(earley *e, walk_frame *st, int32_t sp, tmask_work *w, int32_t d0
         r = earley_push_byte(e, b);
     if (r <= 0) {
         if (r == 0 && tr)
-            *tr = TR_REJECT;
+            fill_class(w, e, earley_depth(e) - 1, f->state, b, TR_REJECT);
         return r;
     }
     c->state = w ? memo_of_top(w, e, d0) : -1;
     c->cd = earley_depth(e);
     c->serial = earley_set_serial(e, c->cd - 1);
     if (tr && c->state >= 0)
-        *tr = c->state;
+        fill_class(w, e, c->cd - 2, f->state, b, c->state);
     if (c->state >= 0)
         memcpy(c->allowed, w->states[c->state].allowed, sizeof c->allowed);
     else
@@ -559,19 +351,216 @@ static int step(earley *e, walk_frame *st, int32_t sp, tmask_work *w, int32_t d0
     return 1;
 }
 
+/* Whether every byte below frame sp's node leads from its memo state back
+ * to that state (then every token below is allowed, and none need be
+ * walked): 1, 0, or negative.  Transitions still unknown for the bytes
+ * below are parsed (once per state and byte in a walk). */
+static int subtree_loops(const tmvocab_trie *v, earley *e, walk_frame *st, int32_t sp,
+                         tmask_work *w, int32_t d0)
+{
+    const uint32_t *bl = v->below + 8 * (size_t)st[sp].node;
+    memo_state *ms = &w->states[st[sp].state];
+    for (int k = 0; k < 8; k++)
+        if ((bl[k] & ~ms->allowed[k]) | (bl[k] & ms->notloop[k]))
+            return 0;
+    for (int k = 0; k < 8; k++) {
+        for (uint32_t unk = bl[k] & ~ms->loop[k]; unk; unk &= unk - 1) {
+            int b = k * 32 + __builtin_ctz(unk);
+            walk_frame c;
+            int r = step(e, st, sp, w, d0, (uint8_t)b, &c);
+            if (r < 0)
+                return r;
+            if (r == 0 || c.state != st[sp].state) {
+                ms->notloop[k] |= 1u << (b & 31);
+                return 0;
+            }
+            ms->loop[k] |= 1u << (b & 31);
+        }
+    }
+    return 1;
+}
+
+/* Sets the mask bits of the tokens strictly below trie node c; the number
+ * of bits it set (some may be set already: the run mask). */
+static int32_t allow_below(const tmvocab_trie *v, int32_t c, uint32_t *mask)
+{
+    const tmvocab_node *cn = &v->nodes[c];
+    int32_t n = 0;
+    for (int32_t i = cn->tok_first + cn->n_tok; i < cn->hi; i++) {
+        int32_t id = v->order[i];
+        n += !(mask[id >> 5] >> (id & 31) & 1);
+        mask[id >> 5] |= 1u << (id & 31);
+    }
+    return n;
+}
+
+static int in_set(const uint32_t set[8], int b)
+{
+    return (int)(set[b >> 5] >> (b & 31) & 1);
+}
+
+/* Whether every byte below trie node c lies in set. */
+static int below_in(const tmvocab_trie *v, int32_t c, const uint32_t set[8])
+{
+    const uint32_t *bl = v->below + 8 * (size_t)c;
+    uint32_t out = 0;
+    for (int k = 0; k < 8; k++)
+        out |= bl[k] & ~set[k];
+    return out == 0;
+}
+
+/* The run the walk's root state leads into (see root_cover). */
+typedef struct cover {
+    int on;
+    uint32_t first[8], rest[8];
+    int32_t max_rest, n;   /* n: tokens in the run mask */
+    int end_refuses;   /* after max_rest bytes of rest, each byte of rest is refused */
+} cover;
+
+/* Parses frame sp's transitions on every byte its state allows (one parse
+ * per byte class).  0, or negative. */
+static int all_trans(earley *e, walk_frame *st, int32_t sp, tmask_work *w, int32_t d0)
+{
+    const memo_state *ms = &w->states[st[sp].state];
+    const int32_t *tr = &w->trans[(size_t)st[sp].state * 256];
+    for (int k = 0; k < 8; k++)
+        for (uint32_t m = ms->allowed[k]; m; m &= m - 1) {
+            int b = k * 32 + __builtin_ctz(m);
+            walk_frame c;
+            int r = tr[b] == TR_UNKNOWN ? step(e, st, sp, w, d0, (uint8_t)b, &c) : 0;
+            if (r < 0)
+                return r;
+        }
+    return 0;
+}
+
+/* The target most of a state's allowed bytes lead to (>= 0, or -1). */
+static int32_t main_target(const int32_t *tr, int32_t *n_best)
+{
+    int32_t tgt[256], tn[256], n_tgt = 0, best = -1;
+    *n_best = 0;
+    for (int b = 0; b < 256; b++) {
+        int32_t i = 0;
+        if (tr[b] < 0)
+            continue;
+        while (i < n_tgt && tgt[i] != tr[b])
+            i++;
+        if (i == n_tgt)
+            tgt[n_tgt] = tr[b], tn[n_tgt++] = 0;
+        if (++tn[i] > *n_best)
+            best = tgt[i], *n_best = tn[i];
+    }
+    return best;
+}
+
+/* Follows the run from t0 = the root's main target: rest is the set of
+ * bytes leading t0 to its main target t1, and the run goes on while all of
+ * rest leads t_i to one state t_i+1 (unbounded once t_i+1 = t_i, as in a
+ * string; counted as with maxLength).  Sets cov->rest, cov->max_rest and
+ * cov->end_refuses; 0, or negative. */
+static int follow_run(earley *e, walk_frame *st, tmask_work *w, int32_t d0, int32_t t0, cover *cov)
+{
+    int32_t t = t0;
+    cov->max_rest = 0;
+    cov->end_refuses = 0;
+    for (int32_t i = 0; i < COVER_MAX_RUN; i++) {
+        st[1] = (walk_frame){.node = 0, .state = t, .cd = 0};
+        int r = all_trans(e, st, 1, w, d0);
+        if (r < 0)
+            return r;
+        const int32_t *tr = &w->trans[(size_t)t * 256];
+        int32_t next = -1, n = 0;
+        if (i == 0) {
+            next = main_target(tr, &n);
+            memset(cov->rest, 0, sizeof cov->rest);
+            for (int b = 0; next >= 0 && b < 256; b++)
+                if (tr[b] == next)
+                    cov->rest[b >> 5] |= 1u << (b & 31);
+            if (n < COVER_MIN_BYTES / 4)
+                return 0;
+        } else {
+            for (int b = 0; b < 256; b++) {
+                if (!in_set(cov->rest, b))
+                    continue;
+                if (next == -1)
+                    next = tr[b];
+                if (tr[b] != next || tr[b] < 0) {
+                    next = -2;
+                    break;
+                }
+            }
+            if (next < 0) {
+                cov->end_refuses = 1;
+                for (int b = 0; b < 256; b++)
+                    if (in_set(cov->rest, b) && in_set(w->states[t].allowed, b) &&
+                        tr[b] != TR_REJECT)
+                        cov->end_refuses = 0;
+                return 0;
+            }
+        }
+        cov->max_rest = i + 1;
+        if (next == t) {
+            cov->max_rest = TMVOCAB_UNBOUNDED;
+            return 0;
+        }
+        t = next;
+    }
+    return 0;
+}
+
+/* Where the root state allows many bytes (a string, free text), most of
+ * them lead to one state, from which a run of bytes goes on (follow_run):
+ * every token whose first byte leads the root there and whose other bytes
+ * (at most max_rest) lie in the run's bytes is allowed.  Those tokens come
+ * at once from the vocabulary's run mask; the walk skips the subtrees they
+ * fill (frames on such a path are `covered`).  0 (cov->on says whether it
+ * applies), or negative. */
+static int root_cover(const tmask_vocab *voc, const tmvocab_trie *v, earley *e, walk_frame *st,
+                      tmask_work *w, int32_t d0, uint32_t *mask, cover *cov)
+{
+    int32_t s0 = st[0].state, n_al = 0, best_n = 0;
+    cov->on = 0;
+    for (int k = 0; s0 >= 0 && k < 8; k++)
+        n_al += __builtin_popcount(w->states[s0].allowed[k]);
+    if (s0 < 0 || n_al < COVER_MIN_BYTES || v->max_len < 2)
+        return 0;
+    int r = all_trans(e, st, 0, w, d0);
+    const int32_t *tr = &w->trans[(size_t)s0 * 256];
+    int32_t best = r < 0 ? -1 : main_target(tr, &best_n);
+    if (r < 0 || best_n < COVER_MIN_BYTES / 4)
+        return r;
+    memset(cov->first, 0, sizeof cov->first);
+    for (int b = 0; b < 256; b++)
+        if (tr[b] == best)
+            cov->first[b >> 5] |= 1u << (b & 31);
+    if ((r = follow_run(e, st, w, d0, best, cov)) < 0 || cov->max_rest == 0)
+        return r;
+    cov->n = tmvocab_run_mask_or(voc, cov->first, cov->rest, cov->max_rest, mask);
+    cov->on = cov->n >= 0;
+    return 0;
+}
+
 /* The depth-first trie walk; w NULL: every byte parsed, no memo. */
-static int32_t walk(const tmask_vocab *v, earley *e, tmask_work *w, walk_frame *st,
+static int32_t walk(const tmask_vocab *voc, earley *e, tmask_work *w, walk_frame *st,
                     uint32_t *mask, kvant_err *err)
 {
+    const tmvocab_trie *v = tmvocab_trie_of(voc);
     int32_t d0 = earley_depth(e), sp = 0, count = 0;
     if (w)
         w->d0 = d0;
     st[0] = (walk_frame){.node = 0, .state = w ? memo_of_top(w, e, d0) : -1, .cd = d0,
                          .serial = earley_set_serial(e, d0 - 1)};
     earley_allowed_bytes(e, st[0].allowed);
+    cover cov = {0};
+    int rc = w ? root_cover(voc, v, e, st, w, d0, mask, &cov) : 0;
+    if (rc < 0) {
+        earley_truncate(e, d0);
+        return kvant_err_set(err, rc, "grammar state above its item limit");
+    }
+    count = cov.on ? cov.n : 0;
     while (sp >= 0) {
         walk_frame *f = &st[sp];
-        const trie_node *nd = &v->nodes[f->node];
+        const tmvocab_node *nd = &v->nodes[f->node];
         if (f->ci == nd->n_child) {
             sp--;
             continue;
@@ -588,16 +577,34 @@ static int32_t walk(const tmask_vocab *v, earley *e, tmask_work *w, walk_frame *
         }
         if (r == 0)
             continue;
-        const trie_node *cn = &v->nodes[c];
-        for (int32_t i = 0; i < cn->n_tok; i++) {
+        child.covered = !cov.on                  ? 0
+                        : sp == 0                ? in_set(cov.first, b)
+                        : f->covered && f->covered <= cov.max_rest && in_set(cov.rest, b)
+                            ? f->covered + 1
+                            : 0;
+        const tmvocab_node *cn = &v->nodes[c];
+        for (int32_t i = 0; !child.covered && i < cn->n_tok; i++) {   /* covered: in the run */
             int32_t id = v->order[cn->tok_first + i];
             mask[id >> 5] |= 1u << (id & 31);
         }
-        count += cn->n_tok;
+        count += child.covered ? 0 : cn->n_tok;
+        if (cn->n_child && child.covered && below_in(v, c, cov.rest) &&
+            (cov.max_rest == TMVOCAB_UNBOUNDED || cov.end_refuses ||
+             child.covered - 1 + cn->height <= cov.max_rest))
+            continue;   /* every token below is in the run mask, or refused (too long) */
         if (cn->n_child) {
             child.node = c;
             child.ci = 0;
-            st[++sp] = child;
+            st[sp + 1] = child;
+            int sl = w && child.state >= 0 ? subtree_loops(v, e, st, sp + 1, w, d0) : 0;
+            if (sl < 0) {
+                earley_truncate(e, d0);
+                return kvant_err_set(err, sl, "grammar state above its item limit");
+            }
+            if (sl)
+                count += allow_below(v, c, mask);
+            else
+                sp++;
         }
     }
     earley_truncate(e, d0);
@@ -633,12 +640,42 @@ static void cache_store(tmask_work *w, const earley *e, int32_t n, uint64_t h, i
                       .max_origin = mo, .count = count, .acc = acc, .items = c->items, .mask = c->mask};
 }
 
+int tmask_work_share(tmask_work *w, tmshare *s)
+{
+    if (s && (tmshare_n_words(s) != tmask_n_words(w->v) || tmshare_claim(s, w->v)))
+        return KV_EINVAL;
+    w->shared = s;
+    return KV_OK;
+}
+
+/* The shared cache's key for e's state into w->dkey (its length, or -1:
+ * not shared: no cache, another grammar, a state allowing few bytes or too
+ * large to describe). */
+static int32_t shared_key(tmask_work *w, const earley *e, int acc, uint64_t *h)
+{
+    if (!w || !w->shared || gram_get_tables(tmshare_gram(w->shared)) != earley_tables(e))
+        return -1;
+    uint32_t al[8];
+    int32_t n_al = 0;
+    earley_allowed_bytes(e, al);
+    for (int k = 0; k < 8; k++)
+        n_al += __builtin_popcount(al[k]);
+    if (n_al < SHARE_MIN_BYTES)   /* a short walk: cheaper than describing the state */
+        return -1;
+    int32_t n = earley_describe(e, w->dkey, TMSHARE_MAX_KEY - 1, w->dsets, TMASK_DESC_SETS);
+    if (n < 0)
+        return -1;
+    w->dkey[n++] = (uint64_t)acc;   /* the end ids depend on it: part of the key */
+    *h = items_hash(w->dkey, n, acc);
+    return n;
+}
+
 int32_t tmask_compute(const tmask_vocab *v, earley *e, tmask_work *w, uint32_t *mask,
                       kvant_err *err)
 {
     int acc = earley_accepting(e);
-    int32_t n = -1;
-    uint64_t h = 0;
+    int32_t n = -1, nk = -1;
+    uint64_t h = 0, hk = 0;
     if (w) {
         n = earley_top_items(e, earley_depth(e), w->scratch, TMASK_MEMO_ITEMS);
         h = n >= 0 ? items_hash(w->scratch, n, acc) : 0;
@@ -648,12 +685,20 @@ int32_t tmask_compute(const tmask_vocab *v, earley *e, tmask_work *w, uint32_t *
             memcpy(mask, c->mask, (size_t)tmask_n_words(v) * sizeof *mask);
             return c->count;
         }
+        nk = shared_key(w, e, acc, &hk);
+        int32_t count = nk >= 0 ? tmshare_get(w->shared, w->dkey, nk, hk, mask) : -1;
+        if (count >= 0) {
+            if (n >= 0)
+                cache_store(w, e, n, h, acc, mask, count);
+            return count;
+        }
         w->n_states = 0;
         w->n_pool = 0;
         memset(w->htab, 0xff, MEMO_HCAP * sizeof *w->htab);
     }
     memset(mask, 0, (size_t)tmask_n_words(v) * sizeof *mask);
-    walk_frame *st = w ? w->st : malloc(((size_t)v->max_len + 1) * sizeof *st);
+    const tmvocab_trie *tr = tmvocab_trie_of(v);
+    walk_frame *st = w ? w->st : malloc(((size_t)tr->max_len + 1) * sizeof *st);
     if (!st)
         return kvant_err_set(err, KV_ENOMEM, "out of memory computing a token mask");
     int32_t count = walk(v, e, w, st, mask, err);
@@ -661,8 +706,8 @@ int32_t tmask_compute(const tmask_vocab *v, earley *e, tmask_work *w, uint32_t *
         free(st);
     if (count < 0)
         return count;
-    for (int32_t i = 0; acc && i < v->n_eos; i++) {
-        int32_t id = v->eos[i];
+    for (int32_t i = 0; acc && i < tr->n_eos; i++) {
+        int32_t id = tr->eos[i];
         count += !(mask[id >> 5] >> (id & 31) & 1);
         mask[id >> 5] |= 1u << (id & 31);
     }
@@ -671,17 +716,20 @@ int32_t tmask_compute(const tmask_vocab *v, earley *e, tmask_work *w, uint32_t *
         if (n >= 0)
             cache_store(w, e, n, h, acc, mask, count);
     }
+    if (nk >= 0)   /* the walk leaves dkey alone */
+        tmshare_put(w->shared, w->dkey, nk, hk, mask, count);
     return count;
 }
 
 int tmask_advance(const tmask_vocab *v, earley *e, int32_t id)
 {
-    if (id < 0 || id >= v->n_vocab)
+    int32_t n;
+    const uint8_t *b = tmask_token(v, id, &n);
+    if (!b)
         return KV_EINVAL;
     if (tmask_is_eos(v, id))
         return earley_accepting(e);
-    int32_t n = tok_len(v, id);
     if (n == 0)
         return 0;
-    return earley_push_bytes(e, v->bytes + v->off[id], (size_t)n);
+    return earley_push_bytes(e, b, (size_t)n);
 }

@@ -1,22 +1,33 @@
 /* tokmask.h - token masks: which vocabulary tokens a grammar state can
  * consume next.
  *
- * A tmask_vocab is built once per vocabulary: a byte trie of every token's
- * bytes (tokens that decode to no bytes, such as control tokens, are never
- * in it) and the end-of-sequence ids.  tmask_compute walks the trie
- * depth-first with the recognizer, pushing a byte on the way down and
+ * A tmask_vocab (tmvocab.h) is built once per vocabulary: a byte trie of
+ * every token's bytes and the end-of-sequence ids.  tmask_compute walks the
+ * trie depth-first with the recognizer, pushing a byte on the way down and
  * popping it on the way up, so the shared prefixes of tokens are parsed
  * once; a child is entered only if its byte is among the bytes the state
  * can consume (earley_allowed_bytes).  The end-of-sequence ids are allowed
  * iff the state is accepting.
  *
- * What does not depend on the state is computed once: the trie per
- * vocabulary, and per grammar the prediction closures (gram_finish).
+ * What does not depend on the state is computed once, or once per state:
+ * - per vocabulary: the trie, with per node the set of bytes that follow it
+ *   in the tokens below and their most further bytes; run masks (the
+ *   tokens whose first byte is in one set and at most n further bytes in
+ *   another), kept by the vocabulary;
+ * - per walk: a transition parsed for one byte holds for every byte the
+ *   set cannot tell apart (earley_byte_peers); a subtree whose bytes all
+ *   lead from the walk's memo state back to it is allowed whole, unvisited;
+ *   where the root state allows many bytes and most lead into a run (a
+ *   string's characters: looping, or counted as with maxLength), the run's
+ *   tokens come from a run mask and their subtrees are skipped;
+ * - per grammar and vocabulary: the masks of the states seen, shared by all
+ *   sequences (tmshare.h, tmask_work_share; gcache_masks holds one per
+ *   cached grammar).
+ * The masks are exactly those of the plain walk (w NULL), which the tests
+ * compare them with.
  *
- * Ownership: tmask_vocab_create* return heap handles freed by
- * tmask_vocab_destroy.  Threading: a vocabulary is immutable after creation
- * and may be shared by any threads; tmask_compute uses the given state
- * (one thread) and returns it as it was.
+ * Threading: tmask_compute uses the given state and work (one thread) and
+ * returns the state as it was; the vocabulary and a tmshare may be shared.
  */
 #ifndef KVANT_TOKMASK_H
 #define KVANT_TOKMASK_H
@@ -25,28 +36,9 @@
 #include <stdint.h>
 
 #include "grammar/earley.h"
-#include "text/tokenizer.h"
+#include "grammar/tmshare.h"
+#include "grammar/tmvocab.h"
 #include "util/err.h"
-
-#define TMASK_MAX_TOKEN_BYTES 4096   /* longer tokens are refused at creation */
-
-typedef struct tmask_vocab tmask_vocab;
-
-/* tok[i] (len[i] bytes) for i < n_vocab; len 0: never allowed.  eos: the
- * ids allowed when the grammar accepts (n_eos may be 0).  Copies. */
-tmask_vocab *tmask_vocab_create(const uint8_t *const *tok, const int32_t *len, int32_t n_vocab,
-                                const int32_t *eos, int32_t n_eos, kvant_err *err);
-/* The tokenizer's vocabulary: each token's piece (control tokens excluded),
- * end of sequence = tok_eos and tok_eot. */
-tmask_vocab *tmask_vocab_from_tok(const tokenizer *t, kvant_err *err);
-void tmask_vocab_destroy(tmask_vocab *v);
-
-int32_t tmask_n_vocab(const tmask_vocab *v);
-int32_t tmask_n_words(const tmask_vocab *v);   /* (n_vocab + 31) / 32 */
-int tmask_is_eos(const tmask_vocab *v, int32_t id);
-/* The token's bytes (borrowed) and length; NULL for an id out of range. */
-const uint8_t *tmask_token(const tmask_vocab *v, int32_t id, int32_t *len);
-size_t tmask_vocab_mem_bytes(const tmask_vocab *v);
 
 /* Per-sequence scratch and memo for tmask_compute (one thread at a time):
  * - within a call, Earley sets are memoized by their description (items
@@ -70,6 +62,14 @@ tmask_work *tmask_work_create(const tmask_vocab *v, kvant_err *err);
 void tmask_work_destroy(tmask_work *w);
 void tmask_work_reset(tmask_work *w);
 size_t tmask_work_mem_bytes(const tmask_work *w);
+/* Binds w to a shared mask cache (tmshare.h; NULL unbinds; borrowed, must
+ * outlive the binding): after a miss in its own cache, tmask_compute looks
+ * the state up there, and stores the masks it walks.  The cache is used
+ * only for states of its own grammar (others walk as before).  KV_EINVAL
+ * if the cache's masks have another size or it serves another vocabulary
+ * (tmshare_claim). */
+#define TMASK_DESC_SETS 256      /* states reaching more sets are not shared */
+int tmask_work_share(tmask_work *w, tmshare *s);
 
 /* Writes the mask of the tokens e can consume (bit i of mask[i >> 5]) into
  * mask[tmask_n_words(v)].  w: the memo (NULL: the plain walk, which is the

@@ -107,7 +107,8 @@ class Kvant:
         line = self.p.stdout.readline()
         if not line:
             raise AssertionError("kvant grammar ended: " + self.p.stderr.read())
-        return json.loads(line)
+        self.last = json.loads(line)
+        return self.last
 
     def feed(self, tok):
         self.p.stdin.write(f"{tok}\n")
@@ -140,12 +141,15 @@ def _explained(tok_bytes: bytes, ff: bytes) -> bool:
     return bool(ff) and (ff.startswith(tok_bytes) or tok_bytes.startswith(ff))
 
 
-def walk_compare(kvant_bin, model, vocab, lltok, args, llg_grammar, seed, times, diffs):
-    """One random walk; returns (output bytes, ended with EOS)."""
+def walk_compare(kvant_bin, model, vocab, lltok, args, llg_grammar, seed, times, diffs, kv=None):
+    """One random walk; returns (output bytes, ended with EOS).  kv: a
+    running `kvant grammar --stdin` to walk in (then left open, at a new
+    sequence: its masks shared across sequences are under test)."""
     n = vocab["n_vocab"]
     m = LLMatcher(lltok, llg_grammar, log_level=0)
     assert not m.is_error(), m.get_error()
-    kv = Kvant(kvant_bin, model, args)
+    own = kv is None
+    kv = Kvant(kvant_bin, model, args) if own else kv
     rng = random.Random(seed)
     out = b""
     ended = False
@@ -175,7 +179,12 @@ def walk_compare(kvant_bin, model, vocab, lltok, args, llg_grammar, seed, times,
             kv.feed(tok)
             out += vocab["bytes"][tok]
     finally:
-        kv.close()
+        if own:
+            kv.close()
+    if not own:   # the mask after the last token fed is unread; then a new sequence
+        if not ended:
+            kv.mask()
+        kv.feed(-2)
     return out, ended
 
 
@@ -229,6 +238,28 @@ def test_json_schema_masks_match_llguidance(kvant_bin, default_model, vocab, llt
                               "masks": len(times), "validated": ended_n, "differences": diffs,
                               "cpu": cpu})
     assert ended_n >= 6
+
+
+def test_shared_masks_across_sequences_match_llguidance(kvant_bin, default_model, vocab, lltok,
+                                                         tmp_path):
+    """Several walks in one process, so later sequences take masks from the
+    cache shared across sequences (tmshare.h) where earlier ones walked the
+    same states; every mask still equals llguidance's."""
+    diffs, times, hits = {}, [], []
+    for name in ("flat", "optional", "enum-array"):   # with strings: states worth sharing
+        schema = SCHEMAS[name]
+        f = tmp_path / f"{name}.json"
+        f.write_text(json.dumps(schema))
+        g = LLMatcher.grammar_from_json_schema(schema, overrides=NO_WS)
+        kv = Kvant(kvant_bin, default_model, ["--schema", str(f)])
+        try:
+            for seed in range(4):
+                walk_compare(kvant_bin, default_model, vocab, lltok, [], g, 100 + seed, times,
+                             diffs, kv=kv)
+            hits.append(kv.mask()["shared_hits"])
+        finally:
+            kv.close()
+    assert len(times) > 50 and all(h > 0 for h in hits), hits
 
 
 REGEXES = ["[a-z]+@[a-z]+\\.(com|org)", "(\\+|-)?[0-9]{1,3}(\\.[0-9]+)?", "(ab|cd)*e?x{2,3}",

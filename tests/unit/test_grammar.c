@@ -265,6 +265,40 @@ static tmask_vocab *synthetic_vocab(tu_rng *rng, int32_t n)
     return v;
 }
 
+/* One walk of n steps from a fresh state of g: the memoized masks (w, its
+ * shared cache if bound) and the plain walk's against pushing every token
+ * alone, then a random allowed token. */
+static void check_walk(const tmask_vocab *v, const gram *g, tmask_work *w, tu_rng *rng,
+                       const char *what, int n)
+{
+    kvant_err err = {0};
+    int32_t nw = tmask_n_words(v);
+    uint32_t *m1 = calloc((size_t)nw, 4), *m2 = calloc((size_t)nw, 4), *m3 = calloc((size_t)nw, 4);
+    earley *e = earley_create(g, &err);
+    tmask_work_reset(w);
+    for (int step = 0; e && m1 && m2 && m3 && step < n; step++) {
+        int32_t c1 = tmask_compute(v, e, w, m1, &err);
+        int32_t c2 = tmask_compute(v, e, NULL, m2, &err);
+        int32_t c3 = brute_mask(v, e, m3);
+        CHECKF(c1 == c3 && c2 == c3, "%s step %d: %d %d %d", what, step, c1, c2, c3);
+        CHECKF(!memcmp(m1, m3, (size_t)nw * 4) && !memcmp(m2, m3, (size_t)nw * 4), "%s step %d",
+               what, step);
+        if (c3 <= 0)
+            break;
+        int32_t k = (int32_t)(tu_rand_u64(rng) % (uint64_t)c3), tok = -1;
+        for (int32_t i = 0; i < tmask_n_vocab(v) && tok < 0; i++)
+            if (m3[i >> 5] >> (i & 31) & 1 && k-- == 0)
+                tok = i;
+        if (tmask_is_eos(v, tok))
+            break;
+        CHECK(tmask_advance(v, e, tok) == 1);
+    }
+    earley_destroy(e);
+    free(m1);
+    free(m2);
+    free(m3);
+}
+
 static void test_masks(void)
 {
     tu_rng rng = {0x9E3779B97F4A7C15ull};
@@ -274,41 +308,70 @@ static void test_masks(void)
         "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},\"b\":{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}},\"additionalProperties\":false}",
         "{\"anyOf\":[{\"type\":\"string\",\"pattern\":\"a(b|x)*\"},{\"enum\":[\"ab\",10,[]]}]}",
         "{\"type\":\"object\"}",
+        "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\"},\"t\":{\"type\":\"string\",\"maxLength\":3},\"n\":{\"type\":\"number\"}},\"required\":[\"t\"],\"additionalProperties\":false}",
     };
     kvant_err err = {0};
     tmask_work *w = v ? tmask_work_create(v, &err) : NULL;
     CHECK(w != NULL);
-    int32_t nw = v ? tmask_n_words(v) : 1;
-    uint32_t *m1 = calloc((size_t)nw, 4), *m2 = calloc((size_t)nw, 4), *m3 = calloc((size_t)nw, 4);
     for (size_t s = 0; v && w && s < sizeof schemas / sizeof schemas[0]; s++) {
         gram *g = js(schemas[s], &err);
         CHECKF(g != NULL, "%s", err.msg);
-        for (int walk = 0; g && walk < 4; walk++) {
-            earley *e = earley_create(g, &err);
-            tmask_work_reset(w);
-            for (int step = 0; e && step < 30; step++) {
-                int32_t c1 = tmask_compute(v, e, w, m1, &err);
-                int32_t c2 = tmask_compute(v, e, NULL, m2, &err);
-                int32_t c3 = brute_mask(v, e, m3);
-                CHECKF(c1 == c3 && c2 == c3, "schema %zu walk %d step %d: %d %d %d", s, walk, step, c1, c2, c3);
-                CHECK(!memcmp(m1, m3, (size_t)nw * 4) && !memcmp(m2, m3, (size_t)nw * 4));
-                if (c3 <= 0)
-                    break;
-                int32_t k = (int32_t)(tu_rand_u64(&rng) % (uint64_t)c3), tok = -1;
-                for (int32_t i = 0; i < tmask_n_vocab(v) && tok < 0; i++)
-                    if (m3[i >> 5] >> (i & 31) & 1 && k-- == 0)
-                        tok = i;
-                if (tmask_is_eos(v, tok))
-                    break;
-                CHECK(tmask_advance(v, e, tok) == 1);
-            }
-            earley_destroy(e);
+        char what[64];
+        /* on its own, then with a cache shared by the walks (small: evictions) */
+        tmshare *sh = g ? tmshare_create(g, tmask_n_words(v), 16, &err) : NULL;
+        CHECK(!g || sh);
+        for (int walk = 0; g && sh && walk < 8; walk++) {
+            CHECK(tmask_work_share(w, walk < 2 ? NULL : sh) == KV_OK);
+            snprintf(what, sizeof what, "schema %zu walk %d", s, walk);
+            check_walk(v, g, w, &rng, what, 30);
         }
+        int64_t hits = 0, misses = 0;
+        int32_t n_masks = 0;
+        if (sh)
+            tmshare_stats(sh, &hits, &misses, &n_masks);
+        CHECKF(hits > 0 && misses > 0 && n_masks <= 16, "schema %zu: %lld hits %lld misses %d masks",
+               s, (long long)hits, (long long)misses, n_masks);
+        tmask_work_share(w, NULL);
+        tmshare_destroy(sh);
         gram_destroy(g);
     }
-    free(m1);
-    free(m2);
-    free(m3);
+    /* runs counted (the end refusing, or not) and looping, for the run masks */
+    static const char *const regexes[] = {"[ -~]{3}([ -~]x)?", "[ -~]{0,4}", "[ -~]{2}[ -z]*b?",
+                                          "[ -~]{1,3}(x[ -~]|[ -~]{3})"};
+    for (size_t r = 0; v && w && r < sizeof regexes / sizeof regexes[0]; r++) {
+        gram *g = rx_compile(regexes[r], strlen(regexes[r]), gram_limits_default(), &err);
+        CHECKF(g != NULL, "%s", err.msg);
+        char what[64];
+        snprintf(what, sizeof what, "regex %zu", r);
+        for (int walk = 0; g && walk < 3; walk++)
+            check_walk(v, g, w, &rng, what, 8);
+        gram_destroy(g);
+    }
+    /* a cache of another grammar is not used */
+    gram *g1 = js(schemas[0], &err), *g2 = js(schemas[2], &err);
+    tmshare *sh = g1 ? tmshare_create(g1, tmask_n_words(v), 16, &err) : NULL;
+    CHECK(w && sh && tmask_work_share(w, sh) == KV_OK);
+    if (w && sh && g2)
+        check_walk(v, g2, w, &rng, "other grammar", 20);
+    int64_t hits = 0, misses = 0;
+    int32_t n_masks = -1;
+    if (sh)
+        tmshare_stats(sh, &hits, &misses, &n_masks);
+    CHECK(n_masks == 0 && hits == 0);
+    tmshare *bad = g1 ? tmshare_create(g1, tmask_n_words(v) + 1, 4, &err) : NULL;
+    CHECK(w && bad && tmask_work_share(w, bad) == KV_EINVAL);
+    tu_rng r2 = {7};
+    tmask_vocab *v2 = synthetic_vocab(&r2, 3000);   /* same size, another vocabulary */
+    tmask_work *w2 = v2 ? tmask_work_create(v2, &err) : NULL;
+    CHECK(w2 && sh && tmask_work_share(w2, sh) == KV_EINVAL);
+    tmask_work_destroy(w2);
+    tmask_vocab_destroy(v2);
+    if (w)
+        tmask_work_share(w, NULL);
+    tmshare_destroy(bad);
+    tmshare_destroy(sh);
+    gram_destroy(g1);
+    gram_destroy(g2);
     tmask_work_destroy(w);
     tmask_vocab_destroy(v);
 }
@@ -330,7 +393,10 @@ static void test_cache(void)
     gcache_entry *y = gcache_get(c, GRAM_KIND_REGEX, "y", 1, &err);
     gcache_entry *z = gcache_get(c, GRAM_KIND_CHOICE, "[\"z\"]", 5, &err);
     CHECK(x && y && z && run(gcache_gram(a), "abbb", 4) == 1 && run(gcache_gram(z), "z", 1) == 1);
-    gcache_release(c, a);
+    tmshare *m1 = gcache_masks(c, a, 10, &err), *m2 = gcache_masks(c, a, 10, &err);
+    CHECK(m1 && m1 == m2 && tmshare_gram(m1) == gcache_gram(a) && tmshare_n_words(m1) == 10);
+    CHECK(!gcache_masks(c, a, 11, &err) && err.code == KV_EINVAL);
+    gcache_release(c, a);   /* evicted while held: its masks go with it */
     gcache_release(c, x);
     gcache_release(c, y);
     gcache_release(c, z);
