@@ -22,6 +22,7 @@
 #endif
 
 #include "backend/backend_select.h"
+#include "grammar/tokmask.h"
 #include "kernels/dtype.h"
 #include "mem/plan.h"
 #include "model/wstream.h"
@@ -657,6 +658,11 @@ void engine_get_stats(engine *e, engine_stats *out)
 mem_mgr *engine_mem(engine *e)
 {
     return e->mem;
+}
+
+int32_t engine_mask_words(const engine *e)
+{
+    return e->gvocab ? tmask_n_words(e->gvocab) : 0;
 }
 
 int64_t engine_max_model_len(const engine *e)

@@ -52,6 +52,10 @@ void engine_get_stats(engine *e, engine_stats *out);
 
 mem_mgr *engine_mem(engine *e);   /* for memory reports (thread-safe reads) */
 int64_t engine_max_model_len(const engine *e);
+/* The 32-bit words of one token mask of this engine's vocabulary
+ * (engine_request.grammar_masks); 0 when constrained decoding is
+ * unavailable for the model. */
+int32_t engine_mask_words(const engine *e);
 uint64_t engine_kv_block_bytes(const engine *e); /* one KV block, all layers */
 /* Stops admitting new requests (submit returns KV_EBUSY); returns the
  * number of requests still in flight. */

@@ -58,6 +58,8 @@ int engine_gram_req_init(engine *e, eng_req *r, kvant_err *err)
             engine_gram_req_free(r, 0);
             return err->code ? err->code : KV_ENOMEM;
         }
+        if (r->p.grammar_masks) /* refused (another vocabulary's): walked unshared */
+            (void)tmask_work_share(r->gwork[i], r->p.grammar_masks);
     }
     return KV_OK;
 }

@@ -125,6 +125,11 @@ typedef struct engine_request {
     const struct gram *grammar;
     void (*grammar_release)(void *ctx);
     void *grammar_ctx;
+    /* Optional: token masks shared by every request of this grammar
+     * (grammar/tmshare.h, e.g. gcache_masks with engine_mask_words words),
+     * valid as long as grammar is; each sequence's memo is bound to it. A
+     * cache another engine's vocabulary claimed first is not used. */
+    struct tmshare *grammar_masks;
 } engine_request;
 
 enum { ENGINE_EMBED_NONE = 0, ENGINE_EMBED_MEAN = 1, ENGINE_EMBED_LAST = 2 };

@@ -750,6 +750,9 @@ static int attach_grammar(srv_gen *g, int k, engine_request *er, kvant_err *ke)
     er->grammar = gcache_gram(ent);
     er->grammar_release = srv_gref_release;
     er->grammar_ctx = ref;
+    const int32_t words = engine_mask_words(g->e);
+    kvant_err me = {0}; /* sharing is an optimisation: without it each sequence walks alone */
+    er->grammar_masks = words > 0 ? gcache_masks(g->s->gcache, ent, words, &me) : NULL;
     (void)k;
     return 0;
 }
