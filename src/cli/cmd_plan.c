@@ -177,6 +177,9 @@ static plan_tiers tiers_of(const plan_result *r, const engine_config *ec)
     plan_tiers t = {0};
     t.record_bytes = KVTIER_RECORD_BYTES(r->block_size, r->kv_bytes_per_token * r->block_size);
     t.host_bytes = ec->kv_host_memory;
+    if (t.host_bytes == KVCOST_HOST_AUTO && /* as serve sizes it (engine_tier.c) */
+        kvcost_host_fit(t.host_bytes, mem_host_available(), r->weights_bytes, &t.host_bytes, NULL))
+        t.host_bytes = 0;
     t.disk_bytes = ec->kv_disk_dir ? (ec->kv_disk_size ? ec->kv_disk_size
                                                        : ENGINE_DEFAULT_DISK_SIZE) : 0;
     t.host_blocks = t.host_bytes / t.record_bytes;

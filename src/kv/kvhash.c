@@ -133,3 +133,21 @@ uint32_t kvhash_crc32c(const kvhash_crc *c, uint32_t crc, const void *data, size
         r = (r >> 8) ^ c->t[0][(r ^ *p) & 0xff];
     return ~r;
 }
+
+void kvhash_chain_key(const uint8_t parent[32], uint64_t salt,
+                      const int32_t *tokens, int32_t bs, uint8_t key[32])
+{
+    kvhash_sha256_ctx s;
+    uint8_t b[8];
+    kvhash_sha256_init(&s);
+    kvhash_sha256_update(&s, parent, 32);
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(salt >> (8 * i));
+    kvhash_sha256_update(&s, b, 8);
+    for (int32_t i = 0; i < bs; i++) {
+        uint32_t v = (uint32_t)tokens[i];
+        uint8_t w[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+        kvhash_sha256_update(&s, w, 4);
+    }
+    kvhash_sha256_final(&s, key);
+}

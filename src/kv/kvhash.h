@@ -40,4 +40,10 @@ void kvhash_crc_init(kvhash_crc *c);
 /* crc = CRC32C of data continuing from crc (start with 0). */
 uint32_t kvhash_crc32c(const kvhash_crc *c, uint32_t crc, const void *data, size_t n);
 
+/* A KV tier's block key: SHA-256(parent[32] | salt (8 bytes LE) |
+ * tokens[bs] (LE int32)); the first block's parent is the model's
+ * fingerprint (kvtier.h). */
+void kvhash_chain_key(const uint8_t parent[32], uint64_t salt, const int32_t *tokens, int32_t bs,
+                      uint8_t key[32]);
+
 #endif
