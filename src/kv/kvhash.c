@@ -151,3 +151,25 @@ void kvhash_chain_key(const uint8_t parent[32], uint64_t salt,
     }
     kvhash_sha256_final(&s, key);
 }
+
+void kvhash_hex(const uint8_t *b, int n, char *out)
+{
+    static const char hx[] = "0123456789abcdef";
+    for (int i = 0; i < n; i++) {
+        out[2 * i] = hx[b[i] >> 4];
+        out[2 * i + 1] = hx[b[i] & 15];
+    }
+    out[2 * n] = 0;
+}
+
+int kvhash_unhex(const char *s, int n, uint8_t *out)
+{
+    for (int i = 0; i < 2 * n; i++) {
+        char c = s[i];
+        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (v < 0)
+            return -1;
+        out[i / 2] = (uint8_t)(i % 2 ? (out[i / 2] << 4) | v : v);
+    }
+    return 0;
+}

@@ -170,21 +170,11 @@ static int record_matches(const kvtier *t, const uint8_t *rec, const uint8_t *ke
 
 /* ---- disk tier ---- */
 
-static void key_hex(const uint8_t *key, char *out)
-{
-    static const char hx[] = "0123456789abcdef";
-    for (int i = 0; i < KVTIER_KEY_BYTES; i++) {
-        out[2 * i] = hx[key[i] >> 4];
-        out[2 * i + 1] = hx[key[i] & 15];
-    }
-    out[2 * KVTIER_KEY_BYTES] = 0;
-}
-
 /* path = dir/<hex>.kvb, or with tmp: dir/.tmp.<hex>.kvb */
 static void disk_path(const kvtier *t, const uint8_t *key, int tmp, char *path, size_t cap)
 {
     char hex[2 * KVTIER_KEY_BYTES + 1];
-    key_hex(key, hex);
+    kvhash_hex(key, KVTIER_KEY_BYTES, hex);
     snprintf(path, cap, "%s/%s%s.kvb", t->dir, tmp ? ".tmp." : "", hex);
 }
 
@@ -509,22 +499,6 @@ static const uint8_t *disk_read(kvtier *t, int32_t id, const int32_t *tokens)
     return r;
 }
 
-static int hex_val(char c)
-{
-    return c <= '9' ? c - '0' : c - 'a' + 10;
-}
-
-static int is_record_name(const char *n)
-{
-    size_t len = strlen(n);
-    if (len != KVTIER_NAME_LEN || strcmp(n + 2 * KVTIER_KEY_BYTES, ".kvb"))
-        return 0;
-    for (int i = 0; i < 2 * KVTIER_KEY_BYTES; i++)
-        if (!((n[i] >= '0' && n[i] <= '9') || (n[i] >= 'a' && n[i] <= 'f')))
-            return 0;
-    return 1;
-}
-
 /* Classifies one directory entry during the start-up scan.  A record
  * name is indexed; among the first cfg.scan_verify entries its header is
  * checked now (torn and corrupt records unlinked, other models' left
@@ -550,13 +524,12 @@ static void disk_scan_one(kvtier *t, const char *name, int lazy)
     }
     if (name[0] == '.')
         return; /* ".", "..", ".lock" */
-    if (!is_record_name(name)) {
-        t->st.skipped_foreign++;
+    uint8_t key[KVTIER_KEY_BYTES];
+    if (strlen(name) != KVTIER_NAME_LEN || strcmp(name + 2 * KVTIER_KEY_BYTES, ".kvb") ||
+        kvhash_unhex(name, KVTIER_KEY_BYTES, key)) {
+        t->st.skipped_foreign++; /* not a record's name */
         return;
     }
-    uint8_t key[KVTIER_KEY_BYTES];
-    for (int i = 0; i < KVTIER_KEY_BYTES; i++)
-        key[i] = (uint8_t)(hex_val(name[2 * i]) << 4 | hex_val(name[2 * i + 1]));
     if (kvidx_find(&t->disk, key) >= 0)
         return; /* lazy: written by this run since the scan began */
     if (verify || t->disk.n_free == 0) { /* over budget: check before unlinking */
