@@ -23,7 +23,8 @@
  * buffer on this thread (one copy of payload_bytes: a memcpy on the CPU
  * backend, a device-to-host copy on CUDA; the writer thread then seals,
  * writes and renames the copy, so no block is read while the pool may
- * reuse it) or skips it as already on disk or queued.  A full queue stops
+ * reuse it) or skips it as already on disk or queued.  A full queue (64 MiB
+ * of records, 16 to 256 of them: KVTIER_WRITE_QUEUE_BYTES) stops
  * the offers until the next step: blocks wait on the ring, the step does
  * not wait on the disk.  A block that the pool freed or rehashed before
  * its offer (its chain hash changed) is skipped and counted (wt_missed).
@@ -50,9 +51,10 @@
 #include "model/model_hash.h"
 #include "text/tokenizer.h"
 
-/* Write-through offers per step (four writer queues' worth: most are
- * blocks already on disk, answered from the index). */
-#define ENGINE_WT_OFFERS (4 * KVTIER_WRITE_QUEUE)
+/* Write-through offers per step (two of the largest writer queues: the
+ * exports are bounded by the queue's free records, the rest are blocks
+ * already on disk, answered from the index). */
+#define ENGINE_WT_OFFERS (2 * KVTIER_WRITE_QUEUE_MAX)
 
 struct eng_tier {
     kvtier *t;

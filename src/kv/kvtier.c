@@ -65,8 +65,9 @@ struct kvtier {
     pthread_cond_t wcv;      /* a slot was queued, finished, or wstop set */
     int wstop;
     int wpause;              /* tests: the writer takes no new slot */
-    kvwq_slot wq[KVTIER_WRITE_QUEUE];
-    uint8_t wq_busy[KVTIER_WRITE_QUEUE]; /* engine thread's view: queued, not reaped */
+    kvwq_slot wq[KVTIER_WRITE_QUEUE_MAX];     /* the first nwq are in use */
+    uint8_t wq_busy[KVTIER_WRITE_QUEUE_MAX];  /* engine thread's view: queued, not reaped */
+    int nwq;                 /* writer-queue records (kvtier_config.write_queue_bytes) */
     int32_t n_pending;       /* engine thread: busy slots */
     double deadline;         /* CLOCK_MONOTONIC seconds after which waiting writes
                                 drop instead (0: none; kvtier_set_deadline) */
@@ -80,6 +81,7 @@ kvtier_config kvtier_config_default(void)
     c.disk_fsync = 1;
     c.scan_eager = KVTIER_SCAN_EAGER;
     c.scan_verify = KVTIER_SCAN_VERIFY;
+    c.write_queue_bytes = KVTIER_WRITE_QUEUE_BYTES;
     return c;
 }
 
@@ -316,7 +318,7 @@ static void *disk_writer(void *arg)
     pthread_mutex_lock(&t->wmu);
     for (;;) {
         int k = -1;
-        for (int i = 0; i < KVTIER_WRITE_QUEUE && k < 0 && !t->wpause; i++)
+        for (int i = 0; i < t->nwq && k < 0 && !t->wpause; i++)
             if (t->wq[i].state == WQ_QUEUED)
                 k = i;
         if (k < 0) {
@@ -344,9 +346,9 @@ static void disk_reap(kvtier *t)
 {
     if (t->n_pending == 0)
         return;
-    int done[KVTIER_WRITE_QUEUE], err[KVTIER_WRITE_QUEUE], n = 0;
+    int done[KVTIER_WRITE_QUEUE_MAX], err[KVTIER_WRITE_QUEUE_MAX], n = 0;
     pthread_mutex_lock(&t->wmu);
-    for (int i = 0; i < KVTIER_WRITE_QUEUE; i++)
+    for (int i = 0; i < t->nwq; i++)
         if (t->wq_busy[i] && t->wq[i].state == WQ_DONE) {
             done[n] = i;
             err[n++] = t->wq[i].err;
@@ -381,7 +383,7 @@ static void disk_wait_one(kvtier *t)
     pthread_mutex_lock(&t->wmu);
     for (;;) {
         int any = 0;
-        for (int i = 0; i < KVTIER_WRITE_QUEUE; i++)
+        for (int i = 0; i < t->nwq; i++)
             any |= t->wq_busy[i] && t->wq[i].state == WQ_DONE;
         if (any)
             break;
@@ -399,7 +401,7 @@ static int past_deadline(const kvtier *t)
 /* Busy queue slot holding key, or -1. */
 static int wq_find(const kvtier *t, const uint8_t *key)
 {
-    for (int i = 0; i < KVTIER_WRITE_QUEUE; i++)
+    for (int i = 0; i < t->nwq; i++)
         if (t->wq_busy[i] && !memcmp(t->wq[i].key, key, KVTIER_KEY_BYTES))
             return i;
     return -1;
@@ -416,7 +418,7 @@ static int disk_slot(kvtier *t, const uint8_t *key, int wait)
         if (!t->disk_on)
             return -1;
         int k = -1;
-        for (int i = 0; i < KVTIER_WRITE_QUEUE && k < 0; i++)
+        for (int i = 0; i < t->nwq && k < 0; i++)
             if (!t->wq_busy[i])
                 k = i;
         if (k >= 0 && t->disk.count + t->n_pending < t->disk.cap) {
@@ -693,6 +695,9 @@ kvtier *kvtier_create(const kvtier_config *cfg, kvant_err *err)
         kvtier_destroy(t);
         return NULL;
     }
+    uint64_t nq = cfg->write_queue_bytes / t->record_bytes;
+    t->nwq = nq < KVTIER_WRITE_QUEUE ? KVTIER_WRITE_QUEUE
+             : nq > KVTIER_WRITE_QUEUE_MAX ? KVTIER_WRITE_QUEUE_MAX : (int)nq;
     if (n_disk > KVTIER_MAX_DISK_RECORDS)
         n_disk = KVTIER_MAX_DISK_RECORDS;
     if (n_host > INT32_MAX / 4)
@@ -707,7 +712,7 @@ kvtier *kvtier_create(const kvtier_config *cfg, kvant_err *err)
         t->scratch = malloc(t->record_bytes);
         t->dver = calloc(n_disk, 1);
         rc = t->dir && t->scratch && t->dver ? kvidx_init(&t->disk, (int32_t)n_disk) : KV_ENOMEM;
-        for (int i = 0; !rc && i < KVTIER_WRITE_QUEUE; i++)
+        for (int i = 0; !rc && i < t->nwq; i++)
             if (!(t->wq[i].rec = malloc(t->record_bytes)))
                 rc = KV_ENOMEM;
     }
@@ -808,7 +813,7 @@ void kvtier_destroy(kvtier *t)
         close(t->lock_fd);
     kvidx_free(&t->host);
     kvidx_free(&t->disk);
-    for (int i = 0; i < KVTIER_WRITE_QUEUE; i++)
+    for (int i = 0; i < t->nwq; i++)
         free(t->wq[i].rec);
     pthread_mutex_destroy(&t->wmu);
     pthread_cond_destroy(&t->wcv);
@@ -872,7 +877,7 @@ int kvtier_write_through(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const i
         t->st.wt_dedup++;
         return KVTIER_WT_HELD;
     }
-    if (t->n_pending >= KVTIER_WRITE_QUEUE) {
+    if (t->n_pending >= t->nwq) {
         t->st.wt_full++;
         return KVTIER_WT_FULL;
     }
@@ -971,4 +976,5 @@ void kvtier_get_stats(const kvtier *t, kvtier_stats *out)
     out->disk_blocks = t->disk.count;
     out->disk_capacity_blocks = t->disk_on ? t->disk.cap : 0;
     out->disk_pending = t->n_pending;
+    out->disk_queue_records = t->dir ? t->nwq : 0;
 }

@@ -31,7 +31,7 @@
  * headers, LRU-evicted (unlinked) under its byte budget.  A store that
  * needs a host slot demotes the least recently used host record to disk.
  * Disk writes run on a writer thread owned by the tier: the caller copies
- * the record into one of KVTIER_WRITE_QUEUE buffers and goes on (a full
+ * the record into one of the writer queue's buffers and goes on (a full
  * queue drops the write and counts it; a record still queued is served
  * from its buffer); finished writes enter the index at the next call.
  * Write-through (kvtier_write_through): the engine offers each block as
@@ -66,9 +66,12 @@
 #define KVTIER_VERSION 1
 /* Largest number of records a disk tier indexes (bounds its index). */
 #define KVTIER_MAX_DISK_RECORDS (1 << 22)
-/* Records queued for the disk writer thread (each a record-sized buffer
- * allocated at create, outside the host budget). */
+/* Records queued for the disk writer thread: each a record-sized buffer
+ * allocated at create, outside the host budget; write_queue_bytes of them,
+ * at least KVTIER_WRITE_QUEUE and at most KVTIER_WRITE_QUEUE_MAX records. */
 #define KVTIER_WRITE_QUEUE 16
+#define KVTIER_WRITE_QUEUE_MAX 256
+#define KVTIER_WRITE_QUEUE_BYTES (64ull << 20)
 #define KVTIER_PAYLOAD_OFF(bs) ((((uint64_t)KVTIER_HEADER_BYTES + 4u * (uint64_t)(bs)) + 63u) & ~63ull)
 
 /* Bytes of one record holding a block of bs tokens and payload bytes. */
@@ -101,6 +104,8 @@ typedef struct kvtier_config {
                                  KVTIER_SCAN_EAGER; <= 0: all at create) */
     int64_t scan_verify;      /* entries whose header the scan checks (default
                                  KVTIER_SCAN_VERIFY; later ones by name only) */
+    uint64_t write_queue_bytes; /* writer queue buffers (default
+                                 KVTIER_WRITE_QUEUE_BYTES; see KVTIER_WRITE_QUEUE) */
 } kvtier_config;
 
 kvtier_config kvtier_config_default(void);
@@ -189,6 +194,7 @@ typedef struct kvtier_stats {
     uint64_t wt_dedup;             /* write-through offers already on disk or queued */
     uint64_t wt_full;              /* write-through offers that found the queue full */
     int32_t disk_pending;          /* writes queued or in progress */
+    int32_t disk_queue_records;    /* the writer queue's size in records */
     int disk_scanning;             /* the start-up scan is still under way */
 } kvtier_stats;
 

@@ -116,6 +116,7 @@ static kvtier_config cfg_for(const char *dir, int host_records, int disk_records
     c.disk_fsync = 0; /* the page cache is enough for these tests */
     c.disk_wait = 1;  /* never drop a write for a busy writer */
     c.quiet = 1;
+    c.write_queue_bytes = 0; /* the smallest queue: KVTIER_WRITE_QUEUE records */
     return c;
 }
 
