@@ -91,9 +91,10 @@ static void plan_help(void)
         {"--max-num-seqs", "N", "sequences decoded together (activation workspace)", seqs},
         {"--max-num-batched-tokens", "N", "tokens per engine step (activation workspace)", toks},
         {"--weights-dtype", "T", cands, "the stored row only"},
-        {"--kv-host-memory", "SIZE", "host-memory KV tier: print the blocks it holds", "0"},
+        {"--kv-host-memory", "SIZE|auto", "host-memory KV tier: print the blocks it holds", "0"},
         {"--kv-disk-dir", "DIR", "disk KV tier (with --kv-disk-size): print its blocks", "none"},
         {"--kv-disk-size", "SIZE", "disk KV tier budget", "4G with --kv-disk-dir"},
+        {"--kv-disk-write", "through|evict", "as serve takes it (the plan is the same)", "through"},
         {"--remeasure", NULL, "with --weights-memory: measure the read and matmul rates again "
                               "instead of using the cached ones", "off"},
     };
