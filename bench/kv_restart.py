@@ -92,17 +92,33 @@ def complete(url: str, prompt: list[int], max_tokens: int = 1) -> dict:
             "tokens": j["usage"]["completion_tokens"]}
 
 
+def proc_cpu_s(pid: int) -> float:
+    """utime + stime of a process, seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def n_records(d: str) -> int:
     return sum(1 for n in os.listdir(d) if n.endswith(".kvb") and not n.startswith("."))
 
 
-def fill(url: str, d: str, want: int, plen: int, vocab: int, seed: int, jobs: int = 4) -> int:
-    """Distinct random prompts until `want` records are on disk."""
+def fill(url: str, d: str, want: int, plen: int, vocab: int, seed: int, jobs: int = 2,
+         per_request: int = 16) -> int:
+    """Distinct random prompts (per_request of them in each request's prompt list) until
+    `want` records are on disk."""
     rng = random.Random(seed)
+
+    def send(ps: list[list[int]]) -> None:
+        r = httpx.post(url + "/v1/completions", json={"prompt": ps, "max_tokens": 1,
+                                                       "temperature": 0}, timeout=600)
+        r.raise_for_status()
+
     with cf.ThreadPoolExecutor(jobs) as ex:
         while n_records(d) < want:
-            batch = [[rng.randrange(3, vocab) for _ in range(plen)] for _ in range(8 * jobs)]
-            list(ex.map(lambda p: complete(url, p), batch))
+            reqs = [[[rng.randrange(3, vocab) for _ in range(plen)] for _ in range(per_request)]
+                    for _ in range(4 * jobs)]
+            list(ex.map(send, reqs))
     time.sleep(1.0)
     return n_records(d)
 
@@ -121,7 +137,8 @@ def bench_startup(args) -> dict:
     model = make_model(os.path.join(ROOT, "build", "bench"), "llama-F16")
     d = tier_dir(args, "startup")
     size = str(int(args.records * 9000 * 1.2))
-    common = ["--block-size", "8", "--kv-blocks", "4096", "--max-num-seqs", "8"]
+    common = ["--block-size", "8", "--kv-blocks", "16384", "--max-num-seqs", "32",
+              "--max-num-batched-tokens", "8192"]
     empty = tempfile.mkdtemp(prefix="kvant-empty-")
     base = Server(args.bin, model, *common, "--kv-disk-dir", empty, "--kv-disk-size", size)
     base_s = base.ready_s
@@ -136,6 +153,9 @@ def bench_startup(args) -> dict:
     subprocess.run(["sync"])
     srv = Server(args.bin, model, *common, "--kv-disk-dir", d, "--kv-disk-size", size)
     ready_s = srv.ready_s
+    rng = random.Random(1)  # fill's first prompt again: served from the directory
+    first = [rng.randrange(3, 384) for _ in range(240)]
+    hit = complete(srv.url, first)
     m2 = srv.metrics()
     srv.stop()
     shutil.rmtree(d, ignore_errors=True)
@@ -144,7 +164,8 @@ def bench_startup(args) -> dict:
            "written_through": m.get("kvant_kv_tier_write_through_records_total"),
            "ready_s": round(ready_s, 3), "ready_empty_dir_s": round(base_s, 3),
            "tier_share_s": round(ready_s - base_s, 3),
-           "indexed_blocks": m2.get("kvant_kv_tier_blocks{tier=disk}")}
+           "indexed_blocks": m2.get("kvant_kv_tier_blocks{tier=disk}"),
+           "first_prompt_cached_tokens": hit["cached"]}
     print("startup:", json.dumps(out))
     return out
 
@@ -155,7 +176,7 @@ def bench_restart(args) -> dict:
               "--kv-disk-size", str(int(args.blocks * 380_000 * 1.1))]
     srv = Server(args.bin, MODEL, *common)
     t0 = time.perf_counter()
-    fill(srv.url, d, args.blocks - 64, 1024, 40000, 2, jobs=2)
+    fill(srv.url, d, args.blocks - 64, 1024, 40000, 2, per_request=4)
     fill_s = time.perf_counter() - t0
     p = [random.Random(9).randrange(100, 40000) for _ in range(1025)]
     cold = complete(srv.url, p)
@@ -183,18 +204,23 @@ def decode_run(args, mode: str, streams: int = 16, max_tokens: int = 256) -> dic
     rng = random.Random(5)
     prompts = [[rng.randrange(100, 40000) for _ in range(128)] for _ in range(streams)]
     m0 = srv.metrics()
+    c0 = proc_cpu_s(srv.proc.pid)
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(streams) as ex:
         res = list(ex.map(lambda q: complete(srv.url, q, max_tokens), prompts))
     wall = time.perf_counter() - t0
+    proc_cpu = proc_cpu_s(srv.proc.pid) - c0
     time.sleep(0.5)
     m1 = srv.metrics()
     srv.stop()
     shutil.rmtree(d, ignore_errors=True)
-    cpu = m1["kvant_kv_tier_writer_cpu_seconds_total"] - m0["kvant_kv_tier_writer_cpu_seconds_total"]
+    cpu = (m1["kvant_kv_tier_writer_cpu_seconds_total"]
+           - m0.get("kvant_kv_tier_writer_cpu_seconds_total", 0.0))  # no step yet: no tier metrics
     return {"mode": mode, "wall_s": round(wall, 2),
             "decode_tok_s": round(sum(r["tokens"] for r in res) / wall, 1),
             "writer_cpu_s": round(cpu, 4), "writer_cpu_share_of_wall": round(cpu / wall, 4),
+            "process_cpu_s": round(proc_cpu, 2),
+            "writer_share_of_process_cpu": round(cpu / proc_cpu, 5) if proc_cpu > 0 else None,
             "records": m1["kvant_kv_tier_write_through_records_total"],
             "queue_full": m1["kvant_kv_tier_write_through_skipped_total{reason=queue_full}"]}
 
