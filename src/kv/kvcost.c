@@ -13,10 +13,16 @@ int kvcost_host_fit(uint64_t want, uint64_t avail, uint64_t weights, uint64_t *o
     if (want == KVCOST_HOST_AUTO && avail == 0)
         return kvant_err_set(err, KV_EINVAL, "--kv-host-memory auto: the available RAM is not "
                              "known here (no MemAvailable); give a size");
-    if (want == KVCOST_HOST_AUTO)
+    int is_auto = want == KVCOST_HOST_AUTO;
+    if (is_auto)
         want = room / 100 * KVCOST_HOST_AUTO_PCT;
     else if (!avail || want <= room)
         room = want;
+    if (is_auto && want == 0)
+        return kvant_err_set(err, KV_EINVAL, "--kv-host-memory auto: no RAM left for a host tier: "
+                             "%.0f MiB available (MemAvailable) - %.0f MiB of weights - %.0f MiB "
+                             "margin", (double)avail / mib, (double)weights / mib,
+                             (double)KVCOST_HOST_MARGIN / mib);
     if (want == 0 || want > room)
         return kvant_err_set(err, KV_EINVAL, "--kv-host-memory %.0f MiB does not fit in RAM: "
                              "%.0f MiB available (MemAvailable) - %.0f MiB of weights - %.0f MiB "

@@ -633,6 +633,8 @@ static void test_host_fit(void)
     uint64_t room = 16 * G - 2 * G - KVCOST_HOST_MARGIN;
     CHECK(out == room / 100 * KVCOST_HOST_AUTO_PCT);
     CHECK(kvcost_host_fit(KVCOST_HOST_AUTO, G, 2 * G, &out, &err) == KV_EINVAL);
+    CHECKF(strstr(err.msg, "auto: no RAM left") && strstr(err.msg, "1024 MiB available"), "%s",
+           err.msg);
     CHECK(kvcost_host_fit(KVCOST_HOST_AUTO, 0, 0, &out, &err) == KV_EINVAL);
     CHECK(kvcost_host_fit(64 * G, 0, 0, &out, &err) == KV_OK && out == 64 * G); /* unknown */
 }
