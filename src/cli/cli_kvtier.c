@@ -1,6 +1,7 @@
 /* cli_kvtier.c - the KV offload tier options shared by `kvant serve` and
- * `kvant plan`: --kv-host-memory SIZE, --kv-disk-dir DIR, --kv-disk-size
- * SIZE (sizes as mem_parse_size reads them: 512M, 4G, ...). */
+ * `kvant plan`: --kv-host-memory SIZE|auto, --kv-disk-dir DIR,
+ * --kv-disk-size SIZE (sizes as mem_parse_size reads them: 512M, 4G, ...),
+ * --kv-disk-write through|evict. */
 #include <inttypes.h>
 #include <string.h>
 
@@ -21,12 +22,26 @@ int cli_kvtier_parse(engine_config *ec, int argc, char **argv, int *i)
         ec->kv_disk_dir = v;
         return 1;
     }
+    if (!strcmp(a, "--kv-disk-write")) {
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        if (strcmp(v, "through") && strcmp(v, "evict")) {
+            fprintf(stderr, "kvant: --kv-disk-write: expected through or evict, got '%s'\n", v);
+            return -1;
+        }
+        ec->kv_disk_evict_only = !strcmp(v, "evict");
+        return 1;
+    }
     if (!host && !dsize)
         return 0;
     kvant_err err = {0};
     uint64_t n = 0;
     if (!(v = cli_value(argc, argv, i)))
         return -1;
+    if (host && !strcmp(v, "auto")) {
+        ec->kv_host_memory = KVCOST_HOST_AUTO;
+        return 1;
+    }
     if (mem_parse_size(v, &n, &err)) {
         fprintf(stderr, "kvant: %s: %s\n", a, err.msg);
         return -1;

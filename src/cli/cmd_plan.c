@@ -91,9 +91,10 @@ static void plan_help(void)
         {"--max-num-seqs", "N", "sequences decoded together (activation workspace)", seqs},
         {"--max-num-batched-tokens", "N", "tokens per engine step (activation workspace)", toks},
         {"--weights-dtype", "T", cands, "the stored row only"},
-        {"--kv-host-memory", "SIZE", "host-memory KV tier: print the blocks it holds", "0"},
+        {"--kv-host-memory", "SIZE|auto", "host-memory KV tier: print the blocks it holds", "0"},
         {"--kv-disk-dir", "DIR", "disk KV tier (with --kv-disk-size): print its blocks", "none"},
         {"--kv-disk-size", "SIZE", "disk KV tier budget", "4G with --kv-disk-dir"},
+        {"--kv-disk-write", "through|evict", "as serve takes it (the plan is the same)", "through"},
         {"--remeasure", NULL, "with --weights-memory: measure the read and matmul rates again "
                               "instead of using the cached ones", "off"},
     };
@@ -177,6 +178,9 @@ static plan_tiers tiers_of(const plan_result *r, const engine_config *ec)
     plan_tiers t = {0};
     t.record_bytes = KVTIER_RECORD_BYTES(r->block_size, r->kv_bytes_per_token * r->block_size);
     t.host_bytes = ec->kv_host_memory;
+    if (t.host_bytes == KVCOST_HOST_AUTO && /* as serve sizes it (engine_tier.c) */
+        kvcost_host_fit(t.host_bytes, mem_host_available(), r->weights_bytes, &t.host_bytes, NULL))
+        t.host_bytes = 0;
     t.disk_bytes = ec->kv_disk_dir ? (ec->kv_disk_size ? ec->kv_disk_size
                                                        : ENGINE_DEFAULT_DISK_SIZE) : 0;
     t.host_blocks = t.host_bytes / t.record_bytes;

@@ -110,10 +110,14 @@ static void serve_help(void)
          fmt_long(stall, 16, (long)sc.health_stall_s)},
         {"--drain-timeout", "SECONDS", "on SIGTERM/SIGINT, wait this long for requests, then "
                                        "cancel them", fmt_long(drain, 16, SERVE_DRAIN_TIMEOUT_S)},
-        {"--kv-host-memory", "SIZE", "host-memory KV tier under the device pool, 0: none", "0"},
+        {"--kv-host-memory", "SIZE|auto", "host-memory KV tier under the device pool, 0: none; "
+                                          "auto: half the free RAM after the weights", "0"},
         {"--kv-disk-dir", "DIR", "disk KV tier (kept across restarts), one server per DIR",
          "none"},
         {"--kv-disk-size", "SIZE", "disk KV tier budget", "4G with --kv-disk-dir"},
+        {"--kv-disk-write", "through|evict", "through: every full prompt block goes to disk as it "
+                                             "completes; evict: only blocks evicted from device "
+                                             "and host", "through"},
         {"-m, --model", "[NAME=]PATH", "a model to serve (repeatable: several models share one "
                                        "budget; NAME defaults to the file name without .gguf)",
          CLI_DEFAULT_MODEL},
@@ -279,6 +283,7 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
     }
     if (cli_kvtier_check(&o->ec, "serve"))
         return CLI_EXIT_USAGE;
+    o->ec.kv_flush_timeout = o->drain_timeout; /* the shutdown's disk writes, after the drain */
     cli_engine_config(&o->c, &o->ec);
     if (o->ec.max_waiting < 0) {
         long w = (long)SERVE_WAITING_PER_SEQ * o->ec.max_num_seqs;

@@ -499,11 +499,11 @@ static void note_progress(engine *e, int did_work)
     pthread_mutex_unlock(&e->mu);
 }
 
-/* Waits on e->cv (e->mu held); while the disk tier's scan is under way,
+/* Waits on e->cv (e->mu held); while the tiers have idle work (engine_tier_busy),
  * for at most 10 ms: returns 1 when that time ran out (idle work due). */
 static int engine_idle_wait(engine *e)
 {
-    if (!engine_tier_scanning(e)) {
+    if (!engine_tier_busy(e)) {
         pthread_cond_wait(&e->cv, &e->mu);
         return 0;
     }
@@ -531,7 +531,7 @@ static void *engine_main(void *arg)
         if (stop)
             break;
         if (idle_tick && !work)
-            engine_tier_idle(e); /* the disk scan's next slice */
+            engine_tier_idle(e); /* write-through offers, the disk scan's next slice */
         engine_serve_snapshot(e); /* between steps: the pool is consistent */
         engine_serve_resize(e);
         if (work) {

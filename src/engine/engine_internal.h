@@ -222,9 +222,11 @@ int64_t engine_tier_extend(engine *e, eng_seq *s);
 void engine_tier_preempt(engine *e, eng_seq *v);      /* before its blocks go */
 void engine_tier_observe(engine *e, int32_t prefill_tokens, int32_t tokens, double seconds);
 void engine_tier_snapshot(engine *e);
-/* 1 while the disk tier's start-up scan is still indexing (engine thread). */
-int engine_tier_scanning(engine *e);
-/* Idle-time tier work (the scan's next slice; engine thread). */
+/* 1 while the tiers have idle-time work: the disk tier's start-up scan,
+ * blocks waiting for write-through, disk writes to take in (engine thread). */
+int engine_tier_busy(engine *e);
+/* Idle-time tier work (write-through offers, the scan's next slice;
+ * engine thread). */
 void engine_tier_idle(engine *e);
 
 /* engine_offload.c (no-ops without --weights-memory).  plan: the placement

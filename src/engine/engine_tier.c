@@ -16,10 +16,23 @@
  * differ bitwise between them, so a cache written on one is foreign to the
  * other).
  *
- * Decisions.  A block found in a tier is loaded when kvtier_prefer_load
+ * Write-through (unless --kv-disk-write evict).  A block hashed by a
+ * commit is put on wt_ring (once: wt_mark) with its pool chain hash; at
+ * the end of each step (and when idle) the ring's head blocks are offered
+ * to kvtier_write_through, which exports the block into a writer-queue
+ * buffer on this thread (one copy of payload_bytes: a memcpy on the CPU
+ * backend, a device-to-host copy on CUDA; the writer thread then seals,
+ * writes and renames the copy, so no block is read while the pool may
+ * reuse it) or skips it as already on disk or queued.  A full queue (64 MiB
+ * of records, 16 to 256 of them: KVTIER_WRITE_QUEUE_BYTES) stops
+ * the offers until the next step: blocks wait on the ring, the step does
+ * not wait on the disk.  A block that the pool freed or rehashed before
+ * its offer (its chain hash changed) is skipped and counted (wt_missed).
+ *
+ * Decisions.  A block found in a tier is loaded when kvcost_prefer_load
  * says moving it beats recomputing it at the engine's measured prefill
  * rate; a preempted sequence's hashed blocks are written to the host tier
- * at once (swap) when kvtier_prefer_swap says so, else left to the device
+ * at once (swap) when kvcost_prefer_swap says so, else left to the device
  * cache and demotion on eviction (recompute).  engine_config.kv_tier_policy
  * forces either answer for tests.
  *
@@ -29,12 +42,19 @@
 #include "engine/engine_tier.h"
 #include "engine/engine_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/dtype.h"
+#include "mem/mem.h"
 #include "model/model_hash.h"
 #include "text/tokenizer.h"
+
+/* Write-through offers per step (two of the largest writer queues: the
+ * exports are bounded by the queue's free records, the rest are blocks
+ * already on disk, answered from the index). */
+#define ENGINE_WT_OFFERS (2 * KVTIER_WRITE_QUEUE_MAX)
 
 struct eng_tier {
     kvtier *t;
@@ -43,9 +63,15 @@ struct eng_tier {
     int32_t *toks;       /* [n_blocks][block_size] */
     uint8_t *valid;      /* [n_blocks] keys[b] holds b's current key */
     uint64_t payload_bytes;
-    kvtier_cost cost;    /* measured bandwidths + the engine's prefill rate */
+    kvcost cost;    /* measured bandwidths + the engine's prefill rate */
     uint64_t hit_tokens[KVTIER_N], declined, swaps, recomputes, swap_blocks;
     double busy_s;       /* engine-thread time in tier work (evict, lookup, load, swap) */
+    int through;         /* write-through on (a disk tier, not --kv-disk-write evict) */
+    int32_t *wt_ring;    /* [n_blocks] hashed blocks waiting for their offer, FIFO */
+    uint64_t *wt_hash;   /* [n_blocks] pool chain hash of b when it joined the ring */
+    uint8_t *wt_mark;    /* [n_blocks] 1 while b is on the ring */
+    int32_t n_blocks, wt_head, wt_count;
+    uint64_t wt_missed;
     int timing;          /* inside a timed section: evictions are not timed again */
     engine_tier_stats snap; /* guarded by e->mu */
 };
@@ -128,6 +154,39 @@ void engine_tier_hook(engine *e, kvpool_config *pc)
     pc->evict_ctx = e;
 }
 
+/* Offers the ring's head blocks to the disk writer: at most
+ * ENGINE_WT_OFFERS per call, stopping at a full queue (wait: the queue
+ * waits for the writer instead, up to the tier's deadline).  Returns 1
+ * when it made progress. */
+static int wt_pump(engine *e, int wait)
+{
+    eng_tier *et = e->tier;
+    int progress = 0;
+    for (int n = 0; et->wt_count > 0 && n < ENGINE_WT_OFFERS; n++) {
+        int32_t b = et->wt_ring[et->wt_head];
+        uint64_t h;
+        if (et->valid[b] && kvpool_block_hashed(e->pool, b, &h) && h == et->wt_hash[b]) {
+            export_ctx x = {e, b};
+            int r = kvtier_write_through(et->t, et->keys + (size_t)b * KVTIER_KEY_BYTES,
+                                         et->toks + (size_t)b * e->cfg.block_size, export_fill,
+                                         &x);
+            if (r == KVTIER_WT_FULL && wait && kvtier_wait_one(et->t))
+                r = kvtier_write_through(et->t, et->keys + (size_t)b * KVTIER_KEY_BYTES,
+                                         et->toks + (size_t)b * e->cfg.block_size, export_fill,
+                                         &x);
+            if (r == KVTIER_WT_FULL)
+                break;
+        } else {
+            et->wt_missed++;
+        }
+        et->wt_mark[b] = 0;
+        et->wt_head = (et->wt_head + 1) % et->n_blocks;
+        et->wt_count--;
+        progress = 1;
+    }
+    return progress;
+}
+
 /* ---- lifecycle ---- */
 
 int engine_tier_create(engine *e, int32_t n_blocks, kvant_err *err)
@@ -151,6 +210,15 @@ int engine_tier_create(engine *e, int32_t n_blocks, kvant_err *err)
     et->keys = malloc((size_t)n_blocks * KVTIER_KEY_BYTES);
     et->toks = malloc((size_t)n_blocks * (size_t)c->block_size * sizeof(int32_t));
     et->valid = calloc((size_t)n_blocks, 1);
+    et->n_blocks = n_blocks;
+    et->through = want_disk && !c->kv_disk_evict_only;
+    if (et->through) {
+        et->wt_ring = malloc((size_t)n_blocks * sizeof(int32_t));
+        et->wt_hash = malloc((size_t)n_blocks * sizeof(uint64_t));
+        et->wt_mark = calloc((size_t)n_blocks, 1);
+        if (!et->wt_ring || !et->wt_hash || !et->wt_mark)
+            return kvant_err_set(err, KV_ENOMEM, "out of memory for %d block keys", (int)n_blocks);
+    }
     if (!et->keys || !et->toks || !et->valid)
         return kvant_err_set(err, KV_ENOMEM, "out of memory for %d block keys", (int)n_blocks);
     kvtier_config tc = kvtier_config_default();
@@ -158,7 +226,20 @@ int engine_tier_create(engine *e, int32_t n_blocks, kvant_err *err)
     tc.block_size = c->block_size;
     tc.kv_dtype = c->kv_dtype;
     tc.payload_bytes = et->payload_bytes;
-    tc.host_bytes = c->kv_host_memory;
+    uint64_t host = 0;
+    if (c->kv_host_memory) {
+        /* weights that live in host RAM: a device backend's are uploaded */
+        int host_ram = !c->backend || !strcmp(c->backend, "cpu");
+        int rc = kvcost_host_fit(c->kv_host_memory, mem_host_available(),
+                                 host_ram ? e->m->weights_bytes : 0, &host, err);
+        if (rc)
+            return rc;
+        if (c->kv_host_memory == KVCOST_HOST_AUTO && c->print_plan)
+            fprintf(stderr, "kvant: --kv-host-memory auto: %.0f MiB (%d%% of available RAM less "
+                    "the weights and %.0f MiB)\n", (double)host / (1 << 20),
+                    KVCOST_HOST_AUTO_PCT, (double)KVCOST_HOST_MARGIN / (1 << 20));
+    }
+    tc.host_bytes = host;
     tc.disk_dir = want_disk ? c->kv_disk_dir : NULL;
     tc.disk_bytes = c->kv_disk_size ? c->kv_disk_size : ENGINE_DEFAULT_DISK_SIZE;
     tc.quiet = c->manual; /* tests: no log lines */
@@ -174,7 +255,12 @@ void engine_tier_shutdown(engine *e)
 {
     if (!e->tier || !e->pool)
         return;
-    kvtier_set_wait(e->tier->t, 1);  /* keep every block: wait for the disk */
+    eng_tier *et = e->tier;
+    /* keep every block: wait for the disk, up to kv_flush_timeout */
+    kvtier_set_deadline(et->t, e->cfg.kv_flush_timeout);
+    kvtier_set_wait(et->t, 1);
+    while (et->wt_count > 0 && wt_pump(e, 1))
+        ;                              /* the blocks still waiting for write-through */
     kvpool_evict_cached(e->pool);      /* the device cache goes down a tier */
 }
 
@@ -187,6 +273,9 @@ void engine_tier_destroy(engine *e)
     free(et->keys);
     free(et->toks);
     free(et->valid);
+    free(et->wt_ring);
+    free(et->wt_hash);
+    free(et->wt_mark);
     free(et);
     e->tier = NULL;
 }
@@ -204,10 +293,16 @@ void engine_tier_after_commit(engine *e, const eng_seq *s, int32_t nh0)
         const uint8_t *parent =
             i ? et->keys + (size_t)s->kv.blocks[i - 1] * KVTIER_KEY_BYTES : et->fingerprint;
         uint8_t key[KVTIER_KEY_BYTES];
-        kvtier_chain_key(parent, s->kv.salt, s->tokens + (int64_t)i * bs, bs, key);
+        kvhash_chain_key(parent, s->kv.salt, s->tokens + (int64_t)i * bs, bs, key);
         memcpy(et->keys + (size_t)b * KVTIER_KEY_BYTES, key, KVTIER_KEY_BYTES);
         memcpy(et->toks + (size_t)b * bs, s->tokens + (int64_t)i * bs, (size_t)bs * sizeof(int32_t));
         et->valid[b] = 1;
+        uint64_t h;
+        if (et->through && !et->wt_mark[b] && kvpool_block_hashed(e->pool, b, &h)) {
+            et->wt_ring[(et->wt_head + et->wt_count++) % et->n_blocks] = b;
+            et->wt_hash[b] = h;
+            et->wt_mark[b] = 1;
+        }
     }
 }
 
@@ -223,7 +318,7 @@ static int should_load(engine *e, int where)
     kvtier_stats st;
     kvtier_get_stats(et->t, &st);
     uint64_t bytes = where == KVTIER_DISK ? st.record_bytes : et->payload_bytes;
-    return kvtier_prefer_load(&et->cost, where, bytes, e->cfg.block_size);
+    return kvcost_prefer_load(&et->cost, where, bytes, e->cfg.block_size);
 }
 
 int64_t engine_tier_extend(engine *e, eng_seq *s)
@@ -245,7 +340,7 @@ int64_t engine_tier_extend(engine *e, eng_seq *s)
         uint8_t key[KVTIER_KEY_BYTES];
         const uint8_t *parent =
             i ? et->keys + (size_t)kv->blocks[i - 1] * KVTIER_KEY_BYTES : et->fingerprint;
-        kvtier_chain_key(parent, kv->salt, tok, bs, key);
+        kvhash_chain_key(parent, kv->salt, tok, bs, key);
         int where = kvtier_where(et->t, key);
         if (where == KVTIER_NONE)
             break;
@@ -288,7 +383,7 @@ void engine_tier_preempt(engine *e, eng_seq *v)
         if (e->cfg.kv_tier_policy == ENGINE_TIER_ALWAYS)
             swap = 1;
         else if (e->cfg.kv_tier_policy == ENGINE_TIER_COST)
-            swap = kvtier_prefer_swap(&et->cost, (uint64_t)nh * et->payload_bytes,
+            swap = kvcost_prefer_swap(&et->cost, (uint64_t)nh * et->payload_bytes,
                                       v->n_computed);
     }
     if (!swap) {
@@ -315,19 +410,22 @@ void engine_tier_observe(engine *e, int32_t prefill_tokens, int32_t tokens, doub
                                                       : tps;
 }
 
-int engine_tier_scanning(engine *e)
+void engine_tier_idle(engine *e)
+{
+    if (!e->tier)
+        return;
+    if (e->tier->wt_count > 0)
+        wt_pump(e, 0);
+    kvtier_poll(e->tier->t);
+}
+
+int engine_tier_busy(engine *e)
 {
     if (!e->tier)
         return 0;
     kvtier_stats st;
     kvtier_get_stats(e->tier->t, &st);
-    return st.disk_scanning;
-}
-
-void engine_tier_idle(engine *e)
-{
-    if (e->tier)
-        kvtier_poll(e->tier->t);
+    return st.disk_scanning || (e->tier->wt_count > 0 && st.disk_enabled) || st.disk_pending > 0;
 }
 
 void engine_tier_snapshot(engine *e)
@@ -335,6 +433,11 @@ void engine_tier_snapshot(engine *e)
     eng_tier *et = e->tier;
     if (!et)
         return;
+    if (et->wt_count > 0) {
+        double t0 = engine_now();
+        wt_pump(e, 0);
+        et->busy_s += engine_now() - t0;
+    }
     kvtier_poll(et->t);
     engine_tier_stats s;
     memset(&s, 0, sizeof s);
@@ -347,6 +450,10 @@ void engine_tier_snapshot(engine *e)
     s.recomputes = et->recomputes;
     s.busy_seconds = et->busy_s;
     s.cost = et->cost;
+    s.write_through = et->through;
+    s.wt_waiting = et->wt_count;
+    s.wt_missed = et->wt_missed;
+    s.writer_cpu_seconds = kvtier_writer_cpu_seconds(et->t);
     s.host_capacity_bytes = (uint64_t)s.t.host_capacity_blocks * s.t.record_bytes;
     s.disk_capacity_bytes = (uint64_t)s.t.disk_capacity_blocks * s.t.record_bytes;
     pthread_mutex_lock(&e->mu);

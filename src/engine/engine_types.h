@@ -41,11 +41,15 @@ typedef struct engine_config {
     int manual;                    /* tests: no engine thread; drive with engine_run_step */
     uint64_t test_fail_nth;        /* tests: the n-th device allocation fails (mem_fail_nth) */
     /* KV offload tiers (engine_tier.c); both 0/NULL = none */
-    uint64_t kv_host_memory;       /* host tier bytes */
+    uint64_t kv_host_memory;       /* host tier bytes (KVCOST_HOST_AUTO: auto, from free RAM) */
     const char *kv_disk_dir;       /* disk tier directory (borrowed until create returns) */
     uint64_t kv_disk_size;         /* disk tier bytes (0: ENGINE_DEFAULT_DISK_SIZE) */
     int kv_tier_policy;            /* ENGINE_TIER_COST (default); ALWAYS / NEVER for tests */
     int kv_disk_wait;              /* tests: disk writes wait for the writer, never dropped */
+    int kv_disk_evict_only;        /* --kv-disk-write evict: blocks reach disk only when
+                                      evicted from device and host (default 0: through,
+                                      every hashed block written as it completes) */
+    double kv_flush_timeout;       /* shutdown: seconds the disk writes may take (0: no limit) */
     /* Several engines, one budget: allocate from this manager (borrowed; it
      * must outlive the engine) instead of creating one.  The planner still
      * sizes this engine from device_memory * memory_utilization (its share);
@@ -222,8 +226,12 @@ typedef struct engine_tier_stats {
     uint64_t loads_declined;         /* tier hits the cost model chose to recompute */
     uint64_t swaps, swap_blocks;     /* preemptions that wrote to the host tier */
     uint64_t recomputes;             /* preemptions left to recomputation */
-    kvtier_cost cost;                /* measured bandwidths and prefill rate */
+    kvcost cost;                     /* measured bandwidths and prefill rate */
     double busy_seconds;             /* engine-thread time in tier work */
+    int write_through;               /* 1: hashed blocks are written through to disk */
+    int32_t wt_waiting;              /* hashed blocks not yet offered to the disk writer */
+    uint64_t wt_missed;              /* hashed blocks reused before they could be offered */
+    double writer_cpu_seconds;       /* the disk writer thread's CPU time */
 } engine_tier_stats;
 
 /* Liveness of the engine thread, for /health.  Progress is a step that ran

@@ -133,3 +133,43 @@ uint32_t kvhash_crc32c(const kvhash_crc *c, uint32_t crc, const void *data, size
         r = (r >> 8) ^ c->t[0][(r ^ *p) & 0xff];
     return ~r;
 }
+
+void kvhash_chain_key(const uint8_t parent[32], uint64_t salt,
+                      const int32_t *tokens, int32_t bs, uint8_t key[32])
+{
+    kvhash_sha256_ctx s;
+    uint8_t b[8];
+    kvhash_sha256_init(&s);
+    kvhash_sha256_update(&s, parent, 32);
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(salt >> (8 * i));
+    kvhash_sha256_update(&s, b, 8);
+    for (int32_t i = 0; i < bs; i++) {
+        uint32_t v = (uint32_t)tokens[i];
+        uint8_t w[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+        kvhash_sha256_update(&s, w, 4);
+    }
+    kvhash_sha256_final(&s, key);
+}
+
+void kvhash_hex(const uint8_t *b, int n, char *out)
+{
+    static const char hx[] = "0123456789abcdef";
+    for (int i = 0; i < n; i++) {
+        out[2 * i] = hx[b[i] >> 4];
+        out[2 * i + 1] = hx[b[i] & 15];
+    }
+    out[2 * n] = 0;
+}
+
+int kvhash_unhex(const char *s, int n, uint8_t *out)
+{
+    for (int i = 0; i < 2 * n; i++) {
+        char c = s[i];
+        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (v < 0)
+            return -1;
+        out[i / 2] = (uint8_t)(i % 2 ? (out[i / 2] << 4) | v : v);
+    }
+    return 0;
+}

@@ -40,4 +40,16 @@ void kvhash_crc_init(kvhash_crc *c);
 /* crc = CRC32C of data continuing from crc (start with 0). */
 uint32_t kvhash_crc32c(const kvhash_crc *c, uint32_t crc, const void *data, size_t n);
 
+/* A KV tier's block key: SHA-256(parent[32] | salt (8 bytes LE) |
+ * tokens[bs] (LE int32)); the first block's parent is the model's
+ * fingerprint (kvtier.h). */
+void kvhash_chain_key(const uint8_t parent[32], uint64_t salt, const int32_t *tokens, int32_t bs,
+                      uint8_t key[32]);
+
+/* out = n bytes of b as 2n lower-case hex digits and a NUL. */
+void kvhash_hex(const uint8_t *b, int n, char *out);
+/* The n bytes whose lower-case hex digits start s: 0, or -1 (out
+ * undefined) at a character that is not one. */
+int kvhash_unhex(const char *s, int n, uint8_t *out);
+
 #endif

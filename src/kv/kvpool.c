@@ -478,6 +478,15 @@ void kvpool_block_states(const kvpool *p, uint8_t *state, int32_t *refcount)
     memcpy(refcount, p->refcount, (size_t)p->n_blocks * sizeof *refcount);
 }
 
+int kvpool_block_hashed(const kvpool *p, int32_t block, uint64_t *hash)
+{
+    if (block < 0 || block >= p->n_blocks || p->state[block] == KVB_FREE ||
+        !(p->flags[block] & KVB_HASHED))
+        return 0;
+    *hash = p->hash[block];
+    return 1;
+}
+
 int kvpool_block_state(const kvpool *p, int32_t block)
 {
     if (block < 0 || block >= p->n_blocks)

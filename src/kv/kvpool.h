@@ -193,6 +193,9 @@ int32_t kvpool_refcount(const kvpool *p, int32_t block); /* -1 if out of range *
  * CACHED); -1 if out of range.  O(1), engine thread only like the rest. */
 enum { KVPOOL_BLOCK_FREE = 0, KVPOOL_BLOCK_USED = 1, KVPOOL_BLOCK_CACHED = 2 };
 int kvpool_block_state(const kvpool *p, int32_t block);
+/* 1 when block holds a full, hashed block (its contents final while it
+ * stays so), with its chain hash in *hash; 0 otherwise.  O(1). */
+int kvpool_block_hashed(const kvpool *p, int32_t block, uint64_t *hash);
 /* Bulk form for snapshots: state[b] and refcount[b] for every block
  * (arrays of n_blocks, caller-owned).  O(n_blocks) memcpy. */
 void kvpool_block_states(const kvpool *p, uint8_t *state, int32_t *refcount);

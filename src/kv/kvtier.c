@@ -1,7 +1,7 @@
 /* kvtier.c - host and disk KV tiers (see kvtier.h).
  *
- * Both tiers index their records with a kvidx (kvidx.h).  Host entry i owns slab slot i; a disk entry names the
- * file <hex key>.kvb.  Records in the host slab carry the full header; the
+ * Both tiers index their records with a kvidx (kvidx.h).  Host entry i
+ * owns slab slot i; a disk entry names the file <hex key>.kvb.  Records in the host slab carry the full header; the
  * payload CRC is computed when a record goes to disk (the host copy never
  * leaves this process's memory), and checked on every disk read.
  */
@@ -34,6 +34,7 @@ typedef struct kvwq_slot {
     uint8_t *rec;                  /* [record_bytes] */
     int state;                     /* WQ_*, under wmu */
     int err;                       /* errno of a failed write, at WQ_DONE */
+    int through;                   /* engine thread: queued by kvtier_write_through */
 } kvwq_slot;
 
 struct kvtier {
@@ -44,13 +45,16 @@ struct kvtier {
     kvidx host;
     uint8_t *slab;           /* [host.cap][record_bytes] */
     kvidx disk;
+    uint8_t *dver;           /* [disk.cap] entry's header checked (0: indexed by name
+                                only at the scan; checked on first read or eviction) */
+    int64_t scan_seen;       /* directory entries the scan has examined */
     int disk_on;
     int lock_fd;
     uint8_t *scratch;        /* [record_bytes] disk reads, the start-up scan and probe */
     DIR *scan;               /* the directory scan still under way (lazy part), or NULL */
     time_t scan_t0;          /* wall-clock second the tier opened (temp files older
                                 than this are a dead process's) */
-    kvtier_cost cost;
+    kvcost cost;
     kvtier_stats st;
     /* disk writer thread: the engine thread queues records into wq; the
      * writer seals, writes, fsyncs and renames them; the engine thread
@@ -61,9 +65,12 @@ struct kvtier {
     pthread_cond_t wcv;      /* a slot was queued, finished, or wstop set */
     int wstop;
     int wpause;              /* tests: the writer takes no new slot */
-    kvwq_slot wq[KVTIER_WRITE_QUEUE];
-    uint8_t wq_busy[KVTIER_WRITE_QUEUE]; /* engine thread's view: queued, not reaped */
+    kvwq_slot wq[KVTIER_WRITE_QUEUE_MAX];     /* the first nwq are in use */
+    uint8_t wq_busy[KVTIER_WRITE_QUEUE_MAX];  /* engine thread's view: queued, not reaped */
+    int nwq;                 /* writer-queue records (kvtier_config.write_queue_bytes) */
     int32_t n_pending;       /* engine thread: busy slots */
+    double deadline;         /* CLOCK_MONOTONIC seconds after which waiting writes
+                                drop instead (0: none; kvtier_set_deadline) */
 };
 
 kvtier_config kvtier_config_default(void)
@@ -73,33 +80,23 @@ kvtier_config kvtier_config_default(void)
     c.block_size = 16;
     c.disk_fsync = 1;
     c.scan_eager = KVTIER_SCAN_EAGER;
+    c.scan_verify = KVTIER_SCAN_VERIFY;
+    c.write_queue_bytes = KVTIER_WRITE_QUEUE_BYTES;
     return c;
-}
-
-void kvtier_chain_key(const uint8_t parent[KVTIER_KEY_BYTES], uint64_t salt,
-                      const int32_t *tokens, int32_t bs, uint8_t key[KVTIER_KEY_BYTES])
-{
-    kvhash_sha256_ctx s;
-    uint8_t b[8];
-    kvhash_sha256_init(&s);
-    kvhash_sha256_update(&s, parent, KVTIER_KEY_BYTES);
-    for (int i = 0; i < 8; i++)
-        b[i] = (uint8_t)(salt >> (8 * i));
-    kvhash_sha256_update(&s, b, 8);
-    for (int32_t i = 0; i < bs; i++) {
-        uint32_t v = (uint32_t)tokens[i];
-        uint8_t w[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
-        kvhash_sha256_update(&s, w, 4);
-    }
-    kvhash_sha256_final(&s, key);
 }
 
 /* ---- record header ---- */
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static void put32(uint8_t *p, uint32_t v)
 {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
+    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
 }
 
 static uint32_t get32(const uint8_t *p)
@@ -175,21 +172,11 @@ static int record_matches(const kvtier *t, const uint8_t *rec, const uint8_t *ke
 
 /* ---- disk tier ---- */
 
-static void key_hex(const uint8_t *key, char *out)
-{
-    static const char hx[] = "0123456789abcdef";
-    for (int i = 0; i < KVTIER_KEY_BYTES; i++) {
-        out[2 * i] = hx[key[i] >> 4];
-        out[2 * i + 1] = hx[key[i] & 15];
-    }
-    out[2 * KVTIER_KEY_BYTES] = 0;
-}
-
 /* path = dir/<hex>.kvb, or with tmp: dir/.tmp.<hex>.kvb */
 static void disk_path(const kvtier *t, const uint8_t *key, int tmp, char *path, size_t cap)
 {
     char hex[2 * KVTIER_KEY_BYTES + 1];
-    key_hex(key, hex);
+    kvhash_hex(key, KVTIER_KEY_BYTES, hex);
     snprintf(path, cap, "%s/%s%s.kvb", t->dir, tmp ? ".tmp." : "", hex);
 }
 
@@ -212,20 +199,6 @@ static void disk_unlink(kvtier *t, int32_t id)
     kvidx_remove(&t->disk, id);
 }
 
-static int write_all(int fd, const uint8_t *p, uint64_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n > (1u << 30) ? (1u << 30) : (size_t)n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return w < 0 ? errno : ENOSPC;
-        p += w;
-        n -= (uint64_t)w;
-    }
-    return 0;
-}
-
 static int read_all(int fd, uint8_t *p, uint64_t n)
 {
     while (n > 0) {
@@ -236,6 +209,81 @@ static int read_all(int fd, uint8_t *p, uint64_t n)
             return r < 0 ? errno : EIO;
         p += r;
         n -= (uint64_t)r;
+    }
+    return 0;
+}
+
+/* Classifies the file at path, named for key: REC_OK (this model's record
+ * of the right size and key), REC_FOREIGN (another model's or geometry's),
+ * REC_CORRUPT (torn, unreadable, bad header); -1 when it no longer exists.
+ * Reads the header and token ids into t->scratch. */
+static int disk_classify(kvtier *t, const char *path, const uint8_t *key)
+{
+    uint64_t hb = KVTIER_HEADER_BYTES + 4u * (uint64_t)t->cfg.block_size;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT)
+        return -1;
+    struct stat sb;
+    int ok = fd >= 0 && !fstat(fd, &sb) && S_ISREG(sb.st_mode) &&
+             (uint64_t)sb.st_size >= hb && !read_all(fd, t->scratch, hb);
+    if (fd >= 0)
+        close(fd);
+    int cls = ok ? record_check_header(t, t->scratch) : REC_CORRUPT;
+    if (cls == REC_OK && ((uint64_t)sb.st_size != t->record_bytes ||
+                          memcmp(t->scratch + 40, key, KVTIER_KEY_BYTES)))
+        cls = REC_CORRUPT;
+    return cls;
+}
+
+/* Checks the header of disk entry id if the scan indexed it by name only:
+ * returns 1 when it is this model's record (now marked checked), else 0
+ * with the entry gone from the index (a foreign file left alone and
+ * counted, a corrupt one unlinked and counted, a vanished one forgotten). */
+static int disk_verify(kvtier *t, int32_t id)
+{
+    if (t->dver[id])
+        return 1;
+    char path[4096];
+    uint8_t key[KVTIER_KEY_BYTES];
+    memcpy(key, t->disk.e[id].key, sizeof key);
+    disk_path(t, key, 0, path, sizeof path);
+    int cls = disk_classify(t, path, key);
+    if (cls == REC_OK) {
+        t->dver[id] = 1;
+        return 1;
+    }
+    if (cls == REC_CORRUPT) {
+        unlink(path);
+        t->st.skipped_corrupt++;
+    } else if (cls == REC_FOREIGN) {
+        t->st.skipped_foreign++;
+    }
+    kvidx_remove(&t->disk, id);
+    return 0;
+}
+
+/* Makes room: the least recently used disk record is unlinked (one whose
+ * header was never checked is checked first: another model's file is only
+ * dropped from the index). */
+static void disk_evict_head(kvtier *t)
+{
+    int32_t id = t->disk.head;
+    if (!disk_verify(t, id))
+        return;
+    disk_unlink(t, id);
+    t->st.evictions[KVTIER_DISK]++;
+}
+
+static int write_all(int fd, const uint8_t *p, uint64_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n > (1u << 30) ? (1u << 30) : (size_t)n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return w < 0 ? errno : ENOSPC;
+        p += w;
+        n -= (uint64_t)w;
     }
     return 0;
 }
@@ -270,7 +318,7 @@ static void *disk_writer(void *arg)
     pthread_mutex_lock(&t->wmu);
     for (;;) {
         int k = -1;
-        for (int i = 0; i < KVTIER_WRITE_QUEUE && k < 0 && !t->wpause; i++)
+        for (int i = 0; i < t->nwq && k < 0 && !t->wpause; i++)
             if (t->wq[i].state == WQ_QUEUED)
                 k = i;
         if (k < 0) {
@@ -298,9 +346,9 @@ static void disk_reap(kvtier *t)
 {
     if (t->n_pending == 0)
         return;
-    int done[KVTIER_WRITE_QUEUE], err[KVTIER_WRITE_QUEUE], n = 0;
+    int done[KVTIER_WRITE_QUEUE_MAX], err[KVTIER_WRITE_QUEUE_MAX], n = 0;
     pthread_mutex_lock(&t->wmu);
-    for (int i = 0; i < KVTIER_WRITE_QUEUE; i++)
+    for (int i = 0; i < t->nwq; i++)
         if (t->wq_busy[i] && t->wq[i].state == WQ_DONE) {
             done[n] = i;
             err[n++] = t->wq[i].err;
@@ -317,9 +365,15 @@ static void disk_reap(kvtier *t)
         }
         if (!t->disk_on || kvidx_find(&t->disk, w->key) >= 0)
             continue;
-        kvidx_add(&t->disk, w->key); /* room was reserved at submit */
+        int32_t id = kvidx_add(&t->disk, w->key); /* room was reserved at submit */
+        if (id >= 0)
+            t->dver[id] = 1;
         t->st.stores[KVTIER_DISK]++;
         t->st.store_bytes[KVTIER_DISK] += t->record_bytes;
+        if (w->through) {
+            t->st.wt_written++;
+            t->st.wt_written_bytes += t->record_bytes;
+        }
     }
 }
 
@@ -329,7 +383,7 @@ static void disk_wait_one(kvtier *t)
     pthread_mutex_lock(&t->wmu);
     for (;;) {
         int any = 0;
-        for (int i = 0; i < KVTIER_WRITE_QUEUE; i++)
+        for (int i = 0; i < t->nwq; i++)
             any |= t->wq_busy[i] && t->wq[i].state == WQ_DONE;
         if (any)
             break;
@@ -339,10 +393,15 @@ static void disk_wait_one(kvtier *t)
     disk_reap(t);
 }
 
+static int past_deadline(const kvtier *t)
+{
+    return t->deadline > 0.0 && now_s() > t->deadline;
+}
+
 /* Busy queue slot holding key, or -1. */
 static int wq_find(const kvtier *t, const uint8_t *key)
 {
-    for (int i = 0; i < KVTIER_WRITE_QUEUE; i++)
+    for (int i = 0; i < t->nwq; i++)
         if (t->wq_busy[i] && !memcmp(t->wq[i].key, key, KVTIER_KEY_BYTES))
             return i;
     return -1;
@@ -359,19 +418,19 @@ static int disk_slot(kvtier *t, const uint8_t *key, int wait)
         if (!t->disk_on)
             return -1;
         int k = -1;
-        for (int i = 0; i < KVTIER_WRITE_QUEUE && k < 0; i++)
+        for (int i = 0; i < t->nwq && k < 0; i++)
             if (!t->wq_busy[i])
                 k = i;
         if (k >= 0 && t->disk.count + t->n_pending < t->disk.cap) {
             memcpy(t->wq[k].key, key, KVTIER_KEY_BYTES);
+            t->wq[k].through = 0;
             return k;
         }
         if (k >= 0 && t->disk.count > 0) {
-            disk_unlink(t, t->disk.head);
-            t->st.evictions[KVTIER_DISK]++;
+            disk_evict_head(t);
             continue;
         }
-        if (!wait || t->n_pending == 0) {
+        if (!wait || t->n_pending == 0 || past_deadline(t)) {
             t->st.disk_write_drops++;
             return -1;
         }
@@ -405,6 +464,8 @@ static void disk_write(kvtier *t, const uint8_t *key, const uint8_t *rec, int wa
  * corrupt record is unlinked and counted; an I/O error disables the tier). */
 static const uint8_t *disk_read(kvtier *t, int32_t id, const int32_t *tokens)
 {
+    if (!disk_verify(t, id))
+        return NULL;
     char path[4096];
     uint8_t key[KVTIER_KEY_BYTES];
     memcpy(key, t->disk.e[id].key, sizeof key);
@@ -440,27 +501,20 @@ static const uint8_t *disk_read(kvtier *t, int32_t id, const int32_t *tokens)
     return r;
 }
 
-static int is_record_name(const char *n)
-{
-    size_t len = strlen(n);
-    if (len != KVTIER_NAME_LEN || strcmp(n + 2 * KVTIER_KEY_BYTES, ".kvb"))
-        return 0;
-    for (int i = 0; i < 2 * KVTIER_KEY_BYTES; i++)
-        if (!((n[i] >= '0' && n[i] <= '9') || (n[i] >= 'a' && n[i] <= 'f')))
-            return 0;
-    return 1;
-}
-
-/* Classifies one directory entry during the start-up scan; indexes valid
- * records, unlinks torn and corrupt ones.  lazy: the scan continues while
- * the tier is in use (kvtier_poll), so this run's own files may show up:
- * a temporary file newer than the tier's start is a write in progress, a
- * vanished file was evicted, and an indexed key is a record written since
- * (or the same one): all left alone. */
-static void disk_scan_one(kvtier *t, const char *name, uint8_t *hdr, uint64_t hdr_bytes,
-                          int lazy)
+/* Classifies one directory entry during the start-up scan.  A record
+ * name is indexed; among the first cfg.scan_verify entries its header is
+ * checked now (torn and corrupt records unlinked, other models' left
+ * alone, both counted), past them it is indexed by name only and checked
+ * on first read or eviction (disk_verify), so a large directory is ready
+ * in one readdir.  lazy: the scan continues while the tier is in use
+ * (kvtier_poll), so this run's own files may show up: a temporary file
+ * newer than the tier's start is a write in progress, a vanished file was
+ * evicted, and an indexed key is a record written since (or the same
+ * one): all left alone. */
+static void disk_scan_one(kvtier *t, const char *name, int lazy)
 {
     char path[4096];
+    int verify = t->scan_seen++ < t->cfg.scan_verify;
     snprintf(path, sizeof path, "%s/%s", t->dir, name);
     if (!strncmp(name, ".tmp.", 5)) { /* a write that never reached its rename */
         struct stat ts;
@@ -472,52 +526,45 @@ static void disk_scan_one(kvtier *t, const char *name, uint8_t *hdr, uint64_t hd
     }
     if (name[0] == '.')
         return; /* ".", "..", ".lock" */
-    if (!is_record_name(name)) {
-        t->st.skipped_foreign++;
-        return;
-    }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 && lazy && errno == ENOENT)
-        return;
-    struct stat sb;
-    int ok = fd >= 0 && !fstat(fd, &sb) && S_ISREG(sb.st_mode) &&
-             (uint64_t)sb.st_size >= hdr_bytes && !read_all(fd, hdr, hdr_bytes);
-    if (fd >= 0)
-        close(fd);
-    int cls = ok ? record_check_header(t, hdr) : REC_CORRUPT;
-    if (cls == REC_FOREIGN) {
-        t->st.skipped_foreign++;
-        return;
-    }
     uint8_t key[KVTIER_KEY_BYTES];
-    char hex[2 * KVTIER_KEY_BYTES + 1];
-    if (cls == REC_OK) {
-        memcpy(key, hdr + 40, sizeof key);
-        key_hex(key, hex);
-        if ((uint64_t)sb.st_size != t->record_bytes || memcmp(hex, name, 2 * KVTIER_KEY_BYTES))
-            cls = REC_CORRUPT;
-    }
-    if (lazy && cls == REC_OK && kvidx_find(&t->disk, key) >= 0)
-        return;
-    if (cls == REC_CORRUPT || (cls == REC_OK && kvidx_find(&t->disk, key) >= 0)) {
-        unlink(path);
-        t->st.skipped_corrupt++;
+    if (strlen(name) != KVTIER_NAME_LEN || strcmp(name + 2 * KVTIER_KEY_BYTES, ".kvb") ||
+        kvhash_unhex(name, KVTIER_KEY_BYTES, key)) {
+        t->st.skipped_foreign++; /* not a record's name */
         return;
     }
-    if (kvidx_add(&t->disk, key) < 0) { /* over this run's budget */
+    if (kvidx_find(&t->disk, key) >= 0)
+        return; /* lazy: written by this run since the scan began */
+    if (verify || t->disk.n_free == 0) { /* over budget: check before unlinking */
+        int cls = disk_classify(t, path, key);
+        if (cls < 0)
+            return;
+        if (cls == REC_FOREIGN) {
+            t->st.skipped_foreign++;
+            return;
+        }
+        if (cls == REC_CORRUPT) {
+            unlink(path);
+            t->st.skipped_corrupt++;
+            return;
+        }
+        verify = 1;
+    }
+    int32_t id = kvidx_add(&t->disk, key);
+    if (id < 0) { /* over this run's budget (checked above: ours) */
         unlink(path);
         t->st.evictions[KVTIER_DISK]++;
+        return;
     }
+    t->dver[id] = (uint8_t)verify;
 }
 
 /* Examines up to max entries of the open scan (lazy: see disk_scan_one);
  * closes it at the end of the directory. */
 static void disk_scan_some(kvtier *t, int64_t max, int lazy)
 {
-    uint64_t hb = KVTIER_HEADER_BYTES + 4u * (uint64_t)t->cfg.block_size;
     struct dirent *de = NULL;
     for (int64_t i = 0; i < max && (de = readdir(t->scan)); i++)
-        disk_scan_one(t, de->d_name, t->scratch, hb, lazy);
+        disk_scan_one(t, de->d_name, lazy);
     if (!de) {
         closedir(t->scan);
         t->scan = NULL;
@@ -534,13 +581,6 @@ static int disk_scan(kvtier *t)
     t->scan_t0 = time(NULL);
     disk_scan_some(t, t->cfg.scan_eager > 0 ? t->cfg.scan_eager : INT64_MAX, 0);
     return 0;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* Measures the disk tier's write (incl. fsync) and read bandwidth with one
@@ -655,6 +695,9 @@ kvtier *kvtier_create(const kvtier_config *cfg, kvant_err *err)
         kvtier_destroy(t);
         return NULL;
     }
+    uint64_t nq = cfg->write_queue_bytes / t->record_bytes;
+    t->nwq = nq < KVTIER_WRITE_QUEUE ? KVTIER_WRITE_QUEUE
+             : nq > KVTIER_WRITE_QUEUE_MAX ? KVTIER_WRITE_QUEUE_MAX : (int)nq;
     if (n_disk > KVTIER_MAX_DISK_RECORDS)
         n_disk = KVTIER_MAX_DISK_RECORDS;
     if (n_host > INT32_MAX / 4)
@@ -667,8 +710,9 @@ kvtier *kvtier_create(const kvtier_config *cfg, kvant_err *err)
     if (!rc && want_disk) {
         t->dir = strdup(cfg->disk_dir);
         t->scratch = malloc(t->record_bytes);
-        rc = t->dir && t->scratch ? kvidx_init(&t->disk, (int32_t)n_disk) : KV_ENOMEM;
-        for (int i = 0; !rc && i < KVTIER_WRITE_QUEUE; i++)
+        t->dver = calloc(n_disk, 1);
+        rc = t->dir && t->scratch && t->dver ? kvidx_init(&t->disk, (int32_t)n_disk) : KV_ENOMEM;
+        for (int i = 0; !rc && i < t->nwq; i++)
             if (!(t->wq[i].rec = malloc(t->record_bytes)))
                 rc = KV_ENOMEM;
     }
@@ -721,6 +765,28 @@ void kvtier_set_wait(kvtier *t, int wait)
     t->cfg.disk_wait = wait;
 }
 
+int kvtier_wait_one(kvtier *t)
+{
+    if (t->n_pending == 0 || past_deadline(t))
+        return 0;
+    disk_wait_one(t);
+    return 1;
+}
+
+double kvtier_writer_cpu_seconds(const kvtier *t)
+{
+    clockid_t cid;
+    struct timespec ts;
+    if (!t->writer_started || pthread_getcpuclockid(t->writer, &cid) || clock_gettime(cid, &ts))
+        return 0.0;
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void kvtier_set_deadline(kvtier *t, double seconds)
+{
+    t->deadline = seconds > 0.0 ? now_s() + seconds : 0.0;
+}
+
 void kvtier_destroy(kvtier *t)
 {
     if (!t)
@@ -747,11 +813,12 @@ void kvtier_destroy(kvtier *t)
         close(t->lock_fd);
     kvidx_free(&t->host);
     kvidx_free(&t->disk);
-    for (int i = 0; i < KVTIER_WRITE_QUEUE; i++)
+    for (int i = 0; i < t->nwq; i++)
         free(t->wq[i].rec);
     pthread_mutex_destroy(&t->wmu);
     pthread_cond_destroy(&t->wcv);
     free(t->slab);
+    free(t->dver);
     free(t->scratch);
     free(t->dir);
     free(t);
@@ -795,6 +862,41 @@ int kvtier_store(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *
         return KVTIER_NONE;
     disk_queue(t, k);
     return KVTIER_DISK;
+}
+
+int kvtier_write_through(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *tokens,
+                         kvtier_fill_fn fill, void *ctx)
+{
+    disk_reap(t);
+    if (!t->disk_on)
+        return KVTIER_WT_OFF;
+    int32_t id = kvidx_find(&t->disk, key);
+    if (id >= 0 || wq_find(t, key) >= 0) {
+        if (id >= 0)
+            kvidx_touch(&t->disk, id); /* hot again: last in the disk's LRU */
+        t->st.wt_dedup++;
+        return KVTIER_WT_HELD;
+    }
+    if (t->n_pending >= t->nwq) {
+        t->st.wt_full++;
+        return KVTIER_WT_FULL;
+    }
+    int k = disk_slot(t, key, 0);
+    if (k < 0)
+        return t->disk_on ? KVTIER_WT_FULL : KVTIER_WT_OFF;
+    uint8_t *rec = t->wq[k].rec;
+    int32_t hid = kvidx_find(&t->host, key);
+    if (hid >= 0) { /* the host tier has the bytes: no export */
+        memcpy(rec, t->slab + (uint64_t)hid * t->record_bytes, t->record_bytes);
+    } else {
+        record_write_header(t, rec, key, tokens);
+        if (fill(ctx, rec + t->payload_off))
+            return KVTIER_WT_OFF;
+    }
+    t->wq[k].through = 1;
+    t->st.wt_queued++;
+    disk_queue(t, k);
+    return KVTIER_WT_QUEUED;
 }
 
 int kvtier_where(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES])
@@ -857,31 +959,7 @@ const void *kvtier_fetch(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const i
     return rec + t->payload_off;
 }
 
-/* ---- cost model ---- */
-
-static int cheaper(double move_s, const kvtier_cost *c, int64_t tokens)
-{
-    if (c->prefill_tps <= 0.0)
-        return 1;
-    return move_s < (double)tokens / c->prefill_tps;
-}
-
-int kvtier_prefer_load(const kvtier_cost *c, int tier, uint64_t bytes, int64_t tokens)
-{
-    if (tier <= KVTIER_NONE || tier >= KVTIER_N || c->read_bps[tier] <= 0.0)
-        return 0;
-    return cheaper((double)bytes / c->read_bps[tier], c, tokens);
-}
-
-int kvtier_prefer_swap(const kvtier_cost *c, uint64_t bytes, int64_t tokens)
-{
-    if (c->read_bps[KVTIER_HOST] <= 0.0 || c->write_bps[KVTIER_HOST] <= 0.0)
-        return 0;
-    double s = (double)bytes / c->write_bps[KVTIER_HOST] + (double)bytes / c->read_bps[KVTIER_HOST];
-    return cheaper(s, c, tokens);
-}
-
-void kvtier_get_cost(const kvtier *t, kvtier_cost *out)
+void kvtier_get_cost(const kvtier *t, kvcost *out)
 {
     *out = t->cost;
 }
@@ -898,4 +976,5 @@ void kvtier_get_stats(const kvtier *t, kvtier_stats *out)
     out->disk_blocks = t->disk.count;
     out->disk_capacity_blocks = t->disk_on ? t->disk.cap : 0;
     out->disk_pending = t->n_pending;
+    out->disk_queue_records = t->dir ? t->nwq : 0;
 }

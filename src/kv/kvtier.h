@@ -11,7 +11,7 @@
  *     4     2  version (1)            6  2  header bytes (128)
  *     8    32  model fingerprint (SHA-256, see engine_tier.c)
  *    40    32  block key: SHA-256(parent key | salt | token ids); the first
- *              block's parent is the fingerprint (kvtier_chain_key)
+ *              block's parent is the fingerprint (kvhash_chain_key)
  *    72     4  tokens per block       76  4  KV dtype
  *    80     8  payload bytes
  *    88     4  payload CRC32C         92  4  flags (1: payload CRC valid)
@@ -31,9 +31,17 @@
  * headers, LRU-evicted (unlinked) under its byte budget.  A store that
  * needs a host slot demotes the least recently used host record to disk.
  * Disk writes run on a writer thread owned by the tier: the caller copies
- * the record into one of KVTIER_WRITE_QUEUE buffers and goes on (a full
+ * the record into one of the writer queue's buffers and goes on (a full
  * queue drops the write and counts it; a record still queued is served
  * from its buffer); finished writes enter the index at the next call.
+ * Write-through (kvtier_write_through): the engine offers each block as
+ * soon as it is hashed; a key already on disk or queued is not written
+ * again (counted), a full queue answers KVTIER_WT_FULL at once (counted;
+ * the engine keeps the block and offers it again at a later step), so a
+ * record reaches disk while its block is still hot and survives a kill.
+ * Start-up indexes the directory by file name: the first cfg.scan_verify
+ * entries have their header checked at once, the rest on first read or
+ * eviction (a large directory is ready after one readdir).
  * A disk write or read error (disk full, read-only, I/O error) disables the
  * disk tier for the rest of the run with one log line; nothing fails.
  * One process per directory (an flock on <dir>/.lock; a second process
@@ -49,6 +57,7 @@
 
 #include <stdint.h>
 
+#include "kv/kvcost.h"
 #include "kv/kvhash.h"
 #include "util/err.h"
 
@@ -57,20 +66,26 @@
 #define KVTIER_VERSION 1
 /* Largest number of records a disk tier indexes (bounds its index). */
 #define KVTIER_MAX_DISK_RECORDS (1 << 22)
-/* Records queued for the disk writer thread (each a record-sized buffer
- * allocated at create, outside the host budget). */
+/* Records queued for the disk writer thread: each a record-sized buffer
+ * allocated at create, outside the host budget; write_queue_bytes of them,
+ * at least KVTIER_WRITE_QUEUE and at most KVTIER_WRITE_QUEUE_MAX records. */
 #define KVTIER_WRITE_QUEUE 16
+#define KVTIER_WRITE_QUEUE_MAX 256
+#define KVTIER_WRITE_QUEUE_BYTES (64ull << 20)
 #define KVTIER_PAYLOAD_OFF(bs) ((((uint64_t)KVTIER_HEADER_BYTES + 4u * (uint64_t)(bs)) + 63u) & ~63ull)
 
 /* Bytes of one record holding a block of bs tokens and payload bytes. */
 #define KVTIER_RECORD_BYTES(bs, payload) (KVTIER_PAYLOAD_OFF(bs) + (uint64_t)(payload))
 
-enum { KVTIER_NONE = 0, KVTIER_HOST = 1, KVTIER_DISK = 2, KVTIER_N = 3 };
-
 typedef struct kvtier kvtier;
 
-#define KVTIER_SCAN_EAGER 4096  /* about 50 ms of header reads from the page cache */
+/* Directory entries indexed at create (names: about 1 us each); the rest
+ * KVTIER_SCAN_PER_POLL per kvtier_poll. */
+#define KVTIER_SCAN_EAGER (1 << 20)
 #define KVTIER_SCAN_PER_POLL 64 /* per engine step while the scan lasts */
+/* Entries whose header the scan checks (about 50 ms of header reads from
+ * the page cache); later records are checked on first read or eviction. */
+#define KVTIER_SCAN_VERIFY 4096
 
 typedef struct kvtier_config {
     uint8_t fingerprint[KVTIER_KEY_BYTES];
@@ -87,6 +102,10 @@ typedef struct kvtier_config {
     int64_t scan_eager;       /* directory entries scanned at create; the rest
                                  KVTIER_SCAN_PER_POLL per kvtier_poll (default
                                  KVTIER_SCAN_EAGER; <= 0: all at create) */
+    int64_t scan_verify;      /* entries whose header the scan checks (default
+                                 KVTIER_SCAN_VERIFY; later ones by name only) */
+    uint64_t write_queue_bytes; /* writer queue buffers (default
+                                 KVTIER_WRITE_QUEUE_BYTES; see KVTIER_WRITE_QUEUE) */
 } kvtier_config;
 
 kvtier_config kvtier_config_default(void);
@@ -101,9 +120,7 @@ kvtier *kvtier_create(const kvtier_config *cfg, kvant_err *err);
  * frees everything.  NULL is a no-op. */
 void kvtier_destroy(kvtier *t);
 
-/* key = SHA-256(parent[32] | salt (8 bytes LE) | tokens[bs] (LE int32)). */
-void kvtier_chain_key(const uint8_t parent[KVTIER_KEY_BYTES], uint64_t salt,
-                      const int32_t *tokens, int32_t bs, uint8_t key[KVTIER_KEY_BYTES]);
+/* Block keys: kvhash_chain_key (kvhash.h). */
 
 /* Writes one block's payload (payload_bytes) to dst; returns 0 on success. */
 typedef int (*kvtier_fill_fn)(void *ctx, void *dst);
@@ -114,6 +131,17 @@ typedef int (*kvtier_fill_fn)(void *ctx, void *dst);
  * disabled). */
 int kvtier_store(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *tokens,
                  kvtier_fill_fn fill, void *ctx);
+
+enum { KVTIER_WT_QUEUED = 0, KVTIER_WT_HELD = 1, KVTIER_WT_FULL = 2, KVTIER_WT_OFF = 3 };
+
+/* Write-through of a block still on the device: queues its record for the
+ * disk (the payload copied by fill, or from the host tier when it holds
+ * the key) and returns KVTIER_WT_QUEUED; KVTIER_WT_HELD when the disk holds
+ * key or it is queued (nothing written, the disk record refreshed);
+ * KVTIER_WT_FULL when the writer queue is full (offer it again later);
+ * KVTIER_WT_OFF with no disk tier (or fill failed).  Never waits. */
+int kvtier_write_through(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *tokens,
+                         kvtier_fill_fn fill, void *ctx);
 
 /* The highest tier holding key (index lookup only: no I/O), or KVTIER_NONE.
  * Counts a hit in that tier and a miss in each tier above it. */
@@ -129,28 +157,22 @@ const void *kvtier_fetch(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const i
 void kvtier_poll(kvtier *t);
 /* Waits until every queued disk write has finished (tests, shutdown). */
 void kvtier_flush(kvtier *t);
+/* Waits for one queued disk write to finish; 0 (no wait) when none is
+ * queued or the deadline (kvtier_set_deadline) has passed. */
+int kvtier_wait_one(kvtier *t);
+/* CPU time the disk writer thread has used (0 without one). */
+double kvtier_writer_cpu_seconds(const kvtier *t);
 /* Tests: while paused the writer starts no write (queued records stay
  * queued, so the queue-full and served-from-queue paths are testable). */
 void kvtier_pause_writer(kvtier *t, int paused);
 /* Sets kvtier_config.disk_wait (the engine sets it before shutting down). */
 void kvtier_set_wait(kvtier *t, int wait);
+/* From seconds from now on, a write that would wait for the queue is
+ * dropped (counted) instead: bounds the shutdown flush (0: no limit). */
+void kvtier_set_deadline(kvtier *t, double seconds);
 
-/* ---- cost model ---- */
-
-typedef struct kvtier_cost {
-    double prefill_tps;             /* engine's measured prompt tokens/s; 0 = unknown */
-    double read_bps[KVTIER_N];      /* bytes/s into the device, per tier */
-    double write_bps[KVTIER_N];     /* bytes/s out of the device, per tier */
-} kvtier_cost;
-
-/* 1 when loading `bytes` from tier is predicted faster than recomputing
- * `tokens` (1 also when the prefill rate is not measured yet). */
-int kvtier_prefer_load(const kvtier_cost *c, int tier, uint64_t bytes, int64_t tokens);
-/* 1 when swapping (write now to the host tier, read back later) `bytes`
- * is predicted faster than recomputing `tokens` (same convention). */
-int kvtier_prefer_swap(const kvtier_cost *c, uint64_t bytes, int64_t tokens);
 /* The tier bandwidths measured at create (prefill_tps left 0). */
-void kvtier_get_cost(const kvtier *t, kvtier_cost *out);
+void kvtier_get_cost(const kvtier *t, kvcost *out);
 
 /* ---- stats ---- */
 
@@ -167,7 +189,12 @@ typedef struct kvtier_stats {
     uint64_t skipped_corrupt;      /* torn, bad magic/CRC, token mismatch */
     uint64_t disk_errors;          /* I/O errors (each disables the disk tier) */
     uint64_t disk_write_drops;     /* writes dropped: the writer queue was full */
+    uint64_t wt_queued;            /* write-through records queued */
+    uint64_t wt_written, wt_written_bytes; /* of them, on disk (renamed) */
+    uint64_t wt_dedup;             /* write-through offers already on disk or queued */
+    uint64_t wt_full;              /* write-through offers that found the queue full */
     int32_t disk_pending;          /* writes queued or in progress */
+    int32_t disk_queue_records;    /* the writer queue's size in records */
     int disk_scanning;             /* the start-up scan is still under way */
 } kvtier_stats;
 

@@ -25,6 +25,35 @@ static void one(FILE *f, const char *name, const char *type, const char *help, d
 #define TIERS(expr_host, expr_disk) ((const double[KVTIER_N]){0, (double)(expr_host), \
                                                                (double)(expr_disk)})
 
+/* Write-through to the disk tier (--kv-disk-write through). */
+static void write_through_metrics(FILE *f, const engine_tier_stats *ts)
+{
+    const kvtier_stats *s = &ts->t;
+    one(f, "kv_tier_write_through_enabled", "gauge",
+        "1 when full prompt blocks are written through to the disk tier as they complete.",
+        ts->write_through);
+    one(f, "kv_tier_write_through_records_total", "counter",
+        "Records written through to disk (renamed into place).", (double)s->wt_written);
+    one(f, "kv_tier_write_through_bytes_total", "counter",
+        "Bytes of records written through to disk.", (double)s->wt_written_bytes);
+    one(f, "kv_tier_write_queue_depth", "gauge",
+        "Disk writes queued or in progress on the writer thread.", s->disk_pending);
+    one(f, "kv_tier_write_through_waiting_blocks", "gauge",
+        "Hashed blocks waiting for room in the writer queue.", ts->wt_waiting);
+    fprintf(f, "# HELP kvant_kv_tier_write_through_skipped_total Write-through offers not "
+               "written: dedup (already on disk or queued), queue_full (offered again at a "
+               "later step), reused (the block left the device pool first).\n"
+               "# TYPE kvant_kv_tier_write_through_skipped_total counter\n"
+               "kvant_kv_tier_write_through_skipped_total{reason=\"dedup\"} %llu\n"
+               "kvant_kv_tier_write_through_skipped_total{reason=\"queue_full\"} %llu\n"
+               "kvant_kv_tier_write_through_skipped_total{reason=\"reused\"} %llu\n",
+            (unsigned long long)s->wt_dedup, (unsigned long long)s->wt_full,
+            (unsigned long long)ts->wt_missed);
+    one(f, "kv_tier_writer_cpu_seconds_total", "counter",
+        "CPU time of the disk writer thread (checksums, writes, fsync, rename).",
+        ts->writer_cpu_seconds);
+}
+
 char *srv_tier_metrics(const engine_tier_stats *ts)
 {
     char *buf = NULL;
@@ -84,6 +113,7 @@ char *srv_tier_metrics(const engine_tier_stats *ts)
         one(f, "kv_tier_disk_write_drops_total", "counter",
             "Blocks not written to disk because the writer queue was full.",
             (double)s->disk_write_drops);
+        write_through_metrics(f, ts);
         one(f, "kv_tier_engine_seconds_total", "counter",
             "Engine-thread time spent in tier work (exports on eviction, lookups, loads, swaps).",
             ts->busy_seconds);
@@ -119,7 +149,7 @@ json_t *srv_tier_json(const engine_tier_stats *ts)
     if (!ts->enabled)
         return json_pack("{s:b}", "enabled", 0);
     const kvtier_stats *s = &ts->t;
-    return json_pack("{s:b, s:I, s:o, s:o, s:{s:I, s:I}, s:{s:I, s:I, s:I}, s:I, s:I, s:f}",
+    json_t *j = json_pack("{s:b, s:I, s:o, s:o, s:{s:I, s:I}, s:{s:I, s:I, s:I}, s:I, s:I, s:f}",
                      "enabled", 1, "record_bytes", (json_int_t)s->record_bytes, "host",
                      tier_obj(ts, KVTIER_HOST), "disk", tier_obj(ts, KVTIER_DISK), "skipped",
                      "corrupt", (json_int_t)s->skipped_corrupt, "foreign",
@@ -128,4 +158,14 @@ json_t *srv_tier_json(const engine_tier_stats *ts)
                      (json_int_t)ts->loads_declined, "disk_errors", (json_int_t)s->disk_errors,
                      "disk_write_drops", (json_int_t)s->disk_write_drops,
                      "prefill_tokens_per_second", ts->cost.prefill_tps);
+    json_object_set_new(j, "write_through",
+                        json_pack("{s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f}", "enabled",
+                                  ts->write_through, "records", (json_int_t)s->wt_written,
+                                  "bytes", (json_int_t)s->wt_written_bytes, "queue_depth",
+                                  (json_int_t)s->disk_pending, "waiting_blocks",
+                                  (json_int_t)ts->wt_waiting, "dedup", (json_int_t)s->wt_dedup,
+                                  "queue_full", (json_int_t)s->wt_full, "reused",
+                                  (json_int_t)ts->wt_missed, "writer_cpu_seconds",
+                                  ts->writer_cpu_seconds));
+    return j;
 }

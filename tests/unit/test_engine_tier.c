@@ -69,6 +69,7 @@ typedef struct tier_opts {
     int disk_records;
     int policy;
     uint32_t kv_dtype;
+    int evict_only;      /* kv_disk_evict_only */
 } tier_opts;
 
 static uint64_t record_bytes(const model *m, uint32_t kv_dtype)
@@ -94,6 +95,7 @@ static engine *mk(model *m, tier_opts o, int32_t tokens, int32_t seqs)
     c.kv_disk_size = (uint64_t)o.disk_records * record_bytes(m, o.kv_dtype);
     c.kv_tier_policy = o.policy;
     c.kv_disk_wait = 1; /* deterministic: no write is dropped for a busy disk */
+    c.kv_disk_evict_only = o.evict_only;
     kvant_err err = {0};
     engine *e = engine_create(m, &c, &err);
     if (!e)
@@ -295,6 +297,68 @@ static void test_host_and_disk(model *m)
 
 /* Memory pressure (a quarter of the pool the batch needs): sequences
  * preempted with their blocks swapped to host come back bitwise equal. */
+static int count_records(const char *dir)
+{
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d)))
+        n += de->d_name[0] != '.' && strstr(de->d_name, ".kvb") != NULL;
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* Write-through: with a pool large enough that nothing is evicted, the
+ * prompt's full blocks reach the disk while the engine runs (what a kill
+ * would keep); a second engine on the directory serves them; with
+ * kv_disk_evict_only nothing reaches the disk before the shutdown. */
+static void test_write_through(model *m)
+{
+    char dir[] = "build/tests/engine-wt.XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    tier_opts o = {.blocks = 64, .dir = dir, .disk_records = 256, .policy = ENGINE_TIER_ALWAYS};
+    engine *e = mk(m, o, 2048, 8);
+    CHECK(e != NULL);
+    if (!e)
+        return;
+    result r;
+    run_one(e, 2, &r);
+    int n = 0;
+    for (int i = 0; i < 200 && (n = count_records(dir)) < (P_LEN + GEN - 1) / 16; i++)
+        usleep(10000); /* the writer thread renames in its own time */
+    CHECKF(n == (P_LEN + GEN - 1) / 16, "%d records written through", n);
+    engine_tier_stats ts;
+    engine_get_tier_stats(e, &ts);
+    CHECK(ts.write_through && ts.t.evictions[KVTIER_DISK] == 0 && ts.wt_missed == 0);
+    engine_destroy(e);
+    CHECK(count_records(dir) == n); /* the shutdown wrote no second copy */
+    e = mk(m, o, 2048, 8);
+    CHECK(e != NULL);
+    if (!e)
+        return;
+    run_one(e, 2, &r);
+    engine_get_tier_stats(e, &ts);
+    CHECKF(same(&r, &ref[2]) && r.cached == 64 && ts.hit_tokens[KVTIER_DISK] == 64,
+           "cached %lld", (long long)r.cached);
+    CHECK(ts.t.wt_dedup >= 4 && ts.t.wt_written == 0);
+    engine_destroy(e);
+    rm_dir(dir);
+    CHECK(mkdtemp(strcpy(dir, "build/tests/engine-wt.XXXXXX")) != NULL);
+    o.evict_only = 1;
+    e = mk(m, o, 2048, 8);
+    CHECK(e != NULL);
+    if (!e)
+        return;
+    run_one(e, 2, &r);
+    usleep(100000);
+    engine_get_tier_stats(e, &ts);
+    CHECK(count_records(dir) == 0 && !ts.write_through && ts.t.wt_queued == 0);
+    engine_destroy(e); /* the shutdown takes the device cache down */
+    CHECK(count_records(dir) >= 4);
+    rm_dir(dir);
+}
+
 static void test_swap(model *m)
 {
     static int32_t p[N_B][48];
@@ -370,6 +434,7 @@ int main(void)
     make_prompts();
     test_host_and_disk(m);
     test_swap(m);
+    test_write_through(m);
     model_free(m);
     return tu_finish("test_engine_tier");
 }

@@ -6,8 +6,9 @@
  * cannot be used or disappears, a second process on the same directory.
  * The lazy start-up scan: records indexed a slice per poll while new ones
  * are written, a dead process's temporary file removed, this run's files
- * never taken for corrupt.  Also the cost model's decisions on given
- * numbers. */
+ * never taken for corrupt.  Write-through (dedup, a full queue, the
+ * shutdown deadline), the name-only index past scan_verify, and the host
+ * tier's RAM check.  Also the cost model's decisions on given numbers. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -98,7 +99,7 @@ static void key_of(int seed, const uint8_t *fp, uint8_t *key)
 {
     int32_t tok[BS];
     tokens_of(seed, tok);
-    kvtier_chain_key(fp, 0, tok, BS, key);
+    kvhash_chain_key(fp, 0, tok, BS, key);
 }
 
 static kvtier_config cfg_for(const char *dir, int host_records, int disk_records, uint8_t fpb)
@@ -115,6 +116,7 @@ static kvtier_config cfg_for(const char *dir, int host_records, int disk_records
     c.disk_fsync = 0; /* the page cache is enough for these tests */
     c.disk_wait = 1;  /* never drop a write for a busy writer */
     c.quiet = 1;
+    c.write_queue_bytes = 0; /* the smallest queue: KVTIER_WRITE_QUEUE records */
     return c;
 }
 
@@ -463,26 +465,200 @@ static void test_writer_queue(void)
     rm_dir(dir);
 }
 
+/* Write-through: a key is written once (queued or on disk: deduplicated
+ * and counted), a full queue answers at once (counted), a key the host
+ * tier holds is copied from there (the device is not read), and the
+ * records survive a restart. */
+static void test_write_through(void)
+{
+    uint8_t fp[32];
+    memset(fp, 7, sizeof fp);
+    char dir[] = "build/tests/kvtier.XXXXXX";
+    mk_dir(dir);
+    kvtier_config c = cfg_for(dir, 4, 64, 7);
+    c.disk_wait = 0;
+    kvtier *t = kvtier_create(&c, NULL);
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    uint8_t key[32];
+    int32_t tok[BS];
+    kvtier_pause_writer(t, 1);
+    for (int s = 1; s <= KVTIER_WRITE_QUEUE + 1; s++) {
+        key_of(s, fp, key);
+        tokens_of(s, tok);
+        fill_ctx f = {s, 0};
+        int r = kvtier_write_through(t, key, tok, fill, &f);
+        CHECKF(r == (s <= KVTIER_WRITE_QUEUE ? KVTIER_WT_QUEUED : KVTIER_WT_FULL), "seed %d: %d",
+               s, r);
+    }
+    key_of(2, fp, key);
+    tokens_of(2, tok);
+    fill_ctx f2 = {2, 0};
+    CHECK(kvtier_write_through(t, key, tok, fill, &f2) == KVTIER_WT_HELD); /* queued */
+    kvtier_stats st;
+    kvtier_get_stats(t, &st);
+    CHECK(st.wt_queued == KVTIER_WRITE_QUEUE && st.wt_full == 1 && st.wt_dedup == 1 &&
+          st.disk_pending == KVTIER_WRITE_QUEUE && st.wt_written == 0);
+    kvtier_pause_writer(t, 0);
+    kvtier_flush(t);
+    CHECK(kvtier_write_through(t, key, tok, fill, &f2) == KVTIER_WT_HELD); /* on disk */
+    kvtier_get_stats(t, &st);
+    uint64_t rec = KVTIER_PAYLOAD_OFF(BS) + PAYLOAD;
+    CHECK(st.wt_dedup == 2 && st.wt_written == KVTIER_WRITE_QUEUE &&
+          st.wt_written_bytes == KVTIER_WRITE_QUEUE * rec && st.disk_blocks == KVTIER_WRITE_QUEUE);
+    CHECK(count_files(dir, ".kvb") == KVTIER_WRITE_QUEUE);
+    /* a key in the host tier: its record is copied from the slab */
+    CHECK(store(t, 40, fp) == KVTIER_HOST);
+    key_of(40, fp, key);
+    tokens_of(40, tok);
+    fill_ctx bad = {40, 1}; /* would fail: must not be called */
+    CHECK(kvtier_write_through(t, key, tok, fill, &bad) == KVTIER_WT_QUEUED);
+    kvtier_flush(t);
+    CHECK(count_files(dir, ".kvb") == KVTIER_WRITE_QUEUE + 1);
+    kvtier_destroy(t); /* the host record 40 is on disk already: not rewritten */
+    CHECK(count_files(dir, ".kvb") == KVTIER_WRITE_QUEUE + 1 && count_files(dir, ".tmp.") == 0);
+    t = kvtier_create(&c, NULL);
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    int where;
+    CHECK(payload_ok(fetch(t, 40, fp, &where), 40) && where == KVTIER_DISK);
+    CHECK(payload_ok(fetch(t, 5, fp, &where), 5) && where == KVTIER_DISK);
+    key_of(5, fp, key);
+    tokens_of(5, tok);
+    fill_ctx f5 = {5, 0};
+    CHECK(kvtier_write_through(t, key, tok, fill, &f5) == KVTIER_WT_HELD);
+    /* a deadline that has passed: a write that would wait is dropped */
+    kvtier_pause_writer(t, 1);
+    kvtier_set_wait(t, 1);
+    kvtier_set_deadline(t, 1e-9);
+    for (int s = 100; s < 100 + KVTIER_WRITE_QUEUE; s++) {
+        key_of(s, fp, key);
+        tokens_of(s, tok);
+        fill_ctx f = {s, 0};
+        CHECK(kvtier_write_through(t, key, tok, fill, &f) == KVTIER_WT_QUEUED);
+    }
+    CHECK(kvtier_wait_one(t) == 0);
+    key_of(200, fp, key);
+    tokens_of(200, tok);
+    fill_ctx f200 = {200, 0};
+    kvtier_get_stats(t, &st);
+    uint64_t drops = st.disk_write_drops;
+    CHECK(kvtier_store(t, key, tok, fill, &f200) == KVTIER_HOST);
+    for (int s = 201; s <= 204; s++) { /* host full: demotions meet the full queue */
+        key_of(s, fp, key);
+        tokens_of(s, tok);
+        fill_ctx f = {s, 0};
+        CHECK(kvtier_store(t, key, tok, fill, &f) == KVTIER_HOST);
+    }
+    kvtier_get_stats(t, &st);
+    CHECK(st.disk_write_drops > drops);
+    kvtier_pause_writer(t, 0);
+    kvtier_destroy(t);
+    rm_dir(dir);
+}
+
+/* Past cfg.scan_verify entries the scan indexes records by name only:
+ * another model's record is then found out on first read (a miss, the
+ * file left alone), a corrupt one is unlinked there, and an eviction
+ * checks before it unlinks. */
+static void test_disk_name_index(void)
+{
+    uint8_t fp[32], fp2[32];
+    memset(fp, 7, sizeof fp);
+    memset(fp2, 8, sizeof fp2);
+    char dir[] = "build/tests/kvtier.XXXXXX";
+    mk_dir(dir);
+    kvtier_config c = cfg_for(dir, 0, 8, 7);
+    kvtier *t = kvtier_create(&c, NULL);
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    for (int s = 1; s <= 3; s++)
+        CHECK(store(t, s, fp) == KVTIER_DISK);
+    kvtier_destroy(t);
+    char p[1024];
+    record_path(dir, 3, fp, p, sizeof p);
+    corrupt_file(p, 60, -1); /* flipped key byte: header CRC */
+    kvtier_config c2 = cfg_for(dir, 0, 3, 8); /* another model, a budget of three */
+    c2.scan_verify = 0;
+    t = kvtier_create(&c2, NULL);
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    kvtier_stats st;
+    kvtier_get_stats(t, &st);
+    CHECK(st.disk_blocks == 3 && st.skipped_foreign == 0 && st.skipped_corrupt == 0);
+    /* its own records push the unchecked ones out: foreign ones stay on disk */
+    for (int s = 11; s <= 13; s++)
+        CHECK(store(t, s, fp2) == KVTIER_DISK);
+    kvtier_get_stats(t, &st);
+    CHECKF(st.skipped_foreign == 2 && st.skipped_corrupt == 1 && st.evictions[KVTIER_DISK] == 0 &&
+           st.disk_blocks == 3, "foreign %llu corrupt %llu evictions %llu blocks %lld",
+           (unsigned long long)st.skipped_foreign, (unsigned long long)st.skipped_corrupt,
+           (unsigned long long)st.evictions[KVTIER_DISK], (long long)st.disk_blocks);
+    CHECK(count_files(dir, ".kvb") == 5); /* 1, 2 (model 7) and 11..13 */
+    kvtier_destroy(t);
+    /* the first model, name-only: its record is served after the check on read */
+    c.scan_verify = 0;
+    t = kvtier_create(&c, NULL);
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    int where;
+    CHECK(payload_ok(fetch(t, 1, fp, &where), 1) && where == KVTIER_DISK);
+    CHECK(fetch(t, 11, fp2, &where) == NULL); /* model 8's: never served */
+    kvtier_get_stats(t, &st);
+    CHECK(st.skipped_foreign == 1 && st.disk_blocks == 4);
+    kvtier_destroy(t);
+    CHECK(count_files(dir, ".kvb") == 5);
+    rm_dir(dir);
+}
+
+/* --kv-host-memory against RAM (numbers, not this machine's). */
+static void test_host_fit(void)
+{
+    const uint64_t G = 1ull << 30;
+    uint64_t out = 0;
+    kvant_err err = {0};
+    CHECK(kvcost_host_fit(4 * G, 16 * G, 2 * G, &out, &err) == KV_OK && out == 4 * G);
+    CHECK(kvcost_host_fit(14 * G, 16 * G, 2 * G, &out, &err) == KV_EINVAL);
+    CHECKF(strstr(err.msg, "14336 MiB") && strstr(err.msg, "16384 MiB") &&
+           strstr(err.msg, "2048 MiB") && strstr(err.msg, "512 MiB"), "%s", err.msg);
+    out = 1;
+    CHECK(kvcost_host_fit(16 * G - 2 * G - KVCOST_HOST_MARGIN, 16 * G, 2 * G, &out, &err) ==
+              KV_OK && out == 16 * G - 2 * G - KVCOST_HOST_MARGIN);
+    CHECK(kvcost_host_fit(KVCOST_HOST_AUTO, 16 * G, 2 * G, &out, &err) == KV_OK);
+    uint64_t room = 16 * G - 2 * G - KVCOST_HOST_MARGIN;
+    CHECK(out == room / 100 * KVCOST_HOST_AUTO_PCT);
+    CHECK(kvcost_host_fit(KVCOST_HOST_AUTO, G, 2 * G, &out, &err) == KV_EINVAL);
+    CHECKF(strstr(err.msg, "auto: no RAM left") && strstr(err.msg, "1024 MiB available"), "%s",
+           err.msg);
+    CHECK(kvcost_host_fit(KVCOST_HOST_AUTO, 0, 0, &out, &err) == KV_EINVAL);
+    CHECK(kvcost_host_fit(64 * G, 0, 0, &out, &err) == KV_OK && out == 64 * G); /* unknown */
+}
+
 static void test_cost(void)
 {
-    kvtier_cost c = {0};
+    kvcost c = {0};
     c.read_bps[KVTIER_HOST] = 10e9;
     c.write_bps[KVTIER_HOST] = 10e9;
     c.read_bps[KVTIER_DISK] = 100e6;
     /* prefill rate unknown: load */
-    CHECK(kvtier_prefer_load(&c, KVTIER_HOST, 1 << 20, 16));
+    CHECK(kvcost_prefer_load(&c, KVTIER_HOST, 1 << 20, 16));
     c.prefill_tps = 1000; /* 16 tokens = 16 ms */
-    CHECK(kvtier_prefer_load(&c, KVTIER_HOST, 1 << 20, 16));  /* 0.1 ms */
-    CHECK(kvtier_prefer_load(&c, KVTIER_DISK, 1 << 20, 16));  /* 10 ms */
-    CHECK(!kvtier_prefer_load(&c, KVTIER_DISK, 4 << 20, 16)); /* 42 ms > 16 ms */
-    CHECK(!kvtier_prefer_load(&c, KVTIER_NONE, 1, 16));
+    CHECK(kvcost_prefer_load(&c, KVTIER_HOST, 1 << 20, 16));  /* 0.1 ms */
+    CHECK(kvcost_prefer_load(&c, KVTIER_DISK, 1 << 20, 16));  /* 10 ms */
+    CHECK(!kvcost_prefer_load(&c, KVTIER_DISK, 4 << 20, 16)); /* 42 ms > 16 ms */
+    CHECK(!kvcost_prefer_load(&c, KVTIER_NONE, 1, 16));
     c.prefill_tps = 1e6; /* a fast device: recompute beats even the host */
-    CHECK(!kvtier_prefer_load(&c, KVTIER_HOST, 1 << 20, 16));
-    CHECK(!kvtier_prefer_swap(&c, 1 << 20, 16));
+    CHECK(!kvcost_prefer_load(&c, KVTIER_HOST, 1 << 20, 16));
+    CHECK(!kvcost_prefer_swap(&c, 1 << 20, 16));
     c.prefill_tps = 1000;
-    CHECK(kvtier_prefer_swap(&c, 1 << 20, 16));
+    CHECK(kvcost_prefer_swap(&c, 1 << 20, 16));
     c.read_bps[KVTIER_HOST] = 0; /* no host tier: never swap */
-    CHECK(!kvtier_prefer_swap(&c, 1, 1000));
+    CHECK(!kvcost_prefer_swap(&c, 1, 1000));
 }
 
 /* A restart that scans one directory entry at create and the rest in
@@ -555,5 +731,8 @@ int main(void)
     test_writer_queue();
     test_disk_lazy_scan();
     test_cost();
+    test_write_through();
+    test_disk_name_index();
+    test_host_fit();
     return tu_finish("test_kvtier");
 }
