@@ -437,8 +437,8 @@ static uint64_t session_auto_cap(const cli_session *s, const cli_common *c, int3
     pc.kv_dtype = c->kv_dtype;
     pc.act_q8 = !c->exact;
     uint64_t cap = 0;
-    if (!plan_fit_weights(&pm, &pc, &cap))
-        return 0;
+    if (!plan_fit_weights(&pm, &pc, &cap) || !cap)
+        return 0; /* fits, or nothing is left for weights: the load refuses as before */
     char a[32], b[32], d[32];
     fprintf(stderr, "kvant: weights %s do not fit the budget %s: streaming layers within %s "
             "(--weights-memory SIZE sets it, --no-offload refuses)\n",
@@ -465,9 +465,20 @@ static int session_offload(cli_session *s, const cli_common *c, int32_t max_out,
                          : c->weights_memory ? c->weights_memory
                              : (uint64_t)((double)mem_budget(s->mem) * c->weights_memory_frac);
     wstream_plan p;
-    int rc = wstream_plan_make(s->m, cap, c->weights_slots, &p, err);
-    if (rc)
+    kvant_err why = {0};
+    int rc = wstream_plan_make(s->m, cap, c->weights_slots, &p, &why);
+    if (rc && auto_cap) {
+        char a[32], b[32], d[32];
+        return kvant_err_set(err, rc, "model does not fit: weights %s exceed the budget %s, and "
+                             "the %s left for them beside the workspace and the context's KV "
+                             "cannot stream them (%s)", mem_format_size(s->m->weights_bytes, a, 32),
+                             mem_format_size(mem_budget(s->mem), b, 32),
+                             mem_format_size(cap, d, 32), why.msg);
+    }
+    if (rc) {
+        *err = why;
         return rc;
+    }
     if (p.n_streamed == 0) {
         fprintf(stderr, "kvant: warning: --weights-memory holds every weight: the model fits, "
                 "no layer is streamed\n");
