@@ -432,6 +432,8 @@ engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)
     e->stats.block_size = ks.block_size;
     e->stats.kv_blocks_min = ks.n_blocks;
     e->stats.kv_blocks_max = kvpool_max_blocks(e->pool);
+    if (x->plan.ctx_auto && e->max_model_len > (int64_t)e->stats.kv_blocks_max * cfg->block_size)
+        e->max_model_len = (int64_t)e->stats.kv_blocks_max * cfg->block_size; /* scratch held more */
     if (cfg->kv_blocks_override > 0)
         e->max_model_len = e->max_model_len < (int64_t)cfg->kv_blocks_override * cfg->block_size
                                ? e->max_model_len

@@ -374,8 +374,8 @@ static int plan_one(const plan_model *m, const plan_config *c, plan_result *out,
     return KV_OK;
 }
 
-/* The largest context in [0, hi) one request of which fits (0: none);
- * fitting is monotone in the context. */
+/* The largest context in [0, hi) one request of which fits with a block to
+ * spare (0: none); fitting is monotone in the context. */
 static int64_t largest_ctx(const plan_model *m, const plan_config *c, int64_t hi)
 {
     plan_config c2 = *c;
@@ -384,7 +384,9 @@ static int64_t largest_ctx(const plan_model *m, const plan_config *c, int64_t hi
     while (lo + 1 < hi) {
         const int64_t mid = lo + (hi - lo) / 2;
         c2.ctx = mid;
-        if (plan_one(m, &c2, &t, NULL) == KV_OK && t.fits_one_max_ctx)
+        /* one block to spare: the backend's scratch beside the blocks (kv_extra_bytes) */
+        if (plan_one(m, &c2, &t, NULL) == KV_OK && t.fits_one_max_ctx &&
+            t.kv_pool_blocks >= (mid + c->block_size - 1) / c->block_size + 1)
             lo = mid;
         else
             hi = mid;
@@ -408,26 +410,42 @@ int plan_compute(const plan_model *m, const plan_config *c, plan_result *out, kv
     return rc;
 }
 
+/* The bytes besides the weights of one request of ctx tokens: workspace,
+ * its KV (with a window group's step margin) and 1/64 of the budget for
+ * the backend's scratch beside the blocks; *budget gets the budget. */
+static uint64_t fit_need(const plan_model *m, const plan_config *c, int64_t ctx, uint64_t *budget)
+{
+    plan_model m1 = *m;
+    plan_config c2 = *c;
+    plan_result r;
+    m1.weights_bytes = 1;
+    c2.fit_ctx = 0;
+    c2.ctx = ctx;
+    if (plan_one(&m1, &c2, &r, NULL) != KV_OK)
+        return UINT64_MAX;
+    *budget = r.budget;
+    const uint64_t wbb = r.kv_window_bytes_per_token * (uint64_t)c->block_size;
+    return r.activation_bytes + r.act_q8_bytes + r.kv_seq_bytes +
+           (uint64_t)r.kv_window_margin * wbb + r.budget / 64;
+}
+
 int plan_fit_weights(const plan_model *m, const plan_config *c, uint64_t *cap)
 {
     *cap = 0;
-    plan_config c2 = *c;
-    plan_result r;
-    c2.fit_ctx = 0;
-    c2.ctx = c->ctx ? c->ctx : (m->n_ctx_train < PLAN_FIT_KV_CTX ? m->n_ctx_train : PLAN_FIT_KV_CTX);
-    if (plan_one(m, &c2, &r, NULL) == KV_OK && r.fits_one_max_ctx)
+    const int64_t train = m->n_ctx_train;
+    const int64_t small = c->ctx ? c->ctx : (train < PLAN_FIT_MIN_CTX ? train : PLAN_FIT_MIN_CTX);
+    const int64_t room = c->ctx ? c->ctx : (train < PLAN_FIT_KV_CTX ? train : PLAN_FIT_KV_CTX);
+    uint64_t budget = 0;
+    const uint64_t need_small = fit_need(m, c, small, &budget);
+    if (need_small == UINT64_MAX || plan_model_check(m, NULL) != KV_OK)
         return 0;
-    plan_model m1 = *m; /* everything but the weights, for one request of c2.ctx */
-    m1.weights_bytes = 1;
-    if (plan_one(&m1, &c2, &r, NULL) != KV_OK)
-        return 0;
-    const uint64_t wbb = r.kv_window_bytes_per_token * (uint64_t)c->block_size;
-    /* slack: the backend's scratch besides the blocks (attention, staging) */
-    const uint64_t need = r.activation_bytes + r.act_q8_bytes + r.kv_seq_bytes +
-                          (uint64_t)r.kv_window_margin * wbb + r.budget / 64;
-    if (need >= r.budget)
-        return 1;
-    *cap = r.budget - need;
+    if (m->weights_bytes <= budget && need_small <= budget - m->weights_bytes)
+        return 0; /* fits with a short request: the context, not the weights, gives way */
+    uint64_t need = fit_need(m, c, room, &budget);
+    if (need > budget / 4 && need_small < need) /* room for a long context costs too much */
+        need = need_small;
+    if (need < budget)
+        *cap = budget - need;
     return 1;
 }
 

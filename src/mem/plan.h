@@ -43,9 +43,13 @@
  * is the ceiling from the start. */
 #define PLAN_KV_FIT_SHARE 2
 #define PLAN_KV_FIT_START (256ull << 20)
-/* Weights placed automatically (plan_fit_weights) keep room for the KV of
- * one request of at most this many tokens (the context asked for, when
- * smaller); the context then becomes what the rest holds. */
+/* Weights are placed automatically (plan_fit_weights) when they do not fit
+ * beside the workspace and one request of PLAN_FIT_MIN_CTX tokens (or of the
+ * context asked for); then they keep room for the KV of one request of
+ * PLAN_FIT_KV_CTX tokens (or the context asked for), or of PLAN_FIT_MIN_CTX
+ * when that room would take more than a quarter of the budget; the context
+ * then becomes what the rest holds. */
+#define PLAN_FIT_MIN_CTX 512
 #define PLAN_FIT_KV_CTX 4096
 
 typedef struct plan_model {
@@ -110,8 +114,9 @@ typedef struct plan_result {
                                   * (max_num_batched_tokens / block_size + max_num_seqs) */
     uint64_t kv_window_bytes;
     int fits_one_max_ctx;        /* one sequence of ctx tokens fits the pool */
-    int64_t max_ctx_that_fits;   /* the largest context one request of which fits (with
-                                  * a window group: searched), at most n_ctx_train */
+    int64_t max_ctx_that_fits;   /* the largest context one request of which fits, at most
+                                  * n_ctx_train; when ctx does not fit: searched, with one
+                                  * block to spare for the backend's scratch */
     uint64_t missing_bytes;      /* budget bytes short of one ctx sequence; 0 if it fits */
     int n_conc;
     int64_t conc_ctx[PLAN_MAX_CONC]; /* ascending: 512, 2048, 8192, ctx, n_ctx_train
@@ -138,11 +143,10 @@ int plan_model_check(const plan_model *m, kvant_err *err);
  * would fit).  On error *out holds the fields computed so far, the rest 0. */
 int plan_compute(const plan_model *m, const plan_config *c, plan_result *out, kvant_err *err);
 /* Weight placement by default (--weights-memory auto): when weights of
- * m->weights_bytes plus the workspace plus one request's KV (ctx, at most
- * PLAN_FIT_KV_CTX tokens) exceed the budget, *cap gets the bytes left for
- * weights (resident layers + staging ring) and 1 is returned; 0 when the
- * weights fit (or when nothing is left for them: *cap 0, the plan then
- * refuses with its own message). */
+ * m->weights_bytes do not fit (PLAN_FIT_*), *cap gets the bytes left for
+ * weights (resident layers + staging ring) and 1 is returned (*cap 0 when
+ * nothing is left for them: the plan then refuses with its own message);
+ * 0 when the weights fit. */
 int plan_fit_weights(const plan_model *m, const plan_config *c, uint64_t *cap);
 /* The budget plan_compute uses: floor(device_memory * utilization). */
 uint64_t plan_budget(uint64_t device_memory, double utilization);
