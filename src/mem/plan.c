@@ -436,9 +436,11 @@ int plan_fit_weights(const plan_model *m, const plan_config *c, uint64_t *cap)
     const int64_t small = c->ctx ? c->ctx : (train < PLAN_FIT_MIN_CTX ? train : PLAN_FIT_MIN_CTX);
     const int64_t room = c->ctx ? c->ctx : (train < PLAN_FIT_KV_CTX ? train : PLAN_FIT_KV_CTX);
     uint64_t budget = 0;
-    const uint64_t need_small = fit_need(m, c, small, &budget);
-    if (need_small == UINT64_MAX || plan_model_check(m, NULL) != KV_OK)
+    if (plan_model_check(m, NULL) != KV_OK)
         return 0;
+    const uint64_t need_small = fit_need(m, c, small, &budget);
+    if (need_small == UINT64_MAX) /* not even the workspace fits (or a bad config) */
+        return 1;
     if (m->weights_bytes <= budget && need_small <= budget - m->weights_bytes)
         return 0; /* fits with a short request: the context, not the weights, gives way */
     uint64_t need = fit_need(m, c, room, &budget);
