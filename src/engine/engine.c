@@ -104,7 +104,8 @@ static void print_plan(const engine *e, const plan_result *p)
     fprintf(stderr, "kvant: weights %s, activations %s (%d tokens x %d seqs)\n",
             mem_format_size(p->weights_bytes, a, 32), mem_format_size(p->activation_bytes, b, 32),
             e->cfg.max_num_batched_tokens, e->cfg.max_num_seqs);
-    fprintf(stderr, "kvant: KV pool %s: %lld blocks of %d tokens = %llu tokens, %s per token\n",
+    fprintf(stderr, "kvant: KV pool %s%s: %lld blocks of %d tokens = %llu tokens, %s per token\n",
+            p->kv_start_blocks < p->kv_pool_blocks ? "up to " : "",
             mem_format_size(p->kv_pool_bytes, a, 32), (long long)p->kv_pool_blocks, p->block_size,
             (unsigned long long)p->kv_pool_tokens, mem_format_size(p->kv_bytes_per_token, c, 32));
     if (p->kv_fit)
