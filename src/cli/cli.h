@@ -36,7 +36,11 @@ typedef struct cli_common {
     int exact;           /* --exact: f32 activations in every matmul (reference path) */
     int no_pack;         /* --no-pack: weights stay in the file's layout */
     int device;
-    uint64_t weights_memory;    /* --weights-memory SIZE (0: no cap) */
+    uint64_t weights_memory;    /* --weights-memory SIZE (0: auto: a cap only when the
+                                 * weights do not fit, chosen by the planner) */
+    int no_offload;             /* --no-offload: refuse weights that do not fit */
+    int kv_pool_budget;         /* --kv-pool budget: the pool takes all the budget leaves
+                                 * (default fit: sized from demand on the CPU) */
     double weights_memory_frac; /* --weights-memory F, a fraction of the budget (0: none) */
     int weights_slots;          /* --stream-buffers N (0: 2) */
     int weights_io;             /* --stream-io MODE: WSTREAM_IO_* (0: buffered) */

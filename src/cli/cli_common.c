@@ -14,6 +14,7 @@
 #include "quant/quant_load.h"
 #include "kernels/dtype.h"
 #include "kernels/kvdtype.h"
+#include "mem/plan.h"
 #include "model/shard.h"
 #include "par/par.h"
 #include "par/tp.h"
@@ -119,10 +120,18 @@ void cli_common_help(FILE *f)
         {"--device-memory", "SIZE", "memory budget base, bytes or with K/M/G/T, Ki/Mi/Gi/Ti",
          "device total; CPU: available RAM"},
         {"--memory-utilization", "F", "fraction of --device-memory to use, (0, 1]", util},
-        {"--weights-memory", "SIZE|F", "cap on weights in device memory (resident layers + "
+        {"--weights-memory", "SIZE|F|auto", "cap on weights in device memory (resident layers + "
                                        "staging ring; F in (0, 1): a fraction of the budget); "
-                                       "layers that do not fit are streamed from the file (CPU)",
-         "no cap"},
+                                       "layers that do not fit are streamed from the file (CPU); "
+                                       "auto: only when the weights do not fit the budget, the "
+                                       "planner chooses the cap",
+         "auto"},
+        {"--no-offload", NULL, "refuse a model whose weights do not fit the budget instead of "
+                               "streaming layers", "off"},
+        {"--kv-pool", "fit|budget", "fit: on the CPU the KV pool is sized from --max-num-seqs "
+                                    "requests of the context (twice, for the prefix cache), "
+                                    "starts at 256 MiB and grows on demand; budget: the pool "
+                                    "takes all the budget leaves at start", "fit"},
         {"--stream-buffers", "N", "staging buffers for streamed layers, 2..8", "2"},
         {"--stream-io", "MODE", "how streamed layers are read: buffered (page cache), direct "
                                 "(O_DIRECT; page cache where refused) or both side by side",
@@ -286,12 +295,28 @@ static int parse_memory_opt(cli_common *c, int argc, char **argv, int *i)
         }
         return 1;
     }
+    if (!strcmp(a, "--no-offload")) {
+        c->no_offload = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--kv-pool")) {
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        if (strcmp(v, "fit") && strcmp(v, "budget")) {
+            fprintf(stderr, "kvant: --kv-pool: '%s' is not fit or budget\n", v);
+            return -1;
+        }
+        c->kv_pool_budget = !strcmp(v, "budget");
+        return 1;
+    }
     if (!strcmp(a, "--weights-memory")) {
         kvant_err err = {0};
         if (!(v = cli_value(argc, argv, i)))
             return -1;
         c->weights_memory = 0;
         c->weights_memory_frac = 0;
+        if (!strcmp(v, "auto"))
+            return 1;
         if (strchr(v, '.') && !strpbrk(v, "KMGTkmgtiB")) {
             if (cli_parse_float(a, v, 0.0, 1.0, &c->weights_memory_frac))
                 return -1;
@@ -388,13 +413,47 @@ void cli_engine_config(const cli_common *c, engine_config *ec)
     ec->weights_memory_frac = c->weights_memory_frac;
     ec->weights_slots = c->weights_slots;
     ec->weights_io = c->weights_io;
+    ec->no_offload = c->no_offload;
+    ec->kv_fit = !c->kv_pool_budget;
+}
+
+/* --weights-memory auto for a session: the cap the planner chooses when the
+ * weights, the workspace and the KV of the session's context do not fit
+ * the budget (mem/plan.h plan_fit_weights); 0 when they fit. */
+static uint64_t session_auto_cap(const cli_session *s, const cli_common *c, int32_t max_out)
+{
+    const model_hparams *hp = &s->m->hp;
+    if (c->no_offload || c->weights_dtype >= 0 || strcmp(c->backend, "cpu") != 0 || s->par)
+        return 0;
+    plan_model pm = {hp->n_layers, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim,
+                     hp->n_ff, hp->n_vocab, hp->n_ctx_train, s->m->weights_bytes, hp->n_kv_total};
+    plan_config pc = plan_config_default();
+    pc.device_memory = mem_budget(s->mem);
+    pc.utilization = 1.0;
+    pc.ctx = s->n_ctx;
+    pc.block_size = CLI_DEFAULT_BLOCK;
+    pc.max_num_batched_tokens = s->max_batch;
+    pc.max_num_seqs = max_out < s->max_batch ? max_out : s->max_batch;
+    pc.kv_dtype = c->kv_dtype;
+    pc.act_q8 = !c->exact;
+    uint64_t cap = 0;
+    if (!plan_fit_weights(&pm, &pc, &cap) || !cap)
+        return 0; /* fits, or nothing is left for weights: the load refuses as before */
+    char a[32], b[32], d[32];
+    fprintf(stderr, "kvant: weights %s do not fit the budget %s: streaming layers within %s "
+            "(--weights-memory SIZE sets it, --no-offload refuses)\n",
+            mem_format_size(s->m->weights_bytes, a, 32), mem_format_size(mem_budget(s->mem), b, 32),
+            mem_format_size(cap, d, 32));
+    return cap;
 }
 
 /* --weights-memory for a session: the placement and the stream, before
  * the backend loads weights. */
-static int session_offload(cli_session *s, const cli_common *c, kvant_err *err)
+static int session_offload(cli_session *s, const cli_common *c, int32_t max_out, kvant_err *err)
 {
-    if (!c->weights_memory && !(c->weights_memory_frac > 0))
+    const uint64_t auto_cap = c->weights_memory || c->weights_memory_frac > 0
+                                  ? 0 : session_auto_cap(s, c, max_out);
+    if (!c->weights_memory && !(c->weights_memory_frac > 0) && !auto_cap)
         return KV_OK;
     if (strcmp(c->backend, "cpu") != 0)
         return kvant_err_set(err, KV_EUNSUP,
@@ -402,13 +461,24 @@ static int session_offload(cli_session *s, const cli_common *c, kvant_err *err)
     if (c->weights_dtype >= 0)
         return kvant_err_set(err, KV_EUNSUP, "--weights-memory with --weights-dtype: streamed "
                              "layers are read as stored");
-    const uint64_t cap = c->weights_memory
-                             ? c->weights_memory
+    const uint64_t cap = auto_cap         ? auto_cap
+                         : c->weights_memory ? c->weights_memory
                              : (uint64_t)((double)mem_budget(s->mem) * c->weights_memory_frac);
     wstream_plan p;
-    int rc = wstream_plan_make(s->m, cap, c->weights_slots, &p, err);
-    if (rc)
+    kvant_err why = {0};
+    int rc = wstream_plan_make(s->m, cap, c->weights_slots, &p, &why);
+    if (rc && auto_cap) {
+        char a[32], b[32], d[32];
+        return kvant_err_set(err, rc, "model does not fit: weights %s exceed the budget %s, and "
+                             "the %s left for them beside the workspace and the context's KV "
+                             "cannot stream them (%s)", mem_format_size(s->m->weights_bytes, a, 32),
+                             mem_format_size(mem_budget(s->mem), b, 32),
+                             mem_format_size(cap, d, 32), why.msg);
+    }
+    if (rc) {
+        *err = why;
         return rc;
+    }
     if (p.n_streamed == 0) {
         fprintf(stderr, "kvant: warning: --weights-memory holds every weight: the model fits, "
                 "no layer is streamed\n");
@@ -547,7 +617,7 @@ static int session_load(cli_session *s, const cli_common *c, int32_t n_ctx, int3
         if (!s->qw)
             return err->code ? err->code : KV_ENOMEM;
     }
-    if (session_offload(s, c, err) || s->be->ops->load_weights(s->be, s->m, err))
+    if (session_offload(s, c, max_out, err) || s->be->ops->load_weights(s->be, s->m, err))
         return err->code ? err->code : KV_ENOMEM;
     s->n_blocks = (n_ctx + CLI_DEFAULT_BLOCK - 1) / CLI_DEFAULT_BLOCK;
     s->table = malloc((size_t)s->n_blocks * sizeof *s->table);

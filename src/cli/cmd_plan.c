@@ -210,7 +210,7 @@ static void print_tiers_text(const plan_result *r, const plan_tiers *t)
 
 /* The plan rows, the tiers and the offload placement as one JSON object. */
 static void print_json(const cli_common *c, plan_model *pm, const plan_row *rows, int n_rows,
-                       const engine_config *ec, const cli_offload *off)
+                       const engine_config *ec, const cli_offload *off, int auto_off)
 {
     printf("{\"model\": ");
     cli_json_string(stdout, c->model_path, strlen(c->model_path));
@@ -233,12 +233,12 @@ static void print_json(const cli_common *c, plan_model *pm, const plan_row *rows
         printf(", \"weights_offload\": ");
         cli_offload_print(off, 1);
     }
-    printf("}\n");
+    printf(", \"weights_auto\": %s}\n", auto_off ? "true" : "false");
 }
 
 /* The same as text: the model line, one row per weight type, the tiers. */
 static void print_text(const cli_common *c, const model_hparams *hp, const plan_row *rows,
-                       int n_rows, const engine_config *ec, const cli_offload *off)
+                       int n_rows, const engine_config *ec, const cli_offload *off, int auto_off)
 {
     if (hp->n_kv_total == (int64_t)hp->n_layers * hp->n_head_kv)
         printf("%s: %s, %d layers, %d KV heads x %d, context %lld\n", c->model_path,
@@ -253,6 +253,21 @@ static void print_text(const cli_common *c, const model_hparams *hp, const plan_
         print_row_text(&rows[i], i == 0);
     plan_tiers t = tiers_of(&rows[0].r, ec);
     print_tiers_text(&rows[0].r, &t);
+    const plan_result *r = &rows[0].r;
+    char a[32], b[32];
+    if (r->kv_fit)
+        printf("KV pool sized from demand (host memory): at most %d x %d requests of %lld tokens "
+               "or the budget; %s (%lld blocks) reserved at start%s (--kv-pool budget: all)\n",
+               PLAN_KV_FIT_SHARE, r->max_num_seqs, (long long)r->ctx,
+               mem_format_size(r->kv_start_bytes, a, 32), (long long)r->kv_start_blocks,
+               r->kv_start_blocks < r->kv_pool_blocks ? ", grows on demand" : "");
+    if (r->ctx_auto)
+        printf("context %lld tokens: the model's %lld does not fit one request; the largest "
+               "that does (-c sets it)\n", (long long)r->ctx, (long long)hp->n_ctx_train);
+    if (auto_off)
+        printf("weights do not fit the budget %s: placed automatically within %s "
+               "(--weights-memory SIZE sets it, --no-offload refuses)\n",
+               mem_format_size(r->budget, a, 32), mem_format_size(off->cap, b, 32));
     if (off)
         cli_offload_print(off, 0);
 }
@@ -303,11 +318,29 @@ int cmd_plan(int argc, char **argv)
     plan_model pm = {hp.n_layers, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff,
                      hp.n_vocab, hp.n_ctx_train, 0, hp.n_kv_total};
     plan_window(&hp, &c, &ec, &pc);
+    /* as the engine plans (engine.c plan_engine): on the host's memory the
+     * pool from demand, the context that fits, the weights placed when they
+     * do not fit */
+    const int host = !c.backend || strcmp(c.backend, "cpu") == 0;
+    pc.kv_fit = host && !c.kv_pool_budget;
+    pc.kv_grow = pc.kv_fit && !pc.kv_window;
+    pc.fit_ctx = 1;
+    cli_common oc = c;
+    int auto_off = 0;
+    if (host && !c.weights_memory && !(c.weights_memory_frac > 0) && !c.no_offload &&
+        c.weights_dtype < 0) {
+        uint64_t cap = 0;
+        pm.weights_bytes = weights_as(g, -1);
+        if (plan_fit_weights(&pm, &pc, &cap) && cap) {
+            oc.weights_memory = cap;
+            auto_off = 1;
+        }
+    }
     /* weight offload: the stored row plans the device bytes of the placement */
     cli_offload *off = NULL;
-    if (c.weights_memory || c.weights_memory_frac > 0) {
+    if (oc.weights_memory || oc.weights_memory_frac > 0) {
         off = calloc(1, sizeof *off);
-        if (!off || cli_offload_plan(&c, (uint64_t)((double)pc.device_memory * pc.utilization),
+        if (!off || cli_offload_plan(&oc, plan_budget(pc.device_memory, pc.utilization),
                                      remeasure, off, &err)) {
             fprintf(stderr, "kvant plan: %s\n", off ? err.msg : "out of memory");
             free(off);
@@ -335,9 +368,9 @@ int cmd_plan(int argc, char **argv)
         }
     }
     if (c.json)
-        print_json(&c, &pm, rows, n_rows, &ec, off);
+        print_json(&c, &pm, rows, n_rows, &ec, off, auto_off);
     else
-        print_text(&c, &hp, rows, n_rows, &ec, off);
+        print_text(&c, &hp, rows, n_rows, &ec, off, auto_off);
     free(off);
     gguf_close(g);
     return any_ok ? 0 : 1;

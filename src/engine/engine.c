@@ -106,9 +106,20 @@ static void print_plan(const engine *e, const plan_result *p)
     fprintf(stderr, "kvant: weights %s, activations %s (%d tokens x %d seqs)\n",
             mem_format_size(p->weights_bytes, a, 32), mem_format_size(p->activation_bytes, b, 32),
             e->cfg.max_num_batched_tokens, e->cfg.max_num_seqs);
-    fprintf(stderr, "kvant: KV pool %s: %lld blocks of %d tokens = %llu tokens, %s per token\n",
+    fprintf(stderr, "kvant: KV pool %s%s: %lld blocks of %d tokens = %llu tokens, %s per token\n",
+            p->kv_start_blocks < p->kv_pool_blocks ? "up to " : "",
             mem_format_size(p->kv_pool_bytes, a, 32), (long long)p->kv_pool_blocks, p->block_size,
             (unsigned long long)p->kv_pool_tokens, mem_format_size(p->kv_bytes_per_token, c, 32));
+    if (p->kv_fit)
+        fprintf(stderr, "kvant: KV pool sized from demand (host memory): at most %d x %d "
+                "requests of %lld tokens or the budget; %s (%lld blocks) reserved at start%s\n",
+                PLAN_KV_FIT_SHARE, e->cfg.max_num_seqs, (long long)p->ctx,
+                mem_format_size(p->kv_start_bytes, b, 32), (long long)p->kv_start_blocks,
+                p->kv_start_blocks < p->kv_pool_blocks ? ", grows on demand" : "");
+    if (p->ctx_auto)
+        fprintf(stderr, "kvant: context %lld tokens: the model's %lld does not fit one request "
+                "in the budget; the largest that does (-c sets it)\n", (long long)p->ctx,
+                (long long)e->m->hp.n_ctx_train);
     if (p->window > 0)
         fprintf(stderr, "kvant: window layers' KV pool %s: %lld blocks (window %lld, %s per "
                 "token); %s per sequence of %lld tokens\n",
@@ -140,6 +151,18 @@ static int start_tp(engine_ext *x, kvant_err *err)
     return engine_tp_begin(e, dev.alloc, plan_budget(total, e->cfg.memory_utilization), err);
 }
 
+/* Weights that do not fit and no --weights-memory: the cap the planner
+ * chooses (0: none: the weights fit, offload is off or cannot run). */
+static uint64_t auto_weights_cap(const engine *e, const plan_model *pm, const plan_config *pc)
+{
+    const engine_config *c = &e->cfg;
+    uint64_t cap = 0;
+    if (c->weights_memory || c->weights_memory_frac > 0 || c->no_offload || c->weights_dtype >= 0 ||
+        (c->backend && strcmp(c->backend, "cpu") != 0) || c->tp_group || c->shared_mem)
+        return 0;
+    return plan_fit_weights(pm, pc, &cap) ? cap : 0;
+}
+
 static int plan_engine(engine_ext *x, kvant_err *err)
 {
     engine *e = &x->e;
@@ -152,21 +175,28 @@ static int plan_engine(engine_ext *x, kvant_err *err)
     if (rc0)
         return rc0;
     x->alloc = dev.alloc;
+    const int host = !e->cfg.backend || strcmp(e->cfg.backend, "cpu") == 0;
     pc.device_memory = e->cfg.device_memory ? e->cfg.device_memory : dev.total_memory;
     pc.utilization = e->cfg.memory_utilization;
     pc.ctx = e->cfg.max_model_len;
+    pc.fit_ctx = 1; /* ctx 0: the model's, or the largest that fits one request */
     pc.block_size = e->cfg.block_size;
     pc.max_num_seqs = e->cfg.max_num_seqs;
     pc.max_num_batched_tokens = e->cfg.max_num_batched_tokens;
     pc.kv_dtype = e->cfg.kv_dtype;
-    pc.act_q8 = (!e->cfg.backend || strcmp(e->cfg.backend, "cpu") == 0) && !e->cfg.exact;
+    pc.act_q8 = host && !e->cfg.exact;
     e->kv_window = engine_kvwin_use(e);
     if (e->kv_window && !e->cfg.kv_window_keep) { /* keep: sized as one group, split below */
         pc.kv_window = e->kv_window;
         for (int32_t il = 0; il < hp->n_layers; il++)
             pc.kv_window_heads += e->m->layers[il].window > 0 ? e->m->layers[il].n_head_kv : 0;
     }
-    int rc = engine_offload_plan(e, (uint64_t)((double)pc.device_memory * pc.utilization),
+    /* the host's memory: the pool from demand, growing unless a window group fixes it */
+    pc.kv_fit = e->cfg.kv_fit && host && !e->cfg.shared_mem && !e->cfg.tp_group &&
+                e->cfg.kv_blocks_override <= 0 && e->cfg.kv_max_blocks <= 0;
+    pc.kv_grow = pc.kv_fit && !e->kv_window;
+    const uint64_t cap = auto_weights_cap(e, &pm, &pc);
+    int rc = engine_offload_plan(e, plan_budget(pc.device_memory, pc.utilization), cap,
                                  &x->wplan, &pm.weights_bytes, err);
     if (rc)
         return rc;
@@ -320,8 +350,12 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     uint64_t block_bytes = x->plan.kv_bytes_per_token * (uint64_t)e->cfg.block_size;
     int64_t held = block_bytes ? (int64_t)((extra + block_bytes - 1) / block_bytes) : 0;
     x->held_blocks = (int32_t)held;
-    int32_t n_blocks = e->cfg.kv_blocks_override > 0 ? e->cfg.kv_blocks_override
-                                                     : (int32_t)(x->plan.kv_pool_blocks - held);
+    const int32_t ceiling = (int32_t)(x->plan.kv_pool_blocks - held);
+    int32_t n_blocks = e->cfg.kv_blocks_override > 0 ? e->cfg.kv_blocks_override : ceiling;
+    if (e->cfg.kv_blocks_override <= 0 && x->plan.kv_start_blocks < n_blocks) {
+        n_blocks = (int32_t)x->plan.kv_start_blocks; /* fits itself: grows on demand */
+        e->kv_grow_max = ceiling;
+    }
     rc = n_blocks < 1 ? kvant_err_set(err, KV_ENOMEM, "no memory left for the KV pool") : KV_OK;
     if (e->cfg.tp_group) {
         kvant_err local = *err;
@@ -332,6 +366,7 @@ static int setup_backend(engine_ext *x, kvant_err *err)
         return rc;
     lay.n_blocks = n_blocks;
     lay.max_blocks = e->cfg.kv_max_blocks > n_blocks ? e->cfg.kv_max_blocks : n_blocks;
+    lay.max_blocks = e->kv_grow_max > lay.max_blocks ? e->kv_grow_max : lay.max_blocks;
     if (lay.max_blocks > KVPOOL_MAX_BLOCKS)
         lay.max_blocks = KVPOOL_MAX_BLOCKS > n_blocks ? KVPOOL_MAX_BLOCKS : n_blocks;
     e->kv_min_blocks = n_blocks;
@@ -402,6 +437,8 @@ engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)
     e->stats.block_size = ks.block_size;
     e->stats.kv_blocks_min = ks.n_blocks;
     e->stats.kv_blocks_max = kvpool_max_blocks(e->pool);
+    if (x->plan.ctx_auto && e->max_model_len > (int64_t)e->stats.kv_blocks_max * cfg->block_size)
+        e->max_model_len = (int64_t)e->stats.kv_blocks_max * cfg->block_size; /* scratch held more */
     if (cfg->kv_blocks_override > 0)
         e->max_model_len = e->max_model_len < (int64_t)cfg->kv_blocks_override * cfg->block_size
                                ? e->max_model_len

@@ -117,6 +117,8 @@ struct engine {
     int64_t max_model_len;
     uint64_t kv_block_bytes;    /* bytes of one KV block, all layers */
     int32_t kv_min_blocks;      /* the pool's size at create: it never shrinks below */
+    int32_t kv_grow_max;        /* > 0: the pool grows on demand up to this many blocks
+                                 * (engine_kv_grow_for; engine_config.kv_fit) */
     eng_tier *tier;             /* KV offload tiers, or NULL */
     struct wstream *ws;         /* weight offload (engine_offload.c), or NULL; owned */
     eng_tp *tp;                 /* tensor parallelism (engine_tp.c), or NULL; owned */
@@ -208,6 +210,11 @@ void engine_note_kv(engine *e, eng_req *r);
 void engine_serve_snapshot(engine *e);
 /* engine_kvresize.c: serves a pending KV resize (between steps). */
 void engine_serve_resize(engine *e);
+/* engine_kvresize.c, engine thread: when the pool grows on demand
+ * (kv_grow_max) and its free blocks are fewer than need, grows it (by at
+ * least a quarter, at most to kv_grow_max) before cached prefix blocks
+ * would be evicted; a refusal (budget) leaves it as it is. */
+void engine_kv_grow_for(engine *e, int32_t need);
 
 /* engine_tier.c (all no-ops without tiers) */
 int engine_tier_create(engine *e, int32_t n_blocks, kvant_err *err);
@@ -231,9 +238,11 @@ void engine_tier_idle(engine *e);
 
 /* engine_offload.c (no-ops without --weights-memory).  plan: the placement
  * for budget; *weights_bytes becomes the device bytes of weights when a
- * layer is streamed (unchanged otherwise).  start: after the memory
- * manager exists, before load_weights.  stop: after unload_weights. */
-int engine_offload_plan(engine *e, uint64_t budget, struct wstream_plan *p,
+ * layer is streamed (unchanged otherwise); auto_cap > 0 (weights that do
+ * not fit, no --weights-memory: plan_fit_weights) is the cap the planner
+ * chose.  start: after the memory manager exists, before load_weights.
+ * stop: after unload_weights. */
+int engine_offload_plan(engine *e, uint64_t budget, uint64_t auto_cap, struct wstream_plan *p,
                         uint64_t *weights_bytes, kvant_err *err);
 int engine_offload_start(engine *e, const struct wstream_plan *p, kvant_err *err);
 void engine_offload_stop(engine *e);

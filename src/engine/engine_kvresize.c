@@ -168,3 +168,20 @@ int engine_kv_resize(engine *e, int32_t n_blocks, double timeout_s, int32_t *out
         *out_blocks = got;
     return rc;
 }
+
+void engine_kv_grow_for(engine *e, int32_t need)
+{
+    if (e->kv_grow_max <= 0)
+        return;
+    kvpool_stats ks;
+    kvpool_get_stats(e->pool, &ks);
+    if (need <= ks.n_free || ks.n_blocks >= e->kv_grow_max)
+        return;
+    int64_t want = (int64_t)ks.n_blocks + (need - ks.n_free);
+    const int64_t step = (int64_t)ks.n_blocks + ks.n_blocks / 4;
+    want = want < step ? step : want;
+    want = want > e->kv_grow_max ? e->kv_grow_max : want;
+    int32_t got = 0;
+    kvant_err err = {0};
+    (void)resize_now(e, (int32_t)want, &got, &err); /* refused: the cached blocks go first */
+}

@@ -118,6 +118,8 @@ int engine_kv_reserve(engine *e, eng_seq *s, int64_t from, int64_t n_tokens)
     if (e->pool_w && kvseq_blocks_needed(e->pool_w, &s->kv_w, from, n_tokens) >
                          kvpool_n_available(e->pool_w))
         return KV_ENOMEM; /* checked first: a global reserve is then not wasted */
+    if (e->kv_grow_max > 0) /* a pool that fits itself grows before the cache is evicted */
+        engine_kv_grow_for(e, kvseq_blocks_needed(e->pool, &s->kv, from, n_tokens));
     int rc = kvseq_reserve(e->pool, &s->kv, from, n_tokens);
     if (rc || !e->pool_w)
         return rc;

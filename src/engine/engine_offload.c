@@ -10,11 +10,31 @@
 #include "engine/offload_cost.h"
 #include "model/wstream.h"
 
-int engine_offload_plan(engine *e, uint64_t budget, wstream_plan *p, uint64_t *weights_bytes,
-                        kvant_err *err)
+int engine_offload_plan(engine *e, uint64_t budget, uint64_t auto_cap, wstream_plan *p,
+                        uint64_t *weights_bytes, kvant_err *err)
 {
     const engine_config *c = &e->cfg;
     memset(p, 0, sizeof *p);
+    if (auto_cap > 0) { /* --weights-memory auto: the planner's cap */
+        char a[32], b[32], d[32];
+        kvant_err why = {0};
+        int rc = wstream_plan_make(e->m, auto_cap, c->weights_slots, p, &why);
+        if (rc)
+            return kvant_err_set(err, rc, "model does not fit: weights %s exceed the budget %s, "
+                                 "and the %s left for them beside the workspace and one "
+                                 "request's KV cannot stream them (%s)",
+                                 mem_format_size(e->m->weights_bytes, a, 32),
+                                 mem_format_size(budget, b, 32),
+                                 mem_format_size(auto_cap, d, 32), why.msg);
+        fprintf(stderr, "kvant: weights %s do not fit the budget %s: %d of %d layers resident, "
+                "%d streamed (%s for weights; --weights-memory SIZE sets it, --no-offload "
+                "refuses)\n", mem_format_size(e->m->weights_bytes, a, 32),
+                mem_format_size(budget, b, 32), p->n_layers - p->n_streamed, p->n_layers,
+                p->n_streamed, mem_format_size(wstream_plan_device_bytes(p), d, 32));
+        if (p->n_streamed)
+            *weights_bytes = wstream_plan_device_bytes(p);
+        return KV_OK;
+    }
     if (!c->weights_memory && !(c->weights_memory_frac > 0))
         return KV_OK;
     if (c->weights_memory_frac < 0 || c->weights_memory_frac >= 1)

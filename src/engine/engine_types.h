@@ -82,6 +82,17 @@ typedef struct engine_config {
      * kv_window_keep 1: the second pool is sized like the first and no
      * block is given back (the reference the outputs must equal). */
     int kv_window_keep;
+    /* KV that fits itself (mem/plan.h PLAN_KV_FIT_*): on a backend whose
+     * memory is the host's (CPU) and with an engine-owned manager, the pool
+     * is sized from max_num_seqs requests of the context instead of the
+     * whole budget, starts small and grows on demand (engine_kv_grow_for).
+     * 0: the pool takes what the budget leaves (the earlier rule). */
+    int kv_fit;
+    /* Weights that fit themselves: with weights_memory and _frac 0, weights
+     * that do not fit the budget are placed by the planner (resident first,
+     * the rest streamed; mem/plan.h plan_fit_weights).  no_offload 1
+     * refuses such a model instead. */
+    int no_offload;
     int32_t kv_window_blocks_override; /* >0: exactly this many window-group blocks (tests;
                                         * default with kv_blocks_override: the same count) */
 } engine_config;

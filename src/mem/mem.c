@@ -323,25 +323,37 @@ static uint64_t resident_of(uint64_t p, uint64_t size, unsigned char *vec, size_
     return res < size ? res : size; /* the edge pages hold other data too */
 }
 
-uint64_t mem_resident_bytes(const mem_mgr *m)
+void mem_resident_by_cat(const mem_mgr *m, uint64_t out[MEM_CAT_COUNT])
 {
     KV_ASSERT(m);
     const long pgl = sysconf(_SC_PAGESIZE);
     const uint64_t pg = pgl > 0 ? (uint64_t)pgl : 4096;
     unsigned char vec[4096];
+    for (int c = 0; c < MEM_CAT_COUNT; c++)
+        out[c] = 0;
     mem_mgr *mm = lock_mut(m);
     const int host = mm->a.alloc == host_alloc;
-    uint64_t total = 0;
     for (size_t i = 0; i < mm->cap; i++) {
         const mem_rec *r = &mm->recs[i];
+        uint64_t b = 0;
         if (r->kind == REC_ALLOC && host)
-            total += resident_of(r->key, r->size, vec, sizeof vec, pg);
+            b = resident_of(r->key, r->size, vec, sizeof vec, pg);
         else if (r->kind == REC_RESERVE && r->addr)
-            total += resident_of(r->addr, r->size, vec, sizeof vec, pg);
+            b = resident_of(r->addr, r->size, vec, sizeof vec, pg);
         else if (r->kind != REC_EMPTY)
-            total += r->size;
+            b = r->size;
+        if (r->kind != REC_EMPTY && r->cat < MEM_CAT_COUNT)
+            out[r->cat] += b;
     }
     pthread_mutex_unlock(&mm->mu);
+}
+
+uint64_t mem_resident_bytes(const mem_mgr *m)
+{
+    uint64_t by[MEM_CAT_COUNT], total = 0;
+    mem_resident_by_cat(m, by);
+    for (int c = 0; c < MEM_CAT_COUNT; c++)
+        total += by[c];
     return total;
 }
 

@@ -93,6 +93,9 @@ size_t mem_live_count(const mem_mgr *m);   /* outstanding allocations + reservat
  * touched counts 0); reservations (mapped weights) and other allocators
  * count in full.  Takes the lock; O(allocations + pages). */
 uint64_t mem_resident_bytes(const mem_mgr *m);
+/* The same by category (out[c]: of category c's current bytes, those
+ * resident); mem_resident_bytes is their sum.  Same cost and locking. */
+void mem_resident_by_cat(const mem_mgr *m, uint64_t out[MEM_CAT_COUNT]);
 
 /* A pool (e.g. the KV block pool) reports its free-extent shape. */
 typedef struct mem_pool_stats {
@@ -130,6 +133,9 @@ typedef struct mem_report {
     int n_pools;
     mem_pool_stats pools[MEM_MAX_POOLS];
     double fragmentation[MEM_MAX_POOLS]; /* 1 - largest_free / free, 0 when nothing free */
+    int has_resident;                    /* resident[] filled (mem_resident_by_cat after
+                                          * mem_get_report); mem_get_report leaves it 0 */
+    uint64_t resident[MEM_CAT_COUNT];    /* of cat[c].current, the bytes in RAM */
 } mem_report;
 
 /* Fills a snapshot (report is large: allocate it, do not put it on a

@@ -282,7 +282,22 @@ uint64_t plan_budget(uint64_t device_memory, double utilization)
     return bud >= 18446744073709551615.0L ? UINT64_MAX : (uint64_t)bud;
 }
 
-int plan_compute(const plan_model *m, const plan_config *c, plan_result *out, kvant_err *err)
+/* The KV bytes a host-memory pool may use (kv_fit): PLAN_KV_FIT_SHARE times
+ * max_num_seqs requests of ctx, plus the window group's step margin. */
+static uint64_t fit_demand(const plan_config *c, const plan_result *r, uint64_t gbb,
+                           uint64_t wbb, int64_t need_blocks)
+{
+    uint64_t per_seq = (uint64_t)need_blocks * gbb, margin = 0;
+    if (r->window > 0) {
+        per_seq += (uint64_t)plan_window_blocks(c->kv_window, r->ctx, c->block_size) * wbb;
+        margin = (uint64_t)((c->max_num_batched_tokens + c->block_size - 1) / c->block_size +
+                            c->max_num_seqs) * wbb;
+    }
+    return (uint64_t)PLAN_KV_FIT_SHARE * (uint64_t)c->max_num_seqs * per_seq + margin;
+}
+
+/* The plan at the context c->ctx (plan_compute without the search). */
+static int plan_one(const plan_model *m, const plan_config *c, plan_result *out, kvant_err *err)
 {
     plan_result *r = out;
     memset(r, 0, sizeof *r);
@@ -295,6 +310,7 @@ int plan_compute(const plan_model *m, const plan_config *c, plan_result *out, kv
     r->utilization = c->utilization;
     r->ctx = c->ctx ? c->ctx : m->n_ctx_train;
     r->block_size = c->block_size;
+    r->max_num_seqs = c->max_num_seqs;
     r->kv_dtype = c->kv_dtype;
     r->budget = plan_budget(c->device_memory, c->utilization);
     r->weights_bytes = m->weights_bytes;
@@ -328,13 +344,26 @@ int plan_compute(const plan_model *m, const plan_config *c, plan_result *out, kv
         return refuse_nofit(m, c, r, block_bytes + wbb, err);
 
     int64_t need_blocks = (r->ctx + c->block_size - 1) / c->block_size;
+    uint64_t avail = r->budget - fixed;
+    if (c->kv_fit) { /* what the sequences and the prefix cache can use, not all RAM */
+        const uint64_t demand = fit_demand(c, r, block_bytes, wbb, need_blocks);
+        r->kv_fit = 1;
+        avail = demand < avail ? demand : avail;
+    }
     if (r->window > 0) {
-        plan_window_split(c, r, r->budget - fixed);
+        plan_window_split(c, r, avail);
     } else {
-        r->kv_pool_blocks = (int64_t)((r->budget - fixed) / block_bytes);
+        r->kv_pool_blocks = (int64_t)(avail / block_bytes);
         r->kv_seq_bytes = (uint64_t)need_blocks * block_bytes;
         r->fits_one_max_ctx = r->kv_pool_blocks >= need_blocks;
     }
+    r->kv_start_blocks = r->kv_pool_blocks;
+    if (c->kv_fit && c->kv_grow && r->window == 0) {
+        int64_t start = (int64_t)(PLAN_KV_FIT_START / block_bytes);
+        start = start > need_blocks ? start : need_blocks;
+        r->kv_start_blocks = start < r->kv_pool_blocks ? start : r->kv_pool_blocks;
+    }
+    r->kv_start_bytes = (uint64_t)r->kv_start_blocks * block_bytes + r->kv_window_bytes;
     r->kv_pool_tokens = (uint64_t)r->kv_pool_blocks * (uint64_t)c->block_size;
     r->kv_pool_bytes = (uint64_t)r->kv_pool_blocks * block_bytes + r->kv_window_bytes;
     r->max_ctx_that_fits = (int64_t)r->kv_pool_tokens < m->n_ctx_train ? (int64_t)r->kv_pool_tokens
@@ -343,6 +372,83 @@ int plan_compute(const plan_model *m, const plan_config *c, plan_result *out, kv
     r->missing_bytes = r->fits_one_max_ctx || need <= r->budget ? 0 : need - r->budget;
     fill_concurrency(m, r);
     return KV_OK;
+}
+
+/* The largest context in [0, hi) one request of which fits with a block to
+ * spare (0: none); fitting is monotone in the context. */
+static int64_t largest_ctx(const plan_model *m, const plan_config *c, int64_t hi)
+{
+    plan_config c2 = *c;
+    plan_result t;
+    int64_t lo = 0;
+    while (lo + 1 < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        c2.ctx = mid;
+        /* one block to spare: the backend's scratch beside the blocks (kv_extra_bytes) */
+        if (plan_one(m, &c2, &t, NULL) == KV_OK && t.fits_one_max_ctx &&
+            t.kv_pool_blocks >= (mid + c->block_size - 1) / c->block_size + 1)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+int plan_compute(const plan_model *m, const plan_config *c, plan_result *out, kvant_err *err)
+{
+    int rc = plan_one(m, c, out, err);
+    if (rc || out->fits_one_max_ctx)
+        return rc;
+    const int64_t best = largest_ctx(m, c, out->ctx);
+    if (c->fit_ctx && c->ctx == 0 && best > 0) { /* vLLM's --max-model-len auto */
+        plan_config c2 = *c;
+        c2.ctx = best;
+        rc = plan_one(m, &c2, out, err);
+        out->ctx_auto = 1;
+    }
+    out->max_ctx_that_fits = best;
+    return rc;
+}
+
+/* The bytes besides the weights of one request of ctx tokens: workspace,
+ * its KV (with a window group's step margin) and 1/64 of the budget for
+ * the backend's scratch beside the blocks; *budget gets the budget. */
+static uint64_t fit_need(const plan_model *m, const plan_config *c, int64_t ctx, uint64_t *budget)
+{
+    plan_model m1 = *m;
+    plan_config c2 = *c;
+    plan_result r;
+    m1.weights_bytes = 1;
+    c2.fit_ctx = 0;
+    c2.ctx = ctx;
+    if (plan_one(&m1, &c2, &r, NULL) != KV_OK)
+        return UINT64_MAX;
+    *budget = r.budget;
+    const uint64_t wbb = r.kv_window_bytes_per_token * (uint64_t)c->block_size;
+    return r.activation_bytes + r.act_q8_bytes + r.kv_seq_bytes +
+           (uint64_t)r.kv_window_margin * wbb + r.budget / 64;
+}
+
+int plan_fit_weights(const plan_model *m, const plan_config *c, uint64_t *cap)
+{
+    *cap = 0;
+    const int64_t train = m->n_ctx_train;
+    const int64_t small = c->ctx ? c->ctx : (train < PLAN_FIT_MIN_CTX ? train : PLAN_FIT_MIN_CTX);
+    const int64_t room = c->ctx ? c->ctx : (train < PLAN_FIT_KV_CTX ? train : PLAN_FIT_KV_CTX);
+    uint64_t budget = 0;
+    if (plan_model_check(m, NULL) != KV_OK)
+        return 0;
+    const uint64_t need_small = fit_need(m, c, small, &budget);
+    if (need_small == UINT64_MAX) /* not even the workspace fits (or a bad config) */
+        return 1;
+    if (m->weights_bytes <= budget && need_small <= budget - m->weights_bytes)
+        return 0; /* fits with a short request: the context, not the weights, gives way */
+    uint64_t need = fit_need(m, c, room, &budget);
+    if (need > budget / 4 && need_small < need) /* room for a long context costs too much */
+        need = need_small;
+    if (need < budget)
+        *cap = budget - need;
+    return 1;
 }
 
 static json_t *u64j(uint64_t v)
@@ -373,10 +479,15 @@ char *plan_result_json(const plan_result *r, const plan_model *m)
                                                       (json_int_t)r->kv_window_bytes));
     }
     json_object_set_new(o, "block_size", json_integer(r->block_size));
+    json_object_set_new(o, "max_num_seqs", json_integer(r->max_num_seqs));
     json_object_set_new(o, "kv_pool_blocks", json_integer(r->kv_pool_blocks));
     json_object_set_new(o, "kv_pool_tokens", u64j(r->kv_pool_tokens));
     json_object_set_new(o, "kv_pool_bytes", u64j(r->kv_pool_bytes));
+    json_object_set_new(o, "kv_start_blocks", json_integer(r->kv_start_blocks));
+    json_object_set_new(o, "kv_start_bytes", u64j(r->kv_start_bytes));
+    json_object_set_new(o, "kv_fit", json_boolean(r->kv_fit));
     json_object_set_new(o, "ctx", json_integer(r->ctx));
+    json_object_set_new(o, "ctx_auto", json_boolean(r->ctx_auto));
     json_object_set_new(o, "fits", json_boolean(r->fits_one_max_ctx));
     json_object_set_new(o, "max_ctx_that_fits", json_integer(r->max_ctx_that_fits));
     json_object_set_new(o, "missing_bytes", u64j(r->missing_bytes));

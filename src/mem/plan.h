@@ -34,6 +34,24 @@
 #define PLAN_MAX_WEIGHTS (1ull << 60)
 #define PLAN_MAX_CONC 8
 
+/* KV that fits itself (plan_config.kv_fit: a backend whose memory is the
+ * host's).  The pool may grow to PLAN_KV_FIT_SHARE times what max_num_seqs
+ * requests of the context need (one share for the live sequences, the rest
+ * for the prefix cache), never past the budget; it starts at
+ * PLAN_KV_FIT_START bytes (at least one request of the context) and grows
+ * on demand (engine_kvresize.c).  A pool that cannot grow (a window group)
+ * is the ceiling from the start. */
+#define PLAN_KV_FIT_SHARE 2
+#define PLAN_KV_FIT_START (256ull << 20)
+/* Weights are placed automatically (plan_fit_weights) when they do not fit
+ * beside the workspace and one request of PLAN_FIT_MIN_CTX tokens (or of the
+ * context asked for); then they keep room for the KV of one request of
+ * PLAN_FIT_KV_CTX tokens (or the context asked for), or of PLAN_FIT_MIN_CTX
+ * when that room would take more than a quarter of the budget; the context
+ * then becomes what the rest holds. */
+#define PLAN_FIT_MIN_CTX 512
+#define PLAN_FIT_KV_CTX 4096
+
 typedef struct plan_model {
     int n_layers, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab;
     int64_t n_ctx_train;
@@ -57,6 +75,12 @@ typedef struct plan_config {
     int act_q8;                 /* 1: the CPU backend's int8 matmul activations (a
                                  * quantized copy of the widest matmul input for
                                  * max_num_batched_tokens) come out of the budget too */
+    int kv_fit;                 /* 1: size the pool from demand (PLAN_KV_FIT_*), not from
+                                 * all of the budget: the memory is the host's */
+    int kv_grow;                /* with kv_fit: the pool can grow (start below the
+                                 * ceiling); 0: fixed at the ceiling */
+    int fit_ctx;                /* 1 with ctx 0: the model's context when one request of
+                                 * it fits, else the largest that does (ctx_auto) */
 } plan_config;
 
 /* utilization 0.90, ctx 0, block 16, 64 seqs, 2048 tokens, 1 thread,
@@ -73,7 +97,13 @@ typedef struct plan_result {
                                   * + kv_window_bytes */
     uint64_t kv_pool_tokens;     /* kv_pool_blocks * block_size */
     int64_t kv_pool_blocks;      /* whole blocks in budget - weights - activations
-                                  * (with kv_window: the global group's) */
+                                  * (with kv_window: the global group's); with kv_fit
+                                  * the most the pool may grow to */
+    int64_t kv_start_blocks;     /* blocks committed at start: kv_pool_blocks, or with
+                                  * kv_fit and kv_grow PLAN_KV_FIT_START's worth */
+    uint64_t kv_start_bytes;     /* kv_start_blocks' bytes + kv_window_bytes */
+    int kv_fit;                  /* the pool was sized from demand */
+    int ctx_auto;                /* ctx was lowered to the largest that fits (fit_ctx) */
     uint64_t kv_seq_bytes;       /* KV bytes of one sequence of ctx tokens: global rows x
                                   * ctx + window rows x plan_window_blocks, in whole blocks */
     /* the window group (plan_config.kv_window > 0), else all 0 */
@@ -84,7 +114,9 @@ typedef struct plan_result {
                                   * (max_num_batched_tokens / block_size + max_num_seqs) */
     uint64_t kv_window_bytes;
     int fits_one_max_ctx;        /* one sequence of ctx tokens fits the pool */
-    int64_t max_ctx_that_fits;   /* min(n_ctx_train, kv_pool_tokens) */
+    int64_t max_ctx_that_fits;   /* the largest context one request of which fits, at most
+                                  * n_ctx_train; when ctx does not fit: searched, with one
+                                  * block to spare for the backend's scratch */
     uint64_t missing_bytes;      /* budget bytes short of one ctx sequence; 0 if it fits */
     int n_conc;
     int64_t conc_ctx[PLAN_MAX_CONC]; /* ascending: 512, 2048, 8192, ctx, n_ctx_train
@@ -96,6 +128,7 @@ typedef struct plan_result {
     double utilization;
     int64_t ctx;                 /* after resolving 0 */
     int block_size;
+    int max_num_seqs;
     uint32_t kv_dtype;
 } plan_result;
 
@@ -109,6 +142,12 @@ int plan_model_check(const plan_model *m, kvant_err *err);
  * activations plus one KV block exceed the budget; the message says what
  * would fit).  On error *out holds the fields computed so far, the rest 0. */
 int plan_compute(const plan_model *m, const plan_config *c, plan_result *out, kvant_err *err);
+/* Weight placement by default (--weights-memory auto): when weights of
+ * m->weights_bytes do not fit (PLAN_FIT_*), *cap gets the bytes left for
+ * weights (resident layers + staging ring) and 1 is returned (*cap 0 when
+ * nothing is left for them: the plan then refuses with its own message);
+ * 0 when the weights fit. */
+int plan_fit_weights(const plan_model *m, const plan_config *c, uint64_t *cap);
 /* The budget plan_compute uses: floor(device_memory * utilization). */
 uint64_t plan_budget(uint64_t device_memory, double utilization);
 
@@ -153,7 +192,8 @@ uint64_t plan_kv_bytes_per_token(const plan_model *m, uint32_t kv_dtype);
 
 /* JSON form (keys: budget, device_memory, utilization, weights_bytes,
  * activation_bytes, kv_dtype, kv_bytes_per_token, block_size, kv_pool_blocks,
- * kv_pool_tokens, kv_pool_bytes, ctx, fits, max_ctx_that_fits,
+ * kv_pool_tokens, kv_pool_bytes, kv_start_blocks, kv_start_bytes, kv_fit, ctx,
+ * ctx_auto, fits, max_ctx_that_fits,
  * missing_bytes, max_concurrency {"<ctx>": count}, model {...}).
  * malloc'd string the caller frees; NULL only when out of memory. */
 char *plan_result_json(const plan_result *r, const plan_model *m);

@@ -285,8 +285,12 @@ static enum MHD_Result route_metrics(srv *s, struct MHD_Connection *c)
     else
         engine_get_stats(s->e, &st);
     mem_report *rep = malloc(sizeof *rep);
-    if (rep)
-        mem_get_report(s->reg ? reg_mem(s->reg) : engine_mem(s->e), rep);
+    if (rep) {
+        mem_mgr *mm = s->reg ? reg_mem(s->reg) : engine_mem(s->e);
+        mem_get_report(mm, rep);
+        mem_resident_by_cat(mm, rep->resident); /* reserved is not resident */
+        rep->has_resident = 1;
+    }
     srv_build_info bi = {SRV_VERSION,
 #ifdef KVANT_CUDA
                          "cuda",

@@ -137,7 +137,27 @@ static json_t *kv_window_json(const engine_kv_snapshot *sn)
                      (json_int_t)sn->stats.kv_w_dropped);
 }
 
-static json_t *kv_json(const engine_kv_snapshot *sn)
+/* Reserved (committed blocks, what the budget counts), resident (their
+ * pages in RAM: mincore over the pool's range, so a block never written
+ * costs nothing) and in use (blocks sequences hold), both groups; blocks_max
+ * is the most the pool may grow to. */
+static void kv_bytes_json(json_t *o, const engine_kv_snapshot *sn, const int32_t *n,
+                          uint64_t resident)
+{
+    const uint64_t reserved = (uint64_t)sn->n_blocks * sn->block_bytes +
+                              (uint64_t)sn->n_blocks_w * sn->block_bytes_w;
+    const uint64_t used = (uint64_t)n[KVPOOL_BLOCK_USED] * sn->block_bytes +
+                          (uint64_t)sn->w_used * sn->block_bytes_w;
+    json_object_set_new(o, "bytes_reserved", u64j(reserved));
+    json_object_set_new(o, "bytes_resident", u64j(resident < reserved ? resident : reserved));
+    json_object_set_new(o, "bytes_used", u64j(used));
+    json_object_set_new(o, "blocks_max", json_integer(sn->stats.kv_blocks_max > sn->n_blocks
+                                                          ? sn->stats.kv_blocks_max
+                                                          : sn->n_blocks));
+    json_object_set_new(o, "grows_total", u64j(sn->stats.kv_grows));
+}
+
+static json_t *kv_json(const engine_kv_snapshot *sn, uint64_t resident)
 {
     int32_t n[N_STATES] = {0};
     for (int32_t b = 0; b < sn->n_blocks; b++)
@@ -149,6 +169,8 @@ static json_t *kv_json(const engine_kv_snapshot *sn)
                      n[KVPOOL_BLOCK_CACHED],
                      "usage_ratio", sn->n_blocks ? (double)n[KVPOOL_BLOCK_USED] / sn->n_blocks
                                                  : 0.0);
+    if (o)
+        kv_bytes_json(o, sn, n, resident);
     if (o && sn->n_blocks_w > 0) { /* the fields above are then the global layers' */
         json_object_set_new(o, "global", json_pack("{s:i, s:I, s:I, s:I}", "blocks",
                                                    sn->n_blocks, "block_bytes",
@@ -216,10 +238,20 @@ char *srv_memview_json(engine *e, const engine_kv_snapshot *sn)
     char *base = mem_report_json(rep);
     json_t *root = base ? json_loads(base, 0, NULL) : NULL;
     free(base);
+    uint64_t res[MEM_CAT_COUNT], res_total = 0;
+    mem_resident_by_cat(engine_mem(e), res);
+    json_t *cats = root ? json_object_get(root, "categories") : NULL;
+    for (int c = 0; c < MEM_CAT_COUNT; c++) { /* reserved (current) and resident apart */
+        json_t *co = cats ? json_object_get(cats, mem_cat_name((mem_cat)c)) : NULL;
+        if (co)
+            json_object_set_new(co, "resident", u64j(res[c]));
+        res_total += res[c];
+    }
     if (root) {
+        json_object_set_new(root, "resident", u64j(res_total));
         json_object_set_new(root, "process", process_json(engine_mem(e), rep, &sn->stats));
         json_object_set_new(root, "engine", engine_json(&sn->stats));
-        json_object_set_new(root, "kv", kv_json(sn));
+        json_object_set_new(root, "kv", kv_json(sn, res[MEM_KV]));
         json_object_set_new(root, "grammar", json_pack( /* host memory, in engine_host_bytes */
             "{s:I, s:i, s:I}", "state_bytes", (json_int_t)sn->stats.grammar_bytes, "requests",
             sn->stats.grammar_requests, "vocab_bytes", (json_int_t)sn->stats.grammar_vocab_bytes));

@@ -220,6 +220,11 @@ static void render_engine(sbuf *b, const engine_stats *st, uint64_t block_bytes)
     counter(b, "num_preemptions_total", "Preemptions of running requests.",
             (double)st->preemptions);
     gauge(b, "kv_blocks_capacity", "KV cache blocks in the pool.", st->kv_blocks_total);
+    gauge(b, "kv_blocks_max", "KV cache blocks the pool may grow to.",
+          st->kv_blocks_max > st->kv_blocks_total ? st->kv_blocks_max : st->kv_blocks_total);
+    counter(b, "kv_pool_grows_total", "Times the KV pool grew.", (double)st->kv_grows);
+    gauge(b, "kv_used_bytes", "Bytes of the KV blocks referenced by requests (all layers; "
+          "with a window group, the global layers').", (double)st->kv_blocks_used * block_bytes);
     gauge(b, "kv_blocks_used", "KV cache blocks referenced by requests.", st->kv_blocks_used);
     gauge(b, "kv_blocks_free", "KV cache blocks free.", st->kv_blocks_free);
     gauge(b, "kv_blocks_cached", "Free KV blocks holding reusable prefix-cache content.",
@@ -261,6 +266,17 @@ static void render_mem(sbuf *b, const mem_report *r)
         sb_printf(b, "kvant_device_memory_peak_bytes{category=\"%s\"} %llu\n",
                   mem_cat_name((mem_cat)c), (unsigned long long)r->cat[c].peak);
     gauge(b, "device_memory_budget_bytes", "Device memory budget.", (double)r->budget);
+    if (r->has_resident) { /* reserved (above) is not resident: untouched pages cost nothing */
+        head(b, "device_memory_resident_bytes", "gauge",
+             "Of the device bytes by category, those resident in RAM (host memory: mincore).");
+        for (int c = 0; c < MEM_CAT_COUNT; c++)
+            sb_printf(b, "kvant_device_memory_resident_bytes{category=\"%s\"} %llu\n",
+                      mem_cat_name((mem_cat)c), (unsigned long long)r->resident[c]);
+        gauge(b, "kv_reserved_bytes", "Bytes reserved for the KV pool (committed blocks).",
+              (double)r->cat[MEM_KV].current);
+        gauge(b, "kv_resident_bytes", "Of the KV pool's reserved bytes, those resident in RAM.",
+              (double)r->resident[MEM_KV]);
+    }
     gauge(b, "kv_fragmentation_ratio", "1 - largest free extent / free bytes of the KV pool.",
           r->n_pools > 0 ? r->fragmentation[0] : 0.0);
 }

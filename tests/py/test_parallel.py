@@ -314,11 +314,12 @@ def test_rank_that_does_not_fit_is_named(kvant_bin, default_model):
 
 
 def test_model_too_big_for_one_rank_runs_on_two(kvant_bin, default_model):
-    """92 MiB of weights do not fit a 96 MiB budget beside the activations; half of them do."""
+    """92 MiB of weights do not fit a 96 MiB budget beside the activations; half of them do.
+    (One process would stream layers by default: --no-offload asks for the refusal.)"""
     base = [kvant_bin, "run", "-m", default_model, "-p", "The capital of France is", "-n", "8",
             "-t", "1", "-c", "256", "--device-memory", "96MiB", "--memory-utilization", "1",
             "--json"]
-    one = run(base)
+    one = run(base + ["--no-offload"])
     assert one.returncode != 0 and "over budget" in one.stderr, one.stderr[-2000:]
     two = run(launcher(2) + base + ["--tp", "2"])
     assert two.returncode == 0, two.stderr[-2000:]

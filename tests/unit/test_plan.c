@@ -116,7 +116,8 @@ static void test_smollm(void)
     /* Doesn't fit one full sequence: device 200,000,000 at 0.9
      * budget = 180,000,000; raw = 180,000,000 - 159,801,856 = 20,198,144
      * blocks = floor(20,198,144 / 737,280) = 27 (27 * 737,280 = 19,906,560)
-     * tokens = 432 < 8192: fits = 0, max_ctx_that_fits = 432
+     * tokens = 432 < 8192: fits = 0, max_ctx_that_fits = 416 (the largest
+     * context with one block to spare for the backend's scratch: 26 x 16)
      * missing = 159,801,856 + 512 * 737,280 - 180,000,000
      *         = 159,801,856 + 377,487,360 - 180,000,000 = 357,289,216 */
     c = plan_config_default();
@@ -124,7 +125,7 @@ static void test_smollm(void)
     c.device_memory = 200000000ull;
     CHECKF(plan_compute(&m, &c, &r, &err) == KV_OK, "%s", err.msg);
     CHECK(r.kv_pool_blocks == 27 && r.kv_pool_tokens == 432);
-    CHECK(!r.fits_one_max_ctx && r.max_ctx_that_fits == 432);
+    CHECK(!r.fits_one_max_ctx && r.max_ctx_that_fits == 416);
     CHECK(r.missing_bytes == 357289216ull);
     CHECK(r.conc[0] == 432.0 / 512.0);
 }
@@ -338,6 +339,63 @@ static void expect_refusal_fwd(const plan_model *m, const plan_config *c)
     expect_refusal(m, c, KV_EINVAL, "window group");
 }
 
+/* KV that fits itself, context auto and weight placement (plan.h
+ * PLAN_KV_FIT_*, fit_ctx, plan_fit_weights), on the hand-computed smollm
+ * case above (f32 KV: 737,280-byte blocks). */
+static void test_fit(void)
+{
+    plan_model m = smollm();
+    plan_config c = plan_config_default();
+    plan_result r;
+    kvant_err err = {0};
+    c.kv_dtype = DT_F32;
+    /* 8 GiB, 8 requests of 2048 tokens: demand 2 x 8 x 128 blocks = 2048
+     * (the budget holds ~10,000); start floor(256 MiB / 737,280) = 364 */
+    c.device_memory = 8ull << 30;
+    c.ctx = 2048;
+    c.max_num_seqs = 8;
+    c.kv_fit = c.kv_grow = 1;
+    CHECKF(plan_compute(&m, &c, &r, &err) == KV_OK, "%s", err.msg);
+    CHECK(r.kv_fit && r.kv_pool_blocks == 2048 && r.kv_start_blocks == 364);
+    CHECK(r.kv_start_bytes == 364ull * 737280 && r.kv_pool_bytes == 2048ull * 737280);
+    c.kv_grow = 0; /* a pool that cannot grow starts at its ceiling */
+    CHECK(plan_compute(&m, &c, &r, &err) == KV_OK && r.kv_start_blocks == 2048);
+    /* 1 GiB, 64 requests of 8192: the budget binds (1093 blocks as above);
+     * start: one request (512 blocks) is more than 256 MiB's 364 */
+    c.device_memory = 1ull << 30;
+    c.ctx = 0;
+    c.max_num_seqs = 64;
+    c.kv_grow = 1;
+    CHECK(plan_compute(&m, &c, &r, &err) == KV_OK);
+    CHECK(r.kv_pool_blocks == 1093 && r.kv_start_blocks == 512 && r.ctx == 8192);
+    /* 300 MiB: budget 283,115,520 - 100,000,000 - 59,801,856 leaves 167
+     * blocks (2672 tokens): 8192 does not fit; with one block to spare the
+     * largest context is 166 x 16 = 2656 */
+    c.kv_fit = c.kv_grow = 0;
+    c.device_memory = 300ull << 20;
+    CHECK(plan_compute(&m, &c, &r, &err) == KV_OK);
+    CHECK(r.kv_pool_blocks == 167 && !r.fits_one_max_ctx && r.max_ctx_that_fits == 2656);
+    CHECK(r.ctx == 8192 && !r.ctx_auto && r.missing_bytes > 0);
+    c.fit_ctx = 1;
+    CHECK(plan_compute(&m, &c, &r, &err) == KV_OK);
+    CHECK(r.ctx_auto && r.ctx == 2656 && r.fits_one_max_ctx && r.max_ctx_that_fits == 2656);
+    c.ctx = 4096; /* an explicit context is kept (and does not fit) */
+    CHECK(plan_compute(&m, &c, &r, &err) == KV_OK && r.ctx == 4096 && !r.fits_one_max_ctx);
+    c.ctx = 0;
+    /* weights: 1 GiB holds them (0); 150 MiB (budget 141,557,760) does not
+     * hold them beside 59,801,856 of activations: cap = budget - activations
+     * - one 512-token request (32 blocks = 23,592,960; 4096 tokens would take
+     * more than a quarter of the budget) - budget / 64 (2,211,840) */
+    uint64_t cap = 7;
+    c.device_memory = 1ull << 30;
+    CHECK(plan_fit_weights(&m, &c, &cap) == 0 && cap == 0);
+    c.device_memory = 150ull << 20;
+    CHECK(plan_fit_weights(&m, &c, &cap) == 1);
+    CHECK(cap == 141557760ull - 59801856ull - 23592960ull - 2211840ull);
+    c.device_memory = 60ull << 20; /* not even the workspace: nothing left (cap 0) */
+    CHECK(plan_fit_weights(&m, &c, &cap) == 1 && cap == 0);
+}
+
 int main(void)
 {
     test_window_split();
@@ -346,5 +404,6 @@ int main(void)
     test_tinyllama();
     test_q8_kv();
     test_refusals();
+    test_fit();
     return tu_finish("test_plan");
 }
