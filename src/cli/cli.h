@@ -41,6 +41,8 @@ typedef struct cli_common {
     int no_offload;             /* --no-offload: refuse weights that do not fit */
     int kv_pool_budget;         /* --kv-pool budget: the pool takes all the budget leaves
                                  * (default fit: sized from demand on the CPU) */
+    uint64_t kv_start;          /* --kv-start SIZE: a fitted pool's size at start (0:
+                                 * PLAN_KV_FIT_START) */
     double weights_memory_frac; /* --weights-memory F, a fraction of the budget (0: none) */
     int weights_slots;          /* --stream-buffers N (0: 2) */
     int weights_io;             /* --stream-io MODE: WSTREAM_IO_* (0: buffered) */

@@ -132,6 +132,8 @@ void cli_common_help(FILE *f)
                                     "requests of the context (twice, for the prefix cache), "
                                     "starts at 256 MiB and grows on demand; budget: the pool "
                                     "takes all the budget leaves at start", "fit"},
+        {"--kv-start", "SIZE", "with --kv-pool fit: the pool's size at start (at least one "
+                               "request of the context)", "256MiB"},
         {"--stream-buffers", "N", "staging buffers for streamed layers, 2..8", "2"},
         {"--stream-io", "MODE", "how streamed layers are read: buffered (page cache), direct "
                                 "(O_DIRECT; page cache where refused) or both side by side",
@@ -309,6 +311,16 @@ static int parse_memory_opt(cli_common *c, int argc, char **argv, int *i)
         c->kv_pool_budget = !strcmp(v, "budget");
         return 1;
     }
+    if (!strcmp(a, "--kv-start")) {
+        kvant_err err = {0};
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        if (mem_parse_size(v, &c->kv_start, &err) || c->kv_start == 0) {
+            fprintf(stderr, "kvant: --kv-start: %s\n", err.msg[0] ? err.msg : "must be > 0");
+            return -1;
+        }
+        return 1;
+    }
     if (!strcmp(a, "--weights-memory")) {
         kvant_err err = {0};
         if (!(v = cli_value(argc, argv, i)))
@@ -415,6 +427,7 @@ void cli_engine_config(const cli_common *c, engine_config *ec)
     ec->weights_io = c->weights_io;
     ec->no_offload = c->no_offload;
     ec->kv_fit = !c->kv_pool_budget;
+    ec->kv_start_bytes = c->kv_start;
 }
 
 /* --weights-memory auto for a session: the cap the planner chooses when the

@@ -324,6 +324,7 @@ int cmd_plan(int argc, char **argv)
     const int host = !c.backend || strcmp(c.backend, "cpu") == 0;
     pc.kv_fit = host && !c.kv_pool_budget;
     pc.kv_grow = pc.kv_fit && !pc.kv_window;
+    pc.kv_start_bytes = c.kv_start;
     pc.fit_ctx = 1;
     cli_common oc = c;
     int auto_off = 0;

@@ -195,6 +195,7 @@ static int plan_engine(engine_ext *x, kvant_err *err)
     pc.kv_fit = e->cfg.kv_fit && host && !e->cfg.shared_mem && !e->cfg.tp_group &&
                 e->cfg.kv_blocks_override <= 0 && e->cfg.kv_max_blocks <= 0;
     pc.kv_grow = pc.kv_fit && !e->kv_window;
+    pc.kv_start_bytes = e->cfg.kv_start_bytes;
     const uint64_t cap = auto_weights_cap(e, &pm, &pc);
     int rc = engine_offload_plan(e, plan_budget(pc.device_memory, pc.utilization), cap,
                                  &x->wplan, &pm.weights_bytes, err);

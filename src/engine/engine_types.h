@@ -88,6 +88,7 @@ typedef struct engine_config {
      * whole budget, starts small and grows on demand (engine_kv_grow_for).
      * 0: the pool takes what the budget leaves (the earlier rule). */
     int kv_fit;
+    uint64_t kv_start_bytes; /* with kv_fit: the pool's size at start (0: PLAN_KV_FIT_START) */
     /* Weights that fit themselves: with weights_memory and _frac 0, weights
      * that do not fit the budget are placed by the planner (resident first,
      * the rest streamed; mem/plan.h plan_fit_weights).  no_offload 1

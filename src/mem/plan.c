@@ -359,7 +359,8 @@ static int plan_one(const plan_model *m, const plan_config *c, plan_result *out,
     }
     r->kv_start_blocks = r->kv_pool_blocks;
     if (c->kv_fit && c->kv_grow && r->window == 0) {
-        int64_t start = (int64_t)(PLAN_KV_FIT_START / block_bytes);
+        int64_t start = (int64_t)((c->kv_start_bytes ? c->kv_start_bytes : PLAN_KV_FIT_START) /
+                                  block_bytes);
         start = start > need_blocks ? start : need_blocks;
         r->kv_start_blocks = start < r->kv_pool_blocks ? start : r->kv_pool_blocks;
     }

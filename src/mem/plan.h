@@ -79,6 +79,8 @@ typedef struct plan_config {
                                  * all of the budget: the memory is the host's */
     int kv_grow;                /* with kv_fit: the pool can grow (start below the
                                  * ceiling); 0: fixed at the ceiling */
+    uint64_t kv_start_bytes;    /* with kv_grow: the size at start (0: PLAN_KV_FIT_START;
+                                 * at least one request of ctx either way) */
     int fit_ctx;                /* 1 with ctx 0: the model's context when one request of
                                  * it fits, else the largest that does (ctx_auto) */
 } plan_config;
