@@ -431,6 +431,7 @@ engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)
     }
     engine_gram_create(e); /* the token trie for constrained decoding, once per model */
     e->stats.grammar_vocab_bytes = e->gvocab_bytes;
+    e->stats.host_bytes += e->gvocab_bytes; /* host memory the engine holds (engine_stats) */
     kvpool_stats ks; /* the pool's shape is reported before the first step */
     kvpool_get_stats(e->pool, &ks);
     e->stats.kv_blocks_total = ks.n_blocks;

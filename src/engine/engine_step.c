@@ -499,7 +499,7 @@ static void update_stats(engine *e, const step_plan *sp, int32_t decodes, uint64
     kvpool_stats ks;
     kvpool_get_stats(e->pool, &ks);
     int32_t running = 0, waiting = 0, pre = 0;
-    uint64_t stored = 0, host = e->step_buf_bytes;
+    uint64_t stored = 0, host = e->step_buf_bytes + e->gvocab_bytes;
     for (eng_seq *s = e->running; s; s = s->next) {
         running++;
         stored += (uint64_t)s->kv.n_tokens;

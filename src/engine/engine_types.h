@@ -211,7 +211,8 @@ typedef struct engine_stats {
                                       * manager: step buffers (logit rows, the
                                       * sampler's scratch) and the admitted
                                       * requests' storage (token arrays, block
-                                      * tables) */
+                                      * tables, grammar states) and the token
+                                      * trie for constrained decoding */
     /* the last step's batch (scheduler tests, bench) */
     int32_t last_tokens, last_seqs, last_decodes;
     /* KV pool resizes (engine_kv_resize): size bounds and events that changed it */
@@ -224,7 +225,8 @@ typedef struct engine_stats {
     uint64_t kv_w_dropped;           /* window blocks given back as sequences advanced */
     /* constrained decoding (engine_gram.h): host bytes of the admitted
      * requests' grammar states (recognizer charts and mask memos; also in
-     * host_bytes), how many requests hold one, and the vocabulary's trie */
+     * host_bytes), how many requests hold one, and the vocabulary's trie
+     * (also in host_bytes) */
     uint64_t grammar_bytes, grammar_vocab_bytes;
     int32_t grammar_requests;
 } engine_stats;
