@@ -10,7 +10,7 @@ FUZZ_CC     ?= clang
 FUZZ_BUILD  ?= build-fuzz
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -pthread -g -O1 -fno-omit-frame-pointer \
                -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-               -Wall -Wextra -Wshadow -Wmissing-prototypes -Wno-unused-parameter -Isrc
+               -Wall -Wextra -Wshadow -Wmissing-prototypes -Wno-unused-parameter -Werror -Isrc
 
 FUZZ_AVX2   := -mavx2 -mfma -mf16c
 FUZZ_AVX512 := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni -mavx2 -mfma -mf16c

@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kv/kvhash.h"
 #include "kv/kvtier.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -96,7 +97,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         tok[i] = i * 7 + 1;
     for (int i = 0; i < PAYLOAD; i++)
         payload[i] = (uint8_t)(i * 13 + 5);
-    kvtier_chain_key(c.fingerprint, 0, tok, BS, key);
+    kvhash_chain_key(c.fingerprint, 0, tok, BS, key);
     kvtier *t = kvtier_create(&c, NULL);
     if (!t)
         abort();
