@@ -46,6 +46,7 @@ typedef struct cli_common {
     double weights_memory_frac; /* --weights-memory F, a fraction of the budget (0: none) */
     int weights_slots;          /* --stream-buffers N (0: 2) */
     int weights_io;             /* --stream-io MODE: WSTREAM_IO_* (0: buffered) */
+    int weights_place;          /* --weights-place auto|tail|spread: 0 auto, 1 + WSTREAM_ORDER_* */
     int tp;                     /* --tp N: tensor-parallel ranks per stage; 1: none */
     int pp;                     /* --pp N: pipeline stages; mpirun -np tp*pp */
     double tp_timeout;          /* --tp-timeout S: longest wait for another rank */

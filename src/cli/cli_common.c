@@ -11,6 +11,7 @@
 #include "backend/backend_select.h"
 #include "quant/quant.h"
 #include "model/wstream.h"
+#include "engine/offload_cost.h"
 #include "quant/quant_load.h"
 #include "kernels/dtype.h"
 #include "kernels/kvdtype.h"
@@ -135,6 +136,9 @@ void cli_common_help(FILE *f)
         {"--kv-start", "SIZE", "with --kv-pool fit: the pool's size at start (at least one "
                                "request of the context)", "256MiB"},
         {"--stream-buffers", "N", "staging buffers for streamed layers, 2..8", "2"},
+        {"--weights-place", "auto|tail|spread", "which layers stream: the last ones (tail), "
+                                                "spread over the depth, or auto: the one "
+                                                "predicted faster from measured rates", "auto"},
         {"--stream-io", "MODE", "how streamed layers are read: buffered (page cache), direct "
                                 "(O_DIRECT; page cache where refused) or both side by side",
          "buffered"},
@@ -349,6 +353,15 @@ static int parse_memory_opt(cli_common *c, int argc, char **argv, int *i)
         c->weights_slots = (int)nb;
         return 1;
     }
+    if (!strcmp(a, "--weights-place")) {
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        if ((c->weights_place = ocost_place_parse(v)) < 0) {
+            fprintf(stderr, "kvant: --weights-place: '%s' is not auto, tail or spread\n", v);
+            return -1;
+        }
+        return 1;
+    }
     if (!strcmp(a, "--stream-io")) {
         if (!(v = cli_value(argc, argv, i)))
             return -1;
@@ -425,6 +438,7 @@ void cli_engine_config(const cli_common *c, engine_config *ec)
     ec->weights_memory_frac = c->weights_memory_frac;
     ec->weights_slots = c->weights_slots;
     ec->weights_io = c->weights_io;
+    ec->weights_place = c->weights_place;
     ec->no_offload = c->no_offload;
     ec->kv_fit = !c->kv_pool_budget;
     ec->kv_start_bytes = c->kv_start;
@@ -479,7 +493,9 @@ static int session_offload(cli_session *s, const cli_common *c, int32_t max_out,
                              : (uint64_t)((double)mem_budget(s->mem) * c->weights_memory_frac);
     wstream_plan p;
     kvant_err why = {0};
-    int rc = wstream_plan_make(s->m, cap, c->weights_slots, &p, &why);
+    ocost_choice ch;
+    int rc = ocost_place_cached(s->m, c->n_threads, cap, c->weights_slots, c->weights_place,
+                                c->weights_io, &p, &ch, &why);
     if (rc && auto_cap) {
         char a[32], b[32], d[32];
         return kvant_err_set(err, rc, "model does not fit: weights %s exceed the budget %s, and "

@@ -44,6 +44,16 @@ static void print_text(const cli_offload *o)
            mem_format_size(p->slot_bytes, e, 32));
     printf("  layer placement: %s (R resident, S streamed; largest layer %s)\n", places,
            mem_format_size(widest_layer(p), a, 32));
+    const ocost_choice *ch = &o->choice;
+    if (ch->by_cost)
+        printf("  streamed layers %s (--weights-place auto: predicted decode %.2f tok/s, "
+               "against %.2f with the %s)\n", ch->order == WSTREAM_ORDER_SPREAD
+               ? "spread over the depth" : "last", ch->tok_s[ch->order], ch->tok_s[!ch->order],
+               ch->order == WSTREAM_ORDER_SPREAD ? "last layers streamed" : "streamed spread");
+    else if (p->n_streamed < p->n_layers)
+        printf("  streamed layers %s (--weights-place %s)\n",
+               ch->order == WSTREAM_ORDER_SPREAD ? "spread over the depth" : "last",
+               ocost_place_name(o->place));
     const ocost_rates *r = &o->rates;
     printf("  rates (%s %s, %d threads, %s): page-cache read %.2f GB/s, O_DIRECT read ",
            r->from_cache ? "cached in" : "measured now, cached in",
@@ -91,7 +101,12 @@ static void print_json(const cli_offload *o)
         printf("%s{\"layer\": %d, \"placement\": \"%s\", \"bytes\": %llu}", il ? ", " : "", il,
                p->place[il] == WPLACE_STREAMED ? "streamed" : "resident",
                (unsigned long long)p->layer_bytes[il]);
-    printf("], \"rates\": {\"cached\": %s, \"cache_path\": ", r->from_cache ? "true" : "false");
+    printf("], \"placement\": {\"order\": \"%s\", \"asked\": \"%s\", \"by_cost\": %s, "
+           "\"predicted_decode_tok_s\": {\"tail\": %.6g, \"spread\": %.6g}}",
+           wstream_order_name(o->choice.order), ocost_place_name(o->place),
+           o->choice.by_cost ? "true" : "false", o->choice.tok_s[WSTREAM_ORDER_TAIL],
+           o->choice.tok_s[WSTREAM_ORDER_SPREAD]);
+    printf(", \"rates\": {\"cached\": %s, \"cache_path\": ", r->from_cache ? "true" : "false");
     cli_json_string(stdout, r->cache_path, strlen(r->cache_path));
     printf(", \"threads\": %d, \"isa\": \"%s\", \"read_bytes_per_s\": %.6g, "
            "\"direct_read_bytes_per_s\": %.6g, \"stream_io\": \"%s\", \"matmul\": [",
@@ -140,9 +155,13 @@ int cli_offload_plan(const cli_common *c, uint64_t budget, int remeasure, cli_of
         o->n_threads = nc > 0 ? (int)nc : 1;
     }
     snprintf(o->isa, sizeof o->isa, "%s", dtype_isa());
+    o->place = c->weights_place;
     if (!rc)
         rc = ocost_rates_get(m, o->n_threads, remeasure ? OCOST_REMEASURE : OCOST_CACHED,
                              &o->rates, err);
+    if (!rc) /* as serve places it, with the same (now cached) rates */
+        rc = ocost_place(m, o->cap, c->weights_slots, o->place, &o->rates, o->io, &o->plan,
+                         &o->choice, err);
     if (!rc) {
         wstream_plan all;
         wstream_plan_resident(m, o->plan.n_slots, &all);

@@ -16,6 +16,8 @@ typedef struct cli_offload {
     ocost_pred resident[OCOST_N_BUCKETS]; /* every layer resident */
     int n_threads;
     int io;              /* WSTREAM_IO_*: how streamed layers are read (--stream-io) */
+    int place;           /* --weights-place: 0 auto, 1 + WSTREAM_ORDER_* */
+    ocost_choice choice; /* the order placed (auto: by predicted decode time) */
     char isa[32];
 } cli_offload;
 

@@ -18,7 +18,9 @@ int engine_offload_plan(engine *e, uint64_t budget, uint64_t auto_cap, wstream_p
     if (auto_cap > 0) { /* --weights-memory auto: the planner's cap */
         char a[32], b[32], d[32];
         kvant_err why = {0};
-        int rc = wstream_plan_make(e->m, auto_cap, c->weights_slots, p, &why);
+        ocost_choice ch;
+        int rc = ocost_place_cached(e->m, c->n_threads, auto_cap, c->weights_slots,
+                                    c->weights_place, c->weights_io, p, &ch, &why);
         if (rc)
             return kvant_err_set(err, rc, "model does not fit: weights %s exceed the budget %s, "
                                  "and the %s left for them beside the workspace and one "
@@ -31,6 +33,7 @@ int engine_offload_plan(engine *e, uint64_t budget, uint64_t auto_cap, wstream_p
                 "refuses)\n", mem_format_size(e->m->weights_bytes, a, 32),
                 mem_format_size(budget, b, 32), p->n_layers - p->n_streamed, p->n_layers,
                 p->n_streamed, mem_format_size(wstream_plan_device_bytes(p), d, 32));
+        ocost_choice_print(&ch, c->weights_place, p);
         if (p->n_streamed)
             *weights_bytes = wstream_plan_device_bytes(p);
         return KV_OK;
@@ -49,9 +52,12 @@ int engine_offload_plan(engine *e, uint64_t budget, uint64_t auto_cap, wstream_p
                              "as stored; quantize the file with 'kvant quantize' instead");
     const uint64_t cap = c->weights_memory ? c->weights_memory
                                            : (uint64_t)((double)budget * c->weights_memory_frac);
-    int rc = wstream_plan_make(e->m, cap, c->weights_slots, p, err);
+    ocost_choice ch;
+    int rc = ocost_place_cached(e->m, c->n_threads, cap, c->weights_slots, c->weights_place,
+                                c->weights_io, p, &ch, err);
     if (rc)
         return rc;
+    ocost_choice_print(&ch, c->weights_place, p);
     char a[32], b[32];
     if (p->n_streamed == 0)
         fprintf(stderr, "kvant: warning: --weights-memory %s holds every weight (%s): the model "

@@ -64,6 +64,8 @@ typedef struct engine_config {
     double weights_memory_frac;    /* (0, 1) */
     int weights_slots;             /* staging ring buffers (0: WSTREAM_MIN_SLOTS) */
     int weights_io;                /* how streamed layers are read: WSTREAM_IO_* (0: page cache) */
+    int weights_place;             /* which layers stream: 0 auto (by predicted cost, from
+                                    * cached rates), 1 + WSTREAM_ORDER_* as asked */
     /* Tensor parallelism (engine_tp.c, par/tp.h): the MPI group this engine
      * is one rank of (borrowed; NULL: one process).  Rank 0 schedules and
      * samples; other ranks are created with manual = 1 and run

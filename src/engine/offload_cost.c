@@ -627,3 +627,77 @@ void ocost_predict(const wstream_plan *p, const model *m, const ocost_rates *r, 
     out->read_s = read_busy;
     out->stall_s = stall;
 }
+
+int ocost_place(const model *m, uint64_t cap, int n_slots, int place, const ocost_rates *r,
+                int io_mode, wstream_plan *p, ocost_choice *ch, kvant_err *err)
+{
+    memset(ch, 0, sizeof *ch);
+    if (place > 0) { /* asked for: no prediction needed */
+        ch->order = place - 1;
+        return wstream_plan_make_order(m, cap, n_slots, ch->order, p, err);
+    }
+    int rc = wstream_plan_make_order(m, cap, n_slots, WSTREAM_ORDER_TAIL, p, err);
+    if (rc || p->n_streamed == 0 || p->n_streamed == p->n_layers)
+        return rc; /* nothing to choose: an error, all resident, or all streamed */
+    ch->order = OCOST_DEFAULT_ORDER;
+    if (!r) {
+        if (ch->order != WSTREAM_ORDER_TAIL)
+            rc = wstream_plan_make_order(m, cap, n_slots, ch->order, p, err);
+        return rc;
+    }
+    ch->by_cost = 1;
+    wstream_plan cand[WSTREAM_ORDER_COUNT];
+    double pass[WSTREAM_ORDER_COUNT] = {0};
+    for (int o = 0; o < WSTREAM_ORDER_COUNT; o++) {
+        if ((rc = wstream_plan_make_order(m, cap, n_slots, o, &cand[o], err)))
+            return rc;
+        ocost_pred d;
+        ocost_predict(&cand[o], m, r, io_mode, 1, 1, &d);
+        ch->tok_s[o] = d.tok_s;
+        pass[o] = d.pass_s;
+    }
+    /* off the default only when over 1% faster (predictions within that are ties) */
+    for (int o = 0; o < WSTREAM_ORDER_COUNT; o++)
+        if (pass[o] < 0.99 * pass[ch->order])
+            ch->order = o;
+    *p = cand[ch->order];
+    return KV_OK;
+}
+
+const char *ocost_place_name(int place)
+{
+    return place <= 0 ? "auto" : wstream_order_name(place - 1);
+}
+
+int ocost_place_parse(const char *s)
+{
+    if (!strcmp(s, "auto"))
+        return 0;
+    const int o = wstream_order_parse(s);
+    return o < 0 ? -1 : o + 1;
+}
+
+int ocost_place_cached(model *m, int n_threads, uint64_t cap, int n_slots, int place,
+                       int io_mode, wstream_plan *p, ocost_choice *ch, kvant_err *err)
+{
+    ocost_rates r;
+    kvant_err e2 = {0};
+    const int have = place <= 0 && !ocost_rates_get(m, n_threads, OCOST_CACHE_ONLY, &r, &e2);
+    return ocost_place(m, cap, n_slots, place, have ? &r : NULL, io_mode, p, ch, err);
+}
+
+void ocost_choice_print(const ocost_choice *ch, int place, const wstream_plan *p)
+{
+    if (!p->n_streamed || p->n_streamed == p->n_layers)
+        return;
+    if (ch->by_cost)
+        fprintf(stderr, "kvant: layers streamed %s over the depth: predicted decode %.2f tok/s "
+                "(%s %.2f tok/s; --weights-place sets it)\n",
+                ch->order == WSTREAM_ORDER_SPREAD ? "spread" : "last",
+                ch->tok_s[ch->order], wstream_order_name(!ch->order), ch->tok_s[!ch->order]);
+    else
+        fprintf(stderr, "kvant: layers streamed %s over the depth (%s; --weights-place sets "
+                "it)\n", ch->order == WSTREAM_ORDER_SPREAD ? "spread" : "last",
+                place > 0 ? "--weights-place" : "no measured rates cached to compare; "
+                "'kvant plan' measures them");
+}

@@ -88,4 +88,30 @@ typedef struct ocost_pred {
 void ocost_predict(const wstream_plan *p, const model *m, const ocost_rates *r, int io_mode,
                    int32_t n_tokens, int32_t n_out, ocost_pred *out);
 
+/* Which layers stream (wstream.h WSTREAM_ORDER_*) when the weights need
+ * offload within cap.  place: 0 auto, 1 + WSTREAM_ORDER_* as asked
+ * (--weights-place).  Auto with rates (measured or cached): the order
+ * with the shorter predicted decode pass (one token), the default order
+ * unless another is over 1% faster; without rates: the default order.
+ * ch gets the choice and, when predicted, each order's decode tok/s. */
+#define OCOST_DEFAULT_ORDER WSTREAM_ORDER_SPREAD
+typedef struct ocost_choice {
+    int order;                         /* WSTREAM_ORDER_* placed */
+    int by_cost;                       /* 1: chosen by predicted decode time */
+    double tok_s[WSTREAM_ORDER_COUNT]; /* predicted decode tok/s per order (by_cost) */
+} ocost_choice;
+int ocost_place(const model *m, uint64_t cap, int n_slots, int place, const ocost_rates *r,
+                int io_mode, wstream_plan *p, ocost_choice *ch, kvant_err *err);
+/* --weights-place: "auto" -> 0, "tail"/"spread" -> 1 + WSTREAM_ORDER_*, else -1. */
+int ocost_place_parse(const char *s);
+const char *ocost_place_name(int place);
+
+/* ocost_place with the rates cached for (m, n_threads), if any (never measures:
+ * measuring allocates outside the budget). */
+int ocost_place_cached(model *m, int n_threads, uint64_t cap, int n_slots, int place,
+                       int io_mode, wstream_plan *p, ocost_choice *ch, kvant_err *err);
+/* One start-up line on stderr: the order placed and why (nothing when all or
+ * no layers stream). */
+void ocost_choice_print(const ocost_choice *ch, int place, const wstream_plan *p);
+
 #endif

@@ -197,8 +197,23 @@ uint64_t wstream_plan_device_bytes(const wstream_plan *p)
     return p->resident_bytes + (p->n_streamed ? p->ring_bytes : 0);
 }
 
-int wstream_plan_make(const model *m, uint64_t weights_memory, int n_slots, wstream_plan *p,
-                      kvant_err *err)
+/* Streams the n layers of an even spread: layer L - 1 - floor(i * L / n)
+ * for i < n, so each streamed layer follows about L / n - 1 resident ones
+ * whose compute hides its read; the last layer is streamed (the reader
+ * then prefetches the next pass's first streamed layers while the head
+ * computes) and the first stays resident unless every layer streams. */
+static void place_spread(wstream_plan *p, int32_t n)
+{
+    const int32_t L = p->n_layers;
+    for (int32_t il = 0; il < L; il++)
+        p->place[il] = WPLACE_RESIDENT;
+    for (int32_t i = 0; i < n; i++)
+        p->place[L - 1 - (int32_t)(((int64_t)i * L) / n)] = WPLACE_STREAMED;
+    wstream_plan_update(p);
+}
+
+int wstream_plan_make_order(const model *m, uint64_t weights_memory, int n_slots, int order,
+                            wstream_plan *p, kvant_err *err)
 {
     wstream_plan_resident(m, n_slots, p);
     if (p->resident_bytes <= weights_memory)
@@ -217,6 +232,15 @@ int wstream_plan_make(const model *m, uint64_t weights_memory, int n_slots, wstr
                              (unsigned long long)p->global_bytes, p->n_slots,
                              (unsigned long long)(p->min_bytes - p->global_bytes) / p->n_slots,
                              (unsigned long long)((p->min_bytes + (1 << 20) - 1) >> 20));
+    if (order == WSTREAM_ORDER_SPREAD) {
+        /* the fewest streamed layers whose spread fits (layers may differ in size) */
+        for (int32_t n = 1; n <= p->n_layers; n++) {
+            place_spread(p, n);
+            if (wstream_plan_device_bytes(p) <= weights_memory)
+                return KV_OK;
+        }
+        return KV_OK; /* unreachable: all streamed fits since min_bytes <= weights_memory */
+    }
     /* Stream the last layers first: the reader then prefetches the first
      * streamed layers while the resident ones compute. */
     for (int32_t k = p->n_layers - 1; k >= 0; k--) {
@@ -226,6 +250,23 @@ int wstream_plan_make(const model *m, uint64_t weights_memory, int n_slots, wstr
             return KV_OK;
     }
     return KV_OK; /* unreachable: all streamed fits since min_bytes <= weights_memory */
+}
+
+int wstream_plan_make(const model *m, uint64_t weights_memory, int n_slots, wstream_plan *p,
+                      kvant_err *err)
+{
+    return wstream_plan_make_order(m, weights_memory, n_slots, WSTREAM_ORDER_TAIL, p, err);
+}
+
+int wstream_order_parse(const char *s)
+{
+    return !strcmp(s, "tail") ? WSTREAM_ORDER_TAIL : !strcmp(s, "spread") ? WSTREAM_ORDER_SPREAD
+                                                                          : -1;
+}
+
+const char *wstream_order_name(int order)
+{
+    return order == WSTREAM_ORDER_SPREAD ? "spread" : "tail";
 }
 
 /* Reads every piece of l into buf (pread, retried on EINTR and partial

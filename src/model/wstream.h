@@ -1,10 +1,10 @@
 /* wstream.h - weight offload: each layer's weights are either resident in
  * device memory or streamed from the GGUF file through a staging ring.
  *
- * Placement (wstream_plan_make): the globals (token embedding, output
- * norm and head, rope factors) are always resident; layers are resident in
- * order while the resident bytes plus the staging ring stay within
- * --weights-memory; the rest are streamed.  A streamed layer is read from
+ * Placement (wstream_plan_make_order): the globals (token embedding,
+ * output norm and head, rope factors) are always resident; the fewest
+ * layers stream that keep the resident bytes plus the staging ring within
+ * --weights-memory, the last ones (tail) or spread over the depth.  A streamed layer is read from
  * the model file into one of n_slots buffers (the ring) by reader threads
  * that run ahead of the forward pass: while layer j computes, layer j+1
  * (and more with more slots) is being read; a forward pass that reaches a
@@ -79,6 +79,17 @@ void wstream_plan_resident(const model *m, int n_slots, wstream_plan *p);
  * (n_streamed 0: no offload). */
 int wstream_plan_make(const model *m, uint64_t weights_memory, int n_slots, wstream_plan *p,
                       kvant_err *err);
+/* Which layers stream when only some fit (wstream_plan_make is TAIL):
+ * TAIL streams the last layers (the fewest that make it fit), SPREAD
+ * streams the same number spread evenly over the depth, each after
+ * resident layers whose compute hides its read.  Which is faster depends
+ * on the read and compute rates (engine/offload_cost.h ocost_place). */
+enum { WSTREAM_ORDER_TAIL = 0, WSTREAM_ORDER_SPREAD = 1, WSTREAM_ORDER_COUNT };
+int wstream_plan_make_order(const model *m, uint64_t weights_memory, int n_slots, int order,
+                            wstream_plan *p, kvant_err *err);
+/* "tail" / "spread" -> WSTREAM_ORDER_*, or -1. */
+int wstream_order_parse(const char *s);
+const char *wstream_order_name(int order);
 /* Recomputes the totals after a caller changed p->place (tests: alternating). */
 void wstream_plan_update(wstream_plan *p);
 /* Device bytes the plan needs for weights: resident_bytes + ring_bytes. */

@@ -25,6 +25,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -143,6 +144,7 @@ def test_serve_same_answers_and_visible(kvant_bin, default_model):
         assert m["kvant_weights_layer_bytes{layer=29,placement=streamed}"] > 0
         assert m["kvant_weights_layer_bytes{layer=0,placement=resident}"] > 0
         assert "weight offload:" in srv.log_text() and "layer placement:" in srv.log_text()
+        assert "kvant: layers streamed " in srv.log_text()  # the order and why
         assert off["stream_io"] == "buffered" and off["streamed_direct_bytes_total"] == 0
         assert m["kvant_weights_streamed_direct_bytes_total"] == 0
     finally:
@@ -205,7 +207,28 @@ def test_plan_placement_and_prediction(kvant_bin, default_model, tmp_path):
     assert off["offload"] and len(off["layers"]) == 30
     places = [layer["placement"] for layer in off["layers"]]
     n_res = places.count("resident")
-    assert 0 < n_res < 30 and places == ["resident"] * n_res + ["streamed"] * (30 - n_res)
+    n = 30 - n_res
+    # auto: spread over the depth (layer 29 - floor(i * 30 / n) streamed) unless the measured
+    # rates predict the last layers streamed faster (docs/ARCHITECTURE.md, "Weight offload")
+    spread = {29 - i * 30 // n for i in range(n)}
+    want = {"tail": ["resident"] * n_res + ["streamed"] * n,
+            "spread": ["streamed" if il in spread else "resident" for il in range(30)]}
+    pl = off["placement"]
+    assert 0 < n_res < 30 and pl["asked"] == "auto" and pl["by_cost"]
+    assert places == want[pl["order"]], (pl, places)
+    tok = pl["predicted_decode_tok_s"]
+    assert tok["tail"] > 0 and tok["spread"] > 0
+    other = "tail" if pl["order"] == "spread" else "spread"
+    assert tok[pl["order"]] >= tok[other] * 0.99
+    assert abs(off["predicted"][0]["tok_s"] - tok[pl["order"]]) <= 1e-6 * tok[pl["order"]]
+    for order in ("tail", "spread"):  # asked for: placed so, the same number streamed
+        r = subprocess.run(cmd + ["--weights-memory", "40MiB", "--weights-place", order,
+                                  "--json"], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        o = json.loads(r.stdout)["weights_offload"]
+        assert [x["placement"] for x in o["layers"]] == want[order]
+        assert o["placement"] == {**o["placement"], "order": order, "asked": order,
+                                  "by_cost": False}
     assert off["resident_bytes"] + off["staging_bytes"] <= 40 << 20
     assert runs[0]["plans"][0]["plan"]["weights_bytes"] == off["resident_bytes"] + \
         off["staging_bytes"]
@@ -236,7 +259,9 @@ def test_plan_placement_and_prediction(kvant_bin, default_model, tmp_path):
     # text form and --remeasure
     r = subprocess.run(cmd + ["--weights-memory", "40MiB", "--remeasure"], capture_output=True,
                        text=True, env=env, timeout=120)
-    assert r.returncode == 0 and "layer placement: RRR" in r.stdout and "measured now" in r.stdout
+    assert r.returncode == 0 and "layer placement: R" in r.stdout and "measured now" in r.stdout
+    assert re.search(r"streamed layers (spread over the depth|last) \(--weights-place auto: "
+                     r"predicted decode [0-9.]+ tok/s", r.stdout), r.stdout
     # refused with the smallest budget; a budget that holds everything warns
     r = subprocess.run(cmd + ["--weights-memory", "10MiB"], capture_output=True, text=True,
                        env=env)
