@@ -513,6 +513,7 @@ static int session_offload(cli_session *s, const cli_common *c, int32_t max_out,
                 "no layer is streamed\n");
         return KV_OK;
     }
+    ocost_choice_print(&ch, c->weights_place, &p);
     const wstream_io io = {c->weights_io, NULL};
     s->ws = wstream_create(s->m, s->mem, &p, &io, err);
     if (!s->ws)

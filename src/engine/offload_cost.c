@@ -688,16 +688,18 @@ int ocost_place_cached(model *m, int n_threads, uint64_t cap, int n_slots, int p
 
 void ocost_choice_print(const ocost_choice *ch, int place, const wstream_plan *p)
 {
+    static const char *const how[WSTREAM_ORDER_COUNT] = {"the last layers", "layers spread "
+                                                         "over the depth"};
     if (!p->n_streamed || p->n_streamed == p->n_layers)
         return;
     if (ch->by_cost)
-        fprintf(stderr, "kvant: layers streamed %s over the depth: predicted decode %.2f tok/s "
-                "(%s %.2f tok/s; --weights-place sets it)\n",
-                ch->order == WSTREAM_ORDER_SPREAD ? "spread" : "last",
-                ch->tok_s[ch->order], wstream_order_name(!ch->order), ch->tok_s[!ch->order]);
+        fprintf(stderr, "kvant: weight offload streams %s: predicted decode %.2f tok/s (%s: %.2f tok/s; "
+                "--weights-place sets it)\n", how[ch->order], ch->tok_s[ch->order],
+                how[!ch->order], ch->tok_s[!ch->order]);
+    else if (place > 0)
+        fprintf(stderr, "kvant: weight offload streams %s (--weights-place %s)\n", how[ch->order],
+                ocost_place_name(place));
     else
-        fprintf(stderr, "kvant: layers streamed %s over the depth (%s; --weights-place sets "
-                "it)\n", ch->order == WSTREAM_ORDER_SPREAD ? "spread" : "last",
-                place > 0 ? "--weights-place" : "no measured rates cached to compare; "
-                "'kvant plan' measures them");
+        fprintf(stderr, "kvant: weight offload streams %s (no measured rates cached to compare the "
+                "orders; 'kvant plan --weights-memory ...' measures them)\n", how[ch->order]);
 }

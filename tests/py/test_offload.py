@@ -144,7 +144,7 @@ def test_serve_same_answers_and_visible(kvant_bin, default_model):
         assert m["kvant_weights_layer_bytes{layer=29,placement=streamed}"] > 0
         assert m["kvant_weights_layer_bytes{layer=0,placement=resident}"] > 0
         assert "weight offload:" in srv.log_text() and "layer placement:" in srv.log_text()
-        assert "kvant: layers streamed " in srv.log_text()  # the order and why
+        assert "kvant: weight offload streams " in srv.log_text()  # the order and why
         assert off["stream_io"] == "buffered" and off["streamed_direct_bytes_total"] == 0
         assert m["kvant_weights_streamed_direct_bytes_total"] == 0
     finally:
