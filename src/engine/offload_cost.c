@@ -693,8 +693,8 @@ void ocost_choice_print(const ocost_choice *ch, int place, const wstream_plan *p
     if (!p->n_streamed || p->n_streamed == p->n_layers)
         return;
     if (ch->by_cost)
-        fprintf(stderr, "kvant: weight offload streams %s: predicted decode %.2f tok/s (%s: %.2f tok/s; "
-                "--weights-place sets it)\n", how[ch->order], ch->tok_s[ch->order],
+        fprintf(stderr, "kvant: weight offload streams %s: predicted decode %.2f tok/s (%s: "
+                "%.2f tok/s; --weights-place sets it)\n", how[ch->order], ch->tok_s[ch->order],
                 how[!ch->order], ch->tok_s[!ch->order]);
     else if (place > 0)
         fprintf(stderr, "kvant: weight offload streams %s (--weights-place %s)\n", how[ch->order],
