@@ -405,6 +405,11 @@ static void on_token(srv_gen *g, int src, const engine_event *ev)
     q->n_tok++;
     char piece[512];
     int pl = tok_stream_feed(g->m->tok, &q->ts, ev->token, piece, sizeof piece);
+    if (pl == 0 && tools_parse(g) && tok_attr_of(g->m->tok, ev->token) == TOK_CONTROL) {
+        /* a tool-call syntax's control token stays in the text its parser reads */
+        int n = tok_piece(g->m->tok, ev->token, 1, piece, sizeof piece);
+        pl = n > 0 && n <= (int)sizeof piece && srv_tools_marker(piece, (size_t)n) ? n : 0;
+    }
     srv_buf emit = {0};
     int hit = srv_stops_feed(&g->req.stops, &q->held, piece, pl > 0 ? (size_t)pl : 0, &emit);
     json_t *lp = g->req.logprobs ? lp_entry(g, ev) : NULL;

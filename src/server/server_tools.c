@@ -9,6 +9,21 @@
 #define TOOLS_MAX 128            /* functions in one request */
 
 static const char OPEN_TAG[] = "<tool_call>", CLOSE_TAG[] = "</tool_call>";
+static const char MISTRAL_TAG[] = "[TOOL_CALLS]", MISTRAL_ARGS[] = "[ARGS]";
+static const char MISTRAL_ID[] = "[CALL_ID]", PYTHON_TAG[] = "<|python_tag|>";
+
+/* The control tokens of the tool-call syntaxes: kept in the text of a
+ * reply that is parsed for calls (other control tokens render as ""). */
+static const char *const MARKERS[] = {OPEN_TAG, CLOSE_TAG, MISTRAL_TAG, MISTRAL_ARGS, MISTRAL_ID,
+                                      PYTHON_TAG};
+
+int srv_tools_marker(const char *piece, size_t n)
+{
+    for (size_t k = 0; k < sizeof MARKERS / sizeof MARKERS[0]; k++)
+        if (n == strlen(MARKERS[k]) && !memcmp(piece, MARKERS[k], n))
+            return 1;
+    return 0;
+}
 
 /* One tools[k]: {"type": "function", "function": {"name", "description"?,
  * "parameters"?, "strict"?}}. */
@@ -195,10 +210,13 @@ static json_t *call_json(const char *id, int choice, int k, const char *name, co
                      "name", name, "arguments", args, n);
 }
 
-/* {"name": tool, "arguments": {...}} -> a call appended to calls (0), or -1. */
+/* {"name": tool, "arguments": {...}} (Llama 3: "parameters") -> a call
+ * appended to calls (0), or -1. */
 static int add_parsed(const srv_tools *t, json_t *obj, const char *id, int choice, json_t *calls)
 {
     json_t *n = json_object_get(obj, "name"), *a = json_object_get(obj, "arguments");
+    if (!a)
+        a = json_object_get(obj, "parameters");
     if (!json_is_string(n) || !find_tool(t->tools, json_string_value(n)) || !json_is_object(a))
         return -1;
     char *args = json_dumps(a, JSON_COMPACT);
@@ -245,6 +263,125 @@ static int all_space(const char *s, size_t n)
     return 1;
 }
 
+static const char *skip_space(const char *s, const char *end)
+{
+    while (s < end && strchr(" \t\r\n", *s))
+        s++;
+    return s;
+}
+
+/* One JSON value at the start of [s, end) (after spaces): the value, *next
+ * past it; NULL when none parses. */
+static json_t *json_at(const char *s, const char *end, const char **next)
+{
+    json_error_t je;
+    s = skip_space(s, end);
+    json_t *v = json_loadb(s, (size_t)(end - s), JSON_DISABLE_EOF_CHECK, &je);
+    if (v)
+        *next = s + je.position;
+    return v;
+}
+
+/* Mistral, after [TOOL_CALLS]: a JSON array of {"name", "arguments"} (v3),
+ * or name[ARGS]{...} / name[CALL_ID]id[ARGS]{...} (v11+), each call after
+ * its own [TOOL_CALLS].  0 when every call parsed, -1 otherwise. */
+static int parse_mistral_calls(const srv_tools *t, const char *s, const char *end,
+                               const char *id, int choice, json_t *calls)
+{
+    const size_t lt = sizeof MISTRAL_TAG - 1, la = sizeof MISTRAL_ARGS - 1;
+    while ((s = skip_space(s, end)) < end) {
+        if ((size_t)(end - s) >= lt && !memcmp(s, MISTRAL_TAG, lt)) {
+            s += lt;
+            continue;
+        }
+        const char *next;
+        if (*s == '[') { /* v3: an array of calls */
+            json_t *arr = json_at(s, end, &next);
+            size_t k;
+            json_t *x;
+            int bad = !json_is_array(arr) || json_array_size(arr) == 0;
+            json_array_foreach(arr, k, x) bad |= add_parsed(t, x, id, choice, calls) != 0;
+            json_decref(arr);
+            if (bad)
+                return -1;
+            s = next;
+            continue;
+        }
+        const char *a = memmem(s, (size_t)(end - s), MISTRAL_ARGS, la);
+        if (!a)
+            return -1;
+        const char *name_end = memmem(s, (size_t)(a - s), MISTRAL_ID, sizeof MISTRAL_ID - 1);
+        name_end = name_end ? name_end : a;
+        while (name_end > s && strchr(" \t\r\n", name_end[-1]))
+            name_end--;
+        json_t *args = json_at(a + la, end, &next);
+        json_t *obj = json_pack("{s:s%, s:o}", "name", s, (size_t)(name_end - s), "arguments",
+                                args ? args : json_null());
+        const int rc = obj && args ? add_parsed(t, obj, id, choice, calls) : -1;
+        json_decref(obj);
+        if (rc)
+            return -1;
+        s = next;
+    }
+    return 0;
+}
+
+/* Llama 3.x: the whole reply (after an optional <|python_tag|>) is one
+ * call {"name": tool, "parameters": {...}}, or several separated by ';'.
+ * 0 when it parsed into calls, -1 (nothing added) otherwise. */
+static int parse_llama3(const srv_tools *t, const char *text, size_t n, const char *id,
+                        int choice, json_t *calls)
+{
+    const char *s = skip_space(text, text + n), *end = text + n;
+    const size_t lp = sizeof PYTHON_TAG - 1;
+    if ((size_t)(end - s) >= lp && !memcmp(s, PYTHON_TAG, lp))
+        s += lp;
+    json_t *got = json_array();
+    while (got && (s = skip_space(s, end)) < end) {
+        const char *next;
+        json_t *obj = *s == '{' ? json_at(s, end, &next) : NULL;
+        const int rc = obj ? add_parsed(t, obj, id, choice, got) : -1;
+        json_decref(obj);
+        s = rc ? NULL : skip_space(next, end);
+        if (!s)
+            break;
+        if (s < end && *s == ';')
+            s++;
+    }
+    const int ok = s && json_array_size(got) > 0;
+    size_t k;
+    json_t *x;
+    json_array_foreach(got, k, x) if (ok) json_array_append(calls, x);
+    json_decref(got);
+    return ok ? 0 : -1;
+}
+
+/* tool_choice auto: Hermes / Qwen blocks, else Mistral [TOOL_CALLS] (the
+ * text before it is the content), else a reply that is exactly Llama 3
+ * JSON calls; anything else is content, as the model wrote it (markers
+ * included). */
+static void parse_auto(const srv_tools *t, const char *text, size_t n, const char *id,
+                       int choice, json_t *calls, char *content, size_t *clen)
+{
+    if (memmem(text, n, OPEN_TAG, sizeof OPEN_TAG - 1)) {
+        parse_hermes(t, text, n, id, choice, calls, content, clen);
+        return;
+    }
+    const char *m = memmem(text, n, MISTRAL_TAG, sizeof MISTRAL_TAG - 1);
+    json_t *got = json_array();
+    if (m && got && !parse_mistral_calls(t, m, text + n, id, choice, got)) {
+        json_array_extend(calls, got);
+        *clen = (size_t)(m - text);
+        memcpy(content, text, *clen);
+    } else if (!m && !parse_llama3(t, text, n, id, choice, calls)) {
+        *clen = 0;
+    } else {
+        memcpy(content, text, n);
+        *clen = n;
+    }
+    json_decref(got);
+}
+
 json_t *srv_tools_message(const srv_tools *t, const char *text, size_t n, const char *id,
                           int choice, int *n_calls)
 {
@@ -270,7 +407,7 @@ json_t *srv_tools_message(const srv_tools *t, const char *text, size_t n, const 
         }
         json_decref(arr);
     } else if (t->mode == SRV_TOOLS_AUTO) {
-        parse_hermes(t, text, n, id, choice, calls, content, &clen);
+        parse_auto(t, text, n, id, choice, calls, content, &clen);
     } else {
         memcpy(content, text, n);
         clen = n;

@@ -5,10 +5,18 @@
  * The tools go to the model's chat template (`tools`), which renders them
  * as the model was trained to see them.  tool_choice:
  *   "none"      the tools are rendered, the reply is text;
- *   "auto"      (default with tools) the reply is parsed for Hermes / Qwen
+ *   "auto"      (default with tools) the reply is parsed for calls of the
+ *               given tools in the syntax of each family: Hermes / Qwen
  *               `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
- *               blocks naming a given tool; found: tool_calls, and the text
- *               outside them is the content (null when empty);
+ *               blocks (the text outside them is the content); Mistral
+ *               `[TOOL_CALLS][{"name": ..., "arguments": {...}}]` (v3) or
+ *               `[TOOL_CALLS]name[ARGS]{...}` (v11+; `[CALL_ID]id` allowed)
+ *               (the text before is the content); a reply that is exactly
+ *               Llama 3.x JSON calls `{"name": ..., "parameters": {...}}`
+ *               (`;`-separated, after an optional `<|python_tag|>`).  The
+ *               control tokens of these syntaxes are kept in the text of a
+ *               parsed reply (srv_tools_marker).  Found: tool_calls, and
+ *               the content is null when only space is left;
  *   "required"  the output is constrained (structured outputs) to a JSON
  *               array of {"name", "arguments"} objects, each a given tool
  *               with arguments valid for its parameters schema (one item
@@ -49,6 +57,10 @@ void srv_tools_free(srv_tools *t);
  * completion's id, for the calls' ids.  NULL when out of memory. */
 struct json_t *srv_tools_message(const srv_tools *t, const char *text, size_t n, const char *id,
                                  int choice, int *n_calls);
+
+/* 1 when a control token's piece[0..n) is a marker of a tool-call syntax
+ * (kept in a reply parsed for calls). */
+int srv_tools_marker(const char *piece, size_t n);
 
 /* messages[i].tool_calls as the template wants them: arguments (a JSON
  * string in the API) parsed into objects.  A new reference, or NULL with e

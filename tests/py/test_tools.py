@@ -116,6 +116,68 @@ def test_auto_parses_hermes_blocks(srv):
         assert args["b"] == 4 and 1 <= args["a"] <= 9
 
 
+def gbnf_literal(text: str) -> str:
+    return 'root ::= "' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def auto_reply(srv, text: str, stream: bool):
+    """The reply message and finish reason of tool_choice auto when the output is forced to
+    text (a GBNF literal)."""
+    body = {"model": MODEL, "messages": MSGS, "tools": TOOLS, "tool_choice": "auto",
+            "max_tokens": 200, "grammar": gbnf_literal(text), "stream": stream}
+    if not stream:
+        r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        ch = r.json()["choices"][0]
+        return ch["message"], ch["finish_reason"]
+    msg, fin = {}, None
+    with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                c = json.loads(line[6:])["choices"][0]
+                msg.update({k: v for k, v in c["delta"].items() if v is not None})
+                fin = c["finish_reason"] or fin
+    msg.setdefault("content", None)
+    return msg, fin
+
+
+ADD_24 = ("add", {"a": 2, "b": 4})
+PARIS = ("get_weather", {"city": "Paris", "unit": "c"})
+
+
+@pytest.mark.parametrize("text, content, calls", [
+    # Llama 3.x JSON calls: the whole reply, "parameters" for the arguments, ';' between calls
+    ('{"name": "add", "parameters": {"a": 2, "b": 4}}', None, [ADD_24]),
+    ('<|python_tag|>{"name": "add", "parameters": {"a": 2, "b": 4}}; '
+     '{"name": "get_weather", "parameters": {"city": "Paris", "unit": "c"}}', None,
+     [ADD_24, PARIS]),
+    # Mistral v3: [TOOL_CALLS] and a JSON array; the text before is the content
+    ('Checking. [TOOL_CALLS][{"name": "add", "arguments": {"a": 2, "b": 4}}, '
+     '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}]', "Checking. ",
+     [ADD_24, PARIS]),
+    # Mistral v11+: [TOOL_CALLS]name[ARGS]{...} per call ([CALL_ID] allowed)
+    ('[TOOL_CALLS]add[ARGS]{"a": 2, "b": 4}[TOOL_CALLS]get_weather[CALL_ID]c1[ARGS]'
+     '{"city": "Paris", "unit": "c"}', None, [ADD_24, PARIS]),
+    # not calls of the given tools: the text as written is the content
+    ('{"name": "nope", "parameters": {"a": 1}}', '{"name": "nope", "parameters": {"a": 1}}',
+     []),
+    ('[TOOL_CALLS]nope[ARGS]{"a": 1}', '[TOOL_CALLS]nope[ARGS]{"a": 1}', []),
+    ('Two is {"name": "add"}', 'Two is {"name": "add"}', []),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_parses_each_family(srv, text, content, calls, stream):
+    msg, fin = auto_reply(srv, text, stream)
+    got = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+           for c in msg.get("tool_calls") or []]
+    assert got == calls, msg
+    assert msg["content"] == content, msg
+    assert fin == ("tool_calls" if calls else "stop"), (fin, msg)
+    for name, args in got:
+        jsonschema.validate(args, SCHEMA[name])
+    assert len({c["id"] for c in msg.get("tool_calls") or []}) == len(calls)
+
+
 def test_auto_and_none_return_text(client):
     for tc in ("auto", "none"):
         r = client.chat.completions.create(model=MODEL, messages=MSGS, tools=TOOLS,
