@@ -17,6 +17,7 @@
 
 #define JS_MAX_DEPTH 100
 #define JS_PTR_MAX 400
+#define JS_MAX_DIGITS 16 /* an unbounded number's integral part, fraction and exponent */
 
 typedef struct js {
     gram *g;
@@ -110,20 +111,22 @@ static int32_t any_string(js *c)
     return c->string;
 }
 
-/* -?(0|[1-9][0-9]*) */
+/* -?(0|[1-9][0-9]{0,15}): at most JS_MAX_DIGITS digits */
 static int32_t any_integer(js *c, int allow_minus)
 {
-    int32_t nat = gram_alt(c->g, (int32_t[]){lit(c, "0"), seq2(c, digit_range(c, '1', '9'),
-                                                                  gram_star(c->g, digit_range(c, '0', '9')))}, 2);
+    int32_t nat = gram_alt(c->g, (int32_t[]){lit(c, "0"),
+                                             seq2(c, digit_range(c, '1', '9'),
+                                                  gram_repeat(c->g, digit_range(c, '0', '9'), 0,
+                                                              JS_MAX_DIGITS - 1))}, 2);
     return allow_minus ? seq2(c, gram_opt(c->g, lit(c, "-")), nat) : nat;
 }
 
 static int32_t any_number(js *c, int allow_minus)
 {
     int32_t d = digit_range(c, '0', '9');
-    int32_t frac = gram_opt(c->g, seq2(c, lit(c, "."), gram_plus(c->g, d)));
+    int32_t frac = gram_opt(c->g, seq2(c, lit(c, "."), gram_repeat(c->g, d, 1, JS_MAX_DIGITS)));
     int32_t exp = gram_opt(c->g, seq3(c, ascii_class(c, "eE"), gram_opt(c->g, ascii_class(c, "+-")),
-                                      gram_plus(c->g, d)));
+                                      gram_repeat(c->g, d, 1, JS_MAX_DIGITS)));
     return seq3(c, any_integer(c, allow_minus), frac, exp);
 }
 
@@ -206,9 +209,10 @@ static int32_t nat_range(js *c, long long lo, long long hi)
             memset(to, '9', (size_t)len);
         alts[na++] = digits_range(c, from, to, len);
     }
-    if (hi < 0)   /* every longer number */
+    if (hi < 0)   /* every longer number, up to JS_MAX_DIGITS digits */
         alts[na++] = seq2(c, digit_range(c, '1', '9'),
-                          gram_repeat(c->g, digit_range(c, '0', '9'), la, -1));
+                          gram_repeat(c->g, digit_range(c, '0', '9'), la,
+                                      la > JS_MAX_DIGITS - 1 ? la : JS_MAX_DIGITS - 1));
     return gram_alt(c->g, alts, na);
 }
 
@@ -292,9 +296,9 @@ static const struct {
     const char *name, *re;
 } js_formats[] = {
     {"date", "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"},
-    {"time", "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"},
+    {"time", "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"},
     {"date-time", "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:"
-                  "[0-5][0-9](\\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"},
+                  "[0-5][0-9](\\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"},
     {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
 };
 

@@ -14,7 +14,11 @@
  * default, examples, $schema, $id, $comment, ...) are ignored.
  * Choices made where JSON Schema leaves room, as OpenAI's strict mode and
  * xgrammar do: properties come in the order declared, and an object with
- * properties and no additionalProperties admits no other keys.
+ * properties and no additionalProperties admits no other keys.  Lengths
+ * that JSON leaves unbounded are bounded, so that a model cannot spend its
+ * tokens on digits: a number's integral part, fraction and exponent have
+ * at most 16 digits each (as llama.cpp's json-schema-to-grammar), and the
+ * fraction of a second in format time / date-time at most 9.
  * Anything else is refused with an error naming the JSON pointer:
  * "json schema: /properties/x/not: unsupported".
  *

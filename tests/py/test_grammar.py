@@ -15,6 +15,11 @@ EXPLAINED (the only differences allowed):
       only the tokens of its canonical tokenization of those bytes; kvant
       allows every token whose bytes fit the grammar (a prefix of the forced
       bytes, or the forced bytes and more).  Both languages are the same.
+  digit-bound: llguidance allows a token that continues a run of digits
+      past 16 (JSON leaves numbers unbounded); kvant bounds a number's
+      integral part, fraction and exponent to 16 digits each, as llama.cpp's
+      json-schema-to-grammar does (src/grammar/jschema.h), so that a model
+      cannot spend its tokens on digits.  Only for JSON-schema walks.
 """
 from __future__ import annotations
 
@@ -99,6 +104,7 @@ class Kvant:
     """`kvant grammar --stdin`: one mask per line, token ids written back."""
 
     def __init__(self, kvant_bin, model, args):
+        self.json = any(a.startswith("--schema") for a in args)  # a JSON-schema grammar
         self.p = subprocess.Popen([kvant_bin, "grammar", "-m", model, "--stdin", *args],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
@@ -141,6 +147,13 @@ def _explained(tok_bytes: bytes, ff: bytes) -> bool:
     return bool(ff) and (ff.startswith(tok_bytes) or tok_bytes.startswith(ff))
 
 
+def _digit_bound(out: bytes, tok_bytes: bytes) -> bool:
+    """The token would make a run of more than 16 digits (kvant's bound on a number)."""
+    run = len(out) - len(out.rstrip(b"0123456789"))
+    lead = len(tok_bytes) - len(tok_bytes.lstrip(b"0123456789"))
+    return lead > 0 and run + lead > 16
+
+
 def walk_compare(kvant_bin, model, vocab, lltok, args, llg_grammar, seed, times, diffs, kv=None):
     """One random walk; returns (output bytes, ended with EOS).  kv: a
     running `kvant grammar --stdin` to walk in (then left open, at a new
@@ -150,6 +163,7 @@ def walk_compare(kvant_bin, model, vocab, lltok, args, llg_grammar, seed, times,
     assert not m.is_error(), m.get_error()
     own = kv is None
     kv = Kvant(kvant_bin, model, args) if own else kv
+    json_walk = kv.json
     rng = random.Random(seed)
     out = b""
     ended = False
@@ -161,6 +175,10 @@ def walk_compare(kvant_bin, model, vocab, lltok, args, llg_grammar, seed, times,
             ls = _llg_set(m, n)
             ff = m.compute_ff_bytes()
             only_llg = ls - ks
+            bound = {t for t in only_llg if json_walk and _digit_bound(out, vocab["bytes"][t])}
+            if bound:
+                diffs["digit-bound"] = diffs.get("digit-bound", 0) + len(bound)
+            only_llg -= bound
             assert not only_llg, (f"step {step} after {out!r}: llguidance allows "
                                   f"{[vocab['bytes'][t] for t in sorted(only_llg)[:10]]}, kvant not")
             for t in ks - ls:
