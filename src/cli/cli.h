@@ -153,6 +153,8 @@ int serve_models_parse(serve_models_opts *o, int argc, char **argv, int *i);
  * CLI_EXIT_USAGE (one line printed). */
 int serve_models_check(serve_models_opts *o, cli_common *c, struct srv_config *sc,
                        const engine_config *ec);
+/* The name and file of one -m [NAME=]PATH, as the registry names it. */
+void serve_models_split(const char *arg, char *name, size_t cap, const char **path);
 /* Builds the registry, registers and pins the models, attaches it to the
  * server, prints the ready lines.  NULL + err on failure. */
 struct registry *serve_models_start(const serve_models_opts *o, const engine_config *ec,
@@ -198,6 +200,12 @@ int cmd_perplexity(int argc, char **argv);
 int cmd_info(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+/* `kvant plan` with several models (cmd_plan_models.c): o parsed as serve
+ * parses it, c and pc as plan parses them, tiers: the KV tier options
+ * (refused with several models).  0, 1 (serve's start would fail) or
+ * CLI_EXIT_USAGE. */
+int cmd_plan_models(const serve_models_opts *o, const cli_common *c, const struct plan_config *pc,
+                    const engine_config *tiers);
 int cmd_serve(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);

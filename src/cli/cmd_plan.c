@@ -95,6 +95,12 @@ static void plan_help(void)
         {"--kv-disk-dir", "DIR", "disk KV tier (with --kv-disk-size): print its blocks", "none"},
         {"--kv-disk-size", "SIZE", "disk KV tier budget", "4G with --kv-disk-dir"},
         {"--kv-disk-write", "through|evict", "as serve takes it (the plan is the same)", "through"},
+        {"--pin", "NAME", "several models (-m [NAME=]PATH repeated): loaded at start, never "
+                          "evicted, as serve (repeatable)", "none"},
+        {"--load", "NAME", "several models: loaded at start after the pins (repeatable)", "none"},
+        {"--kv-per-model", "SIZE", "several models: the KV share each always gets",
+         "2 requests of the context"},
+        {"--no-kv-grow", NULL, "several models: no KV beyond the shares", "pools grow (CPU)"},
         {"--remeasure", NULL, "with --weights-memory: measure the read and matmul rates again "
                               "instead of using the cached ones", "off"},
     };
@@ -102,13 +108,17 @@ static void plan_help(void)
              "What fits in the memory budget: weights, activations, KV pool, tokens and\n"
              "concurrency, from the GGUF header alone (exit 1 when nothing fits).\n"
              "With --weights-memory: each layer's placement (resident or streamed) and the\n"
-             "predicted tokens/s per tokens-per-pass bucket, from measured rates.",
+             "predicted tokens/s per tokens-per-pass bucket, from measured rates.\n"
+             "With -m given more than once (or --pin/--load): the plan of `kvant serve` with\n"
+             "those models in one budget: each model's footprint by category, and the KV pool\n"
+             "each model loaded at start holds once all are loaded (exit 1 when serve's start\n"
+             "would fail); serve's --keep-alive and --queue-timeout do not change it.",
              t, CLI_N_OPTS(t));
 }
 
 /* 0: plan; 1: help printed; CLI_EXIT_USAGE: a mistake (one line printed). */
 static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, engine_config *ec,
-                      int *cands, int *n_cands, int *remeasure)
+                      serve_models_opts *mo, int *cands, int *n_cands, int *remeasure)
 {
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -136,7 +146,9 @@ static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, eng
             i++;
             continue;
         }
-        int r = cli_common_parse(c, argc, argv, &i);
+        int r = serve_models_parse(mo, argc, argv, &i); /* -m, --pin, --load, ... */
+        if (r == 0)
+            r = cli_common_parse(c, argc, argv, &i);
         if (r == 0)
             r = cli_kvtier_parse(ec, argc, argv, &i);
         if (r < 0)
@@ -163,6 +175,14 @@ static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, eng
             return cli_err_unknown("plan", argv[i]);
         }
     }
+    mo->multi = mo->n_models > 1 || mo->models_dir || mo->n_pins || mo->n_loads ||
+                mo->n_sleeps || mo->keep_alive_s > 0;
+    if (!mo->multi && (mo->kv_per_model || mo->no_kv_grow))
+        return cli_err_usage("plan", "--kv-per-model and --no-kv-grow need several models");
+    if (!mo->multi && mo->n_models == 1)
+        c->model_path = mo->model_args[0];
+    if (mo->multi && !mo->n_models)
+        mo->model_args[mo->n_models++] = c->model_path;
     return cli_kvtier_check(ec, "plan");
 }
 
@@ -296,10 +316,15 @@ int cmd_plan(int argc, char **argv)
     engine_config ec = engine_config_default();
     int cands[PLAN_MAX_CANDIDATES], n_cands = 0, remeasure = 0;
     cli_common_init(&c);
-    int prc = parse_plan(argc, argv, &c, &pc, &ec, cands, &n_cands, &remeasure);
+    serve_models_opts mo;
+    serve_models_opts_init(&mo);
+    int prc = parse_plan(argc, argv, &c, &pc, &ec, &mo, cands, &n_cands, &remeasure);
     if (prc)
         return prc == 1 ? 0 : prc;
     pc.kv_dtype = c.kv_dtype;
+    if (mo.multi) /* several models in one budget, as serve's registry loads them */
+        return n_cands ? cli_err_usage("plan", "--weights-dtype plans one model: not with several")
+                       : cmd_plan_models(&mo, &c, &pc, &ec);
     kvant_err err = {0};
     gguf_ctx *g = gguf_open(c.model_path, &err);
     model_hparams hp;

@@ -107,6 +107,13 @@ static void split_alias(const char *arg, char *name, size_t cap, const char **pa
     }
 }
 
+void serve_models_split(const char *arg, char *name, size_t cap, const char **path)
+{
+    split_alias(arg, name, cap, path);
+    if (!name[0])
+        reg_name_from_path(*path, name, cap);
+}
+
 int serve_models_check(serve_models_opts *o, cli_common *c, struct srv_config *sc,
                        const engine_config *ec)
 {

@@ -12,6 +12,7 @@
  */
 #include "registry/registry.h"
 #include "registry/registry_internal.h"
+#include "registry/registry_plan.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -23,8 +24,6 @@
 #include <time.h>
 
 #include "backend/backend_select.h"
-#include "format/gguf.h"
-#include "mem/plan.h"
 #include "text/tokenizer.h"
 
 
@@ -63,48 +62,6 @@ static void hist_add(reg_hist *h, double v)
     h->count++;
 }
 
-/* ---- the eviction policy ------------------------------------------------- */
-
-int reg_pick(const reg_cand *c, int n, uint64_t need, uint64_t budget, uint64_t used,
-                    int max_resident, int *victims, int *n_victims)
-{
-    *n_victims = 0;
-    uint64_t pinned = 0;
-    int n_loaded = 0, n_fixed = 0;
-    for (int i = 0; i < n; i++) {
-        if (!c[i].loaded)
-            continue;
-        n_loaded++;
-        if (c[i].pinned) {
-            pinned += c[i].bytes;
-            n_fixed++;
-        }
-    }
-    if (need > budget || pinned > budget - need || n_fixed >= max_resident)
-        return SRV_FIT_NEVER;
-    uint64_t avail = used < budget ? budget - used : 0;
-    int slots = max_resident - n_loaded;
-    /* oldest idle unpinned first, until the bytes and a slot are there */
-    int taken[REG_MAX] = {0};
-    while ((avail < need || slots < 1) && *n_victims < n && n <= REG_MAX) {
-        int best = -1;
-        for (int i = 0; i < n; i++)
-            if (c[i].loaded && !c[i].busy && !c[i].pinned && !taken[i] &&
-                (best < 0 || c[i].last_used < c[best].last_used))
-                best = i;
-        if (best < 0)
-            break;
-        taken[best] = 1;
-        victims[(*n_victims)++] = best;
-        avail += c[best].bytes;
-        slots++;
-    }
-    if (avail >= need && slots >= 1)
-        return SRV_FIT_OK;
-    *n_victims = 0;
-    return SRV_FIT_WAIT;
-}
-
 /* ---- registration ----------------------------------------------------------- */
 
 registry *reg_create(const reg_config *cfg, kvant_err *err)
@@ -119,8 +76,8 @@ registry *reg_create(const reg_config *cfg, kvant_err *err)
     }
     r->cfg = *cfg;
     r->cfg.ec.kv_disk_dir = NULL; /* borrowed strings are not kept */
-    uint64_t dm = cfg->ec.device_memory ? cfg->ec.device_memory : dev.total_memory;
-    r->budget = cfg->budget ? cfg->budget : (uint64_t)((double)dm * cfg->ec.memory_utilization);
+    r->budget = reg_plan_budget(cfg->budget, cfg->ec.device_memory, dev.total_memory,
+                                cfg->ec.memory_utilization);
     r->elastic = cfg->kv_grow && (!cfg->ec.backend || !strcmp(cfg->ec.backend, "cpu"));
     r->mem = mem_create(r->budget, dev.alloc, err);
     if (!r->mem) {
@@ -150,61 +107,23 @@ int reg_find(registry *r, const char *name)
     return i;
 }
 
-/* Footprint from the header alone: weights as stored + workspace + int8
- * activations + the KV share in whole blocks, as `kvant plan` computes. */
+/* Footprint from the header alone (registry_plan.h), as `kvant plan`
+ * computes it. */
 static int plan_entry(registry *r, mentry *x, kvant_err *err)
 {
-    gguf_ctx *g = gguf_open(x->path, err);
-    model_hparams hp;
-    if (!g)
-        return err->code ? err->code : KV_EIO;
-    if (model_hparams_from_gguf(g, &hp, err)) {
-        gguf_close(g);
-        return err->code ? err->code : KV_EFORMAT;
-    }
-    uint64_t wb = 0;
-    for (int64_t i = 0; i < gguf_n_tensors(g); i++)
-        wb += gguf_tensor(g, i)->nbytes;
-    gguf_close(g);
-    const engine_config *ec = &r->cfg.ec;
-    plan_model pm = {hp.n_layers, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim,
-                     hp.n_ff,     hp.n_vocab, hp.n_ctx_train, wb, hp.n_kv_total};
-    plan_config pc = plan_config_default();
-    pc.device_memory = PLAN_MAX_WEIGHTS; /* unbounded: only the shape matters here */
-    pc.utilization = 1.0;
-    pc.ctx = ec->max_model_len && ec->max_model_len < hp.n_ctx_train ? ec->max_model_len : 0;
-    pc.block_size = ec->block_size;
-    pc.max_num_seqs = ec->max_num_seqs;
-    pc.max_num_batched_tokens = ec->max_num_batched_tokens;
-    pc.kv_dtype = ec->kv_dtype;
-    pc.act_q8 = (!ec->backend || strcmp(ec->backend, "cpu") == 0) && !ec->exact;
-    plan_result p;
-    int rc = plan_compute(&pm, &pc, &p, err);
+    reg_footprint f;
+    int rc = reg_plan_footprint(x->path, &r->cfg.ec, r->cfg.kv_per_model, &f, err);
     if (rc)
         return rc;
-    uint64_t bb = p.kv_bytes_per_token * (uint64_t)ec->block_size;
-    uint64_t blocks = r->cfg.kv_per_model
-                          ? r->cfg.kv_per_model / bb
-                          : (uint64_t)REG_DEFAULT_KV_REQS *
-                                (((uint64_t)p.ctx + (uint64_t)ec->block_size - 1) /
-                                 (uint64_t)ec->block_size);
-    if (blocks * (uint64_t)ec->block_size < (uint64_t)p.ctx)
-        return kvant_err_set(err, KV_ENOMEM,
-                             "--kv-per-model holds %llu tokens, less than one request of the "
-                             "context (%lld tokens, %llu bytes)",
-                             (unsigned long long)(blocks * (uint64_t)ec->block_size),
-                             (long long)p.ctx,
-                             (unsigned long long)(p.kv_bytes_per_token * (uint64_t)p.ctx));
-    x->ctx = p.ctx;
-    x->kv_share = blocks * bb;
-    x->block_bytes = bb;
-    x->kv_max = (uint64_t)ec->max_num_seqs * (((uint64_t)p.ctx + (uint64_t)ec->block_size - 1) /
-                                              (uint64_t)ec->block_size) * bb;
-    x->need = p.weights_bytes + p.activation_bytes + p.act_q8_bytes + x->kv_share;
+    x->ctx = f.ctx;
+    x->kv_share = f.kv_share;
+    x->block_bytes = f.block_bytes;
+    x->kv_max = f.kv_max;
+    x->need = f.need;
     return KV_OK;
 }
 
-static void name_from_path(const char *path, char *out, size_t cap)
+void reg_name_from_path(const char *path, char *out, size_t cap)
 {
     const char *b = strrchr(path, '/');
     b = b ? b + 1 : path;
@@ -220,7 +139,7 @@ int reg_add(registry *r, const char *name, const char *path, kvant_err *err)
     if (name)
         snprintf(nm, sizeof nm, "%s", name);
     else
-        name_from_path(path, nm, sizeof nm);
+        reg_name_from_path(path, nm, sizeof nm);
     if (!nm[0] || strchr(nm, '/') || strlen(name ? name : nm) >= REG_NAME_MAX)
         return kvant_err_set(err, KV_EINVAL, "model name '%.200s' is empty, too long or has a '/'",
                              name ? name : path);
@@ -496,9 +415,8 @@ static void finish_load_locked(registry *r, mentry *x, reg_state from, int from_
 static uint64_t spare_kv_locked(registry *r, int xi)
 {
     const mentry *x = r->ent[xi];
-    uint64_t avail = mem_available(r->mem), reserve = 0;
-    uint64_t k = 0;
-    if (!r->cfg.kv_grow || !x->block_bytes)
+    uint64_t reserve = 0, k = 0;
+    if (!r->cfg.kv_grow)
         return 0;
     for (int i = 0; i < r->n; i++) {
         const mentry *y = r->ent[i];
@@ -508,12 +426,9 @@ static uint64_t spare_kv_locked(registry *r, int xi)
             k++;
         }
     }
-    if (avail <= reserve || !k)
-        return 0;
-    uint64_t extra = (avail - reserve) / k;
-    uint64_t room = x->kv_max > x->kv_share ? x->kv_max - x->kv_share : 0;
-    extra = extra < room ? extra : room;
-    return extra / x->block_bytes * x->block_bytes;
+    const reg_footprint f = {.block_bytes = x->block_bytes, .kv_share = x->kv_share,
+                             .kv_max = x->kv_max};
+    return reg_plan_spare(mem_available(r->mem), reserve, k, &f);
 }
 
 /* ---- KV memory that follows the load (elastic pools) ----------------------------
@@ -521,6 +436,13 @@ static uint64_t spare_kv_locked(registry *r, int xi)
  * and the manager's free bytes only move with these resizes); the engine
  * round trips run with the lock dropped.  Entries touched stay LOADED:
  * every other life-cycle change waits for `changing`. */
+
+/* x's pool as the arithmetic of registry_plan.h sees it. */
+static reg_plan_pool pool_of(const mentry *x, int skip)
+{
+    return (reg_plan_pool){x->kv_blocks, x->kv_min_blocks, x->kv_max_blocks, x->block_bytes,
+                           x->refs, x->last_used, skip};
+}
 
 typedef struct kv_move {
     int idx;
@@ -575,23 +497,23 @@ static void kv_apply_locked(registry *r, kv_move *mv, int n, const char *why)
 void reg_kv_grow_locked(registry *r, const char *why)
 {
     kv_move mv[REG_MAX];
-    int n = 0, k_room = 0;
+    reg_plan_pool p[REG_MAX];
+    int32_t add[REG_MAX];
+    int map[REG_MAX], n = 0, np = 0;
     if (!r->elastic || r->stop)
         return;
     for (int i = 0; i < r->n; i++) {
         const mentry *x = r->ent[i];
-        if (x->state == REG_LOADED && x->kv_blocks > 0)
-            k_room += x->kv_blocks < x->kv_max_blocks;
+        if (x->state == REG_LOADED && x->kv_blocks > 0) {
+            p[np] = pool_of(x, 0);
+            map[np++] = i;
+        }
     }
-    const uint64_t part = k_room ? mem_available(r->mem) / (uint64_t)k_room : 0;
-    for (int i = 0; i < r->n; i++) {
-        const mentry *x = r->ent[i];
-        if (x->state != REG_LOADED || x->kv_blocks <= 0)
-            continue;
-        uint64_t add = part / x->block_bytes, room = (uint64_t)(x->kv_max_blocks - x->kv_blocks);
-        add = add < room ? add : room;
-        if (add || x->kv_draining)
-            mv[n++] = (kv_move){i, x->kv_blocks + (int32_t)add, x->kv_blocks, x->kv_blocks};
+    reg_plan_grow(mem_available(r->mem), p, np, add);
+    for (int k = 0; k < np; k++) {
+        const mentry *x = r->ent[map[k]];
+        if (add[k] || x->kv_draining)
+            mv[n++] = (kv_move){map[k], x->kv_blocks + add[k], x->kv_blocks, x->kv_blocks};
     }
     kv_apply_locked(r, mv, n, why);
 }
@@ -603,31 +525,16 @@ void reg_kv_grow_locked(registry *r, const char *why)
 static uint64_t kv_reclaim_locked(registry *r, int xi, uint64_t deficit, const char *why)
 {
     kv_move mv[REG_MAX];
-    int n = 0;
-    uint64_t planned = 0, freed = 0;
-    while (planned < deficit) {
-        int best = -1;
-        for (int i = 0; i < r->n; i++) {
-            const mentry *y = r->ent[i];
-            int taken = 0;
-            for (int k = 0; k < n; k++)
-                taken |= mv[k].idx == i;
-            if (i == xi || taken || y->state != REG_LOADED || !reg_kv_grown_bytes(y))
-                continue;
-            const mentry *b = best >= 0 ? r->ent[best] : NULL;
-            if (!b || (y->refs > 0) < (b->refs > 0) ||
-                ((y->refs > 0) == (b->refs > 0) && y->last_used < b->last_used))
-                best = i;
-        }
-        if (best < 0)
-            break;
-        const mentry *y = r->ent[best];
-        const uint64_t left = deficit - planned;
-        int64_t cut = (int64_t)((left + y->block_bytes - 1) / y->block_bytes);
-        const int64_t grown = y->kv_blocks - y->kv_min_blocks;
-        cut = cut < grown ? cut : grown;
-        mv[n++] = (kv_move){best, y->kv_blocks - (int32_t)cut, y->kv_blocks, y->kv_blocks};
-        planned += (uint64_t)cut * y->block_bytes;
+    reg_plan_pool p[REG_MAX];
+    int idx[REG_MAX];
+    int32_t cut[REG_MAX];
+    uint64_t freed = 0;
+    for (int i = 0; i < r->n; i++)
+        p[i] = pool_of(r->ent[i], i == xi || r->ent[i]->state != REG_LOADED);
+    const int n = reg_plan_reclaim(p, r->n, deficit, idx, cut);
+    for (int k = 0; k < n; k++) {
+        const mentry *y = r->ent[idx[k]];
+        mv[k] = (kv_move){idx[k], y->kv_blocks - cut[k], y->kv_blocks, y->kv_blocks};
     }
     kv_apply_locked(r, mv, n, why);
     for (int k = 0; k < n; k++)

@@ -46,12 +46,10 @@
 
 #include "engine/engine.h"
 #include "mem/mem.h"
+#include "registry/registry_plan.h"
 #include "util/err.h"
 
-#define REG_MAX 64                    /* known models */
-#define REG_MAX_RESIDENT MEM_MAX_POOLS /* engines at once (one KV pool each) */
 #define REG_NAME_MAX 128
-#define REG_DEFAULT_KV_REQS 2         /* default KV share: requests of max context */
 #define REG_QUEUE_TIMEOUT_S 60.0      /* --queue-timeout default */
 #define REG_HIST_N 10                 /* duration histogram buckets (+Inf last) */
 #define REG_KV_RESIZE_TIMEOUT_S 2.0   /* wait for an engine's step boundary to resize */
@@ -95,6 +93,9 @@ void reg_destroy(registry *r);
  * is still registered, as failed with its error (returned in err, rc
  * KV_OK).  Errors: KV_EINVAL (duplicate or bad name), KV_ERANGE (too many). */
 int reg_add(registry *r, const char *name, const char *path, kvant_err *err);
+/* The name reg_add gives a model registered without one: the file name
+ * without its directory and .gguf. */
+void reg_name_from_path(const char *path, char *out, size_t cap);
 /* Registers every *.gguf in dir (sorted by name); KV_EIO if unreadable. */
 int reg_add_dir(registry *r, const char *dir, kvant_err *err);
 /* Marks a model pinned: loaded now, never evicted or unloaded by keep-alive. */
@@ -176,24 +177,6 @@ mem_mgr *reg_mem(registry *r);
 void reg_stats(registry *r, engine_stats *out);
 void reg_health(registry *r, engine_health *out);
 
-/* ---- the eviction policy (pure; unit-tested) ---- */
-typedef struct reg_cand {
-    uint64_t bytes;        /* resident bytes */
-    double last_used;      /* LRU key: smaller = older */
-    int loaded;            /* holds memory and an engine slot */
-    int busy;              /* requests in flight: not a victim now */
-    int pinned;            /* never a victim */
-} reg_cand;
-
-enum { SRV_FIT_OK = 0, SRV_FIT_WAIT = 1, SRV_FIT_NEVER = 2 };
-
-/* Which loaded models to evict so that need bytes fit in budget (used =
- * the bytes in use now) and a resident slot is free: idle unpinned models
- * in least-recently-used order, only as many as needed.  SRV_FIT_OK with
- * victims[0..*n_victims) (maybe none); SRV_FIT_WAIT when it would fit once
- * busy models go idle; SRV_FIT_NEVER when pinned models and the budget
- * leave too little whatever happens. */
-int reg_pick(const reg_cand *c, int n, uint64_t need, uint64_t budget, uint64_t used,
-                    int max_resident, int *victims, int *n_victims);
+/* The eviction policy (reg_pick) and the memory arithmetic: registry_plan.h. */
 
 #endif
