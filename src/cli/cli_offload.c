@@ -184,3 +184,23 @@ void cli_offload_print(const cli_offload *o, int json)
     else
         print_text(o);
 }
+
+void cli_offload_print_predicted(const cli_offload *o, int json)
+{
+    const char *place = o->plan.n_streamed ? "offload" : "resident";
+    if (!json) {
+        printf("predicted (%s, rates %s, %d threads, %s):", place,
+               o->rates.from_cache ? "cached" : "measured now", o->n_threads, o->isa);
+        for (int k = 0; k < OCOST_N_BUCKETS; k++)
+            printf("%s %d tok/pass %.2f tok/s", k ? "," : "", o->pred[k].n_tokens,
+                   o->pred[k].tok_s);
+        printf(" (attention is not counted: an upper bound on tok/s)\n");
+        return;
+    }
+    printf("{\"placement\": \"%s\", \"rates_cached\": %s, \"isa\": \"%s\", \"threads\": %d, "
+           "\"buckets\": [", place, o->rates.from_cache ? "true" : "false", o->isa, o->n_threads);
+    for (int k = 0; k < OCOST_N_BUCKETS; k++)
+        printf("%s{\"tokens_per_pass\": %d, \"tok_s\": %.6g, \"pass_s\": %.6g}", k ? ", " : "",
+               o->pred[k].n_tokens, o->pred[k].tok_s, o->pred[k].pass_s);
+    printf("]}");
+}

@@ -29,5 +29,10 @@ int cli_offload_plan(const cli_common *c, uint64_t budget, int remeasure, cli_of
                      kvant_err *err);
 /* Text section, or (json) one JSON object without a newline. */
 void cli_offload_print(const cli_offload *o, int json);
+/* The predicted tokens/s per bucket of o's placement (every layer resident
+ * when nothing streams): a text line, or (json) one JSON object
+ * {"placement", "rates_cached", "isa", "threads", "buckets": [{"tokens_per_pass",
+ * "tok_s", "pass_s"}]} without a newline. */
+void cli_offload_print_predicted(const cli_offload *o, int json);
 
 #endif

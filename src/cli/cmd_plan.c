@@ -103,6 +103,8 @@ static void plan_help(void)
         {"--no-kv-grow", NULL, "several models: no KV beyond the shares", "pools grow (CPU)"},
         {"--remeasure", NULL, "with --weights-memory: measure the read and matmul rates again "
                               "instead of using the cached ones", "off"},
+        {"--predict", NULL, "predicted tokens/s per tokens-per-pass bucket also for a model that "
+                            "fits (measures the rates once, as --weights-memory does)", "off"},
     };
     cli_help("kvant plan [options]",
              "What fits in the memory budget: weights, activations, KV pool, tokens and\n"
@@ -118,7 +120,8 @@ static void plan_help(void)
 
 /* 0: plan; 1: help printed; CLI_EXIT_USAGE: a mistake (one line printed). */
 static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, engine_config *ec,
-                      serve_models_opts *mo, int *cands, int *n_cands, int *remeasure)
+                      serve_models_opts *mo, int *cands, int *n_cands, int *remeasure,
+                      int *predict)
 {
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -129,6 +132,10 @@ static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, eng
         }
         if (!strcmp(argv[i], "--remeasure")) {
             *remeasure = 1;
+            continue;
+        }
+        if (!strcmp(argv[i], "--predict")) {
+            *predict = 1;
             continue;
         }
         /* each --weights-dtype adds a candidate row (the common parser
@@ -230,7 +237,8 @@ static void print_tiers_text(const plan_result *r, const plan_tiers *t)
 
 /* The plan rows, the tiers and the offload placement as one JSON object. */
 static void print_json(const cli_common *c, plan_model *pm, const plan_row *rows, int n_rows,
-                       const engine_config *ec, const cli_offload *off, int auto_off)
+                       const engine_config *ec, const cli_offload *off, const cli_offload *pred,
+                       int auto_off)
 {
     printf("{\"model\": ");
     cli_json_string(stdout, c->model_path, strlen(c->model_path));
@@ -253,12 +261,17 @@ static void print_json(const cli_common *c, plan_model *pm, const plan_row *rows
         printf(", \"weights_offload\": ");
         cli_offload_print(off, 1);
     }
+    if (pred) {
+        printf(", \"predicted\": ");
+        cli_offload_print_predicted(pred, 1);
+    }
     printf(", \"weights_auto\": %s}\n", auto_off ? "true" : "false");
 }
 
 /* The same as text: the model line, one row per weight type, the tiers. */
 static void print_text(const cli_common *c, const model_hparams *hp, const plan_row *rows,
-                       int n_rows, const engine_config *ec, const cli_offload *off, int auto_off)
+                       int n_rows, const engine_config *ec, const cli_offload *off,
+                       const cli_offload *pred, int auto_off)
 {
     if (hp->n_kv_total == (int64_t)hp->n_layers * hp->n_head_kv)
         printf("%s: %s, %d layers, %d KV heads x %d, context %lld\n", c->model_path,
@@ -290,6 +303,8 @@ static void print_text(const cli_common *c, const model_hparams *hp, const plan_
                mem_format_size(r->budget, a, 32), mem_format_size(off->cap, b, 32));
     if (off)
         cli_offload_print(off, 0);
+    else if (pred)
+        cli_offload_print_predicted(pred, 0);
 }
 
 /* The sliding-window layer group as the engine sets it up
@@ -318,7 +333,8 @@ int cmd_plan(int argc, char **argv)
     cli_common_init(&c);
     serve_models_opts mo;
     serve_models_opts_init(&mo);
-    int prc = parse_plan(argc, argv, &c, &pc, &ec, &mo, cands, &n_cands, &remeasure);
+    int predict = 0;
+    int prc = parse_plan(argc, argv, &c, &pc, &ec, &mo, cands, &n_cands, &remeasure, &predict);
     if (prc)
         return prc == 1 ? 0 : prc;
     pc.kv_dtype = c.kv_dtype;
@@ -374,6 +390,20 @@ int cmd_plan(int argc, char **argv)
             return 1;
         }
     }
+    /* --predict for a model that fits: every layer resident, the same rates */
+    cli_offload *res = NULL;
+    if (predict && !off && host) {
+        cli_common rc = c;
+        rc.weights_memory = UINT64_MAX;
+        res = calloc(1, sizeof *res);
+        if (!res || cli_offload_plan(&rc, UINT64_MAX, remeasure, res, &err)) {
+            fprintf(stderr, "kvant plan: --predict: %s\n", res ? err.msg : "out of memory");
+            free(res);
+            gguf_close(g);
+            return 1;
+        }
+    }
+    const cli_offload *pred = off ? off : res;
     plan_row rows[PLAN_MAX_CANDIDATES + 1];
     int n_rows = 0, any_ok = 0;
     for (int k = -1; k < n_cands; k++) {
@@ -390,14 +420,16 @@ int cmd_plan(int argc, char **argv)
             fprintf(stderr, "kvant plan: %s\n", e2.msg);
             gguf_close(g);
             free(off);
+            free(res);
             return 2;
         }
     }
     if (c.json)
-        print_json(&c, &pm, rows, n_rows, &ec, off, auto_off);
+        print_json(&c, &pm, rows, n_rows, &ec, off, pred, auto_off);
     else
-        print_text(&c, &hp, rows, n_rows, &ec, off, auto_off);
+        print_text(&c, &hp, rows, n_rows, &ec, off, pred, auto_off);
     free(off);
+    free(res);
     gguf_close(g);
     return any_ok ? 0 : 1;
 }

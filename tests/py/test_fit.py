@@ -236,3 +236,29 @@ def test_context_auto(kvant_bin, default_model):
     r = subprocess.run([kvant_bin, "serve", "-m", default_model, "-t", THREADS, "--port", "0",
                         *dev, "-c", "8192"], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and f"add -c {pl['ctx']}" in r.stderr, r.stderr
+
+
+def test_plan_predicts_tok_s(kvant_bin, default_model, tmp_path):
+    """`kvant plan --predict` gives predicted tok/s per tokens-per-pass bucket for a model that
+    fits (every layer resident) from the rates it measures and caches; with offload the same
+    section carries the offload placement's prediction (weights_offload.predicted)."""
+    env = dict(os.environ, KVANT_CACHE_DIR=str(tmp_path / "cache"))
+
+    def run(*args):
+        r = subprocess.run([kvant_bin, "plan", "-m", default_model, "-t", THREADS, "--json",
+                            *args], capture_output=True, text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+    assert "predicted" not in run(*FITS)  # nothing measured unless asked
+    p = run(*FITS, "--predict")["predicted"]
+    assert p["placement"] == "resident" and not p["rates_cached"]
+    assert [b["tokens_per_pass"] for b in p["buckets"]] == [1, 8, 32, 128, 512]
+    assert all(b["tok_s"] > 0 and abs(b["tok_s"] * b["pass_s"] - b["tokens_per_pass"]) <
+               1e-3 * b["tokens_per_pass"] for b in p["buckets"])
+    assert run(*FITS, "--predict")["predicted"]["rates_cached"]
+    o = run(*TWICE, *TWICE_DEV, "--predict")
+    assert o["predicted"]["placement"] == "offload"
+    assert [b["tok_s"] for b in o["predicted"]["buckets"]] == \
+        [b["tok_s"] for b in o["weights_offload"]["predicted"]]
+    # the offload placement cannot beat every layer resident with the same rates
+    assert o["predicted"]["buckets"][0]["tok_s"] <= p["buckets"][0]["tok_s"] * (1 + 1e-9)
