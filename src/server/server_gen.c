@@ -33,6 +33,9 @@ typedef struct gen_seq {
     engine_finish finish;
     int64_t n_tok;
     int64_t text_off;    /* completions logprobs text_offset */
+    size_t tools_sent;   /* streaming with tools: bytes of text streamed as content */
+    int tools_hold;      /* streaming with tools: a call may have begun; the rest waits */
+    int tools_role;      /* streaming with tools: the role's chunk went out */
 } gen_seq;
 
 /* One prompt's engine request (a /v1/completions list has several). */
@@ -282,8 +285,10 @@ static void cancel_prompts(srv_gen *g)
             engine_cancel(g->e, g->pr[k].rid);
 }
 
-/* Whether replies are parsed for tool calls (a stream then sends the whole
- * message in one delta when the choice ends: a call is known only then). */
+/* Whether replies are parsed for tool calls (a stream sends the content
+ * before any possible call as it comes, and the calls, with the rest of
+ * the content, in one delta when the choice ends: a call is known only
+ * then). */
 static int tools_parse(const srv_gen *g)
 {
     return g->req.api == SRV_API_CHAT && g->req.tools.mode >= SRV_TOOLS_AUTO;
@@ -301,14 +306,25 @@ static json_t *tools_message(const srv_gen *g, int i, const char **finish)
     return m;
 }
 
-/* Streaming with tools: choice i ended: its message as one delta, then
- * the finish chunk. */
+/* Streaming with tools: choice i ended: the calls and the content not
+ * streamed yet as one delta, then the finish chunk. */
 static void sse_tools_final(srv_gen *g, int i)
 {
     const char *finish;
     json_t *m = tools_message(g, i, &finish);
     if (!m)
         return;
+    const size_t sent = g->seq[i].tools_sent;
+    json_t *c = json_object_get(m, "content");
+    if (g->seq[i].tools_role)
+        json_object_del(m, "role");
+    if (sent) { /* content[0..sent) went out already (a prefix of it) */
+        if (json_is_string(c) && json_string_length(c) > sent)
+            json_object_set_new(m, "content", json_stringn(json_string_value(c) + sent,
+                                                           json_string_length(c) - sent));
+        else
+            json_object_del(m, "content");
+    }
     json_t *tc = json_object_get(m, "tool_calls");
     for (size_t k = 0; k < json_array_size(tc); k++)
         json_object_set_new(json_array_get(tc, k), "index", json_integer((json_int_t)k));
@@ -330,11 +346,35 @@ static void seq_out(srv_gen *g, int i, const srv_buf *emit, json_t *lp_entry_or_
                     const char *finish)
 {
     gen_seq *q = &g->seq[i];
-    if (g->req.stream && tools_parse(g)) { /* held until the choice ends (logprobs dropped) */
+    if (g->req.stream && tools_parse(g)) { /* logprobs dropped */
         json_decref(lp_entry_or_null);
         srv_buf_append(&q->text, emit->s ? emit->s : "", emit->len);
-        if (finish)
+        if (finish) {
             sse_tools_final(g, i);
+            return;
+        }
+        /* the content that cannot be part of a call goes out now (the role
+         * with the first chunk, as without tools) */
+        size_t safe = q->tools_hold ? q->tools_sent
+                                    : srv_tools_stream_safe(q->text.s ? q->text.s : "",
+                                                            q->text.len, &q->tools_hold);
+        if (safe > q->tools_sent || !q->tools_role) {
+            json_t *d = json_object();
+            if (!q->tools_role)
+                json_object_set_new(d, "role", json_string("assistant"));
+            if (safe > q->tools_sent)
+                json_object_set_new(d, "content", jstr(q->text.s + q->tools_sent,
+                                                       safe - q->tools_sent));
+            json_t *arr = json_array();
+            json_array_append_new(arr, json_pack("{s:i, s:o, s:n, s:n}", "index", i, "delta", d,
+                                                 "logprobs", "finish_reason"));
+            json_t *o = envelope(g, arr, 1);
+            if (g->req.continuous_usage && o)
+                json_object_set_new(o, "usage", usage_json(g));
+            sse_json(g, o);
+            q->tools_role = 1;
+            q->tools_sent = safe;
+        }
         return;
     }
     if (!g->req.stream) {

@@ -450,3 +450,37 @@ json_t *srv_tools_msg_calls(json_t *calls, size_t i, srv_error *e)
     }
     return out;
 }
+
+/* The length of the longest proper suffix of text[0..n) that begins tag. */
+static size_t partial_tag(const char *text, size_t n, const char *tag)
+{
+    const size_t lt = strlen(tag);
+    for (size_t k = lt - 1 < n ? lt - 1 : n; k > 0; k--)
+        if (!memcmp(text + n - k, tag, k))
+            return k;
+    return 0;
+}
+
+size_t srv_tools_stream_safe(const char *text, size_t n, int *hold)
+{
+    const char *f = skip_space(text, text + n);
+    if (f == text + n)
+        return 0; /* only space so far: it may be all the content a call leaves */
+    const size_t lp = sizeof PYTHON_TAG - 1, rest = (size_t)(text + n - f);
+    if (*f == '{' || !memcmp(f, PYTHON_TAG, rest < lp ? rest : lp)) {
+        *hold = *f == '{' || rest >= lp; /* a Llama 3 call is the whole reply */
+        return 0;
+    }
+    const char *o = memmem(text, n, OPEN_TAG, sizeof OPEN_TAG - 1);
+    const char *m = memmem(text, n, MISTRAL_TAG, sizeof MISTRAL_TAG - 1);
+    const char *first = o && m ? (o < m ? o : m) : o ? o : m;
+    size_t safe;
+    if (first) {
+        *hold = 1;
+        safe = (size_t)(first - text);
+    } else {
+        const size_t a = partial_tag(text, n, OPEN_TAG), b = partial_tag(text, n, MISTRAL_TAG);
+        safe = n - (a > b ? a : b);
+    }
+    return all_space(text, safe) ? 0 : safe;
+}

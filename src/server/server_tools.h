@@ -58,6 +58,14 @@ void srv_tools_free(srv_tools *t);
 struct json_t *srv_tools_message(const srv_tools *t, const char *text, size_t n, const char *id,
                                  int choice, int *n_calls);
 
+/* Streaming: how many bytes of the reply so far, text[0..n), are content
+ * that no call can start in (sent as they come): up to the first call
+ * marker, less a tail that may begin one, nothing while only space came
+ * and nothing for a reply that may be Llama 3 JSON (it starts with `{` or
+ * `<|python_tag|>`).  *hold becomes 1 once a call may have begun: nothing
+ * more of the reply is content before it ends. */
+size_t srv_tools_stream_safe(const char *text, size_t n, int *hold);
+
 /* 1 when a control token's piece[0..n) is a marker of a tool-call syntax
  * (kept in a reply parsed for calls). */
 int srv_tools_marker(const char *piece, size_t n);

@@ -35,6 +35,16 @@ SCHEMA = {"get_weather": WEATHER, "add": ADD}
 MSGS = [{"role": "user", "content": "What is the weather in Paris, and what is 2 + 3?"}]
 
 
+def merge_delta(msg: dict, delta: dict) -> None:
+    """A streamed delta into the message so far, as a client accumulates it: content is
+    concatenated, the rest replaced."""
+    for k, v in delta.items():
+        if k == "content" and v is not None:
+            msg["content"] = (msg.get("content") or "") + v
+        elif v is not None:
+            msg[k] = v
+
+
 def check_calls(msg, names=None):
     assert msg.tool_calls, msg
     for c in msg.tool_calls:
@@ -106,7 +116,7 @@ def test_auto_parses_hermes_blocks(srv):
                 for line in r.iter_lines():
                     if line.startswith("data: ") and line != "data: [DONE]":
                         c = json.loads(line[6:])["choices"][0]
-                        msg.update({k: v for k, v in c["delta"].items() if v is not None})
+                        merge_delta(msg, c["delta"])
                         fin = c["finish_reason"] or fin
         assert fin == "tool_calls", msg
         assert msg["content"] == "Sure. "
@@ -136,7 +146,7 @@ def auto_reply(srv, text: str, stream: bool):
         for line in r.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 c = json.loads(line[6:])["choices"][0]
-                msg.update({k: v for k, v in c["delta"].items() if v is not None})
+                merge_delta(msg, c["delta"])
                 fin = c["finish_reason"] or fin
     msg.setdefault("content", None)
     return msg, fin
@@ -176,6 +186,36 @@ def test_auto_parses_each_family(srv, text, content, calls, stream):
     for name, args in got:
         jsonschema.validate(args, SCHEMA[name])
     assert len({c["id"] for c in msg.get("tool_calls") or []}) == len(calls)
+
+
+def test_stream_content_comes_before_the_end(srv):
+    """Streaming with tools: content that no call can start in is sent as it comes (several
+    chunks before the last), a call's bytes never appear as content, and the calls come in the
+    final delta."""
+    for text, n_calls in (("Paris is sunny and warm today, at about twenty degrees.", 0),
+                          ('Let me check the numbers first. <tool_call>{"name": "add", '
+                           '"arguments": {"a": 2, "b": 4}}</tool_call>', 1)):
+        body = {"model": MODEL, "messages": MSGS, "tools": TOOLS, "tool_choice": "auto",
+                "max_tokens": 200, "grammar": gbnf_literal(text), "stream": True}
+        chunks = []
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body,
+                          timeout=120) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    chunks.append(json.loads(line[6:])["choices"][0])
+        assert chunks[0]["delta"].get("role") == "assistant"
+        assert sum("role" in c["delta"] for c in chunks) == 1
+        content = [i for i, c in enumerate(chunks) if c["delta"].get("content")]
+        assert len(content) >= 3, chunks  # not held to the end
+        assert content[0] < len(chunks) - 3
+        calls = [c for c in chunks if c["delta"].get("tool_calls")]
+        assert len(calls) == (1 if n_calls else 0) and all(c is chunks[-2] for c in calls)
+        msg = {}
+        for c in chunks:
+            merge_delta(msg, c["delta"])
+        assert "<tool_call>" not in msg["content"]
+        assert msg["content"] == (text if not n_calls else "Let me check the numbers first. ")
 
 
 def test_auto_and_none_return_text(client):
