@@ -418,6 +418,7 @@ engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_cond_init(&e->snap_cv, NULL);
+    engine_gram_init(e); /* the token trie waits for the first constrained request */
     e->progress_t = engine_now();
     if (start_tp(x, err) || plan_engine(x, err) || setup_backend(x, err) ||
         alloc_step_buffers(e, err)) {
@@ -429,9 +430,6 @@ engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)
         }
         goto fail;
     }
-    engine_gram_create(e); /* the token trie for constrained decoding, once per model */
-    e->stats.grammar_vocab_bytes = e->gvocab_bytes;
-    e->stats.host_bytes += e->gvocab_bytes; /* host memory the engine holds (engine_stats) */
     kvpool_stats ks; /* the pool's shape is reported before the first step */
     kvpool_get_stats(e->pool, &ks);
     e->stats.kv_blocks_total = ks.n_blocks;
@@ -699,9 +697,15 @@ mem_mgr *engine_mem(engine *e)
     return e->mem;
 }
 
+int engine_grammar_prepare(engine *e, kvant_err *err)
+{
+    return engine_gram_vocab(e, err);
+}
+
 int32_t engine_mask_words(const engine *e)
 {
-    return e->gvocab ? tmask_n_words(e->gvocab) : 0;
+    const tmask_vocab *v = atomic_load_explicit(&((engine *)e)->gvocab, memory_order_acquire);
+    return v ? tmask_n_words(v) : 0;
 }
 
 int64_t engine_max_model_len(const engine *e)

@@ -52,9 +52,20 @@ void engine_get_stats(engine *e, engine_stats *out);
 
 mem_mgr *engine_mem(engine *e);   /* for memory reports (thread-safe reads) */
 int64_t engine_max_model_len(const engine *e);
+/* Constrained decoding needs the vocabulary's token trie, which the
+ * engine builds on its first constrained request (in engine_submit), not
+ * at create.  This builds it now if it is not built yet, so a caller can
+ * pay for it (about 25 ms for 49,152 tokens) outside its own locks: the
+ * server calls it on the HTTP thread before submitting.  Any thread;
+ * concurrent callers build it once; once built, one atomic load.  KV_OK;
+ * KV_EINVAL / KV_ERANGE (the model's vocabulary cannot have one: every
+ * later call says so too) or KV_ENOMEM (not kept: the next call tries
+ * again), with err filled. */
+int engine_grammar_prepare(engine *e, kvant_err *err);
 /* The 32-bit words of one token mask of this engine's vocabulary
- * (engine_request.grammar_masks); 0 when constrained decoding is
- * unavailable for the model. */
+ * (engine_request.grammar_masks); 0 until the trie is built
+ * (engine_grammar_prepare) and when constrained decoding is unavailable
+ * for the model.  Any thread. */
 int32_t engine_mask_words(const engine *e);
 uint64_t engine_kv_block_bytes(const engine *e); /* one KV block, all layers */
 /* Stops admitting new requests (submit returns KV_EBUSY); returns the

@@ -10,16 +10,26 @@
  * samples, and advances the state by the token.  End-of-sequence ids are
  * allowed only where the grammar accepts.
  *
- * The vocabulary's token trie (tmask_vocab) is built once per engine at
- * create, from the model's tokenizer; if that fails, constrained requests
- * are refused at submit with its message.
+ * The vocabulary's token trie (tmask_vocab) and the engine's mask buffer
+ * are built once per engine, on its first constrained request (at submit,
+ * on the submitting thread, or earlier by engine_grammar_prepare), never
+ * at create: an engine that sees no constrained request never pays for
+ * them (about 25 ms and 7.4 MB for 49,152 tokens).  gvocab_mu serialises
+ * the build, so concurrent first requests build it once; the trie is
+ * published by a release store and read with acquire loads.  Out of memory
+ * fails that request and leaves the trie unbuilt (a later request tries
+ * again); a vocabulary that cannot have one (no tokenizer, a token over
+ * TMASK_MAX_TOKEN_BYTES) refuses every constrained request with its
+ * message.  Once built its bytes count in stats.grammar_vocab_bytes and
+ * stats.host_bytes.
  *
  * Memory: a recognizer's chart grows with the bytes the output has (a
  * step may grow it; bounded by the grammar's max_state_items), the memo is
- * bounded; engine_gram_req_bytes counts both.  Threading: create/destroy on
- * the engine's creating thread, req_init on the submitting thread,
- * req_free wherever the request is freed (engine_req_reap), the rest on the
- * engine thread.  Calls nothing else of the engine.
+ * bounded; engine_gram_req_bytes counts both.  Threading: init/destroy on
+ * the engine's creating thread, vocab and req_init on any submitting
+ * thread, req_free wherever the request is freed (engine_req_reap), the
+ * rest on the engine thread (which never builds nor allocates).  Calls
+ * nothing else of the engine (takes e->mu to update the stats).
  */
 #ifndef KVANT_ENGINE_GRAM_H
 #define KVANT_ENGINE_GRAM_H
@@ -29,12 +39,18 @@
 
 #include "engine/engine_internal.h"
 
-/* At create: builds the vocabulary (a failure is kept, not returned). */
-void engine_gram_create(engine *e);
+/* At create (allocates nothing: no trie yet) and at destroy. */
+void engine_gram_init(engine *e);
 void engine_gram_destroy(engine *e);
+/* Builds the trie if no call built it yet.  Any thread; once built, one
+ * atomic load.  KV_OK, or KV_ENOMEM (not kept) / KV_EINVAL / KV_ERANGE
+ * (kept) with err filled. */
+int engine_gram_vocab(engine *e, kvant_err *err);
 
-/* At submit (r->p.grammar set): the states of r's p.n sequences.  KV_OK,
- * or KV_EINVAL / KV_ENOMEM with err filled (r's states are then freed). */
+/* At submit (r->p.grammar set): builds the trie if needed
+ * (engine_gram_vocab), then the states of r's p.n sequences.  KV_OK, or
+ * KV_EINVAL / KV_ERANGE / KV_ENOMEM with err filled (r's states are then
+ * freed). */
 int engine_gram_req_init(engine *e, eng_req *r, kvant_err *err);
 /* Frees r's states; release: also hand the grammar back (the engine's
  * reference: not when submit failed, the caller keeps it then). */

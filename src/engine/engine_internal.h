@@ -14,6 +14,7 @@
 #define KVANT_ENGINE_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <time.h>
 
 #include "backend/backend.h"
@@ -159,11 +160,17 @@ struct engine {
     float *hidden;          /* [max_num_seqs][n_embd]: the rows' hidden states (embed) */
     sampler_scratch smp_scratch; /* [n_vocab] x 4: every sequence's sampler, one at a time */
     uint64_t step_buf_bytes; /* the step buffers' bytes (host memory, malloc) */
-    /* constrained decoding (engine_gram.c), made at create */
-    struct tmask_vocab *gvocab; /* the tokenizer's trie, or NULL (gvocab_err says why) */
-    uint32_t *gmask;        /* [tmask_n_words] one sequence's mask at a time */
-    uint64_t gvocab_bytes;
+    /* constrained decoding (engine_gram.c): the vocabulary index, built on
+     * the first constrained request (engine_gram_vocab), not at create */
+    pthread_mutex_t gvocab_mu;  /* serialises the build; guards the three below */
+    int gvocab_refused;         /* a failure no retry mends (gvocab_err says why) */
+    int32_t gvocab_fail_left;   /* tests: builds still to fail (cfg.test_grammar_vocab_fail) */
     char gvocab_err[192];
+    /* NULL until built; stored once (release), after gmask, and read with
+     * acquire: a request that passed engine_gram_req_init sees it set */
+    _Atomic(struct tmask_vocab *) gvocab;
+    uint32_t *gmask;        /* [tmask_n_words] one sequence's mask at a time (engine thread) */
+    uint64_t gvocab_bytes;  /* under mu: the two above (0 until built; in stats.host_bytes) */
 };
 
 /* Monotonic seconds.  Any thread. */

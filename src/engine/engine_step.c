@@ -499,7 +499,7 @@ static void update_stats(engine *e, const step_plan *sp, int32_t decodes, uint64
     kvpool_stats ks;
     kvpool_get_stats(e->pool, &ks);
     int32_t running = 0, waiting = 0, pre = 0;
-    uint64_t stored = 0, host = e->step_buf_bytes + e->gvocab_bytes;
+    uint64_t stored = 0, host = e->step_buf_bytes;
     for (eng_seq *s = e->running; s; s = s->next) {
         running++;
         stored += (uint64_t)s->kv.n_tokens;
@@ -550,7 +550,8 @@ static void update_stats(engine *e, const step_plan *sp, int32_t decodes, uint64
     st->prefix_queries = ks.prefix_queries;
     st->prefix_hits = ks.prefix_hits;
     st->steps++;
-    st->host_bytes = host;
+    st->host_bytes = host + e->gvocab_bytes; /* the trie once built (under mu: engine_gram.c) */
+    st->grammar_vocab_bytes = e->gvocab_bytes;
     st->grammar_bytes = gram_bytes;
     st->grammar_requests = gram_reqs;
     st->last_tokens = sp->n_tokens;

@@ -40,6 +40,8 @@ typedef struct engine_config {
     int print_plan;                /* print the start-up memory lines to stderr */
     int manual;                    /* tests: no engine thread; drive with engine_run_step */
     uint64_t test_fail_nth;        /* tests: the n-th device allocation fails (mem_fail_nth) */
+    int32_t test_grammar_vocab_fail; /* tests: the first n builds of the token trie fail as
+                                      * out of memory (engine_grammar_prepare) */
     /* KV offload tiers (engine_tier.c); both 0/NULL = none */
     uint64_t kv_host_memory;       /* host tier bytes (KVCOST_HOST_AUTO: auto, from free RAM) */
     const char *kv_disk_dir;       /* disk tier directory (borrowed until create returns) */
@@ -214,7 +216,8 @@ typedef struct engine_stats {
                                       * sampler's scratch) and the admitted
                                       * requests' storage (token arrays, block
                                       * tables, grammar states) and the token
-                                      * trie for constrained decoding */
+                                      * trie for constrained decoding (once
+                                      * built) */
     /* the last step's batch (scheduler tests, bench) */
     int32_t last_tokens, last_seqs, last_decodes;
     /* KV pool resizes (engine_kv_resize): size bounds and events that changed it */
@@ -228,9 +231,12 @@ typedef struct engine_stats {
     /* constrained decoding (engine_gram.h): host bytes of the admitted
      * requests' grammar states (recognizer charts and mask memos; also in
      * host_bytes), how many requests hold one, and the vocabulary's trie
-     * (also in host_bytes) */
+     * (also in host_bytes; 0 until the first constrained request built it,
+     * which also sets grammar_vocab_builds to 1 and the build's seconds) */
     uint64_t grammar_bytes, grammar_vocab_bytes;
     int32_t grammar_requests;
+    int32_t grammar_vocab_builds;
+    double grammar_vocab_build_seconds;
 } engine_stats;
 
 /* KV offload tiers, as of the end of the last step (enabled 0: none). */

@@ -842,8 +842,9 @@ static int submit_prompts(srv_gen *g, int64_t *rid0, kvant_err *ke)
     return rc;
 }
 
-/* engine_submit failed (g is freed here): KV_EBUSY is a full waiting queue
- * (--max-waiting) or a drain, both 503 with Retry-After. */
+/* engine_submit or engine_grammar_prepare failed (g is freed here): KV_EBUSY
+ * is a full waiting queue (--max-waiting) or a drain, both 503 with
+ * Retry-After. */
 static enum MHD_Result submit_error(srv *s, struct MHD_Connection *c, int rc, const kvant_err *ke,
                                     srv_gen *g)
 {
@@ -935,6 +936,11 @@ enum MHD_Result srv_gen_handle(srv *s, struct MHD_Connection *c, srv_api api, co
             gen_free(g);
             return srv_send_error(c, &er);
         }
+        /* the engine's token trie, built on its first constrained request:
+         * here, before submit_prompts takes s->mu (about 25 ms, once) */
+        int vrc = engine_grammar_prepare(g->e, &ke_out);
+        if (vrc)
+            return submit_error(s, c, vrc, &ke_out, g);
     }
     g->n_choices = g->req.n_prompts * g->req.er.n;
     g->chan = srv_chan_create(s->metrics, t_arrival, g->req.n_prompts, chan_cap(s, &g->req));

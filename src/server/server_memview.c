@@ -253,8 +253,10 @@ char *srv_memview_json(engine *e, const engine_kv_snapshot *sn)
         json_object_set_new(root, "engine", engine_json(&sn->stats));
         json_object_set_new(root, "kv", kv_json(sn, res[MEM_KV]));
         json_object_set_new(root, "grammar", json_pack( /* host memory, in engine_host_bytes */
-            "{s:I, s:i, s:I}", "state_bytes", (json_int_t)sn->stats.grammar_bytes, "requests",
-            sn->stats.grammar_requests, "vocab_bytes", (json_int_t)sn->stats.grammar_vocab_bytes));
+            "{s:I, s:i, s:I, s:f}", "state_bytes", (json_int_t)sn->stats.grammar_bytes,
+            "requests", sn->stats.grammar_requests, "vocab_bytes",
+            (json_int_t)sn->stats.grammar_vocab_bytes, "vocab_build_seconds",
+            sn->stats.grammar_vocab_build_seconds));
         json_object_set_new(root, "requests", requests_json(sn));
         json_object_set_new(root, "truncated", json_boolean(sn->truncated));
     }

@@ -305,6 +305,9 @@ char *srv_metrics_render(srv_metrics *m, const srv_build_info *bi, const engine_
             "for them.", (double)bi->grammar_cache_misses);
     gauge(&b, "grammar_state_bytes", "Host bytes of the admitted requests' grammar states.",
           (double)st->grammar_bytes);
+    gauge(&b, "grammar_vocab_bytes", "Host bytes of the vocabulary's token trie for constrained "
+          "decoding (0 until the first constrained request builds it).",
+          (double)st->grammar_vocab_bytes);
     if (rep)
         render_mem(&b, rep);
     head(&b, "build_info", "gauge", "Build and model information.");
