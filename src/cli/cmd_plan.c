@@ -324,16 +324,31 @@ static void plan_window(const model_hparams *hp, const cli_common *c, const engi
     pc->kv_window_heads = (int64_t)n_win * hp->n_head_kv;
 }
 
+/* --predict for a model that fits: every layer resident, the rates measured
+ * (or cached) as for offload.  NULL with the error printed. */
+static cli_offload *predict_resident(const cli_common *c, int remeasure)
+{
+    cli_common rc = *c;
+    rc.weights_memory = UINT64_MAX;
+    kvant_err err = {0};
+    cli_offload *res = calloc(1, sizeof *res);
+    if (!res || cli_offload_plan(&rc, UINT64_MAX, remeasure, res, &err)) {
+        fprintf(stderr, "kvant plan: --predict: %s\n", res ? err.msg : "out of memory");
+        free(res);
+        return NULL;
+    }
+    return res;
+}
+
 int cmd_plan(int argc, char **argv)
 {
     cli_common c;
     plan_config pc = plan_config_default();
     engine_config ec = engine_config_default();
-    int cands[PLAN_MAX_CANDIDATES], n_cands = 0, remeasure = 0;
+    int cands[PLAN_MAX_CANDIDATES], n_cands = 0, remeasure = 0, predict = 0;
     cli_common_init(&c);
     serve_models_opts mo;
     serve_models_opts_init(&mo);
-    int predict = 0;
     int prc = parse_plan(argc, argv, &c, &pc, &ec, &mo, cands, &n_cands, &remeasure, &predict);
     if (prc)
         return prc == 1 ? 0 : prc;
@@ -390,18 +405,10 @@ int cmd_plan(int argc, char **argv)
             return 1;
         }
     }
-    /* --predict for a model that fits: every layer resident, the same rates */
     cli_offload *res = NULL;
-    if (predict && !off && host) {
-        cli_common rc = c;
-        rc.weights_memory = UINT64_MAX;
-        res = calloc(1, sizeof *res);
-        if (!res || cli_offload_plan(&rc, UINT64_MAX, remeasure, res, &err)) {
-            fprintf(stderr, "kvant plan: --predict: %s\n", res ? err.msg : "out of memory");
-            free(res);
-            gguf_close(g);
-            return 1;
-        }
+    if (predict && !off && host && !(res = predict_resident(&c, remeasure))) {
+        gguf_close(g);
+        return 1;
     }
     const cli_offload *pred = off ? off : res;
     plan_row rows[PLAN_MAX_CANDIDATES + 1];
