@@ -649,7 +649,9 @@ int ocost_place(const model *m, uint64_t cap, int n_slots, int place, const ocos
     wstream_plan cand[WSTREAM_ORDER_COUNT];
     double pass[WSTREAM_ORDER_COUNT] = {0};
     for (int o = 0; o < WSTREAM_ORDER_COUNT; o++) {
-        if ((rc = wstream_plan_make_order(m, cap, n_slots, o, &cand[o], err)))
+        if (o == WSTREAM_ORDER_TAIL) /* placed above */
+            cand[o] = *p;
+        else if ((rc = wstream_plan_make_order(m, cap, n_slots, o, &cand[o], err)))
             return rc;
         ocost_pred d;
         ocost_predict(&cand[o], m, r, io_mode, 1, 1, &d);

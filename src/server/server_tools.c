@@ -349,9 +349,8 @@ static int parse_llama3(const srv_tools *t, const char *text, size_t n, const ch
             s++;
     }
     const int ok = s && json_array_size(got) > 0;
-    size_t k;
-    json_t *x;
-    json_array_foreach(got, k, x) if (ok) json_array_append(calls, x);
+    if (ok)
+        json_array_extend(calls, got);
     json_decref(got);
     return ok ? 0 : -1;
 }

@@ -244,9 +244,11 @@ def test_plan_placement_and_prediction(kvant_bin, default_model, tmp_path):
     for p in pred:
         assert p["tok_s"] > 0 and p["tok_s"] <= p["resident_tok_s"] * (1 + 1e-9)
         assert p["pass_s"] >= p["stall_s"] >= 0
-        # a pass reads every streamed byte at most at the page-cache rate
-        assert p["pass_s"] >= off["streamed_bytes_per_forward"] / rates["read_bytes_per_s"] * \
-            (1 - 1e-9)
+        # a pass reads every streamed byte at most at the faster page-cache rate, alone or
+        # beside the matmuls (measured separately: on a noisy machine either may be higher)
+        fastest = max([rates["read_bytes_per_s"]] +
+                      [b["side_by_side_read_bytes_per_s"] for b in rates["matmul"]])
+        assert p["pass_s"] >= off["streamed_bytes_per_forward"] / fastest * (1 - 1e-9)
     # the prediction for O_DIRECT reads, from the same cached rates
     r = subprocess.run(cmd + ["--weights-memory", "40MiB", "--stream-io", "direct", "--json"],
                        capture_output=True, text=True, env=env, timeout=120)
