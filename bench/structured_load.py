@@ -48,6 +48,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def kvant_isa(kvant: str) -> str | None:
+    """The CPU kernels' instruction set the binary chose on this machine."""
+    r = subprocess.run([kvant, "--isa"], capture_output=True, text=True, check=False)
+    return r.stdout.strip() or None
+
+
 def one(url: str, i: int, max_tokens: int, constrained: bool) -> int:
     body = {"model": MODEL_NAME[0], "max_tokens": max_tokens, "temperature": 0.7, "seed": i,
             "messages": [{"role": "user", "content": f"Describe user number {i} as JSON."}]}
@@ -116,14 +122,14 @@ def main() -> None:
            "threads": a.threads, "free_tok_s": free, "constrained_tok_s": cons,
            "free_median": statistics.median(free), "constrained_median": statistics.median(cons),
            "ratio": statistics.median(cons) / statistics.median(free),
-           "mask_us_mean": 1e6 * ms / mn if mn else None, "isa": os.environ.get("KVANT_ISA")}
+           "mask_us_mean": 1e6 * ms / mn if mn else None, "isa": kvant_isa(a.kvant)}
     if a.json:
         print(json.dumps(out, indent=1))
     else:
         print(f"{a.concurrency} concurrent, max_tokens {a.max_tokens}, {a.rounds} rounds: "
               f"free {out['free_median']:.1f} tok/s, JSON schema {out['constrained_median']:.1f}"
               f" tok/s, ratio {out['ratio']:.2f}; mask mean "
-              f"{out['mask_us_mean'] or 0:.1f} us/token")
+              f"{out['mask_us_mean'] or 0:.1f} us/token; isa {out['isa']}")
 
 
 if __name__ == "__main__":
