@@ -121,6 +121,15 @@ void cli_engine_config(const cli_common *c, engine_config *ec);
 int cli_kvtier_parse(engine_config *ec, int argc, char **argv, int *i);
 int cli_kvtier_check(const engine_config *ec, const char *cmd);
 
+/* Speculative decoding options (cli_spec.c): --spec ngram|off,
+ * --spec-draft N, --spec-ngram-min N, --spec-ngram-max N, --spec-max-batch
+ * N into ec.  _parse: 1 consumed, 0 not ours, -1 bad value (message
+ * printed); _check: CLI_EXIT_USAGE (one line) for min > max, else 0;
+ * _help: their --help table. */
+int cli_spec_parse(engine_config *ec, int argc, char **argv, int *i);
+int cli_spec_check(const engine_config *ec, const char *cmd);
+void cli_spec_help(FILE *f);
+
 /* `kvant serve` with several models (cmd_serve_models.c): -m [NAME=]PATH
  * (repeatable), --models-dir, --pin, --keep-alive, --kv-per-model,
  * --queue-timeout, --load, --sleep.  Strings are borrowed from argv. */

@@ -142,6 +142,7 @@ static void serve_help(void)
              "OpenAI-compatible HTTP server (docs/SERVER.md): /v1/completions,\n"
              "/v1/chat/completions, /v1/models, /health, /metrics.",
              t, CLI_N_OPTS(t));
+    cli_spec_help(stdout);
 }
 
 /* Engine and limit options with an integer value; 1 consumed, 0 not ours, -1 bad. */
@@ -231,6 +232,8 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
             r = parse_int_opt(o, argc, argv, &i);
         if (r == 0)
             r = cli_kvtier_parse(&o->ec, argc, argv, &i);
+        if (r == 0)
+            r = cli_spec_parse(&o->ec, argc, argv, &i);
         if (r < 0)
             return CLI_EXIT_USAGE;
         if (r)
@@ -281,6 +284,8 @@ static int parse_serve(int argc, char **argv, serve_opts *o)
             return cli_err_unknown("serve", a);
         }
     }
+    if (cli_spec_check(&o->ec, "serve"))
+        return CLI_EXIT_USAGE;
     if (cli_kvtier_check(&o->ec, "serve"))
         return CLI_EXIT_USAGE;
     o->ec.kv_flush_timeout = o->drain_timeout; /* the shutdown's disk writes, after the drain */

@@ -78,6 +78,11 @@ engine_config engine_config_default(void)
     };
 }
 
+int engine_spec_mode(const engine *e)
+{
+    return e->cfg.spec;
+}
+
 const plan_result *engine_plan(const engine *e)
 {
     return &((const engine_ext *)e)->plan;

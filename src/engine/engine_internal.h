@@ -58,6 +58,13 @@ typedef struct eng_seq {
                              * positions plp_pos.., plp_n of them */
     int32_t plp_row, plp_n;
     double gram_s;          /* grammar time spent on the token being sampled */
+    /* speculative decoding (engine_spec.c): this step's drafted tokens (also
+     * at tokens[n_tokens..], scheduled after the last sampled token), the
+     * current draft length, and steps left with drafting paused */
+    int32_t n_draft;
+    int32_t draft[ENGINE_SPEC_MAX];
+    int32_t spec_k, spec_pause;
+    float spec_rate;        /* running acceptance rate (accepted / drafted) */
     struct eng_seq *next;   /* waiting / running list link */
 } eng_seq;
 
@@ -82,6 +89,7 @@ struct eng_req {
     int32_t n_finished;
     int64_t cached_tokens;
     int64_t completion_tokens;
+    int64_t draft_tokens, accepted_tokens; /* speculative decoding */
     int cancelled;          /* ENG_*: engine thread */
     int cancel_asked;       /* engine_cancel was called (guarded by e->mu) */
     int64_t kv_peak_tokens, kv_peak_blocks; /* footprint at its largest (kvsnap) */
@@ -152,6 +160,9 @@ struct engine {
     eng_seq *running;       /* priority order */
     uint64_t next_order;
     int last_prefill_first;  /* the last step ran only new requests' prompts */
+    /* speculative decoding counters (engine_spec.c), copied to stats each step */
+    uint64_t spec_draft, spec_accepted, spec_hist[ENGINE_SPEC_HIST], spec_skipped;
+    double spec_rsum;
     /* step buffers, sized at create: no allocation in a step */
     int32_t *b_tokens, *b_pos, *b_seq, *b_out; /* [max_num_batched_tokens] x 3, [max_num_seqs] */
     fwd_seq *b_seqs;        /* [max_num_seqs] */

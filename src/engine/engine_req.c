@@ -142,6 +142,8 @@ void engine_emit(eng_req *r, engine_event *ev)
     ev->prompt_tokens = r->p.n_prompt;
     ev->cached_tokens = r->cached_tokens;
     ev->completion_tokens = r->completion_tokens;
+    ev->draft_tokens = r->draft_tokens;
+    ev->accepted_tokens = r->accepted_tokens;
     ev->kv_tokens = r->kv_peak_tokens;
     ev->kv_blocks = r->kv_peak_blocks;
     ev->kv_bytes = (uint64_t)r->kv_peak_blocks * r->kv_block_bytes;

@@ -28,6 +28,7 @@
 
 #include "engine/engine_gram.h"
 #include "engine/engine_req.h"
+#include "engine/engine_spec.h"
 #include "text/tokenizer.h"
 
 /* ---- phase 1: admit ---- */
@@ -161,6 +162,7 @@ static void add_to_plan(engine *e, step_plan *sp, eng_seq *s, int32_t chunk)
         int32_t rows = (int32_t)(hi - lo) + (s->n_computed + chunk == s->n_tokens);
         sp->extra_rows += rows > 1 ? rows - 1 : 0;
     }
+    sp->extra_rows += s->n_draft; /* a logit row per drafted position */
     sp->seqs[sp->n_seqs++] = s;
     sp->n_tokens += chunk;
     int64_t np = s->req->p.n_prompt, end = s->n_computed + chunk;
@@ -168,9 +170,25 @@ static void add_to_plan(engine *e, step_plan *sp, eng_seq *s, int32_t chunk)
         sp->prefill_tokens += (int32_t)((end < np ? end : np) - s->n_computed);
 }
 
+static int32_t count_running(const engine *e);
+
+/* Speculation: drafts for a decode within the step's token budget and the
+ * logit rows left once every running sequence and one waiting one keep
+ * theirs; returns the drafted tokens (0: a plain decode). */
+static int32_t draft_for(engine *e, const step_plan *sp, eng_seq *s, int32_t budget,
+                         int32_t n_running)
+{
+    if (e->cfg.spec == ENGINE_SPEC_OFF)
+        return 0;
+    int32_t rows = e->cfg.max_num_seqs - n_running - sp->extra_rows - (e->waiting != NULL);
+    int32_t room = budget - 1 < rows ? budget - 1 : rows;
+    return engine_spec_draft(e, s, room > 0 ? room : 0, n_running);
+}
+
 static void schedule_running(engine *e, step_plan *sp)
 {
     eng_seq *s = e->running;
+    const int32_t n_running = count_running(e);
     while (s) {
         eng_seq *next = s->next;
         int32_t budget = e->cfg.max_num_batched_tokens - sp->n_tokens;
@@ -179,11 +197,18 @@ static void schedule_running(engine *e, step_plan *sp)
         if (chunk < 1 || sp->n_seqs + sp->extra_rows >= e->cfg.max_num_seqs)
             break;
         chunk = plp_clamp(e, sp, s, chunk);
+        if (need == 1)
+            chunk += draft_for(e, sp, s, budget, n_running);
         int ok = 0, self = 0;
         while (!ok) {
             if (engine_kv_reserve(e, s, s->n_computed, s->n_computed + chunk) == KV_OK) {
                 ok = 1;
                 break;
+            }
+            if (s->n_draft > 0) { /* drafts never preempt anyone: decode plainly */
+                chunk -= s->n_draft;
+                s->n_draft = 0;
+                continue;
             }
             eng_seq *v = pick_victim(e, sp);
             if (!v)
@@ -270,9 +295,10 @@ static fwd_batch phase_build(engine *e, const step_plan *sp)
             s->plp_n = (int32_t)(hi - lo);
         }
         s->out_row = -1;
-        if (s->n_computed + s->sched_tokens == s->n_tokens) {
-            e->b_out[n_out] = nt - 1;
-            s->out_row = n_out++;
+        if (s->n_computed + s->sched_tokens == s->n_tokens + s->n_draft) {
+            s->out_row = n_out; /* the last token's row, then one per draft */
+            for (int32_t j = 0; j <= s->n_draft; j++)
+                e->b_out[n_out++] = nt - 1 - s->n_draft + j;
         }
         e->b_seqs[i] = engine_kv_fwd_seq(s);
     }
@@ -411,6 +437,34 @@ static int fork_children(engine *e, eng_seq *s0)
     return KV_OK;
 }
 
+/* Speculation: samples the target's token at each drafted position while
+ * the one before equalled its draft (the rows after a rejected draft are
+ * never read), then commits the positions whose K/V hold accepted tokens:
+ * the last sampled one and the accepted drafts.  Returns the tokens sampled. */
+static uint64_t verify_drafts(engine *e, eng_seq *s, float *scratch)
+{
+    const int32_t n_vocab = e->m->hp.n_vocab, k = s->n_draft;
+    int32_t acc = 0;
+    uint64_t sampled = 0;
+    s->n_draft = 0;
+    for (int32_t j = 0; j <= k; j++) {
+        const float *row = e->logits + (size_t)(s->out_row + j) * n_vocab;
+        const int64_t at = s->n_tokens;
+        memcpy(scratch, row, (size_t)n_vocab * sizeof(float));
+        sample_emit(e, s, scratch, row);
+        sampled++;
+        if (s->finished || s->req->cancelled || j == k || s->tokens[at] != s->draft[j])
+            break;
+        acc++;
+    }
+    s->n_computed += 1 + acc;
+    int32_t nh0 = s->kv.n_hashed;
+    engine_kv_commit(e, s);
+    engine_tier_after_commit(e, s, nh0);
+    engine_spec_observe(e, s, k, acc);
+    return sampled;
+}
+
 /* Returns the number of tokens sampled. */
 static uint64_t phase_sample(engine *e, const step_plan *sp)
 {
@@ -419,6 +473,10 @@ static uint64_t phase_sample(engine *e, const step_plan *sp)
     float *scratch = e->logits + (size_t)e->cfg.max_num_seqs * n_vocab;
     for (int32_t i = 0; i < sp->n_seqs; i++) {
         eng_seq *s = sp->seqs[i];
+        if (s->n_draft > 0) {
+            sampled += verify_drafts(e, s, scratch);
+            continue;
+        }
         s->n_computed += s->sched_tokens;
         int32_t nh0 = s->kv.n_hashed;
         engine_kv_commit(e, s);
@@ -554,6 +612,11 @@ static void update_stats(engine *e, const step_plan *sp, int32_t decodes, uint64
     st->grammar_vocab_bytes = e->gvocab_bytes;
     st->grammar_bytes = gram_bytes;
     st->grammar_requests = gram_reqs;
+    st->spec_draft_tokens = e->spec_draft;
+    st->spec_accepted_tokens = e->spec_accepted;
+    memcpy(st->spec_verify_hist, e->spec_hist, sizeof st->spec_verify_hist);
+    st->spec_skipped = e->spec_skipped;
+    st->spec_ratio_sum = e->spec_rsum;
     st->last_tokens = sp->n_tokens;
     st->last_seqs = sp->n_seqs;
     st->last_decodes = decodes;
@@ -585,7 +648,8 @@ int engine_step(engine *e)
     }
     int32_t decodes = 0;
     for (int32_t i = 0; i < sp.n_seqs; i++)
-        decodes += sp.seqs[i]->sched_tokens == 1 && sp.seqs[i]->n_generated > 0;
+        decodes += (sp.seqs[i]->sched_tokens == 1 || sp.seqs[i]->n_draft > 0) &&
+                   sp.seqs[i]->n_generated > 0;
     if (sp.n_seqs > 0) {
         fwd_batch b = phase_build(e, &sp);
         kvant_err err = {0};

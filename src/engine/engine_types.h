@@ -100,7 +100,24 @@ typedef struct engine_config {
     int no_offload;
     int32_t kv_window_blocks_override; /* >0: exactly this many window-group blocks (tests;
                                         * default with kv_blocks_override: the same count) */
+    /* Speculative decoding (engine_spec.h): ENGINE_SPEC_NGRAM drafts tokens
+     * by prompt lookup and verifies them in one pass; greedy requests only
+     * (others decode as before).  0 (default): off. */
+    int spec;
+    int32_t spec_draft_max;        /* drafted tokens per verification, [1, ENGINE_SPEC_MAX]
+                                    * (0: ENGINE_SPEC_DEFAULT_DRAFT) */
+    int32_t spec_ngram_min, spec_ngram_max; /* n-gram lengths looked up, longest first
+                                             * (0: 2 and 4) */
+    int32_t spec_max_batch;        /* no drafting while more sequences than this are
+                                    * running (0: ENGINE_SPEC_DEFAULT_BATCH) */
 } engine_config;
+
+enum { ENGINE_SPEC_OFF = 0, ENGINE_SPEC_NGRAM = 1 };
+#define ENGINE_SPEC_MAX 16          /* drafted tokens per verification at most */
+#define ENGINE_SPEC_DEFAULT_DRAFT 8
+#define ENGINE_SPEC_DEFAULT_BATCH 4
+#define ENGINE_SPEC_HIST 5          /* acceptance histogram buckets: accepted/drafted in
+                                     * [0, .25], (.25, .5], (.5, .75], (.75, 1), 1 */
 
 /* How the tiers choose between moving a block and recomputing it. */
 enum {
@@ -150,6 +167,7 @@ typedef struct engine_request {
      * valid as long as grammar is; each sequence's memo is bound to it. A
      * cache another engine's vocabulary claimed first is not used. */
     struct tmshare *grammar_masks;
+    int no_spec;             /* 1: no speculative decoding for this request */
 } engine_request;
 
 enum { ENGINE_EMBED_NONE = 0, ENGINE_EMBED_MEAN = 1, ENGINE_EMBED_LAST = 2 };
@@ -192,6 +210,9 @@ typedef struct engine_event {
     const char *error;      /* on ERROR (valid during the callback) */
     const float *embedding; /* on EMBED: [n_embd] (valid during the callback) */
     int32_t n_embd;
+    /* speculative decoding, on DONE: tokens drafted for the request and
+     * drafted tokens the target accepted (both 0 without speculation) */
+    int64_t draft_tokens, accepted_tokens;
     double grammar_seconds; /* constrained requests, on TOKEN: engine-thread time spent on
                              * this token's mask and state advance; on FINISH: on the
                              * mask of the end token that finished it (0 otherwise) */
@@ -237,6 +258,13 @@ typedef struct engine_stats {
     int32_t grammar_requests;
     int32_t grammar_vocab_builds;
     double grammar_vocab_build_seconds;
+    /* speculative decoding: drafted and accepted tokens, verification
+     * passes by acceptance (ENGINE_SPEC_HIST buckets), and decode steps of
+     * a speculating sequence that drafted nothing (no match, paused, batch) */
+    uint64_t spec_draft_tokens, spec_accepted_tokens;
+    uint64_t spec_verify_hist[ENGINE_SPEC_HIST];
+    double spec_ratio_sum;           /* the passes' accepted / drafted, summed */
+    uint64_t spec_skipped;
 } engine_stats;
 
 /* KV offload tiers, as of the end of the last step (enabled 0: none). */

@@ -113,6 +113,8 @@ static const field_row top_fields[] = {
     {"priority", API_BOTH, F_IMPL, NULL, NULL},
     {"ignore_eos", API_BOTH, F_IMPL, NULL, NULL},
     {"cache_salt", API_BOTH, F_IMPL, NULL, NULL},
+    /* kvant's: false opts the request out of speculative decoding (--spec) */
+    {"speculative", API_BOTH, F_IMPL, NULL, NULL},
     /* tool calling (read and checked by server_tools.c) */
     {"tools", API_CHAT, F_IMPL, NULL, NULL},
     {"tool_choice", API_CHAT, F_IMPL, NULL, NULL},

@@ -50,6 +50,7 @@ typedef struct gen_prompt {
     int64_t prompt_tokens, cached_tokens;
     int64_t kv_tokens, kv_blocks; /* its KV footprint at its largest */
     uint64_t kv_bytes;
+    int64_t draft_tokens, accepted_tokens; /* speculative decoding */
 } gen_prompt;
 
 struct srv_gen {
@@ -122,7 +123,7 @@ static json_t *jstr(const char *s, size_t n)
 /* Summed over the prompts (each one's KV footprint at its largest). */
 static json_t *usage_json(const srv_gen *g)
 {
-    int64_t comp = 0, prompt = 0, cached = 0, kv_tok = 0, kv_blk = 0;
+    int64_t comp = 0, prompt = 0, cached = 0, kv_tok = 0, kv_blk = 0, drafted = 0, accepted = 0;
     uint64_t kv_bytes = 0;
     for (int i = 0; i < g->n_choices; i++)
         comp += g->seq[i].n_tok;
@@ -133,13 +134,20 @@ static json_t *usage_json(const srv_gen *g)
         kv_tok += p->kv_tokens;
         kv_blk += p->kv_blocks;
         kv_bytes += p->kv_bytes;
+        drafted += p->draft_tokens;
+        accepted += p->accepted_tokens;
     }
-    return json_pack("{s:I, s:I, s:I, s:{s:I}, s:I, s:I, s:I}", "prompt_tokens",
-                     (json_int_t)prompt, "completion_tokens", (json_int_t)comp,
-                     "total_tokens", (json_int_t)(prompt + comp),
-                     "prompt_tokens_details", "cached_tokens", (json_int_t)cached,
-                     "kv_tokens", (json_int_t)kv_tok, "kv_blocks", (json_int_t)kv_blk,
-                     "kv_bytes", (json_int_t)kv_bytes);
+    json_t *u = json_pack("{s:I, s:I, s:I, s:{s:I}, s:I, s:I, s:I}", "prompt_tokens",
+                          (json_int_t)prompt, "completion_tokens", (json_int_t)comp,
+                          "total_tokens", (json_int_t)(prompt + comp),
+                          "prompt_tokens_details", "cached_tokens", (json_int_t)cached,
+                          "kv_tokens", (json_int_t)kv_tok, "kv_blocks", (json_int_t)kv_blk,
+                          "kv_bytes", (json_int_t)kv_bytes);
+    if (u && engine_spec_mode(g->e) != ENGINE_SPEC_OFF) { /* --spec: what it did */
+        json_object_set_new(u, "draft_tokens", json_integer((json_int_t)drafted));
+        json_object_set_new(u, "accepted_tokens", json_integer((json_int_t)accepted));
+    }
+    return u;
 }
 
 static const char *finish_str(engine_finish f)
@@ -595,6 +603,10 @@ static void gen_on_event(srv_gen *g, const srv_ev *e)
         p->kv_tokens = ev->kv_tokens;
     if (ev->cached_tokens > p->cached_tokens)
         p->cached_tokens = ev->cached_tokens;
+    if (ev->draft_tokens > p->draft_tokens) {
+        p->draft_tokens = ev->draft_tokens;
+        p->accepted_tokens = ev->accepted_tokens;
+    }
     if (ev->prompt_tokens > 0)
         p->prompt_tokens = ev->prompt_tokens;
     switch (ev->type) {

@@ -203,6 +203,32 @@ static double ratio(double a, double b)
     return b > 0 ? a / b : 0.0;
 }
 
+/* Speculative decoding (--spec): counters, and verification passes by the
+ * fraction of their drafts accepted as a histogram (buckets .25 .. 1). */
+static void render_spec(sbuf *b, const engine_stats *st)
+{
+    counter(b, "spec_draft_tokens_total", "Tokens drafted by speculative decoding.",
+            (double)st->spec_draft_tokens);
+    counter(b, "spec_accepted_tokens_total", "Drafted tokens the model accepted.",
+            (double)st->spec_accepted_tokens);
+    counter(b, "spec_skipped_total", "Decode steps of a speculating request that drafted "
+            "nothing (no n-gram match, paused for low acceptance, or a large batch).",
+            (double)st->spec_skipped);
+    static const char *const le[ENGINE_SPEC_HIST - 1] = {"0.25", "0.5", "0.75", "0.9999"};
+    head(b, "spec_acceptance_ratio", "histogram",
+         "Verification passes by accepted / drafted tokens.");
+    uint64_t cum = 0;
+    for (int k = 0; k < ENGINE_SPEC_HIST; k++) {
+        cum += st->spec_verify_hist[k];
+        if (k < ENGINE_SPEC_HIST - 1)
+            sb_printf(b, "kvant_spec_acceptance_ratio_bucket{le=\"%s\"} %llu\n", le[k],
+                      (unsigned long long)cum);
+    }
+    sb_printf(b, "kvant_spec_acceptance_ratio_bucket{le=\"+Inf\"} %llu\n"
+                 "kvant_spec_acceptance_ratio_sum %.17g\nkvant_spec_acceptance_ratio_count %llu\n",
+              (unsigned long long)cum, st->spec_ratio_sum, (unsigned long long)cum);
+}
+
 static void render_engine(sbuf *b, const engine_stats *st, uint64_t block_bytes)
 {
     gauge(b, "num_requests_running", "Sequences being generated (a request with n > 1 counts n).",
@@ -240,6 +266,7 @@ static void render_engine(sbuf *b, const engine_stats *st, uint64_t block_bytes)
     counter(b, "prefix_cache_hits_tokens_total", "Prompt tokens found in the prefix cache.",
             (double)st->prefix_hits);
     counter(b, "engine_steps_total", "Engine steps run.", (double)st->steps);
+    render_spec(b, st);
     if (st->kv_window > 0) { /* a sliding-window layer group: the kv_blocks_* above are global */
         gauge(b, "kv_window_blocks_capacity", "KV blocks of the sliding-window layers' pool.",
               st->kv_w_blocks_total);

@@ -562,6 +562,10 @@ static int parse_lengths(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_
     if ((rc = get_int(o, "priority", INT32_MIN, INT32_MAX, &x, e)) < 0)
         return rc;
     r->er.priority = rc ? (int32_t)x : 0;
+    int spec = 1;
+    if (get_bool(o, "speculative", &spec, e) < 0)
+        return -e->status;
+    r->er.no_spec = !spec;
     return get_bool(o, "ignore_eos", &r->er.ignore_eos, e) < 0 ? -e->status : 0;
 }
 

@@ -1,0 +1,98 @@
+/* engine_spec.c - prompt-lookup drafting and its adaptation (engine_spec.h). */
+#include "engine/engine_spec.h"
+
+#include <string.h>
+
+#define SPEC_PAUSE_STEPS 16
+#define SPEC_MIN_RATE 0.25f
+
+int32_t engine_spec_lookup(const int32_t *toks, int64_t n, int32_t nmin, int32_t nmax,
+                           int32_t *out, int32_t kmax)
+{
+    if (kmax < 1 || nmin < 1 || nmax < nmin)
+        return 0;
+    for (int32_t g = nmax; g >= nmin; g--) {
+        if (n <= g)
+            continue;
+        const int32_t *tail = toks + n - g;
+        /* latest start i < n - g with toks[i..i+g) == tail and a follower */
+        for (int64_t i = n - g - 1; i >= 0; i--) {
+            if (toks[i] != tail[0] || memcmp(toks + i, tail, (size_t)g * sizeof *toks))
+                continue;
+            int64_t from = i + g, avail = n - from;
+            int32_t k = avail < kmax ? (int32_t)avail : kmax;
+            memcpy(out, toks + from, (size_t)k * sizeof *out);
+            return k;
+        }
+    }
+    return 0;
+}
+
+static int spec_eligible(const engine *e, const eng_seq *s)
+{
+    const eng_req *r = s->req;
+    return e->cfg.spec == ENGINE_SPEC_NGRAM && !r->p.no_spec && r->p.n == 1 && !r->p.grammar &&
+           !r->p.embed && r->p.sampling.temperature == 0.0f && s->n_generated > 0 &&
+           s->n_computed == s->n_tokens - 1;
+}
+
+int32_t engine_spec_draft(engine *e, eng_seq *s, int32_t room, int32_t n_running)
+{
+    s->n_draft = 0;
+    if (!spec_eligible(e, s))
+        return 0;
+    const engine_config *c = &e->cfg;
+    int32_t kmax = c->spec_draft_max > 0 ? c->spec_draft_max : ENGINE_SPEC_DEFAULT_DRAFT;
+    kmax = kmax < ENGINE_SPEC_MAX ? kmax : ENGINE_SPEC_MAX;
+    int32_t max_batch = c->spec_max_batch > 0 ? c->spec_max_batch : ENGINE_SPEC_DEFAULT_BATCH;
+    if (s->spec_k == 0) { /* first decode step of this sequence */
+        s->spec_k = kmax;
+        s->spec_rate = 1.0f;
+    }
+    int skip = n_running > max_batch || s->spec_pause > 0;
+    if (s->spec_pause > 0)
+        s->spec_pause--;
+    /* the drafts and the token after them must fit max_tokens, the
+     * sequence's storage and the context */
+    int64_t left = s->req->p.max_tokens - s->n_generated - 1;
+    int64_t ctx_left = e->max_model_len - s->n_tokens - 1;
+    int64_t k = s->spec_k < room ? s->spec_k : room;
+    k = k < left ? k : left;
+    k = k < ctx_left ? k : ctx_left;
+    int32_t nmin = c->spec_ngram_min > 0 ? c->spec_ngram_min : 2;
+    int32_t nmax = c->spec_ngram_max > 0 ? c->spec_ngram_max : 4;
+    int32_t got = 0;
+    if (!skip && k > 0)
+        got = engine_spec_lookup(s->tokens, s->n_tokens, nmin, nmax, s->draft, (int32_t)k);
+    if (got == 0) {
+        e->spec_skipped++;
+        return 0;
+    }
+    memcpy(s->tokens + s->n_tokens, s->draft, (size_t)got * sizeof *s->tokens);
+    s->n_draft = got;
+    return got;
+}
+
+void engine_spec_observe(engine *e, eng_seq *s, int32_t drafted, int32_t accepted)
+{
+    if (drafted < 1)
+        return;
+    int32_t kmax = e->cfg.spec_draft_max > 0 ? e->cfg.spec_draft_max : ENGINE_SPEC_DEFAULT_DRAFT;
+    kmax = kmax < ENGINE_SPEC_MAX ? kmax : ENGINE_SPEC_MAX;
+    int32_t k = accepted == drafted ? 2 * s->spec_k : accepted + 1;
+    s->spec_k = k < 1 ? 1 : k > kmax ? kmax : k;
+    float rate = (float)accepted / (float)drafted;
+    s->spec_rate = 0.75f * s->spec_rate + 0.25f * rate;
+    if (s->spec_rate < SPEC_MIN_RATE) {
+        s->spec_pause = SPEC_PAUSE_STEPS;
+        s->spec_rate = 0.5f; /* a fresh chance after the pause */
+    }
+    s->req->draft_tokens += drafted;
+    s->req->accepted_tokens += accepted;
+    /* buckets by upper bound, inclusive as Prometheus's le: .25 .5 .75 < 1, 1 */
+    int b = accepted == drafted ? 4 : rate <= 0.25f ? 0 : rate <= 0.5f ? 1 : rate <= 0.75f ? 2 : 3;
+    e->spec_rsum += (double)accepted / (double)drafted;
+    e->spec_draft += (uint64_t)drafted;
+    e->spec_accepted += (uint64_t)accepted;
+    e->spec_hist[b]++;
+}

@@ -1,0 +1,42 @@
+/* engine_spec.h - speculative decoding by prompt lookup (engine_spec.c).
+ *
+ * A decoding sequence whose request is greedy drafts up to k tokens: the
+ * longest n-gram (spec_ngram_max down to spec_ngram_min tokens) ending its
+ * history that occurred earlier in it (prompt or output, the latest
+ * occurrence) proposes the tokens that followed that occurrence.  The step
+ * schedules the last sampled token and the drafts as one chunk, asks for a
+ * logit row at each, and the sample phase (engine_step.c) accepts drafts
+ * while the target's own token equals them: the output is the tokens
+ * non-speculative decoding gives (the same rows, the same kernels: each
+ * row's logits do not depend on the chunk they were computed in).  Rejected
+ * positions' K/V stay in blocks past n_computed, which are never committed,
+ * hashed or moved to a tier, and are overwritten by the next step.
+ *
+ * Adaptation: k doubles after a verification that accepted everything and
+ * becomes accepted + 1 otherwise; a sequence whose running acceptance rate
+ * falls below 1/4 pauses drafting for 16 steps.  No drafting while more than
+ * spec_max_batch sequences run (verification then costs more than the
+ * batch gains). */
+#ifndef KVANT_ENGINE_SPEC_H
+#define KVANT_ENGINE_SPEC_H
+
+#include <stdint.h>
+
+#include "engine/engine_internal.h"
+
+/* Prompt lookup over toks[0..n): writes at most kmax tokens that followed
+ * the latest earlier occurrence of the longest n-gram (nmax down to nmin)
+ * ending toks, to out; returns how many (0: no match).  Pure. */
+int32_t engine_spec_lookup(const int32_t *toks, int64_t n, int32_t nmin, int32_t nmax,
+                           int32_t *out, int32_t kmax);
+
+/* Scheduling: drafts for s (a decode: n_computed == n_tokens - 1) at most
+ * room tokens, into s->draft and s->tokens[n_tokens..]; sets and returns
+ * s->n_draft (0: a plain decode step).  n_running: sequences running. */
+int32_t engine_spec_draft(engine *e, eng_seq *s, int32_t room, int32_t n_running);
+
+/* After the sample phase verified s's drafts: accepted of drafted; adapts
+ * s's draft length and the counters. */
+void engine_spec_observe(engine *e, eng_seq *s, int32_t drafted, int32_t accepted);
+
+#endif
