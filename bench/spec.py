@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Speculative decoding by prompt lookup: single-stream decode speed with and without it.
+
+One `kvant serve --spec ngram` (2 threads); each workload's greedy chat request is sent with
+`"speculative": false` (one token per step) and with speculation, in alternating rounds.
+Decode tok/s = completion tokens after the first / (time of the last token - time of the
+first), from the stream, so prefill is left out; medians over --rounds.  The outputs are
+checked equal (greedy: speculation never changes them).
+
+Workloads (the prompt holds most of the answer, or none of it):
+  edit       chat: a 14-line Python snippet, "rename total_price to order_total in this
+             code and show the whole code"
+  copy       completion: the first long paragraph of tests/data/english.txt (900
+             characters), a blank line, then its first 12 words again: the model goes on
+             copying it (a document re-quoted, as in an edit or a summary that quotes)
+  summarise  chat: "summarise this text, quoting its key sentences" on the second paragraph
+  free       chat: "write a short story about a lighthouse keeper" (nothing to look up)
+
+usage: bench/spec.py [--model M] [--rounds 5] [--max-tokens 160] [--threads 2] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+CODE = '''def total_price(items, tax):
+    subtotal = 0
+    for item in items:
+        subtotal += item.price * item.quantity
+    return subtotal * (1 + tax)
+
+
+def cheapest(items):
+    best = None
+    for item in items:
+        if best is None or item.price < best.price:
+            best = item
+    return best
+'''
+
+
+def workloads() -> dict[str, str]:
+    paras = [p.strip() for p in (ROOT / "tests/data/english.txt").read_text().split("\n\n")
+             if len(p.strip()) > 300]
+    p0 = paras[0][:900]
+    return {
+        "edit": "Rename the function total_price to order_total in this code and show the "
+                "whole code:\n\n" + CODE,
+        "copy": {"prompt": p0 + "\n\n" + " ".join(p0.split()[:12])},
+        "summarise": "Summarise this text, quoting its key sentences:\n\n" + paras[1][:900],
+        "free": "Write a short story about a lighthouse keeper.",
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one(url: str, name: str, content, spec: bool, max_tokens: int) -> dict:
+    """content: a chat message (str), or a completion body's fields (dict)."""
+    body = {"model": name, "max_tokens": max_tokens, "temperature": 0, "speculative": spec,
+            "stream": True, "stream_options": {"include_usage": True}}
+    if isinstance(content, dict):
+        body.update(content)
+        route = "/v1/completions"
+    else:
+        body["messages"] = [{"role": "user", "content": content}]
+        route = "/v1/chat/completions"
+    times, text, usage = [], [], None
+    with httpx.stream("POST", url + route, json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            if ev.get("usage"):
+                usage = ev["usage"]
+            for c in ev.get("choices", []):
+                piece = c["delta"].get("content") if "delta" in c else c.get("text")
+                if piece:
+                    times.append(time.perf_counter())
+                    text.append(piece)
+    n = usage["completion_tokens"]
+    span = times[-1] - times[0] if len(times) > 1 else float("nan")
+    return {"text": "".join(text), "tokens": n, "tps": (n - 1) / span if span > 0 else None,
+            "drafted": usage.get("draft_tokens", 0), "accepted": usage.get("accepted_tokens", 0)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--kvant", default="build/kvant")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    name = Path(a.model).stem
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tempfile.NamedTemporaryFile(prefix="kvant-spec-", suffix=".log", delete=False)
+    srv = subprocess.Popen([a.kvant, "serve", "-m", a.model, "--port", str(port), "-t",
+                            str(a.threads), "--spec", "ngram", "-c", "4096"],
+                           stdout=log, stderr=subprocess.STDOUT)
+    rows = {}
+    try:
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if srv.poll() is not None:
+                sys.exit(f"kvant serve exited {srv.returncode}; log {log.name}")
+            time.sleep(0.1)
+        for wl, content in workloads().items():
+            one(url, name, content, False, 8)  # warm-up: the prompt's blocks are cached
+            base, spec, same = [], [], True
+            for _ in range(a.rounds):
+                b = one(url, name, content, False, a.max_tokens)
+                s = one(url, name, content, True, a.max_tokens)
+                same &= b["text"] == s["text"]
+                base.append(b["tps"])
+                spec.append(s["tps"])
+            rows[wl] = {"base_tps": statistics.median(base), "spec_tps": statistics.median(spec),
+                        "ratio": statistics.median(spec) / statistics.median(base),
+                        "tokens": s["tokens"], "drafted": s["drafted"], "accepted": s["accepted"],
+                        "acceptance": s["accepted"] / s["drafted"] if s["drafted"] else None,
+                        "same_output": same, "base_all": base, "spec_all": spec}
+    finally:
+        srv.terminate()
+        srv.wait(timeout=60)
+    isa = subprocess.run([a.kvant, "--isa"], capture_output=True, text=True).stdout.strip()
+    out = {"model": a.model, "threads": a.threads, "rounds": a.rounds, "isa": isa,
+           "max_tokens": a.max_tokens, "workloads": rows}
+    if a.json:
+        print(json.dumps(out, indent=1))
+        return
+    print(f"{a.model}, isa {isa}, {a.threads} threads, median of {a.rounds}")
+    print("workload   base tok/s  spec tok/s  ratio  drafted accepted  same")
+    for wl, r in rows.items():
+        acc = f"{r['acceptance']:.0%}" if r["acceptance"] is not None else "-"
+        print(f"{wl:10} {r['base_tps']:10.1f} {r['spec_tps']:11.1f} {r['ratio']:6.2f} "
+              f"{r['drafted']:8} {r['accepted']:8} ({acc})  {r['same_output']}")
+
+
+if __name__ == "__main__":
+    main()
