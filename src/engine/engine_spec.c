@@ -32,7 +32,7 @@ static int spec_eligible(const engine *e, const eng_seq *s)
 {
     const eng_req *r = s->req;
     return e->cfg.spec == ENGINE_SPEC_NGRAM && !r->p.no_spec && r->p.n == 1 && !r->p.grammar &&
-           !r->p.embed && r->p.sampling.temperature == 0.0f && s->n_generated > 0 &&
+           !r->p.embed && s->n_generated > 0 &&
            s->n_computed == s->n_tokens - 1;
 }
 

@@ -1,14 +1,19 @@
 /* engine_spec.h - speculative decoding by prompt lookup (engine_spec.c).
  *
- * A decoding sequence whose request is greedy drafts up to k tokens: the
- * longest n-gram (spec_ngram_max down to spec_ngram_min tokens) ending its
- * history that occurred earlier in it (prompt or output, the latest
- * occurrence) proposes the tokens that followed that occurrence.  The step
- * schedules the last sampled token and the drafts as one chunk, asks for a
- * logit row at each, and the sample phase (engine_step.c) accepts drafts
- * while the target's own token equals them: the output is the tokens
+ * A decoding sequence (n 1, no grammar) drafts up to k tokens: the longest
+ * n-gram (spec_ngram_max down to spec_ngram_min tokens) ending its history
+ * that occurred earlier in it (prompt or output, the latest occurrence)
+ * proposes the tokens that followed that occurrence.  The step schedules
+ * the last sampled token and the drafts as one chunk, asks for a logit row
+ * at each, and the sample phase (engine_step.c) accepts drafts while the
+ * target's own token equals them.  Greedy: the output is the tokens
  * non-speculative decoding gives (the same rows, the same kernels: each
- * row's logits do not depend on the chunk they were computed in).  Rejected
+ * row's logits do not depend on the chunk they were computed in).
+ * Sampled: each drafted position is sampled by sampler_sample_draft, which
+ * accepts the draft with the target's probability of it and otherwise
+ * draws from the rest, so the tokens follow the target's distribution
+ * exactly (not the same tokens as without speculation for a given seed: the
+ * random stream is consumed differently).  Rejected
  * positions' K/V stay in blocks past n_computed, which are never committed,
  * hashed or moved to a tier, and are overwritten by the next step.
  *

@@ -386,12 +386,13 @@ static void emit_prompt_logprobs(engine *e, eng_seq *s)
 }
 
 /* Samples one token for s from row (a private copy it may modify) and
- * emits it; marks s finished when it stops. */
-static void sample_emit(engine *e, eng_seq *s, float *row, const float *orig)
+ * emits it; marks s finished when it stops.  draft >= 0: a drafted token
+ * (speculative sampling: sampler_sample_draft). */
+static void sample_emit(engine *e, eng_seq *s, float *row, const float *orig, int32_t draft)
 {
     int32_t n_vocab = e->m->hp.n_vocab;
     eng_req *r = s->req;
-    int32_t tok = sampler_sample(&s->smp, row, s->tokens, s->n_tokens);
+    int32_t tok = sampler_sample_draft(&s->smp, row, s->tokens, s->n_tokens, draft);
     s->n_generated++;
     r->completion_tokens++;
     engine_event ev = {.type = ENGINE_EV_TOKEN, .index = s->index, .token = tok};
@@ -439,7 +440,9 @@ static int fork_children(engine *e, eng_seq *s0)
 
 /* Speculation: samples the target's token at each drafted position while
  * the one before equalled its draft (the rows after a rejected draft are
- * never read), then commits the positions whose K/V hold accepted tokens:
+ * never read): greedy, the argmax; sampled, speculative sampling against
+ * the draft (sampler_sample_draft: the target's distribution exactly), then
+ * commits the positions whose K/V hold accepted tokens:
  * the last sampled one and the accepted drafts.  Returns the tokens sampled. */
 static uint64_t verify_drafts(engine *e, eng_seq *s, float *scratch)
 {
@@ -451,7 +454,7 @@ static uint64_t verify_drafts(engine *e, eng_seq *s, float *scratch)
         const float *row = e->logits + (size_t)(s->out_row + j) * n_vocab;
         const int64_t at = s->n_tokens;
         memcpy(scratch, row, (size_t)n_vocab * sizeof(float));
-        sample_emit(e, s, scratch, row);
+        sample_emit(e, s, scratch, row, j < k ? s->draft[j] : -1);
         sampled++;
         if (s->finished || s->req->cancelled || j == k || s->tokens[at] != s->draft[j])
             break;
@@ -503,7 +506,7 @@ static uint64_t phase_sample(engine *e, const step_plan *sp)
                 r->cancelled = ENG_FAIL_GRAMMAR;
                 break;
             }
-            sample_emit(e, t, scratch, row);
+            sample_emit(e, t, scratch, row, -1);
             sampled++;
         }
     }

@@ -589,8 +589,36 @@ static int32_t sk_draw(sampler *s, const int32_t *cand, int32_t m, double total)
     return last;          /* rounding left target just above the sum */
 }
 
-int32_t sampler_sample_lp(sampler *s, float *logits, const int32_t *history, int64_t n_history,
-                          float *logprob)
+/* Speculative sampling against the point-mass draft `draft`: accepts it
+ * with its probability among the candidates (after min-p), else draws from
+ * the candidates without it, renormalised; either way the result follows
+ * sk_draw's distribution. */
+static int32_t sk_draw_draft(sampler *s, const int32_t *cand, int32_t m, double total,
+                             int32_t draft)
+{
+    const float thr = s->p.min_p;
+    int in = 0;
+    for (int32_t i = 0; i < m && !in; i++)
+        in = (cand ? cand[i] : i) == draft;
+    const float wd = in ? s->w.probs[draft] : 0.0f;
+    if (!(wd > 0.0f) || wd < thr)
+        return sk_draw(s, cand, m, total); /* the draft cannot be drawn */
+    if (thr > 0.0f) {
+        total = 0.0;
+        for (int32_t i = 0; i < m; i++) {
+            float w = s->w.probs[cand ? cand[i] : i];
+            if (w >= thr)
+                total += w;
+        }
+    }
+    if (sk_uniform(s->rng) * total < (double)wd)
+        return draft;
+    s->w.probs[draft] = 0.0f; /* the residual: the candidates without the draft */
+    return sk_draw(s, cand, m, total - (double)wd);
+}
+
+static int32_t sk_sample(sampler *s, float *logits, const int32_t *history, int64_t n_history,
+                         float *logprob, int32_t draft)
 {
     KV_ASSERT(s && s->w.probs && logits && n_history >= 0 && (history || n_history == 0));
     KV_ASSERT(sampler_params_check(&s->p, NULL) == KV_OK);
@@ -615,7 +643,12 @@ int32_t sampler_sample_lp(sampler *s, float *logits, const int32_t *history, int
             m = sk_select_topk(s, logits, s->p.top_k, &total);
         else
             m = sk_select_full(s, logits, &cand, &total);
-        id = m > 0 ? sk_draw(s, cand, m, total) : 0; /* 0: nothing to sample from */
+        if (m < 1)
+            id = 0; /* nothing to sample from */
+        else if (draft >= 0 && draft < n)
+            id = sk_draw_draft(s, cand, m, total, draft);
+        else
+            id = sk_draw(s, cand, m, total);
     }
 
     if (logprob) {
@@ -626,7 +659,19 @@ int32_t sampler_sample_lp(sampler *s, float *logits, const int32_t *history, int
     return id;
 }
 
+int32_t sampler_sample_lp(sampler *s, float *logits, const int32_t *history, int64_t n_history,
+                          float *logprob)
+{
+    return sk_sample(s, logits, history, n_history, logprob, -1);
+}
+
 int32_t sampler_sample(sampler *s, float *logits, const int32_t *history, int64_t n_history)
 {
-    return sampler_sample_lp(s, logits, history, n_history, NULL);
+    return sk_sample(s, logits, history, n_history, NULL, -1);
+}
+
+int32_t sampler_sample_draft(sampler *s, float *logits, const int32_t *history,
+                             int64_t n_history, int32_t draft)
+{
+    return sk_sample(s, logits, history, n_history, NULL, draft);
 }

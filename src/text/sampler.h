@@ -97,6 +97,16 @@ int32_t sampler_sample(sampler *s, float *logits, const int32_t *history, int64_
  * temperature, vLLM's default), at the cost of one more pass over them. */
 int32_t sampler_sample_lp(sampler *s, float *logits, const int32_t *history, int64_t n_history,
                           float *logprob);
+/* Speculative sampling against a drafted token (a point-mass draft, as
+ * prompt lookup proposes): returns draft with the probability
+ * sampler_sample would give it, else a token drawn from sampler_sample's
+ * distribution without draft, renormalised; so the token returned follows
+ * exactly sampler_sample's distribution, and it equals draft when the draft
+ * is accepted.  One uniform more than sampler_sample when the draft can be
+ * drawn.  Greedy: the argmax, as sampler_sample.  draft outside
+ * [0, n_vocab): sampler_sample. */
+int32_t sampler_sample_draft(sampler *s, float *logits, const int32_t *history,
+                             int64_t n_history, int32_t draft);
 
 /* argmax with lowest index on ties; NaN never wins; 0 if nothing beats -inf. */
 int32_t sampler_argmax(const float *logits, int32_t n);

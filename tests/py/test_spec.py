@@ -4,7 +4,8 @@ The reference is the same server with the request opted out (`"speculative": fal
 engine then decodes one token per step.  Greedy requests with speculation give exactly the
 reference's text, token log-probabilities and top alternatives, alone, four at once, streamed,
 and cut by a stop string at the same place; usage reports drafted and accepted tokens (both
-outcomes occur), and /metrics counts the same totals.  A server without --spec reports no
+outcomes occur), and /metrics counts the same totals; a sampled request drafts and accepts too
+(speculative sampling).  A server without --spec reports no
 draft counts; a bad value of the field or of --spec is refused, naming it.
 """
 from __future__ import annotations
@@ -109,6 +110,15 @@ def test_stream_and_stop(srv):
     cut = chat(srv.url, t, True, stop=[stop])
     assert cut["choices"][0]["finish_reason"] == "stop"
     assert cut["choices"][0]["message"]["content"] == ref[:ref.index(stop)]
+
+
+def test_sampled(srv):
+    """Speculative sampling drafts and accepts on text the prompt holds (its distribution is
+    tests/unit/test_sampler.c's chi-square test)."""
+    t = texts()[0]
+    r = chat(srv.url, t, True, temperature=0.3, seed=11)
+    assert r["usage"]["accepted_tokens"] > 0, r["usage"]
+    assert r["usage"]["completion_tokens"] > 0
 
 
 def test_bad_field(srv):

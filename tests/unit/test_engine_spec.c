@@ -6,9 +6,10 @@
  * a prompt made of an earlier request's prompt and output, served from the
  * blocks speculation wrote, continues exactly as the reference does (no
  * rejected draft reached a cached block).  Drafts are made and some are
- * rejected (so verification is exercised both ways); sampled requests and
- * requests that opt out draft nothing; the counters agree with the
- * requests' own.  engine_spec_lookup is checked on hand-worked cases. */
+ * rejected (so verification is exercised both ways); requests that opt out
+ * draft nothing; sampled requests draft, accept some and repeat their
+ * tokens for a seed (their distribution is test_sampler.c's); the counters
+ * agree with the requests' own.  engine_spec_lookup is checked on hand-worked cases. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -217,21 +218,35 @@ static void test_exact(model *m)
         CHECKF(same(&ref[i], &got[i]), "request %d under preemption", i);
     engine_destroy(e);
 
-    /* opted out, and sampled requests: no drafts, the reference's tokens */
-    static result s_ref[N_REQ], s_got[N_REQ];
-    e = mk(m, ENGINE_SPEC_OFF, 256);
-    batch(e, p, np, s_ref, 0.8f, 0);
-    engine_destroy(e);
+    /* opted out: no drafts, the reference's tokens */
     e = mk(m, ENGINE_SPEC_NGRAM, 256);
-    batch(e, p, np, s_got, 0.8f, 0);
     batch(e, p, np, got, 0.0f, 1);
     engine_get_stats(e, &st);
     CHECK(st.spec_draft_tokens == 0);
-    for (int i = 0; i < N_REQ; i++) {
-        CHECKF(same(&s_ref[i], &s_got[i]), "sampled request %d", i);
-        CHECKF(same(&ref[i], &got[i]), "opted-out request %d", i);
-    }
+    for (int i = 0; i < N_REQ; i++)
+        CHECKF(same(&ref[i], &got[i]) && got[i].drafted == 0, "opted-out request %d", i);
     engine_destroy(e);
+
+    /* sampled (speculative sampling; its distribution: test_sampler.c): drafts
+     * are made and accepted, and a seed gives the same tokens each time alone */
+    static result s1[N_REQ], s2[N_REQ];
+    int64_t s_drafted = 0, s_accepted = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        e = mk(m, ENGINE_SPEC_NGRAM, 256);
+        for (int i = 0; i < N_REQ; i++) {
+            result *r = pass ? &s2[i] : &s1[i];
+            engine_request q = req(p[i], np[i], 0.3f);
+            CHECK(engine_submit(e, &q, on_event, r, NULL) > 0);
+            run(e, r, 1);
+            s_drafted += pass ? 0 : r->drafted;
+            s_accepted += pass ? 0 : r->accepted;
+        }
+        engine_destroy(e);
+    }
+    for (int i = 0; i < N_REQ; i++)
+        CHECKF(same(&s1[i], &s2[i]) && s1[i].n == MAX_GEN - 8, "sampled request %d", i);
+    CHECKF(s_drafted > 0 && s_accepted > 0, "sampled: drafted %lld accepted %lld",
+           (long long)s_drafted, (long long)s_accepted);
 }
 
 int main(void)

@@ -192,6 +192,91 @@ static void test_distribution(void)
     check_freqs("top_k=3 T=2", &p, base, 8, want);
 }
 
+/* Speculative sampling (sampler_sample_draft): with any draft (likely,
+ * unlikely, outside the candidates) the tokens follow the distribution
+ * sampler_sample draws from, by the same chi-square check; a wrong
+ * acceptance rule (accepting more or less often than p(draft), or drawing
+ * the residual with the draft left in) moves the draft's frequency. */
+static void check_draft_freqs(const char *what, const sampler_params *p, const float *base,
+                              const double *want)
+{
+    enum { N = 40000, NV = 8 };
+    for (int32_t d = 0; d < NV; d++) {
+        long hist[NV] = {0};
+        sampler s;
+        CHECK(sampler_init(&s, p, NV, NULL) == KV_OK);
+        float l[NV];
+        for (int i = 0; i < N; i++) {
+            memcpy(l, base, sizeof l);
+            int32_t t = sampler_sample_draft(&s, l, NULL, 0, d);
+            CHECK(t >= 0 && t < NV);
+            if (t >= 0 && t < NV)
+                hist[t]++;
+        }
+        sampler_free(&s);
+        double chi2 = 0.0, maxdiff = 0.0;
+        for (int i = 0; i < NV; i++) {
+            maxdiff = fmax(maxdiff, fabs((double)hist[i] / N - want[i]));
+            if (want[i] > 0)
+                chi2 += (hist[i] - N * want[i]) * (hist[i] - N * want[i]) / (N * want[i]);
+            else
+                CHECKF(hist[i] == 0, "%s draft %d: token %d has p=0, drawn %ld times", what, d,
+                       i, hist[i]);
+        }
+        /* 7 degrees of freedom at most: chi2 > 30 has p < 1e-4 */
+        CHECKF(maxdiff < 0.01 && chi2 < 30.0, "%s draft %d: max |f - p| = %.4f, chi2 = %.2f",
+               what, d, maxdiff, chi2);
+    }
+}
+
+static void test_draft_distribution(void)
+{
+    const float base[8] = {1.0f, 0.2f, -0.5f, 2.0f, 0.0f, 1.5f, -1.0f, 0.7f};
+    double want[8];
+    softmax_ref(base, 8, 1.0, want);
+    sampler_params p = params_t(1.0f, 31);
+    check_draft_freqs("draft T=1", &p, base, want);
+    softmax_ref(base, 8, 0.5, want);
+    p = params_t(0.5f, 32);
+    check_draft_freqs("draft T=0.5", &p, base, want);
+
+    /* top-k 3 at T=2 (drafts outside the three are never drawn) */
+    const float kept[3] = {2.0f, 1.5f, 1.0f};
+    double kw[3];
+    softmax_ref(kept, 3, 2.0, kw);
+    memset(want, 0, sizeof want);
+    want[3] = kw[0];
+    want[5] = kw[1];
+    want[0] = kw[2];
+    p = params_t(2.0f, 33);
+    p.top_k = 3;
+    check_draft_freqs("draft top_k=3 T=2", &p, base, want);
+
+    /* min-p 0.3 at T=1: weights exp(l - 2) >= 0.3 kept (tokens 3, 5, 0), renormalised */
+    double sum = 0;
+    for (int i = 0; i < 8; i++) {
+        double w = exp((double)base[i] - 2.0);
+        want[i] = w >= 0.3 ? w : 0.0;
+        sum += want[i];
+    }
+    for (int i = 0; i < 8; i++)
+        want[i] /= sum;
+    p = params_t(1.0f, 34);
+    p.min_p = 0.3f;
+    check_draft_freqs("draft min_p=0.3", &p, base, want);
+
+    /* greedy: the argmax whatever the draft */
+    p = params_t(0.0f, 35);
+    sampler s;
+    CHECK(sampler_init(&s, &p, 8, NULL) == KV_OK);
+    float l[8];
+    for (int32_t d = -1; d < 9; d++) {
+        memcpy(l, base, sizeof l);
+        CHECK(sampler_sample_draft(&s, l, NULL, 0, d) == 3);
+    }
+    sampler_free(&s);
+}
+
 static void test_top_p(void)
 {
     /* probs 0.5, 0.25, 0.125, 0.0625, 0.0625 (log-probs as logits) */
@@ -694,6 +779,7 @@ int main(void)
     test_seeding();
     test_topk1_is_greedy();
     test_distribution();
+    test_draft_distribution();
     test_top_p();
     test_min_p();
     test_penalties();
