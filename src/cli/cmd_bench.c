@@ -40,6 +40,7 @@ typedef struct bench_opts {
     long p, n, reps, batch;
     int mixed; /* --mixed: request i gets a prompt in [p/8, p] and max_tokens in [n/8, n] */
     int roofline;
+    engine_config spec; /* --spec options (cli_spec_parse), with --batch only */
 } bench_opts;
 
 typedef struct bench_stat {
@@ -142,12 +143,14 @@ static void bench_help(void)
              "Prompt (pp) and generation (tg) speed with GB/s and GFLOP/s, or continuous\n"
              "batching with --batch (TTFT, inter-token latency, KV use).",
              t, CLI_N_OPTS(t));
+    cli_spec_help(stdout);
 }
 
 /* 0: run; 1: help printed; CLI_EXIT_USAGE: a mistake (one line printed). */
 static int bench_parse(int argc, char **argv, cli_common *c, bench_opts *o)
 {
     o->p = 512, o->n = 128, o->reps = 5, o->batch = 0, o->roofline = 0;
+    o->spec = engine_config_default();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (cli_is_help(a)) {
@@ -155,6 +158,8 @@ static int bench_parse(int argc, char **argv, cli_common *c, bench_opts *o)
             return 1; /* help printed: nothing to run */
         }
         int r = cli_common_parse(c, argc, argv, &i);
+        if (r == 0)
+            r = cli_spec_parse(&o->spec, argc, argv, &i);
         if (r < 0)
             return CLI_EXIT_USAGE;
         if (r > 0)
@@ -175,7 +180,10 @@ static int bench_parse(int argc, char **argv, cli_common *c, bench_opts *o)
     }
     if (o->reps < 1 || (o->p < 1 && o->n < 1) || (o->batch && (o->p < 1 || o->n < 1)))
         return cli_err_usage("bench", "need -r >= 1, and -p/-n >= 1 (both with --batch)");
-    return 0;
+    if (o->spec.spec && !o->batch)
+        return cli_err_usage("bench", "--spec runs through the engine: give --batch B "
+                                      "(bench/spec.py measures prompt lookup on real texts)");
+    return cli_spec_check(&o->spec, "bench");
 }
 
 static void bench_random_tokens(int32_t *t, long n, int32_t n_vocab, uint64_t seed)
@@ -235,6 +243,7 @@ typedef struct bench_batch_res {
     int32_t kv_blocks_peak;
     double kv_waste;
     uint64_t steps, generated;
+    uint64_t spec_drafted, spec_accepted; /* --spec */
 } bench_batch_res;
 
 typedef struct bench_batch_ctx {
@@ -298,6 +307,11 @@ static int bench_batch(model *m, const cli_common *c, const bench_opts *o, par *
     engine_config cfg = engine_config_default();
     cli_engine_config(c, &cfg);
     cfg.max_num_seqs = (int32_t)(o->batch > 64 ? o->batch : 64);
+    cfg.spec = o->spec.spec;
+    cfg.spec_draft_max = o->spec.spec_draft_max;
+    cfg.spec_ngram_min = o->spec.spec_ngram_min;
+    cfg.spec_ngram_max = o->spec.spec_ngram_max;
+    cfg.spec_max_batch = o->spec.spec_max_batch;
     cfg.max_model_len = o->p + o->n + 1;
     cfg.manual = 1;
     cfg.tp_group = group;
@@ -342,6 +356,8 @@ static int bench_batch(model *m, const cli_common *c, const bench_opts *o, par *
             waste_sum += 1.0 - (double)st.kv_tokens_stored / (double)st.kv_token_capacity;
             waste_n++;
         }
+        res->spec_drafted = st.spec_draft_tokens;
+        res->spec_accepted = st.spec_accepted_tokens;
         res->steps++;
     }
     double t_end = bench_now();
@@ -424,10 +440,12 @@ static void bench_print_json(const bench_report *r)
         printf(", \"batch\": %ld, \"prefill_tps\": %.3f, \"decode_tps\": %.3f, "
                "\"ttft_ms_p50\": %.3f, \"ttft_ms_p99\": %.3f, \"itl_ms_p50\": %.3f, "
                "\"itl_ms_p99\": %.3f, \"kv_blocks_peak\": %d, \"kv_waste\": %.4f, "
-               "\"steps\": %llu, \"wall_s\": %.3f, \"mixed\": %d",
+               "\"steps\": %llu, \"wall_s\": %.3f, \"mixed\": %d, \"spec\": %d, "
+               "\"spec_draft_tokens\": %llu, \"spec_accepted_tokens\": %llu",
                o->batch, b->prefill_tps, b->decode_tps, b->ttft_p50, b->ttft_p99, b->itl_p50,
                b->itl_p99, b->kv_blocks_peak, b->kv_waste, (unsigned long long)b->steps,
-               b->wall_s, o->mixed);
+               b->wall_s, o->mixed, o->spec.spec, (unsigned long long)b->spec_drafted,
+               (unsigned long long)b->spec_accepted);
     }
     printf("}\n");
 }
@@ -479,6 +497,9 @@ static void bench_print_text(const bench_report *r)
                o->batch, o->p, o->n, b->prefill_tps, b->decode_tps, b->ttft_p50, b->ttft_p99,
                b->itl_p50, b->itl_p99, b->kv_blocks_peak, 100 * b->kv_waste,
                (unsigned long long)b->steps, b->wall_s);
+        if (o->spec.spec)
+            printf("speculative decoding: %llu tokens drafted, %llu accepted\n",
+                   (unsigned long long)b->spec_drafted, (unsigned long long)b->spec_accepted);
     }
 }
 
