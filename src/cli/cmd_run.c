@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "engine/engine_spec.h"
 #include "text/chat.h"
 #include "text/sampler.h"
 #include "text/tokenizer.h"
@@ -16,6 +17,7 @@ typedef struct run_opts {
     int chat;
     const char *chat_template; /* --chat-template FILE or NULL */
     sampler_params sp;
+    engine_config spec;        /* --spec options (cli_spec_parse) */
 } run_opts;
 
 static double now_s(void)
@@ -99,6 +101,7 @@ static void run_help(void)
              "Generates text from a prompt, streaming it to stdout (with --json: one object\n"
              "at the end).",
              t, CLI_N_OPTS(t));
+    cli_spec_help(stdout);
 }
 
 /* 0: run; 1: help printed; CLI_EXIT_USAGE: a mistake (one line printed). */
@@ -107,6 +110,7 @@ static int parse_run(int argc, char **argv, cli_common *c, run_opts *o)
     memset(o, 0, sizeof *o);
     o->n_predict = 128;
     o->sp = sampler_params_default();
+    o->spec = engine_config_default();
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) {
             run_help();
@@ -115,6 +119,8 @@ static int parse_run(int argc, char **argv, cli_common *c, run_opts *o)
         int r = cli_common_parse(c, argc, argv, &i);
         if (r == 0)
             r = parse_sampling(argc, argv, &i, &o->sp);
+        if (r == 0)
+            r = cli_spec_parse(&o->spec, argc, argv, &i);
         if (r < 0)
             return CLI_EXIT_USAGE;
         if (r)
@@ -142,7 +148,7 @@ static int parse_run(int argc, char **argv, cli_common *c, run_opts *o)
         return cli_err_usage("run", "missing -p PROMPT");
     if (o->chat_template && !o->chat)
         return cli_err_usage("run", "--chat-template needs --chat");
-    return 0;
+    return cli_spec_check(&o->spec, "run");
 }
 
 /* Tokenizes the prompt (through the chat template when asked). */
@@ -182,6 +188,7 @@ typedef struct gen_out {
     char *text;
     size_t len, cap;
     int64_t n_gen;
+    int64_t drafted, accepted; /* --spec */
     double t_prompt, t_gen;
     const char *finish;
 } gen_out;
@@ -206,6 +213,24 @@ static void out_append(gen_out *g, const char *s, int n, int json)
     g->text[g->len] = '\0';
 }
 
+/* --spec: drafts for the next pass into toks[n..] by prompt lookup, within
+ * the context and -n; returns how many (0: none). */
+static int32_t run_draft(const cli_session *s, const run_opts *o, int32_t *toks, int64_t n,
+                         long n_gen)
+{
+    if (o->spec.spec == ENGINE_SPEC_OFF)
+        return 0;
+    int64_t k = o->spec.spec_draft_max > 0 ? o->spec.spec_draft_max : ENGINE_SPEC_DEFAULT_DRAFT;
+    k = k < o->n_predict - n_gen - 1 ? k : o->n_predict - n_gen - 1;
+    k = k < s->n_ctx - n - 1 ? k : s->n_ctx - n - 1;
+    int32_t nmin = o->spec.spec_ngram_min > 0 ? o->spec.spec_ngram_min : 2;
+    int32_t nmax = o->spec.spec_ngram_max > 0 ? o->spec.spec_ngram_max : 4;
+    return k > 0 ? engine_spec_lookup(toks, n, nmin, nmax, toks + n, (int32_t)k) : 0;
+}
+
+/* Each pass evaluates the last token and any drafts after it (--spec),
+ * with a logit row at each; a drafted token is kept while the sampled one
+ * equals it (speculative sampling for temperature > 0: sampler.h). */
 static int generate(cli_session *s, const run_opts *o, int32_t *toks, int64_t n_prompt, int json,
                     gen_out *g, kvant_err *err)
 {
@@ -218,26 +243,39 @@ static int generate(cli_session *s, const run_opts *o, int32_t *toks, int64_t n_
     tok_stream ts;
     tok_stream_init(&ts);
     int64_t n = n_prompt;
+    int32_t k = 0, draft[ENGINE_SPEC_MAX];
+    int done = 0;
     g->finish = "length";
     t0 = now_s();
-    while (!rc && g->n_gen < o->n_predict) {
-        int32_t id = sampler_sample(&smp, s->logits, toks, n);
-        if (tok_is_eog(s->m->tok, id)) {
-            g->finish = "stop";
-            break;
+    while (!rc && !done && g->n_gen < o->n_predict) {
+        for (int32_t j = 0; j <= k; j++) {
+            float *row = s->logits + (size_t)j * s->m->hp.n_vocab;
+            int32_t id = sampler_sample_draft(&smp, row, toks, n, j < k ? draft[j] : -1);
+            if (tok_is_eog(s->m->tok, id)) {
+                g->finish = "stop";
+                done = 1;
+                break;
+            }
+            char piece[512];
+            int pl = tok_stream_feed(s->m->tok, &ts, id, piece, sizeof piece);
+            if (pl > 0)
+                out_append(g, piece, pl, json);
+            toks[n++] = id;
+            g->n_gen++;
+            g->accepted += j < k && id == draft[j];
+            if (n >= s->n_ctx || g->n_gen >= o->n_predict) {
+                done = 1;
+                break;
+            }
+            if (j == k || id != draft[j])
+                break;
         }
-        char piece[512];
-        int pl = tok_stream_feed(s->m->tok, &ts, id, piece, sizeof piece);
-        if (pl > 0)
-            out_append(g, piece, pl, json);
-        toks[n] = id;
-        g->n_gen++;
-        if (n + 1 >= s->n_ctx) {
-            g->finish = "length";
+        if (done)
             break;
-        }
-        rc = cli_session_eval(s, &toks[n], 1, (int32_t)n, 0, s->logits, err);
-        n++;
+        k = run_draft(s, o, toks, n, g->n_gen);
+        memcpy(draft, toks + n, (size_t)k * sizeof *draft);
+        g->drafted += k;
+        rc = cli_session_eval(s, &toks[n - 1], 1 + k, (int32_t)(n - 1), k > 0, s->logits, err);
     }
     char tail[16];
     int tl = tok_stream_flush(&ts, tail, sizeof tail);
@@ -262,7 +300,10 @@ int cmd_run(int argc, char **argv)
         return CLI_EXIT_USAGE;
     }
     cli_session s;
-    if (cli_session_open(&s, &c, (int32_t)o.ctx, 512, 1, &err)) {
+    int32_t max_out = 1;
+    if (o.spec.spec != ENGINE_SPEC_OFF)
+        max_out += o.spec.spec_draft_max > 0 ? o.spec.spec_draft_max : ENGINE_SPEC_DEFAULT_DRAFT;
+    if (cli_session_open(&s, &c, (int32_t)o.ctx, 512, max_out, &err)) {
         fprintf(stderr, "kvant run: %s\n", err.msg);
         return 1;
     }
@@ -285,8 +326,10 @@ int cmd_run(int argc, char **argv)
             printf("{\"text\": ");
             cli_json_string(stdout, g.text ? g.text : "", g.len);
             printf(", \"prompt_tokens\": %lld, \"completion_tokens\": %lld, \"finish_reason\": "
-                   "\"%s\", \"prompt_tps\": %.2f, \"gen_tps\": %.2f, \"token_ids\": [",
-                   (long long)n_prompt, (long long)g.n_gen, g.finish,
+                   "\"%s\", \"draft_tokens\": %lld, \"accepted_tokens\": %lld, "
+                   "\"prompt_tps\": %.2f, \"gen_tps\": %.2f, \"token_ids\": [",
+                   (long long)n_prompt, (long long)g.n_gen, g.finish, (long long)g.drafted,
+                   (long long)g.accepted,
                    n_prompt / (g.t_prompt > 0 ? g.t_prompt : 1e-9),
                    g.n_gen / (g.t_gen > 0 ? g.t_gen : 1e-9));
             for (int64_t i = 0; i < n_prompt + g.n_gen; i++)

@@ -141,3 +141,19 @@ def test_without_spec(kvant_bin, default_model):
                            text=True, timeout=60)
         assert p.returncode == 2, (bad, p.stderr)
         assert "--spec" in p.stderr, p.stderr
+
+
+def test_run_cli(kvant_bin, default_model):
+    """`kvant run --spec ngram`: the same tokens as without it, drafts accepted."""
+    para = texts()[1].split("\n\n", 1)[1]
+    prompt = para + "\n\n" + " ".join(para.split()[:12])
+    out = {}
+    for spec in ("off", "ngram"):
+        p = subprocess.run([kvant_bin, "run", "-m", default_model, "-p", prompt, "-n", "64",
+                            "--json", "--spec", spec], capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr
+        out[spec] = json.loads(p.stdout)
+    assert out["ngram"]["token_ids"] == out["off"]["token_ids"]
+    assert out["off"]["draft_tokens"] == 0
+    assert 0 < out["ngram"]["accepted_tokens"] <= out["ngram"]["draft_tokens"]
