@@ -16,7 +16,12 @@ Workloads (the prompt holds most of the answer, or none of it):
   summarise  chat: "summarise this text, quoting its key sentences" on the second paragraph
   free       chat: "write a short story about a lighthouse keeper" (nothing to look up)
 
-usage: bench/spec.py [--model M] [--rounds 5] [--max-tokens 160] [--threads 2] [--json]
+With --llama-server BIN, llama.cpp's server runs the same requests in the same rounds, one
+instance without speculation and one with `--spec-type TYPE` (default ngram-simple, its
+prompt-lookup drafter), both -t THREADS -c 4096 on the same file.
+
+usage: bench/spec.py [--model M] [--rounds 5] [--max-tokens 160] [--threads 2]
+                     [--llama-server BIN [--llama-spec-type T]] [--json]
 """
 from __future__ import annotations
 
@@ -93,10 +98,34 @@ def one(url: str, name: str, content, spec: bool, max_tokens: int) -> dict:
                 if piece:
                     times.append(time.perf_counter())
                     text.append(piece)
-    n = usage["completion_tokens"]
+    n = usage["completion_tokens"] if usage else len(times)
+    usage = usage or {}
     span = times[-1] - times[0] if len(times) > 1 else float("nan")
     return {"text": "".join(text), "tokens": n, "tps": (n - 1) / span if span > 0 else None,
             "drafted": usage.get("draft_tokens", 0), "accepted": usage.get("accepted_tokens", 0)}
+
+
+def start(cmd: list[str], url: str) -> subprocess.Popen:
+    log = tempfile.NamedTemporaryFile(prefix="spec-bench-", suffix=".log", delete=False)
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    for _ in range(900):
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return p
+        except httpx.HTTPError:
+            pass
+        if p.poll() is not None:
+            sys.exit(f"{cmd[0]} exited {p.returncode}; log {log.name}")
+        time.sleep(0.1)
+    sys.exit(f"{cmd[0]} not healthy; log {log.name}")
+
+
+def summary(base: list, spec: list, last: dict, same: bool) -> dict:
+    return {"base_tps": statistics.median(base), "spec_tps": statistics.median(spec),
+            "ratio": statistics.median(spec) / statistics.median(base), "tokens": last["tokens"],
+            "drafted": last["drafted"], "accepted": last["accepted"],
+            "acceptance": last["accepted"] / last["drafted"] if last["drafted"] else None,
+            "same_output": same, "base_all": base, "spec_all": spec}
 
 
 def main() -> None:
@@ -107,45 +136,52 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--llama-server", help="llama.cpp's llama-server binary (0c1e570)")
+    ap.add_argument("--llama-spec-type", default="ngram-simple")
     a = ap.parse_args()
     name = Path(a.model).stem
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = tempfile.NamedTemporaryFile(prefix="kvant-spec-", suffix=".log", delete=False)
-    srv = subprocess.Popen([a.kvant, "serve", "-m", a.model, "--port", str(port), "-t",
-                            str(a.threads), "--spec", "ngram", "-c", "4096"],
-                           stdout=log, stderr=subprocess.STDOUT)
-    rows = {}
+    url = f"http://127.0.0.1:{free_port()}"
+    procs = [start([a.kvant, "serve", "-m", a.model, "--port", url.rsplit(":", 1)[1], "-t",
+                    str(a.threads), "--spec", "ngram", "-c", "4096"], url)]
+    peer = []  # (base url, spec url)
+    rows, peer_rows = {}, {}
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if srv.poll() is not None:
-                sys.exit(f"kvant serve exited {srv.returncode}; log {log.name}")
-            time.sleep(0.1)
+        if a.llama_server:
+            for extra in ([], ["--spec-type", a.llama_spec_type]):
+                u = f"http://127.0.0.1:{free_port()}"
+                procs.append(start([a.llama_server, "-m", a.model, "--port", u.rsplit(":", 1)[1],
+                                    "-t", str(a.threads), "-c", "4096", "-np", "1",
+                                    *extra], u))
+                peer.append(u)
         for wl, content in workloads().items():
             one(url, name, content, False, 8)  # warm-up: the prompt's blocks are cached
-            base, spec, same = [], [], True
-            for _ in range(a.rounds):
+            for u in peer:
+                one(u, name, content, False, 8)
+            base, spec, pbase, pspec, same, psame = [], [], [], [], True, True
+            for _ in range(a.rounds):  # alternating: kvant, kvant --spec, llama, llama --spec
                 b = one(url, name, content, False, a.max_tokens)
                 s = one(url, name, content, True, a.max_tokens)
                 same &= b["text"] == s["text"]
                 base.append(b["tps"])
                 spec.append(s["tps"])
-            rows[wl] = {"base_tps": statistics.median(base), "spec_tps": statistics.median(spec),
-                        "ratio": statistics.median(spec) / statistics.median(base),
-                        "tokens": s["tokens"], "drafted": s["drafted"], "accepted": s["accepted"],
-                        "acceptance": s["accepted"] / s["drafted"] if s["drafted"] else None,
-                        "same_output": same, "base_all": base, "spec_all": spec}
+                if peer:
+                    pb = one(peer[0], name, content, False, a.max_tokens)
+                    ps = one(peer[1], name, content, True, a.max_tokens)
+                    psame &= pb["text"] == ps["text"]
+                    pbase.append(pb["tps"])
+                    pspec.append(ps["tps"])
+            rows[wl] = summary(base, spec, s, same)
+            if peer:
+                peer_rows[wl] = summary(pbase, pspec, ps, psame)
+                rows[wl]["spec_vs_llama_spec"] = rows[wl]["spec_tps"] / peer_rows[wl]["spec_tps"]
     finally:
-        srv.terminate()
-        srv.wait(timeout=60)
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=60)
     isa = subprocess.run([a.kvant, "--isa"], capture_output=True, text=True).stdout.strip()
     out = {"model": a.model, "threads": a.threads, "rounds": a.rounds, "isa": isa,
-           "max_tokens": a.max_tokens, "workloads": rows}
+           "max_tokens": a.max_tokens, "workloads": rows, "llama_server": peer_rows,
+           "llama_spec_type": a.llama_spec_type if peer else None}
     if a.json:
         print(json.dumps(out, indent=1))
         return
@@ -155,6 +191,10 @@ def main() -> None:
         acc = f"{r['acceptance']:.0%}" if r["acceptance"] is not None else "-"
         print(f"{wl:10} {r['base_tps']:10.1f} {r['spec_tps']:11.1f} {r['ratio']:6.2f} "
               f"{r['drafted']:8} {r['accepted']:8} ({acc})  {r['same_output']}")
+    for wl, r in peer_rows.items():
+        print(f"llama-server {wl:10} base {r['base_tps']:.1f} tok/s, --spec-type "
+              f"{a.llama_spec_type} {r['spec_tps']:.1f} tok/s ({r['ratio']:.2f}x); kvant --spec / "
+              f"llama --spec {rows[wl]['spec_vs_llama_spec']:.2f}x")
 
 
 if __name__ == "__main__":
