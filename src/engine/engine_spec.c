@@ -31,8 +31,8 @@ int32_t engine_spec_lookup(const int32_t *toks, int64_t n, int32_t nmin, int32_t
 static int spec_eligible(const engine *e, const eng_seq *s)
 {
     const eng_req *r = s->req;
-    return e->cfg.spec == ENGINE_SPEC_NGRAM && !r->p.no_spec && r->p.n == 1 && !r->p.grammar &&
-           !r->p.embed && s->n_generated > 0 &&
+    return e->cfg.spec == ENGINE_SPEC_NGRAM && !r->p.no_spec && r->p.n == 1 && !r->p.embed &&
+           s->n_generated > 0 &&
            s->n_computed == s->n_tokens - 1;
 }
 

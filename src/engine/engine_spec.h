@@ -1,6 +1,6 @@
 /* engine_spec.h - speculative decoding by prompt lookup (engine_spec.c).
  *
- * A decoding sequence (n 1, no grammar) drafts up to k tokens: the longest
+ * A decoding sequence (n 1) drafts up to k tokens: the longest
  * n-gram (spec_ngram_max down to spec_ngram_min tokens) ending its history
  * that occurred earlier in it (prompt or output, the latest occurrence)
  * proposes the tokens that followed that occurrence.  The step schedules
@@ -13,7 +13,10 @@
  * accepts the draft with the target's probability of it and otherwise
  * draws from the rest, so the tokens follow the target's distribution
  * exactly (not the same tokens as without speculation for a given seed: the
- * random stream is consumed differently).  Rejected
+ * random stream is consumed differently).  Constrained: each position is
+ * masked by the grammar state after the tokens accepted before it, so a
+ * draft the grammar refuses is rejected and the state only ever advances
+ * over emitted tokens.  Rejected
  * positions' K/V stay in blocks past n_computed, which are never committed,
  * hashed or moved to a tier, and are overwritten by the next step.
  *

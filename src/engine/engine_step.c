@@ -454,6 +454,12 @@ static uint64_t verify_drafts(engine *e, eng_seq *s, float *scratch)
         const float *row = e->logits + (size_t)(s->out_row + j) * n_vocab;
         const int64_t at = s->n_tokens;
         memcpy(scratch, row, (size_t)n_vocab * sizeof(float));
+        /* constrained: the mask of the state after the tokens accepted so far
+         * (sample_emit advanced it); drafts the grammar refuses are rejected */
+        if (s->req->p.grammar && engine_gram_mask(e, s, scratch) < 0) {
+            s->req->cancelled = ENG_FAIL_GRAMMAR;
+            break;
+        }
         sample_emit(e, s, scratch, row, j < k ? s->draft[j] : -1);
         sampled++;
         if (s->finished || s->req->cancelled || j == k || s->tokens[at] != s->draft[j])

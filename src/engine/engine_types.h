@@ -101,8 +101,8 @@ typedef struct engine_config {
     int32_t kv_window_blocks_override; /* >0: exactly this many window-group blocks (tests;
                                         * default with kv_blocks_override: the same count) */
     /* Speculative decoding (engine_spec.h): ENGINE_SPEC_NGRAM drafts tokens
-     * by prompt lookup and verifies them in one pass (requests with n 1 and
-     * no grammar; others decode as before).  0 (default): off. */
+     * by prompt lookup and verifies them in one pass (requests with n 1;
+     * others decode as before).  0 (default): off. */
     int spec;
     int32_t spec_draft_max;        /* drafted tokens per verification, [1, ENGINE_SPEC_MAX]
                                     * (0: ENGINE_SPEC_DEFAULT_DRAFT) */

@@ -121,6 +121,28 @@ def test_sampled(srv):
     assert r["usage"]["completion_tokens"] > 0
 
 
+def test_structured(srv):
+    """A JSON schema with speculation: the same (valid) output as without it, drafts accepted."""
+    import jsonschema
+    schema = {"type": "object", "properties": {
+        "items": {"type": "array", "maxItems": 6, "items": {
+            "type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+                                             "price": {"type": "integer"}},
+            "required": ["name", "price"], "additionalProperties": False}}},
+        "required": ["items"], "additionalProperties": False}
+    content = ("List these as JSON items with name and price: apple 3, pear 4, plum 5, "
+               "fig 6, kiwi 7, lime 8.")
+    rf = {"type": "json_schema", "json_schema": {"name": "items", "schema": schema}}
+    ref = chat(srv.url, content, False, response_format=rf, max_tokens=160)
+    got = chat(srv.url, content, True, response_format=rf, max_tokens=160)
+    text = got["choices"][0]["message"]["content"]
+    assert text == ref["choices"][0]["message"]["content"]
+    assert lp(got) == lp(ref)
+    if got["choices"][0]["finish_reason"] == "stop":
+        jsonschema.validate(json.loads(text), schema)
+    assert got["usage"]["accepted_tokens"] > 0, got["usage"]
+
+
 def test_bad_field(srv):
     r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
         "model": MODEL, "max_tokens": 4, "speculative": "yes",
