@@ -12,7 +12,12 @@
  *     was (bitwise), and so must the block it is imported into;
  *   - weight streaming: logits of a tiny 3-layer model with every layer
  *     streamed through a 2-slot pinned ring equal the resident logits
- *     bitwise (same backend), prefill and decode.
+ *     bitwise (same backend), prefill and decode;
+ *   - the engine on that backend: prompts that churn a 5-block pool
+ *     through a host tier (every eviction an async export), then the first
+ *     prompt again, served from the host tier; and the same requests with
+ *     --weights-memory streaming every layer: greedy tokens and
+ *     log-probabilities bitwise equal to a plain engine's.
  * Small shapes: the host build runs it under ASan with every CUDA thread a
  * fiber.
  */
@@ -21,6 +26,7 @@
 #include <unistd.h>
 
 #include "backend/backend_select.h"
+#include "engine/engine.h"
 #include "forward/forward.h"
 #include "kernels/dtype.h"
 #include "kv/kvtier.h"
@@ -285,6 +291,131 @@ static void test_stream(rig *r)
     unlink(path);
 }
 
+/* ---- the engine: host tier and --weights-memory on the backend ---- */
+
+#define E_P 3      /* prompts */
+#define E_LEN 48   /* 3 blocks of 16: 2 can come from a cache */
+#define E_GEN 4
+
+typedef struct eres {
+    int32_t toks[E_GEN];
+    float lps[E_GEN];
+    int n, done, error;
+    int64_t cached;
+} eres;
+
+static void on_event(void *ctx, const engine_event *ev)
+{
+    eres *r = ctx;
+    if (ev->type == ENGINE_EV_TOKEN && r->n < E_GEN) {
+        r->toks[r->n] = ev->token;
+        r->lps[r->n++] = ev->logprob;
+    } else if (ev->type == ENGINE_EV_DONE) {
+        r->done = 1;
+        r->cached = ev->cached_tokens;
+    } else if (ev->type == ENGINE_EV_ERROR) {
+        r->error = r->done = 1;
+    }
+}
+
+static int same(const eres *a, const eres *b)
+{
+    return a->n == E_GEN && b->n == E_GEN && !a->error && !b->error &&
+           !memcmp(a->toks, b->toks, sizeof a->toks) && !memcmp(a->lps, b->lps, sizeof a->lps);
+}
+
+/* host: records of the host tier (0: none); wmem: --weights-memory (0: none). */
+static engine *e_make(const rig *r, model *m, int host, uint64_t wmem)
+{
+    engine_config c = engine_config_default();
+    c.backend = r->name;
+    c.manual = 1;
+    c.n_threads = 2;
+    c.max_num_batched_tokens = 64;
+    c.max_num_seqs = 2;
+    c.kv_blocks_override = 5;
+    c.device_memory = 1ull << 30;
+    c.kv_dtype = DT_F32;
+    c.kv_host_memory = (uint64_t)host * KVTIER_RECORD_BYTES(16, (uint64_t)m->hp.n_layers * 2 *
+                                                           16 * m->hp.n_head_kv *
+                                                           m->hp.head_dim * 4);
+    c.kv_tier_policy = ENGINE_TIER_ALWAYS;
+    c.weights_memory = wmem;
+    c.weights_place = 1 + WSTREAM_ORDER_TAIL;
+    kvant_err err = {0};
+    engine *e = engine_create(m, &c, &err);
+    CHECKF(e != NULL, "engine_create(%s, host %d, weights %llu): %s", r->name, host,
+           (unsigned long long)wmem, err.msg);
+    return e;
+}
+
+static void e_run(engine *e, int i, eres *out)
+{
+    int32_t prompt[E_LEN];
+    for (int j = 0; j < E_LEN; j++)
+        prompt[j] = (i * 41 + j * 13 + 5) % 250;
+    memset(out, 0, sizeof *out);
+    engine_request q = {.prompt = prompt, .n_prompt = E_LEN, .max_tokens = E_GEN, .n = 1,
+                        .top_logprobs = -1, .ignore_eos = 1};
+    q.sampling = sampler_params_default();
+    q.sampling.temperature = 0.0f;
+    CHECK(engine_submit(e, &q, on_event, out, NULL) > 0);
+    for (int s = 0; s < 100 && !out->done; s++)
+        engine_run_step(e);
+    CHECK(out->done && !out->error);
+}
+
+static void test_engine(const rig *r)
+{
+    char path[] = "/tmp/kvant_test_cuda_tier_e_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0 || tiny_model_write_layers(path, 93, 4) != 0) {
+        CHECKF(0, "cannot write the tiny model");
+        return;
+    }
+    close(fd);
+    kvant_err err = {0};
+    model *m = model_load(path, &err);
+    CHECKF(m != NULL, "model_load: %s", err.msg);
+    eres ref[E_P], got, again;
+    engine *e = m ? e_make(r, m, 0, 0) : NULL;
+    for (int i = 0; e && i < E_P; i++)
+        e_run(e, i, &ref[i]);
+    if (e)
+        engine_destroy(e);
+    /* the host tier: each prompt evicts the one before it to the host */
+    e = m ? e_make(r, m, 16, 0) : NULL;
+    for (int i = 0; e && i < E_P; i++) {
+        e_run(e, i, &got);
+        CHECKF(same(&got, &ref[i]), "%s host tier: prompt %d differs", r->name, i);
+    }
+    if (e) {
+        e_run(e, 0, &again);
+        engine_tier_stats ts;
+        engine_get_tier_stats(e, &ts);
+        CHECKF(same(&again, &ref[0]) && again.cached == 32 && ts.hit_tokens[KVTIER_HOST] == 32,
+               "%s host tier hit: cached %lld, host hit tokens %llu", r->name,
+               (long long)again.cached, (unsigned long long)ts.hit_tokens[KVTIER_HOST]);
+        engine_destroy(e);
+    }
+    /* every layer streamed (the smallest weights budget that works) */
+    wstream_plan p;
+    if (m)
+        wstream_plan_resident(m, 2, &p);
+    e = m ? e_make(r, m, 0, p.min_bytes) : NULL;
+    for (int i = 0; e && i < E_P; i++) {
+        e_run(e, i, &got);
+        CHECKF(same(&got, &ref[i]), "%s --weights-memory: prompt %d differs", r->name, i);
+    }
+    if (e) {
+        wstream_stats ws;
+        CHECK(engine_get_offload(e, &ws) && ws.n_streamed == m->hp.n_layers && !ws.failed);
+        engine_destroy(e);
+    }
+    model_free(m);
+    unlink(path);
+}
+
 int main(void)
 {
     dtype_init();
@@ -294,6 +425,8 @@ int main(void)
         test_tier(&r);
         test_stream(&r);
     }
+    if (r.be)
+        test_engine(&r); /* its own engines (and managers) on the same backend kind */
     rig_close(&r);
     return tu_finish("test_cuda_tier");
 }
