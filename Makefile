@@ -221,7 +221,7 @@ pytest-isa: $(BUILD)/kvant venv model
 # compiler error vectorizing a reduction in tests/unit/test_sampler.c.
 ARM64_CC ?= aarch64-linux-gnu-gcc
 ARM64_SYSROOT ?= /usr/aarch64-linux-gnu
-ARM64_NOT_RUN := test_bench test_cuda test_dtype test_engine test_engine_alloc test_engine_gram test_engine_spec test_engine_tier \
+ARM64_NOT_RUN := test_bench test_cuda test_cuda_tier test_dtype test_engine test_engine_alloc test_engine_gram test_engine_spec test_engine_tier \
                  test_kvq test_kvsnap test_kvtier test_kvresize test_models test_prune test_tpool \
                  test_wstream
 ARM64_TESTS := $(filter-out $(ARM64_NOT_RUN),$(TEST_SRC:tests/unit/%.c=%))
@@ -259,6 +259,7 @@ fuzz-run: fuzz model peer-src
 cuda-build: venv
 	@if command -v $(or $(NVCC),nvcc) >/dev/null 2>&1; then \
 	  $(MAKE) CUDA=1 BUILD=build-cuda WERROR=1 build-cuda/kvant build-cuda/tests/test_cuda \
+	    build-cuda/tests/test_cuda_tier \
 	    build-cuda/tests/cuda_bench && \
 	  scripts/check-cuda-resources build-cuda; \
 	else echo "cuda-build: SKIPPED (nvcc not found)"; fi
@@ -272,9 +273,10 @@ cuda-host:
 ifneq ($(findstring x86_64,$(TARGET)),)
 	$(MAKE) CUDA=1 CUDA_HOST=1 BUILD=build-cuda-host WERROR=1 OPT="$(ASAN_OPT)" \
 	  build-cuda-host/tests/cuda_shim_test build-cuda-host/tests/test_cuda \
-	  build-cuda-host/tests/cuda_bench
+	  build-cuda-host/tests/test_cuda_tier build-cuda-host/tests/cuda_bench
 	build-cuda-host/tests/cuda_shim_test
 	build-cuda-host/tests/test_cuda
+	build-cuda-host/tests/test_cuda_tier
 else
 	@echo "cuda-host: SKIPPED (the shim's fibers are x86-64 only; compiler targets $(TARGET))"
 endif

@@ -26,7 +26,7 @@ JINJA_OBJ   := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_jinja.c $(wildcard
 
 GRAM_OBJ    := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_grammar.c src/grammar/gram.c src/grammar/earley.c src/grammar/gbnf.c src/grammar/gnames.c src/grammar/regex.c src/grammar/jschema.c src/grammar/gcache.c src/grammar/tokmask.c src/grammar/tmvocab.c src/grammar/tmshare.c $(filter-out src/util/err.c,$(TOK_SRC)) src/util/err.c)
 
-KVT_OBJ     := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_kvtier.c src/kv/kvtier.c src/kv/kvidx.c src/kv/kvhash.c src/util/err.c)
+KVT_OBJ     := $(patsubst %.c,$(FUZZ_BUILD)/obj/%.o,fuzz/fuzz_kvtier.c src/kv/kvtier.c src/kv/kvidx.c src/kv/kvpend.c src/kv/kvrec.c src/kv/kvhash.c src/util/err.c)
 
 .PHONY: all
 all: $(FUZZ_BUILD)/fuzz_gguf $(FUZZ_BUILD)/fuzz_tokenizer $(FUZZ_BUILD)/fuzz_kvtier $(FUZZ_BUILD)/fuzz_jinja $(FUZZ_BUILD)/fuzz_grammar

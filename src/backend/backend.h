@@ -101,6 +101,26 @@ typedef struct backend_ops {
     int (*upload)(backend *be, void *d_dst, const void *src, size_t bytes);
     int (*download)(backend *be, void *dst, const void *d_src, size_t bytes);
     int (*sync)(backend *be);
+    /* Optional (NULL: callers use plain host memory, malloc).  Page-locked
+     * host memory the device copies from and to asynchronously
+     * (cudaMallocHost), accounted by the memory manager as MEM_PINNED
+     * (outside the device budget); NULL + err when it cannot be had.
+     * host_free takes a pointer from host_alloc (NULL: no-op), after
+     * waiting for every copy that may still use it.  The backend must
+     * outlive its pinned buffers. */
+    void *(*host_alloc)(backend *be, size_t bytes, kvant_err *err);
+    void (*host_free)(backend *be, void *p);
+    /* Optional (NULL: weight streaming needs weights the backend reads from
+     * host memory, the CPU backend).  Uploads a streamed layer's bytes
+     * (h_src, bytes, host memory from host_alloc) into device staging
+     * buffer `slot` (0 <= slot < n_slots; allocated on first use at the
+     * largest bytes the stream will ask for, `max_bytes`, MEM_WEIGHTS) on
+     * the copy stream; the ops enqueued after it wait for the upload on the
+     * device.  Returns the device base (a tensor at offset o of h_src is at
+     * base + o), or NULL + err.  h_src may be refilled once the ops that
+     * read the slot have been synchronised (sync). */
+    void *(*stream_layer)(backend *be, int slot, const void *h_src, size_t bytes,
+                          size_t max_bytes, kvant_err *err);
 
     /* ---- KV pool storage ---- */
     int (*kv_init)(backend *be, const kv_layout *lay, kvant_err *err);
@@ -118,6 +138,20 @@ typedef struct backend_ops {
      * device error. */
     int (*kv_export_block)(backend *be, int32_t block, void *dst);
     int (*kv_import_block)(backend *be, int32_t block, const void *src);
+    /* Optional (NULL: the tier copies synchronously with kv_export_block).
+     * Queues the copy of block's record into dst (host memory from
+     * host_alloc) on the backend's copy stream and returns its ticket
+     * (> 0), or -1 (bad block id, device error).  The copy is ordered after
+     * every op enqueued before it, and every op enqueued after it (a kernel
+     * rewriting the block) waits for it on the device; dst must not be read
+     * until copy_done says the ticket completed. */
+    int64_t (*kv_export_async)(backend *be, int32_t block, void *dst);
+    /* Optional (with kv_export_async): 1 when ticket's copy has completed
+     * (wait != 0: blocks until it has), 0 while it is in flight, -1 after a
+     * device error (dst's bytes are not valid).  Tickets complete in the
+     * order they were issued; any ticket may be asked about any number of
+     * times. */
+    int (*copy_done)(backend *be, int64_t ticket, int wait);
     /* Bytes kv_init allocates beyond the blocks themselves (scratch,
      * staging), so the engine can hold them back from the pool. */
     uint64_t (*kv_extra_bytes)(backend *be, const kv_layout *lay);

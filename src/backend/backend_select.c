@@ -59,3 +59,36 @@ backend *backend_create(const char *name, int device, mem_mgr *mem, int n_thread
     kvant_err_set(err, KV_EUNSUP, "backend '%s' is not available in this build", name);
     return NULL;
 }
+
+/* ---- the weight stream's device hooks ---- */
+
+static void *ws_host_alloc(void *ctx, size_t bytes, kvant_err *err)
+{
+    backend *be = ctx;
+    return be->ops->host_alloc(be, bytes, err);
+}
+
+static void ws_host_free(void *ctx, void *p)
+{
+    backend *be = ctx;
+    be->ops->host_free(be, p);
+}
+
+static void *ws_upload(void *ctx, int slot, const void *h_src, size_t bytes, size_t max_bytes,
+                       kvant_err *err)
+{
+    backend *be = ctx;
+    return be->ops->stream_layer(be, slot, h_src, bytes, max_bytes, err);
+}
+
+int backend_wstream_dev(backend *be, wstream_dev *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!be || !be->ops->stream_layer || !be->ops->host_alloc || !be->ops->host_free)
+        return 0;
+    out->ctx = be;
+    out->host_alloc = ws_host_alloc;
+    out->host_free = ws_host_free;
+    out->upload = ws_upload;
+    return 1;
+}

@@ -13,6 +13,7 @@
 #define KVANT_BACKEND_SELECT_H
 
 #include "backend/backend.h"
+#include "model/wstream.h"
 
 /* name: "cpu" or "cuda" (only in builds with CUDA=1).  KV_EUNSUP with a
  * message when the backend is not built in or no device is present. */
@@ -25,5 +26,11 @@ backend *backend_create(const char *name, int device, mem_mgr *mem, int n_thread
  * host (--tp/--pp): device + local_rank, modulo the devices present (ranks
  * share a device when there are fewer); the cpu backend: device. */
 int backend_rank_device(const char *name, int device, int local_rank);
+
+/* The weight stream's device hooks (model/wstream.h) for be: 1 with *out
+ * filled when be uploads streamed layers itself (backend_ops.stream_layer:
+ * pass out to wstream_create_dev), 0 when its ops read host memory (the
+ * CPU backend: wstream_create).  be must outlive the stream. */
+int backend_wstream_dev(backend *be, wstream_dev *out);
 
 #endif

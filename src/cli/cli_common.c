@@ -482,9 +482,6 @@ static int session_offload(cli_session *s, const cli_common *c, int32_t max_out,
                                   ? 0 : session_auto_cap(s, c, max_out);
     if (!c->weights_memory && !(c->weights_memory_frac > 0) && !auto_cap)
         return KV_OK;
-    if (strcmp(c->backend, "cpu") != 0)
-        return kvant_err_set(err, KV_EUNSUP,
-                             "--weights-memory: weight offload runs on the CPU backend only");
     if (c->weights_dtype >= 0)
         return kvant_err_set(err, KV_EUNSUP, "--weights-memory with --weights-dtype: streamed "
                              "layers are read as stored");
@@ -515,7 +512,9 @@ static int session_offload(cli_session *s, const cli_common *c, int32_t max_out,
     }
     ocost_choice_print(&ch, c->weights_place, &p);
     const wstream_io io = {c->weights_io, NULL};
-    s->ws = wstream_create(s->m, s->mem, &p, &io, err);
+    wstream_dev dev; /* a device backend: pinned ring, layers uploaded as they stream */
+    s->ws = wstream_create_dev(s->m, s->mem, &p, &io,
+                               backend_wstream_dev(s->be, &dev) ? &dev : NULL, err);
     if (!s->ws)
         return err->code ? err->code : KV_ENOMEM;
     wstream_stats st;
@@ -711,11 +710,11 @@ void cli_session_close(cli_session *s)
         s->be->ops->unload_weights(s->be, s->m);
     quant_weights_free(s->qw);
     model_shard_free(s->shard);
-    if (s->be)
-        s->be->ops->destroy(s->be);
     if (s->m)
         s->m->wstream = NULL;
-    wstream_destroy(s->ws);
+    wstream_destroy(s->ws); /* before the backend: its ring may be the backend's pinned memory */
+    if (s->be)
+        s->be->ops->destroy(s->be);
     model_free(s->m);
     free(s->table);
     free(s->logits);

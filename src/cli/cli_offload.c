@@ -132,9 +132,6 @@ int cli_offload_plan(const cli_common *c, uint64_t budget, int remeasure, cli_of
     if (c->weights_dtype >= 0)
         return kvant_err_set(err, KV_EUNSUP, "--weights-memory with --weights-dtype: streamed "
                              "layers are read as stored");
-    if (strcmp(c->backend, "cpu") != 0)
-        return kvant_err_set(err, KV_EUNSUP,
-                             "--weights-memory: weight offload runs on the CPU backend only");
     model *m = model_load(c->model_path, err);
     if (!m)
         return err->code ? err->code : KV_EIO;

@@ -82,8 +82,8 @@ static void print_cats(const uint64_t *cat)
 static uint64_t cats_sum(const uint64_t *cat)
 {
     uint64_t t = 0;
-    for (int c = 0; c < MEM_CAT_COUNT; c++)
-        t += cat[c];
+    for (int c = 0; c < MEM_CAT_COUNT; c++) /* the budget's: pinned host memory is not */
+        t += mem_cat_in_budget((mem_cat)c) ? cat[c] : 0;
     return t;
 }
 

@@ -492,12 +492,12 @@ void engine_destroy(engine *e)
     engine_tier_destroy(e); /* writes the host tier to disk: KV storage still alive */
     engine_tp_stop(e);
     fwd_free(&e->fwd);
-    if (e->be) {
+    if (e->be)
         e->be->ops->unload_weights(e->be, e->m);
+    engine_offload_stop(e); /* before the backend: the ring may be its pinned memory */
+    if (e->be)
         e->be->ops->destroy(e->be);
-    }
     engine_tp_free(e);
-    engine_offload_stop(e);
     quant_weights_free(((engine_ext *)e)->qw);
     if (e->mem && !e->cfg.shared_mem)
         mem_destroy(e->mem);

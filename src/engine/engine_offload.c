@@ -1,10 +1,14 @@
 /* engine_offload.c - the engine's side of weight offload (model/wstream.h):
  * turns --weights-memory into a per-layer placement before the memory plan,
- * starts the stream before the backend loads weights, reports it.
+ * starts the stream before the backend loads weights (with a device
+ * backend's hooks, backend_wstream_dev: a pinned ring, each streamed layer
+ * uploaded on the copy stream), reports it.  The stream is stopped before
+ * the backend is destroyed (its ring may be the backend's pinned memory).
  */
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/backend_select.h"
 #include "engine/engine_offload.h"
 #include "engine/engine_internal.h"
 #include "engine/offload_cost.h"
@@ -43,9 +47,6 @@ int engine_offload_plan(engine *e, uint64_t budget, uint64_t auto_cap, wstream_p
     if (c->weights_memory_frac < 0 || c->weights_memory_frac >= 1)
         return kvant_err_set(err, KV_EINVAL, "--weights-memory: fraction %g outside (0, 1)",
                              c->weights_memory_frac);
-    if (c->backend && strcmp(c->backend, "cpu") != 0)
-        return kvant_err_set(err, KV_EUNSUP,
-                             "--weights-memory: weight offload runs on the CPU backend only");
     if (c->weights_dtype >= 0)
         return kvant_err_set(err, KV_EUNSUP,
                              "--weights-memory with --weights-dtype: streamed layers are read "
@@ -95,7 +96,9 @@ int engine_offload_start(engine *e, const wstream_plan *p, kvant_err *err)
     if (p->n_streamed == 0)
         return KV_OK;
     const wstream_io io = {e->cfg.weights_io, NULL};
-    e->ws = wstream_create(e->m, e->mem, p, &io, err);
+    wstream_dev dev; /* a device backend: pinned ring, layers uploaded as they stream */
+    e->ws = wstream_create_dev(e->m, e->mem, p, &io,
+                               backend_wstream_dev(e->be, &dev) ? &dev : NULL, err);
     if (!e->ws)
         return err && err->code ? err->code : KV_ENOMEM;
     e->m->wstream = e->ws;

@@ -29,6 +29,13 @@
  * not wait on the disk.  A block that the pool freed or rehashed before
  * its offer (its chain hash changed) is skipped and counted (wt_missed).
  *
+ * Pinned host tier (a device backend with host_alloc / kv_export_async,
+ * backend.h).  The host slab is page-locked memory from the backend
+ * (accounted as MEM_PINNED); a block demoted or swapped to it is exported
+ * on the backend's copy stream without waiting, its record pending until
+ * copy_done reports the ticket (kvtier.h: sealed at the step's poll, or
+ * waited for by whatever reads it first).
+ *
  * Decisions.  A block found in a tier is loaded when kvcost_prefer_load
  * says moving it beats recomputing it at the engine's measured prefill
  * rate; a preempted sequence's hashed blocks are written to the host tier
@@ -125,12 +132,60 @@ static int export_fill(void *ctx, void *dst)
     return x->e->be->ops->kv_export_block(x->e->be, x->block, dst);
 }
 
+/* A device backend's export into the pinned slab, queued on its copy
+ * stream: the tier seals the record when the ticket completes. */
+static int64_t export_fill_async(void *ctx, void *dst)
+{
+    export_ctx *x = ctx;
+    return x->e->be->ops->kv_export_async(x->e->be, x->block, dst);
+}
+
 static void store_block(engine *e, int32_t b)
 {
     eng_tier *et = e->tier;
     export_ctx x = {e, b};
-    kvtier_store(et->t, et->keys + (size_t)b * KVTIER_KEY_BYTES,
-                 et->toks + (size_t)b * e->cfg.block_size, export_fill, &x);
+    kvtier_store_async(et->t, et->keys + (size_t)b * KVTIER_KEY_BYTES,
+                       et->toks + (size_t)b * e->cfg.block_size, export_fill,
+                       e->be->ops->kv_export_async ? export_fill_async : NULL, &x);
+}
+
+/* ---- the tier's pinned slab and copy tickets (kvtier_dma) ---- */
+
+static void *dma_alloc(void *ctx, size_t bytes)
+{
+    backend *be = ctx;
+    kvant_err err = {0};
+    void *p = be->ops->host_alloc(be, bytes, &err);
+    if (!p)
+        fprintf(stderr, "kvant: KV host tier: %s\n", err.msg);
+    return p;
+}
+
+static void dma_free(void *ctx, void *p)
+{
+    backend *be = ctx;
+    be->ops->host_free(be, p);
+}
+
+static int dma_done(void *ctx, int64_t ticket, int wait)
+{
+    backend *be = ctx;
+    return be->ops->copy_done(be, ticket, wait);
+}
+
+/* A backend with pinned memory and async exports gets both for the host
+ * tier (the CPU backend has neither: a malloc'd slab, synchronous copies). */
+static kvtier_dma tier_dma(backend *be)
+{
+    kvtier_dma d = {0};
+    if (!be->ops->host_alloc || !be->ops->host_free)
+        return d;
+    d.ctx = be;
+    d.alloc = dma_alloc;
+    d.free = dma_free;
+    if (be->ops->kv_export_async && be->ops->copy_done)
+        d.done = dma_done;
+    return d;
 }
 
 /* kvpool eviction hook: the block goes down one tier instead of away. */
@@ -244,6 +299,7 @@ int engine_tier_create(engine *e, int32_t n_blocks, kvant_err *err)
     tc.disk_bytes = c->kv_disk_size ? c->kv_disk_size : ENGINE_DEFAULT_DISK_SIZE;
     tc.quiet = c->manual; /* tests: no log lines */
     tc.disk_wait = c->kv_disk_wait;
+    tc.dma = tier_dma(e->be);
     et->t = kvtier_create(&tc, err);
     if (!et->t)
         return err && err->code ? err->code : KV_ENOMEM;

@@ -58,7 +58,8 @@ typedef struct engine_config {
      * the shared manager refuses what would exceed the common budget.
      * NULL (default) = the engine creates and owns its manager. */
     mem_mgr *shared_mem;
-    /* Weight offload (model/wstream.h, CPU backend): weights resident in
+    /* Weight offload (model/wstream.h; CPU, and CUDA through a pinned ring
+     * uploaded on the copy stream; auto only on the CPU): weights resident in
      * device memory (resident layers + the staging ring) are capped at
      * weights_memory bytes, or at weights_memory_frac of the budget; layers
      * that do not fit are streamed from the file.  Both 0: no cap. */

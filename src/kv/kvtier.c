@@ -3,10 +3,15 @@
  * Both tiers index their records with a kvidx (kvidx.h).  Host entry i
  * owns slab slot i; a disk entry names the file <hex key>.kvb.  Records in the host slab carry the full header; the
  * payload CRC is computed when a record goes to disk (the host copy never
- * leaves this process's memory), and checked on every disk read.
+ * leaves this process's memory), and checked on every disk read.  The
+ * record format itself is kvrec.c; host slots whose device copy is still
+ * in flight (kvtier_store_async) are kvpend.c's, and every path that reads
+ * a host record's bytes seals it first (host_seal).
  */
 #include "kv/kvtier.h"
 #include "kv/kvidx.h"
+#include "kv/kvpend.h"
+#include "kv/kvrec.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -20,8 +25,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define KVTIER_MAGIC 0x4254564Bu /* "KVTB" little-endian */
-#define KVTIER_FLAG_CRC 1u
 _Static_assert(KVIDX_KEY_BYTES == KVTIER_KEY_BYTES, "kvidx keys are tier keys");
 #define KVTIER_NAME_LEN (2 * KVTIER_KEY_BYTES + 4) /* hex + ".kvb" */
 
@@ -41,9 +44,10 @@ struct kvtier {
     kvtier_config cfg;
     char *dir;               /* owned copy of cfg.disk_dir, or NULL */
     uint64_t payload_off, record_bytes;
-    kvhash_crc crc;
+    kvrec_geom g;            /* the record format's geometry (kvrec.h) */
     kvidx host;
-    uint8_t *slab;           /* [host.cap][record_bytes] */
+    uint8_t *slab;           /* [host.cap][record_bytes] (from cfg.dma.alloc when set) */
+    kvpend pend;             /* host slots whose copy is in flight (with cfg.dma.done) */
     kvidx disk;
     uint8_t *dver;           /* [disk.cap] entry's header checked (0: indexed by name
                                 only at the scan; checked on first read or eviction) */
@@ -85,89 +89,13 @@ kvtier_config kvtier_config_default(void)
     return c;
 }
 
-/* ---- record header ---- */
+/* ---- clock ---- */
 
 static double now_s(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
-}
-
-static uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t get64(const uint8_t *p) { return get32(p) | (uint64_t)get32(p + 4) << 32; }
-
-static uint32_t header_crc(const kvtier *t, const uint8_t *rec)
-{
-    uint32_t c = kvhash_crc32c(&t->crc, 0, rec, 124);
-    return kvhash_crc32c(&t->crc, c, rec + KVTIER_HEADER_BYTES, 4u * (uint32_t)t->cfg.block_size);
-}
-
-/* Writes the header and token ids of a record (payload CRC not valid). */
-static void record_write_header(const kvtier *t, uint8_t *rec, const uint8_t *key,
-                                const int32_t *tokens)
-{
-    memset(rec, 0, KVTIER_HEADER_BYTES);
-    put32(rec, KVTIER_MAGIC);
-    rec[4] = KVTIER_VERSION;
-    rec[6] = KVTIER_HEADER_BYTES;
-    memcpy(rec + 8, t->cfg.fingerprint, KVTIER_KEY_BYTES);
-    memcpy(rec + 40, key, KVTIER_KEY_BYTES);
-    put32(rec + 72, (uint32_t)t->cfg.block_size);
-    put32(rec + 76, t->cfg.kv_dtype);
-    put32(rec + 80, (uint32_t)t->cfg.payload_bytes);
-    put32(rec + 84, (uint32_t)(t->cfg.payload_bytes >> 32));
-    for (int32_t i = 0; i < t->cfg.block_size; i++)
-        put32(rec + KVTIER_HEADER_BYTES + 4 * i, (uint32_t)tokens[i]);
-    put32(rec + 124, header_crc(t, rec));
-}
-
-/* Sets the payload CRC (and flag) and re-seals the header. */
-static void record_seal_payload(const kvtier *t, uint8_t *rec)
-{
-    if (get32(rec + 92) & KVTIER_FLAG_CRC)
-        return;
-    put32(rec + 88, kvhash_crc32c(&t->crc, 0, rec + t->payload_off, t->cfg.payload_bytes));
-    put32(rec + 92, KVTIER_FLAG_CRC);
-    put32(rec + 124, header_crc(t, rec));
-}
-
-enum { REC_OK = 0, REC_FOREIGN = 1, REC_CORRUPT = 2 };
-
-/* Classifies a record header (and its token ids): REC_FOREIGN for a valid
- * record of another model or geometry, REC_CORRUPT for anything broken. */
-static int record_check_header(const kvtier *t, const uint8_t *rec)
-{
-    if (get32(rec) != KVTIER_MAGIC || rec[4] != KVTIER_VERSION || rec[6] != KVTIER_HEADER_BYTES)
-        return REC_CORRUPT;
-    if (get32(rec + 124) != header_crc(t, rec))
-        return REC_CORRUPT;
-    if (memcmp(rec + 8, t->cfg.fingerprint, KVTIER_KEY_BYTES) ||
-        get32(rec + 72) != (uint32_t)t->cfg.block_size || get32(rec + 76) != t->cfg.kv_dtype ||
-        get64(rec + 80) != t->cfg.payload_bytes)
-        return REC_FOREIGN;
-    return REC_OK;
-}
-
-/* Key and token ids of the record equal the request's. */
-static int record_matches(const kvtier *t, const uint8_t *rec, const uint8_t *key,
-                          const int32_t *tokens)
-{
-    if (memcmp(rec + 40, key, KVTIER_KEY_BYTES))
-        return 0;
-    for (int32_t i = 0; i < t->cfg.block_size; i++)
-        if (get32(rec + KVTIER_HEADER_BYTES + 4 * i) != (uint32_t)tokens[i])
-            return 0;
-    return 1;
 }
 
 /* ---- disk tier ---- */
@@ -213,9 +141,9 @@ static int read_all(int fd, uint8_t *p, uint64_t n)
     return 0;
 }
 
-/* Classifies the file at path, named for key: REC_OK (this model's record
- * of the right size and key), REC_FOREIGN (another model's or geometry's),
- * REC_CORRUPT (torn, unreadable, bad header); -1 when it no longer exists.
+/* Classifies the file at path, named for key: KVREC_OK (this model's record
+ * of the right size and key), KVREC_FOREIGN (another model's or geometry's),
+ * KVREC_CORRUPT (torn, unreadable, bad header); -1 when it no longer exists.
  * Reads the header and token ids into t->scratch. */
 static int disk_classify(kvtier *t, const char *path, const uint8_t *key)
 {
@@ -228,10 +156,10 @@ static int disk_classify(kvtier *t, const char *path, const uint8_t *key)
              (uint64_t)sb.st_size >= hb && !read_all(fd, t->scratch, hb);
     if (fd >= 0)
         close(fd);
-    int cls = ok ? record_check_header(t, t->scratch) : REC_CORRUPT;
-    if (cls == REC_OK && ((uint64_t)sb.st_size != t->record_bytes ||
+    int cls = ok ? kvrec_check_header(&t->g, t->scratch) : KVREC_CORRUPT;
+    if (cls == KVREC_OK && ((uint64_t)sb.st_size != t->record_bytes ||
                           memcmp(t->scratch + 40, key, KVTIER_KEY_BYTES)))
-        cls = REC_CORRUPT;
+        cls = KVREC_CORRUPT;
     return cls;
 }
 
@@ -248,14 +176,14 @@ static int disk_verify(kvtier *t, int32_t id)
     memcpy(key, t->disk.e[id].key, sizeof key);
     disk_path(t, key, 0, path, sizeof path);
     int cls = disk_classify(t, path, key);
-    if (cls == REC_OK) {
+    if (cls == KVREC_OK) {
         t->dver[id] = 1;
         return 1;
     }
-    if (cls == REC_CORRUPT) {
+    if (cls == KVREC_CORRUPT) {
         unlink(path);
         t->st.skipped_corrupt++;
-    } else if (cls == REC_FOREIGN) {
+    } else if (cls == KVREC_FOREIGN) {
         t->st.skipped_foreign++;
     }
     kvidx_remove(&t->disk, id);
@@ -293,7 +221,7 @@ static int write_all(int fd, const uint8_t *p, uint64_t n)
  * Returns 0 or an errno (the temporary file is removed). */
 static int disk_write_file(const kvtier *t, const uint8_t *key, uint8_t *rec)
 {
-    record_seal_payload(t, rec);
+    kvrec_seal_payload(&t->g, rec);
     char tmp[4096], fin[4096];
     disk_path(t, key, 1, tmp, sizeof tmp);
     disk_path(t, key, 0, fin, sizeof fin);
@@ -489,14 +417,13 @@ static const uint8_t *disk_read(kvtier *t, int32_t id, const int32_t *tokens)
         return NULL;
     }
     const uint8_t *r = t->scratch;
-    if (torn || record_check_header(t, r) != REC_OK || !(get32(r + 92) & KVTIER_FLAG_CRC) ||
-        get32(r + 88) != kvhash_crc32c(&t->crc, 0, r + t->payload_off, t->cfg.payload_bytes) ||
+    if (torn || kvrec_check_header(&t->g, r) != KVREC_OK || !kvrec_payload_ok(&t->g, r) ||
         memcmp(r + 40, key, KVTIER_KEY_BYTES)) {
         t->st.skipped_corrupt++;
         disk_unlink(t, id);
         return NULL;
     }
-    if (!record_matches(t, r, key, tokens))
+    if (!kvrec_matches(&t->g, r, key, tokens))
         return NULL; /* a key collision cannot be served: leave the record */
     return r;
 }
@@ -538,11 +465,11 @@ static void disk_scan_one(kvtier *t, const char *name, int lazy)
         int cls = disk_classify(t, path, key);
         if (cls < 0)
             return;
-        if (cls == REC_FOREIGN) {
+        if (cls == KVREC_FOREIGN) {
             t->st.skipped_foreign++;
             return;
         }
-        if (cls == REC_CORRUPT) {
+        if (cls == KVREC_CORRUPT) {
             unlink(path);
             t->st.skipped_corrupt++;
             return;
@@ -647,14 +574,34 @@ static void host_probe(kvtier *t)
     t->cost.read_bps[KVTIER_HOST] = t->cost.write_bps[KVTIER_HOST] = bw;
 }
 
+/* Seals host record id once its copy completed (wait: waits for it).
+ * Returns 1 (sealed, or was), 0 (still in flight) or -1 (the copy failed:
+ * the record is dropped). */
+static void host_drop_failed(void *ctx, int32_t id)
+{
+    kvtier *t = ctx;
+    t->st.skipped_corrupt++;
+    kvidx_remove(&t->host, id);
+}
+
+static int host_seal(kvtier *t, int32_t id, int wait)
+{
+    int r = kvpend_seal(&t->pend, id, wait);
+    if (r < 0)
+        host_drop_failed(t, id);
+    return r;
+}
+
 /* A free host slot, demoting the least recently used record to disk. */
 static int32_t host_take_slot(kvtier *t, const uint8_t *key)
 {
     if (t->host.n_free == 0) {
         int32_t v = t->host.head;
-        disk_write(t, t->host.e[v].key, t->slab + (uint64_t)v * t->record_bytes,
-                   t->cfg.disk_wait);
-        kvidx_remove(&t->host, v);
+        if (host_seal(t, v, 1) > 0) { /* a failed copy is dropped (sealing did), not demoted */
+            disk_write(t, t->host.e[v].key, t->slab + (uint64_t)v * t->record_bytes,
+                       t->cfg.disk_wait);
+            kvidx_remove(&t->host, v);
+        }
         t->st.evictions[KVTIER_HOST]++;
     }
     return kvidx_add(&t->host, key);
@@ -681,7 +628,8 @@ kvtier *kvtier_create(const kvtier_config *cfg, kvant_err *err)
     pthread_cond_init(&t->wcv, NULL);
     t->payload_off = KVTIER_PAYLOAD_OFF(cfg->block_size);
     t->record_bytes = t->payload_off + cfg->payload_bytes;
-    kvhash_crc_init(&t->crc);
+    kvrec_geom_init(&t->g, cfg->fingerprint, cfg->block_size, cfg->kv_dtype,
+                    cfg->payload_bytes);
     int want_disk = cfg->disk_dir && cfg->disk_dir[0];
     uint64_t n_host = cfg->host_bytes / t->record_bytes;
     uint64_t n_disk = want_disk ? cfg->disk_bytes / t->record_bytes : 0;
@@ -704,8 +652,11 @@ kvtier *kvtier_create(const kvtier_config *cfg, kvant_err *err)
         n_host = INT32_MAX / 4;
     int rc = KV_OK;
     if (n_host) {
-        t->slab = malloc(n_host * t->record_bytes);
-        rc = t->slab ? kvidx_init(&t->host, (int32_t)n_host) : KV_ENOMEM;
+        const kvtier_dma *d = &cfg->dma;
+        t->slab = d->alloc ? d->alloc(d->ctx, n_host * t->record_bytes)
+                           : malloc(n_host * t->record_bytes);
+        rc = t->slab && (!d->done || !kvpend_init(&t->pend, (int32_t)n_host, d->done, d->ctx))
+                 ? kvidx_init(&t->host, (int32_t)n_host) : KV_ENOMEM;
     }
     if (!rc && want_disk) {
         t->dir = strdup(cfg->disk_dir);
@@ -743,6 +694,8 @@ void kvtier_flush(kvtier *t)
 
 void kvtier_poll(kvtier *t)
 {
+    if (t->pend.n_q > 0)
+        kvpend_seal_some(&t->pend, host_drop_failed, t);
     disk_reap(t);
     if (t->scan && !t->disk_on) {
         closedir(t->scan);
@@ -793,9 +746,12 @@ void kvtier_destroy(kvtier *t)
         return;
     /* a clean shutdown keeps the host tier: oldest first, so the disk's
      * LRU order continues the host's */
-    while (t->disk_on && t->host.count > 0) {
+    while (t->host.count > 0 && (t->disk_on || t->pend.n_pend > 0)) {
         int32_t v = t->host.head;
-        disk_write(t, t->host.e[v].key, t->slab + (uint64_t)v * t->record_bytes, 1);
+        if (host_seal(t, v, 1) <= 0) /* no copy may land in freed memory */
+            continue;
+        if (t->disk_on)
+            disk_write(t, t->host.e[v].key, t->slab + (uint64_t)v * t->record_bytes, 1);
         kvidx_remove(&t->host, v);
     }
     if (t->writer_started) {
@@ -817,15 +773,41 @@ void kvtier_destroy(kvtier *t)
         free(t->wq[i].rec);
     pthread_mutex_destroy(&t->wmu);
     pthread_cond_destroy(&t->wcv);
-    free(t->slab);
+    if (t->cfg.dma.alloc && t->slab)
+        t->cfg.dma.free(t->cfg.dma.ctx, t->slab);
+    else
+        free(t->slab);
+    kvpend_free(&t->pend);
     free(t->dver);
     free(t->scratch);
     free(t->dir);
     free(t);
 }
 
+/* Fills host record id: synchronously with fill, or queued with afill
+ * (the record pending on its ticket).  Returns 0, or -1 (nothing queued). */
+static int host_fill(kvtier *t, int32_t id, kvtier_fill_fn fill, kvtier_fill_async_fn afill,
+                     void *ctx)
+{
+    uint8_t *pl = t->slab + (uint64_t)id * t->record_bytes + t->payload_off;
+    kvpend_clear(&t->pend, id); /* a slot whose last copy failed, reused */
+    if (!afill || !t->pend.tk)
+        return fill(ctx, pl) ? -1 : 0;
+    const int64_t tk = afill(ctx, pl);
+    if (tk <= 0)
+        return -1;
+    kvpend_add(&t->pend, id, tk);
+    return 0;
+}
+
 int kvtier_store(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *tokens,
                  kvtier_fill_fn fill, void *ctx)
+{
+    return kvtier_store_async(t, key, tokens, fill, NULL, ctx);
+}
+
+int kvtier_store_async(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *tokens,
+                       kvtier_fill_fn fill, kvtier_fill_async_fn afill, void *ctx)
 {
     if (t->host.cap) {
         int32_t id = kvidx_find(&t->host, key);
@@ -834,9 +816,8 @@ int kvtier_store(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *
             return KVTIER_HOST;
         }
         id = host_take_slot(t, key);
-        uint8_t *rec = t->slab + (uint64_t)id * t->record_bytes;
-        record_write_header(t, rec, key, tokens);
-        if (fill(ctx, rec + t->payload_off)) {
+        kvrec_write_header(&t->g, t->slab + (uint64_t)id * t->record_bytes, key, tokens);
+        if (host_fill(t, id, fill, afill, ctx)) {
             kvidx_remove(&t->host, id);
             return KVTIER_NONE;
         }
@@ -857,7 +838,7 @@ int kvtier_store(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *
     int k = disk_slot(t, key, t->cfg.disk_wait);
     if (k < 0)
         return KVTIER_NONE;
-    record_write_header(t, t->wq[k].rec, key, tokens);
+    kvrec_write_header(&t->g, t->wq[k].rec, key, tokens);
     if (fill(ctx, t->wq[k].rec + t->payload_off))
         return KVTIER_NONE;
     disk_queue(t, k);
@@ -877,19 +858,21 @@ int kvtier_write_through(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const i
         t->st.wt_dedup++;
         return KVTIER_WT_HELD;
     }
-    if (t->n_pending >= t->nwq) {
-        t->st.wt_full++;
+    int32_t hid = kvidx_find(&t->host, key);
+    if (hid >= 0 && host_seal(t, hid, 0) < 0)
+        hid = -1; /* its copy failed: export it again */
+    if (t->n_pending >= t->nwq || (hid >= 0 && kvpend_is_pending(&t->pend, hid))) {
+        t->st.wt_full++; /* the queue is full, or the host copy is still in flight */
         return KVTIER_WT_FULL;
     }
     int k = disk_slot(t, key, 0);
     if (k < 0)
         return t->disk_on ? KVTIER_WT_FULL : KVTIER_WT_OFF;
     uint8_t *rec = t->wq[k].rec;
-    int32_t hid = kvidx_find(&t->host, key);
     if (hid >= 0) { /* the host tier has the bytes: no export */
         memcpy(rec, t->slab + (uint64_t)hid * t->record_bytes, t->record_bytes);
     } else {
-        record_write_header(t, rec, key, tokens);
+        kvrec_write_header(&t->g, rec, key, tokens);
         if (fill(ctx, rec + t->payload_off))
             return KVTIER_WT_OFF;
     }
@@ -922,14 +905,16 @@ int kvtier_where(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES])
 const void *kvtier_fetch(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *tokens)
 {
     int32_t id = kvidx_find(&t->host, key);
+    if (id >= 0 && host_seal(t, id, 1) < 0) /* nothing reads a pending record */
+        id = -1;
     if (id >= 0) {
         const uint8_t *rec = t->slab + (uint64_t)id * t->record_bytes;
-        if (record_check_header(t, rec) != REC_OK) {
+        if (kvrec_check_header(&t->g, rec) != KVREC_OK) {
             t->st.skipped_corrupt++;
             kvidx_remove(&t->host, id);
             return NULL;
         }
-        if (!record_matches(t, rec, key, tokens))
+        if (!kvrec_matches(&t->g, rec, key, tokens))
             return NULL;
         kvidx_touch(&t->host, id);
         t->st.loads[KVTIER_HOST]++;
@@ -942,7 +927,7 @@ const void *kvtier_fetch(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const i
     if (k >= 0) {
         /* still being written: serve the queued copy (the writer only
          * touches its header's checksum fields, never the payload) */
-        if (!record_matches(t, t->wq[k].rec, key, tokens))
+        if (!kvrec_matches(&t->g, t->wq[k].rec, key, tokens))
             return NULL;
         t->st.loads[KVTIER_DISK]++;
         t->st.load_bytes[KVTIER_DISK] += t->record_bytes;
@@ -973,6 +958,7 @@ void kvtier_get_stats(const kvtier *t, kvtier_stats *out)
     out->record_bytes = t->record_bytes;
     out->host_blocks = t->host.count;
     out->host_capacity_blocks = t->host.cap;
+    out->host_pending = t->pend.n_pend;
     out->disk_blocks = t->disk.count;
     out->disk_capacity_blocks = t->disk_on ? t->disk.cap : 0;
     out->disk_pending = t->n_pending;

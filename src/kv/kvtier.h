@@ -47,6 +47,17 @@
  * One process per directory (an flock on <dir>/.lock; a second process
  * runs without a disk tier).
  *
+ * Pinned slab and asynchronous stores (kvtier_config.dma, a device
+ * backend): the slab comes from dma.alloc (page-locked memory the device
+ * copies into directly) and kvtier_store_async queues the block's copy
+ * into its slot instead of waiting for it.  Such a record is pending: it
+ * is indexed (kvtier_where finds it) but nothing reads it until it is
+ * sealed, which happens once dma.done reports its ticket complete: at
+ * kvtier_poll (without waiting, oldest first), or, waiting, when it is
+ * fetched, demoted to disk, written through or the tier is destroyed.  A
+ * write-through offer of a pending record answers KVTIER_WT_FULL (offer it
+ * again later).  A failed copy drops the record (counted as corrupt).
+ *
  * Ownership: kvtier_create returns a heap handle (kvtier_destroy).
  * Threading: not thread-safe; one thread (the engine's) makes every call;
  * the writer thread is internal.  Stats are copied out by the engine under
@@ -55,15 +66,17 @@
 #ifndef KVANT_KVTIER_H
 #define KVANT_KVTIER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kv/kvcost.h"
 #include "kv/kvhash.h"
+#include "kv/kvrec.h"
 #include "util/err.h"
 
-#define KVTIER_KEY_BYTES 32
-#define KVTIER_HEADER_BYTES 128
-#define KVTIER_VERSION 1
+#define KVTIER_KEY_BYTES KVREC_KEY_BYTES       /* 32 */
+#define KVTIER_HEADER_BYTES KVREC_HEADER_BYTES /* 128 */
+#define KVTIER_VERSION KVREC_VERSION           /* 1 */
 /* Largest number of records a disk tier indexes (bounds its index). */
 #define KVTIER_MAX_DISK_RECORDS (1 << 22)
 /* Records queued for the disk writer thread: each a record-sized buffer
@@ -72,7 +85,7 @@
 #define KVTIER_WRITE_QUEUE 16
 #define KVTIER_WRITE_QUEUE_MAX 256
 #define KVTIER_WRITE_QUEUE_BYTES (64ull << 20)
-#define KVTIER_PAYLOAD_OFF(bs) ((((uint64_t)KVTIER_HEADER_BYTES + 4u * (uint64_t)(bs)) + 63u) & ~63ull)
+#define KVTIER_PAYLOAD_OFF(bs) KVREC_PAYLOAD_OFF(bs)
 
 /* Bytes of one record holding a block of bs tokens and payload bytes. */
 #define KVTIER_RECORD_BYTES(bs, payload) (KVTIER_PAYLOAD_OFF(bs) + (uint64_t)(payload))
@@ -86,6 +99,18 @@ typedef struct kvtier kvtier;
 /* Entries whose header the scan checks (about 50 ms of header reads from
  * the page cache); later records are checked on first read or eviction. */
 #define KVTIER_SCAN_VERIFY 4096
+
+/* A device backend's pinned memory and copy tickets (all NULL: a malloc'd
+ * slab, stores copy synchronously).  ctx is borrowed: it must outlive the
+ * tier. */
+typedef struct kvtier_dma {
+    void *ctx;
+    void *(*alloc)(void *ctx, size_t bytes); /* the host slab, or NULL */
+    void (*free)(void *ctx, void *p);
+    /* 1 when ticket's copy completed (wait != 0: after waiting for it), 0
+     * while in flight, -1 when it failed.  Tickets complete in issue order. */
+    int (*done)(void *ctx, int64_t ticket, int wait);
+} kvtier_dma;
 
 typedef struct kvtier_config {
     uint8_t fingerprint[KVTIER_KEY_BYTES];
@@ -106,6 +131,7 @@ typedef struct kvtier_config {
                                  KVTIER_SCAN_VERIFY; later ones by name only) */
     uint64_t write_queue_bytes; /* writer queue buffers (default
                                  KVTIER_WRITE_QUEUE_BYTES; see KVTIER_WRITE_QUEUE) */
+    kvtier_dma dma;           /* pinned slab and async stores (default: none) */
 } kvtier_config;
 
 kvtier_config kvtier_config_default(void);
@@ -132,6 +158,16 @@ typedef int (*kvtier_fill_fn)(void *ctx, void *dst);
 int kvtier_store(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *tokens,
                  kvtier_fill_fn fill, void *ctx);
 
+/* Queues the copy of one block's payload (payload_bytes) into dst and
+ * returns its ticket (> 0, asked about with dma.done), or -1. */
+typedef int64_t (*kvtier_fill_async_fn)(void *ctx, void *dst);
+
+/* kvtier_store, but into the host tier the copy is queued with afill and
+ * the record stays pending until its ticket completes (see above).
+ * Without a host tier or without dma.done it is kvtier_store with fill. */
+int kvtier_store_async(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *tokens,
+                       kvtier_fill_fn fill, kvtier_fill_async_fn afill, void *ctx);
+
 enum { KVTIER_WT_QUEUED = 0, KVTIER_WT_HELD = 1, KVTIER_WT_FULL = 2, KVTIER_WT_OFF = 3 };
 
 /* Write-through of a block still on the device: queues its record for the
@@ -153,7 +189,8 @@ int kvtier_where(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES]);
  * ids for this block, compared with the stored ones. */
 const void *kvtier_fetch(kvtier *t, const uint8_t key[KVTIER_KEY_BYTES], const int32_t *tokens);
 
-/* Takes finished disk writes into the index (cheap; once per engine step). */
+/* Takes finished disk writes into the index and seals the host records
+ * whose copies have completed (cheap, never waits; once per engine step). */
 void kvtier_poll(kvtier *t);
 /* Waits until every queued disk write has finished (tests, shutdown). */
 void kvtier_flush(kvtier *t);
@@ -180,6 +217,7 @@ typedef struct kvtier_stats {
     int host_enabled, disk_enabled;
     uint64_t record_bytes;
     int64_t host_blocks, host_capacity_blocks;
+    int64_t host_pending;          /* of host_blocks, records whose copy is in flight */
     int64_t disk_blocks, disk_capacity_blocks;
     uint64_t hits[KVTIER_N], misses[KVTIER_N];           /* by tier ([0] unused) */
     uint64_t store_bytes[KVTIER_N], load_bytes[KVTIER_N];

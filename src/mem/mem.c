@@ -2,7 +2,9 @@
  * per-category / per-layer accounting, peaks, pool fragmentation reports.
  *
  * Invariants (hold whenever the mutex is released):
- *   used == sum of cat[c].current == sum of the sizes of all live records;
+ *   used == sum of cat[c].current over the budget's categories
+ *        == sum of the sizes of the live records of those categories
+ *   (MEM_PINNED is tracked in cat[] and layer_bytes but not in used);
  *   used <= budget;  peak >= used;  cat[c].peak >= cat[c].current;
  *   layer_bytes[l][c] == sum of live records tagged (c, l).
  * A refused request (bad argument, over budget, injected failure, allocator
@@ -213,9 +215,11 @@ static int rec_reserve_slot(mem_mgr *m)
 
 static void account_add(mem_mgr *m, uint64_t size, int cat, int layer)
 {
-    m->used += size;
-    if (m->used > m->peak)
-        m->peak = m->used;
+    if (mem_cat_in_budget((mem_cat)cat)) {
+        m->used += size;
+        if (m->used > m->peak)
+            m->peak = m->used;
+    }
     mem_cat_stats *c = &m->cat[cat];
     c->current += size;
     if (c->current > c->peak)
@@ -229,8 +233,10 @@ static void account_add(mem_mgr *m, uint64_t size, int cat, int layer)
 
 static void account_sub(mem_mgr *m, const mem_rec *r)
 {
-    KV_ASSERT(m->used >= r->size && m->cat[r->cat].current >= r->size);
-    m->used -= r->size;
+    const int in = mem_cat_in_budget((mem_cat)r->cat);
+    KV_ASSERT((!in || m->used >= r->size) && m->cat[r->cat].current >= r->size);
+    if (in)
+        m->used -= r->size;
     m->cat[r->cat].current -= r->size;
     if (r->layer >= 0)
         m->layer_bytes[r->layer][r->cat] -= r->size;
@@ -264,7 +270,7 @@ static int admit(mem_mgr *m, const char *verb, uint64_t size, int cat, int layer
                              mem_cat_name((mem_cat)cat));
     if (m->fail_countdown > 0 && --m->fail_countdown == 0)
         return refuse(m, err, KV_ENOMEM, "injected failure (fail_nth)", verb, size, cat, layer);
-    if (size > m->budget - m->used)
+    if (mem_cat_in_budget((mem_cat)cat) && size > m->budget - m->used)
         return refuse(m, err, KV_ENOMEM, "over budget", verb, size, cat, layer);
     if (rec_reserve_slot(m) != KV_OK)
         return refuse(m, err, KV_ENOMEM, "record table full", verb, size, cat, layer);
@@ -353,7 +359,7 @@ uint64_t mem_resident_bytes(const mem_mgr *m)
     uint64_t by[MEM_CAT_COUNT], total = 0;
     mem_resident_by_cat(m, by);
     for (int c = 0; c < MEM_CAT_COUNT; c++)
-        total += by[c];
+        total += mem_cat_in_budget((mem_cat)c) ? by[c] : 0; /* of mem_used */
     return total;
 }
 
@@ -396,7 +402,7 @@ int mem_reserve_resize(mem_mgr *m, int64_t id, uint64_t size, kvant_err *err)
         if (m->fail_countdown > 0 && --m->fail_countdown == 0)
             rc = refuse(m, err, KV_ENOMEM, "injected failure (fail_nth)", "grow by", more,
                         r->cat, r->layer);
-        else if (more > m->budget - m->used)
+        else if (mem_cat_in_budget((mem_cat)r->cat) && more > m->budget - m->used)
             rc = refuse(m, err, KV_ENOMEM, "over budget", "grow by", more, r->cat, r->layer);
         else
             account_add(m, more, r->cat, r->layer);
@@ -581,7 +587,7 @@ const char *mem_cat_name(mem_cat c)
 {
     static const char *const names[MEM_CAT_COUNT] = {
         [MEM_WEIGHTS] = "weights", [MEM_KV] = "kv", [MEM_ACTIVATIONS] = "activations",
-        [MEM_WORKSPACE] = "workspace", [MEM_OTHER] = "other",
+        [MEM_WORKSPACE] = "workspace", [MEM_OTHER] = "other", [MEM_PINNED] = "pinned_host",
     };
     return (unsigned)c < MEM_CAT_COUNT ? names[c] : "unknown";
 }

@@ -9,7 +9,9 @@
  *
  * The bytes themselves come from a mem_allocator (host malloc for the CPU
  * backend, cudaMalloc for CUDA).  Accounting-only reservations cover memory
- * obtained elsewhere (mmap'd weights count as `weights` at mapped size).
+ * obtained elsewhere (mmap'd weights count as `weights` at mapped size,
+ * pinned host memory as `pinned_host`, which the budget does not cover:
+ * used, peak and mem_available leave it out; its own current/peak show it).
  *
  * Ownership: mem_create returns a heap handle freed by mem_destroy, which
  * frees nothing on the caller's behalf but reports leaks (mem_live_count).
@@ -30,8 +32,19 @@ typedef enum mem_cat {
     MEM_ACTIVATIONS,
     MEM_WORKSPACE,
     MEM_OTHER,
+    MEM_PINNED,     /* page-locked host memory a device backend copies through
+                     * (cudaMallocHost: the KV host tier's slab, weight staging):
+                     * accounted here, outside the device budget (not in used,
+                     * never refused as over budget); reserved with mem_reserve
+                     * by the backend that allocated it */
     MEM_CAT_COUNT
 } mem_cat;
+
+/* 1 when category c counts against the budget (every category but MEM_PINNED). */
+static inline int mem_cat_in_budget(mem_cat c)
+{
+    return c != MEM_PINNED;
+}
 
 #define MEM_NO_LAYER (-1)
 #define MEM_MAX_LAYERS 512   /* per-layer accounting slots */

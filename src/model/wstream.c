@@ -71,6 +71,7 @@ struct wstream {
     mem_mgr *mem;      /* borrowed */
     wstream_plan plan;
     wstream_io io;
+    wstream_dev dev;   /* dev.upload NULL: the CPU backend (host buffers) */
     int fd;            /* page-cache reads */
     int dfd;           /* O_DIRECT reads, or -1 */
     ws_layer *layers;  /* [n_layers] */
@@ -443,7 +444,7 @@ static int make_chunks(ws_layer *l)
 static int load_resident(wstream *ws, ws_layer *l, int32_t il, kvant_err *err)
 {
     const uint64_t bytes = pieces_bytes(l);
-    if (!bytes)
+    if (!bytes || ws->dev.upload) /* a device backend uploads the mapping itself */
         return KV_OK;
     l->buf = mem_alloc(ws->mem, bytes, MEM_WEIGHTS, il < 0 ? MEM_NO_LAYER : il, err);
     if (!l->buf)
@@ -509,7 +510,8 @@ static int setup_streamed(wstream *ws, ws_layer *l, int32_t il, kvant_err *err)
 static int start_readers(wstream *ws, kvant_err *err)
 {
     const wstream_plan *p = &ws->plan;
-    ws->ring = mem_alloc(ws->mem, p->ring_bytes, MEM_WEIGHTS, MEM_NO_LAYER, err);
+    ws->ring = ws->dev.upload ? ws->dev.host_alloc(ws->dev.ctx, p->ring_bytes, err)
+                              : mem_alloc(ws->mem, p->ring_bytes, MEM_WEIGHTS, MEM_NO_LAYER, err);
     if (!ws->ring)
         return KV_ENOMEM;
     uint8_t *base = (uint8_t *)(((uintptr_t)ws->ring + WSTREAM_DIO_ALIGN - 1) /
@@ -590,6 +592,12 @@ const char *wstream_io_name(int mode)
 wstream *wstream_create(model *m, mem_mgr *mem, const wstream_plan *p, const wstream_io *io,
                         kvant_err *err)
 {
+    return wstream_create_dev(m, mem, p, io, NULL, err);
+}
+
+wstream *wstream_create_dev(model *m, mem_mgr *mem, const wstream_plan *p, const wstream_io *io,
+                            const wstream_dev *dev, kvant_err *err)
+{
     const wstream_io iod = io ? *io : wstream_io_default();
     if (p->n_layers != m->hp.n_layers || p->n_slots < WSTREAM_MIN_SLOTS ||
         p->n_slots > WSTREAM_MAX_SLOTS) {
@@ -611,6 +619,8 @@ wstream *wstream_create(model *m, mem_mgr *mem, const wstream_plan *p, const wst
     ws->mem = mem;
     ws->plan = *p;
     ws->io = iod;
+    if (dev)
+        ws->dev = *dev;
     wstream_plan_update(&ws->plan);
     ws->fd = ws->dfd = -1;
     pthread_mutex_init(&ws->mu, NULL);
@@ -640,7 +650,10 @@ void wstream_destroy(wstream *ws)
     pthread_mutex_unlock(&ws->mu);
     for (int i = 0; i < ws->n_readers; i++)
         pthread_join(ws->reader[i].th, NULL);
-    mem_free(ws->mem, ws->ring);
+    if (ws->dev.upload)
+        ws->dev.host_free(ws->dev.ctx, ws->ring);
+    else
+        mem_free(ws->mem, ws->ring);
     for (int32_t il = 0; ws->layers && il < ws->plan.n_layers; il++) {
         unpoint(&ws->layers[il]);
         mem_free(ws->mem, ws->layers[il].buf);
@@ -689,10 +702,16 @@ int wstream_acquire(wstream *ws, int32_t il, kvant_err *err)
     }
     ws->wait_s += ws_now() - t0;
     int rc = KV_OK;
+    void *base = sl->buf;
     if (ws->failed)
         rc = kvant_err_set(err, KV_EIO, "%s: %s", ws->m->path, ws->error);
-    else
-        point_pieces(&ws->layers[il], sl->buf);
+    else if (ws->dev.upload && /* the device copy of the slot, ordered before the layer's ops */
+             !(base = ws->dev.upload(ws->dev.ctx, (int)(seq % (uint64_t)ws->plan.n_slots),
+                                     sl->buf, ws->plan.stream_bytes[il], ws->plan.slot_bytes,
+                                     err)))
+        rc = err && err->code ? err->code : KV_EIO;
+    if (!rc)
+        point_pieces(&ws->layers[il], base);
     pthread_mutex_unlock(&ws->mu);
     return rc;
 }

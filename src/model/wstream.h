@@ -30,7 +30,13 @@
  * Streamed layers are consumed in a fixed cyclic order (every forward pass
  * runs every layer in order), so the readers know what comes next.
  *
- * CPU backend only (the buffers are host memory from the manager).
+ * Where the weights live: with the CPU backend the buffers are host memory
+ * from the manager (the ops read them in place).  A device backend passes
+ * a wstream_dev (wstream_create_dev): resident tensors stay on the mapping
+ * (the backend's load_weights uploads them), the ring is page-locked host
+ * memory from dev->host_alloc, and wstream_acquire uploads the slot with
+ * dev->upload (on the backend's copy stream) and points the layer's
+ * tensors at the device copy.
  *
  * Ownership: wstream_create returns a heap handle freed by wstream_destroy
  * (joins the readers, frees the buffers, points tensors back at the
@@ -116,6 +122,18 @@ wstream_io wstream_io_default(void); /* WSTREAM_IO_BUFFERED, open(2) */
 int wstream_io_parse(const char *s);
 const char *wstream_io_name(int mode);
 
+/* A device backend's side of the stream (backend_wstream_dev fills it from
+ * backend_ops host_alloc / host_free / stream_layer; see backend.h). */
+typedef struct wstream_dev {
+    void *ctx; /* the backend, borrowed: it must outlive the stream */
+    void *(*host_alloc)(void *ctx, size_t bytes, kvant_err *err);
+    void (*host_free)(void *ctx, void *p);
+    /* Uploads bytes of h_src into device slot `slot` (largest size
+     * max_bytes); returns the device base, or NULL + err. */
+    void *(*upload)(void *ctx, int slot, const void *h_src, size_t bytes, size_t max_bytes,
+                    kvant_err *err);
+} wstream_dev;
+
 /* Reads resident tensors into manager buffers (MEM_WEIGHTS per layer),
  * allocates the ring (MEM_WEIGHTS, no layer), marks streamed tensors
  * (model_tensor.streamed, dev NULL until acquired) and starts the readers.
@@ -123,10 +141,18 @@ const char *wstream_io_name(int mode);
  * was loaded from.  io: NULL for wstream_io_default(); copied. */
 wstream *wstream_create(model *m, mem_mgr *mem, const wstream_plan *p, const wstream_io *io,
                         kvant_err *err);
+/* The same for a device backend (dev copied; NULL: wstream_create): no
+ * resident buffers (the mapping is uploaded by load_weights), the ring
+ * from dev->host_alloc (accounted by the backend as pinned host memory),
+ * each streamed layer uploaded by wstream_acquire.  Destroy the stream
+ * before the backend. */
+wstream *wstream_create_dev(model *m, mem_mgr *mem, const wstream_plan *p, const wstream_io *io,
+                            const wstream_dev *dev, kvant_err *err);
 void wstream_destroy(wstream *ws);
 
 /* Before layer il runs: for a streamed layer, waits until its buffer is
- * read and points its tensors' dev at it.  KV_EIO (the stream failed: short
+ * read (and, with a wstream_dev, uploaded into the device slot) and points
+ * its tensors' dev at it.  KV_EIO (the stream failed: short
  * read, I/O error) with the reason; no-op KV_OK for a resident layer. */
 int wstream_acquire(wstream *ws, int32_t il, kvant_err *err);
 /* After layer il ran (the backend synchronised): its buffer may be refilled. */

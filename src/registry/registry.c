@@ -331,8 +331,8 @@ out:
 uint64_t reg_resident_sum(const mentry *x)
 {
     uint64_t t = 0;
-    for (int c = 0; c < MEM_CAT_COUNT; c++)
-        t += x->resident[c];
+    for (int c = 0; c < MEM_CAT_COUNT; c++) /* the budget's: pinned host memory is not */
+        t += mem_cat_in_budget((mem_cat)c) ? x->resident[c] : 0;
     return t;
 }
 

@@ -217,8 +217,8 @@ out:
 static uint64_t state_sum(const reg_plan_state *s)
 {
     uint64_t t = 0;
-    for (int c = 0; c < MEM_CAT_COUNT; c++)
-        t += s->resident[c];
+    for (int c = 0; c < MEM_CAT_COUNT; c++) /* the budget's: pinned host memory is not */
+        t += mem_cat_in_budget((mem_cat)c) ? s->resident[c] : 0;
     return t;
 }
 

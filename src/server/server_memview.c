@@ -245,7 +245,7 @@ char *srv_memview_json(engine *e, const engine_kv_snapshot *sn)
         json_t *co = cats ? json_object_get(cats, mem_cat_name((mem_cat)c)) : NULL;
         if (co)
             json_object_set_new(co, "resident", u64j(res[c]));
-        res_total += res[c];
+        res_total += mem_cat_in_budget((mem_cat)c) ? res[c] : 0; /* pinned: not device */
     }
     if (root) {
         json_object_set_new(root, "resident", u64j(res_total));

@@ -719,6 +719,147 @@ static void test_disk_lazy_scan(void)
     rm_dir(dir);
 }
 
+/* ---- pinned slab and async stores, against a mock DMA engine ---- */
+
+/* Copies queued by md_afill run only when md_done is asked about their
+ * ticket (wait, or the "device" has reached it): a tier that reads a
+ * record before its ticket completed reads the 0xEE it was left with. */
+#define MD_MAX 64
+typedef struct mock_dma {
+    struct {
+        uint8_t *dst;
+        int seed;
+    } q[MD_MAX];
+    int64_t issued, ran, device_done, fail_ticket;
+    int allocs, frees, waits;
+} mock_dma;
+
+typedef struct md_fill {
+    mock_dma *m;
+    int seed;
+} md_fill;
+
+static void md_run(mock_dma *m, int64_t upto)
+{
+    while (m->ran < upto) {
+        m->ran++;
+        fill_ctx f = {m->q[m->ran % MD_MAX].seed, 0};
+        if (m->ran != m->fail_ticket)
+            fill(&f, m->q[m->ran % MD_MAX].dst);
+    }
+}
+
+static int64_t md_afill(void *ctx, void *dst)
+{
+    md_fill *x = ctx;
+    mock_dma *m = x->m;
+    if (m->issued - m->ran >= MD_MAX)
+        md_run(m, m->ran + 1);
+    memset(dst, 0xEE, PAYLOAD);
+    m->issued++;
+    m->q[m->issued % MD_MAX].dst = dst;
+    m->q[m->issued % MD_MAX].seed = x->seed;
+    return m->issued;
+}
+
+static int md_done(void *ctx, int64_t ticket, int wait)
+{
+    mock_dma *m = ctx;
+    CHECK(ticket > 0 && ticket <= m->issued);
+    if (!wait && ticket > m->device_done && ticket > m->ran)
+        return 0;
+    m->waits += wait;
+    md_run(m, ticket);
+    return ticket == m->fail_ticket ? -1 : 1;
+}
+
+static void *md_alloc(void *ctx, size_t bytes)
+{
+    ((mock_dma *)ctx)->allocs++;
+    return malloc(bytes);
+}
+
+static void md_free(void *ctx, void *p)
+{
+    ((mock_dma *)ctx)->frees++;
+    free(p);
+}
+
+static int store_async(kvtier *t, mock_dma *m, int seed, const uint8_t *fp)
+{
+    uint8_t key[32];
+    int32_t tok[BS];
+    key_of(seed, fp, key);
+    tokens_of(seed, tok);
+    md_fill x = {m, seed};
+    return kvtier_store_async(t, key, tok, NULL, md_afill, &x);
+}
+
+static void test_async_host(void)
+{
+    uint8_t fp[32];
+    memset(fp, 7, sizeof fp);
+    char dir[] = "build/tests/kvtier-dma-XXXXXX";
+    mk_dir(dir);
+    mock_dma m = {0};
+    kvtier_config c = cfg_for(dir, 3, 16, 7);
+    c.dma = (kvtier_dma){&m, md_alloc, md_free, md_done};
+    kvtier *t = kvtier_create(&c, NULL);
+    CHECK(t != NULL && m.allocs == 1);
+    if (!t)
+        return;
+    for (int s = 1; s <= 3; s++)
+        CHECK(store_async(t, &m, s, fp) == KVTIER_HOST);
+    kvtier_stats st;
+    kvtier_get_stats(t, &st);
+    CHECK(st.host_blocks == 3 && st.host_pending == 3 && m.ran == 0);
+    /* a pending record is found, and read only after its copy completed */
+    int where;
+    CHECKF(payload_ok(fetch(t, 2, fp, &where), 2) && where == KVTIER_HOST,
+           "a fetch read a record whose copy was still in flight");
+    kvtier_get_stats(t, &st);
+    CHECK(st.host_pending == 2 && m.ran == 2); /* 1 copied with 2 (in order), not yet sealed */
+    /* write-through of a pending record: offered again later */
+    uint8_t key[32];
+    int32_t tok[BS];
+    key_of(3, fp, key);
+    tokens_of(3, tok);
+    fill_ctx f = {3, 0};
+    CHECK(kvtier_write_through(t, key, tok, fill, &f) == KVTIER_WT_FULL);
+    kvtier_poll(t); /* the device has not got there: nothing sealed, nothing waited */
+    kvtier_get_stats(t, &st);
+    CHECK(st.host_pending == 1 && m.waits == 1);
+    m.device_done = m.issued;
+    kvtier_poll(t);
+    kvtier_get_stats(t, &st);
+    CHECK(st.host_pending == 0 && m.waits == 1);
+    f.seed = 99; /* the bytes must come from the sealed host record, not a new export */
+    CHECK(kvtier_write_through(t, key, tok, fill, &f) == KVTIER_WT_QUEUED);
+    kvtier_flush(t);
+    /* demotion of a pending record waits for it: the disk gets its bytes */
+    CHECK(store_async(t, &m, 4, fp) == KVTIER_HOST); /* evicts 1 (LRU, sealed) */
+    CHECK(store_async(t, &m, 5, fp) == KVTIER_HOST); /* evicts 3 */
+    CHECK(store_async(t, &m, 6, fp) == KVTIER_HOST); /* evicts 2 */
+    CHECK(store_async(t, &m, 7, fp) == KVTIER_HOST); /* evicts 4: pending, waited for */
+    kvtier_flush(t);
+    for (int s = 1; s <= 4; s++)
+        CHECKF(payload_ok(fetch(t, s, fp, &where), s) && where == KVTIER_DISK,
+               "record %d demoted to disk with the wrong bytes", s);
+    /* a failed copy drops its record, never serves it */
+    m.fail_ticket = m.issued + 1;
+    CHECK(store_async(t, &m, 8, fp) == KVTIER_HOST);
+    CHECK(fetch(t, 8, fp, &where) == NULL && where == KVTIER_HOST);
+    key_of(8, fp, key);
+    CHECK(kvtier_where(t, key) == KVTIER_NONE);
+    kvtier_get_stats(t, &st);
+    CHECK(st.skipped_corrupt == 1);
+    /* destroy with copies in flight: each is waited for before the slab goes */
+    CHECK(store_async(t, &m, 9, fp) == KVTIER_HOST);
+    kvtier_destroy(t);
+    CHECK(m.ran == m.issued && m.frees == 1);
+    rm_dir(dir);
+}
+
 int main(void)
 {
     mkdir("build", 0755);
@@ -734,5 +875,6 @@ int main(void)
     test_write_through();
     test_disk_name_index();
     test_host_fit();
+    test_async_host();
     return tu_finish("test_kvtier");
 }

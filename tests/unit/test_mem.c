@@ -221,7 +221,7 @@ typedef struct pt_model {
 static void pt_add(pt_model *s, pt_item it)
 {
     s->items[s->n++] = it;
-    s->used += it.size;
+    s->used += mem_cat_in_budget((mem_cat)it.cat) ? it.size : 0;
     s->cat_cur[it.cat] += it.size;
     if (s->used > s->peak)
         s->peak = s->used;
@@ -238,7 +238,7 @@ static void pt_remove(pt_model *s, mem_mgr *m, int i)
         mem_free(m, it.ptr);
     else
         mem_unreserve(m, it.id);
-    s->used -= it.size;
+    s->used -= mem_cat_in_budget((mem_cat)it.cat) ? it.size : 0;
     s->cat_cur[it.cat] -= it.size;
     if (it.layer >= 0)
         s->layer[it.layer][it.cat] -= it.size;
@@ -253,7 +253,7 @@ static int pt_check(const pt_model *s, const mem_mgr *m, mem_report *rep, int st
     int ok = rep->used <= rep->budget && rep->used == s->used && rep->peak >= rep->used &&
              rep->peak == s->peak && mem_live_count(m) == (size_t)s->n;
     for (int c = 0; c < MEM_CAT_COUNT; c++) {
-        cat_sum += rep->cat[c].current;
+        cat_sum += mem_cat_in_budget((mem_cat)c) ? rep->cat[c].current : 0;
         ok = ok && rep->cat[c].current == s->cat_cur[c] && rep->cat[c].peak == s->cat_peak[c] &&
              rep->cat[c].peak >= rep->cat[c].current;
         for (int l = 0; l < PT_LAYERS; l++)
@@ -539,8 +539,40 @@ static void test_reserve_resize(void)
     mem_destroy(m);
 }
 
+/* Pinned host memory is accounted but outside the budget: a reservation
+ * larger than the budget is admitted, used and available do not move, the
+ * category's current/peak and the JSON's "pinned_host" show it. */
+static void test_pinned(void)
+{
+    mock mk = {0};
+    kvant_err err = {0};
+    mem_mgr *m = mem_create(10000, mock_allocator(&mk), &err);
+    void *p = mem_alloc(m, 4000, MEM_KV, MEM_NO_LAYER, &err);
+    int64_t id = mem_reserve(m, 50000, MEM_PINNED, MEM_NO_LAYER, &err);
+    CHECKF(p && id > 0, "pinned reservation over the budget refused: %s", err.msg);
+    CHECK(mem_used(m) == 4000 && mem_available(m) == 6000 && mem_live_count(m) == 2);
+    CHECK(mem_reserve_resize(m, id, 80000, &err) == KV_OK && mem_used(m) == 4000);
+    CHECK(mem_resident_bytes(m) == 4000); /* of mem_used: the pinned bytes are not */
+    mem_report *rep = calloc(1, sizeof *rep);
+    mem_get_report(m, rep);
+    CHECK(rep->used == 4000 && rep->peak == 4000 && rep->cat[MEM_PINNED].current == 80000 &&
+          rep->cat[MEM_PINNED].peak == 80000);
+    char *js = mem_report_json(rep);
+    CHECKF(js && strstr(js, "\"pinned_host\":{\"current\":80000"), "report json: %s", js);
+    CHECK(!strcmp(mem_cat_name(MEM_PINNED), "pinned_host") && !mem_cat_in_budget(MEM_PINNED) &&
+          mem_cat_in_budget(MEM_KV));
+    free(js);
+    mem_unreserve(m, id);
+    mem_get_report(m, rep);
+    CHECK(rep->cat[MEM_PINNED].current == 0 && rep->used == 4000);
+    mem_free(m, p);
+    free(rep);
+    mem_destroy(m);
+}
+
 int main(void)
 {
+    test_pinned();
     test_reserve_resize();
     test_accounting();
     test_refusals();

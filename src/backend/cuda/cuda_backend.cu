@@ -8,6 +8,18 @@
  * cudaMemcpyAsync, and records an event; the next begin_batch waits on
  * that event before reusing the pinned buffer.
  *
+ * The copy stream (non-blocking) carries the KV tier's block exports
+ * (kv_export_async) and the weight stream's layer uploads (stream_layer)
+ * into and out of pinned host memory (host_alloc: cudaMallocHost, each
+ * buffer reserved as MEM_PINNED).  Ordering is by events both ways: a copy
+ * waits for the compute stream's work before it (event `order`), the
+ * compute stream's later work waits for the copy (the ticket's event, or
+ * `uploaded`), so a block is never rewritten while it is exported and a
+ * layer never computed before its upload, with no host wait.  Tickets
+ * number the exports in issue order; their CUDA_COPY_TICKETS events are
+ * reused round-robin (issuing one more waits for the oldest first), and
+ * `retired` marks the tickets known complete.
+ *
  * Errors: ops return void, so a failed launch or copy is remembered (the
  * first one, with its CUDA error string) and returned as KV_EIO by the next
  * begin_batch / download / sync.  After a device fault the instance is not
@@ -25,6 +37,14 @@ extern "C" {
 
 #include "backend/cuda/cuda_internal.h"
 
+/* Copy-stream tickets in flight (kv_export_async): ticket t is event
+ * tick[t % CUDA_COPY_TICKETS]; issuing one more waits for the oldest. */
+#define CUDA_COPY_TICKETS 64
+/* Pinned host buffers one instance hands out (host_alloc) at once. */
+#define CUDA_MAX_PINNED 64
+/* Device staging buffers of the weight stream (stream_layer slots). */
+#define CUDA_STREAM_SLOTS 8
+
 /* GEMM-path workspace: rows of the weight being multiplied, as f32. */
 #define CUDA_GEMM_WS_BYTES ((size_t)64 << 20)
 
@@ -37,11 +57,28 @@ typedef struct cuda_weight {
     void *prev;
 } cuda_weight;
 
+/* A pinned host buffer (cudaMallocHost) and its MEM_PINNED reservation. */
+typedef struct cuda_pinned {
+    void *p;
+    int64_t id;
+} cuda_pinned;
+
 typedef struct cuda_backend {
     backend base;
     int device;
     mem_mgr *mem;               /* borrowed */
     cudaStream_t stream;
+    /* the copy stream: KV tier exports and weight-stream uploads, ordered
+     * against the compute stream by events in both directions */
+    cudaStream_t copy;
+    cudaEvent_t order;          /* recorded on the compute stream, waited by copy */
+    cudaEvent_t uploaded;       /* the last stream_layer upload (compute waits) */
+    cudaEvent_t tick[CUDA_COPY_TICKETS];
+    int64_t issued;             /* the last ticket issued (0: none) */
+    int64_t retired;            /* every ticket <= retired has completed */
+    cuda_pinned pin[CUDA_MAX_PINNED];
+    void *d_slot[CUDA_STREAM_SLOTS]; /* stream_layer device buffers (MEM_WEIGHTS) */
+    size_t slot_bytes[CUDA_STREAM_SLOTS];
     cublasHandle_t blas;
     cudaEvent_t staged;         /* the last staging upload finished */
     cuda_weight *w;             /* uploaded weights (device copies owned here) */
@@ -158,6 +195,8 @@ static void load_tensor(void *ctx, model_tensor *t)
         if ((lc->rc = cuda_stage_check_weight(name, t->type, t->ne[0], lc->err)))
             return;
     }
+    if (t->streamed) /* uploaded into a staging slot each pass (stream_layer) */
+        return;
     if (cb->n_w == cb->cap_w) {
         int cap = cb->cap_w ? 2 * cb->cap_w : 64;
         cuda_weight *w = (cuda_weight *)realloc(cb->w, (size_t)cap * sizeof *w);
@@ -283,6 +322,8 @@ static void cuda_kv_free(backend *be)
 {
     cuda_backend *cb = cu(be);
     cudaStreamSynchronize(cb->stream);
+    if (cb->copy)
+        cudaStreamSynchronize(cb->copy); /* exports still reading the pool */
     mem_free(cb->mem, cb->kvd.data);
     mem_free(cb->mem, cb->d_stage);
     if (cb->h_stage)
@@ -400,6 +441,138 @@ static int cuda_kv_export_block(backend *be, int32_t block, void *dst)
 static int cuda_kv_import_block(backend *be, int32_t block, const void *src)
 {
     return cuda_kv_move_block(cu(be), block, (uint8_t *)src, 0);
+}
+
+/* ---- the copy stream: pinned host memory, async tier copies, weight uploads ---- */
+
+/* The copy stream waits for everything enqueued on the compute stream. */
+static int copy_after_compute(cuda_backend *cb, const char *what)
+{
+    return cb_check(cb, cudaEventRecord(cb->order, cb->stream), what) ||
+           cb_check(cb, cudaStreamWaitEvent(cb->copy, cb->order, 0), what);
+}
+
+static void *cuda_host_alloc(backend *be, size_t bytes, kvant_err *err)
+{
+    cuda_backend *cb = cu(be);
+    int k = 0;
+    while (k < CUDA_MAX_PINNED && cb->pin[k].p)
+        k++;
+    if (k == CUDA_MAX_PINNED) {
+        kvant_err_set(err, KV_ENOMEM, "pinned host memory: more than %d buffers",
+                      CUDA_MAX_PINNED);
+        return NULL;
+    }
+    int64_t id = mem_reserve(cb->mem, bytes, MEM_PINNED, MEM_NO_LAYER, err);
+    if (id <= 0)
+        return NULL;
+    void *p = NULL;
+    cudaError_t e = cudaMallocHost(&p, bytes);
+    if (e != cudaSuccess || !p) {
+        cudaGetLastError(); /* an allocation failure is KV_ENOMEM, not sticky */
+        mem_unreserve(cb->mem, id);
+        kvant_err_set(err, KV_ENOMEM, "pinned host memory (%zu bytes): %s", bytes,
+                      cudaGetErrorString(e));
+        return NULL;
+    }
+    cb->pin[k].p = p;
+    cb->pin[k].id = id;
+    return p;
+}
+
+static void cuda_host_free(backend *be, void *p)
+{
+    cuda_backend *cb = cu(be);
+    if (!p)
+        return;
+    for (int k = 0; k < CUDA_MAX_PINNED; k++)
+        if (cb->pin[k].p == p) {
+            cudaStreamSynchronize(cb->copy); /* no copy may still read or fill it */
+            cudaStreamSynchronize(cb->stream);
+            cudaFreeHost(p);
+            mem_unreserve(cb->mem, cb->pin[k].id);
+            cb->pin[k].p = NULL;
+            cb->pin[k].id = 0;
+            return;
+        }
+    KV_ASSERT(!"host_free of a pointer host_alloc did not return");
+}
+
+/* One copy per layer into the block's record on the copy stream, after
+ * the compute stream's work; the compute stream's later work (which may
+ * rewrite the block) waits for it. */
+static int64_t cuda_kv_export_async(backend *be, int32_t block, void *dst)
+{
+    cuda_backend *cb = cu(be);
+    if (block < 0 || block >= cb->kv.n_blocks || cb->failed)
+        return -1;
+    if (cb->issued - cb->retired >= CUDA_COPY_TICKETS) { /* its event is reused: wait */
+        const int64_t old = cb->retired + 1;
+        if (cb_check(cb, cudaEventSynchronize(cb->tick[old % CUDA_COPY_TICKETS]), "kv tier copy"))
+            return -1;
+        cb->retired = old;
+    }
+    if (copy_after_compute(cb, "kv tier copy"))
+        return -1;
+    for (int32_t il = 0; il < cb->kv.n_layers; il++) {
+        const uint8_t *d = cb->kvd.data + il * cb->kvd.layer_stride + block * cb->kvd.block_stride;
+        if (cb_check(cb, cudaMemcpyAsync((uint8_t *)dst + il * cb->kvd.block_stride, d,
+                                         (size_t)cb->kvd.block_stride, cudaMemcpyDeviceToHost,
+                                         cb->copy), "kv tier copy"))
+            return -1;
+    }
+    const int64_t t = ++cb->issued;
+    cudaEvent_t ev = cb->tick[t % CUDA_COPY_TICKETS];
+    if (cb_check(cb, cudaEventRecord(ev, cb->copy), "kv tier copy") ||
+        cb_check(cb, cudaStreamWaitEvent(cb->stream, ev, 0), "kv tier copy"))
+        return -1;
+    return t;
+}
+
+static int cuda_copy_done(backend *be, int64_t ticket, int wait)
+{
+    cuda_backend *cb = cu(be);
+    if (ticket <= 0 || ticket > cb->issued || cb->failed)
+        return -1;
+    if (ticket <= cb->retired)
+        return 1;
+    cudaEvent_t ev = cb->tick[ticket % CUDA_COPY_TICKETS];
+    cudaError_t e = wait ? cudaEventSynchronize(ev) : cudaEventQuery(ev);
+    if (e == cudaErrorNotReady)
+        return 0;
+    if (cb_check(cb, e, "kv tier copy"))
+        return -1;
+    cb->retired = ticket; /* one stream: every earlier ticket is done too */
+    return 1;
+}
+
+static void *cuda_stream_layer(backend *be, int slot, const void *h_src, size_t bytes,
+                               size_t max_bytes, kvant_err *err)
+{
+    cuda_backend *cb = cu(be);
+    if (slot < 0 || slot >= CUDA_STREAM_SLOTS || bytes == 0 || bytes > max_bytes ||
+        (cb->d_slot[slot] && bytes > cb->slot_bytes[slot])) {
+        kvant_err_set(err, KV_EINVAL, "stream_layer: slot %d (of %d), %zu bytes (at most %zu)",
+                      slot, CUDA_STREAM_SLOTS, bytes,
+                      slot >= 0 && slot < CUDA_STREAM_SLOTS && cb->d_slot[slot]
+                          ? cb->slot_bytes[slot] : max_bytes);
+        return NULL;
+    }
+    if (!cb->d_slot[slot]) { /* first use: sized for the largest layer */
+        if (!(cb->d_slot[slot] = mem_alloc(cb->mem, max_bytes, MEM_WEIGHTS, MEM_NO_LAYER, err)))
+            return NULL;
+        cb->slot_bytes[slot] = max_bytes;
+    }
+    /* after the slot's previous layer's ops; the next ops after the upload */
+    if (copy_after_compute(cb, "weight upload") ||
+        cb_check(cb, cudaMemcpyAsync(cb->d_slot[slot], h_src, bytes, cudaMemcpyHostToDevice,
+                                     cb->copy), "weight upload") ||
+        cb_check(cb, cudaEventRecord(cb->uploaded, cb->copy), "weight upload") ||
+        cb_check(cb, cudaStreamWaitEvent(cb->stream, cb->uploaded, 0), "weight upload")) {
+        cb_status(cb, err);
+        return NULL;
+    }
+    return cb->d_slot[slot];
 }
 
 static int cuda_begin_batch(backend *be, const fwd_batch *b, kvant_err *err)
@@ -536,10 +709,30 @@ static void cuda_destroy(backend *be)
         mem_free(cb->mem, cb->w[i].d);
     free(cb->w);
     mem_free(cb->mem, cb->d_gemm_ws);
+    if (cb->copy)
+        cudaStreamSynchronize(cb->copy);
+    for (int k = 0; k < CUDA_STREAM_SLOTS; k++)
+        mem_free(cb->mem, cb->d_slot[k]);
+    for (int k = 0; k < CUDA_MAX_PINNED; k++)
+        if (cb->pin[k].p) { /* a user that outlived the backend: reclaimed, and said */
+            fprintf(stderr, "kvant: cuda: a pinned host buffer was not freed before the "
+                    "backend\n");
+            cudaFreeHost(cb->pin[k].p);
+            mem_unreserve(cb->mem, cb->pin[k].id);
+        }
     if (cb->blas)
         cublasDestroy(cb->blas);
     if (cb->staged)
         cudaEventDestroy(cb->staged);
+    if (cb->order)
+        cudaEventDestroy(cb->order);
+    if (cb->uploaded)
+        cudaEventDestroy(cb->uploaded);
+    for (int k = 0; k < CUDA_COPY_TICKETS; k++)
+        if (cb->tick[k])
+            cudaEventDestroy(cb->tick[k]);
+    if (cb->copy)
+        cudaStreamDestroy(cb->copy);
     if (cb->stream)
         cudaStreamDestroy(cb->stream);
     free(cb);
@@ -563,11 +756,16 @@ static const backend_ops cuda_ops = {
     .upload = cuda_upload,
     .download = cuda_download,
     .sync = cuda_sync,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .stream_layer = cuda_stream_layer,
     .kv_init = cuda_kv_init,
     .kv_free = cuda_kv_free,
     .kv_copy_block = cuda_kv_copy_block,
     .kv_export_block = cuda_kv_export_block,
     .kv_import_block = cuda_kv_import_block,
+    .kv_export_async = cuda_kv_export_async,
+    .copy_done = cuda_copy_done,
     .kv_extra_bytes = cuda_kv_extra_op,
     .begin_batch = cuda_begin_batch,
     .embed = cuda_embed_op,
@@ -599,7 +797,14 @@ backend *cuda_backend_create(int device, mem_mgr *mem, kvant_err *err)
     cb->device = device;
     cb->mem = mem;
     cudaError_t e;
-    if ((e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+    e = cudaSuccess;
+    for (int k = 0; k < CUDA_COPY_TICKETS && e == cudaSuccess; k++)
+        e = cudaEventCreateWithFlags(&cb->tick[k], cudaEventDisableTiming);
+    if (e != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&cb->copy, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&cb->order, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&cb->uploaded, cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&cb->staged, cudaEventDisableTiming)) != cudaSuccess) {
         kvant_err_set(err, KV_EIO, "CUDA stream/event: %s", cudaGetErrorString(e));
         cuda_destroy(&cb->base);

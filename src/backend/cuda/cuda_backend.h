@@ -5,8 +5,11 @@
  * CUDA=1 (KVANT_CUDA).
  * Design, kernels and what is verified: docs/CUDA.md.
  *
- * One backend instance owns one cudaStream_t and one cuBLAS handle on one
- * device; every op is enqueued on that stream and returns at once.
+ * One backend instance owns one compute cudaStream_t, one copy stream (KV
+ * tier exports and weight-stream uploads through pinned host memory,
+ * host_alloc / kv_export_async / copy_done / stream_layer in backend.h) and
+ * one cuBLAS handle on one device; every op is enqueued and returns at
+ * once.
  * download() and sync() are the only points where the host waits; a kernel
  * or copy failure is remembered and reported by the next begin_batch,
  * download or sync (KV_EIO naming the CUDA error).  All device memory comes
