@@ -11,6 +11,9 @@ and encoder; gguf 0.17 has no MXFP4).
   Measured (AVX-512 host, 2 threads): --exact 3.4e-7..4e-7; int8 path llama 2.4e-2, qwen2
   2.6e-2, where the same path gives Q4_0 2.2e-2 / 2.0e-2, Q8_0 1.9e-2, Q6_K 1.8e-2 on these
   random models (the activation rounding, not the weight type): INT8_BOUND 5e-2.
+* test_mxfp4_moe: qwen3moe and mixtral (make_family) with MXFP4 stacked experts ([experts][rows]
+  [cols] tensors) and every other matrix MXFP4, against the reference of the F32 twin: --exact
+  within EXACT_BOUND.
 * test_mxfp4_quantize: `kvant quantize --type mxfp4` of the F16 synthetic llama: file_type 38
   (llama.cpp's MOSTLY_MXFP4_MOE), every matrix type 39 and bitwise the numpy encoder's blocks of
   the F16 values, norms left F32, and logits within QUANT_BOUND of the F16 model's.
@@ -30,6 +33,7 @@ import numpy as np
 import pytest
 from gguf import GGUFReader
 
+import make_family as mf
 import make_synthetic as ms
 import mxfp4_ref
 from ref_model import check_argmax, ref_logits, rel_err
@@ -120,3 +124,22 @@ def test_mxfp4_quantize(synthetic_dir, tmp_path, run_kvant, kvant_logits, record
     record_result("mxfp4_quantize", {"rel_l2_vs_f16": err, "n": N_TOKENS})
     print(f"mxfp4 quantize: logits rel L2 vs F16 {err:.3e}")
     assert np.all(np.isfinite(b)) and err < QUANT_BOUND, err
+
+
+@pytest.mark.parametrize("family", ["qwen3moe", "mixtral"])
+def test_mxfp4_moe(family, tmp_path, kvant_logits, record_result):
+    seed = zlib.crc32(f"{family}-mxfp4".encode())
+    q = mf.write_family(str(tmp_path / "q.gguf"), family, "MXFP4", seed=seed)
+    f = mf.write_family(str(tmp_path / "f.gguf"), family, "MXFP4-F32", seed=seed)
+    _, tab = mxfp4_ref.read_table(q)
+    t, ne, _ = tab["blk.0.ffn_up_exps.weight"]
+    assert t == mxfp4_ref.MXFP4 and len(ne) == 3 and ne[2] == mf.MOE[family].n_expert
+    n_vocab = mf.SHAPES["tiny"][family].n_vocab
+    ids = _ids(f"{family}-mxfp4")
+    ref = ref_logits(f, ids)
+    ex = kvant_logits(q, ids, n_vocab)
+    err = rel_err(ex, ref)
+    agree, bad = check_argmax(ex, ref)
+    record_result(f"mxfp4_moe_{family}", {"rel_l2_exact": err, "argmax_agree": agree})
+    print(f"{family} mxfp4 experts: exact rel L2 {err:.3e}, argmax {agree}/{N_TOKENS}")
+    assert err < EXACT_BOUND and not bad, (err, bad)
