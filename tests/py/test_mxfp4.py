@@ -8,7 +8,7 @@ and encoder; gguf 0.17 has no MXFP4).
   stored values exactly; a decoding slip (nibble order, a scale off by 2) gives O(1).  The
   default path (int8 activations, packed weights, split head) within INT8_BOUND of the same
   reference.  `kvant info` reports the type and the 17-bytes-per-32 sizes.
-  Measured (AVX-512 host, 2 threads): --exact 3.4e-7..4e-7; int8 path llama 2.4e-2, qwen2
+  Measured (AVX-512 host, 2 threads, every ISA): --exact 2.8e-7..7.3e-7; int8 path llama 2.4e-2, qwen2
   2.6e-2, where the same path gives Q4_0 2.2e-2 / 2.0e-2, Q8_0 1.9e-2, Q6_K 1.8e-2 on these
   random models (the activation rounding, not the weight type): INT8_BOUND 5e-2.
 * test_mxfp4_moe: qwen3moe and mixtral (make_family) with MXFP4 stacked experts ([experts][rows]
