@@ -105,7 +105,7 @@ void cli_common_help(FILE *f)
         {"-m, --model", "PATH", "GGUF model file", c.model_path},
         {"-t, --threads", "N", "worker threads, 1..1024", "all cores"},
         {"--weights-dtype", "T", "quantize the weight matrices to T while loading (f32 f16 bf16 "
-                                 "q8_0 q5_0 q5_1 q4_0 q4_1 q4_K q5_K q6_K)", "as stored"},
+                                 "q8_0 q5_0 q5_1 q4_0 q4_1 q4_K q5_K q6_K mxfp4)", "as stored"},
         {"--kv-dtype", "T", kvhelp, kv ? kv->name : "?"},
         {"--backend", "NAME", "cpu or cuda", c.backend},
         {"--device", "N", "device index for the backend (--tp/--pp: the i-th rank on a host "

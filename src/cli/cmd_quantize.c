@@ -65,6 +65,7 @@ static uint32_t ftype_of(int type, const char *recipe)
     case DT_Q5_K: return 16;
     case DT_Q6_K: return 18;
     case DT_BF16: return 32;
+    case DT_MXFP4: return 38; /* MOSTLY_MXFP4_MOE: llama.cpp's only mxfp4 ftype */
     default: return 0;
     }
 }
@@ -118,7 +119,7 @@ static void quantize_help(void)
 {
     static const cli_opt t[] = {
         {"--type", "T", "target type of the weight matrices: f32 f16 bf16 q8_0 q5_0 q5_1 q4_0 "
-                        "q4_1 q4_K q5_K q6_K (this or --recipe is required)", NULL},
+                        "q4_1 q4_K q5_K q6_K mxfp4 (this or --recipe is required)", NULL},
         {"--recipe", "NAME", "per-tensor types by llama.cpp's mix: q4_k_m (this or --type is "
                                 "required)", NULL},
         {"--calib", "FILE", "text run through IN first for importance-weighted rounding",

@@ -15,7 +15,8 @@
  *    rows and the roofline probes are picked by it).
  *  - from_float, to_float_ref and vec_dot_ref always point at the scalar
  *    references in quant_ref.c.
- *  - Unsupported enum values (q8_1, q2_K, q3_K, q8_K, gaps) have name NULL
+ *  - Unsupported enum values (q8_1, q2_K, q3_K, q8_K, the i-quants and
+ *    other values between bf16 and mxfp4, gaps) have name NULL
  *    and dtype_get() returns NULL for them.
  */
 #include "kernels/dtype.h"
@@ -60,6 +61,8 @@ static const dtype_traits k_base[DT_COUNT] = {
                  .is_quantized = 1, REF_KERNELS(q5_K)},
     [DT_Q6_K] = {.name = "q6_K", .block_size = QK_K, .type_size = sizeof(block_q6_K),
                  .is_quantized = 1, REF_KERNELS(q6_K)},
+    [DT_MXFP4] = {.name = "mxfp4", .block_size = QK_MXFP4, .type_size = sizeof(block_mxfp4),
+                  .is_quantized = 1, REF_KERNELS(mxfp4)},
 };
 #undef REF_KERNELS
 

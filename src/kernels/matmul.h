@@ -7,7 +7,7 @@
  * Two paths:
  *   activation-quantized ("qact", dtype_matmul_rows_q, the default for
  *     quantized weights): for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
- *     Q6_K (dtype_matmul_uses_qact; other types take the exact path) x_t is
+ *     Q6_K, MXFP4 (dtype_matmul_uses_qact; other types take the exact path) x_t is
  *     first quantized to int8 blocks of 32 with one f32 scale each
  *     (kernels/qact.h), then dotted with integer products (VPDPBUSD on
  *     AVX-512 VNNI, VPMADDUBSW on AVX2, the scalar reference elsewhere;

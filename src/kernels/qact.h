@@ -19,7 +19,8 @@
  * codes u (the weight's unsigned stored code) and activation codes a:
  *     raw = sum u*a (exact int32), asum = s32[c]
  *     I, J: exact int32 built from raw/asum/per-type scales (see qact_ref.c)
- *     A, B: f32 from the weight block's f16 scale/min (B = 0 if none)
+ *     A, B: f32 from the weight block's f16 scale/min (B = 0 if none;
+ *           mxfp4: A = its E8M0 scale 2^(e-128), B = 0)
  *     v_c = ((A*d[c]) * (float)I) + ((B*d[c]) * (float)J)
  * each operation rounded to f32 in that order; then
  *     acc[c % 16] += v_c   (acc starts at +0, chunks in increasing c)

@@ -12,7 +12,8 @@
  * unsigned bytes and multiplied against the int8 activations of up to
  * QACT_MULTI_MAX tokens with VPMADDUBSW + VPMADDWD (u8 x s8 pairs into
  * int16, which cannot saturate for codes < 64; q8_0 uses |w| and
- * sign(a, w) instead of w + 128 so its pairs stay below 2^15).  Three
+ * sign(a, w) instead of w + 128 so its pairs stay below 2^15, and so does
+ * mxfp4 with its table values w = v[q], |w| <= 12: I = sum w*a directly).  Three
  * VPHADDD levels and one cross-lane add turn eight chunks' partial sums
  * into one vector of eight exact int32 chunk sums; q6_K weights each
  * 16-value half by its scale in the VPMADDWD step.  The integer identities
@@ -108,6 +109,22 @@ AI __m256i bit4_from_bits32(uint32_t qh)
     return _mm256_and_si256(_mm256_cmpeq_epi8(b, sel), _mm256_set1_epi8(0x10));
 }
 
+/* mxfp4: 32 codes (bytes 0..15) -> their signed table values (blocks.h) */
+AI __m256i mx_values(__m256i codes)
+{
+    const __m128i v = _mm_loadu_si128((const __m128i *)dt_mxfp4_values);
+    return _mm256_shuffle_epi8(_mm256_set_m128i(v, v), codes);
+}
+
+/* mxfp4: eight E8M0 bytes (as int32 lanes) -> 2^(e-128) (dt_e8m0_half_bits) */
+AI __m256 mx_scales(__m256i e)
+{
+    const __m256i one = _mm256_set1_epi32(1);
+    const __m256i big = _mm256_slli_epi32(_mm256_sub_epi32(e, one), 23);
+    const __m256i small = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+    return _mm256_castsi256_ps(_mm256_blendv_epi8(small, big, _mm256_cmpgt_epi32(e, one)));
+}
+
 AI __m256i unpack_legacy(uint32_t t, const uint8_t *w, int64_t c)
 {
     uint32_t qh;
@@ -124,6 +141,7 @@ AI __m256i unpack_legacy(uint32_t t, const uint8_t *w, int64_t c)
         memcpy(&qh, b->qh, 4);
         return _mm256_or_si256(nib32(b->qs), bit4_from_bits32(qh));
     }
+    case DT_MXFP4: return mx_values(nib32(((const block_mxfp4 *)w + c)->qs));
     default: /* q8_0: the signed codes (see the file comment) */
         return _mm256_loadu_si256((const __m256i *)((const block_q8_0 *)w + c)->qs);
     }
@@ -166,7 +184,7 @@ AI __m256i unpack_k(uint32_t t, const uint8_t *w, int64_t c)
 AI __m256i chunk_dot(uint32_t t, __m256i u, const int8_t *ap, __m256i w16)
 {
     const __m256i a = _mm256_loadu_si256((const __m256i *)ap);
-    if (t == DT_Q8_0)
+    if (t == DT_Q8_0 || t == DT_MXFP4)
         return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(u), _mm256_sign_epi8(a, u)), w16);
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), w16);
 }
@@ -245,6 +263,12 @@ AI void half_dot(uint32_t t, const uint8_t *w, int64_t c0, int nvalid, const qac
             A = _mm256_set1_ps(h2f(b->d));
             B = _mm256_set1_ps(-h2f(b->dmin));
         }
+    } else if (t == DT_MXFP4) {
+        _Alignas(32) uint32_t eb[8] = {0};
+        #pragma GCC unroll 8
+        for (int i = 0; i < nvalid; i++)
+            eb[i] = ((const block_mxfp4 *)w + c0 + i)->e;
+        A = mx_scales(_mm256_load_si256((const __m256i *)eb));
     } else {
         const size_t bs = t == DT_Q4_0 ? sizeof(block_q4_0) : t == DT_Q4_1 ? sizeof(block_q4_1)
                         : t == DT_Q5_0 ? sizeof(block_q5_0) : t == DT_Q5_1 ? sizeof(block_q5_1)
@@ -282,7 +306,7 @@ AI void half_dot(uint32_t t, const uint8_t *w, int64_t c0, int nvalid, const qac
             I = _mm256_sub_epi32(S[k], _mm256_slli_epi32(_mm256_madd_epi16(s16, sc6), 5));
             break;
         }
-        default: break; /* q8_0: S is already sum q*a */
+        default: break; /* q8_0, mxfp4: S is already sum q*a */
         }
         const __m256 p = _mm256_mul_ps(_mm256_mul_ps(A, da), _mm256_cvtepi32_ps(I));
         const __m256 q = _mm256_mul_ps(_mm256_mul_ps(B, da), _mm256_cvtepi32_ps(J));
@@ -298,6 +322,7 @@ AI size_t chunk_wbytes(uint32_t t)
     case DT_Q5_0: return sizeof(block_q5_0);
     case DT_Q5_1: return sizeof(block_q5_1);
     case DT_Q8_0: return sizeof(block_q8_0);
+    case DT_MXFP4: return sizeof(block_mxfp4);
     case DT_Q4_K: return sizeof(block_q4_K) / 8;
     case DT_Q5_K: return sizeof(block_q5_K) / 8;
     default: return sizeof(block_q6_K) / 8;
@@ -390,6 +415,16 @@ AI __m256i pk_pair16(__m256i lo, __m256i hi, const int8_t *a)
                             _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(a + 64))));
 }
 
+/* mxfp4: as pk_pair16 for signed values w (|w| <= 12), as |w| x sign(a, w):
+ * each pair <= 2 * 12 * 127, four vectors' two pairs <= 24384 in int16. */
+AI __m256i mx_pair16(__m256i lo, __m256i hi, const int8_t *a)
+{
+    const __m256i a0 = _mm256_loadu_si256((const __m256i *)a);
+    const __m256i a1 = _mm256_loadu_si256((const __m256i *)(a + 64));
+    return _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(lo), _mm256_sign_epi8(a0, lo)),
+                            _mm256_maddubs_epi16(_mm256_abs_epi8(hi), _mm256_sign_epi8(a1, hi)));
+}
+
 /* S[k] lane i = exact sum of chunk 8h+i of one group for token k (nvl
  * lanes valid); qs: the group's packed codes, vectors L bytes apart;
  * ag[k]: token k's interleaved codes of the group. */
@@ -422,11 +457,16 @@ AI void pk_half_sums(uint32_t t, const uint8_t *qs, int L, int h, int nvl,
 #pragma GCC unroll 8
     for (int i = 0; i < 4; i++) {
         const __m256i v = pk_load(qs + L * i + 32 * h, nvl);
-        const __m256i lo = _mm256_and_si256(v, lo4);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+        __m256i lo = _mm256_and_si256(v, lo4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+        if (t == DT_MXFP4) {
+            lo = mx_values(lo);
+            hi = mx_values(hi);
+        }
 #pragma GCC unroll 8
         for (int k = 0; k < nt; k++)
-            s16[k] = _mm256_add_epi16(s16[k], pk_pair16(lo, hi, ag[k] + 128 * i + 32 * h));
+            s16[k] = _mm256_add_epi16(s16[k], t == DT_MXFP4 ? mx_pair16(lo, hi, ag[k] + 128 * i + 32 * h)
+                                                            : pk_pair16(lo, hi, ag[k] + 128 * i + 32 * h));
     }
 #pragma GCC unroll 8
     for (int k = 0; k < nt; k++)
@@ -546,7 +586,7 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
     _Alignas(32) uint16_t sc[2][QACT_LANES] = {{0}};
     const uint8_t *dh = wg, *mh = wg + 2 * tc;
     if (tc < QACT_LANES && !kq) { /* short group: scales into zero-padded copies */
-        memcpy(sc[0], wg, 2 * (size_t)tc);
+        memcpy(sc[0], wg, (t == DT_MXFP4 ? 1 : 2) * (size_t)tc);
         if (pk_has_min(t))
             memcpy(sc[1], mh, 2 * (size_t)tc);
         dh = (const uint8_t *)sc[0];
@@ -566,6 +606,9 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
         pk_kscales ks;
         if (kq) {
             ks = pk_k_scales(t, wg, tc, h);
+        } else if (t == DT_MXFP4) { /* e[tc] */
+            ks.A = mx_scales(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(dh + 8 * h))));
+            ks.B = _mm256_setzero_ps();
         } else {
             ks.A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dh + 16 * h)));
             ks.B = pk_has_min(t) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mh + 16 * h)))
@@ -600,7 +643,7 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
                         _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(xv[k].s16 + 2 * c0)),
                                           ks.e6), 5));
             __m256 v = _mm256_mul_ps(_mm256_mul_ps(ks.A, da), _mm256_cvtepi32_ps(I));
-            /* q4_0, q5_0, q8_0, q6_K: the reference's second term is +0,
+            /* q4_0, q5_0, q8_0, q6_K, mxfp4: the reference's second term is +0,
              * and adding +0 to v and then to acc (never -0) changes nothing */
             if (pk_has_min(t))
                 v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_mul_ps(ks.B, da), _mm256_cvtepi32_ps(asum)));
@@ -719,6 +762,7 @@ QACT_NT_ENTRY(v2_q8_0, dot_type, DT_Q8_0)
 QACT_NT_ENTRY(v2_q4_K, dot_type, DT_Q4_K)
 QACT_NT_ENTRY(v2_q5_K, dot_type, DT_Q5_K)
 QACT_NT_ENTRY(v2_q6_K, dot_type, DT_Q6_K)
+QACT_NT_ENTRY(v2_mxfp4, dot_type, DT_MXFP4)
 QACT_NT_ENTRY(p2_q4_0_any, pk_dot_type, DT_Q4_0)
 
 static void p2_q4_0(int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out)
@@ -736,6 +780,7 @@ QACT_NT_ENTRY(p2_q5_0, pk_dot_type, DT_Q5_0)
 QACT_NT_ENTRY(p2_q5_1, pk_dot_type, DT_Q5_1)
 QACT_NT_ENTRY(p2_q5_K, pk_dot_type, DT_Q5_K)
 QACT_NT_ENTRY(p2_q6_K, pk_dot_type, DT_Q6_K)
+QACT_NT_ENTRY(p2_mxfp4, pk_dot_type, DT_MXFP4)
 
 qact_dot_fn qact_dot_avx2(uint32_t type)
 {
@@ -748,6 +793,7 @@ qact_dot_fn qact_dot_avx2(uint32_t type)
     case DT_Q4_K: return v2_q4_K;
     case DT_Q5_K: return v2_q5_K;
     case DT_Q6_K: return v2_q6_K;
+    case DT_MXFP4: return v2_mxfp4;
     default: return NULL;
     }
 }
@@ -763,6 +809,7 @@ qact_dot_fn qpack_dot_avx2(uint32_t type)
     case DT_Q5_1: return p2_q5_1;
     case DT_Q5_K: return p2_q5_K;
     case DT_Q6_K: return p2_q6_K;
+    case DT_MXFP4: return p2_mxfp4;
     default: return NULL;
     }
 }

@@ -77,6 +77,7 @@ static size_t block_bytes(uint32_t t)
     case DT_Q5_0: return sizeof(block_q5_0);
     case DT_Q5_1: return sizeof(block_q5_1);
     case DT_Q8_0: return sizeof(block_q8_0);
+    case DT_MXFP4: return sizeof(block_mxfp4);
     case DT_Q4_K: return sizeof(block_q4_K);
     case DT_Q5_K: return sizeof(block_q5_K);
     default: return sizeof(block_q6_K);
@@ -104,6 +105,22 @@ AI __m512i add16_where(__m512i x, __mmask64 k)
     return _mm512_mask_add_epi8(x, k, x, _mm512_set1_epi8(16));
 }
 
+/* mxfp4: codes (bytes 0..15) -> u = table value + 12, in 0..24 (qact_ref.c) */
+AI __m512i mx_codes(__m512i codes)
+{
+    const __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)dt_mxfp4_values));
+    return _mm512_add_epi8(_mm512_shuffle_epi8(v, codes), _mm512_set1_epi8(12));
+}
+
+/* mxfp4: sixteen E8M0 bytes (as int32 lanes) -> 2^(e-128) (dt_e8m0_half_bits) */
+AI __m512 mx_scales(__m512i e)
+{
+    const __m512i one = _mm512_set1_epi32(1);
+    const __m512i big = _mm512_slli_epi32(_mm512_sub_epi32(e, one), 23);
+    const __m512i small = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(e, one), small, big));
+}
+
 AI __m512i unpack_legacy(uint32_t t, const uint8_t *wg, int p)
 {
     const size_t bs = block_bytes(t);
@@ -112,6 +129,7 @@ AI __m512i unpack_legacy(uint32_t t, const uint8_t *wg, int p)
     switch (t) {
     case DT_Q4_0: return nib_pair(b0 + 2, b1 + 2);
     case DT_Q4_1: return nib_pair(b0 + 4, b1 + 4);
+    case DT_MXFP4: return mx_codes(nib_pair(b0 + 1, b1 + 1));
     case DT_Q5_0:
         memcpy(&h0, b0 + 2, 4), memcpy(&h1, b1 + 2, 4);
         return add16_where(nib_pair(b0 + 6, b1 + 6), _cvtu64_mask64(h0 | (uint64_t)h1 << 32));
@@ -181,8 +199,13 @@ AI group_scales load_scales(uint32_t t, const uint8_t *wg, int nv)
             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
             _mm512_set1_epi32((int)block_bytes(t)));
         const __mmask16 km = (__mmask16)(nv >= 16 ? 0xFFFF : (1u << nv) - 1);
-        const __m512i g = /* d | m << 16 */
+        const __m512i g = /* d | m << 16 (mxfp4: e | qs[0..2] << 8) */
             _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), km, idx, wg, 1);
+        if (t == DT_MXFP4) {
+            s.A = mx_scales(_mm512_and_si512(g, _mm512_set1_epi32(0xFF)));
+            s.B = _mm512_setzero_ps();
+            return s;
+        }
         s.A = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
         s.B = t == DT_Q4_1 || t == DT_Q5_1
                   ? _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)))
@@ -282,6 +305,7 @@ AI void group_dot(uint32_t t, const uint8_t *wg, const qact_view *xv, int64_t g,
         case DT_Q4_0: I = _mm512_sub_epi32(S[k], _mm512_slli_epi32(asum, 3)); break;
         case DT_Q5_0: I = _mm512_sub_epi32(S[k], _mm512_slli_epi32(asum, 4)); break;
         case DT_Q8_0: I = _mm512_sub_epi32(S[k], _mm512_slli_epi32(asum, 7)); break;
+        case DT_MXFP4: I = _mm512_sub_epi32(S[k], _mm512_mullo_epi32(asum, _mm512_set1_epi32(12))); break;
         case DT_Q4_1:
         case DT_Q5_1: J = asum; break;
         case DT_Q4_K:
@@ -430,6 +454,10 @@ AI void pk_sums(uint32_t t, const uint8_t *qs, const uint8_t *qx, int tc,
             lo = _mm512_and_si512(v, lo4);
             hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
         }
+        if (t == DT_MXFP4) {
+            lo = mx_codes(lo);
+            hi = mx_codes(hi);
+        }
 #pragma GCC unroll 8
         for (int k = 0; k < nt; k++) {
             const __m512i a0 = _mm512_loadu_si512(ag[k] + 128 * i);
@@ -504,6 +532,11 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
     pk_kscales ks;
     if (kq) {
         ks = pk_k_scales(t, wg, tc);
+    } else if (t == DT_MXFP4) { /* e[tc] */
+        const __m128i e = tc == QACT_LANES ? _mm_loadu_si128((const __m128i *)wg)
+                                           : _mm_maskz_loadu_epi8((__mmask16)((1u << tc) - 1), wg);
+        ks.A = mx_scales(_mm512_cvtepu8_epi32(e));
+        ks.B = _mm512_setzero_ps();
     } else {
         ks.A = pk_halfs(wg, tc);
         ks.B = has_m ? pk_halfs(wg + 2 * tc, tc) : _mm512_setzero_ps();
@@ -527,6 +560,8 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
             I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 4));
         else if (t == DT_Q8_0)
             I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 7));
+        else if (t == DT_MXFP4)
+            I = _mm512_sub_epi32(I, _mm512_mullo_epi32(asum, _mm512_set1_epi32(12)));
         else if (t == DT_Q6_K) {
             const __m512i s16 = _mm512_loadu_si512(xv[k].s16 + 2 * g * QACT_LANES);
             I = _mm512_sub_epi32(
@@ -534,7 +569,7 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
                 _mm512_slli_epi32(_mm512_madd_epi16(s16, ks.e6), 5));
         }
         __m512 v = _mm512_mul_ps(_mm512_mul_ps(ks.A, da), _mm512_cvtepi32_ps(I));
-        /* q4_0, q5_0, q8_0, q6_K: the reference's second term is +0, and
+        /* q4_0, q5_0, q8_0, q6_K, mxfp4: the reference's second term is +0, and
          * adding +0 to v and then to acc (never -0) changes nothing */
         if (has_m)
             v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_mul_ps(ks.B, da), _mm512_cvtepi32_ps(asum)));
@@ -577,6 +612,7 @@ QACT_NT_ENTRY(vq_q8_0, dot_type, DT_Q8_0)
 QACT_NT_ENTRY(vq_q4_K, dot_type, DT_Q4_K)
 QACT_NT_ENTRY(vq_q5_K, dot_type, DT_Q5_K)
 QACT_NT_ENTRY(vq_q6_K, dot_type, DT_Q6_K)
+QACT_NT_ENTRY(vq_mxfp4, dot_type, DT_MXFP4)
 QACT_NT_ENTRY(p5_q4_0, pk_dot_type, DT_Q4_0)
 QACT_NT_ENTRY(p5_q4_1, pk_dot_type, DT_Q4_1)
 QACT_NT_ENTRY(p5_q8_0, pk_dot_type, DT_Q8_0)
@@ -585,6 +621,7 @@ QACT_NT_ENTRY(p5_q5_0, pk_dot_type, DT_Q5_0)
 QACT_NT_ENTRY(p5_q5_1, pk_dot_type, DT_Q5_1)
 QACT_NT_ENTRY(p5_q5_K, pk_dot_type, DT_Q5_K)
 QACT_NT_ENTRY(p5_q6_K, pk_dot_type, DT_Q6_K)
+QACT_NT_ENTRY(p5_mxfp4, pk_dot_type, DT_MXFP4)
 
 qact_dot_fn qact_dot_avx512(uint32_t type)
 {
@@ -597,6 +634,7 @@ qact_dot_fn qact_dot_avx512(uint32_t type)
     case DT_Q4_K: return vq_q4_K;
     case DT_Q5_K: return vq_q5_K;
     case DT_Q6_K: return vq_q6_K;
+    case DT_MXFP4: return vq_mxfp4;
     default: return NULL;
     }
 }
@@ -612,6 +650,7 @@ qact_dot_fn qpack_dot_avx512(uint32_t type)
     case DT_Q5_1: return p5_q5_1;
     case DT_Q5_K: return p5_q5_K;
     case DT_Q6_K: return p5_q6_K;
+    case DT_MXFP4: return p5_mxfp4;
     default: return NULL;
     }
 }

@@ -11,6 +11,8 @@
  *   q5_0: u = q (0..31)        I = raw - 16*asum        A = d     B = 0
  *   q5_1: u = q                I = raw,  J = asum       A = d     B = m
  *   q8_0: u = q + 128          I = raw - 128*asum       A = d     B = 0
+ *   mxfp4: u = v[q] + 12 (0..24, v = dt_mxfp4_values)
+ *                              I = raw - 12*asum        A = 2^(e-128)  B = 0
  *   q4_K, q5_K (sub-block scale sc, min m, 6-bit):
  *         u = q                I = sc*raw, J = m*asum   A = d     B = -dmin
  *   q6_K (int8 scale per 16: sc0, sc1; half sums raw_h, s16):
@@ -166,6 +168,16 @@ static chunk_terms terms_legacy(uint32_t type, const void *w, int64_t c, const q
         t.A = half_fp16_to_f32(b->d);
         break;
     }
+    case DT_MXFP4: {
+        const block_mxfp4 *b = (const block_mxfp4 *)w + c;
+        for (int i = 0; i < 16; i++) {
+            u[i] = (uint8_t)(dt_mxfp4_values[b->qs[i] & 0xF] + 12);
+            u[i + 16] = (uint8_t)(dt_mxfp4_values[b->qs[i] >> 4] + 12);
+        }
+        t.I = dot_u8(u, a, 32) - 12 * asum;
+        t.A = dt_e8m0_half(b->e);
+        break;
+    }
     default:
         break;
     }
@@ -252,6 +264,7 @@ REF_DOT(ref_q8_0, DT_Q8_0)
 REF_DOT(ref_q4_K, DT_Q4_K)
 REF_DOT(ref_q5_K, DT_Q5_K)
 REF_DOT(ref_q6_K, DT_Q6_K)
+REF_DOT(ref_mxfp4, DT_MXFP4)
 #undef REF_DOT
 
 qact_dot_fn qact_dot_ref(uint32_t type)
@@ -265,6 +278,7 @@ qact_dot_fn qact_dot_ref(uint32_t type)
     case DT_Q4_K: return ref_q4_K;
     case DT_Q5_K: return ref_q5_K;
     case DT_Q6_K: return ref_q6_K;
+    case DT_MXFP4: return ref_mxfp4;
     default: return NULL;
     }
 }

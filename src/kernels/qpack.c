@@ -15,6 +15,7 @@ static size_t block_bytes(uint32_t t)
     case DT_Q4_0: return sizeof(block_q4_0);
     case DT_Q4_1: return sizeof(block_q4_1);
     case DT_Q8_0: return sizeof(block_q8_0);
+    case DT_MXFP4: return sizeof(block_mxfp4);
     case DT_Q5_0: return sizeof(block_q5_0);
     case DT_Q5_1: return sizeof(block_q5_1);
     case DT_Q4_K: return sizeof(block_q4_K) / 8; /* per 32-value chunk */
@@ -58,7 +59,9 @@ static void set_code(uint32_t t, uint8_t *blk, int p, int v)
         ((block_q8_0 *)blk)->qs[p] = (int8_t)v;
         return;
     }
-    uint8_t *qs = t == DT_Q4_0 ? ((block_q4_0 *)blk)->qs : ((block_q4_1 *)blk)->qs;
+    uint8_t *qs = t == DT_Q4_0    ? ((block_q4_0 *)blk)->qs
+                  : t == DT_MXFP4 ? ((block_mxfp4 *)blk)->qs
+                                  : ((block_q4_1 *)blk)->qs;
     if (p < 16)
         qs[p] = (uint8_t)((qs[p] & 0xF0) | v);
     else
@@ -70,6 +73,8 @@ static size_t head_bytes(uint32_t t, int tc)
 {
     if (t == DT_Q4_K) /* d, dmin, scales[12] of each super-block */
         return (size_t)(tc / 8) * K4_HEAD;
+    if (t == DT_MXFP4) /* one E8M0 byte per block */
+        return (size_t)tc;
     return (size_t)(t == DT_Q4_1 ? 2 : 1) * (size_t)tc * sizeof(half_fp16);
 }
 
@@ -296,7 +301,10 @@ static void pack_group(uint32_t t, int tc, const uint8_t *in, uint8_t *out)
     uint8_t *qs = out + head_bytes(t, tc);
     for (int c = 0; c < tc; c++) {
         const uint8_t *blk = in + c * bb;
-        memcpy(hd + 2 * c, blk, 2);
+        if (t == DT_MXFP4)
+            hd[c] = blk[0];
+        else
+            memcpy(hd + 2 * c, blk, 2);
         if (t == DT_Q4_1)
             memcpy(hd + 2 * (tc + c), blk + 2, 2);
         if (t == DT_Q8_0) {
@@ -304,7 +312,9 @@ static void pack_group(uint32_t t, int tc, const uint8_t *in, uint8_t *out)
                 memcpy(qs + L * r + 4 * c, ((const block_q8_0 *)blk)->qs + 4 * r, 4);
             continue;
         }
-        const uint8_t *q = t == DT_Q4_0 ? ((const block_q4_0 *)blk)->qs : ((const block_q4_1 *)blk)->qs;
+        const uint8_t *q = t == DT_Q4_0    ? ((const block_q4_0 *)blk)->qs
+                           : t == DT_MXFP4 ? ((const block_mxfp4 *)blk)->qs
+                                           : ((const block_q4_1 *)blk)->qs;
         for (int i = 0; i < 2; i++) {
             for (int j = 0; j < 4; j++) {
                 /* values 8i+j, 8i+4+j: low nibbles; 16+8i+j, 20+8i+j: high */
@@ -330,7 +340,10 @@ static void unpack_group(uint32_t t, int tc, const uint8_t *in, uint8_t *out)
     const int L = 4 * tc;
     const uint8_t *hd = in;
     for (int c = 0; c < tc; c++) {
-        memcpy(out + c * bb, hd + 2 * c, 2);
+        if (t == DT_MXFP4)
+            out[c * bb] = hd[c];
+        else
+            memcpy(out + c * bb, hd + 2 * c, 2);
         if (t == DT_Q4_1)
             memcpy(out + c * bb + 2, hd + 2 * (tc + c), 2);
     }

@@ -1,17 +1,18 @@
 /* qpack.h - weight rows repacked at load into the layout the integer
  * kernels want ("packed" rows), and the matching activation order.
  *
- * A packed row of a Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K tensor
+ * A packed row of a Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K or MXFP4 tensor
  * holds the same bytes as the stored row, permuted inside each group of up
  * to QACT_LANES = 16 blocks (512 values; the last group of a row holds tc =
  * the remaining blocks, 1..16).  A group, with code(c, p) the code of value
  * p of block c as stored and L = 4 tc the length of one code vector:
  *     half_fp16 d[tc];                      every block's scale, in order
+ *                                         (mxfp4: uint8_t e[tc], its E8M0 bytes)
  *     half_fp16 m[tc];                      (q4_1, q5_1) every block's min
  *     uint32_t qh'[tc];                   (q5_0, q5_1) bit 4 of the codes:
  *                                         byte j, bit i / 4+i = that of the
  *                                         low / high nibble of qs[i][4c+j]
- *     q4_*, q5_*: uint8_t qs[4][L]:       qs[i][b] low nibble  = code(b/4, 8i + b%4)
+ *     q4_*, q5_*, mxfp4: uint8_t qs[4][L]: qs[i][b] low nibble = code(b/4, 8i + b%4)
  *                                                  high nibble = code(b/4, 8i + 4 + b%4)
  *                                         (the low 4 bits of the code)
  *     q8_0:       int8_t  qs[8][L]:       qs[r][b] = code(b/4, 4r + b%4)
@@ -59,12 +60,15 @@ static inline size_t qpack_qs_off(uint32_t type, int tc)
     case DT_Q5_1: return 8 * (size_t)tc;
     case DT_Q5_K: return 6 * (size_t)tc;  /* 16-byte heads per 8 chunks, qh' */
     case DT_Q6_K: return (size_t)(tc / 8) * 18; /* d, 16 scales per 8 chunks */
+    case DT_MXFP4: return (size_t)tc;         /* e[tc] */
     default: return 2 * (size_t)tc;       /* q4_0, q8_0: d[tc]; q4_K: heads */
     }
 }
 
 static inline size_t qpack_qx_off(uint32_t type, int tc)
 {
+    if (type == DT_MXFP4) /* no extra bits: the codes themselves */
+        return qpack_qs_off(type, tc);
     return type == DT_Q6_K ? qpack_qs_off(type, tc) + 16 * (size_t)tc
                            : qpack_qs_off(type, tc) - 4 * (size_t)tc;
 }

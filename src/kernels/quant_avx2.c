@@ -209,6 +209,15 @@ AI void deq_q5_1(const block_q5_1 *b, __m256 w[4])
     scale_min4(w, h2f(b->d), h2f(b->m));
 }
 
+/* mxfp4: the table values by VPSHUFB, times 2^(e-128) (exact, or +-inf as
+ * in the reference) */
+AI void deq_mxfp4(const block_mxfp4 *b, __m256 w[4])
+{
+    const __m128i v = _mm_loadu_si128((const __m128i *)dt_mxfp4_values);
+    i8x32_to_ps(_mm256_shuffle_epi8(_mm256_set_m128i(v, v), nibbles32(b->qs)), w);
+    scale4(w, dt_e8m0_half(b->e));
+}
+
 #define B32_DOT_BODY(BT, DEQ)                                        \
     const BT *b = w;                                                 \
     __m256 acc[NT2][4];                                              \
@@ -255,6 +264,11 @@ static void tf_q4_0(const void *src, float *dst, int64_t n) { B32_TO_FLOAT_BODY(
 static void tf_q4_1(const void *src, float *dst, int64_t n) { B32_TO_FLOAT_BODY(block_q4_1, deq_q4_1) }
 static void tf_q5_0(const void *src, float *dst, int64_t n) { B32_TO_FLOAT_BODY(block_q5_0, deq_q5_0) }
 static void tf_q5_1(const void *src, float *dst, int64_t n) { B32_TO_FLOAT_BODY(block_q5_1, deq_q5_1) }
+AI void dot_mxfp4(int64_t n, const void *w, const float *x, int64_t xs, int nt, float *out)
+{
+    B32_DOT_BODY(block_mxfp4, deq_mxfp4)
+}
+static void tf_mxfp4(const void *src, float *dst, int64_t n) { B32_TO_FLOAT_BODY(block_mxfp4, deq_mxfp4) }
 
 /* ---------------- q4_K / q5_K ---------------- */
 
@@ -478,6 +492,7 @@ ENTRY_POINTS(q5_1)
 ENTRY_POINTS(q4_K)
 ENTRY_POINTS(q5_K)
 ENTRY_POINTS(q6_K)
+ENTRY_POINTS(mxfp4)
 
 static const quant_simd_kernels k_table[DT_COUNT] = {
     [DT_F32] = {NULL, vd_f32, vdm_f32}, /* to_float is a memcpy: reference */
@@ -491,6 +506,7 @@ static const quant_simd_kernels k_table[DT_COUNT] = {
     [DT_Q4_K] = {tf_q4_K, vd_q4_K, vdm_q4_K},
     [DT_Q5_K] = {tf_q5_K, vd_q5_K, vdm_q5_K},
     [DT_Q6_K] = {tf_q6_K, vd_q6_K, vdm_q6_K},
+    [DT_MXFP4] = {tf_mxfp4, vd_mxfp4, vdm_mxfp4},
 };
 
 const quant_simd_kernels *quant_avx2_table(void)

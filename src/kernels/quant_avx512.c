@@ -188,6 +188,18 @@ AI void prefetch_ahead(const void *p, size_t bytes)
 
 /* The block-32 drivers: the same loop for every type, written out per type
  * so each inlines its deq_* (no function pointers in the hot loop). */
+/* mxfp4: table[c] = v[c] * 2^(e-128), as the reference rounds it (exactly,
+ * or to +-inf) */
+AI void deq_mxfp4(const block_mxfp4 *b, __m512 *w0, __m512 *w1)
+{
+    const __m512 v = _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)dt_mxfp4_values)));
+    const __m512 tbl = _mm512_mul_ps(v, _mm512_set1_ps(dt_e8m0_half(b->e)));
+    const __m512i q = load_u8x16(b->qs);
+    *w0 = _mm512_permutexvar_ps(q, tbl); /* vpermps reads index bits 0..3 only */
+    *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), tbl);
+}
+
 #define B32_DOT_BODY(BT, DEQ)                                        \
     const BT *b = w;                                                 \
     const int64_t nb = n / 32;                                       \
@@ -240,6 +252,11 @@ AI void dot_q5_1(int64_t n, const void *w, const float *x, int64_t xs, int nt, f
 
 static void tf_q8_0(const void *src, float *dst, int64_t n) { B32_TO_FLOAT_BODY(block_q8_0, deq_q8_0) }
 static void tf_q4_0(const void *src, float *dst, int64_t n) { B32_TO_FLOAT_BODY(block_q4_0, deq_q4_0) }
+AI void dot_mxfp4(int64_t n, const void *w, const float *x, int64_t xs, int nt, float *out)
+{
+    B32_DOT_BODY(block_mxfp4, deq_mxfp4)
+}
+static void tf_mxfp4(const void *src, float *dst, int64_t n) { B32_TO_FLOAT_BODY(block_mxfp4, deq_mxfp4) }
 static void tf_q4_1(const void *src, float *dst, int64_t n) { B32_TO_FLOAT_BODY(block_q4_1, deq_q4_1) }
 static void tf_q5_0(const void *src, float *dst, int64_t n) { B32_TO_FLOAT_BODY(block_q5_0, deq_q5_0) }
 static void tf_q5_1(const void *src, float *dst, int64_t n) { B32_TO_FLOAT_BODY(block_q5_1, deq_q5_1) }
@@ -489,6 +506,7 @@ ENTRY_POINTS(q5_1)
 ENTRY_POINTS(q4_K)
 ENTRY_POINTS(q5_K)
 ENTRY_POINTS(q6_K)
+ENTRY_POINTS(mxfp4)
 
 static const quant_simd_kernels k_table[DT_COUNT] = {
     [DT_F32] = {NULL, vd_f32, vdm_f32}, /* to_float is a memcpy: reference */
@@ -502,6 +520,7 @@ static const quant_simd_kernels k_table[DT_COUNT] = {
     [DT_Q4_K] = {tf_q4_K, vd_q4_K, vdm_q4_K},
     [DT_Q5_K] = {tf_q5_K, vd_q5_K, vdm_q5_K},
     [DT_Q6_K] = {tf_q6_K, vd_q6_K, vdm_q6_K},
+    [DT_MXFP4] = {tf_mxfp4, vd_mxfp4, vdm_mxfp4},
 };
 
 const quant_simd_kernels *quant_avx512_table(void)

@@ -533,3 +533,55 @@ float qref_q6_K_vec_dot(int64_t n, const void *w, const float *x)
 {
     return dot_blocks(n, w, x, QK_K, sizeof(block_q6_K), qref_q6_K_to_float);
 }
+
+/* ---------------- mxfp4: x = v[q] * 2^(e-128) (blocks.h) ---------------- */
+
+void qref_mxfp4_to_float(const void *src, float *dst, int64_t n)
+{
+    const block_mxfp4 *b = src;
+    for (int64_t i = 0; i < n / QK_MXFP4; i++, dst += QK_MXFP4) {
+        const float d = dt_e8m0_half(b[i].e);
+        for (int j = 0; j < QK_MXFP4 / 2; j++) {
+            dst[j] = (float)dt_mxfp4_values[b[i].qs[j] & 0x0F] * d;
+            dst[j + QK_MXFP4 / 2] = (float)dt_mxfp4_values[b[i].qs[j] >> 4] * d;
+        }
+    }
+}
+
+/* The code nearest x / d (ggml's best_index_mxfp4: first minimum). */
+static int mxfp4_code(float x, float d)
+{
+    int best = 0;
+    float best_err = fabsf((float)dt_mxfp4_values[0] * d - x);
+    for (int i = 1; i < 16; i++) {
+        const float err = fabsf((float)dt_mxfp4_values[i] * d - x);
+        if (err < best_err) {
+            best = i;
+            best_err = err;
+        }
+    }
+    return best;
+}
+
+void qref_mxfp4_from_float(const float *src, void *dst, int64_t n)
+{
+    block_mxfp4 *b = dst;
+    for (int64_t i = 0; i < n / QK_MXFP4; i++, src += QK_MXFP4) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK_MXFP4; j++)
+            if (amax < fabsf(src[j]))
+                amax = fabsf(src[j]);
+        const float l = amax > 0.0f ? floorf(log2f(amax)) - 2 + 127 : 0.0f;
+        b[i].e = (uint8_t)(l < 0.0f ? 0 : l > 254.0f ? 254 : (int)l);
+        const float d = dt_e8m0_half(b[i].e);
+        for (int j = 0; j < QK_MXFP4 / 2; j++) {
+            const int q0 = mxfp4_code(src[j], d), q1 = mxfp4_code(src[j + QK_MXFP4 / 2], d);
+            b[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+float qref_mxfp4_vec_dot(int64_t n, const void *w, const float *x)
+{
+    return dot_blocks(n, w, x, QK_MXFP4, sizeof(block_mxfp4), qref_mxfp4_to_float);
+}

@@ -11,6 +11,7 @@
  *   q5_1: q*d + m          q8_0: q*d
  *   q4_K / q5_K: (d*sc)*q - (dmin*m)   (6-bit sc, m; get_scale_min_k4)
  *   q6_K: (d*sc)*(q-32)                (int8 sc per 16 elements)
+ *   mxfp4: dt_mxfp4_values[q] * 2^(e-128)   (blocks.h; exact, or +-inf)
  * each product/sum rounded to f32 in that order (no FMA contraction).
  */
 #ifndef KVANT_QUANT_REF_H
@@ -63,6 +64,10 @@ float qref_q5_K_vec_dot(int64_t n, const void *w, const float *x);
 void qref_q6_K_to_float(const void *src, float *dst, int64_t n);
 void qref_q6_K_from_float(const float *src, void *dst, int64_t n);
 float qref_q6_K_vec_dot(int64_t n, const void *w, const float *x);
+
+void qref_mxfp4_to_float(const void *src, float *dst, int64_t n);
+void qref_mxfp4_from_float(const float *src, void *dst, int64_t n);
+float qref_mxfp4_vec_dot(int64_t n, const void *w, const float *x);
 
 /* Unpacks the 6-bit scale and min of sub-block j (0..7) of a q4_K/q5_K
  * block's 12-byte scales field (ggml's get_scale_min_k4). */

@@ -25,7 +25,7 @@ int quant_parse_type(const char *name, kvant_err *err)
     if (!tr || !tr->from_float || t == DT_Q8_1 || t == DT_Q8_K)
         return kvant_err_set(err, KV_EINVAL,
                              "unknown quantization type '%s' (f32 f16 bf16 q8_0 q5_0 q5_1 q4_0 q4_1 "
-                             "q4_K q5_K q6_K)",
+                             "q4_K q5_K q6_K mxfp4)",
                              name ? name : "(null)");
     return t;
 }

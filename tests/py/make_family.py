@@ -209,7 +209,8 @@ def _experts(w, add, add_f32, rng, p: str, E: int, F: int, mo: Moe, wtype: str) 
 
     def add3(name, rows, cols, std):   # [X][rows][cols]: X * rows rows written as one 3-D tensor
         arr, raw = ms._tensor(rng, (X * rows, cols), std, wtype)
-        w.add_tensor(name, arr.reshape(X, rows, arr.shape[-1]), raw_dtype=raw)
+        w.add_tensor(name, arr.reshape(X, rows, arr.shape[-1]), raw_dtype=raw,
+                     raw_shape=(X, rows, cols) if raw == ms.mxfp4_ref.MXFP4 else None)
 
     add_f32(p + "ffn_gate_inp.weight", 2.0 / math.sqrt(E) * rng.standard_normal((X, E)))
     add3(p + "ffn_gate_exps.weight", F, E, 1.0 / math.sqrt(E))
@@ -230,7 +231,7 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
     untied output.weight) make the deliberately unusual files the refusal tests need."""
     if family not in ARCH:
         raise ValueError(f"unknown family {family!r} (known: {', '.join(FAMILIES)})")
-    if wtype not in ms.TYPES:
+    if wtype not in ms.TYPES + ["MXFP4", "MXFP4-F32"]:   # the MXFP4 pair: tests/py/test_mxfp4.py
         raise ValueError(f"unknown weight type {wtype!r}")
     if family not in SHAPES[shape]:
         raise ValueError(f"shape {shape!r} has no {family!r}")
@@ -250,7 +251,7 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
 
     def add(name, shp, std, t=wtype):
         arr, raw = ms._tensor(rng, shp, std, t)
-        w.add_tensor(name, arr, raw_dtype=raw)
+        w.add_tensor(name, arr, raw_dtype=raw, raw_shape=shp if raw == ms.mxfp4_ref.MXFP4 else None)
 
     def add_f32(name, arr):
         w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))

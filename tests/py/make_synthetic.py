@@ -7,7 +7,10 @@ counts, as `kvant prune` writes).
 Random weights with realistic scales; norms ~1 (F32).  Types gguf.quants can quantize
 (F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) are quantized from Gaussian data; Q4_K, Q5_K and
 Q6_K (no quantizer in gguf 0.17) are built as random but valid blocks whose f16 scales are
-chosen so each block has ~zero mean and the target standard deviation.
+chosen so each block has ~zero mean and the target standard deviation.  MXFP4 (type 39, not in
+gguf 0.17 at all; mxfp4_ref.py) is not in TYPES: its blocks have random codes and E8M0 scales
+around the target deviation, and wtype "MXFP4-F32" writes the same draws decoded to F32 (the
+twin that ref_model.py, through GGUFReader, can read; tests/py/test_mxfp4.py).
 
     python tests/py/make_synthetic.py OUTDIR [NAME ...]     (default: all variants)
 """
@@ -19,6 +22,7 @@ import zlib
 from dataclasses import dataclass
 
 import numpy as np
+import mxfp4_ref
 from gguf import GGUFWriter
 from gguf import quants
 from gguf.constants import GGMLQuantizationType as QT
@@ -101,8 +105,23 @@ def _random_kquant(rng: np.random.Generator, rows: int, cols: int, std: float, t
     return blocks.reshape(rows, -1)
 
 
+def _random_mxfp4(rng: np.random.Generator, rows: int, cols: int, std: float) -> np.ndarray:
+    """Random MXFP4 blocks as uint8 [rows][cols/32*17]: uniform codes (rms 5.85 in table units),
+    E8M0 scale within one step of the one giving `std`."""
+    nb = rows * cols // mxfp4_ref.BLOCK
+    blocks = rng.integers(0, 256, size=(nb, mxfp4_ref.BLOCK_BYTES), dtype=np.uint8)
+    base = 128 + int(round(np.log2(std / np.sqrt(np.mean(mxfp4_ref.KVALUES.astype(float) ** 2)))))
+    blocks[:, 0] = base + rng.integers(-1, 2, size=nb)
+    return blocks.reshape(rows, -1)
+
+
 def _tensor(rng: np.random.Generator, shape: tuple[int, int], std: float, t: str):
     """(array, raw_dtype) for GGUFWriter.add_tensor; shape is numpy [rows][cols]."""
+    if t in ("MXFP4", "MXFP4-F32"):
+        b = _random_mxfp4(rng, shape[0], shape[1], std)
+        if t == "MXFP4":   # int8 bytes: GGUFWriter would look up the block size of a uint8 array
+            return b.view(np.int8), mxfp4_ref.MXFP4
+        return mxfp4_ref.dequantize(b, shape[0] * shape[1]).reshape(shape), None
     if t in _BLK:
         return _random_kquant(rng, shape[0], shape[1], std, t), QT[t]
     x = (rng.standard_normal(shape) * std).astype(np.float32)
@@ -188,7 +207,7 @@ def write_model(path: str, spec: Spec, seed: int) -> str:
 
     def add(name, shape, std, t):
         arr, raw = _tensor(rng, shape, std, t)
-        w.add_tensor(name, arr, raw_dtype=raw)
+        w.add_tensor(name, arr, raw_shape=shape if raw == mxfp4_ref.MXFP4 else None, raw_dtype=raw)
 
     def add_f32(name, arr):
         w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))

@@ -5,16 +5,21 @@
  * theory: step/sqrt(12) with step = range/levels of a 32- or 16-element
  * block, plus f16 rounding of the scales):
  *   f16 0.05%, bf16 0.4%, q8_0 0.6%, q6_K 2.5%, q5_0/q5_1 5%, q5_K 6%,
- *   q4_0/q4_1 10%, q4_K 12%.
+ *   q4_0/q4_1 10%, q4_K 12%, mxfp4 13% (MXFP4_RT_BOUND).
  * vec_dot: |got - exact| / sum|w_i x_i| < 1e-5, where exact is the double
  * dot of to_float_ref(w) and x (for every ISA the CPU has).
  * SIMD to_float: bitwise equal to to_float_ref.
  * gguf.quants vectors (tests/data/quant-vectors, scripts/make-quant-vectors.py):
  * to_float_ref bitwise equal; from_float equal for >= 97% of blocks of the
  * legacy types (gguf's q4_0/q5_0 rounding is done in f64, ggml's in f32).
+ * mxfp4 (no gguf.quants vectors in gguf 0.17): every exponent and code
+ * decoded against ldexp bitwise, hand-checked quantized blocks (ties,
+ * clipping, zero / tiny / huge blocks); tests/py/test_mxfp4.py decodes it
+ * independently in numpy.
  * Run from the repository root.  Set KVANT_BENCH=1 for a 4096x4096 timing
  * (default 1024x4096); timings are printed, never asserted.
  */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -27,8 +32,13 @@
 #include "testutil.h"
 
 static const int k_types[] = {DT_F32,  DT_F16,  DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_1,
-                              DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K};
+                              DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_MXFP4};
 #define N_TYPES ((int)(sizeof(k_types) / sizeof(k_types[0])))
+
+/* mxfp4: 8 magnitudes per sign on a power-of-two grid (step d below 4 d,
+ * 2 d up to 8 d, 4 d to 12 d), amax / d in [8, 16), values past 12 d
+ * clipped (ggml's rule): measured 0.1155 on N(0,1). */
+#define MXFP4_RT_BOUND 0.13
 
 static double rt_bound(int t)
 {
@@ -42,6 +52,7 @@ static double rt_bound(int t)
     case DT_Q5_K: return 0.06;
     case DT_Q4_0: case DT_Q4_1: return 0.10;
     case DT_Q4_K: return 0.12;
+    case DT_MXFP4: return MXFP4_RT_BOUND;
     default: return 0.0;
     }
 }
@@ -81,6 +92,11 @@ static void test_traits(void)
     CHECK(dtype_row_size(DT_Q6_K, 512) == 420 && dtype_row_size(DT_Q4_K, 256) == 144);
     CHECK(dtype_row_size(DT_Q5_K, 768) == 528 && dtype_row_size(DT_Q8_0, 64) == 68);
     CHECK(dtype_row_size(DT_Q2_K, 256) == 0 && dtype_row_size(99, 32) == 0);
+    CHECK(dtype_from_name("mxfp4") == DT_MXFP4 && dtype_from_name("MXFP4") == DT_MXFP4);
+    CHECK(DT_MXFP4 == 39 && dtype_row_size(DT_MXFP4, 64) == 34 && dtype_row_size(DT_MXFP4, 48) == 0);
+    CHECK(dtype_get(DT_MXFP4) && dtype_get(DT_MXFP4)->block_size == 32 &&
+          dtype_get(DT_MXFP4)->type_size == 17);
+    CHECK(dtype_get(20) == NULL && dtype_get(38) == NULL && dtype_get(40) == NULL); /* iq4_nl, gap */
     CHECK(dtype_row_size(DT_F32, INT64_MAX) == 0); /* overflow */
     for (int i = 0; i < N_TYPES; i++) {
         const dtype_traits *tr = dtype_get((uint32_t)k_types[i]);
@@ -229,6 +245,95 @@ static void test_matmul(tu_rng *r, const char *isa)
     }
 }
 
+/* mxfp4 written independently of blocks.h: FP4 E2M1 (OCP MX v1.0: 0, 0.5,
+ * 1, 1.5, 2, 3, 4, 6 and their negatives) doubled, by 4-bit code. */
+static const int k_mx_vals[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* v * 2^(e-128) in double (exact), rounded to f32: +-inf past FLT_MAX. */
+static float mx_value(int v, int e)
+{
+    const double x = ldexp((double)v, e - 128);
+    return fabs(x) > FLT_MAX ? (x > 0 ? INFINITY : -INFINITY) : (float)x;
+}
+
+/* (7) mxfp4 dequantization: every E8M0 byte e = 0..255 (2^-128 and 2^-127
+ * are subnormal; e = 255 is 2^127 as in ggml) with every code in both
+ * nibbles, against mx_value, bitwise, for the reference and the dispatched
+ * to_float; one-block rows at the end of exact-size buffers (ASan). */
+static void test_mxfp4_decode(const char *isa)
+{
+    const int64_t nb = 256, n = nb * QK_MXFP4;
+    block_mxfp4 *b = malloc((size_t)nb * sizeof *b);
+    float *want = malloc((size_t)n * 4), *got = malloc((size_t)n * 4), *ref = malloc((size_t)n * 4);
+    int infs = 0;
+    for (int e = 0; e < nb; e++) {
+        b[e].e = (uint8_t)e;
+        for (int j = 0; j < 16; j++) {
+            const int lo = (j + e) % 16, hi = (15 - j + 3 * e) % 16;
+            b[e].qs[j] = (uint8_t)(lo | hi << 4);
+            want[e * 32 + j] = mx_value(k_mx_vals[lo], e);
+            want[e * 32 + 16 + j] = mx_value(k_mx_vals[hi], e);
+            infs += !!isinf(want[e * 32 + j]) + !!isinf(want[e * 32 + 16 + j]);
+        }
+    }
+    const dtype_traits *tr = dtype_get(DT_MXFP4);
+    tr->to_float_ref(b, ref, n);
+    tr->to_float(b, got, n);
+    CHECKF(memcmp(ref, want, (size_t)n * 4) == 0, "mxfp4 to_float_ref: every exponent and code");
+    CHECKF(memcmp(got, want, (size_t)n * 4) == 0, "%s mxfp4 to_float: every exponent and code", isa);
+    CHECK(infs > 0 && want[32 * 0 + 0] == 0.0f); /* e 253..255 overflow some codes */
+    for (int e = 0; e < nb; e += 51) { /* one block alone, nothing after it */
+        block_mxfp4 *one = malloc(sizeof *one);
+        memcpy(one, &b[e], sizeof *one);
+        tr->to_float(one, got, QK_MXFP4);
+        CHECKF(memcmp(got, want + e * 32, QK_MXFP4 * 4) == 0, "%s mxfp4 one block e=%d", isa, e);
+        free(one);
+    }
+    free(b), free(want), free(got), free(ref);
+}
+
+/* (8) the mxfp4 reference quantizer on hand-checked blocks (ggml's rule,
+ * quant_ref.c): e = floor(log2 amax) - 2 + 127, nearest code, the lower
+ * code (the smaller magnitude) on ties, clipping at 12 d, e = 0 for zero
+ * and tiny blocks. */
+static void test_mxfp4_encode(void)
+{
+    float x[7 * 32] = {0};
+    /* block 0: amax 6 -> e 127, d 0.5; x and the expected code */
+    static const float x0[] = {6.0f, 5.0f, -5.0f, 0.25f, -0.25f, 0.75f, 2.5f, 3.9f,
+                               -6.0f, -0.0f, 0.26f, 1.25f, -1.3f, 2.75f};
+    static const int c0[] = {7, 6, 14, 0, 0, 1, 4, 6, 15, 0, 1, 2, 11, 5};
+    memcpy(x, x0, sizeof x0);
+    x[16] = 1.0f;   /* high nibble of qs[0]: code 2 */
+    x[31] = -3.0f;  /* high nibble of qs[15]: code 13 */
+    x[32] = 7.9f, x[33] = 0.1f;                    /* block 1: e 127, 7.9 clipped to 6 */
+    x[64] = 8.0f, x[65] = -7.0f;                   /* block 2: e 128, d 1; -7: tie -> -6 */
+    /* block 3: all zero */
+    x[128] = 1e-40f;                               /* block 4: subnormal amax -> e 0 */
+    x[160] = 3e38f, x[161] = -3e38f;               /* block 5: e 252, |x|/d 14.1 -> 12 */
+    x[192] = 0x1p-124f, x[193] = -0x1p-127f;       /* block 6: e 1, d 2^-127 */
+    static const uint8_t want_e[7] = {127, 127, 128, 0, 0, 252, 1};
+    block_mxfp4 b[7];
+    dtype_get(DT_MXFP4)->from_float(x, b, 7 * 32);
+    for (int i = 0; i < 7; i++)
+        CHECKF(b[i].e == want_e[i], "mxfp4 block %d: e %u, want %u", i, b[i].e, want_e[i]);
+    int ok = 1;
+    for (int j = 0; j < 14; j++)
+        ok &= (b[0].qs[j] & 0xF) == c0[j];
+    CHECK(ok && (b[0].qs[0] >> 4) == 2 && (b[0].qs[15] >> 4) == 13 && (b[0].qs[14] & 0xF) == 0);
+    CHECK(b[1].qs[0] == 7 && b[1].qs[1] == 0);
+    CHECK(b[2].qs[0] == (6 | 0 << 4) && b[2].qs[1] == 13);
+    uint8_t zero[16] = {0};
+    CHECK(!memcmp(b[3].qs, zero, 16) && !memcmp(b[4].qs, zero, 16));
+    CHECK(b[5].qs[0] == 7 && b[5].qs[1] == 15);
+    CHECK(b[6].qs[0] == 6 && b[6].qs[1] == 9);
+    /* and back: block 0's values are exactly representable, block 5 clips */
+    float y[7 * 32];
+    dtype_get(DT_MXFP4)->to_float_ref(b, y, 7 * 32);
+    CHECK(y[0] == 6.0f && y[1] == 4.0f && y[2] == -4.0f && y[16] == 1.0f && y[31] == -3.0f);
+    CHECK(y[32] == 6.0f && y[65] == -6.0f && y[160] == 0x1.8p127f && y[193] == -0x1p-127f);
+}
+
 static void *read_file(const char *name, const char *ext, size_t *len)
 {
     char path[256];
@@ -249,6 +354,8 @@ static void *read_file(const char *name, const char *ext, size_t *len)
 static void test_gguf_vectors(void)
 {
     for (int i = 1; i < N_TYPES; i++) { /* f32 has no vectors */
+        if (k_types[i] == DT_MXFP4)
+            continue; /* not in gguf 0.17's quants: test_mxfp4_* and tests/py instead */
         const dtype_traits *tr = dtype_get((uint32_t)k_types[i]);
         size_t nb = 0, nf = 0, ns = 0, nq = 0;
         uint8_t *blk = read_file(tr->name, "blk", &nb);
@@ -327,6 +434,7 @@ int main(void)
     test_conversions();
     test_round_trip(&r);
     test_gguf_vectors();
+    test_mxfp4_encode();
     const kernel_isa best = dtype_kernel_isa();
     CHECK(!strcmp(dtype_isa(), dtype_isa_name(best)));
     for (int k = 0; k < KERNEL_ISA_COUNT; k++) {
@@ -339,6 +447,7 @@ int main(void)
         CHECK(dtype_kernel_isa() == (kernel_isa)k && !strcmp(dtype_isa(), name));
         test_kernels(&r, name);
         test_matmul(&r, name);
+        test_mxfp4_decode(name);
     }
     CHECK(dtype_isa_supported(KERNEL_ISA_SCALAR) && !dtype_isa_supported(KERNEL_ISA_COUNT));
     CHECK(dtype_force_isa(KERNEL_ISA_COUNT) == -1);

@@ -34,7 +34,7 @@
 #include "util/arch.h"
 
 static const int k_types[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q8_0,
-                              DT_Q4_K, DT_Q5_K, DT_Q6_K};
+                              DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_MXFP4};
 #define N_TYPES ((int)(sizeof(k_types) / sizeof(k_types[0])))
 
 static void fill_normal(tu_rng *r, float *x, int64_t n, float scale)
@@ -99,14 +99,16 @@ static int cmp_double(const void *a, const void *b)
 
 /* One type at one size: SIMD vs ref bitwise, ref vs exact. */
 /* Overwrites the code bytes of w with random bits (every code value,
- * q8_0's -128 included), keeping its f16 scales finite. */
+ * q8_0's -128 included), keeping its f16 scales finite; mxfp4: every
+ * byte, its E8M0 scale too (large ones overflow to inf and nan, which the
+ * kernels must reproduce bitwise as well). */
 static void randomize_codes(tu_rng *r, int t, uint8_t *w, size_t bytes)
 {
     const dtype_traits *tr = dtype_get((uint32_t)t);
     const size_t bs = tr->type_size;
     /* scale bytes at the start of the block (q6_K: d at the end) */
     const size_t head = t == DT_Q4_1 || t == DT_Q5_1 || t == DT_Q4_K || t == DT_Q5_K ? 4
-                        : t == DT_Q6_K ? 0 : 2;
+                        : t == DT_Q6_K || t == DT_MXFP4 ? 0 : 2;
     const size_t tail = t == DT_Q6_K ? 2 : 0;
     for (size_t b = 0; b < bytes; b += bs)
         for (size_t i = b + head; i < b + bs - tail; i++)
@@ -178,6 +180,61 @@ static void test_dots(tu_rng *r, const isa_kernels *isa)
                 dtype_get((uint32_t)t)->name, worst, med, nrel);
         CHECKF(worst < 5e-3, "%s worst normalised error %.3e", dtype_get((uint32_t)t)->name, worst);
         CHECKF(med < 1e-2, "%s median relative error %.3e", dtype_get((uint32_t)t)->name, med);
+    }
+}
+
+/* mxfp4 rows of nb blocks at the end of exact-size buffers (ASan sees any
+ * read past the last block), random codes: row 0 block b has E8M0 byte
+ * b % 256 (nb = 257: every exponent; e >= 250 overflows f32, so inf and
+ * nan must match bitwise too), row 1 has e in 96..159.  SIMD == ref
+ * bitwise for nt = 1..4; and the reference == the double dot of the
+ * dequantized weights with the dequantized activations (d[c] * q) to
+ * 1e-5 of sum |w a| on row 1 (only f32 rounding of the per-chunk terms and
+ * of the 16-lane sums separates them). */
+static void test_mxfp4_edges(tu_rng *r, const isa_kernels *isa)
+{
+    static const int64_t nbs[] = {1, 2, 3, 15, 16, 17, 31, 33, 257};
+    for (size_t s = 0; s < sizeof nbs / sizeof nbs[0]; s++) {
+        const int64_t nb = nbs[s], n = nb * QK_MXFP4, ntok = 4;
+        const size_t rs = dtype_row_size(DT_MXFP4, n), rb = qact_row_bytes(n);
+        uint8_t *w = malloc(2 * rs), *xq = malloc(ntok * rb);
+        float *x = malloc(ntok * n * 4), *wf = malloc(n * 4);
+        for (size_t i = 0; i < 2 * rs; i++)
+            w[i] = (uint8_t)tu_rand_u64(r);
+        for (int64_t b = 0; b < nb; b++) {
+            w[b * 17] = (uint8_t)(b % 256);
+            w[rs + b * 17] = (uint8_t)(96 + tu_rand_u64(r) % 64);
+        }
+        fill_normal(r, x, ntok * n, 1.0f);
+        for (int64_t k = 0; k < ntok; k++)
+            qact_quantize_ref(x + k * n, n, xq + k * rb);
+        const qact_dot_fn ref = qact_dot_ref(DT_MXFP4), fast = isa ? isa->dot(DT_MXFP4) : NULL;
+        int same = 1;
+        for (int j = 0; j < 2; j++) {
+            float yr[4], ym[4];
+            ref(n, w + j * rs, xq, rb, (int)ntok, yr);
+            for (int nt = 1; fast && nt <= ntok; nt++) {
+                fast(n, w + j * rs, xq, rb, nt, ym);
+                same &= memcmp(ym, yr, (size_t)nt * 4) == 0;
+            }
+            if (j == 0 || isa)
+                continue;
+            dtype_get(DT_MXFP4)->to_float_ref(w + rs, wf, n);
+            for (int64_t k = 0; k < ntok; k++) {
+                const qact_view v = qact_view_of(xq + k * rb, n);
+                double e = 0, mag = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    const double p = (double)wf[i] * ((double)v.d[i / 32] * v.qs[i]);
+                    e += p, mag += fabs(p);
+                }
+                CHECKF(fabs(yr[k] - e) <= 1e-5 * mag, "mxfp4 qact ref vs dequantized dot, nb=%lld: "
+                       "%g vs %g", (long long)nb, yr[k], e);
+            }
+        }
+        if (fast)
+            CHECKF(same, "mxfp4 qact %s == ref bitwise, every exponent, nb=%lld", isa->name,
+                   (long long)nb);
+        free(w), free(xq), free(x), free(wf);
     }
 }
 
@@ -291,6 +348,7 @@ int main(void)
     /* the reference's own accuracy, then each SIMD ISA the CPU has */
     test_quantize(&r, NULL);
     test_dots(&r, NULL);
+    test_mxfp4_edges(&r, NULL);
     for (size_t i = 0; i < sizeof simd / sizeof simd[0]; i++) {
         if (dtype_force_isa(simd[i].isa) != 0) {
             fprintf(stderr, "test_matmul_q8: CPU lacks %s: its kernels not run here\n", simd[i].name);
@@ -299,6 +357,7 @@ int main(void)
         test_table(&simd[i]);
         test_quantize(&r, &simd[i]);
         test_dots(&r, &simd[i]);
+        test_mxfp4_edges(&r, &simd[i]);
     }
     /* the matmul driver on every ISA the CPU has, scalar included */
     for (int i = 0; i < KERNEL_ISA_COUNT; i++) {

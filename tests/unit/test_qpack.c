@@ -1,6 +1,6 @@
 /* test_qpack.c - weight rows packed at load (kernels/qpack.h).
  *
- * Types: q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K.  Checks:
+ * Types: q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K, mxfp4.  Checks:
  *   qpack_unpack_rows(qpack_rows(w)) == w bytewise, copying and in place,
  *     and a packed tensor keeps its size and row stride;
  *   qpack_interleave_act moves byte 32c + p of each group to
@@ -9,7 +9,8 @@
  *   the packed dot kernels (AVX2, AVX-512) == qact_dot_ref of the stored
  *     row against the in-order activations, bitwise, for nt = 1..4, for
  *     rows with and without a short last group (1..15 chunks), with quantized and with
- *     random code bytes (every code value, q8_0's -128 included);
+ *     random code bytes (every code value, q8_0's -128 included; mxfp4:
+ *     every byte random, its E8M0 scales too, inf and nan results included);
  *   dtype_matmul_rows_q on packed rows (type | DT_PACKED, 7 tokens, split
  *     row ranges) == the stored rows' results bitwise;
  *   the split path (two int8 terms per token, the output head's): packed ==
@@ -31,10 +32,10 @@
 #include "testutil.h"
 #include "util/arch.h"
 
-static const uint32_t k_types[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1,
-                                   DT_Q8_0, DT_Q4_K, DT_Q5_K, DT_Q6_K};
+static const uint32_t k_types[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q8_0,
+                                   DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_MXFP4};
 static const int64_t k_sizes[] = {32, 96, 512, 576, 768, 1120, 1280, 2048, 5632};
-#define N_TYPES 8
+#define N_TYPES 9
 #define N_SIZES 9
 
 typedef struct rows {
@@ -63,6 +64,8 @@ static rows make_rows(tu_rng *r, uint32_t t, int64_t n, int64_t n_rows, int wild
         size_t f0 = 0, f1 = t == DT_Q4_1 || t == DT_Q5_1 || t == DT_Q4_K || t == DT_Q5_K ? 4 : 2;
         if (t == DT_Q6_K)
             f0 = bs - 2, f1 = bs;
+        if (t == DT_MXFP4) /* the E8M0 byte too: every exponent */
+            f1 = 0;
         for (size_t b = 0; b < w.rs * (size_t)n_rows; b += bs)
             for (size_t i = 0; i < bs; i++)
                 if (i < f0 || i >= f1)
@@ -108,6 +111,8 @@ static void test_layout(tu_rng *r)
     CHECK(qpack_supported(DT_Q6_K, 2048) && !qpack_supported(DT_F16, 2048));
     CHECK(qpack_supported(DT_Q4_K, 768) && !qpack_supported(DT_Q4_K, 576));
     CHECK(!qpack_supported(DT_Q6_K, 576) && !qpack_supported(DT_Q5_K, 576));
+    CHECK(qpack_supported(DT_MXFP4, 32) && qpack_supported(DT_MXFP4, 1120) &&
+          !qpack_supported(DT_MXFP4, 48));
 
     const int64_t n = 1120; /* two full groups and three chunks */
     const size_t rb = qact_row_bytes(n);

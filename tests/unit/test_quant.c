@@ -61,8 +61,8 @@ static void test_convert(tu_rng *r)
     uint8_t ref[2 * N * 2], got[2 * N * 2];
     for (int i = 0; i < 2 * N; i++)
         x[i] = tu_rand_normal(r);
-    static const uint32_t types[] = {DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K, DT_F16};
-    for (size_t k = 0; k < 5; k++) {
+    static const uint32_t types[] = {DT_Q8_0, DT_Q4_0, DT_Q4_K, DT_Q6_K, DT_F16, DT_MXFP4};
+    for (size_t k = 0; k < 6; k++) {
         size_t rb = dtype_row_size(types[k], N);
         dtype_get(types[k])->from_float(x, ref, N);
         dtype_get(types[k])->from_float(x + N, ref + rb, N);
@@ -80,6 +80,8 @@ static void test_names(void)
     int fell;
     CHECK(quant_parse_type("Q4_K", &err) == DT_Q4_K);
     CHECK(quant_parse_type("q8_0", &err) == DT_Q8_0);
+    CHECK(quant_parse_type("mxfp4", &err) == DT_MXFP4);
+    CHECK(quant_fit_type(DT_MXFP4, 576, &fell) == DT_MXFP4 && !fell);
     CHECK(quant_parse_type("q9_9", &err) < 0 && strstr(err.msg, "q9_9"));
     CHECK(quant_parse_type("q8_K", &err) < 0);
     CHECK(quant_parse_type(NULL, &err) < 0);

@@ -2,7 +2,7 @@
  * kernels' layout (kernels/qpack.h).
  *
  * cpu_pack_weights packs every matmul weight the selected ISA has a packed
- * kernel for (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: qpack_supported
+ * kernel for (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, MXFP4: qpack_supported
  * and dtype_matmul_packs; an untied output head too (it takes the split
  * int8 path); not the embedding table, nor a head tied to it):
  *   mapped tensors (dev == data): into a new MEM_WEIGHTS buffer from the
