@@ -242,13 +242,14 @@ def test_plan_placement_and_prediction(kvant_bin, default_model, tmp_path):
     pred = off["predicted"]
     assert [p["tokens_per_pass"] for p in pred] == [1, 8, 32, 128, 512]
     for p in pred:
-        assert p["tok_s"] > 0 and p["tok_s"] <= p["resident_tok_s"] * (1 + 1e-9)
+        # (1e-5: the JSON prints 6 significant digits; a read-bound pass equals its bound)
+        assert p["tok_s"] > 0 and p["tok_s"] <= p["resident_tok_s"] * (1 + 1e-5)
         assert p["pass_s"] >= p["stall_s"] >= 0
         # a pass reads every streamed byte at most at the faster page-cache rate, alone or
         # beside the matmuls (measured separately: on a noisy machine either may be higher)
         fastest = max([rates["read_bytes_per_s"]] +
                       [b["side_by_side_read_bytes_per_s"] for b in rates["matmul"]])
-        assert p["pass_s"] >= off["streamed_bytes_per_forward"] / fastest * (1 - 1e-9)
+        assert p["pass_s"] >= off["streamed_bytes_per_forward"] / fastest * (1 - 1e-5)
     # the prediction for O_DIRECT reads, from the same cached rates
     r = subprocess.run(cmd + ["--weights-memory", "40MiB", "--stream-io", "direct", "--json"],
                        capture_output=True, text=True, env=env, timeout=120)
@@ -257,7 +258,7 @@ def test_plan_placement_and_prediction(kvant_bin, default_model, tmp_path):
     assert od["rates"]["cached"] and od["rates"]["stream_io"] == "direct"
     direct = od["rates"]["direct_read_bytes_per_s"] or rates["read_bytes_per_s"]  # 0: refused
     for p in od["predicted"]:
-        assert p["pass_s"] >= od["streamed_bytes_per_forward"] / direct * (1 - 1e-9)
+        assert p["pass_s"] >= od["streamed_bytes_per_forward"] / direct * (1 - 1e-5)
     # text form and --remeasure
     r = subprocess.run(cmd + ["--weights-memory", "40MiB", "--remeasure"], capture_output=True,
                        text=True, env=env, timeout=120)
