@@ -531,11 +531,15 @@ typedef struct oc_mode {
 static oc_mode mode_rates(const ocost_rates *r, const oc_at *a, int io_mode)
 {
     const double d = r->direct_bps;
+    /* compute beside reads is never faster than alone: a side-by-side rate
+     * measured above the alone one is noise, and would predict a streamed
+     * pass faster than the resident one */
+    const double slow = a->c_conc > a->c_alone ? a->c_alone / a->c_conc : 1.0;
     if (io_mode == WSTREAM_IO_DIRECT && d > 0)
         return (oc_mode){d, d, 1.0};
     if (io_mode == WSTREAM_IO_BOTH && d > 0)
-        return (oc_mode){r->read_bps + d, a->r_conc + d, a->c_alone / a->c_conc};
-    return (oc_mode){r->read_bps, a->r_conc, a->c_alone / a->c_conc};
+        return (oc_mode){r->read_bps + d, a->r_conc + d, slow};
+    return (oc_mode){r->read_bps, a->r_conc, slow};
 }
 
 /* The ri-th streamed layer in forward order. */
