@@ -79,6 +79,11 @@ typedef struct kv_layout {
      * kv_copy_block_w refuses n_blocks_w > 0 at kv_init. */
     int32_t n_blocks_w;
     uint8_t layer_window[MODEL_MAX_LAYERS];
+    /* 1: K and V are stored rotated by the normalized Walsh-Hadamard
+     * transform of each head (kernels/hadamard.h; --kv-rotate): the forward
+     * pass rotates q, k and v after rope and the attention output back;
+     * needs the backend's hadamard op and a power-of-two head_dim */
+    int rotate;
 } kv_layout;
 
 /* KV heads of layer il under lay. */
@@ -199,6 +204,10 @@ typedef struct backend_ops {
     void (*geglu)(backend *be, const float *d_gate, const float *d_up, float *d_out, int64_t n);
     /* d_x[i] *= s */
     void (*scale)(backend *be, float *d_x, float s, int64_t n);
+    /* Optional (NULL: kv_layout.rotate is refused): the normalized
+     * Walsh-Hadamard transform in place of each head_dim row of the batch's
+     * n_tokens x n_heads rows (kernels/hadamard.h). */
+    void (*hadamard)(backend *be, float *d_x, int32_t n_heads, int32_t head_dim);
     /* d_x[i] = cap * tanh(d_x[i] / cap) */
     void (*softcap)(backend *be, float *d_x, float cap, int64_t n);
     /* d_x[i] += d_y[i] */

@@ -107,6 +107,9 @@ void cli_common_help(FILE *f)
         {"--weights-dtype", "T", "quantize the weight matrices to T while loading (f32 f16 bf16 "
                                  "q8_0 q5_0 q5_1 q4_0 q4_1 q4_K q5_K q6_K mxfp4)", "as stored"},
         {"--kv-dtype", "T", kvhelp, kv ? kv->name : "?"},
+        {"--kv-rotate", NULL, "store K and V rotated by a Walsh-Hadamard transform per head "
+                              "(spreads outliers before 4-bit KV quantization; same "
+                              "attention in exact arithmetic)", "off"},
         {"--backend", "NAME", "cpu or cuda", c.backend},
         {"--device", "N", "device index for the backend (--tp/--pp: the i-th rank on a host "
                           "takes device N + i, modulo the devices present)", dev},
@@ -253,6 +256,10 @@ static int parse_model_opt(cli_common *c, int argc, char **argv, int *i)
             c->kv_dtype = (uint32_t)t;
         else
             c->weights_dtype = t;
+        return 1;
+    }
+    if (!strcmp(a, "--kv-rotate")) {
+        c->kv_rotate = 1;
         return 1;
     }
     if (!strcmp(a, "--backend")) {
@@ -431,6 +438,7 @@ void cli_engine_config(const cli_common *c, engine_config *ec)
     ec->backend = c->backend;
     ec->device = c->device;
     ec->kv_dtype = c->kv_dtype;
+    ec->kv_rotate = c->kv_rotate;
     ec->weights_dtype = c->weights_dtype;
     ec->exact = c->exact;
     ec->no_pack = c->no_pack;
@@ -662,6 +670,9 @@ static int session_load(cli_session *s, const cli_common *c, int32_t n_ctx, int3
             return err->code ? err->code : KV_ENOMEM;
     }
     kv_layout kv = fwd_kv_layout(s->m, s->n_blocks, CLI_DEFAULT_BLOCK, c->kv_dtype);
+    kv.rotate = c->kv_rotate;
+    if (kv.rotate && s->par)
+        return kvant_err_set(err, KV_EUNSUP, "--kv-rotate: not with --tp/--pp");
     return fwd_init(&s->fwd, s->m, s->be, max_batch, max_out, &kv, err);
 }
 

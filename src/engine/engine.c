@@ -351,6 +351,9 @@ static int setup_backend(engine_ext *x, kvant_err *err)
      * enough whole blocks for it. */
     kv_layout lay = fwd_kv_layout(e->m, 1, e->cfg.block_size, e->cfg.kv_dtype);
     lay.max_tokens = e->cfg.max_num_batched_tokens;
+    lay.rotate = e->cfg.kv_rotate;
+    if (lay.rotate && e->cfg.tp_group)
+        return kvant_err_set(err, KV_EUNSUP, "--kv-rotate: not with --tp/--pp");
     uint64_t extra = e->be->ops->kv_extra_bytes ? e->be->ops->kv_extra_bytes(e->be, &lay) : 0;
     extra += engine_tp_extra_bytes(e);
     uint64_t block_bytes = x->plan.kv_bytes_per_token * (uint64_t)e->cfg.block_size;

@@ -93,7 +93,7 @@ static void fingerprint(engine *e, uint8_t out[KVTIER_KEY_BYTES])
     kvhash_sha256_update(&s, "kvant-kv-tier-1", 15);
     int64_t f[] = {hp->arch, hp->n_layers, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim,
                    hp->n_ff, hp->n_vocab, hp->rope_dim, hp->rope, e->cfg.kv_dtype,
-                   e->cfg.block_size, e->cfg.weights_dtype, e->cfg.exact};
+                   e->cfg.block_size, e->cfg.weights_dtype, e->cfg.exact, e->cfg.kv_rotate};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         model_hash_u64(&s, (uint64_t)f[i]);
     if (hp->n_kv_total != (int64_t)hp->n_layers * hp->n_head_kv) /* per-layer KV heads */

@@ -32,6 +32,7 @@ typedef struct engine_config {
     int64_t max_model_len;         /* context per request; 0 = model's */
     int32_t max_waiting;           /* queue cap (0 = unlimited) */
     uint32_t kv_dtype;             /* default DT_F16 (f32, bf16, q8_0, q4_0) */
+    int kv_rotate;                 /* 1: K/V stored Hadamard-rotated (kv_layout.rotate) */
     int32_t weights_dtype;         /* -1 = as stored; else quantize matrices at load */
     int exact;                     /* 1: f32 activations in every matmul (reference path);
                                     * 0 (default): int8 activations for quantized weights */

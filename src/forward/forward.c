@@ -17,6 +17,7 @@
 #include <time.h>
 
 #include "kernels/dtype.h"
+#include "kernels/hadamard.h"
 #include "mem/plan.h"
 #include "model/wstream.h"
 #include "par/tp.h"
@@ -81,6 +82,10 @@ int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_
         return kvant_err_set(err, KV_EUNSUP, "backend %s: mixture-of-experts models (%s."
                              "expert_count %u) are not supported", be->ops->name,
                              m->hp.recipe->arch, m->hp.fam.n_expert);
+    if (kv->rotate && (!be->ops->hadamard || !hadamard_ok(m->hp.head_dim)))
+        return kvant_err_set(err, KV_EUNSUP, "--kv-rotate: %s", !be->ops->hadamard
+                             ? "not implemented on this backend"
+                             : "needs a power-of-two head_dim");
     f->m = m;
     f->be = be;
     f->max_tokens = max_tokens;
@@ -216,9 +221,16 @@ static int run_attn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
     rp.freq_scale = L->rope_scale;
     op->rope(be, f->d_q, L->n_head, hp->head_dim, &rp);
     op->rope(be, f->d_k, L->n_head_kv, hp->head_dim, &rp);
+    if (f->kv.rotate) { /* q.k unchanged; attention then sums rotated values */
+        op->hadamard(be, f->d_q, L->n_head, hp->head_dim);
+        op->hadamard(be, f->d_k, L->n_head_kv, hp->head_dim);
+        op->hadamard(be, f->d_v, L->n_head_kv, hp->head_dim);
+    }
     op->kv_store(be, il, f->d_k, f->d_v);
     const attn_params ap = {hp->fam.q_scale, hp->fam.attn_softcap, L->window};
     op->attention(be, il, f->d_q, L->n_head, &ap, f->d_att);
+    if (f->kv.rotate) /* H is its own inverse */
+        op->hadamard(be, f->d_att, L->n_head, hp->head_dim);
     op->matmul(be, &L->wo, L->bo.dev ? &L->bo : NULL, f->d_att, f->d_h, n);
     int rc = reduce(f, f->d_h, (int64_t)n * hp->n_embd, err);
     if (rc)

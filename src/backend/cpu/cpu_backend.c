@@ -21,6 +21,7 @@
 #include "backend/cpu/cpu_pack.h"
 #include "backend/cpu/tpool.h"
 #include "kernels/dtype.h"
+#include "kernels/hadamard.h"
 #include "kernels/matmul.h"
 
 /* The attention rows of the current KV layout, picked once in cpu_kv_init
@@ -35,6 +36,7 @@ typedef struct cpu_attn_rows {
 typedef struct cpu_backend {
     backend base;
     kernel_isa isa;         /* the kernels' instruction set at create (dtype_kernel_isa) */
+    hadamard_fn hadamard;   /* the rotated KV's transform for isa (hadamard_for) */
     cpu_attn_rows attn;     /* valid while a KV layout is set (cpu_kv_init) */
     mem_mgr *mem;           /* borrowed */
     tpool *pool;
@@ -883,6 +885,29 @@ static void cpu_scale(backend *be, float *d_x, float s, int64_t n)
     cpu_run(cpu(be), ew_worker, &j, (long)n);
 }
 
+typedef struct had_job {
+    hadamard_fn fn;
+    float *x;
+    int32_t d;
+    long rows;
+} had_job;
+
+static void had_worker(int ith, int nth, void *arg)
+{
+    had_job *j = arg;
+    long b, e;
+    tpool_range(j->rows, ith, nth, &b, &e);
+    if (e > b)
+        j->fn(j->x + b * j->d, e - b, j->d);
+}
+
+static void cpu_hadamard(backend *be, float *d_x, int32_t n_heads, int32_t head_dim)
+{
+    cpu_backend *cb = cpu(be);
+    had_job j = {cb->hadamard, d_x, head_dim, (long)cb->batch->n_tokens * n_heads};
+    cpu_run(cb, had_worker, &j, j.rows * head_dim * 4); /* log2(d) add/sub per value */
+}
+
 static void cpu_softcap(backend *be, float *d_x, float cap, int64_t n)
 {
     ew_job j = {d_x, NULL, d_x, n, EW_SOFTCAP, cap};
@@ -943,6 +968,7 @@ static const backend_ops cpu_ops = {
     .swiglu = cpu_swiglu_op,
     .geglu = cpu_geglu_op,
     .scale = cpu_scale,
+    .hadamard = cpu_hadamard,
     .softcap = cpu_softcap,
     .add = cpu_add,
     .moe_ffn = cpu_moe_ffn_op,
@@ -957,6 +983,7 @@ backend *cpu_backend_create(mem_mgr *mem, int n_threads, unsigned flags, kvant_e
         return NULL;
     }
     cb->isa = dtype_kernel_isa(); /* chooses it on first use */
+    cb->hadamard = hadamard_for(cb->isa);
     cb->base.ops = &cpu_ops;
     cb->mem = mem;
     cb->act_q8 = (flags & BACKEND_EXACT) == 0;
