@@ -559,9 +559,9 @@ static int32_t sk_select_full(sampler *s, const float *logits, const int32_t **c
     return sk_nucleus_bucketed(s, mass, (double)s->p.top_p * sum, total);
 }
 
-/* min-p filter, renormalise and draw one of m candidates (cand NULL: ids
- * 0..m-1).  total is the weight sum over the candidates before min-p. */
-static int32_t sk_draw(sampler *s, const int32_t *cand, int32_t m, double total)
+/* The weight sum over the m candidates that min-p keeps (total, the sum
+ * before min-p, when it is off). */
+static double sk_minp_total(const sampler *s, const int32_t *cand, int32_t m, double total)
 {
     const float thr = s->p.min_p; /* the best candidate has weight 1 */
     if (thr > 0.0f) {
@@ -572,6 +572,15 @@ static int32_t sk_draw(sampler *s, const int32_t *cand, int32_t m, double total)
                 total += w;
         }
     }
+    return total;
+}
+
+/* min-p filter, renormalise and draw one of m candidates (cand NULL: ids
+ * 0..m-1).  total is the weight sum over the candidates before min-p. */
+static int32_t sk_draw(sampler *s, const int32_t *cand, int32_t m, double total)
+{
+    const float thr = s->p.min_p;
+    total = sk_minp_total(s, cand, m, total);
     const double target = sk_uniform(s->rng) * total;
     double cum = 0.0;
     int32_t last = -1;
@@ -603,14 +612,7 @@ static int32_t sk_draw_draft(sampler *s, const int32_t *cand, int32_t m, double 
     const float wd = in ? s->w.probs[draft] : 0.0f;
     if (!(wd > 0.0f) || wd < thr)
         return sk_draw(s, cand, m, total); /* the draft cannot be drawn */
-    if (thr > 0.0f) {
-        total = 0.0;
-        for (int32_t i = 0; i < m; i++) {
-            float w = s->w.probs[cand ? cand[i] : i];
-            if (w >= thr)
-                total += w;
-        }
-    }
+    total = sk_minp_total(s, cand, m, total);
     if (sk_uniform(s->rng) * total < (double)wd)
         return draft;
     s->w.probs[draft] = 0.0f; /* the residual: the candidates without the draft */
