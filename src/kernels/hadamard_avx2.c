@@ -6,8 +6,6 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "kernels/hadamard.h"
-
 void hadamard_rows_avx2(float *x, int64_t n_rows, int32_t d);
 
 /* One in-vector stage: lanes i and i ^ h (h = 1, 2, 4): low lane a + b,
@@ -19,6 +17,22 @@ static inline __m256 stage_in(__m256 v, __m256 partner, __m256 hi_mask)
     return _mm256_blendv_ps(sum, dif, hi_mask);
 }
 
+/* Rows shorter than a vector: the reference's stages (hadamard.c, not
+ * called from here: the ISA files depend on nothing of the module that
+ * chooses them). */
+static void row_small(float *x, int32_t d, float norm)
+{
+    for (int32_t h = 1; h < d; h *= 2)
+        for (int32_t i = 0; i < d; i += 2 * h)
+            for (int32_t j = i; j < i + h; j++) {
+                const float a = x[j], b = x[j + h];
+                x[j] = a + b;
+                x[j + h] = a - b;
+            }
+    for (int32_t j = 0; j < d; j++)
+        x[j] *= norm;
+}
+
 void hadamard_rows_avx2(float *x, int64_t n_rows, int32_t d)
 {
     const float norm = 1.0f / sqrtf((float)d);
@@ -26,11 +40,11 @@ void hadamard_rows_avx2(float *x, int64_t n_rows, int32_t d)
     const __m256 m1 = _mm256_castsi256_ps(_mm256_setr_epi32(0, -1, 0, -1, 0, -1, 0, -1));
     const __m256 m2 = _mm256_castsi256_ps(_mm256_setr_epi32(0, 0, -1, -1, 0, 0, -1, -1));
     const __m256 m4 = _mm256_castsi256_ps(_mm256_setr_epi32(0, 0, 0, 0, -1, -1, -1, -1));
-    if (d < 8) { /* shorter than a vector */
-        hadamard_rows_ref(x, n_rows, d);
-        return;
-    }
     for (int64_t r = 0; r < n_rows; r++, x += d) {
+        if (d < 8) {
+            row_small(x, d, norm);
+            continue;
+        }
         for (int32_t i = 0; i < d; i += 8) {
             __m256 v = _mm256_loadu_ps(x + i);
             v = stage_in(v, _mm256_permute_ps(v, 0xB1), m1);           /* swap pairs */
