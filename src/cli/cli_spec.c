@@ -5,16 +5,26 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "engine/engine_spec.h"
 
 void cli_spec_help(FILE *f)
 {
-    static const cli_opt t[] = {
-        {"--spec", "ngram|off", "speculative decoding of greedy requests: ngram drafts by "
-                                "prompt lookup, verified in one pass (same output)", "off"},
-        {"--spec-draft", "N", "drafted tokens per verification at most (1-16)", "8"},
-        {"--spec-ngram-min", "N", "shortest n-gram looked up", "2"},
-        {"--spec-ngram-max", "N", "longest n-gram looked up (tried first)", "4"},
-        {"--spec-max-batch", "N", "no drafting while more sequences than this run", "4"},
+    const engine_spec_limits d = engine_spec_resolve(&(engine_config){0});
+    char draft[16], draft_help[64], nmin[16], nmax[16], batch[16];
+    snprintf(draft, sizeof draft, "%d", d.draft_max);
+    snprintf(draft_help, sizeof draft_help, "drafted tokens per verification at most (1-%d)",
+             ENGINE_SPEC_MAX);
+    snprintf(nmin, sizeof nmin, "%d", d.ngram_min);
+    snprintf(nmax, sizeof nmax, "%d", d.ngram_max);
+    snprintf(batch, sizeof batch, "%d", d.max_batch);
+    const cli_opt t[] = {
+        {"--spec", "ngram|off", "speculative decoding: ngram drafts by prompt lookup, verified "
+                                "in one pass (greedy: the same output; sampled: the same "
+                                "distribution)", "off"},
+        {"--spec-draft", "N", draft_help, draft},
+        {"--spec-ngram-min", "N", "shortest n-gram looked up", nmin},
+        {"--spec-ngram-max", "N", "longest n-gram looked up (tried first)", nmax},
+        {"--spec-max-batch", "N", "no drafting while more sequences than this run", batch},
     };
     cli_help_table(f, "speculative decoding", t, CLI_N_OPTS(t));
 }
@@ -55,9 +65,8 @@ int cli_spec_parse(engine_config *ec, int argc, char **argv, int *i)
 
 int cli_spec_check(const engine_config *ec, const char *cmd)
 {
-    int32_t lo = ec->spec_ngram_min > 0 ? ec->spec_ngram_min : 2;
-    int32_t hi = ec->spec_ngram_max > 0 ? ec->spec_ngram_max : 4;
-    if (lo > hi)
+    const engine_spec_limits lim = engine_spec_resolve(ec);
+    if (lim.ngram_min > lim.ngram_max)
         return cli_err_usage(cmd, "--spec-ngram-min must not exceed --spec-ngram-max");
     return 0;
 }

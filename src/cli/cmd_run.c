@@ -220,12 +220,12 @@ static int32_t run_draft(const cli_session *s, const run_opts *o, int32_t *toks,
 {
     if (o->spec.spec == ENGINE_SPEC_OFF)
         return 0;
-    int64_t k = o->spec.spec_draft_max > 0 ? o->spec.spec_draft_max : ENGINE_SPEC_DEFAULT_DRAFT;
+    const engine_spec_limits lim = engine_spec_resolve(&o->spec);
+    int64_t k = lim.draft_max;
     k = k < o->n_predict - n_gen - 1 ? k : o->n_predict - n_gen - 1;
     k = k < s->n_ctx - n - 1 ? k : s->n_ctx - n - 1;
-    int32_t nmin = o->spec.spec_ngram_min > 0 ? o->spec.spec_ngram_min : 2;
-    int32_t nmax = o->spec.spec_ngram_max > 0 ? o->spec.spec_ngram_max : 4;
-    return k > 0 ? engine_spec_lookup(toks, n, nmin, nmax, toks + n, (int32_t)k) : 0;
+    return k > 0 ? engine_spec_lookup(toks, n, lim.ngram_min, lim.ngram_max, toks + n, (int32_t)k)
+                 : 0;
 }
 
 /* Each pass evaluates the last token and any drafts after it (--spec),
@@ -302,7 +302,7 @@ int cmd_run(int argc, char **argv)
     cli_session s;
     int32_t max_out = 1;
     if (o.spec.spec != ENGINE_SPEC_OFF)
-        max_out += o.spec.spec_draft_max > 0 ? o.spec.spec_draft_max : ENGINE_SPEC_DEFAULT_DRAFT;
+        max_out += engine_spec_resolve(&o.spec).draft_max;
     if (cli_session_open(&s, &c, (int32_t)o.ctx, 512, max_out, &err)) {
         fprintf(stderr, "kvant run: %s\n", err.msg);
         return 1;

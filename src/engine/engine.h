@@ -53,6 +53,7 @@ void engine_get_stats(engine *e, engine_stats *out);
 mem_mgr *engine_mem(engine *e);   /* for memory reports (thread-safe reads) */
 int64_t engine_max_model_len(const engine *e);
 int engine_spec_mode(const engine *e);   /* engine_config.spec: ENGINE_SPEC_* */
+
 /* Constrained decoding needs the vocabulary's token trie, which the
  * engine builds on its first constrained request (in engine_submit), not
  * at create.  This builds it now if it is not built yet, so a caller can

@@ -3,8 +3,26 @@
 
 #include <string.h>
 
+#include "engine/engine_internal.h"
+
 #define SPEC_PAUSE_STEPS 16
 #define SPEC_MIN_RATE 0.25f
+
+static int32_t or_default(int32_t v, int32_t def)
+{
+    return v > 0 ? v : def;
+}
+
+engine_spec_limits engine_spec_resolve(const engine_config *c)
+{
+    int32_t k = or_default(c->spec_draft_max, ENGINE_SPEC_DEFAULT_DRAFT);
+    return (engine_spec_limits){
+        .draft_max = k < ENGINE_SPEC_MAX ? k : ENGINE_SPEC_MAX,
+        .ngram_min = or_default(c->spec_ngram_min, ENGINE_SPEC_DEFAULT_NGRAM_MIN),
+        .ngram_max = or_default(c->spec_ngram_max, ENGINE_SPEC_DEFAULT_NGRAM_MAX),
+        .max_batch = or_default(c->spec_max_batch, ENGINE_SPEC_DEFAULT_BATCH),
+    };
+}
 
 int32_t engine_spec_lookup(const int32_t *toks, int64_t n, int32_t nmin, int32_t nmax,
                            int32_t *out, int32_t kmax)
@@ -41,15 +59,12 @@ int32_t engine_spec_draft(engine *e, eng_seq *s, int32_t room, int32_t n_running
     s->n_draft = 0;
     if (!spec_eligible(e, s))
         return 0;
-    const engine_config *c = &e->cfg;
-    int32_t kmax = c->spec_draft_max > 0 ? c->spec_draft_max : ENGINE_SPEC_DEFAULT_DRAFT;
-    kmax = kmax < ENGINE_SPEC_MAX ? kmax : ENGINE_SPEC_MAX;
-    int32_t max_batch = c->spec_max_batch > 0 ? c->spec_max_batch : ENGINE_SPEC_DEFAULT_BATCH;
+    const engine_spec_limits lim = engine_spec_resolve(&e->cfg);
     if (s->spec_k == 0) { /* first decode step of this sequence */
-        s->spec_k = kmax;
+        s->spec_k = lim.draft_max;
         s->spec_rate = 1.0f;
     }
-    int skip = n_running > max_batch || s->spec_pause > 0;
+    int skip = n_running > lim.max_batch || s->spec_pause > 0;
     if (s->spec_pause > 0)
         s->spec_pause--;
     /* the drafts and the token after them must fit max_tokens, the
@@ -59,11 +74,10 @@ int32_t engine_spec_draft(engine *e, eng_seq *s, int32_t room, int32_t n_running
     int64_t k = s->spec_k < room ? s->spec_k : room;
     k = k < left ? k : left;
     k = k < ctx_left ? k : ctx_left;
-    int32_t nmin = c->spec_ngram_min > 0 ? c->spec_ngram_min : 2;
-    int32_t nmax = c->spec_ngram_max > 0 ? c->spec_ngram_max : 4;
     int32_t got = 0;
     if (!skip && k > 0)
-        got = engine_spec_lookup(s->tokens, s->n_tokens, nmin, nmax, s->draft, (int32_t)k);
+        got = engine_spec_lookup(s->tokens, s->n_tokens, lim.ngram_min, lim.ngram_max, s->draft,
+                                 (int32_t)k);
     if (got == 0) {
         e->spec_skipped++;
         return 0;
@@ -77,8 +91,7 @@ void engine_spec_observe(engine *e, eng_seq *s, int32_t drafted, int32_t accepte
 {
     if (drafted < 1)
         return;
-    int32_t kmax = e->cfg.spec_draft_max > 0 ? e->cfg.spec_draft_max : ENGINE_SPEC_DEFAULT_DRAFT;
-    kmax = kmax < ENGINE_SPEC_MAX ? kmax : ENGINE_SPEC_MAX;
+    const int32_t kmax = engine_spec_resolve(&e->cfg).draft_max;
     int32_t k = accepted == drafted ? 2 * s->spec_k : accepted + 1;
     s->spec_k = k < 1 ? 1 : k > kmax ? kmax : k;
     float rate = (float)accepted / (float)drafted;

@@ -23,14 +23,23 @@
  * Adaptation: k doubles after a verification that accepted everything and
  * becomes accepted + 1 otherwise; a sequence whose running acceptance rate
  * falls below 1/4 pauses drafting for 16 steps.  No drafting while more than
- * spec_max_batch sequences run (verification then costs more than the
- * batch gains). */
+ * spec_max_batch sequences run (a fixed threshold, not a measured cost:
+ * a batched step already shares the weights' reads). */
 #ifndef KVANT_ENGINE_SPEC_H
 #define KVANT_ENGINE_SPEC_H
 
 #include <stdint.h>
 
-#include "engine/engine_internal.h"
+#include "engine/engine_types.h"
+
+struct eng_seq;
+
+/* The speculation settings of c with its defaults filled in (0 fields
+ * take ENGINE_SPEC_DEFAULT_*; the draft length at most ENGINE_SPEC_MAX). */
+typedef struct engine_spec_limits {
+    int32_t draft_max, ngram_min, ngram_max, max_batch;
+} engine_spec_limits;
+engine_spec_limits engine_spec_resolve(const engine_config *c);
 
 /* Prompt lookup over toks[0..n): writes at most kmax tokens that followed
  * the latest earlier occurrence of the longest n-gram (nmax down to nmin)
@@ -41,10 +50,10 @@ int32_t engine_spec_lookup(const int32_t *toks, int64_t n, int32_t nmin, int32_t
 /* Scheduling: drafts for s (a decode: n_computed == n_tokens - 1) at most
  * room tokens, into s->draft and s->tokens[n_tokens..]; sets and returns
  * s->n_draft (0: a plain decode step).  n_running: sequences running. */
-int32_t engine_spec_draft(engine *e, eng_seq *s, int32_t room, int32_t n_running);
+int32_t engine_spec_draft(engine *e, struct eng_seq *s, int32_t room, int32_t n_running);
 
 /* After the sample phase verified s's drafts: accepted of drafted; adapts
  * s's draft length and the counters. */
-void engine_spec_observe(engine *e, eng_seq *s, int32_t drafted, int32_t accepted);
+void engine_spec_observe(engine *e, struct eng_seq *s, int32_t drafted, int32_t accepted);
 
 #endif

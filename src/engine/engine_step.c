@@ -170,7 +170,13 @@ static void add_to_plan(engine *e, step_plan *sp, eng_seq *s, int32_t chunk)
         sp->prefill_tokens += (int32_t)((end < np ? end : np) - s->n_computed);
 }
 
-static int32_t count_running(const engine *e);
+static int32_t count_running(const engine *e)
+{
+    int32_t n = 0;
+    for (const eng_seq *s = e->running; s; s = s->next)
+        n++;
+    return n;
+}
 
 /* Speculation: drafts for a decode within the step's token budget and the
  * logit rows left once every running sequence and one waiting one keep
@@ -225,14 +231,6 @@ static void schedule_running(engine *e, step_plan *sp)
             add_to_plan(e, sp, s, chunk);
         s = next;
     }
-}
-
-static int32_t count_running(const engine *e)
-{
-    int32_t n = 0;
-    for (const eng_seq *s = e->running; s; s = s->next)
-        n++;
-    return n;
 }
 
 /* Admits waiting sequences while budget, KV blocks and sequence slots last;

@@ -109,7 +109,7 @@ typedef struct engine_config {
     int32_t spec_draft_max;        /* drafted tokens per verification, [1, ENGINE_SPEC_MAX]
                                     * (0: ENGINE_SPEC_DEFAULT_DRAFT) */
     int32_t spec_ngram_min, spec_ngram_max; /* n-gram lengths looked up, longest first
-                                             * (0: 2 and 4) */
+                                             * (0: ENGINE_SPEC_DEFAULT_NGRAM_MIN, _MAX) */
     int32_t spec_max_batch;        /* no drafting while more sequences than this are
                                     * running (0: ENGINE_SPEC_DEFAULT_BATCH) */
 } engine_config;
@@ -118,6 +118,8 @@ enum { ENGINE_SPEC_OFF = 0, ENGINE_SPEC_NGRAM = 1 };
 #define ENGINE_SPEC_MAX 16          /* drafted tokens per verification at most */
 #define ENGINE_SPEC_DEFAULT_DRAFT 8
 #define ENGINE_SPEC_DEFAULT_BATCH 4
+#define ENGINE_SPEC_DEFAULT_NGRAM_MIN 2
+#define ENGINE_SPEC_DEFAULT_NGRAM_MAX 4
 #define ENGINE_SPEC_HIST 5          /* acceptance histogram buckets: accepted/drafted in
                                      * [0, .25], (.25, .5], (.5, .75], (.75, 1), 1 */
 
