@@ -122,12 +122,19 @@ void cli_engine_config(const cli_common *c, engine_config *ec);
 int cli_kvtier_parse(engine_config *ec, int argc, char **argv, int *i);
 int cli_kvtier_check(const engine_config *ec, const char *cmd);
 
-/* Speculative decoding options (cli_spec.c): --spec ngram|off,
- * --spec-draft N, --spec-ngram-min N, --spec-ngram-max N, --spec-max-batch
+/* Speculative decoding options (cli_spec.c): --spec ngram|draft|off,
+ * --draft-model PATH (implies --spec draft), --spec-draft N, --spec-ngram-min N, --spec-ngram-max N, --spec-max-batch
  * N into ec.  _parse: 1 consumed, 0 not ours, -1 bad value (message
  * printed); _check: CLI_EXIT_USAGE (one line) for min > max, else 0;
  * _help: their --help table. */
 int cli_spec_parse(engine_config *ec, int argc, char **argv, int *i);
+/* kvant plan --draft-model (cli_plan_draft.c): plans the draft as the
+ * engine does (1 with the error printed); prints it (text or JSON member). */
+struct engine_draft_plan;
+struct plan_config;
+int cli_plan_draft(const cli_common *c, const struct plan_config *pc, const engine_config *ec,
+                   struct engine_draft_plan *out);
+void cli_plan_draft_print(const engine_config *ec, const struct engine_draft_plan *p, int json);
 int cli_spec_check(const engine_config *ec, const char *cmd);
 void cli_spec_help(FILE *f);
 

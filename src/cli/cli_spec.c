@@ -1,7 +1,8 @@
-/* cli_spec.c - the speculative decoding options of `kvant serve` and
- * `kvant bench --batch`: --spec ngram|off, --spec-draft N,
- * --spec-ngram-min N, --spec-ngram-max N, --spec-max-batch N
- * (engine_config.spec*, engine/engine_spec.h). */
+/* cli_spec.c - the speculative decoding options of `kvant serve`, `kvant
+ * run` and `kvant bench --batch`: --spec ngram|draft|off, --draft-model
+ * PATH, --spec-draft N, --spec-ngram-min N, --spec-ngram-max N,
+ * --spec-max-batch N (engine_config.spec*, engine/engine_spec.h,
+ * engine/engine_draft.h). */
 #include <string.h>
 
 #include "cli/cli.h"
@@ -18,9 +19,11 @@ void cli_spec_help(FILE *f)
     snprintf(nmax, sizeof nmax, "%d", d.ngram_max);
     snprintf(batch, sizeof batch, "%d", d.max_batch);
     const cli_opt t[] = {
-        {"--spec", "ngram|off", "speculative decoding: ngram drafts by prompt lookup, verified "
-                                "in one pass (greedy: the same output; sampled: the same "
-                                "distribution)", "off"},
+        {"--spec", "ngram|draft|off", "speculative decoding: ngram drafts by prompt lookup, "
+                                      "draft by a draft model, verified in one pass (greedy: "
+                                      "the same output; sampled: the same distribution)", "off"},
+        {"--draft-model", "PATH", "the draft model's GGUF (same vocabulary; its weights and KV "
+                                  "come out of the same budget); implies --spec draft", "none"},
         {"--spec-draft", "N", draft_help, draft},
         {"--spec-ngram-min", "N", "shortest n-gram looked up", nmin},
         {"--spec-ngram-max", "N", "longest n-gram looked up (tried first)", nmax},
@@ -41,12 +44,20 @@ int cli_spec_parse(engine_config *ec, int argc, char **argv, int *i)
     if (!strcmp(a, "--spec")) {
         if (!(v = cli_value(argc, argv, i)))
             return -1;
-        if (strcmp(v, "ngram") && strcmp(v, "off")) {
-            fprintf(stderr, "kvant: --spec: expected ngram or off, got '%s' (a draft model is "
-                            "not implemented)\n", v);
+        if (strcmp(v, "ngram") && strcmp(v, "draft") && strcmp(v, "off")) {
+            fprintf(stderr, "kvant: --spec: expected ngram, draft or off, got '%s'\n", v);
             return -1;
         }
-        ec->spec = !strcmp(v, "ngram") ? ENGINE_SPEC_NGRAM : ENGINE_SPEC_OFF;
+        ec->spec = !strcmp(v, "ngram") ? ENGINE_SPEC_NGRAM
+                   : !strcmp(v, "draft") ? ENGINE_SPEC_DRAFT : ENGINE_SPEC_OFF;
+        return 1;
+    }
+    if (!strcmp(a, "--draft-model")) {
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        ec->spec_draft_model = v;
+        if (ec->spec == ENGINE_SPEC_OFF)
+            ec->spec = ENGINE_SPEC_DRAFT;
         return 1;
     }
     for (size_t k = 0; k < sizeof t / sizeof t[0]; k++) {
@@ -68,5 +79,9 @@ int cli_spec_check(const engine_config *ec, const char *cmd)
     const engine_spec_limits lim = engine_spec_resolve(ec);
     if (lim.ngram_min > lim.ngram_max)
         return cli_err_usage(cmd, "--spec-ngram-min must not exceed --spec-ngram-max");
+    if (ec->spec == ENGINE_SPEC_DRAFT && !ec->spec_draft_model)
+        return cli_err_usage(cmd, "--spec draft needs --draft-model PATH");
+    if (ec->spec_draft_model && ec->spec == ENGINE_SPEC_NGRAM)
+        return cli_err_usage(cmd, "--draft-model is for --spec draft, not --spec ngram");
     return 0;
 }

@@ -308,6 +308,7 @@ static int bench_batch(model *m, const cli_common *c, const bench_opts *o, par *
     cli_engine_config(c, &cfg);
     cfg.max_num_seqs = (int32_t)(o->batch > 64 ? o->batch : 64);
     cfg.spec = o->spec.spec;
+    cfg.spec_draft_model = o->spec.spec_draft_model;
     cfg.spec_draft_max = o->spec.spec_draft_max;
     cfg.spec_ngram_min = o->spec.spec_ngram_min;
     cfg.spec_ngram_max = o->spec.spec_ngram_max;

@@ -10,6 +10,7 @@
 #include "cli/cli.h"
 #include "cli/cli_offload.h"
 #include "engine/engine.h"
+#include "engine/engine_draft.h"
 #include "kernels/dtype.h"
 #include "kv/kvtier.h"
 #include "mem/plan.h"
@@ -105,6 +106,9 @@ static void plan_help(void)
                               "instead of using the cached ones", "off"},
         {"--predict", NULL, "predicted tokens/s per tokens-per-pass bucket also for a model that "
                             "fits (measures the rates once, as --weights-memory does)", "off"},
+        {"--draft-model", "PATH", "a draft model for speculative decoding: its weights, KV and "
+                                  "workspace come out of the budget first, as serve plans them "
+                                  "(--spec-max-batch: the sequences its KV holds)", "none"},
     };
     cli_help("kvant plan [options]",
              "What fits in the memory budget: weights, activations, KV pool, tokens and\n"
@@ -158,6 +162,8 @@ static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, eng
             r = cli_common_parse(c, argc, argv, &i);
         if (r == 0)
             r = cli_kvtier_parse(ec, argc, argv, &i);
+        if (r == 0)
+            r = cli_spec_parse(ec, argc, argv, &i);
         if (r < 0)
             return CLI_EXIT_USAGE;
         if (r)
@@ -238,7 +244,7 @@ static void print_tiers_text(const plan_result *r, const plan_tiers *t)
 /* The plan rows, the tiers and the offload placement as one JSON object. */
 static void print_json(const cli_common *c, plan_model *pm, const plan_row *rows, int n_rows,
                        const engine_config *ec, const cli_offload *off, const cli_offload *pred,
-                       int auto_off)
+                       int auto_off, const engine_draft_plan *dp)
 {
     printf("{\"model\": ");
     cli_json_string(stdout, c->model_path, strlen(c->model_path));
@@ -265,13 +271,15 @@ static void print_json(const cli_common *c, plan_model *pm, const plan_row *rows
         printf(", \"predicted\": ");
         cli_offload_print_predicted(pred, 1);
     }
+    if (dp)
+        cli_plan_draft_print(ec, dp, 1);
     printf(", \"weights_auto\": %s}\n", auto_off ? "true" : "false");
 }
 
 /* The same as text: the model line, one row per weight type, the tiers. */
 static void print_text(const cli_common *c, const model_hparams *hp, const plan_row *rows,
                        int n_rows, const engine_config *ec, const cli_offload *off,
-                       const cli_offload *pred, int auto_off)
+                       const cli_offload *pred, int auto_off, const engine_draft_plan *dp)
 {
     if (hp->n_kv_total == (int64_t)hp->n_layers * hp->n_head_kv)
         printf("%s: %s, %d layers, %d KV heads x %d, context %lld\n", c->model_path,
@@ -282,6 +290,8 @@ static void print_text(const cli_common *c, const model_hparams *hp, const plan_
                "context %lld\n", c->model_path, model_arch_name(hp->arch), hp->n_layers,
                (long long)hp->n_kv_total, hp->n_head_kv, hp->head_dim,
                (long long)hp->n_ctx_train);
+    if (dp)
+        cli_plan_draft_print(ec, dp, 0);
     for (int i = 0; i < n_rows; i++)
         print_row_text(&rows[i], i == 0);
     plan_tiers t = tiers_of(&rows[0].r, ec);
@@ -378,6 +388,14 @@ int cmd_plan(int argc, char **argv)
      * pool from demand, the context that fits, the weights placed when they
      * do not fit */
     const int host = !c.backend || strcmp(c.backend, "cpu") == 0;
+    engine_draft_plan dp = {0};
+    if (ec.spec_draft_model) { /* as the engine: the draft's share first, no auto offload */
+        if (cli_plan_draft(&c, &pc, &ec, &dp)) {
+            gguf_close(g);
+            return 1;
+        }
+        pc.reserved_bytes = engine_draft_plan_bytes(&dp);
+    }
     pc.kv_fit = host && !c.kv_pool_budget;
     pc.kv_grow = pc.kv_fit && !pc.kv_window;
     pc.kv_start_bytes = c.kv_start;
@@ -385,7 +403,7 @@ int cmd_plan(int argc, char **argv)
     cli_common oc = c;
     int auto_off = 0;
     if (host && !c.weights_memory && !(c.weights_memory_frac > 0) && !c.no_offload &&
-        c.weights_dtype < 0) {
+        c.weights_dtype < 0 && !ec.spec_draft_model) {
         uint64_t cap = 0;
         pm.weights_bytes = weights_as(g, -1);
         if (plan_fit_weights(&pm, &pc, &cap) && cap) {
@@ -432,9 +450,9 @@ int cmd_plan(int argc, char **argv)
         }
     }
     if (c.json)
-        print_json(&c, &pm, rows, n_rows, &ec, off, pred, auto_off);
+        print_json(&c, &pm, rows, n_rows, &ec, off, pred, auto_off, ec.spec_draft_model ? &dp : NULL);
     else
-        print_text(&c, &hp, rows, n_rows, &ec, off, pred, auto_off);
+        print_text(&c, &hp, rows, n_rows, &ec, off, pred, auto_off, ec.spec_draft_model ? &dp : NULL);
     free(off);
     free(res);
     gguf_close(g);

@@ -148,6 +148,9 @@ static int parse_run(int argc, char **argv, cli_common *c, run_opts *o)
         return cli_err_usage("run", "missing -p PROMPT");
     if (o->chat_template && !o->chat)
         return cli_err_usage("run", "--chat-template needs --chat");
+    if (o->spec.spec == ENGINE_SPEC_DRAFT)
+        return cli_err_usage("run", "--spec draft runs through the engine: use kvant serve or "
+                                    "kvant bench --batch (kvant run has --spec ngram)");
     return cli_spec_check(&o->spec, "run");
 }
 

@@ -8,6 +8,7 @@
  * real allocation agree.
  */
 #include "engine/engine.h"
+#include "engine/engine_draft.h"
 #include "engine/engine_gram.h"
 #include "engine/engine_req.h"
 #include "engine/engine_step.h"
@@ -163,7 +164,8 @@ static uint64_t auto_weights_cap(const engine *e, const plan_model *pm, const pl
     const engine_config *c = &e->cfg;
     uint64_t cap = 0;
     if (c->weights_memory || c->weights_memory_frac > 0 || c->no_offload || c->weights_dtype >= 0 ||
-        (c->backend && strcmp(c->backend, "cpu") != 0) || c->tp_group || c->shared_mem)
+        (c->backend && strcmp(c->backend, "cpu") != 0) || c->tp_group || c->shared_mem ||
+        e->draft)
         return 0;
     return plan_fit_weights(pm, pc, &cap) ? cap : 0;
 }
@@ -201,6 +203,7 @@ static int plan_engine(engine_ext *x, kvant_err *err)
                 e->cfg.kv_blocks_override <= 0 && e->cfg.kv_max_blocks <= 0;
     pc.kv_grow = pc.kv_fit && !e->kv_window;
     pc.kv_start_bytes = e->cfg.kv_start_bytes;
+    pc.reserved_bytes = engine_draft_reserved(e); /* the draft model's share comes first */
     const uint64_t cap = auto_weights_cap(e, &pm, &pc);
     int rc = engine_offload_plan(e, plan_budget(pc.device_memory, pc.utilization), cap,
                                  &x->wplan, &pm.weights_bytes, err);
@@ -428,8 +431,8 @@ engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)
     pthread_cond_init(&e->snap_cv, NULL);
     engine_gram_init(e); /* the token trie waits for the first constrained request */
     e->progress_t = engine_now();
-    if (start_tp(x, err) || plan_engine(x, err) || setup_backend(x, err) ||
-        alloc_step_buffers(e, err)) {
+    if (start_tp(x, err) || engine_draft_open(e, err) || plan_engine(x, err) ||
+        setup_backend(x, err) || engine_draft_start(e, err) || alloc_step_buffers(e, err)) {
         if (cfg->tp_group && !x->tp_agreed) { /* tell the other ranks why */
             kvant_err local = *err;
             int32_t nb = 0;
@@ -493,6 +496,7 @@ void engine_destroy(engine *e)
     engine_kvwin_destroy(e);
     kvpool_destroy(e->pool);
     engine_tier_destroy(e); /* writes the host tier to disk: KV storage still alive */
+    engine_draft_destroy(e); /* its reservations before the manager goes */
     engine_tp_stop(e);
     fwd_free(&e->fwd);
     if (e->be)

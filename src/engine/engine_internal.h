@@ -26,6 +26,7 @@ typedef struct eng_req eng_req;
 typedef struct eng_tier eng_tier; /* engine_tier.c */
 typedef struct eng_tp eng_tp;     /* engine_tp.c */
 typedef struct eng_resize eng_resize; /* engine_kvresize.c */
+typedef struct eng_draft eng_draft;   /* engine_draft.c */
 struct wstream_plan;
 struct wstream;
 struct earley;
@@ -45,6 +46,7 @@ typedef struct eng_seq {
     int64_t n_generated;
     kv_seq kv;              /* fixed table in the request's storage */
     kv_seq kv_w;            /* the window group's (e->pool_w), likewise; else empty */
+    kv_seq kv_d;            /* the draft model's (e->draft, engine_draft.h), likewise */
     sampler smp;            /* borrows e->smp_scratch */
     int finished;
     int reported;           /* FINISH event sent */
@@ -74,7 +76,8 @@ enum { ENG_LIVE = 0, ENG_FAIL_FORK, ENG_FAIL_RUN, ENG_CANCELLED, ENG_FAIL_GRAMMA
 /* One request and everything its sequences need, in one allocation made
  * at submit on the submitting thread (engine_req_create):
  *   [eng_req][eng_seq seq[p.n]][int32 tokens[p.n][seq_cap]][int32 blocks[p.n][seq_blocks]]
- *   (then the window group's blocks[p.n][seq_blocks] when e->pool_w)
+ *   (then the window group's blocks[p.n][seq_blocks] when e->pool_w, then
+ *   the draft model's when e->draft)
  * Freed off the step (engine_req_reap). */
 struct eng_req {
     int64_t id;
@@ -131,6 +134,7 @@ struct engine {
     eng_tier *tier;             /* KV offload tiers, or NULL */
     struct wstream *ws;         /* weight offload (engine_offload.c), or NULL; owned */
     eng_tp *tp;                 /* tensor parallelism (engine_tp.c), or NULL; owned */
+    eng_draft *draft;           /* speculative decoding's draft model, or NULL; owned */
 
     pthread_t thread;
     int thread_started;

@@ -24,6 +24,7 @@
  * resizable pool, or a model without both kinds of layer.
  */
 #include "engine/engine_internal.h"
+#include "engine/engine_draft.h"
 
 #include <string.h>
 
@@ -131,6 +132,7 @@ void engine_kv_release(engine *e, eng_seq *s)
     kvseq_release(e->pool, &s->kv);
     if (e->pool_w)
         kvseq_release(e->pool_w, &s->kv_w);
+    engine_draft_release(e, s);
 }
 
 /* Window blocks no position >= n reads. */

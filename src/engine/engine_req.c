@@ -36,7 +36,8 @@ int engine_req_create(engine *e, const engine_request *rq, engine_event_fn fn, v
         return kvant_err_set(err, KV_ERANGE, "a sequence of %lld tokens needs more than %d KV "
                              "blocks", (long long)cap, KVPOOL_MAX_BLOCKS);
     const size_t emb = rq->embed ? (size_t)e->m->hp.n_embd : 0;
-    const int64_t tables = e->pool_w ? 2 : 1; /* the window group's table after the others */
+    /* the window group's tables after the others, then the draft's */
+    const int64_t tables = 1 + (e->pool_w != NULL) + (e->draft != NULL);
     const size_t bytes = sizeof(eng_req) + (size_t)n * sizeof(eng_seq) +
                          emb * (sizeof(double) + sizeof(float)) +
                          (size_t)n * (size_t)(cap + tables * nb) * sizeof(int32_t);
@@ -99,6 +100,12 @@ int engine_seq_setup(engine *e, eng_req *r, int32_t index)
                          r->blk_store + (int64_t)(r->p.n + index) * r->seq_blocks, r->seq_blocks);
     else
         kvseq_init(&s->kv_w, r->p.cache_salt);
+    const int64_t dt = e->pool_w ? 2 : 1; /* the draft's tables follow */
+    if (e->draft)
+        kvseq_init_fixed(&s->kv_d, 0, r->blk_store + (int64_t)(dt * r->p.n + index) * r->seq_blocks,
+                         r->seq_blocks);
+    else
+        kvseq_init(&s->kv_d, 0);
     sampler_params sp = r->p.sampling;
     sp.seed += (uint64_t)index;
     r->seqs[index] = s;

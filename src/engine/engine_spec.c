@@ -3,6 +3,7 @@
 
 #include <string.h>
 
+#include "engine/engine_draft.h"
 #include "engine/engine_internal.h"
 
 #define SPEC_PAUSE_STEPS 16
@@ -49,7 +50,7 @@ int32_t engine_spec_lookup(const int32_t *toks, int64_t n, int32_t nmin, int32_t
 static int spec_eligible(const engine *e, const eng_seq *s)
 {
     const eng_req *r = s->req;
-    return e->cfg.spec == ENGINE_SPEC_NGRAM && !r->p.no_spec && r->p.n == 1 && !r->p.embed &&
+    return e->cfg.spec != ENGINE_SPEC_OFF && !r->p.no_spec && r->p.n == 1 && !r->p.embed &&
            s->n_generated > 0 &&
            s->n_computed == s->n_tokens - 1;
 }
@@ -76,8 +77,9 @@ int32_t engine_spec_draft(engine *e, eng_seq *s, int32_t room, int32_t n_running
     k = k < ctx_left ? k : ctx_left;
     int32_t got = 0;
     if (!skip && k > 0)
-        got = engine_spec_lookup(s->tokens, s->n_tokens, lim.ngram_min, lim.ngram_max, s->draft,
-                                 (int32_t)k);
+        got = e->draft ? engine_draft_propose(e, s, (int32_t)k, s->draft)
+                       : engine_spec_lookup(s->tokens, s->n_tokens, lim.ngram_min,
+                                            lim.ngram_max, s->draft, (int32_t)k);
     if (got == 0) {
         e->spec_skipped++;
         return 0;
@@ -91,6 +93,7 @@ void engine_spec_observe(engine *e, eng_seq *s, int32_t drafted, int32_t accepte
 {
     if (drafted < 1)
         return;
+    engine_draft_rollback(e, s); /* the draft keeps the positions the target kept */
     const int32_t kmax = engine_spec_resolve(&e->cfg).draft_max;
     int32_t k = accepted == drafted ? 2 * s->spec_k : accepted + 1;
     s->spec_k = k < 1 ? 1 : k > kmax ? kmax : k;

@@ -28,6 +28,7 @@
 
 #include "engine/engine_gram.h"
 #include "engine/engine_req.h"
+#include "engine/engine_draft.h"
 #include "engine/engine_spec.h"
 #include "text/tokenizer.h"
 
@@ -214,6 +215,7 @@ static void schedule_running(engine *e, step_plan *sp)
             if (s->n_draft > 0) { /* drafts never preempt anyone: decode plainly */
                 chunk -= s->n_draft;
                 s->n_draft = 0;
+                engine_draft_rollback(e, s); /* its drafts are never verified */
                 continue;
             }
             eng_seq *v = pick_victim(e, sp);

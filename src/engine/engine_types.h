@@ -112,9 +112,12 @@ typedef struct engine_config {
                                              * (0: ENGINE_SPEC_DEFAULT_NGRAM_MIN, _MAX) */
     int32_t spec_max_batch;        /* no drafting while more sequences than this are
                                     * running (0: ENGINE_SPEC_DEFAULT_BATCH) */
+    /* ENGINE_SPEC_DRAFT: the draft model's GGUF (borrowed until create
+     * returns; the engine loads and owns the model, engine_draft.h) */
+    const char *spec_draft_model;
 } engine_config;
 
-enum { ENGINE_SPEC_OFF = 0, ENGINE_SPEC_NGRAM = 1 };
+enum { ENGINE_SPEC_OFF = 0, ENGINE_SPEC_NGRAM = 1, ENGINE_SPEC_DRAFT = 2 };
 #define ENGINE_SPEC_MAX 16          /* drafted tokens per verification at most */
 #define ENGINE_SPEC_DEFAULT_DRAFT 8
 #define ENGINE_SPEC_DEFAULT_BATCH 4

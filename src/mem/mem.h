@@ -37,6 +37,9 @@ typedef enum mem_cat {
                      * accounted here, outside the device budget (not in used,
                      * never refused as over budget); reserved with mem_reserve
                      * by the backend that allocated it */
+    MEM_DRAFT_WEIGHTS, /* a draft model's weights (speculative decoding): reserved
+                        * by the engine for the draft's own manager */
+    MEM_DRAFT_KV,      /* the draft model's KV pool, likewise */
     MEM_CAT_COUNT
 } mem_cat;
 

@@ -338,7 +338,8 @@ static int plan_one(const plan_model *m, const plan_config *c, plan_result *out,
                                                 c->n_threads);
     uint64_t block_bytes = r->kv_bytes_per_token * (uint64_t)c->block_size;
     r->act_q8_bytes = c->act_q8 ? plan_act_q8_bytes(m, c->max_num_batched_tokens) : 0;
-    uint64_t fixed = r->weights_bytes + r->activation_bytes + r->act_q8_bytes;
+    r->reserved_bytes = c->reserved_bytes;
+    uint64_t fixed = r->weights_bytes + r->activation_bytes + r->act_q8_bytes + r->reserved_bytes;
     const uint64_t wbb = r->kv_window_bytes_per_token * (uint64_t)c->block_size;
     if (fixed >= r->budget || r->budget - fixed < block_bytes + wbb)
         return refuse_nofit(m, c, r, block_bytes + wbb, err);
@@ -465,6 +466,7 @@ char *plan_result_json(const plan_result *r, const plan_model *m)
     json_object_set_new(o, "device_memory", u64j(r->device_memory));
     json_object_set_new(o, "utilization", json_real(r->utilization));
     json_object_set_new(o, "weights_bytes", u64j(r->weights_bytes));
+    json_object_set_new(o, "reserved_bytes", u64j(r->reserved_bytes));
     json_object_set_new(o, "activation_bytes", u64j(r->activation_bytes));
     json_object_set_new(o, "act_q8_bytes", u64j(r->act_q8_bytes));
     json_object_set_new(o, "kv_dtype", json_string(tr && tr->name ? tr->name : "unknown"));

@@ -83,6 +83,8 @@ typedef struct plan_config {
                                  * at least one request of ctx either way) */
     int fit_ctx;                /* 1 with ctx 0: the model's context when one request of
                                  * it fits, else the largest that does (ctx_auto) */
+    uint64_t reserved_bytes;    /* budget bytes taken before this model's weights (a
+                                 * draft model's footprint, engine_draft.h); 0: none */
 } plan_config;
 
 /* utilization 0.90, ctx 0, block 16, 64 seqs, 2048 tokens, 1 thread,
@@ -92,6 +94,7 @@ plan_config plan_config_default(void);
 typedef struct plan_result {
     uint64_t budget;             /* floor(device_memory * utilization) */
     uint64_t weights_bytes;
+    uint64_t reserved_bytes;     /* plan_config.reserved_bytes */
     uint64_t activation_bytes;   /* plan_activation_bytes(...) */
     uint64_t act_q8_bytes;       /* plan_act_q8_bytes(...) when act_q8, else 0 */
     uint64_t kv_bytes_per_token; /* all layers (with kv_window: the global layers), K and V */

@@ -9,12 +9,18 @@
  * rejected (so verification is exercised both ways); requests that opt out
  * draft nothing; sampled requests draft, accept some and repeat their
  * tokens for a seed (their distribution is test_sampler.c's); the counters
- * agree with the requests' own.  engine_spec_lookup is checked on hand-worked cases. */
+ * agree with the requests' own.  engine_spec_lookup is checked on hand-worked cases.
+ * A draft model (engine_draft.h) gives the reference's tokens too: the
+ * target itself as its draft (every draft accepted) and another random
+ * model (most rejected), alone and in a batch under preemption; its
+ * budget shows as draft_weights and draft_kv, its pool is empty once the
+ * requests are done, and a draft of another vocabulary is refused. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "engine/engine_draft.h"
 #include "engine/engine_spec.h"
 #include "kernels/dtype.h"
 #include "testutil.h"
@@ -46,9 +52,10 @@ static void on_event(void *ctx, const engine_event *ev)
     }
 }
 
-static engine *mk(model *m, int spec, int32_t kv_blocks)
+static engine *mk_draft(model *m, int spec, int32_t kv_blocks, const char *draft)
 {
     engine_config c = engine_config_default();
+    c.spec_draft_model = draft;
     c.manual = 1;
     c.n_threads = 2;
     c.max_num_batched_tokens = 256;
@@ -61,6 +68,11 @@ static engine *mk(model *m, int spec, int32_t kv_blocks)
     engine *e = engine_create(m, &c, &err);
     CHECKF(e != NULL, "engine_create: %s", err.msg);
     return e;
+}
+
+static engine *mk(model *m, int spec, int32_t kv_blocks)
+{
+    return mk_draft(m, spec, kv_blocks, NULL);
 }
 
 /* Prompt i: a short phrase repeated with a varying tail, so that n-grams
@@ -249,6 +261,102 @@ static void test_exact(model *m)
            (long long)s_drafted, (long long)s_accepted);
 }
 
+/* The draft's reservations and pool after a run. */
+static void check_draft_memory(engine *e)
+{
+    const engine_draft_plan *dp = engine_draft_get_plan(e);
+    CHECK(dp != NULL);
+    if (!dp)
+        return;
+    mem_report *rep = calloc(1, sizeof *rep);
+    mem_get_report(engine_mem(e), rep);
+    CHECKF(rep->cat[MEM_DRAFT_WEIGHTS].current == dp->weights_bytes &&
+           rep->cat[MEM_DRAFT_KV].current == dp->kv_bytes && dp->weights_bytes > 0 &&
+           dp->kv_bytes > 0, "draft_weights %llu draft_kv %llu",
+           (unsigned long long)rep->cat[MEM_DRAFT_WEIGHTS].current,
+           (unsigned long long)rep->cat[MEM_DRAFT_KV].current);
+    free(rep);
+    int32_t total = 0, used = -1;
+    engine_draft_blocks(e, &total, &used);
+    CHECKF(total > 0 && used == 0, "draft pool: %d blocks, %d in use after the requests", total,
+           used);
+}
+
+static void test_draft(model *m)
+{
+    char own[256], other[256], vocab[256];
+    tu_tmp_path(own, sizeof own, "draft_same.gguf");
+    tu_tmp_path(other, sizeof other, "draft_other.gguf");
+    tu_tmp_path(vocab, sizeof vocab, "draft_vocab.gguf");
+    CHECK(tiny_model_write(own, 42) == 0);  /* the target's own weights */
+    CHECK(tiny_model_write_layers(other, 43, 1) == 0);
+    static int32_t p[N_REQ][64];
+    int64_t np[N_REQ];
+    for (int i = 0; i < N_REQ; i++)
+        np[i] = prompt(i, p[i]);
+    static result ref[N_REQ], got[N_REQ];
+    engine *e = mk(m, ENGINE_SPEC_OFF, 256);
+    for (int i = 0; i < N_REQ; i++) {
+        engine_request r = req(p[i], np[i], 0.0f);
+        CHECK(engine_submit(e, &r, on_event, &ref[i], NULL) > 0);
+        run(e, &ref[i], 1);
+    }
+    engine_destroy(e);
+    const char *drafts[2] = {own, other};
+    for (int d = 0; d < 2; d++) {
+        int64_t drafted = 0, accepted = 0;
+        e = mk_draft(m, ENGINE_SPEC_DRAFT, 256, drafts[d]);
+        if (!e)
+            continue;
+        for (int i = 0; i < N_REQ; i++) {
+            engine_request r = req(p[i], np[i], 0.0f);
+            memset(&got[i], 0, sizeof got[i]);
+            CHECK(engine_submit(e, &r, on_event, &got[i], NULL) > 0);
+            run(e, &got[i], 1);
+            CHECKF(same(&ref[i], &got[i]), "draft %d: request %d alone", d, i);
+            drafted += got[i].drafted;
+            accepted += got[i].accepted;
+        }
+        CHECKF(drafted > 0 && (d == 0 ? accepted == drafted : accepted < drafted / 2),
+               "draft %d: drafted %lld accepted %lld", d, (long long)drafted, (long long)accepted);
+        check_draft_memory(e);
+        engine_destroy(e);
+        /* a batch in a pool too small for it: preemption releases the draft's blocks */
+        e = mk_draft(m, ENGINE_SPEC_DRAFT, 12, drafts[d]);
+        if (!e)
+            continue;
+        batch(e, p, np, got, 0.0f, 0);
+        engine_stats st;
+        engine_get_stats(e, &st);
+        CHECKF(st.preemptions > 0, "draft %d: preemptions %llu", d,
+               (unsigned long long)st.preemptions);
+        for (int i = 0; i < N_REQ; i++) {
+            CHECKF(same(&ref[i], &got[i]), "draft %d: request %d under preemption", d, i);
+            /* the target's own weights: a stale draft position would show here */
+            CHECKF(d != 0 || got[i].accepted == got[i].drafted, "own draft, request %d: "
+                   "drafted %lld accepted %lld", i, (long long)got[i].drafted,
+                   (long long)got[i].accepted);
+        }
+        check_draft_memory(e);
+        engine_destroy(e);
+    }
+    /* a draft of another vocabulary is refused, naming it */
+    unlink(own);
+    unlink(other);
+    CHECK(tiny_model_write_vocab(vocab, 42, 299) == 0);
+    engine_config c = engine_config_default();
+    c.manual = 1;
+    c.device_memory = 1ull << 30;
+    c.spec = ENGINE_SPEC_DRAFT;
+    c.spec_draft_model = vocab;
+    kvant_err err = {0};
+    e = engine_create(m, &c, &err);
+    CHECKF(e == NULL && err.code == KV_EINVAL && strstr(err.msg, "vocabulary"),
+           "another vocabulary: %s", err.msg);
+    engine_destroy(e);
+    unlink(vocab);
+}
+
 int main(void)
 {
     dtype_init();
@@ -256,6 +364,7 @@ int main(void)
     model *m = tiny_model_load(NULL, 42);
     if (m) {
         test_exact(m);
+        test_draft(m);
         model_free(m);
     }
     return tu_finish("test_engine_spec");

@@ -40,7 +40,7 @@ static void byte_token(int b, char out[8])
     }
 }
 
-static int add_vocab(gguf_writer *w)
+static int add_vocab(gguf_writer *w, int renamed)
 {
     static char store[TM_VOCAB][16];
     const char *toks[TM_VOCAB];
@@ -50,7 +50,7 @@ static int add_vocab(gguf_writer *w)
             byte_token(i, store[i]);
             types[i] = 1;
         } else {
-            snprintf(store[i], sizeof store[i], "<|t%d|>", i);
+            snprintf(store[i], sizeof store[i], i == renamed ? "<|x%d|>" : "<|t%d|>", i);
             types[i] = 3;
         }
         toks[i] = store[i];
@@ -80,7 +80,7 @@ int tiny_model_write(const char *path, uint64_t seed)
     return tiny_model_write_layers(path, seed, TM_LAYERS);
 }
 
-int tiny_model_write_layers(const char *path, uint64_t seed, int n_layers)
+static int write_model(const char *path, uint64_t seed, int n_layers, int renamed)
 {
     if (n_layers < 1 || n_layers > TM_MAX_LAYERS)
         return -1;
@@ -98,7 +98,7 @@ int tiny_model_write_layers(const char *path, uint64_t seed, int n_layers)
     rc |= gguf_writer_add_u32(w, "llama.attention.head_count", 4, NULL);
     rc |= gguf_writer_add_u32(w, "llama.attention.head_count_kv", 2, NULL);
     rc |= gguf_writer_add_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f, NULL);
-    rc |= add_vocab(w);
+    rc |= add_vocab(w, renamed);
     struct { const char *name; int64_t ne0, ne1; float scale, off; } spec[] = {
         {"token_embd.weight", TM_EMBD, TM_VOCAB, 0.5f, 0},
         {"output_norm.weight", TM_EMBD, 1, 0.1f, 1},
@@ -136,6 +136,16 @@ int tiny_model_write_layers(const char *path, uint64_t seed, int n_layers)
         free(bufs[i]);
     gguf_writer_destroy(w);
     return rc;
+}
+
+int tiny_model_write_layers(const char *path, uint64_t seed, int n_layers)
+{
+    return write_model(path, seed, n_layers, -1);
+}
+
+int tiny_model_write_vocab(const char *path, uint64_t seed, int renamed)
+{
+    return write_model(path, seed, TM_LAYERS, renamed);
 }
 
 model *tiny_model_load(const char *path, uint64_t seed)

@@ -10,6 +10,9 @@
 int tiny_model_write(const char *path, uint64_t seed);
 /* The same with n_layers layers, 1..6. */
 int tiny_model_write_layers(const char *path, uint64_t seed, int n_layers);
+/* The same model with token `renamed` (256..299) spelled differently: a
+ * vocabulary of the same size that is not the same. */
+int tiny_model_write_vocab(const char *path, uint64_t seed, int renamed);
 
 struct model;
 /* Writes the model to path and loads it; a failure is a CHECK failure and
