@@ -1,0 +1,126 @@
+"""Speculative decoding with a draft model (`kvant serve --draft-model PATH`) on the default model.
+
+The draft is the default model re-quantized to Q4_0 by `kvant quantize` (the same vocabulary,
+slightly different weights: most drafts are accepted, some are not).  The reference is the same
+server with the request opted out (`"speculative": false`).  Greedy requests with the draft give
+exactly the reference's text and token log-probabilities, alone and four at once, and report
+drafted and accepted tokens (both outcomes occur), counted in /metrics too.  The draft's weights
+and KV are in the one budget: /v1/memory and /metrics show draft_weights and draft_kv of the
+sizes `kvant plan --draft-model --json` prints, and the target's pool is what the plan gives.
+A draft of another vocabulary is refused at start naming the token, and `--spec draft` without
+a draft model is a usage error.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import subprocess
+
+import httpx
+import pytest
+
+from server_util import KvantServer
+
+MODEL = "SmolLM2-135M-Instruct.Q4_1"
+PROMPTS = ["Write a short story about a lighthouse keeper.",
+           "List five facts about the Moon, one per line.",
+           "Explain what a hash table is to a beginner.",
+           "Repeat exactly: the quick brown fox jumps over the lazy dog, twice."]
+
+
+@pytest.fixture(scope="module")
+def draft(kvant_bin, default_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp("draft") / "draft.q4_0.gguf"
+    p = subprocess.run([kvant_bin, "quantize", default_model, str(out), "--type", "q4_0"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def srv(kvant_bin, default_model, draft):
+    s = KvantServer(kvant_bin, default_model, "-c", "2048", "--draft-model", draft)
+    yield s
+    assert s.stop() == 0, s.log_text()
+
+
+def chat(url: str, content: str, spec: bool) -> dict:
+    body = {"model": MODEL, "max_tokens": 64, "temperature": 0, "logprobs": True,
+            "speculative": spec, "messages": [{"role": "user", "content": content}]}
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def lp(resp: dict) -> list:
+    return [(t["token"], t["logprob"]) for t in resp["choices"][0]["logprobs"]["content"]]
+
+
+def test_same_output_and_counts(srv):
+    before = srv.metrics()
+    drafted = accepted = 0
+    for t in PROMPTS:
+        ref, got = chat(srv.url, t, False), chat(srv.url, t, True)
+        assert got["choices"][0]["message"]["content"] == ref["choices"][0]["message"]["content"]
+        assert lp(got) == lp(ref)
+        assert ref["usage"]["draft_tokens"] == 0
+        drafted += got["usage"]["draft_tokens"]
+        accepted += got["usage"]["accepted_tokens"]
+    assert 0 < accepted < drafted, (drafted, accepted)
+    after = srv.metrics()
+    assert after["kvant_spec_draft_tokens_total"] - before["kvant_spec_draft_tokens_total"] \
+        == drafted
+    assert after["kvant_spec_accepted_tokens_total"] - \
+        before["kvant_spec_accepted_tokens_total"] == accepted
+
+
+def test_concurrent(srv):
+    refs = [chat(srv.url, t, False) for t in PROMPTS]
+    with cf.ThreadPoolExecutor(4) as ex:
+        got = list(ex.map(lambda t: chat(srv.url, t, True), PROMPTS))
+    for r, g in zip(refs, got):
+        assert g["choices"][0]["message"]["content"] == r["choices"][0]["message"]["content"]
+        assert lp(g) == lp(r)
+
+
+def test_memory_is_the_plan(srv, kvant_bin, default_model, draft):
+    p = subprocess.run([kvant_bin, "plan", "-m", default_model, "-c", "2048", "--draft-model",
+                        draft, "--json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    plan = json.loads(p.stdout)
+    d = plan["draft"]
+    assert d["weights_bytes"] > 0 and d["kv_bytes"] > 0 and d["kv_sequences"] == 4
+    assert d["ctx"] == 2048 and d["kv_tokens"] >= 4 * 2048
+    mem = httpx.get(srv.url + "/v1/memory", timeout=10).json()
+    cats = mem["categories"]
+    assert cats["draft_weights"]["current"] == d["weights_bytes"]
+    assert cats["draft_kv"]["current"] == d["kv_bytes"]
+    assert plan["plans"][0]["plan"]["reserved_bytes"] == d["bytes"]
+    m = srv.metrics()
+    assert m["kvant_device_memory_bytes{category=draft_weights}"] == d["weights_bytes"]
+    assert m["kvant_device_memory_bytes{category=draft_kv}"] == d["kv_bytes"]
+    assert mem["used"] <= mem["budget"]
+
+
+def test_other_vocabulary_refused(kvant_bin, default_model, synthetic_dir):
+    import make_synthetic
+    other = make_synthetic.make_model(synthetic_dir, "llama-F16")
+    p = subprocess.run([kvant_bin, "bench", "-m", default_model, "--batch", "1", "-p", "8",
+                        "-n", "4", "--draft-model", other], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode != 0
+    assert "vocabulary" in p.stderr and "draft" in p.stderr, p.stderr
+    p = subprocess.run([kvant_bin, "plan", "-m", default_model, "--draft-model", other],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "vocabulary" in p.stderr, p.stderr
+
+
+def test_usage_errors(kvant_bin, default_model):
+    for bad in (["--spec", "draft"], ["--spec", "ngram", "--draft-model", default_model]):
+        p = subprocess.run([kvant_bin, "serve", "-m", default_model, *bad], capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 2, (bad, p.stderr)
+        assert "--draft-model" in p.stderr or "--spec" in p.stderr, p.stderr
+    p = subprocess.run([kvant_bin, "run", "-m", default_model, "-p", "hi", "--draft-model",
+                        default_model], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--spec draft" in p.stderr, p.stderr
