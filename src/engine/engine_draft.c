@@ -286,6 +286,7 @@ int32_t engine_draft_propose(engine *e, eng_seq *s, int32_t k, int32_t *out)
     }
     const int32_t nv = d->m->hp.n_vocab;
     int32_t got = 0;
+    const double t0 = engine_now();
     for (;;) {
         out[got] = argmax(d->logits, nv);
         s->tokens[n + got] = out[got]; /* the caller schedules them there too */
@@ -293,6 +294,11 @@ int32_t engine_draft_propose(engine *e, eng_seq *s, int32_t k, int32_t *out)
         if (got == k || run_pass(d, kv, s->tokens + n + got - 1, n + got - 1, 1))
             break;
         kvseq_commit(d->pool, kv, s->tokens, n + got);
+    }
+    if (got > 1) { /* seconds per one-token pass, for the cost model (engine_spec.c) */
+        const double per = (engine_now() - t0) / (got - 1);
+        e->spec_draft_pass_s = e->spec_draft_pass_s > 0 ? 0.8 * e->spec_draft_pass_s + 0.2 * per
+                                                        : per;
     }
     return got;
 }

@@ -167,6 +167,13 @@ struct engine {
     /* speculative decoding counters (engine_spec.c), copied to stats each step */
     uint64_t spec_draft, spec_accepted, spec_hist[ENGINE_SPEC_HIST], spec_skipped;
     double spec_rsum;
+    /* its cost model (engine_spec.c): decayed least-squares sums over
+     * decode-only steps of (tokens n, seconds t): weight, n, t, n*n, n*t;
+     * the draft model's seconds per one-token pass (moving average; 0
+     * without a draft model); decode steps the model declined to draft */
+    double spec_fit[5];
+    double spec_draft_pass_s;
+    uint64_t spec_cost_off;
     /* step buffers, sized at create: no allocation in a step */
     int32_t *b_tokens, *b_pos, *b_seq, *b_out; /* [max_num_batched_tokens] x 3, [max_num_seqs] */
     fwd_seq *b_seqs;        /* [max_num_seqs] */

@@ -8,6 +8,8 @@
 
 #define SPEC_PAUSE_STEPS 16
 #define SPEC_MIN_RATE 0.25f
+#define SPEC_FIT_DECAY 0.99   /* per decode step: the fit follows ~100 recent steps */
+#define SPEC_FIT_MIN_VAR 0.05 /* tokens^2: steps of one size give no slope */
 
 static int32_t or_default(int32_t v, int32_t def)
 {
@@ -55,6 +57,48 @@ static int spec_eligible(const engine *e, const eng_seq *s)
            s->n_computed == s->n_tokens - 1;
 }
 
+void engine_spec_observe_step(engine *e, int32_t prefill_tokens, int32_t tokens, double seconds)
+{
+    if (e->cfg.spec == ENGINE_SPEC_OFF || prefill_tokens > 0 || tokens < 1 || !(seconds > 0))
+        return;
+    double *f = e->spec_fit, n = tokens;
+    for (int i = 0; i < 5; i++)
+        f[i] *= SPEC_FIT_DECAY;
+    f[0] += 1.0;
+    f[1] += n;
+    f[2] += seconds;
+    f[3] += n * n;
+    f[4] += n * seconds;
+}
+
+int engine_spec_cost(const engine *e, double *base, double *per_token)
+{
+    const double *f = e->spec_fit;
+    *base = *per_token = 0;
+    if (f[0] < 2.0)
+        return 0;
+    const double mn = f[1] / f[0], var = f[3] / f[0] - mn * mn;
+    if (var < SPEC_FIT_MIN_VAR)
+        return 0;
+    double b = (f[4] / f[0] - mn * (f[2] / f[0])) / var;
+    b = b > 0 ? b : 0;
+    double a = f[2] / f[0] - b * mn;
+    *base = a > 0 ? a : 0;
+    *per_token = b;
+    return 1;
+}
+
+/* Whether drafting for s pays with n_running sequences decoding. */
+static int spec_worth(const engine *e, const eng_seq *s, int32_t n_running)
+{
+    double base, per_token;
+    if (!engine_spec_cost(e, &base, &per_token))
+        return 1;
+    const double b = n_running > 0 ? n_running : 1;
+    const double token_s = (base + per_token * b) / b;
+    return (double)s->spec_rate * token_s > per_token + e->spec_draft_pass_s;
+}
+
 int32_t engine_spec_draft(engine *e, eng_seq *s, int32_t room, int32_t n_running)
 {
     s->n_draft = 0;
@@ -68,6 +112,10 @@ int32_t engine_spec_draft(engine *e, eng_seq *s, int32_t room, int32_t n_running
     int skip = n_running > lim.max_batch || s->spec_pause > 0;
     if (s->spec_pause > 0)
         s->spec_pause--;
+    if (!skip && n_running > 1 && !spec_worth(e, s, n_running)) {
+        skip = 1;
+        e->spec_cost_off++;
+    }
     /* the drafts and the token after them must fit max_tokens, the
      * sequence's storage and the context */
     int64_t left = s->req->p.max_tokens - s->n_generated - 1;

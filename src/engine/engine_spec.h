@@ -23,8 +23,18 @@
  * Adaptation: k doubles after a verification that accepted everything and
  * becomes accepted + 1 otherwise; a sequence whose running acceptance rate
  * falls below 1/4 pauses drafting for 16 steps.  No drafting while more than
- * spec_max_batch sequences run (a fixed threshold, not a measured cost:
- * a batched step already shares the weights' reads). */
+ * spec_max_batch sequences run.
+ *
+ * Cost model, under a batch load (B > 1 sequences running; a sequence alone
+ * is governed by its acceptance rate only, so that a seeded request alone
+ * always drafts the same way): decode-only steps' times are fitted as
+ * base + per_token x tokens (decayed least squares, so it follows the
+ * machine and the load).  With B sequences decoding, a token costs T(B) / B; a drafted token costs
+ * per_token in the verification pass plus, with a draft model, one draft
+ * pass; it is worth it when the sequence's running acceptance rate times
+ * T(B) / B exceeds that cost.  A sequence it declines decodes plainly that
+ * step (counted in spec_skipped and spec_cost_off); until the fit has seen
+ * steps of different sizes, every eligible sequence drafts. */
 #ifndef KVANT_ENGINE_SPEC_H
 #define KVANT_ENGINE_SPEC_H
 
@@ -55,5 +65,12 @@ int32_t engine_spec_draft(engine *e, struct eng_seq *s, int32_t room, int32_t n_
 /* After the sample phase verified s's drafts: accepted of drafted; adapts
  * s's draft length and the counters. */
 void engine_spec_observe(engine *e, struct eng_seq *s, int32_t drafted, int32_t accepted);
+
+/* After a step's forward pass of tokens tokens (prefill_tokens of them
+ * prompt) that took seconds: a decode-only step feeds the cost model. */
+void engine_spec_observe_step(engine *e, int32_t prefill_tokens, int32_t tokens, double seconds);
+/* The cost model's fit of a decode step's seconds: *base + *per_token x
+ * tokens; 0 (both set to 0) until steps of two sizes were seen. */
+int engine_spec_cost(const engine *e, double *base, double *per_token);
 
 #endif

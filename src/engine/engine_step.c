@@ -626,6 +626,9 @@ static void update_stats(engine *e, const step_plan *sp, int32_t decodes, uint64
     memcpy(st->spec_verify_hist, e->spec_hist, sizeof st->spec_verify_hist);
     st->spec_skipped = e->spec_skipped;
     st->spec_ratio_sum = e->spec_rsum;
+    engine_spec_cost(e, &st->spec_step_base_s, &st->spec_step_token_s);
+    st->spec_draft_pass_s = e->spec_draft_pass_s;
+    st->spec_cost_off = e->spec_cost_off;
     st->last_tokens = sp->n_tokens;
     st->last_seqs = sp->n_seqs;
     st->last_decodes = decodes;
@@ -664,7 +667,9 @@ int engine_step(engine *e)
         kvant_err err = {0};
         double t0 = engine_now();
         int frc = fwd_run(&e->fwd, &b, e->logits, &err);
-        engine_tier_observe(e, sp.prefill_tokens, sp.n_tokens, engine_now() - t0);
+        const double dt = engine_now() - t0;
+        engine_tier_observe(e, sp.prefill_tokens, sp.n_tokens, dt);
+        engine_spec_observe_step(e, sp.prefill_tokens, sp.n_tokens, dt);
         engine_tp_after_step(e, frc, err.msg);
         if (frc) {
             for (int32_t i = 0; i < sp.n_seqs; i++)

@@ -272,6 +272,12 @@ typedef struct engine_stats {
     uint64_t spec_verify_hist[ENGINE_SPEC_HIST];
     double spec_ratio_sum;           /* the passes' accepted / drafted, summed */
     uint64_t spec_skipped;
+    /* the cost model that switches drafting off (engine_spec.h): a decode
+     * step's seconds as base + per_token x tokens (both 0 until measured),
+     * the draft model's seconds per pass, and the decode steps of
+     * speculating sequences it declined (also in spec_skipped) */
+    double spec_step_base_s, spec_step_token_s, spec_draft_pass_s;
+    uint64_t spec_cost_off;
 } engine_stats;
 
 /* KV offload tiers, as of the end of the last step (enabled 0: none). */

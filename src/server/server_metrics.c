@@ -227,6 +227,15 @@ static void render_spec(sbuf *b, const engine_stats *st)
     sb_printf(b, "kvant_spec_acceptance_ratio_bucket{le=\"+Inf\"} %llu\n"
                  "kvant_spec_acceptance_ratio_sum %.17g\nkvant_spec_acceptance_ratio_count %llu\n",
               (unsigned long long)cum, st->spec_ratio_sum, (unsigned long long)cum);
+    counter(b, "spec_cost_off_total", "Decode steps of a speculating request the cost model "
+            "declined to draft for (also in kvant_spec_skipped_total).",
+            (double)st->spec_cost_off);
+    gauge(b, "spec_step_base_seconds", "The cost model's decode step time at zero tokens "
+          "(fitted over recent decode steps; 0 until measured).", st->spec_step_base_s);
+    gauge(b, "spec_step_token_seconds", "The cost model's decode step time per token.",
+          st->spec_step_token_s);
+    gauge(b, "spec_draft_pass_seconds", "The draft model's time per one-token pass (0 "
+          "without one).", st->spec_draft_pass_s);
 }
 
 static void render_engine(sbuf *b, const engine_stats *st, uint64_t block_bytes)

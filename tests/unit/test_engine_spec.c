@@ -15,6 +15,7 @@
  * model (most rejected), alone and in a batch under preemption; its
  * budget shows as draft_weights and draft_kv, its pool is empty once the
  * requests are done, and a draft of another vocabulary is refused. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -261,6 +262,29 @@ static void test_exact(model *m)
            (long long)s_drafted, (long long)s_accepted);
 }
 
+/* The cost model's fit recovers a step time that is linear in the tokens,
+ * decode-only steps only, and knows nothing from steps of one size. */
+static void test_cost_fit(model *m)
+{
+    engine *e = mk(m, ENGINE_SPEC_NGRAM, 64);
+    if (!e)
+        return;
+    double base = -1, per = -1;
+    for (int i = 0; i < 50; i++)
+        engine_spec_observe_step(e, 0, 1, 0.004);
+    CHECK(engine_spec_cost(e, &base, &per) == 0 && base == 0 && per == 0);
+    for (int i = 0; i < 300; i++) {
+        int32_t n = 1 + i % 9;
+        engine_spec_observe_step(e, 0, n, 0.010 + 0.002 * n);
+        engine_spec_observe_step(e, 100, n + 100, 1.0); /* a prefill step: not fitted */
+    }
+    CHECK(engine_spec_cost(e, &base, &per) == 1);
+    CHECKF(fabs(base - 0.010) < 1e-3 && fabs(per - 0.002) < 2e-4,
+           "base %g per token %g (the step's 0.010 + 0.002 n, and the decayed one-size steps)",
+           base, per);
+    engine_destroy(e);
+}
+
 /* The draft's reservations and pool after a run. */
 static void check_draft_memory(engine *e)
 {
@@ -364,6 +388,7 @@ int main(void)
     model *m = tiny_model_load(NULL, 42);
     if (m) {
         test_exact(m);
+        test_cost_fit(m);
         test_draft(m);
         model_free(m);
     }
