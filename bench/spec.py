@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Speculative decoding by prompt lookup: single-stream decode speed with and without it.
+"""Speculative decoding: single-stream decode speed with and without it.
 
-One `kvant serve --spec ngram` (2 threads); each workload's greedy chat request is sent with
+One `kvant serve --spec ngram` (2 threads), or with --draft-model D `kvant serve
+--draft-model D` (a draft model drafts instead of prompt lookup); each workload's greedy chat request is sent with
 `"speculative": false` (one token per step) and with speculation, in alternating rounds.
 Decode tok/s = completion tokens after the first / (time of the last token - time of the
 first), from the stream, so prefill is left out; medians over --rounds.  The outputs are
@@ -18,10 +19,11 @@ Workloads (the prompt holds most of the answer, or none of it):
 
 With --llama-server BIN, llama.cpp's server runs the same requests in the same rounds, one
 instance without speculation and one with `--spec-type TYPE` (default ngram-simple, its
-prompt-lookup drafter), both -t THREADS -c 4096 on the same file.
+prompt-lookup drafter), or with --draft-model `-md D` (its draft model, default draft
+settings), both -t THREADS -c 4096 on the same file.
 
-usage: bench/spec.py [--model M] [--rounds 5] [--max-tokens 160] [--threads 2]
-                     [--llama-server BIN [--llama-spec-type T]] [--json]
+usage: bench/spec.py [--model M] [--draft-model D] [--rounds 5] [--max-tokens 160]
+                     [--threads 2] [--llama-server BIN [--llama-spec-type T]] [--json]
 """
 from __future__ import annotations
 
@@ -138,16 +140,19 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary (0c1e570)")
     ap.add_argument("--llama-spec-type", default="ngram-simple")
+    ap.add_argument("--draft-model", help="a draft model of the same vocabulary (--spec draft)")
     a = ap.parse_args()
+    kspec = ["--draft-model", a.draft_model] if a.draft_model else ["--spec", "ngram"]
+    pspec = ["-md", a.draft_model] if a.draft_model else ["--spec-type", a.llama_spec_type]
     name = Path(a.model).stem
     url = f"http://127.0.0.1:{free_port()}"
     procs = [start([a.kvant, "serve", "-m", a.model, "--port", url.rsplit(":", 1)[1], "-t",
-                    str(a.threads), "--spec", "ngram", "-c", "4096"], url)]
+                    str(a.threads), *kspec, "-c", "4096"], url)]
     peer = []  # (base url, spec url)
     rows, peer_rows = {}, {}
     try:
         if a.llama_server:
-            for extra in ([], ["--spec-type", a.llama_spec_type]):
+            for extra in ([], pspec):
                 u = f"http://127.0.0.1:{free_port()}"
                 procs.append(start([a.llama_server, "-m", a.model, "--port", u.rsplit(":", 1)[1],
                                     "-t", str(a.threads), "-c", "4096", "-np", "1",
@@ -181,19 +186,21 @@ def main() -> None:
     isa = subprocess.run([a.kvant, "--isa"], capture_output=True, text=True).stdout.strip()
     out = {"model": a.model, "threads": a.threads, "rounds": a.rounds, "isa": isa,
            "max_tokens": a.max_tokens, "workloads": rows, "llama_server": peer_rows,
-           "llama_spec_type": a.llama_spec_type if peer else None}
+           "llama_spec_type": a.llama_spec_type if peer and not a.draft_model else None,
+           "draft_model": a.draft_model}
     if a.json:
         print(json.dumps(out, indent=1))
         return
-    print(f"{a.model}, isa {isa}, {a.threads} threads, median of {a.rounds}")
+    print(f"{a.model}, isa {isa}, {a.threads} threads, median of {a.rounds}"
+          + (f", draft model {a.draft_model}" if a.draft_model else ", prompt lookup"))
     print("workload   base tok/s  spec tok/s  ratio  drafted accepted  same")
     for wl, r in rows.items():
         acc = f"{r['acceptance']:.0%}" if r["acceptance"] is not None else "-"
         print(f"{wl:10} {r['base_tps']:10.1f} {r['spec_tps']:11.1f} {r['ratio']:6.2f} "
               f"{r['drafted']:8} {r['accepted']:8} ({acc})  {r['same_output']}")
     for wl, r in peer_rows.items():
-        print(f"llama-server {wl:10} base {r['base_tps']:.1f} tok/s, --spec-type "
-              f"{a.llama_spec_type} {r['spec_tps']:.1f} tok/s ({r['ratio']:.2f}x); kvant --spec / "
+        print(f"llama-server {wl:10} base {r['base_tps']:.1f} tok/s, {' '.join(pspec)} "
+              f"{r['spec_tps']:.1f} tok/s ({r['ratio']:.2f}x); kvant --spec / "
               f"llama --spec {rows[wl]['spec_vs_llama_spec']:.2f}x")
 
 

@@ -36,6 +36,8 @@ requantized to --type (Q8_0 by default; norms F32), and sums run over longer vec
 
 usage: .venv/bin/python bench/spec_target.py --src models/SmolLM2-135M-Instruct.Q4_1.gguf \\
            --out build/spec/target-1.3b.q8_0.gguf [--type q8_0|f16|q4_0]
+           [--shape EMBD,HEADS,KV_HEADS,FF]   (default 2048,32,4,5632; tests/py/test_spec_draft.py
+                                             builds a ~0.4B 1024,16,4,3072 one)
 Deterministic (no randomness); write under build/ (git-ignored), never into the repository.
 """
 from __future__ import annotations
@@ -51,6 +53,7 @@ from gguf import GGUFReader, GGUFWriter, GGUFValueType
 from gguf.constants import GGMLQuantizationType as QT, LlamaFileType
 
 N_EMBD, N_HEAD, N_HEAD_KV, N_FF = 2048, 32, 4, 5632
+DEFAULT_SHAPE = "2048,32,4,5632"
 TYPES = {"q8_0": (QT.Q8_0, LlamaFileType.MOSTLY_Q8_0),
          "f16": (QT.F16, LlamaFileType.MOSTLY_F16),
          "q4_0": (QT.Q4_0, LlamaFileType.MOSTLY_Q4_0)}
@@ -124,12 +127,16 @@ def copy_kv(r: GGUFReader, w: GGUFWriter, arch: str, skip: set[str]) -> None:
             w.add_key_value(key, f.contents(), vt)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    global N_EMBD, N_HEAD, N_HEAD_KV, N_FF
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--src", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--out", default="build/spec/target-1.3b.q8_0.gguf")
     ap.add_argument("--type", choices=sorted(TYPES), default="q8_0")
-    a = ap.parse_args()
+    ap.add_argument("--shape", default=DEFAULT_SHAPE,
+                    help="the target's EMBD,HEADS,KV_HEADS,FF")
+    a = ap.parse_args(argv)
+    N_EMBD, N_HEAD, N_HEAD_KV, N_FF = (int(x) for x in a.shape.split(","))
 
     r = GGUFReader(a.src)
     arch = field(r, "general.architecture")

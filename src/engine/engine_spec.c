@@ -112,7 +112,7 @@ int32_t engine_spec_draft(engine *e, eng_seq *s, int32_t room, int32_t n_running
     int skip = n_running > lim.max_batch || s->spec_pause > 0;
     if (s->spec_pause > 0)
         s->spec_pause--;
-    if (!skip && n_running > 1 && !spec_worth(e, s, n_running)) {
+    if (!skip && (n_running > 1 || e->draft) && !spec_worth(e, s, n_running)) {
         skip = 1;
         e->spec_cost_off++;
     }

@@ -25,9 +25,10 @@
  * falls below 1/4 pauses drafting for 16 steps.  No drafting while more than
  * spec_max_batch sequences run.
  *
- * Cost model, under a batch load (B > 1 sequences running; a sequence alone
- * is governed by its acceptance rate only, so that a seeded request alone
- * always drafts the same way): decode-only steps' times are fitted as
+ * Cost model, with a draft model always (its passes cost real time), by
+ * prompt lookup under a batch load (B > 1 sequences running; a sequence
+ * alone is then governed by its acceptance rate only, so that a seeded
+ * request alone always drafts the same way): decode-only steps' times are fitted as
  * base + per_token x tokens (decayed least squares, so it follows the
  * machine and the load).  With B sequences decoding, a token costs T(B) / B; a drafted token costs
  * per_token in the verification pass plus, with a draft model, one draft
