@@ -129,10 +129,11 @@ int cli_kvtier_check(const engine_config *ec, const char *cmd);
  * _help: their --help table. */
 int cli_spec_parse(engine_config *ec, int argc, char **argv, int *i);
 /* kvant plan --draft-model (cli_plan_draft.c): plans the draft as the
- * engine does (1 with the error printed); prints it (text or JSON member). */
+ * engine does and sets pc->reserved_bytes to it (1 with the error
+ * printed); prints it (text or JSON member). */
 struct engine_draft_plan;
 struct plan_config;
-int cli_plan_draft(const cli_common *c, const struct plan_config *pc, const engine_config *ec,
+int cli_plan_draft(const cli_common *c, struct plan_config *pc, const engine_config *ec,
                    struct engine_draft_plan *out);
 void cli_plan_draft_print(const engine_config *ec, const struct engine_draft_plan *p, int json);
 int cli_spec_check(const engine_config *ec, const char *cmd);

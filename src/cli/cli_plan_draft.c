@@ -7,10 +7,11 @@
 
 #include "cli/cli.h"
 #include "engine/engine_draft.h"
+#include "engine/engine_spec.h"
 #include "mem/plan.h"
 #include "model/model.h"
 
-int cli_plan_draft(const cli_common *c, const plan_config *pc, const engine_config *ec,
+int cli_plan_draft(const cli_common *c, plan_config *pc, const engine_config *ec,
                    engine_draft_plan *out)
 {
     kvant_err err = {0};
@@ -24,7 +25,9 @@ int cli_plan_draft(const cli_common *c, const plan_config *pc, const engine_conf
     model *d = t ? model_load(ec->spec_draft_model, &err) : NULL;
     int rc = !d ? KV_EINVAL : engine_draft_check_vocab(d, t, &err);
     if (!rc)
-        rc = engine_draft_plan_of(d, t, &dc, out, &err);
+        rc = engine_draft_plan_of(d, t, &dc, engine_spec_resolve(&dc).max_batch, out, &err);
+    if (!rc) /* the engine takes it out of the budget first, and places no weights by itself */
+        pc->reserved_bytes = engine_draft_plan_bytes(out);
     if (rc)
         fprintf(stderr, "kvant plan: %s%s\n", t && !d ? "draft model: " : "", err.msg);
     model_free(d);

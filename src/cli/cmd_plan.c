@@ -334,6 +334,19 @@ static void plan_window(const model_hparams *hp, const cli_common *c, const engi
     pc->kv_window_heads = (int64_t)n_win * hp->n_head_kv;
 }
 
+/* As the engine plans (engine.c plan_engine): the window group, on the
+ * host's memory the pool from demand, the context that fits (the weights
+ * are placed when they do not fit, by the caller). */
+static void plan_as_engine(const model_hparams *hp, const cli_common *c, const engine_config *ec,
+                           plan_config *pc)
+{
+    plan_window(hp, c, ec, pc);
+    pc->kv_fit = (!c->backend || strcmp(c->backend, "cpu") == 0) && !c->kv_pool_budget;
+    pc->kv_grow = pc->kv_fit && !pc->kv_window;
+    pc->kv_start_bytes = c->kv_start;
+    pc->fit_ctx = 1;
+}
+
 /* --predict for a model that fits: every layer resident, the rates measured
  * (or cached) as for offload.  NULL with the error printed. */
 static cli_offload *predict_resident(const cli_common *c, int remeasure)
@@ -383,23 +396,13 @@ int cmd_plan(int argc, char **argv)
     }
     plan_model pm = {hp.n_layers, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff,
                      hp.n_vocab, hp.n_ctx_train, 0, hp.n_kv_total};
-    plan_window(&hp, &c, &ec, &pc);
-    /* as the engine plans (engine.c plan_engine): on the host's memory the
-     * pool from demand, the context that fits, the weights placed when they
-     * do not fit */
+    plan_as_engine(&hp, &c, &ec, &pc);
     const int host = !c.backend || strcmp(c.backend, "cpu") == 0;
     engine_draft_plan dp = {0};
-    if (ec.spec_draft_model) { /* as the engine: the draft's share first, no auto offload */
-        if (cli_plan_draft(&c, &pc, &ec, &dp)) {
-            gguf_close(g);
-            return 1;
-        }
-        pc.reserved_bytes = engine_draft_plan_bytes(&dp);
+    if (ec.spec_draft_model && cli_plan_draft(&c, &pc, &ec, &dp)) { /* its share comes first */
+        gguf_close(g);
+        return 1;
     }
-    pc.kv_fit = host && !c.kv_pool_budget;
-    pc.kv_grow = pc.kv_fit && !pc.kv_window;
-    pc.kv_start_bytes = c.kv_start;
-    pc.fit_ctx = 1;
     cli_common oc = c;
     int auto_off = 0;
     if (host && !c.weights_memory && !(c.weights_memory_frac > 0) && !c.no_offload &&

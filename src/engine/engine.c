@@ -9,6 +9,7 @@
  */
 #include "engine/engine.h"
 #include "engine/engine_draft.h"
+#include "engine/engine_spec.h"
 #include "engine/engine_gram.h"
 #include "engine/engine_req.h"
 #include "engine/engine_step.h"
@@ -431,7 +432,8 @@ engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)
     pthread_cond_init(&e->snap_cv, NULL);
     engine_gram_init(e); /* the token trie waits for the first constrained request */
     e->progress_t = engine_now();
-    if (start_tp(x, err) || engine_draft_open(e, err) || plan_engine(x, err) ||
+    if (start_tp(x, err) || engine_draft_open(e, engine_spec_resolve(cfg).max_batch, err) ||
+        plan_engine(x, err) ||
         setup_backend(x, err) || engine_draft_start(e, err) || alloc_step_buffers(e, err)) {
         if (cfg->tp_group && !x->tp_agreed) { /* tell the other ranks why */
             kvant_err local = *err;

@@ -9,7 +9,6 @@
 
 #include "backend/backend_select.h"
 #include "engine/engine_internal.h"
-#include "engine/engine_spec.h"
 #include "mem/plan.h"
 #include "text/tokenizer.h"
 
@@ -42,7 +41,7 @@ static int host_backend(const engine_config *c)
 }
 
 int engine_draft_plan_of(const model *dm, const model *target, const engine_config *c,
-                         engine_draft_plan *out, kvant_err *err)
+                         int32_t max_seqs, engine_draft_plan *out, kvant_err *err)
 {
     memset(out, 0, sizeof *out);
     const plan_model pm = shape_of(dm);
@@ -57,7 +56,7 @@ int engine_draft_plan_of(const model *dm, const model *target, const engine_conf
         return kvant_err_set(err, KV_EUNSUP, "draft model: the KV dtype cannot store its K/V "
                              "rows (n_head_kv %d * head_dim %d)", pm.n_head_kv, pm.head_dim);
     const int64_t bs = c->block_size;
-    const int32_t seqs = engine_spec_resolve(c).max_batch;
+    const int32_t seqs = max_seqs > 0 ? max_seqs : 1;
     /* each sequence: the context and one verification's drafts past it;
      * one block more for the backend's scratch beside the blocks */
     const int64_t per_seq = (ctx + ENGINE_SPEC_MAX + bs - 1) / bs;
@@ -102,7 +101,7 @@ int engine_draft_check_vocab(const model *dm, const model *target, kvant_err *er
     return KV_OK;
 }
 
-int engine_draft_open(engine *e, kvant_err *err)
+int engine_draft_open(engine *e, int32_t max_seqs, kvant_err *err)
 {
     const engine_config *c = &e->cfg;
     if (c->spec != ENGINE_SPEC_DRAFT)
@@ -124,7 +123,7 @@ int engine_draft_open(engine *e, kvant_err *err)
                              c->spec_draft_model, le.msg);
     int rc = engine_draft_check_vocab(d->m, e->m, err);
     if (!rc)
-        rc = engine_draft_plan_of(d->m, e->m, c, &d->plan, err);
+        rc = engine_draft_plan_of(d->m, e->m, c, max_seqs, &d->plan, err);
     return rc;
 }
 

@@ -55,10 +55,12 @@ typedef struct engine_draft_plan {
     int32_t max_seqs;           /* sequences of ctx the pool holds (spec_max_batch) */
 } engine_draft_plan;
 
-/* Plans dm as a draft for a target served with c.  KV_EINVAL when its
- * shape is outside the planner's limits or the KV dtype cannot store it. */
+/* Plans dm as a draft for a target served with c, its KV pool for
+ * max_seqs sequences (engine_spec_resolve's max_batch).  KV_EINVAL when
+ * its shape is outside the planner's limits or the KV dtype cannot store
+ * it; KV_ERANGE for a pool too large. */
 int engine_draft_plan_of(const model *dm, const model *target, const engine_config *c,
-                         engine_draft_plan *out, kvant_err *err);
+                         int32_t max_seqs, engine_draft_plan *out, kvant_err *err);
 static inline uint64_t engine_draft_plan_bytes(const engine_draft_plan *p)
 {
     return p->weights_bytes + p->activation_bytes + p->kv_bytes;
@@ -69,9 +71,9 @@ static inline uint64_t engine_draft_plan_bytes(const engine_draft_plan *p)
 int engine_draft_check_vocab(const model *dm, const model *target, kvant_err *err);
 
 /* Loads c->spec_draft_model, checks it against e's model and plans it
- * (e->draft; nothing allocated in any budget yet).  KV_OK also when
- * spec is not ENGINE_SPEC_DRAFT (then e->draft stays NULL). */
-int engine_draft_open(struct engine *e, kvant_err *err);
+ * for max_seqs sequences (e->draft; nothing allocated in any budget yet).
+ * KV_OK also when spec is not ENGINE_SPEC_DRAFT (then e->draft stays NULL). */
+int engine_draft_open(struct engine *e, int32_t max_seqs, kvant_err *err);
 /* The planned bytes of e's draft (0 without one). */
 uint64_t engine_draft_reserved(const struct engine *e);
 /* After e->mem exists: reserves the plan in it, creates the draft's
