@@ -177,28 +177,32 @@ static uint64_t device_for(uint64_t need, double u)
 static int refuse_nofit(const plan_model *m, const plan_config *c, const plan_result *r,
                         uint64_t block_bytes, kvant_err *err)
 {
-    char b[32], w[32], a[32], dev1[32], devc[32];
-    uint64_t one = r->weights_bytes + r->activation_bytes + r->act_q8_bytes + block_bytes;
+    char b[32], w[32], a[32], dev1[32], devc[32], rs[32], rsv[96] = "";
+    if (r->reserved_bytes)
+        snprintf(rsv, sizeof rsv, " + a draft model's %s",
+                 mem_format_size(r->reserved_bytes, rs, sizeof rs));
+    uint64_t one = r->weights_bytes + r->reserved_bytes + r->activation_bytes + r->act_q8_bytes +
+                   block_bytes;
     uint64_t blocks_ctx = ((uint64_t)r->ctx + (uint64_t)c->block_size - 1) / (uint64_t)c->block_size;
-    uint64_t full = r->weights_bytes + r->activation_bytes + r->act_q8_bytes +
-                    blocks_ctx * block_bytes;
+    uint64_t full = r->weights_bytes + r->reserved_bytes + r->activation_bytes +
+                    r->act_q8_bytes + blocks_ctx * block_bytes;
     mem_format_size(r->budget, b, sizeof b);
     mem_format_size(r->weights_bytes, w, sizeof w);
     mem_format_size(r->activation_bytes, a, sizeof a);
     mem_format_size(device_for(one, c->utilization), dev1, sizeof dev1);
     mem_format_size(device_for(full, c->utilization), devc, sizeof devc);
-    if (r->weights_bytes >= r->budget)
+    if (r->weights_bytes + r->reserved_bytes >= r->budget)
         return kvant_err_set(err, KV_ENOMEM,
-            "model does not fit: weights %s exceed the budget %s (%.0f%% of device memory); "
+            "model does not fit: weights %s%s exceed the budget %s (%.0f%% of device memory); "
             "a device of at least %s is needed to run at all, %s for one %lld-token sequence",
-            w, b, c->utilization * 100.0, dev1, devc, (long long)r->ctx);
+            w, rsv, b, c->utilization * 100.0, dev1, devc, (long long)r->ctx);
     /* weights fit: find the largest batch (tokens, with seqs <= tokens) that leaves a block */
     int lo = 0, hi = c->max_num_batched_tokens;
     while (lo < hi) {
         int mid = lo + (hi - lo + 1) / 2;
         int seqs = mid < c->max_num_seqs ? mid : c->max_num_seqs;
         uint64_t act = work_bytes(m, c, mid, seqs);
-        if (r->weights_bytes + act + block_bytes <= r->budget)
+        if (r->weights_bytes + r->reserved_bytes + act + block_bytes <= r->budget)
             lo = mid;
         else
             hi = mid - 1;
@@ -208,10 +212,10 @@ static int refuse_nofit(const plan_model *m, const plan_config *c, const plan_re
         snprintf(fitmsg, sizeof fitmsg, "max_num_batched_tokens %d (max_num_seqs <= %d)",
                  lo, lo < c->max_num_seqs ? lo : c->max_num_seqs);
     return kvant_err_set(err, KV_ENOMEM,
-        "model does not fit: weights %s + activations %s (%d batched tokens, %d seqs) + one "
+        "model does not fit: weights %s%s + activations %s (%d batched tokens, %d seqs) + one "
         "KV block exceed the budget %s; this budget fits %s; a device of at least %s is needed "
         "as configured, %s for one %lld-token sequence",
-        w, a, c->max_num_batched_tokens, c->max_num_seqs, b, fitmsg, dev1, devc,
+        w, rsv, a, c->max_num_batched_tokens, c->max_num_seqs, b, fitmsg, dev1, devc,
         (long long)r->ctx);
 }
 
