@@ -244,6 +244,7 @@ typedef struct bench_batch_res {
     double kv_waste;
     uint64_t steps, generated;
     uint64_t spec_drafted, spec_accepted; /* --spec */
+    uint64_t spec_cost_off;               /* decode steps the cost model declined */
 } bench_batch_res;
 
 typedef struct bench_batch_ctx {
@@ -359,6 +360,7 @@ static int bench_batch(model *m, const cli_common *c, const bench_opts *o, par *
         }
         res->spec_drafted = st.spec_draft_tokens;
         res->spec_accepted = st.spec_accepted_tokens;
+        res->spec_cost_off = st.spec_cost_off;
         res->steps++;
     }
     double t_end = bench_now();
@@ -442,11 +444,12 @@ static void bench_print_json(const bench_report *r)
                "\"ttft_ms_p50\": %.3f, \"ttft_ms_p99\": %.3f, \"itl_ms_p50\": %.3f, "
                "\"itl_ms_p99\": %.3f, \"kv_blocks_peak\": %d, \"kv_waste\": %.4f, "
                "\"steps\": %llu, \"wall_s\": %.3f, \"mixed\": %d, \"spec\": %d, "
-               "\"spec_draft_tokens\": %llu, \"spec_accepted_tokens\": %llu",
+               "\"spec_draft_tokens\": %llu, \"spec_accepted_tokens\": %llu, "
+               "\"spec_cost_off\": %llu",
                o->batch, b->prefill_tps, b->decode_tps, b->ttft_p50, b->ttft_p99, b->itl_p50,
                b->itl_p99, b->kv_blocks_peak, b->kv_waste, (unsigned long long)b->steps,
                b->wall_s, o->mixed, o->spec.spec, (unsigned long long)b->spec_drafted,
-               (unsigned long long)b->spec_accepted);
+               (unsigned long long)b->spec_accepted, (unsigned long long)b->spec_cost_off);
     }
     printf("}\n");
 }
@@ -499,8 +502,9 @@ static void bench_print_text(const bench_report *r)
                b->itl_p50, b->itl_p99, b->kv_blocks_peak, 100 * b->kv_waste,
                (unsigned long long)b->steps, b->wall_s);
         if (o->spec.spec)
-            printf("speculative decoding: %llu tokens drafted, %llu accepted\n",
-                   (unsigned long long)b->spec_drafted, (unsigned long long)b->spec_accepted);
+            printf("speculative decoding: %llu tokens drafted, %llu accepted; %llu decode steps "
+                   "declined by the cost model\n", (unsigned long long)b->spec_drafted,
+                   (unsigned long long)b->spec_accepted, (unsigned long long)b->spec_cost_off);
     }
 }
 
