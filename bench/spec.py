@@ -19,8 +19,9 @@ Workloads (the prompt holds most of the answer, or none of it):
 
 With --llama-server BIN, llama.cpp's server runs the same requests in the same rounds, one
 instance without speculation and one with `--spec-type TYPE` (default ngram-simple, its
-prompt-lookup drafter), or with --draft-model `-md D` (its draft model, default draft
-settings), both -t THREADS -c 4096 on the same file.
+prompt-lookup drafter), or with --draft-model `--spec-type draft-simple -md D` (its draft
+model; --llama-draft-max N sets --spec-draft-n-max, default its own 3), both -t THREADS
+-c 4096 on the same file.
 
 usage: bench/spec.py [--model M] [--draft-model D] [--rounds 5] [--max-tokens 160]
                      [--threads 2] [--llama-server BIN [--llama-spec-type T]] [--json]
@@ -141,9 +142,13 @@ def main() -> None:
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary (0c1e570)")
     ap.add_argument("--llama-spec-type", default="ngram-simple")
     ap.add_argument("--draft-model", help="a draft model of the same vocabulary (--spec draft)")
+    ap.add_argument("--llama-draft-max", type=int, help="llama-server --spec-draft-n-max")
     a = ap.parse_args()
     kspec = ["--draft-model", a.draft_model] if a.draft_model else ["--spec", "ngram"]
-    pspec = ["-md", a.draft_model] if a.draft_model else ["--spec-type", a.llama_spec_type]
+    lspec = (["--spec-type", "draft-simple", "-md", a.draft_model] if a.draft_model
+             else ["--spec-type", a.llama_spec_type])
+    if a.draft_model and a.llama_draft_max:
+        lspec += ["--spec-draft-n-max", str(a.llama_draft_max)]
     name = Path(a.model).stem
     url = f"http://127.0.0.1:{free_port()}"
     procs = [start([a.kvant, "serve", "-m", a.model, "--port", url.rsplit(":", 1)[1], "-t",
@@ -152,7 +157,7 @@ def main() -> None:
     rows, peer_rows = {}, {}
     try:
         if a.llama_server:
-            for extra in ([], pspec):
+            for extra in ([], lspec):
                 u = f"http://127.0.0.1:{free_port()}"
                 procs.append(start([a.llama_server, "-m", a.model, "--port", u.rsplit(":", 1)[1],
                                     "-t", str(a.threads), "-c", "4096", "-np", "1",
@@ -186,7 +191,7 @@ def main() -> None:
     isa = subprocess.run([a.kvant, "--isa"], capture_output=True, text=True).stdout.strip()
     out = {"model": a.model, "threads": a.threads, "rounds": a.rounds, "isa": isa,
            "max_tokens": a.max_tokens, "workloads": rows, "llama_server": peer_rows,
-           "llama_spec_type": a.llama_spec_type if peer and not a.draft_model else None,
+           "llama_spec_args": lspec if peer else None,
            "draft_model": a.draft_model}
     if a.json:
         print(json.dumps(out, indent=1))
@@ -199,7 +204,7 @@ def main() -> None:
         print(f"{wl:10} {r['base_tps']:10.1f} {r['spec_tps']:11.1f} {r['ratio']:6.2f} "
               f"{r['drafted']:8} {r['accepted']:8} ({acc})  {r['same_output']}")
     for wl, r in peer_rows.items():
-        print(f"llama-server {wl:10} base {r['base_tps']:.1f} tok/s, {' '.join(pspec)} "
+        print(f"llama-server {wl:10} base {r['base_tps']:.1f} tok/s, {' '.join(lspec)} "
               f"{r['spec_tps']:.1f} tok/s ({r['ratio']:.2f}x); kvant --spec / "
               f"llama --spec {rows[wl]['spec_vs_llama_spec']:.2f}x")
 
