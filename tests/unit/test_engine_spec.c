@@ -155,6 +155,18 @@ static void batch(engine *e, int32_t p[N_REQ][64], const int64_t *np, result *re
     run(e, res, N_REQ);
 }
 
+/* The reference: each greedy request alone without speculation. */
+static void reference(model *m, int32_t p[N_REQ][64], const int64_t *np, result *ref)
+{
+    engine *e = mk(m, ENGINE_SPEC_OFF, 256);
+    for (int i = 0; i < N_REQ; i++) {
+        engine_request r = req(p[i], np[i], 0.0f);
+        CHECK(engine_submit(e, &r, on_event, &ref[i], NULL) > 0);
+        run(e, &ref[i], 1);
+    }
+    engine_destroy(e);
+}
+
 static void test_exact(model *m)
 {
     static int32_t p[N_REQ][64];
@@ -163,14 +175,8 @@ static void test_exact(model *m)
         np[i] = prompt(i, p[i]);
     static result ref[N_REQ], got[N_REQ], again[N_REQ];
 
-    /* the reference: each request alone without speculation */
-    engine *e = mk(m, ENGINE_SPEC_OFF, 256);
-    for (int i = 0; i < N_REQ; i++) {
-        engine_request r = req(p[i], np[i], 0.0f);
-        CHECK(engine_submit(e, &r, on_event, &ref[i], NULL) > 0);
-        run(e, &ref[i], 1);
-    }
-    engine_destroy(e);
+    reference(m, p, np, ref);
+    engine *e;
 
     /* alone, with speculation */
     e = mk(m, ENGINE_SPEC_NGRAM, 256);
@@ -319,13 +325,8 @@ static void test_draft(model *m)
     for (int i = 0; i < N_REQ; i++)
         np[i] = prompt(i, p[i]);
     static result ref[N_REQ], got[N_REQ];
-    engine *e = mk(m, ENGINE_SPEC_OFF, 256);
-    for (int i = 0; i < N_REQ; i++) {
-        engine_request r = req(p[i], np[i], 0.0f);
-        CHECK(engine_submit(e, &r, on_event, &ref[i], NULL) > 0);
-        run(e, &ref[i], 1);
-    }
-    engine_destroy(e);
+    reference(m, p, np, ref);
+    engine *e;
     const char *drafts[2] = {own, other};
     for (int d = 0; d < 2; d++) {
         int64_t drafted = 0, accepted = 0;
