@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "engine/engine_draft.h"
 #include "engine/engine_spec.h"
 #include "text/chat.h"
 #include "text/sampler.h"
@@ -148,9 +149,6 @@ static int parse_run(int argc, char **argv, cli_common *c, run_opts *o)
         return cli_err_usage("run", "missing -p PROMPT");
     if (o->chat_template && !o->chat)
         return cli_err_usage("run", "--chat-template needs --chat");
-    if (o->spec.spec == ENGINE_SPEC_DRAFT)
-        return cli_err_usage("run", "--spec draft runs through the engine: use kvant serve or "
-                                    "kvant bench --batch (kvant run has --spec ngram)");
     return cli_spec_check(&o->spec, "run");
 }
 
@@ -216,10 +214,71 @@ static void out_append(gen_out *g, const char *s, int n, int json)
     g->text[g->len] = '\0';
 }
 
-/* --spec: drafts for the next pass into toks[n..] by prompt lookup, within
- * the context and -n; returns how many (0: none). */
-static int32_t run_draft(const cli_session *s, const run_opts *o, int32_t *toks, int64_t n,
-                         long n_gen)
+/* --spec draft: the draft model's session, opened first with the whole
+ * budget; the target's then gets what it left (one budget for both, as
+ * kvant serve plans them).  ds->m stays NULL without --spec draft. */
+static int open_draft(cli_session *ds, cli_common *c, const run_opts *o, kvant_err *err)
+{
+    if (o->spec.spec != ENGINE_SPEC_DRAFT)
+        return KV_OK;
+    if (c->tp * c->pp > 1 || c->weights_memory || c->weights_memory_frac > 0)
+        return kvant_err_set(err, KV_EUNSUP, "--draft-model: not with %s",
+                             c->tp * c->pp > 1 ? "--tp/--pp" : "--weights-memory");
+    cli_common dc = *c;
+    dc.model_path = o->spec.spec_draft_model;
+    dc.weights_dtype = -1;
+    kvant_err de = {0};
+    if (cli_session_open(ds, &dc, (int32_t)o->ctx, 512, 1, &de))
+        return kvant_err_set(err, de.code ? de.code : KV_EINVAL, "draft model %s: %s",
+                             dc.model_path, de.msg);
+    const uint64_t left = mem_budget(ds->mem) - mem_used(ds->mem);
+    c->device_memory = (uint64_t)((double)left / c->utilization);
+    return KV_OK;
+}
+
+static int32_t argmax(const float *x, int32_t n)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        best = x[i] > x[best] ? i : best;
+    return best;
+}
+
+/* The draft model catches up over toks[*dn..n) (the prompt, the tokens the
+ * target accepted; positions from n - 1 on are fed again, overwriting a
+ * rejected draft's K/V), then proposes up to k tokens greedily into
+ * toks[n..]; *dn becomes the positions it holds.  Returns the drafts. */
+static int32_t draft_propose(cli_session *d, int64_t *dn, int32_t *toks, int64_t n, int64_t k)
+{
+    kvant_err err = {0};
+    k = k < d->n_ctx - n ? k : d->n_ctx - n;
+    if (k < 1)
+        return 0;
+    for (int64_t from = *dn < n - 1 ? *dn : n - 1; from < n;) {
+        const int32_t len = (int32_t)(n - from < d->max_batch ? n - from : d->max_batch);
+        if (cli_session_eval(d, toks + from, len, (int32_t)from, 0, d->logits, &err)) {
+            *dn = from;
+            return 0;
+        }
+        from += len;
+    }
+    int32_t got = 0;
+    while (got < k) {
+        toks[n + got] = argmax(d->logits, d->m->hp.n_vocab);
+        got++;
+        if (got == k || cli_session_eval(d, &toks[n + got - 1], 1, (int32_t)(n + got - 1), 0,
+                                         d->logits, &err))
+            break;
+    }
+    *dn = n + got - 1;
+    return got;
+}
+
+/* --spec: drafts for the next pass into toks[n..] by prompt lookup or the
+ * draft model d (*dn: its positions), within the context and -n; returns
+ * how many (0: none). */
+static int32_t run_draft(const cli_session *s, cli_session *d, int64_t *dn, const run_opts *o,
+                         int32_t *toks, int64_t n, long n_gen)
 {
     if (o->spec.spec == ENGINE_SPEC_OFF)
         return 0;
@@ -227,6 +286,8 @@ static int32_t run_draft(const cli_session *s, const run_opts *o, int32_t *toks,
     int64_t k = lim.draft_max;
     k = k < o->n_predict - n_gen - 1 ? k : o->n_predict - n_gen - 1;
     k = k < s->n_ctx - n - 1 ? k : s->n_ctx - n - 1;
+    if (k > 0 && d->m)
+        return draft_propose(d, dn, toks, n, k);
     return k > 0 ? engine_spec_lookup(toks, n, lim.ngram_min, lim.ngram_max, toks + n, (int32_t)k)
                  : 0;
 }
@@ -234,8 +295,8 @@ static int32_t run_draft(const cli_session *s, const run_opts *o, int32_t *toks,
 /* Each pass evaluates the last token and any drafts after it (--spec),
  * with a logit row at each; a drafted token is kept while the sampled one
  * equals it (speculative sampling for temperature > 0: sampler.h). */
-static int generate(cli_session *s, const run_opts *o, int32_t *toks, int64_t n_prompt, int json,
-                    gen_out *g, kvant_err *err)
+static int generate(cli_session *s, cli_session *d, const run_opts *o, int32_t *toks,
+                    int64_t n_prompt, int json, gen_out *g, kvant_err *err)
 {
     sampler smp;
     if (sampler_init(&smp, &o->sp, s->m->hp.n_vocab, err))
@@ -247,6 +308,7 @@ static int generate(cli_session *s, const run_opts *o, int32_t *toks, int64_t n_
     tok_stream_init(&ts);
     int64_t n = n_prompt;
     int32_t k = 0, draft[ENGINE_SPEC_MAX];
+    int64_t dn = 0; /* the draft model's positions (--spec draft) */
     int done = 0;
     g->finish = "length";
     t0 = now_s();
@@ -275,7 +337,7 @@ static int generate(cli_session *s, const run_opts *o, int32_t *toks, int64_t n_
         }
         if (done)
             break;
-        k = run_draft(s, o, toks, n, g->n_gen);
+        k = run_draft(s, d, &dn, o, toks, n, g->n_gen);
         memcpy(draft, toks + n, (size_t)k * sizeof *draft);
         g->drafted += k;
         rc = cli_session_eval(s, &toks[n - 1], 1 + k, (int32_t)(n - 1), k > 0, s->logits, err);
@@ -302,11 +364,17 @@ int cmd_run(int argc, char **argv)
         fprintf(stderr, "kvant run: %s\n", err.msg);
         return CLI_EXIT_USAGE;
     }
-    cli_session s;
+    cli_session s, ds = {0};
     int32_t max_out = 1;
     if (o.spec.spec != ENGINE_SPEC_OFF)
         max_out += engine_spec_resolve(&o.spec).draft_max;
-    if (cli_session_open(&s, &c, (int32_t)o.ctx, 512, max_out, &err)) {
+    int orc = open_draft(&ds, &c, &o, &err);
+    if (!orc && !(orc = cli_session_open(&s, &c, (int32_t)o.ctx, 512, max_out, &err)) && ds.m &&
+        (orc = engine_draft_check_vocab(ds.m, s.m, &err)))
+        cli_session_close(&s);
+    if (orc) {
+        if (ds.m)
+            cli_session_close(&ds);
         fprintf(stderr, "kvant run: %s\n", err.msg);
         return 1;
     }
@@ -321,7 +389,7 @@ int cmd_run(int argc, char **argv)
     } else if (n_prompt >= s.n_ctx) {
         fprintf(stderr, "kvant run: prompt of %lld tokens does not fit the context of %d\n",
                 (long long)n_prompt, s.n_ctx);
-    } else if (generate(&s, &o, toks, n_prompt, c.json, &g, &err)) {
+    } else if (generate(&s, &ds, &o, toks, n_prompt, c.json, &g, &err)) {
         fprintf(stderr, "\nkvant run: %s\n", err.msg);
     } else {
         rc = 0;
@@ -348,5 +416,7 @@ int cmd_run(int argc, char **argv)
     free(toks ? toks : NULL);
     free(g.text);
     cli_session_close(&s);
+    if (ds.m)
+        cli_session_close(&ds);
     return rc;
 }

@@ -10,8 +10,9 @@ drafted and accepted tokens (both outcomes occur), counted in /metrics too.  The
 and KV are in the one budget: /v1/memory and /metrics show draft_weights and draft_kv of the
 sizes `kvant plan --draft-model --json` prints, and the plan takes them out of the budget
 (`reserved_bytes`).
-A draft of another vocabulary is refused at start naming the token, and `--spec draft` without
-a draft model is a usage error.
+`kvant run --draft-model` gives the tokens it gives without it.  A draft of another vocabulary
+is refused at start naming the token, and `--spec draft` without a draft model is a usage
+error.
 """
 from __future__ import annotations
 
@@ -134,6 +135,26 @@ def test_usage_errors(kvant_bin, default_model):
                            text=True, timeout=60)
         assert p.returncode == 2, (bad, p.stderr)
         assert "--draft-model" in p.stderr or "--spec" in p.stderr, p.stderr
-    p = subprocess.run([kvant_bin, "run", "-m", default_model, "-p", "hi", "--draft-model",
-                        default_model], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and "--spec draft" in p.stderr, p.stderr
+    p = subprocess.run([kvant_bin, "run", "-m", default_model, "-p", "hi", "--spec", "draft"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--draft-model" in p.stderr, p.stderr
+
+
+def test_run_cli(kvant_bin, target, draft, synthetic_dir):
+    """kvant run --draft-model: the same tokens as without it, with drafts made and accepted."""
+    out = {}
+    for spec in ([], ["--draft-model", draft]):
+        p = subprocess.run([kvant_bin, "run", "-m", target, "-p", PROMPTS[0], "--chat", "-n", "48",
+                            "--temp", "0", "--json", *spec], capture_output=True, text=True,
+                           timeout=300)
+        assert p.returncode == 0, p.stderr
+        out[bool(spec)] = json.loads(p.stdout)
+    assert out[True]["token_ids"] == out[False]["token_ids"]
+    assert out[True]["text"] == out[False]["text"]
+    assert out[False]["draft_tokens"] == 0
+    assert 0 < out[True]["accepted_tokens"] <= out[True]["draft_tokens"], out[True]
+    import make_synthetic
+    other = make_synthetic.make_model(synthetic_dir, "llama-F16")
+    p = subprocess.run([kvant_bin, "run", "-m", target, "-p", "hi", "--draft-model", other],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and "vocabulary" in p.stderr, p.stderr
