@@ -23,8 +23,14 @@ struct eng_draft {
     fwd_ctx fwd;
     kvpool *pool;             /* owned; no prefix caching */
     int64_t res[RES_N];       /* the plan's reservations in the engine's manager */
-    float *logits;            /* [n_vocab] host: the one output row of a pass */
+    float *logits;            /* [plan.max_seqs][n_vocab] host: a pass's output rows */
     int32_t pos[ENGINE_DRAFT_CHUNK], seq[ENGINE_DRAFT_CHUNK];
+    /* this step's proposals (engine_draft_reserve, _fill): the sequences,
+     * the drafts each was scheduled for, and one round's batch */
+    eng_seq *fill[ENGINE_DRAFT_MAX_SEQS];
+    int32_t want[ENGINE_DRAFT_MAX_SEQS], n_fill;
+    int32_t tok[ENGINE_DRAFT_MAX_SEQS], out[ENGINE_DRAFT_MAX_SEQS], idx[ENGINE_DRAFT_MAX_SEQS];
+    fwd_seq fs[ENGINE_DRAFT_MAX_SEQS];
 };
 
 static plan_model shape_of(const model *m)
@@ -56,7 +62,8 @@ int engine_draft_plan_of(const model *dm, const model *target, const engine_conf
         return kvant_err_set(err, KV_EUNSUP, "draft model: the KV dtype cannot store its K/V "
                              "rows (n_head_kv %d * head_dim %d)", pm.n_head_kv, pm.head_dim);
     const int64_t bs = c->block_size;
-    const int32_t seqs = max_seqs > 0 ? max_seqs : 1;
+    const int32_t seqs = max_seqs < 1 ? 1 : max_seqs > ENGINE_DRAFT_MAX_SEQS
+                                                ? ENGINE_DRAFT_MAX_SEQS : max_seqs;
     /* each sequence: the context and one verification's drafts past it;
      * one block more for the backend's scratch beside the blocks */
     const int64_t per_seq = (ctx + ENGINE_SPEC_MAX + bs - 1) / bs;
@@ -66,7 +73,7 @@ int engine_draft_plan_of(const model *dm, const model *target, const engine_conf
                              "sequences of %lld tokens is too large (lower --spec-max-batch "
                              "or -c)", (long long)blocks, seqs, (long long)ctx);
     out->weights_bytes = dm->weights_bytes;
-    out->activation_bytes = fwd_workspace_bytes(&dm->hp, ENGINE_DRAFT_CHUNK, 1) +
+    out->activation_bytes = fwd_workspace_bytes(&dm->hp, ENGINE_DRAFT_CHUNK, seqs) +
                             (host_backend(c) && !c->exact
                                  ? plan_act_q8_bytes(&pm, ENGINE_DRAFT_CHUNK) : 0);
     out->kv_block_bytes = bpt * (uint64_t)bs;
@@ -163,7 +170,7 @@ static int start_kv(const engine *e, eng_draft *d, kvant_err *err)
     if (n < 1)
         return kvant_err_set(err, KV_ENOMEM, "draft model: no memory left for its KV pool");
     lay.n_blocks = lay.max_blocks = n;
-    int rc = fwd_init(&d->fwd, d->m, d->be, ENGINE_DRAFT_CHUNK, 1, &lay, err);
+    int rc = fwd_init(&d->fwd, d->m, d->be, ENGINE_DRAFT_CHUNK, d->plan.max_seqs, &lay, err);
     if (rc)
         return rc;
     d->fwd_ready = 1;
@@ -200,7 +207,7 @@ int engine_draft_start(engine *e, kvant_err *err)
     d->weights_loaded = 1;
     if ((rc = start_kv(e, d, err)))
         return rc;
-    d->logits = malloc((size_t)d->m->hp.n_vocab * sizeof(float));
+    d->logits = malloc((size_t)d->plan.max_seqs * d->m->hp.n_vocab * sizeof(float));
     if (!d->logits)
         return kvant_err_set(err, KV_ENOMEM, "out of memory for the draft's logits");
     if (c->print_plan) {
@@ -246,8 +253,8 @@ static int32_t argmax(const float *x, int32_t n)
     return best;
 }
 
-/* One draft pass over toks[0..n) at positions from.., the logits of the
- * last into d->logits. */
+/* One serial draft pass over toks[0..n) of kv at positions from.. (the
+ * logits of the last into d->logits). */
 static int run_pass(eng_draft *d, const kv_seq *kv, const int32_t *toks, int64_t from, int32_t n)
 {
     for (int32_t i = 0; i < n; i++) {
@@ -262,54 +269,128 @@ static int run_pass(eng_draft *d, const kv_seq *kv, const int32_t *toks, int64_t
     return fwd_run(&d->fwd, &b, d->logits, &err);
 }
 
-int32_t engine_draft_propose(engine *e, eng_seq *s, int32_t k, int32_t *out)
+int32_t engine_draft_reserve(engine *e, eng_seq *s, int32_t k)
 {
     eng_draft *d = e->draft;
     kv_seq *kv = &s->kv_d;
     const int64_t n = s->n_tokens;
-    if (!d || k < 1 || n < 1)
+    if (!d || k < 1 || n < 1 || d->n_fill >= d->plan.max_seqs)
         return 0;
     if (kv->n_tokens > n - 1) /* the last token's logits are needed: feed it again */
         kvseq_commit(d->pool, kv, s->tokens, n - 1);
     /* inputs at positions [0, n + k - 1): the tokens, then every draft but the last */
     if (kvseq_reserve(d->pool, kv, kv->n_tokens, n + k - 1) != KV_OK)
         return 0;
-    for (int64_t from = kv->n_tokens; from < n;) { /* catch up */
-        const int32_t len = (int32_t)(n - from < ENGINE_DRAFT_CHUNK ? n - from : ENGINE_DRAFT_CHUNK);
-        if (run_pass(d, kv, s->tokens + from, from, len)) {
-            kvseq_commit(d->pool, kv, s->tokens, from);
-            return 0;
-        }
+    d->fill[d->n_fill] = s;
+    d->want[d->n_fill++] = k;
+    return k;
+}
+
+/* Drops s from this step's proposals (its drafts will not be scheduled). */
+static void unfill(eng_draft *d, const eng_seq *s)
+{
+    for (int32_t i = 0; i < d->n_fill; i++) {
+        if (d->fill[i] != s)
+            continue;
+        d->n_fill--;
+        d->fill[i] = d->fill[d->n_fill];
+        d->want[i] = d->want[d->n_fill];
+        return;
+    }
+}
+
+/* Feeds s's tokens the draft has not seen, but its last, in serial passes
+ * (the prompt at first; later nothing: the last token is each round 0's). */
+static int catch_up(eng_draft *d, eng_seq *s)
+{
+    kv_seq *kv = &s->kv_d;
+    const int64_t end = s->n_tokens - 1;
+    for (int64_t from = kv->n_tokens; from < end;) {
+        const int32_t len = (int32_t)(end - from < ENGINE_DRAFT_CHUNK ? end - from
+                                                                    : ENGINE_DRAFT_CHUNK);
+        if (run_pass(d, kv, s->tokens + from, from, len))
+            return -1;
         from += len;
         kvseq_commit(d->pool, kv, s->tokens, from);
     }
-    const int32_t nv = d->m->hp.n_vocab;
-    int32_t got = 0;
-    const double t0 = engine_now();
-    for (;;) {
-        out[got] = argmax(d->logits, nv);
-        s->tokens[n + got] = out[got]; /* the caller schedules them there too */
-        got++;
-        if (got == k || run_pass(d, kv, s->tokens + n + got - 1, n + got - 1, 1))
-            break;
-        kvseq_commit(d->pool, kv, s->tokens, n + got);
+    return 0;
+}
+
+/* Round j of the proposals: every sequence still short of its drafts feeds
+ * the token at position n - 1 + j (its last token, then its last draft)
+ * in one batched pass and takes the argmax as draft j.  Returns the
+ * sequences fed (0: none left, or the pass failed). */
+static int32_t propose_round(eng_draft *d, int32_t j, const int32_t *got)
+{
+    int32_t nb = 0;
+    for (int32_t i = 0; i < d->n_fill; i++) {
+        eng_seq *s = d->fill[i];
+        if (got[i] != j || j >= d->want[i])
+            continue;
+        const int64_t p = s->n_tokens - 1 + j;
+        d->tok[nb] = s->tokens[p];
+        d->pos[nb] = (int32_t)p;
+        d->seq[nb] = nb;
+        d->out[nb] = nb;
+        d->fs[nb] = (fwd_seq){.block_table = s->kv_d.blocks, .n_blocks = s->kv_d.n_blocks};
+        d->idx[nb++] = i;
     }
-    if (got > 1) { /* seconds per one-token pass, for the cost model (engine_spec.c) */
-        const double per = (engine_now() - t0) / (got - 1);
+    const fwd_batch b = {.n_tokens = nb, .tokens = d->tok, .pos = d->pos, .seq = d->seq,
+                         .n_seqs = nb, .seqs = d->fs, .n_out = nb, .out = d->out};
+    kvant_err err = {0};
+    if (nb == 0 || fwd_run(&d->fwd, &b, d->logits, &err))
+        return 0;
+    const int32_t nv = d->m->hp.n_vocab;
+    for (int32_t r = 0; r < nb; r++) {
+        eng_seq *s = d->fill[d->idx[r]];
+        const int32_t t = argmax(d->logits + (size_t)r * nv, nv);
+        s->draft[j] = s->tokens[s->n_tokens + j] = t; /* scheduled there too */
+        kvseq_commit(d->pool, &s->kv_d, s->tokens, s->n_tokens + j);
+    }
+    return nb;
+}
+
+void engine_draft_fill(engine *e)
+{
+    eng_draft *d = e->draft;
+    if (!d || d->n_fill == 0)
+        return;
+    int32_t got[ENGINE_DRAFT_MAX_SEQS] = {0};
+    for (int32_t i = 0; i < d->n_fill; i++)
+        if (catch_up(d, d->fill[i]))
+            d->want[i] = 0; /* a failed pass: no drafts */
+    const double t0 = engine_now();
+    int32_t fed = 0;
+    for (int32_t j = 0;; j++) {
+        const int32_t nb = propose_round(d, j, got);
+        if (nb == 0)
+            break;
+        fed += nb;
+        for (int32_t i = 0; i < d->n_fill; i++)
+            got[i] += got[i] == j && j < d->want[i];
+    }
+    if (fed > 0) { /* seconds per sequence and pass, for the cost model (engine_spec.c) */
+        const double per = (engine_now() - t0) / fed;
         e->spec_draft_pass_s = e->spec_draft_pass_s > 0 ? 0.8 * e->spec_draft_pass_s + 0.2 * per
                                                         : per;
     }
-    return got;
+    for (int32_t i = 0; i < d->n_fill; i++)
+        d->fill[i]->n_draft = got[i];
+    d->n_fill = 0;
 }
 
 void engine_draft_rollback(engine *e, eng_seq *s)
 {
+    if (e->draft)
+        unfill(e->draft, s);
     if (e->draft && s->kv_d.n_tokens > s->n_computed)
         kvseq_commit(e->draft->pool, &s->kv_d, s->tokens, s->n_computed);
 }
 
 void engine_draft_release(engine *e, eng_seq *s)
 {
+    if (e->draft)
+        unfill(e->draft, s);
     if (e->draft && e->draft->pool)
         kvseq_release(e->draft->pool, &s->kv_d);
 }

@@ -18,10 +18,14 @@
  * KV: a pool of its own, without prefix caching, and one fixed table per
  * sequence in the request's storage (eng_seq.kv_d).  kv_d.n_tokens are the
  * leading positions whose draft K/V were computed from the sequence's own
- * tokens.  Proposing first catches the draft up over the tokens it has not
- * seen (the prompt, the target's accepted tokens), then runs one-token
- * passes; after verification the table rolls back to the positions the
- * target kept (engine_draft_rollback: a commit of fewer tokens, no copy).
+ * tokens.  Scheduling reserves a sequence's draft positions
+ * (engine_draft_reserve); once the step is scheduled, engine_draft_fill
+ * catches each sequence up over the tokens the draft has not seen (the
+ * prompt, serially, at its first proposal) and then proposes for all of
+ * them at once: round j is one batched pass with a token of each sequence
+ * still short of its drafts.  After verification the table rolls back to
+ * the positions the target kept (engine_draft_rollback: a commit of fewer
+ * tokens, no copy).
  * A sequence for which the draft pool has no blocks drafts nothing: drafts
  * never preempt anyone.
  *
@@ -35,7 +39,9 @@
 
 #include "engine/engine_types.h"
 
-#define ENGINE_DRAFT_CHUNK 256 /* tokens per catch-up pass of the draft */
+#define ENGINE_DRAFT_CHUNK 256   /* tokens per catch-up pass of the draft */
+#define ENGINE_DRAFT_MAX_SEQS 16 /* sequences proposed for in one step (and whose
+                                  * KV the draft's pool holds) at most */
 
 typedef struct eng_draft eng_draft;
 struct eng_seq;
@@ -83,12 +89,19 @@ void engine_draft_destroy(struct engine *e);
 /* The plan e's draft was started with (NULL without one). */
 const engine_draft_plan *engine_draft_get_plan(const struct engine *e);
 
-/* Proposes up to k tokens (k <= ENGINE_SPEC_MAX) after s's tokens into
- * out; returns how many (0: the pool has no room, or a pass failed). */
-int32_t engine_draft_propose(struct engine *e, struct eng_seq *s, int32_t k, int32_t *out);
-/* After verification: the draft keeps the positions below s->n_computed. */
+/* Scheduling: reserves the draft positions for k drafts after s's tokens
+ * (k <= ENGINE_SPEC_MAX) and queues s for this step's proposals; returns k,
+ * or 0 (no room in the pool, or plan.max_seqs sequences queued already). */
+int32_t engine_draft_reserve(struct engine *e, struct eng_seq *s, int32_t k);
+/* After scheduling: proposes for every queued sequence (batched passes),
+ * writing its drafts to s->draft and s->tokens[n_tokens..] and setting
+ * s->n_draft to how many it got (fewer than reserved only when a pass
+ * failed); empties the queue. */
+void engine_draft_fill(struct engine *e);
+/* After verification, or when s's drafts are not scheduled after all: the
+ * draft keeps the positions below s->n_computed (s leaves the queue). */
 void engine_draft_rollback(struct engine *e, struct eng_seq *s);
-/* Gives back s's draft blocks (finish, preemption). */
+/* Gives back s's draft blocks (finish, preemption; s leaves the queue). */
 void engine_draft_release(struct engine *e, struct eng_seq *s);
 /* The draft pool's blocks: total and in use (for stats). */
 void engine_draft_blocks(const struct engine *e, int32_t *total, int32_t *used);

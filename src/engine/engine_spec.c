@@ -125,14 +125,15 @@ int32_t engine_spec_draft(engine *e, eng_seq *s, int32_t room, int32_t n_running
     k = k < ctx_left ? k : ctx_left;
     int32_t got = 0;
     if (!skip && k > 0)
-        got = e->draft ? engine_draft_propose(e, s, (int32_t)k, s->draft)
+        got = e->draft ? engine_draft_reserve(e, s, (int32_t)k) /* drafts: engine_draft_fill */
                        : engine_spec_lookup(s->tokens, s->n_tokens, lim.ngram_min,
                                             lim.ngram_max, s->draft, (int32_t)k);
     if (got == 0) {
         e->spec_skipped++;
         return 0;
     }
-    memcpy(s->tokens + s->n_tokens, s->draft, (size_t)got * sizeof *s->tokens);
+    if (!e->draft)
+        memcpy(s->tokens + s->n_tokens, s->draft, (size_t)got * sizeof *s->tokens);
     s->n_draft = got;
     return got;
 }

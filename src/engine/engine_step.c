@@ -235,6 +235,27 @@ static void schedule_running(engine *e, step_plan *sp)
     }
 }
 
+/* A draft model's proposals for this step's decodes, in batched passes
+ * (engine_draft_fill); a decode that got fewer drafts than it was scheduled
+ * for (a failed draft pass) gives the rest of its tokens and rows back. */
+static void fill_drafts(engine *e, step_plan *sp)
+{
+    if (!e->draft)
+        return;
+    engine_draft_fill(e);
+    for (int32_t i = 0; i < sp->n_seqs; i++) {
+        eng_seq *s = sp->seqs[i];
+        const int32_t short_by = s->sched_tokens - 1 - s->n_draft;
+        if (s->n_computed != s->n_tokens - 1 || short_by <= 0)
+            continue;
+        s->sched_tokens -= short_by;
+        sp->n_tokens -= short_by;
+        sp->extra_rows -= short_by;
+        if (s->n_draft == 0)
+            e->spec_skipped++;
+    }
+}
+
 /* Admits waiting sequences while budget, KV blocks and sequence slots last;
  * running sequences hold their slots whether scheduled this step or not. */
 static void schedule_waiting(engine *e, step_plan *sp)
@@ -658,6 +679,7 @@ int engine_step(engine *e)
         if (!sp.preempted)
             schedule_waiting(e, &sp);
     }
+    fill_drafts(e, &sp);
     int32_t decodes = 0;
     for (int32_t i = 0; i < sp.n_seqs; i++)
         decodes += (sp.seqs[i]->sched_tokens == 1 || sp.seqs[i]->n_draft > 0) &&
