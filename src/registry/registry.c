@@ -285,7 +285,8 @@ void reg_drop_entry(mentry *x, int keep_model, engine_stats *fin)
 }
 
 /* Loads (or wakes) x; without r->mu, x marked LOADING.  Fills resident[]
- * from the shared manager's change (the only change running). */
+ * (under r->mu: /metrics reads it) from the shared manager's change (the
+ * only change running). */
 static int raise_entry(registry *r, mentry *x, kvant_err *err)
 {
     mem_report *before = malloc(sizeof *before), *after = malloc(sizeof *after);
@@ -320,8 +321,10 @@ static int raise_entry(registry *r, mentry *x, kvant_err *err)
     x->kv_blocks = x->kv_min_blocks = st.kv_blocks_min;
     x->kv_max_blocks = st.kv_blocks_max;
     mem_get_report(r->mem, after);
+    pthread_mutex_lock(&r->mu);
     for (int c = 0; c < MEM_CAT_COUNT; c++)
         x->resident[c] = after->cat[c].current - before->cat[c].current;
+    pthread_mutex_unlock(&r->mu);
 out:
     free(before);
     free(after);
@@ -567,6 +570,12 @@ static int load_locked(registry *r, int xi, const int *victims, int nv, kvant_er
     engine_stats fin[REG_MAX];
     for (int k = 0; k < nv; k++)
         reg_drop_entry(r->ent[victims[k]], 0, &fin[k]);
+    /* the victims' bytes are back before x's are counted: the resident sum
+     * that /metrics shows never holds both */
+    pthread_mutex_lock(&r->mu);
+    for (int k = 0; k < nv; k++)
+        memset(r->ent[victims[k]]->resident, 0, sizeof r->ent[victims[k]]->resident);
+    pthread_mutex_unlock(&r->mu);
     kvant_err le = {0};
     int rc = raise_entry(r, x, &le);
     double dt = reg_now() - t;
