@@ -236,14 +236,6 @@ static int open_draft(cli_session *ds, cli_common *c, const run_opts *o, kvant_e
     return KV_OK;
 }
 
-static int32_t argmax(const float *x, int32_t n)
-{
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        best = x[i] > x[best] ? i : best;
-    return best;
-}
-
 /* The draft model catches up over toks[*dn..n) (the prompt, the tokens the
  * target accepted; positions from n - 1 on are fed again, overwriting a
  * rejected draft's K/V), then proposes up to k tokens greedily into
@@ -264,7 +256,7 @@ static int32_t draft_propose(cli_session *d, int64_t *dn, int32_t *toks, int64_t
     }
     int32_t got = 0;
     while (got < k) {
-        toks[n + got] = argmax(d->logits, d->m->hp.n_vocab);
+        toks[n + got] = sampler_argmax(d->logits, d->m->hp.n_vocab);
         got++;
         if (got == k || cli_session_eval(d, &toks[n + got - 1], 1, (int32_t)(n + got - 1), 0,
                                          d->logits, &err))

@@ -10,6 +10,7 @@
 #include "backend/backend_select.h"
 #include "engine/engine_internal.h"
 #include "mem/plan.h"
+#include "text/sampler.h"
 #include "text/tokenizer.h"
 
 enum { RES_WEIGHTS, RES_KV, RES_ACT, RES_N };
@@ -244,15 +245,6 @@ void engine_draft_destroy(engine *e)
     e->draft = NULL;
 }
 
-static int32_t argmax(const float *x, int32_t n)
-{
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 /* One serial draft pass over toks[0..n) of kv at positions from.. (the
  * logits of the last into d->logits). */
 static int run_pass(eng_draft *d, const kv_seq *kv, const int32_t *toks, int64_t from, int32_t n)
@@ -343,7 +335,7 @@ static int32_t propose_round(eng_draft *d, int32_t j, const int32_t *got)
     const int32_t nv = d->m->hp.n_vocab;
     for (int32_t r = 0; r < nb; r++) {
         eng_seq *s = d->fill[d->idx[r]];
-        const int32_t t = argmax(d->logits + (size_t)r * nv, nv);
+        const int32_t t = sampler_argmax(d->logits + (size_t)r * nv, nv);
         s->draft[j] = s->tokens[s->n_tokens + j] = t; /* scheduled there too */
         kvseq_commit(d->pool, &s->kv_d, s->tokens, s->n_tokens + j);
     }

@@ -28,11 +28,12 @@
  * Cost model, with a draft model always (its passes cost real time), by
  * prompt lookup under a batch load (B > 1 sequences running; a sequence
  * alone is then governed by its acceptance rate only, so that a seeded
- * request alone always drafts the same way): decode-only steps' times are fitted as
- * base + per_token x tokens (decayed least squares, so it follows the
- * machine and the load).  With B sequences decoding, a token costs T(B) / B; a drafted token costs
- * per_token in the verification pass plus, with a draft model, one draft
- * pass; it is worth it when the sequence's running acceptance rate times
+ * request alone always drafts the same way): decode-only steps' times are
+ * fitted as base + per_token x tokens (decayed least squares, so it
+ * follows the machine and the load).  With B sequences decoding, a token
+ * costs T(B) / B; a drafted token costs per_token in the verification pass
+ * plus, with a draft model, one draft pass (per sequence: the passes are
+ * batched); it is worth it when the sequence's running acceptance rate times
  * T(B) / B exceeds that cost.  A sequence it declines decodes plainly that
  * step (counted in spec_skipped and spec_cost_off); until the fit has seen
  * steps of different sizes, every eligible sequence drafts. */
