@@ -84,6 +84,11 @@ typedef struct kv_layout {
      * pass rotates q, k and v after rope and the attention output back;
      * needs the backend's hadamard op and a power-of-two head_dim */
     int rotate;
+    /* Most block-table entries one sequence has (the context / block_size,
+     * rounded up, plus one): the per-thread room a backend keeps for a
+     * budgeted sequence's gathered table (fwd_seq.kv_recent).  0: no
+     * budgets (a backend may then refuse fwd_seq.kv_recent > 0). */
+    int32_t max_seq_blocks;
 } kv_layout;
 
 /* KV heads of layer il under lay. */

@@ -21,6 +21,13 @@ typedef struct fwd_seq {
      * KVSEQ_DROPPED (-1): the window layers never read them */
     const int32_t *block_table_w; /* [n_blocks_w] */
     int32_t n_blocks_w;
+    /* A KV budget (sinks + a recent window; kv_layout.max_seq_blocks > 0):
+     * the token at position p reads its sequence's first kv_sink_blocks
+     * blocks and the blocks from max(kv_sink_blocks, (p - kv_recent + 1) /
+     * block_size) on; entries between may be KVSEQ_DROPPED.  Rope keeps the
+     * original positions.  kv_recent 0: no budget, every block read. */
+    int32_t kv_sink_blocks;
+    int32_t kv_recent;
 } fwd_seq;
 
 typedef struct fwd_batch {

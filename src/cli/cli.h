@@ -33,6 +33,8 @@ typedef struct cli_common {
     int weights_dtype;   /* -1 = as stored; else load-time quantization target */
     uint32_t kv_dtype;   /* KV cache element type (DT_F16 default) */
     int kv_rotate;       /* --kv-rotate: K/V stored Hadamard-rotated */
+    double kv_budget;    /* --kv-budget N|F: requests' default KV budget (0: none) */
+    int kv_sinks;        /* --kv-sinks N: its sink tokens (0: the engine's default) */
     const char *backend; /* "cpu" (default) or "cuda" */
     int exact;           /* --exact: f32 activations in every matmul (reference path) */
     int no_pack;         /* --no-pack: weights stay in the file's layout */

@@ -110,6 +110,10 @@ void cli_common_help(FILE *f)
         {"--kv-rotate", NULL, "store K and V rotated by a Walsh-Hadamard transform per head "
                               "(spreads outliers before 4-bit KV quantization; same "
                               "attention in exact arithmetic)", "off"},
+        {"--kv-budget", "N|F", "KV budget of each request that names none: N tokens, or a "
+                               "fraction F in (0, 1) of the context; sink tokens and a recent "
+                               "window are kept, older blocks given back", "none"},
+        {"--kv-sinks", "N", "sink tokens a KV budget keeps (whole blocks)", "4"},
         {"--backend", "NAME", "cpu or cuda", c.backend},
         {"--device", "N", "device index for the backend (--tp/--pp: the i-th rank on a host "
                           "takes device N + i, modulo the devices present)", dev},
@@ -260,6 +264,25 @@ static int parse_model_opt(cli_common *c, int argc, char **argv, int *i)
     }
     if (!strcmp(a, "--kv-rotate")) {
         c->kv_rotate = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--kv-budget")) {
+        char *end = NULL;
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        double d = strtod(v, &end);
+        if (end == v || *end || !(d > 0.0) || !isfinite(d) || (d >= 1.0 && d != floor(d))) {
+            fprintf(stderr, "kvant: --kv-budget: '%s' is not a token count (>= 1) or a "
+                            "fraction in (0, 1)\n", v);
+            return -1;
+        }
+        c->kv_budget = d;
+        return 1;
+    }
+    if (!strcmp(a, "--kv-sinks")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, 1, 1 << 20, &n))
+            return -1;
+        c->kv_sinks = (int)n;
         return 1;
     }
     if (!strcmp(a, "--backend")) {
@@ -439,6 +462,8 @@ void cli_engine_config(const cli_common *c, engine_config *ec)
     ec->device = c->device;
     ec->kv_dtype = c->kv_dtype;
     ec->kv_rotate = c->kv_rotate;
+    ec->kv_budget = c->kv_budget;
+    ec->kv_sinks = c->kv_sinks;
     ec->weights_dtype = c->weights_dtype;
     ec->exact = c->exact;
     ec->no_pack = c->no_pack;

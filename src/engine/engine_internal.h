@@ -8,6 +8,7 @@
  *   engine_step.c   the step's phases (engine_step.h)
  *   engine_req.c    request storage, lists, events (engine_req.h)
  *   engine_kvsnap.c engine_kvresize.c engine_tier.c engine_offload.c
+ *   engine_kvbudget.c
  *   engine_tp.c     (declared here)
  */
 #ifndef KVANT_ENGINE_INTERNAL_H
@@ -70,6 +71,15 @@ typedef struct eng_seq {
     struct eng_seq *next;   /* waiting / running list link */
 } eng_seq;
 
+/* A request's KV budget as resolved at submit (engine_kvbudget.c); recent
+ * 0: none (no budget, or the whole request fits it). */
+typedef struct eng_kvb {
+    int64_t budget;         /* tokens */
+    int32_t sink_blocks;    /* leading blocks every position reads */
+    int32_t recent;         /* R: the token at p reads from block (p - R + 1) / bs on */
+    int32_t step_cap;       /* most tokens of the sequence in one step */
+} eng_kvb;
+
 /* Why a request is being failed (eng_req.cancelled). */
 enum { ENG_LIVE = 0, ENG_FAIL_FORK, ENG_FAIL_RUN, ENG_CANCELLED, ENG_FAIL_GRAMMAR };
 
@@ -96,6 +106,7 @@ struct eng_req {
     int cancelled;          /* ENG_*: engine thread */
     int cancel_asked;       /* engine_cancel was called (guarded by e->mu) */
     int64_t kv_peak_tokens, kv_peak_blocks; /* footprint at its largest (kvsnap) */
+    eng_kvb kvb;            /* its KV budget (engine_kvbudget.c) */
     uint64_t kv_block_bytes;
     uint64_t bytes;         /* of this allocation (engine_stats.host_bytes) */
     double *embed_sum;      /* p.embed: [n_embd] pooled rows so far (else NULL) */
@@ -232,6 +243,15 @@ int64_t engine_kv_match(engine *e, eng_seq *s);
 void engine_kv_commit(engine *e, eng_seq *s);
 int engine_kv_fork(engine *e, const eng_seq *parent, eng_seq *child);
 fwd_seq engine_kv_fwd_seq(const eng_seq *s);
+
+/* engine_kvbudget.c: resolve checks r's budget fields against e and fills
+ * out (KV_EINVAL naming the field); salt: the prefix-cache salt of a
+ * sequence under k; drop: after a commit, gives back s's blocks no later
+ * position reads; match: its prefix match (s empty), sinks and window. */
+int engine_kvb_resolve(const engine *e, const engine_request *r, eng_kvb *out, kvant_err *err);
+uint64_t engine_kvb_salt(const eng_kvb *k, uint64_t salt);
+void engine_kvb_drop(engine *e, eng_seq *s);
+int64_t engine_kvb_match(engine *e, eng_seq *s);
 
 /* engine_kvsnap.c: records r's current KV footprint into its peak (call
  * before any of its blocks are released); serves a pending snapshot. */

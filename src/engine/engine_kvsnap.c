@@ -65,7 +65,7 @@ static void for_each_block(const engine *e, const eng_req *r, blk_fn fn, void *c
     for (int32_t k = 0; k < r->n_seqs; k++) {
         const kv_seq *s = &r->seqs[k]->kv;
         for (int32_t j = 0; j < s->n_blocks; j++)
-            if (!seen_before(r, k, j, s->blocks[j]))
+            if (s->blocks[j] != KVSEQ_DROPPED && !seen_before(r, k, j, s->blocks[j]))
                 fn(ctx, s->blocks[j], block_tokens(s, j, bs));
     }
 }

@@ -156,13 +156,15 @@ static void drop(engine *e, eng_seq *s)
 
 int64_t engine_kv_match(engine *e, eng_seq *s)
 {
+    if (s->req->kvb.recent > 0) /* never with a window group (engine_kvb_resolve) */
+        return engine_kvb_match(e, s);
     int64_t hit = kvseq_match_prefix(e->pool, &s->kv, s->tokens, s->n_tokens);
     if (!e->pool_w)
         return hit;
     /* at most hit tokens: match_prefix leaves one token to compute, so ask
      * for hit + 1 */
     int64_t hit_w = hit > 0 ? kvseq_match_window(e->pool_w, &s->kv_w, s->tokens, hit + 1,
-                                                 e->cfg.kv_window_keep ? 0 : e->kv_window)
+                                                 e->cfg.kv_window_keep ? 0 : e->kv_window, 0)
                             : 0;
     if (hit_w < hit)
         kvseq_unmatch(e->pool, &s->kv, hit_w);
@@ -194,5 +196,7 @@ int engine_kv_fork(engine *e, const eng_seq *parent, eng_seq *child)
 fwd_seq engine_kv_fwd_seq(const eng_seq *s)
 {
     return (fwd_seq){.block_table = s->kv.blocks, .n_blocks = s->kv.n_blocks,
-                     .block_table_w = s->kv_w.blocks, .n_blocks_w = s->kv_w.n_blocks};
+                     .block_table_w = s->kv_w.blocks, .n_blocks_w = s->kv_w.n_blocks,
+                     .kv_sink_blocks = s->req->kvb.sink_blocks,
+                     .kv_recent = s->req->kvb.recent};
 }

@@ -58,7 +58,12 @@ int engine_req_create(engine *e, const engine_request *rq, engine_event_fn fn, v
     r->fn = fn;
     r->ctx = ctx;
     r->arrival = engine_now();
-    int rc = engine_seq_setup(e, r, 0);
+    int rc = engine_kvb_resolve(e, rq, &r->kvb, err);
+    if (rc) {
+        free(r);
+        return rc;
+    }
+    rc = engine_seq_setup(e, r, 0);
     if (rc) {
         free(r);
         return kvant_err_set(err, rc, "sampling parameters are invalid");
@@ -93,8 +98,8 @@ int engine_seq_setup(engine *e, eng_req *r, int32_t index)
     s->out_row = -1;
     s->plp_next = index == 0 && (r->p.prompt_logprobs || r->p.embed == ENGINE_EMBED_MEAN)
                       ? 1 : r->p.n_prompt;
-    kvseq_init_fixed(&s->kv, r->p.cache_salt, r->blk_store + (int64_t)index * r->seq_blocks,
-                     r->seq_blocks);
+    kvseq_init_fixed(&s->kv, engine_kvb_salt(&r->kvb, r->p.cache_salt),
+                     r->blk_store + (int64_t)index * r->seq_blocks, r->seq_blocks);
     if (e->pool_w)
         kvseq_init_fixed(&s->kv_w, r->p.cache_salt,
                          r->blk_store + (int64_t)(r->p.n + index) * r->seq_blocks, r->seq_blocks);

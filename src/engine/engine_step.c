@@ -201,6 +201,8 @@ static void schedule_running(engine *e, step_plan *sp)
         int32_t budget = e->cfg.max_num_batched_tokens - sp->n_tokens;
         int64_t need = s->n_tokens - s->n_computed;
         int32_t chunk = (int32_t)(need < budget ? need : budget);
+        if (s->req->kvb.recent > 0 && chunk > s->req->kvb.step_cap)
+            chunk = s->req->kvb.step_cap; /* the budget holds a step of at most this */
         if (chunk < 1 || sp->n_seqs + sp->extra_rows >= e->cfg.max_num_seqs)
             break;
         chunk = plp_clamp(e, sp, s, chunk);
@@ -269,12 +271,15 @@ static void schedule_waiting(engine *e, step_plan *sp)
         if (s->n_computed == 0 && s->kv.n_blocks == 0 && e->cfg.prefix_cache &&
             s->plp_next >= s->req->p.n_prompt && !s->req->p.embed) { /* every row needed */
             int64_t hit = engine_kv_match(e, s);
-            hit += engine_tier_extend(e, s);
+            if (s->req->kvb.recent == 0) /* a budget's dropped blocks: no tier extension */
+                hit += engine_tier_extend(e, s);
             s->n_computed = hit;
             if (s->index == 0 && !s->preempted)
                 s->req->cached_tokens = hit;
         }
         int64_t need = s->n_tokens - s->n_computed;
+        if (s->req->kvb.recent > 0 && need > s->req->kvb.step_cap)
+            need = s->req->kvb.step_cap;
         int32_t chunk = plp_clamp(e, sp, s, (int32_t)(need < budget ? need : budget));
         if (engine_kv_reserve(e, s, s->n_computed, s->n_computed + chunk) != KV_OK) {
             engine_kv_release(e, s);
@@ -491,6 +496,7 @@ static uint64_t verify_drafts(engine *e, eng_seq *s, float *scratch)
     int32_t nh0 = s->kv.n_hashed;
     engine_kv_commit(e, s);
     engine_tier_after_commit(e, s, nh0);
+    engine_kvb_drop(e, s); /* after the tiers saw the blocks committed */
     engine_spec_observe(e, s, k, acc);
     return sampled;
 }
@@ -511,6 +517,7 @@ static uint64_t phase_sample(engine *e, const step_plan *sp)
         int32_t nh0 = s->kv.n_hashed;
         engine_kv_commit(e, s);
         engine_tier_after_commit(e, s, nh0);
+        engine_kvb_drop(e, s);
         emit_prompt_logprobs(e, s);
         if (s->out_row < 0)
             continue;

@@ -344,6 +344,12 @@ void engine_tier_after_commit(engine *e, const eng_seq *s, int32_t nh0)
     if (!et)
         return;
     int32_t bs = e->cfg.block_size;
+    if (s->req->kvb.recent > 0) { /* a KV budget's blocks stay on the device (no key chain
+                                     across its dropped blocks) */
+        for (int32_t i = nh0 < 0 ? 0 : nh0; i < s->kv.n_hashed; i++)
+            et->valid[s->kv.blocks[i]] = 0;
+        return;
+    }
     for (int32_t i = nh0 < 0 ? 0 : nh0; i < s->kv.n_hashed; i++) {
         int32_t b = s->kv.blocks[i];
         const uint8_t *parent =
@@ -435,7 +441,7 @@ void engine_tier_preempt(engine *e, eng_seq *v)
     kvtier_get_stats(et->t, &st);
     int32_t nh = v->kv.n_hashed;
     int swap = 0;
-    if (st.host_enabled && nh > 0) {
+    if (st.host_enabled && nh > 0 && v->req->kvb.recent == 0) { /* a budget's: recomputed */
         if (e->cfg.kv_tier_policy == ENGINE_TIER_ALWAYS)
             swap = 1;
         else if (e->cfg.kv_tier_policy == ENGINE_TIER_COST)

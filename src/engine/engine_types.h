@@ -115,6 +115,10 @@ typedef struct engine_config {
     /* ENGINE_SPEC_DRAFT: the draft model's GGUF (borrowed until create
      * returns; the engine loads and owns the model, engine_draft.h) */
     const char *spec_draft_model;
+    /* The KV budget of requests that name none (engine_request.kv_budget,
+     * same units; 0: none) and their sink tokens (0: ENGINE_KV_DEFAULT_SINKS) */
+    double kv_budget;
+    int32_t kv_sinks;
 } engine_config;
 
 enum { ENGINE_SPEC_OFF = 0, ENGINE_SPEC_NGRAM = 1, ENGINE_SPEC_DRAFT = 2 };
@@ -175,7 +179,20 @@ typedef struct engine_request {
      * cache another engine's vocabulary claimed first is not used. */
     struct tmshare *grammar_masks;
     int no_spec;             /* 1: no speculative decoding for this request */
+    /* KV budget (engine_kvbudget.c): at most this much KV per sequence, by
+     * evicting under kv_policy.  0: none; >= 1: tokens; in (0, 1): a
+     * fraction of the context (engine_max_model_len).  A budget the whole
+     * request fits changes nothing. */
+    double kv_budget;        /* 0 with ENGINE_KV_DEFAULT: engine_config.kv_budget */
+    int32_t kv_policy;       /* ENGINE_KV_*: DEFAULT (sinks when a budget applies), SINKS,
+                              * or FULL (no budget, the engine's default ignored; a
+                              * kv_budget with it is refused) */
+    int32_t kv_sinks;        /* sink tokens kept (0: engine_config.kv_sinks, else
+                              * ENGINE_KV_DEFAULT_SINKS), rounded up to whole blocks */
 } engine_request;
+
+enum { ENGINE_KV_DEFAULT = 0, ENGINE_KV_SINKS = 1, ENGINE_KV_FULL = 2 };
+#define ENGINE_KV_DEFAULT_SINKS 4
 
 enum { ENGINE_EMBED_NONE = 0, ENGINE_EMBED_MEAN = 1, ENGINE_EMBED_LAST = 2 };
 
@@ -256,6 +273,7 @@ typedef struct engine_stats {
     int32_t kv_window;
     int32_t kv_w_blocks_total, kv_w_blocks_used, kv_w_blocks_free, kv_w_blocks_cached;
     uint64_t kv_w_dropped;           /* window blocks given back as sequences advanced */
+    uint64_t kv_budget_dropped;      /* blocks given back under requests' KV budgets */
     /* constrained decoding (engine_gram.h): host bytes of the admitted
      * requests' grammar states (recognizer charts and mask memos; also in
      * host_bytes), how many requests hold one, and the vocabulary's trie

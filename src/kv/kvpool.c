@@ -723,39 +723,44 @@ int kvseq_fork(kvpool *p, const kv_seq *parent, kv_seq *child, kvant_err *err)
 }
 
 /* First block a window of `window` tokens reads for positions >= k
- * blocks (0 without a window). */
-static int64_t kvseq_window_first(const kvpool *p, int64_t k, int32_t window)
+ * blocks (0 without a window; never below the sink blocks). */
+static int64_t kvseq_window_first(const kvpool *p, int64_t k, int32_t window, int32_t sinks)
 {
     const int64_t lo = k * p->bs - window + 1;
-    return window > 0 && lo > 0 ? lo / p->bs : 0;
+    const int64_t first = window > 0 && lo > 0 ? lo / p->bs : 0;
+    return first > sinks ? first : sinks;
 }
 
 int64_t kvseq_match_window(kvpool *p, kv_seq *s, const int32_t *tokens, int64_t n,
-                           int32_t window)
+                           int32_t window, int32_t sink_blocks)
 {
     KV_ASSERT(s->n_blocks == 0 && s->n_tokens == 0);
     if (n <= 0 || !p->cfg.prefix_cache)
         return 0;
     p->prefix_queries += (uint64_t)n;
-    /* pass 1: the largest k whose blocks [first(k), k) are all cached */
+    /* pass 1: the largest k whose blocks [0, sinks) and [first(k), k) are
+     * all cached */
     const int64_t max_blocks = (n - 1) / p->bs;
     int64_t best = 0, last_missing = -1;
     uint64_t h = 0;
     for (int64_t i = 0; i < max_blocks; i++) {
         h = kvpool_hash_block(p, h, tokens + i * p->bs, s->salt);
-        if (kvmap_find(p, h) < 0)
+        if (kvmap_find(p, h) < 0) {
+            if (i < sink_blocks)
+                break; /* every later k needs this sink block */
             last_missing = i;
-        if (last_missing < kvseq_window_first(p, i + 1, window))
+        }
+        if (last_missing < kvseq_window_first(p, i + 1, window, sink_blocks))
             best = i + 1;
     }
     if (best == 0 || kvseq_grow_table(s, best) != KV_OK)
         return 0;
     /* pass 2: attach them; the blocks below the window stay dropped */
-    const int64_t first = kvseq_window_first(p, best, window);
+    const int64_t first = kvseq_window_first(p, best, window, sink_blocks);
     h = 0;
     for (int64_t i = 0; i < best; i++) {
         h = kvpool_hash_block(p, h, tokens + i * p->bs, s->salt);
-        int32_t b = i < first ? KVSEQ_DROPPED : kvmap_find(p, h);
+        int32_t b = i >= sink_blocks && i < first ? KVSEQ_DROPPED : kvmap_find(p, h);
         if (b != KVSEQ_DROPPED)
             kvpool_ref(p, b);
         s->blocks[i] = b;
@@ -783,9 +788,14 @@ void kvseq_unmatch(kvpool *p, kv_seq *s, int64_t n_tokens)
 
 int32_t kvseq_drop_before(kvpool *p, kv_seq *s, int32_t n)
 {
+    return kvseq_drop_range(p, s, 0, n);
+}
+
+int32_t kvseq_drop_range(kvpool *p, kv_seq *s, int32_t keep, int32_t n)
+{
     n = n < s->n_blocks ? n : s->n_blocks;
-    int32_t lo = n; /* the dropped entries are a leading run: find its end */
-    while (lo > 0 && s->blocks[lo - 1] != KVSEQ_DROPPED)
+    int32_t lo = n; /* the dropped entries after keep are a run: find its end */
+    while (lo > keep && s->blocks[lo - 1] != KVSEQ_DROPPED)
         lo--;
     /* oldest first: under LRU the blocks nearest the window, which a later
      * window match needs (kvseq_match_window), are evicted last */

@@ -72,8 +72,9 @@ void kvpool_destroy(kvpool *p);
 #define KVSEQ_DROPPED (-1)
 
 /* A sequence's block table.  blocks[i] holds tokens [i*bs, (i+1)*bs), or
- * is KVSEQ_DROPPED for a leading run of blocks given back (release and
- * fork skip those; reserve, commit and roll-back never reach them). */
+ * is KVSEQ_DROPPED for a run of blocks given back, leading or after a KV
+ * budget's sink blocks (release and fork skip those; reserve, commit and
+ * roll-back never reach them). */
 typedef struct kv_seq {
     int32_t *blocks;      /* [cap] physical block ids; owned by the seq, or
                              borrowed (fixed) */
@@ -146,15 +147,16 @@ void kvseq_commit(kvpool *p, kv_seq *s, const int32_t *tokens, int64_t n_tokens)
  * parent's blocks (nothing changed).  A fixed child keeps its table. */
 int kvseq_fork(kvpool *p, const kv_seq *parent, kv_seq *child, kvant_err *err);
 
-/* kvseq_match_prefix for a sliding-window layer group: s (empty) gets the
- * longest prefix of k full blocks (at most (n - 1) / block_size) whose
- * blocks a window of `window` tokens still reads for the positions after
- * it, [max(0, (k * bs - window + 1) / bs), k), are all cached; the blocks
- * below stay KVSEQ_DROPPED, cached or not.  n_hashed covers all k.
- * Returns the tokens s holds (k * block_size); no allocation beyond the
- * table (none for a fixed one). */
+/* kvseq_match_prefix for a sliding-window layer group, or a sequence under
+ * a KV budget: s (empty) gets the longest prefix of k full blocks (at most
+ * (n - 1) / block_size) whose leading sink_blocks blocks and the blocks a
+ * window of `window` tokens still reads for the positions after it,
+ * [max(sink_blocks, (k * bs - window + 1) / bs), k), are all cached; the
+ * blocks between stay KVSEQ_DROPPED, cached or not.  n_hashed covers all
+ * k.  Returns the tokens s holds (k * block_size); no allocation beyond
+ * the table (none for a fixed one). */
 int64_t kvseq_match_window(kvpool *p, kv_seq *s, const int32_t *tokens, int64_t n,
-                           int32_t window);
+                           int32_t window, int32_t sink_blocks);
 
 /* Gives back the blocks of a just-matched s (kvseq_match_prefix) past
  * n_tokens (a multiple of block_size, at most s->n_tokens), tail first,
@@ -171,6 +173,10 @@ void kvseq_unmatch(kvpool *p, kv_seq *s, int64_t n_tokens);
  * newest of them, nearest the window, are evicted last).  Returns the
  * blocks given back.  O(blocks given back). */
 int32_t kvseq_drop_before(kvpool *p, kv_seq *s, int32_t n);
+/* The same for blocks [keep, n) of s, blocks [0, keep) staying (a KV
+ * budget's sink blocks): the entries dropped earlier there are a run
+ * starting at keep. */
+int32_t kvseq_drop_range(kvpool *p, kv_seq *s, int32_t keep, int32_t n);
 
 typedef struct kvpool_stats {
     int32_t n_blocks;

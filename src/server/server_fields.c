@@ -115,6 +115,10 @@ static const field_row top_fields[] = {
     {"cache_salt", API_BOTH, F_IMPL, NULL, NULL},
     /* kvant's: false opts the request out of speculative decoding (--spec) */
     {"speculative", API_BOTH, F_IMPL, NULL, NULL},
+    /* kvant's: a per-request KV budget (engine_kvbudget.c) */
+    {"kv_budget", API_BOTH, F_IMPL, NULL, NULL},
+    {"kv_policy", API_BOTH, F_IMPL, NULL, NULL},
+    {"kv_sinks", API_BOTH, F_IMPL, NULL, NULL},
     /* tool calling (read and checked by server_tools.c) */
     {"tools", API_CHAT, F_IMPL, NULL, NULL},
     {"tool_choice", API_CHAT, F_IMPL, NULL, NULL},

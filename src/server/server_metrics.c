@@ -275,6 +275,9 @@ static void render_engine(sbuf *b, const engine_stats *st, uint64_t block_bytes)
     counter(b, "prefix_cache_hits_tokens_total", "Prompt tokens found in the prefix cache.",
             (double)st->prefix_hits);
     counter(b, "engine_steps_total", "Engine steps run.", (double)st->steps);
+    counter(b, "kv_budget_blocks_dropped_total",
+            "KV blocks given back under requests' KV budgets (kv_budget).",
+            (double)st->kv_budget_dropped);
     render_spec(b, st);
     if (st->kv_window > 0) { /* a sliding-window layer group: the kv_blocks_* above are global */
         gauge(b, "kv_window_blocks_capacity", "KV blocks of the sliding-window layers' pool.",

@@ -569,6 +569,38 @@ static int parse_lengths(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_
     return get_bool(o, "ignore_eos", &r->er.ignore_eos, e) < 0 ? -e->status : 0;
 }
 
+/* kv_budget (tokens, or a fraction of the context in (0, 1)), kv_policy
+ * ("sinks", or "full": none, whatever --kv-budget says), kv_sinks. */
+static int parse_kv_budget(json_t *o, engine_request *er, srv_error *e)
+{
+    json_t *p = json_object_get(o, "kv_policy");
+    if (p && !json_is_null(p)) {
+        const char *v = json_is_string(p) ? json_string_value(p) : "";
+        if (!strcmp(v, "sinks"))
+            er->kv_policy = ENGINE_KV_SINKS;
+        else if (!strcmp(v, "full"))
+            er->kv_policy = ENGINE_KV_FULL;
+        else if (!strcmp(v, "snapkv") || !strcmp(v, "h2o"))
+            return srv_error_set(e, 400, "kv_policy", "'kv_policy' '%s' is not implemented "
+                                 "(implemented: 'sinks', 'full')", v);
+        else
+            return srv_error_set(e, 400, "kv_policy", "'kv_policy' must be 'sinks' or 'full'");
+    }
+    double b = 0.0;
+    int rc = get_num(o, "kv_budget", 0.0, 1e12, 1, &b, e);
+    if (rc < 0)
+        return rc;
+    if (rc && b >= 1.0 && b != floor(b))
+        return srv_error_set(e, 400, "kv_budget", "'kv_budget' must be a whole number of tokens "
+                             "or a fraction of the context in (0, 1)");
+    er->kv_budget = b;
+    int64_t x = 0;
+    if ((rc = get_int(o, "kv_sinks", 1, 1 << 20, &x, e)) < 0)
+        return rc;
+    er->kv_sinks = (int32_t)x;
+    return 0;
+}
+
 static uint64_t fnv1a(const char *s, size_t n)
 {
     uint64_t h = 1469598103934665603ull;
@@ -613,7 +645,8 @@ static int parse_body(const srv_oai_ctx *ctx, const srv_fields_policy *pol, json
             return srv_error_set(e, 400, "cache_salt", "'cache_salt' must be a string");
         r->er.cache_salt = fnv1a(json_string_value(salt), json_string_length(salt));
     }
-    if ((rc = srv_constraint_parse(o, ctx->grammar_max_bytes, &r->cons, e)))
+    if ((rc = parse_kv_budget(o, &r->er, e)) ||
+        (rc = srv_constraint_parse(o, ctx->grammar_max_bytes, &r->cons, e)))
         return rc;
     if (r->api == SRV_API_CHAT &&
         (rc = srv_tools_parse(o, ctx->grammar_max_bytes, &r->tools, &r->cons, e)))

@@ -115,6 +115,7 @@ class RefModel:
         if self.gemma and nl == {"gemma2": 46, "gemma3": 62}[a]:   # the 27B models
             self.q_scale = 1.0 / math.sqrt(self.n_embd / self.n_head)
         self.window = [0] * nl
+        self.kv_budget = None   # (sinks, recent, block size): the KV-budget mask (attend)
         self.base_l = [self.freq_base] * nl
         self.scale_l = [self.rope_scale] * nl
         win = int(g("attention.sliding_window", 4096 if a == "gemma2" else 0))
@@ -259,6 +260,11 @@ class RefModel:
         masked = j > i
         if self.window[L]:
             masked |= (i - j) >= self.window[L]   # llama.cpp is_masked_swa (standard)
+        if self.kv_budget:   # (sinks S, recent R, block size bs): kvant's KV budget (sinks policy)
+            S, R, bs = self.kv_budget
+            lo = i - R + 1
+            wb = np.maximum(np.where(lo > 0, lo // bs, 0), S // bs)
+            masked |= (j >= S) & (j < wb * bs)
         s = s + np.where(masked, -np.inf, 0.0).astype(self.dt)
         s = s - s.max(axis=-1, keepdims=True)
         pr = np.exp(s)

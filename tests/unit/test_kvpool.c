@@ -931,28 +931,72 @@ static void test_match_window(void)
     CHECK(kvseq_match_prefix(p, &m, tok, 128) == 0); /* the chain from block 0 is broken */
     kvseq_release(p, &m);
     /* window 20: blocks 5, 6 (in use by a) */
-    CHECK(kvseq_match_window(p, &m, tok, 128, 20) == 112);
+    CHECK(kvseq_match_window(p, &m, tok, 128, 20, 0) == 112);
     CHECK(m.blocks[4] == KVSEQ_DROPPED && m.blocks[5] == blk[5] && m.blocks[6] == blk[6]);
     CHECK(kvpool_refcount(p, blk[5]) == 2 && m.n_hashed == 7);
     const kv_seq *three[3] = {&a, &b, &m};
     check_pool(p, three, 3);
     kvseq_release(p, &m);
     /* window 40: block 4 (cached) too */
-    CHECK(kvseq_match_window(p, &m, tok, 128, 40) == 112 && m.blocks[4] == blk[4]);
+    CHECK(kvseq_match_window(p, &m, tok, 128, 40, 0) == 112 && m.blocks[4] == blk[4]);
     CHECK(kvpool_refcount(p, blk[4]) == 1);
     kvseq_release(p, &m);
     /* window 100 reads block 0 for every k: evicted, no hit */
-    CHECK(kvseq_match_window(p, &m, tok, 128, 100) == 0 && m.n_blocks == 0);
+    CHECK(kvseq_match_window(p, &m, tok, 128, 100, 0) == 0 && m.n_blocks == 0);
     /* window 0: the whole chain, as kvseq_match_prefix */
-    CHECK(kvseq_match_window(p, &m, tok, 128, 0) == 0);
+    CHECK(kvseq_match_window(p, &m, tok, 128, 0, 0) == 0);
     kvseq_release(p, &a);
     kvseq_release(p, &b);
     check_pool(p, NULL, 0);
     kvpool_destroy(p);
 }
 
+/* A KV budget's sinks: kvseq_drop_range keeps blocks [0, keep) and gives
+ * back the run after them; kvseq_match_window with sink blocks needs the
+ * sinks and the window cached, never the blocks between. */
+static void test_drop_sinks(void)
+{
+    static store st;
+    kvpool *p = make_pool(&st, 16, 16, 1);
+    tu_rng r = {13};
+    int32_t tok[128];
+    rand_tokens(&r, tok, 128);
+    kv_seq a, b, m;
+    kvseq_init(&a, 3);
+    kvseq_init(&b, 4);
+    kvseq_init(&m, 3);
+    CHECK(kvseq_reserve(p, &a, 0, 112) == KV_OK);
+    CHECK(store_write(&st, p, &a, tok, 0, 112));
+    kvseq_commit(p, &a, tok, 112);
+    int32_t blk[7];
+    memcpy(blk, a.blocks, sizeof blk);
+    CHECK(kvseq_drop_range(p, &a, 1, 3) == 2);      /* blocks 1, 2 */
+    CHECK(a.blocks[0] == blk[0] && a.blocks[1] == KVSEQ_DROPPED && a.blocks[2] == KVSEQ_DROPPED);
+    CHECK(kvseq_drop_range(p, &a, 1, 3) == 0);      /* nothing new */
+    CHECK(kvseq_drop_range(p, &a, 1, 5) == 2);      /* the run grows: 3, 4 */
+    CHECK(a.blocks[0] == blk[0] && a.blocks[4] == KVSEQ_DROPPED && a.blocks[5] == blk[5]);
+    CHECK(kvpool_refcount(p, blk[0]) == 1 && kvpool_refcount(p, blk[3]) == 0);
+    const kv_seq *one[1] = {&a};
+    check_pool(p, one, 1);
+    /* the sink and the window (blocks 5, 6 for window 20) held: a hit */
+    CHECK(kvseq_match_window(p, &m, tok, 128, 20, 1) == 112);
+    CHECK(m.blocks[0] == blk[0] && m.blocks[1] == KVSEQ_DROPPED && m.blocks[4] == KVSEQ_DROPPED &&
+          m.blocks[6] == blk[6] && m.n_hashed == 7);
+    const kv_seq *two[2] = {&a, &m};
+    check_pool(p, two, 2);
+    kvseq_release(p, &m);
+    kvseq_release(p, &a); /* every block cached now */
+    /* evict the sink block (least recently used after release: tail first) */
+    CHECK(kvseq_reserve(p, &b, 0, 16 * 16) == KV_OK);
+    kvseq_release(p, &b);
+    CHECK(kvseq_match_window(p, &m, tok, 128, 20, 1) == 0 && m.n_blocks == 0);
+    check_pool(p, NULL, 0);
+    kvpool_destroy(p);
+}
+
 int main(void)
 {
+    test_drop_sinks();
     test_match_window();
     test_drop_window(1);
     test_drop_window(0);

@@ -182,6 +182,13 @@ static int cpu_sync(backend *be)
 
 /* ---- KV storage ---- */
 
+/* Per-thread attention scratch, in floats: the row kernels', then a
+ * budgeted sequence's gathered block table (int32, max_seq_blocks). */
+static int64_t cpu_attn_scratch(const kv_layout *lay)
+{
+    return cpu_kvq_scratch(lay->block_size, lay->head_dim) + lay->max_seq_blocks;
+}
+
 static void cpu_kv_free(backend *be)
 {
     cpu_backend *cb = cpu(be);
@@ -302,7 +309,7 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
         cb->moe_ws = mem_alloc(cb->mem, mb, MEM_WORKSPACE, MEM_NO_LAYER, NULL);
         cb->moe_ws_bytes = cb->moe_ws ? mb : 0;
     }
-    cb->scratch_per_thread = cpu_kvq_scratch(lay->block_size, lay->head_dim);
+    cb->scratch_per_thread = cpu_attn_scratch(lay);
     cb->scratch = mem_alloc(cb->mem, (size_t)cb->scratch_per_thread * cb->n_threads * sizeof(float),
                             MEM_WORKSPACE, MEM_NO_LAYER, err);
     if (!cb->scratch) {
@@ -353,8 +360,8 @@ static uint64_t cpu_kv_extra_bytes(backend *be, const kv_layout *lay)
     /* the per-thread attention scratch kv_init allocates, plus allocator
      * rounding; its int8 matmul activations are in the plan
      * (plan_config.act_q8, plan_act_q8_bytes) */
-    return (uint64_t)cpu_kvq_scratch(lay->block_size, lay->head_dim) * cpu(be)->n_threads *
-               sizeof(float) + 64 + cpu_moe_ws_bytes(&cpu(be)->moe, lay->max_tokens);
+    return (uint64_t)cpu_attn_scratch(lay) * cpu(be)->n_threads * sizeof(float) + 64 +
+           cpu_moe_ws_bytes(&cpu(be)->moe, lay->max_tokens);
 }
 
 /* Block-major storage: a block's K and V of every layer are one span of
@@ -734,14 +741,37 @@ typedef struct attn_job {
     atomic_long next;  /* first claim not yet taken */
 } attn_job;
 
+/* The table and positions a token at pos reads: its sequence's table, or
+ * under a KV budget the sink blocks then the recent window's, gathered into
+ * vt (max_seq_blocks entries), *n_pos the positions of that gathered table. */
+static const int32_t *attn_table(const cpu_backend *cb, const fwd_seq *s, int32_t il,
+                                 int32_t pos, int32_t *vt, int32_t *n_pos)
+{
+    const int32_t *table = kv_table(cb, s, il);
+    const int32_t bs = cb->kv.block_size, nsb = s->kv_sink_blocks;
+    *n_pos = pos + 1;
+    const int32_t lo = pos - s->kv_recent + 1;
+    const int32_t wb = s->kv_recent > 0 && lo > 0 ? lo / bs : 0;
+    if (wb <= nsb)
+        return table; /* nothing skipped yet */
+    const int32_t last = pos / bs;
+    KV_ASSERT(nsb + last - wb + 1 <= cb->kv.max_seq_blocks); /* the engine sizes it */
+    memcpy(vt, table, (size_t)nsb * sizeof *vt);
+    memcpy(vt + nsb, table + wb, (size_t)(last - wb + 1) * sizeof *vt);
+    *n_pos = nsb * bs + pos - wb * bs + 1;
+    return vt;
+}
+
 /* Heads [h0, h0 + nq) of token t, all of KV head kvh, against its sequence.
  * Each head's result is the row function's, whichever way it is reached. */
 static void attn_unit(const attn_job *j, int32_t t, int32_t kvh, int32_t h0, int32_t nq,
-                      float *scratch)
+                      float *scratch, int32_t *vt)
 {
     cpu_backend *cb = j->cb;
     const fwd_batch *b = cb->batch;
     const fwd_seq *s = &b->seqs[b->seq[t]];
+    int32_t n_pos;
+    const int32_t *table = attn_table(cb, s, j->il, b->pos[t], vt, &n_pos);
     const int32_t hd = cb->kv.head_dim;
     const int64_t kv_dim = (int64_t)kv_layout_heads(&cb->kv, j->il) * hd;
     const float scale = j->ap.scale;
@@ -756,7 +786,7 @@ static void attn_unit(const attn_job *j, int32_t t, int32_t kvh, int32_t h0, int
         cpu_kvq_seq qs = {
             .k_base = kv_row(cb, j->il, 0, 0, 0) + head_off,
             .v_base = kv_row(cb, j->il, 0, 0, 1) + head_off,
-            .table = kv_table(cb, s, j->il),
+            .table = table,
             .block_stride = kv_stride(cb, j->il),
             .row_stride = cb->kv_row_bytes[j->il],
             .block_size = cb->kv.block_size,
@@ -765,17 +795,17 @@ static void attn_unit(const attn_job *j, int32_t t, int32_t kvh, int32_t h0, int
             .softcap = j->ap.softcap,
         };
         if (cb->attn.kvq_group) {
-            cb->attn.kvq_group(q, nq, &qs, b->pos[t] + 1, hd, scale, scratch, out);
+            cb->attn.kvq_group(q, nq, &qs, n_pos, hd, scale, scratch, out);
             return;
         }
         for (int32_t g = 0; g < nq; g++)
-            cb->attn.kvq(q + g * hd, &qs, b->pos[t] + 1, hd, scale, scratch, out + g * hd);
+            cb->attn.kvq(q + g * hd, &qs, n_pos, hd, scale, scratch, out + g * hd);
         return;
     }
     cpu_attn_seq as = {
         .k_base = (const float *)kv_row(cb, j->il, 0, 0, 0) + kvh * hd,
         .v_base = (const float *)kv_row(cb, j->il, 0, 0, 1) + kvh * hd,
-        .table = kv_table(cb, s, j->il),
+        .table = table,
         .block_stride = kv_stride(cb, j->il) / (int64_t)sizeof(float),
         .row_stride = kv_dim,
         .block_size = cb->kv.block_size,
@@ -783,7 +813,7 @@ static void attn_unit(const attn_job *j, int32_t t, int32_t kvh, int32_t h0, int
         .softcap = j->ap.softcap,
     };
     for (int32_t g = 0; g < nq; g++)
-        cb->attn.f32(q + g * hd, &as, b->pos[t] + 1, hd, scale, scratch, out + g * hd);
+        cb->attn.f32(q + g * hd, &as, n_pos, hd, scale, scratch, out + g * hd);
 }
 
 /* Claims of (token, KV head, up to hp of its query heads) from one counter:
@@ -795,6 +825,7 @@ static void attn_worker(int ith, int nth, void *arg)
     cpu_backend *cb = j->cb;
     const int32_t n_kv = kv_layout_heads(&cb->kv, j->il), group = j->n_heads / n_kv;
     float *scratch = cb->scratch + ith * cb->scratch_per_thread;
+    int32_t *vt = (int32_t *)(scratch + cpu_kvq_scratch(cb->kv.block_size, cb->kv.head_dim));
     (void)nth;
     for (;;) {
         const long k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
@@ -804,7 +835,7 @@ static void attn_worker(int ith, int nth, void *arg)
         const int32_t t = (int32_t)(k / per_tok), kvh = (int32_t)(k % per_tok / j->per_kv);
         const int32_t sub = (int32_t)(k % j->per_kv), h0 = kvh * group + sub * j->hp;
         const int32_t nq = group - sub * j->hp < j->hp ? group - sub * j->hp : j->hp;
-        attn_unit(j, t, kvh, h0, nq, scratch);
+        attn_unit(j, t, kvh, h0, nq, scratch, vt);
     }
 }
 
