@@ -241,6 +241,32 @@ static void print_tiers_text(const plan_result *r, const plan_tiers *t)
                t->disk_blocks * (uint64_t)r->block_size);
 }
 
+/* --kv-budget: what a request holds at most, and the concurrency of
+ * requests of the context that the pool then holds (against without). */
+static int64_t kv_budget_of(const cli_common *c, const plan_result *r)
+{
+    const int64_t b = engine_kv_budget_tokens(c->kv_budget, r->ctx);
+    return b > 0 && b < r->ctx ? b : 0;
+}
+
+static void print_kv_budget(const cli_common *c, const plan_result *r, int json)
+{
+    const int64_t b = kv_budget_of(c, r);
+    if (!b)
+        return;
+    const double conc = (double)r->kv_pool_tokens / (double)b;
+    const double full = (double)r->kv_pool_tokens / (double)r->ctx;
+    if (json)
+        printf(", \"kv_budget\": {\"tokens\": %lld, \"ctx\": %lld, \"concurrency\": %.4f, "
+               "\"concurrency_full\": %.4f, \"max_num_seqs\": %d}", (long long)b,
+               (long long)r->ctx, conc, full, r->max_num_seqs);
+    else
+        printf("KV budget %lld tokens per request (--kv-budget: sinks + recent window): %.1fx "
+               "requests of context %lld fit the KV pool, against %.1fx with the full cache "
+               "(--max-num-seqs %d)\n", (long long)b, conc, (long long)r->ctx, full,
+               r->max_num_seqs);
+}
+
 /* The plan rows, the tiers and the offload placement as one JSON object. */
 static void print_json(const cli_common *c, plan_model *pm, const plan_row *rows, int n_rows,
                        const engine_config *ec, const cli_offload *off, const cli_offload *pred,
@@ -273,6 +299,7 @@ static void print_json(const cli_common *c, plan_model *pm, const plan_row *rows
     }
     if (dp)
         cli_plan_draft_print(ec, dp, 1);
+    print_kv_budget(c, &rows[0].r, 1);
     printf(", \"weights_auto\": %s}\n", auto_off ? "true" : "false");
 }
 
@@ -296,6 +323,7 @@ static void print_text(const cli_common *c, const model_hparams *hp, const plan_
         print_row_text(&rows[i], i == 0);
     plan_tiers t = tiers_of(&rows[0].r, ec);
     print_tiers_text(&rows[0].r, &t);
+    print_kv_budget(c, &rows[0].r, 0);
     const plan_result *r = &rows[0].r;
     char a[32], b[32];
     if (r->kv_fit)

@@ -123,6 +123,12 @@ static void print_plan(const engine *e, const plan_result *p)
                 PLAN_KV_FIT_SHARE, e->cfg.max_num_seqs, (long long)p->ctx,
                 mem_format_size(p->kv_start_bytes, b, 32), (long long)p->kv_start_blocks,
                 p->kv_start_blocks < p->kv_pool_blocks ? ", grows on demand" : "");
+    const int64_t kvb = engine_kv_budget_tokens(e->cfg.kv_budget, p->ctx);
+    if (kvb > 0 && kvb < p->ctx)
+        fprintf(stderr, "kvant: KV budget %lld tokens per request (--kv-budget; sinks + recent "
+                "window): %.2fx requests of context %lld fit the pool, against %.2fx without\n",
+                (long long)kvb, (double)p->kv_pool_tokens / (double)kvb, (long long)p->ctx,
+                (double)p->kv_pool_tokens / (double)p->ctx);
     if (p->ctx_auto)
         fprintf(stderr, "kvant: context %lld tokens: the model's %lld does not fit one request "
                 "in the budget; the largest that does (-c sets it)\n", (long long)p->ctx,
@@ -642,9 +648,11 @@ static int check_request(const engine *e, const engine_request *r, kvant_err *er
     if (engine_kvb_resolve(e, r, &kvb, err))
         return KV_EINVAL;
     int64_t pool_tokens = (int64_t)e->kv_min_blocks * e->cfg.block_size; /* never less */
-    if (r->n_prompt + 1 > pool_tokens)
-        return kvant_err_set(err, KV_ERANGE, "prompt of %lld tokens cannot fit the KV pool of "
-                             "%lld tokens", (long long)r->n_prompt, (long long)pool_tokens);
+    if ((kvb.recent > 0 ? kvb.budget : r->n_prompt + 1) > pool_tokens) /* what it holds at most */
+        return kvant_err_set(err, KV_ERANGE, "%s of %lld tokens cannot fit the KV pool of "
+                             "%lld tokens", kvb.recent > 0 ? "kv_budget" : "prompt",
+                             (long long)(kvb.recent > 0 ? kvb.budget : r->n_prompt),
+                             (long long)pool_tokens);
     return KV_OK;
 }
 
