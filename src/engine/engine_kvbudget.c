@@ -64,7 +64,8 @@ int engine_kvb_resolve(const engine *e, const engine_request *r, eng_kvb *out, k
                                  "the full cache");
         return KV_OK;
     }
-    const double b = r->kv_budget > 0.0 ? r->kv_budget : e->cfg.kv_budget;
+    /* the server's default is for generation: an embedding names its own or has none */
+    const double b = r->kv_budget > 0.0 ? r->kv_budget : r->embed ? 0.0 : e->cfg.kv_budget;
     if (!(b > 0.0)) {
         if (r->kv_policy == ENGINE_KV_SINKS)
             return kvant_err_set(err, KV_EINVAL, "kv_budget: the policy 'sinks' needs a budget "
@@ -78,9 +79,10 @@ int engine_kvb_resolve(const engine *e, const engine_request *r, eng_kvb *out, k
     if ((e->cfg.backend && strcmp(e->cfg.backend, "cpu") != 0) || e->cfg.tp_group)
         return kvant_err_set(err, KV_EINVAL, "kv_budget: only on the CPU backend in one "
                              "process (not with --tp/--pp or another backend)");
-    if (e->pool_w || e->kv_window > 0)
-        return kvant_err_set(err, KV_EINVAL, "kv_budget: not for a model with sliding-window "
-                             "layers");
+    for (int32_t il = 0; il < e->m->hp.n_layers; il++)
+        if (e->m->layers[il].window > 0) /* its positions are the gathered table's */
+            return kvant_err_set(err, KV_EINVAL, "kv_budget: not for a model with "
+                                 "sliding-window layers");
     const int64_t sinks = r->kv_sinks > 0        ? r->kv_sinks
                           : e->cfg.kv_sinks > 0 ? e->cfg.kv_sinks
                                                 : ENGINE_KV_DEFAULT_SINKS;

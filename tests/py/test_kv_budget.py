@@ -195,3 +195,18 @@ def test_budget_the_request_fits_changes_nothing(server):
     b = _ok(server.url, prompt=ids, max_tokens=20, temperature=0, logprobs=1, kv_budget=0.5)
     assert a["choices"][0]["logprobs"] == b["choices"][0]["logprobs"]
     assert b["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # the same blocks
+
+
+def test_window_model_refused(kvant_bin, tmp_path):
+    """gemma2's window layers mask by position in the table the backend reads: a budget there is
+    refused (400 naming kv_budget), with and without the window layer group (KV tiers turn it off)."""
+    gemma = mf.make_family(str(tmp_path), "gemma2", "F32")
+    for extra in ((), ("--kv-host-memory", "64M")):
+        srv = KvantServer(kvant_bin, gemma, "-t", THREADS, "-c", "256", "--block-size", str(BS),
+                          *extra, base_args=[])
+        try:
+            r = _post(srv.url, prompt=_ids(150, 7), max_tokens=4, kv_budget=BUDGET)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "kv_budget", r.text
+            assert _post(srv.url, prompt=_ids(150, 7), max_tokens=4).status_code == 200
+        finally:
+            srv.stop()
