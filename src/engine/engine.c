@@ -123,7 +123,7 @@ static void print_plan(const engine *e, const plan_result *p)
                 PLAN_KV_FIT_SHARE, e->cfg.max_num_seqs, (long long)p->ctx,
                 mem_format_size(p->kv_start_bytes, b, 32), (long long)p->kv_start_blocks,
                 p->kv_start_blocks < p->kv_pool_blocks ? ", grows on demand" : "");
-    const int64_t kvb = engine_kv_budget_tokens(e->cfg.kv_budget, p->ctx);
+    const int64_t kvb = engine_kvb_tokens(e->cfg.kv_budget, p->ctx);
     if (kvb > 0 && kvb < p->ctx)
         fprintf(stderr, "kvant: KV budget %lld tokens per request (--kv-budget; sinks + recent "
                 "window): %.2fx requests of context %lld fit the pool, against %.2fx without\n",
@@ -734,6 +734,11 @@ int32_t engine_mask_words(const engine *e)
 {
     const tmask_vocab *v = atomic_load_explicit(&((engine *)e)->gvocab, memory_order_acquire);
     return v ? tmask_n_words(v) : 0;
+}
+
+int64_t engine_kv_budget_tokens(double kv_budget, int64_t ctx)
+{
+    return engine_kvb_tokens(kv_budget, ctx);
 }
 
 int64_t engine_max_model_len(const engine *e)

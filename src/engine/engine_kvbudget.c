@@ -25,7 +25,6 @@
  * swap (a budgeted sequence is recomputed when preempted), the window layer
  * group, --tp/--pp or another backend than the CPU (refused at submit).
  */
-#include "engine/engine.h"
 #include "engine/engine_internal.h"
 
 #include <math.h>
@@ -41,7 +40,7 @@ static int64_t step_cap(int64_t budget, int64_t bs)
     return c > 256 && 256 >= lo ? 256 : c;
 }
 
-int64_t engine_kv_budget_tokens(double kv_budget, int64_t ctx)
+int64_t engine_kvb_tokens(double kv_budget, int64_t ctx)
 {
     if (!(kv_budget > 0.0) || !isfinite(kv_budget))
         return 0;
@@ -73,7 +72,7 @@ int engine_kvb_resolve(const engine *e, const engine_request *r, eng_kvb *out, k
         return KV_OK;
     }
     const int64_t bs = e->cfg.block_size;
-    const int64_t budget = engine_kv_budget_tokens(b, e->max_model_len);
+    const int64_t budget = engine_kvb_tokens(b, e->max_model_len);
     if (budget >= r->n_prompt + r->max_tokens)
         return KV_OK; /* the whole request fits: nothing to evict */
     if ((e->cfg.backend && strcmp(e->cfg.backend, "cpu") != 0) || e->cfg.tp_group)

@@ -4,6 +4,7 @@
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 int srv_error_set(srv_error *e, int status, const char *param, const char *fmt, ...)
 {
@@ -36,4 +37,13 @@ char *srv_error_json(const srv_error *e)
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return s;
+}
+
+void srv_error_param_from_msg(srv_error *e)
+{
+    size_t k = strspn(e->msg, "abcdefghijklmnopqrstuvwxyz_");
+    if (k > 0 && k < sizeof e->param && e->msg[k] == ':') {
+        memcpy(e->param, e->msg, k);
+        e->param[k] = 0;
+    }
 }

@@ -20,6 +20,9 @@ typedef struct srv_error {
  * invalid_request_error); set e->type / e->code after it to override. */
 int srv_error_set(srv_error *e, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* Sets e->param from a message that starts with "field: " (the engine's
+ * refusals of a request field, e.g. "kv_budget: ..."); else leaves it. */
+void srv_error_param_from_msg(srv_error *e);
 /* {"error":{"message","type","param","code"}}; malloc'd (caller frees), NULL on OOM. */
 char *srv_error_json(const srv_error *e);
 

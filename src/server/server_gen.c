@@ -876,12 +876,8 @@ static enum MHD_Result submit_error(srv *s, struct MHD_Connection *c, int rc, co
     }
     srv_error_set(&er, rc == KV_EINVAL || rc == KV_ERANGE ? 400 : 500, NULL, "%s",
                   ke->msg[0] ? ke->msg : kvant_status_str(rc));
-    /* the engine's refusals of a field start "field: " (engine.c check_request) */
-    size_t k = strspn(ke->msg, "abcdefghijklmnopqrstuvwxyz_");
-    if (er.status == 400 && k > 0 && k < sizeof er.param && ke->msg[k] == ':') {
-        memcpy(er.param, ke->msg, k);
-        er.param[k] = 0;
-    }
+    if (er.status == 400)
+        srv_error_param_from_msg(&er);
     return srv_send_error(c, &er);
 }
 

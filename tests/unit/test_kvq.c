@@ -40,9 +40,38 @@ static int run_attn(uint32_t type, const float *q, const float *k, const float *
     return rc;
 }
 
+/* cpu_kv_budget_table: the gathered table's positions [0, n_pos) address
+ * exactly the stored positions [0, S) and [wb * bs, pos] of the sequence's
+ * table, in order (S = sink blocks * bs, wb as in fwd_seq), for every
+ * block size, sink count, window and position up to 300. */
+static void test_budget_table(void)
+{
+    int32_t table[40], vt[48];
+    for (int32_t i = 0; i < 40; i++)
+        table[i] = 1000 + 7 * i;
+    for (int32_t bs = 8; bs <= 16; bs *= 2)
+        for (int32_t nsb = 0; nsb <= 2; nsb++)
+            for (int32_t recent = bs; recent <= 5 * bs; recent += 3)
+                for (int32_t pos = 0; pos < 300; pos++) {
+                    int32_t n_pos, k = 0, bad = 0;
+                    const int32_t *t = cpu_kv_budget_table(table, bs, nsb, recent, pos, vt, &n_pos);
+                    const int32_t lo = pos - recent + 1;
+                    const int32_t wb = lo > 0 && lo / bs > nsb ? lo / bs : nsb;
+                    for (int32_t p = 0; p <= pos; p++) {
+                        if (p >= nsb * bs && p < wb * bs)
+                            continue; /* not read */
+                        bad |= k >= n_pos || t[k / bs] != table[p / bs] || k % bs != p % bs;
+                        k++;
+                    }
+                    CHECKF(!bad && k == n_pos, "bs %d sinks %d recent %d pos %d", bs, nsb,
+                           recent, pos);
+                }
+}
+
 int main(void)
 {
     dtype_init();
+    test_budget_table();
     tu_rng r = {12345};
     size_t nq = (size_t)N_TOK * N_HEADS * HD, nk = (size_t)N_TOK * N_KV * HD;
     float *q = malloc(nq * sizeof *q), *k = malloc(nk * sizeof *k), *v = malloc(nk * sizeof *v);

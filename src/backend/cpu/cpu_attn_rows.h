@@ -83,4 +83,13 @@ void cpu_kvq_attention_group_f16_avx2(const float *q, int32_t nq, const cpu_kvq_
                                       int32_t n_pos, int32_t head_dim, float scale,
                                       float *scratch, float *out);
 
+/* The attention rows of the current KV layout, picked once in cpu_kv_init
+ * from the kernels' ISA (cpu_backend.isa), the KV dtype and head_dim;
+ * attn_worker calls through them. */
+typedef struct cpu_attn_rows {
+    cpu_attn_row_fn f32; /* f32 K/V rows */
+    cpu_kvq_row_fn kvq;  /* K/V rows stored in another dtype */
+    cpu_kvq_group_fn kvq_group; /* several heads of one KV head at once, or NULL */
+} cpu_attn_rows;
+
 #endif

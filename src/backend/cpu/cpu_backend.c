@@ -24,15 +24,6 @@
 #include "kernels/hadamard.h"
 #include "kernels/matmul.h"
 
-/* The attention rows of the current KV layout, picked once in cpu_kv_init
- * from the kernels' ISA (cpu_backend.isa), the KV dtype and head_dim;
- * attn_worker calls through them. */
-typedef struct cpu_attn_rows {
-    cpu_attn_row_fn f32; /* f32 K/V rows */
-    cpu_kvq_row_fn kvq;  /* K/V rows stored in another dtype */
-    cpu_kvq_group_fn kvq_group; /* several heads of one KV head at once, or NULL */
-} cpu_attn_rows;
-
 typedef struct cpu_backend {
     backend base;
     kernel_isa isa;         /* the kernels' instruction set at create (dtype_kernel_isa) */
@@ -182,13 +173,6 @@ static int cpu_sync(backend *be)
 
 /* ---- KV storage ---- */
 
-/* Per-thread attention scratch, in floats: the row kernels', then a
- * budgeted sequence's gathered block table (int32, max_seq_blocks). */
-static int64_t cpu_attn_scratch(const kv_layout *lay)
-{
-    return cpu_kvq_scratch(lay->block_size, lay->head_dim) + lay->max_seq_blocks;
-}
-
 static void cpu_kv_free(backend *be)
 {
     cpu_backend *cb = cpu(be);
@@ -309,7 +293,8 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
         cb->moe_ws = mem_alloc(cb->mem, mb, MEM_WORKSPACE, MEM_NO_LAYER, NULL);
         cb->moe_ws_bytes = cb->moe_ws ? mb : 0;
     }
-    cb->scratch_per_thread = cpu_attn_scratch(lay);
+    /* the row kernels', then a KV budget's gathered table (int32) */
+    cb->scratch_per_thread = cpu_kvq_scratch(lay->block_size, lay->head_dim) + lay->max_seq_blocks;
     cb->scratch = mem_alloc(cb->mem, (size_t)cb->scratch_per_thread * cb->n_threads * sizeof(float),
                             MEM_WORKSPACE, MEM_NO_LAYER, err);
     if (!cb->scratch) {
@@ -360,8 +345,8 @@ static uint64_t cpu_kv_extra_bytes(backend *be, const kv_layout *lay)
     /* the per-thread attention scratch kv_init allocates, plus allocator
      * rounding; its int8 matmul activations are in the plan
      * (plan_config.act_q8, plan_act_q8_bytes) */
-    return (uint64_t)cpu_attn_scratch(lay) * cpu(be)->n_threads * sizeof(float) + 64 +
-           cpu_moe_ws_bytes(&cpu(be)->moe, lay->max_tokens);
+    return (uint64_t)(cpu_kvq_scratch(lay->block_size, lay->head_dim) + lay->max_seq_blocks) *
+               cpu(be)->n_threads * sizeof(float) + 64 + cpu_moe_ws_bytes(&cpu(be)->moe, lay->max_tokens);
 }
 
 /* Block-major storage: a block's K and V of every layer are one span of
@@ -741,27 +726,6 @@ typedef struct attn_job {
     atomic_long next;  /* first claim not yet taken */
 } attn_job;
 
-/* The table and positions a token at pos reads: its sequence's table, or
- * under a KV budget the sink blocks then the recent window's, gathered into
- * vt (max_seq_blocks entries), *n_pos the positions of that gathered table. */
-static const int32_t *attn_table(const cpu_backend *cb, const fwd_seq *s, int32_t il,
-                                 int32_t pos, int32_t *vt, int32_t *n_pos)
-{
-    const int32_t *table = kv_table(cb, s, il);
-    const int32_t bs = cb->kv.block_size, nsb = s->kv_sink_blocks;
-    *n_pos = pos + 1;
-    const int32_t lo = pos - s->kv_recent + 1;
-    const int32_t wb = s->kv_recent > 0 && lo > 0 ? lo / bs : 0;
-    if (wb <= nsb)
-        return table; /* nothing skipped yet */
-    const int32_t last = pos / bs;
-    KV_ASSERT(nsb + last - wb + 1 <= cb->kv.max_seq_blocks); /* the engine sizes it */
-    memcpy(vt, table, (size_t)nsb * sizeof *vt);
-    memcpy(vt + nsb, table + wb, (size_t)(last - wb + 1) * sizeof *vt);
-    *n_pos = nsb * bs + pos - wb * bs + 1;
-    return vt;
-}
-
 /* Heads [h0, h0 + nq) of token t, all of KV head kvh, against its sequence.
  * Each head's result is the row function's, whichever way it is reached. */
 static void attn_unit(const attn_job *j, int32_t t, int32_t kvh, int32_t h0, int32_t nq,
@@ -770,8 +734,10 @@ static void attn_unit(const attn_job *j, int32_t t, int32_t kvh, int32_t h0, int
     cpu_backend *cb = j->cb;
     const fwd_batch *b = cb->batch;
     const fwd_seq *s = &b->seqs[b->seq[t]];
-    int32_t n_pos;
-    const int32_t *table = attn_table(cb, s, j->il, b->pos[t], vt, &n_pos);
+    int32_t n_pos; /* the gathered table of a KV budget (its entries: kv_layout.max_seq_blocks) */
+    const int32_t *table = cpu_kv_budget_table(kv_table(cb, s, j->il), cb->kv.block_size,
+                                               s->kv_sink_blocks, s->kv_recent, b->pos[t], vt,
+                                               &n_pos);
     const int32_t hd = cb->kv.head_dim;
     const int64_t kv_dim = (int64_t)kv_layout_heads(&cb->kv, j->il) * hd;
     const float scale = j->ap.scale;

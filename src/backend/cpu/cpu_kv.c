@@ -7,6 +7,7 @@
 #include "backend/cpu/cpu_kv.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "kernels/dtype.h"
 #include "kernels/kvdtype.h"
@@ -33,6 +34,21 @@ void cpu_kv_store_row(uint32_t type, const float *src, void *dst, int64_t n)
 int64_t cpu_kvq_scratch(int32_t block_size, int32_t head_dim)
 {
     return (int64_t)block_size * CPU_ATTN_GROUP_MAX + head_dim + 16;
+}
+
+const int32_t *cpu_kv_budget_table(const int32_t *table, int32_t block_size, int32_t sink_blocks,
+                                   int32_t recent, int32_t pos, int32_t *vt, int32_t *n_pos)
+{
+    *n_pos = pos + 1;
+    const int32_t lo = pos - recent + 1;
+    const int32_t wb = recent > 0 && lo > 0 ? lo / block_size : 0;
+    if (wb <= sink_blocks)
+        return table; /* nothing skipped yet */
+    const int32_t last = pos / block_size;
+    memcpy(vt, table, (size_t)sink_blocks * sizeof *vt);
+    memcpy(vt + sink_blocks, table + wb, (size_t)(last - wb + 1) * sizeof *vt);
+    *n_pos = (sink_blocks - wb) * block_size + pos + 1;
+    return vt;
 }
 
 cpu_kvq_group_fn cpu_kvq_attention_group_for(kernel_isa isa, uint32_t type, int32_t head_dim)

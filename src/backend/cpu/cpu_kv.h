@@ -30,6 +30,15 @@ void cpu_kv_store_row(uint32_t type, const float *src, void *dst, int64_t n);
  * CPU_ATTN_GROUP_MAX heads needs. */
 int64_t cpu_kvq_scratch(int32_t block_size, int32_t head_dim);
 
+/* The table a token at pos reads under a KV budget (fwd_seq.kv_sink_blocks,
+ * kv_recent): table itself while no block between the sink blocks and the
+ * window (from block (pos - recent + 1) / block_size on) is skipped, else
+ * the sink blocks' entries then the window's gathered into vt (at most
+ * sink_blocks + recent / block_size + 2 entries).  *n_pos: the positions of
+ * the table returned that the token reads. */
+const int32_t *cpu_kv_budget_table(const int32_t *table, int32_t block_size, int32_t sink_blocks,
+                                   int32_t recent, int32_t pos, int32_t *vt, int32_t *n_pos);
+
 /* The row for stored rows of `type` with heads of head_dim on `isa`
  * (dtype_kernel_isa()): for DT_F16, the AVX-512 twin (isa AVX-512,
  * head_dim % 16 == 0) or the AVX2 + FMA + F16C one (isa AVX2 or AVX-512,
