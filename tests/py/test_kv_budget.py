@@ -120,7 +120,7 @@ def test_decode_matches_masked_reference(server, model):
 
 
 def _gen(url, k: int, **extra):
-    body = dict(prompt=_ids(60 + 7 * k, 10 + k), max_tokens=90, temperature=1.5, seed=k,
+    body = dict(prompt=_ids(60 + 7 * k, 10 + k), max_tokens=64, temperature=1.5, seed=k,
                 logprobs=2, ignore_eos=True, kv_budget=BUDGET, **extra)
     c = _ok(url, **body)["choices"][0]
     return [c["text"], c["logprobs"]["tokens"], c["logprobs"]["token_logprobs"]]
@@ -134,17 +134,17 @@ def _metric(url: str, name: str) -> float:
 
 
 def test_batch_invariance_and_preemption(kvant_bin, model, server):
-    alone = [_gen(server.url, k) for k in range(4)]
-    with cf.ThreadPoolExecutor(4) as ex:
-        batch = list(ex.map(lambda k: _gen(server.url, k), range(4)))
+    alone = [_gen(server.url, k) for k in range(6)]
+    with cf.ThreadPoolExecutor(6) as ex:
+        batch = list(ex.map(lambda k: _gen(server.url, k), range(6)))
     assert batch == alone
-    # a pool of 30 blocks: four budgeted sequences (12 blocks each at most) must preempt
+    # a pool of 20 blocks: two budgeted sequences past their budget (12 blocks each) do not fit
     small = KvantServer(kvant_bin, model, "-t", THREADS, "-c", "256", "--block-size", str(BS),
                         "--exact", "--kv-dtype", "f32", "--max-num-batched-tokens", "64",
-                        "--kv-blocks", "30", base_args=[])
+                        "--kv-blocks", "20", base_args=[])
     try:
-        with cf.ThreadPoolExecutor(4) as ex:
-            tight = list(ex.map(lambda k: _gen(small.url, k), range(4)))
+        with cf.ThreadPoolExecutor(6) as ex:
+            tight = list(ex.map(lambda k: _gen(small.url, k), range(6)))
         pre = _metric(small.url, "kvant_num_preemptions_total")
         dropped = _metric(small.url, "kvant_kv_budget_blocks_dropped_total")
         mem = httpx.get(small.url + "/v1/memory", timeout=30).json()["kv"]
