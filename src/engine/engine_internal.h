@@ -68,6 +68,10 @@ typedef struct eng_seq {
     int32_t draft[ENGINE_SPEC_MAX];
     int32_t spec_k, spec_pause;
     float spec_rate;        /* running acceptance rate (accepted / drafted) */
+    /* KV tiers (engine_tier.c): the tier key of hashed block tier_key_i (-1:
+     * none), the parent of the next one when a KV budget dropped its block */
+    uint8_t tier_key[KVTIER_KEY_BYTES];
+    int32_t tier_key_i;
     struct eng_seq *next;   /* waiting / running list link */
 } eng_seq;
 
@@ -252,6 +256,7 @@ int engine_kvb_resolve(const engine *e, const engine_request *r, eng_kvb *out, k
 int64_t engine_kvb_tokens(double kv_budget, int64_t ctx); /* engine_kv_budget_tokens */
 uint64_t engine_kvb_salt(const eng_kvb *k, uint64_t salt);
 void engine_kvb_drop(engine *e, eng_seq *s);
+void engine_kvb_drop_at(engine *e, eng_seq *s, int64_t n); /* as if n tokens were computed */
 int64_t engine_kvb_match(engine *e, eng_seq *s);
 
 /* engine_kvsnap.c: records r's current KV footprint into its peak (call
@@ -272,7 +277,7 @@ void engine_tier_destroy(engine *e);
 void engine_tier_shutdown(engine *e); /* device cache down a tier, before the pool goes */
 void engine_tier_hook(engine *e, kvpool_config *pc);  /* sets the eviction hook */
 /* Computes the tier keys of s's blocks hashed from index nh0 on. */
-void engine_tier_after_commit(engine *e, const eng_seq *s, int32_t nh0);
+void engine_tier_after_commit(engine *e, eng_seq *s, int32_t nh0);
 /* After a device prefix match: loads the following blocks from the tiers
  * (and device blocks after them); returns the tokens added to s->kv. */
 int64_t engine_tier_extend(engine *e, eng_seq *s);

@@ -21,9 +21,11 @@
  * Prefix cache: the block hashes are salted with (S, R), so a budgeted
  * sequence shares blocks only with sequences under the same mask, and a hit
  * needs the sink blocks and the window of the hit cached, never the blocks
- * between (kvseq_match_window).  Not with the KV tiers' hit extension or
- * swap (a budgeted sequence is recomputed when preempted), the window layer
- * group, --tp/--pp or another backend than the CPU (refused at submit).
+ * between (kvseq_match_window).  KV tiers: the tier key chain runs on
+ * across dropped blocks (eng_seq.tier_key), so evicted or swapped blocks go
+ * down the tiers and a hit is extended from them, giving blocks back behind
+ * the window as it loads (engine_tier.c).  Not with the window layer group,
+ * --tp/--pp or another backend than the CPU (refused at submit).
  */
 #include "engine/engine_internal.h"
 
@@ -123,11 +125,16 @@ static int32_t first_read(const eng_kvb *k, int64_t n, int32_t bs)
 
 void engine_kvb_drop(engine *e, eng_seq *s)
 {
+    engine_kvb_drop_at(e, s, s->n_computed);
+}
+
+void engine_kvb_drop_at(engine *e, eng_seq *s, int64_t at)
+{
     const eng_kvb *k = &s->req->kvb;
     if (k->recent <= 0)
         return;
     int32_t n = kvseq_drop_range(e->pool, &s->kv, k->sink_blocks,
-                                 first_read(k, s->n_computed, e->cfg.block_size));
+                                 first_read(k, at, e->cfg.block_size));
     if (n) {
         pthread_mutex_lock(&e->mu);
         e->stats.kv_budget_dropped += (uint64_t)n;

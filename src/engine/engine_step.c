@@ -271,8 +271,7 @@ static void schedule_waiting(engine *e, step_plan *sp)
         if (s->n_computed == 0 && s->kv.n_blocks == 0 && e->cfg.prefix_cache &&
             s->plp_next >= s->req->p.n_prompt && !s->req->p.embed) { /* every row needed */
             int64_t hit = engine_kv_match(e, s);
-            if (s->req->kvb.recent == 0) /* a budget's dropped blocks: no tier extension */
-                hit += engine_tier_extend(e, s);
+            hit += engine_tier_extend(e, s);
             s->n_computed = hit;
             if (s->index == 0 && !s->preempted)
                 s->req->cached_tokens = hit;
@@ -458,6 +457,8 @@ static int fork_children(engine *e, eng_seq *s0)
         if (engine_kv_fork(e, s0, c))
             return KV_ENOMEM;
         c->n_computed = s0->n_computed;
+        memcpy(c->tier_key, s0->tier_key, sizeof c->tier_key);
+        c->tier_key_i = s0->tier_key_i;
         r->n_seqs++;
         engine_list_insert(&e->running, c);
     }

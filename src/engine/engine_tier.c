@@ -338,24 +338,37 @@ void engine_tier_destroy(engine *e)
 
 /* ---- keys ---- */
 
-void engine_tier_after_commit(engine *e, const eng_seq *s, int32_t nh0)
+/* The tier key of s's block i - 1 (the parent of block i): the fingerprint
+ * for i 0, the block's own key, or (a KV budget dropped the block) the one
+ * s kept; NULL when none is known. */
+static const uint8_t *parent_key(const eng_tier *et, const eng_seq *s, int32_t i)
+{
+    if (i == 0)
+        return et->fingerprint;
+    const int32_t p = s->kv.blocks[i - 1];
+    if (p != KVSEQ_DROPPED)
+        return et->valid[p] ? et->keys + (size_t)p * KVTIER_KEY_BYTES : NULL;
+    return s->tier_key_i == i - 1 ? s->tier_key : NULL;
+}
+
+void engine_tier_after_commit(engine *e, eng_seq *s, int32_t nh0)
 {
     eng_tier *et = e->tier;
     if (!et)
         return;
     int32_t bs = e->cfg.block_size;
-    if (s->req->kvb.recent > 0) { /* a KV budget's blocks stay on the device (no key chain
-                                     across its dropped blocks) */
-        for (int32_t i = nh0 < 0 ? 0 : nh0; i < s->kv.n_hashed; i++)
-            et->valid[s->kv.blocks[i]] = 0;
-        return;
-    }
     for (int32_t i = nh0 < 0 ? 0 : nh0; i < s->kv.n_hashed; i++) {
         int32_t b = s->kv.blocks[i];
-        const uint8_t *parent =
-            i ? et->keys + (size_t)s->kv.blocks[i - 1] * KVTIER_KEY_BYTES : et->fingerprint;
+        const uint8_t *parent = parent_key(et, s, i);
+        if (!parent) { /* no chain: these blocks never go down the tiers */
+            for (; i < s->kv.n_hashed; i++)
+                et->valid[s->kv.blocks[i]] = 0;
+            break;
+        }
         uint8_t key[KVTIER_KEY_BYTES];
         kvhash_chain_key(parent, s->kv.salt, s->tokens + (int64_t)i * bs, bs, key);
+        memcpy(s->tier_key, key, KVTIER_KEY_BYTES);
+        s->tier_key_i = i;
         memcpy(et->keys + (size_t)b * KVTIER_KEY_BYTES, key, KVTIER_KEY_BYTES);
         memcpy(et->toks + (size_t)b * bs, s->tokens + (int64_t)i * bs, (size_t)bs * sizeof(int32_t));
         et->valid[b] = 1;
@@ -400,8 +413,9 @@ int64_t engine_tier_extend(engine *e, eng_seq *s)
             break;
         const int32_t *tok = s->tokens + (int64_t)i * bs;
         uint8_t key[KVTIER_KEY_BYTES];
-        const uint8_t *parent =
-            i ? et->keys + (size_t)kv->blocks[i - 1] * KVTIER_KEY_BYTES : et->fingerprint;
+        const uint8_t *parent = parent_key(et, s, i);
+        if (!parent)
+            break;
         kvhash_chain_key(parent, kv->salt, tok, bs, key);
         int where = kvtier_where(et->t, key);
         if (where == KVTIER_NONE)
@@ -424,6 +438,7 @@ int64_t engine_tier_extend(engine *e, eng_seq *s)
          * keys are already known: they are hashed blocks) */
         int64_t before = kv->n_tokens;
         loaded += kvseq_match_prefix(e->pool, kv, s->tokens, s->n_tokens) - before;
+        engine_kvb_drop_at(e, s, kv->n_tokens); /* a KV budget's: behind the window */
     }
     et->timing = 0;
     et->busy_s += engine_now() - t0; /* includes the evictions its reserves caused */
@@ -441,7 +456,7 @@ void engine_tier_preempt(engine *e, eng_seq *v)
     kvtier_get_stats(et->t, &st);
     int32_t nh = v->kv.n_hashed;
     int swap = 0;
-    if (st.host_enabled && nh > 0 && v->req->kvb.recent == 0) { /* a budget's: recomputed */
+    if (st.host_enabled && nh > 0) {
         if (e->cfg.kv_tier_policy == ENGINE_TIER_ALWAYS)
             swap = 1;
         else if (e->cfg.kv_tier_policy == ENGINE_TIER_COST)
@@ -454,7 +469,8 @@ void engine_tier_preempt(engine *e, eng_seq *v)
     }
     double t0 = engine_now();
     for (int32_t i = 0; i < nh; i++)
-        store_block(e, v->kv.blocks[i]);
+        if (v->kv.blocks[i] != KVSEQ_DROPPED) /* a KV budget's: stored when evicted */
+            store_block(e, v->kv.blocks[i]);
     et->busy_s += engine_now() - t0;
     et->swaps++;
     et->swap_blocks += (uint64_t)nh;

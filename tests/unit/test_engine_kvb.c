@@ -8,7 +8,9 @@
  * when the requests are done (the pool's invariants checked by the engine
  * tests' kvpool_check elsewhere; here the counters), a budget the request
  * fits changes nothing, and the mask changes a long request's output (so
- * the comparisons above are not vacuous).  Bad budgets are refused at
+ * the comparisons above are not vacuous).  With a host KV tier the
+ * evicted blocks come back as a hit, and a swapped batch gives the same
+ * outputs (test_tiers).  Bad budgets are refused at
  * submit naming the field.  (The agreement with the float64 reference is
  * tests/py/test_kv_budget.py's.) */
 #include <stdlib.h>
@@ -113,9 +115,9 @@ static void alone(engine *e, int i, double b, result *out)
     run(e, out, 1);
 }
 
-static void test_invariance(model *m)
+static void test_invariance(model *m, result *ref)
 {
-    result ref[N_REQ], big[N_REQ], batch[N_REQ], full;
+    result big[N_REQ], batch[N_REQ], full;
     engine *e = mk(m, 0, 16), *eb = mk(m, 0, 256), *small = mk(m, 20, 64);
     for (int i = 0; i < N_REQ; i++) {
         alone(e, i, BUDGET, &ref[i]);
@@ -153,6 +155,59 @@ static void test_invariance(model *m)
     engine_destroy(e);
     engine_destroy(eb);
     engine_destroy(small);
+}
+
+/* KV tiers: a budgeted request's blocks go down to the host tier when
+ * evicted (their key chain runs on across its dropped blocks) and come back
+ * as a prefix hit with the same output; preempted sequences are swapped
+ * (policy ALWAYS) and their outputs do not change. */
+static void test_tiers(model *m, const result *ref)
+{
+    engine_config c = engine_config_default();
+    c.manual = 1;
+    c.n_threads = 2;
+    c.max_num_batched_tokens = 64;
+    c.max_num_seqs = 16;
+    c.kv_blocks_override = 20;
+    c.device_memory = 1ull << 30;
+    c.kv_host_memory = 64ull << 20;
+    c.kv_tier_policy = ENGINE_TIER_ALWAYS;
+    kvant_err err = {0};
+    engine *e = engine_create(m, &c, &err);
+    CHECKF(e != NULL, "engine_create: %s", err.msg);
+    if (!e)
+        return;
+    /* a batch under preemption, swapped to the host */
+    int32_t p[N_REQ][256];
+    result batch[N_REQ];
+    memset(batch, 0, sizeof batch);
+    for (int i = 0; i < N_REQ; i++) {
+        engine_request r = req(p[i], prompt(i, p[i]), BUDGET);
+        CHECKF(engine_submit(e, &r, on_event, &batch[i], &err) > 0, "submit: %s", err.msg);
+    }
+    run(e, batch, N_REQ);
+    engine_tier_stats ts1;
+    engine_get_tier_stats(e, &ts1);
+    engine_stats st;
+    engine_get_stats(e, &st);
+    CHECKF(ts1.swaps > 0, "swaps %llu, preemptions %llu", (unsigned long long)ts1.swaps,
+           (unsigned long long)st.preemptions);
+    for (int i = 0; i < N_REQ; i++)
+        CHECKF(same(&batch[i], &ref[i]), "request %d: swapped batch differs", i);
+    result a, churn, again;
+    alone(e, 3, BUDGET, &a);
+    CHECK(same(&a, &ref[3]));
+    for (int i = 0; i < 3; i++) /* other prompts evict request 3's cached blocks */
+        alone(e, i, BUDGET, &churn);
+    engine_tier_stats ts0;
+    engine_get_tier_stats(e, &ts0);
+    alone(e, 3, BUDGET, &again);
+    engine_get_tier_stats(e, &ts1);
+    const uint64_t host = ts1.hit_tokens[KVTIER_HOST] - ts0.hit_tokens[KVTIER_HOST];
+    CHECKF(same(&again, &ref[3]) && again.cached >= 48 && host > 0,
+           "tier hit: cached %lld, %llu tokens from host", (long long)again.cached,
+           (unsigned long long)host);
+    engine_destroy(e);
 }
 
 static void test_fits_and_refusals(model *m)
@@ -194,7 +249,9 @@ int main(void)
     dtype_init();
     model *m = tiny_model_load(NULL, 42);
     if (m) {
-        test_invariance(m);
+        static result ref[N_REQ];
+        test_invariance(m, ref);
+        test_tiers(m, ref);
         test_fits_and_refusals(m);
         model_free(m);
     }
