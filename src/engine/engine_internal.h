@@ -257,6 +257,7 @@ int64_t engine_kvb_tokens(double kv_budget, int64_t ctx); /* engine_kv_budget_to
 uint64_t engine_kvb_salt(const eng_kvb *k, uint64_t salt);
 void engine_kvb_drop(engine *e, eng_seq *s);
 void engine_kvb_drop_at(engine *e, eng_seq *s, int64_t n); /* as if n tokens were computed */
+int64_t engine_kvb_stored(const engine *e, const eng_seq *s); /* tokens its blocks hold */
 int64_t engine_kvb_match(engine *e, eng_seq *s);
 
 /* engine_kvsnap.c: records r's current KV footprint into its peak (call

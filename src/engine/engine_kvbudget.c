@@ -142,6 +142,16 @@ void engine_kvb_drop_at(engine *e, eng_seq *s, int64_t at)
     }
 }
 
+int64_t engine_kvb_stored(const engine *e, const eng_seq *s)
+{
+    const eng_kvb *k = &s->req->kvb;
+    const int64_t n = s->kv.n_tokens;
+    if (k->recent <= 0 || n == 0)
+        return n;
+    const int32_t bs = e->cfg.block_size;
+    return n - (int64_t)(first_read(k, n, bs) - k->sink_blocks) * bs; /* engine_kvb_drop_at(n) */
+}
+
 int64_t engine_kvb_match(engine *e, eng_seq *s)
 {
     const eng_kvb *k = &s->req->kvb;

@@ -598,7 +598,7 @@ static void update_stats(engine *e, const step_plan *sp, int32_t decodes, uint64
     uint64_t stored = 0, host = e->step_buf_bytes;
     for (eng_seq *s = e->running; s; s = s->next) {
         running++;
-        stored += (uint64_t)s->kv.n_tokens;
+        stored += (uint64_t)engine_kvb_stored(e, s);
     }
     for (eng_seq *s = e->waiting; s; s = s->next) {
         waiting++;
