@@ -706,6 +706,9 @@ int cli_session_open(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t
 {
     memset(s, 0, sizeof *s);
     dtype_init();
+    if (c->kv_budget > 0.0) /* a session has no engine to give blocks back */
+        return kvant_err_set(err, KV_EINVAL, "--kv-budget: taken by serve, plan and bench "
+                             "--batch (the engine), not by this command");
     if (c->tp * c->pp > 1 && !(s->par = par_create(c->tp * c->pp, c->tp_timeout, err)))
         return err->code;
     uint8_t fp[TP_FP_BYTES] = {0};

@@ -210,3 +210,13 @@ def test_window_model_refused(kvant_bin, tmp_path):
             assert _post(srv.url, prompt=_ids(150, 7), max_tokens=4).status_code == 200
         finally:
             srv.stop()
+
+
+def test_commands_without_the_engine_refuse(kvant_bin, model):
+    """`kvant run` and single-stream `kvant bench` have no engine to give blocks back: the option
+    is refused, not ignored."""
+    import subprocess
+    for args in (["run", "-p", "hello", "-n", "2"], ["bench", "-p", "16", "-n", "2", "-r", "1"]):
+        p = subprocess.run([kvant_bin, *args, "-m", model, "--kv-budget", "96"], capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode != 0 and "--kv-budget" in p.stderr, (args, p.returncode, p.stderr)
