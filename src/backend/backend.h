@@ -84,12 +84,13 @@ typedef struct kv_layout {
      * pass rotates q, k and v after rope and the attention output back;
      * needs the backend's hadamard op and a power-of-two head_dim */
     int rotate;
-    /* Most block-table entries one sequence has (the context / block_size,
-     * rounded up, plus one): the per-thread room a backend keeps for a
-     * budgeted sequence's gathered table (fwd_seq.kv_recent).  0: no
-     * budgets (a backend may then refuse fwd_seq.kv_recent > 0). */
-    int32_t max_seq_blocks;
 } kv_layout;
+
+/* The most block-table entries a token under a KV budget reads (its sink
+ * blocks and its window's, fwd_seq.kv_sink_blocks and kv_recent): the
+ * backends gather them into a table of this many; the engine refuses a
+ * budget that would need more. */
+#define BACKEND_KV_BUDGET_BLOCKS 8192
 
 /* KV heads of layer il under lay. */
 static inline int32_t kv_layout_heads(const kv_layout *lay, int32_t il)

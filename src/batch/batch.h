@@ -21,7 +21,8 @@ typedef struct fwd_seq {
      * KVSEQ_DROPPED (-1): the window layers never read them */
     const int32_t *block_table_w; /* [n_blocks_w] */
     int32_t n_blocks_w;
-    /* A KV budget (sinks + a recent window; kv_layout.max_seq_blocks > 0):
+    /* A KV budget (sinks + a recent window; at most BACKEND_KV_BUDGET_BLOCKS
+     * entries read, backend.h):
      * the token at position p reads its sequence's first kv_sink_blocks
      * blocks and the blocks from max(kv_sink_blocks, (p - kv_recent + 1) /
      * block_size) on; entries between may be KVSEQ_DROPPED.  Rope keeps the

@@ -362,9 +362,6 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     kv_layout lay = fwd_kv_layout(e->m, 1, e->cfg.block_size, e->cfg.kv_dtype);
     lay.max_tokens = e->cfg.max_num_batched_tokens;
     lay.rotate = e->cfg.kv_rotate;
-    /* a budgeted sequence's table, gathered per token (engine_kvbudget.c):
-     * the positions of the context and a verification's drafts */
-    lay.max_seq_blocks = (int32_t)((e->max_model_len + ENGINE_SPEC_MAX + 1) / e->cfg.block_size + 2);
     if (lay.rotate && e->cfg.tp_group)
         return kvant_err_set(err, KV_EUNSUP, "--kv-rotate: not with --tp/--pp");
     uint64_t extra = e->be->ops->kv_extra_bytes ? e->be->ops->kv_extra_bytes(e->be, &lay) : 0;

@@ -97,6 +97,11 @@ int engine_kvb_resolve(const engine *e, const engine_request *r, eng_kvb *out, k
                              (long long)budget, (long long)(nsb * bs), (long long)bs,
                              (long long)cap, (long long)(3 * bs),
                              (long long)(nsb * bs + cap + 3 * bs));
+    if (nsb + recent / bs + 2 > BACKEND_KV_BUDGET_BLOCKS)
+        return kvant_err_set(err, KV_EINVAL, "kv_budget: %lld tokens needs more than the %d "
+                             "blocks a token may read; at most %lld tokens (blocks of %lld)",
+                             (long long)budget, BACKEND_KV_BUDGET_BLOCKS,
+                             (long long)((BACKEND_KV_BUDGET_BLOCKS - 2) * bs), (long long)bs);
     out->budget = budget;
     out->sink_blocks = (int32_t)nsb;
     out->recent = (int32_t)recent;

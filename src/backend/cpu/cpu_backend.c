@@ -293,8 +293,7 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
         cb->moe_ws = mem_alloc(cb->mem, mb, MEM_WORKSPACE, MEM_NO_LAYER, NULL);
         cb->moe_ws_bytes = cb->moe_ws ? mb : 0;
     }
-    /* the row kernels', then a KV budget's gathered table (int32) */
-    cb->scratch_per_thread = cpu_kvq_scratch(lay->block_size, lay->head_dim) + lay->max_seq_blocks;
+    cb->scratch_per_thread = cpu_kvq_scratch(lay->block_size, lay->head_dim);
     cb->scratch = mem_alloc(cb->mem, (size_t)cb->scratch_per_thread * cb->n_threads * sizeof(float),
                             MEM_WORKSPACE, MEM_NO_LAYER, err);
     if (!cb->scratch) {
@@ -345,8 +344,8 @@ static uint64_t cpu_kv_extra_bytes(backend *be, const kv_layout *lay)
     /* the per-thread attention scratch kv_init allocates, plus allocator
      * rounding; its int8 matmul activations are in the plan
      * (plan_config.act_q8, plan_act_q8_bytes) */
-    return (uint64_t)(cpu_kvq_scratch(lay->block_size, lay->head_dim) + lay->max_seq_blocks) *
-               cpu(be)->n_threads * sizeof(float) + 64 + cpu_moe_ws_bytes(&cpu(be)->moe, lay->max_tokens);
+    return (uint64_t)cpu_kvq_scratch(lay->block_size, lay->head_dim) * cpu(be)->n_threads *
+               sizeof(float) + 64 + cpu_moe_ws_bytes(&cpu(be)->moe, lay->max_tokens);
 }
 
 /* Block-major storage: a block's K and V of every layer are one span of
@@ -734,7 +733,7 @@ static void attn_unit(const attn_job *j, int32_t t, int32_t kvh, int32_t h0, int
     cpu_backend *cb = j->cb;
     const fwd_batch *b = cb->batch;
     const fwd_seq *s = &b->seqs[b->seq[t]];
-    int32_t n_pos; /* the gathered table of a KV budget (its entries: kv_layout.max_seq_blocks) */
+    int32_t n_pos; /* vt: a KV budget's gathered table (BACKEND_KV_BUDGET_BLOCKS entries) */
     const int32_t *table = cpu_kv_budget_table(kv_table(cb, s, j->il), cb->kv.block_size,
                                                s->kv_sink_blocks, s->kv_recent, b->pos[t], vt,
                                                &n_pos);
@@ -791,7 +790,7 @@ static void attn_worker(int ith, int nth, void *arg)
     cpu_backend *cb = j->cb;
     const int32_t n_kv = kv_layout_heads(&cb->kv, j->il), group = j->n_heads / n_kv;
     float *scratch = cb->scratch + ith * cb->scratch_per_thread;
-    int32_t *vt = (int32_t *)(scratch + cpu_kvq_scratch(cb->kv.block_size, cb->kv.head_dim));
+    int32_t vt[BACKEND_KV_BUDGET_BLOCKS]; /* 32 KiB of this worker's stack */
     (void)nth;
     for (;;) {
         const long k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
