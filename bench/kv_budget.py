@@ -23,8 +23,6 @@ import concurrent.futures as cf
 import json
 import math
 import random
-import statistics
-import subprocess
 import sys
 import threading
 import time

@@ -243,16 +243,10 @@ static void print_tiers_text(const plan_result *r, const plan_tiers *t)
 
 /* --kv-budget: what a request holds at most, and the concurrency of
  * requests of the context that the pool then holds (against without). */
-static int64_t kv_budget_of(const cli_common *c, const plan_result *r)
-{
-    const int64_t b = engine_kv_budget_tokens(c->kv_budget, r->ctx);
-    return b > 0 && b < r->ctx ? b : 0;
-}
-
 static void print_kv_budget(const cli_common *c, const plan_result *r, int json)
 {
-    const int64_t b = kv_budget_of(c, r);
-    if (!b)
+    const int64_t b = engine_kv_budget_tokens(c->kv_budget, r->ctx);
+    if (b <= 0 || b >= r->ctx)
         return;
     const double conc = (double)r->kv_pool_tokens / (double)b;
     const double full = (double)r->kv_pool_tokens / (double)r->ctx;

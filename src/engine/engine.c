@@ -123,7 +123,7 @@ static void print_plan(const engine *e, const plan_result *p)
                 PLAN_KV_FIT_SHARE, e->cfg.max_num_seqs, (long long)p->ctx,
                 mem_format_size(p->kv_start_bytes, b, 32), (long long)p->kv_start_blocks,
                 p->kv_start_blocks < p->kv_pool_blocks ? ", grows on demand" : "");
-    const int64_t kvb = engine_kvb_tokens(e->cfg.kv_budget, p->ctx);
+    const int64_t kvb = engine_kv_budget_tokens(e->cfg.kv_budget, p->ctx);
     if (kvb > 0 && kvb < p->ctx)
         fprintf(stderr, "kvant: KV budget %lld tokens per request (--kv-budget; sinks + recent "
                 "window): %.2fx requests of context %lld fit the pool, against %.2fx without\n",
@@ -610,7 +610,8 @@ int engine_run_step(engine *e)
     return engine_step(e);
 }
 
-static int check_request(const engine *e, const engine_request *r, kvant_err *err)
+/* kvb: the request's KV budget, resolved (engine_kvb_resolve) */
+static int check_request(const engine *e, const engine_request *r, eng_kvb *kvb, kvant_err *err)
 {
     if (!r->prompt || r->n_prompt < 1)
         return kvant_err_set(err, KV_EINVAL, "prompt: must contain at least one token");
@@ -641,14 +642,13 @@ static int check_request(const engine *e, const engine_request *r, kvant_err *er
                              "of %lld tokens",
                              (long long)r->n_prompt, (long long)r->max_tokens,
                              (long long)e->max_model_len);
-    eng_kvb kvb;
-    if (engine_kvb_resolve(e, r, &kvb, err))
+    if (engine_kvb_resolve(e, r, kvb, err))
         return KV_EINVAL;
     int64_t pool_tokens = (int64_t)e->kv_min_blocks * e->cfg.block_size; /* never less */
-    if ((kvb.recent > 0 ? kvb.budget : r->n_prompt + 1) > pool_tokens) /* what it holds at most */
+    if ((kvb->recent > 0 ? kvb->budget : r->n_prompt + 1) > pool_tokens) /* what it holds at most */
         return kvant_err_set(err, KV_ERANGE, "%s of %lld tokens cannot fit the KV pool of "
-                             "%lld tokens", kvb.recent > 0 ? "kv_budget" : "prompt",
-                             (long long)(kvb.recent > 0 ? kvb.budget : r->n_prompt),
+                             "%lld tokens", kvb->recent > 0 ? "kv_budget" : "prompt",
+                             (long long)(kvb->recent > 0 ? kvb->budget : r->n_prompt),
                              (long long)pool_tokens);
     return KV_OK;
 }
@@ -659,12 +659,13 @@ static int check_request(const engine *e, const engine_request *r, kvant_err *er
 int64_t engine_submit(engine *e, const engine_request *r, engine_event_fn fn, void *ctx,
                       kvant_err *err)
 {
-    int rc = check_request(e, r, err);
+    eng_kvb kvb;
+    int rc = check_request(e, r, &kvb, err);
     if (rc)
         return rc;
     engine_req_reap(e);
     eng_req *q;
-    if ((rc = engine_req_create(e, r, fn, ctx, &q, err)))
+    if ((rc = engine_req_create(e, r, &kvb, fn, ctx, &q, err)))
         return rc;
     pthread_mutex_lock(&e->mu);
     if (e->draining || e->stop ||
@@ -731,11 +732,6 @@ int32_t engine_mask_words(const engine *e)
 {
     const tmask_vocab *v = atomic_load_explicit(&((engine *)e)->gvocab, memory_order_acquire);
     return v ? tmask_n_words(v) : 0;
-}
-
-int64_t engine_kv_budget_tokens(double kv_budget, int64_t ctx)
-{
-    return engine_kvb_tokens(kv_budget, ctx);
 }
 
 int64_t engine_max_model_len(const engine *e)

@@ -52,9 +52,6 @@ void engine_get_stats(engine *e, engine_stats *out);
 
 mem_mgr *engine_mem(engine *e);   /* for memory reports (thread-safe reads) */
 int64_t engine_max_model_len(const engine *e);
-/* A KV budget (engine_request.kv_budget: tokens, or a fraction of ctx in
- * (0, 1)) in tokens; 0 for none.  The most a budgeted request holds. */
-int64_t engine_kv_budget_tokens(double kv_budget, int64_t ctx);
 int engine_spec_mode(const engine *e);   /* engine_config.spec: ENGINE_SPEC_* */
 
 /* Constrained decoding needs the vocabulary's token trie, which the

@@ -253,7 +253,6 @@ fwd_seq engine_kv_fwd_seq(const eng_seq *s);
  * sequence under k; drop: after a commit, gives back s's blocks no later
  * position reads; match: its prefix match (s empty), sinks and window. */
 int engine_kvb_resolve(const engine *e, const engine_request *r, eng_kvb *out, kvant_err *err);
-int64_t engine_kvb_tokens(double kv_budget, int64_t ctx); /* engine_kv_budget_tokens */
 uint64_t engine_kvb_salt(const eng_kvb *k, uint64_t salt);
 void engine_kvb_drop(engine *e, eng_seq *s);
 void engine_kvb_drop_at(engine *e, eng_seq *s, int64_t n); /* as if n tokens were computed */

@@ -42,13 +42,6 @@ static int64_t step_cap(int64_t budget, int64_t bs)
     return c > 256 && 256 >= lo ? 256 : c;
 }
 
-int64_t engine_kvb_tokens(double kv_budget, int64_t ctx)
-{
-    if (!(kv_budget > 0.0) || !isfinite(kv_budget))
-        return 0;
-    return kv_budget >= 1.0 ? (int64_t)kv_budget : (int64_t)(kv_budget * (double)ctx);
-}
-
 int engine_kvb_resolve(const engine *e, const engine_request *r, eng_kvb *out, kvant_err *err)
 {
     memset(out, 0, sizeof *out);
@@ -74,7 +67,7 @@ int engine_kvb_resolve(const engine *e, const engine_request *r, eng_kvb *out, k
         return KV_OK;
     }
     const int64_t bs = e->cfg.block_size;
-    const int64_t budget = engine_kvb_tokens(b, e->max_model_len);
+    const int64_t budget = engine_kv_budget_tokens(b, e->max_model_len);
     if (budget >= r->n_prompt + r->max_tokens)
         return KV_OK; /* the whole request fits: nothing to evict */
     if ((e->cfg.backend && strcmp(e->cfg.backend, "cpu") != 0) || e->cfg.tp_group)

@@ -25,8 +25,8 @@
 
 /* ---- storage ---- */
 
-int engine_req_create(engine *e, const engine_request *rq, engine_event_fn fn, void *ctx,
-                      eng_req **out, kvant_err *err)
+int engine_req_create(engine *e, const engine_request *rq, const eng_kvb *kvb,
+                      engine_event_fn fn, void *ctx, eng_req **out, kvant_err *err)
 {
     *out = NULL;
     const int64_t n = rq->n, bs = e->cfg.block_size;
@@ -58,12 +58,8 @@ int engine_req_create(engine *e, const engine_request *rq, engine_event_fn fn, v
     r->fn = fn;
     r->ctx = ctx;
     r->arrival = engine_now();
-    int rc = engine_kvb_resolve(e, rq, &r->kvb, err);
-    if (rc) {
-        free(r);
-        return rc;
-    }
-    rc = engine_seq_setup(e, r, 0);
+    r->kvb = *kvb;
+    int rc = engine_seq_setup(e, r, 0);
     if (rc) {
         free(r);
         return kvant_err_set(err, rc, "sampling parameters are invalid");

@@ -9,12 +9,13 @@
 /* Allocates a request and everything its sequences will need (one block:
  * the eng_req, p.n sequences, their token arrays and block tables) and sets
  * up sequence 0.  Runs on the submitting thread (engine_submit), never on
- * the engine thread's step.  rq was validated (check_request).  Returns
+ * the engine thread's step.  rq was validated (check_request), kvb is its
+ * resolved KV budget (engine_kvb_resolve).  Returns
  * KV_OK with *out set, or KV_ENOMEM / KV_ERANGE / KV_EINVAL with err
  * filled.  *out is not linked anywhere yet: engine_req_destroy frees it
  * until it is queued. */
-int engine_req_create(engine *e, const engine_request *rq, engine_event_fn fn, void *ctx,
-                      eng_req **out, kvant_err *err);
+int engine_req_create(engine *e, const engine_request *rq, const eng_kvb *kvb,
+                      engine_event_fn fn, void *ctx, eng_req **out, kvant_err *err);
 void engine_req_destroy(eng_req *r);
 
 /* Sets up sequence index of r in its storage (sampler on the shared

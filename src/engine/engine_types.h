@@ -194,6 +194,15 @@ typedef struct engine_request {
 enum { ENGINE_KV_DEFAULT = 0, ENGINE_KV_SINKS = 1, ENGINE_KV_FULL = 2 };
 #define ENGINE_KV_DEFAULT_SINKS 4
 
+/* A KV budget (engine_request.kv_budget: tokens, or a fraction of ctx in
+ * (0, 1)) in tokens; 0 for none.  The most a budgeted request holds. */
+static inline int64_t engine_kv_budget_tokens(double kv_budget, int64_t ctx)
+{
+    if (!(kv_budget > 0.0) || kv_budget > 1e18) /* also NaN and infinity */
+        return 0;
+    return kv_budget >= 1.0 ? (int64_t)kv_budget : (int64_t)(kv_budget * (double)ctx);
+}
+
 enum { ENGINE_EMBED_NONE = 0, ENGINE_EMBED_MEAN = 1, ENGINE_EMBED_LAST = 2 };
 
 typedef enum engine_event_type {
