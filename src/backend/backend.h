@@ -204,6 +204,20 @@ typedef struct backend_ops {
      * when window is 0), reading layer il's K/V through block tables. */
     void (*attention)(backend *be, int32_t il, const float *d_q, int32_t n_heads,
                       const attn_params *ap, float *d_out);
+    /* Optional (NULL: a KV budget's snapkv policy is refused).  For the
+     * batch's tokens whose sequence has snap_score (batch.h), after
+     * attention of layer il: adds softmax(q k^T * ap->scale) over the
+     * positions the token reads, at positions < snap_n, summed over each KV
+     * head's query heads.  The tokens of a sequence are added in batch
+     * order, so a chunked prompt sums as a whole one does. */
+    void (*kv_score)(backend *be, int32_t il, const float *d_q, int32_t n_heads,
+                     const attn_params *ap);
+    /* Optional (with kv_score).  For every layer and KV head h, rows
+     * j < n of blocks dst[j / block_size] (slot j % block_size) become the
+     * K and V rows (head h) at position sel[(il * n_kv_heads + h) * n + j]
+     * of the sequence whose table is src (bitwise copies). */
+    void (*kv_compact)(backend *be, const int32_t *src, const int32_t *dst, const int32_t *sel,
+                       int32_t n);
     /* d_out[i] = silu(d_gate[i]) * d_up[i] */
     void (*swiglu)(backend *be, const float *d_gate, const float *d_up, float *d_out, int64_t n);
     /* d_out[i] = gelu(d_gate[i]) * d_up[i], GELU's tanh form (ggml_gelu) */

@@ -645,11 +645,16 @@ static int check_request(const engine *e, const engine_request *r, eng_kvb *kvb,
     if (engine_kvb_resolve(e, r, kvb, err))
         return KV_EINVAL;
     int64_t pool_tokens = (int64_t)e->kv_min_blocks * e->cfg.block_size; /* never less */
-    if ((kvb->recent > 0 ? kvb->budget : r->n_prompt + 1) > pool_tokens) /* what it holds at most */
+    const int sinks = kvb->recent > 0 && kvb->policy == ENGINE_KV_SINKS;
+    /* what it holds at most; SnapKV: the whole prompt, and the kept rows copied */
+    const int64_t peak = sinks ? kvb->budget
+                         : kvb->recent > 0
+                             ? r->n_prompt + 1 + (int64_t)kvb->sink_blocks * e->cfg.block_size
+                             : r->n_prompt + 1;
+    if (peak > pool_tokens)
         return kvant_err_set(err, KV_ERANGE, "%s of %lld tokens cannot fit the KV pool of "
-                             "%lld tokens", kvb->recent > 0 ? "kv_budget" : "prompt",
-                             (long long)(kvb->recent > 0 ? kvb->budget : r->n_prompt),
-                             (long long)pool_tokens);
+                             "%lld tokens", sinks ? "kv_budget" : "prompt",
+                             (long long)(sinks ? kvb->budget : peak), (long long)pool_tokens);
     return KV_OK;
 }
 

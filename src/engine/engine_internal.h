@@ -72,6 +72,7 @@ typedef struct eng_seq {
      * none), the parent of the next one when a KV budget dropped its block */
     uint8_t tier_key[KVTIER_KEY_BYTES];
     int32_t tier_key_i;
+    int kvb_done;           /* SnapKV: the prompt's K/V compacted (engine_kvbudget.c) */
     struct eng_seq *next;   /* waiting / running list link */
 } eng_seq;
 
@@ -79,9 +80,15 @@ typedef struct eng_seq {
  * 0: none (no budget, or the whole request fits it). */
 typedef struct eng_kvb {
     int64_t budget;         /* tokens */
-    int32_t sink_blocks;    /* leading blocks every position reads */
+    int32_t sink_blocks;    /* leading blocks every position reads (SnapKV, once
+                             * compacted: the kept prompt rows) */
     int32_t recent;         /* R: the token at p reads from block (p - R + 1) / bs on */
     int32_t step_cap;       /* most tokens of the sequence in one step */
+    int32_t policy;         /* ENGINE_KV_SINKS or ENGINE_KV_SNAPKV */
+    int32_t prompt;         /* SnapKV: the prompt's tokens (compacted after them) */
+    int32_t snap_from;      /* SnapKV: the first position of the observation window */
+    int32_t snap_n;         /* SnapKV: candidate positions [0, snap_n) (0: nothing to
+                             * choose, the prompt fits the sink blocks and window) */
 } eng_kvb;
 
 /* Why a request is being failed (eng_req.cancelled). */
@@ -111,6 +118,13 @@ struct eng_req {
     int cancel_asked;       /* engine_cancel was called (guarded by e->mu) */
     int64_t kv_peak_tokens, kv_peak_blocks; /* footprint at its largest (kvsnap) */
     eng_kvb kvb;            /* its KV budget (engine_kvbudget.c) */
+    /* SnapKV (kvb.snap_n > 0), in this allocation: the window's scores
+     * [n_layers][n_kv_heads][snap_n], the kept positions [n_layers][n_kv_heads]
+     * [sink_blocks * bs], sort keys [snap_n], the new blocks [sink_blocks] */
+    float *snap_score;
+    int32_t *snap_sel;
+    uint64_t *snap_keys;
+    int32_t *snap_blocks;
     uint64_t kv_block_bytes;
     uint64_t bytes;         /* of this allocation (engine_stats.host_bytes) */
     double *embed_sum;      /* p.embed: [n_embd] pooled rows so far (else NULL) */
@@ -258,6 +272,19 @@ void engine_kvb_drop(engine *e, eng_seq *s);
 void engine_kvb_drop_at(engine *e, eng_seq *s, int64_t n); /* as if n tokens were computed */
 int64_t engine_kvb_stored(const engine *e, const eng_seq *s); /* tokens its blocks hold */
 int64_t engine_kvb_match(engine *e, eng_seq *s);
+/* The most tokens a prefix match of s may cover (SnapKV: its observation
+ * window is computed, to score it); its step's chunk of `chunk` tokens cut
+ * to what the budget allows; the blocks a step of `chunk` tokens will take
+ * beyond its reserve (SnapKV's compaction after the prompt); its fwd_seq
+ * fields; SnapKV's per-request storage (bytes, then placed in r at p). */
+int64_t engine_kvb_match_limit(const eng_seq *s);
+int32_t engine_kvb_chunk(const eng_seq *s, int32_t chunk);
+int32_t engine_kvb_extra(const eng_seq *s, int32_t chunk);
+void engine_kvb_fwd(const eng_seq *s, fwd_seq *f);
+size_t engine_kvb_bytes(const engine *e, const eng_kvb *k);
+void engine_kvb_place(const engine *e, eng_req *r, void *p);
+/* Forgets a sequence's SnapKV state (its KV released: preemption). */
+void engine_kvb_reset(const engine *e, eng_seq *s);
 
 /* engine_kvsnap.c: records r's current KV footprint into its peak (call
  * before any of its blocks are released); serves a pending snapshot. */

@@ -133,6 +133,7 @@ void engine_kv_release(engine *e, eng_seq *s)
     if (e->pool_w)
         kvseq_release(e->pool_w, &s->kv_w);
     engine_draft_release(e, s);
+    engine_kvb_reset(e, s);
 }
 
 /* Window blocks no position >= n reads. */
@@ -195,8 +196,8 @@ int engine_kv_fork(engine *e, const eng_seq *parent, eng_seq *child)
 
 fwd_seq engine_kv_fwd_seq(const eng_seq *s)
 {
-    return (fwd_seq){.block_table = s->kv.blocks, .n_blocks = s->kv.n_blocks,
-                     .block_table_w = s->kv_w.blocks, .n_blocks_w = s->kv_w.n_blocks,
-                     .kv_sink_blocks = s->req->kvb.sink_blocks,
-                     .kv_recent = s->req->kvb.recent};
+    fwd_seq f = {.block_table = s->kv.blocks, .n_blocks = s->kv.n_blocks,
+                 .block_table_w = s->kv_w.blocks, .n_blocks_w = s->kv_w.n_blocks};
+    engine_kvb_fwd(s, &f);
+    return f;
 }

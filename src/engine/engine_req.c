@@ -38,9 +38,12 @@ int engine_req_create(engine *e, const engine_request *rq, const eng_kvb *kvb,
     const size_t emb = rq->embed ? (size_t)e->m->hp.n_embd : 0;
     /* the window group's tables after the others, then the draft's */
     const int64_t tables = 1 + (e->pool_w != NULL) + (e->draft != NULL);
-    const size_t bytes = sizeof(eng_req) + (size_t)n * sizeof(eng_seq) +
-                         emb * (sizeof(double) + sizeof(float)) +
-                         (size_t)n * (size_t)(cap + tables * nb) * sizeof(int32_t);
+    const size_t snap = engine_kvb_bytes(e, kvb); /* SnapKV's scores and selection, last */
+    const size_t body = sizeof(eng_req) + (size_t)n * sizeof(eng_seq) +
+                        emb * (sizeof(double) + sizeof(float)) +
+                        (size_t)n * (size_t)(cap + tables * nb) * sizeof(int32_t);
+    const size_t snap_at = (body + 7) / 8 * 8;
+    const size_t bytes = snap ? snap_at + snap : body;
     eng_req *r = calloc(1, bytes);
     if (!r)
         return kvant_err_set(err, KV_ENOMEM, "out of memory for a request (%zu bytes)", bytes);
@@ -59,6 +62,7 @@ int engine_req_create(engine *e, const engine_request *rq, const eng_kvb *kvb,
     r->ctx = ctx;
     r->arrival = engine_now();
     r->kvb = *kvb;
+    engine_kvb_place(e, r, (char *)r + snap_at);
     int rc = engine_seq_setup(e, r, 0);
     if (rc) {
         free(r);

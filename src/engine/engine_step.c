@@ -91,6 +91,7 @@ typedef struct step_plan {
     int preempted;    /* a preemption happened in this step */
     int32_t extra_rows; /* logit rows past one per sequence (prompt logprobs) */
     int32_t prefill_tokens; /* scheduled prompt tokens (recomputation included) */
+    int32_t kv_extra; /* blocks the step's compactions take (engine_kvb_extra) */
 } step_plan;
 
 static void preempt(engine *e, eng_seq *v)
@@ -192,6 +193,19 @@ static int32_t draft_for(engine *e, const step_plan *sp, eng_seq *s, int32_t bud
     return engine_spec_draft(e, s, room > 0 ? room : 0, n_running);
 }
 
+/* Whether the blocks a KV budget's compaction after this chunk takes are
+ * there beyond those of the sequences scheduled before (then counted). */
+static int kv_room(engine *e, step_plan *sp, const eng_seq *s, int32_t chunk)
+{
+    const int32_t extra = engine_kvb_extra(s, chunk);
+    if (extra == 0)
+        return 1;
+    if (kvpool_n_available(e->pool) < sp->kv_extra + extra)
+        return 0;
+    sp->kv_extra += extra;
+    return 1;
+}
+
 static void schedule_running(engine *e, step_plan *sp)
 {
     eng_seq *s = e->running;
@@ -200,9 +214,7 @@ static void schedule_running(engine *e, step_plan *sp)
         eng_seq *next = s->next;
         int32_t budget = e->cfg.max_num_batched_tokens - sp->n_tokens;
         int64_t need = s->n_tokens - s->n_computed;
-        int32_t chunk = (int32_t)(need < budget ? need : budget);
-        if (s->req->kvb.recent > 0 && chunk > s->req->kvb.step_cap)
-            chunk = s->req->kvb.step_cap; /* the budget holds a step of at most this */
+        int32_t chunk = engine_kvb_chunk(s, (int32_t)(need < budget ? need : budget));
         if (chunk < 1 || sp->n_seqs + sp->extra_rows >= e->cfg.max_num_seqs)
             break;
         chunk = plp_clamp(e, sp, s, chunk);
@@ -210,7 +222,8 @@ static void schedule_running(engine *e, step_plan *sp)
             chunk += draft_for(e, sp, s, budget, n_running);
         int ok = 0, self = 0;
         while (!ok) {
-            if (engine_kv_reserve(e, s, s->n_computed, s->n_computed + chunk) == KV_OK) {
+            if (engine_kv_reserve(e, s, s->n_computed, s->n_computed + chunk) == KV_OK &&
+                kv_room(e, sp, s, chunk)) {
                 ok = 1;
                 break;
             }
@@ -277,10 +290,10 @@ static void schedule_waiting(engine *e, step_plan *sp)
                 s->req->cached_tokens = hit;
         }
         int64_t need = s->n_tokens - s->n_computed;
-        if (s->req->kvb.recent > 0 && need > s->req->kvb.step_cap)
-            need = s->req->kvb.step_cap;
-        int32_t chunk = plp_clamp(e, sp, s, (int32_t)(need < budget ? need : budget));
-        if (engine_kv_reserve(e, s, s->n_computed, s->n_computed + chunk) != KV_OK) {
+        int32_t chunk = plp_clamp(e, sp, s, engine_kvb_chunk(s, (int32_t)(need < budget ? need
+                                                                                   : budget)));
+        if (engine_kv_reserve(e, s, s->n_computed, s->n_computed + chunk) != KV_OK ||
+            !kv_room(e, sp, s, chunk)) {
             engine_kv_release(e, s);
             s->n_computed = 0;
             break; /* first come, first served: do not skip ahead */

@@ -409,7 +409,7 @@ int64_t engine_tier_extend(engine *e, eng_seq *s)
         kv_seq *kv = &s->kv;
         int32_t i = kv->n_blocks;
         if (kv->n_hashed != i || kv->n_tokens != (int64_t)i * bs ||
-            (int64_t)(i + 1) * bs > s->n_tokens - 1)
+            (int64_t)(i + 1) * bs > engine_kvb_match_limit(s))
             break;
         const int32_t *tok = s->tokens + (int64_t)i * bs;
         uint8_t key[KVTIER_KEY_BYTES];
@@ -437,7 +437,8 @@ int64_t engine_tier_extend(engine *e, eng_seq *s)
         /* blocks after this one may still be in the device pool (their
          * keys are already known: they are hashed blocks) */
         int64_t before = kv->n_tokens;
-        loaded += kvseq_match_prefix(e->pool, kv, s->tokens, s->n_tokens) - before;
+        loaded += kvseq_match_prefix(e->pool, kv, s->tokens, engine_kvb_match_limit(s) + 1) -
+                  before;
         engine_kvb_drop_at(e, s, kv->n_tokens); /* a KV budget's: behind the window */
     }
     et->timing = 0;

@@ -185,13 +185,17 @@ typedef struct engine_request {
      * request fits changes nothing. */
     double kv_budget;        /* 0 with ENGINE_KV_DEFAULT: engine_config.kv_budget */
     int32_t kv_policy;       /* ENGINE_KV_*: DEFAULT (sinks when a budget applies), SINKS,
-                              * or FULL (no budget, the engine's default ignored; a
-                              * kv_budget with it is refused) */
+                              * FULL (no budget, the engine's default ignored; a
+                              * kv_budget with it is refused) or SNAPKV (the whole
+                              * prompt attended, then per KV head the positions its
+                              * last tokens attend to most kept: engine_kvbudget.c) */
     int32_t kv_sinks;        /* sink tokens kept (0: engine_config.kv_sinks, else
                               * ENGINE_KV_DEFAULT_SINKS), rounded up to whole blocks */
 } engine_request;
 
-enum { ENGINE_KV_DEFAULT = 0, ENGINE_KV_SINKS = 1, ENGINE_KV_FULL = 2 };
+enum { ENGINE_KV_DEFAULT = 0, ENGINE_KV_SINKS = 1, ENGINE_KV_FULL = 2, ENGINE_KV_SNAPKV = 3 };
+#define ENGINE_KV_SNAP_WINDOW 32 /* SnapKV's observation window (prompt tokens) */
+#define ENGINE_KV_SNAP_POOL 7    /* its max-pooling kernel (positions) */
 #define ENGINE_KV_DEFAULT_SINKS 4
 
 /* A KV budget (engine_request.kv_budget: tokens, or a fraction of ctx in

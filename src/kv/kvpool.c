@@ -663,7 +663,7 @@ void kvseq_commit(kvpool *p, kv_seq *s, const int32_t *tokens, int64_t n_tokens)
     KV_ASSERT(tokens || full <= s->n_hashed || !p->cfg.prefix_cache);
     s->n_tokens = n_tokens;
     kvseq_truncate_hashed(p, s, full);
-    if (!p->cfg.prefix_cache)
+    if (!p->cfg.prefix_cache || s->no_hash)
         return;
     for (int32_t i = s->n_hashed; i < full; i++) {
         uint64_t h = kvpool_hash_block(p, s->last_hash, tokens + (int64_t)i * p->bs, s->salt);
@@ -713,6 +713,7 @@ int kvseq_fork(kvpool *p, const kv_seq *parent, kv_seq *child, kvant_err *err)
     child->n_hashed = parent->n_hashed;
     child->last_hash = parent->last_hash;
     child->salt = parent->salt;
+    child->no_hash = parent->no_hash;
     for (int32_t i = 0; i < child->n_blocks; i++) {
         if (t[i] == KVSEQ_DROPPED)
             continue;
@@ -804,6 +805,28 @@ int32_t kvseq_drop_range(kvpool *p, kv_seq *s, int32_t keep, int32_t n)
         s->blocks[i] = KVSEQ_DROPPED;
     }
     return n - lo;
+}
+
+int kvpool_alloc_blocks(kvpool *p, int32_t n, int32_t *out)
+{
+    if (n < 0 || n > kvpool_n_available(p))
+        return KV_ENOMEM;
+    for (int32_t i = 0; i < n; i++)
+        out[i] = kvpool_alloc_block(p);
+    return KV_OK;
+}
+
+void kvseq_set_head(kvpool *p, kv_seq *s, const int32_t *blocks, int32_t n)
+{
+    KV_ASSERT(n >= 0 && n <= s->n_blocks);
+    for (int32_t i = n - 1; i >= 0; i--) {
+        if (s->blocks[i] != KVSEQ_DROPPED)
+            kvpool_unref(p, s->blocks[i]);
+        s->blocks[i] = blocks[i];
+    }
+    s->n_hashed = 0;
+    s->last_hash = 0;
+    s->no_hash = 1;
 }
 
 /* ---- consistency check ---- */

@@ -89,6 +89,8 @@ typedef struct kv_seq {
                              cleared) */
     uint64_t last_hash;   /* hash of block n_hashed-1 (chain value); 0 if none */
     uint64_t salt;        /* per-request salt (tenant isolation) */
+    int no_hash;          /* 1 after kvseq_set_head: no block is hashed any more
+                             (commit stores tokens only; release clears it) */
 } kv_seq;
 
 /* Makes s an empty sequence (no allocation).  Sequences that may share
@@ -178,6 +180,15 @@ int32_t kvseq_drop_before(kvpool *p, kv_seq *s, int32_t n);
  * starting at keep. */
 int32_t kvseq_drop_range(kvpool *p, kv_seq *s, int32_t keep, int32_t n);
 
+/* Compaction (a KV budget's SnapKV policy): kvpool_alloc_blocks takes n
+ * blocks for the caller to fill (refcount 1, unhashed; KV_ENOMEM and
+ * nothing taken when fewer are available), kvseq_set_head then puts them
+ * in entries [0, n) of s, giving back the blocks there (a registered one
+ * goes to the cached LRU), and stops hashing s: its n_hashed becomes 0 and
+ * no later commit registers a block, since what the entries hold is no
+ * longer the K/V of the tokens' prefix.  The blocks from n on stay. */
+int kvpool_alloc_blocks(kvpool *p, int32_t n, int32_t *out);
+void kvseq_set_head(kvpool *p, kv_seq *s, const int32_t *blocks, int32_t n);
 typedef struct kvpool_stats {
     int32_t n_blocks;
     int32_t block_size;

@@ -116,6 +116,9 @@ class RefModel:
             self.q_scale = 1.0 / math.sqrt(self.n_embd / self.n_head)
         self.window = [0] * nl
         self.kv_budget = None   # (sinks, recent, block size): the KV-budget mask (attend)
+        # kvant's snapkv policy (attend): dict(prompt, obs_from, n, keep, recent, bs, pool)
+        self.snapkv = None
+        self.snap_gaps: list[float] = []   # each selection's margin (snap_keep)
         self.base_l = [self.freq_base] * nl
         self.scale_l = [self.rope_scale] * nl
         win = int(g("attention.sliding_window", 4096 if a == "gemma2" else 0))
@@ -265,11 +268,54 @@ class RefModel:
             lo = i - R + 1
             wb = np.maximum(np.where(lo > 0, lo // bs, 0), S // bs)
             masked |= (j >= S) & (j < wb * bs)
+        if self.snapkv and n > self.snapkv["prompt"]:
+            masked = self._snap_mask(s, masked, group, n)
         s = s + np.where(masked, -np.inf, 0.0).astype(self.dt)
         s = s - s.max(axis=-1, keepdims=True)
         pr = np.exp(s)
         pr /= pr.sum(axis=-1, keepdims=True)
         return np.einsum("hqk,khd->qhd", pr, vh).reshape(n, nh * hd)
+
+    def snap_keep(self, s: np.ndarray, group: int) -> list[np.ndarray]:
+        """SnapKV: per KV head, the positions kept: the observation window's causal attention
+        probabilities over [0, n) summed over its queries and the head's query heads, max-pooled
+        (kernel `pool`, clipped at the ends), the `keep` highest (ties: the lower position)."""
+        c = self.snapkv
+        lp, f, nc = c["prompt"], c["obs_from"], c["n"]
+        rows = s[:, f:lp, :lp]                                  # [nh][obs][lp] logits
+        qi = np.arange(f, lp)[:, None]
+        rows = np.where(np.arange(lp)[None, :] > qi, -np.inf, rows)
+        rows = rows - rows.max(-1, keepdims=True)
+        pr = np.exp(rows)
+        pr /= pr.sum(-1, keepdims=True)
+        tot = pr.sum(1)[:, :nc]                                 # [nh][nc]
+        tot = tot.reshape(-1, group, nc).sum(1)                 # [nkv][nc]
+        half = c["pool"] // 2
+        pad = np.pad(tot, ((0, 0), (half, half)), constant_values=0.0)
+        pooled = np.stack([pad[:, i:i + nc] for i in range(c["pool"])]).max(0)
+        k = c["keep"]
+        for row in pooled:   # the selection's margin: 0 (a tie, broken alike) or relative
+            v = np.sort(row)[::-1]
+            self.snap_gaps.append(0.0 if v[k - 1] == v[k] else float((v[k - 1] - v[k]) / v[k - 1]))
+        return [np.sort(np.lexsort((np.arange(nc), -row))[:c["keep"]]) for row in pooled]
+
+    def _snap_mask(self, s: np.ndarray, masked: np.ndarray, group: int, n: int) -> np.ndarray:
+        """Per head mask: the prompt's rows causal; a later row i reads the kept positions of its
+        KV head and [wb(i) * bs, i], wb(i) = floor((i - recent + 1) / bs)."""
+        c = self.snapkv
+        keep = self.snap_keep(s, group)
+        nh = s.shape[0]
+        m = np.broadcast_to(masked, (nh, n, n)).copy()
+        lp, bs = c["prompt"], c["bs"]
+        for i in range(lp, n):
+            wb = max((i - c["recent"] + 1) // bs, 0)
+            row = np.ones(n, dtype=bool)
+            row[wb * bs:i + 1] = False
+            for h in range(nh):
+                r = row.copy()
+                r[keep[h // group]] = False
+                m[h, i] = r
+        return m
 
     def forward(self, ids, drop_cache: bool = False) -> np.ndarray:
         """Teacher-forced logits [n][n_vocab] (float64), positions 0..n-1 from an empty cache."""

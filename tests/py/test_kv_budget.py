@@ -174,7 +174,10 @@ def test_prefix_cache_separates_masks(server, model):
     ({"kv_budget": -1}, "kv_budget"),
     ({"kv_budget": 100.5}, "kv_budget"),
     ({"kv_budget": "half"}, "kv_budget"),
-    ({"kv_policy": "snapkv", "kv_budget": 96}, "kv_policy"),
+    ({"kv_policy": "snapkv", "kv_budget": 80}, "kv_budget"),   # no block left to keep
+    ({"kv_policy": "snapkv", "kv_budget": 96, "kv_sinks": 4}, "kv_sinks"),
+    ({"kv_policy": "snapkv", "kv_budget": 96, "n": 2}, "n"),
+    ({"kv_policy": "snapkv"}, "kv_budget"),
     ({"kv_policy": "h2o", "kv_budget": 96}, "kv_policy"),
     ({"kv_policy": "lru"}, "kv_policy"),
     ({"kv_policy": "full", "kv_budget": 96}, "kv_budget"),

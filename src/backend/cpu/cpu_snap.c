@@ -1,0 +1,131 @@
+/* cpu_snap.c - the CPU backend's ops for a KV budget's SnapKV policy
+ * (backend.h kv_score, kv_compact; engine_kvbudget.c decides when).
+ *
+ * kv_score: the observation window's attention probabilities, per layer
+ * and KV head, summed into the sequence's score rows.  One claim is one
+ * (sequence, KV head): its tokens are added in batch order, its query
+ * heads in order, so the sums do not depend on threads or on how the
+ * prompt was chunked.  Two passes over the keys (the softmax's maximum
+ * and sum online, then the probabilities): no scratch.
+ *
+ * kv_compact: bitwise row copies, per layer and KV head, from the
+ * sequence's blocks into the blocks the engine took for the kept rows.
+ */
+#include "backend/cpu/cpu_internal.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_attn_rows.h"
+#include "kernels/dtype.h"
+
+typedef struct score_job {
+    cpu_backend *cb;
+    int32_t il, n_heads, n_kv;
+    const float *q;
+    attn_params ap;
+    long n_claims;
+    atomic_long next;
+} score_job;
+
+/* Bytes from a K/V row's start to KV head h's slice. */
+static size_t head_off(const cpu_backend *cb, int32_t h)
+{
+    const dtype_traits *tr = dtype_get(cb->kv.dtype);
+    return (size_t)h * (size_t)(cb->kv.head_dim / tr->block_size) * tr->type_size;
+}
+
+static float score_logit(const score_job *j, const dtype_traits *tr, const int32_t *table,
+                         int32_t p, size_t off, const float *q)
+{
+    cpu_backend *cb = j->cb;
+    const int32_t bs = cb->kv.block_size;
+    const uint8_t *k = kv_row(cb, j->il, table[p / bs], p % bs, 0) + off;
+    return attn_softcap(tr->vec_dot(cb->kv.head_dim, k, q) * j->ap.scale, j->ap.softcap);
+}
+
+/* Token t's query heads of KV head h into row (its sequence's). */
+static void score_token(const score_job *j, int32_t t, int32_t h, float *row)
+{
+    cpu_backend *cb = j->cb;
+    const fwd_batch *b = cb->batch;
+    const fwd_seq *s = &b->seqs[b->seq[t]];
+    const dtype_traits *tr = dtype_get(cb->kv.dtype);
+    const int32_t *table = kv_table(cb, s, j->il);
+    const int32_t n_pos = b->pos[t] + 1, group = j->n_heads / j->n_kv;
+    const int32_t n = s->snap_n < n_pos ? s->snap_n : n_pos;
+    const size_t off = head_off(cb, h);
+    for (int32_t g = 0; g < group; g++) {
+        const float *q = j->q + ((int64_t)t * j->n_heads + h * group + g) * cb->kv.head_dim;
+        float m = -INFINITY;
+        double l = 0.0; /* online: the sum of exp(x - m) for the m so far */
+        for (int32_t p = 0; p < n_pos; p++) {
+            const float x = score_logit(j, tr, table, p, off, q);
+            if (x > m) {
+                l = l * exp((double)(m - x));
+                m = x;
+            }
+            l += exp((double)(x - m));
+        }
+        const float inv = l > 0.0 ? (float)(1.0 / l) : 0.0f;
+        for (int32_t p = 0; p < n; p++)
+            row[p] += expf(score_logit(j, tr, table, p, off, q) - m) * inv;
+    }
+}
+
+static void score_worker(int ith, int nth, void *arg)
+{
+    score_job *j = arg;
+    const fwd_batch *b = j->cb->batch;
+    (void)ith, (void)nth;
+    for (;;) {
+        const long k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (k >= j->n_claims)
+            break;
+        const int32_t si = (int32_t)(k / j->n_kv), h = (int32_t)(k % j->n_kv);
+        const fwd_seq *s = &b->seqs[si];
+        if (!s->snap_score)
+            continue;
+        float *row = s->snap_score + ((int64_t)j->il * j->cb->kv.n_kv_heads + h) * s->snap_n;
+        for (int32_t t = 0; t < b->n_tokens; t++)
+            if (b->seq[t] == si && b->pos[t] >= s->snap_from)
+                score_token(j, t, h, row);
+    }
+}
+
+void cpu_kv_score(backend *be, int32_t il, const float *d_q, int32_t n_heads,
+                  const attn_params *ap)
+{
+    cpu_backend *cb = cpu(be);
+    const fwd_batch *b = cb->batch;
+    int any = 0;
+    for (int32_t i = 0; i < b->n_seqs && !any; i++)
+        any = b->seqs[i].snap_score != NULL;
+    if (!any)
+        return;
+    score_job j = {.cb = cb, .il = il, .n_heads = n_heads, .q = d_q, .ap = *ap};
+    j.n_kv = kv_layout_heads(&cb->kv, il);
+    j.n_claims = (long)b->n_seqs * j.n_kv;
+    atomic_init(&j.next, 0);
+    tpool_run(cb->pool, score_worker, &j);
+}
+
+void cpu_kv_compact(backend *be, const int32_t *src, const int32_t *dst, const int32_t *sel,
+                    int32_t n)
+{
+    cpu_backend *cb = cpu(be);
+    const int32_t bs = cb->kv.block_size, n_kv = cb->kv.n_kv_heads;
+    const dtype_traits *tr = dtype_get(cb->kv.dtype);
+    const size_t bytes = (size_t)(cb->kv.head_dim / tr->block_size) * tr->type_size;
+    for (int32_t il = 0; il < cb->kv.n_layers; il++) {
+        for (int32_t h = 0; h < kv_layout_heads(&cb->kv, il); h++) {
+            const int32_t *pos = sel + ((int64_t)il * n_kv + h) * n;
+            const size_t off = head_off(cb, h);
+            for (int32_t v = 0; v < 2; v++)
+                for (int32_t r = 0; r < n; r++)
+                    memcpy(kv_row(cb, il, dst[r / bs], r % bs, v) + off,
+                           kv_row(cb, il, src[pos[r] / bs], pos[r] % bs, v) + off, bytes);
+        }
+    }
+}

@@ -1,0 +1,167 @@
+"""A per-request KV budget under the snapkv policy (docs/KV.md): the prompt is computed with the
+whole cache; its last 32 tokens' attention probabilities, per layer and KV head, summed over the
+window's queries and the head's query heads and max-pooled (kernel 7), choose which positions
+before the decode window each (layer, KV head) keeps; the kept rows are copied into fresh blocks
+and everything else behind the window goes back to the pool.
+
+With budget B, block size bs and step cap C (as for sinks), the window is R = max(B / 8 rounded
+down to blocks, 32 rounded up to a block + a block) and the kept rows K = (B - C - 2 bs - R)
+rounded down to blocks.  The float64 numpy reference (ref_model.py, RefModel.snapkv) selects the
+same way from its own probabilities and masks each head's later rows to its kept positions plus
+the window; kvant's reference path (--exact, f32 K/V) must agree with it
+  * on the prompt's log-probabilities (the whole cache: the unmasked reference),
+  * on a greedy generation past the prompt, every step's chosen log-probability,
+and the reference with the sinks mask of the same budget, and the full cache, must disagree.
+
+Also: alone, in a batch, and under preemption (recomputed: the same selection) the same output;
+usage.kv_blocks within the budget after the prompt; prefix-cache hits between snapkv and full
+requests (the prompt's blocks are whole-cache ones); the selection's margin is asserted, so a
+near-tie cannot make the comparison pass or fail by chance.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+
+import httpx
+import numpy as np
+import pytest
+
+import make_family as mf
+from ref_model import RefModel
+from server_util import KvantServer, THREADS
+
+BS = 8
+BUDGET = 160
+CAP = 32                                   # clamp(160 / 16 -> 1 block, 32, 256)
+RECENT = 40                                # max(160 / 8 -> 16, 32 + 8)
+KEEP = (BUDGET - CAP - 2 * BS - RECENT) // BS * BS   # 72
+OBS, POOL = 32, 7
+N_PROMPT = 200
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    return mf.make_family(str(tmp_path_factory.mktemp("snapkv")), "llama3", "F32")
+
+
+def _server(kvant_bin, model, blocks: int) -> KvantServer:
+    return KvantServer(kvant_bin, model, "-t", THREADS, "-c", "256", "--block-size", str(BS),
+                       "--exact", "--kv-dtype", "f32", "--max-num-batched-tokens", "64",
+                       "--kv-blocks", str(blocks), base_args=[])
+
+
+@pytest.fixture(scope="module")
+def server(kvant_bin, model):
+    srv = _server(kvant_bin, model, 256)
+    yield srv
+    srv.stop()
+
+
+def _ids(n: int, seed: int) -> list[int]:
+    return [int(x) for x in np.random.default_rng(seed).integers(0, 256, size=n)]
+
+
+def _ok(url, **body):
+    r = httpx.post(url + "/v1/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    m = x.max(-1, keepdims=True)
+    return x - (m + np.log(np.exp(x - m).sum(-1, keepdims=True)))
+
+
+def _ref(model: str, mode: str, n_prompt: int) -> RefModel:
+    ref = RefModel(model)
+    if mode == "snapkv":
+        wb = (n_prompt - RECENT + 1) // BS
+        ref.snapkv = dict(prompt=n_prompt, obs_from=n_prompt - OBS, n=wb * BS, keep=KEEP,
+                          recent=RECENT, bs=BS, pool=POOL)
+    elif mode == "sinks":   # the sinks policy's mask at the same budget (4 sinks: a block)
+        ref.kv_budget = (BS, BUDGET - BS - CAP - 2 * BS, BS)
+    return ref
+
+
+def test_decode_matches_reference(server, model):
+    prompt, n = _ids(N_PROMPT, 21), 40
+    dropped0 = _metric(server.url, "kvant_kv_budget_blocks_dropped_total")
+    got = _ok(server.url, prompt=prompt, max_tokens=n, temperature=0, logprobs=1, echo=True,
+              ignore_eos=True, kv_budget=BUDGET, kv_policy="snapkv")
+    lp_all = got["choices"][0]["logprobs"]["token_logprobs"]
+    plp, lp = np.array(lp_all[1:N_PROMPT], dtype=np.float64), np.array(lp_all[N_PROMPT:], dtype=np.float64)
+    assert len(lp) == n
+    # usage is the footprint at its largest: the whole prompt, and the kept rows' copies
+    assert got["usage"]["kv_blocks"] <= -(-(N_PROMPT + 1) // BS) + KEEP // BS, got["usage"]
+    out = {}
+    for mode in ("snapkv", "sinks", "full"):
+        ref, seq, best = _ref(model, mode, N_PROMPT), list(prompt), []
+        for _ in range(n):
+            ls = _log_softmax(ref.forward(seq)[-1])
+            seq.append(int(ls.argmax()))
+            best.append(float(ls.max()))
+        out[mode] = np.array(best)
+        if mode == "snapkv":
+            gaps = [g for g in ref.snap_gaps if g > 0]
+            assert not gaps or min(gaps) > 1e-4, min(gaps)   # no near-tie at the selection's edge
+        if mode == "full":
+            ls = _log_softmax(ref.forward(prompt))
+            want = ls[np.arange(N_PROMPT - 1), prompt[1:]]
+            assert float(np.abs(plp - want).max()) < 1e-4   # the prompt sees the whole cache
+    # behind the window (block 20 on at position 200) all but the 9 kept blocks went back
+    assert _metric(server.url, "kvant_kv_budget_blocks_dropped_total") - dropped0 >= 20 - KEEP // BS
+    err = {m: float(np.abs(lp - out[m]).max()) for m in out}
+    print("greedy logprobs, max |kvant snapkv - ref|:", {m: f"{v:.2e}" for m, v in err.items()})
+    assert err["snapkv"] < 1e-3, err
+    assert err["sinks"] > 1e-2 and err["full"] > 1e-2, err
+
+
+def _gen(url, k: int):
+    body = dict(prompt=_ids(150 + 9 * k, 30 + k), max_tokens=48, temperature=1.5, seed=k,
+                logprobs=2, ignore_eos=True, kv_budget=BUDGET, kv_policy="snapkv")
+    c = _ok(url, **body)["choices"][0]
+    return [c["text"], c["logprobs"]["tokens"], c["logprobs"]["token_logprobs"]]
+
+
+def _metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not on /metrics")
+
+
+def test_batch_invariance_and_preemption(kvant_bin, model, server):
+    alone = [_gen(server.url, k) for k in range(5)]
+    with cf.ThreadPoolExecutor(5) as ex:
+        batch = list(ex.map(lambda k: _gen(server.url, k), range(5)))
+    assert batch == alone
+    # 64 blocks: five prompts of 19-28 blocks do not fit at once; preempted ones recompute
+    small = _server(kvant_bin, model, 64)
+    try:
+        with cf.ThreadPoolExecutor(5) as ex:
+            tight = list(ex.map(lambda k: _gen(small.url, k), range(5)))
+        pre = _metric(small.url, "kvant_num_preemptions_total")
+        dropped = _metric(small.url, "kvant_kv_budget_blocks_dropped_total")
+        mem = httpx.get(small.url + "/v1/memory", timeout=30).json()["kv"]
+    finally:
+        small.stop()
+    assert tight == alone
+    assert pre > 0 and dropped > 20, (pre, dropped)
+    assert mem["used"] == 0, mem
+
+
+def test_prefix_cache_shared_with_full_requests(server):
+    ids = _ids(180, 41)
+    full = _ok(server.url, prompt=ids, max_tokens=4, temperature=0, logprobs=1)
+    snap = _ok(server.url, prompt=ids, max_tokens=4, temperature=0, logprobs=1, kv_budget=BUDGET,
+               kv_policy="snapkv")
+    again = _ok(server.url, prompt=ids, max_tokens=4, temperature=0, logprobs=1, kv_budget=BUDGET,
+                kv_policy="snapkv")
+    # the hit stops before the observation window (its queries are scored)
+    for r in (snap, again):
+        hit = r["usage"]["prompt_tokens_details"]["cached_tokens"]
+        assert 180 - OBS - BS < hit <= 180 - OBS, r["usage"]
+    assert again["choices"][0]["logprobs"] == snap["choices"][0]["logprobs"]
+    # the first token comes from the whole prompt: the same as the full cache's
+    assert snap["choices"][0]["logprobs"]["tokens"][0] == full["choices"][0]["logprobs"]["tokens"][0]
+    assert snap["usage"]["kv_blocks"] < full["usage"]["kv_blocks"]
