@@ -247,6 +247,7 @@ static void snap_compact(engine *e, eng_seq *s)
     const eng_kvb *k = &r->kvb;
     s->kvb_done = 1;
     if (k->snap_n > 0) {
+        engine_note_kv(e, r); /* the whole prompt: the request's footprint at its largest */
         snap_select(e, r);
         int rc = kvpool_alloc_blocks(e->pool, k->sink_blocks, r->snap_blocks);
         KV_ASSERT(rc == KV_OK);

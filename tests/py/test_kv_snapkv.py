@@ -21,6 +21,8 @@ near-tie cannot make the comparison pass or fail by chance.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -37,6 +39,7 @@ RECENT = 40                                # max(160 / 8 -> 16, 32 + 8)
 KEEP = (BUDGET - CAP - 2 * BS - RECENT) // BS * BS   # 72
 OBS, POOL = 32, 7
 N_PROMPT = 200
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +94,8 @@ def test_decode_matches_reference(server, model):
     lp_all = got["choices"][0]["logprobs"]["token_logprobs"]
     plp, lp = np.array(lp_all[1:N_PROMPT], dtype=np.float64), np.array(lp_all[N_PROMPT:], dtype=np.float64)
     assert len(lp) == n
-    # usage is the footprint at its largest: the whole prompt, and the kept rows' copies
-    assert got["usage"]["kv_blocks"] <= -(-(N_PROMPT + 1) // BS) + KEEP // BS, got["usage"]
+    # usage is the footprint at its largest: the whole prompt
+    assert got["usage"]["kv_blocks"] == -(-N_PROMPT // BS), got["usage"]
     out = {}
     for mode in ("snapkv", "sinks", "full"):
         ref, seq, best = _ref(model, mode, N_PROMPT), list(prompt), []
@@ -164,4 +167,31 @@ def test_prefix_cache_shared_with_full_requests(server):
     assert again["choices"][0]["logprobs"] == snap["choices"][0]["logprobs"]
     # the first token comes from the whole prompt: the same as the full cache's
     assert snap["choices"][0]["logprobs"]["tokens"][0] == full["choices"][0]["logprobs"]["tokens"][0]
-    assert snap["usage"]["kv_blocks"] < full["usage"]["kv_blocks"]
+
+
+def test_footprint_while_decoding(kvant_bin):
+    """/v1/memory while a request decodes on the default model: its blocks within the budget once
+    compacted (usage reports the prompt's, its largest), against the whole prompt's without."""
+    srv = KvantServer(kvant_bin, str(ROOT / "models/SmolLM2-135M-Instruct.Q4_1.gguf"), "-t", THREADS,
+                      "-c", "2048", base_args=[])
+    try:
+        held = {}
+        for pol in ("snapkv", "full"):
+            body = dict(prompt=_ids(1000, 51), max_tokens=64, temperature=0, ignore_eos=True,
+                        stream=True, stream_options={"include_usage": True})
+            if pol == "snapkv":
+                body.update(kv_budget=512, kv_policy="snapkv")
+            seen, usage = [], None
+            with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=300) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    if line.startswith("data: {") and len(seen) < 2:
+                        reqs = httpx.get(srv.url + "/v1/memory", timeout=30).json()["requests"]
+                        seen += [q["blocks_own"] + q["blocks_shared"] for q in reqs]
+                    if line.startswith("data: {") and '"usage"' in line:
+                        usage = json.loads(line[6:]).get("usage") or usage
+            held[pol] = (max(seen), usage["kv_blocks"])
+    finally:
+        srv.stop()
+    assert held["snapkv"][0] * 16 <= 512, held
+    assert held["full"][0] * 16 >= 1000 and held["snapkv"][1] == 1000 // 16 + 1, held
