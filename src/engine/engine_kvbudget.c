@@ -240,25 +240,27 @@ static void snap_select(const engine *e, eng_req *r)
 
 /* After the prompt: the kept rows into fresh blocks, which become the sink
  * blocks; hashing stops.  The blocks were counted when the step was
- * scheduled (engine_kvb_extra), so the allocation finds them. */
+ * scheduled (engine_kvb_extra); were they not there, the sequence would
+ * go on with the whole cache and try again after its next step (whose
+ * scheduling counts them again). */
 static void snap_compact(engine *e, eng_seq *s)
 {
     eng_req *r = s->req;
     const eng_kvb *k = &r->kvb;
-    s->kvb_done = 1;
-    if (k->snap_n > 0) {
-        engine_note_kv(e, r); /* the whole prompt: the request's footprint at its largest */
-        snap_select(e, r);
-        int rc = kvpool_alloc_blocks(e->pool, k->sink_blocks, r->snap_blocks);
-        KV_ASSERT(rc == KV_OK);
-        e->be->ops->kv_compact(e->be, s->kv.blocks, r->snap_blocks, r->snap_sel,
-                               k->sink_blocks * e->cfg.block_size);
-        kvseq_set_head(e->pool, &s->kv, r->snap_blocks, k->sink_blocks);
-        engine_kvb_reset(e, s);
+    if (k->snap_n == 0) { /* nothing to choose: later blocks are read under the mask */
+        kvseq_set_head(e->pool, &s->kv, NULL, 0);
         s->kvb_done = 1;
-    } else {
-        kvseq_set_head(e->pool, &s->kv, NULL, 0); /* later blocks are read under the mask */
+        return;
     }
+    if (kvpool_alloc_blocks(e->pool, k->sink_blocks, r->snap_blocks) != KV_OK)
+        return;
+    engine_note_kv(e, r); /* the whole prompt: the request's footprint at its largest */
+    snap_select(e, r);
+    e->be->ops->kv_compact(e->be, s->kv.blocks, r->snap_blocks, r->snap_sel,
+                           k->sink_blocks * e->cfg.block_size);
+    kvseq_set_head(e->pool, &s->kv, r->snap_blocks, k->sink_blocks);
+    engine_kvb_reset(e, s); /* the scores, for a recomputation */
+    s->kvb_done = 1;
 }
 
 void engine_kvb_drop(engine *e, eng_seq *s)
@@ -336,7 +338,7 @@ void engine_kvb_fwd(const eng_seq *s, fwd_seq *f)
     if (snap_pending(s)) {
         f->kv_sink_blocks = 0;
         f->kv_recent = 0;
-        f->snap_score = k->snap_n > 0 ? s->req->snap_score : NULL;
+        f->snap_score = k->snap_n > 0 && s->n_computed < k->prompt ? s->req->snap_score : NULL;
         f->snap_from = k->snap_from;
         f->snap_n = k->snap_n;
         return;

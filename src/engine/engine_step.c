@@ -193,13 +193,12 @@ static int32_t draft_for(engine *e, const step_plan *sp, eng_seq *s, int32_t bud
     return engine_spec_draft(e, s, room > 0 ? room : 0, n_running);
 }
 
-/* Whether the blocks a KV budget's compaction after this chunk takes are
- * there beyond those of the sequences scheduled before (then counted). */
+/* After s's reserve for a chunk: whether the blocks the step's KV-budget
+ * compactions take (earlier sequences' and the one after this chunk) are
+ * still there; then this one's are counted. */
 static int kv_room(engine *e, step_plan *sp, const eng_seq *s, int32_t chunk)
 {
     const int32_t extra = engine_kvb_extra(s, chunk);
-    if (extra == 0)
-        return 1;
     if (kvpool_n_available(e->pool) < sp->kv_extra + extra)
         return 0;
     sp->kv_extra += extra;

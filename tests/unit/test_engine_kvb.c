@@ -10,7 +10,8 @@
  * fits changes nothing, and the mask changes a long request's output (so
  * the comparisons above are not vacuous).  With a host KV tier the
  * evicted blocks come back as a hit, and a swapped batch gives the same
- * outputs (test_tiers).  Bad budgets are refused at
+ * outputs (test_tiers).  The snapkv policy likewise (test_snapkv).  Bad
+ * budgets are refused at
  * submit naming the field.  (The agreement with the float64 reference is
  * tests/py/test_kv_budget.py's.) */
 #include <stdlib.h>
@@ -103,16 +104,22 @@ static int same(const result *a, const result *b)
            !memcmp(a->lps, b->lps, (size_t)a->n * sizeof a->lps[0]);
 }
 
-/* Request i alone on e (budget b). */
-static void alone(engine *e, int i, double b, result *out)
+/* Request i alone on e (budget b, policy pol). */
+static void alone_pol(engine *e, int i, double b, int32_t pol, result *out)
 {
     int32_t p[256];
     const int64_t n = prompt(i, p);
     memset(out, 0, sizeof *out);
     engine_request r = req(p, n, b);
+    r.kv_policy = pol;
     kvant_err err = {0};
     CHECKF(engine_submit(e, &r, on_event, out, &err) > 0, "submit: %s", err.msg);
     run(e, out, 1);
+}
+
+static void alone(engine *e, int i, double b, result *out)
+{
+    alone_pol(e, i, b, ENGINE_KV_DEFAULT, out);
 }
 
 static void test_invariance(model *m, result *ref)
@@ -210,6 +217,43 @@ static void test_tiers(model *m, const result *ref)
     engine_destroy(e);
 }
 
+/* SnapKV (budget 160, bs 16: step 32, window 48, 3 kept blocks): prompts
+ * 0 and 1 fit the kept blocks and the window (nothing chosen), 2-5 are
+ * compacted.  Bitwise the same in steps of 16 and 256 and in a batch of six
+ * under preemption (recomputed: the same selection); the compacted ones
+ * differ from the full cache and from the sinks policy; blocks go back. */
+static void test_snapkv(model *m, const result *sinks)
+{
+    result a[N_REQ], b[N_REQ], batch[N_REQ], full;
+    engine *e = mk(m, 0, 16), *eb = mk(m, 0, 256), *small = mk(m, 24, 64);
+    int32_t p[N_REQ][256];
+    kvant_err err = {0};
+    memset(batch, 0, sizeof batch);
+    for (int i = 0; i < N_REQ; i++) {
+        alone_pol(e, i, 160, ENGINE_KV_SNAPKV, &a[i]);
+        alone_pol(eb, i, 160, ENGINE_KV_SNAPKV, &b[i]);
+        CHECKF(same(&a[i], &b[i]), "snapkv %d: steps of 16 and 256 differ", i);
+        engine_request r = req(p[i], prompt(i, p[i]), 160);
+        r.kv_policy = ENGINE_KV_SNAPKV;
+        CHECKF(engine_submit(small, &r, on_event, &batch[i], &err) > 0, "submit: %s", err.msg);
+    }
+    run(small, batch, N_REQ);
+    engine_stats st;
+    engine_get_stats(small, &st);
+    CHECKF(st.preemptions > 0, "snapkv: no preemption");
+    CHECKF(st.kv_budget_dropped > 20 && st.kv_blocks_used == 0, "dropped %llu, used %d",
+           (unsigned long long)st.kv_budget_dropped, (int)st.kv_blocks_used);
+    for (int i = 0; i < N_REQ; i++)
+        CHECKF(same(&a[i], &batch[i]), "snapkv %d: batch under preemption differs", i);
+    for (int i = 2; i < N_REQ; i++) {
+        alone(e, i, 0, &full);
+        CHECKF(!same(&full, &a[i]) && !same(&sinks[i], &a[i]), "snapkv %d: no effect", i);
+    }
+    engine_destroy(e);
+    engine_destroy(eb);
+    engine_destroy(small);
+}
+
 static void test_fits_and_refusals(model *m)
 {
     engine *e = mk(m, 0, 64);
@@ -230,6 +274,9 @@ static void test_fits_and_refusals(model *m)
         {0, ENGINE_KV_SINKS, 0, "kv_budget:"},
         {128, 7, 0, "kv_policy:"},
         {128, ENGINE_KV_DEFAULT, -2, "kv_sinks:"},
+        {120, ENGINE_KV_SNAPKV, 0, "kv_budget:"}, /* no block left to keep */
+        {160, ENGINE_KV_SNAPKV, 4, "kv_sinks:"},
+        {0, ENGINE_KV_SNAPKV, 0, "kv_budget:"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         engine_request r = req(p, n, bad[k].budget);
@@ -252,6 +299,7 @@ int main(void)
         static result ref[N_REQ];
         test_invariance(m, ref);
         test_tiers(m, ref);
+        test_snapkv(m, ref);
         test_fits_and_refusals(m);
         model_free(m);
     }
