@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""KV budget (kv_budget, the sinks policy): quality and memory, through `kvant serve`.
+"""KV budget (kv_budget; the sinks and snapkv policies): quality and memory, through `kvant serve`.
 
 One server (-c 8192, the default model), one request per measurement, the budget in the request:
   * perplexity: the text (tests/data/english-eval.txt) tokenized once, cut into chunks of CTX - 1
@@ -9,7 +9,10 @@ One server (-c 8192, the default model), one request per measurement, the budget
     full cache and budgets of 50%, 25% and 12.5% of CTX.  The request's usage.kv_bytes is its KV
     footprint when it ends (block tables: what /v1/memory counts).
   * passkey: a five-digit number hidden at depths 10%..90% of filler text (CTX_PASS tokens),
-    followed by the question; greedy, 8 tokens; correct when the number appears in the answer.
+    followed by the question; greedy, 8 tokens; correct when the number appears in the answer;
+    per policy (--policies).  Streamed: /v1/memory's requests are read after the first token
+    (kv_bytes_decoding; a snapkv request holds its whole prompt until then, usage.kv_bytes).
+    Perplexity is the sinks policy's: snapkv computes a prompt with the whole cache.
   * concurrency (--load): a pool of exactly 4 x 8192 tokens (--kv-blocks), 16 requests of about
     7,600 prompt tokens + 32 generated sent at once, full cache against a 25% budget: the most
     requests running at once (kvant_num_requests_running, polled) and the wall time.
@@ -89,18 +92,33 @@ def passkey_prompts(url: str, n_tok: int, depths: list[float], keys: list[int]) 
     return out
 
 
-def passkey(url: str, prompts: list[dict], budget: int | None) -> dict:
-    ok, kvb = 0, []
+def passkey(url: str, prompts: list[dict], budget: int | None, policy: str) -> dict:
+    """Streamed, so /v1/memory is read while the request decodes (after its first token: a
+    snapkv request is compacted by then); kv_bytes: usage (the footprint at its largest)."""
+    ok, kvb, held = 0, [], []
     for p in prompts:
-        body = dict(prompt=p["prompt"], max_tokens=8, temperature=0)
+        body = dict(prompt=p["prompt"], max_tokens=8, temperature=0, stream=True,
+                    stream_options={"include_usage": True})
         if budget:
-            body["kv_budget"] = budget
-        r = httpx.post(url + "/v1/completions", json=body, timeout=3600)
-        r.raise_for_status()
-        j = r.json()
-        ok += str(p["key"]) in j["choices"][0]["text"]
-        kvb.append(j["usage"]["kv_bytes"])
-    return {"budget": budget, "correct": ok, "n": len(prompts), "kv_bytes": max(kvb)}
+            body.update(kv_budget=budget, kv_policy=policy)
+        text, sampled = "", False
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=3600) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                j = json.loads(line[6:])
+                if j.get("choices"):
+                    if not sampled:
+                        reqs = httpx.get(url + "/v1/memory", timeout=60).json()["requests"]
+                        held.append(sum(q["kv_bytes"] for q in reqs))
+                        sampled = True
+                    text += j["choices"][0].get("text", "")
+                if j.get("usage"):
+                    kvb.append(j["usage"]["kv_bytes"])
+        ok += str(p["key"]) in text
+    return {"budget": budget, "policy": policy if budget else "full", "correct": ok,
+            "n": len(prompts), "kv_bytes": max(kvb), "kv_bytes_decoding": max(held)}
 
 
 def running(url: str) -> float:
@@ -156,6 +174,7 @@ def main() -> None:
     ap.add_argument("--no-ppl", action="store_true")
     ap.add_argument("--no-passkey", action="store_true")
     ap.add_argument("--load", action="store_true")
+    ap.add_argument("--policies", default="sinks,snapkv", help="passkey: the policies measured")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     res = {"model": a.model, "ppl": [], "passkey": [], "load": []}
@@ -174,10 +193,11 @@ def main() -> None:
             prompts = passkey_prompts(srv.url, a.pass_ctx, [0.1, 0.3, 0.5, 0.7, 0.9],
                                       [random.Random(s).randint(10000, 99999) for s in (1, 2)])
             for f in FRACS:
-                row = passkey(srv.url, prompts, int(a.pass_ctx * f) if f else None)
-                row["ctx"] = a.pass_ctx
-                res["passkey"].append(row)
-                print(json.dumps(row), flush=True)
+                for pol in a.policies.split(",") if f else ["full"]:
+                    row = passkey(srv.url, prompts, int(a.pass_ctx * f) if f else None, pol)
+                    row["ctx"] = a.pass_ctx
+                    res["passkey"].append(row)
+                    print(json.dumps(row), flush=True)
     finally:
         srv.stop()
     if a.load:

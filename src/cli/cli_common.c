@@ -114,6 +114,9 @@ void cli_common_help(FILE *f)
                                "fraction F in (0, 1) of the context; sink tokens and a recent "
                                "window are kept, older blocks given back", "none"},
         {"--kv-sinks", "N", "sink tokens a KV budget keeps (whole blocks)", "4"},
+        {"--kv-policy", "P", "what a KV budget keeps for requests that name none: sinks (sink "
+                             "tokens + recent window) or snapkv (the prompt's most attended "
+                             "positions per KV head + recent window)", "sinks"},
         {"--backend", "NAME", "cpu or cuda", c.backend},
         {"--device", "N", "device index for the backend (--tp/--pp: the i-th rank on a host "
                           "takes device N + i, modulo the devices present)", dev},
@@ -283,6 +286,16 @@ static int parse_model_opt(cli_common *c, int argc, char **argv, int *i)
         if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, 1, 1 << 20, &n))
             return -1;
         c->kv_sinks = (int)n;
+        return 1;
+    }
+    if (!strcmp(a, "--kv-policy")) {
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        if (strcmp(v, "sinks") && strcmp(v, "snapkv")) {
+            fprintf(stderr, "kvant: --kv-policy: '%s' is not sinks or snapkv\n", v);
+            return -1;
+        }
+        c->kv_policy = strcmp(v, "sinks") ? ENGINE_KV_SNAPKV : ENGINE_KV_SINKS;
         return 1;
     }
     if (!strcmp(a, "--backend")) {
@@ -464,6 +477,7 @@ void cli_engine_config(const cli_common *c, engine_config *ec)
     ec->kv_rotate = c->kv_rotate;
     ec->kv_budget = c->kv_budget;
     ec->kv_sinks = c->kv_sinks;
+    ec->kv_policy = c->kv_policy;
     ec->weights_dtype = c->weights_dtype;
     ec->exact = c->exact;
     ec->no_pack = c->no_pack;
@@ -706,9 +720,10 @@ int cli_session_open(cli_session *s, const cli_common *c, int32_t n_ctx, int32_t
 {
     memset(s, 0, sizeof *s);
     dtype_init();
-    if (c->kv_budget > 0.0) /* a session has no engine to give blocks back */
-        return kvant_err_set(err, KV_EINVAL, "--kv-budget: taken by serve, plan and bench "
-                             "--batch (the engine), not by this command");
+    if (c->kv_budget > 0.0 || c->kv_policy) /* a session has no engine to give blocks back */
+        return kvant_err_set(err, KV_EINVAL, "%s: taken by serve, plan and bench --batch (the "
+                             "engine), not by this command",
+                             c->kv_budget > 0.0 ? "--kv-budget" : "--kv-policy");
     if (c->tp * c->pp > 1 && !(s->par = par_create(c->tp * c->pp, c->tp_timeout, err)))
         return err->code;
     uint8_t fp[TP_FP_BYTES] = {0};

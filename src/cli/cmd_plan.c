@@ -250,15 +250,19 @@ static void print_kv_budget(const cli_common *c, const plan_result *r, int json)
         return;
     const double conc = (double)r->kv_pool_tokens / (double)b;
     const double full = (double)r->kv_pool_tokens / (double)r->ctx;
+    const int snap = c->kv_policy == ENGINE_KV_SNAPKV;
     if (json)
-        printf(", \"kv_budget\": {\"tokens\": %lld, \"ctx\": %lld, \"concurrency\": %.4f, "
-               "\"concurrency_full\": %.4f, \"max_num_seqs\": %d}", (long long)b,
-               (long long)r->ctx, conc, full, r->max_num_seqs);
-    else
-        printf("KV budget %lld tokens per request (--kv-budget: sinks + recent window): %.1fx "
-               "requests of context %lld fit the KV pool, against %.1fx with the full cache "
-               "(--max-num-seqs %d)\n", (long long)b, conc, (long long)r->ctx, full,
+        printf(", \"kv_budget\": {\"tokens\": %lld, \"ctx\": %lld, \"policy\": \"%s\", "
+               "\"concurrency\": %.4f, \"concurrency_full\": %.4f, \"max_num_seqs\": %d}",
+               (long long)b, (long long)r->ctx, snap ? "snapkv" : "sinks", conc, full,
                r->max_num_seqs);
+    else
+        printf("KV budget %lld tokens per request (--kv-budget, %s): %.1fx requests of context "
+               "%lld fit the KV pool while decoding, against %.1fx with the full cache "
+               "(--max-num-seqs %d)%s\n", (long long)b,
+               snap ? "snapkv: chosen prompt positions + recent window" : "sinks + recent window",
+               conc, (long long)r->ctx, full, r->max_num_seqs,
+               snap ? "; a prompt is held whole until its compaction" : "");
 }
 
 /* The plan rows, the tiers and the offload placement as one JSON object. */

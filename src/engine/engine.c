@@ -125,9 +125,10 @@ static void print_plan(const engine *e, const plan_result *p)
                 p->kv_start_blocks < p->kv_pool_blocks ? ", grows on demand" : "");
     const int64_t kvb = engine_kv_budget_tokens(e->cfg.kv_budget, p->ctx);
     if (kvb > 0 && kvb < p->ctx)
-        fprintf(stderr, "kvant: KV budget %lld tokens per request (--kv-budget; sinks + recent "
+        fprintf(stderr, "kvant: KV budget %lld tokens per request (--kv-budget; %s + recent "
                 "window): %.2fx requests of context %lld fit the pool, against %.2fx without\n",
-                (long long)kvb, (double)p->kv_pool_tokens / (double)kvb, (long long)p->ctx,
+                (long long)kvb, e->cfg.kv_policy == ENGINE_KV_SNAPKV ? "snapkv" : "sinks",
+                (double)p->kv_pool_tokens / (double)kvb, (long long)p->ctx,
                 (double)p->kv_pool_tokens / (double)p->ctx);
     if (p->ctx_auto)
         fprintf(stderr, "kvant: context %lld tokens: the model's %lld does not fit one request "

@@ -113,9 +113,14 @@ static void snap_split(eng_kvb *k, const engine_request *r, int64_t bs)
     k->snap_from = (int32_t)(r->n_prompt > w ? r->n_prompt - w : 0);
 }
 
-int engine_kvb_resolve(const engine *e, const engine_request *r, eng_kvb *out, kvant_err *err)
+int engine_kvb_resolve(const engine *e, const engine_request *rq, eng_kvb *out, kvant_err *err)
 {
     memset(out, 0, sizeof *out);
+    engine_request req = *rq; /* the server's default policy, for a request that names none */
+    const engine_request *r = &req;
+    if (req.kv_policy == ENGINE_KV_DEFAULT && e->cfg.kv_policy == ENGINE_KV_SNAPKV &&
+        req.n == 1 && req.kv_sinks == 0 && !req.embed && e->be->ops->kv_score)
+        req.kv_policy = ENGINE_KV_SNAPKV; /* else sinks, what a budget keeps without it */
     int rc = check_policy(e, r, err);
     if (rc || r->kv_policy == ENGINE_KV_FULL)
         return rc;

@@ -119,6 +119,7 @@ typedef struct engine_config {
      * same units; 0: none) and their sink tokens (0: ENGINE_KV_DEFAULT_SINKS) */
     double kv_budget;
     int32_t kv_sinks;
+    int32_t kv_policy; /* ENGINE_KV_SNAPKV: their policy (requests with n 1; 0: sinks) */
 } engine_config;
 
 enum { ENGINE_SPEC_OFF = 0, ENGINE_SPEC_NGRAM = 1, ENGINE_SPEC_DRAFT = 2 };

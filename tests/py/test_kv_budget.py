@@ -220,6 +220,7 @@ def test_commands_without_the_engine_refuse(kvant_bin, model):
     is refused, not ignored."""
     import subprocess
     for args in (["run", "-p", "hello", "-n", "2"], ["bench", "-p", "16", "-n", "2", "-r", "1"]):
-        p = subprocess.run([kvant_bin, *args, "-m", model, "--kv-budget", "96"], capture_output=True,
-                           text=True, timeout=120)
-        assert p.returncode != 0 and "--kv-budget" in p.stderr, (args, p.returncode, p.stderr)
+        for opt in (["--kv-budget", "96"], ["--kv-policy", "snapkv"]):
+            p = subprocess.run([kvant_bin, *args, "-m", model, *opt], capture_output=True,
+                               text=True, timeout=120)
+            assert p.returncode != 0 and opt[0] in p.stderr, (args, p.returncode, p.stderr)

@@ -195,3 +195,25 @@ def test_footprint_while_decoding(kvant_bin):
         srv.stop()
     assert held["snapkv"][0] * 16 <= 512, held
     assert held["full"][0] * 16 >= 1000 and held["snapkv"][1] == 1000 // 16 + 1, held
+
+
+def test_server_default_policy(kvant_bin, model, server):
+    """--kv-budget with --kv-policy snapkv: a request naming neither runs as one naming both; one
+    with n 2 (or kv_sinks) keeps the sinks policy, as it would name it."""
+    ids = _ids(190, 61)
+    want = _ok(server.url, prompt=ids, max_tokens=30, temperature=0, logprobs=1, ignore_eos=True,
+               kv_budget=BUDGET, kv_policy="snapkv")
+    sinks = _ok(server.url, prompt=ids, max_tokens=30, temperature=1.0, seed=3, n=2, logprobs=1,
+                ignore_eos=True, kv_budget=BUDGET, kv_policy="sinks")
+    srv = KvantServer(kvant_bin, model, "-t", THREADS, "-c", "256", "--block-size", str(BS),
+                      "--exact", "--kv-dtype", "f32", "--max-num-batched-tokens", "64",
+                      "--kv-blocks", "256", "--kv-budget", str(BUDGET), "--kv-policy", "snapkv",
+                      base_args=[])
+    try:
+        got = _ok(srv.url, prompt=ids, max_tokens=30, temperature=0, logprobs=1, ignore_eos=True)
+        two = _ok(srv.url, prompt=ids, max_tokens=30, temperature=1.0, seed=3, n=2, logprobs=1,
+                  ignore_eos=True)
+    finally:
+        srv.stop()
+    assert got["choices"][0]["logprobs"] == want["choices"][0]["logprobs"]
+    assert [c["logprobs"] for c in two["choices"]] == [c["logprobs"] for c in sinks["choices"]]
