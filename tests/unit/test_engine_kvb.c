@@ -168,20 +168,27 @@ static void test_invariance(model *m, result *ref)
  * evicted (their key chain runs on across its dropped blocks) and come back
  * as a prefix hit with the same output; preempted sequences are swapped
  * (policy ALWAYS) and their outputs do not change. */
-static void test_tiers(model *m, const result *ref)
+static engine *mk_tier(model *m, int32_t blocks)
 {
     engine_config c = engine_config_default();
     c.manual = 1;
     c.n_threads = 2;
     c.max_num_batched_tokens = 64;
     c.max_num_seqs = 16;
-    c.kv_blocks_override = 20;
+    c.kv_blocks_override = blocks;
     c.device_memory = 1ull << 30;
     c.kv_host_memory = 64ull << 20;
     c.kv_tier_policy = ENGINE_TIER_ALWAYS;
     kvant_err err = {0};
     engine *e = engine_create(m, &c, &err);
     CHECKF(e != NULL, "engine_create: %s", err.msg);
+    return e;
+}
+
+static void test_tiers(model *m, const result *ref)
+{
+    kvant_err err = {0};
+    engine *e = mk_tier(m, 20);
     if (!e)
         return;
     /* a batch under preemption, swapped to the host */
@@ -222,9 +229,9 @@ static void test_tiers(model *m, const result *ref)
  * compacted.  Bitwise the same in steps of 16 and 256 and in a batch of six
  * under preemption (recomputed: the same selection); the compacted ones
  * differ from the full cache and from the sinks policy; blocks go back. */
-static void test_snapkv(model *m, const result *sinks)
+static void test_snapkv(model *m, const result *sinks, result *a)
 {
-    result a[N_REQ], b[N_REQ], batch[N_REQ], full;
+    result b[N_REQ], batch[N_REQ], full;
     engine *e = mk(m, 0, 16), *eb = mk(m, 0, 256), *small = mk(m, 24, 64);
     int32_t p[N_REQ][256];
     kvant_err err = {0};
@@ -252,6 +259,43 @@ static void test_snapkv(model *m, const result *sinks)
     engine_destroy(e);
     engine_destroy(eb);
     engine_destroy(small);
+}
+
+/* SnapKV with a host tier (swap on preemption): a batch gives the outputs
+ * of test_snapkv (its compacted blocks are not in the tiers: recomputed);
+ * the prompt's blocks come back from the host as a prefix hit, up to the
+ * observation window. */
+static void test_snapkv_tiers(model *m, const result *a)
+{
+    kvant_err err = {0};
+    engine *e = mk_tier(m, 24);
+    if (!e)
+        return;
+    int32_t p[N_REQ][256];
+    result batch[N_REQ], x, again;
+    memset(batch, 0, sizeof batch);
+    for (int i = 0; i < N_REQ; i++) {
+        engine_request r = req(p[i], prompt(i, p[i]), 160);
+        r.kv_policy = ENGINE_KV_SNAPKV;
+        CHECKF(engine_submit(e, &r, on_event, &batch[i], &err) > 0, "submit: %s", err.msg);
+    }
+    run(e, batch, N_REQ);
+    engine_stats st;
+    engine_get_stats(e, &st);
+    CHECKF(st.preemptions > 0, "snapkv tiers: no preemption");
+    for (int i = 0; i < N_REQ; i++)
+        CHECKF(same(&batch[i], &a[i]), "snapkv %d: swapped batch differs", i);
+    for (int i = 0; i < 3; i++) /* evict request 5's cached prompt blocks */
+        alone_pol(e, i, 160, ENGINE_KV_SNAPKV, &x);
+    engine_tier_stats t0, t1;
+    engine_get_tier_stats(e, &t0);
+    alone_pol(e, 5, 160, ENGINE_KV_SNAPKV, &again);
+    engine_get_tier_stats(e, &t1);
+    const uint64_t host = t1.hit_tokens[KVTIER_HOST] - t0.hit_tokens[KVTIER_HOST];
+    CHECKF(same(&again, &a[5]) && again.cached >= 96 && again.cached <= 155 - 32 && host > 0,
+           "snapkv tier hit: cached %lld, %llu from host", (long long)again.cached,
+           (unsigned long long)host);
+    engine_destroy(e);
 }
 
 static void test_fits_and_refusals(model *m)
@@ -299,7 +343,9 @@ int main(void)
         static result ref[N_REQ];
         test_invariance(m, ref);
         test_tiers(m, ref);
-        test_snapkv(m, ref);
+        static result snap[N_REQ];
+        test_snapkv(m, ref, snap);
+        test_snapkv_tiers(m, snap);
         test_fits_and_refusals(m);
         model_free(m);
     }
