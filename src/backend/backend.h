@@ -204,10 +204,12 @@ typedef struct backend_ops {
      * when window is 0), reading layer il's K/V through block tables. */
     void (*attention)(backend *be, int32_t il, const float *d_q, int32_t n_heads,
                       const attn_params *ap, float *d_out);
-    /* Optional (NULL: a KV budget's snapkv policy is refused).  For the
-     * batch's tokens whose sequence has snap_score (batch.h), after
-     * attention of layer il: adds softmax(q k^T * ap->scale) over the
-     * positions the token reads, at positions < snap_n, summed over each KV
+    /* Optional (NULL: a KV budget's snapkv and h2o policies are refused).
+     * For the batch's tokens at positions >= snap_from whose sequence has
+     * snap_score (batch.h), after attention of layer il: adds softmax(q k^T
+     * * ap->scale) over the rows the token reads, indexed in the order it
+     * reads them (the positions; under a KV budget's mask the sink blocks'
+     * rows, then the window's), at indexes < snap_n, summed over each KV
      * head's query heads.  The tokens of a sequence are added in batch
      * order, so a chunked prompt sums as a whole one does. */
     void (*kv_score)(backend *be, int32_t il, const float *d_q, int32_t n_heads,

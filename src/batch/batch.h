@@ -29,11 +29,11 @@ typedef struct fwd_seq {
      * original positions.  kv_recent 0: no budget, every block read. */
     int32_t kv_sink_blocks;
     int32_t kv_recent;
-    /* SnapKV's observation window (backend.h kv_score): each token at a
-     * position >= snap_from adds, per layer il and KV head h, its attention
-     * probabilities (summed over the head's query heads) of the positions
-     * [0, snap_n) to snap_score[(il * n_kv_heads + h) * snap_n + p].
-     * NULL: none. */
+    /* A KV budget's scores (backend.h kv_score; snapkv, h2o): each token at
+     * a position >= snap_from adds, per layer il and KV head h, its
+     * attention probabilities (summed over the head's query heads) of the
+     * rows it reads, index i < snap_n in reading order, to
+     * snap_score[(il * n_kv_heads + h) * snap_n + i].  NULL: none. */
     float *snap_score;
     int32_t snap_from, snap_n;
 } fwd_seq;

@@ -115,8 +115,9 @@ void cli_common_help(FILE *f)
                                "window are kept, older blocks given back", "none"},
         {"--kv-sinks", "N", "sink tokens a KV budget keeps (whole blocks)", "4"},
         {"--kv-policy", "P", "what a KV budget keeps for requests that name none: sinks (sink "
-                             "tokens + recent window) or snapkv (the prompt's most attended "
-                             "positions per KV head + recent window)", "sinks"},
+                             "tokens + recent window), snapkv (the prompt's most attended "
+                             "positions per KV head + recent window) or h2o (the most attended "
+                             "so far, updated while decoding + recent window)", "sinks"},
         {"--backend", "NAME", "cpu or cuda", c.backend},
         {"--device", "N", "device index for the backend (--tp/--pp: the i-th rank on a host "
                           "takes device N + i, modulo the devices present)", dev},
@@ -291,11 +292,13 @@ static int parse_model_opt(cli_common *c, int argc, char **argv, int *i)
     if (!strcmp(a, "--kv-policy")) {
         if (!(v = cli_value(argc, argv, i)))
             return -1;
-        if (strcmp(v, "sinks") && strcmp(v, "snapkv")) {
-            fprintf(stderr, "kvant: --kv-policy: '%s' is not sinks or snapkv\n", v);
+        if (strcmp(v, "sinks") && strcmp(v, "snapkv") && strcmp(v, "h2o")) {
+            fprintf(stderr, "kvant: --kv-policy: '%s' is not sinks, snapkv or h2o\n", v);
             return -1;
         }
-        c->kv_policy = strcmp(v, "sinks") ? ENGINE_KV_SNAPKV : ENGINE_KV_SINKS;
+        c->kv_policy = !strcmp(v, "sinks")    ? ENGINE_KV_SINKS
+                       : !strcmp(v, "snapkv") ? ENGINE_KV_SNAPKV
+                                              : ENGINE_KV_H2O;
         return 1;
     }
     if (!strcmp(a, "--backend")) {

@@ -250,17 +250,21 @@ static void print_kv_budget(const cli_common *c, const plan_result *r, int json)
         return;
     const double conc = (double)r->kv_pool_tokens / (double)b;
     const double full = (double)r->kv_pool_tokens / (double)r->ctx;
-    const int snap = c->kv_policy == ENGINE_KV_SNAPKV;
+    const int snap = c->kv_policy == ENGINE_KV_SNAPKV || c->kv_policy == ENGINE_KV_H2O;
+    const char *pol = c->kv_policy == ENGINE_KV_SNAPKV ? "snapkv"
+                      : c->kv_policy == ENGINE_KV_H2O  ? "h2o"
+                                                       : "sinks";
     if (json)
         printf(", \"kv_budget\": {\"tokens\": %lld, \"ctx\": %lld, \"policy\": \"%s\", "
                "\"concurrency\": %.4f, \"concurrency_full\": %.4f, \"max_num_seqs\": %d}",
-               (long long)b, (long long)r->ctx, snap ? "snapkv" : "sinks", conc, full,
+               (long long)b, (long long)r->ctx, pol, conc, full,
                r->max_num_seqs);
     else
         printf("KV budget %lld tokens per request (--kv-budget, %s): %.1fx requests of context "
                "%lld fit the KV pool while decoding, against %.1fx with the full cache "
                "(--max-num-seqs %d)%s\n", (long long)b,
-               snap ? "snapkv: chosen prompt positions + recent window" : "sinks + recent window",
+               c->kv_policy == ENGINE_KV_SNAPKV ? "snapkv: chosen prompt positions + recent window"
+               : snap ? "h2o: heavy hitters + recent window" : "sinks + recent window",
                conc, (long long)r->ctx, full, r->max_num_seqs,
                snap ? "; a prompt is held whole until its compaction" : "");
 }

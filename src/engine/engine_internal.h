@@ -72,7 +72,11 @@ typedef struct eng_seq {
      * none), the parent of the next one when a KV budget dropped its block */
     uint8_t tier_key[KVTIER_KEY_BYTES];
     int32_t tier_key_i;
-    int kvb_done;           /* SnapKV: the prompt's K/V compacted (engine_kvbudget.c) */
+    /* snapkv / h2o (engine_kvsel.c): past the prompt (the budget's mask
+     * applies), its sink blocks its own fresh copies, and (h2o) the first
+     * window block of its score rows' layout */
+    int kvb_done, kvb_own;
+    int32_t kvb_wb;
     struct eng_seq *next;   /* waiting / running list link */
 } eng_seq;
 
@@ -84,11 +88,14 @@ typedef struct eng_kvb {
                              * compacted: the kept prompt rows) */
     int32_t recent;         /* R: the token at p reads from block (p - R + 1) / bs on */
     int32_t step_cap;       /* most tokens of the sequence in one step */
-    int32_t policy;         /* ENGINE_KV_SINKS or ENGINE_KV_SNAPKV */
-    int32_t prompt;         /* SnapKV: the prompt's tokens (compacted after them) */
-    int32_t snap_from;      /* SnapKV: the first position of the observation window */
-    int32_t snap_n;         /* SnapKV: candidate positions [0, snap_n) (0: nothing to
-                             * choose, the prompt fits the sink blocks and window) */
+    int32_t policy;         /* ENGINE_KV_SINKS, _SNAPKV or _H2O */
+    int32_t prompt;         /* snapkv/h2o: the prompt's tokens (compacted after them) */
+    int32_t snap_from;      /* the first position whose attention is scored */
+    int32_t snap_n;         /* candidate positions [0, snap_n) at the prompt's end (0:
+                             * nothing to choose, the prompt fits the sinks and window) */
+    int32_t snap_row;       /* floats per (layer, KV head) score row */
+    int32_t pool;           /* max-pooling kernel of the selection (1: none) */
+    int32_t bs;             /* the engine's block size */
 } eng_kvb;
 
 /* Why a request is being failed (eng_req.cancelled). */
@@ -118,9 +125,9 @@ struct eng_req {
     int cancel_asked;       /* engine_cancel was called (guarded by e->mu) */
     int64_t kv_peak_tokens, kv_peak_blocks; /* footprint at its largest (kvsnap) */
     eng_kvb kvb;            /* its KV budget (engine_kvbudget.c) */
-    /* SnapKV (kvb.snap_n > 0), in this allocation: the window's scores
-     * [n_layers][n_kv_heads][snap_n], the kept positions [n_layers][n_kv_heads]
-     * [sink_blocks * bs], sort keys [snap_n], the new blocks [sink_blocks] */
+    /* snapkv / h2o (kvb.snap_row > 0), in this allocation: the scores
+     * [n_layers][n_kv_heads][snap_row], the kept rows [n_layers][n_kv_heads]
+     * [sink_blocks * bs], sort keys [snap_row], the new blocks [sink_blocks + 1] */
     float *snap_score;
     int32_t *snap_sel;
     uint64_t *snap_keys;
@@ -283,8 +290,26 @@ int32_t engine_kvb_extra(const eng_seq *s, int32_t chunk);
 void engine_kvb_fwd(const eng_seq *s, fwd_seq *f);
 size_t engine_kvb_bytes(const engine *e, const eng_kvb *k);
 void engine_kvb_place(const engine *e, eng_req *r, void *p);
-/* Forgets a sequence's SnapKV state (its KV released: preemption). */
+/* Forgets a sequence's snapkv/h2o state (its KV released: preemption). */
 void engine_kvb_reset(const engine *e, eng_seq *s);
+/* 1 while s is a snapkv/h2o sequence before its prompt's end (the whole
+ * cache attended). */
+static inline int engine_kvb_pending(const eng_seq *s)
+{
+    return s->req->kvb.recent > 0 && s->req->kvb.policy != ENGINE_KV_SINKS && !s->kvb_done;
+}
+/* Blocks [sinks, first) no position >= n reads under k. */
+static inline int32_t engine_kvb_first(const eng_kvb *k, int64_t n, int32_t bs)
+{
+    const int64_t lo = n - k->recent + 1;
+    const int64_t wb = lo > 0 ? lo / bs : 0;
+    return wb > k->sink_blocks ? (int32_t)wb : k->sink_blocks;
+}
+
+/* engine_kvsel.c: after a commit of s under snapkv or h2o: the prompt's
+ * compaction when the prompt is in, h2o's merges of the blocks leaving
+ * the window into its heavy hitters. */
+void engine_kvsel_commit(engine *e, eng_seq *s);
 
 /* engine_kvsnap.c: records r's current KV footprint into its peak (call
  * before any of its blocks are released); serves a pending snapshot. */

@@ -58,10 +58,15 @@ static int64_t step_cap(int64_t budget, int64_t bs)
     return c > 256 && 256 >= lo ? 256 : c;
 }
 
+static const char *policy_name(int32_t p)
+{
+    return p == ENGINE_KV_SNAPKV ? "snapkv" : p == ENGINE_KV_H2O ? "h2o" : "sinks";
+}
+
 /* Checks the fields a policy does not take. */
 static int check_policy(const engine *e, const engine_request *r, kvant_err *err)
 {
-    if (r->kv_policy < ENGINE_KV_DEFAULT || r->kv_policy > ENGINE_KV_SNAPKV)
+    if (r->kv_policy < ENGINE_KV_DEFAULT || r->kv_policy > ENGINE_KV_H2O)
         return kvant_err_set(err, KV_EINVAL, "kv_policy: unknown policy %d", (int)r->kv_policy);
     if (!(r->kv_budget >= 0.0) || !isfinite(r->kv_budget))
         return kvant_err_set(err, KV_EINVAL, "kv_budget: must be a token count (>= 1) or a "
@@ -71,16 +76,17 @@ static int check_policy(const engine *e, const engine_request *r, kvant_err *err
     if (r->kv_policy == ENGINE_KV_FULL && r->kv_budget > 0.0)
         return kvant_err_set(err, KV_EINVAL, "kv_budget: not with the policy that keeps "
                              "the full cache");
-    if (r->kv_policy != ENGINE_KV_SNAPKV)
+    if (r->kv_policy != ENGINE_KV_SNAPKV && r->kv_policy != ENGINE_KV_H2O)
         return KV_OK;
+    const char *name = policy_name(r->kv_policy);
     if (r->kv_sinks > 0)
-        return kvant_err_set(err, KV_EINVAL, "kv_sinks: only with the policy 'sinks' (snapkv "
-                             "chooses the positions it keeps)");
+        return kvant_err_set(err, KV_EINVAL, "kv_sinks: only with the policy 'sinks' (%s "
+                             "chooses the positions it keeps)", name);
     if (r->n > 1)
-        return kvant_err_set(err, KV_EINVAL, "n: the policy 'snapkv' takes one sequence per "
-                             "request (n = 1)");
+        return kvant_err_set(err, KV_EINVAL, "n: the policy '%s' takes one sequence per "
+                             "request (n = 1)", name);
     if (!e->be->ops->kv_score || !e->be->ops->kv_compact)
-        return kvant_err_set(err, KV_EINVAL, "kv_policy: 'snapkv' is not on the %s backend",
+        return kvant_err_set(err, KV_EINVAL, "kv_policy: '%s' is not on the %s backend", name,
                              e->be->ops->name);
     return KV_OK;
 }
@@ -98,8 +104,8 @@ static int check_engine(const engine *e, kvant_err *err)
     return KV_OK;
 }
 
-/* SnapKV's split of the budget: a window of an eighth (at least the
- * observation window and a block), the kept prompt rows the rest. */
+/* snapkv's and h2o's split of the budget: a window of an eighth (at least
+ * the observation window and a block), the kept rows the rest. */
 static void snap_split(eng_kvb *k, const engine_request *r, int64_t bs)
 {
     const int64_t w = ENGINE_KV_SNAP_WINDOW;
@@ -110,7 +116,13 @@ static void snap_split(eng_kvb *k, const engine_request *r, int64_t bs)
     k->recent = (int32_t)recent;
     k->sink_blocks = (int32_t)(keep > 0 ? keep : 0);
     k->prompt = (int32_t)r->n_prompt;
-    k->snap_from = (int32_t)(r->n_prompt > w ? r->n_prompt - w : 0);
+    if (r->kv_policy == ENGINE_KV_H2O) { /* every token's attention, unpooled */
+        k->snap_from = 0;
+        k->pool = 1;
+    } else {
+        k->snap_from = (int32_t)(r->n_prompt > w ? r->n_prompt - w : 0);
+        k->pool = ENGINE_KV_SNAP_POOL;
+    }
 }
 
 int engine_kvb_resolve(const engine *e, const engine_request *rq, eng_kvb *out, kvant_err *err)
@@ -118,19 +130,19 @@ int engine_kvb_resolve(const engine *e, const engine_request *rq, eng_kvb *out, 
     memset(out, 0, sizeof *out);
     engine_request req = *rq; /* the server's default policy, for a request that names none */
     const engine_request *r = &req;
-    if (req.kv_policy == ENGINE_KV_DEFAULT && e->cfg.kv_policy == ENGINE_KV_SNAPKV &&
+    if (req.kv_policy == ENGINE_KV_DEFAULT && e->cfg.kv_policy > ENGINE_KV_FULL &&
         req.n == 1 && req.kv_sinks == 0 && !req.embed && e->be->ops->kv_score)
-        req.kv_policy = ENGINE_KV_SNAPKV; /* else sinks, what a budget keeps without it */
+        req.kv_policy = e->cfg.kv_policy; /* else sinks, what a budget keeps without it */
     int rc = check_policy(e, r, err);
     if (rc || r->kv_policy == ENGINE_KV_FULL)
         return rc;
     /* the server's default is for generation: an embedding names its own or has none */
     const double b = r->kv_budget > 0.0 ? r->kv_budget : r->embed ? 0.0 : e->cfg.kv_budget;
     if (!(b > 0.0)) {
-        if (r->kv_policy == ENGINE_KV_SINKS || r->kv_policy == ENGINE_KV_SNAPKV)
+        if (r->kv_policy != ENGINE_KV_DEFAULT)
             return kvant_err_set(err, KV_EINVAL, "kv_budget: the policy '%s' needs a budget "
                                  "(the request's kv_budget or the server's --kv-budget)",
-                                 r->kv_policy == ENGINE_KV_SINKS ? "sinks" : "snapkv");
+                                 policy_name(r->kv_policy));
         return KV_OK;
     }
     const int64_t bs = e->cfg.block_size;
@@ -146,8 +158,9 @@ int engine_kvb_resolve(const engine *e, const engine_request *rq, eng_kvb *out, 
     const int64_t cap = step_cap(budget, bs);
     out->budget = budget;
     out->step_cap = (int32_t)cap;
-    out->policy = r->kv_policy == ENGINE_KV_SNAPKV ? ENGINE_KV_SNAPKV : ENGINE_KV_SINKS;
-    if (out->policy == ENGINE_KV_SNAPKV) {
+    out->bs = (int32_t)bs;
+    out->policy = r->kv_policy == ENGINE_KV_DEFAULT ? ENGINE_KV_SINKS : r->kv_policy;
+    if (out->policy != ENGINE_KV_SINKS) {
         snap_split(out, r, bs);
         if (out->sink_blocks < 1)
             return kvant_err_set(err, KV_EINVAL, "kv_budget: %lld tokens is below a step of "
@@ -171,17 +184,21 @@ int engine_kvb_resolve(const engine *e, const engine_request *rq, eng_kvb *out, 
                              "blocks a token may read; at most %lld tokens (blocks of %lld)",
                              (long long)budget, BACKEND_KV_BUDGET_BLOCKS,
                              (long long)((BACKEND_KV_BUDGET_BLOCKS - 2) * bs), (long long)bs);
-    if (out->policy == ENGINE_KV_SNAPKV) { /* the positions behind the prompt's window */
+    if (out->policy != ENGINE_KV_SINKS) { /* the positions behind the prompt's window */
         const int64_t lo = out->prompt - out->recent + 1;
         const int64_t wb = lo > 0 ? lo / bs : 0;
         out->snap_n = wb > out->sink_blocks ? (int32_t)(wb * bs) : 0;
+        /* h2o: every position of the prompt, then the sink rows and the window's */
+        out->snap_row = out->policy == ENGINE_KV_H2O
+                            ? (int32_t)(out->prompt > budget ? out->prompt : budget)
+                            : out->snap_n;
     }
     return KV_OK;
 }
 
 uint64_t engine_kvb_salt(const eng_kvb *k, uint64_t salt)
 {
-    if (k->recent <= 0 || k->policy == ENGINE_KV_SNAPKV) /* its hashed blocks are full ones */
+    if (k->recent <= 0 || k->policy != ENGINE_KV_SINKS) /* its hashed blocks are full ones */
         return salt;
     uint64_t x = salt ^ 0x6b765f6275646774ULL ^ ((uint64_t)(uint32_t)k->sink_blocks << 32) ^
                  (uint64_t)(uint32_t)k->recent;
@@ -190,88 +207,20 @@ uint64_t engine_kvb_salt(const eng_kvb *k, uint64_t salt)
     return x ^ (x >> 31);
 }
 
-static int cmp_u64(const void *a, const void *b)
-{
-    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
-}
-
-static int cmp_i32(const void *a, const void *b)
-{
-    const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* Blocks [sinks, wb(n)) no position >= n reads. */
 static int32_t first_read(const eng_kvb *k, int64_t n, int32_t bs)
 {
-    const int64_t lo = n - k->recent + 1;
-    const int64_t wb = lo > 0 ? lo / bs : 0;
-    return wb > k->sink_blocks ? (int32_t)wb : k->sink_blocks;
+    return engine_kvb_first(k, n, bs);
 }
 
-/* 1 while s is a SnapKV sequence before its compaction (whole-cache mask). */
 static int snap_pending(const eng_seq *s)
 {
-    return s->req->kvb.recent > 0 && s->req->kvb.policy == ENGINE_KV_SNAPKV && !s->kvb_done;
-}
-
-/* Fills the kept positions of every (layer, KV head) from the scores:
- * max-pooled, the highest first (ties: the lower position), in order. */
-static void snap_select(const engine *e, eng_req *r)
-{
-    const eng_kvb *k = &r->kvb;
-    const int32_t n = k->snap_n, keep = k->sink_blocks * e->cfg.block_size;
-    const int32_t n_kv = e->fwd.kv.n_kv_heads, half = ENGINE_KV_SNAP_POOL / 2;
-    for (int32_t il = 0; il < e->m->hp.n_layers; il++) {
-        for (int32_t h = 0; h < kv_layout_heads(&e->fwd.kv, il); h++) {
-            const float *row = r->snap_score + ((int64_t)il * n_kv + h) * n;
-            for (int32_t p = 0; p < n; p++) {
-                float m = 0.0f; /* scores are >= 0: their bits order as the values */
-                for (int32_t q = p - half < 0 ? 0 : p - half; q <= p + half && q < n; q++)
-                    m = row[q] > m ? row[q] : m;
-                uint32_t bits;
-                memcpy(&bits, &m, sizeof bits);
-                r->snap_keys[p] = (uint64_t)(~bits) << 32 | (uint32_t)p;
-            }
-            qsort(r->snap_keys, (size_t)n, sizeof *r->snap_keys, cmp_u64);
-            int32_t *sel = r->snap_sel + ((int64_t)il * n_kv + h) * keep;
-            for (int32_t j = 0; j < keep; j++)
-                sel[j] = (int32_t)(uint32_t)r->snap_keys[j];
-            qsort(sel, (size_t)keep, sizeof *sel, cmp_i32);
-        }
-    }
-}
-
-/* After the prompt: the kept rows into fresh blocks, which become the sink
- * blocks; hashing stops.  The blocks were counted when the step was
- * scheduled (engine_kvb_extra); were they not there, the sequence would
- * go on with the whole cache and try again after its next step (whose
- * scheduling counts them again). */
-static void snap_compact(engine *e, eng_seq *s)
-{
-    eng_req *r = s->req;
-    const eng_kvb *k = &r->kvb;
-    if (k->snap_n == 0) { /* nothing to choose: later blocks are read under the mask */
-        kvseq_set_head(e->pool, &s->kv, NULL, 0);
-        s->kvb_done = 1;
-        return;
-    }
-    if (kvpool_alloc_blocks(e->pool, k->sink_blocks, r->snap_blocks) != KV_OK)
-        return;
-    engine_note_kv(e, r); /* the whole prompt: the request's footprint at its largest */
-    snap_select(e, r);
-    e->be->ops->kv_compact(e->be, s->kv.blocks, r->snap_blocks, r->snap_sel,
-                           k->sink_blocks * e->cfg.block_size);
-    kvseq_set_head(e->pool, &s->kv, r->snap_blocks, k->sink_blocks);
-    engine_kvb_reset(e, s); /* the scores, for a recomputation */
-    s->kvb_done = 1;
+    return engine_kvb_pending(s);
 }
 
 void engine_kvb_drop(engine *e, eng_seq *s)
 {
-    if (snap_pending(s) && s->n_computed >= s->req->kvb.prompt)
-        snap_compact(e, s);
+    if (s->req->kvb.recent > 0 && s->req->kvb.policy != ENGINE_KV_SINKS)
+        engine_kvsel_commit(e, s);
     engine_kvb_drop_at(e, s, s->n_computed);
 }
 
@@ -302,7 +251,7 @@ int64_t engine_kvb_stored(const engine *e, const eng_seq *s)
 int64_t engine_kvb_match(engine *e, eng_seq *s)
 {
     const eng_kvb *k = &s->req->kvb;
-    if (k->policy == ENGINE_KV_SNAPKV) /* a whole-cache prefix, up to the window */
+    if (k->policy != ENGINE_KV_SINKS) /* a whole-cache prefix, up to the scored tokens */
         return kvseq_match_prefix(e->pool, &s->kv, s->tokens, engine_kvb_match_limit(s) + 1);
     return kvseq_match_window(e->pool, &s->kv, s->tokens, s->n_tokens, k->recent,
                               k->sink_blocks);
@@ -312,7 +261,7 @@ int64_t engine_kvb_match_limit(const eng_seq *s)
 {
     const eng_kvb *k = &s->req->kvb;
     const int64_t lim = s->n_tokens - 1;
-    if (k->recent > 0 && k->policy == ENGINE_KV_SNAPKV && k->snap_n > 0)
+    if (k->recent > 0 && k->policy != ENGINE_KV_SINKS && k->snap_row > 0)
         return k->snap_from < lim ? k->snap_from : lim;
     return lim;
 }
@@ -326,45 +275,58 @@ int32_t engine_kvb_chunk(const eng_seq *s, int32_t chunk)
         const int64_t left = k->prompt - s->n_computed;
         return left > 0 && chunk > left ? (int32_t)left : chunk;
     }
-    return chunk > k->step_cap ? k->step_cap : chunk; /* the budget holds a step of at most this */
+    chunk = chunk > k->step_cap ? k->step_cap : chunk; /* the budget holds a step of at most this */
+    if (k->policy == ENGINE_KV_H2O) { /* a step's tokens share their window (the scores' layout) */
+        const int32_t bs = k->bs, wb = first_read(k, s->n_computed, bs);
+        for (int32_t c = 1; c < chunk; c++)
+            if (first_read(k, s->n_computed + c, bs) != wb)
+                return c;
+    }
+    return chunk;
 }
 
 int32_t engine_kvb_extra(const eng_seq *s, int32_t chunk)
 {
     const eng_kvb *k = &s->req->kvb;
-    if (!snap_pending(s) || k->snap_n == 0 || s->n_computed + chunk < k->prompt)
+    if (k->recent <= 0 || k->policy == ENGINE_KV_SINKS || s->kvb_own)
         return 0;
-    return k->sink_blocks;
+    const int64_t n = s->n_computed + chunk;
+    if (n < k->prompt)
+        return 0;
+    if (k->policy == ENGINE_KV_SNAPKV)
+        return snap_pending(s) && k->snap_n > 0 ? k->sink_blocks : 0;
+    /* h2o: its sink blocks become its own at the first merge */
+    return first_read(k, n, k->bs) > k->sink_blocks ? k->sink_blocks : 0;
 }
 
 void engine_kvb_fwd(const eng_seq *s, fwd_seq *f)
 {
     const eng_kvb *k = &s->req->kvb;
-    if (snap_pending(s)) {
-        f->kv_sink_blocks = 0;
-        f->kv_recent = 0;
-        f->snap_score = k->snap_n > 0 && s->n_computed < k->prompt ? s->req->snap_score : NULL;
+    const int h2o = k->recent > 0 && k->policy == ENGINE_KV_H2O;
+    if (k->snap_row > 0 && (h2o || (snap_pending(s) && s->n_computed < k->prompt))) {
+        f->snap_score = s->req->snap_score;
         f->snap_from = k->snap_from;
-        f->snap_n = k->snap_n;
-        return;
+        f->snap_n = k->snap_row;
     }
+    if (snap_pending(s))
+        return; /* the whole cache */
     f->kv_sink_blocks = k->sink_blocks;
     f->kv_recent = k->recent;
 }
 
 static size_t snap_score_floats(const engine *e, const eng_kvb *k)
 {
-    return (size_t)e->m->hp.n_layers * (size_t)e->fwd.kv.n_kv_heads * (size_t)k->snap_n;
+    return (size_t)e->m->hp.n_layers * (size_t)e->fwd.kv.n_kv_heads * (size_t)k->snap_row;
 }
 
 size_t engine_kvb_bytes(const engine *e, const eng_kvb *k)
 {
-    if (k->recent <= 0 || k->policy != ENGINE_KV_SNAPKV || k->snap_n == 0)
+    if (k->recent <= 0 || k->policy == ENGINE_KV_SINKS || k->snap_row == 0)
         return 0;
     const size_t keep = (size_t)k->sink_blocks * (size_t)e->cfg.block_size;
     return snap_score_floats(e, k) * sizeof(float) +
            (size_t)e->m->hp.n_layers * (size_t)e->fwd.kv.n_kv_heads * keep * sizeof(int32_t) +
-           (size_t)k->snap_n * sizeof(uint64_t) + (size_t)k->sink_blocks * sizeof(int32_t);
+           (size_t)k->snap_row * sizeof(uint64_t) + (size_t)(2 * k->sink_blocks + 1) * sizeof(int32_t);
 }
 
 void engine_kvb_place(const engine *e, eng_req *r, void *p)
@@ -373,7 +335,7 @@ void engine_kvb_place(const engine *e, eng_req *r, void *p)
         return;
     const size_t keep = (size_t)r->kvb.sink_blocks * (size_t)e->cfg.block_size;
     r->snap_keys = p; /* 8-byte aligned first */
-    r->snap_score = (float *)(void *)(r->snap_keys + r->kvb.snap_n);
+    r->snap_score = (float *)(void *)(r->snap_keys + r->kvb.snap_row);
     r->snap_sel = (int32_t *)(void *)(r->snap_score + snap_score_floats(e, &r->kvb));
     r->snap_blocks = r->snap_sel + (size_t)e->m->hp.n_layers * (size_t)e->fwd.kv.n_kv_heads * keep;
 }
@@ -381,6 +343,8 @@ void engine_kvb_place(const engine *e, eng_req *r, void *p)
 void engine_kvb_reset(const engine *e, eng_seq *s)
 {
     s->kvb_done = 0;
+    s->kvb_own = 0;
+    s->kvb_wb = 0;
     if (s->req->snap_score)
         memset(s->req->snap_score, 0, snap_score_floats(e, &s->req->kvb) * sizeof(float));
 }

@@ -62,6 +62,8 @@ int engine_req_create(engine *e, const engine_request *rq, const eng_kvb *kvb,
     r->ctx = ctx;
     r->arrival = engine_now();
     r->kvb = *kvb;
+    if (kvb->recent > 0 && kvb->policy == ENGINE_KV_H2O)
+        r->p.no_spec = 1; /* a step's tokens share one window (engine_kvb_chunk) */
     engine_kvb_place(e, r, (char *)r + snap_at);
     int rc = engine_seq_setup(e, r, 0);
     if (rc) {

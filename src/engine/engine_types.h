@@ -119,7 +119,8 @@ typedef struct engine_config {
      * same units; 0: none) and their sink tokens (0: ENGINE_KV_DEFAULT_SINKS) */
     double kv_budget;
     int32_t kv_sinks;
-    int32_t kv_policy; /* ENGINE_KV_SNAPKV: their policy (requests with n 1; 0: sinks) */
+    int32_t kv_policy; /* ENGINE_KV_SNAPKV or _H2O: their policy (requests with n 1;
+                        * 0: sinks) */
 } engine_config;
 
 enum { ENGINE_SPEC_OFF = 0, ENGINE_SPEC_NGRAM = 1, ENGINE_SPEC_DRAFT = 2 };
@@ -189,12 +190,15 @@ typedef struct engine_request {
                               * FULL (no budget, the engine's default ignored; a
                               * kv_budget with it is refused) or SNAPKV (the whole
                               * prompt attended, then per KV head the positions its
-                              * last tokens attend to most kept: engine_kvbudget.c) */
+                              * last tokens attend to most kept) or H2O (likewise by
+                              * every token's attention, heavy hitters updated as
+                              * the window moves): engine_kvsel.c */
     int32_t kv_sinks;        /* sink tokens kept (0: engine_config.kv_sinks, else
                               * ENGINE_KV_DEFAULT_SINKS), rounded up to whole blocks */
 } engine_request;
 
-enum { ENGINE_KV_DEFAULT = 0, ENGINE_KV_SINKS = 1, ENGINE_KV_FULL = 2, ENGINE_KV_SNAPKV = 3 };
+enum { ENGINE_KV_DEFAULT = 0, ENGINE_KV_SINKS = 1, ENGINE_KV_FULL = 2, ENGINE_KV_SNAPKV = 3,
+       ENGINE_KV_H2O = 4 };
 #define ENGINE_KV_SNAP_WINDOW 32 /* SnapKV's observation window (prompt tokens) */
 #define ENGINE_KV_SNAP_POOL 7    /* its max-pooling kernel (positions) */
 #define ENGINE_KV_DEFAULT_SINKS 4

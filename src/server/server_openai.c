@@ -570,7 +570,7 @@ static int parse_lengths(const srv_oai_ctx *ctx, json_t *o, srv_gen_req *r, srv_
 }
 
 /* kv_budget (tokens, or a fraction of the context in (0, 1)), kv_policy
- * ("sinks", "snapkv", or "full": none, whatever --kv-budget says), kv_sinks. */
+ * ("sinks", "snapkv", "h2o", or "full": none, whatever --kv-budget says), kv_sinks. */
 static int parse_kv_budget(json_t *o, engine_request *er, srv_error *e)
 {
     json_t *p = json_object_get(o, "kv_policy");
@@ -583,11 +583,10 @@ static int parse_kv_budget(json_t *o, engine_request *er, srv_error *e)
         else if (!strcmp(v, "snapkv"))
             er->kv_policy = ENGINE_KV_SNAPKV;
         else if (!strcmp(v, "h2o"))
-            return srv_error_set(e, 400, "kv_policy", "'kv_policy' '%s' is not implemented "
-                                 "(implemented: 'sinks', 'snapkv', 'full')", v);
+            er->kv_policy = ENGINE_KV_H2O;
         else
-            return srv_error_set(e, 400, "kv_policy", "'kv_policy' must be 'sinks', 'snapkv' "
-                                 "or 'full'");
+            return srv_error_set(e, 400, "kv_policy", "'kv_policy' must be 'sinks', 'snapkv', "
+                                 "'h2o' or 'full'");
     }
     double b = 0.0;
     int rc = get_num(o, "kv_budget", 0.0, 1e12, 1, &b, e);

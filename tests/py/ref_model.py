@@ -118,7 +118,9 @@ class RefModel:
         self.kv_budget = None   # (sinks, recent, block size): the KV-budget mask (attend)
         # kvant's snapkv policy (attend): dict(prompt, obs_from, n, keep, recent, bs, pool)
         self.snapkv = None
-        self.snap_gaps: list[float] = []   # each selection's margin (snap_keep)
+        # kvant's h2o policy (attend): dict(prompt, keep, recent, bs, sink_blocks)
+        self.h2o = None
+        self.snap_gaps: list[float] = []   # each selection's margin (snap_keep, _h2o_probs)
         self.base_l = [self.freq_base] * nl
         self.scale_l = [self.rope_scale] * nl
         win = int(g("attention.sliding_window", 4096 if a == "gemma2" else 0))
@@ -268,6 +270,9 @@ class RefModel:
             lo = i - R + 1
             wb = np.maximum(np.where(lo > 0, lo // bs, 0), S // bs)
             masked |= (j >= S) & (j < wb * bs)
+        if self.h2o and n > self.h2o["prompt"]:
+            pr = self._h2o_probs(s, group, n)
+            return np.einsum("hqk,khd->qhd", pr, vh).reshape(n, nh * hd)
         if self.snapkv and n > self.snapkv["prompt"]:
             masked = self._snap_mask(s, masked, group, n)
         s = s + np.where(masked, -np.inf, 0.0).astype(self.dt)
@@ -298,6 +303,73 @@ class RefModel:
             v = np.sort(row)[::-1]
             self.snap_gaps.append(0.0 if v[k - 1] == v[k] else float((v[k - 1] - v[k]) / v[k - 1]))
         return [np.sort(np.lexsort((np.arange(nc), -row))[:c["keep"]]) for row in pooled]
+
+    def _gap(self, v: np.ndarray, k: int) -> None:
+        v = np.sort(v)[::-1]
+        self.snap_gaps.append(0.0 if v[k - 1] == v[k] else float((v[k - 1] - v[k]) / v[k - 1]))
+
+    def _h2o_probs(self, s: np.ndarray, group: int, n: int) -> np.ndarray:
+        """h2o, row by row: the prompt causal, its every token's probabilities summed per KV head;
+        at its end the `keep` highest positions before the window are kept (ties: the lower);
+        a later row i reads the kept positions and [wb(i) bs, i], wb(i) = max(S, (i - R + 1) //
+        bs) (plain causal while wb(i) <= S), adds its probabilities; each block leaving the window
+        is merged: of the kept (slot order) and the block's rows, the `keep` highest stay (ties:
+        the lower index), a kept one in its slot, the block's entering the freed slots in order."""
+        c = self.h2o
+        lp, keep, R, bs, S = c["prompt"], c["keep"], c["recent"], c["bs"], c["sink_blocks"]
+        nh = s.shape[0]
+        nkv = nh // group
+        pr = np.zeros_like(s)
+        causal = np.arange(n)[None, :] > np.arange(lp)[:, None]
+        x = np.where(causal[None], -np.inf, s[:, :lp, :])
+        x = np.exp(x - x.max(-1, keepdims=True))
+        pr[:, :lp, :] = x / x.sum(-1, keepdims=True)
+        acc = pr[:, :lp, :].sum(1).reshape(nkv, group, n).sum(1)      # [nkv][n] by position
+
+        def first(m: int) -> int:
+            lo = m - R + 1
+            return max(S, lo // bs if lo > 0 else 0)
+
+        wb = first(lp)
+        if wb > S:
+            heavy = []
+            for kh in range(nkv):
+                self._gap(acc[kh, :wb * bs], keep)
+                heavy.append(np.sort(np.lexsort((np.arange(wb * bs), -acc[kh, :wb * bs]))[:keep]))
+            slot = [acc[kh, heavy[kh]].copy() for kh in range(nkv)]
+            own = True
+        else:
+            heavy = [np.arange(keep) for _ in range(nkv)]
+            slot = [None] * nkv
+            own = False
+        for i in range(lp, n):
+            wi = first(i)
+            for h in range(nh):
+                kh = h // group
+                cols = np.arange(i + 1) if wi <= S else np.concatenate([heavy[kh], np.arange(wi * bs, i + 1)])
+                z = s[h, i, cols]
+                z = np.exp(z - z.max())
+                z /= z.sum()
+                pr[h, i, cols] = z
+                if own:
+                    slot[kh] += z[:keep]
+                    acc[kh, wi * bs:i + 1] += z[keep:]
+                else:
+                    acc[kh, cols] += z
+            while wb < first(i + 1):
+                for kh in range(nkv):
+                    sc = slot[kh] if own else acc[kh, :keep].copy()
+                    cand = np.concatenate([sc, acc[kh, wb * bs:(wb + 1) * bs]])
+                    pos = np.concatenate([heavy[kh], np.arange(wb * bs, (wb + 1) * bs)])
+                    self._gap(cand, keep)
+                    chosen = np.sort(np.lexsort((np.arange(len(cand)), -cand))[:keep])
+                    stay = set(int(x) for x in chosen if x < keep)
+                    enter = iter(int(x) for x in chosen if x >= keep)
+                    pick = np.array([j if j in stay else next(enter) for j in range(keep)])
+                    heavy[kh], slot[kh] = pos[pick], cand[pick]
+                own = True
+                wb += 1
+        return pr
 
     def _snap_mask(self, s: np.ndarray, masked: np.ndarray, group: int, n: int) -> np.ndarray:
         """Per head mask: the prompt's rows causal; a later row i reads the kept positions of its

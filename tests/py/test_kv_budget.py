@@ -178,7 +178,8 @@ def test_prefix_cache_separates_masks(server, model):
     ({"kv_policy": "snapkv", "kv_budget": 96, "kv_sinks": 4}, "kv_sinks"),
     ({"kv_policy": "snapkv", "kv_budget": 96, "n": 2}, "n"),
     ({"kv_policy": "snapkv"}, "kv_budget"),
-    ({"kv_policy": "h2o", "kv_budget": 96}, "kv_policy"),
+    ({"kv_policy": "h2o", "kv_budget": 96, "n": 2}, "n"),
+    ({"kv_policy": "h2o", "kv_budget": 96, "kv_sinks": 8}, "kv_sinks"),
     ({"kv_policy": "lru"}, "kv_policy"),
     ({"kv_policy": "full", "kv_budget": 96}, "kv_budget"),
     ({"kv_policy": "sinks"}, "kv_budget"),               # no budget to keep

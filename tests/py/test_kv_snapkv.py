@@ -119,9 +119,9 @@ def test_decode_matches_reference(server, model):
     assert err["sinks"] > 1e-2 and err["full"] > 1e-2, err
 
 
-def _gen(url, k: int):
+def _gen(url, k: int, policy: str = "snapkv"):
     body = dict(prompt=_ids(150 + 9 * k, 30 + k), max_tokens=48, temperature=1.5, seed=k,
-                logprobs=2, ignore_eos=True, kv_budget=BUDGET, kv_policy="snapkv")
+                logprobs=2, ignore_eos=True, kv_budget=BUDGET, kv_policy=policy)
     c = _ok(url, **body)["choices"][0]
     return [c["text"], c["logprobs"]["tokens"], c["logprobs"]["token_logprobs"]]
 
@@ -133,16 +133,17 @@ def _metric(url: str, name: str) -> float:
     raise AssertionError(f"{name} not on /metrics")
 
 
-def test_batch_invariance_and_preemption(kvant_bin, model, server):
-    alone = [_gen(server.url, k) for k in range(5)]
+@pytest.mark.parametrize("policy", ["snapkv", "h2o"])
+def test_batch_invariance_and_preemption(kvant_bin, model, server, policy):
+    alone = [_gen(server.url, k, policy) for k in range(5)]
     with cf.ThreadPoolExecutor(5) as ex:
-        batch = list(ex.map(lambda k: _gen(server.url, k), range(5)))
+        batch = list(ex.map(lambda k: _gen(server.url, k, policy), range(5)))
     assert batch == alone
     # 64 blocks: five prompts of 19-28 blocks do not fit at once; preempted ones recompute
     small = _server(kvant_bin, model, 64)
     try:
         with cf.ThreadPoolExecutor(5) as ex:
-            tight = list(ex.map(lambda k: _gen(small.url, k), range(5)))
+            tight = list(ex.map(lambda k: _gen(small.url, k, policy), range(5)))
         pre = _metric(small.url, "kvant_num_preemptions_total")
         dropped = _metric(small.url, "kvant_kv_budget_blocks_dropped_total")
         mem = httpx.get(small.url + "/v1/memory", timeout=30).json()["kv"]
@@ -217,3 +218,38 @@ def test_server_default_policy(kvant_bin, model, server):
         srv.stop()
     assert got["choices"][0]["logprobs"] == want["choices"][0]["logprobs"]
     assert [c["logprobs"] for c in two["choices"]] == [c["logprobs"] for c in sinks["choices"]]
+
+
+def _h2o_ref(model: str, n_prompt: int) -> RefModel:
+    ref = RefModel(model)
+    ref.h2o = dict(prompt=n_prompt, keep=KEEP, recent=RECENT, bs=BS, sink_blocks=KEEP // BS)
+    return ref
+
+
+@pytest.mark.parametrize("n_prompt", [N_PROMPT, 60])
+def test_h2o_decode_matches_reference(server, model, n_prompt):
+    """h2o: the prompt's every token's attention chooses the kept rows, every decode step's
+    attention adds to them, and each block leaving the window is merged into them.  A 200-token
+    prompt compacts at its end; a 60-token one fits the kept rows and the window, and its first
+    merge comes while decoding (its sink blocks become its own copies then)."""
+    prompt, n = _ids(n_prompt, 22), 40 if n_prompt == N_PROMPT else 110
+    got = _ok(server.url, prompt=prompt, max_tokens=n, temperature=0, logprobs=1, ignore_eos=True,
+              kv_budget=BUDGET, kv_policy="h2o")
+    lp = np.array(got["choices"][0]["logprobs"]["token_logprobs"], dtype=np.float64)
+    assert len(lp) == n
+    out = {}
+    for mode in ("h2o", "sinks"):
+        ref = _h2o_ref(model, n_prompt) if mode == "h2o" else _ref(model, "sinks", n_prompt)
+        seq, best = list(prompt), []
+        for _ in range(n):
+            ls = _log_softmax(ref.forward(seq)[-1])
+            seq.append(int(ls.argmax()))
+            best.append(float(ls.max()))
+        out[mode] = np.array(best)
+        if mode == "h2o":
+            gaps = [g for g in ref.snap_gaps if g > 0]
+            assert not gaps or min(gaps) > 1e-4, min(gaps)
+    err = {m: float(np.abs(lp - out[m]).max()) for m in out}
+    print(f"h2o prompt {n_prompt}, max |kvant - ref|:", {m: f"{v:.2e}" for m, v in err.items()})
+    assert err["h2o"] < 1e-3, err
+    assert err["sinks"] > 1e-2, err

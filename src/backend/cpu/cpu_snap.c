@@ -1,8 +1,10 @@
 /* cpu_snap.c - the CPU backend's ops for a KV budget's SnapKV policy
  * (backend.h kv_score, kv_compact; engine_kvbudget.c decides when).
  *
- * kv_score: the observation window's attention probabilities, per layer
- * and KV head, summed into the sequence's score rows.  One claim is one
+ * kv_score: attention probabilities (snapkv: the observation window's;
+ * h2o: every token's), per layer and KV head, summed into the sequence's
+ * score rows, indexed as the token reads (under a KV budget's mask its
+ * gathered table: the kept rows, then the window).  One claim is one
  * (sequence, KV head): its tokens are added in batch order, its query
  * heads in order, so the sums do not depend on threads or on how the
  * prompt was chunked.  Two passes over the keys (the softmax's maximum
@@ -45,15 +47,20 @@ static float score_logit(const score_job *j, const dtype_traits *tr, const int32
     return attn_softcap(tr->vec_dot(cb->kv.head_dim, k, q) * j->ap.scale, j->ap.softcap);
 }
 
-/* Token t's query heads of KV head h into row (its sequence's). */
-static void score_token(const score_job *j, int32_t t, int32_t h, float *row)
+/* Token t's query heads of KV head h into row (its sequence's), indexed
+ * as the token reads (a KV budget's gathered table: its sink rows, then
+ * its window; else the positions). */
+static void score_token(const score_job *j, int32_t t, int32_t h, float *row, int32_t *vt)
 {
     cpu_backend *cb = j->cb;
     const fwd_batch *b = cb->batch;
     const fwd_seq *s = &b->seqs[b->seq[t]];
     const dtype_traits *tr = dtype_get(cb->kv.dtype);
-    const int32_t *table = kv_table(cb, s, j->il);
-    const int32_t n_pos = b->pos[t] + 1, group = j->n_heads / j->n_kv;
+    int32_t n_pos;
+    const int32_t *table = cpu_kv_budget_table(kv_table(cb, s, j->il), cb->kv.block_size,
+                                               s->kv_sink_blocks, s->kv_recent, b->pos[t], vt,
+                                               &n_pos);
+    const int32_t group = j->n_heads / j->n_kv;
     const int32_t n = s->snap_n < n_pos ? s->snap_n : n_pos;
     const size_t off = head_off(cb, h);
     for (int32_t g = 0; g < group; g++) {
@@ -78,6 +85,7 @@ static void score_worker(int ith, int nth, void *arg)
 {
     score_job *j = arg;
     const fwd_batch *b = j->cb->batch;
+    int32_t vt[BACKEND_KV_BUDGET_BLOCKS]; /* 32 KiB of this worker's stack */
     (void)ith, (void)nth;
     for (;;) {
         const long k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
@@ -90,7 +98,7 @@ static void score_worker(int ith, int nth, void *arg)
         float *row = s->snap_score + ((int64_t)j->il * j->cb->kv.n_kv_heads + h) * s->snap_n;
         for (int32_t t = 0; t < b->n_tokens; t++)
             if (b->seq[t] == si && b->pos[t] >= s->snap_from)
-                score_token(j, t, h, row);
+                score_token(j, t, h, row, vt);
     }
 }
 
@@ -123,9 +131,12 @@ void cpu_kv_compact(backend *be, const int32_t *src, const int32_t *dst, const i
             const int32_t *pos = sel + ((int64_t)il * n_kv + h) * n;
             const size_t off = head_off(cb, h);
             for (int32_t v = 0; v < 2; v++)
-                for (int32_t r = 0; r < n; r++)
-                    memcpy(kv_row(cb, il, dst[r / bs], r % bs, v) + off,
-                           kv_row(cb, il, src[pos[r] / bs], pos[r] % bs, v) + off, bytes);
+                for (int32_t r = 0; r < n; r++) {
+                    uint8_t *d = kv_row(cb, il, dst[r / bs], r % bs, v) + off;
+                    const uint8_t *a = kv_row(cb, il, src[pos[r] / bs], pos[r] % bs, v) + off;
+                    if (d != a) /* in place: a row that stays */
+                        memcpy(d, a, bytes);
+                }
         }
     }
 }
