@@ -224,12 +224,12 @@ static void test_tiers(model *m, const result *ref)
     engine_destroy(e);
 }
 
-/* SnapKV (budget 160, bs 16: step 32, window 48, 3 kept blocks): prompts
+/* snapkv or h2o (budget 160, bs 16: step 32, window 48, 3 kept blocks): prompts
  * 0 and 1 fit the kept blocks and the window (nothing chosen), 2-5 are
  * compacted.  Bitwise the same in steps of 16 and 256 and in a batch of six
  * under preemption (recomputed: the same selection); the compacted ones
  * differ from the full cache and from the sinks policy; blocks go back. */
-static void test_snapkv(model *m, const result *sinks, result *a)
+static void test_snapkv(model *m, const result *sinks, result *a, int32_t pol)
 {
     result b[N_REQ], batch[N_REQ], full;
     engine *e = mk(m, 0, 16), *eb = mk(m, 0, 256), *small = mk(m, 24, 64);
@@ -237,11 +237,11 @@ static void test_snapkv(model *m, const result *sinks, result *a)
     kvant_err err = {0};
     memset(batch, 0, sizeof batch);
     for (int i = 0; i < N_REQ; i++) {
-        alone_pol(e, i, 160, ENGINE_KV_SNAPKV, &a[i]);
-        alone_pol(eb, i, 160, ENGINE_KV_SNAPKV, &b[i]);
+        alone_pol(e, i, 160, pol, &a[i]);
+        alone_pol(eb, i, 160, pol, &b[i]);
         CHECKF(same(&a[i], &b[i]), "snapkv %d: steps of 16 and 256 differ", i);
         engine_request r = req(p[i], prompt(i, p[i]), 160);
-        r.kv_policy = ENGINE_KV_SNAPKV;
+        r.kv_policy = pol;
         CHECKF(engine_submit(small, &r, on_event, &batch[i], &err) > 0, "submit: %s", err.msg);
     }
     run(small, batch, N_REQ);
@@ -261,11 +261,11 @@ static void test_snapkv(model *m, const result *sinks, result *a)
     engine_destroy(small);
 }
 
-/* SnapKV with a host tier (swap on preemption): a batch gives the outputs
- * of test_snapkv (its compacted blocks are not in the tiers: recomputed);
- * the prompt's blocks come back from the host as a prefix hit, up to the
- * observation window. */
-static void test_snapkv_tiers(model *m, const result *a)
+/* snapkv or h2o with a host tier (swap on preemption): a batch gives the
+ * outputs of test_snapkv (compacted blocks are not in the tiers:
+ * recomputed); snapkv's prompt blocks come back from the host as a prefix
+ * hit, up to the observation window (h2o scores every prompt token: none). */
+static void test_snapkv_tiers(model *m, const result *a, int32_t pol)
 {
     kvant_err err = {0};
     engine *e = mk_tier(m, 24);
@@ -276,7 +276,7 @@ static void test_snapkv_tiers(model *m, const result *a)
     memset(batch, 0, sizeof batch);
     for (int i = 0; i < N_REQ; i++) {
         engine_request r = req(p[i], prompt(i, p[i]), 160);
-        r.kv_policy = ENGINE_KV_SNAPKV;
+        r.kv_policy = pol;
         CHECKF(engine_submit(e, &r, on_event, &batch[i], &err) > 0, "submit: %s", err.msg);
     }
     run(e, batch, N_REQ);
@@ -286,15 +286,19 @@ static void test_snapkv_tiers(model *m, const result *a)
     for (int i = 0; i < N_REQ; i++)
         CHECKF(same(&batch[i], &a[i]), "snapkv %d: swapped batch differs", i);
     for (int i = 0; i < 3; i++) /* evict request 5's cached prompt blocks */
-        alone_pol(e, i, 160, ENGINE_KV_SNAPKV, &x);
+        alone_pol(e, i, 160, pol, &x);
     engine_tier_stats t0, t1;
     engine_get_tier_stats(e, &t0);
-    alone_pol(e, 5, 160, ENGINE_KV_SNAPKV, &again);
+    alone_pol(e, 5, 160, pol, &again);
     engine_get_tier_stats(e, &t1);
     const uint64_t host = t1.hit_tokens[KVTIER_HOST] - t0.hit_tokens[KVTIER_HOST];
-    CHECKF(same(&again, &a[5]) && again.cached >= 96 && again.cached <= 155 - 32 && host > 0,
-           "snapkv tier hit: cached %lld, %llu from host", (long long)again.cached,
-           (unsigned long long)host);
+    if (pol == ENGINE_KV_H2O) /* every prompt token is scored: no prefix hit */
+        CHECKF(same(&again, &a[5]) && again.cached == 0, "h2o: cached %lld",
+               (long long)again.cached);
+    else
+        CHECKF(same(&again, &a[5]) && again.cached >= 96 && again.cached <= 155 - 32 &&
+                   host > 0, "snapkv tier hit: cached %lld, %llu from host",
+               (long long)again.cached, (unsigned long long)host);
     engine_destroy(e);
 }
 
@@ -321,6 +325,8 @@ static void test_fits_and_refusals(model *m)
         {120, ENGINE_KV_SNAPKV, 0, "kv_budget:"}, /* no block left to keep */
         {160, ENGINE_KV_SNAPKV, 4, "kv_sinks:"},
         {0, ENGINE_KV_SNAPKV, 0, "kv_budget:"},
+        {160, ENGINE_KV_H2O, 4, "kv_sinks:"},
+        {128, 5, 0, "kv_policy:"},
     };
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
         engine_request r = req(p, n, bad[k].budget);
@@ -343,9 +349,13 @@ int main(void)
         static result ref[N_REQ];
         test_invariance(m, ref);
         test_tiers(m, ref);
-        static result snap[N_REQ];
-        test_snapkv(m, ref, snap);
-        test_snapkv_tiers(m, snap);
+        static result snap[N_REQ], h2o[N_REQ];
+        test_snapkv(m, ref, snap, ENGINE_KV_SNAPKV);
+        test_snapkv_tiers(m, snap, ENGINE_KV_SNAPKV);
+        test_snapkv(m, ref, h2o, ENGINE_KV_H2O);
+        test_snapkv_tiers(m, h2o, ENGINE_KV_H2O);
+        for (int i = 2; i < N_REQ; i++)
+            CHECKF(!same(&snap[i], &h2o[i]), "request %d: snapkv and h2o alike", i);
         test_fits_and_refusals(m);
         model_free(m);
     }
