@@ -228,6 +228,45 @@ int cli_parse_float(const char *opt, const char *s, double lo, double hi, double
     return 0;
 }
 
+/* --kv-budget, --kv-sinks, --kv-policy. */
+static int parse_kv_budget_opt(cli_common *c, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i], *v;
+    long n = 0;
+    if (!strcmp(a, "--kv-budget")) {
+        char *end = NULL;
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        double d = strtod(v, &end);
+        if (end == v || *end || !(d > 0.0) || !isfinite(d) || (d >= 1.0 && d != floor(d))) {
+            fprintf(stderr, "kvant: --kv-budget: '%s' is not a token count (>= 1) or a "
+                            "fraction in (0, 1)\n", v);
+            return -1;
+        }
+        c->kv_budget = d;
+        return 1;
+    }
+    if (!strcmp(a, "--kv-sinks")) {
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, 1, 1 << 20, &n))
+            return -1;
+        c->kv_sinks = (int)n;
+        return 1;
+    }
+    if (!strcmp(a, "--kv-policy")) {
+        if (!(v = cli_value(argc, argv, i)))
+            return -1;
+        if (strcmp(v, "sinks") && strcmp(v, "snapkv") && strcmp(v, "h2o")) {
+            fprintf(stderr, "kvant: --kv-policy: '%s' is not sinks, snapkv or h2o\n", v);
+            return -1;
+        }
+        c->kv_policy = !strcmp(v, "sinks")    ? ENGINE_KV_SINKS
+                       : !strcmp(v, "snapkv") ? ENGINE_KV_SNAPKV
+                                              : ENGINE_KV_H2O;
+        return 1;
+    }
+    return 0;
+}
+
 /* -m, -t, the dtypes, backend and device, and the on/off flags. */
 static int parse_model_opt(cli_common *c, int argc, char **argv, int *i)
 {
@@ -268,37 +307,6 @@ static int parse_model_opt(cli_common *c, int argc, char **argv, int *i)
     }
     if (!strcmp(a, "--kv-rotate")) {
         c->kv_rotate = 1;
-        return 1;
-    }
-    if (!strcmp(a, "--kv-budget")) {
-        char *end = NULL;
-        if (!(v = cli_value(argc, argv, i)))
-            return -1;
-        double d = strtod(v, &end);
-        if (end == v || *end || !(d > 0.0) || !isfinite(d) || (d >= 1.0 && d != floor(d))) {
-            fprintf(stderr, "kvant: --kv-budget: '%s' is not a token count (>= 1) or a "
-                            "fraction in (0, 1)\n", v);
-            return -1;
-        }
-        c->kv_budget = d;
-        return 1;
-    }
-    if (!strcmp(a, "--kv-sinks")) {
-        if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, 1, 1 << 20, &n))
-            return -1;
-        c->kv_sinks = (int)n;
-        return 1;
-    }
-    if (!strcmp(a, "--kv-policy")) {
-        if (!(v = cli_value(argc, argv, i)))
-            return -1;
-        if (strcmp(v, "sinks") && strcmp(v, "snapkv") && strcmp(v, "h2o")) {
-            fprintf(stderr, "kvant: --kv-policy: '%s' is not sinks, snapkv or h2o\n", v);
-            return -1;
-        }
-        c->kv_policy = !strcmp(v, "sinks")    ? ENGINE_KV_SINKS
-                       : !strcmp(v, "snapkv") ? ENGINE_KV_SNAPKV
-                                              : ENGINE_KV_H2O;
         return 1;
     }
     if (!strcmp(a, "--backend")) {
@@ -453,6 +461,8 @@ static int parse_parallel_opt(cli_common *c, int argc, char **argv, int *i)
 int cli_common_parse(cli_common *c, int argc, char **argv, int *i)
 {
     int rc = parse_model_opt(c, argc, argv, i);
+    if (rc == 0)
+        rc = parse_kv_budget_opt(c, argc, argv, i);
     if (rc == 0)
         rc = parse_memory_opt(c, argc, argv, i);
     if (rc == 0)

@@ -1,4 +1,4 @@
-"""A per-request KV budget under the snapkv policy (docs/KV.md): the prompt is computed with the
+"""A per-request KV budget under the snapkv and h2o policies (docs/KV.md).  snapkv: the prompt is computed with the
 whole cache; its last 32 tokens' attention probabilities, per layer and KV head, summed over the
 window's queries and the head's query heads and max-pooled (kernel 7), choose which positions
 before the decode window each (layer, KV head) keeps; the kept rows are copied into fresh blocks
@@ -12,6 +12,11 @@ the window; kvant's reference path (--exact, f32 K/V) must agree with it
   * on the prompt's log-probabilities (the whole cache: the unmasked reference),
   * on a greedy generation past the prompt, every step's chosen log-probability,
 and the reference with the sinks mask of the same budget, and the full cache, must disagree.
+
+h2o (RefModel.h2o runs kvant's algorithm row by row in float64): every prompt token's probabilities
+choose the kept rows, every decode step's add to them, each block leaving the window is merged
+into them; compared the same way after a prompt compacted at its end and after a short one whose
+first merge comes while decoding.
 
 Also: alone, in a batch, and under preemption (recomputed: the same selection) the same output;
 usage.kv_blocks within the budget after the prompt; prefix-cache hits between snapkv and full
