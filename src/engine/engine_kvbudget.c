@@ -27,25 +27,13 @@
  * the window as it loads (engine_tier.c).  Not with the window layer group,
  * --tp/--pp or another backend than the CPU (refused at submit).
  *
- * SnapKV: the prompt is computed with the whole cache (its blocks are
- * those of any request, unsalted), and its last ENGINE_KV_SNAP_WINDOW
- * tokens add their attention probabilities per layer and KV head
- * (backend kv_score).  Once the prompt is in (a chunk never crosses its
- * end), each (layer, KV head) keeps the sink_blocks * bs positions before
- * the window with the highest max-pooled scores (ties: the lower
- * position), copied into fresh blocks that become the sink blocks
- * (backend kv_compact, kvseq_set_head); the rest behind the window goes
- * back.  From then on it is the sinks mask, and no block is hashed (what
- * the sink blocks hold is no longer a prefix).  The selection is a
- * function of the prompt alone, so a preempted sequence recomputes the
- * same: the prompt, the compaction, then its generated tokens.  The
- * compaction's blocks are counted when the prompt's last chunk is
- * scheduled (engine_kvb_extra).
+ * snapkv and h2o: the prompt with the whole cache, then the kept rows
+ * chosen by attention scores become the sink blocks (engine_kvsel.c); this
+ * file resolves their split of the budget, their mask and their steps.
  */
 #include "engine/engine_internal.h"
 
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 /* The step cap: a sixteenth of the budget in whole blocks, at least 32
@@ -207,16 +195,6 @@ uint64_t engine_kvb_salt(const eng_kvb *k, uint64_t salt)
     return x ^ (x >> 31);
 }
 
-static int32_t first_read(const eng_kvb *k, int64_t n, int32_t bs)
-{
-    return engine_kvb_first(k, n, bs);
-}
-
-static int snap_pending(const eng_seq *s)
-{
-    return engine_kvb_pending(s);
-}
-
 void engine_kvb_drop(engine *e, eng_seq *s)
 {
     if (s->req->kvb.recent > 0 && s->req->kvb.policy != ENGINE_KV_SINKS)
@@ -227,10 +205,10 @@ void engine_kvb_drop(engine *e, eng_seq *s)
 void engine_kvb_drop_at(engine *e, eng_seq *s, int64_t at)
 {
     const eng_kvb *k = &s->req->kvb;
-    if (k->recent <= 0 || snap_pending(s))
+    if (k->recent <= 0 || engine_kvb_pending(s))
         return;
     int32_t n = kvseq_drop_range(e->pool, &s->kv, k->sink_blocks,
-                                 first_read(k, at, e->cfg.block_size));
+                                 engine_kvb_first(k, at, e->cfg.block_size));
     if (n) {
         pthread_mutex_lock(&e->mu);
         e->stats.kv_budget_dropped += (uint64_t)n;
@@ -242,10 +220,11 @@ int64_t engine_kvb_stored(const engine *e, const eng_seq *s)
 {
     const eng_kvb *k = &s->req->kvb;
     const int64_t n = s->kv.n_tokens;
-    if (k->recent <= 0 || n == 0 || snap_pending(s))
+    if (k->recent <= 0 || n == 0 || engine_kvb_pending(s))
         return n;
     const int32_t bs = e->cfg.block_size;
-    return n - (int64_t)(first_read(k, n, bs) - k->sink_blocks) * bs; /* engine_kvb_drop_at(n) */
+    /* what engine_kvb_drop_at(n) leaves */
+    return n - (int64_t)(engine_kvb_first(k, n, bs) - k->sink_blocks) * bs;
 }
 
 int64_t engine_kvb_match(engine *e, eng_seq *s)
@@ -271,15 +250,15 @@ int32_t engine_kvb_chunk(const eng_seq *s, int32_t chunk)
     const eng_kvb *k = &s->req->kvb;
     if (k->recent <= 0)
         return chunk;
-    if (snap_pending(s)) { /* the prompt's end closes a step: the compaction follows it */
+    if (engine_kvb_pending(s)) { /* the prompt's end closes a step: the compaction follows it */
         const int64_t left = k->prompt - s->n_computed;
         return left > 0 && chunk > left ? (int32_t)left : chunk;
     }
     chunk = chunk > k->step_cap ? k->step_cap : chunk; /* the budget holds a step of at most this */
     if (k->policy == ENGINE_KV_H2O) { /* a step's tokens share their window (the scores' layout) */
-        const int32_t bs = k->bs, wb = first_read(k, s->n_computed, bs);
+        const int32_t bs = k->bs, wb = engine_kvb_first(k, s->n_computed, bs);
         for (int32_t c = 1; c < chunk; c++)
-            if (first_read(k, s->n_computed + c, bs) != wb)
+            if (engine_kvb_first(k, s->n_computed + c, bs) != wb)
                 return c;
     }
     return chunk;
@@ -294,21 +273,21 @@ int32_t engine_kvb_extra(const eng_seq *s, int32_t chunk)
     if (n < k->prompt)
         return 0;
     if (k->policy == ENGINE_KV_SNAPKV)
-        return snap_pending(s) && k->snap_n > 0 ? k->sink_blocks : 0;
+        return engine_kvb_pending(s) && k->snap_n > 0 ? k->sink_blocks : 0;
     /* h2o: its sink blocks become its own at the first merge */
-    return first_read(k, n, k->bs) > k->sink_blocks ? k->sink_blocks : 0;
+    return engine_kvb_first(k, n, k->bs) > k->sink_blocks ? k->sink_blocks : 0;
 }
 
 void engine_kvb_fwd(const eng_seq *s, fwd_seq *f)
 {
     const eng_kvb *k = &s->req->kvb;
     const int h2o = k->recent > 0 && k->policy == ENGINE_KV_H2O;
-    if (k->snap_row > 0 && (h2o || (snap_pending(s) && s->n_computed < k->prompt))) {
+    if (k->snap_row > 0 && (h2o || (engine_kvb_pending(s) && s->n_computed < k->prompt))) {
         f->snap_score = s->req->snap_score;
         f->snap_from = k->snap_from;
         f->snap_n = k->snap_row;
     }
-    if (snap_pending(s))
+    if (engine_kvb_pending(s))
         return; /* the whole cache */
     f->kv_sink_blocks = k->sink_blocks;
     f->kv_recent = k->recent;
