@@ -305,7 +305,8 @@ size_t engine_kvb_bytes(const engine *e, const eng_kvb *k)
     const size_t keep = (size_t)k->sink_blocks * (size_t)e->cfg.block_size;
     return snap_score_floats(e, k) * sizeof(float) +
            (size_t)e->m->hp.n_layers * (size_t)e->fwd.kv.n_kv_heads * keep * sizeof(int32_t) +
-           (size_t)k->snap_row * sizeof(uint64_t) + (size_t)(2 * k->sink_blocks + 1) * sizeof(int32_t);
+           (size_t)k->snap_row * sizeof(uint64_t) +
+           (size_t)(2 * k->sink_blocks + 1) * sizeof(int32_t);
 }
 
 void engine_kvb_place(const engine *e, eng_req *r, void *p)
