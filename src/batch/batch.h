@@ -33,9 +33,11 @@ typedef struct fwd_seq {
      * a position >= snap_from adds, per layer il and KV head h, its
      * attention probabilities (summed over the head's query heads) of the
      * rows it reads, index i < snap_n in reading order, to
-     * snap_score[(il * n_kv_heads + h) * snap_n + i].  NULL: none. */
-    float *snap_score;
-    int32_t snap_from, snap_n;
+     * snap_score[(il * n_kv_heads + h) * snap_n + i].  NULL: none.
+     * snap_tmp: [n_heads][snap_tmp_n] floats the backend uses meanwhile
+     * (query head j's row, snap_tmp_n >= the rows any of its tokens reads). */
+    float *snap_score, *snap_tmp;
+    int32_t snap_from, snap_n, snap_tmp_n;
 } fwd_seq;
 
 typedef struct fwd_batch {

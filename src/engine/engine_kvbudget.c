@@ -284,8 +284,10 @@ void engine_kvb_fwd(const eng_seq *s, fwd_seq *f)
     const int h2o = k->recent > 0 && k->policy == ENGINE_KV_H2O;
     if (k->snap_row > 0 && (h2o || (engine_kvb_pending(s) && s->n_computed < k->prompt))) {
         f->snap_score = s->req->snap_score;
+        f->snap_tmp = s->req->snap_tmp;
         f->snap_from = k->snap_from;
         f->snap_n = k->snap_row;
+        f->snap_tmp_n = s->req->snap_tmp_n;
     }
     if (engine_kvb_pending(s))
         return; /* the whole cache */
@@ -298,12 +300,19 @@ static size_t snap_score_floats(const engine *e, const eng_kvb *k)
     return (size_t)e->m->hp.n_layers * (size_t)e->fwd.kv.n_kv_heads * (size_t)k->snap_row;
 }
 
+/* The most rows a token of the request reads while scored. */
+static int64_t snap_tmp_n(const eng_kvb *k)
+{
+    return k->prompt > k->budget ? k->prompt : k->budget;
+}
+
 size_t engine_kvb_bytes(const engine *e, const eng_kvb *k)
 {
     if (k->recent <= 0 || k->policy == ENGINE_KV_SINKS || k->snap_row == 0)
         return 0;
     const size_t keep = (size_t)k->sink_blocks * (size_t)e->cfg.block_size;
     return snap_score_floats(e, k) * sizeof(float) +
+           (size_t)e->m->hp.n_head * (size_t)snap_tmp_n(k) * sizeof(float) +
            (size_t)e->m->hp.n_layers * (size_t)e->fwd.kv.n_kv_heads * keep * sizeof(int32_t) +
            (size_t)k->snap_row * sizeof(uint64_t) +
            (size_t)(2 * k->sink_blocks + 1) * sizeof(int32_t);
@@ -318,6 +327,8 @@ void engine_kvb_place(const engine *e, eng_req *r, void *p)
     r->snap_score = (float *)(void *)(r->snap_keys + r->kvb.snap_row);
     r->snap_sel = (int32_t *)(void *)(r->snap_score + snap_score_floats(e, &r->kvb));
     r->snap_blocks = r->snap_sel + (size_t)e->m->hp.n_layers * (size_t)e->fwd.kv.n_kv_heads * keep;
+    r->snap_tmp_n = (int32_t)snap_tmp_n(&r->kvb);
+    r->snap_tmp = (float *)(void *)(r->snap_blocks + 2 * r->kvb.sink_blocks + 1);
 }
 
 void engine_kvb_reset(const engine *e, eng_seq *s)

@@ -106,8 +106,9 @@ static void score_range(kvb *x, const float *q, int32_t from, int32_t to, float 
     int32_t toks[N_TOK], pos[N_TOK], seq[N_TOK];
     for (int32_t i = from; i < to; i++)
         toks[i - from] = 0, pos[i - from] = i, seq[i - from] = 0;
-    fwd_seq s = {.block_table = k_table, .n_blocks = 7, .snap_score = score,
-                 .snap_from = OBS_FROM, .snap_n = SNAP_N};
+    static float tmp[N_HEADS * N_TOK];
+    fwd_seq s = {.block_table = k_table, .n_blocks = 7, .snap_score = score, .snap_tmp = tmp,
+                 .snap_from = OBS_FROM, .snap_n = SNAP_N, .snap_tmp_n = N_TOK};
     fwd_batch b = {to - from, toks, pos, seq, 1, &s, 0, NULL, 0};
     x->be->ops->begin_batch(x->be, &b, &err);
     const attn_params ap = {1.0f / sqrtf((float)HD), 0.0f, 0};

@@ -7,8 +7,10 @@
  * gathered table: the kept rows, then the window).  One claim is one
  * (sequence, KV head): its tokens are added in batch order, its query
  * heads in order, so the sums do not depend on threads or on how the
- * prompt was chunked.  Two passes over the keys (the softmax's maximum
- * and sum online, then the probabilities): no scratch.
+ * prompt was chunked.  One pass over the keys, a tile of rows at a time
+ * (each K row dequantized once for all the KV head's query heads, the dots
+ * by the f32 vec_dot of the ISA chosen at start-up), the logits kept in the
+ * sequence's snap_tmp rows, then the softmax over them.
  *
  * kv_compact: bitwise row copies, per layer and KV head, from the
  * sequence's blocks into the blocks the engine took for the kept rows.
@@ -38,13 +40,45 @@ static size_t head_off(const cpu_backend *cb, int32_t h)
     return (size_t)h * (size_t)(cb->kv.head_dim / tr->block_size) * tr->type_size;
 }
 
-static float score_logit(const score_job *j, const dtype_traits *tr, const int32_t *table,
-                         int32_t p, size_t off, const float *q)
+enum { SCORE_ROWS = 16 }; /* K rows dequantized at a time */
+
+/* Query heads h0 .. h0 + ng - 1 of token t (all of one KV head, at q) over
+ * the n_pos rows it reads (table): their logits into x[g] (a tile of rows
+ * at a time, each K row dequantized once for the heads), then exp(x - max)
+ * in place and their sum, then the probabilities of rows < n added into
+ * row, head by head. */
+static void score_heads(const score_job *j, const int32_t *table, size_t off, int32_t n_pos,
+                        int32_t n, const float *q, int32_t ng, float *const *x, float *row)
 {
     cpu_backend *cb = j->cb;
-    const int32_t bs = cb->kv.block_size;
-    const uint8_t *k = kv_row(cb, j->il, table[p / bs], p % bs, 0) + off;
-    return attn_softcap(tr->vec_dot(cb->kv.head_dim, k, q) * j->ap.scale, j->ap.softcap);
+    const int32_t bs = cb->kv.block_size, hd = cb->kv.head_dim;
+    const dtype_traits *tr = dtype_get(cb->kv.dtype), *f32 = dtype_get(DT_F32);
+    float kf[SCORE_ROWS * MODEL_MAX_HEAD_DIM];
+    for (int32_t p0 = 0; p0 < n_pos; p0 += SCORE_ROWS) {
+        const int32_t cnt = n_pos - p0 < SCORE_ROWS ? n_pos - p0 : SCORE_ROWS;
+        for (int32_t r = 0; r < cnt; r++) {
+            const int32_t p = p0 + r;
+            tr->to_float(kv_row(cb, j->il, table[p / bs], p % bs, 0) + off, kf + (size_t)r * hd,
+                         hd);
+        }
+        for (int32_t g = 0; g < ng; g++)
+            for (int32_t r = 0; r < cnt; r++)
+                x[g][p0 + r] = attn_softcap(
+                    f32->vec_dot(hd, kf + (size_t)r * hd, q + (size_t)g * hd) * j->ap.scale,
+                    j->ap.softcap);
+    }
+    for (int32_t g = 0; g < ng; g++) {
+        float m = -INFINITY, l = 0.0f;
+        for (int32_t p = 0; p < n_pos; p++)
+            m = x[g][p] > m ? x[g][p] : m;
+        for (int32_t p = 0; p < n_pos; p++) {
+            x[g][p] = expf(x[g][p] - m);
+            l += x[g][p];
+        }
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        for (int32_t p = 0; p < n; p++)
+            row[p] += x[g][p] * inv;
+    }
 }
 
 /* Token t's query heads of KV head h into row (its sequence's), indexed
@@ -52,32 +86,25 @@ static float score_logit(const score_job *j, const dtype_traits *tr, const int32
  * its window; else the positions). */
 static void score_token(const score_job *j, int32_t t, int32_t h, float *row, int32_t *vt)
 {
+    enum { HEADS = 16 };
     cpu_backend *cb = j->cb;
     const fwd_batch *b = cb->batch;
     const fwd_seq *s = &b->seqs[b->seq[t]];
-    const dtype_traits *tr = dtype_get(cb->kv.dtype);
     int32_t n_pos;
     const int32_t *table = cpu_kv_budget_table(kv_table(cb, s, j->il), cb->kv.block_size,
                                                s->kv_sink_blocks, s->kv_recent, b->pos[t], vt,
                                                &n_pos);
-    const int32_t group = j->n_heads / j->n_kv;
+    const int32_t group = j->n_heads / j->n_kv, hd = cb->kv.head_dim;
     const int32_t n = s->snap_n < n_pos ? s->snap_n : n_pos;
-    const size_t off = head_off(cb, h);
-    for (int32_t g = 0; g < group; g++) {
-        const float *q = j->q + ((int64_t)t * j->n_heads + h * group + g) * cb->kv.head_dim;
-        float m = -INFINITY;
-        double l = 0.0; /* online: the sum of exp(x - m) for the m so far */
-        for (int32_t p = 0; p < n_pos; p++) {
-            const float x = score_logit(j, tr, table, p, off, q);
-            if (x > m) {
-                l = l * exp((double)(m - x));
-                m = x;
-            }
-            l += exp((double)(x - m));
-        }
-        const float inv = l > 0.0 ? (float)(1.0 / l) : 0.0f;
-        for (int32_t p = 0; p < n; p++)
-            row[p] += expf(score_logit(j, tr, table, p, off, q) - m) * inv;
+    if (n_pos > s->snap_tmp_n)
+        return; /* the engine sizes snap_tmp for every row a token reads */
+    for (int32_t g0 = 0; g0 < group; g0 += HEADS) {
+        const int32_t ng = group - g0 < HEADS ? group - g0 : HEADS;
+        float *x[HEADS];
+        for (int32_t g = 0; g < ng; g++)
+            x[g] = s->snap_tmp + (int64_t)(h * group + g0 + g) * s->snap_tmp_n;
+        const float *q = j->q + ((int64_t)t * j->n_heads + h * group + g0) * hd;
+        score_heads(j, table, head_off(cb, h), n_pos, n, q, ng, x, row);
     }
 }
 
