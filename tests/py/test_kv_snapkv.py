@@ -36,6 +36,7 @@ import pytest
 import make_family as mf
 from ref_model import RefModel
 from server_util import KvantServer, THREADS
+from test_kv_budget import _ids, _log_softmax, _metric, _ok
 
 BS = 8
 BUDGET = 160
@@ -63,21 +64,6 @@ def server(kvant_bin, model):
     srv = _server(kvant_bin, model, 256)
     yield srv
     srv.stop()
-
-
-def _ids(n: int, seed: int) -> list[int]:
-    return [int(x) for x in np.random.default_rng(seed).integers(0, 256, size=n)]
-
-
-def _ok(url, **body):
-    r = httpx.post(url + "/v1/completions", json=body, timeout=300)
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    m = x.max(-1, keepdims=True)
-    return x - (m + np.log(np.exp(x - m).sum(-1, keepdims=True)))
 
 
 def _ref(model: str, mode: str, n_prompt: int) -> RefModel:
@@ -129,13 +115,6 @@ def _gen(url, k: int, policy: str = "snapkv"):
                 logprobs=2, ignore_eos=True, kv_budget=BUDGET, kv_policy=policy)
     c = _ok(url, **body)["choices"][0]
     return [c["text"], c["logprobs"]["tokens"], c["logprobs"]["token_logprobs"]]
-
-
-def _metric(url: str, name: str) -> float:
-    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not on /metrics")
 
 
 @pytest.mark.parametrize("policy", ["snapkv", "h2o"])

@@ -224,6 +224,20 @@ static void test_tiers(model *m, const result *ref)
     engine_destroy(e);
 }
 
+/* The N_REQ requests at once under budget 160 and policy pol. */
+static void run_batch(engine *e, int32_t pol, result *batch)
+{
+    static int32_t p[N_REQ][256];
+    kvant_err err = {0};
+    memset(batch, 0, N_REQ * sizeof *batch);
+    for (int i = 0; i < N_REQ; i++) {
+        engine_request r = req(p[i], prompt(i, p[i]), 160);
+        r.kv_policy = pol;
+        CHECKF(engine_submit(e, &r, on_event, &batch[i], &err) > 0, "submit: %s", err.msg);
+    }
+    run(e, batch, N_REQ);
+}
+
 /* snapkv or h2o (budget 160, bs 16: step 32, window 48, 3 kept blocks): prompts
  * 0 and 1 fit the kept blocks and the window (nothing chosen), 2-5 are
  * compacted.  Bitwise the same in steps of 16 and 256 and in a batch of six
@@ -233,18 +247,12 @@ static void test_snapkv(model *m, const result *sinks, result *a, int32_t pol)
 {
     result b[N_REQ], batch[N_REQ], full;
     engine *e = mk(m, 0, 16), *eb = mk(m, 0, 256), *small = mk(m, 24, 64);
-    int32_t p[N_REQ][256];
-    kvant_err err = {0};
-    memset(batch, 0, sizeof batch);
     for (int i = 0; i < N_REQ; i++) {
         alone_pol(e, i, 160, pol, &a[i]);
         alone_pol(eb, i, 160, pol, &b[i]);
         CHECKF(same(&a[i], &b[i]), "snapkv %d: steps of 16 and 256 differ", i);
-        engine_request r = req(p[i], prompt(i, p[i]), 160);
-        r.kv_policy = pol;
-        CHECKF(engine_submit(small, &r, on_event, &batch[i], &err) > 0, "submit: %s", err.msg);
     }
-    run(small, batch, N_REQ);
+    run_batch(small, pol, batch);
     engine_stats st;
     engine_get_stats(small, &st);
     CHECKF(st.preemptions > 0, "snapkv: no preemption");
@@ -267,19 +275,11 @@ static void test_snapkv(model *m, const result *sinks, result *a, int32_t pol)
  * hit, up to the observation window (h2o scores every prompt token: none). */
 static void test_snapkv_tiers(model *m, const result *a, int32_t pol)
 {
-    kvant_err err = {0};
     engine *e = mk_tier(m, 24);
     if (!e)
         return;
-    int32_t p[N_REQ][256];
     result batch[N_REQ], x, again;
-    memset(batch, 0, sizeof batch);
-    for (int i = 0; i < N_REQ; i++) {
-        engine_request r = req(p[i], prompt(i, p[i]), 160);
-        r.kv_policy = pol;
-        CHECKF(engine_submit(e, &r, on_event, &batch[i], &err) > 0, "submit: %s", err.msg);
-    }
-    run(e, batch, N_REQ);
+    run_batch(e, pol, batch);
     engine_stats st;
     engine_get_stats(e, &st);
     CHECKF(st.preemptions > 0, "snapkv tiers: no preemption");
