@@ -292,8 +292,6 @@ int32_t engine_kvb_extra(const eng_seq *s, int32_t chunk);
 void engine_kvb_fwd(const eng_seq *s, fwd_seq *f);
 size_t engine_kvb_bytes(const engine *e, const eng_kvb *k);
 void engine_kvb_place(const engine *e, eng_req *r, void *p);
-/* Forgets a sequence's snapkv/h2o state (its KV released: preemption). */
-void engine_kvb_reset(const engine *e, eng_seq *s);
 /* 1 while s is a snapkv/h2o sequence before its prompt's end (the whole
  * cache attended). */
 static inline int engine_kvb_pending(const eng_seq *s)
@@ -312,6 +310,8 @@ static inline int32_t engine_kvb_first(const eng_kvb *k, int64_t n, int32_t bs)
  * compaction when the prompt is in, h2o's merges of the blocks leaving
  * the window into its heavy hitters. */
 void engine_kvsel_commit(engine *e, eng_seq *s);
+/* Forgets a sequence's snapkv/h2o state (its KV released: preemption). */
+void engine_kvsel_reset(const engine *e, eng_seq *s);
 
 /* engine_kvsnap.c: records r's current KV footprint into its peak (call
  * before any of its blocks are released); serves a pending snapshot. */

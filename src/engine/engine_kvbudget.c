@@ -330,12 +330,3 @@ void engine_kvb_place(const engine *e, eng_req *r, void *p)
     r->snap_tmp_n = (int32_t)snap_tmp_n(&r->kvb);
     r->snap_tmp = (float *)(void *)(r->snap_blocks + 2 * r->kvb.sink_blocks + 1);
 }
-
-void engine_kvb_reset(const engine *e, eng_seq *s)
-{
-    s->kvb_done = 0;
-    s->kvb_own = 0;
-    s->kvb_wb = 0;
-    if (s->req->snap_score)
-        memset(s->req->snap_score, 0, snap_score_floats(e, &s->req->kvb) * sizeof(float));
-}

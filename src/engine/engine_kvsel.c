@@ -126,7 +126,7 @@ static int compact_prompt(engine *e, eng_seq *s)
                            k->sink_blocks * k->bs);
     kvseq_set_head(e->pool, &s->kv, r->snap_blocks, k->sink_blocks);
     if (!h2o)
-        engine_kvb_reset(e, s); /* the scores, for a recomputation */
+        engine_kvsel_reset(e, s); /* the scores, for a recomputation */
     s->kvb_done = 1;
     s->kvb_own = 1;
     s->kvb_wb = k->snap_n / k->bs;
@@ -193,6 +193,16 @@ static void merge_one(engine *e, eng_seq *s)
         s->kvb_own = 1;
     }
     s->kvb_wb++;
+}
+
+void engine_kvsel_reset(const engine *e, eng_seq *s)
+{
+    s->kvb_done = 0;
+    s->kvb_own = 0;
+    s->kvb_wb = 0;
+    if (s->req->snap_score)
+        memset(s->req->snap_score, 0, (size_t)e->m->hp.n_layers * (size_t)e->fwd.kv.n_kv_heads *
+                                          (size_t)s->req->kvb.snap_row * sizeof(float));
 }
 
 void engine_kvsel_commit(engine *e, eng_seq *s)

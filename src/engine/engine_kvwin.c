@@ -133,7 +133,7 @@ void engine_kv_release(engine *e, eng_seq *s)
     if (e->pool_w)
         kvseq_release(e->pool_w, &s->kv_w);
     engine_draft_release(e, s);
-    engine_kvb_reset(e, s);
+    engine_kvsel_reset(e, s);
 }
 
 /* Window blocks no position >= n reads. */

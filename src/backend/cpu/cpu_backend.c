@@ -19,6 +19,7 @@
 #include "backend/cpu/cpu_moe.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/cpu_pack.h"
+#include "backend/cpu/cpu_snap.h"
 #include "backend/cpu/tpool.h"
 #include "kernels/dtype.h"
 #include "kernels/hadamard.h"
@@ -749,6 +750,26 @@ static void cpu_attention(backend *be, int32_t il, const float *d_q, int32_t n_h
     j.n_claims = n_tok * n_kv * j.per_kv;
     atomic_init(&j.next, 0);
     tpool_run(cb->pool, attn_worker, &j);
+}
+
+static cpu_kv_view snap_view(cpu_backend *cb)
+{
+    return (cpu_kv_view){&cb->kv, cb->kv_data, cb->kv_block_stride, cb->kv_layer_off,
+                         cb->kv_row_bytes, cb->pool, cb->batch};
+}
+
+static void cpu_kv_score(backend *be, int32_t il, const float *d_q, int32_t n_heads,
+                         const attn_params *ap)
+{
+    const cpu_kv_view v = snap_view(cpu(be));
+    cpu_snap_score(&v, il, d_q, n_heads, ap);
+}
+
+static void cpu_kv_compact(backend *be, const int32_t *src, const int32_t *dst,
+                           const int32_t *sel, int32_t n)
+{
+    const cpu_kv_view v = snap_view(cpu(be));
+    cpu_snap_compact(&v, src, dst, sel, n);
 }
 
 typedef enum ew_op { EW_SWIGLU, EW_ADD, EW_GEGLU, EW_SCALE, EW_SOFTCAP } ew_op;

@@ -1,6 +1,6 @@
-/* cpu_internal.h - the CPU backend's state, shared by the files that
- * implement its ops (cpu_backend.c, cpu_snap.c).  Not a public header:
- * only src/backend/cpu includes it.
+/* cpu_internal.h - the CPU backend's state and its KV row addressing
+ * (cpu_backend.c; the other files of the backend get views of it, e.g.
+ * cpu_snap.h's).  Not a public header: only cpu_backend.c includes it.
  */
 #ifndef KVANT_CPU_INTERNAL_H
 #define KVANT_CPU_INTERNAL_H
@@ -86,11 +86,5 @@ static inline uint8_t *kv_row(cpu_backend *cb, int32_t il, int32_t block, int32_
     return base + block * kv_stride(cb, il) + cb->kv_layer_off[il] +
            ((int64_t)v * cb->kv.block_size + off) * cb->kv_row_bytes[il];
 }
-
-/* cpu_snap.c: backend_ops kv_score and kv_compact (backend.h). */
-void cpu_kv_score(backend *be, int32_t il, const float *d_q, int32_t n_heads,
-                  const attn_params *ap);
-void cpu_kv_compact(backend *be, const int32_t *src, const int32_t *dst, const int32_t *sel,
-                    int32_t n);
 
 #endif

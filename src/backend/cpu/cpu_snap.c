@@ -15,17 +15,19 @@
  * kv_compact: bitwise row copies, per layer and KV head, from the
  * sequence's blocks into the blocks the engine took for the kept rows.
  */
-#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/cpu_snap.h"
 
 #include <math.h>
 #include <stdatomic.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_attn_rows.h"
+#include "backend/cpu/cpu_kv.h"
+#include "model/model_arch.h"
 #include "kernels/dtype.h"
 
 typedef struct score_job {
-    cpu_backend *cb;
+    const cpu_kv_view *cb;
     int32_t il, n_heads, n_kv;
     const float *q;
     attn_params ap;
@@ -33,11 +35,18 @@ typedef struct score_job {
     atomic_long next;
 } score_job;
 
-/* Bytes from a K/V row's start to KV head h's slice. */
-static size_t head_off(const cpu_backend *cb, int32_t h)
+/* Address of the K row (or V row when v) of slot off of block in layer il. */
+static uint8_t *kv_row(const cpu_kv_view *cb, int32_t il, int32_t block, int32_t off, int v)
 {
-    const dtype_traits *tr = dtype_get(cb->kv.dtype);
-    return (size_t)h * (size_t)(cb->kv.head_dim / tr->block_size) * tr->type_size;
+    return cb->data + block * cb->block_stride + cb->layer_off[il] +
+           ((int64_t)v * cb->kv->block_size + off) * cb->row_bytes[il];
+}
+
+/* Bytes from a K/V row's start to KV head h's slice. */
+static size_t head_off(const cpu_kv_view *cb, int32_t h)
+{
+    const dtype_traits *tr = dtype_get(cb->kv->dtype);
+    return (size_t)h * (size_t)(cb->kv->head_dim / tr->block_size) * tr->type_size;
 }
 
 enum { SCORE_ROWS = 16 }; /* K rows dequantized at a time */
@@ -50,9 +59,9 @@ enum { SCORE_ROWS = 16 }; /* K rows dequantized at a time */
 static void score_heads(const score_job *j, const int32_t *table, size_t off, int32_t n_pos,
                         int32_t n, const float *q, int32_t ng, float *const *x, float *row)
 {
-    cpu_backend *cb = j->cb;
-    const int32_t bs = cb->kv.block_size, hd = cb->kv.head_dim;
-    const dtype_traits *tr = dtype_get(cb->kv.dtype), *f32 = dtype_get(DT_F32);
+    const cpu_kv_view *cb = j->cb;
+    const int32_t bs = cb->kv->block_size, hd = cb->kv->head_dim;
+    const dtype_traits *tr = dtype_get(cb->kv->dtype), *f32 = dtype_get(DT_F32);
     float kf[SCORE_ROWS * MODEL_MAX_HEAD_DIM];
     for (int32_t p0 = 0; p0 < n_pos; p0 += SCORE_ROWS) {
         const int32_t cnt = n_pos - p0 < SCORE_ROWS ? n_pos - p0 : SCORE_ROWS;
@@ -87,14 +96,14 @@ static void score_heads(const score_job *j, const int32_t *table, size_t off, in
 static void score_token(const score_job *j, int32_t t, int32_t h, float *row, int32_t *vt)
 {
     enum { HEADS = 16 };
-    cpu_backend *cb = j->cb;
+    const cpu_kv_view *cb = j->cb;
     const fwd_batch *b = cb->batch;
     const fwd_seq *s = &b->seqs[b->seq[t]];
     int32_t n_pos;
-    const int32_t *table = cpu_kv_budget_table(kv_table(cb, s, j->il), cb->kv.block_size,
+    const int32_t *table = cpu_kv_budget_table(s->block_table, cb->kv->block_size,
                                                s->kv_sink_blocks, s->kv_recent, b->pos[t], vt,
                                                &n_pos);
-    const int32_t group = j->n_heads / j->n_kv, hd = cb->kv.head_dim;
+    const int32_t group = j->n_heads / j->n_kv, hd = cb->kv->head_dim;
     const int32_t n = s->snap_n < n_pos ? s->snap_n : n_pos;
     if (n_pos > s->snap_tmp_n)
         return; /* the engine sizes snap_tmp for every row a token reads */
@@ -122,17 +131,16 @@ static void score_worker(int ith, int nth, void *arg)
         const fwd_seq *s = &b->seqs[si];
         if (!s->snap_score)
             continue;
-        float *row = s->snap_score + ((int64_t)j->il * j->cb->kv.n_kv_heads + h) * s->snap_n;
+        float *row = s->snap_score + ((int64_t)j->il * j->cb->kv->n_kv_heads + h) * s->snap_n;
         for (int32_t t = 0; t < b->n_tokens; t++)
             if (b->seq[t] == si && b->pos[t] >= s->snap_from)
                 score_token(j, t, h, row, vt);
     }
 }
 
-void cpu_kv_score(backend *be, int32_t il, const float *d_q, int32_t n_heads,
-                  const attn_params *ap)
+void cpu_snap_score(const cpu_kv_view *cb, int32_t il, const float *d_q, int32_t n_heads,
+                    const attn_params *ap)
 {
-    cpu_backend *cb = cpu(be);
     const fwd_batch *b = cb->batch;
     int any = 0;
     for (int32_t i = 0; i < b->n_seqs && !any; i++)
@@ -140,21 +148,20 @@ void cpu_kv_score(backend *be, int32_t il, const float *d_q, int32_t n_heads,
     if (!any)
         return;
     score_job j = {.cb = cb, .il = il, .n_heads = n_heads, .q = d_q, .ap = *ap};
-    j.n_kv = kv_layout_heads(&cb->kv, il);
+    j.n_kv = kv_layout_heads(cb->kv, il);
     j.n_claims = (long)b->n_seqs * j.n_kv;
     atomic_init(&j.next, 0);
     tpool_run(cb->pool, score_worker, &j);
 }
 
-void cpu_kv_compact(backend *be, const int32_t *src, const int32_t *dst, const int32_t *sel,
-                    int32_t n)
+void cpu_snap_compact(const cpu_kv_view *cb, const int32_t *src, const int32_t *dst,
+                      const int32_t *sel, int32_t n)
 {
-    cpu_backend *cb = cpu(be);
-    const int32_t bs = cb->kv.block_size, n_kv = cb->kv.n_kv_heads;
-    const dtype_traits *tr = dtype_get(cb->kv.dtype);
-    const size_t bytes = (size_t)(cb->kv.head_dim / tr->block_size) * tr->type_size;
-    for (int32_t il = 0; il < cb->kv.n_layers; il++) {
-        for (int32_t h = 0; h < kv_layout_heads(&cb->kv, il); h++) {
+    const int32_t bs = cb->kv->block_size, n_kv = cb->kv->n_kv_heads;
+    const dtype_traits *tr = dtype_get(cb->kv->dtype);
+    const size_t bytes = (size_t)(cb->kv->head_dim / tr->block_size) * tr->type_size;
+    for (int32_t il = 0; il < cb->kv->n_layers; il++) {
+        for (int32_t h = 0; h < kv_layout_heads(cb->kv, il); h++) {
             const int32_t *pos = sel + ((int64_t)il * n_kv + h) * n;
             const size_t off = head_off(cb, h);
             for (int32_t v = 0; v < 2; v++)
