@@ -133,6 +133,20 @@ def _metric(url: str, name: str) -> float:
     raise AssertionError(f"{name} not on /metrics")
 
 
+def _tight(small: KvantServer, gen, n: int):
+    """gen(url, k) for k < n at once on `small` (then stopped): the outputs, preemptions, blocks
+    a KV budget gave back, and /v1/memory's kv."""
+    try:
+        with cf.ThreadPoolExecutor(n) as ex:
+            out = list(ex.map(lambda k: gen(small.url, k), range(n)))
+        pre = _metric(small.url, "kvant_num_preemptions_total")
+        dropped = _metric(small.url, "kvant_kv_budget_blocks_dropped_total")
+        mem = httpx.get(small.url + "/v1/memory", timeout=30).json()["kv"]
+    finally:
+        small.stop()
+    return out, pre, dropped, mem
+
+
 def test_batch_invariance_and_preemption(kvant_bin, model, server):
     alone = [_gen(server.url, k) for k in range(6)]
     with cf.ThreadPoolExecutor(6) as ex:
@@ -142,14 +156,7 @@ def test_batch_invariance_and_preemption(kvant_bin, model, server):
     small = KvantServer(kvant_bin, model, "-t", THREADS, "-c", "256", "--block-size", str(BS),
                         "--exact", "--kv-dtype", "f32", "--max-num-batched-tokens", "64",
                         "--kv-blocks", "20", base_args=[])
-    try:
-        with cf.ThreadPoolExecutor(6) as ex:
-            tight = list(ex.map(lambda k: _gen(small.url, k), range(6)))
-        pre = _metric(small.url, "kvant_num_preemptions_total")
-        dropped = _metric(small.url, "kvant_kv_budget_blocks_dropped_total")
-        mem = httpx.get(small.url + "/v1/memory", timeout=30).json()["kv"]
-    finally:
-        small.stop()
+    tight, pre, dropped, mem = _tight(small, lambda url, k: _gen(url, k), 6)
     assert tight == alone
     assert pre > 0 and dropped > 40, (pre, dropped)
     assert mem["used"] == 0, mem

@@ -36,7 +36,7 @@ import pytest
 import make_family as mf
 from ref_model import RefModel
 from server_util import KvantServer, THREADS
-from test_kv_budget import _ids, _log_softmax, _metric, _ok
+from test_kv_budget import _ids, _log_softmax, _metric, _ok, _tight
 
 BS = 8
 BUDGET = 160
@@ -124,15 +124,8 @@ def test_batch_invariance_and_preemption(kvant_bin, model, server, policy):
         batch = list(ex.map(lambda k: _gen(server.url, k, policy), range(5)))
     assert batch == alone
     # 64 blocks: five prompts of 19-28 blocks do not fit at once; preempted ones recompute
-    small = _server(kvant_bin, model, 64)
-    try:
-        with cf.ThreadPoolExecutor(5) as ex:
-            tight = list(ex.map(lambda k: _gen(small.url, k, policy), range(5)))
-        pre = _metric(small.url, "kvant_num_preemptions_total")
-        dropped = _metric(small.url, "kvant_kv_budget_blocks_dropped_total")
-        mem = httpx.get(small.url + "/v1/memory", timeout=30).json()["kv"]
-    finally:
-        small.stop()
+    tight, pre, dropped, mem = _tight(_server(kvant_bin, model, 64),
+                                      lambda url, k: _gen(url, k, policy), 5)
     assert tight == alone
     assert pre > 0 and dropped > 20, (pre, dropped)
     assert mem["used"] == 0, mem
