@@ -347,43 +347,49 @@ static int parse_count(rx *p, int32_t *out)
     return 0;
 }
 
+/* e followed by at most one quantifier (and a lazy '?'); a second one is
+ * refused, as ECMAScript, Python and Rust do (a** would also nest stars). */
+static int is_quant(const rx *p)
+{
+    const int c = pk(p, 0);
+    return c == '*' || c == '+' || c == '?' || (c == '{' && pk(p, 1) >= '0' && pk(p, 1) <= '9');
+}
+
 static int32_t parse_quant(rx *p, int32_t e)
 {
-    for (;;) {
-        int c = pk(p, 0);
-        int32_t lo, hi;
-        if (c == '*' || c == '+' || c == '?') {
+    if (!is_quant(p))
+        return e;
+    const int c = pk(p, 0);
+    int32_t lo, hi;
+    p->i++;
+    if (c != '{') {
+        lo = c == '+';
+        hi = c == '?' ? 1 : -1;
+    } else {
+        if (parse_count(p, &lo))
+            return GRAM_BAD;
+        hi = lo;
+        if (pk(p, 0) == ',') {
             p->i++;
-            lo = c == '+';
-            hi = c == '?' ? 1 : -1;
-        } else if (c == '{' && pk(p, 1) >= '0' && pk(p, 1) <= '9') {
-            p->i++;
-            if (parse_count(p, &lo))
+            hi = -1;
+            if (pk(p, 0) != '}' && parse_count(p, &hi))
                 return GRAM_BAD;
-            hi = lo;
-            if (pk(p, 0) == ',') {
-                p->i++;
-                hi = -1;
-                if (pk(p, 0) != '}' && parse_count(p, &hi))
-                    return GRAM_BAD;
-            }
-            if (pk(p, 0) != '}')
-                return rx_fail(p, "expecting '}'");
-            p->i++;
-            if (hi >= 0 && hi < lo)
-                return rx_fail(p, "repetition {m,n} with n < m");
-        } else {
-            return e;
         }
-        if (pk(p, 0) == '+')
-            return rx_fail(p, "possessive quantifiers are not supported");
-        if (pk(p, 0) == '?')
-            p->i++;   /* lazy: same language */
-        e = lo == 0 && hi == 1 ? gram_opt(p->g, e) : lo == 0 && hi < 0 ? gram_star(p->g, e)
-          : lo == 1 && hi < 0 ? gram_plus(p->g, e) : gram_repeat(p->g, e, lo, hi);
-        if (e == GRAM_BAD)
-            return rx_fail(p, "grammar limit reached");
+        if (pk(p, 0) != '}')
+            return rx_fail(p, "expecting '}'");
+        p->i++;
+        if (hi >= 0 && hi < lo)
+            return rx_fail(p, "repetition {m,n} with n < m");
     }
+    if (pk(p, 0) == '+')
+        return rx_fail(p, "possessive quantifiers are not supported");
+    if (pk(p, 0) == '?')
+        p->i++; /* lazy: same language */
+    if (is_quant(p))
+        return rx_fail(p, "a quantifier after a quantifier (multiple repeat)");
+    e = lo == 0 && hi == 1 ? gram_opt(p->g, e) : lo == 0 && hi < 0 ? gram_star(p->g, e)
+      : lo == 1 && hi < 0 ? gram_plus(p->g, e) : gram_repeat(p->g, e, lo, hi);
+    return e == GRAM_BAD ? rx_fail(p, "grammar limit reached") : e;
 }
 
 static int32_t parse_concat(rx *p)
