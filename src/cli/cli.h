@@ -35,7 +35,7 @@ typedef struct cli_common {
     int kv_rotate;       /* --kv-rotate: K/V stored Hadamard-rotated */
     double kv_budget;    /* --kv-budget N|F: requests' default KV budget (0: none) */
     int kv_sinks;        /* --kv-sinks N: its sink tokens (0: the engine's default) */
-    int kv_policy;       /* --kv-policy: ENGINE_KV_SINKS or _SNAPKV (0: sinks) */
+    int kv_policy;       /* --kv-policy: ENGINE_KV_SINKS, _SNAPKV or _H2O (0: sinks) */
     const char *backend; /* "cpu" (default) or "cuda" */
     int exact;           /* --exact: f32 activations in every matmul (reference path) */
     int no_pack;         /* --no-pack: weights stay in the file's layout */

@@ -255,13 +255,12 @@ static int parse_kv_budget_opt(cli_common *c, int argc, char **argv, int *i)
     if (!strcmp(a, "--kv-policy")) {
         if (!(v = cli_value(argc, argv, i)))
             return -1;
-        if (strcmp(v, "sinks") && strcmp(v, "snapkv") && strcmp(v, "h2o")) {
+        const int32_t pol = engine_kv_policy_parse(v);
+        if (pol < 0 || pol == ENGINE_KV_FULL) {
             fprintf(stderr, "kvant: --kv-policy: '%s' is not sinks, snapkv or h2o\n", v);
             return -1;
         }
-        c->kv_policy = !strcmp(v, "sinks")    ? ENGINE_KV_SINKS
-                       : !strcmp(v, "snapkv") ? ENGINE_KV_SNAPKV
-                                              : ENGINE_KV_H2O;
+        c->kv_policy = pol;
         return 1;
     }
     return 0;

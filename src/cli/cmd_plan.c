@@ -251,9 +251,7 @@ static void print_kv_budget(const cli_common *c, const plan_result *r, int json)
     const double conc = (double)r->kv_pool_tokens / (double)b;
     const double full = (double)r->kv_pool_tokens / (double)r->ctx;
     const int snap = c->kv_policy == ENGINE_KV_SNAPKV || c->kv_policy == ENGINE_KV_H2O;
-    const char *pol = c->kv_policy == ENGINE_KV_SNAPKV ? "snapkv"
-                      : c->kv_policy == ENGINE_KV_H2O  ? "h2o"
-                                                       : "sinks";
+    const char *pol = engine_kv_policy_name(c->kv_policy);
     if (json)
         printf(", \"kv_budget\": {\"tokens\": %lld, \"ctx\": %lld, \"policy\": \"%s\", "
                "\"concurrency\": %.4f, \"concurrency_full\": %.4f, \"max_num_seqs\": %d}",

@@ -127,9 +127,7 @@ static void print_plan(const engine *e, const plan_result *p)
     if (kvb > 0 && kvb < p->ctx)
         fprintf(stderr, "kvant: KV budget %lld tokens per request (--kv-budget; %s + recent "
                 "window): %.2fx requests of context %lld fit the pool, against %.2fx without\n",
-                (long long)kvb, e->cfg.kv_policy == ENGINE_KV_SNAPKV ? "snapkv"
-                                : e->cfg.kv_policy == ENGINE_KV_H2O  ? "h2o"
-                                                                     : "sinks",
+                (long long)kvb, engine_kv_policy_name(e->cfg.kv_policy),
                 (double)p->kv_pool_tokens / (double)kvb, (long long)p->ctx,
                 (double)p->kv_pool_tokens / (double)p->ctx);
     if (p->ctx_auto)

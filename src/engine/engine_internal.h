@@ -128,9 +128,8 @@ struct eng_req {
     /* snapkv / h2o (kvb.snap_row > 0), in this allocation: the scores
      * [n_layers][n_kv_heads][snap_row], the kept rows [n_layers][n_kv_heads]
      * [sink_blocks * bs], sort keys [snap_row], the new blocks
-     * [2 sink_blocks + 1], the backend's logits [n_head][snap_tmp_n] */
+     * [2 sink_blocks + 1], the backend's logits [n_head][max(prompt, budget)] */
     float *snap_score, *snap_tmp;
-    int32_t snap_tmp_n;
     int32_t *snap_sel;
     uint64_t *snap_keys;
     int32_t *snap_blocks;

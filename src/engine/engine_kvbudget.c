@@ -46,11 +46,6 @@ static int64_t step_cap(int64_t budget, int64_t bs)
     return c > 256 && 256 >= lo ? 256 : c;
 }
 
-static const char *policy_name(int32_t p)
-{
-    return p == ENGINE_KV_SNAPKV ? "snapkv" : p == ENGINE_KV_H2O ? "h2o" : "sinks";
-}
-
 /* Checks the fields a policy does not take. */
 static int check_policy(const engine *e, const engine_request *r, kvant_err *err)
 {
@@ -66,7 +61,7 @@ static int check_policy(const engine *e, const engine_request *r, kvant_err *err
                              "the full cache");
     if (r->kv_policy != ENGINE_KV_SNAPKV && r->kv_policy != ENGINE_KV_H2O)
         return KV_OK;
-    const char *name = policy_name(r->kv_policy);
+    const char *name = engine_kv_policy_name(r->kv_policy);
     if (r->kv_sinks > 0)
         return kvant_err_set(err, KV_EINVAL, "kv_sinks: only with the policy 'sinks' (%s "
                              "chooses the positions it keeps)", name);
@@ -130,7 +125,7 @@ int engine_kvb_resolve(const engine *e, const engine_request *rq, eng_kvb *out, 
         if (r->kv_policy != ENGINE_KV_DEFAULT)
             return kvant_err_set(err, KV_EINVAL, "kv_budget: the policy '%s' needs a budget "
                                  "(the request's kv_budget or the server's --kv-budget)",
-                                 policy_name(r->kv_policy));
+                                 engine_kv_policy_name(r->kv_policy));
         return KV_OK;
     }
     const int64_t bs = e->cfg.block_size;
@@ -278,6 +273,12 @@ int32_t engine_kvb_extra(const eng_seq *s, int32_t chunk)
     return engine_kvb_first(k, n, k->bs) > k->sink_blocks ? k->sink_blocks : 0;
 }
 
+/* The most rows a token of the request reads while scored. */
+static int64_t snap_tmp_n(const eng_kvb *k)
+{
+    return k->prompt > k->budget ? k->prompt : k->budget;
+}
+
 void engine_kvb_fwd(const eng_seq *s, fwd_seq *f)
 {
     const eng_kvb *k = &s->req->kvb;
@@ -287,7 +288,7 @@ void engine_kvb_fwd(const eng_seq *s, fwd_seq *f)
         f->snap_tmp = s->req->snap_tmp;
         f->snap_from = k->snap_from;
         f->snap_n = k->snap_row;
-        f->snap_tmp_n = s->req->snap_tmp_n;
+        f->snap_tmp_n = (int32_t)snap_tmp_n(k);
     }
     if (engine_kvb_pending(s))
         return; /* the whole cache */
@@ -298,12 +299,6 @@ void engine_kvb_fwd(const eng_seq *s, fwd_seq *f)
 static size_t snap_score_floats(const engine *e, const eng_kvb *k)
 {
     return (size_t)e->m->hp.n_layers * (size_t)e->fwd.kv.n_kv_heads * (size_t)k->snap_row;
-}
-
-/* The most rows a token of the request reads while scored. */
-static int64_t snap_tmp_n(const eng_kvb *k)
-{
-    return k->prompt > k->budget ? k->prompt : k->budget;
 }
 
 size_t engine_kvb_bytes(const engine *e, const eng_kvb *k)
@@ -327,6 +322,5 @@ void engine_kvb_place(const engine *e, eng_req *r, void *p)
     r->snap_score = (float *)(void *)(r->snap_keys + r->kvb.snap_row);
     r->snap_sel = (int32_t *)(void *)(r->snap_score + snap_score_floats(e, &r->kvb));
     r->snap_blocks = r->snap_sel + (size_t)e->m->hp.n_layers * (size_t)e->fwd.kv.n_kv_heads * keep;
-    r->snap_tmp_n = (int32_t)snap_tmp_n(&r->kvb);
     r->snap_tmp = (float *)(void *)(r->snap_blocks + 2 * r->kvb.sink_blocks + 1);
 }

@@ -7,6 +7,7 @@
 #define KVANT_ENGINE_TYPES_H
 
 #include <stdint.h>
+#include <string.h>
 
 #include "kv/kvtier.h"
 #include "mem/mem.h"
@@ -202,6 +203,20 @@ enum { ENGINE_KV_DEFAULT = 0, ENGINE_KV_SINKS = 1, ENGINE_KV_FULL = 2, ENGINE_KV
 #define ENGINE_KV_SNAP_WINDOW 32 /* SnapKV's observation window (prompt tokens) */
 #define ENGINE_KV_SNAP_POOL 7    /* its max-pooling kernel (positions) */
 #define ENGINE_KV_DEFAULT_SINKS 4
+
+/* A KV policy's name as requests and options spell it, and back (-1: none). */
+static inline const char *engine_kv_policy_name(int32_t p)
+{
+    return p == ENGINE_KV_SNAPKV ? "snapkv" : p == ENGINE_KV_H2O ? "h2o"
+           : p == ENGINE_KV_FULL ? "full" : "sinks";
+}
+static inline int32_t engine_kv_policy_parse(const char *s)
+{
+    for (int32_t p = ENGINE_KV_SINKS; p <= ENGINE_KV_H2O; p++)
+        if (!strcmp(s, engine_kv_policy_name(p)))
+            return p;
+    return -1;
+}
 
 /* A KV budget (engine_request.kv_budget: tokens, or a fraction of ctx in
  * (0, 1)) in tokens; 0 for none.  The most a budgeted request holds. */

@@ -229,7 +229,7 @@ static int run_attn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
     op->kv_store(be, il, f->d_k, f->d_v);
     const attn_params ap = {hp->fam.q_scale, hp->fam.attn_softcap, L->window};
     op->attention(be, il, f->d_q, L->n_head, &ap, f->d_att);
-    if (op->kv_score) /* a SnapKV observation window's scores (no-op without) */
+    if (op->kv_score) /* a KV budget's scores, snapkv/h2o (no-op without) */
         op->kv_score(be, il, f->d_q, L->n_head, &ap);
     if (f->kv.rotate) /* H is its own inverse */
         op->hadamard(be, f->d_att, L->n_head, hp->head_dim);

@@ -412,7 +412,7 @@ static int32_t parse_concat(rx *p)
             rx_fail(p, "anchors (^, $) inside the pattern are not supported");
             goto out;
         }
-        if (c == '*' || c == '+' || c == '?' || (c == '{' && pk(p, 1) >= '0' && pk(p, 1) <= '9')) {
+        if (is_quant(p)) {
             rx_fail(p, "a quantifier with nothing before it");
             goto out;
         }

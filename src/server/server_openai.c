@@ -576,17 +576,11 @@ static int parse_kv_budget(json_t *o, engine_request *er, srv_error *e)
     json_t *p = json_object_get(o, "kv_policy");
     if (p && !json_is_null(p)) {
         const char *v = json_is_string(p) ? json_string_value(p) : "";
-        if (!strcmp(v, "sinks"))
-            er->kv_policy = ENGINE_KV_SINKS;
-        else if (!strcmp(v, "full"))
-            er->kv_policy = ENGINE_KV_FULL;
-        else if (!strcmp(v, "snapkv"))
-            er->kv_policy = ENGINE_KV_SNAPKV;
-        else if (!strcmp(v, "h2o"))
-            er->kv_policy = ENGINE_KV_H2O;
-        else
+        const int32_t pol = engine_kv_policy_parse(v);
+        if (pol < 0)
             return srv_error_set(e, 400, "kv_policy", "'kv_policy' must be 'sinks', 'snapkv', "
                                  "'h2o' or 'full'");
+        er->kv_policy = pol;
     }
     double b = 0.0;
     int rc = get_num(o, "kv_budget", 0.0, 1e12, 1, &b, e);

@@ -70,6 +70,16 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - (m + np.log(np.exp(x - m).sum(-1, keepdims=True)))
 
 
+def _greedy(ref: RefModel, prompt: list[int], n: int) -> np.ndarray:
+    """The reference's greedy continuation of prompt: each step's chosen log-probability."""
+    seq, best = list(prompt), []
+    for _ in range(n):
+        ls = _log_softmax(ref.forward(seq)[-1])
+        seq.append(int(ls.argmax()))
+        best.append(float(ls.max()))
+    return np.array(best)
+
+
 def _ref(model: str, budget: bool) -> RefModel:
     ref = RefModel(model)
     ref.kv_budget = (SINKS, RECENT, BS) if budget else None
@@ -104,14 +114,7 @@ def test_decode_matches_masked_reference(server, model):
               kv_budget=BUDGET)
     lp = np.array(got["choices"][0]["logprobs"]["token_logprobs"], dtype=np.float64)
     assert len(lp) == n and got["usage"]["kv_blocks"] * BS <= BUDGET, got["usage"]
-    out = {}
-    for masked in (True, False):
-        ref, seq, best = _ref(model, masked), list(prompt), []
-        for _ in range(n):
-            ls = _log_softmax(ref.forward(seq)[-1])
-            seq.append(int(ls.argmax()))
-            best.append(float(ls.max()))
-        out[masked] = np.array(best)
+    out = {masked: _greedy(_ref(model, masked), prompt, n) for masked in (True, False)}
     err = float(np.abs(lp - out[True]).max())
     err_full = float(np.abs(lp - out[False]).max())
     print(f"greedy logprobs: max |kvant - masked ref| {err:.2e}, vs the full-cache ref {err_full:.2e}")

@@ -36,7 +36,7 @@ import pytest
 import make_family as mf
 from ref_model import RefModel
 from server_util import KvantServer, THREADS
-from test_kv_budget import _ids, _log_softmax, _metric, _ok, _tight
+from test_kv_budget import _greedy, _ids, _log_softmax, _metric, _ok, _tight
 
 BS = 8
 BUDGET = 160
@@ -77,6 +77,13 @@ def _ref(model: str, mode: str, n_prompt: int) -> RefModel:
     return ref
 
 
+def _no_near_tie(ref: RefModel) -> None:
+    """Every selection the reference made had a margin kvant's float32 scores cannot flip (a
+    tie, broken by position alike, or a relative gap above 1e-4)."""
+    gaps = [g for g in ref.snap_gaps if g > 0]
+    assert not gaps or min(gaps) > 1e-4, min(gaps)
+
+
 def test_decode_matches_reference(server, model):
     prompt, n = _ids(N_PROMPT, 21), 40
     dropped0 = _metric(server.url, "kvant_kv_budget_blocks_dropped_total")
@@ -89,15 +96,10 @@ def test_decode_matches_reference(server, model):
     assert got["usage"]["kv_blocks"] == -(-N_PROMPT // BS), got["usage"]
     out = {}
     for mode in ("snapkv", "sinks", "full"):
-        ref, seq, best = _ref(model, mode, N_PROMPT), list(prompt), []
-        for _ in range(n):
-            ls = _log_softmax(ref.forward(seq)[-1])
-            seq.append(int(ls.argmax()))
-            best.append(float(ls.max()))
-        out[mode] = np.array(best)
+        ref = _ref(model, mode, N_PROMPT)
+        out[mode] = _greedy(ref, prompt, n)
         if mode == "snapkv":
-            gaps = [g for g in ref.snap_gaps if g > 0]
-            assert not gaps or min(gaps) > 1e-4, min(gaps)   # no near-tie at the selection's edge
+            _no_near_tie(ref)
         if mode == "full":
             ls = _log_softmax(ref.forward(prompt))
             want = ls[np.arange(N_PROMPT - 1), prompt[1:]]
@@ -217,15 +219,9 @@ def test_h2o_decode_matches_reference(server, model, n_prompt):
     out = {}
     for mode in ("h2o", "sinks"):
         ref = _h2o_ref(model, n_prompt) if mode == "h2o" else _ref(model, "sinks", n_prompt)
-        seq, best = list(prompt), []
-        for _ in range(n):
-            ls = _log_softmax(ref.forward(seq)[-1])
-            seq.append(int(ls.argmax()))
-            best.append(float(ls.max()))
-        out[mode] = np.array(best)
+        out[mode] = _greedy(ref, prompt, n)
         if mode == "h2o":
-            gaps = [g for g in ref.snap_gaps if g > 0]
-            assert not gaps or min(gaps) > 1e-4, min(gaps)
+            _no_near_tie(ref)
     err = {m: float(np.abs(lp - out[m]).max()) for m in out}
     print(f"h2o prompt {n_prompt}, max |kvant - ref|:", {m: f"{v:.2e}" for m, v in err.items()})
     assert err["h2o"] < 1e-3, err
