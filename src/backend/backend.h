@@ -54,7 +54,10 @@ typedef struct attn_params {
 
 /* How one layer's experts are combined (the recipe's MoE variant). */
 typedef struct moe_params {
-    int norm_w;           /* the top-k softmax weights divided by their sum */
+    int norm_w;           /* the top-k weights divided by their sum */
+    int gating;           /* moe_gating: softmax or sigmoid of the router's logits */
+    float w_scale;        /* the weights multiplied by it (1: not) */
+    int32_t n_group, n_group_used; /* expert groups (0: none), model_family_hp */
 } moe_params;
 
 typedef struct kv_layout {
@@ -84,6 +87,9 @@ typedef struct kv_layout {
      * pass rotates q, k and v after rope and the attention output back;
      * needs the backend's hadamard op and a power-of-two head_dim */
     int rotate;
+    /* 1: latent attention's cache: one row per token and layer (K), V rows are not
+     * stored: V is the K row itself (its latent prefix is what the output uses) */
+    int v_in_k;
 } kv_layout;
 
 /* The most block-table entries a token under a KV budget reads (its sink
@@ -143,7 +149,8 @@ typedef struct backend_ops {
     /* Optional (NULL: the KV offload tiers are refused).  Copy one block's
      * K and V of every layer to / from one contiguous record of
      * n_layers * 2 * block_size * row bytes, laid out [n_layers][2 (K,V)]
-     * [block_size][row] (a row in the KV dtype, as in the pool), so a tier
+     * [block_size][row] (one plane, K, under v_in_k; a row in the KV dtype,
+     * as in the pool), so a tier
      * move is one copy.  Both complete before returning (src/dst are host
      * memory the caller reuses).  Return 0, or -1 on a bad block id or a
      * device error. */
@@ -197,7 +204,8 @@ typedef struct backend_ops {
     /* RoPE in place on d_x[t][n_heads][head_dim] at the batch positions. */
     void (*rope)(backend *be, float *d_x, int32_t n_heads, int32_t head_dim,
                  const rope_params *rp);
-    /* Stores the batch's K and V ([t][n_kv_heads*head_dim]) into layer il. */
+    /* Stores the batch's K and V ([t][n_kv_heads*head_dim]) into layer il (K only
+     * under kv_layout.v_in_k; d_v is not read). */
     void (*kv_store)(backend *be, int32_t il, const float *d_k, const float *d_v);
     /* d_out[t][n_heads*head_dim] = causal softmax(cap(q k^T * ap->scale)) v for
      * every batch token over positions (pos - window, pos] (all of [0, pos]
@@ -236,16 +244,32 @@ typedef struct backend_ops {
     void (*add)(backend *be, float *d_x, const float *d_y, int64_t n);
     /* Optional (NULL: models with experts are refused, fwd_init).  The
      * mixture-of-experts FFN of layer L (L->n_expert > 0) over the batch:
-     * per token t, p = softmax(d_h[t] ffn_gate_inp), the n_expert_used
-     * largest (ties: lower expert first) in slot order, weights p_k (divided
-     * by their sum when mp->norm_w), then
+     * per token t, p = softmax (or sigmoid: mp->gating) of d_h[t] ffn_gate_inp,
+     * selection s = p + exp_probs_b (when L has it), under expert groups only
+     * the mp->n_group_used groups with the largest sums of their two best s,
+     * the n_expert_used largest s (ties: lower expert first) in slot order,
+     * weights p_k (divided by their sum when mp->norm_w, times mp->w_scale), then
      *   d_x[t] += sum_k w_k down_e(silu(gate_e h) * up_e h)
-     *             (+ sigmoid(h . gate_inp_shexp) * shared(h) when L has one).
+     *             (+ sigmoid(h . gate_inp_shexp) * shared(h) when L has one;
+     *              + shared(h) when it has no gate).
      * Each expert's rows are read once per call, for all its tokens; a
      * token's result does not depend on the rest of the batch.  KV_ENOMEM
      * when its workspace cannot be had. */
     int (*moe_ffn)(backend *be, const model_layer *L, const moe_params *mp, const float *d_h,
                    float *d_x, int32_t n, kvant_err *err);
+    /* Optional (NULL: latent-attention models are refused, fwd_init).  The
+     * absorbed form of layer L's latent attention, before the attention op:
+     * d_q [t][n_head][n_qk_nope + R] (the q projection), d_kv [t][C + R] (kv_a's,
+     * C = n_lora_kv, R = rope dims).  In place on d_kv: the latent part
+     * RMS-normed with L->kv_a_norm (eps), the rope part roped (rp, n_rot R) at
+     * the batch positions: the K row.  Into d_qa [t][n_head][C + R]:
+     * [wk_b[h] q_nope[t][h] | rope(q_pe[t][h])].  KV_ENOMEM without workspace. */
+    int (*mla_qk)(backend *be, const model_layer *L, const rope_params *rp, float eps,
+                  const float *d_q, float *d_kv, float *d_qa, int32_t n, kvant_err *err);
+    /* Optional (with mla_qk).  d_y[t][h][n_v_mla] = wv_b[h] d_att[t][h][0:C] (the
+     * attention's output rows are C + R wide per head). */
+    int (*mla_v)(backend *be, const model_layer *L, const float *d_att, float *d_y, int32_t n,
+                 kvant_err *err);
     /* d_dst[j] = d_src[out[j]] rows of row_len floats, j < n_out */
     void (*gather_out)(backend *be, const float *d_src, int32_t row_len, float *d_dst);
 } backend_ops;

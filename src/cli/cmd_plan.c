@@ -423,7 +423,7 @@ int cmd_plan(int argc, char **argv)
         return cli_plan_tp(&c, &pc);
     }
     plan_model pm = {hp.n_layers, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff,
-                     hp.n_vocab, hp.n_ctx_train, 0, hp.n_kv_total};
+                     hp.n_vocab, hp.n_ctx_train, 0, hp.n_kv_total, hp.fam.mla};
     plan_as_engine(&hp, &c, &ec, &pc);
     const int host = !c.backend || strcmp(c.backend, "cpu") == 0;
     engine_draft_plan dp = {0};

@@ -183,7 +183,8 @@ static int plan_engine(engine_ext *x, kvant_err *err)
     engine *e = &x->e;
     const model_hparams *hp = &e->m->hp;
     plan_model pm = {hp->n_layers, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim,
-                     hp->n_ff, hp->n_vocab, hp->n_ctx_train, planned_weights(e), hp->n_kv_total};
+                     hp->n_ff, hp->n_vocab, hp->n_ctx_train, planned_weights(e), hp->n_kv_total,
+                     hp->fam.mla};
     plan_config pc = plan_config_default();
     backend_device_info dev;
     int rc0 = backend_query(e->cfg.backend, e->cfg.device, &dev, err);

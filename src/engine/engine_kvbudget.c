@@ -71,6 +71,9 @@ static int check_policy(const engine *e, const engine_request *r, kvant_err *err
     if (!e->be->ops->kv_score || !e->be->ops->kv_compact)
         return kvant_err_set(err, KV_EINVAL, "kv_policy: '%s' is not on the %s backend", name,
                              e->be->ops->name);
+    if (e->m->hp.fam.mla) /* its scores would be per latent row, not per head */
+        return kvant_err_set(err, KV_EINVAL, "kv_policy: '%s' is not for latent-attention "
+                             "models (%s)", name, e->m->hp.recipe->arch);
     return KV_OK;
 }
 
@@ -114,7 +117,8 @@ int engine_kvb_resolve(const engine *e, const engine_request *rq, eng_kvb *out, 
     engine_request req = *rq; /* the server's default policy, for a request that names none */
     const engine_request *r = &req;
     if (req.kv_policy == ENGINE_KV_DEFAULT && e->cfg.kv_policy > ENGINE_KV_FULL &&
-        req.n == 1 && req.kv_sinks == 0 && !req.embed && e->be->ops->kv_score)
+        req.n == 1 && req.kv_sinks == 0 && !req.embed && e->be->ops->kv_score &&
+        !e->m->hp.fam.mla)
         req.kv_policy = e->cfg.kv_policy; /* else sinks, what a budget keeps without it */
     int rc = check_policy(e, r, err);
     if (rc || r->kv_policy == ENGINE_KV_FULL)

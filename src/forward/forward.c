@@ -28,6 +28,7 @@ static plan_model plan_shape(const model_hparams *hp)
         .n_layers = hp->n_layers, .n_embd = hp->n_embd, .n_head = hp->n_head,
         .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .n_ff = hp->n_ff,
         .n_vocab = hp->n_vocab, .n_ctx_train = hp->n_ctx_train, .n_kv_total = hp->n_kv_total,
+        .v_in_k = hp->fam.mla,
         .weights_bytes = 1, /* the workspace does not depend on it */
     };
 }
@@ -63,6 +64,7 @@ kv_layout fwd_kv_layout(const model *m, int32_t n_blocks, int32_t block_size, ui
         .n_kv_heads = m->hp.n_head_kv,
         .head_dim = m->hp.head_dim,
         .dtype = kv_dtype,
+        .v_in_k = m->hp.fam.mla,
     };
     for (int32_t il = 0; il < m->hp.n_layers && il < MODEL_MAX_LAYERS; il++) {
         lay.layer_kv_heads[il] = m->layers[il].n_head_kv;
@@ -82,6 +84,9 @@ int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_
         return kvant_err_set(err, KV_EUNSUP, "backend %s: mixture-of-experts models (%s."
                              "expert_count %u) are not supported", be->ops->name,
                              m->hp.recipe->arch, m->hp.fam.n_expert);
+    if (m->hp.fam.mla && (!be->ops->mla_qk || !be->ops->mla_v))
+        return kvant_err_set(err, KV_EUNSUP, "backend %s: latent-attention models (%s) are not "
+                             "supported", be->ops->name, m->hp.recipe->arch);
     if (kv->rotate && (!be->ops->hadamard || !hadamard_ok(m->hp.head_dim)))
         return kvant_err_set(err, KV_EUNSUP, "--kv-rotate: %s", !be->ops->hadamard
                              ? "not implemented on this backend"
@@ -197,6 +202,42 @@ static int reduce(fwd_ctx *f, float *d_y, int64_t count, kvant_err *err)
     return f->tp ? tp_allreduce(f->tp, d_y, count, err) : KV_OK;
 }
 
+/* Latent attention (deepseek2), absorbed: the cache row is the normed latent
+ * and the roped key part; each query head is absorbed into the latent space
+ * (mla_qk), attends as one of n_head heads over one KV head of C + R values
+ * whose V is the K row itself, and its latent output goes through wv_b
+ * (mla_v).  Buffers: q in d_q, kv_a in d_k, queries in d_att, the attention
+ * output in d_q, the heads' values in d_att (q_a in d_gate). */
+static int run_attn_mla(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
+{
+    const backend_ops *op = f->be->ops;
+    backend *be = f->be;
+    const model_hparams *hp = &f->m->hp;
+    const model_layer *L = &f->m->layers[il];
+    const model_tensor *none[2] = {NULL, NULL};
+    const model_tensor *qkv[2] = {L->wq_a.dev ? &L->wq_a : &L->wq, &L->wkv_a};
+    float *qkv_y[2] = {L->wq_a.dev ? f->d_gate : f->d_q, f->d_k};
+    matmuls(f, 2, qkv, none, f->d_h, qkv_y, n);
+    if (L->wq_a.dev) {
+        op->rmsnorm(be, f->d_gate, &L->q_a_norm, hp->rms_eps, f->d_gate, n);
+        op->matmul(be, &L->wq_b, NULL, f->d_gate, f->d_q, n);
+    }
+    rope_params rp = f->rope;
+    rp.base = L->rope_base;
+    rp.freq_scale = L->rope_scale;
+    int rc = op->mla_qk(be, L, &rp, hp->rms_eps, f->d_q, f->d_k, f->d_att, n, err);
+    if (rc)
+        return rc;
+    op->kv_store(be, il, f->d_k, f->d_k);
+    const attn_params ap = {hp->fam.q_scale, hp->fam.attn_softcap, L->window};
+    op->attention(be, il, f->d_att, L->n_head, &ap, f->d_q);
+    if ((rc = op->mla_v(be, L, f->d_q, f->d_att, n, err)))
+        return rc;
+    op->matmul(be, &L->wo, NULL, f->d_att, f->d_h, n);
+    op->add(be, f->d_x, f->d_h, (int64_t)n * hp->n_embd);
+    return KV_OK;
+}
+
 /* Attention half of layer il: d_x += post_norm(attention(...) Wo). */
 static int run_attn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
 {
@@ -205,6 +246,8 @@ static int run_attn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
     const model_hparams *hp = &f->m->hp;
     const model_layer *L = &f->m->layers[il];
     op->rmsnorm(be, f->d_x, &L->attn_norm, hp->rms_eps, f->d_h, n);
+    if (hp->fam.mla)
+        return run_attn_mla(f, il, n, err);
     const model_tensor *qkv[3] = {&L->wq, &L->wk, &L->wv};
     const model_tensor *qkv_b[3] = {L->bq.dev ? &L->bq : NULL, L->bk.dev ? &L->bk : NULL,
                                     L->bv.dev ? &L->bv : NULL};
@@ -252,7 +295,9 @@ static int run_ffn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
     const model_layer *L = &f->m->layers[il];
     op->rmsnorm(be, f->d_x, &L->ffn_norm, hp->rms_eps, f->d_h, n);
     if (L->n_expert) { /* experts (tensor parallelism refuses these models) */
-        const moe_params mp = {.norm_w = hp->recipe->moe_norm_w};
+        const moe_params mp = {.norm_w = hp->fam.moe_norm_w, .gating = hp->fam.moe_gating,
+                               .w_scale = hp->fam.moe_w_scale, .n_group = (int32_t)hp->fam.n_group,
+                               .n_group_used = (int32_t)hp->fam.n_group_used};
         return op->moe_ffn(be, L, &mp, f->d_h, f->d_x, n, err);
     }
     const model_tensor *gu[2] = {&L->w_gate, &L->w_up}, *gu_b[2] = {NULL, NULL};

@@ -129,13 +129,14 @@ static uint64_t work_bytes(const plan_model *m, const plan_config *c, int max_to
 uint64_t plan_kv_bytes_per_token(const plan_model *m, uint32_t kv_dtype)
 {
     const int64_t uniform = (int64_t)m->n_layers * m->n_head_kv;
+    const uint64_t planes = m->v_in_k ? 1u : 2u;
     if (m->n_kv_total == 0 || m->n_kv_total == uniform) {
         size_t row = dtype_row_size(kv_dtype, (int64_t)m->n_head_kv * m->head_dim);
-        return (uint64_t)m->n_layers * 2u * (uint64_t)row;
+        return (uint64_t)m->n_layers * planes * (uint64_t)row;
     }
     /* per-layer heads: each layer's rows hold whole heads */
     size_t head = dtype_row_size(kv_dtype, m->head_dim);
-    return (uint64_t)m->n_kv_total * 2u * (uint64_t)head;
+    return (uint64_t)m->n_kv_total * planes * (uint64_t)head;
 }
 
 static int check_config(const plan_model *m, const plan_config *c, kvant_err *err)

@@ -58,6 +58,8 @@ typedef struct plan_model {
     uint64_t weights_bytes; /* all tensors at stored size (what mmap maps) */
     int64_t n_kv_total;     /* KV heads summed over layers when they differ per layer
                              * (a pruned model); 0 = n_layers * n_head_kv */
+    int v_in_k;             /* 1: one row per token and layer (latent attention: V is
+                             * the K row); 0: K and V rows */
 } plan_model;
 
 typedef struct plan_config {

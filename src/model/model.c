@@ -202,12 +202,13 @@ int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err
                              n_head_kv, n_head);
     if ((rc = get_u32_key(g, arch, "attention.key_length", &key_len, 0, n_embd / n_head, err)))
         return rc;
-    if (key_len < 2 || key_len > MODEL_MAX_HEAD_DIM || key_len % 2)
+    const uint32_t max_key = hp->recipe->mla ? MODEL_MAX_MLA_ROW : MODEL_MAX_HEAD_DIM;
+    if (key_len < 2 || key_len > max_key || key_len % 2)
         return kvant_err_set(err, KV_EUNSUP, "%s.attention.key_length %u unsupported", arch,
                              key_len);
     if ((rc = get_u32_key(g, arch, "rope.dimension_count", &rope_dim, 0, key_len, err)))
         return rc;
-    if (rope_dim > key_len || rope_dim % 2)
+    if (rope_dim > key_len || rope_dim > MODEL_MAX_HEAD_DIM || rope_dim % 2)
         return kvant_err_set(err, KV_EFORMAT, "%s.rope.dimension_count %u invalid for head %u",
                              arch, rope_dim, key_len);
     hp->n_layers = (int32_t)n_layers;
@@ -232,7 +233,8 @@ int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err
     if ((rc = read_rope_scaling(g, arch, hp, &longrope, err)))
         return rc;
     model_family_base fb = {arch, hp->n_layers, hp->n_embd, hp->n_head, hp->head_dim, hp->n_ff,
-                            (uint32_t)ctx, hp->rope_base, hp->rope_freq_scale};
+                            (uint32_t)ctx, hp->rope_base, hp->rope_freq_scale, hp->n_head_kv,
+                            hp->rope_dim};
     if ((rc = model_family_read(g, hp->recipe, &fb, &hp->fam, err)))
         return rc;
     hp->fam.longrope = longrope;
@@ -241,6 +243,9 @@ int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err
         hp->n_ff = (int32_t)hp->fam.n_ff_exp;
     if ((int64_t)hp->fam.n_ff_shexp > hp->n_ff)
         hp->n_ff = (int32_t)hp->fam.n_ff_shexp;
+    /* latent attention's q_a output is staged in the FFN's buffer */
+    if ((int64_t)hp->fam.n_lora_q > hp->n_ff)
+        hp->n_ff = (int32_t)hp->fam.n_lora_q;
     const gguf_tensor_info *emb = gguf_find_tensor(g, "token_embd.weight");
     if (!emb)
         return kvant_err_set(err, KV_EFORMAT, "tensor 'token_embd.weight' is missing");
@@ -319,6 +324,34 @@ static model_tensor row_view(const model_tensor *t, int64_t row0, int64_t rows)
 
 #define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, il), name)
 
+/* A stacked tensor: GGUF [n][rows][ne0] bound as one matrix of n * rows rows. */
+static int bind_exps(const gguf_ctx *g, model_tensor *t, const char *name, int layer, int64_t ne0,
+                     int64_t rows, int64_t n_expert, kvant_err *err);
+
+/* Latent attention (deepseek2) of layer il. */
+static int bind_attn_mla(model *m, int il, model_layer *L, kvant_err *err)
+{
+    const model_hparams *hp = &m->hp;
+    const model_family_hp *f = &hp->fam;
+    const gguf_ctx *g = m->gguf;
+    char name[96];
+    const int64_t E = hp->n_embd, H = L->n_head, R = hp->rope_dim, C = f->n_lora_kv;
+    const int64_t QK = f->n_qk_nope + R, QL = f->n_lora_q;
+    int rc;
+    if (QL ? ((rc = bind(g, &L->wq_a, NAME("attn_q_a.weight"), il, E, QL, 0, err)) ||
+              (rc = bind_vec(g, &L->q_a_norm, NAME("attn_q_a_norm.weight"), il, QL, 0, err)) ||
+              (rc = bind(g, &L->wq_b, NAME("attn_q_b.weight"), il, QL, H * QK, 0, err)))
+           : (rc = bind(g, &L->wq, NAME("attn_q.weight"), il, E, H * QK, 0, err)))
+        return rc;
+    if ((rc = bind(g, &L->wkv_a, NAME("attn_kv_a_mqa.weight"), il, E, C + R, 0, err)) ||
+        (rc = bind_vec(g, &L->kv_a_norm, NAME("attn_kv_a_norm.weight"), il, C, 0, err)) ||
+        (rc = bind_exps(g, &L->wk_b, NAME("attn_k_b.weight"), il, f->n_qk_nope, C, H, err)) ||
+        (rc = bind_exps(g, &L->wv_b, NAME("attn_v_b.weight"), il, C, f->n_v_mla, H, err)) ||
+        (rc = bind(g, &L->wo, NAME("attn_output.weight"), il, H * f->n_v_mla, E, 0, err)))
+        return rc;
+    return KV_OK;
+}
+
 static int bind_attn(model *m, int il, model_layer *L, kvant_err *err)
 {
     const model_hparams *hp = &m->hp;
@@ -329,6 +362,8 @@ static int bind_attn(model *m, int il, model_layer *L, kvant_err *err)
     int rc, nb = !r->qkv_bias;
     if ((rc = bind_vec(g, &L->attn_norm, NAME("attn_norm.weight"), il, hp->n_embd, 0, err)))
         return rc;
+    if (r->mla)
+        return bind_attn_mla(m, il, L, err);
     if (r->fused_qkv) {
         model_tensor qkv;
         if ((rc = bind(g, &qkv, NAME("attn_qkv.weight"), il, hp->n_embd, q_dim + 2 * kv_dim, 0,
@@ -363,8 +398,6 @@ static int bind_attn(model *m, int il, model_layer *L, kvant_err *err)
     return KV_OK;
 }
 
-/* A stacked expert tensor: GGUF [n_expert][rows][ne0] bound as one matrix of
- * n_expert * rows rows. */
 static int bind_exps(const gguf_ctx *g, model_tensor *t, const char *name, int layer, int64_t ne0,
                      int64_t rows, int64_t n_expert, kvant_err *err)
 {
@@ -400,16 +433,19 @@ static int bind_moe(model *m, int il, model_layer *L, kvant_err *err)
     if ((rc = bind(g, &L->ffn_gate_inp, NAME("ffn_gate_inp.weight"), il, E, X, 0, err)) ||
         (rc = bind_exps(g, &L->gate_exps, NAME("ffn_gate_exps.weight"), il, E, F, X, err)) ||
         (rc = bind_exps(g, &L->up_exps, NAME("ffn_up_exps.weight"), il, E, F, X, err)) ||
-        (rc = bind_exps(g, &L->down_exps, NAME("ffn_down_exps.weight"), il, F, E, X, err)))
+        (rc = bind_exps(g, &L->down_exps, NAME("ffn_down_exps.weight"), il, F, E, X, err)) ||
+        (hp->recipe->moe_ds &&
+         (rc = bind_vec(g, &L->exp_probs_b, NAME("exp_probs_b.bias"), il, X, 1, err))))
         return rc;
     if (!S)
         return KV_OK;
     if ((rc = bind(g, &L->gate_shexp, NAME("ffn_gate_shexp.weight"), il, E, S, 0, err)) ||
         (rc = bind(g, &L->up_shexp, NAME("ffn_up_shexp.weight"), il, E, S, 0, err)) ||
-        (rc = bind(g, &L->down_shexp, NAME("ffn_down_shexp.weight"), il, S, E, 0, err)) ||
-        (rc = bind(g, &L->gate_inp_shexp, NAME("ffn_gate_inp_shexp.weight"), il, E, 1, 0, err)))
+        (rc = bind(g, &L->down_shexp, NAME("ffn_down_shexp.weight"), il, S, E, 0, err)))
         return rc;
-    return KV_OK;
+    if (hp->recipe->moe_ds) /* DeepSeek's shared experts are not gated */
+        return KV_OK;
+    return bind(g, &L->gate_inp_shexp, NAME("ffn_gate_inp_shexp.weight"), il, E, 1, 0, err);
 }
 
 
@@ -420,7 +456,7 @@ static int bind_ffn(model *m, int il, model_layer *L, kvant_err *err)
     const gguf_ctx *g = m->gguf;
     char name[96];
     int rc;
-    if (hp->fam.n_expert) {
+    if (hp->fam.n_expert && (uint32_t)il >= hp->fam.n_dense_lead) {
         if ((rc = bind_vec(g, &L->ffn_norm, NAME("ffn_norm.weight"), il, hp->n_embd, 0, err)))
             return rc;
         return bind_moe(m, il, L, err);
@@ -589,7 +625,9 @@ int model_layer_tensors(model_layer *L, model_tensor **out)
                           &L->ffn_norm,  &L->w_gate, &L->w_up,   &L->w_down,
                           &L->b_down,    &L->post_ffn_norm, &L->ffn_gate_inp, &L->gate_exps,
                           &L->up_exps,   &L->down_exps, &L->gate_shexp, &L->up_shexp,
-                          &L->down_shexp, &L->gate_inp_shexp};
+                          &L->down_shexp, &L->gate_inp_shexp, &L->exp_probs_b, &L->wq_a,
+                          &L->q_a_norm,  &L->wq_b,   &L->wkv_a,  &L->kv_a_norm,
+                          &L->wk_b,      &L->wv_b};
     _Static_assert(sizeof ts / sizeof ts[0] <= MODEL_LAYER_TENSORS, "MODEL_LAYER_TENSORS");
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
         out[i] = ts[i];

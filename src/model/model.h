@@ -85,7 +85,15 @@ typedef struct model_layer {
     model_tensor gate_exps, up_exps; /* [n_expert * n_ff_exp][n_embd] */
     model_tensor down_exps;     /* [n_expert * n_embd][n_ff_exp] */
     model_tensor gate_shexp, up_shexp, down_shexp; /* shared expert (n_ff_shexp > 0) */
-    model_tensor gate_inp_shexp; /* [1][n_embd]: its gate sigmoid(h . w) */
+    model_tensor gate_inp_shexp; /* [1][n_embd]: its gate sigmoid(h . w); data NULL: ungated
+                              * (DeepSeek's shared experts) */
+    model_tensor exp_probs_b;   /* [n_expert] f32 selection bias (DeepSeek-V3), or data NULL */
+    /* Latent attention (hp.fam.mla; wk, wv, bq.. then have data NULL): q from wq
+     * (n_lora_q 0) or wq_b(rmsnorm(wq_a h) * q_a_norm), [n_head][n_qk_nope + rope];
+     * wkv_a h = [latent n_lora_kv | k rope part]; kv_a_norm the latent's norm; wk_b
+     * stacked [n_head][n_lora_kv][n_qk_nope] (q_nope into the latent space), wv_b
+     * stacked [n_head][n_v_mla][n_lora_kv] (the latent output into a head's values) */
+    model_tensor wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm, wk_b, wv_b;
     int32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp; /* 0 for a dense FFN */
     int32_t n_ff;            /* this layer's FFN width (<= hp.n_ff; per-layer after pruning) */
     int32_t n_head, n_head_kv; /* this layer's heads (<= hp's; per-layer after pruning) */
@@ -125,8 +133,8 @@ int model_layer_heads(const gguf_ctx *g, int n_layers, int il, uint32_t *n_head,
 /* Reads hyper-parameters only (no tensors): used by `kvant plan`. */
 int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err);
 const char *model_arch_name(model_arch a);
-/* Tensors of layer L (the pointers into L), data NULL ones included: n returned, <= 32. */
-#define MODEL_LAYER_TENSORS 32
+/* Tensors of layer L (the pointers into L), data NULL ones included: n returned, <= 40. */
+#define MODEL_LAYER_TENSORS 40
 int model_layer_tensors(model_layer *L, model_tensor **out);
 
 /* 1 when some layer's FFN is a mixture of experts. */

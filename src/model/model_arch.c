@@ -47,6 +47,13 @@ static const model_recipe RECIPES[] = {
      .moe = MOE_REQUIRED,
      .notes = "pre-norm, NEOX rope, q/k RMS norm over the whole row; experts (softmax top-k, "
               "weights not normalised)"},
+    {.arch = "deepseek2", .rope = ROPE_NORM, .act = FFN_SILU, .moe = MOE_OPTIONAL,
+     .moe_ff_key = 1, .moe_ds = 1, .mla = 1,
+     .notes = "pre-norm, NORM rope on a part of each head; multi-head latent attention (one "
+              "latent + rope row per token in the KV cache, queries absorbed through attn_k_b, "
+              "outputs through attn_v_b); dense leading layers, then experts (softmax or "
+              "sigmoid routing, selection bias, expert groups, weight norm and scale) plus "
+              "ungated shared experts"},
 };
 
 #define N_RECIPES (sizeof RECIPES / sizeof RECIPES[0])
@@ -61,7 +68,7 @@ const model_recipe *model_recipe_find(const char *arch, uint64_t len)
 
 const char *model_recipe_list(void)
 {
-    return "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen2moe, qwen3moe, olmoe";
+    return "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen2moe, qwen3moe, olmoe, deepseek2";
 }
 
 const model_recipe *model_recipe_at(int32_t i)
@@ -147,17 +154,60 @@ static int read_swa(const gguf_ctx *g, const model_recipe *r, const model_family
     return KV_OK;
 }
 
+/* DeepSeek's routing keys (recipe moe_ds): gating function, weight norm and
+ * scale, expert groups, shared experts, leading dense layers. */
+static int read_moe_ds(const gguf_ctx *g, const model_family_base *b, model_family_hp *o,
+                       kvant_err *err)
+{
+    int rc, norm = 0;
+    uint32_t gating = 0, shared = 0;
+    float scale = 0.0f;
+    char key[128];
+    snprintf(key, sizeof key, "%s.expert_weights_norm", b->arch);
+    if ((rc = gguf_get_bool_or(g, key, 0, &norm, err)) ||
+        (rc = key_u32(g, b->arch, "expert_gating_func", 0, &gating, err)) ||
+        (rc = key_f32(g, b->arch, "expert_weights_scale", 0.0f, &scale, err)) ||
+        (rc = key_u32(g, b->arch, "expert_shared_count", 0, &shared, err)))
+        return rc;
+    if (gating > MOE_GATE_SIGMOID)
+        return kvant_err_set(err, KV_EUNSUP, "%s.expert_gating_func %u: kvant routes with "
+                             "softmax (1) or sigmoid (2)", b->arch, gating);
+    if (!isfinite(scale) || scale < 0.0f || scale > 1e4f)
+        return kvant_err_set(err, KV_EFORMAT, "%s.expert_weights_scale %g out of range",
+                             b->arch, (double)scale);
+    if (shared > 64)
+        return kvant_err_set(err, KV_EFORMAT, "%s.expert_shared_count %u out of range", b->arch,
+                             shared);
+    o->moe_norm_w = (uint8_t)(norm != 0);
+    o->moe_gating = gating == MOE_GATE_SIGMOID ? MOE_GATE_SIGMOID : MOE_GATE_SOFTMAX;
+    o->moe_w_scale = scale == 0.0f ? 1.0f : scale; /* llama.cpp: 0 and 1 both mean none */
+    o->n_ff_shexp = o->n_ff_exp * shared;
+    return KV_OK;
+}
+
 /* The experts' keys as llama.cpp reads them for the recipe's family; what
  * it would read and kvant does not implement is refused, naming the key. */
 static int read_moe(const gguf_ctx *g, const model_recipe *r, const model_family_base *b,
                     model_family_hp *o, kvant_err *err)
 {
     int rc;
-    uint32_t groups = 0;
+    o->moe_norm_w = r->moe_norm_w;
+    o->moe_gating = MOE_GATE_SOFTMAX;
+    o->moe_w_scale = 1.0f;
     if ((rc = key_u32(g, b->arch, "expert_count", 0, &o->n_expert, err)) ||
         (rc = key_u32(g, b->arch, "expert_used_count", 0, &o->n_expert_used, err)) ||
-        (rc = key_u32(g, b->arch, "expert_group_count", 0, &groups, err)))
+        (rc = key_u32(g, b->arch, "expert_group_count", 0, &o->n_group, err)) ||
+        (rc = key_u32(g, b->arch, "expert_group_used_count", 0, &o->n_group_used, err)) ||
+        (r->moe_ds && (rc = key_u32(g, b->arch, "leading_dense_block_count", 0,
+                                    &o->n_dense_lead, err))))
         return rc;
+    if (o->n_dense_lead > (uint32_t)b->n_layers)
+        return kvant_err_set(err, KV_EFORMAT, "%s.leading_dense_block_count %u exceeds %d "
+                             "layers", b->arch, o->n_dense_lead, b->n_layers);
+    if (o->n_expert == 0 && r->moe_ds && o->n_dense_lead < (uint32_t)b->n_layers)
+        return kvant_err_set(err, KV_EFORMAT, "%s.expert_count 0: layers from "
+                             "leading_dense_block_count %u on use experts", b->arch,
+                             o->n_dense_lead);
     if (o->n_expert == 0 && r->moe != MOE_REQUIRED)
         return KV_OK;
     if (r->moe == MOE_NONE)
@@ -170,9 +220,14 @@ static int read_moe(const gguf_ctx *g, const model_recipe *r, const model_family
         o->n_expert_used > MODEL_MAX_EXPERT_USED)
         return kvant_err_set(err, KV_EFORMAT, "%s.expert_used_count %u outside [1, %u] (limit %d)",
                              b->arch, o->n_expert_used, o->n_expert, MODEL_MAX_EXPERT_USED);
-    if (groups > 1)
-        return kvant_err_set(err, KV_EUNSUP, "%s.expert_group_count %u: expert groups are not "
-                             "supported", b->arch, groups);
+    /* llama.cpp reads expert groups for every family (DeepSeek-V3 has them) */
+    if (o->n_group > 1 && (o->n_expert % o->n_group || o->n_group_used < 1 ||
+                           o->n_group_used >= o->n_group || o->n_group >= o->n_expert))
+        return kvant_err_set(err, KV_EFORMAT, "%s.expert_group_count %u / _used_count %u: "
+                             "groups must divide %u experts and keep some but not all",
+                             b->arch, o->n_group, o->n_group_used, o->n_expert);
+    if (o->n_group <= 1)
+        o->n_group = o->n_group_used = 0;
     o->n_ff_exp = (uint32_t)b->n_ff;
     if (r->moe_ff_key &&
         (rc = key_u32(g, b->arch, "expert_feed_forward_length",
@@ -185,9 +240,53 @@ static int read_moe(const gguf_ctx *g, const model_recipe *r, const model_family
                              b->arch);
     if (r->moe_shared && (rc = gguf_get_u32_or(g, key, (uint32_t)b->n_ff, &o->n_ff_shexp, err)))
         return rc;
-    if (o->n_ff_exp < 1 || o->n_ff_exp > (1u << 20) || o->n_ff_shexp > (1u << 20))
-        return kvant_err_set(err, KV_EFORMAT, "%s: expert width %u / shared %u out of range",
-                             b->arch, o->n_ff_exp, o->n_ff_shexp);
+    if (o->n_ff_exp < 1 || o->n_ff_exp > (1u << 20))
+        return kvant_err_set(err, KV_EFORMAT, "%s: expert width %u out of range", b->arch,
+                             o->n_ff_exp);
+    if (r->moe_ds && (rc = read_moe_ds(g, b, o, err)))
+        return rc;
+    if (o->n_ff_shexp > (1u << 20))
+        return kvant_err_set(err, KV_EFORMAT, "%s: shared expert width %u out of range",
+                             b->arch, o->n_ff_shexp);
+    return KV_OK;
+}
+
+/* Latent attention's widths (recipe mla).  A file without key_length_mla is
+ * an older conversion (attn_kv_b, no latent cache in llama.cpp either). */
+static int read_mla(const gguf_ctx *g, const model_family_base *b, model_family_hp *o,
+                    kvant_err *err)
+{
+    uint32_t k_mla = 0, v_len = 0;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.key_length_mla", b->arch);
+    if (gguf_find_key(g, key) < 0)
+        return kvant_err_set(err, KV_EUNSUP, "%s is missing: a conversion without the split "
+                             "attn_k_b / attn_v_b (latent KV cache); convert the model again",
+                             key);
+    int rc;
+    if ((rc = gguf_get_u32_or(g, key, 0, &k_mla, err)) ||
+        (rc = key_u32(g, b->arch, "attention.value_length_mla", 0, &o->n_v_mla, err)) ||
+        (rc = key_u32(g, b->arch, "attention.kv_lora_rank", 0, &o->n_lora_kv, err)) ||
+        (rc = key_u32(g, b->arch, "attention.q_lora_rank", 0, &o->n_lora_q, err)) ||
+        (rc = key_u32(g, b->arch, "attention.value_length", o->n_lora_kv, &v_len, err)))
+        return rc;
+    if (b->n_head_kv != 1)
+        return kvant_err_set(err, KV_EFORMAT, "%s.attention.head_count_kv %d: latent attention "
+                             "keeps one KV row per token (1)", b->arch, b->n_head_kv);
+    if (o->n_lora_kv < 1 || (int64_t)o->n_lora_kv + b->rope_dim != b->head_dim ||
+        v_len != o->n_lora_kv)
+        return kvant_err_set(err, KV_EFORMAT, "%s: attention.key_length %d must be "
+                             "kv_lora_rank %u + rope.dimension_count %d, value_length %u "
+                             "kv_lora_rank", b->arch, b->head_dim, o->n_lora_kv, b->rope_dim,
+                             v_len);
+    if (k_mla <= (uint32_t)b->rope_dim || k_mla > MODEL_MAX_MLA_ROW || o->n_v_mla < 1 ||
+        o->n_v_mla > MODEL_MAX_MLA_ROW || o->n_lora_q > (1u << 16))
+        return kvant_err_set(err, KV_EFORMAT, "%s: key_length_mla %u (rope %d), "
+                             "value_length_mla %u or q_lora_rank %u out of range", b->arch,
+                             k_mla, b->rope_dim, o->n_v_mla, o->n_lora_q);
+    o->mla = 1;
+    o->n_qk_nope = k_mla - (uint32_t)b->rope_dim;
+    o->q_scale = 1.0f / sqrtf((float)k_mla); /* the decompressed head's width */
     return KV_OK;
 }
 
@@ -220,6 +319,8 @@ int model_family_read(const gguf_ctx *g, const model_recipe *r, const model_fami
         return rc;
     o->use_long = b->n_ctx_train > o->n_ctx_orig;
     if ((rc = read_moe(g, r, b, o, err)))
+        return rc;
+    if (r->mla && (rc = read_mla(g, b, o, err)))
         return rc;
     return read_swa(g, r, b, o, err);
 }

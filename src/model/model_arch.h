@@ -21,6 +21,7 @@
 
 #define MODEL_MAX_LAYERS 512
 #define MODEL_MAX_HEAD_DIM 256
+#define MODEL_MAX_MLA_ROW 1024     /* latent attention's key_length (kv_lora_rank + rope) */
 #define MODEL_MAX_EXPERTS 512      /* {arch}.expert_count (llama.cpp's LLAMA_MAX_EXPERTS) */
 #define MODEL_MAX_EXPERT_USED 64   /* {arch}.expert_used_count: slots per token */
 
@@ -48,6 +49,11 @@ typedef enum moe_kind {
     MOE_REQUIRED = 2, /* always experts (qwen2moe, qwen3moe, olmoe) */
 } moe_kind;
 
+typedef enum moe_gating {
+    MOE_GATE_SOFTMAX = 1, /* {arch}.expert_gating_func values, as llama.cpp numbers them */
+    MOE_GATE_SIGMOID = 2,
+} moe_gating;
+
 typedef enum output_kind {
     OUTPUT_OPTIONAL = 0, /* output.weight, or tied to token_embd when absent */
     OUTPUT_TIED = 1,     /* always token_embd; an output.weight is refused (gemma2) */
@@ -69,6 +75,12 @@ typedef struct model_recipe {
                             * else experts are feed_forward_length wide */
     uint8_t moe_shared;    /* shared expert ffn_*_shexp scaled by sigmoid(h . ffn_gate_inp_shexp),
                             * {arch}.expert_shared_feed_forward_length (qwen2moe) */
+    uint8_t moe_ds;        /* DeepSeek experts: expert_gating_func, expert_weights_norm /
+                            * _scale, expert groups, exp_probs_b selection bias,
+                            * expert_shared_count ungated shared experts,
+                            * leading_dense_block_count dense layers first */
+    uint8_t mla;           /* multi-head latent attention (deepseek2): q (or q_a / q_b),
+                            * kv_a_mqa, kv_a_norm, k_b / v_b; one latent KV row per token */
     uint8_t post_norms;    /* post_attention_norm / post_ffw_norm on each branch's output
                             * before the residual add (gemma) */
     uint8_t fused_qkv;     /* attn_qkv.weight: rows Q | K | V (phi3) */
@@ -106,6 +118,19 @@ typedef struct model_family_hp {
     uint32_t n_expert_used; /* expert_used_count: experts per token */
     uint32_t n_ff_exp;      /* one expert's FFN width */
     uint32_t n_ff_shexp;    /* the shared expert's width (0: none) */
+    uint8_t moe_norm_w;     /* the top-k weights are divided by their sum */
+    uint8_t moe_gating;     /* moe_gating: the router's probabilities */
+    float moe_w_scale;      /* the weights are multiplied by it (1: not) */
+    uint32_t n_group, n_group_used; /* expert groups: the best n_group_used of n_group
+                             * (each scored by its two best experts) hold the choice; 0: none */
+    uint32_t n_dense_lead;  /* the first layers' FFN is dense (leading_dense_block_count) */
+    /* Latent attention (recipe mla): the KV row is the latent (n_lora_kv) then the
+     * rope part (head_dim = n_lora_kv + rope dims); q heads are n_qk_nope + rope wide */
+    int mla;
+    uint32_t n_lora_q;      /* 0: attn_q; else attn_q_a, attn_q_a_norm, attn_q_b */
+    uint32_t n_lora_kv;
+    uint32_t n_qk_nope;     /* key_length_mla - rope dims */
+    uint32_t n_v_mla;       /* value_length_mla: a head's value width */
     uint8_t is_swa[MODEL_MAX_LAYERS]; /* layer il is a window layer */
 } model_family_hp;
 
@@ -115,6 +140,7 @@ typedef struct model_family_base {
     int32_t n_layers, n_embd, n_head, head_dim, n_ff;
     uint32_t n_ctx_train;
     float rope_base, rope_scale;
+    int32_t n_head_kv, rope_dim;
 } model_family_base;
 
 /* Reads the recipe's keys (soft-caps, sliding window and its pattern, the

@@ -224,6 +224,9 @@ int wstream_plan_make_order(const model *m, uint64_t weights_memory, int n_slots
                              "experts models (%s.expert_count %u) is not supported; the model "
                              "needs %llu bytes resident", m->hp.recipe->arch, m->hp.fam.n_expert,
                              (unsigned long long)p->resident_bytes);
+    if (m->hp.fam.mla)
+        return kvant_err_set(err, KV_EUNSUP, "--weights-memory: weight offload of latent-"
+                             "attention models (%s) is not supported", m->hp.recipe->arch);
     if (weights_memory < p->min_bytes)
         return kvant_err_set(err, KV_ENOMEM,
                              "--weights-memory %llu bytes cannot hold the embedding and output "

@@ -101,6 +101,11 @@ static int recipe_prunable(const model_recipe *r)
 
 prune_stats *prune_stats_create(model *m, kvant_err *err)
 {
+    if (m->hp.fam.mla) {
+        kvant_err_set(err, KV_EUNSUP, "prune: latent-attention models (%s) are not supported",
+                      m->hp.recipe->arch);
+        return NULL;
+    }
     if (model_has_experts(m)) {
         kvant_err_set(err, KV_EUNSUP, "prune: mixture-of-experts models (%s.expert_count %u) "
                       "are not supported", m->hp.recipe->arch, m->hp.fam.n_expert);

@@ -69,11 +69,13 @@ static double silu(double v)
     return v / (1.0 + exp(-v));
 }
 
-/* sum_k w_k down_e(silu(gate_e h) * up_e h) (+ sigmoid(h.g) shared(h)), in double. */
-static void ref_token(const model_layer *L, int norm_w, const float *h, double *out)
+/* The router in double: probabilities (softmax or sigmoid), selection =
+ * p + bias, expert groups by their two best, top K (ties: lower), weights. */
+static void ref_route(const model_layer *L, const moe_params *mp, const float *h, int *sel,
+                      double *w)
 {
     const float *R = L->ffn_gate_inp.data;
-    double p[X], mx = -1e300, sum = 0;
+    double p[X], sc[X], mx = -1e300, sum = 0;
     for (int e = 0; e < X; e++) {
         p[e] = 0;
         for (int c = 0; c < D; c++)
@@ -81,17 +83,58 @@ static void ref_token(const model_layer *L, int norm_w, const float *h, double *
         mx = p[e] > mx ? p[e] : mx;
     }
     for (int e = 0; e < X; e++)
-        sum += (p[e] = exp(p[e] - mx));
-    int sel[K];
-    double w[K], ws = 0;
+        sum += mp->gating == MOE_GATE_SIGMOID ? 0 : (p[e] = exp(p[e] - mx));
+    for (int e = 0; e < X; e++) {
+        p[e] = mp->gating == MOE_GATE_SIGMOID ? 1.0 / (1.0 + exp(-p[e])) : p[e] / sum;
+        sc[e] = p[e] + (L->exp_probs_b.data ? ((const float *)L->exp_probs_b.data)[e] : 0.0);
+    }
+    if (mp->n_group > 1) { /* groups of X / n_group, scored by their two best; keep the best */
+        const int per = X / mp->n_group;
+        double gs[X];
+        int kept[X] = {0};
+        for (int gi = 0; gi < mp->n_group; gi++) {
+            double a = -1e300, b = -1e300;
+            for (int e = gi * per; e < (gi + 1) * per; e++)
+                if (sc[e] > a)
+                    b = a, a = sc[e];
+                else if (sc[e] > b)
+                    b = sc[e];
+            gs[gi] = a + b;
+        }
+        for (int j = 0; j < mp->n_group_used; j++) {
+            int best = -1;
+            for (int gi = 0; gi < mp->n_group; gi++)
+                if (!kept[gi] && (best < 0 || gs[gi] > gs[best]))
+                    best = gi;
+            kept[best] = 1;
+        }
+        for (int e = 0; e < X; e++)
+            sc[e] = kept[e / per] ? sc[e] : -INFINITY;
+    }
+    double ws = 0;
     for (int s = 0; s < K; s++) {
         int best = -1;
-        for (int e = 0; e < X; e++)
-            if ((s == 0 || e != sel[0]) && (best < 0 || p[e] > p[best]))
+        for (int e = 0; e < X; e++) {
+            int taken = 0;
+            for (int j = 0; j < s; j++)
+                taken |= sel[j] == e;
+            if (!taken && (best < 0 || sc[e] > sc[best]))
                 best = e;
+        }
         sel[s] = best;
-        ws += (w[s] = p[best] / sum);
+        ws += (w[s] = p[best]);
     }
+    for (int s = 0; s < K; s++)
+        w[s] = (mp->norm_w ? w[s] / ws : w[s]) * mp->w_scale;
+}
+
+/* sum_k w_k down_e(silu(gate_e h) * up_e h) (+ sigmoid(h.g) or 1 times shared(h)),
+ * in double. */
+static void ref_token(const model_layer *L, const moe_params *mp, const float *h, double *out)
+{
+    int sel[K];
+    double w[K];
+    ref_route(L, mp, h, sel, w);
     memset(out, 0, D * sizeof *out);
     const int nex = L->n_ff_shexp ? K + 1 : K;
     for (int s = 0; s < nex; s++) {
@@ -100,13 +143,13 @@ static void ref_token(const model_layer *L, int norm_w, const float *h, double *
         const float *U = sh ? L->up_shexp.data : (const float *)L->up_exps.data + sel[s] * F * D;
         const float *Dn = sh ? L->down_shexp.data : (const float *)L->down_exps.data + sel[s] * D * F;
         double a[S], wk;
-        if (sh) {
+        if (sh && L->gate_inp_shexp.data) {
             double g = 0;
             for (int c = 0; c < D; c++)
                 g += (double)((const float *)L->gate_inp_shexp.data)[c] * h[c];
             wk = 1.0 / (1.0 + exp(-g));
         } else {
-            wk = norm_w ? w[s] / ws : w[s];
+            wk = sh ? 1.0 : w[s];
         }
         for (int r = 0; r < ff; r++) {
             double g = 0, u = 0;
@@ -135,9 +178,17 @@ static void test_topk(void)
     CHECK(w[0] == 0.3f && w[3] == 0.1f);
 }
 
-static void test_ffn(int shared, int norm_w)
+/* deepseek: DeepSeek-V3's routing (sigmoid, selection bias, 3 groups of 2 keeping 2,
+ * scale 2.5, weights normalised) and an ungated shared expert. */
+static void test_ffn(int shared, int norm_w, int deepseek)
 {
-    tu_rng r = {0x5eed + (unsigned)shared * 2 + (unsigned)norm_w};
+    const int dsk = deepseek;
+    tu_rng r = {0x5eed + (unsigned)shared * 2 + (unsigned)norm_w + 4u * (unsigned)dsk};
+    const moe_params mp = {.norm_w = norm_w, .gating = dsk ? MOE_GATE_SIGMOID : MOE_GATE_SOFTMAX,
+                           .w_scale = dsk ? 2.5f : 1.0f, .n_group = dsk ? 3 : 0,
+                           .n_group_used = dsk ? 2 : 0};
+    float bias[X];
+    fill(&r, bias, X, 0.2f);
     static float router[X * D], ge[X * F * D], ue[X * F * D], de[X * D * F];
     static float gs[S * D], us[S * D], ds[D * S], gis[D], h[N * D];
     fill(&r, router, X * D, 0.5f);
@@ -158,7 +209,10 @@ static void test_ffn(int shared, int norm_w)
     L.gate_shexp = mat(gs, D, S);
     L.up_shexp = mat(us, D, S);
     L.down_shexp = mat(ds, S, D);
-    L.gate_inp_shexp = mat(gis, D, 1);
+    if (!dsk)
+        L.gate_inp_shexp = mat(gis, D, 1);
+    else
+        L.exp_probs_b = mat(bias, X, 1);
     const cpu_moe_dims dims = {D, X, K, F, L.n_ff_shexp};
     void *ws = malloc(cpu_moe_ws_bytes(&dims, N));
     mm_ctx c = {.L = &L};
@@ -166,7 +220,7 @@ static void test_ffn(int shared, int norm_w)
     float x[N * D], x1[N * D];
     for (int i = 0; i < N * D; i++)
         x[i] = x1[i] = 0.01f * (float)(i % 13);
-    cpu_moe_ffn(&env, &L, norm_w, h, x, N);
+    cpu_moe_ffn(&env, &L, &mp, h, x, N);
     int distinct = 0, once = 1;
     for (int e = 0; e < X; e++) {
         distinct += c.gate_calls[e] > 0;
@@ -176,7 +230,7 @@ static void test_ffn(int shared, int norm_w)
     double worst = 0;
     for (int t = 0; t < N; t++) {
         double ref[D], num = 0, den = 0;
-        ref_token(&L, norm_w, h + t * D, ref);
+        ref_token(&L, &mp, h + t * D, ref);
         for (int i = 0; i < D; i++) {
             const double want = 0.01 * ((t * D + i) % 13) + ref[i];
             num += (x[t * D + i] - want) * (x[t * D + i] - want);
@@ -184,9 +238,10 @@ static void test_ffn(int shared, int norm_w)
         }
         worst = fmax(worst, sqrt(num / den));
     }
-    CHECKF(worst < 1e-5, "shared %d norm_w %d: rel err %.3g", shared, norm_w, worst);
+    CHECKF(worst < 1e-5, "shared %d norm_w %d deepseek %d: rel err %.3g", shared, norm_w, dsk,
+           worst);
     for (int t = 0; t < N; t++) /* alone: bitwise the batch's row */
-        cpu_moe_ffn(&env, &L, norm_w, h + t * D, x1 + t * D, 1);
+        cpu_moe_ffn(&env, &L, &mp, h + t * D, x1 + t * D, 1);
     CHECK(memcmp(x, x1, sizeof x) == 0);
     free(ws);
 }
@@ -216,6 +271,8 @@ int main(void)
     test_topk();
     for (int shared = 0; shared < 2; shared++)
         for (int norm_w = 0; norm_w < 2; norm_w++)
-            test_ffn(shared, norm_w);
+            test_ffn(shared, norm_w, 0);
+    test_ffn(1, 1, 1);
+    test_ffn(0, 0, 1);
     return tu_finish("test_moe");
 }

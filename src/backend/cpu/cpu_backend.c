@@ -90,6 +90,7 @@ static int cpu_load_weights(backend *be, model *m, kvant_err *err)
     if ((int64_t)m->hp.n_head * m->hp.head_dim > cb->qact_n)
         cb->qact_n = (int64_t)m->hp.n_head * m->hp.head_dim;
     cb->moe = cpu_moe_dims_of(m);
+    cb->mla = cpu_mla_dims_of(m);
     if (cb->act_q8 && cb->pack) {
         cb->packed = cpu_pack_weights(m, cb->mem, cb->pool, err);
         if (!cb->packed)
@@ -200,6 +201,14 @@ static int cpu_kv_map(cpu_backend *cb, const kv_layout *lay, kvant_err *err)
     return KV_OK;
 }
 
+/* The experts' and latent attention's workspace for n tokens (one op uses it
+ * at a time). */
+static size_t layer_ws_bytes(const cpu_backend *cb, int32_t n)
+{
+    const size_t a = cpu_moe_ws_bytes(&cb->moe, n), b = cpu_mla_ws_bytes(&cb->mla, n);
+    return a > b ? a : b;
+}
+
 static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
 {
     cpu_backend *cb = cpu(be);
@@ -221,13 +230,15 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
                              "fixed-size pool", lay->n_blocks_w);
     cpu_kv_free(be);
     cb->kv.n_blocks_w = lay->n_blocks_w; /* kv_pages reads it */
+    cb->kv.v_in_k = lay->v_in_k;         /* kv_row reads it */
+    const int64_t planes = lay->v_in_k ? 1 : 2;
     int64_t off[2] = {0, 0}; /* global, window */
     for (int32_t il = 0; il < lay->n_layers; il++) {
         const int64_t dim = (int64_t)kv_layout_heads(lay, il) * lay->head_dim;
         const int g = lay->n_blocks_w > 0 && lay->layer_window[il];
         cb->kv_row_bytes[il] = (int64_t)dtype_row_size(lay->dtype, dim);
         cb->kv_layer_off[il] = off[g];
-        off[g] += 2 * (int64_t)lay->block_size * cb->kv_row_bytes[il];
+        off[g] += planes * (int64_t)lay->block_size * cb->kv_row_bytes[il];
     }
     cb->kv_block_stride = off[0];
     cb->kv_block_stride_w = off[1];
@@ -243,8 +254,9 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
         cb->qact = mem_alloc(cb->mem, qb, MEM_WORKSPACE, MEM_NO_LAYER, NULL);
         cb->qact_bytes = cb->qact ? qb : 0;
     }
-    /* the experts' workspace of the largest step, as the activations */
-    const size_t mb = cpu_moe_ws_bytes(&cb->moe, lay->max_tokens);
+    /* the experts' (and latent attention's) workspace of the largest step, as the
+     * activations */
+    const size_t mb = layer_ws_bytes(cb, lay->max_tokens);
     if (mb > cb->moe_ws_bytes) {
         mem_free(cb->mem, cb->moe_ws);
         cb->moe_ws = mem_alloc(cb->mem, mb, MEM_WORKSPACE, MEM_NO_LAYER, NULL);
@@ -302,7 +314,7 @@ static uint64_t cpu_kv_extra_bytes(backend *be, const kv_layout *lay)
      * rounding; its int8 matmul activations are in the plan
      * (plan_config.act_q8, plan_act_q8_bytes) */
     return (uint64_t)cpu_kvq_scratch(lay->block_size, lay->head_dim) * cpu(be)->n_threads *
-               sizeof(float) + 64 + cpu_moe_ws_bytes(&cpu(be)->moe, lay->max_tokens);
+               sizeof(float) + 64 + layer_ws_bytes(cpu(be), lay->max_tokens);
 }
 
 /* Block-major storage: a block's K and V of every layer are one span of
@@ -584,11 +596,9 @@ static void moe_mm(void *ctx, int count, const model_tensor *const *W, const flo
 
 /* The workspace kv_init sized for the largest step; a larger step (a
  * layout without max_tokens) grows it once, as the int8 activations. */
-static int cpu_moe_ffn_op(backend *be, const model_layer *L, const moe_params *mp,
-                          const float *d_h, float *d_x, int32_t n, kvant_err *err)
+static int layer_ws(cpu_backend *cb, int32_t n, kvant_err *err)
 {
-    cpu_backend *cb = cpu(be);
-    const size_t need = cpu_moe_ws_bytes(&cb->moe, n);
+    const size_t need = layer_ws_bytes(cb, n);
     if (need > cb->moe_ws_bytes) {
         mem_free(cb->mem, cb->moe_ws);
         cb->moe_ws = mem_alloc(cb->mem, need, MEM_WORKSPACE, MEM_NO_LAYER, err);
@@ -596,8 +606,39 @@ static int cpu_moe_ffn_op(backend *be, const model_layer *L, const moe_params *m
         if (!cb->moe_ws)
             return KV_ENOMEM;
     }
-    const cpu_moe_env env = {moe_mm, be, cb->moe_ws};
-    cpu_moe_ffn(&env, L, mp->norm_w, d_h, d_x, n);
+    return KV_OK;
+}
+
+static int cpu_moe_ffn_op(backend *be, const model_layer *L, const moe_params *mp,
+                          const float *d_h, float *d_x, int32_t n, kvant_err *err)
+{
+    int rc = layer_ws(cpu(be), n, err);
+    if (rc)
+        return rc;
+    const cpu_moe_env env = {moe_mm, be, cpu(be)->moe_ws};
+    cpu_moe_ffn(&env, L, mp, d_h, d_x, n);
+    return KV_OK;
+}
+
+static int cpu_mla_qk_op(backend *be, const model_layer *L, const rope_params *rp, float eps,
+                         const float *d_q, float *d_kv, float *d_qa, int32_t n, kvant_err *err)
+{
+    int rc = layer_ws(cpu(be), n, err);
+    if (rc)
+        return rc;
+    const cpu_mla_env env = {moe_mm, be, cpu(be)->moe_ws, cpu(be)->batch->pos};
+    cpu_mla_qk(&env, L, rp, eps, d_q, d_kv, d_qa, n);
+    return KV_OK;
+}
+
+static int cpu_mla_v_op(backend *be, const model_layer *L, const float *d_att, float *d_y,
+                        int32_t n, kvant_err *err)
+{
+    int rc = layer_ws(cpu(be), n, err);
+    if (rc)
+        return rc;
+    const cpu_mla_env env = {moe_mm, be, cpu(be)->moe_ws, cpu(be)->batch->pos};
+    cpu_mla_v(&env, L, d_att, d_y, n);
     return KV_OK;
 }
 
@@ -633,13 +674,9 @@ static void cpu_kv_store(backend *be, int32_t il, const float *d_k, const float 
         int32_t p = b->pos[t];
         int32_t blk = kv_table(cb, s, il)[p / cb->kv.block_size];
         int32_t off = p % cb->kv.block_size;
-        if (cb->kv.dtype == DT_F32) {
-            memcpy(kv_row(cb, il, blk, off, 0), d_k + t * kv_dim, (size_t)kv_dim * sizeof(float));
-            memcpy(kv_row(cb, il, blk, off, 1), d_v + t * kv_dim, (size_t)kv_dim * sizeof(float));
-        } else {
-            cpu_kv_store_row(cb->kv.dtype, d_k + t * kv_dim, kv_row(cb, il, blk, off, 0), kv_dim);
+        cpu_kv_store_row(cb->kv.dtype, d_k + t * kv_dim, kv_row(cb, il, blk, off, 0), kv_dim);
+        if (!cb->kv.v_in_k)
             cpu_kv_store_row(cb->kv.dtype, d_v + t * kv_dim, kv_row(cb, il, blk, off, 1), kv_dim);
-        }
     }
 }
 
@@ -920,6 +957,8 @@ static const backend_ops cpu_ops = {
     .softcap = cpu_softcap,
     .add = cpu_add,
     .moe_ffn = cpu_moe_ffn_op,
+    .mla_qk = cpu_mla_qk_op,
+    .mla_v = cpu_mla_v_op,
     .gather_out = cpu_gather_out,
 };
 

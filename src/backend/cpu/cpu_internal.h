@@ -10,6 +10,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kv.h"
+#include "backend/cpu/cpu_mla.h"
 #include "backend/cpu/cpu_moe.h"
 #include "backend/cpu/cpu_pack.h"
 #include "backend/cpu/tpool.h"
@@ -26,7 +27,7 @@ typedef struct cpu_backend {
     int n_threads;
     const fwd_batch *batch; /* current batch (borrowed for one forward pass) */
     kv_layout kv;           /* kv.n_blocks: the blocks that exist now */
-    uint8_t *kv_data;       /* [max_blocks][n_layers][2][block_size] rows of
+    uint8_t *kv_data;       /* [max_blocks][n_layers][2 (1: v_in_k)][block_size] rows of
                              * kv_row_bytes[il]: an address range reserved for max_blocks
                              * (PROT_NONE), of which the pages of [0, n_blocks) are
                              * read/write */
@@ -51,7 +52,9 @@ typedef struct cpu_backend {
     int pack;               /* 0 under BACKEND_NO_PACK */
     int n_weight_ids, cap_weight_ids;
     cpu_moe_dims moe;       /* the loaded model's widest expert layer (zero: dense) */
-    void *moe_ws;           /* MEM_WORKSPACE for cpu_moe_ffn, moe_ws_bytes */
+    cpu_mla_dims mla;       /* its latent attention's shape (zero: none) */
+    void *moe_ws;           /* MEM_WORKSPACE for cpu_moe_ffn and cpu_mla (one op at a
+                             * time), moe_ws_bytes: layer_ws_bytes of the largest step */
     size_t moe_ws_bytes;
 } cpu_backend;
 
@@ -83,8 +86,9 @@ static inline const int32_t *kv_table(const cpu_backend *cb, const fwd_seq *s, i
 static inline uint8_t *kv_row(cpu_backend *cb, int32_t il, int32_t block, int32_t off, int v)
 {
     uint8_t *base = kv_is_window(cb, il) ? cb->kv_data_w : cb->kv_data;
+    const int64_t plane = v && !cb->kv.v_in_k; /* latent attention: V is the K row */
     return base + block * kv_stride(cb, il) + cb->kv_layer_off[il] +
-           ((int64_t)v * cb->kv.block_size + off) * cb->kv_row_bytes[il];
+           (plane * cb->kv.block_size + off) * cb->kv_row_bytes[il];
 }
 
 #endif

@@ -2,8 +2,10 @@
  *
  * Per step:
  *   logits[t] = h[t] ffn_gate_inp            (matmul)
- *   p[t] = softmax(logits[t]) ; sel[t][k], w[t][k] = top-k of p[t] (k < n_used)
- *   (w[t] /= sum w[t], clamped below at 2^-14, when norm_w)
+ *   p[t] = softmax (or sigmoid) of logits[t] ; s[t] = p[t] (+ exp_probs_b)
+ *   (expert groups: s = -inf outside the n_group_used groups whose two best s sum most)
+ *   sel[t][k] = top-k of s[t] (k < n_used), w[t][k] = p[t][sel[t][k]]
+ *   (w[t] /= sum w[t], clamped below at 2^-14, when norm_w ; w[t] *= w_scale)
  *   order = (t, k) pairs sorted by expert, then t, then k (a counting sort)
  *   per expert e with tokens: xg = h[tokens] ; y = down_e(silu(gate_e xg) * up_e xg)
  *                             into yslot at the pairs' sorted positions
@@ -19,6 +21,7 @@
 /* The workspace's parts for n tokens, in floats (int32 parts share the size). */
 typedef struct moe_ws {
     float *logits;    /* [n][n_expert] */
+    float *sc;        /* [n_expert] one token's selection scores */
     int32_t *sel;     /* [n][n_used] expert of each slot */
     float *w;         /* [n][n_used] its weight */
     int32_t *start;   /* [n_expert + 1] first sorted position of each expert */
@@ -41,10 +44,10 @@ static size_t ws_layout(const cpu_moe_dims *d, int32_t n, float *base, moe_ws *o
 {
     const size_t nt = (size_t)n, k = (size_t)d->n_used, D = (size_t)d->n_embd;
     const size_t F = (size_t)(d->n_ff_exp > d->n_ff_shexp ? d->n_ff_exp : d->n_ff_shexp);
-    const size_t sizes[] = {nt * (size_t)d->n_expert, nt * k, nt * k, (size_t)d->n_expert + 1,
-                            nt * k, nt * k, nt * D, nt * F, nt * F, nt * k * D,
-                            d->n_ff_shexp ? nt * D : 0, nt};
-    void **parts[] = {(void **)&o->logits, (void **)&o->sel,  (void **)&o->w,
+    const size_t sizes[] = {nt * (size_t)d->n_expert, (size_t)d->n_expert, nt * k, nt * k,
+                            (size_t)d->n_expert + 1, nt * k, nt * k, nt * D, nt * F, nt * F,
+                            nt * k * D, d->n_ff_shexp ? nt * D : 0, nt};
+    void **parts[] = {(void **)&o->logits, (void **)&o->sc, (void **)&o->sel,  (void **)&o->w,
                       (void **)&o->start,  (void **)&o->pos,  (void **)&o->tok,
                       (void **)&o->xg,     (void **)&o->gate, (void **)&o->up,
                       (void **)&o->yslot,  (void **)&o->ysh,  (void **)&o->gsh};
@@ -99,32 +102,71 @@ void cpu_moe_topk(const float *p, int32_t n_expert, int32_t k, int32_t *sel, flo
     }
 }
 
-/* Softmax, top-k and the weights of token t's slots. */
-static void route_token(const moe_ws *ws, int32_t t, int32_t n_expert, int32_t k, int norm_w)
+/* Expert groups: selection scores outside the n_group_used groups with the
+ * largest sums of their two best scores become -inf (ties: lower group). */
+static void mask_groups(float *sc, int32_t n_expert, const moe_params *mp)
 {
-    float *p = ws->logits + (size_t)t * n_expert;
-    float mx = p[0];
-    for (int32_t e = 1; e < n_expert; e++)
-        mx = p[e] > mx ? p[e] : mx;
-    float sum = 0.0f;
-    for (int32_t e = 0; e < n_expert; e++) {
-        p[e] = expf(p[e] - mx);
-        sum += p[e];
+    const int32_t per = n_expert / mp->n_group;
+    float gs[MODEL_MAX_EXPERTS] = {0};
+    int32_t gsel[MODEL_MAX_EXPERTS];
+    for (int32_t gi = 0; gi < mp->n_group; gi++) {
+        int32_t top[2];
+        float v[2];
+        cpu_moe_topk(sc + gi * per, per, per < 2 ? per : 2, top, v);
+        gs[gi] = per < 2 ? v[0] : v[0] + v[1];
     }
+    float unused[MODEL_MAX_EXPERTS];
+    cpu_moe_topk(gs, mp->n_group, mp->n_group_used, gsel, unused);
+    for (int32_t gi = 0; gi < mp->n_group; gi++) {
+        int keep = 0;
+        for (int32_t j = 0; j < mp->n_group_used; j++)
+            keep |= gsel[j] == gi;
+        for (int32_t e = 0; !keep && e < per; e++)
+            sc[gi * per + e] = -INFINITY;
+    }
+}
+
+/* Router probabilities, selection, top-k and the weights of token t's slots. */
+static void route_token(const moe_ws *ws, int32_t t, const model_layer *L, const moe_params *mp)
+{
+    const int32_t n_expert = L->n_expert, k = L->n_expert_used;
+    float *p = ws->logits + (size_t)t * n_expert;
+    if (mp->gating == MOE_GATE_SIGMOID) {
+        for (int32_t e = 0; e < n_expert; e++)
+            p[e] = 1.0f / (1.0f + expf(-p[e]));
+    } else {
+        float mx = p[0];
+        for (int32_t e = 1; e < n_expert; e++)
+            mx = p[e] > mx ? p[e] : mx;
+        float sum = 0.0f;
+        for (int32_t e = 0; e < n_expert; e++) {
+            p[e] = expf(p[e] - mx);
+            sum += p[e];
+        }
+        for (int32_t e = 0; e < n_expert; e++)
+            p[e] /= sum;
+    }
+    const float *bias = L->exp_probs_b.dev;
     for (int32_t e = 0; e < n_expert; e++)
-        p[e] /= sum;
+        ws->sc[e] = bias ? p[e] + bias[e] : p[e];
+    if (mp->n_group > 1)
+        mask_groups(ws->sc, n_expert, mp);
     int32_t *sel = ws->sel + (size_t)t * k;
     float *w = ws->w + (size_t)t * k;
-    cpu_moe_topk(p, n_expert, k, sel, w);
-    if (!norm_w)
-        return;
-    float ws_sum = 0.0f;
+    cpu_moe_topk(ws->sc, n_expert, k, sel, w);
     for (int32_t s = 0; s < k; s++)
-        ws_sum += w[s];
-    if (ws_sum < 6.103515625e-5f) /* llama.cpp clamps the sum to f16's smallest normal */
-        ws_sum = 6.103515625e-5f;
-    for (int32_t s = 0; s < k; s++)
-        w[s] /= ws_sum;
+        w[s] = p[sel[s]]; /* the unbiased probability */
+    if (mp->norm_w) {
+        float ws_sum = 0.0f;
+        for (int32_t s = 0; s < k; s++)
+            ws_sum += w[s];
+        if (ws_sum < 6.103515625e-5f) /* llama.cpp clamps the sum to f16's smallest normal */
+            ws_sum = 6.103515625e-5f;
+        for (int32_t s = 0; s < k; s++)
+            w[s] /= ws_sum;
+    }
+    for (int32_t s = 0; mp->w_scale != 1.0f && s < k; s++)
+        w[s] *= mp->w_scale;
 }
 
 /* Counting sort of the (t, k) pairs by expert: start[e] .. start[e + 1]. */
@@ -146,8 +188,7 @@ static void group(const moe_ws *ws, int32_t n, int32_t n_expert, int32_t k)
     ws->start[0] = 0;
 }
 
-/* Row view [row0, row0 + rows) of a stacked tensor, at its backend copy. */
-static model_tensor rows_of(const model_tensor *t, int64_t row0, int64_t rows)
+model_tensor cpu_moe_rows(const model_tensor *t, int64_t row0, int64_t rows)
 {
     model_tensor v = *t;
     v.ne[1] = rows;
@@ -180,15 +221,15 @@ static void run_experts(const cpu_moe_env *env, const moe_ws *ws, const model_la
         for (int32_t i = 0; i < cnt; i++)
             memcpy(ws->xg + (size_t)i * D, h + (size_t)ws->tok[b + i] * D,
                    (size_t)D * sizeof(float));
-        const model_tensor g = rows_of(&L->gate_exps, e * F, F);
-        const model_tensor u = rows_of(&L->up_exps, e * F, F);
-        const model_tensor d = rows_of(&L->down_exps, e * D, D);
+        const model_tensor g = cpu_moe_rows(&L->gate_exps, e * F, F);
+        const model_tensor u = cpu_moe_rows(&L->up_exps, e * F, F);
+        const model_tensor d = cpu_moe_rows(&L->down_exps, e * D, D);
         gated_ffn(env, ws, &g, &u, &d, ws->xg, ws->yslot + (size_t)b * D, cnt);
     }
 }
 
-void cpu_moe_ffn(const cpu_moe_env *env, const model_layer *L, int norm_w, const float *h,
-                 float *x, int32_t n)
+void cpu_moe_ffn(const cpu_moe_env *env, const model_layer *L, const moe_params *mp,
+                 const float *h, float *x, int32_t n)
 {
     const cpu_moe_dims dims = {(int32_t)L->ffn_gate_inp.ne[0], L->n_expert, L->n_expert_used,
                                L->n_ff_exp, L->n_ff_shexp};
@@ -198,19 +239,21 @@ void cpu_moe_ffn(const cpu_moe_env *env, const model_layer *L, int norm_w, const
     const model_tensor *router = &L->ffn_gate_inp;
     env->mm(env->mm_ctx, 1, &router, h, &ws.logits, n);
     for (int32_t t = 0; t < n; t++)
-        route_token(&ws, t, L->n_expert, k, norm_w);
+        route_token(&ws, t, L, mp);
     group(&ws, n, L->n_expert, k);
     run_experts(env, &ws, L, h);
+    const int sh_gated = L->n_ff_shexp && L->gate_inp_shexp.dev;
     if (L->n_ff_shexp) {
         const model_tensor *gi = &L->gate_inp_shexp;
-        env->mm(env->mm_ctx, 1, &gi, h, &ws.gsh, n);
+        if (sh_gated)
+            env->mm(env->mm_ctx, 1, &gi, h, &ws.gsh, n);
         gated_ffn(env, &ws, &L->gate_shexp, &L->up_shexp, &L->down_shexp, h, ws.ysh, n);
     }
     for (int32_t t = 0; t < n; t++) {
         float *xt = x + (size_t)t * D;
         const int32_t *pos = ws.pos + (size_t)t * k;
         const float *w = ws.w + (size_t)t * k;
-        const float sg = L->n_ff_shexp ? 1.0f / (1.0f + expf(-ws.gsh[t])) : 0.0f;
+        const float sg = sh_gated ? 1.0f / (1.0f + expf(-ws.gsh[t])) : 1.0f;
         for (int32_t c = 0; c < D; c++) {
             float acc = 0.0f;
             for (int32_t s = 0; s < k; s++)

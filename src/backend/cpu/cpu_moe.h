@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "model/model.h"
 
 /* The widest layer's expert shape (the workspace's size). */
@@ -42,8 +43,12 @@ typedef struct cpu_moe_env {
 } cpu_moe_env;
 
 /* x[t] += MoE_L(h[t]) for t < n (backend.h moe_ffn). */
-void cpu_moe_ffn(const cpu_moe_env *env, const model_layer *L, int norm_w, const float *h,
-                 float *x, int32_t n);
+void cpu_moe_ffn(const cpu_moe_env *env, const model_layer *L, const moe_params *mp,
+                 const float *h, float *x, int32_t n);
+
+/* Row view [row0, row0 + rows) of a stacked tensor (experts, heads), at its
+ * backend copy (packed or not: rows keep their row_bytes). */
+model_tensor cpu_moe_rows(const model_tensor *t, int64_t row0, int64_t rows);
 
 /* The top k of p[0..n_expert) into sel[0..k) (largest first, ties: lower
  * index first) and their values into w. */
