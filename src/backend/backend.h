@@ -43,6 +43,9 @@ typedef struct rope_params {
     const float *d_freq_factors; /* [n_rot/2] or NULL: theta_i /= factor_i (Llama-3
                                   * rope_freqs, LongRoPE long/short factors) */
     float mscale;         /* cos and sin are multiplied by it (LongRoPE attn_factor; 1) */
+    float ext_factor;     /* YaRN (0: none): dims below corr_lo keep the unscaled angle,
+                           * above corr_hi the scaled one, a linear ramp between */
+    float corr_lo, corr_hi;
 } rope_params;
 
 /* How one layer attends (the recipe's attention variant). */

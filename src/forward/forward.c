@@ -131,6 +131,9 @@ int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_
         .freq_scale = m->hp.rope_freq_scale,
         .d_freq_factors = m->rope_freqs.dev,
         .mscale = m->hp.fam.rope_attn_factor,
+        .ext_factor = m->hp.fam.yarn ? 1.0f : 0.0f,
+        .corr_lo = m->hp.fam.yarn_corr[0],
+        .corr_hi = m->hp.fam.yarn_corr[1],
     };
     return KV_OK;
 }

@@ -42,12 +42,12 @@ static int get_f32_key(const gguf_ctx *g, const char *arch, const char *suffix, 
  * type is "linear"; the factor scales unless the type is "none").  Types
  * whose maths kvant does not implement (yarn, anything unknown) are refused. */
 static int read_rope_scaling(const gguf_ctx *g, const char *arch, model_hparams *hp, int *longrope,
-                             kvant_err *err)
+                             int *yarn, kvant_err *err)
 {
     char key[128];
     gguf_str type = {0};
     hp->rope_freq_scale = 1.0f;
-    *longrope = 0;
+    *longrope = *yarn = 0;
     snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
     int rc = gguf_find_key(g, key) < 0 ? KV_OK : gguf_get_str(g, key, &type, err);
     if (rc)
@@ -57,10 +57,12 @@ static int read_rope_scaling(const gguf_ctx *g, const char *arch, model_hparams 
     /* Llama-3 style scaling is carried by the rope_freqs.weight tensor
      * (freq factors computed at conversion) */
     *longrope = type.ptr && gguf_str_eq(type, "longrope");
-    if (type.ptr && !gguf_str_eq(type, "linear") && !gguf_str_eq(type, "llama3") && !*longrope)
-        return kvant_err_set(err, KV_EUNSUP, "%s '%.*s' is not supported (kvant runs none, "
-                             "linear, longrope)", key, (int)(type.len > 64 ? 64 : type.len),
-                             type.ptr);
+    *yarn = type.ptr && gguf_str_eq(type, "yarn") && hp->recipe->yarn;
+    if (type.ptr && !gguf_str_eq(type, "linear") && !gguf_str_eq(type, "llama3") && !*longrope &&
+        !*yarn)
+        return kvant_err_set(err, KV_EUNSUP, "%s '%.*s' is not supported for %s (kvant runs "
+                             "none, linear, longrope; yarn for deepseek2)", key,
+                             (int)(type.len > 64 ? 64 : type.len), type.ptr, arch);
     if (*longrope && !hp->recipe->rope_factors)
         return kvant_err_set(err, KV_EUNSUP, "%s longrope: not for architecture %s", key, arch);
     float factor = 0.0f;
@@ -229,12 +231,12 @@ int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err
     if (hp->recipe->rope_dim_full && rope_dim != key_len)
         return kvant_err_set(err, KV_EFORMAT, "%s.rope.dimension_count %u: must equal the head "
                              "size %u", arch, rope_dim, key_len);
-    int longrope;
-    if ((rc = read_rope_scaling(g, arch, hp, &longrope, err)))
+    int longrope, yarn;
+    if ((rc = read_rope_scaling(g, arch, hp, &longrope, &yarn, err)))
         return rc;
     model_family_base fb = {arch, hp->n_layers, hp->n_embd, hp->n_head, hp->head_dim, hp->n_ff,
                             (uint32_t)ctx, hp->rope_base, hp->rope_freq_scale, hp->n_head_kv,
-                            hp->rope_dim};
+                            hp->rope_dim, yarn};
     if ((rc = model_family_read(g, hp->recipe, &fb, &hp->fam, err)))
         return rc;
     hp->fam.longrope = longrope;

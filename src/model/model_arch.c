@@ -48,7 +48,7 @@ static const model_recipe RECIPES[] = {
      .notes = "pre-norm, NEOX rope, q/k RMS norm over the whole row; experts (softmax top-k, "
               "weights not normalised)"},
     {.arch = "deepseek2", .rope = ROPE_NORM, .act = FFN_SILU, .moe = MOE_OPTIONAL,
-     .moe_ff_key = 1, .moe_ds = 1, .mla = 1,
+     .moe_ff_key = 1, .moe_ds = 1, .mla = 1, .yarn = 1,
      .notes = "pre-norm, NORM rope on a part of each head; multi-head latent attention (one "
               "latent + rope row per token in the KV cache, queries absorbed through attn_k_b, "
               "outputs through attn_v_b); dense leading layers, then experts (softmax or "
@@ -251,6 +251,36 @@ static int read_moe(const gguf_ctx *g, const model_recipe *r, const model_family
     return KV_OK;
 }
 
+/* YaRN (rope.scaling.type yarn): the ramp's dims and the factors llama.cpp
+ * derives (llama_context's yarn_attn_factor, ggml's rope_yarn mscale); a
+ * deepseek2 file's yarn_log_multiplier is stored as 0.1 * mscale_all_dim. */
+static int read_yarn(const gguf_ctx *g, const model_family_base *b, model_family_hp *o,
+                     float *log_mul, kvant_err *err)
+{
+    const float F = 1.0f / b->rope_scale, lnF = logf(F);
+    int rc = key_f32(g, b->arch, "rope.scaling.yarn_log_multiplier", 0.0f, log_mul, err);
+    if (rc)
+        return rc;
+    *log_mul /= 0.1f;
+    if (!b->yarn) /* linear or none: only the attention scale reads the factor */
+        return KV_OK;
+    if (!isfinite(*log_mul) || !(F >= 1.0f))
+        return kvant_err_set(err, KV_EFORMAT, "%s: yarn factor %g / log multiplier out of range",
+                             b->arch, (double)F);
+    float af = 1.0f; /* get_mscale(F, m) / get_mscale(F, m) with m the log multiplier */
+    if (*log_mul == 0.0f)
+        af = F <= 1.0f ? 1.0f : 0.1f * lnF + 1.0f;
+    af *= 1.0f / (1.0f + 0.1f * lnF);
+    o->rope_attn_factor *= af;                 /* the graph's attn_factor */
+    o->yarn = 1;
+    const float n = (float)b->rope_dim, ctx = (float)o->n_ctx_orig, lb = 2.0f * logf(b->rope_base);
+    const float lo = floorf(n * logf(ctx / (32.0f * 2.0f * (float)M_PI)) / lb);
+    const float hi = ceilf(n * logf(ctx / (1.0f * 2.0f * (float)M_PI)) / lb);
+    o->yarn_corr[0] = lo > 0.0f ? lo : 0.0f;
+    o->yarn_corr[1] = hi < n - 1.0f ? hi : n - 1.0f;
+    return KV_OK;
+}
+
 /* Latent attention's widths (recipe mla).  A file without key_length_mla is
  * an older conversion (attn_kv_b, no latent cache in llama.cpp either). */
 static int read_mla(const gguf_ctx *g, const model_family_base *b, model_family_hp *o,
@@ -286,7 +316,16 @@ static int read_mla(const gguf_ctx *g, const model_family_base *b, model_family_
                              k_mla, b->rope_dim, o->n_v_mla, o->n_lora_q);
     o->mla = 1;
     o->n_qk_nope = k_mla - (uint32_t)b->rope_dim;
-    o->q_scale = 1.0f / sqrtf((float)k_mla); /* the decompressed head's width */
+    /* the decompressed head's width, and llama.cpp's deepseek2 pre-scaling for YaRN:
+     * mscale = attn_factor (1 + 0.1 ln F) (1 + 0.1 log_mul ln F), scale mscale^2 */
+    float log_mul = 0.0f;
+    if ((rc = read_yarn(g, b, o, &log_mul, err)))
+        return rc;
+    const float lnF = logf(1.0f / b->rope_scale);
+    const float ms = o->rope_attn_factor * (1.0f + 0.1f * lnF) * (1.0f + 0.1f * log_mul * lnF);
+    o->q_scale = ms * ms / sqrtf((float)k_mla);
+    if (o->yarn) /* ggml's rope_yarn multiplies cos and sin by (1 + 0.1 ln F) too */
+        o->rope_attn_factor *= 1.0f + 0.1f * lnF;
     return KV_OK;
 }
 

@@ -89,6 +89,7 @@ typedef struct model_recipe {
     uint8_t attn_softcap;  /* {arch}.attn_logit_softcapping, default 50 (gemma2) */
     uint8_t rope_factors;  /* rope_freqs.weight (llama 3) or LongRoPE long/short factors */
     uint8_t rope_dim_full; /* rope.dimension_count must equal the head size (llama) */
+    uint8_t yarn;          /* rope.scaling.type yarn is read (deepseek2) */
     uint8_t swa_base_global; /* window layers' rope base defaults to rope.freq_base and use
                               * its scale (gemma2); else 10000 and unscaled (gemma3) */
     uint8_t final_softcap_key; /* {arch}.final_logit_softcapping is read (gemma) */
@@ -111,6 +112,9 @@ typedef struct model_family_hp {
     uint32_t n_swa;         /* window of the window layers (0: none) */
     float rope_base_swa, rope_scale_swa; /* rope of the window layers */
     uint32_t n_ctx_orig;    /* rope.scaling.original_context_length (n_ctx_train if absent) */
+    int yarn;               /* rope.scaling.type yarn (recipe yarn): ext factor 1, the ramp
+                             * between yarn_corr dims (beta_fast 32, beta_slow 1) */
+    float yarn_corr[2];
     int longrope;           /* rope.scaling.type longrope: factors rope_factors_long/short */
     int use_long;           /* LongRoPE: the long factors (n_ctx_train > n_ctx_orig, llama.cpp's
                              * choice at its default context) */
@@ -141,6 +145,7 @@ typedef struct model_family_base {
     uint32_t n_ctx_train;
     float rope_base, rope_scale;
     int32_t n_head_kv, rope_dim;
+    int yarn;               /* rope.scaling.type yarn */
 } model_family_base;
 
 /* Reads the recipe's keys (soft-caps, sliding window and its pattern, the

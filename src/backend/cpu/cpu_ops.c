@@ -32,6 +32,11 @@ void cpu_rope_table(int32_t pos, const rope_params *rp, const float *freq_factor
         double theta = (double)pos * rp->freq_scale * inv;
         if (freq_factors)
             theta /= freq_factors[i];
+        if (rp->ext_factor != 0.0f) { /* YaRN: mix the interpolated and extrapolated angles */
+            const float y = ((float)i - rp->corr_lo) / fmaxf(0.001f, rp->corr_hi - rp->corr_lo);
+            const double mix = (1.0 - fmin(1.0, fmax(0.0, (double)y))) * rp->ext_factor;
+            theta = theta * (1.0 - mix) + theta / rp->freq_scale * mix;
+        }
         cs[2 * i] = (float)cos(theta) * rp->mscale;
         cs[2 * i + 1] = (float)sin(theta) * rp->mscale;
     }
