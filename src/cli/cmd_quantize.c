@@ -279,15 +279,17 @@ static void print_summary(const qz_opts *o, const qz_sum *sm)
            (unsigned long long)sm->bytes_after, bpw, mbpw);
 }
 
-/* Stacked expert tensors (3-D) would pass through unquantized, most of a
- * mixture of experts' bytes: such files are refused rather than half done. */
+/* Stacked (3-D) tensors, experts or latent attention's per-head attn_k_b /
+ * attn_v_b, would pass through unquantized (the experts most of a mixture's
+ * bytes): such files are refused rather than half done. */
 static int refuse_experts(const gguf_ctx *g, kvant_err *err)
 {
     for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
         const gguf_tensor_info *ti = gguf_tensor(g, i);
         if (ti->n_dims > 2)
-            return kvant_err_set(err, KV_EUNSUP, "tensor '%.*s': mixture-of-experts (3-D) "
-                                 "tensors are not quantized by kvant quantize",
+            return kvant_err_set(err, KV_EUNSUP, "tensor '%.*s': stacked 3-D tensors (mixture-"
+                                 "of-experts experts, per-head attn_k_b / attn_v_b) are not "
+                                 "quantized by kvant quantize",
                                  (int)ti->name.len, ti->name.ptr);
     }
     return KV_OK;

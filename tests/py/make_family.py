@@ -25,6 +25,19 @@ keeps them; expert tensors stacked [n_expert][rows][cols] as ffn_{gate,up,down}_
                         its sigmoid gate ffn_gate_inp_shexp, expert_shared_feed_forward_length
     qwen3moe [qwen3moe] per-head q/k norm, expert_feed_forward_length (weights normalised)
     olmoe    [olmoe]    q/k RMS norm over the whole row, experts feed_forward_length wide
+    deepseek2 [deepseek2] DeepSeek-V2-Lite's layout: multi-head latent attention (plain attn_q,
+                        q_lora_rank 0; attn_kv_a_mqa gives the kv_lora_rank latent, RMS-normed by
+                        attn_kv_a_norm, and one rope part shared by the heads; per-head attn_k_b
+                        [n_head][kv_lora][nope] and attn_v_b [n_head][v_head][kv_lora]), NORMAL
+                        rope over qk_rope_head_dim; layer 0 a dense SwiGLU FFN
+                        (leading_dense_block_count 1), then experts expert_feed_forward_length wide,
+                        softmax gating, one ungated shared expert (expert_shared_count 1), the
+                        converter's expert_group_count 1 / expert_weights_scale 1.0 (no-ops)
+    deepseek3 [deepseek2] DeepSeek-V3's layout: as deepseek2 with q_lora_rank (attn_q_a,
+                        attn_q_a_norm, attn_q_b), sigmoid gating, selection bias exp_probs_b,
+                        2 expert groups of 4 of which 1 is kept, weights normalised and scaled by
+                        2.5, YaRN rope (factor 4 over a 64-token original context,
+                        yarn_log_multiplier 0.0707 as V3's converter writes 0.1 * mscale_all_dim)
 
 Norm weights are stored as llama.cpp's graph uses them (Gemma's converter has already added the +1).
 Shapes: "tiny" (n_embd 256, vocab 384, window 8: fast, yet every layer kind, GQA and a window smaller
@@ -32,7 +45,9 @@ than the tests' sequences), "1b" (about 1e9 parameters, for speed runs; slow to 
 (gemma2/gemma3 only: Gemma-3-shaped layers, 5 window + 1 global, window 1024, context 32768, but
 n_embd 64 and one KV head: the 32k sliding-window KV measurement, cheap on two cores).
 Weight types: those of make_synthetic (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K) for the
-2-D matrices; norms, rope factors stay F32; token_embd takes the weight type too.
+2-D matrices and deepseek2's 3-D attn_k_b / attn_v_b; norms, rope factors stay F32; token_embd takes
+the weight type too.  A matrix whose rows do not split into the type's blocks takes llama.cpp
+quantize's fallback (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, F16 when 32 does not divide them).
 
     python tests/py/make_family.py OUTDIR FAMILY [--wtype T] [--shape tiny|1b] [--seed N]
 """
@@ -51,11 +66,15 @@ from gguf import GGUFWriter
 import make_synthetic as ms
 
 DENSE_FAMILIES = ["llama3", "mistral", "qwen3", "gemma2", "gemma3", "phi3"]
-MOE_FAMILIES = ["mixtral", "qwen2moe", "qwen3moe", "olmoe"]
+MOE_FAMILIES = ["mixtral", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "deepseek3"]
 FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
 ARCH = {"llama3": "llama", "mistral": "llama", "qwen3": "qwen3", "gemma2": "gemma2",
         "gemma3": "gemma3", "phi3": "phi3", "mixtral": "llama", "qwen2moe": "qwen2moe",
-        "qwen3moe": "qwen3moe", "olmoe": "olmoe"}
+        "qwen3moe": "qwen3moe", "olmoe": "olmoe", "deepseek2": "deepseek2", "deepseek3": "deepseek2",
+        "deepseek2-lite": "deepseek2"}
+# deepseek2-lite (not in FAMILIES): DeepSeek-V2-Lite's KV shape (27 layers, kv_lora_rank 512, rope 64,
+# heads 128 + 64 / 128 wide) at n_embd 64 with 2 heads and 4 small experts: the latent KV memory test
+# (the cache row does not depend on the head count); tests/py/test_mla.py
 
 
 @dataclass(frozen=True)
@@ -65,10 +84,43 @@ class Moe:
     n_ff_exp: int    # expert_feed_forward_length (qwen2moe, qwen3moe; mixtral and olmoe experts are
                      # feed_forward_length wide)
     n_ff_shexp: int  # 0: no shared expert
+    shexp_gate: bool = True   # ffn_gate_inp_shexp scales the shared expert (deepseek2's is ungated)
+    # deepseek2's routing keys, written where set (as its converter does)
+    n_dense_lead: int = 0              # leading_dense_block_count: layers 0..n-1 have a dense FFN
+    gating: int = 0                    # expert_gating_func: 1 softmax, 2 sigmoid
+    groups: tuple[int, int] = (0, 0)   # expert_group_count, expert_group_used_count
+    norm_w: bool = False               # expert_weights_norm (the converter writes it only when true)
+    scale: float = 0.0                 # expert_weights_scale
+    probs_bias: bool = False           # blk.N.exp_probs_b.bias: added to the probabilities to select
 
 
 MOE = {"mixtral": Moe(8, 2, 0, 0), "qwen2moe": Moe(8, 2, 256, 512), "qwen3moe": Moe(8, 2, 256, 0),
-       "olmoe": Moe(8, 2, 0, 0)}
+       "olmoe": Moe(8, 2, 0, 0),
+       "deepseek2": Moe(8, 2, 128, 128, shexp_gate=False, n_dense_lead=1, gating=1, groups=(1, 1),
+                        scale=1.0),
+       "deepseek3": Moe(8, 2, 128, 128, shexp_gate=False, n_dense_lead=1, gating=2, groups=(2, 1),
+                        norm_w=True, scale=2.5, probs_bias=True),
+       "deepseek2-lite": Moe(4, 2, 32, 32, shexp_gate=False, n_dense_lead=1, gating=1)}
+
+
+@dataclass(frozen=True)
+class Mla:
+    """deepseek2's multi-head latent attention: every head's K and V decompress from one latent row
+    of kv_lora values per token; the heads share one rope part of `rope` values."""
+    q_lora: int   # attention.q_lora_rank; 0: a plain attn_q
+    kv_lora: int  # attention.kv_lora_rank
+    nope: int     # a head's K columns without rope (qk_nope_head_dim)
+    rope: int     # rope.dimension_count (qk_rope_head_dim)
+    v_head: int   # attention.value_length_mla
+    yarn: tuple[float, int, float] | None = None   # YaRN factor, original context, yarn_log_multiplier
+
+
+# deepseek3: YaRN as V3 has it (factor 40 over 4096 there), here factor 4 over a 64-token original
+# context so the tests' 256-token sequences reach the scaled range; groups of 4 experts keep 1 of 2
+# (a group's score is the sum of its best two, not of all four)
+MLA = {"deepseek2": Mla(0, 128, 64, 32, 64),
+       "deepseek3": Mla(96, 128, 64, 32, 64, yarn=(4.0, 64, 0.0707)),
+       "deepseek2-lite": Mla(0, 512, 128, 64, 128)}
 
 
 @dataclass(frozen=True)
@@ -95,6 +147,10 @@ TINY = {
     "qwen2moe": Shape(256, 1024, 4, 4, 64, 2, ms.N_VOCAB, 256, 0),
     "qwen3moe": Shape(256, 1024, 8, 2, 64, 2, ms.N_VOCAB, 256, 0),
     "olmoe": Shape(256, 512, 4, 4, 64, 2, ms.N_VOCAB, 256, 0),
+    # head_dim: key_length_mla (nope + rope); n_ff: the dense layer's width
+    "deepseek2": Shape(256, 512, 4, 1, 96, 3, ms.N_VOCAB, 256, 0),
+    "deepseek3": Shape(256, 512, 4, 1, 96, 3, ms.N_VOCAB, 256, 0),
+    "deepseek2-lite": Shape(64, 64, 2, 1, 192, 27, ms.N_VOCAB, 2048, 0),
 }
 # ~1e9 parameters each (embedding included); vocabularies stay small-ish to keep the files lean
 BIG = {
@@ -162,22 +218,28 @@ def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
     w.add_block_count(sh.n_layer)
     w.add_head_count(sh.n_head)
     w.add_head_count_kv(sh.n_head_kv)
-    w.add_layer_norm_rms_eps(1e-6 if fam.startswith("gemma") or fam.startswith("qwen3") else 1e-5)
+    w.add_layer_norm_rms_eps(1e-6 if fam.startswith(("gemma", "qwen3", "deepseek")) else 1e-5)
     if fam in MOE:
         mo = MOE[fam]
         w.add_expert_count(mo.n_expert)
         w.add_expert_used_count(mo.n_used)
-        if fam in ("qwen2moe", "qwen3moe"):
+        if mo.n_ff_exp:
             w.add_expert_feed_forward_length(mo.n_ff_exp)
-        if mo.n_ff_shexp:
+        if arch == "deepseek2":
+            _deepseek2_routing(w, mo)
+        elif mo.n_ff_shexp:
             w.add_expert_shared_feed_forward_length(mo.n_ff_shexp)
-    if fam in ("qwen3", "qwen3moe", "gemma2", "gemma3") or sh.n_head * sh.head_dim != sh.n_embd:
-        w.add_key_length(sh.head_dim)
-        w.add_value_length(sh.head_dim)
-    w.add_rope_dimension_count(sh.head_dim)
+    if fam in MLA:
+        _mla_keys(w, MLA[fam])
+    else:
+        if fam in ("qwen3", "qwen3moe", "gemma2", "gemma3") or sh.n_head * sh.head_dim != sh.n_embd:
+            w.add_key_length(sh.head_dim)
+            w.add_value_length(sh.head_dim)
+        w.add_rope_dimension_count(sh.head_dim)
     base = {"llama3": 500000.0, "mistral": 1e6, "qwen3": 1e6, "gemma2": 10000.0,
             "gemma3": 1e6, "phi3": 10000.0, "mixtral": 1e6, "qwen2moe": 1e6, "qwen3moe": 1e6,
-            "olmoe": 10000.0}[fam]
+            "olmoe": 10000.0, "deepseek2": 10000.0, "deepseek3": 10000.0,
+            "deepseek2-lite": 10000.0}[fam]
     w.add_rope_freq_base(base)
     if fam == "gemma2":
         tiny = sh.n_embd <= 256
@@ -202,26 +264,88 @@ def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
     return base
 
 
+def _deepseek2_routing(w: GGUFWriter, mo: Moe) -> None:
+    """The keys deepseek2's converter writes for routing (the shared expert is
+    expert_shared_count experts expert_feed_forward_length wide)."""
+    arch = w.arch
+    w.add_leading_dense_block_count(mo.n_dense_lead)
+    w.add_expert_shared_count(mo.n_ff_shexp // mo.n_ff_exp)
+    w.add_expert_weights_scale(mo.scale)
+    if mo.norm_w:
+        w.add_expert_weights_norm(True)
+    w.add_uint32(f"{arch}.expert_group_count", mo.groups[0])
+    w.add_uint32(f"{arch}.expert_group_used_count", mo.groups[1])
+    w.add_uint32(f"{arch}.expert_gating_func", mo.gating)
+
+
+def _mla_keys(w: GGUFWriter, mla: Mla) -> None:
+    """key_length / value_length are the absorbed form's (the latent plus the rope part); the _mla
+    pair are a decompressed head's."""
+    w.add_q_lora_rank(mla.q_lora)   # llama.cpp reads it unless the model has 26 or 27 layers
+    w.add_kv_lora_rank(mla.kv_lora)
+    w.add_key_length(mla.kv_lora + mla.rope)
+    w.add_value_length(mla.kv_lora)
+    w.add_key_length_mla(mla.nope + mla.rope)
+    w.add_value_length_mla(mla.v_head)
+    w.add_rope_dimension_count(mla.rope)
+    if mla.yarn:
+        arch = w.arch
+        w.add_string(f"{arch}.rope.scaling.type", "yarn")
+        w.add_float32(f"{arch}.rope.scaling.factor", mla.yarn[0])
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", mla.yarn[1])
+        w.add_float32(f"{arch}.rope.scaling.yarn_log_multiplier", mla.yarn[2])
+
+
+def _fit_type(t: str, cols: int) -> str:
+    """The type llama.cpp's quantize gives a matrix of `cols` columns asked to be t
+    (tensor_type_fallback)."""
+    if t in ("Q4_K", "Q5_K", "Q6_K") and cols % 256:
+        t = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}[t]
+    if t not in ("F32", "F16", "BF16") and cols % 32:
+        t = "F16"
+    return t
+
+
+def _add3(w: GGUFWriter, rng, name: str, n: int, rows: int, cols: int, std: float, wtype: str) -> None:
+    """A 3-D weight [n][rows][cols]: n * rows rows of type wtype written as one tensor."""
+    arr, raw = ms._tensor(rng, (n * rows, cols), std, _fit_type(wtype, cols))
+    w.add_tensor(name, arr.reshape(n, rows, arr.shape[-1]), raw_dtype=raw,
+                 raw_shape=(n, rows, cols) if raw == ms.mxfp4_ref.MXFP4 else None)
+
+
 def _experts(w, add, add_f32, rng, p: str, E: int, F: int, mo: Moe, wtype: str) -> None:
     """The router (F32), stacked experts (F wide) and the shared expert of one layer.  The router's
     rows are large enough that the top-k choice differs between tokens."""
     X = mo.n_expert
-
-    def add3(name, rows, cols, std):   # [X][rows][cols]: X * rows rows written as one 3-D tensor
-        arr, raw = ms._tensor(rng, (X * rows, cols), std, wtype)
-        w.add_tensor(name, arr.reshape(X, rows, arr.shape[-1]), raw_dtype=raw,
-                     raw_shape=(X, rows, cols) if raw == ms.mxfp4_ref.MXFP4 else None)
-
     add_f32(p + "ffn_gate_inp.weight", 2.0 / math.sqrt(E) * rng.standard_normal((X, E)))
-    add3(p + "ffn_gate_exps.weight", F, E, 1.0 / math.sqrt(E))
-    add3(p + "ffn_up_exps.weight", F, E, 1.0 / math.sqrt(E))
-    add3(p + "ffn_down_exps.weight", E, F, 1.0 / math.sqrt(F))
+    if mo.probs_bias:   # as large as the gaps between probabilities: it changes some choices
+        add_f32(p + "exp_probs_b.bias", 0.1 * rng.standard_normal(X))
+    _add3(w, rng, p + "ffn_gate_exps.weight", X, F, E, 1.0 / math.sqrt(E), wtype)
+    _add3(w, rng, p + "ffn_up_exps.weight", X, F, E, 1.0 / math.sqrt(E), wtype)
+    _add3(w, rng, p + "ffn_down_exps.weight", X, E, F, 1.0 / math.sqrt(F), wtype)
     if mo.n_ff_shexp:
         S = mo.n_ff_shexp
-        add_f32(p + "ffn_gate_inp_shexp.weight", 1.0 / math.sqrt(E) * rng.standard_normal(E))
+        if mo.shexp_gate:
+            add_f32(p + "ffn_gate_inp_shexp.weight", 1.0 / math.sqrt(E) * rng.standard_normal(E))
         add(p + "ffn_gate_shexp.weight", (S, E), 1.0 / math.sqrt(E))
         add(p + "ffn_up_shexp.weight", (S, E), 1.0 / math.sqrt(E))
         add(p + "ffn_down_shexp.weight", (E, S), 1.0 / math.sqrt(S))
+
+
+def _mla_attention(w, add, norm, rng, p: str, E: int, n_head: int, mla: Mla, wtype: str) -> None:
+    """One layer's latent attention tensors but attn_output: scaled so that scores are O(1) as in
+    the other families (each decompressed K or V column sums kv_lora latent values of size 1)."""
+    qk = mla.nope + mla.rope
+    if mla.q_lora:
+        add(p + "attn_q_a.weight", (mla.q_lora, E), 1.0 / math.sqrt(E))
+        norm(p + "attn_q_a_norm.weight", mla.q_lora)
+        add(p + "attn_q_b.weight", (n_head * qk, mla.q_lora), 1.3 / math.sqrt(mla.q_lora))
+    else:
+        add(p + "attn_q.weight", (n_head * qk, E), 1.3 / math.sqrt(E))
+    add(p + "attn_kv_a_mqa.weight", (mla.kv_lora + mla.rope, E), 1.3 / math.sqrt(E))
+    norm(p + "attn_kv_a_norm.weight", mla.kv_lora)
+    _add3(w, rng, p + "attn_k_b.weight", n_head, mla.kv_lora, mla.nope, 1.3 / math.sqrt(mla.kv_lora), wtype)
+    _add3(w, rng, p + "attn_v_b.weight", n_head, mla.v_head, mla.kv_lora, 1.0 / math.sqrt(mla.kv_lora), wtype)
 
 
 def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shape: str = "tiny",
@@ -250,7 +374,7 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
     gemma = family.startswith("gemma")
 
     def add(name, shp, std, t=wtype):
-        arr, raw = ms._tensor(rng, shp, std, t)
+        arr, raw = ms._tensor(rng, shp, std, _fit_type(t, shp[-1]))
         w.add_tensor(name, arr, raw_dtype=raw, raw_shape=shp if raw == ms.mxfp4_ref.MXFP4 else None)
 
     def add_f32(name, arr):
@@ -270,7 +394,9 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
     for L in range(sh.n_layer):
         p = f"blk.{L}."
         norm(p + "attn_norm.weight", E)
-        if family == "phi3":
+        if family in MLA:
+            _mla_attention(w, add, norm, rng, p, E, sh.n_head, MLA[family], wtype)
+        elif family == "phi3":
             add(p + "attn_qkv.weight", (qd + 2 * kvd, E), 1.3 * ws)
         else:
             add(p + "attn_q.weight", (qd, E), 1.3 * ws)
@@ -285,11 +411,11 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
         if family == "olmoe":   # the whole q / k row
             norm(p + "attn_q_norm.weight", qd)
             norm(p + "attn_k_norm.weight", kvd)
-        add(p + "attn_output.weight", (E, qd), ws)
+        add(p + "attn_output.weight", (E, sh.n_head * MLA[family].v_head if family in MLA else qd), ws)
         if gemma:
             norm(p + "post_attention_norm.weight", E, 2.5)   # layers rival the scaled embedding
         norm(p + "ffn_norm.weight", E)
-        if family in MOE:
+        if family in MOE and L >= MOE[family].n_dense_lead:
             # mixtral and olmoe read no expert width: their experts are feed_forward_length wide
             F_exp = F if family in ("mixtral", "olmoe") else MOE[family].n_ff_exp
             _experts(w, add, add_f32, rng, p, E, F_exp, MOE[family], wtype)
@@ -303,7 +429,8 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
         if gemma:
             norm(p + "post_ffw_norm.weight", E, 2.5)
     norm("output_norm.weight", E)
-    if family in ("llama3", "mistral", "phi3", "mixtral", "qwen2moe", "olmoe") or "output" in extra_tensors:
+    if family in ("llama3", "mistral", "phi3", "mixtral", "qwen2moe", "olmoe") or family in MLA \
+            or "output" in extra_tensors:
         add("output.weight", (sh.n_vocab, E), 0.2)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -331,7 +458,7 @@ def main(argv=None) -> int:
     ap.add_argument("--wtype", default="F32", choices=ms.TYPES)
     ap.add_argument("--shape", default="tiny", choices=list(SHAPES))
     a = ap.parse_args(argv)
-    for fam in (FAMILIES if a.family == "all" else [a.family]):
+    for fam in ([f for f in FAMILIES if f in SHAPES[a.shape]] if a.family == "all" else [a.family]):
         print(make_family(a.outdir, fam, a.wtype, a.shape))
     return 0
 

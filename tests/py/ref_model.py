@@ -9,7 +9,9 @@ il % 2 == 0), `gemma3` (as gemma2 with q/k norm, no attention soft-cap, sliding 
 layers il % 6 < 5 with rope.freq_base_swa (default 10000) unscaled) and `phi3` (fused
 attn_qkv and gate|up ffn_up, LongRoPE long/short factors and attn_factor), and the mixtures of
 experts `llama` with expert_count (Mixtral), `qwen2moe` (shared expert with a sigmoid gate),
-`qwen3moe`, `olmoe` (q/k RMS norm over the whole row), each written
+`qwen3moe`, `olmoe` (q/k RMS norm over the whole row) and `deepseek2` (multi-head latent
+attention computed in its decompressed multi-head form; leading dense layers, softmax or sigmoid
+routing with selection bias and expert groups, an ungated shared expert), each written
 from llama.cpp's graph builders (src/models/*.cpp) as semantics, not from kvant.
 Weights are dequantized with gguf.quants.dequantize (exact values of what is stored, f32)
 and all arithmetic is done in float64.
@@ -35,10 +37,13 @@ ROPE_NORMAL = "normal"   # rotate (x[2i], x[2i+1])
 ROPE_NEOX = "neox"       # rotate (x[i], x[i + n_rot/2])
 ARCH_ROPE = {"llama": ROPE_NORMAL, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "gemma2": ROPE_NEOX,
              "gemma3": ROPE_NEOX, "phi3": ROPE_NEOX, "qwen2moe": ROPE_NEOX, "qwen3moe": ROPE_NEOX,
-             "olmoe": ROPE_NEOX}
+             "olmoe": ROPE_NEOX, "deepseek2": ROPE_NORMAL}
 # mixtures of experts (llama.cpp build_moe_ffn): softmax over ffn_gate_inp, top expert_used_count,
-# the chosen probabilities divided by their sum where the family's graph passes norm_w = true
+# the chosen probabilities divided by their sum where the family's graph passes norm_w = true;
+# deepseek2 reads its gating, norm_w and weight scale from the header (expert_gating_func,
+# expert_weights_norm, expert_weights_scale)
 MOE_NORM_W = {"llama": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False}
+GATING_SOFTMAX, GATING_SIGMOID = 1, 2   # expert_gating_func
 
 
 def _field(reader: GGUFReader, key: str, default=None):
@@ -89,12 +94,16 @@ class RefModel:
         self.n_ctx_train = int(g("context_length", 0))
         st = g("rope.scaling.type", None)
         self.rope_scale = 1.0
-        if st in ("linear", "longrope", None):   # llama.cpp: the factor scales unless type none
+        if st in ("linear", "longrope", "yarn", None):   # llama.cpp: the factor scales unless none
             f = float(g("rope.scaling.factor", 0.0) or 0.0)
             self.rope_scale = 1.0 / f if f else 1.0
         elif st != "none":
             raise ValueError(f"unsupported rope scaling {st!r}")
         self.attn_factor = float(g("rope.scaling.attn_factor", 1.0))
+        self.yarn = st == "yarn" and arch == "deepseek2"
+        if st == "yarn" and not self.yarn:
+            raise ValueError(f"yarn rope scaling for {arch} is not in the reference")
+        self._yarn(g)
         self.rope_mode = rope_mode or ARCH_ROPE[arch]
         te = self.tensors["token_embd.weight"]
         self.n_vocab = int(te.shape[1])
@@ -134,6 +143,20 @@ class RefModel:
                     self.window[il] = win
                     self.base_l[il] = base_swa
                     self.scale_l[il] = self.rope_scale if a == "gemma2" else 1.0
+        self._moe_routing(g)
+        # deepseek2's latent attention: key_length / value_length describe the absorbed form
+        self.mla = a == "deepseek2"
+        if self.mla:
+            self.kv_lora = int(g("attention.kv_lora_rank"))
+            self.head_k = int(g("attention.key_length_mla", 0))   # nope + rope; the value head
+            if not (self.head_k and self.has("blk.0.attn_k_b.weight")):   # size is attn_v_b's
+                raise ValueError("deepseek2 without key_length_mla and attn_k_b (an old file's fused "
+                                 "attn_kv_b) is not supported")
+            # llama.cpp's deepseek2 graph pre-scales for YaRN: mscale^2 / sqrt(key_length_mla)
+            lnF = math.log(1.0 / self.rope_scale)
+            af = self.graph_attn_factor if self.yarn else self.attn_factor
+            ms = af * (1.0 + 0.1 * lnF) * (1.0 + 0.1 * self.log_mul * lnF)
+            self.q_scale = ms * ms / math.sqrt(self.head_k)
         # rope factors: rope_freqs, else LongRoPE long/short by llama.cpp's default context
         # (n_ctx = context_length: long when it exceeds original_context_length)
         self.factors = None
@@ -142,6 +165,19 @@ class RefModel:
         elif self.has("rope_factors_long.weight"):
             orig = int(g("rope.scaling.original_context_length", self.n_ctx_train))
             self.factors = "rope_factors_long.weight" if self.n_ctx_train > orig else "rope_factors_short.weight"
+
+    def _moe_routing(self, g) -> None:
+        """build_moe_ffn's parameters, as llama.cpp's loader reads them: expert groups for every
+        architecture, the rest from the header for deepseek2 only."""
+        ds = self.arch == "deepseek2"
+        self.n_dense_lead = int(g("leading_dense_block_count", 0)) if ds else 0
+        self.gating = int(g("expert_gating_func", GATING_SOFTMAX)) if ds else GATING_SOFTMAX
+        if self.gating not in (GATING_SOFTMAX, GATING_SIGMOID):
+            raise ValueError(f"unsupported expert_gating_func {self.gating}")
+        self.norm_w = bool(g("expert_weights_norm", False)) if ds else MOE_NORM_W.get(self.arch, False)
+        self.w_scale = float(g("expert_weights_scale", 0.0)) if ds else 0.0
+        self.n_groups = int(g("expert_group_count", 0))
+        self.n_group_used = int(g("expert_group_used_count", 0))
 
     def has(self, name: str) -> bool:
         return name in self.tensors
@@ -158,6 +194,24 @@ class RefModel:
         return self.w(name).astype(self.dt, copy=False)
 
     # ---- building blocks (float64) ----
+    def _yarn(self, g) -> None:
+        """YaRN as llama.cpp applies it: angles ramp from extrapolated (dims below the beta_fast=32
+        correction dim) to interpolated (above beta_slow=1's); cos and sin are scaled by the context's
+        yarn attn_factor times 1 + 0.1 ln F.  deepseek2 files store 0.1 * mscale_all_dim as
+        yarn_log_multiplier (llama.cpp divides it back)."""
+        F = 1.0 / self.rope_scale
+        self.log_mul = float(g("rope.scaling.yarn_log_multiplier", 0.0) or 0.0) / 0.1
+        if not self.yarn:
+            return
+        af = 1.0 if self.log_mul else (0.1 * math.log(F) + 1.0 if F > 1.0 else 1.0)
+        af /= 1.0 + 0.1 * math.log(F)
+        self.attn_factor *= af                      # the graph's attn_factor ...
+        self.graph_attn_factor = self.attn_factor
+        self.attn_factor *= 1.0 + 0.1 * math.log(F)  # ... and rope_yarn's extra factor
+        orig = float(g("rope.scaling.original_context_length", self.n_ctx_train))
+        corr = lambda beta: self.n_rot * math.log(orig / (beta * 2 * math.pi)) / (2 * math.log(self.freq_base))
+        self.corr = (max(0.0, math.floor(corr(32.0))), min(self.n_rot - 1.0, math.ceil(corr(1.0))))
+
     def rmsnorm(self, x: np.ndarray, wname: str) -> np.ndarray:
         ms = np.mean(x * x, axis=-1, keepdims=True)
         return x / np.sqrt(ms + self.dt.type(self.eps)) * self.w64(wname)
@@ -171,6 +225,11 @@ class RefModel:
         if self.factors:
             ff = self.w(self.factors).astype(np.float64).reshape(-1)[: self.n_rot // 2]
             inv = inv / ff
+        if self.yarn:   # mix of the extrapolated (ramp 1) and interpolated (ramp 0) angles
+            lo, hi = self.corr
+            ramp = 1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)
+            inv = inv * (scale * (1.0 - ramp) + ramp)
+            return pos.astype(np.float64)[:, None] * inv[None, :]
         return (pos.astype(np.float64) * scale)[:, None] * inv[None, :]
 
     def rope(self, x: np.ndarray, theta: np.ndarray) -> np.ndarray:
@@ -211,31 +270,55 @@ class RefModel:
         gt, up = h @ g.T, h @ u.T
         return ((gt / (self.dt.type(1) + np.exp(-gt))) * up) @ d.T
 
-    def moe(self, h: np.ndarray, p: str) -> np.ndarray:
-        """Router softmax, top-k (ties: lower index), weighted sum of the chosen experts' SwiGLU,
-        plus the shared expert times sigmoid(h . ffn_gate_inp_shexp) where there is one."""
+    def route(self, h: np.ndarray, p: str) -> tuple[np.ndarray, np.ndarray]:
+        """(chosen experts [n][k], their weights [n][k]).  Router probabilities: softmax, or
+        sigmoid (gating 2); selected on probabilities + exp_probs_b where there is one; with expert
+        groups (count > 1: consecutive runs of experts) only the n_group_used groups whose two
+        best selection values sum highest take part; the top k of the selection (ties: lower
+        index) weighted by the unbiased probabilities, divided by their sum where norm_w, times
+        expert_weights_scale unless it is 0 or 1."""
         logits = h @ self.w64(p + "ffn_gate_inp.weight").T
-        pr = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        pr /= pr.sum(axis=-1, keepdims=True)
-        k = self.n_expert_used
-        sel = np.argsort(-pr, axis=-1, kind="stable")[:, :k]
+        if self.gating == GATING_SIGMOID:
+            pr = 1.0 / (1.0 + np.exp(-logits))
+        else:
+            pr = np.exp(logits - logits.max(axis=-1, keepdims=True))
+            pr /= pr.sum(axis=-1, keepdims=True)
+        score = pr + self.w64(p + "exp_probs_b.bias").reshape(-1) if self.has(p + "exp_probs_b.bias") else pr
+        if self.n_groups > 1:
+            grouped = score.reshape(len(h), self.n_groups, -1)
+            best2 = np.sort(grouped, axis=-1)[..., -2:].sum(axis=-1)           # [n][groups]
+            kept = np.argsort(-best2, axis=-1, kind="stable")[:, :self.n_group_used]
+            off = np.ones(best2.shape, dtype=bool)
+            np.put_along_axis(off, kept, False, axis=-1)
+            score = np.where(off[:, :, None], -np.inf, grouped).reshape(score.shape)
+        sel = np.argsort(-score, axis=-1, kind="stable")[:, :self.n_expert_used]
         wt = np.take_along_axis(pr, sel, axis=-1)
-        if MOE_NORM_W[self.arch]:
+        if self.norm_w:
             wt = wt / np.maximum(wt.sum(axis=-1, keepdims=True), 6.103515625e-5)
+        if self.w_scale not in (0.0, 1.0):
+            wt = wt * self.w_scale
+        return sel, wt
+
+    def moe(self, h: np.ndarray, p: str) -> np.ndarray:
+        """The routed experts' SwiGLU weighted as `route` says, plus the shared expert, times
+        sigmoid(h . ffn_gate_inp_shexp) where it has that gate."""
+        sel, wt = self.route(h, p)
         G, U, D = (self.w64(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
         out = np.zeros_like(h)
         for e in range(self.n_expert):
             rows, slots = np.nonzero(sel == e)
             if len(rows):
                 out[rows] += wt[rows, slots][:, None] * self.gated(h[rows], G[e], U[e], D[e])
-        if self.has(p + "ffn_gate_inp_shexp.weight"):
-            gs = h @ self.w64(p + "ffn_gate_inp_shexp.weight").reshape(-1)
+        if self.has(p + "ffn_gate_shexp.weight"):
             sh = self.gated(h, *(self.w64(p + f"ffn_{n}_shexp.weight") for n in ("gate", "up", "down")))
-            out += (1.0 / (1.0 + np.exp(-gs)))[:, None] * sh
+            if self.has(p + "ffn_gate_inp_shexp.weight"):
+                gs = h @ self.w64(p + "ffn_gate_inp_shexp.weight").reshape(-1)
+                sh = (1.0 / (1.0 + np.exp(-gs)))[:, None] * sh
+            out += sh
         return out
 
     def ffn(self, h: np.ndarray, p: str, L: int) -> np.ndarray:
-        if self.n_expert:
+        if self.n_expert and L >= self.n_dense_lead:
             return self.moe(h, p)
         if not self.has(p + "ffn_gate.weight"):   # phi3: ffn_up rows are gate then up
             y = self.lin(h, p + "ffn_up")
@@ -253,7 +336,36 @@ class RefModel:
             act = gt / (self.dt.type(1) + np.exp(-gt))
         return self.lin(act * up, p + "ffn_down")
 
+    def mla_latent(self, h: np.ndarray, p: str, theta: np.ndarray, L: int):
+        """deepseek2's latent attention inputs: (q_nope [n][n_head][nope], q_pe [n][n_head][rope],
+        c [n][kv_lora], k_pe [n][1][rope]).  The query is W_q h, or W_q_b rmsnorm(W_q_a h), per head
+        q_nope | q_pe; W_kv_a_mqa h is the latent c (RMS-normed by attn_kv_a_norm) | k_pe, one
+        rope part all heads share; both rope parts rotated."""
+        n, nh = len(h), self.n_heads[L]
+        nope = self.head_k - self.n_rot
+        if self.has(p + "attn_q_a.weight"):
+            q = self.lin(self.rmsnorm(self.lin(h, p + "attn_q_a"), p + "attn_q_a_norm.weight"), p + "attn_q_b")
+        else:
+            q = self.lin(h, p + "attn_q")
+        q = q.reshape(n, nh, self.head_k)
+        kv = self.lin(h, p + "attn_kv_a_mqa")
+        c = self.rmsnorm(kv[:, :self.kv_lora], p + "attn_kv_a_norm.weight")
+        return q[:, :, :nope], self.rope(q[:, :, nope:], theta), c, self.rope(kv[:, None, self.kv_lora:], theta)
+
+    def mla_attend(self, h: np.ndarray, p: str, theta: np.ndarray, L: int) -> np.ndarray:
+        """deepseek2's latent attention decompressed into multi-head attention: head j's key is
+        (k_b[j]^T c) | k_pe, its value v_b[j] c; scores scale by 1/sqrt(key_length_mla).  The
+        heads' outputs [n][n_head * value_length_mla]."""
+        q_nope, q_pe, c, k_pe = self.mla_latent(h, p, theta, L)
+        n, nh = q_nope.shape[:2]
+        k_nope = np.einsum("jlc,nl->njc", self.w64(p + "attn_k_b.weight"), c)     # [n][nh][nope]
+        v = np.einsum("jvl,nl->njv", self.w64(p + "attn_v_b.weight"), c)          # [n][nh][v]
+        q = np.concatenate([q_nope, q_pe], axis=-1)
+        k = np.concatenate([k_nope, np.broadcast_to(k_pe, (n, nh, self.n_rot))], axis=-1)
+        return self.attend(q, k, v, L)
+
     def attend(self, q, k, v, L: int) -> np.ndarray:
+        """Heads' outputs [n][n_head * v's head size]."""
         n, nh, hd = q.shape
         group = nh // k.shape[1]
         kh = np.repeat(k, group, axis=1)  # head j uses kv head j // group
@@ -272,14 +384,14 @@ class RefModel:
             masked |= (j >= S) & (j < wb * bs)
         if self.h2o and n > self.h2o["prompt"]:
             pr = self._h2o_probs(s, group, n)
-            return np.einsum("hqk,khd->qhd", pr, vh).reshape(n, nh * hd)
+            return np.einsum("hqk,khd->qhd", pr, vh).reshape(n, -1)
         if self.snapkv and n > self.snapkv["prompt"]:
             masked = self._snap_mask(s, masked, group, n)
         s = s + np.where(masked, -np.inf, 0.0).astype(self.dt)
         s = s - s.max(axis=-1, keepdims=True)
         pr = np.exp(s)
         pr /= pr.sum(axis=-1, keepdims=True)
-        return np.einsum("hqk,khd->qhd", pr, vh).reshape(n, nh * hd)
+        return np.einsum("hqk,khd->qhd", pr, vh).reshape(n, -1)
 
     def snap_keep(self, s: np.ndarray, group: int) -> list[np.ndarray]:
         """SnapKV: per KV head, the positions kept: the observation window's causal attention
@@ -406,14 +518,18 @@ class RefModel:
             theta = self.rope_thetas(pos, self.base_l[L], self.scale_l[L]).astype(self.dt)
             nh, nkv = self.n_heads[L], self.n_heads_kv[L]
             h = self.rmsnorm(x, p + "attn_norm.weight")
-            q, k, v = self.qkv(h, p, nh, nkv)
-            if self.has(p + "attn_q_norm.weight") and self.w(p + "attn_q_norm.weight").size != self.head_dim:
-                q = self.rmsnorm(q.reshape(len(ids), -1), p + "attn_q_norm.weight").reshape(q.shape)
-                k = self.rmsnorm(k.reshape(len(ids), -1), p + "attn_k_norm.weight").reshape(k.shape)
-            elif self.has(p + "attn_q_norm.weight"):   # per-head RMS norm before rope
-                q = self.rmsnorm(q, p + "attn_q_norm.weight")
-                k = self.rmsnorm(k, p + "attn_k_norm.weight")
-            a = self.lin(self.attend(self.rope(q, theta), self.rope(k, theta), v, L), p + "attn_output")
+            if self.mla:
+                heads = self.mla_attend(h, p, theta, L)
+            else:
+                q, k, v = self.qkv(h, p, nh, nkv)
+                if self.has(p + "attn_q_norm.weight") and self.w(p + "attn_q_norm.weight").size != self.head_dim:
+                    q = self.rmsnorm(q.reshape(len(ids), -1), p + "attn_q_norm.weight").reshape(q.shape)
+                    k = self.rmsnorm(k.reshape(len(ids), -1), p + "attn_k_norm.weight").reshape(k.shape)
+                elif self.has(p + "attn_q_norm.weight"):   # per-head RMS norm before rope
+                    q = self.rmsnorm(q, p + "attn_q_norm.weight")
+                    k = self.rmsnorm(k, p + "attn_k_norm.weight")
+                heads = self.attend(self.rope(q, theta), self.rope(k, theta), v, L)
+            a = self.lin(heads, p + "attn_output")
             if self.gemma:
                 a = self.rmsnorm(a, p + "post_attention_norm.weight")
             x = x + a

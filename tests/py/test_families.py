@@ -23,6 +23,13 @@ now and then).  The mixtures of experts (8 experts, top 2) also check: batch inv
 over steps of 1, 5 and 24 tokens), that routing varies and matters (reference self-check), the
 refusals of tools that do not handle experts, and the expert bytes in `kvant info` / `kvant plan`.
 A window off by one position (7 or 9 instead of 8) gives rel L2 0.25..0.39 on gemma2/gemma3.
+deepseek2 / deepseek3 (DeepSeek-V2-Lite's and V3's layouts: multi-head latent attention, a leading
+dense layer, an ungated shared expert; V3's q_lora_rank, sigmoid routing with selection bias,
+expert groups, normalised and scaled weights) also check the reference itself: its decompressed
+multi-head attention equals the absorbed form (test_mla_absorbed_form) and each V3 routing key
+changes the logits.  On their F32 files llama.cpp 0c1e570 (f32 K/V) is rel L2 1.3e-3 from the
+reference, as on the families kvant matches to 5e-7 (qwen3moe: 9e-4), where a reference with NEOX
+rope, a 1/sqrt(160) score scale or V3 without its bias or groups is 0.27..0.91 away.
 kvant's numbers are written to build/test-results/family_<family>_<type>.json.
 """
 from __future__ import annotations
@@ -256,9 +263,9 @@ def test_family_quantize(family, fam_dir, run_kvant, kvant_logits, tmp_path):
     src = mf.make_family(fam_dir, family, "F32")
     out = str(tmp_path / f"{family}-q4k.gguf")
     r = run_kvant(["quantize", src, out, "--recipe", "q4_k_m", "-t", "2"])
-    if family in mf.MOE_FAMILIES:   # the 3-D expert tensors are not quantized: refused, not half done
-        assert r.returncode > 0 and "ffn_gate_exps.weight" in r.stderr and "mixture-of-experts" in r.stderr, \
-            r.stderr[-2000:]
+    if family in mf.MOE_FAMILIES:   # 3-D tensors are not quantized: refused at the first, not half done
+        first = "blk.0.attn_k_b.weight" if family in mf.MLA else "ffn_gate_exps.weight"
+        assert r.returncode > 0 and first in r.stderr and "stacked 3-D tensors" in r.stderr, r.stderr[-2000:]
         return
     assert r.returncode == 0, r.stderr[-2000:]
     ids = _ids(family)
@@ -270,12 +277,15 @@ def test_family_quantize(family, fam_dir, run_kvant, kvant_logits, tmp_path):
 
 @pytest.mark.parametrize("family", mf.FAMILIES)
 def test_family_prune(family, fam_dir, run_kvant, tmp_path):
-    """`kvant prune` cuts llama-row files (llama3, mistral) and refuses the others naming the arch."""
+    """`kvant prune` cuts llama-row files (llama3, mistral) and refuses the others naming the arch
+    (deepseek2 for its latent attention, the other mixtures of experts as such)."""
     src = mf.make_family(fam_dir, family, "F32")
     out = tmp_path / "p.gguf"
     calib = Path(__file__).resolve().parent.parent / "data" / "english.txt"
     r = run_kvant(["prune", src, out, "--calib", calib, "--drop-layers", "1", "-t", "2"])
-    if family in mf.MOE_FAMILIES:
+    if family in mf.MLA:
+        assert r.returncode > 0 and "prune: latent-attention models (deepseek2)" in r.stderr, r.stderr
+    elif family in mf.MOE_FAMILIES:
         assert r.returncode > 0 and "prune: mixture-of-experts models" in r.stderr, r.stderr
     elif mf.ARCH[family] == "llama":
         assert r.returncode == 0, r.stderr[-2000:]
@@ -384,11 +394,55 @@ def test_moe_routing_matters(family, fam_dir):
     ids = _ids(family)
     m = RefModel(path)
     a = m.forward(ids)
-    h = m.rmsnorm(m.w("token_embd.weight")[ids].astype(np.float64), "blk.0.ffn_norm.weight")
-    sel = np.argsort(-(h @ m.w64("blk.0.ffn_gate_inp.weight").T), axis=-1)[:, :m.n_expert_used]
+    p = f"blk.{m.n_dense_lead}."   # the first layer with experts
+    sel, _ = m.route(m.rmsnorm(m.w("token_embd.weight")[ids].astype(np.float64), p + "ffn_norm.weight"), p)
     assert len({tuple(sorted(s)) for s in sel}) > 3, f"{family}: routing hardly varies"
     m.n_expert_used = m.n_expert   # every expert, weighted: not the top-k mixture
     assert rel_err(m.forward(ids), a) > 1e-2
+
+
+def _absorbed_attend(m: RefModel):
+    """deepseek2's attention in the absorbed form (llama.cpp's MLA path): a head's nope query moves
+    into latent space (k_b[j] q_nope), every head attends to the rows c | k_pe, and the weighted
+    sum of latents decompresses through v_b[j]."""
+    def attend(h, p, theta, L):
+        q_nope, q_pe, c, k_pe = m.mla_latent(h, p, theta, L)
+        n, nh = q_nope.shape[:2]
+        q_abs = np.einsum("jlc,njc->njl", m.w64(p + "attn_k_b.weight"), q_nope)    # [n][nh][kv_lora]
+        k = np.concatenate([c[:, None, :], k_pe], axis=-1)                          # [n][1][kv_lora + rope]
+        lat = m.attend(np.concatenate([q_abs, q_pe], axis=-1), k, c[:, None, :], L).reshape(n, nh, -1)
+        return np.einsum("jvl,njl->njv", m.w64(p + "attn_v_b.weight"), lat).reshape(n, -1)
+    return attend
+
+
+@pytest.mark.parametrize("family", list(mf.MLA))
+def test_mla_absorbed_form(family, fam_dir):
+    """Self-check of the reference (no kvant): its decompressed latent attention (a K and V per
+    head) and the absorbed form agree to float64 rounding (measured: rel L2 2e-15 on Q4_K), so
+    the test compares kvant with the attention, not with one way of computing it."""
+    path = mf.make_family(fam_dir, family, "Q4_K")
+    ids = _ids(family)
+    m = RefModel(path)
+    a = m.forward(ids)
+    m.mla_attend = _absorbed_attend(m)
+    assert rel_err(m.forward(ids), a) < 1e-10
+
+
+def test_deepseek3_routing_matters(fam_dir):
+    """Self-check of the reference (no kvant): each routing key of the V3 layout changes the
+    logits (sigmoid against softmax gating, the expert groups, the selection bias, the weights'
+    normalisation and scale: measured rel L2 0.43..0.66), so test_family_logits checks each."""
+    path = mf.make_family(fam_dir, "deepseek3", "F32")
+    ids = _ids("deepseek3")
+    want = RefModel(path).forward(ids)
+    for attr, value in (("gating", 1), ("n_groups", 0), ("norm_w", False), ("w_scale", 1.0), ("bias", 0)):
+        m = RefModel(path)
+        if attr == "bias":
+            for L in range(m.n_dense_lead, m.n_layer):
+                m._cache[f"blk.{L}.exp_probs_b.bias"] = np.zeros(m.n_expert, dtype=np.float32)
+        else:
+            setattr(m, attr, value)
+        assert rel_err(m.forward(ids), want) > 1e-2, f"deepseek3: {attr} {value} changes nothing"
 
 
 def test_moe_offload_refused(fam_dir, run_kvant, tmp_path):

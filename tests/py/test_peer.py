@@ -20,6 +20,10 @@ regenerates each GGUF, checks it is byte-for-byte the file llama.cpp saw (sha256
     99.98%..100%, KL mean 1.2e-9..4.3e-8; F16 raw top-1 99.37% (mixtral)..99.98%, KL mean
     3.1e-6 (qwen3moe)..2.5e-4 (mixtral, 10 of its 128 kept rows nearer the reference than
     llama.cpp; 8.1e-6 without them); olmoe-F16 misses the KL target (KNOWN_MISS, xfail).
+  * deepseek2 (latent attention, absorbed; deepseek3 adds q_lora, sigmoid routing with expert
+    groups and a selection bias, YaRN): F32 top-1 99.98% / 100%, KL mean 3.3e-8 / 3.2e-8;
+    deepseek2-F16 top-1 99.76% raw (1 of 10 differing positions not the reference's), KL mean
+    1.3e-5; deepseek3-F16 misses both targets (KNOWN_MISS, xfail).
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ CASES = sorted(os.path.basename(p)[:-4] for p in glob.glob(os.path.join(DATA, "*
 # activations to f16 before an F16 matmul, and that token's logits (and later tokens', through
 # its K/V) move far.  A kept row whose KL exceeds the bound counts as explained when kvant is
 # nearer the float64 reference there than llama.cpp is; the raw top-1 must stay >= 99%.
-MOE = {"mixtral", "qwen2moe", "qwen3moe", "olmoe"}
+MOE = {"mixtral", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "deepseek3"}
 MOE_F16_TOP1 = 0.998   # F16 weights: below the issue's 99.9% target (mixtral-F16 99.88%, olmoe-F16
                        # 99.83% where kvant's top-1 is not the reference's); F32 keeps 99.9%
 
@@ -67,7 +71,12 @@ def _kvant_is_reference(model: str, ids: np.ndarray, p: int, kv_row: np.ndarray)
 # llama.cpp (f16 activations) and the float64 reference to different experts, and the later
 # tokens follow through their K/V.
 KNOWN_MISS = {"olmoe-F16": "mean KL to llama.cpp 2.2e-4 > 1e-4: KL(reference || kvant) reaches 2e-2 on "
-                           "the rows after a routing near-tie (kvant and the reference also differ there)"}
+                           "the rows after a routing near-tie (kvant and the reference also differ there)",
+              "deepseek3-F16": "top-1 99.05% raw, 99.63% where kvant is not the reference's, KL mean 6.1e-3: "
+                               "sigmoid routing picks 1 of 2 expert groups by the sum of each group's two "
+                               "best scores, so a near-tie swaps four candidate experts; under f16 "
+                               "activations (llama.cpp) or the f16 latent cache (both) it flips (F32: top-1 "
+                               "100%, KL 3.2e-8)"}
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(reason=KNOWN_MISS[c], strict=True))
