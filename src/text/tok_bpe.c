@@ -43,6 +43,46 @@
 #define RE_QWEN35                                                                                             \
     RE_CONTRACTIONS "[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|"       \
                     "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+/* DeepSeek (llama.cpp's deepseek-llm, deepseek-coder, deepseek-v3 expressions, applied in
+ * sequence: each splits the pieces the previous one left) */
+#define RE_DSL_0 \
+    "[\r\n]"
+#define RE_DSL_1 \
+    "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿ" \
+    "ΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-" \
+    "ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅ" \
+    "ὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-" \
+    "ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩ" \
+    "ℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ" \
+    "-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆ" \
+    "ﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲" \
+    "𐳀-𐳲𑢠-𑣟𞤀-𞥃]+"
+#define RE_DSL_2 \
+    "\\s?[!-/:-~！-／：-～‘-‟　-。]+"
+#define RE_DSL_3 \
+    "\\s+$"
+#define RE_DSL_4 \
+    "[一-龥ࠀ-一가-퟿]+"
+#define RE_DSL_5 \
+    "\\p{N}+"
+#define RE_DSC_0 \
+    "[\r\n]"
+#define RE_DSC_1 \
+    "\\s?\\p{L}+"
+#define RE_DSC_2 \
+    "\\s?\\p{P}+"
+#define RE_DSC_3 \
+    "[一-龥ࠀ-一가-퟿]+"
+#define RE_DSC_4 \
+    "\\p{N}"
+#define RE_DS3_0 \
+    "\\p{N}{1,3}"
+#define RE_DS3_1 \
+    "[一-龥぀-ゟ゠-ヿ]+"
+#define RE_DS3_2 \
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n" \
+    "\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*" \
+    "|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
 /* Gemma 4: no word splitting, only runs of newlines apart from the rest */
 #define RE_NEWLINES "[^\\n]+|\\n+"
 
@@ -69,6 +109,11 @@ static const pre_spec PRE_SPECS[] = {
     {"qwen2", {RE_QWEN2, NULL}, 0, 0, PRE_BOS_FILE},
     {"qwen35", {RE_QWEN35, NULL}, 0, 0, PRE_BOS_FILE},
     {"gemma4", {RE_NEWLINES, NULL}, 0, 1, PRE_BOS_FORCED}, /* llama.cpp PR 21500 forces BOS */
+    {"deepseek-llm", {RE_DSL_0, RE_DSL_1, RE_DSL_2, RE_DSL_3, RE_DSL_4, RE_DSL_5, NULL}, 0, 0,
+     PRE_BOS_FILE},
+    {"deepseek-coder", {RE_DSC_0, RE_DSC_1, RE_DSC_2, RE_DSC_3, RE_DSC_4, NULL}, 0, 0,
+     PRE_BOS_FILE},
+    {"deepseek-v3", {RE_DS3_0, RE_DS3_1, RE_DS3_2, NULL}, 0, 0, PRE_BOS_FILE},
 };
 
 static int compile_pre(tokenizer *t, const gguf_ctx *g, const char *forced, const pre_spec **out,

@@ -24,7 +24,7 @@
 #define TOK_MAX_TOKEN_LEN 65536      /* bytes in one token's text */
 #define TOK_MAX_MERGES (1 << 24)     /* merge rules */
 #define TOK_MAX_EOG 16               /* end-of-generation ids */
-#define TOK_MAX_REGEX 4              /* pre-tokenizer regexes applied in sequence */
+#define TOK_MAX_REGEX 7              /* pre-tokenizer regexes applied in sequence */
 
 /* ---- hash maps (tok_map.c) ---- */
 

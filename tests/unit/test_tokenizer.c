@@ -2,9 +2,9 @@
  *
  *  1. llama.cpp's vocabulary test vectors (tests/data/vectors/tokenizer, see
  *     its README) for llama-spm, gpt-2, phi-3, llama-bpe (Llama 3), qwen2,
- *     qwen35 and gemma-4: every line must match exactly (add_bos = 0,
- *     parse_special = 0).  The four large vocabularies are read from
- *     build/peer (`make peer-src`) and checked by sha256; a missing or
+ *     qwen35, gemma-4, deepseek-llm and deepseek-coder: every line must match
+ *     exactly (add_bos = 0, parse_special = 0).  The six large vocabularies are
+ *     read from build/peer (`make peer-src`) and checked by sha256; a missing or
  *     different file is a FAILURE, not a skip.
  *  2. The default model (SmolLM2, gpt2 + "smollm" pre-tokenizer) against
  *     an independent reference table (see SMOL_CASES).
@@ -105,6 +105,10 @@ static const vec_vocab VOCABS[] = {
     {"ggml-vocab-qwen2.gguf", "44c2f46b715f585c6ab513970e8a006bfa5badd6108560054921cf598d154d8c"},
     {"ggml-vocab-qwen35.gguf", "63ed952ff338996cf0bdf24a7b10015124273f75c6dc9bb427356aa3f67ec62c"},
     {"ggml-vocab-gemma-4.gguf", "58b1ba0b57f3b4d7c468ba4ffd91ad85190346a3d7ad7e71d1cabaae8a14bb65"},
+    {"ggml-vocab-deepseek-llm.gguf",
+     "867f77537b54565f0d81d508c04edc41aa1d4ffc1a92745f225b4c1b02755f76"},
+    {"ggml-vocab-deepseek-coder.gguf",
+     "91cb1379f2e33af1c4866b194622b7a0e12e8f0c9dba7ba2f10d55978730bec1"},
 };
 enum { N_VOCABS = sizeof VOCABS / sizeof VOCABS[0] };
 
