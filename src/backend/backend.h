@@ -53,6 +53,8 @@ typedef struct attn_params {
     float scale;          /* score = q.k * scale */
     float softcap;        /* > 0: score = softcap * tanh(score / softcap), before the mask */
     int32_t window;       /* > 0: a token at p attends to positions (p - window, p] only */
+    const float *d_sinks; /* [n_heads] or NULL: head h's softmax also holds exp(sinks[h]),
+                           * a logit with no value (gpt-oss) */
 } attn_params;
 
 /* How one layer's experts are combined (the recipe's MoE variant). */
@@ -61,6 +63,7 @@ typedef struct moe_params {
     int gating;           /* moe_gating: softmax or sigmoid of the router's logits */
     float w_scale;        /* the weights multiplied by it (1: not) */
     int32_t n_group, n_group_used; /* expert groups (0: none), model_family_hp */
+    int act;              /* ffn_act of the experts: FFN_SILU or FFN_SWIGLU_OAI */
 } moe_params;
 
 typedef struct kv_layout {
@@ -247,12 +250,15 @@ typedef struct backend_ops {
     void (*add)(backend *be, float *d_x, const float *d_y, int64_t n);
     /* Optional (NULL: models with experts are refused, fwd_init).  The
      * mixture-of-experts FFN of layer L (L->n_expert > 0) over the batch:
-     * per token t, p = softmax (or sigmoid: mp->gating) of d_h[t] ffn_gate_inp,
+     * per token t, p = softmax (or sigmoid: mp->gating) of d_h[t] ffn_gate_inp
+     * (+ gate_inp_b; softmax_weight: the logits themselves, the weights then the
+     * softmax over the chosen ones),
      * selection s = p + exp_probs_b (when L has it), under expert groups only
      * the mp->n_group_used groups with the largest sums of their two best s,
      * the n_expert_used largest s (ties: lower expert first) in slot order,
      * weights p_k (divided by their sum when mp->norm_w, times mp->w_scale), then
-     *   d_x[t] += sum_k w_k down_e(silu(gate_e h) * up_e h)
+     *   d_x[t] += sum_k w_k down_e(act(gate_e h) * up_e h) (mp->act; each matmul
+     *             plus the expert's bias row when L has them)
      *             (+ sigmoid(h . gate_inp_shexp) * shared(h) when L has one;
      *              + shared(h) when it has no gate).
      * Each expert's rows are read once per call, for all its tokens; a

@@ -232,7 +232,7 @@ static int run_attn_mla(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
     if (rc)
         return rc;
     op->kv_store(be, il, f->d_k, f->d_k);
-    const attn_params ap = {hp->fam.q_scale, hp->fam.attn_softcap, L->window};
+    const attn_params ap = {hp->fam.q_scale, hp->fam.attn_softcap, L->window, NULL};
     op->attention(be, il, f->d_att, L->n_head, &ap, f->d_q);
     if ((rc = op->mla_v(be, L, f->d_q, f->d_att, n, err)))
         return rc;
@@ -273,7 +273,7 @@ static int run_attn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
         op->hadamard(be, f->d_v, L->n_head_kv, hp->head_dim);
     }
     op->kv_store(be, il, f->d_k, f->d_v);
-    const attn_params ap = {hp->fam.q_scale, hp->fam.attn_softcap, L->window};
+    const attn_params ap = {hp->fam.q_scale, hp->fam.attn_softcap, L->window, L->attn_sinks.dev};
     op->attention(be, il, f->d_q, L->n_head, &ap, f->d_att);
     if (op->kv_score) /* a KV budget's scores, snapkv/h2o (no-op without) */
         op->kv_score(be, il, f->d_q, L->n_head, &ap);
@@ -300,7 +300,8 @@ static int run_ffn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
     if (L->n_expert) { /* experts (tensor parallelism refuses these models) */
         const moe_params mp = {.norm_w = hp->fam.moe_norm_w, .gating = hp->fam.moe_gating,
                                .w_scale = hp->fam.moe_w_scale, .n_group = (int32_t)hp->fam.n_group,
-                               .n_group_used = (int32_t)hp->fam.n_group_used};
+                               .n_group_used = (int32_t)hp->fam.n_group_used,
+                               .act = hp->recipe->act};
         return op->moe_ffn(be, L, &mp, f->d_h, f->d_x, n, err);
     }
     const model_tensor *gu[2] = {&L->w_gate, &L->w_up}, *gu_b[2] = {NULL, NULL};

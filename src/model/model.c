@@ -61,7 +61,7 @@ static int read_rope_scaling(const gguf_ctx *g, const char *arch, model_hparams 
     if (type.ptr && !gguf_str_eq(type, "linear") && !gguf_str_eq(type, "llama3") && !*longrope &&
         !*yarn)
         return kvant_err_set(err, KV_EUNSUP, "%s '%.*s' is not supported for %s (kvant runs "
-                             "none, linear, longrope; yarn for deepseek2)", key,
+                             "none, linear, longrope; yarn for deepseek2 and gpt-oss)", key,
                              (int)(type.len > 64 ? 64 : type.len), type.ptr, arch);
     if (*longrope && !hp->recipe->rope_factors)
         return kvant_err_set(err, KV_EUNSUP, "%s longrope: not for architecture %s", key, arch);
@@ -397,6 +397,9 @@ static int bind_attn(model *m, int il, model_layer *L, kvant_err *err)
         (rc = bind_vec(g, &L->post_attn_norm, NAME("post_attention_norm.weight"), il,
                        hp->n_embd, 0, err)))
         return rc;
+    if (r->attn_sinks &&
+        (rc = bind_vec(g, &L->attn_sinks, NAME("attn_sinks.weight"), il, L->n_head, 0, err)))
+        return rc;
     return KV_OK;
 }
 
@@ -419,6 +422,32 @@ static int bind_exps(const gguf_ctx *g, model_tensor *t, const char *name, int l
 }
 
 
+/* A 2-D f32 tensor [n][ne0] (per-expert biases). */
+static int bind_f32_rows(const gguf_ctx *g, model_tensor *t, const char *name, int layer,
+                         int64_t ne0, int64_t n, kvant_err *err)
+{
+    int rc = bind(g, t, name, layer, ne0, n, 0, err);
+    if (rc == KV_OK && t->type != DT_F32)
+        return kvant_err_set(err, KV_EUNSUP, "tensor '%s' must be f32 (is type %u)", name,
+                             t->type);
+    return rc;
+}
+
+/* The router's and the experts' biases (recipe moe_bias). */
+static int bind_moe_bias(model *m, int il, model_layer *L, kvant_err *err)
+{
+    const gguf_ctx *g = m->gguf;
+    char name[96];
+    const int64_t E = m->hp.n_embd, X = m->hp.fam.n_expert, F = m->hp.fam.n_ff_exp;
+    int rc;
+    if ((rc = bind_vec(g, &L->gate_inp_b, NAME("ffn_gate_inp.bias"), il, X, 0, err)) ||
+        (rc = bind_f32_rows(g, &L->gate_exps_b, NAME("ffn_gate_exps.bias"), il, F, X, err)) ||
+        (rc = bind_f32_rows(g, &L->up_exps_b, NAME("ffn_up_exps.bias"), il, F, X, err)) ||
+        (rc = bind_f32_rows(g, &L->down_exps_b, NAME("ffn_down_exps.bias"), il, E, X, err)))
+        return rc;
+    return KV_OK;
+}
+
 /* The experts of layer il (recipe moe, the file's expert_count > 0). */
 static int bind_moe(model *m, int il, model_layer *L, kvant_err *err)
 {
@@ -437,7 +466,8 @@ static int bind_moe(model *m, int il, model_layer *L, kvant_err *err)
         (rc = bind_exps(g, &L->up_exps, NAME("ffn_up_exps.weight"), il, E, F, X, err)) ||
         (rc = bind_exps(g, &L->down_exps, NAME("ffn_down_exps.weight"), il, F, E, X, err)) ||
         (hp->recipe->moe_ds &&
-         (rc = bind_vec(g, &L->exp_probs_b, NAME("exp_probs_b.bias"), il, X, 1, err))))
+         (rc = bind_vec(g, &L->exp_probs_b, NAME("exp_probs_b.bias"), il, X, 1, err))) ||
+        (hp->recipe->moe_bias && (rc = bind_moe_bias(m, il, L, err))))
         return rc;
     if (!S)
         return KV_OK;
@@ -459,7 +489,9 @@ static int bind_ffn(model *m, int il, model_layer *L, kvant_err *err)
     char name[96];
     int rc;
     if (hp->fam.n_expert && (uint32_t)il >= hp->fam.n_dense_lead) {
-        if ((rc = bind_vec(g, &L->ffn_norm, NAME("ffn_norm.weight"), il, hp->n_embd, 0, err)))
+        if ((rc = bind_vec(g, &L->ffn_norm, r->ffn_norm_post ? NAME("post_attention_norm.weight")
+                                                             : NAME("ffn_norm.weight"),
+                           il, hp->n_embd, 0, err)))
             return rc;
         return bind_moe(m, il, L, err);
     }
@@ -629,7 +661,8 @@ int model_layer_tensors(model_layer *L, model_tensor **out)
                           &L->up_exps,   &L->down_exps, &L->gate_shexp, &L->up_shexp,
                           &L->down_shexp, &L->gate_inp_shexp, &L->exp_probs_b, &L->wq_a,
                           &L->q_a_norm,  &L->wq_b,   &L->wkv_a,  &L->kv_a_norm,
-                          &L->wk_b,      &L->wv_b};
+                          &L->wk_b,      &L->wv_b,   &L->gate_inp_b, &L->gate_exps_b,
+                          &L->up_exps_b, &L->down_exps_b, &L->attn_sinks};
     _Static_assert(sizeof ts / sizeof ts[0] <= MODEL_LAYER_TENSORS, "MODEL_LAYER_TENSORS");
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
         out[i] = ts[i];

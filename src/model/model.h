@@ -88,6 +88,10 @@ typedef struct model_layer {
     model_tensor gate_inp_shexp; /* [1][n_embd]: its gate sigmoid(h . w); data NULL: ungated
                               * (DeepSeek's shared experts) */
     model_tensor exp_probs_b;   /* [n_expert] f32 selection bias (DeepSeek-V3), or data NULL */
+    model_tensor gate_inp_b;    /* [n_expert] f32 router bias (gpt-oss), or data NULL */
+    model_tensor gate_exps_b, up_exps_b, down_exps_b; /* f32 [n_expert][rows] per-expert
+                              * biases (gpt-oss; one row per expert), or data NULL */
+    model_tensor attn_sinks;    /* [n_head] f32 sink logits (gpt-oss), or data NULL */
     /* Latent attention (hp.fam.mla; wk, wv, bq.. then have data NULL): q from wq
      * (n_lora_q 0) or wq_b(rmsnorm(wq_a h) * q_a_norm), [n_head][n_qk_nope + rope];
      * wkv_a h = [latent n_lora_kv | k rope part]; kv_a_norm the latent's norm; wk_b
@@ -133,8 +137,8 @@ int model_layer_heads(const gguf_ctx *g, int n_layers, int il, uint32_t *n_head,
 /* Reads hyper-parameters only (no tensors): used by `kvant plan`. */
 int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err);
 const char *model_arch_name(model_arch a);
-/* Tensors of layer L (the pointers into L), data NULL ones included: n returned, <= 40. */
-#define MODEL_LAYER_TENSORS 40
+/* Tensors of layer L (the pointers into L), data NULL ones included: n returned, <= 48. */
+#define MODEL_LAYER_TENSORS 48
 int model_layer_tensors(model_layer *L, model_tensor **out);
 
 /* 1 when some layer's FFN is a mixture of experts. */

@@ -54,6 +54,14 @@ static const model_recipe RECIPES[] = {
               "outputs through attn_v_b); dense leading layers, then experts (softmax or "
               "sigmoid routing, selection bias, expert groups, weight norm and scale) plus "
               "ungated shared experts"},
+    {.arch = "gpt-oss", .rope = ROPE_NEOX, .act = FFN_SWIGLU_OAI, .swa = SWA_PATTERN,
+     .qkv_bias = 1, .moe = MOE_REQUIRED, .moe_ff_key = 1, .yarn = 1, .attn_sinks = 1,
+     .ffn_norm_post = 1, .moe_bias = 1, .moe_gate = MOE_GATE_SOFTMAX_WEIGHT,
+     .swa_base_global = 1, .swa_pattern = 2,
+     .notes = "pre-norm (the FFN's named post_attention_norm), NEOX rope with YaRN, q/k/v/o "
+              "biases, a sink logit per head in every softmax, sliding window on layers "
+              "il % 2 == 0; experts with biases (router top-k of the logits, softmax over the "
+              "chosen; clamped SwiGLU x sigmoid(1.702 x) (up + 1))"},
 };
 
 #define N_RECIPES (sizeof RECIPES / sizeof RECIPES[0])
@@ -68,7 +76,8 @@ const model_recipe *model_recipe_find(const char *arch, uint64_t len)
 
 const char *model_recipe_list(void)
 {
-    return "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen2moe, qwen3moe, olmoe, deepseek2";
+    return "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen2moe, qwen3moe, olmoe, deepseek2, "
+           "gpt-oss";
 }
 
 const model_recipe *model_recipe_at(int32_t i)
@@ -192,7 +201,7 @@ static int read_moe(const gguf_ctx *g, const model_recipe *r, const model_family
 {
     int rc;
     o->moe_norm_w = r->moe_norm_w;
-    o->moe_gating = MOE_GATE_SOFTMAX;
+    o->moe_gating = r->moe_gate ? r->moe_gate : MOE_GATE_SOFTMAX;
     o->moe_w_scale = 1.0f;
     if ((rc = key_u32(g, b->arch, "expert_count", 0, &o->n_expert, err)) ||
         (rc = key_u32(g, b->arch, "expert_used_count", 0, &o->n_expert_used, err)) ||
@@ -255,14 +264,15 @@ static int read_moe(const gguf_ctx *g, const model_recipe *r, const model_family
  * derives (llama_context's yarn_attn_factor, ggml's rope_yarn mscale); a
  * deepseek2 file's yarn_log_multiplier is stored as 0.1 * mscale_all_dim. */
 static int read_yarn(const gguf_ctx *g, const model_family_base *b, model_family_hp *o,
-                     float *log_mul, kvant_err *err)
+                     kvant_err *err)
 {
     const float F = 1.0f / b->rope_scale, lnF = logf(F);
+    float *log_mul = &o->yarn_log_mul;
     int rc = key_f32(g, b->arch, "rope.scaling.yarn_log_multiplier", 0.0f, log_mul, err);
     if (rc)
         return rc;
     *log_mul /= 0.1f;
-    if (!b->yarn) /* linear or none: only the attention scale reads the factor */
+    if (!b->yarn) /* linear or none: only deepseek2's attention scale reads the factor */
         return KV_OK;
     if (!isfinite(*log_mul) || !(F >= 1.0f))
         return kvant_err_set(err, KV_EFORMAT, "%s: yarn factor %g / log multiplier out of range",
@@ -278,6 +288,7 @@ static int read_yarn(const gguf_ctx *g, const model_family_base *b, model_family
     const float hi = ceilf(n * logf(ctx / (1.0f * 2.0f * (float)M_PI)) / lb);
     o->yarn_corr[0] = lo > 0.0f ? lo : 0.0f;
     o->yarn_corr[1] = hi < n - 1.0f ? hi : n - 1.0f;
+    o->rope_attn_factor *= 1.0f + 0.1f * lnF; /* ggml's rope_yarn scales cos and sin too */
     return KV_OK;
 }
 
@@ -317,15 +328,12 @@ static int read_mla(const gguf_ctx *g, const model_family_base *b, model_family_
     o->mla = 1;
     o->n_qk_nope = k_mla - (uint32_t)b->rope_dim;
     /* the decompressed head's width, and llama.cpp's deepseek2 pre-scaling for YaRN:
-     * mscale = attn_factor (1 + 0.1 ln F) (1 + 0.1 log_mul ln F), scale mscale^2 */
-    float log_mul = 0.0f;
-    if ((rc = read_yarn(g, b, o, &log_mul, err)))
-        return rc;
+     * mscale = attn_factor (1 + 0.1 ln F) (1 + 0.1 log_mul ln F), scale mscale^2, where
+     * attn_factor is the graph's (read_yarn multiplied the rope's by 1 + 0.1 ln F) */
     const float lnF = logf(1.0f / b->rope_scale);
-    const float ms = o->rope_attn_factor * (1.0f + 0.1f * lnF) * (1.0f + 0.1f * log_mul * lnF);
+    const float af = o->yarn ? o->rope_attn_factor / (1.0f + 0.1f * lnF) : o->rope_attn_factor;
+    const float ms = af * (1.0f + 0.1f * lnF) * (1.0f + 0.1f * o->yarn_log_mul * lnF);
     o->q_scale = ms * ms / sqrtf((float)k_mla);
-    if (o->yarn) /* ggml's rope_yarn multiplies cos and sin by (1 + 0.1 ln F) too */
-        o->rope_attn_factor *= 1.0f + 0.1f * lnF;
     return KV_OK;
 }
 
@@ -358,6 +366,8 @@ int model_family_read(const gguf_ctx *g, const model_recipe *r, const model_fami
         return rc;
     o->use_long = b->n_ctx_train > o->n_ctx_orig;
     if ((rc = read_moe(g, r, b, o, err)))
+        return rc;
+    if (r->yarn && (rc = read_yarn(g, b, o, err)))
         return rc;
     if (r->mla && (rc = read_mla(g, b, o, err)))
         return rc;

@@ -33,6 +33,7 @@ typedef enum rope_kind {
 typedef enum ffn_act {
     FFN_SILU = 0,      /* SwiGLU: silu(gate) * up */
     FFN_GELU_TANH = 1, /* GeGLU: gelu_tanh(gate) * up (ggml_gelu) */
+    FFN_SWIGLU_OAI = 2,/* gpt-oss: x = min(gate, 7): x sigmoid(1.702 x) (clamp(up, -7, 7) + 1) */
 } ffn_act;
 
 typedef enum swa_kind {
@@ -52,6 +53,7 @@ typedef enum moe_kind {
 typedef enum moe_gating {
     MOE_GATE_SOFTMAX = 1, /* {arch}.expert_gating_func values, as llama.cpp numbers them */
     MOE_GATE_SIGMOID = 2,
+    MOE_GATE_SOFTMAX_WEIGHT = 3, /* top-k of the logits, softmax over the chosen (gpt-oss) */
 } moe_gating;
 
 typedef enum output_kind {
@@ -89,7 +91,12 @@ typedef struct model_recipe {
     uint8_t attn_softcap;  /* {arch}.attn_logit_softcapping, default 50 (gemma2) */
     uint8_t rope_factors;  /* rope_freqs.weight (llama 3) or LongRoPE long/short factors */
     uint8_t rope_dim_full; /* rope.dimension_count must equal the head size (llama) */
-    uint8_t yarn;          /* rope.scaling.type yarn is read (deepseek2) */
+    uint8_t yarn;          /* rope.scaling.type yarn is read (deepseek2, gpt-oss) */
+    uint8_t attn_sinks;    /* attn_sinks.weight [n_head]: a logit per head in each softmax
+                            * with no value (gpt-oss) */
+    uint8_t ffn_norm_post; /* the FFN's input norm is named post_attention_norm (gpt-oss) */
+    uint8_t moe_bias;      /* ffn_gate_inp.bias and the experts' ffn_*_exps.bias (gpt-oss) */
+    uint8_t moe_gate;      /* moe_gating of the family (0: softmax; deepseek2 reads a key) */
     uint8_t swa_base_global; /* window layers' rope base defaults to rope.freq_base and use
                               * its scale (gemma2); else 10000 and unscaled (gemma3) */
     uint8_t final_softcap_key; /* {arch}.final_logit_softcapping is read (gemma) */
@@ -115,6 +122,7 @@ typedef struct model_family_hp {
     int yarn;               /* rope.scaling.type yarn (recipe yarn): ext factor 1, the ramp
                              * between yarn_corr dims (beta_fast 32, beta_slow 1) */
     float yarn_corr[2];
+    float yarn_log_mul;     /* rope.scaling.yarn_log_multiplier / 0.1 (deepseek2's mscale) */
     int longrope;           /* rope.scaling.type longrope: factors rope_factors_long/short */
     int use_long;           /* LongRoPE: the long factors (n_ctx_train > n_ctx_orig, llama.cpp's
                              * choice at its default context) */

@@ -83,6 +83,14 @@
     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n" \
     "\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*" \
     "|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
+/* gpt-4o (o200k: gpt-oss, Llama 4): llama.cpp's rewrite of the tokenizer.json
+ * expression, case classes as lookaheads */
+#define RE_GPT4O \
+    "[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+(?" \
+    ":'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\\r\\n\\p{L" \
+    "}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|" \
+    "'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\\p{N}{1,3}| ?[^\\s\\p{L}" \
+    "\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* Gemma 4: no word splitting, only runs of newlines apart from the rest */
 #define RE_NEWLINES "[^\\n]+|\\n+"
 
@@ -114,6 +122,8 @@ static const pre_spec PRE_SPECS[] = {
     {"deepseek-coder", {RE_DSC_0, RE_DSC_1, RE_DSC_2, RE_DSC_3, RE_DSC_4, NULL}, 0, 0,
      PRE_BOS_FILE},
     {"deepseek-v3", {RE_DS3_0, RE_DS3_1, RE_DS3_2, NULL}, 0, 0, PRE_BOS_FILE},
+    {"gpt-4o", {RE_GPT4O, NULL}, 0, 0, PRE_BOS_FILE},
+    {"llama4", {RE_GPT4O, NULL}, 0, 0, PRE_BOS_FILE},
 };
 
 static int compile_pre(tokenizer *t, const gguf_ctx *g, const char *forced, const pre_spec **out,

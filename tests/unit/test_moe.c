@@ -24,8 +24,8 @@ typedef struct mm_ctx {
     int calls;
 } mm_ctx;
 
-static void mm(void *ctx, int count, const model_tensor *const *W, const float *x,
-               float *const *y, int32_t n)
+static void mm(void *ctx, int count, const model_tensor *const *W,
+               const model_tensor *const *bias, const float *x, float *const *y, int32_t n)
 {
     mm_ctx *c = ctx;
     c->calls++;
@@ -40,6 +40,8 @@ static void mm(void *ctx, int count, const model_tensor *const *W, const float *
                 float acc = 0.0f;
                 for (int64_t k = 0; k < w->ne[0]; k++)
                     acc += wd[r * w->ne[0] + k] * x[t * w->ne[0] + k];
+                if (bias && bias[i])
+                    acc += ((const float *)bias[i]->dev)[r];
                 y[i][t * w->ne[1] + r] = acc;
             }
     }
@@ -69,23 +71,26 @@ static double silu(double v)
     return v / (1.0 + exp(-v));
 }
 
-/* The router in double: probabilities (softmax or sigmoid), selection =
- * p + bias, expert groups by their two best, top K (ties: lower), weights. */
+/* The router in double: logits (+ the router's bias), probabilities (softmax,
+ * sigmoid, or the logits for softmax_weight), selection = p + bias, expert
+ * groups by their two best, top K (ties: lower), weights (softmax_weight: the
+ * softmax of the chosen logits). */
 static void ref_route(const model_layer *L, const moe_params *mp, const float *h, int *sel,
                       double *w)
 {
     const float *R = L->ffn_gate_inp.data;
     double p[X], sc[X], mx = -1e300, sum = 0;
+    const int sig = mp->gating == MOE_GATE_SIGMOID, sw = mp->gating == MOE_GATE_SOFTMAX_WEIGHT;
     for (int e = 0; e < X; e++) {
-        p[e] = 0;
+        p[e] = L->gate_inp_b.data ? ((const float *)L->gate_inp_b.data)[e] : 0.0;
         for (int c = 0; c < D; c++)
             p[e] += (double)R[e * D + c] * h[c];
         mx = p[e] > mx ? p[e] : mx;
     }
     for (int e = 0; e < X; e++)
-        sum += mp->gating == MOE_GATE_SIGMOID ? 0 : (p[e] = exp(p[e] - mx));
+        sum += sig || sw ? 0 : (p[e] = exp(p[e] - mx));
     for (int e = 0; e < X; e++) {
-        p[e] = mp->gating == MOE_GATE_SIGMOID ? 1.0 / (1.0 + exp(-p[e])) : p[e] / sum;
+        p[e] = sig ? 1.0 / (1.0 + exp(-p[e])) : sw ? p[e] : p[e] / sum;
         sc[e] = p[e] + (L->exp_probs_b.data ? ((const float *)L->exp_probs_b.data)[e] : 0.0);
     }
     if (mp->n_group > 1) { /* groups of X / n_group, scored by their two best; keep the best */
@@ -124,12 +129,35 @@ static void ref_route(const model_layer *L, const moe_params *mp, const float *h
         sel[s] = best;
         ws += (w[s] = p[best]);
     }
+    if (sw) { /* softmax over the chosen logits */
+        double m0 = w[0], t = 0;
+        for (int s = 0; s < K; s++)
+            t += (w[s] = exp(w[s] - m0));
+        for (int s = 0; s < K; s++)
+            w[s] /= t;
+        ws = 1.0;
+    }
     for (int s = 0; s < K; s++)
         w[s] = (mp->norm_w ? w[s] / ws : w[s]) * mp->w_scale;
 }
 
-/* sum_k w_k down_e(silu(gate_e h) * up_e h) (+ sigmoid(h.g) or 1 times shared(h)),
- * in double. */
+/* The experts' activation: SwiGLU, or gpt-oss's clamped one. */
+static double act(const moe_params *mp, double g, double u)
+{
+    if (mp->act != FFN_SWIGLU_OAI)
+        return silu(g) * u;
+    const double x = fmin(g, 7.0), y = fmin(fmax(u, -7.0), 7.0);
+    return x / (1.0 + exp(-1.702 * x)) * (y + 1.0);
+}
+
+/* Expert e's bias row of b (data NULL: none), entry i. */
+static double brow(const model_tensor *b, int e, int64_t n, int64_t i)
+{
+    return b->data ? ((const float *)b->data)[e * n + i] : 0.0;
+}
+
+/* sum_k w_k (down_e(act(gate_e h + bg_e, up_e h + bu_e)) + bd_e) (+ sigmoid(h.g) or 1
+ * times shared(h)), in double. */
 static void ref_token(const model_layer *L, const moe_params *mp, const float *h, double *out)
 {
     int sel[K];
@@ -151,16 +179,20 @@ static void ref_token(const model_layer *L, const moe_params *mp, const float *h
         } else {
             wk = sh ? 1.0 : w[s];
         }
+        const int e = sh ? 0 : sel[s];
+        const model_tensor none = {0};
+        const model_tensor *bg = sh ? &none : &L->gate_exps_b, *bu = sh ? &none : &L->up_exps_b;
+        const model_tensor *bd = sh ? &none : &L->down_exps_b;
         for (int r = 0; r < ff; r++) {
-            double g = 0, u = 0;
+            double g = brow(bg, e, F, r), u = brow(bu, e, F, r);
             for (int c = 0; c < D; c++) {
                 g += (double)G[r * D + c] * h[c];
                 u += (double)U[r * D + c] * h[c];
             }
-            a[r] = silu(g) * u;
+            a[r] = act(mp, g, u);
         }
         for (int r = 0; r < D; r++) {
-            double y = 0;
+            double y = brow(bd, e, D, r);
             for (int c = 0; c < ff; c++)
                 y += (double)Dn[r * ff + c] * a[c];
             out[r] += wk * y;
@@ -178,17 +210,29 @@ static void test_topk(void)
     CHECK(w[0] == 0.3f && w[3] == 0.1f);
 }
 
-/* deepseek: DeepSeek-V3's routing (sigmoid, selection bias, 3 groups of 2 keeping 2,
- * scale 2.5, weights normalised) and an ungated shared expert. */
-static void test_ffn(int shared, int norm_w, int deepseek)
+enum { PLAIN = 0, DEEPSEEK = 1, GPT_OSS = 2 };
+
+/* DEEPSEEK: DeepSeek-V3's routing (sigmoid, selection bias, 3 groups of 2 keeping 2,
+ * scale 2.5) and an ungated shared expert; GPT_OSS: router and expert biases, top-k of
+ * the logits with the softmax over the chosen, the clamped SwiGLU (biases large enough
+ * that the clamp at 7 is reached). */
+static void test_ffn(int shared, int norm_w, int kind)
 {
-    const int dsk = deepseek;
-    tu_rng r = {0x5eed + (unsigned)shared * 2 + (unsigned)norm_w + 4u * (unsigned)dsk};
-    const moe_params mp = {.norm_w = norm_w, .gating = dsk ? MOE_GATE_SIGMOID : MOE_GATE_SOFTMAX,
+    const int dsk = kind == DEEPSEEK, oss = kind == GPT_OSS;
+    tu_rng r = {0x5eed + (unsigned)shared * 2 + (unsigned)norm_w + 4u * (unsigned)kind};
+    const moe_params mp = {.norm_w = norm_w,
+                           .gating = dsk   ? MOE_GATE_SIGMOID
+                                     : oss ? MOE_GATE_SOFTMAX_WEIGHT
+                                           : MOE_GATE_SOFTMAX,
                            .w_scale = dsk ? 2.5f : 1.0f, .n_group = dsk ? 3 : 0,
-                           .n_group_used = dsk ? 2 : 0};
+                           .n_group_used = dsk ? 2 : 0, .act = oss ? FFN_SWIGLU_OAI : FFN_SILU};
     float bias[X];
+    static float rb[X], gb[X * F], ub[X * F], db[X * D];
     fill(&r, bias, X, 0.2f);
+    fill(&r, rb, X, 1.0f);
+    fill(&r, gb, X * F, 5.0f);
+    fill(&r, ub, X * F, 5.0f);
+    fill(&r, db, X * D, 0.5f);
     static float router[X * D], ge[X * F * D], ue[X * F * D], de[X * D * F];
     static float gs[S * D], us[S * D], ds[D * S], gis[D], h[N * D];
     fill(&r, router, X * D, 0.5f);
@@ -209,10 +253,16 @@ static void test_ffn(int shared, int norm_w, int deepseek)
     L.gate_shexp = mat(gs, D, S);
     L.up_shexp = mat(us, D, S);
     L.down_shexp = mat(ds, S, D);
-    if (!dsk)
-        L.gate_inp_shexp = mat(gis, D, 1);
-    else
+    if (dsk)
         L.exp_probs_b = mat(bias, X, 1);
+    else
+        L.gate_inp_shexp = mat(gis, D, 1);
+    if (oss) {
+        L.gate_inp_b = mat(rb, X, 1);
+        L.gate_exps_b = mat(gb, F, X);
+        L.up_exps_b = mat(ub, F, X);
+        L.down_exps_b = mat(db, D, X);
+    }
     const cpu_moe_dims dims = {D, X, K, F, L.n_ff_shexp};
     void *ws = malloc(cpu_moe_ws_bytes(&dims, N));
     mm_ctx c = {.L = &L};
@@ -238,7 +288,7 @@ static void test_ffn(int shared, int norm_w, int deepseek)
         }
         worst = fmax(worst, sqrt(num / den));
     }
-    CHECKF(worst < 1e-5, "shared %d norm_w %d deepseek %d: rel err %.3g", shared, norm_w, dsk,
+    CHECKF(worst < 1e-5, "shared %d norm_w %d kind %d: rel err %.3g", shared, norm_w, kind,
            worst);
     for (int t = 0; t < N; t++) /* alone: bitwise the batch's row */
         cpu_moe_ffn(&env, &L, &mp, h + t * D, x1 + t * D, 1);
@@ -271,8 +321,9 @@ int main(void)
     test_topk();
     for (int shared = 0; shared < 2; shared++)
         for (int norm_w = 0; norm_w < 2; norm_w++)
-            test_ffn(shared, norm_w, 0);
-    test_ffn(1, 1, 1);
-    test_ffn(0, 0, 1);
+            test_ffn(shared, norm_w, PLAIN);
+    test_ffn(1, 1, DEEPSEEK);
+    test_ffn(0, 0, DEEPSEEK);
+    test_ffn(0, 0, GPT_OSS);
     return tu_finish("test_moe");
 }

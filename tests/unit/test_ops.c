@@ -27,7 +27,7 @@
 
 #if KVANT_X86
 /* The specification written plainly: softmax(cap(q.k * scale)) V over
- * positions [p0, n_pos), in double. */
+ * positions [p0, n_pos), in double; a sink adds exp(sink) to the softmax's sum. */
 static void naive_row(const float *q, const cpu_attn_seq *s, int32_t n_pos, int32_t hd,
                       float scale, double *out)
 {
@@ -43,6 +43,10 @@ static void naive_row(const float *q, const cpu_attn_seq *s, int32_t n_pos, int3
             d = s->softcap * tanh(d / s->softcap);
         w[j] = d;
         mx = d > mx ? d : mx;
+    }
+    if (s->sinks) {
+        mx = s->sinks[0] > mx ? s->sinks[0] : mx;
+        sum = exp(s->sinks[0] - mx);
     }
     for (int32_t e = 0; e < hd; e++)
         out[e] = 0.0;
@@ -71,7 +75,9 @@ static void check_group(tu_rng *r, const cpu_kvq_seq *hs, int32_t n_pos, int32_t
         cpu_kvq_attention_group_f16_avx2(q, nq, hs, n_pos, hd, scale, scratch, og);
         int same = 1;
         for (int32_t g = 0; g < nq; g++) {
-            cpu_kvq_attention_row_f16_avx2(q + g * hd, hs, n_pos, hd, scale, scratch, orow);
+            cpu_kvq_seq one = *hs; /* head g alone: its own sink */
+            one.sinks = hs->sinks ? hs->sinks + g : NULL;
+            cpu_kvq_attention_row_f16_avx2(q + g * hd, &one, n_pos, hd, scale, scratch, orow);
             same &= memcmp(orow, og + g * hd, sizeof(float) * (size_t)hd) == 0;
         }
         CHECKF(same, "f16 avx2 group of %d n_pos %d hd %d p0 %d cap %g: not the row's bits", nq,
@@ -80,8 +86,12 @@ static void check_group(tu_rng *r, const cpu_kvq_seq *hs, int32_t n_pos, int32_t
 }
 
 static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f32_simd,
-                       cpu_kvq_row_fn f16_simd, const char *name, int32_t p0, float softcap)
+                       cpu_kvq_row_fn f16_simd, const char *name, int32_t p0, float softcap,
+                       int sink)
 {
+    float sinks[CPU_ATTN_GROUP_MAX];
+    for (int32_t g = 0; g < CPU_ATTN_GROUP_MAX; g++) /* below, near and above the scores */
+        sinks[g] = 2.0f * tu_rand_normal(r);
     const int32_t n_blocks = (T_MAX_POS + T_BLOCK - 1) / T_BLOCK;
     const int64_t row = hd + 8; /* padding: a row stride wider than head_dim */
     const size_t nv = (size_t)(n_blocks * T_BLOCK * row);
@@ -105,7 +115,7 @@ static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f
     }
     for (int32_t d = 0; d < hd; d++)
         q[d] = tu_rand_normal(r) * qscale;
-    cpu_attn_seq s = {k, v, table, T_BLOCK * row, row, T_BLOCK, p0, softcap};
+    cpu_attn_seq s = {k, v, table, T_BLOCK * row, row, T_BLOCK, p0, softcap, sink ? sinks : NULL};
     const float scale = 1.0f / sqrtf((float)hd);
     cpu_attention_row_ref(q, &s, n_pos, hd, scale, scratch, o_ref);
     double o_naive[T_MAX_HD];
@@ -113,8 +123,8 @@ static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f
     float err = 0.0f;
     for (int32_t d = 0; d < hd; d++)
         err = fmaxf(err, (float)fabs(o_ref[d] - o_naive[d]));
-    CHECKF(err <= 1e-5f, "scalar row vs double n_pos %d p0 %d cap %g: max err %g", n_pos, p0,
-           (double)softcap, err);
+    CHECKF(err <= 1e-5f, "scalar row vs double n_pos %d p0 %d cap %g sink %d: max err %g", n_pos,
+           p0, (double)softcap, sink, err);
     err = 0.0f;
     if (f32_simd) {
         cpu_attention_row_avx512(q, &s, n_pos, hd, scale, scratch, o_simd);
@@ -125,7 +135,8 @@ static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f
     }
     cpu_kvq_seq hs = {(const uint8_t *)kh, (const uint8_t *)vh, table,
                       (int64_t)(T_BLOCK * row * sizeof(half_fp16)),
-                      (int64_t)(row * sizeof(half_fp16)), T_BLOCK, DT_F16, p0, softcap};
+                      (int64_t)(row * sizeof(half_fp16)), T_BLOCK, DT_F16, p0, softcap,
+                      sink ? sinks : NULL};
     if (f16_simd) {
         f16_simd(q, &hs, n_pos, hd, scale, scratch, o_simd);
         cpu_kvq_attention_row_ref(q, &hs, n_pos, hd, scale, scratch, o_typed);
@@ -194,15 +205,19 @@ int main(void)
     for (size_t i = 0; i < sizeof n_pos / sizeof n_pos[0]; i++)
         for (size_t j = 0; j < sizeof qs / sizeof qs[0]; j++)
             for (int32_t hd = 64; hd <= 128; hd += 64)
-                for (int v = 0; v < 4; v++) { /* plain; window in a block; on a boundary; cap */
+                for (int v = 0; v < 6; v++) { /* plain; window in a block; on a boundary; cap;
+                                               * sinks (gpt-oss), alone and with a window */
                     const int32_t np = n_pos[i];
-                    const int32_t p0 = v == 1 ? np * 2 / 3 : v == 2 ? np / 2 / T_BLOCK * T_BLOCK : 0;
+                    const int32_t p0 = v == 1 || v == 5 ? np * 2 / 3
+                                       : v == 2         ? np / 2 / T_BLOCK * T_BLOCK
+                                                        : 0;
                     const float cap = v == 3 ? 2.5f : v == 1 ? 8.0f : 0.0f;
+                    const int sink = v >= 4;
                     check_case(&r, n_pos[i], hd, qs[j], 0, cpu_kvq_attention_row_f16_avx2, "avx2",
-                               p0, cap);
+                               p0, cap, sink);
                     if (has512)
                         check_case(&r, n_pos[i], hd, qs[j], 1, cpu_kvq_attention_row_f16_avx512,
-                                   "avx512", p0, cap);
+                                   "avx512", p0, cap, sink);
                 }
     return tu_finish("test_ops");
 #else

@@ -15,7 +15,9 @@
  * (j % block_size) * row_stride (head offset already applied to k_base);
  * V likewise.  scratch: [block_size] floats.  p0 > 0: a sliding window
  * (positions before p0 are not read); softcap > 0: each scaled score s
- * becomes softcap * tanh(s / softcap) (attn_softcap). */
+ * becomes softcap * tanh(s / softcap) (attn_softcap); sinks: the softmax of
+ * the call's g-th query head also holds exp(sinks[g]), a logit with no value
+ * (NULL: none; attn_start). */
 typedef struct cpu_attn_seq {
     const float *k_base;
     const float *v_base;
@@ -25,7 +27,16 @@ typedef struct cpu_attn_seq {
     int32_t block_size;
     int32_t p0;
     float softcap;
+    const float *sinks;
 } cpu_attn_seq;
+
+/* The online softmax's start for the call's g-th head: no mass, or a sink's
+ * (its logit the running max, its weight 1, its value none). */
+static inline void attn_start(const float *sinks, int32_t g, float *m, float *l)
+{
+    *m = sinks ? sinks[g] : -INFINITY;
+    *l = sinks ? 1.0f : 0.0f;
+}
 
 /* The score transform every row applies after the scale (the reference). */
 static inline float attn_softcap(float s, float cap)
@@ -48,6 +59,7 @@ typedef struct cpu_kvq_seq {
     uint32_t type;
     int32_t p0;           /* first position read (sliding window), as cpu_attn_seq */
     float softcap;        /* as cpu_attn_seq */
+    const float *sinks;   /* as cpu_attn_seq */
 } cpu_kvq_seq;
 
 /* An attention row over stored rows: out[head_dim] = softmax(q . K_j *

@@ -587,11 +587,11 @@ static void cpu_matmul(backend *be, const model_tensor *W, const model_tensor *b
     cpu_matmul_n(be, 1, &W, &bias, d_x, &d_y, n);
 }
 
-static void moe_mm(void *ctx, int count, const model_tensor *const *W, const float *x,
-                   float *const *y, int32_t n)
+static void moe_mm(void *ctx, int count, const model_tensor *const *W,
+                   const model_tensor *const *bias, const float *x, float *const *y, int32_t n)
 {
     const model_tensor *no_bias[MM_MAX_PARTS] = {NULL, NULL, NULL};
-    cpu_matmul_n(ctx, count, W, no_bias, x, y, n);
+    cpu_matmul_n(ctx, count, W, bias ? bias : no_bias, x, y, n);
 }
 
 /* The workspace kv_init sized for the largest step; a larger step (a
@@ -709,6 +709,7 @@ static void attn_unit(const attn_job *j, int32_t t, int32_t kvh, int32_t h0, int
     const float scale = j->ap.scale;
     const float *q = j->q + ((int64_t)t * j->n_heads + h0) * hd;
     float *out = j->out + ((int64_t)t * j->n_heads + h0) * hd;
+    const float *sinks = j->ap.d_sinks ? j->ap.d_sinks + h0 : NULL;
     /* a window W reads (pos - W, pos]: llama.cpp masks pos - p >= W */
     const int32_t p0 =
         j->ap.window > 0 && b->pos[t] >= j->ap.window ? b->pos[t] - j->ap.window + 1 : 0;
@@ -725,12 +726,13 @@ static void attn_unit(const attn_job *j, int32_t t, int32_t kvh, int32_t h0, int
             .type = cb->kv.dtype,
             .p0 = p0,
             .softcap = j->ap.softcap,
+            .sinks = sinks,
         };
         if (cb->attn.kvq_group) {
             cb->attn.kvq_group(q, nq, &qs, n_pos, hd, scale, scratch, out);
             return;
         }
-        for (int32_t g = 0; g < nq; g++)
+        for (int32_t g = 0; g < nq; g++, qs.sinks = sinks ? sinks + g : NULL)
             cb->attn.kvq(q + g * hd, &qs, n_pos, hd, scale, scratch, out + g * hd);
         return;
     }
@@ -743,8 +745,9 @@ static void attn_unit(const attn_job *j, int32_t t, int32_t kvh, int32_t h0, int
         .block_size = cb->kv.block_size,
         .p0 = p0,
         .softcap = j->ap.softcap,
+        .sinks = sinks,
     };
-    for (int32_t g = 0; g < nq; g++)
+    for (int32_t g = 0; g < nq; g++, as.sinks = sinks ? sinks + g : NULL)
         cb->attn.f32(q + g * hd, &as, n_pos, hd, scale, scratch, out + g * hd);
 }
 

@@ -80,7 +80,8 @@ void cpu_kvq_attention_row_ref(const float *q, const cpu_kvq_seq *s, int32_t n_p
 {
     const dtype_traits *tr = dtype_get(s->type);
     float *vrow = scratch + s->block_size; /* [head_dim] one dequantized V slice */
-    float m = -INFINITY, l = 0.0f;
+    float m, l;
+    attn_start(s->sinks, 0, &m, &l);
     for (int32_t d = 0; d < head_dim; d++)
         out[d] = 0.0f;
     for (int32_t start = s->p0 - s->p0 % s->block_size; start < n_pos; start += s->block_size) {

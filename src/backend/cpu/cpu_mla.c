@@ -51,7 +51,7 @@ static void per_head(const cpu_mla_env *env, const model_tensor *W, int32_t n_he
             memcpy(xg + (size_t)t * in, src + t * s_stride + h * s_head, (size_t)in * sizeof *xg);
         const model_tensor w = cpu_moe_rows(W, h * rows, rows);
         const model_tensor *wp = &w;
-        env->mm(env->mm_ctx, 1, &wp, xg, &yg, n);
+        env->mm(env->mm_ctx, 1, &wp, NULL, xg, &yg, n);
         for (int32_t t = 0; t < n; t++)
             memcpy(dst + t * d_stride + h * d_head, yg + (size_t)t * rows,
                    (size_t)rows * sizeof *yg);

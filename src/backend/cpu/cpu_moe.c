@@ -1,10 +1,11 @@
 /* cpu_moe.c - the mixture-of-experts FFN on the CPU (see cpu_moe.h).
  *
  * Per step:
- *   logits[t] = h[t] ffn_gate_inp            (matmul)
- *   p[t] = softmax (or sigmoid) of logits[t] ; s[t] = p[t] (+ exp_probs_b)
+ *   logits[t] = h[t] ffn_gate_inp (+ gate_inp_b)     (matmul)
+ *   p[t] = softmax (or sigmoid, or the logits: softmax_weight) ; s[t] = p[t] (+ exp_probs_b)
  *   (expert groups: s = -inf outside the n_group_used groups whose two best s sum most)
  *   sel[t][k] = top-k of s[t] (k < n_used), w[t][k] = p[t][sel[t][k]]
+ *   (softmax_weight: w[t] = softmax(w[t]))
  *   (w[t] /= sum w[t], clamped below at 2^-14, when norm_w ; w[t] *= w_scale)
  *   order = (t, k) pairs sorted by expert, then t, then k (a counting sort)
  *   per expert e with tokens: xg = h[tokens] ; y = down_e(silu(gate_e xg) * up_e xg)
@@ -126,6 +127,16 @@ static void mask_groups(float *sc, int32_t n_expert, const moe_params *mp)
     }
 }
 
+static void softmax_k(float *w, int32_t k)
+{
+    float sum = 0.0f;
+    const float mx = w[0];
+    for (int32_t s = 0; s < k; s++)
+        sum += (w[s] = expf(w[s] - mx));
+    for (int32_t s = 0; s < k; s++)
+        w[s] /= sum;
+}
+
 /* Router probabilities, selection, top-k and the weights of token t's slots. */
 static void route_token(const moe_ws *ws, int32_t t, const model_layer *L, const moe_params *mp)
 {
@@ -134,7 +145,7 @@ static void route_token(const moe_ws *ws, int32_t t, const model_layer *L, const
     if (mp->gating == MOE_GATE_SIGMOID) {
         for (int32_t e = 0; e < n_expert; e++)
             p[e] = 1.0f / (1.0f + expf(-p[e]));
-    } else {
+    } else if (mp->gating != MOE_GATE_SOFTMAX_WEIGHT) {
         float mx = p[0];
         for (int32_t e = 1; e < n_expert; e++)
             mx = p[e] > mx ? p[e] : mx;
@@ -156,6 +167,8 @@ static void route_token(const moe_ws *ws, int32_t t, const model_layer *L, const
     cpu_moe_topk(ws->sc, n_expert, k, sel, w);
     for (int32_t s = 0; s < k; s++)
         w[s] = p[sel[s]]; /* the unbiased probability */
+    if (mp->gating == MOE_GATE_SOFTMAX_WEIGHT) /* over the chosen logits (w[0] the largest) */
+        softmax_k(w, k);
     if (mp->norm_w) {
         float ws_sum = 0.0f;
         for (int32_t s = 0; s < k; s++)
@@ -198,19 +211,23 @@ model_tensor cpu_moe_rows(const model_tensor *t, int64_t row0, int64_t rows)
     return v;
 }
 
-/* One gated FFN over n rows of xin into y: y = down(silu(gate xin) * up xin). */
-static void gated_ffn(const cpu_moe_env *env, const moe_ws *ws, const model_tensor *g,
-                      const model_tensor *u, const model_tensor *d, const float *xin, float *y,
-                      int32_t n)
+/* One gated FFN over n rows of xin into y: y = down(act(gate xin) * up xin),
+ * each matmul plus its bias (b[0..2], entries NULL without). */
+static void gated_ffn(const cpu_moe_env *env, const moe_ws *ws, int act, const model_tensor *g,
+                      const model_tensor *u, const model_tensor *d, const model_tensor *const *b,
+                      const float *xin, float *y, int32_t n)
 {
     const model_tensor *gu[2] = {g, u};
     float *gu_y[2] = {ws->gate, ws->up};
-    env->mm(env->mm_ctx, 2, gu, xin, gu_y, n);
-    cpu_swiglu(ws->gate, ws->up, ws->gate, (int64_t)n * g->ne[1]);
-    env->mm(env->mm_ctx, 1, &d, ws->gate, &y, n);
+    env->mm(env->mm_ctx, 2, gu, b, xin, gu_y, n);
+    if (act == FFN_SWIGLU_OAI)
+        cpu_swiglu_oai(ws->gate, ws->up, ws->gate, (int64_t)n * g->ne[1]);
+    else
+        cpu_swiglu(ws->gate, ws->up, ws->gate, (int64_t)n * g->ne[1]);
+    env->mm(env->mm_ctx, 1, &d, b + 2, ws->gate, &y, n);
 }
 
-static void run_experts(const cpu_moe_env *env, const moe_ws *ws, const model_layer *L,
+static void run_experts(const cpu_moe_env *env, const moe_ws *ws, const model_layer *L, int act,
                         const float *h)
 {
     const int64_t D = L->down_exps.ne[1] / L->n_expert, F = L->n_ff_exp;
@@ -224,7 +241,15 @@ static void run_experts(const cpu_moe_env *env, const moe_ws *ws, const model_la
         const model_tensor g = cpu_moe_rows(&L->gate_exps, e * F, F);
         const model_tensor u = cpu_moe_rows(&L->up_exps, e * F, F);
         const model_tensor d = cpu_moe_rows(&L->down_exps, e * D, D);
-        gated_ffn(env, ws, &g, &u, &d, ws->xg, ws->yslot + (size_t)b * D, cnt);
+        model_tensor bt[3];
+        const model_tensor *bias[3] = {NULL, NULL, NULL};
+        if (L->gate_exps_b.dev) { /* expert e's bias rows */
+            bt[0] = cpu_moe_rows(&L->gate_exps_b, e, 1);
+            bt[1] = cpu_moe_rows(&L->up_exps_b, e, 1);
+            bt[2] = cpu_moe_rows(&L->down_exps_b, e, 1);
+            bias[0] = &bt[0], bias[1] = &bt[1], bias[2] = &bt[2];
+        }
+        gated_ffn(env, ws, act, &g, &u, &d, bias, ws->xg, ws->yslot + (size_t)b * D, cnt);
     }
 }
 
@@ -237,17 +262,20 @@ void cpu_moe_ffn(const cpu_moe_env *env, const model_layer *L, const moe_params 
     ws_layout(&dims, n, env->ws, &ws);
     const int32_t k = L->n_expert_used, D = dims.n_embd;
     const model_tensor *router = &L->ffn_gate_inp;
-    env->mm(env->mm_ctx, 1, &router, h, &ws.logits, n);
+    const model_tensor *router_b = L->gate_inp_b.dev ? &L->gate_inp_b : NULL;
+    env->mm(env->mm_ctx, 1, &router, &router_b, h, &ws.logits, n);
     for (int32_t t = 0; t < n; t++)
         route_token(&ws, t, L, mp);
     group(&ws, n, L->n_expert, k);
-    run_experts(env, &ws, L, h);
+    run_experts(env, &ws, L, mp->act, h);
     const int sh_gated = L->n_ff_shexp && L->gate_inp_shexp.dev;
     if (L->n_ff_shexp) {
         const model_tensor *gi = &L->gate_inp_shexp;
+        const model_tensor *no_bias[3] = {NULL, NULL, NULL};
         if (sh_gated)
-            env->mm(env->mm_ctx, 1, &gi, h, &ws.gsh, n);
-        gated_ffn(env, &ws, &L->gate_shexp, &L->up_shexp, &L->down_shexp, h, ws.ysh, n);
+            env->mm(env->mm_ctx, 1, &gi, NULL, h, &ws.gsh, n);
+        gated_ffn(env, &ws, mp->act, &L->gate_shexp, &L->up_shexp, &L->down_shexp, no_bias, h,
+                  ws.ysh, n);
     }
     for (int32_t t = 0; t < n; t++) {
         float *xt = x + (size_t)t * D;

@@ -31,10 +31,12 @@ cpu_moe_dims cpu_moe_dims_of(const model *m);
 /* Workspace bytes for n_tok tokens (0 for a dense model). */
 size_t cpu_moe_ws_bytes(const cpu_moe_dims *d, int32_t n_tok);
 
-/* y[i] = W[i] x for i < count over n rows of x: the backend's matmul_n
- * (same results as its matmul; ctx is the backend). */
+/* y[i] = W[i] x (+ bias[i] where bias and bias[i] are not NULL) for i < count
+ * over n rows of x: the backend's matmul_n (same results as its matmul; ctx
+ * is the backend). */
 typedef void (*cpu_moe_mm_fn)(void *ctx, int count, const model_tensor *const *W,
-                              const float *x, float *const *y, int32_t n);
+                              const model_tensor *const *bias, const float *x, float *const *y,
+                              int32_t n);
 
 typedef struct cpu_moe_env {
     cpu_moe_mm_fn mm;

@@ -70,6 +70,14 @@ void cpu_swiglu(const float *gate, const float *up, float *out, int64_t n)
     }
 }
 
+void cpu_swiglu_oai(const float *gate, const float *up, float *out, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        const float x = fminf(gate[i], 7.0f), y = fminf(fmaxf(up[i], -7.0f), 7.0f);
+        out[i] = x / (1.0f + expf(1.702f * -x)) * (y + 1.0f);
+    }
+}
+
 void cpu_geglu(const float *gate, const float *up, float *out, int64_t n)
 {
     /* ggml_gelu's tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
@@ -111,7 +119,8 @@ cpu_attn_row_fn cpu_attention_row_for(kernel_isa isa, int32_t head_dim)
 void cpu_attention_row_ref(const float *q, const cpu_attn_seq *s, int32_t n_pos,
                            int32_t head_dim, float scale, float *scratch, float *out)
 {
-    float m = -INFINITY, l = 0.0f;
+    float m, l;
+    attn_start(s->sinks, 0, &m, &l);
     for (int32_t d = 0; d < head_dim; d++)
         out[d] = 0.0f;
     for (int32_t start = s->p0 - s->p0 % s->block_size; start < n_pos; start += s->block_size) {
@@ -126,7 +135,7 @@ void cpu_attention_row_ref(const float *q, const cpu_attn_seq *s, int32_t n_pos,
             bm = scratch[j] > bm ? scratch[j] : bm;
         }
         float m_new = bm > m ? bm : m;
-        float corr = expf(m - m_new); /* 0 on the first block (m = -inf) */
+        float corr = expf(m - m_new); /* 0 on the first block, but for a sink */
         l *= corr;
         for (int32_t d = 0; d < head_dim; d++)
             out[d] *= corr;

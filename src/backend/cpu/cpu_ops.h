@@ -17,6 +17,9 @@ void cpu_rmsnorm_row(const float *x, const float *w, float eps, float *y, int32_
 void cpu_rope_table(int32_t pos, const rope_params *rp, const float *freq_factors, float *cs);
 void cpu_rope_head(float *x, const float *cs, const rope_params *rp, int32_t head_dim);
 void cpu_swiglu(const float *gate, const float *up, float *out, int64_t n);
+/* gpt-oss's clamped SwiGLU (ggml_swiglu_oai, alpha 1.702, limit 7):
+ * x = min(gate, 7), out = x sigmoid(1.702 x) (clamp(up, -7, 7) + 1) */
+void cpu_swiglu_oai(const float *gate, const float *up, float *out, int64_t n);
 /* out[i] = gelu_tanh(gate[i]) * up[i] */
 void cpu_geglu(const float *gate, const float *up, float *out, int64_t n);
 

@@ -113,7 +113,7 @@ void cpu_kvq_attention_group_f16_avx2(const float *q, int32_t nq, const cpu_kvq_
     float bm[CPU_ATTN_GROUP_MAX], dots[CPU_ATTN_GROUP_MAX];
     const int32_t bs = s->block_size;
     for (int32_t g = 0; g < nq; g++) {
-        m[g] = -INFINITY, l[g] = 0.0f;
+        attn_start(s->sinks, g, &m[g], &l[g]);
         for (int32_t d = 0; d < head_dim; d += 8)
             _mm256_storeu_ps(out + g * head_dim + d, _mm256_setzero_ps());
     }

@@ -81,13 +81,15 @@ typedef struct kv_rows {
     int32_t block_size;
     int32_t p0;    /* first position read (sliding window) */
     float softcap; /* > 0: scores capped (attn_softcap) */
+    const float *sinks; /* as cpu_attn_seq */
 } kv_rows;
 
 AI void attention_row(const float *q, const kv_rows *s, int f16, int32_t n_pos, int32_t head_dim,
                       float scale, float *scratch, float *out)
 {
     const int es = f16 ? 2 : 4;
-    float m = -INFINITY, l = 0.0f;
+    float m, l;
+    attn_start(s->sinks, 0, &m, &l);
     for (int32_t d = 0; d < head_dim; d += 16)
         _mm512_storeu_ps(out + d, _mm512_setzero_ps());
     for (int32_t start = s->p0 - s->p0 % s->block_size; start < n_pos; start += s->block_size) {
@@ -103,7 +105,7 @@ AI void attention_row(const float *q, const kv_rows *s, int f16, int32_t n_pos, 
             bm = scratch[j] > bm ? scratch[j] : bm;
         }
         const float m_new = bm > m ? bm : m;
-        const float corr = expf(m - m_new); /* 0 on the first block (m = -inf) */
+        const float corr = expf(m - m_new); /* 0 on the first block, but for a sink */
         exp_block(scratch, cnt, m_new);
         const __m512 vc = _mm512_set1_ps(corr);
         l *= corr;
@@ -128,7 +130,8 @@ void cpu_attention_row_avx512(const float *q, const cpu_attn_seq *s, int32_t n_p
 {
     const kv_rows r = {(const uint8_t *)s->k_base, (const uint8_t *)s->v_base, s->table,
                        s->block_stride * (int64_t)sizeof(float),
-                       s->row_stride * (int64_t)sizeof(float), s->block_size, s->p0, s->softcap};
+                       s->row_stride * (int64_t)sizeof(float), s->block_size, s->p0, s->softcap,
+                       s->sinks};
     attention_row(q, &r, 0, n_pos, head_dim, scale, scratch, out);
 }
 
@@ -136,6 +139,6 @@ void cpu_kvq_attention_row_f16_avx512(const float *q, const cpu_kvq_seq *s, int3
                                       int32_t head_dim, float scale, float *scratch, float *out)
 {
     const kv_rows r = {s->k_base, s->v_base, s->table, s->block_stride, s->row_stride,
-                       s->block_size, s->p0, s->softcap};
+                       s->block_size, s->p0, s->softcap, s->sinks};
     attention_row(q, &r, 1, n_pos, head_dim, scale, scratch, out);
 }
