@@ -38,6 +38,17 @@ keeps them; expert tensors stacked [n_expert][rows][cols] as ffn_{gate,up,down}_
                         2 expert groups of 4 of which 1 is kept, weights normalised and scaled by
                         2.5, YaRN rope (factor 4 over a 64-token original context,
                         yarn_log_multiplier 0.0707 as V3's converter writes 0.1 * mscale_all_dim)
+    gpt-oss  [gpt-oss]  llama.cpp's openai-moe: q/k/v and attn_output biases, attn_sinks (per head a
+                        logit that joins the softmax without a value), sliding window on even layers
+                        (llama.cpp's pattern 2; no pattern key, as the converter writes none), YaRN
+                        (factor 4 over a 64-token original context; the converter's yarn_beta_fast /
+                        yarn_beta_slow 32 / 1), key_length and no rope.dimension_count (llama.cpp
+                        takes key_length); post_attention_norm is the FFN's input norm (no
+                        ffn_norm); router bias ffn_gate_inp.bias, experts chosen on the router logits
+                        and weighted by a softmax over the chosen; expert biases
+                        ffn_{gate,up,down}_exps.bias [n_expert][rows]; swiglu_oai (gate clamped above
+                        at 7, up to [-7, 7]: g sigmoid(1.702 g) (up + 1)); feed_forward_length
+                        and expert_feed_forward_length both the experts' width (intermediate_size)
 
 Norm weights are stored as llama.cpp's graph uses them (Gemma's converter has already added the +1).
 Shapes: "tiny" (n_embd 256, vocab 384, window 8: fast, yet every layer kind, GQA and a window smaller
@@ -66,12 +77,12 @@ from gguf import GGUFWriter
 import make_synthetic as ms
 
 DENSE_FAMILIES = ["llama3", "mistral", "qwen3", "gemma2", "gemma3", "phi3"]
-MOE_FAMILIES = ["mixtral", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "deepseek3"]
+MOE_FAMILIES = ["mixtral", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "deepseek3", "gpt-oss"]
 FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
 ARCH = {"llama3": "llama", "mistral": "llama", "qwen3": "qwen3", "gemma2": "gemma2",
         "gemma3": "gemma3", "phi3": "phi3", "mixtral": "llama", "qwen2moe": "qwen2moe",
         "qwen3moe": "qwen3moe", "olmoe": "olmoe", "deepseek2": "deepseek2", "deepseek3": "deepseek2",
-        "deepseek2-lite": "deepseek2"}
+        "gpt-oss": "gpt-oss", "deepseek2-lite": "deepseek2"}
 # deepseek2-lite (not in FAMILIES): DeepSeek-V2-Lite's KV shape (27 layers, kv_lora_rank 512, rope 64,
 # heads 128 + 64 / 128 wide) at n_embd 64 with 2 heads and 4 small experts: the latent KV memory test
 # (the cache row does not depend on the head count); tests/py/test_mla.py
@@ -92,6 +103,7 @@ class Moe:
     norm_w: bool = False               # expert_weights_norm (the converter writes it only when true)
     scale: float = 0.0                 # expert_weights_scale
     probs_bias: bool = False           # blk.N.exp_probs_b.bias: added to the probabilities to select
+    oai: bool = False   # gpt-oss: router bias, expert biases, gate/up rows reaching swiglu_oai's clamp
 
 
 MOE = {"mixtral": Moe(8, 2, 0, 0), "qwen2moe": Moe(8, 2, 256, 512), "qwen3moe": Moe(8, 2, 256, 0),
@@ -100,6 +112,7 @@ MOE = {"mixtral": Moe(8, 2, 0, 0), "qwen2moe": Moe(8, 2, 256, 512), "qwen3moe": 
                         scale=1.0),
        "deepseek3": Moe(8, 2, 128, 128, shexp_gate=False, n_dense_lead=1, gating=2, groups=(2, 1),
                         norm_w=True, scale=2.5, probs_bias=True),
+       "gpt-oss": Moe(8, 2, 128, 0, oai=True),
        "deepseek2-lite": Moe(4, 2, 32, 32, shexp_gate=False, n_dense_lead=1, gating=1)}
 
 
@@ -121,6 +134,10 @@ class Mla:
 MLA = {"deepseek2": Mla(0, 128, 64, 32, 64),
        "deepseek3": Mla(96, 128, 64, 32, 64, yarn=(4.0, 64, 0.0707)),
        "deepseek2-lite": Mla(0, 512, 128, 64, 128)}
+# gpt-oss: YaRN factor and original context (32 over 4096 in the real model; here as deepseek3's so
+# that the tests' sequences reach the scaled range), and the beta_fast / beta_slow its config gives
+GPT_OSS_YARN = (4.0, 64)
+GPT_OSS_BETAS = (32.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -150,6 +167,8 @@ TINY = {
     # head_dim: key_length_mla (nope + rope); n_ff: the dense layer's width
     "deepseek2": Shape(256, 512, 4, 1, 96, 3, ms.N_VOCAB, 256, 0),
     "deepseek3": Shape(256, 512, 4, 1, 96, 3, ms.N_VOCAB, 256, 0),
+    # n_ff: feed_forward_length, which gpt-oss's converter sets to the experts' width too
+    "gpt-oss": Shape(256, 128, 4, 2, 64, 2, ms.N_VOCAB, 256, 8),
     "deepseek2-lite": Shape(64, 64, 2, 1, 192, 27, ms.N_VOCAB, 2048, 0),
 }
 # ~1e9 parameters each (embedding included); vocabularies stay small-ish to keep the files lean
@@ -232,14 +251,16 @@ def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
     if fam in MLA:
         _mla_keys(w, MLA[fam])
     else:
-        if fam in ("qwen3", "qwen3moe", "gemma2", "gemma3") or sh.n_head * sh.head_dim != sh.n_embd:
+        if fam in ("qwen3", "qwen3moe", "gemma2", "gemma3", "gpt-oss") or \
+                sh.n_head * sh.head_dim != sh.n_embd:
             w.add_key_length(sh.head_dim)
             w.add_value_length(sh.head_dim)
-        w.add_rope_dimension_count(sh.head_dim)
+        if fam != "gpt-oss":   # its converter writes none: llama.cpp rotates key_length dims
+            w.add_rope_dimension_count(sh.head_dim)
     base = {"llama3": 500000.0, "mistral": 1e6, "qwen3": 1e6, "gemma2": 10000.0,
             "gemma3": 1e6, "phi3": 10000.0, "mixtral": 1e6, "qwen2moe": 1e6, "qwen3moe": 1e6,
             "olmoe": 10000.0, "deepseek2": 10000.0, "deepseek3": 10000.0,
-            "deepseek2-lite": 10000.0}[fam]
+            "gpt-oss": 150000.0, "deepseek2-lite": 10000.0}[fam]
     w.add_rope_freq_base(base)
     if fam == "gemma2":
         tiny = sh.n_embd <= 256
@@ -259,6 +280,11 @@ def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
         scale = sh.n_ctx / orig
         w.add_float32(f"{arch}.rope.scaling.attn_factor", math.sqrt(1 + math.log(scale) / math.log(orig)))
         w.add_uint32(f"{arch}.attention.sliding_window", 0)
+    if fam == "gpt-oss":
+        _yarn_keys(w, *GPT_OSS_YARN)
+        w.add_float32(f"{arch}.rope.scaling.yarn_beta_fast", GPT_OSS_BETAS[0])
+        w.add_float32(f"{arch}.rope.scaling.yarn_beta_slow", GPT_OSS_BETAS[1])
+        w.add_uint32(f"{arch}.attention.sliding_window", sh.window)
     w.add_vocab_size(sh.n_vocab)
     ms.add_tokenizer(w, *_vocab(sh.n_vocab, fam))
     return base
@@ -289,11 +315,15 @@ def _mla_keys(w: GGUFWriter, mla: Mla) -> None:
     w.add_value_length_mla(mla.v_head)
     w.add_rope_dimension_count(mla.rope)
     if mla.yarn:
-        arch = w.arch
-        w.add_string(f"{arch}.rope.scaling.type", "yarn")
-        w.add_float32(f"{arch}.rope.scaling.factor", mla.yarn[0])
-        w.add_uint32(f"{arch}.rope.scaling.original_context_length", mla.yarn[1])
-        w.add_float32(f"{arch}.rope.scaling.yarn_log_multiplier", mla.yarn[2])
+        _yarn_keys(w, *mla.yarn[:2])
+        w.add_float32(f"{w.arch}.rope.scaling.yarn_log_multiplier", mla.yarn[2])
+
+
+def _yarn_keys(w: GGUFWriter, factor: float, orig_ctx: int) -> None:
+    """The YaRN keys every converter writes (TextModel's rope_type "yarn")."""
+    w.add_string(f"{w.arch}.rope.scaling.type", "yarn")
+    w.add_float32(f"{w.arch}.rope.scaling.factor", factor)
+    w.add_uint32(f"{w.arch}.rope.scaling.original_context_length", orig_ctx)
 
 
 def _fit_type(t: str, cols: int) -> str:
@@ -313,16 +343,30 @@ def _add3(w: GGUFWriter, rng, name: str, n: int, rows: int, cols: int, std: floa
                  raw_shape=(n, rows, cols) if raw == ms.mxfp4_ref.MXFP4 else None)
 
 
+# gpt-oss's experts: gate and up values of std OAI_GU (a bias of std OAI_BIAS included) reach
+# swiglu_oai's clamps (gate above 7: about 1% of them, up outside [-7, 7]: 2%); its outputs, of rms
+# about OAI_ACT, are scaled back to O(1) by the down rows
+OAI_GU, OAI_BIAS, OAI_ACT = 3.0, 1.0, 6.0
+
+
 def _experts(w, add, add_f32, rng, p: str, E: int, F: int, mo: Moe, wtype: str) -> None:
     """The router (F32), stacked experts (F wide) and the shared expert of one layer.  The router's
-    rows are large enough that the top-k choice differs between tokens."""
+    rows are large enough that the top-k choice differs between tokens; gpt-oss's router bias and
+    expert biases (F32, [n_expert][rows]) are large enough to change choices and outputs."""
     X = mo.n_expert
     add_f32(p + "ffn_gate_inp.weight", 2.0 / math.sqrt(E) * rng.standard_normal((X, E)))
+    if mo.oai:
+        add_f32(p + "ffn_gate_inp.bias", rng.standard_normal(X))
     if mo.probs_bias:   # as large as the gaps between probabilities: it changes some choices
         add_f32(p + "exp_probs_b.bias", 0.1 * rng.standard_normal(X))
-    _add3(w, rng, p + "ffn_gate_exps.weight", X, F, E, 1.0 / math.sqrt(E), wtype)
-    _add3(w, rng, p + "ffn_up_exps.weight", X, F, E, 1.0 / math.sqrt(E), wtype)
-    _add3(w, rng, p + "ffn_down_exps.weight", X, E, F, 1.0 / math.sqrt(F), wtype)
+    gu = math.sqrt(OAI_GU ** 2 - OAI_BIAS ** 2) if mo.oai else 1.0
+    down = 1.0 / OAI_ACT if mo.oai else 1.0
+    _add3(w, rng, p + "ffn_gate_exps.weight", X, F, E, gu / math.sqrt(E), wtype)
+    _add3(w, rng, p + "ffn_up_exps.weight", X, F, E, gu / math.sqrt(E), wtype)
+    _add3(w, rng, p + "ffn_down_exps.weight", X, E, F, down / math.sqrt(F), wtype)
+    if mo.oai:
+        for n, rows in (("gate", F), ("up", F), ("down", E)):
+            add_f32(p + f"ffn_{n}_exps.bias", OAI_BIAS * rng.standard_normal((X, rows)))
     if mo.n_ff_shexp:
         S = mo.n_ff_shexp
         if mo.shexp_gate:
@@ -402,9 +446,10 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
             add(p + "attn_q.weight", (qd, E), 1.3 * ws)
             add(p + "attn_k.weight", (kvd, E), 1.3 * ws)
             add(p + "attn_v.weight", (kvd, E), ws)
-        if family == "qwen2moe":
+        if family in ("qwen2moe", "gpt-oss"):
+            bias = 0.1 if family == "qwen2moe" else 0.5
             for b, n in (("q", qd), ("k", kvd), ("v", kvd)):
-                add_f32(p + f"attn_{b}.bias", 0.1 * rng.standard_normal(n))
+                add_f32(p + f"attn_{b}.bias", bias * rng.standard_normal(n))
         if family in ("qwen3", "qwen3moe", "gemma3"):
             norm(p + "attn_q_norm.weight", hd)
             norm(p + "attn_k_norm.weight", hd)
@@ -412,9 +457,15 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
             norm(p + "attn_q_norm.weight", qd)
             norm(p + "attn_k_norm.weight", kvd)
         add(p + "attn_output.weight", (E, sh.n_head * MLA[family].v_head if family in MLA else qd), ws)
-        if gemma:
-            norm(p + "post_attention_norm.weight", E, 2.5)   # layers rival the scaled embedding
-        norm(p + "ffn_norm.weight", E)
+        if family == "gpt-oss":
+            add_f32(p + "attn_output.bias", 0.5 * rng.standard_normal(E))
+            # logits of the scores' size: the sink takes a share of every row
+            add_f32(p + "attn_sinks.weight", rng.standard_normal(sh.n_head))
+            norm(p + "post_attention_norm.weight", E)   # the FFN's input norm
+        else:
+            if gemma:
+                norm(p + "post_attention_norm.weight", E, 2.5)   # layers rival the scaled embedding
+            norm(p + "ffn_norm.weight", E)
         if family in MOE and L >= MOE[family].n_dense_lead:
             # mixtral and olmoe read no expert width: their experts are feed_forward_length wide
             F_exp = F if family in ("mixtral", "olmoe") else MOE[family].n_ff_exp
@@ -429,7 +480,7 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
         if gemma:
             norm(p + "post_ffw_norm.weight", E, 2.5)
     norm("output_norm.weight", E)
-    if family in ("llama3", "mistral", "phi3", "mixtral", "qwen2moe", "olmoe") or family in MLA \
+    if family in ("llama3", "mistral", "phi3", "mixtral", "qwen2moe", "olmoe", "gpt-oss") or family in MLA \
             or "output" in extra_tensors:
         add("output.weight", (sh.n_vocab, E), 0.2)
     w.write_header_to_file()

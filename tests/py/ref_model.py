@@ -11,8 +11,11 @@ attn_qkv and gate|up ffn_up, LongRoPE long/short factors and attn_factor), and t
 experts `llama` with expert_count (Mixtral), `qwen2moe` (shared expert with a sigmoid gate),
 `qwen3moe`, `olmoe` (q/k RMS norm over the whole row) and `deepseek2` (multi-head latent
 attention computed in its decompressed multi-head form; leading dense layers, softmax or sigmoid
-routing with selection bias and expert groups, an ungated shared expert), each written
-from llama.cpp's graph builders (src/models/*.cpp) as semantics, not from kvant.
+routing with selection bias and expert groups, an ungated shared expert) and `gpt-oss` (llama.cpp's
+openai-moe: q/k/v/output biases, attention sinks, sliding window on layers il % 2 == 0, YaRN,
+post_attention_norm before the FFN, router bias, softmax over the chosen experts' logits, expert
+biases, swiglu_oai), each written from llama.cpp's graph builders (src/models/*.cpp) as semantics,
+not from kvant.
 Weights are dequantized with gguf.quants.dequantize (exact values of what is stored, f32)
 and all arithmetic is done in float64.
 
@@ -37,13 +40,20 @@ ROPE_NORMAL = "normal"   # rotate (x[2i], x[2i+1])
 ROPE_NEOX = "neox"       # rotate (x[i], x[i + n_rot/2])
 ARCH_ROPE = {"llama": ROPE_NORMAL, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "gemma2": ROPE_NEOX,
              "gemma3": ROPE_NEOX, "phi3": ROPE_NEOX, "qwen2moe": ROPE_NEOX, "qwen3moe": ROPE_NEOX,
-             "olmoe": ROPE_NEOX, "deepseek2": ROPE_NORMAL}
+             "olmoe": ROPE_NEOX, "deepseek2": ROPE_NORMAL, "gpt-oss": ROPE_NEOX}
 # mixtures of experts (llama.cpp build_moe_ffn): softmax over ffn_gate_inp, top expert_used_count,
 # the chosen probabilities divided by their sum where the family's graph passes norm_w = true;
 # deepseek2 reads its gating, norm_w and weight scale from the header (expert_gating_func,
-# expert_weights_norm, expert_weights_scale)
+# expert_weights_norm, expert_weights_scale); gpt-oss's graph selects on the router logits and
+# takes the softmax of the chosen ones (llama.cpp's SOFTMAX_WEIGHT)
 MOE_NORM_W = {"llama": True, "qwen3moe": True, "qwen2moe": False, "olmoe": False}
-GATING_SOFTMAX, GATING_SIGMOID = 1, 2   # expert_gating_func
+GATING_SOFTMAX, GATING_SIGMOID, GATING_SOFTMAX_WEIGHT = 1, 2, 3   # llama.cpp's gating kinds
+# llama.cpp's YaRN rope (rope.scaling.type yarn) by architecture; the others refuse it
+YARN_ARCHS = ("deepseek2", "gpt-oss")
+# llama.cpp's sliding-window pattern when the file gives none: layer il slides when il % n < n - 1
+SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "gpt-oss": 2}
+# gpt-oss's swiglu_oai (llama.cpp's constants; the converter writes no key): (alpha, limit)
+SWIGLU_OAI = (1.702, 7.0)
 
 
 def _field(reader: GGUFReader, key: str, default=None):
@@ -100,7 +110,7 @@ class RefModel:
         elif st != "none":
             raise ValueError(f"unsupported rope scaling {st!r}")
         self.attn_factor = float(g("rope.scaling.attn_factor", 1.0))
-        self.yarn = st == "yarn" and arch == "deepseek2"
+        self.yarn = st == "yarn" and arch in YARN_ARCHS
         if st == "yarn" and not self.yarn:
             raise ValueError(f"yarn rope scaling for {arch} is not in the reference")
         self._yarn(g)
@@ -133,16 +143,18 @@ class RefModel:
         self.base_l = [self.freq_base] * nl
         self.scale_l = [self.rope_scale] * nl
         win = int(g("attention.sliding_window", 4096 if a == "gemma2" else 0))
-        if a in ("gemma2", "gemma3") and win > 0:
-            pat = g("attention.sliding_window_pattern", 2 if a == "gemma2" else 6)
+        if a in SWA_PATTERN and win > 0:   # gemma3's window layers: their own base, unscaled
+            pat = g("attention.sliding_window_pattern", SWA_PATTERN[a])
             swa = list(pat) if isinstance(pat, (list, tuple)) else \
                 [int(pat) == 0 or il % int(pat) < int(pat) - 1 for il in range(nl)]
-            base_swa = float(g("rope.freq_base_swa", self.freq_base if a == "gemma2" else 10000.0))
+            base_swa = float(g("rope.freq_base_swa", 10000.0 if a == "gemma3" else self.freq_base))
             for il in range(nl):
                 if swa[il]:
                     self.window[il] = win
                     self.base_l[il] = base_swa
-                    self.scale_l[il] = self.rope_scale if a == "gemma2" else 1.0
+                    self.scale_l[il] = 1.0 if a == "gemma3" else self.rope_scale
+        self.ffn_norm = "post_attention_norm.weight" if a == "gpt-oss" else "ffn_norm.weight"
+        self.swiglu_oai = SWIGLU_OAI if a == "gpt-oss" else None
         self._moe_routing(g)
         # deepseek2's latent attention: key_length / value_length describe the absorbed form
         self.mla = a == "deepseek2"
@@ -168,11 +180,13 @@ class RefModel:
 
     def _moe_routing(self, g) -> None:
         """build_moe_ffn's parameters, as llama.cpp's loader reads them: expert groups for every
-        architecture, the rest from the header for deepseek2 only."""
+        architecture, the rest from the header for deepseek2 only (gpt-oss's gating is its
+        graph's)."""
         ds = self.arch == "deepseek2"
         self.n_dense_lead = int(g("leading_dense_block_count", 0)) if ds else 0
-        self.gating = int(g("expert_gating_func", GATING_SOFTMAX)) if ds else GATING_SOFTMAX
-        if self.gating not in (GATING_SOFTMAX, GATING_SIGMOID):
+        self.gating = int(g("expert_gating_func", GATING_SOFTMAX)) if ds else \
+            GATING_SOFTMAX_WEIGHT if self.arch == "gpt-oss" else GATING_SOFTMAX
+        if self.gating not in (GATING_SOFTMAX, GATING_SIGMOID, GATING_SOFTMAX_WEIGHT):
             raise ValueError(f"unsupported expert_gating_func {self.gating}")
         self.norm_w = bool(g("expert_weights_norm", False)) if ds else MOE_NORM_W.get(self.arch, False)
         self.w_scale = float(g("expert_weights_scale", 0.0)) if ds else 0.0
@@ -195,10 +209,11 @@ class RefModel:
 
     # ---- building blocks (float64) ----
     def _yarn(self, g) -> None:
-        """YaRN as llama.cpp applies it: angles ramp from extrapolated (dims below the beta_fast=32
-        correction dim) to interpolated (above beta_slow=1's); cos and sin are scaled by the context's
-        yarn attn_factor times 1 + 0.1 ln F.  deepseek2 files store 0.1 * mscale_all_dim as
-        yarn_log_multiplier (llama.cpp divides it back)."""
+        """YaRN as llama.cpp applies it: angles ramp from extrapolated (dims below beta_fast's
+        correction dim) to interpolated (above beta_slow's), betas 32 and 1 unless the file gives
+        yarn_beta_fast / yarn_beta_slow; cos and sin are scaled by the context's yarn attn_factor
+        (1 without yarn_log_multiplier, as gpt-oss) times 1 + 0.1 ln F.  deepseek2 files store
+        0.1 * mscale_all_dim as yarn_log_multiplier (llama.cpp divides it back)."""
         F = 1.0 / self.rope_scale
         self.log_mul = float(g("rope.scaling.yarn_log_multiplier", 0.0) or 0.0) / 0.1
         if not self.yarn:
@@ -210,7 +225,9 @@ class RefModel:
         self.attn_factor *= 1.0 + 0.1 * math.log(F)  # ... and rope_yarn's extra factor
         orig = float(g("rope.scaling.original_context_length", self.n_ctx_train))
         corr = lambda beta: self.n_rot * math.log(orig / (beta * 2 * math.pi)) / (2 * math.log(self.freq_base))
-        self.corr = (max(0.0, math.floor(corr(32.0))), min(self.n_rot - 1.0, math.ceil(corr(1.0))))
+        fast = float(g("rope.scaling.yarn_beta_fast", 32.0))
+        slow = float(g("rope.scaling.yarn_beta_slow", 1.0))
+        self.corr = (max(0.0, math.floor(corr(fast))), min(self.n_rot - 1.0, math.ceil(corr(slow))))
 
     def rmsnorm(self, x: np.ndarray, wname: str) -> np.ndarray:
         ms = np.mean(x * x, axis=-1, keepdims=True)
@@ -266,20 +283,30 @@ class RefModel:
             q, k, v = self.lin(h, p + "attn_q"), self.lin(h, p + "attn_k"), self.lin(h, p + "attn_v")
         return q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
 
-    def gated(self, h: np.ndarray, g: np.ndarray, u: np.ndarray, d: np.ndarray) -> np.ndarray:
-        gt, up = h @ g.T, h @ u.T
-        return ((gt / (self.dt.type(1) + np.exp(-gt))) * up) @ d.T
+    def gated(self, h: np.ndarray, g: np.ndarray, u: np.ndarray, d: np.ndarray,
+              b=(0.0, 0.0, 0.0)) -> np.ndarray:
+        """d (silu(g h + b_g) * (u h + b_u)) + b_d; gpt-oss's swiglu_oai instead: the gate clamped
+        above at limit, the up to [-limit, limit], x sigmoid(alpha x) (up + 1)."""
+        gt, up = h @ g.T + b[0], h @ u.T + b[1]
+        if self.swiglu_oai:
+            alpha, limit = self.swiglu_oai
+            gt, up = np.minimum(gt, limit), np.clip(up, -limit, limit) + self.dt.type(1)
+            return (gt / (self.dt.type(1) + np.exp(-alpha * gt)) * up) @ d.T + b[2]
+        return ((gt / (self.dt.type(1) + np.exp(-gt))) * up) @ d.T + b[2]
 
     def route(self, h: np.ndarray, p: str) -> tuple[np.ndarray, np.ndarray]:
-        """(chosen experts [n][k], their weights [n][k]).  Router probabilities: softmax, or
-        sigmoid (gating 2); selected on probabilities + exp_probs_b where there is one; with expert
-        groups (count > 1: consecutive runs of experts) only the n_group_used groups whose two
-        best selection values sum highest take part; the top k of the selection (ties: lower
-        index) weighted by the unbiased probabilities, divided by their sum where norm_w, times
-        expert_weights_scale unless it is 0 or 1."""
-        logits = h @ self.w64(p + "ffn_gate_inp.weight").T
+        """(chosen experts [n][k], their weights [n][k]).  Router logits: ffn_gate_inp h (plus
+        ffn_gate_inp.bias where there is one); probabilities: their softmax, sigmoid (gating 2) or
+        the logits themselves (gating 3); selected on probabilities + exp_probs_b where there is
+        one; with expert groups (count > 1: consecutive runs of experts) only the n_group_used
+        groups whose two best selection values sum highest take part; the top k of the selection
+        (ties: lower index) weighted by the unbiased probabilities (gating 3: their softmax over
+        the k), divided by their sum where norm_w, times expert_weights_scale unless it is 0 or 1."""
+        logits = self.lin(h, p + "ffn_gate_inp")
         if self.gating == GATING_SIGMOID:
             pr = 1.0 / (1.0 + np.exp(-logits))
+        elif self.gating == GATING_SOFTMAX_WEIGHT:
+            pr = logits
         else:
             pr = np.exp(logits - logits.max(axis=-1, keepdims=True))
             pr /= pr.sum(axis=-1, keepdims=True)
@@ -293,6 +320,9 @@ class RefModel:
             score = np.where(off[:, :, None], -np.inf, grouped).reshape(score.shape)
         sel = np.argsort(-score, axis=-1, kind="stable")[:, :self.n_expert_used]
         wt = np.take_along_axis(pr, sel, axis=-1)
+        if self.gating == GATING_SOFTMAX_WEIGHT:
+            wt = np.exp(wt - wt.max(axis=-1, keepdims=True))
+            wt /= wt.sum(axis=-1, keepdims=True)
         if self.norm_w:
             wt = wt / np.maximum(wt.sum(axis=-1, keepdims=True), 6.103515625e-5)
         if self.w_scale not in (0.0, 1.0):
@@ -300,15 +330,20 @@ class RefModel:
         return sel, wt
 
     def moe(self, h: np.ndarray, p: str) -> np.ndarray:
-        """The routed experts' SwiGLU weighted as `route` says, plus the shared expert, times
+        """The routed experts' SwiGLU (with their rows of ffn_{gate,up,down}_exps.bias where
+        there are some) weighted as `route` says, plus the shared expert, times
         sigmoid(h . ffn_gate_inp_shexp) where it has that gate."""
         sel, wt = self.route(h, p)
-        G, U, D = (self.w64(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
+        names = [p + f"ffn_{n}_exps" for n in ("gate", "up", "down")]
+        G, U, D = (self.w64(x + ".weight") for x in names)
+        B = [self.w64(x + ".bias") if self.has(x + ".bias") else np.zeros((self.n_expert, 1), self.dt)
+             for x in names]
         out = np.zeros_like(h)
         for e in range(self.n_expert):
             rows, slots = np.nonzero(sel == e)
             if len(rows):
-                out[rows] += wt[rows, slots][:, None] * self.gated(h[rows], G[e], U[e], D[e])
+                y = self.gated(h[rows], G[e], U[e], D[e], [b[e] for b in B])
+                out[rows] += wt[rows, slots][:, None] * y
         if self.has(p + "ffn_gate_shexp.weight"):
             sh = self.gated(h, *(self.w64(p + f"ffn_{n}_shexp.weight") for n in ("gate", "up", "down")))
             if self.has(p + "ffn_gate_inp_shexp.weight"):
@@ -365,7 +400,8 @@ class RefModel:
         return self.attend(q, k, v, L)
 
     def attend(self, q, k, v, L: int) -> np.ndarray:
-        """Heads' outputs [n][n_head * v's head size]."""
+        """Heads' outputs [n][n_head * v's head size].  gpt-oss's attn_sinks: per head a logit
+        that joins each row's softmax (its denominator) without a value."""
         n, nh, hd = q.shape
         group = nh // k.shape[1]
         kh = np.repeat(k, group, axis=1)  # head j uses kv head j // group
@@ -382,15 +418,19 @@ class RefModel:
             lo = i - R + 1
             wb = np.maximum(np.where(lo > 0, lo // bs, 0), S // bs)
             masked |= (j >= S) & (j < wb * bs)
+        sink = f"blk.{L}.attn_sinks.weight"
+        if self.has(sink) and (self.h2o or self.snapkv):
+            raise ValueError("attention sinks with the h2o / snapkv policies are not in the reference")
         if self.h2o and n > self.h2o["prompt"]:
             pr = self._h2o_probs(s, group, n)
             return np.einsum("hqk,khd->qhd", pr, vh).reshape(n, -1)
         if self.snapkv and n > self.snapkv["prompt"]:
             masked = self._snap_mask(s, masked, group, n)
         s = s + np.where(masked, -np.inf, 0.0).astype(self.dt)
-        s = s - s.max(axis=-1, keepdims=True)
-        pr = np.exp(s)
-        pr /= pr.sum(axis=-1, keepdims=True)
+        sk = self.w64(sink).reshape(-1, 1, 1) if self.has(sink) else self.dt.type(-np.inf)
+        mx = np.maximum(s.max(axis=-1, keepdims=True), sk)
+        pr = np.exp(s - mx)
+        pr /= pr.sum(axis=-1, keepdims=True) + np.exp(sk - mx)
         return np.einsum("hqk,khd->qhd", pr, vh).reshape(n, -1)
 
     def snap_keep(self, s: np.ndarray, group: int) -> list[np.ndarray]:
@@ -533,7 +573,7 @@ class RefModel:
             if self.gemma:
                 a = self.rmsnorm(a, p + "post_attention_norm.weight")
             x = x + a
-            f = self.ffn(self.rmsnorm(x, p + "ffn_norm.weight"), p, L)
+            f = self.ffn(self.rmsnorm(x, p + self.ffn_norm), p, L)
             if self.gemma:
                 f = self.rmsnorm(f, p + "post_ffw_norm.weight")
             x = x + f

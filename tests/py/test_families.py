@@ -30,6 +30,11 @@ multi-head attention equals the absorbed form (test_mla_absorbed_form) and each 
 changes the logits.  On their F32 files llama.cpp 0c1e570 (f32 K/V) is rel L2 1.3e-3 from the
 reference, as on the families kvant matches to 5e-7 (qwen3moe: 9e-4), where a reference with NEOX
 rope, a 1/sqrt(160) score scale or V3 without its bias or groups is 0.27..0.91 away.
+gpt-oss (llama.cpp's openai-moe: attention sinks, q/k/v/output biases, a window on even layers,
+YaRN, router and expert biases, a softmax over the chosen experts, swiglu_oai's clamp at 7) also
+checks the reference itself: each of those parts changes the logits (test_gpt_oss_parts_matter)
+and the window does (test_reference_window_matters); on its F32 file llama.cpp 0c1e570 (f32 K/V)
+is rel L2 5.6e-4 from the reference, argmax 24/24.
 kvant's numbers are written to build/test-results/family_<family>_<type>.json.
 """
 from __future__ import annotations
@@ -42,7 +47,7 @@ import numpy as np
 import pytest
 
 import make_family as mf
-from ref_model import RefModel, check_argmax, rel_err
+from ref_model import GATING_SOFTMAX, RefModel, check_argmax, rel_err
 
 N_TOKENS = 24
 BOUND = 5e-6          # as test_logits.BOUND
@@ -190,7 +195,7 @@ def test_family_greedy(family, fam_dir, run_kvant):
             break
 
 
-@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "gpt-oss"])
 def test_reference_window_matters(family, fam_dir):
     """Self-check of the reference (no kvant): the window layers change the logits of positions past
     the window, and soft-capping (gemma2) changes them too, so the tests above can fail."""
@@ -395,7 +400,7 @@ def test_moe_routing_matters(family, fam_dir):
     m = RefModel(path)
     a = m.forward(ids)
     p = f"blk.{m.n_dense_lead}."   # the first layer with experts
-    sel, _ = m.route(m.rmsnorm(m.w("token_embd.weight")[ids].astype(np.float64), p + "ffn_norm.weight"), p)
+    sel, _ = m.route(m.rmsnorm(m.w("token_embd.weight")[ids].astype(np.float64), p + m.ffn_norm), p)
     assert len({tuple(sorted(s)) for s in sel}) > 3, f"{family}: routing hardly varies"
     m.n_expert_used = m.n_expert   # every expert, weighted: not the top-k mixture
     assert rel_err(m.forward(ids), a) > 1e-2
@@ -443,6 +448,43 @@ def test_deepseek3_routing_matters(fam_dir):
         else:
             setattr(m, attr, value)
         assert rel_err(m.forward(ids), want) > 1e-2, f"deepseek3: {attr} {value} changes nothing"
+
+
+GPT_OSS_BIASES = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate_exps",
+                  "ffn_up_exps", "ffn_down_exps"]
+
+
+def test_gpt_oss_parts_matter(fam_dir):
+    """Self-check of the reference (no kvant): each part of gpt-oss's layer changes the logits, so
+    test_family_logits checks each (measured rel L2): the attention sinks (none: 0.26), swiglu_oai's
+    clamp at 7 (reached by 1% of the experts' gate values and 2% of their up values; no clamp:
+    0.056), the softmax over the chosen experts' logits (the chosen shares of a softmax over all
+    eight instead: 0.19), YaRN (plain rope: 0.21; without its 1 + 0.1 ln 4 on cos and sin: 0.17)
+    and each bias (q, k, v, attn_output, router, expert gate / up / down zeroed: 0.12..0.80)."""
+    path = mf.make_family(fam_dir, "gpt-oss", "F32")
+    ids = _ids("gpt-oss")
+    want = RefModel(path).forward(ids)
+
+    def fill(m: RefModel, suffix: str, value: float) -> None:
+        for L in range(m.n_layer):
+            name = f"blk.{L}.{suffix}"
+            m._cache[name] = np.full(m.w(name).shape, value, dtype=np.float32)
+
+    for part in ["sinks", "clamp", "gating", "yarn", "yarn_attn_factor"] + GPT_OSS_BIASES:
+        m = RefModel(path)
+        if part == "sinks":   # a logit of -inf takes no share
+            fill(m, "attn_sinks.weight", -np.inf)
+        elif part == "clamp":
+            m.swiglu_oai = (m.swiglu_oai[0], np.inf)
+        elif part == "gating":
+            m.gating = GATING_SOFTMAX
+        elif part == "yarn":
+            m.yarn, m.attn_factor, m.scale_l = False, 1.0, [1.0] * m.n_layer
+        elif part == "yarn_attn_factor":
+            m.attn_factor = 1.0
+        else:
+            fill(m, part + ".bias", 0.0)
+        assert rel_err(m.forward(ids), want) > 1e-2, f"gpt-oss: the logits do not depend on {part}"
 
 
 def test_moe_offload_refused(fam_dir, run_kvant, tmp_path):

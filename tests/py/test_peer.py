@@ -24,6 +24,9 @@ regenerates each GGUF, checks it is byte-for-byte the file llama.cpp saw (sha256
     groups and a selection bias, YaRN): F32 top-1 99.98% / 100%, KL mean 3.3e-8 / 3.2e-8;
     deepseek2-F16 top-1 99.76% raw (1 of 10 differing positions not the reference's), KL mean
     1.3e-5; deepseek3-F16 misses both targets (KNOWN_MISS, xfail).
+  * gpt-oss (sinks, YaRN, window, biases, clamped SwiGLU, softmax over the chosen experts):
+    F32 top-1 100%, KL mean 1.9e-9 over all positions; F16 raw top-1 99.88% (1 of 5 differing
+    positions not the reference's), KL mean 5.2e-6.
 """
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ CASES = sorted(os.path.basename(p)[:-4] for p in glob.glob(os.path.join(DATA, "*
 # activations to f16 before an F16 matmul, and that token's logits (and later tokens', through
 # its K/V) move far.  A kept row whose KL exceeds the bound counts as explained when kvant is
 # nearer the float64 reference there than llama.cpp is; the raw top-1 must stay >= 99%.
-MOE = {"mixtral", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "deepseek3"}
+MOE = {"mixtral", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "deepseek3", "gpt-oss"}
 MOE_F16_TOP1 = 0.998   # F16 weights: below the issue's 99.9% target (mixtral-F16 99.88%, olmoe-F16
                        # 99.83% where kvant's top-1 is not the reference's); F32 keeps 99.9%
 
