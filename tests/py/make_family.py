@@ -52,7 +52,8 @@ keeps them; expert tensors stacked [n_expert][rows][cols] as ffn_{gate,up,down}_
 
 Norm weights are stored as llama.cpp's graph uses them (Gemma's converter has already added the +1).
 Shapes: "tiny" (n_embd 256, vocab 384, window 8: fast, yet every layer kind, GQA and a window smaller
-than the tests' sequences), "1b" (about 1e9 parameters, for speed runs; slow to write) or "long"
+than the tests' sequences), "1b" (about 1e9 parameters, for speed runs; slow to write), "7b" (olmoe
+only: OLMoE-1B-7B's 64 experts, 8 per token, 6.8e9 parameters; the MoE speed runs) or "long"
 (gemma2/gemma3 only: Gemma-3-shaped layers, 5 window + 1 global, window 1024, context 32768, but
 n_embd 64 and one KV head: the 32k sliding-window KV measurement, cheap on two cores).
 Weight types: those of make_synthetic (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K) for the
@@ -151,6 +152,14 @@ class Shape:
     n_vocab: int
     n_ctx: int
     window: int
+    n_expert: int = 0   # > 0: the family's expert count and experts per token, overridden
+    n_used: int = 0
+
+
+def moe_of(fam: str, sh: Shape) -> Moe:
+    """The family's experts, with the shape's counts where it sets them."""
+    mo = MOE[fam]
+    return replace(mo, n_expert=sh.n_expert or mo.n_expert, n_used=sh.n_used or mo.n_used)
 
 
 TINY = {
@@ -190,7 +199,10 @@ LONG = {
     "gemma3": Shape(64, 128, 2, 1, 32, 6, ms.N_VOCAB, 32768, 1024),
     "gemma2": Shape(64, 128, 2, 1, 32, 2, ms.N_VOCAB, 32768, 1024),
 }
-SHAPES = {"tiny": TINY, "1b": BIG, "long": LONG}
+# OLMoE-1B-7B's shape (64 experts of 1024, 8 per token, 16 layers of 2048): the MoE speed runs
+# (bench/moe.py); vocabulary 32768 instead of 50304 to keep the file lean
+OLMOE7B = {"olmoe": Shape(2048, 1024, 16, 16, 128, 16, 32768, 4096, 0, n_expert=64, n_used=8)}
+SHAPES = {"tiny": TINY, "1b": BIG, "long": LONG, "7b": OLMOE7B}
 
 PHI3_ORIG_CTX = 128   # tiny: original_context_length < context_length, so LongRoPE has both sets
 
@@ -239,7 +251,7 @@ def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
     w.add_head_count_kv(sh.n_head_kv)
     w.add_layer_norm_rms_eps(1e-6 if fam.startswith(("gemma", "qwen3", "deepseek")) else 1e-5)
     if fam in MOE:
-        mo = MOE[fam]
+        mo = moe_of(fam, sh)
         w.add_expert_count(mo.n_expert)
         w.add_expert_used_count(mo.n_used)
         if mo.n_ff_exp:
@@ -466,10 +478,10 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
             if gemma:
                 norm(p + "post_attention_norm.weight", E, 2.5)   # layers rival the scaled embedding
             norm(p + "ffn_norm.weight", E)
-        if family in MOE and L >= MOE[family].n_dense_lead:
+        if family in MOE and L >= moe_of(family, sh).n_dense_lead:
             # mixtral and olmoe read no expert width: their experts are feed_forward_length wide
             F_exp = F if family in ("mixtral", "olmoe") else MOE[family].n_ff_exp
-            _experts(w, add, add_f32, rng, p, E, F_exp, MOE[family], wtype)
+            _experts(w, add, add_f32, rng, p, E, F_exp, moe_of(family, sh), wtype)
             continue
         if family == "phi3":
             add(p + "ffn_up.weight", (2 * F, E), ws)

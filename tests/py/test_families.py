@@ -391,6 +391,24 @@ def test_moe_batch_invariance(family, exact, fam_dir, run_kvant, tmp_path):
     assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
 
 
+@pytest.mark.parametrize("family", ["olmoe", "gpt-oss"])
+def test_moe_grouped_jobs(family, fam_dir, run_kvant, tmp_path):
+    """Steps of at most 256 (token, expert) pairs run all their experts as two grouped jobs
+    (cpu_mm_group), larger ones each expert alone: 160 tokens in one step (320 pairs, each expert
+    alone) and in steps of 16 (32 pairs, grouped) give bitwise the same logits, on the default
+    path (int8 activations, repacked experts)."""
+    path = mf.make_family(fam_dir, family, "Q4_0")
+    ids = np.random.default_rng(7).integers(0, mf.ms.N_VOCAB, size=160)
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, ids)) + "\n")
+    outs = []
+    for b in ("160", "16"):
+        r = run_kvant(["logits", "-m", path, "--tokens-file", tmp_path / "ids.txt", "--out",
+                       tmp_path / f"o{b}.f32", "-t", "2", "-b", b])
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs.append(np.fromfile(tmp_path / f"o{b}.f32", dtype="<f4"))
+    assert np.all(np.isfinite(outs[0])) and np.array_equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("family", mf.MOE_FAMILIES)
 def test_moe_routing_matters(family, fam_dir):
     """Self-check of the reference (no kvant): tokens choose different experts, and taking the

@@ -47,6 +47,19 @@ static void mm(void *ctx, int count, const model_tensor *const *W,
     }
 }
 
+/* The grouped matmul the backend would pass: each part as mm (per-row, so
+ * the same bits), all in one call; counts calls. */
+static int group_calls;
+
+static void mmg(void *ctx, int count, const model_tensor *const *W,
+                const model_tensor *const *bias, const float *const *x, float *const *y,
+                const int32_t *n)
+{
+    group_calls++;
+    for (int i = 0; i < count; i++)
+        mm(ctx, 1, &W[i], bias ? &bias[i] : NULL, x[i], &y[i], n[i]);
+}
+
 static model_tensor mat(float *data, int64_t cols, int64_t rows)
 {
     model_tensor t = {0};
@@ -266,8 +279,8 @@ static void test_ffn(int shared, int norm_w, int kind)
     const cpu_moe_dims dims = {D, X, K, F, L.n_ff_shexp};
     void *ws = malloc(cpu_moe_ws_bytes(&dims, N));
     mm_ctx c = {.L = &L};
-    const cpu_moe_env env = {mm, &c, ws};
-    float x[N * D], x1[N * D];
+    const cpu_moe_env env = {mm, &c, ws, NULL};
+    float x[N * D], x1[N * D], x2[N * D];
     for (int i = 0; i < N * D; i++)
         x[i] = x1[i] = 0.01f * (float)(i % 13);
     cpu_moe_ffn(&env, &L, &mp, h, x, N);
@@ -293,6 +306,15 @@ static void test_ffn(int shared, int norm_w, int kind)
     for (int t = 0; t < N; t++) /* alone: bitwise the batch's row */
         cpu_moe_ffn(&env, &L, &mp, h + t * D, x1 + t * D, 1);
     CHECK(memcmp(x, x1, sizeof x) == 0);
+    /* the grouped jobs (N * K pairs <= CPU_MOE_GROUP_ROWS): the same bits, two calls
+     * (gate/up, down) for all X <= CPU_MOE_GROUP_EXPERTS experts */
+    const cpu_moe_env genv = {mm, &c, ws, mmg};
+    for (int i = 0; i < N * D; i++)
+        x2[i] = 0.01f * (float)(i % 13);
+    group_calls = 0;
+    cpu_moe_ffn(&genv, &L, &mp, h, x2, N);
+    CHECKF(memcmp(x, x2, sizeof x) == 0 && group_calls == 2, "grouped: %d calls, %s",
+           group_calls, memcmp(x, x2, sizeof x) ? "other bits" : "same bits");
     free(ws);
 }
 

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "backend/cpu/cpu_kv.h"
+#include "backend/cpu/cpu_mm.h"
 #include "backend/cpu/cpu_moe.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/cpu_pack.h"
@@ -427,158 +428,11 @@ static void cpu_rmsnorm(backend *be, const float *d_x, const model_tensor *w, fl
     cpu_run(cpu(be), rmsnorm_worker, &j, (long)n * (long)w->ne[0]);
 }
 
-/* Rows per claim: about 8 claims per thread, in multiples of 4 rows and
- * at least 16 KiB of weights, so that both threads of a step finish
- * together when one is slowed down (a busy sibling, an interrupt) while a
- * claim stays long enough to stream. */
-static long matmul_chunk(const model_tensor *w, int nth)
-{
-    const long n_rows = (long)w->ne[1];
-    long c = n_rows / ((long)nth * 8);
-    const long min_rows = (long)((16 * 1024 + w->row_bytes - 1) / (w->row_bytes ? w->row_bytes : 1));
-    if (c < min_rows)
-        c = min_rows;
-    c = (c + 3) / 4 * 4;
-    return c < 1 ? 1 : c;
-}
-
-#define MM_MAX_PARTS 3 /* q/k/v */
-
-/* One of the matmuls of a job: rows [first_claim * chunk ...) of w. */
-typedef struct mm_part {
-    const model_tensor *w, *bias;
-    float *y;
-    uint32_t type;     /* w->type, | DT_PACKED for packed rows */
-    long chunk;        /* rows per claim */
-    long first_claim;  /* claims before this part's */
-} mm_part;
-
-/* Matmuls sharing one input x, claimed in row chunks from one counter. */
-typedef struct mm_job {
-    mm_part p[MM_MAX_PARTS];
-    int count;
-    long n_claims;
-    const float *x;
-    const void *xq;    /* x quantized once for all parts, or NULL */
-    int qact;          /* int8-activation path (xq, or per-thread stack tiles) */
-    int split;         /* the split int8 path (tensors marked exact) */
-    int32_t n;
-    atomic_long next;  /* first claim not yet taken */
-} mm_job;
-
-static void mm_rows(const mm_job *j, const mm_part *p, long b, long e)
-{
-    const model_tensor *w = p->w;
-    const int64_t n_rows = w->ne[1];
-    if (j->split)
-        dtype_matmul_rows_split(p->type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->xq, j->n,
-                                p->y, n_rows);
-    else if (j->qact)
-        dtype_matmul_rows_q(p->type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->xq, j->n,
-                            p->y, n_rows);
-    else
-        dtype_matmul_rows(w->type, w->dev, w->row_bytes, b, e, w->ne[0], j->x, j->n, p->y,
-                          n_rows);
-    if (p->bias && p->bias->dev) {
-        const float *bias = p->bias->dev;
-        for (int32_t t = 0; t < j->n; t++)
-            for (long r = b; r < e; r++)
-                p->y[(int64_t)t * n_rows + r] += bias[r];
-    }
-}
-
-/* Which thread computes a row does not change its result (the
- * kernels/matmul.h contract), so claims may go to any thread. */
-static void matmul_worker(int ith, int nth, void *arg)
-{
-    mm_job *j = arg;
-    (void)ith, (void)nth;
-    for (;;) {
-        const long k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (k >= j->n_claims)
-            break;
-        int i = 0;
-        while (i + 1 < j->count && k >= j->p[i + 1].first_claim)
-            i++;
-        const mm_part *p = &j->p[i];
-        const long rows = (long)p->w->ne[1], b = (k - p->first_claim) * p->chunk;
-        mm_rows(j, p, b, b + p->chunk < rows ? b + p->chunk : rows);
-    }
-}
-
-/* The int8 path a tensor takes: 0 exact (f32 activations), 1 int8, 2 split
- * int8 (two terms: tensors marked exact, e.g. the output head, keep about
- * f32 accuracy at the int8 kernels' speed). */
-static int mm_path(const cpu_backend *cb, const model_tensor *w)
-{
-    if (!cb->act_q8 || !dtype_matmul_uses_qact(w->type))
-        return 0;
-    return w->exact ? 2 : 1;
-}
-
-/* Whether W[i] can share W[0]'s quantized input (same width, same path,
- * same activation layout). */
-static int mm_same_input(const cpu_backend *cb, const model_tensor *a, const model_tensor *b)
-{
-    const int qa = mm_path(cb, a), qb = mm_path(cb, b);
-    return a->ne[0] == b->ne[0] && qa == qb && (!qa || a->packed == b->packed);
-}
-
-/* count matmuls over one input as one pool job.  Quantized activations for
- * the int8 path: x is quantized once here, before the rows are split over
- * threads, into the buffer kv_init sized for the largest step (grown here,
- * power of two >= 1 MiB, if a larger batch arrives); without it the kernel
- * quantizes per claim on its stack (same results, slower), and each
- * thread then takes one claim per matmul. */
 static void cpu_matmul_n(backend *be, int count, const model_tensor *const *W,
                          const model_tensor *const *bias, const float *d_x, float *const *d_y,
                          int32_t n)
 {
-    cpu_backend *cb = cpu(be);
-    KV_ASSERT(count >= 1 && count <= MM_MAX_PARTS);
-    for (int i = 1; i < count; i++) {
-        if (!mm_same_input(cb, W[0], W[i])) { /* run them one by one */
-            for (int k = 0; k < count; k++)
-                cpu_matmul_n(be, 1, &W[k], &bias[k], d_x, &d_y[k], n);
-            return;
-        }
-    }
-    mm_job j = {.count = count, .x = d_x, .n = n};
-    atomic_init(&j.next, 0);
-    const int path = mm_path(cb, W[0]);
-    j.split = path == 2;
-    const size_t need =
-        path ? dtype_matmul_scratch_bytes(W[0]->type, W[0]->ne[0], (int64_t)n * path) : 0;
-    if (need > cb->qact_bytes) {
-        size_t cap = (size_t)1 << 20;
-        while (cap < need)
-            cap *= 2;
-        mem_free(cb->mem, cb->qact);
-        cb->qact = mem_alloc(cb->mem, cap, MEM_WORKSPACE, MEM_NO_LAYER, NULL);
-        cb->qact_bytes = cb->qact ? cap : 0;
-    }
-    j.qact = need > 0;
-    if (need && need <= cb->qact_bytes) {
-        const uint32_t qt = W[0]->type | (W[0]->packed ? DT_PACKED : 0);
-        if (j.split)
-            dtype_matmul_quantize_split(qt, d_x, W[0]->ne[0], n, cb->qact);
-        else
-            dtype_matmul_quantize(qt, d_x, W[0]->ne[0], n, cb->qact);
-        j.xq = cb->qact;
-    }
-    for (int i = 0; i < count; i++) {
-        mm_part *p = &j.p[i];
-        const long rows = (long)W[i]->ne[1];
-        p->w = W[i];
-        p->bias = bias[i];
-        p->y = d_y[i];
-        p->type = W[i]->type | (W[i]->packed ? DT_PACKED : 0);
-        p->chunk = j.qact && !j.xq ? (rows + cb->n_threads - 1) / cb->n_threads
-                                   : matmul_chunk(W[i], cb->n_threads);
-        p->first_claim = j.n_claims;
-        j.n_claims += (rows + p->chunk - 1) / p->chunk;
-    }
-    tpool_run(cb->pool, matmul_worker, &j);
+    cpu_mm_n(cpu(be), count, W, bias, d_x, d_y, n);
 }
 
 static void cpu_matmul(backend *be, const model_tensor *W, const model_tensor *bias,
@@ -590,8 +444,15 @@ static void cpu_matmul(backend *be, const model_tensor *W, const model_tensor *b
 static void moe_mm(void *ctx, int count, const model_tensor *const *W,
                    const model_tensor *const *bias, const float *x, float *const *y, int32_t n)
 {
-    const model_tensor *no_bias[MM_MAX_PARTS] = {NULL, NULL, NULL};
-    cpu_matmul_n(ctx, count, W, bias ? bias : no_bias, x, y, n);
+    const model_tensor *no_bias[CPU_MM_MAX_PARTS] = {NULL, NULL, NULL};
+    cpu_mm_n(ctx, count, W, bias ? bias : no_bias, x, y, n);
+}
+
+static void moe_mm_group(void *ctx, int count, const model_tensor *const *W,
+                         const model_tensor *const *bias, const float *const *x,
+                         float *const *y, const int32_t *n)
+{
+    cpu_mm_group(ctx, count, W, bias, x, y, n);
 }
 
 /* The workspace kv_init sized for the largest step; a larger step (a
@@ -615,7 +476,7 @@ static int cpu_moe_ffn_op(backend *be, const model_layer *L, const moe_params *m
     int rc = layer_ws(cpu(be), n, err);
     if (rc)
         return rc;
-    const cpu_moe_env env = {moe_mm, be, cpu(be)->moe_ws};
+    const cpu_moe_env env = {moe_mm, be, cpu(be)->moe_ws, moe_mm_group};
     cpu_moe_ffn(&env, L, mp, d_h, d_x, n);
     return KV_OK;
 }

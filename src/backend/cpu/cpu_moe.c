@@ -28,8 +28,8 @@ typedef struct moe_ws {
     int32_t *start;   /* [n_expert + 1] first sorted position of each expert */
     int32_t *pos;     /* [n][n_used] sorted position of each (t, k) */
     int32_t *tok;     /* [n * n_used] token of each sorted position */
-    float *xg;        /* [n][n_embd] an expert's gathered inputs */
-    float *gate, *up; /* [n][max(n_ff_exp, n_ff_shexp)] */
+    float *xg;        /* [g][n_embd] gathered inputs: an expert's, or all (grouped) */
+    float *gate, *up; /* [g][max(n_ff_exp, n_ff_shexp)] */
     float *yslot;     /* [n * n_used][n_embd] outputs in sorted order */
     float *ysh;       /* [n][n_embd] shared expert output */
     float *gsh;       /* [n] shared expert gate logits */
@@ -45,8 +45,10 @@ static size_t ws_layout(const cpu_moe_dims *d, int32_t n, float *base, moe_ws *o
 {
     const size_t nt = (size_t)n, k = (size_t)d->n_used, D = (size_t)d->n_embd;
     const size_t F = (size_t)(d->n_ff_exp > d->n_ff_shexp ? d->n_ff_exp : d->n_ff_shexp);
+    const size_t pairs = nt * k, grouped = pairs <= CPU_MOE_GROUP_ROWS ? pairs : 0;
+    const size_t g = nt > grouped ? nt : grouped; /* rows of xg, gate, up */
     const size_t sizes[] = {nt * (size_t)d->n_expert, (size_t)d->n_expert, nt * k, nt * k,
-                            (size_t)d->n_expert + 1, nt * k, nt * k, nt * D, nt * F, nt * F,
+                            (size_t)d->n_expert + 1, nt * k, nt * k, g * D, g * F, g * F,
                             nt * k * D, d->n_ff_shexp ? nt * D : 0, nt};
     void **parts[] = {(void **)&o->logits, (void **)&o->sc, (void **)&o->sel,  (void **)&o->w,
                       (void **)&o->start,  (void **)&o->pos,  (void **)&o->tok,
@@ -211,6 +213,14 @@ model_tensor cpu_moe_rows(const model_tensor *t, int64_t row0, int64_t rows)
     return v;
 }
 
+static void activate(int act, float *gate, const float *up, int64_t n)
+{
+    if (act == FFN_SWIGLU_OAI)
+        cpu_swiglu_oai(gate, up, gate, n);
+    else
+        cpu_swiglu(gate, up, gate, n);
+}
+
 /* One gated FFN over n rows of xin into y: y = down(act(gate xin) * up xin),
  * each matmul plus its bias (b[0..2], entries NULL without). */
 static void gated_ffn(const cpu_moe_env *env, const moe_ws *ws, int act, const model_tensor *g,
@@ -220,17 +230,82 @@ static void gated_ffn(const cpu_moe_env *env, const moe_ws *ws, int act, const m
     const model_tensor *gu[2] = {g, u};
     float *gu_y[2] = {ws->gate, ws->up};
     env->mm(env->mm_ctx, 2, gu, b, xin, gu_y, n);
-    if (act == FFN_SWIGLU_OAI)
-        cpu_swiglu_oai(ws->gate, ws->up, ws->gate, (int64_t)n * g->ne[1]);
-    else
-        cpu_swiglu(ws->gate, ws->up, ws->gate, (int64_t)n * g->ne[1]);
+    activate(act, ws->gate, ws->up, (int64_t)n * g->ne[1]);
     env->mm(env->mm_ctx, 1, &d, b + 2, ws->gate, &y, n);
 }
 
-static void run_experts(const cpu_moe_env *env, const moe_ws *ws, const model_layer *L, int act,
-                        const float *h)
+/* Expert e's gate, up and down rows and (when L has them) bias rows: W[0..3),
+ * bias[0..3) pointing into views[0..6). */
+static void expert_views(const model_layer *L, int32_t e, model_tensor *views,
+                         const model_tensor **W, const model_tensor **bias)
 {
     const int64_t D = L->down_exps.ne[1] / L->n_expert, F = L->n_ff_exp;
+    views[0] = cpu_moe_rows(&L->gate_exps, e * F, F);
+    views[1] = cpu_moe_rows(&L->up_exps, e * F, F);
+    views[2] = cpu_moe_rows(&L->down_exps, e * D, D);
+    for (int i = 0; i < 3; i++) {
+        W[i] = &views[i];
+        bias[i] = NULL;
+    }
+    if (L->gate_exps_b.dev) { /* expert e's bias rows */
+        views[3] = cpu_moe_rows(&L->gate_exps_b, e, 1);
+        views[4] = cpu_moe_rows(&L->up_exps_b, e, 1);
+        views[5] = cpu_moe_rows(&L->down_exps_b, e, 1);
+        for (int i = 0; i < 3; i++)
+            bias[i] = &views[3 + i];
+    }
+}
+
+/* Experts [e0, e1) (those with tokens among them) as two grouped jobs: every
+ * gate and up matmul, the activation over their rows, every down matmul.  The
+ * inputs are xg's rows at the sorted positions (gathered by the caller). */
+static void run_group(const cpu_moe_env *env, const moe_ws *ws, const model_layer *L, int act,
+                      int32_t e0, int32_t e1)
+{
+    const int64_t D = L->down_exps.ne[1] / L->n_expert, F = L->n_ff_exp;
+    model_tensor views[CPU_MOE_GROUP_EXPERTS][6];
+    const model_tensor *W[2 * CPU_MOE_GROUP_EXPERTS], *B[2 * CPU_MOE_GROUP_EXPERTS];
+    const model_tensor *Wd[CPU_MOE_GROUP_EXPERTS], *Bd[CPU_MOE_GROUP_EXPERTS];
+    const float *x[2 * CPU_MOE_GROUP_EXPERTS];
+    float *y[2 * CPU_MOE_GROUP_EXPERTS], *yd[CPU_MOE_GROUP_EXPERTS];
+    const float *xd[CPU_MOE_GROUP_EXPERTS];
+    int32_t cnt[2 * CPU_MOE_GROUP_EXPERTS], cd[CPU_MOE_GROUP_EXPERTS], m = 0;
+    for (int32_t e = e0; e < e1; e++) {
+        const int32_t b = ws->start[e], c = ws->start[e + 1] - b;
+        if (c == 0)
+            continue;
+        const model_tensor *ew[3], *eb[3];
+        expert_views(L, e, views[m], ew, eb);
+        W[2 * m] = ew[0], W[2 * m + 1] = ew[1], Wd[m] = ew[2];
+        B[2 * m] = eb[0], B[2 * m + 1] = eb[1], Bd[m] = eb[2];
+        x[2 * m] = x[2 * m + 1] = ws->xg + (size_t)b * D;
+        y[2 * m] = ws->gate + (size_t)b * F, y[2 * m + 1] = ws->up + (size_t)b * F;
+        xd[m] = ws->gate + (size_t)b * F, yd[m] = ws->yslot + (size_t)b * D;
+        cnt[2 * m] = cnt[2 * m + 1] = cd[m] = c;
+        m++;
+    }
+    if (m == 0)
+        return;
+    const int32_t r0 = ws->start[e0], r1 = ws->start[e1]; /* their rows, contiguous */
+    env->mm_group(env->mm_ctx, 2 * m, W, B, x, y, cnt);
+    activate(act, ws->gate + (size_t)r0 * F, ws->up + (size_t)r0 * F, (int64_t)(r1 - r0) * F);
+    env->mm_group(env->mm_ctx, m, Wd, Bd, xd, yd, cd);
+}
+
+static void run_experts(const cpu_moe_env *env, const moe_ws *ws, const model_layer *L, int act,
+                        const float *h, int32_t n)
+{
+    const int64_t D = L->down_exps.ne[1] / L->n_expert;
+    const int32_t pairs = n * L->n_expert_used;
+    if (env->mm_group && pairs <= CPU_MOE_GROUP_ROWS) { /* all pairs' inputs, sorted order */
+        for (int32_t i = 0; i < pairs; i++)
+            memcpy(ws->xg + (size_t)i * D, h + (size_t)ws->tok[i] * D, (size_t)D * sizeof(float));
+        for (int32_t e0 = 0; e0 < L->n_expert; e0 += CPU_MOE_GROUP_EXPERTS) {
+            const int32_t e1 = e0 + CPU_MOE_GROUP_EXPERTS;
+            run_group(env, ws, L, act, e0, e1 < L->n_expert ? e1 : L->n_expert);
+        }
+        return;
+    }
     for (int32_t e = 0; e < L->n_expert; e++) {
         const int32_t b = ws->start[e], cnt = ws->start[e + 1] - b;
         if (cnt == 0)
@@ -238,18 +313,10 @@ static void run_experts(const cpu_moe_env *env, const moe_ws *ws, const model_la
         for (int32_t i = 0; i < cnt; i++)
             memcpy(ws->xg + (size_t)i * D, h + (size_t)ws->tok[b + i] * D,
                    (size_t)D * sizeof(float));
-        const model_tensor g = cpu_moe_rows(&L->gate_exps, e * F, F);
-        const model_tensor u = cpu_moe_rows(&L->up_exps, e * F, F);
-        const model_tensor d = cpu_moe_rows(&L->down_exps, e * D, D);
-        model_tensor bt[3];
-        const model_tensor *bias[3] = {NULL, NULL, NULL};
-        if (L->gate_exps_b.dev) { /* expert e's bias rows */
-            bt[0] = cpu_moe_rows(&L->gate_exps_b, e, 1);
-            bt[1] = cpu_moe_rows(&L->up_exps_b, e, 1);
-            bt[2] = cpu_moe_rows(&L->down_exps_b, e, 1);
-            bias[0] = &bt[0], bias[1] = &bt[1], bias[2] = &bt[2];
-        }
-        gated_ffn(env, ws, act, &g, &u, &d, bias, ws->xg, ws->yslot + (size_t)b * D, cnt);
+        model_tensor views[6];
+        const model_tensor *w[3], *bias[3];
+        expert_views(L, e, views, w, bias);
+        gated_ffn(env, ws, act, w[0], w[1], w[2], bias, ws->xg, ws->yslot + (size_t)b * D, cnt);
     }
 }
 
@@ -267,7 +334,7 @@ void cpu_moe_ffn(const cpu_moe_env *env, const model_layer *L, const moe_params 
     for (int32_t t = 0; t < n; t++)
         route_token(&ws, t, L, mp);
     group(&ws, n, L->n_expert, k);
-    run_experts(env, &ws, L, mp->act, h);
+    run_experts(env, &ws, L, mp->act, h, n);
     const int sh_gated = L->n_ff_shexp && L->gate_inp_shexp.dev;
     if (L->n_ff_shexp) {
         const model_tensor *gi = &L->gate_inp_shexp;

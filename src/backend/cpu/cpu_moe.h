@@ -38,10 +38,23 @@ typedef void (*cpu_moe_mm_fn)(void *ctx, int count, const model_tensor *const *W
                               const model_tensor *const *bias, const float *x, float *const *y,
                               int32_t n);
 
+/* y[i] = W[i] x[i] (+ bias[i]) over n[i] rows of x[i] for i < count, as one
+ * job (the backend's grouped matmul, same results as one matmul each). */
+typedef void (*cpu_moe_mmg_fn)(void *ctx, int count, const model_tensor *const *W,
+                               const model_tensor *const *bias, const float *const *x,
+                               float *const *y, const int32_t *n);
+
+/* Up to this many (token, expert) pairs a step runs its experts as grouped
+ * jobs (one dispatch for all experts' gate/up, one for their down); larger
+ * steps run each expert alone (its own rows are long enough to split). */
+#define CPU_MOE_GROUP_ROWS 256
+#define CPU_MOE_GROUP_EXPERTS 16 /* experts per grouped job */
+
 typedef struct cpu_moe_env {
     cpu_moe_mm_fn mm;
     void *mm_ctx;
     void *ws;          /* cpu_moe_ws_bytes(dims, n) bytes at least, float-aligned */
+    cpu_moe_mmg_fn mm_group; /* NULL: every expert alone */
 } cpu_moe_env;
 
 /* x[t] += MoE_L(h[t]) for t < n (backend.h moe_ffn). */

@@ -1,0 +1,38 @@
+/* cpu_mm.h - the CPU backend's matmuls as thread-pool jobs: rows of the
+ * weights claimed in chunks from one counter, the input quantized once per
+ * job for the int8-activation path (kernels/matmul.h).
+ *
+ * cpu_mm_n: up to CPU_MM_MAX_PARTS matmuls over one input (q/k/v, gate/up).
+ * cpu_mm_group: up to CPU_MM_GROUP_MAX matmuls over inputs of their own
+ * (a step's experts: each reads its gathered tokens) as one job, so a decode
+ * step pays one dispatch for all its experts instead of one each.
+ * Which thread computes a row never changes its result, and each row of
+ * each input is computed as a lone cpu_mm_n would: the two agree bitwise.
+ *
+ * Memory: the quantized inputs go to cb->qact (MEM_WORKSPACE), grown here
+ * (power of two >= 1 MiB) when a job needs more than kv_init reserved.
+ * Threading: the engine thread; the rows run on cb->pool.
+ */
+#ifndef KVANT_CPU_MM_H
+#define KVANT_CPU_MM_H
+
+#include <stdint.h>
+
+#include "backend/cpu/cpu_internal.h"
+
+#define CPU_MM_MAX_PARTS 3   /* q/k/v */
+#define CPU_MM_GROUP_MAX 48  /* matmuls of one grouped job */
+
+/* d_y[i] = W[i] d_x (+ bias[i]) for i < count (1..CPU_MM_MAX_PARTS). */
+void cpu_mm_n(cpu_backend *cb, int count, const model_tensor *const *W,
+              const model_tensor *const *bias, const float *d_x, float *const *d_y, int32_t n);
+
+/* y[i] = W[i] x[i] (+ bias[i]; bias or its entries may be NULL) over n[i] rows
+ * of x[i], for i < count (1..CPU_MM_GROUP_MAX).  Consecutive parts with the
+ * same x share its quantization.  Parts whose weights take different paths
+ * (width, type, packing) than W[0]'s run one by one. */
+void cpu_mm_group(cpu_backend *cb, int count, const model_tensor *const *W,
+                  const model_tensor *const *bias, const float *const *x, float *const *y,
+                  const int32_t *n);
+
+#endif
