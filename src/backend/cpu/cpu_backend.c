@@ -428,11 +428,17 @@ static void cpu_rmsnorm(backend *be, const float *d_x, const model_tensor *w, fl
     cpu_run(cpu(be), rmsnorm_worker, &j, (long)n * (long)w->ne[0]);
 }
 
+static cpu_mm_env mm_env(cpu_backend *cb)
+{
+    return (cpu_mm_env){cb->pool, cb->n_threads, cb->act_q8, cb->mem, &cb->qact, &cb->qact_bytes};
+}
+
 static void cpu_matmul_n(backend *be, int count, const model_tensor *const *W,
                          const model_tensor *const *bias, const float *d_x, float *const *d_y,
                          int32_t n)
 {
-    cpu_mm_n(cpu(be), count, W, bias, d_x, d_y, n);
+    const cpu_mm_env env = mm_env(cpu(be));
+    cpu_mm_n(&env, count, W, bias, d_x, d_y, n);
 }
 
 static void cpu_matmul(backend *be, const model_tensor *W, const model_tensor *bias,
@@ -445,14 +451,16 @@ static void moe_mm(void *ctx, int count, const model_tensor *const *W,
                    const model_tensor *const *bias, const float *x, float *const *y, int32_t n)
 {
     const model_tensor *no_bias[CPU_MM_MAX_PARTS] = {NULL, NULL, NULL};
-    cpu_mm_n(ctx, count, W, bias ? bias : no_bias, x, y, n);
+    const cpu_mm_env env = mm_env(ctx);
+    cpu_mm_n(&env, count, W, bias ? bias : no_bias, x, y, n);
 }
 
 static void moe_mm_group(void *ctx, int count, const model_tensor *const *W,
                          const model_tensor *const *bias, const float *const *x,
                          float *const *y, const int32_t *n)
 {
-    cpu_mm_group(ctx, count, W, bias, x, y, n);
+    const cpu_mm_env env = mm_env(ctx);
+    cpu_mm_group(&env, count, W, bias, x, y, n);
 }
 
 /* The workspace kv_init sized for the largest step; a larger step (a

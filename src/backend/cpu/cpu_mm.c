@@ -88,7 +88,7 @@ static void matmul_worker(int ith, int nth, void *arg)
 /* The int8 path a tensor takes: 0 exact (f32 activations), 1 int8, 2 split
  * int8 (two terms: tensors marked exact, e.g. the output head, keep about
  * f32 accuracy at the int8 kernels' speed). */
-static int mm_path(const cpu_backend *cb, const model_tensor *w)
+static int mm_path(const cpu_mm_env *cb, const model_tensor *w)
 {
     if (!cb->act_q8 || !dtype_matmul_uses_qact(w->type))
         return 0;
@@ -97,24 +97,24 @@ static int mm_path(const cpu_backend *cb, const model_tensor *w)
 
 /* Whether W[i] can share a job with W[0] (same width, same path, same
  * activation layout). */
-static int mm_same_input(const cpu_backend *cb, const model_tensor *a, const model_tensor *b)
+static int mm_same_input(const cpu_mm_env *cb, const model_tensor *a, const model_tensor *b)
 {
     const int qa = mm_path(cb, a), qb = mm_path(cb, b);
     return a->ne[0] == b->ne[0] && qa == qb && (!qa || a->packed == b->packed);
 }
 
 /* cb->qact holds at least need bytes (1 when it does). */
-static int qact_room(cpu_backend *cb, size_t need)
+static int qact_room(const cpu_mm_env *cb, size_t need)
 {
-    if (need > cb->qact_bytes) {
+    if (need > *cb->qact_bytes) {
         size_t cap = (size_t)1 << 20;
         while (cap < need)
             cap *= 2;
-        mem_free(cb->mem, cb->qact);
-        cb->qact = mem_alloc(cb->mem, cap, MEM_WORKSPACE, MEM_NO_LAYER, NULL);
-        cb->qact_bytes = cb->qact ? cap : 0;
+        mem_free(cb->mem, *cb->qact);
+        *cb->qact = mem_alloc(cb->mem, cap, MEM_WORKSPACE, MEM_NO_LAYER, NULL);
+        *cb->qact_bytes = *cb->qact ? cap : 0;
     }
-    return need <= cb->qact_bytes;
+    return need <= *cb->qact_bytes;
 }
 
 static size_t round64(size_t v)
@@ -124,7 +124,7 @@ static size_t round64(size_t v)
 
 /* Quantizes each part's input once (consecutive parts with the same x share
  * it) into cb->qact, or leaves xq NULL when it cannot be had. */
-static void quantize_inputs(cpu_backend *cb, mm_job *j, int path)
+static void quantize_inputs(const cpu_mm_env *cb, mm_job *j, int path)
 {
     const model_tensor *w0 = j->p[0].w;
     const uint32_t qt = w0->type | (w0->packed ? DT_PACKED : 0);
@@ -142,7 +142,7 @@ static void quantize_inputs(cpu_backend *cb, mm_job *j, int path)
             p->xq = j->p[i - 1].xq;
             continue;
         }
-        p->xq = (char *)cb->qact + off;
+        p->xq = (char *)*cb->qact + off;
         if (j->split)
             dtype_matmul_quantize_split(qt, p->x, w0->ne[0], p->n, (void *)p->xq);
         else
@@ -152,7 +152,7 @@ static void quantize_inputs(cpu_backend *cb, mm_job *j, int path)
 }
 
 /* Runs the job's parts (w, bias, x, n, y set) as one pool job. */
-static void run_job(cpu_backend *cb, mm_job *j)
+static void run_job(const cpu_mm_env *cb, mm_job *j)
 {
     const int path = mm_path(cb, j->p[0].w);
     j->split = path == 2;
@@ -173,7 +173,7 @@ static void run_job(cpu_backend *cb, mm_job *j)
     tpool_run(cb->pool, matmul_worker, j);
 }
 
-void cpu_mm_n(cpu_backend *cb, int count, const model_tensor *const *W,
+void cpu_mm_n(const cpu_mm_env *cb, int count, const model_tensor *const *W,
               const model_tensor *const *bias, const float *d_x, float *const *d_y, int32_t n)
 {
     KV_ASSERT(count >= 1 && count <= CPU_MM_MAX_PARTS);
@@ -191,7 +191,7 @@ void cpu_mm_n(cpu_backend *cb, int count, const model_tensor *const *W,
     run_job(cb, &j);
 }
 
-void cpu_mm_group(cpu_backend *cb, int count, const model_tensor *const *W,
+void cpu_mm_group(const cpu_mm_env *cb, int count, const model_tensor *const *W,
                   const model_tensor *const *bias, const float *const *x, float *const *y,
                   const int32_t *n)
 {

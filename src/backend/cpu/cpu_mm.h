@@ -9,29 +9,42 @@
  * Which thread computes a row never changes its result, and each row of
  * each input is computed as a lone cpu_mm_n would: the two agree bitwise.
  *
- * Memory: the quantized inputs go to cb->qact (MEM_WORKSPACE), grown here
- * (power of two >= 1 MiB) when a job needs more than kv_init reserved.
- * Threading: the engine thread; the rows run on cb->pool.
+ * Memory: the quantized inputs go to the backend's buffer (*env->qact,
+ * MEM_WORKSPACE), grown here (power of two >= 1 MiB) when a job needs more
+ * than kv_init reserved.  Threading: the engine thread; the rows run on
+ * env->pool.
  */
 #ifndef KVANT_CPU_MM_H
 #define KVANT_CPU_MM_H
 
 #include <stdint.h>
 
-#include "backend/cpu/cpu_internal.h"
+#include "backend/cpu/tpool.h"
+#include "mem/mem.h"
+#include "model/model.h"
 
 #define CPU_MM_MAX_PARTS 3   /* q/k/v */
 #define CPU_MM_GROUP_MAX 48  /* matmuls of one grouped job */
 
+/* What the jobs need of the backend (borrowed). */
+typedef struct cpu_mm_env {
+    tpool *pool;
+    int n_threads;
+    int act_q8;          /* 0: f32 activations everywhere (BACKEND_EXACT) */
+    mem_mgr *mem;
+    void **qact;         /* the quantized-activation buffer and its size */
+    size_t *qact_bytes;
+} cpu_mm_env;
+
 /* d_y[i] = W[i] d_x (+ bias[i]) for i < count (1..CPU_MM_MAX_PARTS). */
-void cpu_mm_n(cpu_backend *cb, int count, const model_tensor *const *W,
+void cpu_mm_n(const cpu_mm_env *cb, int count, const model_tensor *const *W,
               const model_tensor *const *bias, const float *d_x, float *const *d_y, int32_t n);
 
 /* y[i] = W[i] x[i] (+ bias[i]; bias or its entries may be NULL) over n[i] rows
  * of x[i], for i < count (1..CPU_MM_GROUP_MAX).  Consecutive parts with the
  * same x share its quantization.  Parts whose weights take different paths
  * (width, type, packing) than W[0]'s run one by one. */
-void cpu_mm_group(cpu_backend *cb, int count, const model_tensor *const *W,
+void cpu_mm_group(const cpu_mm_env *cb, int count, const model_tensor *const *W,
                   const model_tensor *const *bias, const float *const *x, float *const *y,
                   const int32_t *n);
 
