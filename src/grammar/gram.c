@@ -16,9 +16,17 @@ typedef struct gram_rule_rec {
     int32_t lhs, off, len;   /* elems[off .. off + len) */
 } gram_rule_rec;
 
+/* How a nonterminal was made by gram_opt / gram_star / gram_plus (its body in
+ * nt_body): a repetition of a repetition is folded into one ((x*)* = x*,
+ * (x?)+ = x*, ...), so a star never repeats a nullable repetition, whose
+ * derivations of the empty string would multiply with each nesting. */
+enum { NK_PLAIN = 0, NK_OPT, NK_STAR, NK_PLUS };
+
 struct gram {
     gram_limits lim;
-    int32_t n_nt;
+    int32_t n_nt, cap_nt;
+    uint8_t *nt_kind;                          /* [cap_nt] NK_* */
+    int32_t *nt_body;                          /* [cap_nt] */
     int32_t n_rules, cap_rules;
     gram_rule_rec *rules;                      /* [n_rules] */
     int32_t n_elems, cap_elems;
@@ -70,6 +78,8 @@ void gram_destroy(gram *g)
     free(g->clon_off);
     free(g->clo_nt);
     free(g->nullable);
+    free(g->nt_kind);
+    free(g->nt_body);
     free(g);
 }
 
@@ -116,6 +126,18 @@ int32_t gram_nt(gram *g)
     if (g->n_nt >= g->lim.max_rules)
         return gram_fail(g, KV_ERANGE, "grammar too large: more than %d nonterminals",
                          g->lim.max_rules);
+    if (g->n_nt >= g->cap_nt) {
+        const int32_t cap = g->cap_nt ? 2 * g->cap_nt : 256;
+        uint8_t *k = realloc(g->nt_kind, (size_t)cap);
+        if (k)
+            g->nt_kind = k;
+        int32_t *b = k ? realloc(g->nt_body, (size_t)cap * sizeof *b) : NULL;
+        if (!b)
+            return gram_fail(g, KV_ENOMEM, "out of memory building a grammar");
+        g->nt_body = b;
+        memset(g->nt_kind + g->cap_nt, 0, (size_t)(cap - g->cap_nt));
+        g->cap_nt = cap;
+    }
     return g->n_nt++;
 }
 
@@ -251,30 +273,63 @@ int32_t gram_alt(gram *g, const int32_t *e, int32_t n)
     return g->failed ? GRAM_BAD : nt;
 }
 
-int32_t gram_opt(gram *g, int32_t e)
+/* NK_* of e (a terminal: NK_PLAIN). */
+static int rep_kind(const gram *g, int32_t e)
+{
+    return e >= 0 && e < g->n_nt ? g->nt_kind[e] : NK_PLAIN;
+}
+
+/* A new repetition nonterminal of kind k over body e, its rules added:
+ * opt ::= eps | e, star ::= eps | star e, plus ::= e | plus e. */
+static int32_t rep_nt(gram *g, int k, int32_t e)
 {
     int32_t nt = gram_nt(g);
-    gram_rule(g, nt, NULL, 0);
-    gram_rule(g, nt, &e, 1);
-    return g->failed ? GRAM_BAD : nt;
+    if (nt == GRAM_BAD)
+        return GRAM_BAD;
+    int32_t r[2] = {nt, e};
+    if (k == NK_PLUS)
+        gram_rule(g, nt, &e, 1);
+    else
+        gram_rule(g, nt, NULL, 0);
+    if (k == NK_OPT)
+        gram_rule(g, nt, &e, 1);
+    else
+        gram_rule(g, nt, r, 2);
+    if (g->failed)
+        return GRAM_BAD;
+    g->nt_kind[nt] = (uint8_t)k;
+    g->nt_body[nt] = e;
+    return nt;
+}
+
+int32_t gram_opt(gram *g, int32_t e)
+{
+    if (e == GRAM_BAD)
+        return GRAM_BAD;
+    const int k = rep_kind(g, e);
+    if (k == NK_OPT || k == NK_STAR) /* (x?)? = x?, (x*)? = x* */
+        return e;
+    return k == NK_PLUS ? rep_nt(g, NK_STAR, g->nt_body[e]) : rep_nt(g, NK_OPT, e);
 }
 
 int32_t gram_star(gram *g, int32_t e)
 {
-    int32_t nt = gram_nt(g);
-    int32_t r[2] = {nt, e};
-    gram_rule(g, nt, NULL, 0);
-    gram_rule(g, nt, r, 2);
-    return g->failed ? GRAM_BAD : nt;
+    if (e == GRAM_BAD)
+        return GRAM_BAD;
+    const int k = rep_kind(g, e);
+    if (k == NK_STAR) /* (x*)* = x* */
+        return e;
+    return rep_nt(g, NK_STAR, k == NK_PLAIN ? e : g->nt_body[e]); /* (x?)* = (x+)* = x* */
 }
 
 int32_t gram_plus(gram *g, int32_t e)
 {
-    int32_t nt = gram_nt(g);
-    int32_t r[2] = {nt, e};
-    gram_rule(g, nt, &e, 1);
-    gram_rule(g, nt, r, 2);
-    return g->failed ? GRAM_BAD : nt;
+    if (e == GRAM_BAD)
+        return GRAM_BAD;
+    const int k = rep_kind(g, e);
+    if (k == NK_STAR || k == NK_PLUS) /* (x*)+ = x*, (x+)+ = x+ */
+        return e;
+    return k == NK_OPT ? rep_nt(g, NK_STAR, g->nt_body[e]) : rep_nt(g, NK_PLUS, e);
 }
 
 /* e{min,max} as left-recursive counts: A_0 = eps, A_k ::= A_(k-1) e, and

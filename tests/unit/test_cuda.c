@@ -507,7 +507,8 @@ static void test_rope_kind(tb *ref, tb *test, tu_rng *r, rope_kind kind, int32_t
     tb *bs[2] = {ref, test};
     for (int k = 0; k < 2; k++) {
         float *dff = with_ff ? dput(bs[k], ff, sizeof ff) : NULL;
-        rope_params rp = {kind, n_rot, 500000.0f, 0.25f, dff, with_ff ? 1.069f : 1.0f};
+        rope_params rp = {kind, n_rot, 500000.0f, 0.25f, dff, with_ff ? 1.069f : 1.0f,
+                          0.0f, 0.0f, 0.0f};
         float *dx = dput(bs[k], x, (size_t)4 * n_heads * hd * 4);
         outs[k] = malloc((size_t)4 * n_heads * hd * 4);
         if (begin(bs[k], &b) == KV_OK)
@@ -589,7 +590,7 @@ static void attn_case_make(attn_case *c, tu_rng *r, int32_t hd, int32_t bs)
     tbatch_make_bs(&c->cur, bs, 11, r, len, from, 300);
     c->n_heads = 6;
     c->hd = hd;
-    c->ap = (attn_params){1.0f / sqrtf((float)hd), 0.0f, 0};
+    c->ap = (attn_params){1.0f / sqrtf((float)hd), 0.0f, 0, NULL};
     int64_t kvd = 2 * hd;
     c->kh = rand_vec(r, c->hist.b.n_tokens * kvd, 0.5f);
     c->vh = rand_vec(r, c->hist.b.n_tokens * kvd, 1.0f);
@@ -760,7 +761,7 @@ static void attn_long_run(tb *b, const kv_layout *lay, int32_t n_pos, const floa
     CHECKF(b->be->ops->kv_init(b->be, lay, &err) == KV_OK, "%s kv_init: %s", b->name, err.msg);
     float *dk = dput(b, k, (size_t)n_pos * kvd * 4), *dv = dput(b, v, (size_t)n_pos * kvd * 4);
     float *dq = dput(b, q, (size_t)3 * row * 4), *dout = dput(b, q, (size_t)3 * row * 4);
-    attn_params ap = {1.0f / sqrtf((float)lay->head_dim), 0.0f, 0};
+    attn_params ap = {1.0f / sqrtf((float)lay->head_dim), 0.0f, 0, NULL};
     if (begin(b, &hist) == KV_OK)
         b->be->ops->kv_store(b->be, 1, dk, dv);
     if (begin(b, &cur) == KV_OK) {
@@ -810,7 +811,7 @@ static void test_fault_named(tb *test)
     kvant_err err = {0};
     tb_fresh(test, 1);
     float *d = dput(test, (float[64]){1.0f}, 64 * 4);
-    attn_params ap = {1.0f, 0.0f, 0};
+    attn_params ap = {1.0f, 0.0f, 0, NULL};
     int32_t tok = 1, pos = 0, seq = 0, out = 0, table[1] = {0};
     fwd_seq s = {.block_table = table, .n_blocks = 1};
     fwd_batch b = {1, &tok, &pos, &seq, 1, &s, 1, &out, 0};

@@ -111,7 +111,7 @@ static void score_range(kvb *x, const float *q, int32_t from, int32_t to, float 
                  .snap_from = OBS_FROM, .snap_n = SNAP_N, .snap_tmp_n = N_TOK};
     fwd_batch b = {to - from, toks, pos, seq, 1, &s, 0, NULL, 0};
     x->be->ops->begin_batch(x->be, &b, &err);
-    const attn_params ap = {1.0f / sqrtf((float)HD), 0.0f, 0};
+    const attn_params ap = {1.0f / sqrtf((float)HD), 0.0f, 0, NULL};
     x->be->ops->kv_score(x->be, 1, q + (size_t)from * N_HEADS * HD, N_HEADS, &ap);
 }
 

@@ -30,7 +30,7 @@ static int run_attn(uint32_t type, const float *q, const float *k, const float *
         fwd_batch b = {N_TOK, toks, pos, seq, 1, &s, 0, NULL, 0};
         be->ops->begin_batch(be, &b, &err);
         be->ops->kv_store(be, 1, k, v);
-        const attn_params ap = {1.0f / sqrtf((float)HD), 0.0f, 0};
+        const attn_params ap = {1.0f / sqrtf((float)HD), 0.0f, 0, NULL};
         be->ops->attention(be, 1, q, N_HEADS, &ap, out);
         be->ops->kv_free(be);
     }
