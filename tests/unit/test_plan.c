@@ -13,7 +13,7 @@
  * vocab 49152, trained context 8192.  weights: a round 100 MB. */
 static plan_model smollm(void)
 {
-    plan_model m = { 30, 576, 9, 3, 64, 1536, 49152, 8192, 100000000ull, 0 };
+    plan_model m = { 30, 576, 9, 3, 64, 1536, 49152, 8192, 100000000ull, 0, 0 };
     return m;
 }
 
@@ -21,7 +21,7 @@ static plan_model smollm(void)
  * vocab 32000, trained context 2048.  weights: 2.2 GB (f16). */
 static plan_model tinyllama(void)
 {
-    plan_model m = { 22, 2048, 32, 4, 64, 5632, 32000, 2048, 2200000000ull, 0 };
+    plan_model m = { 22, 2048, 32, 4, 64, 5632, 32000, 2048, 2200000000ull, 0, 0 };
     return m;
 }
 
@@ -46,6 +46,12 @@ static void test_smollm(void)
     m.n_kv_total = 29; /* a layer without KV heads */
     CHECK(plan_model_check(&m, &e0) == KV_EINVAL);
     m.n_kv_total = 0;
+    /* latent attention (DeepSeek-V2-Lite: 27 layers, one row of 512 + 64): the K row
+     * alone, 27 * 576 * 2 B = 31104 (f16) */
+    plan_model mla = {27, 2048, 16, 1, 576, 10944, 102400, 163840, 1000000000ull, 0, 1};
+    CHECK(plan_kv_bytes_per_token(&mla, DT_F16) == 31104);
+    mla.v_in_k = 0;
+    CHECK(plan_kv_bytes_per_token(&mla, DT_F16) == 62208);
 
     /* activations, 2048 tokens, 64 seqs, 1 thread (all sizes already
      * multiples of 64 bytes):
@@ -200,7 +206,7 @@ static void expect_refusal_fwd(const plan_model *m, const plan_config *c);
  * 128 B per layer per token), 5 of them on a 1024 window, context 32768. */
 static void test_window_split(void)
 {
-    plan_model m = { 6, 64, 2, 1, 32, 128, 384, 32768, 1000000ull, 0 };
+    plan_model m = { 6, 64, 2, 1, 32, 128, 384, 32768, 1000000ull, 0, 0 };
     plan_config c = plan_config_default();
     c.device_memory = 512ull << 20;
     c.ctx = 32768;
