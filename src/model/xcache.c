@@ -2,8 +2,11 @@
  *
  * A slot holds [gate rows | up rows | down rows] of one expert, each part at
  * a 64-byte offset; `where` maps (layer, expert) to its slot (-1: not
- * resident), `owner` the other way.  The victim is the unpinned slot used
- * longest ago (a tick per xcache_get).
+ * resident), `owner` the other way.  The victim is the unpinned slot whose
+ * expert was used least so far (hits + misses: measured use, which keeps a
+ * layer's hot experts when one token's experts over all layers outnumber the
+ * slots and least-recently-used would evict each before its next use), the
+ * one used longest ago (a tick per xcache_get) among equals.
  */
 #include "model/xcache.h"
 
@@ -223,17 +226,25 @@ static void views_of(const xcache *xc, const model_layer *L, int32_t s, model_te
     }
 }
 
-/* The unpinned slot used longest ago (an empty one first), or -1. */
+static uint64_t uses(const xcache *xc, int32_t s)
+{
+    return xc->hits[xc->owner[s]] + xc->misses[xc->owner[s]];
+}
+
+/* The unpinned slot of the least used expert, the least recently used among
+ * equals (an empty slot first), or -1. */
 static int32_t victim(const xcache *xc)
 {
     int32_t best = -1;
+    uint64_t best_uses = 0;
     for (int32_t s = 0; s < xc->n_slots; s++) {
         if (xc->pinned[s])
             continue;
         if (xc->owner[s] < 0)
             return s;
-        if (best < 0 || xc->last[s] < xc->last[best])
-            best = s;
+        const uint64_t u = uses(xc, s);
+        if (best < 0 || u < best_uses || (u == best_uses && xc->last[s] < xc->last[best]))
+            best = s, best_uses = u;
     }
     return best;
 }

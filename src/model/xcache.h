@@ -2,8 +2,8 @@
  * not fit keeps its dense weights and routers resident and its experts in a
  * cache of slots in manager memory, each slot one expert of one layer (its
  * gate, up and down rows), filled from the model file when a step routes a
- * token to an expert that is not there, the least recently used unpinned
- * slot giving way.
+ * token to an expert that is not there, the unpinned slot of the least used
+ * expert so far giving way (the least recently used among equals).
  *
  * The experts' stacked tensors are marked streamed (never mapped, never
  * packed: the backend reads a slot's rows in the file's layout, which the
