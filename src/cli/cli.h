@@ -195,6 +195,7 @@ typedef struct cli_session {
     float *logits;        /* host [max_out][n_vocab] */
     struct quant_weights *qw; /* load-time quantized copies (or NULL) */
     struct wstream *ws;   /* weight offload (--weights-memory), or NULL */
+    struct xcache *xc;    /* experts placed by memory (--weights-memory, experts), or NULL */
     struct par *par;      /* --tp: the process group, or NULL */
     struct model_shard *shard; /* --tp: this rank's share of the weights */
     struct tp_ctx *tp;    /* --tp: the forward pass's reductions */

@@ -11,6 +11,7 @@
 #include "backend/backend_select.h"
 #include "quant/quant.h"
 #include "model/wstream.h"
+#include "model/xcache.h"
 #include "engine/offload_cost.h"
 #include "quant/quant_load.h"
 #include "kernels/dtype.h"
@@ -534,6 +535,30 @@ static uint64_t session_auto_cap(const cli_session *s, const cli_common *c, int3
     return cap;
 }
 
+/* A mixture of experts under --weights-memory: the dense weights resident,
+ * the experts in a cache of the slots cap holds beside them. */
+static int session_experts(cli_session *s, uint64_t cap, kvant_err *err)
+{
+    int32_t n_slots;
+    uint64_t wb;
+    int rc = xcache_plan(s->m, cap, &n_slots, &wb, err);
+    if (rc)
+        return rc;
+    char a[32], b[32];
+    if (n_slots == 0) {
+        fprintf(stderr, "kvant: warning: --weights-memory %s holds every weight: the model fits, "
+                "no expert is cached\n", mem_format_size(cap, a, 32));
+        return KV_OK;
+    }
+    if (!(s->xc = xcache_create(s->m, s->mem, n_slots, err)))
+        return err->code ? err->code : KV_ENOMEM;
+    s->m->xcache = s->xc;
+    fprintf(stderr, "kvant: experts placed by memory: %d of %u experts in cache slots, weights %s "
+            "of %s resident\n", n_slots, (unsigned)(s->m->hp.n_layers * s->m->hp.fam.n_expert),
+            mem_format_size(wb, a, 32), mem_format_size(s->m->weights_bytes, b, 32));
+    return KV_OK;
+}
+
 /* --weights-memory for a session: the placement and the stream, before
  * the backend loads weights. */
 static int session_offload(cli_session *s, const cli_common *c, int32_t max_out, kvant_err *err)
@@ -548,6 +573,8 @@ static int session_offload(cli_session *s, const cli_common *c, int32_t max_out,
     const uint64_t cap = auto_cap         ? auto_cap
                          : c->weights_memory ? c->weights_memory
                              : (uint64_t)((double)mem_budget(s->mem) * c->weights_memory_frac);
+    if (model_has_experts(s->m))
+        return session_experts(s, cap, err);
     wstream_plan p;
     kvant_err why = {0};
     ocost_choice ch;
@@ -778,8 +805,9 @@ void cli_session_close(cli_session *s)
     quant_weights_free(s->qw);
     model_shard_free(s->shard);
     if (s->m)
-        s->m->wstream = NULL;
+        s->m->wstream = NULL, s->m->xcache = NULL;
     wstream_destroy(s->ws); /* before the backend: its ring may be the backend's pinned memory */
+    xcache_destroy(s->xc);
     if (s->be)
         s->be->ops->destroy(s->be);
     model_free(s->m);

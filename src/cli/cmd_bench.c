@@ -24,6 +24,7 @@
 #include "backend/cpu/tpool.h"
 #include "roofline/roofline.h"
 #include "cli/cli.h"
+#include "model/xcache.h"
 #include "engine/engine.h"
 #include "kernels/dtype.h"
 #include "model/wstream.h"
@@ -386,6 +387,10 @@ typedef struct bench_report {
     int threads;
     bench_stat pp, tg;
     int streamed; /* --weights-memory streamed layers: the stat's stream fields are set */
+    int experts;  /* --weights-memory on a mixture of experts: the cache during the tg series */
+    xcache_stats xc0, xc1;
+    double hot_share; /* of the tg series' expert uses, the share of each layer's most used
+                       * quarter of experts (routing skew) */
     int have_rl, have_batch;
     roofline_result rl;
     bench_batch_res br;
@@ -488,6 +493,14 @@ static void bench_print_text(const bench_report *r)
                    b->stream_read_s > 0 ? b->stream_bytes * 1e-9 / b->stream_read_s : 0.0,
                    100 * b->stream_wait_s / b->stream_wall_s);
         }
+        if (r->experts) {
+            const double h = (double)(r->xc1.hits - r->xc0.hits);
+            const double mi = (double)(r->xc1.misses - r->xc0.misses);
+            printf("tg experts: %d cache slots, hit rate %.1f%% (%.0f hits, %.0f misses), %.2f GB "
+                   "read; each layer's most used quarter of experts took %.1f%% of the uses\n",
+                   r->xc1.n_slots, h + mi > 0 ? 100 * h / (h + mi) : 0.0, h, mi,
+                   (double)(r->xc1.bytes_read - r->xc0.bytes_read) * 1e-9, 100 * r->hot_share);
+        }
         if (r->have_rl && r->rl.read_gbps_nt > 0)
             printf("tg at the read roofline: %.1f tok/s (achieved %.0f%%)\n",
                    r->rl.read_gbps_nt * 1e9 / r->w.bytes_per_tok,
@@ -518,6 +531,32 @@ static void bench_comm(const tp_stats *a, const tp_stats *b, double *bpt, double
     *share = st > 0 ? (b->comm.seconds - a->comm.seconds) / st : 0.0;
 }
 
+static int cmp_desc(const void *a, const void *b)
+{
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Of all expert uses so far (hits + misses), the share of each layer's most
+ * used quarter of experts, summed over layers. */
+static double bench_hot_share(const xcache *xc, const xcache_stats *st)
+{
+    uint64_t uses[MODEL_MAX_EXPERTS], hot = 0, all = 0;
+    for (int32_t il = 0; il < st->n_layers; il++) {
+        for (int32_t e = 0; e < st->n_expert; e++) {
+            uint64_t h, m;
+            int res;
+            xcache_expert(xc, il, e, &h, &m, &res);
+            uses[e] = h + m;
+            all += uses[e];
+        }
+        qsort(uses, (size_t)st->n_expert, sizeof *uses, cmp_desc);
+        for (int32_t e = 0; e < (st->n_expert + 3) / 4; e++)
+            hot += uses[e];
+    }
+    return all ? (double)hot / (double)all : 0.0;
+}
+
 static int bench_single(const cli_common *c, const bench_opts *o, bench_report *r, kvant_err *err)
 {
     cli_session s;
@@ -541,8 +580,14 @@ static int bench_single(const cli_common *c, const bench_opts *o, bench_report *
             rc = bench_series(&s, tok, o->p, 0, o->reps, &r->pp, err);
         if (s.tp)
             tp_get_stats(s.tp, &t1);
+        if ((r->experts = s.xc != NULL))
+            xcache_get_stats(s.xc, &r->xc0);
         if (!rc && o->n > 0)
             rc = bench_series(&s, tok, o->n, 1, o->reps, &r->tg, err);
+        if (s.xc) {
+            xcache_get_stats(s.xc, &r->xc1);
+            r->hot_share = bench_hot_share(s.xc, &r->xc1);
+        }
         if (s.tp) {
             tp_get_stats(s.tp, &t2);
             r->tp = c->tp * c->pp;

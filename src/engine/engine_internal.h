@@ -30,6 +30,7 @@ typedef struct eng_resize eng_resize; /* engine_kvresize.c */
 typedef struct eng_draft eng_draft;   /* engine_draft.c */
 struct wstream_plan;
 struct wstream;
+struct xcache;
 struct earley;
 struct tmask_work;
 struct tmask_vocab;
@@ -170,6 +171,8 @@ struct engine {
                                  * (engine_kv_grow_for; engine_config.kv_fit) */
     eng_tier *tier;             /* KV offload tiers, or NULL */
     struct wstream *ws;         /* weight offload (engine_offload.c), or NULL; owned */
+    struct xcache *xc;          /* experts placed by memory (engine_offload.c), or NULL; owned */
+    int32_t xc_slots;           /* its slots, as planned (0: none) */
     eng_tp *tp;                 /* tensor parallelism (engine_tp.c), or NULL; owned */
     eng_draft *draft;           /* speculative decoding's draft model, or NULL; owned */
 

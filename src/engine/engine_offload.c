@@ -13,12 +13,40 @@
 #include "engine/engine_internal.h"
 #include "engine/offload_cost.h"
 #include "model/wstream.h"
+#include "model/xcache.h"
+
+/* A mixture of experts: the dense weights resident, the experts in the
+ * slots cap holds beside them (model/xcache.h); *weights_bytes their sum. */
+static int plan_experts(engine *e, uint64_t cap, uint64_t *weights_bytes, kvant_err *err)
+{
+    int rc = xcache_plan(e->m, cap, &e->xc_slots, weights_bytes, err);
+    char a[32], b[32];
+    if (!rc && e->xc_slots)
+        fprintf(stderr, "kvant: experts placed by memory: %d of %u experts in cache slots, "
+                "weights %s of %s resident\n", e->xc_slots,
+                (unsigned)(e->m->hp.n_layers * e->m->hp.fam.n_expert),
+                mem_format_size(*weights_bytes, a, 32), mem_format_size(e->m->weights_bytes, b, 32));
+    else if (!rc)
+        fprintf(stderr, "kvant: warning: --weights-memory %s holds every weight: the model fits, "
+                "no expert is cached\n", mem_format_size(cap, a, 32));
+    return rc;
+}
 
 int engine_offload_plan(engine *e, uint64_t budget, uint64_t auto_cap, wstream_plan *p,
                         uint64_t *weights_bytes, kvant_err *err)
 {
     const engine_config *c = &e->cfg;
     memset(p, 0, sizeof *p);
+    e->xc_slots = 0;
+    if (model_has_experts(e->m) && (auto_cap || c->weights_memory || c->weights_memory_frac > 0)) {
+        if (c->weights_memory_frac < 0 || c->weights_memory_frac >= 1)
+            return kvant_err_set(err, KV_EINVAL, "--weights-memory: fraction %g outside (0, 1)",
+                                 c->weights_memory_frac);
+        return plan_experts(e, auto_cap       ? auto_cap
+                               : c->weights_memory ? c->weights_memory
+                                   : (uint64_t)((double)budget * c->weights_memory_frac),
+                            weights_bytes, err);
+    }
     if (auto_cap > 0) { /* --weights-memory auto: the planner's cap */
         char a[32], b[32], d[32];
         kvant_err why = {0};
@@ -93,6 +121,12 @@ static void print_prediction(engine *e, const wstream_plan *p)
 
 int engine_offload_start(engine *e, const wstream_plan *p, kvant_err *err)
 {
+    if (e->xc_slots > 0) {
+        if (!(e->xc = xcache_create(e->m, e->mem, e->xc_slots, err)))
+            return err && err->code ? err->code : KV_ENOMEM;
+        e->m->xcache = e->xc;
+        return KV_OK;
+    }
     if (p->n_streamed == 0)
         return KV_OK;
     const wstream_io io = {e->cfg.weights_io, NULL};
@@ -116,6 +150,11 @@ int engine_offload_start(engine *e, const wstream_plan *p, kvant_err *err)
 
 void engine_offload_stop(engine *e)
 {
+    if (e->xc) {
+        e->m->xcache = NULL;
+        xcache_destroy(e->xc);
+        e->xc = NULL;
+    }
     if (!e->ws)
         return;
     e->m->wstream = NULL;
@@ -140,6 +179,11 @@ void engine_offload_print(wstream *ws)
     wstream_get_stats(ws, &st);
     fprintf(stderr, "kvant: weight reads: %s%s%s\n", wstream_io_name(st.io_mode),
             st.io_note[0] ? "; " : "", st.io_note);
+}
+
+struct xcache *engine_get_xcache(engine *e)
+{
+    return e ? e->xc : NULL;
 }
 
 int engine_get_offload(engine *e, wstream_stats *out)

@@ -7,5 +7,8 @@
 /* Weight offload counters (model/wstream.h); returns 0 and leaves out
  * untouched when the engine streams no layer.  Thread-safe. */
 int engine_get_offload(engine *e, struct wstream_stats *out);
+/* The expert cache (model/xcache.h) when the engine places experts by
+ * memory, else NULL; valid while the engine is.  Thread-safe. */
+struct xcache *engine_get_xcache(engine *e);
 
 #endif

@@ -119,6 +119,8 @@ typedef struct model {
     uint64_t weights_bytes;  /* sum of all tensors used */
     struct wstream *wstream; /* weight offload (model/wstream.h) or NULL; borrowed, set by
                               * whoever created it, used by the forward pass */
+    struct xcache *xcache;   /* experts placed by memory (model/xcache.h) or NULL; borrowed,
+                              * set by whoever created it, used by the backend's moe_ffn */
     char path[1024];
 } model;
 

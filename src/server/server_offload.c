@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "model/wstream.h"
+#include "model/xcache.h"
 
 static void one(FILE *f, const char *name, const char *type, const char *help, double v)
 {
@@ -20,6 +21,34 @@ static double per_token(engine *e, const wstream_stats *ws)
     engine_get_stats(e, &st);
     const double tok = (double)(st.prompt_tokens_computed + st.generation_tokens);
     return tok > 0 ? (double)ws->bytes_read / tok : 0.0;
+}
+
+/* The expert cache's counters, in all and per (layer, expert). */
+static void expert_metrics(FILE *f, const xcache *xc)
+{
+    xcache_stats st;
+    xcache_get_stats(xc, &st);
+    one(f, "moe_expert_cache_slots", "gauge", "Slots of the expert cache (one expert each).",
+        (double)st.n_slots);
+    one(f, "moe_experts_resident", "gauge", "Experts in the expert cache now.", (double)st.n_used);
+    one(f, "moe_expert_read_bytes_total", "counter",
+        "Expert weight bytes read from the model file into the cache.", (double)st.bytes_read);
+    const char *name[2] = {"hits", "misses"};
+    const char *help[2] = {"Expert cache hits (a routed expert already resident).",
+                           "Expert cache misses (the expert read from the model file)."};
+    for (int k = 0; k < 2; k++) {
+        fprintf(f, "# HELP kvant_moe_expert_%s_total %s\n# TYPE kvant_moe_expert_%s_total "
+                "counter\n", name[k], help[k], name[k]);
+        for (int32_t il = 0; il < st.n_layers; il++)
+            for (int32_t x = 0; x < st.n_expert; x++) {
+                uint64_t h, m;
+                int res;
+                xcache_expert(xc, il, x, &h, &m, &res);
+                if (h || m)
+                    fprintf(f, "kvant_moe_expert_%s_total{layer=\"%d\",expert=\"%d\"} %llu\n",
+                            name[k], il, x, (unsigned long long)(k ? m : h));
+            }
+    }
 }
 
 char *srv_offload_metrics(engine *e)
@@ -61,6 +90,9 @@ char *srv_offload_metrics(engine *e)
             "1 when the weight stream failed (model file truncated or unreadable).",
             (double)ws.failed);
     }
+    const xcache *xc = engine_get_xcache(e);
+    if (xc)
+        expert_metrics(f, xc);
     if (fclose(f) != 0) {
         free(buf);
         return NULL;
@@ -68,9 +100,37 @@ char *srv_offload_metrics(engine *e)
     return buf;
 }
 
+/* The expert cache: slots, counters and which experts are resident, per layer. */
+static json_t *experts_json(const xcache *xc)
+{
+    xcache_stats st;
+    xcache_get_stats(xc, &st);
+    json_t *layers = json_array();
+    for (int32_t il = 0; layers && il < st.n_layers; il++) {
+        json_t *res = json_array();
+        for (int32_t x = 0; res && x < st.n_expert; x++) {
+            uint64_t h, m;
+            int r;
+            xcache_expert(xc, il, x, &h, &m, &r);
+            if (r)
+                json_array_append_new(res, json_integer(x));
+        }
+        json_array_append_new(layers, json_pack("{s:i, s:o}", "layer", (int)il, "resident",
+                                                res ? res : json_array()));
+    }
+    return json_pack("{s:b, s:s, s:{s:i, s:I, s:i, s:I, s:I, s:I, s:o}}", "enabled", 1, "mode",
+                     "experts", "experts", "slots", st.n_slots, "slot_bytes",
+                     (json_int_t)st.slot_bytes, "resident", st.n_used, "hits",
+                     (json_int_t)st.hits, "misses", (json_int_t)st.misses, "read_bytes",
+                     (json_int_t)st.bytes_read, "layers", layers ? layers : json_array());
+}
+
 json_t *srv_offload_json(engine *e)
 {
     wstream_stats ws;
+    const xcache *xc = engine_get_xcache(e);
+    if (xc)
+        return experts_json(xc);
     if (!engine_get_offload(e, &ws))
         return json_pack("{s:b}", "enabled", 0);
     const wstream_plan *p = ws.plan;

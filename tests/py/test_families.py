@@ -40,6 +40,7 @@ kvant's numbers are written to build/test-results/family_<family>_<type>.json.
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from pathlib import Path
 
@@ -505,19 +506,44 @@ def test_gpt_oss_parts_matter(fam_dir):
         assert rel_err(m.forward(ids), want) > 1e-2, f"gpt-oss: the logits do not depend on {part}"
 
 
-def test_moe_offload_refused(fam_dir, run_kvant, tmp_path):
-    """Weight offload does not stream experts yet: refused, naming the option (`kvant plan`'s
-    prediction too, whose rates are measured on a dense FFN); a budget that holds the whole
-    model streams nothing and runs."""
-    path = mf.make_family(fam_dir, "qwen3moe", "F32")
-    (tmp_path / "ids.txt").write_text("1 2 3\n")
-    run = ["logits", "-m", path, "--tokens-file", tmp_path / "ids.txt", "--out", tmp_path / "o.f32"]
-    r = run_kvant(run + ["--weights-memory", "7M"])
-    assert r.returncode > 0 and "--weights-memory" in r.stderr and "mixture-of-experts" in r.stderr, r.stderr
-    for budget in ("7M", "1G"):
-        r = run_kvant(["plan", "-m", path, "--weights-memory", budget])
-        assert r.returncode == 1 and "mixture-of-experts" in r.stderr, (budget, r.returncode, r.stderr)
-    assert run_kvant(run + ["--weights-memory", "1G"]).returncode == 0
+def _moe_budgets(path: str, run_kvant, run: list) -> tuple[int, int]:
+    """The smallest --weights-memory the expert cache takes (bytes, from the refusal below it,
+    which names it) and the model's weight bytes."""
+    r = run_kvant(run + ["--weights-memory", "1K"])
+    assert r.returncode > 0 and "--weights-memory" in r.stderr and "experts need at least" in r.stderr, \
+        r.stderr
+    least = r.stderr.rsplit("at least ", 1)[1].split()[0:2]
+    unit = {"B": 1, "KiB": 1024, "MiB": 1 << 20}[least[1]]
+    return int(float(least[0]) * unit) + 1024, os.path.getsize(path)
+
+
+@pytest.mark.parametrize("family,wtype", [("olmoe", "Q4_0"), ("gpt-oss", "Q4_0"),
+                                          ("gpt-oss", "MXFP4"), ("deepseek3", "Q8_0")])
+def test_moe_expert_cache(family, wtype, fam_dir, run_kvant, tmp_path):
+    """Experts placed by memory: under --weights-memory a mixture of experts keeps its dense
+    weights resident and its experts in a cache of slots read from the file; the logits are
+    bitwise those of the resident model (its experts repacked, the cache's in the file's
+    layout), at the fewest slots (one token's experts) and at half the experts, on the default
+    path and --exact.  `kvant plan --weights-memory` still refuses (its rates are a dense
+    FFN's)."""
+    path = mf.make_family(fam_dir, family, wtype)
+    ids = np.random.default_rng(3).integers(0, mf.ms.N_VOCAB, size=40)
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, ids)) + "\n")
+    run = ["logits", "-m", path, "--tokens-file", tmp_path / "ids.txt", "-t", "2", "-b", "8"]
+    least, size = _moe_budgets(path, run_kvant, run + ["--out", tmp_path / "x.f32"])
+    for exact in ([], ["--exact"]):
+        outs = []
+        for budget in (None, least, (least + size) // 2):
+            out = tmp_path / f"o{budget}.f32"
+            r = run_kvant(run + ["--out", out] + exact +
+                          ([] if budget is None else ["--weights-memory", str(budget)]))
+            assert r.returncode == 0, r.stderr[-2000:]
+            assert budget is None or "experts placed by memory" in r.stderr, r.stderr
+            outs.append(np.fromfile(out, dtype="<f4"))
+        assert np.all(np.isfinite(outs[0]))
+        assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2]), exact
+    r = run_kvant(["plan", "-m", path, "--weights-memory", str(least)])
+    assert r.returncode == 1 and "mixture-of-experts" in r.stderr, r.stderr
 
 
 MOE_REFUSALS = {

@@ -279,11 +279,11 @@ static void test_ffn(int shared, int norm_w, int kind)
     const cpu_moe_dims dims = {D, X, K, F, L.n_ff_shexp};
     void *ws = malloc(cpu_moe_ws_bytes(&dims, N));
     mm_ctx c = {.L = &L};
-    const cpu_moe_env env = {mm, &c, ws, NULL};
+    const cpu_moe_env env = {mm, &c, ws, NULL, NULL};
     float x[N * D], x1[N * D], x2[N * D];
     for (int i = 0; i < N * D; i++)
         x[i] = x1[i] = 0.01f * (float)(i % 13);
-    cpu_moe_ffn(&env, &L, &mp, h, x, N);
+    CHECK(cpu_moe_ffn(&env, &L, &mp, h, x, N, NULL) == KV_OK);
     int distinct = 0, once = 1;
     for (int e = 0; e < X; e++) {
         distinct += c.gate_calls[e] > 0;
@@ -304,15 +304,15 @@ static void test_ffn(int shared, int norm_w, int kind)
     CHECKF(worst < 1e-5, "shared %d norm_w %d kind %d: rel err %.3g", shared, norm_w, kind,
            worst);
     for (int t = 0; t < N; t++) /* alone: bitwise the batch's row */
-        cpu_moe_ffn(&env, &L, &mp, h + t * D, x1 + t * D, 1);
+        cpu_moe_ffn(&env, &L, &mp, h + t * D, x1 + t * D, 1, NULL);
     CHECK(memcmp(x, x1, sizeof x) == 0);
     /* the grouped jobs (N * K pairs <= CPU_MOE_GROUP_ROWS): the same bits, two calls
      * (gate/up, down) for all X <= CPU_MOE_GROUP_EXPERTS experts */
-    const cpu_moe_env genv = {mm, &c, ws, mmg};
+    const cpu_moe_env genv = {mm, &c, ws, mmg, NULL};
     for (int i = 0; i < N * D; i++)
         x2[i] = 0.01f * (float)(i % 13);
     group_calls = 0;
-    cpu_moe_ffn(&genv, &L, &mp, h, x2, N);
+    cpu_moe_ffn(&genv, &L, &mp, h, x2, N, NULL);
     CHECKF(memcmp(x, x2, sizeof x) == 0 && group_calls == 2, "grouped: %d calls, %s",
            group_calls, memcmp(x, x2, sizeof x) ? "other bits" : "same bits");
     free(ws);

@@ -76,6 +76,7 @@ static void cpu_unload_weights(backend *be, model *m)
 {
     cpu_backend *cb = cpu(be);
     (void)m;
+    cb->model = NULL;
     cpu_pack_release(cb->packed, cb->mem, cb->pool);
     cb->packed = NULL;
     for (int i = 0; i < cb->n_weight_ids; i++)
@@ -92,6 +93,7 @@ static int cpu_load_weights(backend *be, model *m, kvant_err *err)
         cb->qact_n = (int64_t)m->hp.n_head * m->hp.head_dim;
     cb->moe = cpu_moe_dims_of(m);
     cb->mla = cpu_mla_dims_of(m);
+    cb->model = m;
     if (cb->act_q8 && cb->pack) {
         cb->packed = cpu_pack_weights(m, cb->mem, cb->pool, err);
         if (!cb->packed)
@@ -484,9 +486,9 @@ static int cpu_moe_ffn_op(backend *be, const model_layer *L, const moe_params *m
     int rc = layer_ws(cpu(be), n, err);
     if (rc)
         return rc;
-    const cpu_moe_env env = {moe_mm, be, cpu(be)->moe_ws, moe_mm_group};
-    cpu_moe_ffn(&env, L, mp, d_h, d_x, n);
-    return KV_OK;
+    const model *m = cpu(be)->model;
+    const cpu_moe_env env = {moe_mm, be, cpu(be)->moe_ws, moe_mm_group, m ? m->xcache : NULL};
+    return cpu_moe_ffn(&env, L, mp, d_h, d_x, n, err);
 }
 
 static int cpu_mla_qk_op(backend *be, const model_layer *L, const rope_params *rp, float eps,

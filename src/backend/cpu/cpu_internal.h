@@ -53,6 +53,8 @@ typedef struct cpu_backend {
     int n_weight_ids, cap_weight_ids;
     cpu_moe_dims moe;       /* the loaded model's widest expert layer (zero: dense) */
     cpu_mla_dims mla;       /* its latent attention's shape (zero: none) */
+    const model *model;     /* the loaded model (borrowed, load_weights to unload_weights):
+                             * its expert cache (model.xcache) for moe_ffn */
     void *moe_ws;           /* MEM_WORKSPACE for cpu_moe_ffn and cpu_mla (one op at a
                              * time), moe_ws_bytes: layer_ws_bytes of the largest step */
     size_t moe_ws_bytes;

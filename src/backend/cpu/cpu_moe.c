@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_ops.h"
+#include "model/xcache.h"
 
 /* The workspace's parts for n tokens, in floats (int32 parts share the size). */
 typedef struct moe_ws {
@@ -234,15 +235,23 @@ static void gated_ffn(const cpu_moe_env *env, const moe_ws *ws, int act, const m
     env->mm(env->mm_ctx, 1, &d, b + 2, ws->gate, &y, n);
 }
 
-/* Expert e's gate, up and down rows and (when L has them) bias rows: W[0..3),
- * bias[0..3) pointing into views[0..6). */
-static void expert_views(const model_layer *L, int32_t e, model_tensor *views,
-                         const model_tensor **W, const model_tensor **bias)
+/* Expert e's gate, up and down rows (resident, or from the expert cache,
+ * pinned there) and (when L has them) bias rows: W[0..3), bias[0..3)
+ * pointing into views[0..6).  The cache's error, else KV_OK. */
+static int expert_views(const cpu_moe_env *env, const model_layer *L, int32_t e,
+                        model_tensor *views, const model_tensor **W, const model_tensor **bias,
+                        kvant_err *err)
 {
     const int64_t D = L->down_exps.ne[1] / L->n_expert, F = L->n_ff_exp;
-    views[0] = cpu_moe_rows(&L->gate_exps, e * F, F);
-    views[1] = cpu_moe_rows(&L->up_exps, e * F, F);
-    views[2] = cpu_moe_rows(&L->down_exps, e * D, D);
+    if (env->xc) {
+        int rc = xcache_get(env->xc, L->gate_exps.layer, e, views, err);
+        if (rc)
+            return rc;
+    } else {
+        views[0] = cpu_moe_rows(&L->gate_exps, e * F, F);
+        views[1] = cpu_moe_rows(&L->up_exps, e * F, F);
+        views[2] = cpu_moe_rows(&L->down_exps, e * D, D);
+    }
     for (int i = 0; i < 3; i++) {
         W[i] = &views[i];
         bias[i] = NULL;
@@ -254,13 +263,14 @@ static void expert_views(const model_layer *L, int32_t e, model_tensor *views,
         for (int i = 0; i < 3; i++)
             bias[i] = &views[3 + i];
     }
+    return KV_OK;
 }
 
 /* Experts [e0, e1) (those with tokens among them) as two grouped jobs: every
  * gate and up matmul, the activation over their rows, every down matmul.  The
  * inputs are xg's rows at the sorted positions (gathered by the caller). */
-static void run_group(const cpu_moe_env *env, const moe_ws *ws, const model_layer *L, int act,
-                      int32_t e0, int32_t e1)
+static int run_group(const cpu_moe_env *env, const moe_ws *ws, const model_layer *L, int act,
+                     int32_t e0, int32_t e1, kvant_err *err)
 {
     const int64_t D = L->down_exps.ne[1] / L->n_expert, F = L->n_ff_exp;
     model_tensor views[CPU_MOE_GROUP_EXPERTS][6];
@@ -275,7 +285,9 @@ static void run_group(const cpu_moe_env *env, const moe_ws *ws, const model_laye
         if (c == 0)
             continue;
         const model_tensor *ew[3], *eb[3];
-        expert_views(L, e, views[m], ew, eb);
+        int rc = expert_views(env, L, e, views[m], ew, eb, err);
+        if (rc)
+            return rc;
         W[2 * m] = ew[0], W[2 * m + 1] = ew[1], Wd[m] = ew[2];
         B[2 * m] = eb[0], B[2 * m + 1] = eb[1], Bd[m] = eb[2];
         x[2 * m] = x[2 * m + 1] = ws->xg + (size_t)b * D;
@@ -285,26 +297,39 @@ static void run_group(const cpu_moe_env *env, const moe_ws *ws, const model_laye
         m++;
     }
     if (m == 0)
-        return;
+        return KV_OK;
     const int32_t r0 = ws->start[e0], r1 = ws->start[e1]; /* their rows, contiguous */
     env->mm_group(env->mm_ctx, 2 * m, W, B, x, y, cnt);
     activate(act, ws->gate + (size_t)r0 * F, ws->up + (size_t)r0 * F, (int64_t)(r1 - r0) * F);
     env->mm_group(env->mm_ctx, m, Wd, Bd, xd, yd, cd);
+    return KV_OK;
 }
 
-static void run_experts(const cpu_moe_env *env, const moe_ws *ws, const model_layer *L, int act,
-                        const float *h, int32_t n)
+/* Experts per grouped job: all its experts stay pinned in the cache meanwhile. */
+static int32_t group_experts(const cpu_moe_env *env)
+{
+    const int32_t slots = env->xc ? xcache_slots(env->xc) : CPU_MOE_GROUP_EXPERTS;
+    return slots < CPU_MOE_GROUP_EXPERTS ? slots : CPU_MOE_GROUP_EXPERTS;
+}
+
+static int run_experts(const cpu_moe_env *env, const moe_ws *ws, const model_layer *L, int act,
+                       const float *h, int32_t n, kvant_err *err)
 {
     const int64_t D = L->down_exps.ne[1] / L->n_expert;
     const int32_t pairs = n * L->n_expert_used;
     if (env->mm_group && pairs <= CPU_MOE_GROUP_ROWS) { /* all pairs' inputs, sorted order */
         for (int32_t i = 0; i < pairs; i++)
             memcpy(ws->xg + (size_t)i * D, h + (size_t)ws->tok[i] * D, (size_t)D * sizeof(float));
-        for (int32_t e0 = 0; e0 < L->n_expert; e0 += CPU_MOE_GROUP_EXPERTS) {
-            const int32_t e1 = e0 + CPU_MOE_GROUP_EXPERTS;
-            run_group(env, ws, L, act, e0, e1 < L->n_expert ? e1 : L->n_expert);
+        const int32_t per = group_experts(env);
+        for (int32_t e0 = 0; e0 < L->n_expert; e0 += per) {
+            const int32_t e1 = e0 + per < L->n_expert ? e0 + per : L->n_expert;
+            if (env->xc)
+                xcache_unpin(env->xc);
+            int rc = run_group(env, ws, L, act, e0, e1, err);
+            if (rc)
+                return rc;
         }
-        return;
+        return KV_OK;
     }
     for (int32_t e = 0; e < L->n_expert; e++) {
         const int32_t b = ws->start[e], cnt = ws->start[e + 1] - b;
@@ -315,13 +340,18 @@ static void run_experts(const cpu_moe_env *env, const moe_ws *ws, const model_la
                    (size_t)D * sizeof(float));
         model_tensor views[6];
         const model_tensor *w[3], *bias[3];
-        expert_views(L, e, views, w, bias);
+        if (env->xc)
+            xcache_unpin(env->xc);
+        int rc = expert_views(env, L, e, views, w, bias, err);
+        if (rc)
+            return rc;
         gated_ffn(env, ws, act, w[0], w[1], w[2], bias, ws->xg, ws->yslot + (size_t)b * D, cnt);
     }
+    return KV_OK;
 }
 
-void cpu_moe_ffn(const cpu_moe_env *env, const model_layer *L, const moe_params *mp,
-                 const float *h, float *x, int32_t n)
+int cpu_moe_ffn(const cpu_moe_env *env, const model_layer *L, const moe_params *mp,
+                const float *h, float *x, int32_t n, kvant_err *err)
 {
     const cpu_moe_dims dims = {(int32_t)L->ffn_gate_inp.ne[0], L->n_expert, L->n_expert_used,
                                L->n_ff_exp, L->n_ff_shexp};
@@ -334,7 +364,9 @@ void cpu_moe_ffn(const cpu_moe_env *env, const model_layer *L, const moe_params 
     for (int32_t t = 0; t < n; t++)
         route_token(&ws, t, L, mp);
     group(&ws, n, L->n_expert, k);
-    run_experts(env, &ws, L, mp->act, h, n);
+    int rc = run_experts(env, &ws, L, mp->act, h, n, err);
+    if (rc)
+        return rc;
     const int sh_gated = L->n_ff_shexp && L->gate_inp_shexp.dev;
     if (L->n_ff_shexp) {
         const model_tensor *gi = &L->gate_inp_shexp;
@@ -358,4 +390,5 @@ void cpu_moe_ffn(const cpu_moe_env *env, const model_layer *L, const moe_params 
             xt[c] += acc;
         }
     }
+    return KV_OK;
 }

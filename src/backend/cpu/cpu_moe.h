@@ -55,11 +55,13 @@ typedef struct cpu_moe_env {
     void *mm_ctx;
     void *ws;          /* cpu_moe_ws_bytes(dims, n) bytes at least, float-aligned */
     cpu_moe_mmg_fn mm_group; /* NULL: every expert alone */
+    struct xcache *xc;       /* experts from the cache (model/xcache.h), or NULL: resident */
 } cpu_moe_env;
 
-/* x[t] += MoE_L(h[t]) for t < n (backend.h moe_ffn). */
-void cpu_moe_ffn(const cpu_moe_env *env, const model_layer *L, const moe_params *mp,
-                 const float *h, float *x, int32_t n);
+/* x[t] += MoE_L(h[t]) for t < n (backend.h moe_ffn).  KV_OK, or the expert
+ * cache's error (KV_EIO: a short read) with x partly updated. */
+int cpu_moe_ffn(const cpu_moe_env *env, const model_layer *L, const moe_params *mp,
+                const float *h, float *x, int32_t n, kvant_err *err);
 
 /* Row view [row0, row0 + rows) of a stacked tensor (experts, heads), at its
  * backend copy (packed or not: rows keep their row_bytes). */
