@@ -544,18 +544,14 @@ static int session_experts(cli_session *s, uint64_t cap, kvant_err *err)
     int rc = xcache_plan(s->m, cap, &n_slots, &wb, err);
     if (rc)
         return rc;
-    char a[32], b[32];
-    if (n_slots == 0) {
-        fprintf(stderr, "kvant: warning: --weights-memory %s holds every weight: the model fits, "
-                "no expert is cached\n", mem_format_size(cap, a, 32));
+    char line[256];
+    xcache_plan_describe(s->m, cap, n_slots, wb, line, sizeof line);
+    fprintf(stderr, "kvant: %s\n", line);
+    if (n_slots == 0)
         return KV_OK;
-    }
     if (!(s->xc = xcache_create(s->m, s->mem, n_slots, err)))
         return err->code ? err->code : KV_ENOMEM;
     s->m->xcache = s->xc;
-    fprintf(stderr, "kvant: experts placed by memory: %d of %u experts in cache slots, weights %s "
-            "of %s resident\n", n_slots, (unsigned)(s->m->hp.n_layers * s->m->hp.fam.n_expert),
-            mem_format_size(wb, a, 32), mem_format_size(s->m->weights_bytes, b, 32));
     return KV_OK;
 }
 

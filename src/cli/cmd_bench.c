@@ -389,8 +389,8 @@ typedef struct bench_report {
     int streamed; /* --weights-memory streamed layers: the stat's stream fields are set */
     int experts;  /* --weights-memory on a mixture of experts: the cache during the tg series */
     xcache_stats xc0, xc1;
-    double hot_share; /* of the tg series' expert uses, the share of each layer's most used
-                       * quarter of experts (routing skew) */
+    double hot_share; /* of the run's expert uses (pp and tg), the share of each layer's most
+                       * used quarter of experts (routing skew) */
     int have_rl, have_batch;
     roofline_result rl;
     bench_batch_res br;
@@ -497,7 +497,8 @@ static void bench_print_text(const bench_report *r)
             const double h = (double)(r->xc1.hits - r->xc0.hits);
             const double mi = (double)(r->xc1.misses - r->xc0.misses);
             printf("tg experts: %d cache slots, hit rate %.1f%% (%.0f hits, %.0f misses), %.2f GB "
-                   "read; each layer's most used quarter of experts took %.1f%% of the uses\n",
+                   "read; over the run, each layer's most used quarter of experts took %.1f%% of "
+                   "the uses\n",
                    r->xc1.n_slots, h + mi > 0 ? 100 * h / (h + mi) : 0.0, h, mi,
                    (double)(r->xc1.bytes_read - r->xc0.bytes_read) * 1e-9, 100 * r->hot_share);
         }

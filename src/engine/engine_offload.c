@@ -20,16 +20,12 @@
 static int plan_experts(engine *e, uint64_t cap, uint64_t *weights_bytes, kvant_err *err)
 {
     int rc = xcache_plan(e->m, cap, &e->xc_slots, weights_bytes, err);
-    char a[32], b[32];
-    if (!rc && e->xc_slots)
-        fprintf(stderr, "kvant: experts placed by memory: %d of %u experts in cache slots, "
-                "weights %s of %s resident\n", e->xc_slots,
-                (unsigned)(e->m->hp.n_layers * e->m->hp.fam.n_expert),
-                mem_format_size(*weights_bytes, a, 32), mem_format_size(e->m->weights_bytes, b, 32));
-    else if (!rc)
-        fprintf(stderr, "kvant: warning: --weights-memory %s holds every weight: the model fits, "
-                "no expert is cached\n", mem_format_size(cap, a, 32));
-    return rc;
+    if (rc)
+        return rc;
+    char line[256];
+    xcache_plan_describe(e->m, cap, e->xc_slots, *weights_bytes, line, sizeof line);
+    fprintf(stderr, "kvant: %s\n", line);
+    return KV_OK;
 }
 
 int engine_offload_plan(engine *e, uint64_t budget, uint64_t auto_cap, wstream_plan *p,
@@ -38,15 +34,18 @@ int engine_offload_plan(engine *e, uint64_t budget, uint64_t auto_cap, wstream_p
     const engine_config *c = &e->cfg;
     memset(p, 0, sizeof *p);
     e->xc_slots = 0;
-    if (model_has_experts(e->m) && (auto_cap || c->weights_memory || c->weights_memory_frac > 0)) {
-        if (c->weights_memory_frac < 0 || c->weights_memory_frac >= 1)
-            return kvant_err_set(err, KV_EINVAL, "--weights-memory: fraction %g outside (0, 1)",
-                                 c->weights_memory_frac);
-        return plan_experts(e, auto_cap       ? auto_cap
-                               : c->weights_memory ? c->weights_memory
-                                   : (uint64_t)((double)budget * c->weights_memory_frac),
-                            weights_bytes, err);
-    }
+    if (c->weights_memory_frac < 0 || c->weights_memory_frac >= 1)
+        return kvant_err_set(err, KV_EINVAL, "--weights-memory: fraction %g outside (0, 1)",
+                             c->weights_memory_frac);
+    const uint64_t cap = auto_cap           ? auto_cap
+                         : c->weights_memory ? c->weights_memory
+                                             : (uint64_t)((double)budget * c->weights_memory_frac);
+    if (cap > 0 && !auto_cap && c->weights_dtype >= 0)
+        return kvant_err_set(err, KV_EUNSUP,
+                             "--weights-memory with --weights-dtype: streamed weights are read "
+                             "as stored; quantize the file with 'kvant quantize' instead");
+    if (model_has_experts(e->m) && cap > 0)
+        return plan_experts(e, cap, weights_bytes, err);
     if (auto_cap > 0) { /* --weights-memory auto: the planner's cap */
         char a[32], b[32], d[32];
         kvant_err why = {0};
@@ -70,17 +69,8 @@ int engine_offload_plan(engine *e, uint64_t budget, uint64_t auto_cap, wstream_p
             *weights_bytes = wstream_plan_device_bytes(p);
         return KV_OK;
     }
-    if (!c->weights_memory && !(c->weights_memory_frac > 0))
+    if (cap == 0)
         return KV_OK;
-    if (c->weights_memory_frac < 0 || c->weights_memory_frac >= 1)
-        return kvant_err_set(err, KV_EINVAL, "--weights-memory: fraction %g outside (0, 1)",
-                             c->weights_memory_frac);
-    if (c->weights_dtype >= 0)
-        return kvant_err_set(err, KV_EUNSUP,
-                             "--weights-memory with --weights-dtype: streamed layers are read "
-                             "as stored; quantize the file with 'kvant quantize' instead");
-    const uint64_t cap = c->weights_memory ? c->weights_memory
-                                           : (uint64_t)((double)budget * c->weights_memory_frac);
     ocost_choice ch;
     int rc = ocost_place_cached(e->m, c->n_threads, cap, c->weights_slots, c->weights_place,
                                 c->weights_io, p, &ch, err);

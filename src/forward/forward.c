@@ -87,6 +87,9 @@ int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_
     if (m->hp.fam.mla && (!be->ops->mla_qk || !be->ops->mla_v))
         return kvant_err_set(err, KV_EUNSUP, "backend %s: latent-attention models (%s) are not "
                              "supported", be->ops->name, m->hp.recipe->arch);
+    if (m->hp.fam.mla && kv->rotate) /* run_attn_mla stores the latent row as it is */
+        return kvant_err_set(err, KV_EUNSUP, "--kv-rotate: not for latent-attention models (%s)",
+                             m->hp.recipe->arch);
     if (kv->rotate && (!be->ops->hadamard || !hadamard_ok(m->hp.head_dim)))
         return kvant_err_set(err, KV_EUNSUP, "--kv-rotate: %s", !be->ops->hadamard
                              ? "not implemented on this backend"

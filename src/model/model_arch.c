@@ -365,6 +365,13 @@ int model_family_read(const gguf_ctx *g, const model_recipe *r, const model_fami
                       &o->n_ctx_orig, err)))
         return rc;
     o->use_long = b->n_ctx_train > o->n_ctx_orig;
+    uint32_t nextn = 0; /* llama.cpp runs block_count - N trunk layers and skips these */
+    if ((rc = key_u32(g, b->arch, "nextn_predict_layers", 0, &nextn, err)))
+        return rc;
+    if (nextn > 0)
+        return kvant_err_set(err, KV_EUNSUP, "%s.nextn_predict_layers %u: multi-token-prediction "
+                             "layers are not read (they would run as decoder layers)", b->arch,
+                             nextn);
     if ((rc = read_moe(g, r, b, o, err)))
         return rc;
     if (r->yarn && (rc = read_yarn(g, b, o, err)))

@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -29,7 +30,7 @@ struct xcache {
     uint8_t *pinned;        /* [n_slots] */
     uint64_t tick;
     uint64_t *hits, *misses; /* [n_layers * n_expert] */
-    uint64_t n_hits, n_misses, bytes_read;
+    uint64_t bytes_read;
     int marked;             /* the expert tensors are marked streamed */
 };
 
@@ -108,6 +109,19 @@ int xcache_plan(const model *m, uint64_t weights_memory, int32_t *n_slots,
     *n_slots = (int32_t)(n < all ? n : all);
     *weights_bytes = dense + (uint64_t)*n_slots * slot;
     return KV_OK;
+}
+
+void xcache_plan_describe(const model *m, uint64_t weights_memory, int32_t n_slots,
+                          uint64_t weights_bytes, char *buf, size_t cap)
+{
+    char a[32], b[32];
+    if (n_slots == 0)
+        snprintf(buf, cap, "warning: --weights-memory %s holds every weight: the model fits, "
+                 "no expert is cached", mem_format_size(weights_memory, a, 32));
+    else
+        snprintf(buf, cap, "experts placed by memory: %d of %u experts in cache slots, weights "
+                 "%s of %s resident", n_slots, (unsigned)(m->hp.n_layers * m->hp.fam.n_expert),
+                 mem_format_size(weights_bytes, a, 32), mem_format_size(m->weights_bytes, b, 32));
 }
 
 /* Expert tensors streamed (dev NULL: only slot views are read) or back on
@@ -256,7 +270,6 @@ int xcache_get(xcache *xc, int32_t il, int32_t e, model_tensor views[3], kvant_e
     int32_t s = xc->where[id];
     if (s >= 0) {
         __atomic_add_fetch(&xc->hits[id], 1, __ATOMIC_RELAXED);
-        __atomic_add_fetch(&xc->n_hits, 1, __ATOMIC_RELAXED);
     } else {
         if ((s = victim(xc)) < 0)
             return kvant_err_set(err, KV_ENOMEM, "expert cache: all %d slots pinned",
@@ -270,7 +283,6 @@ int xcache_get(xcache *xc, int32_t il, int32_t e, model_tensor views[3], kvant_e
         xc->owner[s] = id;
         __atomic_store_n(&xc->where[id], s, __ATOMIC_RELAXED);
         __atomic_add_fetch(&xc->misses[id], 1, __ATOMIC_RELAXED);
-        __atomic_add_fetch(&xc->n_misses, 1, __ATOMIC_RELAXED);
     }
     xc->last[s] = ++xc->tick;
     xc->pinned[s] = 1;
@@ -295,12 +307,13 @@ void xcache_get_stats(const xcache *xc, xcache_stats *out)
     out->n_expert = xc->n_expert;
     out->n_slots = xc->n_slots;
     out->slot_bytes = xc->slot_bytes;
-    out->hits = __atomic_load_n(&xc->n_hits, __ATOMIC_RELAXED);
-    out->misses = __atomic_load_n(&xc->n_misses, __ATOMIC_RELAXED);
     out->bytes_read = __atomic_load_n(&xc->bytes_read, __ATOMIC_RELAXED);
     const int64_t n_ids = (int64_t)xc->n_layers * xc->n_expert;
-    for (int64_t i = 0; i < n_ids; i++)
+    for (int64_t i = 0; i < n_ids; i++) {
+        out->hits += __atomic_load_n(&xc->hits[i], __ATOMIC_RELAXED);
+        out->misses += __atomic_load_n(&xc->misses[i], __ATOMIC_RELAXED);
         out->n_used += __atomic_load_n(&xc->where[i], __ATOMIC_RELAXED) >= 0;
+    }
 }
 
 void xcache_expert(const xcache *xc, int32_t il, int32_t e, uint64_t *hits, uint64_t *misses,

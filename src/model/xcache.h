@@ -9,8 +9,9 @@
  * packed: the backend reads a slot's rows in the file's layout, which the
  * int8 kernels compute bitwise as the packed rows, kernels/matmul.h), so
  * the process's memory for weights is the resident tensors plus the slots.
- * A read that comes back short (the file changed) fails the call with
- * KV_EIO; nothing faults.
+ * An expert read that comes back short (the file changed) fails the call
+ * with KV_EIO.  The dense weights stay mapped: a file cut short under them
+ * faults as it does without the cache.
  *
  * Counters: hits, misses and bytes read in all and per (layer, expert), for
  * /metrics and /v1/memory.
@@ -24,6 +25,7 @@
 #ifndef KVANT_XCACHE_H
 #define KVANT_XCACHE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "mem/mem.h"
@@ -44,6 +46,9 @@ uint64_t xcache_expert_bytes(const model *m);
  * smallest budget when not even one token's experts fit. */
 int xcache_plan(const model *m, uint64_t weights_memory, int32_t *n_slots,
                 uint64_t *weights_bytes, kvant_err *err);
+/* The start-up line for xcache_plan's result (no "kvant: " prefix). */
+void xcache_plan_describe(const model *m, uint64_t weights_memory, int32_t n_slots,
+                          uint64_t weights_bytes, char *buf, size_t cap);
 
 /* A cache of n_slots slots (MEM_WEIGHTS) for m's experts; n_slots must be
  * at least the most experts one token uses.  Marks the expert tensors

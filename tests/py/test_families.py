@@ -553,6 +553,8 @@ MOE_REFUSALS = {
     "dense_with_experts": ("qwen3", {"qwen3.expert_count": 4}, "qwen3.expert_count"),
     "mixtral_shared": ("mixtral", {"llama.expert_shared_feed_forward_length": 256},
                        "llama.expert_shared_feed_forward_length"),
+    # a multi-token-prediction layer counted in block_count would run as a decoder layer
+    "mtp": ("deepseek2", {"deepseek2.nextn_predict_layers": 1}, "deepseek2.nextn_predict_layers"),
 }
 
 

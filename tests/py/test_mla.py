@@ -83,7 +83,7 @@ def test_prefix_cache_and_disk_tier(kvant_bin, lite, tmp_path):
 
 def test_refusals(kvant_bin, lite, run_kvant):
     """Scores per head (snapkv, h2o) do not exist for one latent row: refused naming the field,
-    the server keeps serving; --kv-rotate needs a power-of-two row."""
+    the server keeps serving; --kv-rotate is refused (the latent row is stored as it is)."""
     srv = KvantServer(kvant_bin, lite)
     try:
         for policy in ("snapkv", "h2o"):
@@ -95,4 +95,4 @@ def test_refusals(kvant_bin, lite, run_kvant):
     finally:
         assert srv.stop() == 0, srv.log_text()
     r = run_kvant(["run", "-m", lite, "-p", "hi", "-n", "2", "--kv-rotate"])
-    assert r.returncode > 0 and "--kv-rotate" in r.stderr, r.stderr
+    assert r.returncode > 0 and "--kv-rotate" in r.stderr and "latent" in r.stderr, r.stderr

@@ -8,7 +8,9 @@
  *   (softmax_weight: w[t] = softmax(w[t]))
  *   (w[t] /= sum w[t], clamped below at 2^-14, when norm_w ; w[t] *= w_scale)
  *   order = (t, k) pairs sorted by expert, then t, then k (a counting sort)
- *   per expert e with tokens: xg = h[tokens] ; y = down_e(silu(gate_e xg) * up_e xg)
+ *   per expert e with tokens: xg = h[tokens] ; y = down_e(act(gate_e xg, up_e xg))
+ *                             (act: SwiGLU or gpt-oss's clamped one; plus the expert's biases;
+ *                             all experts as two grouped jobs when the step is small)
  *                             into yslot at the pairs' sorted positions
  *   x[t] += sum_k w[t][k] yslot[t][k] (k ascending) (+ sigmoid(h . g_sh) shared(h))
  */
