@@ -77,7 +77,8 @@ typedef struct kv_layout {
                            * workspace (0: unknown, sized on first use) */
     int32_t max_blocks;   /* most blocks kv_resize may grow to (0 = n_blocks: fixed) */
     int32_t layer_kv_heads[MODEL_MAX_LAYERS]; /* KV heads of layer il (a pruned model's
-                           * differ); 0 = n_kv_heads.  Layer il's rows hold
+                           * differ); 0 = n_kv_heads; KV_LAYOUT_NO_KV: none (a hybrid
+                           * model's recurrent layer).  Layer il's rows hold
                            * kv_layout_heads(lay, il) * head_dim elements. */
     /* Sliding-window layer group (docs/ARCHITECTURE.md, memory model): the
      * K/V of layers with layer_window[il] = 1 live in a second storage of
@@ -96,7 +97,13 @@ typedef struct kv_layout {
     /* 1: latent attention's cache: one row per token and layer (K), V rows are not
      * stored: V is the K row itself (its latent prefix is what the output uses) */
     int v_in_k;
+    /* Hybrid models: slots of recurrent state (model_recr_state_bytes each) that
+     * fwd_init asks the backend for (state_init); a sequence computes in the slot
+     * its fwd_seq names.  0 for a model without recurrent layers. */
+    int32_t n_state_slots;
 } kv_layout;
+
+#define KV_LAYOUT_NO_KV (-1)
 
 /* The most block-table entries a token under a KV budget reads (its sink
  * blocks and its window's, fwd_seq.kv_sink_blocks and kv_recent): the
@@ -107,6 +114,8 @@ typedef struct kv_layout {
 /* KV heads of layer il under lay. */
 static inline int32_t kv_layout_heads(const kv_layout *lay, int32_t il)
 {
+    if (lay->layer_kv_heads[il] == KV_LAYOUT_NO_KV)
+        return 0;
     return lay->layer_kv_heads[il] ? lay->layer_kv_heads[il] : lay->n_kv_heads;
 }
 
@@ -279,6 +288,27 @@ typedef struct backend_ops {
      * attention's output rows are C + R wide per head). */
     int (*mla_v)(backend *be, const model_layer *L, const float *d_att, float *d_y, int32_t n,
                  kvant_err *err);
+    /* ---- recurrent state (hybrid models; optional: NULL refuses them at fwd_init) ----
+     * n_slots slots of model_recr_state_bytes, from the memory manager (MEM_STATE), for
+     * the loaded model.  A batch's sequence computes in slot fwd_seq.state_slot: its
+     * first token of the batch must be at position 0 (the state starts from zeros) or
+     * at the slot's position (the tokens it has consumed); begin_batch refuses
+     * anything else (KV_EINVAL).  After the token at position p - 1, for each pair
+     * (p, slot) of fwd_seq.state_snap, the state is copied to that slot too. */
+    int (*state_init)(backend *be, int32_t n_slots, kvant_err *err);
+    void (*state_free)(backend *be);
+    /* Slot dst becomes a copy of slot src (its position too). */
+    void (*state_copy)(backend *be, int32_t dst, int32_t src);
+    /* A slot's bytes to / from host memory (model_recr_state_bytes); import sets
+     * its position to pos.  0, or -1 on a bad slot. */
+    int (*state_export)(backend *be, int32_t slot, void *dst);
+    int (*state_import)(backend *be, int32_t slot, const void *src, int32_t pos);
+    /* The recurrent mix of layer L (L->recr) over the batch, between its in- and
+     * out-projections: d_proj [t][rows of L->ssm_in] (used as scratch), d_y
+     * [t][d_inner] (Mamba-2: the gated, group-normed scan output, eps its norm's;
+     * short convolution: c * conv(b * x)), each sequence's state in its slot. */
+    int (*recr_mix)(backend *be, int32_t il, const model_layer *L, float eps, float *d_proj,
+                    float *d_y, int32_t n, kvant_err *err);
     /* d_dst[j] = d_src[out[j]] rows of row_len floats, j < n_out */
     void (*gather_out)(backend *be, const float *d_src, int32_t row_len, float *d_dst);
 } backend_ops;

@@ -38,6 +38,12 @@ typedef struct fwd_seq {
      * (query head j's row, snap_tmp_n >= the rows any of its tokens reads). */
     float *snap_score, *snap_tmp;
     int32_t snap_from, snap_n, snap_tmp_n;
+    /* Hybrid models: the recurrent-state slot this sequence computes in, and
+     * n_state_snap pairs (p, slot): after the token at position p - 1 its state
+     * is also copied into that slot (a snapshot for the prefix cache). */
+    int32_t state_slot;
+    const int32_t *state_snap; /* [n_state_snap][2] */
+    int32_t n_state_snap;
 } fwd_seq;
 
 typedef struct fwd_batch {

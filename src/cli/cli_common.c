@@ -512,9 +512,8 @@ static uint64_t session_auto_cap(const cli_session *s, const cli_common *c, int3
     const model_hparams *hp = &s->m->hp;
     if (c->no_offload || c->weights_dtype >= 0 || strcmp(c->backend, "cpu") != 0 || s->par)
         return 0;
-    plan_model pm = {hp->n_layers, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim,
-                     hp->n_ff, hp->n_vocab, hp->n_ctx_train, s->m->weights_bytes, hp->n_kv_total,
-                     hp->fam.mla};
+    plan_model pm;
+    model_plan_shape(hp, s->m->weights_bytes, &pm);
     plan_config pc = plan_config_default();
     pc.device_memory = mem_budget(s->mem);
     pc.utilization = 1.0;

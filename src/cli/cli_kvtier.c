@@ -1,16 +1,43 @@
 /* cli_kvtier.c - the KV offload tier options shared by `kvant serve` and
  * `kvant plan`: --kv-host-memory SIZE|auto, --kv-disk-dir DIR,
  * --kv-disk-size SIZE (sizes as mem_parse_size reads them: 512M, 4G, ...),
- * --kv-disk-write through|evict. */
+ * --kv-disk-write through|evict; and the prefix cache's recurrent-state
+ * snapshots of hybrid models: --state-snapshot-every N (blocks; -1 none),
+ * --state-snapshot-memory SIZE. */
 #include <inttypes.h>
 #include <string.h>
 
 #include "cli/cli.h"
 #include "kv/kvtier.h"
 
+static int parse_state(engine_config *ec, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i], *v;
+    if (!strcmp(a, "--state-snapshot-every")) {
+        long n;
+        if (!(v = cli_value(argc, argv, i)) || cli_parse_int(a, v, -1, 1 << 20, &n))
+            return -1;
+        ec->state_snap_every = n == 0 ? -1 : (int32_t)n; /* 0 given: none */
+        return 1;
+    }
+    if (strcmp(a, "--state-snapshot-memory"))
+        return 0;
+    kvant_err err = {0};
+    if (!(v = cli_value(argc, argv, i)))
+        return -1;
+    if (mem_parse_size(v, &ec->state_snap_bytes, &err) || !ec->state_snap_bytes) {
+        fprintf(stderr, "kvant: %s: %s\n", a, err.code ? err.msg : "must be positive");
+        return -1;
+    }
+    return 1;
+}
+
 int cli_kvtier_parse(engine_config *ec, int argc, char **argv, int *i)
 {
     const char *a = argv[*i], *v;
+    int rs = parse_state(ec, argc, argv, i);
+    if (rs)
+        return rs;
     int host = !strcmp(a, "--kv-host-memory"), dsize = !strcmp(a, "--kv-disk-size");
     if (!strcmp(a, "--kv-disk-dir")) {
         if (!(v = cli_value(argc, argv, i)))

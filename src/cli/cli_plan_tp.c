@@ -38,9 +38,8 @@ static void plan_rank(model *m, const plan_config *pc, int rank, int tp, int n, 
     }
     const model_hparams *hp = &m->hp;
     row->hp = *hp;
-    plan_model pm = {hp->n_layers, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim,
-                     hp->n_ff, hp->n_vocab, hp->n_ctx_train, m->weights_bytes, hp->n_kv_total,
-                     hp->fam.mla};
+    plan_model pm;
+    model_plan_shape(hp, m->weights_bytes, &pm);
     row->rc = plan_compute(&pm, pc, &row->r, &err);
     snprintf(row->err, sizeof row->err, "%s", err.msg);
     row->tp_bytes = tp_scratch_bytes(tp, n / tp, pc->max_num_batched_tokens, pc->max_num_seqs,

@@ -90,8 +90,8 @@ int info_memory(const gguf_ctx *g, const model_hparams *hp, int json)
         add_item(kinds, &n_kinds, INFO_MAX_KINDS, kind, ti->nbytes);
     }
     plan_config pc = plan_config_default();
-    plan_model pm = {hp->n_layers, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff,
-                     hp->n_vocab, hp->n_ctx_train, 1, hp->n_kv_total, hp->fam.mla};
+    plan_model pm;
+    model_plan_shape(hp, 1, &pm);
     plan_act_layout l;
     plan_activation_layout(&pm, pc.max_num_batched_tokens, pc.max_num_seqs, 1, &l);
     struct { const char *n; uint64_t off, end; } buf[] = {

@@ -11,6 +11,7 @@
 #include "cli/cli_offload.h"
 #include "engine/engine.h"
 #include "engine/engine_draft.h"
+#include "engine/engine_state.h"
 #include "kernels/dtype.h"
 #include "kv/kvtier.h"
 #include "mem/plan.h"
@@ -96,6 +97,9 @@ static void plan_help(void)
         {"--kv-disk-dir", "DIR", "disk KV tier (with --kv-disk-size): print its blocks", "none"},
         {"--kv-disk-size", "SIZE", "disk KV tier budget", "4G with --kv-disk-dir"},
         {"--kv-disk-write", "through|evict", "as serve takes it (the plan is the same)", "through"},
+        {"--state-snapshot-every", "N", "hybrid models: as serve takes it", "8"},
+        {"--state-snapshot-memory", "SIZE", "hybrid models: as serve takes it",
+         "2 per --max-num-seqs, at most a tenth of the budget"},
         {"--pin", "NAME", "several models (-m [NAME=]PATH repeated): loaded at start, never "
                           "evicted, as serve (repeatable)", "none"},
         {"--load", "NAME", "several models: loaded at start after the pins (repeatable)", "none"},
@@ -325,7 +329,13 @@ static void print_text(const cli_common *c, const model_hparams *hp, const plan_
     print_tiers_text(&rows[0].r, &t);
     print_kv_budget(c, &rows[0].r, 0);
     const plan_result *r = &rows[0].r;
-    char a[32], b[32];
+    char a[32], b[32], sl[160];
+    int32_t n_live, n_snap;
+    engine_config sc = *ec;
+    sc.max_num_seqs = r->max_num_seqs;
+    engine_state_plan(&sc, r->state_slot_bytes, r->budget, &n_live, &n_snap);
+    if (plan_state_line(r, n_live, sl, sizeof sl))
+        printf("%s\n", sl);
     if (r->kv_fit)
         printf("KV pool sized from demand (host memory): at most %d x %d requests of %lld tokens "
                "or the budget; %s (%lld blocks) reserved at start%s (--kv-pool budget: all)\n",
@@ -373,6 +383,12 @@ static void plan_as_engine(const model_hparams *hp, const cli_common *c, const e
     pc->kv_grow = pc->kv_fit && !pc->kv_window;
     pc->kv_start_bytes = c->kv_start;
     pc->fit_ctx = 1;
+    engine_config sc = *ec; /* a hybrid's recurrent-state slots, as the engine takes them */
+    sc.max_num_seqs = pc->max_num_seqs;
+    int32_t n_live, n_snap;
+    pc->state_slots = engine_state_plan(&sc, model_recr_state_bytes(&hp->fam, hp->n_embd),
+                                        plan_budget(pc->device_memory, pc->utilization), &n_live,
+                                        &n_snap);
 }
 
 /* --predict for a model that fits: every layer resident, the rates measured
@@ -422,8 +438,8 @@ int cmd_plan(int argc, char **argv)
         gguf_close(g);
         return cli_plan_tp(&c, &pc);
     }
-    plan_model pm = {hp.n_layers, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim, hp.n_ff,
-                     hp.n_vocab, hp.n_ctx_train, 0, hp.n_kv_total, hp.fam.mla};
+    plan_model pm;
+    model_plan_shape(&hp, 0, &pm);
     plan_as_engine(&hp, &c, &ec, &pc);
     const int host = !c.backend || strcmp(c.backend, "cpu") == 0;
     engine_draft_plan dp = {0};

@@ -24,6 +24,10 @@
 #include "registry/registry.h"
 
 #define SERVE_DRAIN_TIMEOUT_S 30 /* --drain-timeout default, seconds */
+#define SNAPE "hybrid models: keep the recurrent state for the prefix cache every N blocks " \
+              "and at each step's last block boundary (0: none, no hits)"
+#define SNAPD "2 per --max-num-seqs, at most a tenth of the budget"
+
 /* --max-waiting default: this many requests per --max-num-seqs, at least
  * SERVE_MIN_WAITING (docs/SERVER.md "Limits"). */
 #define SERVE_WAITING_PER_SEQ 8
@@ -50,8 +54,8 @@ static void serve_help(void)
 {
     srv_config sc = srv_config_default();
     engine_config ec = engine_config_default();
-    char port[16], seqs[16], toks[16], blk[16], body[24], tmo[16], conns[16], drain[16];
-    char hdr[16], bdy[16], backlog[16], stall[16], sndbuf[16], gmax[16], gcache_n[16];
+    char port[16], seqs[16], toks[16], blk[16], body[24], tmo[16], conns[16], drain[16], hdr[16],
+        bdy[16], backlog[16], stall[16], sndbuf[16], gmax[16], gcache_n[16];
     const cli_opt t[] = {
         {"--host", "ADDR", "IPv4 address to listen on", sc.host},
         {"--port", "N", "TCP port, 0: any free one", fmt_long(port, 16, sc.port)},
@@ -77,6 +81,8 @@ static void serve_help(void)
         {"--kv-window-keep", NULL, "sliding-window layers keep every block (as many as the "
                                    "global layers) instead of giving back those out of the "
                                    "window: the reference their outputs equal", "give back"},
+        {"--state-snapshot-every", "N", SNAPE, "8"},
+        {"--state-snapshot-memory", "SIZE", "hybrid models: memory for those snapshots", SNAPD},
         {"--max-body", "BYTES", "largest request body", fmt_long(body, 24, (long)sc.max_body)},
         {"--timeout", "SECONDS", "close a connection whose socket made no progress this long "
                                  "(a stream nobody reads)", fmt_long(tmo, 16, sc.conn_timeout_s)},

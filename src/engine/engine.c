@@ -12,6 +12,7 @@
 #include "engine/engine_spec.h"
 #include "engine/engine_gram.h"
 #include "engine/engine_req.h"
+#include "engine/engine_state.h"
 #include "engine/engine_step.h"
 
 #include <errno.h>
@@ -117,6 +118,11 @@ static void print_plan(const engine *e, const plan_result *p)
             p->kv_start_blocks < p->kv_pool_blocks ? "up to " : "",
             mem_format_size(p->kv_pool_bytes, a, 32), (long long)p->kv_pool_blocks, p->block_size,
             (unsigned long long)p->kv_pool_tokens, mem_format_size(p->kv_bytes_per_token, c, 32));
+    char sl[160];
+    int32_t n_live, n_snap;
+    engine_state_plan(&e->cfg, p->state_slot_bytes, p->budget, &n_live, &n_snap);
+    if (plan_state_line(p, n_live, sl, sizeof sl))
+        fprintf(stderr, "kvant: %s\n", sl);
     if (p->kv_fit)
         fprintf(stderr, "kvant: KV pool sized from demand (host memory): at most %d x %d "
                 "requests of %lld tokens or the budget; %s (%lld blocks) reserved at start%s\n",
@@ -182,9 +188,8 @@ static int plan_engine(engine_ext *x, kvant_err *err)
 {
     engine *e = &x->e;
     const model_hparams *hp = &e->m->hp;
-    plan_model pm = {hp->n_layers, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim,
-                     hp->n_ff, hp->n_vocab, hp->n_ctx_train, planned_weights(e), hp->n_kv_total,
-                     hp->fam.mla};
+    plan_model pm;
+    model_plan_shape(hp, planned_weights(e), &pm);
     plan_config pc = plan_config_default();
     backend_device_info dev;
     int rc0 = backend_query(e->cfg.backend, e->cfg.device, &dev, err);
@@ -213,6 +218,9 @@ static int plan_engine(engine_ext *x, kvant_err *err)
     pc.kv_grow = pc.kv_fit && !e->kv_window;
     pc.kv_start_bytes = e->cfg.kv_start_bytes;
     pc.reserved_bytes = engine_draft_reserved(e); /* the draft model's share comes first */
+    e->st_budget = plan_budget(pc.device_memory, pc.utilization);
+    int32_t n_live, n_snap;
+    pc.state_slots = engine_state_slots(e, &n_live, &n_snap);
     const uint64_t cap = auto_weights_cap(e, &pm, &pc);
     int rc = engine_offload_plan(e, plan_budget(pc.device_memory, pc.utilization), cap,
                                  &x->wplan, &pm.weights_bytes, err);
@@ -237,6 +245,22 @@ static int plan_engine(engine_ext *x, kvant_err *err)
                              (long long)x->plan.max_ctx_that_fits, need_mib);
     }
     e->max_model_len = x->plan.ctx;
+    return KV_OK;
+}
+
+/* What a hybrid model (recurrent layers) cannot run: speculation would need
+ * the state rolled back past rejected drafts. */
+static int check_hybrid(const engine *e, kvant_err *err)
+{
+    if (!model_is_hybrid(e->m))
+        return KV_OK;
+    if (e->cfg.spec)
+        return kvant_err_set(err, KV_EUNSUP, "--spec: speculative decoding is not for hybrid "
+                             "models (%s: a rejected draft would need the recurrent state "
+                             "rolled back)", e->m->hp.recipe->arch);
+    if (e->cfg.state_snap_every < -1)
+        return kvant_err_set(err, KV_EINVAL, "state_snap_every %d: -1 (none), 0 (default) or a "
+                             "block count", e->cfg.state_snap_every);
     return KV_OK;
 }
 
@@ -393,12 +417,14 @@ static int setup_backend(engine_ext *x, kvant_err *err)
     e->kv_min_blocks = n_blocks;
     if (e->kv_window)
         lay.n_blocks_w = window_blocks(e, x, n_blocks);
+    int32_t n_live, n_snap;
+    lay.n_state_slots = engine_state_slots(e, &n_live, &n_snap);
     if ((rc = fwd_init(&e->fwd, e->m, e->be, e->cfg.max_num_batched_tokens, e->cfg.max_num_seqs,
                        &lay, err)) ||
         (rc = engine_tp_attach(e, err)))
         return rc;
     set_block_bytes(e, x);
-    if ((rc = engine_tier_create(e, lay.max_blocks, err)))
+    if ((rc = engine_tier_create(e, lay.max_blocks, err)) || (rc = engine_state_create(e, err)))
         return rc;
     kvpool_config pc = kvpool_config_default();
     pc.n_blocks = n_blocks;
@@ -440,7 +466,8 @@ engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)
     pthread_cond_init(&e->snap_cv, NULL);
     engine_gram_init(e); /* the token trie waits for the first constrained request */
     e->progress_t = engine_now();
-    if (start_tp(x, err) || engine_draft_open(e, engine_spec_resolve(cfg).max_batch, err) ||
+    if (check_hybrid(e, err) || start_tp(x, err) ||
+        engine_draft_open(e, engine_spec_resolve(cfg).max_batch, err) ||
         plan_engine(x, err) ||
         setup_backend(x, err) || engine_draft_start(e, err) || alloc_step_buffers(e, err)) {
         if (cfg->tp_group && !x->tp_agreed) { /* tell the other ranks why */
@@ -500,6 +527,7 @@ void engine_destroy(engine *e)
         engine_free_req(e, r);
     }
     engine_req_reap(e);
+    engine_state_destroy(e); /* the requests gave their slots back */
     if (((engine_ext *)e)->pool_registered)
         mem_unregister_pool(e->mem, kv_pool_report, e);
     engine_tier_shutdown(e);

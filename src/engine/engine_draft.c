@@ -37,9 +37,9 @@ struct eng_draft {
 static plan_model shape_of(const model *m)
 {
     const model_hparams *hp = &m->hp;
-    return (plan_model){hp->n_layers, hp->n_embd, hp->n_head, hp->n_head_kv, hp->head_dim,
-                        hp->n_ff, hp->n_vocab, hp->n_ctx_train, m->weights_bytes,
-                        hp->n_kv_total, hp->fam.mla};
+    plan_model pm;
+    model_plan_shape(hp, m->weights_bytes, &pm);
+    return pm;
 }
 
 static int host_backend(const engine_config *c)

@@ -28,6 +28,7 @@ typedef struct eng_tier eng_tier; /* engine_tier.c */
 typedef struct eng_tp eng_tp;     /* engine_tp.c */
 typedef struct eng_resize eng_resize; /* engine_kvresize.c */
 typedef struct eng_draft eng_draft;   /* engine_draft.c */
+typedef struct eng_state eng_state;   /* engine_state.c */
 struct wstream_plan;
 struct wstream;
 struct xcache;
@@ -78,6 +79,11 @@ typedef struct eng_seq {
      * window block of its score rows' layout */
     int kvb_done, kvb_own;
     int32_t kvb_wb;
+    /* hybrid models (engine_state.c): its live recurrent-state slot (-1: none)
+     * and its trailing snapshots of the prompt and of the generated text (-1:
+     * none; valid while their generation holds) */
+    int32_t st_slot, st_trail[2];
+    uint32_t st_trail_gen[2];
     struct eng_seq *next;   /* waiting / running list link */
 } eng_seq;
 
@@ -175,6 +181,8 @@ struct engine {
     int32_t xc_slots;           /* its slots, as planned (0: none) */
     eng_tp *tp;                 /* tensor parallelism (engine_tp.c), or NULL; owned */
     eng_draft *draft;           /* speculative decoding's draft model, or NULL; owned */
+    eng_state *st;              /* hybrid models' recurrent state, or NULL; owned */
+    uint64_t st_budget;         /* the plan's budget (the snapshots' automatic share) */
 
     pthread_t thread;
     int thread_started;
@@ -315,6 +323,24 @@ void engine_kvsel_commit(engine *e, eng_seq *s);
 /* Forgets a sequence's snapkv/h2o state (its KV released: preemption). */
 void engine_kvsel_reset(const engine *e, eng_seq *s);
 
+/* engine_state.c (no-ops without recurrent layers): slots: how many the
+ * backend holds (live, snapshots; 0: none); create after fwd_init; acquire a
+ * live slot (KV_ENOMEM: none free), release it; fork: the child's copy of its
+ * parent's state; match: cuts a prefix hit of s to the last boundary with a
+ * snapshot and restores it into s's slot (returns the tokens s keeps);
+ * build: s's slot and this step's snapshots into its fwd_seq; after_pass:
+ * registers them (ok) or gives them back; note: counters into e->stats. */
+int32_t engine_state_slots(const engine *e, int32_t *n_live, int32_t *n_snap);
+int engine_state_create(engine *e, kvant_err *err);
+void engine_state_destroy(engine *e);
+int engine_state_acquire(engine *e, eng_seq *s);
+void engine_state_release(engine *e, eng_seq *s);
+int engine_state_fork(engine *e, const eng_seq *parent, eng_seq *child);
+int64_t engine_state_match(engine *e, eng_seq *s, int64_t hit);
+void engine_state_build(engine *e, eng_seq *s, fwd_seq *f);
+void engine_state_after_pass(engine *e, int ok);
+void engine_state_note(engine *e);
+
 /* engine_kvsnap.c: records r's current KV footprint into its peak (call
  * before any of its blocks are released); serves a pending snapshot. */
 void engine_note_kv(engine *e, eng_req *r);
@@ -338,6 +364,11 @@ void engine_tier_after_commit(engine *e, eng_seq *s, int32_t nh0);
  * (and device blocks after them); returns the tokens added to s->kv. */
 int64_t engine_tier_extend(engine *e, eng_seq *s);
 void engine_tier_preempt(engine *e, eng_seq *v);      /* before its blocks go */
+/* The tier key of device block b while it is hashed (NULL: none, no tiers);
+ * the model fingerprint the keys chain from; the host tier's bytes. */
+const uint8_t *engine_tier_key(const engine *e, int32_t block);
+const uint8_t *engine_tier_fingerprint(const engine *e);
+uint64_t engine_tier_host_bytes(const engine *e);
 void engine_tier_observe(engine *e, int32_t prefill_tokens, int32_t tokens, double seconds);
 void engine_tier_snapshot(engine *e);
 /* 1 while the tiers have idle-time work: the disk tier's start-up scan,

@@ -80,6 +80,9 @@ static int check_policy(const engine *e, const engine_request *r, kvant_err *err
 /* Refusals of budgets this engine cannot run. */
 static int check_engine(const engine *e, kvant_err *err)
 {
+    if (e->st) /* a budget's dropped blocks and the state snapshots do not mix */
+        return kvant_err_set(err, KV_EINVAL, "kv_budget: not for hybrid models with recurrent "
+                             "layers (%s)", e->m->hp.recipe->arch);
     if ((e->cfg.backend && strcmp(e->cfg.backend, "cpu") != 0) || e->cfg.tp_group)
         return kvant_err_set(err, KV_EINVAL, "kv_budget: only on the CPU backend in one "
                              "process (not with --tp/--pp or another backend)");

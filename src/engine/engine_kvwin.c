@@ -116,6 +116,8 @@ void engine_kvwin_destroy(engine *e)
 
 int engine_kv_reserve(engine *e, eng_seq *s, int64_t from, int64_t n_tokens)
 {
+    if (engine_state_acquire(e, s)) /* a hybrid's live state slot (kept while it runs) */
+        return KV_ENOMEM;
     if (e->pool_w && kvseq_blocks_needed(e->pool_w, &s->kv_w, from, n_tokens) >
                          kvpool_n_available(e->pool_w))
         return KV_ENOMEM; /* checked first: a global reserve is then not wasted */
@@ -129,6 +131,7 @@ int engine_kv_reserve(engine *e, eng_seq *s, int64_t from, int64_t n_tokens)
 
 void engine_kv_release(engine *e, eng_seq *s)
 {
+    engine_state_release(e, s);
     kvseq_release(e->pool, &s->kv);
     if (e->pool_w)
         kvseq_release(e->pool_w, &s->kv_w);
@@ -186,6 +189,8 @@ void engine_kv_commit(engine *e, eng_seq *s)
 int engine_kv_fork(engine *e, const eng_seq *parent, eng_seq *child)
 {
     int rc = kvseq_fork(e->pool, &parent->kv, &child->kv, NULL);
+    if (!rc && (rc = engine_state_fork(e, parent, child)))
+        kvseq_release(e->pool, &child->kv);
     if (rc || !e->pool_w)
         return rc;
     rc = kvseq_fork(e->pool_w, &parent->kv_w, &child->kv_w, NULL);

@@ -99,6 +99,7 @@ int engine_seq_setup(engine *e, eng_req *r, int32_t index)
     s->n_tokens = r->p.n_prompt;
     s->out_row = -1;
     s->tier_key_i = -1;
+    s->st_slot = s->st_trail[0] = s->st_trail[1] = -1;
     s->plp_next = index == 0 && (r->p.prompt_logprobs || r->p.embed == ENGINE_EMBED_MEAN)
                       ? 1 : r->p.n_prompt;
     kvseq_init_fixed(&s->kv, engine_kvb_salt(&r->kvb, r->p.cache_salt),

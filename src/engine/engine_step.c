@@ -284,6 +284,8 @@ static void schedule_waiting(engine *e, step_plan *sp)
             s->plp_next >= s->req->p.n_prompt && !s->req->p.embed) { /* every row needed */
             int64_t hit = engine_kv_match(e, s);
             hit += engine_tier_extend(e, s);
+            if (e->st) /* a hybrid's hit ends where a recurrent-state snapshot is */
+                hit = engine_state_match(e, s, hit);
             s->n_computed = hit;
             if (s->index == 0 && !s->preempted)
                 s->req->cached_tokens = hit;
@@ -338,6 +340,7 @@ static fwd_batch phase_build(engine *e, const step_plan *sp)
                 e->b_out[n_out++] = nt - 1 - s->n_draft + j;
         }
         e->b_seqs[i] = engine_kv_fwd_seq(s);
+        engine_state_build(e, s, &e->b_seqs[i]);
     }
     KV_ASSERT(n_out <= e->cfg.max_num_seqs); /* the logit rows (plp_clamp) */
     return (fwd_batch){
@@ -714,6 +717,7 @@ int engine_step(engine *e)
         engine_spec_observe_step(e, sp.prefill_tokens, sp.n_tokens, dt);
         engine_tp_after_step(e, frc, err.msg);
         if (frc) {
+            engine_state_after_pass(e, 0);
             for (int32_t i = 0; i < sp.n_seqs; i++)
                 sp.seqs[i]->req->cancelled = ENG_FAIL_RUN;
             for (eng_req *r = e->reqs, *next; r; r = next) {
@@ -725,10 +729,12 @@ int engine_step(engine *e)
             }
         } else {
             gen_tok = phase_sample(e, &sp);
+            engine_state_after_pass(e, 1); /* the step's blocks are committed */
         }
     }
     phase_retire(e);
     update_stats(e, &sp, decodes, prompt_tok, gen_tok);
+    engine_state_note(e);
     engine_tier_snapshot(e);
     return sp.n_seqs > 0;
 }

@@ -338,6 +338,28 @@ void engine_tier_destroy(engine *e)
 
 /* ---- keys ---- */
 
+const uint8_t *engine_tier_key(const engine *e, int32_t block)
+{
+    const eng_tier *et = e->tier;
+    if (!et || block < 0 || block >= et->n_blocks || !et->valid[block])
+        return NULL;
+    return et->keys + (size_t)block * KVTIER_KEY_BYTES;
+}
+
+const uint8_t *engine_tier_fingerprint(const engine *e)
+{
+    return e->tier ? e->tier->fingerprint : NULL;
+}
+
+uint64_t engine_tier_host_bytes(const engine *e)
+{
+    if (!e->tier)
+        return 0;
+    kvtier_stats st;
+    kvtier_get_stats(e->tier->t, &st);
+    return st.host_enabled ? (uint64_t)st.host_capacity_blocks * st.record_bytes : 0;
+}
+
 /* The tier key of s's block i - 1 (the parent of block i): the fingerprint
  * for i 0, the block's own key, or (a KV budget dropped the block) the one
  * s kept; NULL when none is known. */
@@ -457,7 +479,7 @@ void engine_tier_preempt(engine *e, eng_seq *v)
     kvtier_get_stats(et->t, &st);
     int32_t nh = v->kv.n_hashed;
     int swap = 0;
-    if (st.host_enabled && nh > 0) {
+    if (st.host_enabled && nh > 0 && !e->st) { /* a hybrid's state is not swapped */
         if (e->cfg.kv_tier_policy == ENGINE_TIER_ALWAYS)
             swap = 1;
         else if (e->cfg.kv_tier_policy == ENGINE_TIER_COST)

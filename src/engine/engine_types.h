@@ -122,7 +122,18 @@ typedef struct engine_config {
     int32_t kv_sinks;
     int32_t kv_policy; /* ENGINE_KV_SNAPKV or _H2O: their policy (requests with n 1;
                         * 0: sinks) */
+    /* Hybrid models (recurrent layers, engine_state.c): the prefix cache keeps
+     * the recurrent state at every state_snap_every-th block boundary (0:
+     * ENGINE_STATE_DEFAULT_EVERY; -1: no snapshots at all) and at the last
+     * boundary each pass of a sequence reaches, in state_snap_bytes (0: auto,
+     * ENGINE_STATE_DEFAULT_SNAPS slots per max_num_seqs, at most a tenth of the
+     * budget) */
+    int32_t state_snap_every;
+    uint64_t state_snap_bytes;
 } engine_config;
+
+#define ENGINE_STATE_DEFAULT_EVERY 8
+#define ENGINE_STATE_DEFAULT_SNAPS 2
 
 enum { ENGINE_SPEC_OFF = 0, ENGINE_SPEC_NGRAM = 1, ENGINE_SPEC_DRAFT = 2 };
 #define ENGINE_SPEC_MAX 16          /* drafted tokens per verification at most */
@@ -288,6 +299,12 @@ typedef struct engine_stats {
     int32_t block_size;
     uint64_t kv_tokens_stored, kv_token_capacity;
     uint64_t prefix_queries, prefix_hits;
+    /* hybrid models' recurrent state (engine_state.c; all 0 without) */
+    uint64_t state_slot_bytes;       /* one sequence's state */
+    int32_t state_live_slots, state_live_used; /* a slot per running sequence */
+    int32_t state_snap_slots, state_snapshots; /* the prefix cache's: slots, held */
+    uint64_t state_snap_taken, state_snap_restored, state_snap_evicted, state_snap_dropped;
+    uint64_t state_tier_restored, state_tier_stored; /* snapshots from / to the tiers */
     uint64_t steps;
     uint64_t host_bytes;             /* engine host memory outside the memory
                                       * manager: step buffers (logit rows, the

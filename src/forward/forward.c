@@ -24,13 +24,9 @@
 
 static plan_model plan_shape(const model_hparams *hp)
 {
-    return (plan_model){
-        .n_layers = hp->n_layers, .n_embd = hp->n_embd, .n_head = hp->n_head,
-        .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .n_ff = hp->n_ff,
-        .n_vocab = hp->n_vocab, .n_ctx_train = hp->n_ctx_train, .n_kv_total = hp->n_kv_total,
-        .v_in_k = hp->fam.mla,
-        .weights_bytes = 1, /* the workspace does not depend on it */
-    };
+    plan_model pm;
+    model_plan_shape(hp, 1, &pm); /* the workspace does not depend on the weights' bytes */
+    return pm;
 }
 
 uint64_t fwd_workspace_bytes(const model_hparams *hp, int64_t max_tokens, int64_t max_out)
@@ -47,7 +43,10 @@ void fwd_free(fwd_ctx *f)
     f->d_base = NULL;
     if (f->kv.n_blocks)
         f->be->ops->kv_free(f->be);
+    if (f->kv.n_state_slots)
+        f->be->ops->state_free(f->be);
     f->kv.n_blocks = 0;
+    f->kv.n_state_slots = 0;
 }
 
 void fwd_set_tp(fwd_ctx *f, tp_ctx *t)
@@ -65,9 +64,10 @@ kv_layout fwd_kv_layout(const model *m, int32_t n_blocks, int32_t block_size, ui
         .head_dim = m->hp.head_dim,
         .dtype = kv_dtype,
         .v_in_k = m->hp.fam.mla,
+        .n_state_slots = model_is_hybrid(m) ? 1 : 0,
     };
     for (int32_t il = 0; il < m->hp.n_layers && il < MODEL_MAX_LAYERS; il++) {
-        lay.layer_kv_heads[il] = m->layers[il].n_head_kv;
+        lay.layer_kv_heads[il] = m->layers[il].recr ? KV_LAYOUT_NO_KV : m->layers[il].n_head_kv;
         lay.layer_window[il] = m->layers[il].window > 0;
     }
     return lay;
@@ -89,6 +89,12 @@ int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_
                              "supported", be->ops->name, m->hp.recipe->arch);
     if (m->hp.fam.mla && kv->rotate) /* run_attn_mla stores the latent row as it is */
         return kvant_err_set(err, KV_EUNSUP, "--kv-rotate: not for latent-attention models (%s)",
+                             m->hp.recipe->arch);
+    if (model_is_hybrid(m) && (!be->ops->state_init || !be->ops->recr_mix))
+        return kvant_err_set(err, KV_EUNSUP, "backend %s: hybrid models with recurrent layers "
+                             "(%s) are not supported", be->ops->name, m->hp.recipe->arch);
+    if (model_is_hybrid(m) && kv->n_state_slots < 1)
+        return kvant_err_set(err, KV_EINVAL, "%s: a hybrid model needs recurrent-state slots",
                              m->hp.recipe->arch);
     if (kv->rotate && (!be->ops->hadamard || !hadamard_ok(m->hp.head_dim)))
         return kvant_err_set(err, KV_EUNSUP, "--kv-rotate: %s", !be->ops->hadamard
@@ -125,6 +131,12 @@ int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_
         return rc;
     }
     f->kv = *kv;
+    f->kv.n_state_slots = 0;
+    if (model_is_hybrid(m) && (rc = be->ops->state_init(be, kv->n_state_slots, err))) {
+        fwd_free(f);
+        return rc;
+    }
+    f->kv.n_state_slots = model_is_hybrid(m) ? kv->n_state_slots : 0;
     for (int32_t il = 0; il < m->hp.n_layers; il++)
         f->max_window = m->layers[il].window > f->max_window ? m->layers[il].window : f->max_window;
     f->rope = (rope_params){
@@ -159,6 +171,30 @@ static int check_window(const fwd_ctx *f, const fwd_seq *s, int32_t p, int32_t b
     return KV_OK;
 }
 
+/* Hybrid models: each sequence's state slot and snapshot slots exist, and
+ * no two sequences of the batch share a slot. */
+static int check_state(const fwd_ctx *f, const fwd_batch *b, kvant_err *err)
+{
+    const int32_t n = f->kv.n_state_slots;
+    for (int32_t i = 0; i < b->n_seqs; i++) {
+        const fwd_seq *s = &b->seqs[i];
+        if (s->state_slot < 0 || s->state_slot >= n)
+            return kvant_err_set(err, KV_EINVAL, "sequence %d: state slot %d out of range [0, %d)",
+                                 i, s->state_slot, n);
+        for (int32_t j = 0; j < i; j++)
+            if (b->seqs[j].state_slot == s->state_slot)
+                return kvant_err_set(err, KV_EINVAL, "sequences %d and %d share state slot %d",
+                                     j, i, s->state_slot);
+        for (int32_t j = 0; j < s->n_state_snap; j++) {
+            const int32_t p = s->state_snap[2 * j], slot = s->state_snap[2 * j + 1];
+            if (slot < 0 || slot >= n || slot == s->state_slot || p < 1)
+                return kvant_err_set(err, KV_EINVAL, "sequence %d: state snapshot (%d, %d) "
+                                     "invalid", i, p, slot);
+        }
+    }
+    return KV_OK;
+}
+
 static int check_batch(const fwd_ctx *f, const fwd_batch *b, int32_t block_size, kvant_err *err)
 {
     int rc;
@@ -185,7 +221,7 @@ static int check_batch(const fwd_ctx *f, const fwd_batch *b, int32_t block_size,
     for (int32_t j = 0; j < b->n_out; j++)
         if (b->out[j] < 0 || b->out[j] >= b->n_tokens)
             return kvant_err_set(err, KV_EINVAL, "output row %d refers to token %d", j, b->out[j]);
-    return KV_OK;
+    return f->kv.n_state_slots ? check_state(f, b, err) : KV_OK;
 }
 
 /* W[i] d_x into d_y[i], i < count, as one backend job where it has one. */
@@ -244,6 +280,31 @@ static int run_attn_mla(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
     return KV_OK;
 }
 
+/* d_x += residual_scale * d_h (granite's scale on each branch). */
+static void residual(fwd_ctx *f, int32_t n)
+{
+    const model_hparams *hp = &f->m->hp;
+    if (hp->fam.residual_scale != 1.0f)
+        f->be->ops->scale(f->be, f->d_h, hp->fam.residual_scale, (int64_t)n * hp->n_embd);
+    f->be->ops->add(f->be, f->d_x, f->d_h, (int64_t)n * hp->n_embd);
+}
+
+/* A recurrent layer's mixing half (hybrid models): in-projection into d_gate,
+ * the backend's recurrent mix into d_up, out-projection; d_x += it. */
+static int run_recr(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
+{
+    const backend_ops *op = f->be->ops;
+    backend *be = f->be;
+    const model_layer *L = &f->m->layers[il];
+    op->matmul(be, &L->ssm_in, NULL, f->d_h, f->d_gate, n);
+    int rc = op->recr_mix(be, il, L, f->m->hp.rms_eps, f->d_gate, f->d_up, n, err);
+    if (rc)
+        return rc;
+    op->matmul(be, &L->ssm_out, NULL, f->d_up, f->d_h, n);
+    residual(f, n);
+    return KV_OK;
+}
+
 /* Attention half of layer il: d_x += post_norm(attention(...) Wo). */
 static int run_attn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
 {
@@ -252,6 +313,8 @@ static int run_attn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
     const model_hparams *hp = &f->m->hp;
     const model_layer *L = &f->m->layers[il];
     op->rmsnorm(be, f->d_x, &L->attn_norm, hp->rms_eps, f->d_h, n);
+    if (L->recr)
+        return run_recr(f, il, n, err);
     if (hp->fam.mla)
         return run_attn_mla(f, il, n, err);
     const model_tensor *qkv[3] = {&L->wq, &L->wk, &L->wv};
@@ -268,8 +331,10 @@ static int run_attn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
     rope_params rp = f->rope;
     rp.base = L->rope_base;
     rp.freq_scale = L->rope_scale;
-    op->rope(be, f->d_q, L->n_head, hp->head_dim, &rp);
-    op->rope(be, f->d_k, L->n_head_kv, hp->head_dim, &rp);
+    if (!hp->fam.no_rope) {
+        op->rope(be, f->d_q, L->n_head, hp->head_dim, &rp);
+        op->rope(be, f->d_k, L->n_head_kv, hp->head_dim, &rp);
+    }
     if (f->kv.rotate) { /* q.k unchanged; attention then sums rotated values */
         op->hadamard(be, f->d_q, L->n_head, hp->head_dim);
         op->hadamard(be, f->d_k, L->n_head_kv, hp->head_dim);
@@ -288,7 +353,7 @@ static int run_attn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
         return rc;
     if (L->post_attn_norm.dev)
         op->rmsnorm(be, f->d_h, &L->post_attn_norm, hp->rms_eps, f->d_h, n);
-    op->add(be, f->d_x, f->d_h, (int64_t)n * hp->n_embd);
+    residual(f, n);
     return KV_OK;
 }
 
@@ -320,7 +385,7 @@ static int run_ffn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
         return rc;
     if (L->post_ffn_norm.dev)
         op->rmsnorm(be, f->d_h, &L->post_ffn_norm, hp->rms_eps, f->d_h, n);
-    op->add(be, f->d_x, f->d_h, (int64_t)n * hp->n_embd);
+    residual(f, n);
     return KV_OK;
 }
 
@@ -350,6 +415,9 @@ static int run_head(fwd_ctx *f, int32_t n_out, float *dst, int hidden, kvant_err
     op->matmul(be, &m->output, NULL, f->d_h, f->d_logits, n_out);
     if (m->hp.fam.final_softcap > 0.0f) /* elementwise: a vocabulary slice caps its own rows */
         op->softcap(be, f->d_logits, m->hp.fam.final_softcap, (int64_t)n_out * m->output.ne[1]);
+    if (m->hp.fam.logit_scale != 1.0f) /* granite: logits / logit_scale */
+        op->scale(be, f->d_logits, 1.0f / m->hp.fam.logit_scale,
+                  (int64_t)n_out * m->output.ne[1]);
     if (f->tp)
         return tp_gather_logits(f->tp, f->d_logits, n_out, dst, err);
     int rc = op->download(be, dst, f->d_logits, (size_t)n_out * m->hp.n_vocab * sizeof(float));

@@ -589,6 +589,7 @@ const char *mem_cat_name(mem_cat c)
         [MEM_WEIGHTS] = "weights", [MEM_KV] = "kv", [MEM_ACTIVATIONS] = "activations",
         [MEM_WORKSPACE] = "workspace", [MEM_OTHER] = "other", [MEM_PINNED] = "pinned_host",
         [MEM_DRAFT_WEIGHTS] = "draft_weights", [MEM_DRAFT_KV] = "draft_kv",
+        [MEM_STATE] = "state",
     };
     return (unsigned)c < MEM_CAT_COUNT ? names[c] : "unknown";
 }

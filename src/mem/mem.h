@@ -40,6 +40,7 @@ typedef enum mem_cat {
     MEM_DRAFT_WEIGHTS, /* a draft model's weights (speculative decoding): reserved
                         * by the engine for the draft's own manager */
     MEM_DRAFT_KV,      /* the draft model's KV pool, likewise */
+    MEM_STATE,         /* hybrid models' recurrent state: live slots and prefix snapshots */
     MEM_CAT_COUNT
 } mem_cat;
 

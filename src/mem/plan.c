@@ -61,11 +61,16 @@ int plan_model_check(const plan_model *m, kvant_err *err)
     if (m->n_head % m->n_head_kv != 0)
         return kvant_err_set(err, KV_EINVAL, "model n_head %d is not a multiple of n_head_kv %d",
                              m->n_head, m->n_head_kv);
-    if (m->n_kv_total && (m->n_kv_total < m->n_layers ||
-                          m->n_kv_total > (int64_t)m->n_layers * m->n_head_kv))
+    const int kv_layers = m->n_kv_layers ? m->n_kv_layers : m->n_layers;
+    if (kv_layers < 1 || kv_layers > m->n_layers ||
+        (m->n_kv_total && (m->n_kv_total < kv_layers ||
+                           m->n_kv_total > (int64_t)kv_layers * m->n_head_kv)))
         return kvant_err_set(err, KV_EINVAL, "model KV heads over layers %lld out of range "
-                             "[%d, %lld]", (long long)m->n_kv_total, m->n_layers,
-                             (long long)m->n_layers * m->n_head_kv);
+                             "[%d, %lld]", (long long)m->n_kv_total, kv_layers,
+                             (long long)kv_layers * m->n_head_kv);
+    if (m->state_bytes > PLAN_MAX_WEIGHTS)
+        return kvant_err_set(err, KV_EINVAL, "model state_bytes %llu out of range",
+                             (unsigned long long)m->state_bytes);
     if (m->weights_bytes == 0 || m->weights_bytes > PLAN_MAX_WEIGHTS)
         return kvant_err_set(err, KV_EINVAL, "model weights_bytes %llu out of range [1, %llu]",
                              (unsigned long long)m->weights_bytes, PLAN_MAX_WEIGHTS);
@@ -344,7 +349,11 @@ static int plan_one(const plan_model *m, const plan_config *c, plan_result *out,
     uint64_t block_bytes = r->kv_bytes_per_token * (uint64_t)c->block_size;
     r->act_q8_bytes = c->act_q8 ? plan_act_q8_bytes(m, c->max_num_batched_tokens) : 0;
     r->reserved_bytes = c->reserved_bytes;
-    uint64_t fixed = r->weights_bytes + r->activation_bytes + r->act_q8_bytes + r->reserved_bytes;
+    r->state_slots = c->state_slots > 0 ? c->state_slots : 0;
+    r->state_slot_bytes = r->state_slots ? m->state_bytes : 0;
+    r->state_bytes = m->state_bytes * (uint64_t)r->state_slots;
+    uint64_t fixed = r->weights_bytes + r->activation_bytes + r->act_q8_bytes + r->reserved_bytes +
+                     r->state_bytes;
     const uint64_t wbb = r->kv_window_bytes_per_token * (uint64_t)c->block_size;
     if (fixed >= r->budget || r->budget - fixed < block_bytes + wbb)
         return refuse_nofit(m, c, r, block_bytes + wbb, err);
@@ -463,6 +472,18 @@ static json_t *u64j(uint64_t v)
     return json_integer(v > (uint64_t)INT64_MAX ? INT64_MAX : (json_int_t)v);
 }
 
+const char *plan_state_line(const plan_result *r, int n_live, char *buf, size_t n)
+{
+    char a[32], b[32];
+    if (!r->state_slots)
+        return NULL;
+    snprintf(buf, n, "recurrent state %s: %d slots of %s (%d for running sequences, %d for "
+             "the prefix cache's snapshots)", mem_format_size(r->state_bytes, a, sizeof a),
+             r->state_slots, mem_format_size(r->state_slot_bytes, b, sizeof b), n_live,
+             r->state_slots - n_live);
+    return buf;
+}
+
 char *plan_result_json(const plan_result *r, const plan_model *m)
 {
     json_t *o = json_object();
@@ -491,6 +512,9 @@ char *plan_result_json(const plan_result *r, const plan_model *m)
     json_object_set_new(o, "kv_pool_blocks", json_integer(r->kv_pool_blocks));
     json_object_set_new(o, "kv_pool_tokens", u64j(r->kv_pool_tokens));
     json_object_set_new(o, "kv_pool_bytes", u64j(r->kv_pool_bytes));
+    json_object_set_new(o, "state_bytes", u64j(r->state_bytes));
+    json_object_set_new(o, "state_slot_bytes", u64j(r->state_slot_bytes));
+    json_object_set_new(o, "state_slots", json_integer(r->state_slots));
     json_object_set_new(o, "kv_start_blocks", json_integer(r->kv_start_blocks));
     json_object_set_new(o, "kv_start_bytes", u64j(r->kv_start_bytes));
     json_object_set_new(o, "kv_fit", json_boolean(r->kv_fit));

@@ -60,6 +60,9 @@ typedef struct plan_model {
                              * (a pruned model); 0 = n_layers * n_head_kv */
     int v_in_k;             /* 1: one row per token and layer (latent attention: V is
                              * the K row); 0: K and V rows */
+    int n_kv_layers;        /* layers with a KV cache (a hybrid's attention layers);
+                             * 0 = n_layers */
+    uint64_t state_bytes;   /* a hybrid's recurrent state per sequence (0: none) */
 } plan_model;
 
 typedef struct plan_config {
@@ -87,6 +90,9 @@ typedef struct plan_config {
                                  * it fits, else the largest that does (ctx_auto) */
     uint64_t reserved_bytes;    /* budget bytes taken before this model's weights (a
                                  * draft model's footprint, engine_draft.h); 0: none */
+    int state_slots;            /* a hybrid model's recurrent-state slots (each
+                                 * plan_model.state_bytes): one per sequence plus the
+                                 * prefix cache's snapshots; 0: none */
 } plan_config;
 
 /* utilization 0.90, ctx 0, block 16, 64 seqs, 2048 tokens, 1 thread,
@@ -97,6 +103,9 @@ typedef struct plan_result {
     uint64_t budget;             /* floor(device_memory * utilization) */
     uint64_t weights_bytes;
     uint64_t reserved_bytes;     /* plan_config.reserved_bytes */
+    uint64_t state_bytes;        /* state_slots x plan_model.state_bytes (MEM_STATE) */
+    uint64_t state_slot_bytes;   /* plan_model.state_bytes */
+    int state_slots;             /* plan_config.state_slots */
     uint64_t activation_bytes;   /* plan_activation_bytes(...) */
     uint64_t act_q8_bytes;       /* plan_act_q8_bytes(...) when act_q8, else 0 */
     uint64_t kv_bytes_per_token; /* all layers (with kv_window: the global layers), K and V */
@@ -204,5 +213,8 @@ uint64_t plan_kv_bytes_per_token(const plan_model *m, uint32_t kv_dtype);
  * missing_bytes, max_concurrency {"<ctx>": count}, model {...}).
  * malloc'd string the caller frees; NULL only when out of memory. */
 char *plan_result_json(const plan_result *r, const plan_model *m);
+/* "recurrent state S: N slots of B (...)" into buf (a hybrid model's state
+ * line for the start-up and `kvant plan`); NULL when r has no state slots. */
+const char *plan_state_line(const plan_result *r, int n_live, char *buf, size_t n);
 
 #endif

@@ -79,8 +79,19 @@ static int read_rope_scaling(const gguf_ctx *g, const char *arch, model_hparams 
     return KV_OK;
 }
 
+/* model_layer_u32; allow_zero: array entries may be 0 (a hybrid family's
+ * head_count_kv: 0 marks a recurrent layer). */
+static int layer_u32(const gguf_ctx *g, const char *suffix, int n_layers, int il, uint32_t def,
+                     int allow_zero, uint32_t *out, kvant_err *err);
+
 int model_layer_u32(const gguf_ctx *g, const char *suffix, int n_layers, int il, uint32_t def,
                     uint32_t *out, kvant_err *err)
+{
+    return layer_u32(g, suffix, n_layers, il, def, 0, out, err);
+}
+
+static int layer_u32(const gguf_ctx *g, const char *suffix, int n_layers, int il, uint32_t def,
+                     int allow_zero, uint32_t *out, kvant_err *err)
 {
     gguf_str arch_s;
     int rc = gguf_get_str(g, "general.architecture", &arch_s, err);
@@ -104,7 +115,7 @@ int model_layer_u32(const gguf_ctx *g, const char *suffix, int n_layers, int il,
     for (int i = 0; i < n_layers; i++) {
         int32_t v;
         memcpy(&v, d + 4 * (size_t)i, 4);
-        if (v < 1)
+        if (v < (allow_zero ? 0 : 1))
             return kvant_err_set(err, KV_EFORMAT, "%s[%d] = %d is not positive", key, i, (int)v);
         if (il < 0 ? (uint32_t)v > best : i == il)
             best = (uint32_t)v;
@@ -129,9 +140,16 @@ int model_layer_heads(const gguf_ctx *g, int n_layers, int il, uint32_t *n_head,
     int rc = model_layer_u32(g, "attention.head_count", n_layers, il, 0, n_head, err);
     if (rc)
         return rc;
-    if ((rc = model_layer_u32(g, "attention.head_count_kv", n_layers, il, *n_head, n_head_kv,
-                              err)))
+    gguf_str arch_s = {0};
+    if ((rc = gguf_get_str(g, "general.architecture", &arch_s, err)))
         return rc;
+    const model_recipe *r = model_recipe_find(arch_s.ptr, arch_s.len);
+    const int hybrid = r && r->recr; /* head_count_kv 0: a recurrent layer */
+    if ((rc = layer_u32(g, "attention.head_count_kv", n_layers, il, *n_head, hybrid, n_head_kv,
+                        err)))
+        return rc;
+    if (hybrid && il >= 0 && *n_head_kv == 0 && *n_head >= 1 && *n_head <= PLAN_MAX_HEADS)
+        return KV_OK;
     if (*n_head < 1 || *n_head > PLAN_MAX_HEADS || *n_head_kv < 1 || *n_head % *n_head_kv)
         return kvant_err_set(err, KV_EFORMAT,
                              "layer %d: attention.head_count_kv %u does not divide head_count %u",
@@ -156,6 +174,22 @@ static int read_heads(const gguf_ctx *g, int n_layers, uint32_t *n_head, uint32_
         *kv_total += kv;
     }
     return KV_OK;
+}
+
+/* hp->n_ff becomes the widest row the FFN's buffers stage: an expert's or
+ * the shared expert's input, latent attention's q_a output, a recurrent
+ * layer's in-projection. */
+static void widen_ff(model_hparams *hp)
+{
+    const model_family_hp *f = &hp->fam;
+    const int64_t d_proj = f->recr == RECR_MAMBA2
+                               ? 2ll * f->ssm_d_inner + 2ll * f->ssm_n_group * f->ssm_d_state +
+                                     f->ssm_n_head
+                               : f->recr ? 3ll * hp->n_embd : 0;
+    const int64_t w[] = {f->n_ff_exp, f->n_ff_shexp, f->n_lora_q, d_proj};
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+        if (w[i] > hp->n_ff)
+            hp->n_ff = (int32_t)w[i];
 }
 
 int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err)
@@ -240,14 +274,7 @@ int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err
     if ((rc = model_family_read(g, hp->recipe, &fb, &hp->fam, err)))
         return rc;
     hp->fam.longrope = longrope;
-    /* the widest matmul input of an FFN: an expert's or the shared expert's */
-    if ((int64_t)hp->fam.n_ff_exp > hp->n_ff)
-        hp->n_ff = (int32_t)hp->fam.n_ff_exp;
-    if ((int64_t)hp->fam.n_ff_shexp > hp->n_ff)
-        hp->n_ff = (int32_t)hp->fam.n_ff_shexp;
-    /* latent attention's q_a output is staged in the FFN's buffer */
-    if ((int64_t)hp->fam.n_lora_q > hp->n_ff)
-        hp->n_ff = (int32_t)hp->fam.n_lora_q;
+    widen_ff(hp);
     const gguf_tensor_info *emb = gguf_find_tensor(g, "token_embd.weight");
     if (!emb)
         return kvant_err_set(err, KV_EFORMAT, "tensor 'token_embd.weight' is missing");
@@ -517,6 +544,41 @@ static int bind_ffn(model *m, int il, model_layer *L, kvant_err *err)
     return KV_OK;
 }
 
+/* A recurrent layer's tensors (hp.fam.is_recr[il]): Mamba-2 or a short
+ * convolution, as llama.cpp's granitehybrid / lfm2 loaders name them. */
+static int bind_recr(model *m, int il, model_layer *L, kvant_err *err)
+{
+    const model_hparams *hp = &m->hp;
+    const model_family_hp *f = &hp->fam;
+    const gguf_ctx *g = m->gguf;
+    char name[96];
+    const int64_t E = hp->n_embd, K = f->ssm_d_conv;
+    int rc;
+    L->recr = f->recr;
+    if ((rc = bind_vec(g, &L->attn_norm, NAME("attn_norm.weight"), il, E, 0, err)))
+        return rc;
+    if (f->recr == RECR_SHORTCONV) {
+        if ((rc = bind(g, &L->ssm_in, NAME("shortconv.in_proj.weight"), il, E, 3 * E, 0, err)) ||
+            (rc = bind_f32_rows(g, &L->ssm_conv1d, NAME("shortconv.conv.weight"), il, K, E,
+                                err)) ||
+            (rc = bind(g, &L->ssm_out, NAME("shortconv.out_proj.weight"), il, E, E, 0, err)))
+            return rc;
+        return KV_OK;
+    }
+    const int64_t D = f->ssm_d_inner, H = f->ssm_n_head, G = f->ssm_n_group;
+    const int64_t CH = D + 2 * G * f->ssm_d_state, P = 2 * D + 2 * G * f->ssm_d_state + H;
+    if ((rc = bind(g, &L->ssm_in, NAME("ssm_in.weight"), il, E, P, 0, err)) ||
+        (rc = bind_f32_rows(g, &L->ssm_conv1d, NAME("ssm_conv1d.weight"), il, K, CH, err)) ||
+        (rc = bind_vec(g, &L->ssm_conv1d_b, NAME("ssm_conv1d.bias"), il, CH, 1, err)) ||
+        (rc = bind_vec(g, &L->ssm_dt_b, NAME("ssm_dt.bias"), il, H, 0, err)) ||
+        (rc = bind_f32_rows(g, &L->ssm_a, NAME("ssm_a"), il, 1, H, err)) ||
+        (rc = bind_f32_rows(g, &L->ssm_d, NAME("ssm_d"), il, 1, H, err)) ||
+        (rc = bind_f32_rows(g, &L->ssm_norm, NAME("ssm_norm.weight"), il, D / G, G, err)) ||
+        (rc = bind(g, &L->ssm_out, NAME("ssm_out.weight"), il, D, E, 0, err)))
+        return rc;
+    return KV_OK;
+}
+
 #undef NAME
 
 static int bind_layer(model *m, int il, kvant_err *err)
@@ -534,7 +596,8 @@ static int bind_layer(model *m, int il, kvant_err *err)
     L->window = swa ? (int32_t)hp->fam.n_swa : 0;
     L->rope_base = swa ? hp->fam.rope_base_swa : hp->rope_base;
     L->rope_scale = swa ? hp->fam.rope_scale_swa : hp->rope_freq_scale;
-    if ((rc = bind_attn(m, il, L, err)) || (rc = bind_ffn(m, il, L, err)))
+    if ((rc = hp->fam.is_recr[il] ? bind_recr(m, il, L, err) : bind_attn(m, il, L, err)) ||
+        (rc = bind_ffn(m, il, L, err)))
         return rc;
     return KV_OK;
 }
@@ -571,7 +634,9 @@ static int bind_all(model *m, kvant_err *err)
     const model_hparams *hp = &m->hp;
     int rc;
     if ((rc = bind(m->gguf, &m->tok_embd, "token_embd.weight", -1, hp->n_embd, hp->n_vocab, 0, err)) ||
-        (rc = bind_vec(m->gguf, &m->output_norm, "output_norm.weight", -1, hp->n_embd, 0, err)) ||
+        (rc = bind_vec(m->gguf, &m->output_norm, hp->recipe->out_norm_lfm2
+                       ? "token_embd_norm.weight" : "output_norm.weight", -1, hp->n_embd, 0,
+                       err)) ||
         (rc = bind(m->gguf, &m->output, "output.weight", -1, hp->n_embd, hp->n_vocab, 1, err)) ||
         (rc = bind_rope_factors(m, err)))
         return rc;
@@ -662,16 +727,36 @@ int model_layer_tensors(model_layer *L, model_tensor **out)
                           &L->down_shexp, &L->gate_inp_shexp, &L->exp_probs_b, &L->wq_a,
                           &L->q_a_norm,  &L->wq_b,   &L->wkv_a,  &L->kv_a_norm,
                           &L->wk_b,      &L->wv_b,   &L->gate_inp_b, &L->gate_exps_b,
-                          &L->up_exps_b, &L->down_exps_b, &L->attn_sinks};
+                          &L->up_exps_b, &L->down_exps_b, &L->attn_sinks, &L->ssm_in,
+                          &L->ssm_conv1d, &L->ssm_conv1d_b, &L->ssm_dt_b, &L->ssm_a,
+                          &L->ssm_d, &L->ssm_norm, &L->ssm_out};
     _Static_assert(sizeof ts / sizeof ts[0] <= MODEL_LAYER_TENSORS, "MODEL_LAYER_TENSORS");
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
         out[i] = ts[i];
     return (int)(sizeof ts / sizeof ts[0]);
 }
 
+void model_plan_shape(const model_hparams *hp, uint64_t weights_bytes, plan_model *out)
+{
+    int32_t kv_layers = hp->n_layers - hp->fam.n_recr;
+    *out = (plan_model){
+        .n_layers = hp->n_layers, .n_embd = hp->n_embd, .n_head = hp->n_head,
+        .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .n_ff = hp->n_ff,
+        .n_vocab = hp->n_vocab, .n_ctx_train = hp->n_ctx_train, .weights_bytes = weights_bytes,
+        .n_kv_total = hp->n_kv_total, .v_in_k = hp->fam.mla,
+        .n_kv_layers = kv_layers == hp->n_layers ? 0 : kv_layers,
+        .state_bytes = model_recr_state_bytes(&hp->fam, hp->n_embd),
+    };
+}
+
 int model_has_experts(const model *m)
 {
     return m->hp.fam.n_expert > 0;
+}
+
+int model_is_hybrid(const model *m)
+{
+    return m->hp.fam.recr != RECR_NONE;
 }
 
 void model_for_each_tensor(model *m, model_tensor_fn fn, void *ctx)

@@ -98,6 +98,14 @@ typedef struct model_layer {
      * stacked [n_head][n_lora_kv][n_qk_nope] (q_nope into the latent space), wv_b
      * stacked [n_head][n_v_mla][n_lora_kv] (the latent output into a head's values) */
     model_tensor wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm, wk_b, wv_b;
+    /* A recurrent layer (recr != RECR_NONE; no attention tensors, n_head_kv 0): Mamba-2's
+     * ssm_in [d_in_proj][n_embd] (rows z | xBC | dt), ssm_conv1d [channels][d_conv] and
+     * its bias, ssm_dt_b, ssm_a (-exp(A_log)), ssm_d [n_ssm_head], ssm_norm
+     * [n_group][d_inner / n_group], ssm_out [n_embd][d_inner]; a short convolution's
+     * in_proj, conv and out_proj are ssm_in [3 n_embd][n_embd], ssm_conv1d
+     * [n_embd][l_cache] and ssm_out; all 1-D and conv tensors f32 */
+    model_tensor ssm_in, ssm_conv1d, ssm_conv1d_b, ssm_dt_b, ssm_a, ssm_d, ssm_norm, ssm_out;
+    int32_t recr;            /* recr_kind of this layer (0: attention) */
     int32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp; /* 0 for a dense FFN */
     int32_t n_ff;            /* this layer's FFN width (<= hp.n_ff; per-layer after pruning) */
     int32_t n_head, n_head_kv; /* this layer's heads (<= hp's; per-layer after pruning) */
@@ -136,6 +144,10 @@ int model_ff_length(const gguf_ctx *g, int n_layers, int il, uint32_t *n_ff, kva
  * heads default to the query heads); KV_EFORMAT unless KV divides Q. */
 int model_layer_heads(const gguf_ctx *g, int n_layers, int il, uint32_t *n_head,
                       uint32_t *n_head_kv, kvant_err *err);
+/* The planner's view of a model of these hyper-parameters whose weights are
+ * weights_bytes (mem/plan.h plan_model). */
+struct plan_model;
+void model_plan_shape(const model_hparams *hp, uint64_t weights_bytes, struct plan_model *out);
 /* Reads hyper-parameters only (no tensors): used by `kvant plan`. */
 int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err);
 const char *model_arch_name(model_arch a);
@@ -145,6 +157,8 @@ int model_layer_tensors(model_layer *L, model_tensor **out);
 
 /* 1 when some layer's FFN is a mixture of experts. */
 int model_has_experts(const model *m);
+/* 1 when some layer is recurrent (a hybrid family: per-sequence state). */
+int model_is_hybrid(const model *m);
 
 model *model_load(const char *path, kvant_err *err);
 void model_free(model *m);

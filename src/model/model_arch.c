@@ -62,6 +62,18 @@ static const model_recipe RECIPES[] = {
               "biases, a sink logit per head in every softmax, sliding window on layers "
               "il % 2 == 0; experts with biases (router top-k of the logits, softmax over the "
               "chosen; clamped SwiGLU x sigmoid(1.702 x) (up + 1))"},
+    {.arch = "lfm2", .rope = ROPE_NEOX, .act = FFN_SILU, .qk_norm = 1, .recr = RECR_SHORTCONV,
+     .out_norm_lfm2 = 1,
+     .notes = "hybrid: short-convolution layers (head_count_kv 0: in_proj -> b, c, x; "
+              "c * conv(b * x) over shortconv.l_cache taps; out_proj) and attention layers "
+              "(per-head q/k RMS norm, NEOX rope); pre-norm SwiGLU FFN on every layer; output "
+              "norm token_embd_norm"},
+    {.arch = "granitehybrid", .rope = ROPE_NORM, .act = FFN_SILU, .recr = RECR_MAMBA2,
+     .granite_scales = 1, .rope_finetuned_key = 1,
+     .notes = "hybrid (Granite 4.0-H): Mamba-2 layers (head_count_kv 0: conv1d + SiLU, "
+              "selective scan per head, D skip, SiLU(z) gate, grouped RMS norm) and attention "
+              "layers (no rope when rope.scaling.finetuned is false); embedding, residual, "
+              "attention and logit scales; dense SwiGLU FFN on every layer"},
 };
 
 #define N_RECIPES (sizeof RECIPES / sizeof RECIPES[0])
@@ -77,7 +89,7 @@ const model_recipe *model_recipe_find(const char *arch, uint64_t len)
 const char *model_recipe_list(void)
 {
     return "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen2moe, qwen3moe, olmoe, deepseek2, "
-           "gpt-oss";
+           "gpt-oss, lfm2, granitehybrid";
 }
 
 const model_recipe *model_recipe_at(int32_t i)
@@ -337,6 +349,146 @@ static int read_mla(const gguf_ctx *g, const model_family_base *b, model_family_
     return KV_OK;
 }
 
+/* Granite's scales (recipe granite_scales); 0 in the file means none, as
+ * llama.cpp reads them. */
+static int read_granite(const gguf_ctx *g, const model_recipe *r, const model_family_base *b,
+                        model_family_hp *o, kvant_err *err)
+{
+    float emb = 0.0f, res = 0.0f, att = 0.0f, logit = 0.0f;
+    int rc;
+    if (!r->granite_scales)
+        return KV_OK;
+    if ((rc = key_f32(g, b->arch, "embedding_scale", 0.0f, &emb, err)) ||
+        (rc = key_f32(g, b->arch, "residual_scale", 0.0f, &res, err)) ||
+        (rc = key_f32(g, b->arch, "attention.scale", 0.0f, &att, err)) ||
+        (rc = key_f32(g, b->arch, "logit_scale", 0.0f, &logit, err)))
+        return rc;
+    const float v[4] = {emb, res, att, logit};
+    for (int i = 0; i < 4; i++)
+        if (!isfinite(v[i]) || v[i] < 0.0f || v[i] > 1e6f)
+            return kvant_err_set(err, KV_EFORMAT, "%s: embedding/residual/attention/logit scale "
+                                 "%g out of range", b->arch, (double)v[i]);
+    if (emb != 0.0f)
+        o->emb_scale = emb;
+    if (res != 0.0f)
+        o->residual_scale = res;
+    if (att != 0.0f)
+        o->q_scale = att;
+    if (logit != 0.0f)
+        o->logit_scale = logit;
+    return KV_OK;
+}
+
+/* Which layers are recurrent: head_count_kv 0 in the per-layer array. */
+static int read_recr_layers(const gguf_ctx *g, const model_family_base *b, model_family_hp *o,
+                            kvant_err *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.head_count_kv", b->arch);
+    int64_t ki = gguf_find_key(g, key);
+    if (ki < 0 || gguf_kv_type(g, ki) != GGUF_TYPE_ARRAY)
+        return KV_OK; /* one count for every layer: no recurrent layer */
+    gguf_type et = gguf_arr_type(g, ki);
+    if ((et != GGUF_TYPE_INT32 && et != GGUF_TYPE_UINT32) ||
+        gguf_arr_n(g, ki) != (uint64_t)b->n_layers)
+        return kvant_err_set(err, KV_EFORMAT, "%s: array must hold %d int32/uint32 values (one "
+                             "per layer)", key, b->n_layers);
+    const uint8_t *d = gguf_arr_data(g, ki);
+    for (int32_t il = 0; il < b->n_layers; il++) {
+        int32_t v;
+        memcpy(&v, d + 4 * (size_t)il, 4);
+        o->is_recr[il] = v == 0;
+        o->n_recr += v == 0;
+    }
+    return KV_OK;
+}
+
+/* The recurrent layers' widths (recipe recr), checked against what the
+ * kernels and llama.cpp's graph take. */
+static int read_recr(const gguf_ctx *g, const model_recipe *r, const model_family_base *b,
+                     model_family_hp *o, kvant_err *err)
+{
+    int rc;
+    if (!r->recr || (rc = read_recr_layers(g, b, o, err)))
+        return r->recr ? rc : KV_OK;
+    if (o->n_recr == 0)
+        return KV_OK;
+    o->recr = r->recr;
+    if (r->recr == RECR_SHORTCONV) {
+        uint32_t swa = 0;
+        if ((rc = key_u32(g, b->arch, "shortconv.l_cache", 0, &o->ssm_d_conv, err)) ||
+            (rc = key_u32(g, b->arch, "attention.sliding_window", 0, &swa, err)))
+            return rc;
+        if (swa > 0)
+            return kvant_err_set(err, KV_EUNSUP, "%s.attention.sliding_window %u: windowed "
+                                 "attention layers of %s are not implemented", b->arch, swa,
+                                 b->arch);
+        o->ssm_d_inner = (uint32_t)b->n_embd;
+        if (o->ssm_d_conv < 2 || o->ssm_d_conv > 64)
+            return kvant_err_set(err, KV_EFORMAT, "%s.shortconv.l_cache %u outside [2, 64]",
+                                 b->arch, o->ssm_d_conv);
+        return KV_OK;
+    }
+    if ((rc = key_u32(g, b->arch, "ssm.conv_kernel", 0, &o->ssm_d_conv, err)) ||
+        (rc = key_u32(g, b->arch, "ssm.inner_size", 0, &o->ssm_d_inner, err)) ||
+        (rc = key_u32(g, b->arch, "ssm.state_size", 0, &o->ssm_d_state, err)) ||
+        (rc = key_u32(g, b->arch, "ssm.time_step_rank", 0, &o->ssm_n_head, err)) ||
+        (rc = key_u32(g, b->arch, "ssm.group_count", 1, &o->ssm_n_group, err)))
+        return rc;
+    const uint32_t H = o->ssm_n_head, G = o->ssm_n_group, D = o->ssm_d_inner;
+    if (o->ssm_d_conv < 2 || o->ssm_d_conv > 64 || o->ssm_d_state < 1 ||
+        o->ssm_d_state > 1024 || H < 1 || G < 1 || D < 1 || D > (1u << 16) || D % H ||
+        H % G || D % G)
+        return kvant_err_set(err, KV_EFORMAT, "%s.ssm: conv_kernel %u, inner_size %u, "
+                             "state_size %u, time_step_rank %u, group_count %u are not a "
+                             "Mamba-2 shape (heads divide inner_size, groups divide heads)",
+                             b->arch, o->ssm_d_conv, D, o->ssm_d_state, H, G);
+    if (D != 2u * (uint32_t)b->n_embd) /* llama.cpp asserts it */
+        return kvant_err_set(err, KV_EFORMAT, "%s.ssm.inner_size %u: must be 2 x "
+                             "embedding_length %d", b->arch, D, b->n_embd);
+    char key[128];
+    snprintf(key, sizeof key, "%s.ssm.dt_b_c_rms", b->arch);
+    if (gguf_find_key(g, key) >= 0)
+        return kvant_err_set(err, KV_EUNSUP, "%s: RMS norms of dt, B and C are not implemented",
+                             key);
+    return KV_OK;
+}
+
+/* rope.scaling.finetuned (recipe rope_finetuned_key): false means no rope. */
+static int read_rope_finetuned(const gguf_ctx *g, const model_recipe *r,
+                               const model_family_base *b, model_family_hp *o, kvant_err *err)
+{
+    if (!r->rope_finetuned_key)
+        return KV_OK;
+    char key[128];
+    int tuned = 1;
+    snprintf(key, sizeof key, "%s.rope.scaling.finetuned", b->arch);
+    int rc = gguf_get_bool_or(g, key, 1, &tuned, err);
+    o->no_rope = !tuned;
+    return rc;
+}
+
+uint64_t model_recr_conv_floats(const model_family_hp *f, int32_t n_embd)
+{
+    if (!f->recr)
+        return 0;
+    const uint64_t ch = f->recr == RECR_SHORTCONV
+                            ? (uint64_t)n_embd
+                            : (uint64_t)f->ssm_d_inner + 2ull * f->ssm_n_group * f->ssm_d_state;
+    return (uint64_t)(f->ssm_d_conv - 1) * ch;
+}
+
+uint64_t model_recr_ssm_floats(const model_family_hp *f)
+{
+    return f->recr == RECR_MAMBA2 ? (uint64_t)f->ssm_d_inner * f->ssm_d_state : 0;
+}
+
+uint64_t model_recr_state_bytes(const model_family_hp *f, int32_t n_embd)
+{
+    return (uint64_t)f->n_recr * (model_recr_conv_floats(f, n_embd) + model_recr_ssm_floats(f)) *
+           sizeof(float);
+}
+
 int model_family_read(const gguf_ctx *g, const model_recipe *r, const model_family_base *b,
                       model_family_hp *o, kvant_err *err)
 {
@@ -345,7 +497,11 @@ int model_family_read(const gguf_ctx *g, const model_recipe *r, const model_fami
     if (r->q_scale_layers && b->n_layers == r->q_scale_layers)
         o->q_scale = 1.0f / sqrtf((float)(b->n_embd / b->n_head));
     o->emb_scale = r->emb_scale ? sqrtf((float)b->n_embd) : 1.0f;
+    o->residual_scale = o->logit_scale = 1.0f;
     int rc;
+    if ((rc = read_granite(g, r, b, o, err)) || (rc = read_recr(g, r, b, o, err)) ||
+        (rc = read_rope_finetuned(g, r, b, o, err)))
+        return rc;
     if (r->attn_softcap &&
         (rc = key_f32(g, b->arch, "attn_logit_softcapping", 50.0f, &o->attn_softcap, err)))
         return rc;

@@ -56,6 +56,16 @@ typedef enum moe_gating {
     MOE_GATE_SOFTMAX_WEIGHT = 3, /* top-k of the logits, softmax over the chosen (gpt-oss) */
 } moe_gating;
 
+/* Recurrent layers of a hybrid family (the layers whose
+ * attention.head_count_kv is 0 in the file's per-layer array). */
+typedef enum recr_kind {
+    RECR_NONE = 0,
+    RECR_SHORTCONV = 1, /* lfm2: in_proj -> b, c, x; y = c * conv(b * x) over shortconv.l_cache
+                         * taps (no bias); out_proj */
+    RECR_MAMBA2 = 2,    /* granitehybrid: ssm_in -> z | xBC | dt; silu(conv(xBC) + b); the
+                         * selective scan per head; + D x; * silu(z); grouped RMS norm; ssm_out */
+} recr_kind;
+
 typedef enum output_kind {
     OUTPUT_OPTIONAL = 0, /* output.weight, or tied to token_embd when absent */
     OUTPUT_TIED = 1,     /* always token_embd; an output.weight is refused (gemma2) */
@@ -103,6 +113,11 @@ typedef struct model_recipe {
     float final_softcap;   /* its default (0: none; gemma2 30) */
     uint32_t swa_pattern;  /* default attention.sliding_window_pattern (SWA_PATTERN) */
     uint32_t swa_window;   /* default window when the key is absent (0: no window layers) */
+    uint8_t recr;          /* recr_kind of the family's recurrent layers (0: none) */
+    uint8_t granite_scales;/* {arch}.embedding_scale, residual_scale (each branch's output),
+                            * attention.scale, logit_scale (logits divided) are read */
+    uint8_t rope_finetuned_key; /* rope.scaling.finetuned false: no rope at all (Granite 4.0-H) */
+    uint8_t out_norm_lfm2; /* the output norm is named token_embd_norm.weight (lfm2) */
     int32_t q_scale_layers;/* block_count of the one size whose query scale is
                             * 1/sqrt(n_embd / n_head) (gemma 27B); 0: never */
     const char *notes;     /* what `kvant info` shows for the recipe */
@@ -144,7 +159,26 @@ typedef struct model_family_hp {
     uint32_t n_qk_nope;     /* key_length_mla - rope dims */
     uint32_t n_v_mla;       /* value_length_mla: a head's value width */
     uint8_t is_swa[MODEL_MAX_LAYERS]; /* layer il is a window layer */
+    /* Hybrid families (recipe recr): which layers are recurrent, and their widths.
+     * Mamba-2: conv over d_inner + 2 n_group d_state channels (d_conv taps), n_ssm_head
+     * heads of d_inner / n_ssm_head, each with a [head_dim][d_state] state; short
+     * convolution: d_conv = shortconv.l_cache taps over n_embd channels, no scan */
+    int recr;               /* recr_kind (0: no recurrent layer) */
+    uint8_t is_recr[MODEL_MAX_LAYERS];
+    int32_t n_recr;         /* recurrent layers */
+    uint32_t ssm_d_conv, ssm_d_inner, ssm_d_state, ssm_n_head, ssm_n_group;
+    float residual_scale;   /* each branch's output times it before the residual add (1) */
+    float logit_scale;      /* logits divided by it (1) */
+    int no_rope;            /* rope.scaling.finetuned false (recipe rope_finetuned_key) */
 } model_family_hp;
+
+/* Floats of one sequence's recurrent state in layer il (0 for an attention
+ * layer): the convolution's d_conv - 1 previous inputs of each channel, then
+ * (Mamba-2) the scan state [n_ssm_head][head_dim][d_state]. */
+uint64_t model_recr_conv_floats(const model_family_hp *f, int32_t n_embd);
+uint64_t model_recr_ssm_floats(const model_family_hp *f);
+/* Bytes of one sequence's recurrent state over all layers (f32; 0: none). */
+uint64_t model_recr_state_bytes(const model_family_hp *f, int32_t n_embd);
 
 /* What model_family_read needs of the common hyper-parameters. */
 typedef struct model_family_base {

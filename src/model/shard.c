@@ -194,6 +194,9 @@ static int check_spec(const model_hparams *hp, const shard_spec *sp, kvant_err *
         return kvant_err_set(err, KV_EUNSUP, "--tp / --pp: mixture-of-experts models (%s."
                              "expert_count %u) run in one process", hp->recipe->arch,
                              hp->fam.n_expert);
+    if (hp->fam.recr && (sp->tp_n > 1 || sp->pp_n > 1)) /* no split of the state */
+        return kvant_err_set(err, KV_EUNSUP, "--tp / --pp: hybrid models with recurrent layers "
+                             "(%s) run in one process", hp->recipe->arch);
     if (hp->fam.mla && (sp->tp_n > 1 || sp->pp_n > 1)) /* one latent row: no head split */
         return kvant_err_set(err, KV_EUNSUP, "--tp / --pp: latent-attention models (%s) run in "
                              "one process", hp->recipe->arch);

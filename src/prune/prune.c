@@ -101,8 +101,9 @@ static int recipe_prunable(const model_recipe *r)
 
 prune_stats *prune_stats_create(model *m, kvant_err *err)
 {
-    if (m->hp.fam.mla) {
-        kvant_err_set(err, KV_EUNSUP, "prune: latent-attention models (%s) are not supported",
+    if (m->hp.fam.mla || m->hp.fam.recr) {
+        kvant_err_set(err, KV_EUNSUP, "prune: %s models (%s) are not supported",
+                      m->hp.fam.mla ? "latent-attention" : "hybrid recurrent",
                       m->hp.recipe->arch);
         return NULL;
     }

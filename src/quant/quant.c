@@ -30,9 +30,21 @@ int quant_parse_type(const char *name, kvant_err *err)
     return t;
 }
 
+/* 1 when name ends with suffix. */
+static int ends_with(const char *name, const char *suffix)
+{
+    const size_t n = strlen(name), k = strlen(suffix);
+    return n >= k && !strcmp(name + n - k, suffix);
+}
+
 int quant_is_matrix(const char *name, uint32_t n_dims)
 {
     if (n_dims != 2)
+        return 0;
+    /* a hybrid's convolution taps and per-head scan constants stay f32 (the
+     * kernels read them as floats, as llama.cpp's quantize keeps them) */
+    if (strstr(name, "ssm_conv1d") || strstr(name, "shortconv.conv") || ends_with(name, "ssm_a") ||
+        ends_with(name, "ssm_d"))
         return 0;
     return !strstr(name, "norm") && !strstr(name, "rope_freqs");
 }

@@ -31,8 +31,8 @@ int reg_plan_footprint(const char *path, const engine_config *ec, uint64_t kv_pe
     for (int64_t i = 0; i < gguf_n_tensors(g); i++)
         wb += gguf_tensor(g, i)->nbytes;
     gguf_close(g);
-    plan_model pm = {hp.n_layers, hp.n_embd, hp.n_head, hp.n_head_kv, hp.head_dim,
-                     hp.n_ff,     hp.n_vocab, hp.n_ctx_train, wb, hp.n_kv_total, hp.fam.mla};
+    plan_model pm;
+    model_plan_shape(&hp, wb, &pm);
     plan_config pc = plan_config_default();
     pc.device_memory = PLAN_MAX_WEIGHTS; /* unbounded: only the shape matters here */
     pc.utilization = 1.0;

@@ -157,6 +157,24 @@ static void kv_bytes_json(json_t *o, const engine_kv_snapshot *sn, const int32_t
     json_object_set_new(o, "grows_total", u64j(sn->stats.kv_grows));
 }
 
+/* A hybrid model's recurrent-state slots (MEM_STATE): a slot per running
+ * sequence and the prefix cache's snapshots. */
+static json_t *state_json(const engine_stats *st)
+{
+    const uint64_t b = st->state_slot_bytes;
+    const int32_t n = st->state_live_slots + st->state_snap_slots;
+    return json_pack("{s:I, s:i, s:i, s:i, s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "slot_bytes",
+                     (json_int_t)b, "live_slots", st->state_live_slots, "live_used",
+                     st->state_live_used, "snapshot_slots", st->state_snap_slots, "snapshots",
+                     st->state_snapshots, "bytes_reserved", (json_int_t)(b * (uint64_t)n),
+                     "snapshot_bytes_used", (json_int_t)(b * (uint64_t)st->state_snapshots),
+                     "snapshots_taken_total", (json_int_t)st->state_snap_taken,
+                     "snapshot_restores_total", (json_int_t)st->state_snap_restored,
+                     "tier_restores_total", (json_int_t)st->state_tier_restored,
+                     "tier_stores_total", (json_int_t)st->state_tier_stored,
+                     "snapshots_evicted_total", (json_int_t)st->state_snap_evicted);
+}
+
 static json_t *kv_json(const engine_kv_snapshot *sn, uint64_t resident)
 {
     int32_t n[N_STATES] = {0};
@@ -182,6 +200,8 @@ static json_t *kv_json(const engine_kv_snapshot *sn, uint64_t resident)
                                                                 sn->block_bytes)));
         json_object_set_new(o, "window", kv_window_json(sn));
     }
+    if (o && sn->stats.state_live_slots > 0)
+        json_object_set_new(o, "recurrent_state", state_json(&sn->stats));
     return o;
 }
 

@@ -238,6 +238,31 @@ static void render_spec(sbuf *b, const engine_stats *st)
           "without one).", st->spec_draft_pass_s);
 }
 
+/* A hybrid model's recurrent state (engine_state.c). */
+static void render_state(sbuf *b, const engine_stats *st)
+{
+    gauge(b, "state_slot_bytes", "Bytes of one sequence's recurrent state (hybrid models).",
+          (double)st->state_slot_bytes);
+    gauge(b, "state_live_slots", "Recurrent-state slots for running sequences.",
+          st->state_live_slots);
+    gauge(b, "state_live_slots_used", "Recurrent-state slots held by running sequences.",
+          st->state_live_used);
+    gauge(b, "state_snapshot_slots", "Recurrent-state slots for the prefix cache's snapshots.",
+          st->state_snap_slots);
+    gauge(b, "state_snapshots", "Recurrent-state snapshots held by the prefix cache.",
+          st->state_snapshots);
+    counter(b, "state_snapshots_taken_total", "Recurrent-state snapshots taken at block "
+            "boundaries.", (double)st->state_snap_taken);
+    counter(b, "state_snapshot_restores_total", "Prefix hits that restored a snapshot from "
+            "the device.", (double)st->state_snap_restored);
+    counter(b, "state_snapshot_tier_restores_total", "Prefix hits that restored a snapshot "
+            "from the host or disk tier.", (double)st->state_tier_restored);
+    counter(b, "state_snapshot_tier_stores_total", "Snapshots moved down to the host or disk "
+            "tier.", (double)st->state_tier_stored);
+    counter(b, "state_snapshots_evicted_total", "Snapshots evicted from the device to make "
+            "room.", (double)st->state_snap_evicted);
+}
+
 static void render_engine(sbuf *b, const engine_stats *st, uint64_t block_bytes)
 {
     gauge(b, "num_requests_running", "Sequences being generated (a request with n > 1 counts n).",
@@ -279,6 +304,8 @@ static void render_engine(sbuf *b, const engine_stats *st, uint64_t block_bytes)
             "KV blocks given back under requests' KV budgets (kv_budget).",
             (double)st->kv_budget_dropped);
     render_spec(b, st);
+    if (st->state_live_slots > 0)
+        render_state(b, st);
     if (st->kv_window > 0) { /* a sliding-window layer group: the kv_blocks_* above are global */
         gauge(b, "kv_window_blocks_capacity", "KV blocks of the sliding-window layers' pool.",
               st->kv_w_blocks_total);

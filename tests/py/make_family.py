@@ -50,18 +50,47 @@ keeps them; expert tensors stacked [n_expert][rows][cols] as ffn_{gate,up,down}_
                         at 7, up to [-7, 7]: g sigmoid(1.702 g) (up + 1)); feed_forward_length
                         and expert_feed_forward_length both the experts' width (intermediate_size)
 
+Hybrids (recurrent + attention; HYBRID_FAMILIES, in FAMILIES; the reference's own checks are
+tests/py/test_hybrid_ref.py, kvant's serving of them tests/py/test_hybrid.py).  A layer is recurrent where the
+per-layer attention.head_count_kv array is 0 (tiny: attention at layers 2 and 5 of 6):
+    lfm2      [lfm2]   LFM2: a gated short convolution (shortconv.l_cache 3 taps) in the recurrent
+                       layers: shortconv.in_proj gives b | c | x, y = c * conv(b * x) (per channel,
+                       the l_cache - 1 previous b*x rows as state), shortconv.out_proj y;
+                       shortconv.conv.weight [n_embd][l_cache] F32; attention layers with per-head
+                       q/k RMS norm before NEOX rope; attn_norm is the "operator norm" of both kinds;
+                       token_embd_norm.weight is the OUTPUT norm (llama.cpp's name); tied output
+    granite-h [granitehybrid] Granite-4.0-H: Mamba-2 recurrent layers (ssm.inner_size 2 n_embd in
+                       ssm.time_step_rank heads, ssm.group_count groups of B and C ssm.state_size
+                       wide; ssm_in rows z | x B C | dt, a ssm.conv_kernel-tap convolution with bias
+                       over x B C, dt = softplus(dt + ssm_dt.bias), A = ssm_a (-exp(A_log)), skip
+                       ssm_d, y * silu(z), an RMS norm per group (ssm_norm [group][d_inner/group]),
+                       ssm_out); attention layers without rope (rope.scaling.finetuned false: NoPE);
+                       embedding_scale, residual_scale (both branches), attention.scale (1/head_dim,
+                       q/k rows scaled so that scores stay O(1)), logit_scale (logits divided by it;
+                       output.weight scaled up by it); untied output.  The tiny shape has 2 groups of
+                       B/C (the real models 1).  context_length is the shape's (the converter writes
+                       2**20 for a NoPE model; a small one keeps default contexts small).
+    The recurrent layers' small tensors (ssm_a, ssm_d, ssm_dt.bias, ssm_conv1d.bias, ssm_norm) and the
+    convolution weights (ggml_ssm_conv reads F32 only; llama.cpp's quantize skips ssm_conv1d and
+    shortconv.conv) stay F32.  dt biases and A give dA = exp(dt A) of median 0.7, 0.13..0.98 between
+    its 1st and 99th percentiles (tiny), so the state both persists and decays.
+
 Norm weights are stored as llama.cpp's graph uses them (Gemma's converter has already added the +1).
 Shapes: "tiny" (n_embd 256, vocab 384, window 8: fast, yet every layer kind, GQA and a window smaller
-than the tests' sequences), "1b" (about 1e9 parameters, for speed runs; slow to write), "7b" (olmoe
-only: OLMoE-1B-7B's 64 experts, 8 per token, 6.8e9 parameters; the MoE speed runs) or "long"
-(gemma2/gemma3 only: Gemma-3-shaped layers, 5 window + 1 global, window 1024, context 32768, but
-n_embd 64 and one KV head: the 32k sliding-window KV measurement, cheap on two cores).
+than the tests' sequences), "1b" (about 1e9 parameters, for speed runs; slow to write; lfm2 as
+LFM2-1.2B: 16 layers of 2048, attention at 2 5 8 10 12 14, 32 / 8 heads, n_ff 8192; granite-h as
+Granite-4.0-H-1B: 40 layers of 1536, attention at 9 18 27 36, 12 / 4 heads, n_ff 4096, 48 SSM
+heads of 64, d_state 128, 1 group), "7b" (olmoe only: OLMoE-1B-7B's 64 experts, 8 per token,
+6.8e9 parameters; the MoE speed runs) or "long" (gemma2/gemma3 only: Gemma-3-shaped layers, 5 window
++ 1 global, window 1024, context 32768, but n_embd 64 and one KV head: the 32k sliding-window KV
+measurement, cheap on two cores).
 Weight types: those of make_synthetic (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K) for the
 2-D matrices and deepseek2's 3-D attn_k_b / attn_v_b; norms, rope factors stay F32; token_embd takes
 the weight type too.  A matrix whose rows do not split into the type's blocks takes llama.cpp
 quantize's fallback (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, F16 when 32 does not divide them).
 
     python tests/py/make_family.py OUTDIR FAMILY [--wtype T] [--shape tiny|1b] [--seed N]
+    (FAMILY "all": every family of FAMILIES the shape has, not the hybrids)
 """
 from __future__ import annotations
 
@@ -79,11 +108,12 @@ import make_synthetic as ms
 
 DENSE_FAMILIES = ["llama3", "mistral", "qwen3", "gemma2", "gemma3", "phi3"]
 MOE_FAMILIES = ["mixtral", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "deepseek3", "gpt-oss"]
-FAMILIES = DENSE_FAMILIES + MOE_FAMILIES
+HYBRID_FAMILIES = ["lfm2", "granite-h"]
+FAMILIES = DENSE_FAMILIES + MOE_FAMILIES + HYBRID_FAMILIES
 ARCH = {"llama3": "llama", "mistral": "llama", "qwen3": "qwen3", "gemma2": "gemma2",
         "gemma3": "gemma3", "phi3": "phi3", "mixtral": "llama", "qwen2moe": "qwen2moe",
         "qwen3moe": "qwen3moe", "olmoe": "olmoe", "deepseek2": "deepseek2", "deepseek3": "deepseek2",
-        "gpt-oss": "gpt-oss", "deepseek2-lite": "deepseek2"}
+        "gpt-oss": "gpt-oss", "deepseek2-lite": "deepseek2", "lfm2": "lfm2", "granite-h": "granitehybrid"}
 # deepseek2-lite (not in FAMILIES): DeepSeek-V2-Lite's KV shape (27 layers, kv_lora_rank 512, rope 64,
 # heads 128 + 64 / 128 wide) at n_embd 64 with 2 heads and 4 small experts: the latent KV memory test
 # (the cache row does not depend on the head count); tests/py/test_mla.py
@@ -142,6 +172,23 @@ GPT_OSS_BETAS = (32.0, 1.0)
 
 
 @dataclass(frozen=True)
+class Recr:
+    """A hybrid's recurrent layers: every layer not in attn (head_count_kv 0 there).  lfm2: d_conv is
+    shortconv.l_cache, the taps of its convolution over n_embd channels; granite-h: Mamba-2 with
+    d_inner = 2 n_embd in n_head heads, n_group groups of B and C d_state wide, d_conv taps."""
+    attn: tuple[int, ...]
+    d_conv: int
+    d_state: int = 0
+    n_head: int = 0
+    n_group: int = 0
+
+
+# granite-h's multipliers (Granite-4.0-H's: embedding 12, residual 0.22, logits 6; attention.scale
+# is 1/head_dim, its attention_multiplier 0.0078125 at head_dim 128)
+GRANITE_SCALES = {"embedding_scale": 12.0, "residual_scale": 0.22, "logit_scale": 6.0}
+
+
+@dataclass(frozen=True)
 class Shape:
     n_embd: int
     n_ff: int
@@ -154,6 +201,7 @@ class Shape:
     window: int
     n_expert: int = 0   # > 0: the family's expert count and experts per token, overridden
     n_used: int = 0
+    recr: Recr | None = None   # the hybrids' recurrent layers
 
 
 def moe_of(fam: str, sh: Shape) -> Moe:
@@ -179,6 +227,10 @@ TINY = {
     # n_ff: feed_forward_length, which gpt-oss's converter sets to the experts' width too
     "gpt-oss": Shape(256, 128, 4, 2, 64, 2, ms.N_VOCAB, 256, 8),
     "deepseek2-lite": Shape(64, 64, 2, 1, 192, 27, ms.N_VOCAB, 2048, 0),
+    # hybrids: layers 0 1 3 4 recurrent, 2 and 5 attention; granite-h: 8 SSM heads of 64, 2 groups
+    "lfm2": Shape(256, 512, 4, 2, 64, 6, ms.N_VOCAB, 256, 0, recr=Recr((2, 5), 3)),
+    "granite-h": Shape(256, 512, 4, 2, 64, 6, ms.N_VOCAB, 256, 0,
+                       recr=Recr((2, 5), 4, d_state=16, n_head=8, n_group=2)),
 }
 # ~1e9 parameters each (embedding included); vocabularies stay small-ish to keep the files lean
 BIG = {
@@ -192,6 +244,10 @@ BIG = {
     "qwen2moe": Shape(1024, 2048, 16, 16, 64, 8, 32768, 4096, 0),
     "qwen3moe": Shape(1024, 2048, 16, 4, 64, 8, 32768, 4096, 0),
     "olmoe": Shape(1024, 1024, 16, 16, 64, 8, 32768, 4096, 0),
+    # LFM2-1.2B's layers (1.1e9 parameters here) and Granite-4.0-H-1B's (1.4e9, untied output)
+    "lfm2": Shape(2048, 8192, 32, 8, 64, 16, 32768, 4096, 0, recr=Recr((2, 5, 8, 10, 12, 14), 3)),
+    "granite-h": Shape(1536, 4096, 12, 4, 128, 40, 32768, 4096, 0,
+                       recr=Recr((9, 18, 27, 36), 4, d_state=128, n_head=48, n_group=1)),
 }
 
 # 32k context at a tiny width: the window-group memory test (tests/py/test_kv_window.py)
@@ -248,7 +304,10 @@ def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
     w.add_feed_forward_length(sh.n_ff)
     w.add_block_count(sh.n_layer)
     w.add_head_count(sh.n_head)
-    w.add_head_count_kv(sh.n_head_kv)
+    if sh.recr:   # the converters' per-layer array: 0 marks a recurrent layer
+        w.add_head_count_kv([sh.n_head_kv if L in sh.recr.attn else 0 for L in range(sh.n_layer)])
+    else:
+        w.add_head_count_kv(sh.n_head_kv)
     w.add_layer_norm_rms_eps(1e-6 if fam.startswith(("gemma", "qwen3", "deepseek")) else 1e-5)
     if fam in MOE:
         mo = moe_of(fam, sh)
@@ -267,12 +326,12 @@ def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
                 sh.n_head * sh.head_dim != sh.n_embd:
             w.add_key_length(sh.head_dim)
             w.add_value_length(sh.head_dim)
-        if fam != "gpt-oss":   # its converter writes none: llama.cpp rotates key_length dims
-            w.add_rope_dimension_count(sh.head_dim)
+        if fam not in ("gpt-oss", "lfm2"):   # their converters write none: llama.cpp rotates
+            w.add_rope_dimension_count(sh.head_dim)   # key_length (or n_embd / n_head) dims
     base = {"llama3": 500000.0, "mistral": 1e6, "qwen3": 1e6, "gemma2": 10000.0,
             "gemma3": 1e6, "phi3": 10000.0, "mixtral": 1e6, "qwen2moe": 1e6, "qwen3moe": 1e6,
             "olmoe": 10000.0, "deepseek2": 10000.0, "deepseek3": 10000.0,
-            "gpt-oss": 150000.0, "deepseek2-lite": 10000.0}[fam]
+            "gpt-oss": 150000.0, "deepseek2-lite": 10000.0, "lfm2": 1e6, "granite-h": 10000.0}[fam]
     w.add_rope_freq_base(base)
     if fam == "gemma2":
         tiny = sh.n_embd <= 256
@@ -297,9 +356,31 @@ def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
         w.add_float32(f"{arch}.rope.scaling.yarn_beta_fast", GPT_OSS_BETAS[0])
         w.add_float32(f"{arch}.rope.scaling.yarn_beta_slow", GPT_OSS_BETAS[1])
         w.add_uint32(f"{arch}.attention.sliding_window", sh.window)
+    if sh.recr:
+        _hybrid_keys(w, fam, sh)
     w.add_vocab_size(sh.n_vocab)
     ms.add_tokenizer(w, *_vocab(sh.n_vocab, fam))
     return base
+
+
+def _hybrid_keys(w: GGUFWriter, fam: str, sh: Shape) -> None:
+    """lfm2's shortconv.l_cache; granite-h's multipliers, Mamba-2 sizes and the rope switch, as
+    GraniteHybridModel writes them (ssm.time_step_rank is the SSM head count; the dense FFN is the
+    config's shared MLP, so expert_shared_feed_forward_length is written as well)."""
+    arch, r = w.arch, sh.recr
+    if fam == "lfm2":
+        w.add_uint32(f"{arch}.shortconv.l_cache", r.d_conv)
+        return
+    w.add_float32(f"{arch}.attention.scale", 1.0 / sh.head_dim)
+    for k, v in GRANITE_SCALES.items():
+        w.add_float32(f"{arch}.{k}", v)
+    w.add_uint32(f"{arch}.expert_shared_feed_forward_length", sh.n_ff)
+    w.add_uint32(f"{arch}.ssm.conv_kernel", r.d_conv)
+    w.add_uint32(f"{arch}.ssm.state_size", r.d_state)
+    w.add_uint32(f"{arch}.ssm.group_count", r.n_group)
+    w.add_uint32(f"{arch}.ssm.inner_size", 2 * sh.n_embd)   # llama.cpp asserts the factor 2
+    w.add_uint32(f"{arch}.ssm.time_step_rank", r.n_head)
+    w.add_bool(f"{arch}.rope.scaling.finetuned", False)     # Granite-4.0-H: no rope
 
 
 def _deepseek2_routing(w: GGUFWriter, mo: Moe) -> None:
@@ -404,6 +485,58 @@ def _mla_attention(w, add, norm, rng, p: str, E: int, n_head: int, mla: Mla, wty
     _add3(w, rng, p + "attn_v_b.weight", n_head, mla.v_head, mla.kv_lora, 1.0 / math.sqrt(mla.kv_lora), wtype)
 
 
+def _hybrid_tensors(fam: str, sh: Shape, rng, add, add_f32, norm, untied: bool) -> None:
+    """The tensors of lfm2 / granite-h (add: a matrix in the weight type, add_f32: as given, norm: a
+    norm weight about 1; untied: lfm2 with an output.weight too).  Each branch's output is O(1) as
+    in the other families; granite-h's embedding rows are small (scaled by 12 they are about 0.6),
+    its q/k rows large enough that scores under attention.scale = 1/head_dim are as large as
+    1/sqrt(head_dim) would give, its output rows logit_scale times larger."""
+    E, hd, F, r = sh.n_embd, sh.head_dim, sh.n_ff, sh.recr
+    granite = fam == "granite-h"
+    ws = 1.0 / math.sqrt(E)
+    qk = (math.sqrt(hd) / hd) ** -0.5 if granite else 1.0   # attention.scale 1/hd vs 1/sqrt(hd)
+    add("token_embd.weight", (sh.n_vocab, E), 0.05 if granite else 0.2)
+    d_inner = 2 * E
+    for L in range(sh.n_layer):
+        p = f"blk.{L}."
+        norm(p + "attn_norm.weight", E)
+        if L in r.attn:
+            add(p + "attn_q.weight", (sh.n_head * hd, E), 1.3 * qk * ws)
+            add(p + "attn_k.weight", (sh.n_head_kv * hd, E), 1.3 * qk * ws)
+            add(p + "attn_v.weight", (sh.n_head_kv * hd, E), ws)
+            if not granite:
+                norm(p + "attn_q_norm.weight", hd)
+                norm(p + "attn_k_norm.weight", hd)
+            add(p + "attn_output.weight", (E, sh.n_head * hd), ws)
+        elif granite:   # Mamba-2
+            xbc = d_inner + 2 * r.n_group * r.d_state
+            add(p + "ssm_in.weight", (d_inner + xbc + r.n_head, E), ws)   # z | x B C | dt
+            add_f32(p + "ssm_conv1d.weight", 0.5 * rng.standard_normal((xbc, r.d_conv)))
+            add_f32(p + "ssm_conv1d.bias", 0.1 * rng.standard_normal(xbc))
+            # dt = softplus(N(bias, 1)) with bias in [-1.5, -0.5] and |A| in [0.5, 2]: dA = exp(dt A)
+            # 0.36..0.93 between its 10th and 90th percentiles (median 0.7)
+            add_f32(p + "ssm_dt.bias", rng.uniform(-1.5, -0.5, r.n_head))
+            add_f32(p + "ssm_a", -np.exp(rng.uniform(math.log(0.5), math.log(2.0), (r.n_head, 1))))
+            add_f32(p + "ssm_d", rng.uniform(0.5, 1.5, (r.n_head, 1)))
+            add_f32(p + "ssm_norm.weight", 1.0 + 0.1 * rng.standard_normal((r.n_group, d_inner // r.n_group)))
+            add(p + "ssm_out.weight", (E, d_inner), 1.0 / math.sqrt(d_inner))
+        else:   # lfm2's short convolution: one row of l_cache taps per channel
+            add_f32(p + "shortconv.conv.weight", rng.standard_normal((E, r.d_conv)) / math.sqrt(r.d_conv))
+            add(p + "shortconv.in_proj.weight", (3 * E, E), ws)   # b | c | x
+            add(p + "shortconv.out_proj.weight", (E, E), ws)
+        norm(p + "ffn_norm.weight", E)
+        add(p + "ffn_gate.weight", (F, E), ws)
+        add(p + "ffn_up.weight", (F, E), ws)
+        add(p + "ffn_down.weight", (E, F), 1.0 / math.sqrt(F))
+    if granite:
+        norm("output_norm.weight", E)
+        add("output.weight", (sh.n_vocab, E), 0.2 * GRANITE_SCALES["logit_scale"])
+    else:
+        norm("token_embd_norm.weight", E)   # lfm2's output norm, under llama.cpp's name
+        if untied:
+            add("output.weight", (sh.n_vocab, E), 0.2)
+
+
 def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shape: str = "tiny",
                  extra_kv: dict | None = None, extra_tensors: tuple[str, ...] = ()) -> str:
     """Write one random-weight model of `family` to path; returns path.  extra_kv (key -> str,
@@ -439,6 +572,13 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
     def norm(name, n, mean=1.0):
         add_f32(name, mean + 0.1 * rng.standard_normal(n))
 
+    if sh.recr:
+        _hybrid_tensors(family, sh, rng, add, add_f32, norm, "output" in extra_tensors)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return path
     # gemma scales the embedding by sqrt(n_embd): keep its rows small as real checkpoints do
     add("token_embd.weight", (sh.n_vocab, E), 0.2)
     if family == "llama3":

@@ -14,8 +14,18 @@ attention computed in its decompressed multi-head form; leading dense layers, so
 routing with selection bias and expert groups, an ungated shared expert) and `gpt-oss` (llama.cpp's
 openai-moe: q/k/v/output biases, attention sinks, sliding window on layers il % 2 == 0, YaRN,
 post_attention_norm before the FFN, router bias, softmax over the chosen experts' logits, expert
-biases, swiglu_oai), each written from llama.cpp's graph builders (src/models/*.cpp) as semantics,
-not from kvant.
+biases, swiglu_oai), and the hybrids whose layers with head_count_kv 0 are recurrent: `lfm2`
+(LFM2: a gated short convolution y = c * conv(b * x) of shortconv.l_cache taps per channel,
+per-head q/k norm and NEOX rope in the attention layers, token_embd_norm as the output norm) and
+`granitehybrid` (Granite-4.0-H: Mamba-2 layers; embedding_scale, residual_scale on both branches,
+attention.scale, logit_scale; no rope when rope.scaling.finetuned is false), each written from
+llama.cpp's graph builders (src/models/*.cpp, the SSM maths from ggml's ssm_conv / ssm_scan) as
+semantics, not from kvant.  The recurrent layers run token by token (the recurrence), or with
+ssm_chunk = K in chunks of K tokens: Mamba-2 as the chunked state-space-duality form (a quadratic
+form inside a chunk with segment sums of log dA, the state passed between chunks), the short
+convolution a chunk at a time.  forward(ids, state=State()) continues from a State (the K/V of the
+attention layers, the convolution rows and SSM states of the recurrent ones), so a sequence can run
+in pieces.
 Weights are dequantized with gguf.quants.dequantize (exact values of what is stored, f32)
 and all arithmetic is done in float64.
 
@@ -30,6 +40,7 @@ import argparse
 import math
 import re
 import sys
+from dataclasses import dataclass, field
 
 import numpy as np
 from gguf import GGUFReader
@@ -40,7 +51,10 @@ ROPE_NORMAL = "normal"   # rotate (x[2i], x[2i+1])
 ROPE_NEOX = "neox"       # rotate (x[i], x[i + n_rot/2])
 ARCH_ROPE = {"llama": ROPE_NORMAL, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "gemma2": ROPE_NEOX,
              "gemma3": ROPE_NEOX, "phi3": ROPE_NEOX, "qwen2moe": ROPE_NEOX, "qwen3moe": ROPE_NEOX,
-             "olmoe": ROPE_NEOX, "deepseek2": ROPE_NORMAL, "gpt-oss": ROPE_NEOX}
+             "olmoe": ROPE_NEOX, "deepseek2": ROPE_NORMAL, "gpt-oss": ROPE_NEOX,
+             "lfm2": ROPE_NEOX, "granitehybrid": ROPE_NORMAL}
+# hybrids: a layer whose head_count_kv is 0 is recurrent (llama.cpp's is_recr)
+HYBRID_ARCHS = ("lfm2", "granitehybrid")
 # mixtures of experts (llama.cpp build_moe_ffn): softmax over ffn_gate_inp, top expert_used_count,
 # the chosen probabilities divided by their sum where the family's graph passes norm_w = true;
 # deepseek2 reads its gating, norm_w and weight scale from the header (expert_gating_func,
@@ -63,6 +77,27 @@ def _field(reader: GGUFReader, key: str, default=None):
     return f.contents()
 
 
+@dataclass
+class State:
+    """What a forward pass leaves for the tokens after it: n_past positions; per attention layer
+    its keys (after rope) and values [n_past][n_head_kv][head_dim]; per recurrent layer the last
+    d_conv - 1 convolution input rows [d_conv - 1][channels] and (Mamba-2) the SSM state
+    [head][head_dim][d_state]."""
+    n_past: int = 0
+    kv: dict = field(default_factory=dict)     # layer -> (k, v)
+    conv: dict = field(default_factory=dict)   # layer -> conv rows
+    ssm: dict = field(default_factory=dict)    # layer -> SSM state
+
+
+def silu(v: np.ndarray) -> np.ndarray:
+    return v / (1.0 + np.exp(-v))
+
+
+def softplus(v: np.ndarray) -> np.ndarray:
+    """ggml's: v above 20, else log(1 + exp(v))."""
+    return np.where(v > 20.0, v, np.log1p(np.exp(np.minimum(v, 20.0))))
+
+
 def dequant(t) -> np.ndarray:
     """Dequantize a ReaderTensor to float32 numpy with numpy shape [ne1][ne0] (reversed GGUF dims)."""
     shape = tuple(int(d) for d in reversed(t.shape))
@@ -77,8 +112,9 @@ def dequant(t) -> np.ndarray:
 
 
 class RefModel:
-    def __init__(self, path: str, rope_mode: str | None = None, dtype=np.float64):
+    def __init__(self, path: str, rope_mode: str | None = None, dtype=np.float64, ssm_chunk: int = 0):
         self.path = path
+        self.ssm_chunk = ssm_chunk   # 0: the recurrent layers token by token; K: in chunks of K
         self.dt = np.dtype(dtype)  # float64 = the reference; float32 only to estimate f32 engine error
         r = GGUFReader(path)
         self.reader = r
@@ -156,6 +192,7 @@ class RefModel:
         self.ffn_norm = "post_attention_norm.weight" if a == "gpt-oss" else "ffn_norm.weight"
         self.swiglu_oai = SWIGLU_OAI if a == "gpt-oss" else None
         self._moe_routing(g)
+        self._hybrid(g)
         # deepseek2's latent attention: key_length / value_length describe the absorbed form
         self.mla = a == "deepseek2"
         if self.mla:
@@ -177,6 +214,39 @@ class RefModel:
         elif self.has("rope_factors_long.weight"):
             orig = int(g("rope.scaling.original_context_length", self.n_ctx_train))
             self.factors = "rope_factors_long.weight" if self.n_ctx_train > orig else "rope_factors_short.weight"
+
+    def _hybrid(self, g) -> None:
+        """The hybrids' recipe, as llama.cpp's load_arch_hparams reads it (the rest of the model
+        sets the defaults: no recurrent layer, output_norm, no granite multiplier, rope on).  The
+        switches ssm_gate (y * silu(z)) and ssm_norm_groups (None: the file's group count) exist
+        for the tests that show each part matters."""
+        a = self.arch
+        self.recr = [a in HYBRID_ARCHS and self.n_heads_kv[L] == 0 for L in range(self.n_layer)]
+        self.out_norm = "token_embd_norm.weight" if a == "lfm2" else "output_norm.weight"
+        self.res_scale = 0.0     # granite: x + s * branch (0: none)
+        self.logit_scale = 0.0   # granite: logits / s (0: none)
+        self.use_rope = True
+        self.ssm_gate = True
+        self.ssm_norm_groups = None
+        if a == "lfm2":
+            self.d_conv = int(g("shortconv.l_cache"))
+        if a != "granitehybrid":
+            return
+        self.emb_scale = float(g("embedding_scale", 0.0)) or 1.0
+        self.res_scale = float(g("residual_scale", 0.0))
+        self.logit_scale = float(g("logit_scale", 0.0))
+        if float(g("attention.scale", 0.0)):
+            self.q_scale = float(g("attention.scale"))
+        self.use_rope = bool(g("rope.scaling.finetuned", True))   # Granite's rope switch
+        self.d_conv = int(g("ssm.conv_kernel"))
+        self.d_inner = int(g("ssm.inner_size"))
+        self.d_state = int(g("ssm.state_size"))
+        self.n_ssm_head = int(g("ssm.time_step_rank"))
+        self.n_group = int(g("ssm.group_count"))
+        if self.d_inner != 2 * self.n_embd or self.d_inner % self.n_ssm_head or \
+                self.n_ssm_head % self.n_group:
+            raise ValueError(f"granitehybrid: ssm.inner_size {self.d_inner}, {self.n_ssm_head} heads, "
+                             f"{self.n_group} groups do not fit (llama.cpp asserts inner_size = 2 n_embd)")
 
     def _moe_routing(self, g) -> None:
         """build_moe_ffn's parameters, as llama.cpp's loader reads them: expert groups for every
@@ -399,9 +469,10 @@ class RefModel:
         k = np.concatenate([k_nope, np.broadcast_to(k_pe, (n, nh, self.n_rot))], axis=-1)
         return self.attend(q, k, v, L)
 
-    def attend(self, q, k, v, L: int) -> np.ndarray:
+    def attend(self, q, k, v, L: int, q0: int = 0) -> np.ndarray:
         """Heads' outputs [n][n_head * v's head size].  gpt-oss's attn_sinks: per head a logit
-        that joins each row's softmax (its denominator) without a value."""
+        that joins each row's softmax (its denominator) without a value.  q0: the first query's
+        position when k and v hold q0 earlier positions too (a continued State)."""
         n, nh, hd = q.shape
         group = nh // k.shape[1]
         kh = np.repeat(k, group, axis=1)  # head j uses kv head j // group
@@ -409,7 +480,7 @@ class RefModel:
         s = np.einsum("qhd,khd->hqk", q * self.dt.type(self.q_scale), kh)
         if self.attn_cap:
             s = np.tanh(s / self.attn_cap) * self.attn_cap
-        i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+        i, j = q0 + np.arange(n)[:, None], np.arange(k.shape[0])[None, :]
         masked = j > i
         if self.window[L]:
             masked |= (i - j) >= self.window[L]   # llama.cpp is_masked_swa (standard)
@@ -541,46 +612,169 @@ class RefModel:
                 m[h, i] = r
         return m
 
-    def forward(self, ids, drop_cache: bool = False) -> np.ndarray:
-        """Teacher-forced logits [n][n_vocab] (float64), positions 0..n-1 from an empty cache."""
+    # ---- the hybrids' recurrent layers ----
+    def conv(self, u: np.ndarray, w: np.ndarray, L: int, state: State | None) -> np.ndarray:
+        """Causal depthwise convolution (ggml_ssm_conv): out[t][ch] = sum_k pad[t + k][ch] w[ch][k]
+        where pad is the d_conv - 1 previous rows (zeros before the sequence) then u; w [ch][d_conv],
+        its last tap on the current row.  Token by token, or ssm_chunk rows at a time."""
+        K = w.shape[1]
+        prev = state.conv.get(L) if state is not None else None
+        if prev is None:
+            prev = np.zeros((K - 1, u.shape[1]), dtype=self.dt)
+        out = np.empty_like(u)
+        step = self.ssm_chunk or 1
+        for c0 in range(0, len(u), step):
+            pad = np.concatenate([prev, u[c0:c0 + step]])
+            m = len(pad) - (K - 1)
+            out[c0:c0 + m] = sum(pad[k:k + m] * w[:, k] for k in range(K))
+            prev = pad[m:]
+        if state is not None:
+            state.conv[L] = prev
+        return out
+
+    def shortconv(self, h: np.ndarray, p: str, L: int, state: State | None) -> np.ndarray:
+        """lfm2's recurrent layer: b | c | x = in_proj h, out_proj (c * conv(b * x))."""
+        w = self.w64(p + "shortconv.conv.weight")
+        if w.shape[1] != self.d_conv:
+            raise ValueError(f"layer {L}: shortconv.conv has {w.shape[1]} taps, l_cache is {self.d_conv}")
+        b, c, x = np.split(self.lin(h, p + "shortconv.in_proj"), 3, axis=1)
+        return self.lin(c * self.conv(b * x, w, L, state), p + "shortconv.out_proj")
+
+    def mamba2(self, h: np.ndarray, p: str, L: int, state: State | None) -> np.ndarray:
+        """granitehybrid's recurrent layer (llama.cpp build_mamba2_layer): ssm_in h gives
+        z [d_inner] | xBC [d_inner + 2 groups d_state] | dt [n_head]; xBC = silu(conv(xBC) + bias)
+        splits into x (heads of d_inner / n_head), B and C ([group][d_state]); dt = softplus(dt +
+        ssm_dt.bias); head h reads group h // (n_head / n_group); the scan (ssm_scan or ssd) gives
+        y, plus D x; y * silu(z); an RMS norm over each group's d_inner / n_group values with
+        ssm_norm's row; ssm_out y."""
+        n = len(h)
+        di, G, N, H = self.d_inner, self.n_group, self.d_state, self.n_ssm_head
+        P = di // H
+        zxbcdt = self.lin(h, p + "ssm_in")
+        z, xbc, dt = zxbcdt[:, :di], zxbcdt[:, di:2 * di + 2 * G * N], zxbcdt[:, 2 * di + 2 * G * N:]
+        xbc = self.conv(xbc, self.w64(p + "ssm_conv1d.weight"), L, state)
+        if self.has(p + "ssm_conv1d.bias"):
+            xbc = xbc + self.w64(p + "ssm_conv1d.bias")
+        xbc = silu(xbc)
+        x = xbc[:, :di].reshape(n, H, P)
+        grp = np.arange(H) // (H // G)
+        B = xbc[:, di:di + G * N].reshape(n, G, N)[:, grp]         # [n][H][N]
+        C = xbc[:, di + G * N:].reshape(n, G, N)[:, grp]
+        dt = softplus(dt + self.w64(p + "ssm_dt.bias").reshape(-1))  # [n][H]
+        A = self.w64(p + "ssm_a").reshape(-1)
+        s = state.ssm.get(L) if state is not None else None
+        if s is None:
+            s = np.zeros((H, P, N), dtype=self.dt)
+        scan = self.ssd if self.ssm_chunk else self.ssm_scan
+        y, s = scan(x, dt, A, B, C, s)
+        if state is not None:
+            state.ssm[L] = s
+        y = (y + self.w64(p + "ssm_d").reshape(H, 1) * x).reshape(n, di)
+        if self.ssm_gate:
+            y = y * silu(z)
+        ng = self.ssm_norm_groups or G
+        yg = y.reshape(n, ng, di // ng)
+        yg = yg / np.sqrt(np.mean(yg * yg, axis=-1, keepdims=True) + self.dt.type(self.eps))
+        y = yg.reshape(n, di) * self.w64(p + "ssm_norm.weight").reshape(-1)
+        return self.lin(y, p + "ssm_out")
+
+    @staticmethod
+    def ssm_scan(x, dt, A, B, C, s):
+        """The Mamba-2 recurrence, token by token: s[h][p][n] = s dA[h] + B[h][n] x[h][p] dt[h] with
+        dA = exp(dt A[h]); y[h][p] = sum_n s[h][p][n] C[h][n].  x [n][H][P], dt [n][H], B, C
+        [n][H][N] (each head's group), s [H][P][N]; returns (y [n][H][P], the last s)."""
+        y = np.empty_like(x)
+        for t in range(len(x)):
+            s = s * np.exp(dt[t] * A)[:, None, None] + \
+                (x[t] * dt[t][:, None])[:, :, None] * B[t][:, None, :]
+            y[t] = np.einsum("hpn,hn->hp", s, C[t])
+        return y, s
+
+    def ssd(self, x, dt, A, B, C, s):
+        """ssm_scan in the chunked state-space-duality form, ssm_chunk tokens a chunk.  With
+        a = dt A (log dA) and seg[t][u] = a[u+1] + .. + a[t] (the segment sum; -inf for u > t):
+        inside a chunk y[t] = sum_{u <= t} exp(seg[t][u]) (C[t] . B[u]) dt[u] x[u] (a masked
+        quadratic form, attention-like), plus the state entering the chunk decayed to t,
+        exp(a[0] + .. + a[t]) C[t] . s; the state leaving it is s exp(sum a) plus each token's
+        dt x B decayed to the chunk's end."""
+        Q = self.ssm_chunk
+        y = np.empty_like(x)
+        for c0 in range(0, len(x), Q):
+            sl = slice(c0, c0 + Q)
+            xc, dtc, Bc, Cc = x[sl], dt[sl], B[sl], C[sl]
+            m = len(xc)
+            a = (dtc * A).T                                   # [H][m]
+            # segment sums, the stable way: row t of the strictly-lower mask summed down the rows
+            rows = np.where(np.tri(m, k=-1, dtype=bool), a[:, :, None], 0.0)   # [H][t][u]: a[t], t > u
+            seg = np.cumsum(rows, axis=1)
+            seg = np.where(np.tri(m, dtype=bool), seg, -np.inf)
+            cb = np.einsum("thn,uhn->htu", Cc, Bc)
+            y[sl] = np.einsum("htu,uh,uhp->thp", np.exp(seg) * cb, dtc, xc)
+            cum = np.cumsum(a, axis=1)                        # [H][m]: a[0] + .. + a[t]
+            y[sl] += np.exp(cum).T[:, :, None] * np.einsum("thn,hpn->thp", Cc, s)
+            to_end = np.exp(cum[:, -1:] - cum)                # [H][m]: a[u+1] + .. + a[m-1]
+            s = s * np.exp(cum[:, -1])[:, None, None] + \
+                np.einsum("hu,uh,uhp,uhn->hpn", to_end, dtc, xc, Bc)
+        return y, s
+
+    def forward(self, ids, drop_cache: bool = False, state: State | None = None) -> np.ndarray:
+        """Teacher-forced logits [n][n_vocab] (float64), positions 0..n-1 from an empty cache, or
+        n_past.. after what `state` holds (which the call then extends)."""
         ids = np.asarray(ids, dtype=np.int64)
         n = len(ids)
         if n == 0:
             return np.zeros((0, self.n_vocab))
         if ids.min() < 0 or ids.max() >= self.n_vocab:
             raise ValueError("token id out of range")
+        if state is not None and (self.mla or self.kv_budget or self.snapkv or self.h2o):
+            raise ValueError("a continued State is not in the reference for latent attention or the "
+                             "KV policies")
+        n0 = state.n_past if state is not None else 0
         x = self.w("token_embd.weight")[ids].astype(self.dt)
         if self.emb_scale != 1.0:
             x = x * self.dt.type(np.float32(self.emb_scale))
-        pos = np.arange(n)
+        pos = n0 + np.arange(n)
+        res = self.dt.type(self.res_scale) if self.res_scale else None   # granite: x + s * branch
         for L in range(self.n_layer):
             p = f"blk.{L}."
             theta = self.rope_thetas(pos, self.base_l[L], self.scale_l[L]).astype(self.dt)
             nh, nkv = self.n_heads[L], self.n_heads_kv[L]
             h = self.rmsnorm(x, p + "attn_norm.weight")
-            if self.mla:
-                heads = self.mla_attend(h, p, theta, L)
+            if self.recr[L]:
+                a = (self.shortconv if self.arch == "lfm2" else self.mamba2)(h, p, L, state)
             else:
-                q, k, v = self.qkv(h, p, nh, nkv)
-                if self.has(p + "attn_q_norm.weight") and self.w(p + "attn_q_norm.weight").size != self.head_dim:
-                    q = self.rmsnorm(q.reshape(len(ids), -1), p + "attn_q_norm.weight").reshape(q.shape)
-                    k = self.rmsnorm(k.reshape(len(ids), -1), p + "attn_k_norm.weight").reshape(k.shape)
-                elif self.has(p + "attn_q_norm.weight"):   # per-head RMS norm before rope
-                    q = self.rmsnorm(q, p + "attn_q_norm.weight")
-                    k = self.rmsnorm(k, p + "attn_k_norm.weight")
-                heads = self.attend(self.rope(q, theta), self.rope(k, theta), v, L)
-            a = self.lin(heads, p + "attn_output")
+                if self.mla:
+                    heads = self.mla_attend(h, p, theta, L)
+                else:
+                    q, k, v = self.qkv(h, p, nh, nkv)
+                    if self.has(p + "attn_q_norm.weight") and self.w(p + "attn_q_norm.weight").size != self.head_dim:
+                        q = self.rmsnorm(q.reshape(len(ids), -1), p + "attn_q_norm.weight").reshape(q.shape)
+                        k = self.rmsnorm(k.reshape(len(ids), -1), p + "attn_k_norm.weight").reshape(k.shape)
+                    elif self.has(p + "attn_q_norm.weight"):   # per-head RMS norm before rope
+                        q = self.rmsnorm(q, p + "attn_q_norm.weight")
+                        k = self.rmsnorm(k, p + "attn_k_norm.weight")
+                    if self.use_rope:
+                        q, k = self.rope(q, theta), self.rope(k, theta)
+                    if state is not None:
+                        if L in state.kv:
+                            k = np.concatenate([state.kv[L][0], k])
+                            v = np.concatenate([state.kv[L][1], v])
+                        state.kv[L] = (k, v)
+                    heads = self.attend(q, k, v, L, n0)
+                a = self.lin(heads, p + "attn_output")
             if self.gemma:
                 a = self.rmsnorm(a, p + "post_attention_norm.weight")
-            x = x + a
+            x = x + (a if res is None else res * a)
             f = self.ffn(self.rmsnorm(x, p + self.ffn_norm), p, L)
             if self.gemma:
                 f = self.rmsnorm(f, p + "post_ffw_norm.weight")
-            x = x + f
+            x = x + (f if res is None else res * f)
             if drop_cache:
                 for key in [k_ for k_ in self._cache if k_.startswith(p)]:
                     del self._cache[key]
-        x = self.rmsnorm(x, "output_norm.weight")
+        if state is not None:
+            state.n_past += n
+        x = self.rmsnorm(x, self.out_norm)
         out_name = "output.weight" if self.has("output.weight") else "token_embd.weight"
         # chunk over vocab to bound f64 memory
         W = self.w(out_name)
@@ -590,6 +784,8 @@ class RefModel:
             logits[:, a:a + step] = x @ W[a:a + step].astype(self.dt).T
         if self.final_cap:
             logits = np.tanh(logits / self.final_cap) * self.final_cap
+        if self.logit_scale:   # granite: llama.cpp scales by 1 / logit_scale
+            logits = logits / self.logit_scale
         return logits
 
 
@@ -670,6 +866,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="write logits .npy (float64) or .f32 (raw float32)")
     ap.add_argument("--rope", choices=[ROPE_NORMAL, ROPE_NEOX], help="override the rope convention")
     ap.add_argument("--f32", action="store_true", help="compute in float32 (error estimate only)")
+    ap.add_argument("--ssm-chunk", type=int, default=0,
+                    help="hybrids: recurrent layers in chunks of N tokens (0: token by token)")
     ap.add_argument("--ppl", type=int, default=0, help="print perplexity over chunks of this size")
     ap.add_argument("--generate", type=int, default=0, help="greedy-continue N tokens and print ids/text")
     a = ap.parse_args(argv)
@@ -683,7 +881,7 @@ def main(argv=None) -> int:
         ap.error("need --tokens, --tokens-file or --text-file")
     if a.n:
         ids = ids[: a.n]
-    m = RefModel(a.model, rope_mode=a.rope, dtype=np.float32 if a.f32 else np.float64)
+    m = RefModel(a.model, rope_mode=a.rope, dtype=np.float32 if a.f32 else np.float64, ssm_chunk=a.ssm_chunk)
     if a.ppl:
         tot, cnt = 0.0, 0
         for s in range(0, len(ids) - 1, a.ppl):

@@ -13,7 +13,7 @@
  * vocab 49152, trained context 8192.  weights: a round 100 MB. */
 static plan_model smollm(void)
 {
-    plan_model m = { 30, 576, 9, 3, 64, 1536, 49152, 8192, 100000000ull, 0, 0 };
+    plan_model m = { 30, 576, 9, 3, 64, 1536, 49152, 8192, 100000000ull, 0, 0, 0, 0 };
     return m;
 }
 
@@ -21,7 +21,7 @@ static plan_model smollm(void)
  * vocab 32000, trained context 2048.  weights: 2.2 GB (f16). */
 static plan_model tinyllama(void)
 {
-    plan_model m = { 22, 2048, 32, 4, 64, 5632, 32000, 2048, 2200000000ull, 0, 0 };
+    plan_model m = { 22, 2048, 32, 4, 64, 5632, 32000, 2048, 2200000000ull, 0, 0, 0, 0 };
     return m;
 }
 
@@ -48,7 +48,7 @@ static void test_smollm(void)
     m.n_kv_total = 0;
     /* latent attention (DeepSeek-V2-Lite: 27 layers, one row of 512 + 64): the K row
      * alone, 27 * 576 * 2 B = 31104 (f16) */
-    plan_model mla = {27, 2048, 16, 1, 576, 10944, 102400, 163840, 1000000000ull, 0, 1};
+    plan_model mla = {27, 2048, 16, 1, 576, 10944, 102400, 163840, 1000000000ull, 0, 1, 0, 0};
     CHECK(plan_kv_bytes_per_token(&mla, DT_F16) == 31104);
     mla.v_in_k = 0;
     CHECK(plan_kv_bytes_per_token(&mla, DT_F16) == 62208);
@@ -206,7 +206,7 @@ static void expect_refusal_fwd(const plan_model *m, const plan_config *c);
  * 128 B per layer per token), 5 of them on a 1024 window, context 32768. */
 static void test_window_split(void)
 {
-    plan_model m = { 6, 64, 2, 1, 32, 128, 384, 32768, 1000000ull, 0, 0 };
+    plan_model m = { 6, 64, 2, 1, 32, 128, 384, 32768, 1000000ull, 0, 0, 0, 0 };
     plan_config c = plan_config_default();
     c.device_memory = 512ull << 20;
     c.ctx = 32768;
@@ -402,9 +402,46 @@ static void test_fit(void)
     CHECK(plan_fit_weights(&m, &c, &cap) == 1 && cap == 0);
 }
 
+/* A hybrid (Granite-4.0-H-1B-like: 40 layers of which 4 attend, 4 KV heads of
+ * 128): KV bytes count the attention layers only, the recurrent state's slots
+ * come out of the budget before the KV pool. */
+static void test_hybrid(void)
+{
+    plan_model m = {40, 1536, 12, 4, 128, 6448, 100352, 4096, 1000000000ull, 16, 0, 4,
+                    56623104ull};
+    kvant_err e0 = {0};
+    CHECK(plan_model_check(&m, &e0) == KV_OK);
+    CHECK(plan_kv_bytes_per_token(&m, DT_F16) == 16ull * 2 * 128 * 2); /* 8 KiB, not 80 */
+    m.n_kv_total = 3; /* fewer KV heads than attention layers */
+    CHECK(plan_model_check(&m, &e0) == KV_EINVAL && strstr(e0.msg, "KV heads over layers"));
+    m.n_kv_total = 16;
+    m.n_kv_layers = 41;
+    CHECK(plan_model_check(&m, &e0) == KV_EINVAL);
+    m.n_kv_layers = 4;
+    plan_config c = plan_config_default();
+    c.device_memory = 8ull << 30;
+    c.utilization = 1.0;
+    c.ctx = 4096;
+    plan_result r0, r1;
+    CHECK(plan_compute(&m, &c, &r0, &e0) == KV_OK && r0.state_bytes == 0);
+    c.state_slots = 20;
+    CHECK(plan_compute(&m, &c, &r1, &e0) == KV_OK);
+    CHECK(r1.state_bytes == 20ull * 56623104ull && r1.state_slots == 20);
+    CHECK(r1.state_slot_bytes == 56623104ull);
+    /* the KV pool gave up the state's bytes, to within one block */
+    const uint64_t bb = r1.kv_bytes_per_token * (uint64_t)r1.block_size;
+    CHECK(r0.kv_pool_bytes - r1.kv_pool_bytes + bb > r1.state_bytes);
+    CHECK(r0.kv_pool_bytes - r1.kv_pool_bytes <= r1.state_bytes + bb);
+    char line[160];
+    CHECK(plan_state_line(&r1, 12, line, sizeof line) && strstr(line, "20 slots") &&
+          strstr(line, "12 for running sequences, 8 for the prefix cache"));
+    CHECK(plan_state_line(&r0, 0, line, sizeof line) == NULL);
+}
+
 int main(void)
 {
     test_window_split();
+    test_hybrid();
     dtype_init();
     test_smollm();
     test_tinyllama();

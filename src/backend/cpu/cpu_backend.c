@@ -225,7 +225,8 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
         return kvant_err_set(err, KV_EINVAL, "kv pool: %d layers (limit %d)", lay->n_layers,
                              MODEL_MAX_LAYERS);
     for (int32_t il = 0; il < lay->n_layers; il++)
-        if (kv_layout_heads(lay, il) < 1 || kv_layout_heads(lay, il) > lay->n_kv_heads)
+        if (lay->layer_kv_heads[il] != KV_LAYOUT_NO_KV &&
+            (kv_layout_heads(lay, il) < 1 || kv_layout_heads(lay, il) > lay->n_kv_heads))
             return kvant_err_set(err, KV_EINVAL, "kv pool: layer %d has %d KV heads (1 to %d)",
                                  il, kv_layout_heads(lay, il), lay->n_kv_heads);
     if (lay->n_blocks_w < 0 || (lay->n_blocks_w > 0 && lay->max_blocks > lay->n_blocks))
@@ -358,8 +359,55 @@ static int cpu_kv_import_block(backend *be, int32_t block, const void *src)
 
 static int cpu_begin_batch(backend *be, const fwd_batch *b, kvant_err *err)
 {
-    cpu(be)->batch = b;
-    (void)err;
+    cpu_backend *cb = cpu(be);
+    int rc = cb->state.n_slots ? cpu_state_begin(&cb->state, b, err) : KV_OK;
+    if (rc)
+        return rc;
+    cb->batch = b;
+    return KV_OK;
+}
+
+/* ---- recurrent state (cpu_ssm.c) ---- */
+
+static int cpu_state_init(backend *be, int32_t n_slots, kvant_err *err)
+{
+    cpu_backend *cb = cpu(be);
+    if (!cb->model)
+        return kvant_err_set(err, KV_EINVAL, "recurrent state: no model loaded");
+    cpu_state_release(&cb->state, cb->mem, &cb->state_mem);
+    cb->state = cpu_state_layout(cb->model, ssm_scan_for(cb->isa));
+    return cpu_state_alloc(&cb->state, cb->mem, n_slots, &cb->state_mem, err);
+}
+
+static void cpu_state_free(backend *be)
+{
+    cpu_state_release(&cpu(be)->state, cpu(be)->mem, &cpu(be)->state_mem);
+}
+
+static void cpu_state_copy_op(backend *be, int32_t dst, int32_t src)
+{
+    cpu_state_copy(&cpu(be)->state, dst, src);
+}
+
+static int cpu_state_export_op(backend *be, int32_t slot, void *dst)
+{
+    return cpu_state_export(&cpu(be)->state, slot, dst);
+}
+
+static int cpu_state_import_op(backend *be, int32_t slot, const void *src, int32_t pos)
+{
+    return cpu_state_import(&cpu(be)->state, slot, src, pos);
+}
+
+static int cpu_recr_mix_op(backend *be, int32_t il, const model_layer *L, float eps,
+                           float *d_proj, float *d_y, int32_t n, kvant_err *err)
+{
+    cpu_backend *cb = cpu(be);
+    if (!cb->state.n_slots || !cb->model)
+        return kvant_err_set(err, KV_EINVAL, "layer %d: no recurrent state", il);
+    const cpu_recr_env env = {cb->pool, &cb->state, cb->batch, &cb->model->hp.fam,
+                              cb->model->hp.n_embd};
+    cpu_recr_mix(&env, il, L, eps, d_proj, d_y, n);
     return KV_OK;
 }
 
@@ -785,6 +833,7 @@ static void cpu_destroy(backend *be)
     if (!cb)
         return;
     cpu_kv_free(be);
+    cpu_state_free(be);
     mem_free(cb->mem, cb->qact);
     mem_free(cb->mem, cb->moe_ws);
     cpu_pack_drop(cb->packed, cb->mem);
@@ -833,6 +882,12 @@ static const backend_ops cpu_ops = {
     .moe_ffn = cpu_moe_ffn_op,
     .mla_qk = cpu_mla_qk_op,
     .mla_v = cpu_mla_v_op,
+    .state_init = cpu_state_init,
+    .state_free = cpu_state_free,
+    .state_copy = cpu_state_copy_op,
+    .state_export = cpu_state_export_op,
+    .state_import = cpu_state_import_op,
+    .recr_mix = cpu_recr_mix_op,
     .gather_out = cpu_gather_out,
 };
 

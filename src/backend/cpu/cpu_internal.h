@@ -13,6 +13,7 @@
 #include "backend/cpu/cpu_mla.h"
 #include "backend/cpu/cpu_moe.h"
 #include "backend/cpu/cpu_pack.h"
+#include "backend/cpu/cpu_ssm.h"
 #include "backend/cpu/tpool.h"
 #include "kernels/hadamard.h"
 #include "kernels/matmul.h"
@@ -55,6 +56,9 @@ typedef struct cpu_backend {
     cpu_mla_dims mla;       /* its latent attention's shape (zero: none) */
     const model *model;     /* the loaded model (borrowed, load_weights to unload_weights):
                              * its expert cache (model.xcache) for moe_ffn */
+    cpu_state state;        /* hybrid models' recurrent-state slots (state_init), in
+                             * state_mem (MEM_STATE); n_slots 0 without */
+    void *state_mem;
     void *moe_ws;           /* MEM_WORKSPACE for cpu_moe_ffn and cpu_mla (one op at a
                              * time), moe_ws_bytes: layer_ws_bytes of the largest step */
     size_t moe_ws_bytes;
