@@ -247,6 +247,9 @@ typedef struct backend_ops {
     void (*swiglu)(backend *be, const float *d_gate, const float *d_up, float *d_out, int64_t n);
     /* d_out[i] = gelu(d_gate[i]) * d_up[i], GELU's tanh form (ggml_gelu) */
     void (*geglu)(backend *be, const float *d_gate, const float *d_up, float *d_out, int64_t n);
+    /* Optional (NULL: FFN_RELU_SQR models are refused, fwd_init).  d_y[i] =
+     * max(d_x[i], 0)^2 (an ungated MLP's activation, Nemotron-H) */
+    void (*relu_sqr)(backend *be, const float *d_x, float *d_y, int64_t n);
     /* d_x[i] *= s */
     void (*scale)(backend *be, float *d_x, float s, int64_t n);
     /* Optional (NULL: kv_layout.rotate is refused): the normalized

@@ -67,7 +67,8 @@ kv_layout fwd_kv_layout(const model *m, int32_t n_blocks, int32_t block_size, ui
         .n_state_slots = model_is_hybrid(m) ? 1 : 0,
     };
     for (int32_t il = 0; il < m->hp.n_layers && il < MODEL_MAX_LAYERS; il++) {
-        lay.layer_kv_heads[il] = m->layers[il].recr ? KV_LAYOUT_NO_KV : m->layers[il].n_head_kv;
+        lay.layer_kv_heads[il] = m->layers[il].n_head_kv ? m->layers[il].n_head_kv
+                                                         : KV_LAYOUT_NO_KV; /* recurrent, MLP */
         lay.layer_window[il] = m->layers[il].window > 0;
     }
     return lay;
@@ -93,6 +94,9 @@ int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_
     if (model_is_hybrid(m) && (!be->ops->state_init || !be->ops->recr_mix))
         return kvant_err_set(err, KV_EUNSUP, "backend %s: hybrid models with recurrent layers "
                              "(%s) are not supported", be->ops->name, m->hp.recipe->arch);
+    if (m->hp.recipe->act == FFN_RELU_SQR && !be->ops->relu_sqr)
+        return kvant_err_set(err, KV_EUNSUP, "backend %s: relu^2 MLPs (%s) are not supported",
+                             be->ops->name, m->hp.recipe->arch);
     if (model_is_hybrid(m) && kv->n_state_slots < 1)
         return kvant_err_set(err, KV_EINVAL, "%s: a hybrid model needs recurrent-state slots",
                              m->hp.recipe->arch);
@@ -357,6 +361,21 @@ static int run_attn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
     return KV_OK;
 }
 
+/* The FFN's down-projection of d_gate, reduced, post-normed, added to d_x. */
+static int ffn_down(fwd_ctx *f, const model_layer *L, int32_t n, kvant_err *err)
+{
+    const backend_ops *op = f->be->ops;
+    const model_hparams *hp = &f->m->hp;
+    op->matmul(f->be, &L->w_down, L->b_down.dev ? &L->b_down : NULL, f->d_gate, f->d_h, n);
+    int rc = reduce(f, f->d_h, (int64_t)n * hp->n_embd, err);
+    if (rc)
+        return rc;
+    if (L->post_ffn_norm.dev)
+        op->rmsnorm(f->be, f->d_h, &L->post_ffn_norm, hp->rms_eps, f->d_h, n);
+    residual(f, n);
+    return KV_OK;
+}
+
 /* FFN half of layer il: d_x += post_norm((act(h Wg) * h Wu) Wd). */
 static int run_ffn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
 {
@@ -372,6 +391,11 @@ static int run_ffn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
                                .act = hp->recipe->act};
         return op->moe_ffn(be, L, &mp, f->d_h, f->d_x, n, err);
     }
+    if (hp->recipe->act == FFN_RELU_SQR) { /* ungated: relu(up h)^2 */
+        op->matmul(be, &L->w_up, NULL, f->d_h, f->d_up, n);
+        op->relu_sqr(be, f->d_up, f->d_gate, (int64_t)n * L->n_ff);
+        return ffn_down(f, L, n, err);
+    }
     const model_tensor *gu[2] = {&L->w_gate, &L->w_up}, *gu_b[2] = {NULL, NULL};
     float *gu_y[2] = {f->d_gate, f->d_up};
     matmuls(f, 2, gu, gu_b, f->d_h, gu_y, n);
@@ -379,20 +403,16 @@ static int run_ffn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
         op->geglu(be, f->d_gate, f->d_up, f->d_gate, (int64_t)n * L->n_ff);
     else
         op->swiglu(be, f->d_gate, f->d_up, f->d_gate, (int64_t)n * L->n_ff);
-    op->matmul(be, &L->w_down, L->b_down.dev ? &L->b_down : NULL, f->d_gate, f->d_h, n);
-    int rc = reduce(f, f->d_h, (int64_t)n * hp->n_embd, err);
-    if (rc)
-        return rc;
-    if (L->post_ffn_norm.dev)
-        op->rmsnorm(be, f->d_h, &L->post_ffn_norm, hp->rms_eps, f->d_h, n);
-    residual(f, n);
-    return KV_OK;
+    return ffn_down(f, L, n, err);
 }
 
 static int run_layer(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
 {
-    int rc = run_attn(f, il, n, err);
-    return rc ? rc : run_ffn(f, il, n, err);
+    const model_layer *L = &f->m->layers[il];
+    int rc = L->mlp_only ? KV_OK : run_attn(f, il, n, err);
+    if (rc || (L->n_ff == 0 && L->n_expert == 0)) /* a mixer-only layer (nemotron_h) */
+        return rc;
+    return run_ffn(f, il, n, err);
 }
 
 static double now_s(void)

@@ -124,12 +124,23 @@ static int layer_u32(const gguf_ctx *g, const char *suffix, int n_layers, int il
     return KV_OK;
 }
 
+/* The recipe of g's general.architecture, or NULL. */
+static const model_recipe *recipe_of(const gguf_ctx *g)
+{
+    gguf_str arch_s = {0};
+    if (gguf_get_str(g, "general.architecture", &arch_s, NULL))
+        return NULL;
+    return model_recipe_find(arch_s.ptr, arch_s.len);
+}
+
 int model_ff_length(const gguf_ctx *g, int n_layers, int il, uint32_t *n_ff, kvant_err *err)
 {
-    int rc = model_layer_u32(g, "feed_forward_length", n_layers, il, 0, n_ff, err);
+    const model_recipe *r = recipe_of(g);
+    const int zero = r && r->one_sublayer; /* 0: a layer without an MLP */
+    int rc = layer_u32(g, "feed_forward_length", n_layers, il, 0, zero, n_ff, err);
     if (rc)
         return rc;
-    if (*n_ff < 1 || *n_ff > (1u << 20))
+    if ((*n_ff < 1 && !(zero && il >= 0)) || *n_ff > (1u << 20))
         return kvant_err_set(err, KV_EFORMAT, "feed_forward_length = %u out of range", *n_ff);
     return KV_OK;
 }
@@ -140,11 +151,8 @@ int model_layer_heads(const gguf_ctx *g, int n_layers, int il, uint32_t *n_head,
     int rc = model_layer_u32(g, "attention.head_count", n_layers, il, 0, n_head, err);
     if (rc)
         return rc;
-    gguf_str arch_s = {0};
-    if ((rc = gguf_get_str(g, "general.architecture", &arch_s, err)))
-        return rc;
-    const model_recipe *r = model_recipe_find(arch_s.ptr, arch_s.len);
-    const int hybrid = r && r->recr; /* head_count_kv 0: a recurrent layer */
+    const model_recipe *r = recipe_of(g);
+    const int hybrid = r && r->recr; /* head_count_kv 0: a recurrent or MLP layer */
     if ((rc = layer_u32(g, "attention.head_count_kv", n_layers, il, *n_head, hybrid, n_head_kv,
                         err)))
         return rc;
@@ -160,10 +168,11 @@ int model_layer_heads(const gguf_ctx *g, int n_layers, int il, uint32_t *n_head,
 /* The widest layer's heads, each layer checked, and the sum of KV heads
  * over layers (the KV cache's row elements per token / head_dim / 2). */
 static int read_heads(const gguf_ctx *g, int n_layers, uint32_t *n_head, uint32_t *n_head_kv,
-                      int64_t *kv_total, kvant_err *err)
+                      int64_t *kv_total, int32_t *kv_layers, kvant_err *err)
 {
     *n_head = *n_head_kv = 0;
     *kv_total = 0;
+    *kv_layers = 0;
     for (int il = 0; il < n_layers; il++) {
         uint32_t h, kv;
         int rc = model_layer_heads(g, n_layers, il, &h, &kv, err);
@@ -172,6 +181,7 @@ static int read_heads(const gguf_ctx *g, int n_layers, uint32_t *n_head, uint32_
         *n_head = h > *n_head ? h : *n_head;
         *n_head_kv = kv > *n_head_kv ? kv : *n_head_kv;
         *kv_total += kv;
+        *kv_layers += kv > 0;
     }
     return KV_OK;
 }
@@ -217,7 +227,8 @@ int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err
         return kvant_err_set(err, KV_EFORMAT, "%s.block_count: %u outside [1, %d]", arch,
                              n_layers, MODEL_MAX_LAYERS);
     int64_t kv_total;
-    if ((rc = read_heads(g, (int)n_layers, &n_head, &n_head_kv, &kv_total, err)) ||
+    if ((rc = read_heads(g, (int)n_layers, &n_head, &n_head_kv, &kv_total, &hp->n_kv_layers,
+                         err)) ||
         (rc = model_ff_length(g, (int)n_layers, -1, &n_ff, err)))
         return rc;
     if (n_head < 1 || n_embd < 1)
@@ -256,8 +267,12 @@ int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err
     hp->n_ff = (int32_t)n_ff;
     hp->n_ctx_train = ctx;
     hp->rope_dim = (int32_t)rope_dim;
+    float eps0 = 1e-5f; /* nemotron_h: its layer_norm_epsilon when the rms key is absent */
+    if (hp->recipe->eps_key_ln &&
+        (rc = get_f32_key(g, arch, "attention.layer_norm_epsilon", eps0, &eps0, err)))
+        return rc;
     if ((rc = get_f32_key(g, arch, "rope.freq_base", 10000.0f, &hp->rope_base, err)) ||
-        (rc = get_f32_key(g, arch, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->rms_eps, err)))
+        (rc = get_f32_key(g, arch, "attention.layer_norm_rms_epsilon", eps0, &hp->rms_eps, err)))
         return rc;
     if (!(hp->rope_base > 0.0f) || !(hp->rms_eps > 0.0f && hp->rms_eps < 1.0f))
         return kvant_err_set(err, KV_EFORMAT, "%s: rope.freq_base or rms epsilon out of range",
@@ -579,6 +594,27 @@ static int bind_recr(model *m, int il, model_layer *L, kvant_err *err)
     return KV_OK;
 }
 
+/* An MLP-only layer (recipe one_sublayer): attn_norm before ffn_up, the
+ * activation (relu^2, ungated), ffn_down; no attention, no KV. */
+static int bind_mlp(model *m, int il, model_layer *L, kvant_err *err)
+{
+    const model_hparams *hp = &m->hp;
+    const gguf_ctx *g = m->gguf;
+    char name[96];
+    int rc;
+    L->mlp_only = 1;
+    L->n_head_kv = 0;
+    if (gguf_find_tensor(g, NAME("ffn_up.bias")))
+        return kvant_err_set(err, KV_EUNSUP, "tensor '%s': MLP biases before the activation are "
+                             "not implemented", name);
+    if ((rc = bind_vec(g, &L->ffn_norm, NAME("attn_norm.weight"), il, hp->n_embd, 0, err)) ||
+        (rc = bind(g, &L->w_up, NAME("ffn_up.weight"), il, hp->n_embd, L->n_ff, 0, err)) ||
+        (rc = bind(g, &L->w_down, NAME("ffn_down.weight"), il, L->n_ff, hp->n_embd, 0, err)) ||
+        (rc = bind_vec(g, &L->b_down, NAME("ffn_down.bias"), il, hp->n_embd, 1, err)))
+        return rc;
+    return KV_OK;
+}
+
 #undef NAME
 
 static int bind_layer(model *m, int il, kvant_err *err)
@@ -596,10 +632,12 @@ static int bind_layer(model *m, int il, kvant_err *err)
     L->window = swa ? (int32_t)hp->fam.n_swa : 0;
     L->rope_base = swa ? hp->fam.rope_base_swa : hp->rope_base;
     L->rope_scale = swa ? hp->fam.rope_scale_swa : hp->rope_freq_scale;
-    if ((rc = hp->fam.is_recr[il] ? bind_recr(m, il, L, err) : bind_attn(m, il, L, err)) ||
-        (rc = bind_ffn(m, il, L, err)))
+    if (hp->fam.is_mlp[il])
+        return bind_mlp(m, il, L, err);
+    if ((rc = hp->fam.is_recr[il] ? bind_recr(m, il, L, err) : bind_attn(m, il, L, err)))
         return rc;
-    return KV_OK;
+    /* recipe one_sublayer: a mixer layer has no FFN */
+    return hp->recipe->one_sublayer ? KV_OK : bind_ffn(m, il, L, err);
 }
 
 /* rope_freqs.weight, or the LongRoPE factor set llama.cpp picks at its
@@ -738,7 +776,7 @@ int model_layer_tensors(model_layer *L, model_tensor **out)
 
 void model_plan_shape(const model_hparams *hp, uint64_t weights_bytes, plan_model *out)
 {
-    int32_t kv_layers = hp->n_layers - hp->fam.n_recr;
+    int32_t kv_layers = hp->n_kv_layers;
     *out = (plan_model){
         .n_layers = hp->n_layers, .n_embd = hp->n_embd, .n_head = hp->n_head,
         .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim, .n_ff = hp->n_ff,

@@ -34,6 +34,7 @@ typedef struct model_hparams {
     int32_t n_head_kv;    /* the widest layer's (model_layer.n_head_kv per layer) */
     int64_t n_kv_total;   /* KV heads summed over layers (n_layers * n_head_kv unless
                            * a pruned model's layers differ) */
+    int32_t n_kv_layers;  /* layers with KV heads (a hybrid's attention layers) */
     int32_t head_dim;     /* n_embd / n_head unless key_length says otherwise */
     int32_t n_ff;         /* the widest layer's FFN (model_layer.n_ff per layer) */
     int32_t n_vocab;
@@ -106,6 +107,8 @@ typedef struct model_layer {
      * [n_embd][l_cache] and ssm_out; all 1-D and conv tensors f32 */
     model_tensor ssm_in, ssm_conv1d, ssm_conv1d_b, ssm_dt_b, ssm_a, ssm_d, ssm_norm, ssm_out;
     int32_t recr;            /* recr_kind of this layer (0: attention) */
+    int32_t mlp_only;        /* 1: no attention or recurrent half, only the FFN behind its
+                              * ffn_norm (recipe one_sublayer's MLP layers); n_ff 0: no FFN */
     int32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp; /* 0 for a dense FFN */
     int32_t n_ff;            /* this layer's FFN width (<= hp.n_ff; per-layer after pruning) */
     int32_t n_head, n_head_kv; /* this layer's heads (<= hp's; per-layer after pruning) */

@@ -74,6 +74,11 @@ static const model_recipe RECIPES[] = {
               "selective scan per head, D skip, SiLU(z) gate, grouped RMS norm) and attention "
               "layers (no rope when rope.scaling.finetuned is false); embedding, residual, "
               "attention and logit scales; dense SwiGLU FFN on every layer"},
+    {.arch = "nemotron_h", .rope = ROPE_NORM, .act = FFN_RELU_SQR, .recr = RECR_MAMBA2,
+     .one_sublayer = 1, .nope = 1, .eps_key_ln = 1,
+     .notes = "hybrid (Nemotron-H): each layer one sublayer behind its attn_norm: a Mamba-2 "
+              "mixer (head_count_kv and feed_forward_length 0), attention without rope "
+              "(feed_forward_length 0) or an ungated MLP down(relu(up h)^2)"},
 };
 
 #define N_RECIPES (sizeof RECIPES / sizeof RECIPES[0])
@@ -89,7 +94,7 @@ const model_recipe *model_recipe_find(const char *arch, uint64_t len)
 const char *model_recipe_list(void)
 {
     return "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen2moe, qwen3moe, olmoe, deepseek2, "
-           "gpt-oss, lfm2, granitehybrid";
+           "gpt-oss, lfm2, granitehybrid, nemotron_h";
 }
 
 const model_recipe *model_recipe_at(int32_t i)
@@ -380,25 +385,44 @@ static int read_granite(const gguf_ctx *g, const model_recipe *r, const model_fa
 }
 
 /* Which layers are recurrent: head_count_kv 0 in the per-layer array. */
-static int read_recr_layers(const gguf_ctx *g, const model_family_base *b, model_family_hp *o,
-                            kvant_err *err)
+/* {arch}.{suffix} as one value per layer (a u32 repeated, or the per-layer
+ * int array); 0 fills a missing key. */
+static int layer_values(const gguf_ctx *g, const char *arch, const char *suffix, int32_t n_layers,
+                        uint32_t *out, kvant_err *err)
 {
     char key[128];
-    snprintf(key, sizeof key, "%s.attention.head_count_kv", b->arch);
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
     int64_t ki = gguf_find_key(g, key);
-    if (ki < 0 || gguf_kv_type(g, ki) != GGUF_TYPE_ARRAY)
-        return KV_OK; /* one count for every layer: no recurrent layer */
+    if (ki < 0 || gguf_kv_type(g, ki) != GGUF_TYPE_ARRAY) {
+        uint32_t v = 0;
+        int rc = gguf_get_u32_or(g, key, 0, &v, err);
+        for (int32_t il = 0; il < n_layers; il++)
+            out[il] = v;
+        return rc;
+    }
     gguf_type et = gguf_arr_type(g, ki);
     if ((et != GGUF_TYPE_INT32 && et != GGUF_TYPE_UINT32) ||
-        gguf_arr_n(g, ki) != (uint64_t)b->n_layers)
+        gguf_arr_n(g, ki) != (uint64_t)n_layers)
         return kvant_err_set(err, KV_EFORMAT, "%s: array must hold %d int32/uint32 values (one "
-                             "per layer)", key, b->n_layers);
-    const uint8_t *d = gguf_arr_data(g, ki);
+                             "per layer)", key, n_layers);
+    memcpy(out, gguf_arr_data(g, ki), 4 * (size_t)n_layers);
+    return KV_OK;
+}
+
+/* Which layers are recurrent: head_count_kv 0 in the per-layer array (and,
+ * recipe one_sublayer, feed_forward_length 0: the others with
+ * feed_forward_length > 0 are MLP layers). */
+static int read_recr_layers(const gguf_ctx *g, const model_recipe *r,
+                            const model_family_base *b, model_family_hp *o, kvant_err *err)
+{
+    uint32_t kv[MODEL_MAX_LAYERS], ff[MODEL_MAX_LAYERS];
+    int rc = layer_values(g, b->arch, "attention.head_count_kv", b->n_layers, kv, err);
+    if (rc || (rc = layer_values(g, b->arch, "feed_forward_length", b->n_layers, ff, err)))
+        return rc;
     for (int32_t il = 0; il < b->n_layers; il++) {
-        int32_t v;
-        memcpy(&v, d + 4 * (size_t)il, 4);
-        o->is_recr[il] = v == 0;
-        o->n_recr += v == 0;
+        o->is_mlp[il] = r->one_sublayer && ff[il] > 0;
+        o->is_recr[il] = kv[il] == 0 && !o->is_mlp[il];
+        o->n_recr += o->is_recr[il];
     }
     return KV_OK;
 }
@@ -409,7 +433,7 @@ static int read_recr(const gguf_ctx *g, const model_recipe *r, const model_famil
                      model_family_hp *o, kvant_err *err)
 {
     int rc;
-    if (!r->recr || (rc = read_recr_layers(g, b, o, err)))
+    if (!r->recr || (rc = read_recr_layers(g, r, b, o, err)))
         return r->recr ? rc : KV_OK;
     if (o->n_recr == 0)
         return KV_OK;
@@ -443,7 +467,7 @@ static int read_recr(const gguf_ctx *g, const model_recipe *r, const model_famil
                              "state_size %u, time_step_rank %u, group_count %u are not a "
                              "Mamba-2 shape (heads divide inner_size, groups divide heads)",
                              b->arch, o->ssm_d_conv, D, o->ssm_d_state, H, G);
-    if (D != 2u * (uint32_t)b->n_embd) /* llama.cpp asserts it */
+    if (r->granite_scales && D != 2u * (uint32_t)b->n_embd) /* llama.cpp asserts it */
         return kvant_err_set(err, KV_EFORMAT, "%s.ssm.inner_size %u: must be 2 x "
                              "embedding_length %d", b->arch, D, b->n_embd);
     char key[128];
@@ -458,6 +482,7 @@ static int read_recr(const gguf_ctx *g, const model_recipe *r, const model_famil
 static int read_rope_finetuned(const gguf_ctx *g, const model_recipe *r,
                                const model_family_base *b, model_family_hp *o, kvant_err *err)
 {
+    o->no_rope = r->nope;
     if (!r->rope_finetuned_key)
         return KV_OK;
     char key[128];

@@ -34,6 +34,7 @@ typedef enum ffn_act {
     FFN_SILU = 0,      /* SwiGLU: silu(gate) * up */
     FFN_GELU_TANH = 1, /* GeGLU: gelu_tanh(gate) * up (ggml_gelu) */
     FFN_SWIGLU_OAI = 2,/* gpt-oss: x = min(gate, 7): x sigmoid(1.702 x) (clamp(up, -7, 7) + 1) */
+    FFN_RELU_SQR = 3,  /* ungated: down(relu(up h)^2) (nemotron_h's MLP layers) */
 } ffn_act;
 
 typedef enum swa_kind {
@@ -118,6 +119,13 @@ typedef struct model_recipe {
                             * attention.scale, logit_scale (logits divided) are read */
     uint8_t rope_finetuned_key; /* rope.scaling.finetuned false: no rope at all (Granite 4.0-H) */
     uint8_t out_norm_lfm2; /* the output norm is named token_embd_norm.weight (lfm2) */
+    uint8_t one_sublayer;  /* each layer is one sublayer behind attn_norm: recurrent
+                            * (head_count_kv and feed_forward_length 0), attention
+                            * (feed_forward_length 0) or an MLP (head_count_kv 0)
+                            * (nemotron_h) */
+    uint8_t nope;          /* attention without rope (nemotron_h) */
+    uint8_t eps_key_ln;    /* attention.layer_norm_epsilon stands in for a missing
+                            * attention.layer_norm_rms_epsilon (nemotron_h) */
     int32_t q_scale_layers;/* block_count of the one size whose query scale is
                             * 1/sqrt(n_embd / n_head) (gemma 27B); 0: never */
     const char *notes;     /* what `kvant info` shows for the recipe */
@@ -165,6 +173,7 @@ typedef struct model_family_hp {
      * convolution: d_conv = shortconv.l_cache taps over n_embd channels, no scan */
     int recr;               /* recr_kind (0: no recurrent layer) */
     uint8_t is_recr[MODEL_MAX_LAYERS];
+    uint8_t is_mlp[MODEL_MAX_LAYERS]; /* recipe one_sublayer: an MLP-only layer */
     int32_t n_recr;         /* recurrent layers */
     uint32_t ssm_d_conv, ssm_d_inner, ssm_d_state, ssm_n_head, ssm_n_group;
     float residual_scale;   /* each branch's output times it before the residual add (1) */

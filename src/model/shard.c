@@ -271,6 +271,7 @@ model_shard *model_shard_apply(model *m, const shard_spec *sp, mem_mgr *mem, kva
     s->weights_bytes = m->weights_bytes;
     int32_t l0, n_here, max_ff = 0, max_head = 0, max_kv = 0;
     int64_t kv_total = 0;
+    int32_t kv_layers = 0;
     shard_layer_range(nl, sp->pp_stage, sp->pp_n, &l0, &n_here);
     for (int il = l0; il < l0 + n_here; il++) {
         const model_layer *L = &m->layers[il];
@@ -282,6 +283,7 @@ model_shard *model_shard_apply(model *m, const shard_spec *sp, mem_mgr *mem, kva
         max_head = L->n_head > max_head ? L->n_head : max_head;
         max_kv = L->n_head_kv > max_kv ? L->n_head_kv : max_kv;
         kv_total += L->n_head_kv;
+        kv_layers += L->n_head_kv > 0;
     }
     shard_globals(m, &r, sp);
     m->layers += l0;
@@ -289,6 +291,7 @@ model_shard *model_shard_apply(model *m, const shard_spec *sp, mem_mgr *mem, kva
     m->hp.n_head = max_head;
     m->hp.n_head_kv = max_kv;
     m->hp.n_kv_total = kv_total;
+    m->hp.n_kv_layers = kv_layers;
     m->hp.n_ff = max_ff;
     uint64_t total = 0;
     model_for_each_tensor(m, add_bytes, &total);

@@ -52,7 +52,8 @@ keeps them; expert tensors stacked [n_expert][rows][cols] as ffn_{gate,up,down}_
 
 Hybrids (recurrent + attention; HYBRID_FAMILIES, in FAMILIES; the reference's own checks are
 tests/py/test_hybrid_ref.py, kvant's serving of them tests/py/test_hybrid.py).  A layer is recurrent where the
-per-layer attention.head_count_kv array is 0 (tiny: attention at layers 2 and 5 of 6):
+per-layer attention.head_count_kv array is 0 (nemotron-h: and feed_forward_length 0; lfm2 and
+granite-h tiny: attention at layers 2 and 5 of 6):
     lfm2      [lfm2]   LFM2: a gated short convolution (shortconv.l_cache 3 taps) in the recurrent
                        layers: shortconv.in_proj gives b | c | x, y = c * conv(b * x) (per channel,
                        the l_cache - 1 previous b*x rows as state), shortconv.out_proj y;
@@ -70,6 +71,24 @@ per-layer attention.head_count_kv array is 0 (tiny: attention at layers 2 and 5 
                        output.weight scaled up by it); untied output.  The tiny shape has 2 groups of
                        B/C (the real models 1).  context_length is the shape's (the converter writes
                        2**20 for a NoPE model; a small one keeps default contexts small).
+    nemotron-h [nemotron_h] Nemotron-H / Nemotron-Nano-2 (dense, not nemotron_h_moe): every layer is ONE
+                       sublayer behind its attn_norm, from the config's hybrid_override_pattern
+                       (tiny "M-*M-M*-"): "M" a Mamba-2 mixer (granite-h's tensors and maths, but
+                       ssm.inner_size = mamba_num_heads * mamba_head_dim: tiny 8 heads of 32 = n_embd),
+                       "*" attention without rope (llama.cpp's rope type NONE for the architecture;
+                       attn_q/k/v/output, no biases, no q/k norm, scale 1/sqrt(key_length)), "-" an
+                       ungated MLP ffn_down(relu(ffn_up h)^2).  Keys as NemotronHModel (via
+                       GraniteHybridModel, GraniteMoeModel, GraniteModel, LlamaModel, TextModel) writes
+                       them: per-layer attention.head_count_kv (n_head_kv on "*", 0 on "M" and "-") and
+                       feed_forward_length (n_ff on "-", 0 on the others): llama.cpp's layer is recurrent
+                       where both are 0; key_length / value_length head_dim; rope.dimension_count
+                       n_embd / n_head (LlamaModel's, GraniteModel having popped head_dim; tiny 32 with
+                       key_length 64, as Nemotron-Nano-9B-v2's 112 with 128); attention.layer_norm_epsilon
+                       only (the config's layer_norm_epsilon; llama.cpp falls back to it for the RMS
+                       eps); ssm.conv_kernel / inner_size / state_size / time_step_rank (SSM heads) /
+                       group_count; rope.scaling.finetuned false; no rope.freq_base (no rope_theta in
+                       the config), no granite multipliers, no expert keys; output_norm, untied output.
+                       context_length the shape's, as granite-h (the converter writes 2**20).
     The recurrent layers' small tensors (ssm_a, ssm_d, ssm_dt.bias, ssm_conv1d.bias, ssm_norm) and the
     convolution weights (ggml_ssm_conv reads F32 only; llama.cpp's quantize skips ssm_conv1d and
     shortconv.conv) stay F32.  dt biases and A give dA = exp(dt A) of median 0.7, 0.13..0.98 between
@@ -80,7 +99,9 @@ Shapes: "tiny" (n_embd 256, vocab 384, window 8: fast, yet every layer kind, GQA
 than the tests' sequences), "1b" (about 1e9 parameters, for speed runs; slow to write; lfm2 as
 LFM2-1.2B: 16 layers of 2048, attention at 2 5 8 10 12 14, 32 / 8 heads, n_ff 8192; granite-h as
 Granite-4.0-H-1B: 40 layers of 1536, attention at 9 18 27 36, 12 / 4 heads, n_ff 4096, 48 SSM
-heads of 64, d_state 128, 1 group), "7b" (olmoe only: OLMoE-1B-7B's 64 experts, 8 per token,
+heads of 64, d_state 128, 1 group; nemotron-h Nemotron-Nano-like, 8.5e8 parameters: 28 layers of
+2048 "M-M-M*-M-M-M*-M-M*-M-M-M*-M-", 16 / 8 heads of 128, MLPs 6144 wide, 64 SSM heads of 64, d_state
+128, 8 groups), "7b" (olmoe only: OLMoE-1B-7B's 64 experts, 8 per token,
 6.8e9 parameters; the MoE speed runs) or "long" (gemma2/gemma3 only: Gemma-3-shaped layers, 5 window
 + 1 global, window 1024, context 32768, but n_embd 64 and one KV head: the 32k sliding-window KV
 measurement, cheap on two cores).
@@ -108,12 +129,13 @@ import make_synthetic as ms
 
 DENSE_FAMILIES = ["llama3", "mistral", "qwen3", "gemma2", "gemma3", "phi3"]
 MOE_FAMILIES = ["mixtral", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "deepseek3", "gpt-oss"]
-HYBRID_FAMILIES = ["lfm2", "granite-h"]
+HYBRID_FAMILIES = ["lfm2", "granite-h", "nemotron-h"]
 FAMILIES = DENSE_FAMILIES + MOE_FAMILIES + HYBRID_FAMILIES
 ARCH = {"llama3": "llama", "mistral": "llama", "qwen3": "qwen3", "gemma2": "gemma2",
         "gemma3": "gemma3", "phi3": "phi3", "mixtral": "llama", "qwen2moe": "qwen2moe",
         "qwen3moe": "qwen3moe", "olmoe": "olmoe", "deepseek2": "deepseek2", "deepseek3": "deepseek2",
-        "gpt-oss": "gpt-oss", "deepseek2-lite": "deepseek2", "lfm2": "lfm2", "granite-h": "granitehybrid"}
+        "gpt-oss": "gpt-oss", "deepseek2-lite": "deepseek2", "lfm2": "lfm2", "granite-h": "granitehybrid",
+        "nemotron-h": "nemotron_h"}
 # deepseek2-lite (not in FAMILIES): DeepSeek-V2-Lite's KV shape (27 layers, kv_lora_rank 512, rope 64,
 # heads 128 + 64 / 128 wide) at n_embd 64 with 2 heads and 4 small experts: the latent KV memory test
 # (the cache row does not depend on the head count); tests/py/test_mla.py
@@ -173,14 +195,36 @@ GPT_OSS_BETAS = (32.0, 1.0)
 
 @dataclass(frozen=True)
 class Recr:
-    """A hybrid's recurrent layers: every layer not in attn (head_count_kv 0 there).  lfm2: d_conv is
-    shortconv.l_cache, the taps of its convolution over n_embd channels; granite-h: Mamba-2 with
-    d_inner = 2 n_embd in n_head heads, n_group groups of B and C d_state wide, d_conv taps."""
+    """A hybrid's recurrent layers: every layer not in attn (head_count_kv 0 there) nor in mlp.  lfm2:
+    d_conv is shortconv.l_cache, the taps of its convolution over n_embd channels; granite-h: Mamba-2
+    with d_inner = 2 n_embd in n_head heads, n_group groups of B and C d_state wide, d_conv taps;
+    nemotron-h: the same Mamba-2 with d_inner = n_head * head_dim (any multiple of the heads), and
+    mlp the layers that are an MLP alone (head_count_kv 0, feed_forward_length n_ff)."""
     attn: tuple[int, ...]
     d_conv: int
     d_state: int = 0
     n_head: int = 0
     n_group: int = 0
+    head_dim: int = 0            # an SSM head's width; 0: 2 n_embd / n_head (granite-h)
+    mlp: tuple[int, ...] = ()    # nemotron-h's MLP layers
+
+    def d_inner(self, n_embd: int) -> int:
+        return self.n_head * self.head_dim if self.head_dim else 2 * n_embd
+
+
+def nemotron_recr(pattern: str, d_state: int, n_head: int, head_dim: int, n_group: int) -> Recr:
+    """Nemotron-H's layers from its hybrid_override_pattern, one character a layer: "M" a Mamba-2
+    mixer, "*" attention, "-" an MLP (as NemotronHModel reads it)."""
+    assert set(pattern) <= set("M*-"), pattern
+    return Recr(tuple(i for i, c in enumerate(pattern) if c == "*"), 4, d_state=d_state,
+                n_head=n_head, n_group=n_group, head_dim=head_dim,
+                mlp=tuple(i for i, c in enumerate(pattern) if c == "-"))
+
+
+# nemotron-h's hybrid_override_pattern: tiny, and the 1b shape's 28 layers (12 M, 12 -, 4 *, the
+# mixers mostly followed by an MLP as in Nemotron-Nano-9B-v2's "M-M-M-MM-M-M-M*-M-...")
+NEMOTRON_TINY = "M-*M-M*-"
+NEMOTRON_1B = "M-M-M*-M-M-M*-M-M*-M-M-M*-M-"
 
 
 # granite-h's multipliers (Granite-4.0-H's: embedding 12, residual 0.22, logits 6; attention.scale
@@ -231,6 +275,11 @@ TINY = {
     "lfm2": Shape(256, 512, 4, 2, 64, 6, ms.N_VOCAB, 256, 0, recr=Recr((2, 5), 3)),
     "granite-h": Shape(256, 512, 4, 2, 64, 6, ms.N_VOCAB, 256, 0,
                        recr=Recr((2, 5), 4, d_state=16, n_head=8, n_group=2)),
+    # nemotron-h: 8 layers M - * M - M * -; 8 attention heads of 64 (n_head * head_dim = 512 !=
+    # n_embd, so rope.dimension_count n_embd / n_head = 32 != key_length as in Nemotron-Nano-9B-v2's
+    # 112 vs 128); 8 SSM heads of 32 (d_inner 256 = n_embd, not 2 n_embd), 2 groups of 16
+    "nemotron-h": Shape(256, 512, 8, 2, 64, 8, ms.N_VOCAB, 256, 0,
+                        recr=nemotron_recr(NEMOTRON_TINY, d_state=16, n_head=8, head_dim=32, n_group=2)),
 }
 # ~1e9 parameters each (embedding included); vocabularies stay small-ish to keep the files lean
 BIG = {
@@ -248,6 +297,11 @@ BIG = {
     "lfm2": Shape(2048, 8192, 32, 8, 64, 16, 32768, 4096, 0, recr=Recr((2, 5, 8, 10, 12, 14), 3)),
     "granite-h": Shape(1536, 4096, 12, 4, 128, 40, 32768, 4096, 0,
                        recr=Recr((9, 18, 27, 36), 4, d_state=128, n_head=48, n_group=1)),
+    # Nemotron-Nano-like (0.85e9 parameters, untied output): 28 layers of 2048, attention at
+    # 5 12 17 24 (16 / 8 heads of 128), MLPs 6144 wide, 64 SSM heads of 64 (d_inner 4096),
+    # d_state 128, 8 groups
+    "nemotron-h": Shape(2048, 6144, 16, 8, 128, 28, 32768, 4096, 0,
+                        recr=nemotron_recr(NEMOTRON_1B, d_state=128, n_head=64, head_dim=64, n_group=8)),
 }
 
 # 32k context at a tiny width: the window-group memory test (tests/py/test_kv_window.py)
@@ -301,14 +355,20 @@ def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
     w.add_name(name)
     w.add_context_length(sh.n_ctx)
     w.add_embedding_length(sh.n_embd)
-    w.add_feed_forward_length(sh.n_ff)
+    if fam == "nemotron-h":   # per layer: n_ff on the MLP layers, 0 on the mixers and attention
+        w.add_feed_forward_length([sh.n_ff if L in sh.recr.mlp else 0 for L in range(sh.n_layer)])
+    else:
+        w.add_feed_forward_length(sh.n_ff)
     w.add_block_count(sh.n_layer)
     w.add_head_count(sh.n_head)
-    if sh.recr:   # the converters' per-layer array: 0 marks a recurrent layer
+    if sh.recr:   # the converters' per-layer array: 0 marks a recurrent layer (nemotron-h: or an MLP)
         w.add_head_count_kv([sh.n_head_kv if L in sh.recr.attn else 0 for L in range(sh.n_layer)])
     else:
         w.add_head_count_kv(sh.n_head_kv)
-    w.add_layer_norm_rms_eps(1e-6 if fam.startswith(("gemma", "qwen3", "deepseek")) else 1e-5)
+    if fam == "nemotron-h":   # its config's layer_norm_epsilon (no rms_norm_eps): the only eps key
+        w.add_layer_norm_eps(1e-5)
+    else:
+        w.add_layer_norm_rms_eps(1e-6 if fam.startswith(("gemma", "qwen3", "deepseek")) else 1e-5)
     if fam in MOE:
         mo = moe_of(fam, sh)
         w.add_expert_count(mo.n_expert)
@@ -321,6 +381,13 @@ def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
             w.add_expert_shared_feed_forward_length(mo.n_ff_shexp)
     if fam in MLA:
         _mla_keys(w, MLA[fam])
+    elif fam == "nemotron-h":
+        # LlamaModel's rope.dimension_count from hidden_size / num_attention_heads (GraniteModel has
+        # popped head_dim; llama.cpp ignores it: nemotron_h has no rope), NemotronHModel's
+        # key_length / value_length head_dim
+        w.add_rope_dimension_count(sh.n_embd // sh.n_head)
+        w.add_key_length(sh.head_dim)
+        w.add_value_length(sh.head_dim)
     else:
         if fam in ("qwen3", "qwen3moe", "gemma2", "gemma3", "gpt-oss") or \
                 sh.n_head * sh.head_dim != sh.n_embd:
@@ -328,6 +395,11 @@ def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
             w.add_value_length(sh.head_dim)
         if fam not in ("gpt-oss", "lfm2"):   # their converters write none: llama.cpp rotates
             w.add_rope_dimension_count(sh.head_dim)   # key_length (or n_embd / n_head) dims
+    if fam == "nemotron-h":   # no rope_theta in its config: no rope.freq_base
+        _hybrid_keys(w, fam, sh)
+        w.add_vocab_size(sh.n_vocab)
+        ms.add_tokenizer(w, *_vocab(sh.n_vocab, fam))
+        return 10000.0
     base = {"llama3": 500000.0, "mistral": 1e6, "qwen3": 1e6, "gemma2": 10000.0,
             "gemma3": 1e6, "phi3": 10000.0, "mixtral": 1e6, "qwen2moe": 1e6, "qwen3moe": 1e6,
             "olmoe": 10000.0, "deepseek2": 10000.0, "deepseek3": 10000.0,
@@ -371,16 +443,18 @@ def _hybrid_keys(w: GGUFWriter, fam: str, sh: Shape) -> None:
     if fam == "lfm2":
         w.add_uint32(f"{arch}.shortconv.l_cache", r.d_conv)
         return
-    w.add_float32(f"{arch}.attention.scale", 1.0 / sh.head_dim)
-    for k, v in GRANITE_SCALES.items():
-        w.add_float32(f"{arch}.{k}", v)
-    w.add_uint32(f"{arch}.expert_shared_feed_forward_length", sh.n_ff)
+    if fam == "granite-h":   # Nemotron-H's config has no multipliers nor shared_intermediate_size
+        w.add_float32(f"{arch}.attention.scale", 1.0 / sh.head_dim)
+        for k, v in GRANITE_SCALES.items():
+            w.add_float32(f"{arch}.{k}", v)
+        w.add_uint32(f"{arch}.expert_shared_feed_forward_length", sh.n_ff)
     w.add_uint32(f"{arch}.ssm.conv_kernel", r.d_conv)
     w.add_uint32(f"{arch}.ssm.state_size", r.d_state)
     w.add_uint32(f"{arch}.ssm.group_count", r.n_group)
-    w.add_uint32(f"{arch}.ssm.inner_size", 2 * sh.n_embd)   # llama.cpp asserts the factor 2
+    # granitehybrid: llama.cpp asserts 2 n_embd; nemotron-h: mamba_num_heads * mamba_head_dim
+    w.add_uint32(f"{arch}.ssm.inner_size", r.d_inner(sh.n_embd))
     w.add_uint32(f"{arch}.ssm.time_step_rank", r.n_head)
-    w.add_bool(f"{arch}.rope.scaling.finetuned", False)     # Granite-4.0-H: no rope
+    w.add_bool(f"{arch}.rope.scaling.finetuned", False)     # no rope (a model with SSM layers)
 
 
 def _deepseek2_routing(w: GGUFWriter, mo: Moe) -> None:
@@ -485,18 +559,62 @@ def _mla_attention(w, add, norm, rng, p: str, E: int, n_head: int, mla: Mla, wty
     _add3(w, rng, p + "attn_v_b.weight", n_head, mla.v_head, mla.kv_lora, 1.0 / math.sqrt(mla.kv_lora), wtype)
 
 
+def _mamba2_tensors(p: str, E: int, r: Recr, rng, add, add_f32) -> None:
+    """One Mamba-2 mixer's tensors (granite-h, nemotron-h), as the converters write them: ssm_in rows
+    z | x B C | dt, the convolution [channels][d_conv] and its bias, dt bias, A = -exp(A_log) and D
+    as [n_head][1], the grouped norm [n_group][d_inner / n_group], ssm_out."""
+    d_inner = r.d_inner(E)
+    xbc = d_inner + 2 * r.n_group * r.d_state
+    add(p + "ssm_in.weight", (d_inner + xbc + r.n_head, E), 1.0 / math.sqrt(E))   # z | x B C | dt
+    add_f32(p + "ssm_conv1d.weight", 0.5 * rng.standard_normal((xbc, r.d_conv)))
+    add_f32(p + "ssm_conv1d.bias", 0.1 * rng.standard_normal(xbc))
+    # dt = softplus(N(bias, 1)) with bias in [-1.5, -0.5] and |A| in [0.5, 2]: dA = exp(dt A)
+    # 0.36..0.93 between its 10th and 90th percentiles (median 0.7)
+    add_f32(p + "ssm_dt.bias", rng.uniform(-1.5, -0.5, r.n_head))
+    add_f32(p + "ssm_a", -np.exp(rng.uniform(math.log(0.5), math.log(2.0), (r.n_head, 1))))
+    add_f32(p + "ssm_d", rng.uniform(0.5, 1.5, (r.n_head, 1)))
+    add_f32(p + "ssm_norm.weight", 1.0 + 0.1 * rng.standard_normal((r.n_group, d_inner // r.n_group)))
+    add(p + "ssm_out.weight", (E, d_inner), 1.0 / math.sqrt(d_inner))
+
+
+def _nemotron_tensors(sh: Shape, rng, add, add_f32, norm) -> None:
+    """nemotron-h's tensors: every layer one attn_norm and one of a Mamba-2 mixer, attention (q, k,
+    v, output; no biases, no q/k norm) or an ungated MLP (ffn_up, ffn_down: relu(up h)^2 is about
+    1.2 in rms, so the down rows of 1/sqrt(n_ff) give an O(1) branch); output_norm, untied output."""
+    E, hd, F, r = sh.n_embd, sh.head_dim, sh.n_ff, sh.recr
+    ws = 1.0 / math.sqrt(E)
+    add("token_embd.weight", (sh.n_vocab, E), 0.2)
+    for L in range(sh.n_layer):
+        p = f"blk.{L}."
+        norm(p + "attn_norm.weight", E)
+        if L in r.attn:
+            add(p + "attn_q.weight", (sh.n_head * hd, E), 1.3 * ws)
+            add(p + "attn_k.weight", (sh.n_head_kv * hd, E), 1.3 * ws)
+            add(p + "attn_v.weight", (sh.n_head_kv * hd, E), ws)
+            add(p + "attn_output.weight", (E, sh.n_head * hd), 1.0 / math.sqrt(sh.n_head * hd))
+        elif L in r.mlp:
+            add(p + "ffn_up.weight", (F, E), ws)
+            add(p + "ffn_down.weight", (E, F), 1.0 / math.sqrt(F))
+        else:
+            _mamba2_tensors(p, E, r, rng, add, add_f32)
+    norm("output_norm.weight", E)
+    add("output.weight", (sh.n_vocab, E), 0.2)
+
+
 def _hybrid_tensors(fam: str, sh: Shape, rng, add, add_f32, norm, untied: bool) -> None:
-    """The tensors of lfm2 / granite-h (add: a matrix in the weight type, add_f32: as given, norm: a
-    norm weight about 1; untied: lfm2 with an output.weight too).  Each branch's output is O(1) as
-    in the other families; granite-h's embedding rows are small (scaled by 12 they are about 0.6),
-    its q/k rows large enough that scores under attention.scale = 1/head_dim are as large as
-    1/sqrt(head_dim) would give, its output rows logit_scale times larger."""
+    """The tensors of lfm2 / granite-h / nemotron-h (add: a matrix in the weight type, add_f32: as
+    given, norm: a norm weight about 1; untied: lfm2 with an output.weight too).  Each branch's
+    output is O(1) as in the other families; granite-h's embedding rows are small (scaled by 12 they
+    are about 0.6), its q/k rows large enough that scores under attention.scale = 1/head_dim are as
+    large as 1/sqrt(head_dim) would give, its output rows logit_scale times larger."""
+    if fam == "nemotron-h":
+        _nemotron_tensors(sh, rng, add, add_f32, norm)
+        return
     E, hd, F, r = sh.n_embd, sh.head_dim, sh.n_ff, sh.recr
     granite = fam == "granite-h"
     ws = 1.0 / math.sqrt(E)
     qk = (math.sqrt(hd) / hd) ** -0.5 if granite else 1.0   # attention.scale 1/hd vs 1/sqrt(hd)
     add("token_embd.weight", (sh.n_vocab, E), 0.05 if granite else 0.2)
-    d_inner = 2 * E
     for L in range(sh.n_layer):
         p = f"blk.{L}."
         norm(p + "attn_norm.weight", E)
@@ -509,17 +627,7 @@ def _hybrid_tensors(fam: str, sh: Shape, rng, add, add_f32, norm, untied: bool) 
                 norm(p + "attn_k_norm.weight", hd)
             add(p + "attn_output.weight", (E, sh.n_head * hd), ws)
         elif granite:   # Mamba-2
-            xbc = d_inner + 2 * r.n_group * r.d_state
-            add(p + "ssm_in.weight", (d_inner + xbc + r.n_head, E), ws)   # z | x B C | dt
-            add_f32(p + "ssm_conv1d.weight", 0.5 * rng.standard_normal((xbc, r.d_conv)))
-            add_f32(p + "ssm_conv1d.bias", 0.1 * rng.standard_normal(xbc))
-            # dt = softplus(N(bias, 1)) with bias in [-1.5, -0.5] and |A| in [0.5, 2]: dA = exp(dt A)
-            # 0.36..0.93 between its 10th and 90th percentiles (median 0.7)
-            add_f32(p + "ssm_dt.bias", rng.uniform(-1.5, -0.5, r.n_head))
-            add_f32(p + "ssm_a", -np.exp(rng.uniform(math.log(0.5), math.log(2.0), (r.n_head, 1))))
-            add_f32(p + "ssm_d", rng.uniform(0.5, 1.5, (r.n_head, 1)))
-            add_f32(p + "ssm_norm.weight", 1.0 + 0.1 * rng.standard_normal((r.n_group, d_inner // r.n_group)))
-            add(p + "ssm_out.weight", (E, d_inner), 1.0 / math.sqrt(d_inner))
+            _mamba2_tensors(p, E, r, rng, add, add_f32)
         else:   # lfm2's short convolution: one row of l_cache taps per channel
             add_f32(p + "shortconv.conv.weight", rng.standard_normal((E, r.d_conv)) / math.sqrt(r.d_conv))
             add(p + "shortconv.in_proj.weight", (3 * E, E), ws)   # b | c | x

@@ -18,7 +18,12 @@ biases, swiglu_oai), and the hybrids whose layers with head_count_kv 0 are recur
 (LFM2: a gated short convolution y = c * conv(b * x) of shortconv.l_cache taps per channel,
 per-head q/k norm and NEOX rope in the attention layers, token_embd_norm as the output norm) and
 `granitehybrid` (Granite-4.0-H: Mamba-2 layers; embedding_scale, residual_scale on both branches,
-attention.scale, logit_scale; no rope when rope.scaling.finetuned is false), each written from
+attention.scale, logit_scale; no rope when rope.scaling.finetuned is false) and `nemotron_h`
+(Nemotron-H, dense: every layer x + one sublayer of rmsnorm(x) attn_norm: the Mamba-2 mixer where
+head_count_kv and feed_forward_length are 0, attention without rope (llama.cpp's rope type NONE;
+scale 1/sqrt(key_length)) where feed_forward_length is 0, else the ungated MLP ffn_down
+relu(ffn_up h)^2; the RMS eps attention.layer_norm_rms_epsilon, else attention.layer_norm_epsilon;
+ssm.inner_size any multiple of the SSM heads), each written from
 llama.cpp's graph builders (src/models/*.cpp, the SSM maths from ggml's ssm_conv / ssm_scan) as
 semantics, not from kvant.  The recurrent layers run token by token (the recurrence), or with
 ssm_chunk = K in chunks of K tokens: Mamba-2 as the chunked state-space-duality form (a quadratic
@@ -52,9 +57,10 @@ ROPE_NEOX = "neox"       # rotate (x[i], x[i + n_rot/2])
 ARCH_ROPE = {"llama": ROPE_NORMAL, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "gemma2": ROPE_NEOX,
              "gemma3": ROPE_NEOX, "phi3": ROPE_NEOX, "qwen2moe": ROPE_NEOX, "qwen3moe": ROPE_NEOX,
              "olmoe": ROPE_NEOX, "deepseek2": ROPE_NORMAL, "gpt-oss": ROPE_NEOX,
-             "lfm2": ROPE_NEOX, "granitehybrid": ROPE_NORMAL}
-# hybrids: a layer whose head_count_kv is 0 is recurrent (llama.cpp's is_recr)
-HYBRID_ARCHS = ("lfm2", "granitehybrid")
+             "lfm2": ROPE_NEOX, "granitehybrid": ROPE_NORMAL, "nemotron_h": ROPE_NORMAL}
+# hybrids: a layer whose head_count_kv is 0 is recurrent (llama.cpp's is_recr; nemotron_h: and
+# feed_forward_length 0, a layer with head_count_kv 0 and an n_ff being an MLP)
+HYBRID_ARCHS = ("lfm2", "granitehybrid", "nemotron_h")
 # mixtures of experts (llama.cpp build_moe_ffn): softmax over ffn_gate_inp, top expert_used_count,
 # the chosen probabilities divided by their sum where the family's graph passes norm_w = true;
 # deepseek2 reads its gating, norm_w and weight scale from the header (expert_gating_func,
@@ -133,7 +139,10 @@ class RefModel:
         self.n_heads = per_layer(g("attention.head_count"))
         self.n_heads_kv = per_layer(g("attention.head_count_kv", self.n_heads))
         self.n_head = max(self.n_heads)
-        self.eps = float(g("attention.layer_norm_rms_epsilon", 1e-5))
+        # nemotron_h: llama.cpp requires attention.layer_norm_epsilon and takes it for the RMS eps
+        # unless attention.layer_norm_rms_epsilon is given (its converter writes only the former)
+        eps0 = float(g("attention.layer_norm_epsilon")) if arch == "nemotron_h" else 1e-5
+        self.eps = float(g("attention.layer_norm_rms_epsilon", eps0))
         self.head_dim = int(g("attention.key_length", self.n_embd // self.n_head))
         self.freq_base = float(g("rope.freq_base", 10000.0))
         self.n_rot = int(g("rope.dimension_count", self.head_dim))
@@ -221,7 +230,10 @@ class RefModel:
         switches ssm_gate (y * silu(z)) and ssm_norm_groups (None: the file's group count) exist
         for the tests that show each part matters."""
         a = self.arch
-        self.recr = [a in HYBRID_ARCHS and self.n_heads_kv[L] == 0 for L in range(self.n_layer)]
+        self.one_sublayer = a == "nemotron_h"   # x + (mixer | attention | MLP)(attn_norm x)
+        self.recr = [a in HYBRID_ARCHS and self.n_heads_kv[L] == 0 and
+                     (not self.one_sublayer or self.n_ff[L] == 0) for L in range(self.n_layer)]
+        self.relu_sq = True   # nemotron_h's MLP: relu(up h)^2 (False: relu alone, a test's switch)
         self.out_norm = "token_embd_norm.weight" if a == "lfm2" else "output_norm.weight"
         self.res_scale = 0.0     # granite: x + s * branch (0: none)
         self.logit_scale = 0.0   # granite: logits / s (0: none)
@@ -230,23 +242,27 @@ class RefModel:
         self.ssm_norm_groups = None
         if a == "lfm2":
             self.d_conv = int(g("shortconv.l_cache"))
-        if a != "granitehybrid":
+        if a not in ("granitehybrid", "nemotron_h"):
             return
-        self.emb_scale = float(g("embedding_scale", 0.0)) or 1.0
-        self.res_scale = float(g("residual_scale", 0.0))
-        self.logit_scale = float(g("logit_scale", 0.0))
-        if float(g("attention.scale", 0.0)):
-            self.q_scale = float(g("attention.scale"))
-        self.use_rope = bool(g("rope.scaling.finetuned", True))   # Granite's rope switch
+        if a == "granitehybrid":
+            self.emb_scale = float(g("embedding_scale", 0.0)) or 1.0
+            self.res_scale = float(g("residual_scale", 0.0))
+            self.logit_scale = float(g("logit_scale", 0.0))
+            self.use_rope = bool(g("rope.scaling.finetuned", True))   # Granite's rope switch
+            if float(g("attention.scale", 0.0)):
+                self.q_scale = float(g("attention.scale"))
+        else:   # nemotron_h: llama.cpp's rope type NONE whatever the file says, 1/sqrt(head_dim)
+            self.use_rope = False
         self.d_conv = int(g("ssm.conv_kernel"))
         self.d_inner = int(g("ssm.inner_size"))
         self.d_state = int(g("ssm.state_size"))
         self.n_ssm_head = int(g("ssm.time_step_rank"))
         self.n_group = int(g("ssm.group_count"))
-        if self.d_inner != 2 * self.n_embd or self.d_inner % self.n_ssm_head or \
-                self.n_ssm_head % self.n_group:
-            raise ValueError(f"granitehybrid: ssm.inner_size {self.d_inner}, {self.n_ssm_head} heads, "
-                             f"{self.n_group} groups do not fit (llama.cpp asserts inner_size = 2 n_embd)")
+        if (a == "granitehybrid" and self.d_inner != 2 * self.n_embd) or self.d_inner % self.n_ssm_head \
+                or self.n_ssm_head % self.n_group:
+            raise ValueError(f"{a}: ssm.inner_size {self.d_inner}, {self.n_ssm_head} heads, "
+                             f"{self.n_group} groups do not fit (heads divide inner_size, groups divide "
+                             f"heads; granitehybrid: llama.cpp asserts inner_size = 2 n_embd)")
 
     def _moe_routing(self, g) -> None:
         """build_moe_ffn's parameters, as llama.cpp's loader reads them: expert groups for every
@@ -440,6 +456,14 @@ class RefModel:
         else:
             act = gt / (self.dt.type(1) + np.exp(-gt))
         return self.lin(act * up, p + "ffn_down")
+
+    def relu2_mlp(self, h: np.ndarray, p: str, L: int) -> np.ndarray:
+        """nemotron_h's MLP layer (llama.cpp build_ffn, LLM_FFN_RELU_SQR, no gate): ffn_down
+        relu(ffn_up h)^2, with the optional biases."""
+        if self.w(p + "ffn_up.weight").shape[0] != self.n_ff[L]:
+            raise ValueError(f"layer {L}: ffn_up rows differ from feed_forward_length")
+        u = np.maximum(self.lin(h, p + "ffn_up"), 0.0)
+        return self.lin(u * u if self.relu_sq else u, p + "ffn_down")
 
     def mla_latent(self, h: np.ndarray, p: str, theta: np.ndarray, L: int):
         """deepseek2's latent attention inputs: (q_nope [n][n_head][nope], q_pe [n][n_head][rope],
@@ -742,6 +766,8 @@ class RefModel:
             h = self.rmsnorm(x, p + "attn_norm.weight")
             if self.recr[L]:
                 a = (self.shortconv if self.arch == "lfm2" else self.mamba2)(h, p, L, state)
+            elif self.one_sublayer and self.n_ff[L]:
+                a = self.relu2_mlp(h, p, L)
             else:
                 if self.mla:
                     heads = self.mla_attend(h, p, theta, L)
@@ -765,10 +791,11 @@ class RefModel:
             if self.gemma:
                 a = self.rmsnorm(a, p + "post_attention_norm.weight")
             x = x + (a if res is None else res * a)
-            f = self.ffn(self.rmsnorm(x, p + self.ffn_norm), p, L)
-            if self.gemma:
-                f = self.rmsnorm(f, p + "post_ffw_norm.weight")
-            x = x + (f if res is None else res * f)
+            if not self.one_sublayer:
+                f = self.ffn(self.rmsnorm(x, p + self.ffn_norm), p, L)
+                if self.gemma:
+                    f = self.rmsnorm(f, p + "post_ffw_norm.weight")
+                x = x + (f if res is None else res * f)
             if drop_cache:
                 for key in [k_ for k_ in self._cache if k_.startswith(p)]:
                     del self._cache[key]

@@ -1,13 +1,16 @@
 """The float64 reference (ref_model.py) on the hybrid families (make_family.HYBRID_FAMILIES: lfm2's
-gated short convolutions, granite-h's Mamba-2 layers, each with attention at layers 2 and 5 of 6),
-before kvant runs them; no kvant binary needed.  On the tiny F32 files, 24 tokens:
+gated short convolutions, granite-h's Mamba-2 layers, each with attention at layers 2 and 5 of 6;
+nemotron-h's layers M - * M - M * -, each one Mamba-2 mixer, NoPE attention or relu^2 MLP), before
+kvant runs them; no kvant binary needed.  On the tiny F32 files, 24 tokens:
 
   * the chunked forms equal the recurrence (token by token): Mamba-2's state-space-duality chunks
     (ssm_chunk 8: three whole chunks; 5: a partial last one) and the short convolution a chunk at a
-    time; rel L2 of the logits <= 1e-5, measured 1.0e-15 (granite-h) and 0 (lfm2: the same sums);
+    time; rel L2 of the logits <= 1e-5, measured 1.0e-15 (granite-h), 2.1e-15 (nemotron-h) and 0
+    (lfm2: the same sums);
   * a sequence run in pieces (7 + 1 + 16 tokens, the State carried: K/V, convolution rows, SSM
     states) equals one piece (<= 1e-12, measured 0 or 2e-15), and dropping the convolution rows
-    (lfm2 0.44, granite-h 0.26) or the SSM states (granite-h 0.15) between the pieces does not;
+    (lfm2 0.44, granite-h 0.26, nemotron-h 0.59) or the SSM states (granite-h 0.15, nemotron-h 0.21)
+    between the pieces does not;
   * each part matters: changing it moves the logits by rel L2 >= MARGIN (0.05); measured
         granite-h: previous conv taps zeroed 0.64, conv bias 0.11, no SSM state (A = -inf) 0.31,
                    D skip 0.64, dt bias 0.17, gate silu(z) 0.72, one norm group instead of 2 0.18,
@@ -15,17 +18,26 @@ before kvant runs them; no kvant binary needed.  On the tiny F32 files, 24 token
                    logit_scale 5, rope on (the file says NoPE) 0.16;
         lfm2:      previous conv taps zeroed 1.19, taps reversed 1.34, no rope 0.16, NORMAL rope
                    0.21, token_embd_norm as ones (it is the output norm) 0.093;
-  * llama.cpp agrees: its saved rows (tests/data/peer/{lfm2,granite-h}-{F32,F16}.npz, written by
-    `scripts/peer-logits --families lfm2,granite-h --peer-only`; 16 sequences of 256 tokens, f16 K/V)
-    against the reference on the first N_PEER_SEQ (3) sequences: top-1 at every position (a differing
-    one only at a near-tie of llama.cpp's) and KL(llama.cpp || reference) over the kept rows,
-    measured F32 3.8e-9 (lfm2) / 1.6e-8 (granite-h), F16 1.2e-5 / 8.1e-7 (4 and 1 near-tie top-1
-    differences in 768); the same reference with one part wrong is far off (KL 8.2 for lfm2 with
-    reversed taps, 0.089 for granite-h with rope).
+        nemotron-h: previous conv taps zeroed 1.15, conv bias 0.30, no SSM state 0.65, D skip 1.16,
+                   dt bias 0.39, gate 1.25, one norm group instead of 2 0.58, relu instead of relu^2
+                   0.69, MLP layers zeroed 1.17, attention layers zeroed 0.58, rope on (llama.cpp:
+                   none for nemotron_h) 0.21;
+  * llama.cpp agrees: its saved rows (tests/data/peer/{lfm2,granite-h,nemotron-h}-{F32,F16}.npz,
+    written by `scripts/peer-logits --families lfm2,granite-h,nemotron-h --peer-only`; 16 sequences
+    of 256 tokens, f16 K/V) against the reference on the first N_PEER_SEQ (3) sequences: top-1 at
+    every position (a differing one only at a near-tie of llama.cpp's) and KL(llama.cpp ||
+    reference) over the kept rows, measured F32 3.8e-9 (lfm2) / 1.6e-8 (granite-h) / 2.4e-8
+    (nemotron-h), F16 1.2e-5 / 8.1e-7 / 3.4e-6 (4, 1 and 1 near-tie top-1 differences in 768); the
+    same reference with one part wrong is far off (KL 8.2 for lfm2 with reversed taps, 0.089 for
+    granite-h and 0.21 for nemotron-h with rope).
     Measured over all 16 sequences with llama.cpp's full logits (f16 and f32 K/V gave the same bits):
         lfm2-F32 rel L2 6.3e-5, top-1 100%, KL mean 1.6e-8;  lfm2-F16 1.5e-3, 99.63%, 8.7e-6
         granite-h-F32 5.5e-5, top-1 100%, KL mean 1.2e-8;    granite-h-F16 4.5e-4, 99.90%, 8.2e-7
-    (F16: llama.cpp rounds activations to f16 before an F16 matmul.)
+        nemotron-h-F32 1.0e-4, top-1 100%, KL mean 4.5e-8;   nemotron-h-F16 9.3e-4, 99.80%, 3.5e-6
+    (F16: llama.cpp rounds activations to f16 before an F16 matmul.)  The F32 gaps are llama.cpp's
+    f16 K/V: the reference with K and V rounded to f16 is 4.1e-6 (granite-h) / 9.9e-6 (nemotron-h)
+    from it; nemotron-h's is the larger as its attention branches are unscaled (granite-h's carry
+    residual_scale 0.22).
 The whole file runs in about 10 s.
 """
 from __future__ import annotations
@@ -101,7 +113,7 @@ def test_pieces_equal_one_piece(family, hy_dir):
     for chunk in (0, 4):
         e = rel_err(_pieces(path, ids, chunk), base)
         assert e <= 1e-12, f"{family} (ssm_chunk {chunk}): 7 + 1 + 16 tokens differ from one piece by {e:.3g}"
-    for drop in ("conv", "ssm") if family == "granite-h" else ("conv",):
+    for drop in ("conv",) if family == "lfm2" else ("conv", "ssm"):
         e = rel_err(_pieces(path, ids, 0, drop), base)
         assert e >= MARGIN, f"{family}: the pieces without the {drop} state carried differ only by {e:.3g}"
 
@@ -120,7 +132,27 @@ def _zero_prev_taps(w: np.ndarray) -> np.ndarray:
     return w
 
 
+def _mamba2_parts() -> dict:
+    """The Mamba-2 mixer's parts (granite-h, nemotron-h)."""
+    return {
+        "conv_prev_taps": lambda m: _weights(m, "ssm_conv1d.weight", _zero_prev_taps),
+        "conv_bias": lambda m: _weights(m, "ssm_conv1d.bias", np.zeros_like),
+        "ssm_state": lambda m: _weights(m, "ssm_a", lambda w: np.full_like(w, -1e30)),   # dA = 0
+        "d_skip": lambda m: _weights(m, "ssm_d", np.zeros_like),
+        "dt_bias": lambda m: _weights(m, "ssm_dt.bias", np.zeros_like),
+        "gate": lambda m: setattr(m, "ssm_gate", False),
+        "grouped_norm": lambda m: setattr(m, "ssm_norm_groups", 1),
+    }
+
+
 PARTS = {
+    "nemotron-h": {
+        **_mamba2_parts(),
+        "relu_sq": lambda m: setattr(m, "relu_sq", False),       # relu(up h), not squared
+        "mlp_layers": lambda m: _weights(m, "ffn_down.weight", np.zeros_like),
+        "attention_layers": lambda m: _weights(m, "attn_output.weight", np.zeros_like),
+        "no_rope": lambda m: setattr(m, "use_rope", True),       # llama.cpp: rope type NONE
+    },
     "granite-h": {
         "conv_prev_taps": lambda m: _weights(m, "ssm_conv1d.weight", _zero_prev_taps),
         "conv_bias": lambda m: _weights(m, "ssm_conv1d.bias", np.zeros_like),
@@ -182,7 +214,7 @@ def test_llama_cpp_agrees(family, wtype, tmp_path, record_result):
     pl.write_model(family, wtype, model)
     assert pl.sha256(model) == str(saved["sha256"]), (
         f"{case}: the generator no longer writes the file llama.cpp scored; regenerate with "
-        "scripts/peer-logits --families lfm2,granite-h --peer-only")
+        "scripts/peer-logits --families lfm2,granite-h,nemotron-h --peer-only")
     kl_bound, tie = PEER_BOUNDS[wtype]
     kl, differ = _peer_check(pl, RefModel(model, ssm_chunk=64), saved, N_PEER_SEQ)
     record_result(f"hybrid_peer_{case}", {"kl_mean": kl, "top1_differ": len(differ)})
@@ -193,6 +225,6 @@ def test_llama_cpp_agrees(family, wtype, tmp_path, record_result):
     assert not far, f"{case}: reference top-1 differs from llama.cpp's beyond a near-tie at {far[:10]}"
     if wtype == "F32":   # the comparison has teeth: one part wrong is far from llama.cpp
         wrong = RefModel(model, ssm_chunk=64)
-        PARTS[family]["no_rope" if family == "granite-h" else "conv_tap_order"](wrong)
+        PARTS[family]["conv_tap_order" if family == "lfm2" else "no_rope"](wrong)
         kl_wrong, _ = _peer_check(pl, wrong, saved, 1)
         assert kl_wrong > 100 * kl_bound, f"{case}: a wrong reference is only {kl_wrong:.3g} away"

@@ -731,7 +731,7 @@ static void cpu_kv_compact(backend *be, const int32_t *src, const int32_t *dst,
     cpu_snap_compact(&v, src, dst, sel, n);
 }
 
-typedef enum ew_op { EW_SWIGLU, EW_ADD, EW_GEGLU, EW_SCALE, EW_SOFTCAP } ew_op;
+typedef enum ew_op { EW_SWIGLU, EW_ADD, EW_GEGLU, EW_SCALE, EW_SOFTCAP, EW_RELU_SQR } ew_op;
 
 typedef struct ew_job {
     const float *a, *b;
@@ -761,6 +761,12 @@ static void ew_worker(int ith, int nth, void *arg)
         for (long i = b; i < e; i++)
             j->out[i] = j->s * tanhf(j->out[i] / j->s);
         break;
+    case EW_RELU_SQR:
+        for (long i = b; i < e; i++) {
+            const float v = j->a[i] > 0.0f ? j->a[i] : 0.0f;
+            j->out[i] = v * v;
+        }
+        break;
     }
 }
 
@@ -769,6 +775,12 @@ static void cpu_swiglu_op(backend *be, const float *d_gate, const float *d_up, f
 {
     ew_job j = {d_gate, d_up, d_out, n, EW_SWIGLU, 0.0f};
     cpu_run(cpu(be), ew_worker, &j, (long)n * 4); /* expf: ~4 adds' worth */
+}
+
+static void cpu_relu_sqr_op(backend *be, const float *d_x, float *d_y, int64_t n)
+{
+    ew_job j = {d_x, NULL, d_y, n, EW_RELU_SQR, 0.0f};
+    cpu_run(cpu(be), ew_worker, &j, (long)n);
 }
 
 static void cpu_geglu_op(backend *be, const float *d_gate, const float *d_up, float *d_out,
@@ -875,6 +887,7 @@ static const backend_ops cpu_ops = {
     .kv_compact = cpu_kv_compact,
     .swiglu = cpu_swiglu_op,
     .geglu = cpu_geglu_op,
+    .relu_sqr = cpu_relu_sqr_op,
     .scale = cpu_scale,
     .hadamard = cpu_hadamard,
     .softcap = cpu_softcap,
