@@ -7,17 +7,19 @@ disk tier.
         --dense build/bench-models/llama3-Q4_0-1b.gguf [--turns 8] [--new 128] [--asst 32] \\
         [--convs 3] [-t 2] [--json]
 
-A conversation: turn 1's prompt is `new` random token ids; each later turn's prompt is the
-previous one plus `asst` ids (the assistant's reply as the client sends it back) plus `new`
-ids (the next user message), so every turn brings asst + new tokens the cache cannot have.
+A conversation: turn 1's prompt is asst + new random token ids (a system prompt and the first
+user message); each later turn's prompt is the previous one plus `asst` ids (the assistant's
+reply as the client sends it back) plus `new` ids (the next user message), so every turn
+brings asst + new tokens the cache cannot have.
 Each turn is one /v1/completions request with max_tokens 1: its latency is the time to the
 first token (prefill of what the cache misses, plus one sampled token), its usage the cached
 tokens.  `convs` conversations with different ids per model, turns interleaved across them
 so that no turn follows its own conversation's previous turn directly.  Printed: per turn
 the median TTFT and the cached share, for the hybrid, the dense model and the hybrid
-without a prefix cache; the hybrid's hit rate against the dense one's; TTFT at the last turn
-over turn 1; then the hybrid server is stopped and started again on the same
---kv-disk-dir, and the last turn of conversation 0 is sent again (cached tokens, TTFT).
+without a prefix cache (no tiers for these three); the hybrid's hit rate against the dense
+one's; TTFT at the last turn over turn 1; then a hybrid server with a --kv-disk-dir runs
+conversation 0, is stopped and started again on the same directory, and the last turn of
+conversation 0 is sent again (cached tokens, TTFT).
 Run it on a quiet machine.
 """
 import argparse
@@ -86,9 +88,7 @@ def conversations(n_convs, turns, new, asst, vocab):
         rng = np.random.default_rng(1000 + c)
         p, ps = [], []
         for t in range(turns):
-            if t:
-                p = p + rng.integers(3, vocab, size=asst).tolist()
-            p = p + rng.integers(3, vocab, size=new).tolist()
+            p = p + rng.integers(3, vocab, size=asst + new).tolist()
             ps.append(list(p))
         convs.append(ps)
     return convs
@@ -134,7 +134,7 @@ def main():
     res = {}
     disk = tempfile.mkdtemp(prefix="hybrid-chat-kv-")
     hyb_args = ["-c", ctx, "--kv-disk-dir", disk]
-    for label, model, extra in (("hybrid", a.model, hyb_args), ("dense", a.dense, ["-c", ctx]),
+    for label, model, extra in (("hybrid", a.model, ["-c", ctx]), ("dense", a.dense, ["-c", ctx]),
                                 ("hybrid_no_cache", a.model, ["-c", ctx, "--no-prefix-cache"])):
         srv = Server(a.kvant, model, a.threads, *extra)
         try:
@@ -143,6 +143,11 @@ def main():
             srv.stop()
         rows, hit = summary(ttft, cached, convs)
         res[label] = {"rows": rows, "hit_rate": hit}
+    srv = Server(a.kvant, a.model, a.threads, *hyb_args)
+    try:
+        run(srv, convs[:1])
+    finally:
+        srv.stop()
     srv = Server(a.kvant, a.model, a.threads, *hyb_args)  # the same disk tier: a restart
     try:
         dt, hit = srv.complete(convs[0][-1])

@@ -56,7 +56,8 @@ INT8_BOUND = 3e-2     # int8 activations (~0.3% per dot) and f16 K/V, compounded
 MOE_INT8_BOUND = 1e-1 # the same, per token (median), where a perturbed router may flip experts
 # lfm2's short convolution multiplies three projections of the same input (c * conv(b * x)), so
 # their int8 errors compound: measured 4.1% (Q4_0) .. 4.8% (Q6_K), already 3.3% at the first token
-# (no state yet) and not growing along the sequence; granite-h 0.7% .. 1.3%
+# (no state yet) and not growing along the sequence; granite-h 0.7% .. 1.3%; nemotron-h 2.0% .. 3.1%
+# (relu^2 squares the up-projection's error)
 HYBRID_INT8_BOUND = 6e-2
 WTYPES = ["F32", "Q8_0", "Q4_0", "Q4_K", "Q6_K"]
 
