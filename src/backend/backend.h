@@ -307,11 +307,19 @@ typedef struct backend_ops {
     int (*state_export)(backend *be, int32_t slot, void *dst);
     int (*state_import)(backend *be, int32_t slot, const void *src, int32_t pos);
     /* The recurrent mix of layer L (L->recr) over the batch, between its in- and
-     * out-projections: d_proj [t][rows of L->ssm_in] (used as scratch), d_y
+     * out-projections: d_in[0] [t][rows of L->ssm_in] (used as scratch), d_y
      * [t][d_inner] (Mamba-2: the gated, group-normed scan output, eps its norm's;
-     * short convolution: c * conv(b * x)), each sequence's state in its slot. */
-    int (*recr_mix)(backend *be, int32_t il, const model_layer *L, float eps, float *d_proj,
-                    float *d_y, int32_t n, kvant_err *err);
+     * short convolution: c * conv(b * x); Gated DeltaNet: each value head's output
+     * RMS-normed * silu(z), where d_y holds z = ssm_z h on entry and d_in[1], d_in[2]
+     * the [t][v heads] beta and alpha logits), each sequence's state in its slot. */
+    int (*recr_mix)(backend *be, int32_t il, const model_layer *L, float eps,
+                    float *const *d_in, float *d_y, int32_t n, kvant_err *err);
+    /* Optional (NULL: recipe attn_gate models are refused, fwd_init).  d_qg
+     * [t][n_heads][2 head_dim] per head [q | gate]: mode 0 copies the queries into
+     * d_x [t][n_heads][head_dim]; mode 1 multiplies d_x (the attention output, same
+     * shape) by sigmoid(gate). */
+    void (*attn_gate)(backend *be, int mode, const float *d_qg, float *d_x, int32_t n_heads,
+                      int32_t head_dim);
     /* d_dst[j] = d_src[out[j]] rows of row_len floats, j < n_out */
     void (*gather_out)(backend *be, const float *d_src, int32_t row_len, float *d_dst);
 } backend_ops;

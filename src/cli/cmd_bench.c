@@ -107,8 +107,9 @@ static bench_weights bench_weight_traffic(const model *m)
     bench_weights w = {0, 0, 0};
     for (int32_t l = 0; l < m->hp.n_layers; l++) {
         const model_layer *L = &m->layers[l];
-        const model_tensor *ts[] = {&L->wq, &L->wk,     &L->wv,     &L->wo,    &L->w_gate,
-                                    &L->w_up, &L->w_down, &L->ssm_in, &L->ssm_out};
+        const model_tensor *ts[] = {&L->wq,     &L->wk,     &L->wv,       &L->wo,
+                                    &L->w_gate, &L->w_up,   &L->w_down,   &L->ssm_in,
+                                    &L->ssm_out, &L->ssm_z, &L->ssm_beta, &L->ssm_alpha};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
             bench_add_tensor(&w, ts[i]);
         /* experts: a token reads the router, n_expert_used of the stacked

@@ -89,6 +89,27 @@ static void info_help(void)
              t, CLI_N_OPTS(t));
 }
 
+/* A hybrid's recurrent layers: "kind": [layers] and the state per sequence,
+ * as JSON members or a text line. */
+static void print_recr(const model_hparams *hp, int json)
+{
+    static const char *const kind[] = {"none", "shortconv", "mamba2", "gated_deltanet"};
+    const model_family_hp *f = &hp->fam;
+    char lay[2048];
+    int n = 0;
+    for (int il = 0; il < hp->n_layers && n < (int)sizeof lay - 8; il++)
+        if (f->is_recr[il])
+            n += snprintf(lay + n, sizeof lay - (size_t)n, "%s%d", n ? (json ? ", " : ",") : "",
+                          il);
+    const unsigned long long b = (unsigned long long)model_recr_state_bytes(f, hp->n_embd);
+    const char *k = f->recr >= 0 && f->recr <= RECR_GDN ? kind[f->recr] : "?";
+    if (json)
+        printf(", \"recurrent\": \"%s\", \"recurrent_layers\": [%s], \"state_bytes\": %llu", k,
+               f->recr ? lay : "", b);
+    else if (f->recr)
+        printf("  recurrent layers (%s): %s; state %llu bytes per sequence\n", k, lay, b);
+}
+
 /* The family's layer recipe (model/model_arch.h) and the values this file
  * gives it: text, or the members of a JSON "recipe" object. */
 static void print_recipe(const model_hparams *hp, int json)
@@ -107,8 +128,9 @@ static void print_recipe(const model_hparams *hp, int json)
                "\"emb_scale\": %g, \"rope_attn_factor\": %g, \"window\": %u, "
                "\"window_layers\": [%s], \"rope_base_swa\": %g, \"rope_scale_swa\": %g, "
                "\"experts\": %u, \"experts_used\": %u, \"expert_ff\": %u, \"shared_ff\": %u, "
-               "\"experts_norm_w\": %s}",
-               r->rope == ROPE_NEOX ? "neox" : "norm", r->act == FFN_GELU_TANH ? "geglu" : "swiglu",
+               "\"experts_norm_w\": %s",
+               r->rope == ROPE_NEOX ? "neox" : "norm",
+               r->act == FFN_GELU_TANH ? "geglu" : r->act == FFN_RELU_SQR ? "relu2" : "swiglu",
                r->qk_norm ? "true" : "false", r->post_norms ? "true" : "false",
                r->fused_qkv ? "true" : "false", r->fused_gate_up ? "true" : "false",
                (double)f->q_scale, (double)f->attn_softcap, (double)f->final_softcap,
@@ -116,6 +138,8 @@ static void print_recipe(const model_hparams *hp, int json)
                f->n_swa ? swa : "", (double)f->rope_base_swa, (double)f->rope_scale_swa,
                f->n_expert, f->n_expert_used, f->n_ff_exp, f->n_ff_shexp,
                f->n_expert && r->moe_norm_w ? "true" : "false");
+        print_recr(hp, json);
+        printf("}");
         return;
     }
     printf("recipe %s: %s\n", r->arch, r->notes);
@@ -132,6 +156,7 @@ static void print_recipe(const model_hparams *hp, int json)
     if (f->n_swa)
         printf("  sliding window %u on layers %s (rope base %g, scale %g); other layers global\n",
                f->n_swa, swa, (double)f->rope_base_swa, (double)f->rope_scale_swa);
+    print_recr(hp, json);
 }
 
 int cmd_info(int argc, char **argv)

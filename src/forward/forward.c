@@ -94,6 +94,13 @@ int fwd_init(fwd_ctx *f, model *m, backend *be, int32_t max_tokens, int32_t max_
     if (model_is_hybrid(m) && (!be->ops->state_init || !be->ops->recr_mix))
         return kvant_err_set(err, KV_EUNSUP, "backend %s: hybrid models with recurrent layers "
                              "(%s) are not supported", be->ops->name, m->hp.recipe->arch);
+    if (m->hp.recipe->attn_gate && !be->ops->attn_gate)
+        return kvant_err_set(err, KV_EUNSUP, "backend %s: gated attention (%s) is not supported",
+                             be->ops->name, m->hp.recipe->arch);
+    if (m->hp.fam.recr == RECR_GDN &&
+        (int64_t)m->hp.fam.ssm_n_head > (int64_t)m->hp.n_head * m->hp.head_dim)
+        return kvant_err_set(err, KV_EUNSUP, "%s: %u value heads do not fit the query buffer",
+                             m->hp.recipe->arch, m->hp.fam.ssm_n_head);
     if (m->hp.recipe->act == FFN_RELU_SQR && !be->ops->relu_sqr)
         return kvant_err_set(err, KV_EUNSUP, "backend %s: relu^2 MLPs (%s) are not supported",
                              be->ops->name, m->hp.recipe->arch);
@@ -300,8 +307,17 @@ static int run_recr(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
     const backend_ops *op = f->be->ops;
     backend *be = f->be;
     const model_layer *L = &f->m->layers[il];
-    op->matmul(be, &L->ssm_in, NULL, f->d_h, f->d_gate, n);
-    int rc = op->recr_mix(be, il, L, f->m->hp.rms_eps, f->d_gate, f->d_up, n, err);
+    float *in[3] = {f->d_gate, f->d_q, f->d_att};
+    if (L->recr == RECR_GDN) { /* q | k | v and z; the beta and alpha logits */
+        const model_tensor *w[2] = {&L->ssm_in, &L->ssm_z}, *w2[2] = {&L->ssm_beta, &L->ssm_alpha};
+        const model_tensor *nb[2] = {NULL, NULL};
+        float *y[2] = {f->d_gate, f->d_up}, *y2[2] = {f->d_q, f->d_att};
+        matmuls(f, 2, w, nb, f->d_h, y, n);
+        matmuls(f, 2, w2, nb, f->d_h, y2, n);
+    } else {
+        op->matmul(be, &L->ssm_in, NULL, f->d_h, f->d_gate, n);
+    }
+    int rc = op->recr_mix(be, il, L, f->m->hp.rms_eps, in, f->d_up, n, err);
     if (rc)
         return rc;
     op->matmul(be, &L->ssm_out, NULL, f->d_up, f->d_h, n);
@@ -324,8 +340,11 @@ static int run_attn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
     const model_tensor *qkv[3] = {&L->wq, &L->wk, &L->wv};
     const model_tensor *qkv_b[3] = {L->bq.dev ? &L->bq : NULL, L->bk.dev ? &L->bk : NULL,
                                     L->bv.dev ? &L->bv : NULL};
-    float *qkv_y[3] = {f->d_q, f->d_k, f->d_v};
+    const int gated = hp->recipe->attn_gate; /* q rows [q | gate] per head, into d_gate */
+    float *qkv_y[3] = {gated ? f->d_gate : f->d_q, f->d_k, f->d_v};
     matmuls(f, 3, qkv, qkv_b, f->d_h, qkv_y, n);
+    if (gated)
+        op->attn_gate(be, 0, f->d_gate, f->d_q, L->n_head, hp->head_dim);
     if (L->q_norm.dev) { /* per head (rows of head_dim) or per token (qk_norm_full) */
         op->rmsnorm(be, f->d_q, &L->q_norm, hp->rms_eps, f->d_q,
                     (int32_t)((int64_t)n * L->n_head * hp->head_dim / L->q_norm.ne[0]));
@@ -351,6 +370,8 @@ static int run_attn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
         op->kv_score(be, il, f->d_q, L->n_head, &ap);
     if (f->kv.rotate) /* H is its own inverse */
         op->hadamard(be, f->d_att, L->n_head, hp->head_dim);
+    if (gated)
+        op->attn_gate(be, 1, f->d_gate, f->d_att, L->n_head, hp->head_dim);
     op->matmul(be, &L->wo, L->bo.dev ? &L->bo : NULL, f->d_att, f->d_h, n);
     int rc = reduce(f, f->d_h, (int64_t)n * hp->n_embd, err);
     if (rc)

@@ -192,14 +192,36 @@ static int read_heads(const gguf_ctx *g, int n_layers, uint32_t *n_head, uint32_
 static void widen_ff(model_hparams *hp)
 {
     const model_family_hp *f = &hp->fam;
-    const int64_t d_proj = f->recr == RECR_MAMBA2
-                               ? 2ll * f->ssm_d_inner + 2ll * f->ssm_n_group * f->ssm_d_state +
-                                     f->ssm_n_head
-                               : f->recr ? 3ll * hp->n_embd : 0;
-    const int64_t w[] = {f->n_ff_exp, f->n_ff_shexp, f->n_lora_q, d_proj};
+    const int64_t conv = (int64_t)f->ssm_d_inner + 2ll * f->ssm_n_group * f->ssm_d_state;
+    const int64_t d_proj = f->recr == RECR_MAMBA2 ? conv + f->ssm_d_inner + f->ssm_n_head
+                           : f->recr == RECR_GDN  ? conv
+                           : f->recr              ? 3ll * hp->n_embd
+                                                  : 0;
+    /* a gated attention's q projection: [q | gate] per head */
+    const int64_t qg = hp->recipe->attn_gate ? 2ll * hp->n_head * hp->head_dim : 0;
+    const int64_t w[] = {f->n_ff_exp, f->n_ff_shexp, f->n_lora_q, d_proj, f->ssm_d_inner, qg};
     for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
         if (w[i] > hp->n_ff)
             hp->n_ff = (int32_t)w[i];
+}
+
+/* A hybrid's KV heads over its attention layers alone (a recipe whose
+ * recurrent layers are not marked by head_count_kv 0 still counts them). */
+static int count_kv(const gguf_ctx *g, model_hparams *hp, kvant_err *err)
+{
+    hp->n_kv_total = 0;
+    hp->n_kv_layers = 0;
+    for (int32_t il = 0; il < hp->n_layers; il++) {
+        uint32_t h, kv;
+        int rc = model_layer_heads(g, hp->n_layers, il, &h, &kv, err);
+        if (rc)
+            return rc;
+        if (hp->fam.is_recr[il] || hp->fam.is_mlp[il])
+            continue;
+        hp->n_kv_total += kv;
+        hp->n_kv_layers += kv > 0;
+    }
+    return KV_OK;
 }
 
 int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err)
@@ -290,6 +312,8 @@ int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err
         return rc;
     hp->fam.longrope = longrope;
     widen_ff(hp);
+    if (hp->fam.n_recr && (rc = count_kv(g, hp, err))) /* only the attention layers keep KV */
+        return rc;
     const gguf_tensor_info *emb = gguf_find_tensor(g, "token_embd.weight");
     if (!emb)
         return kvant_err_set(err, KV_EFORMAT, "tensor 'token_embd.weight' is missing");
@@ -416,7 +440,8 @@ static int bind_attn(model *m, int il, model_layer *L, kvant_err *err)
         L->wq = row_view(&qkv, 0, q_dim);
         L->wk = row_view(&qkv, q_dim, kv_dim);
         L->wv = row_view(&qkv, q_dim + kv_dim, kv_dim);
-    } else if ((rc = bind(g, &L->wq, NAME("attn_q.weight"), il, hp->n_embd, q_dim, 0, err)) ||
+    } else if ((rc = bind(g, &L->wq, NAME("attn_q.weight"), il, hp->n_embd,
+                          r->attn_gate ? 2 * q_dim : q_dim, 0, err)) ||
                (rc = bind(g, &L->wk, NAME("attn_k.weight"), il, hp->n_embd, kv_dim, 0, err)) ||
                (rc = bind(g, &L->wv, NAME("attn_v.weight"), il, hp->n_embd, kv_dim, 0, err))) {
         return rc;
@@ -537,7 +562,9 @@ static int bind_ffn(model *m, int il, model_layer *L, kvant_err *err)
             return rc;
         return bind_moe(m, il, L, err);
     }
-    if ((rc = bind_vec(g, &L->ffn_norm, NAME("ffn_norm.weight"), il, hp->n_embd, 0, err)) ||
+    if ((rc = bind_vec(g, &L->ffn_norm, r->ffn_norm_post ? NAME("post_attention_norm.weight")
+                                                         : NAME("ffn_norm.weight"),
+                       il, hp->n_embd, 0, err)) ||
         (rc = bind_vec(g, &L->b_down, NAME("ffn_down.bias"), il, hp->n_embd, 1, err)) ||
         (rc = bind(g, &L->w_down, NAME("ffn_down.weight"), il, L->n_ff, hp->n_embd, 0, err)))
         return rc;
@@ -556,6 +583,32 @@ static int bind_ffn(model *m, int il, model_layer *L, kvant_err *err)
     if (r->post_norms && (rc = bind_vec(g, &L->post_ffn_norm, NAME("post_ffw_norm.weight"), il,
                                         hp->n_embd, 0, err)))
         return rc;
+    return KV_OK;
+}
+
+/* A Gated DeltaNet layer's tensors (qwen35), attn_norm bound by the caller. */
+static int bind_gdn(model *m, int il, model_layer *L, kvant_err *err)
+{
+    const model_hparams *hp = &m->hp;
+    const model_family_hp *f = &hp->fam;
+    const gguf_ctx *g = m->gguf;
+    char name[96];
+    const int64_t E = hp->n_embd, D = f->ssm_d_inner, H = f->ssm_n_head;
+    const int64_t CH = D + 2ll * f->ssm_n_group * f->ssm_d_state;
+    int rc;
+    if ((rc = bind(g, &L->ssm_in, NAME("attn_qkv.weight"), il, E, CH, 0, err)) ||
+        (rc = bind(g, &L->ssm_z, NAME("attn_gate.weight"), il, E, D, 0, err)) ||
+        (rc = bind_f32_rows(g, &L->ssm_conv1d, NAME("ssm_conv1d.weight"), il, f->ssm_d_conv, CH,
+                            err)) ||
+        (rc = bind_vec(g, &L->ssm_dt_b, NAME("ssm_dt.bias"), il, H, 0, err)) ||
+        (rc = bind_vec(g, &L->ssm_a, NAME("ssm_a"), il, H, 0, err)) ||
+        (rc = bind(g, &L->ssm_beta, NAME("ssm_beta.weight"), il, E, H, 0, err)) ||
+        (rc = bind(g, &L->ssm_alpha, NAME("ssm_alpha.weight"), il, E, H, 0, err)) ||
+        (rc = bind_vec(g, &L->ssm_norm, NAME("ssm_norm.weight"), il, D / H, 0, err)) ||
+        (rc = bind(g, &L->ssm_out, NAME("ssm_out.weight"), il, D, E, 0, err)))
+        return rc;
+    if (gguf_find_tensor(g, NAME("ssm_conv1d.bias")))
+        return kvant_err_set(err, KV_EUNSUP, "tensor '%s': not read by llama.cpp's qwen35", name);
     return KV_OK;
 }
 
@@ -582,6 +635,8 @@ static int bind_recr(model *m, int il, model_layer *L, kvant_err *err)
     }
     const int64_t D = f->ssm_d_inner, H = f->ssm_n_head, G = f->ssm_n_group;
     const int64_t CH = D + 2 * G * f->ssm_d_state, P = 2 * D + 2 * G * f->ssm_d_state + H;
+    if (f->recr == RECR_GDN)
+        return bind_gdn(m, il, L, err);
     if ((rc = bind(g, &L->ssm_in, NAME("ssm_in.weight"), il, E, P, 0, err)) ||
         (rc = bind_f32_rows(g, &L->ssm_conv1d, NAME("ssm_conv1d.weight"), il, K, CH, err)) ||
         (rc = bind_vec(g, &L->ssm_conv1d_b, NAME("ssm_conv1d.bias"), il, CH, 1, err)) ||
@@ -634,6 +689,8 @@ static int bind_layer(model *m, int il, kvant_err *err)
     L->rope_scale = swa ? hp->fam.rope_scale_swa : hp->rope_freq_scale;
     if (hp->fam.is_mlp[il])
         return bind_mlp(m, il, L, err);
+    if (hp->fam.is_recr[il])
+        L->n_head_kv = 0; /* no KV: head_count_kv may be one value for every layer */
     if ((rc = hp->fam.is_recr[il] ? bind_recr(m, il, L, err) : bind_attn(m, il, L, err)))
         return rc;
     /* recipe one_sublayer: a mixer layer has no FFN */
@@ -767,7 +824,8 @@ int model_layer_tensors(model_layer *L, model_tensor **out)
                           &L->wk_b,      &L->wv_b,   &L->gate_inp_b, &L->gate_exps_b,
                           &L->up_exps_b, &L->down_exps_b, &L->attn_sinks, &L->ssm_in,
                           &L->ssm_conv1d, &L->ssm_conv1d_b, &L->ssm_dt_b, &L->ssm_a,
-                          &L->ssm_d, &L->ssm_norm, &L->ssm_out};
+                          &L->ssm_d, &L->ssm_norm, &L->ssm_out, &L->ssm_z,
+                          &L->ssm_beta, &L->ssm_alpha};
     _Static_assert(sizeof ts / sizeof ts[0] <= MODEL_LAYER_TENSORS, "MODEL_LAYER_TENSORS");
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
         out[i] = ts[i];

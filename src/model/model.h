@@ -106,6 +106,10 @@ typedef struct model_layer {
      * in_proj, conv and out_proj are ssm_in [3 n_embd][n_embd], ssm_conv1d
      * [n_embd][l_cache] and ssm_out; all 1-D and conv tensors f32 */
     model_tensor ssm_in, ssm_conv1d, ssm_conv1d_b, ssm_dt_b, ssm_a, ssm_d, ssm_norm, ssm_out;
+    /* Gated DeltaNet (qwen35): ssm_in is attn_qkv [conv channels][n_embd], ssm_z attn_gate
+     * [d_inner][n_embd], ssm_beta / ssm_alpha [v heads][n_embd], ssm_a [v heads], ssm_norm
+     * [head_v] (one norm for every head) */
+    model_tensor ssm_z, ssm_beta, ssm_alpha;
     int32_t recr;            /* recr_kind of this layer (0: attention) */
     int32_t mlp_only;        /* 1: no attention or recurrent half, only the FFN behind its
                               * ffn_norm (recipe one_sublayer's MLP layers); n_ff 0: no FFN */
@@ -154,8 +158,8 @@ void model_plan_shape(const model_hparams *hp, uint64_t weights_bytes, struct pl
 /* Reads hyper-parameters only (no tensors): used by `kvant plan`. */
 int model_hparams_from_gguf(const gguf_ctx *g, model_hparams *hp, kvant_err *err);
 const char *model_arch_name(model_arch a);
-/* Tensors of layer L (the pointers into L), data NULL ones included: n returned, <= 48. */
-#define MODEL_LAYER_TENSORS 48
+/* Tensors of layer L (the pointers into L), data NULL ones included: n returned, <= 56. */
+#define MODEL_LAYER_TENSORS 56
 int model_layer_tensors(model_layer *L, model_tensor **out);
 
 /* 1 when some layer's FFN is a mixture of experts. */

@@ -74,6 +74,13 @@ static const model_recipe RECIPES[] = {
               "selective scan per head, D skip, SiLU(z) gate, grouped RMS norm) and attention "
               "layers (no rope when rope.scaling.finetuned is false); embedding, residual, "
               "attention and logit scales; dense SwiGLU FFN on every layer"},
+    {.arch = "qwen35", .rope = ROPE_NEOX, .act = FFN_SILU, .qk_norm = 1, .ffn_norm_post = 1,
+     .recr = RECR_GDN, .attn_gate = 1, .recr_interval = 1, .imrope = 1,
+     .notes = "hybrid (Qwen3.5, dense): Gated DeltaNet layers (delta rule per value head on a "
+              "[head_v][head_k] state, L2-normed q/k, gated RMS norm) and, every "
+              "full_attention_interval-th layer, gated attention (q rows [q | gate] per head, "
+              "per-head q/k RMS norm, NEOX rope over rope.dimension_count, output * "
+              "sigmoid(gate)); the FFN's input norm is post_attention_norm"},
     {.arch = "nemotron_h", .rope = ROPE_NORM, .act = FFN_RELU_SQR, .recr = RECR_MAMBA2,
      .one_sublayer = 1, .nope = 1, .eps_key_ln = 1,
      .notes = "hybrid (Nemotron-H): each layer one sublayer behind its attn_norm: a Mamba-2 "
@@ -94,7 +101,7 @@ const model_recipe *model_recipe_find(const char *arch, uint64_t len)
 const char *model_recipe_list(void)
 {
     return "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen2moe, qwen3moe, olmoe, deepseek2, "
-           "gpt-oss, lfm2, granitehybrid, nemotron_h";
+           "gpt-oss, lfm2, granitehybrid, nemotron_h, qwen35";
 }
 
 const model_recipe *model_recipe_at(int32_t i)
@@ -409,6 +416,47 @@ static int layer_values(const gguf_ctx *g, const char *arch, const char *suffix,
     return KV_OK;
 }
 
+/* Recipe recr_interval (qwen35): attention.recurrent_layers (a bool or int
+ * per layer), else every full_attention_interval-th layer attends (default
+ * 4, as llama.cpp). */
+static int read_recr_interval(const gguf_ctx *g, const model_family_base *b, model_family_hp *o,
+                              kvant_err *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.recurrent_layers", b->arch);
+    int64_t ki = gguf_find_key(g, key);
+    if (ki >= 0) {
+        gguf_type et = ki >= 0 && gguf_kv_type(g, ki) == GGUF_TYPE_ARRAY ? gguf_arr_type(g, ki)
+                                                                          : GGUF_TYPE_COUNT;
+        size_t es = et == GGUF_TYPE_BOOL || et == GGUF_TYPE_UINT8 || et == GGUF_TYPE_INT8 ? 1
+                    : et == GGUF_TYPE_INT32 || et == GGUF_TYPE_UINT32                 ? 4
+                                                                                      : 0;
+        if (!es || gguf_arr_n(g, ki) != (uint64_t)b->n_layers)
+            return kvant_err_set(err, KV_EFORMAT, "%s: must hold %d bools (one per layer)", key,
+                                 b->n_layers);
+        const uint8_t *d = gguf_arr_data(g, ki);
+        for (int32_t il = 0; il < b->n_layers; il++) {
+            uint32_t v = 0;
+            memcpy(&v, d + es * (size_t)il, es);
+            o->is_recr[il] = v != 0;
+            o->n_recr += v != 0;
+        }
+        return KV_OK;
+    }
+    uint32_t n = 4;
+    int rc = key_u32(g, b->arch, "full_attention_interval", 4, &n, err);
+    if (rc)
+        return rc;
+    if (n < 1 || n > (uint32_t)MODEL_MAX_LAYERS)
+        return kvant_err_set(err, KV_EFORMAT, "%s.full_attention_interval %u out of range",
+                             b->arch, n);
+    for (int32_t il = 0; il < b->n_layers; il++) {
+        o->is_recr[il] = (uint32_t)(il + 1) % n != 0;
+        o->n_recr += o->is_recr[il];
+    }
+    return KV_OK;
+}
+
 /* Which layers are recurrent: head_count_kv 0 in the per-layer array (and,
  * recipe one_sublayer, feed_forward_length 0: the others with
  * feed_forward_length > 0 are MLP layers). */
@@ -416,6 +464,8 @@ static int read_recr_layers(const gguf_ctx *g, const model_recipe *r,
                             const model_family_base *b, model_family_hp *o, kvant_err *err)
 {
     uint32_t kv[MODEL_MAX_LAYERS], ff[MODEL_MAX_LAYERS];
+    if (r->recr_interval)
+        return read_recr_interval(g, b, o, err);
     int rc = layer_values(g, b->arch, "attention.head_count_kv", b->n_layers, kv, err);
     if (rc || (rc = layer_values(g, b->arch, "feed_forward_length", b->n_layers, ff, err)))
         return rc;
@@ -467,6 +517,10 @@ static int read_recr(const gguf_ctx *g, const model_recipe *r, const model_famil
                              "state_size %u, time_step_rank %u, group_count %u are not a "
                              "Mamba-2 shape (heads divide inner_size, groups divide heads)",
                              b->arch, o->ssm_d_conv, D, o->ssm_d_state, H, G);
+    if (r->recr == RECR_GDN && D / H != o->ssm_d_state) /* llama.cpp asserts S_k == S_v */
+        return kvant_err_set(err, KV_EUNSUP, "%s: Gated DeltaNet with value heads of %u and key "
+                             "heads of %u (ssm.state_size): kvant, as llama.cpp, needs them equal",
+                             b->arch, D / H, o->ssm_d_state);
     if (r->granite_scales && D != 2u * (uint32_t)b->n_embd) /* llama.cpp asserts it */
         return kvant_err_set(err, KV_EFORMAT, "%s.ssm.inner_size %u: must be 2 x "
                              "embedding_length %d", b->arch, D, b->n_embd);
@@ -475,6 +529,33 @@ static int read_recr(const gguf_ctx *g, const model_recipe *r, const model_famil
     if (gguf_find_key(g, key) >= 0)
         return kvant_err_set(err, KV_EUNSUP, "%s: RMS norms of dt, B and C are not implemented",
                              key);
+    return KV_OK;
+}
+
+/* rope.dimension_sections (recipe imrope), as ggml's interleaved multi-rope
+ * assigns pairs: pair s takes section s % 3 (t, h, w) while s < 3 x that
+ * section's size, else the fourth (e), whose position is 0 for text (the
+ * pair would not rotate).  Text tokens have t = h = w = their position, so
+ * a file whose t/h/w sections cover every rotated pair ropes as NEOX. */
+static int read_imrope(const gguf_ctx *g, const model_recipe *r, const model_family_base *b,
+                       kvant_err *err)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", b->arch);
+    int64_t ki = gguf_find_key(g, key);
+    if (!r->imrope || ki < 0)
+        return KV_OK;
+    if (gguf_kv_type(g, ki) != GGUF_TYPE_ARRAY || gguf_arr_n(g, ki) < 3 ||
+        (gguf_arr_type(g, ki) != GGUF_TYPE_INT32 && gguf_arr_type(g, ki) != GGUF_TYPE_UINT32))
+        return kvant_err_set(err, KV_EFORMAT, "%s: must hold 4 int32 sections", key);
+    int32_t sec[3];
+    memcpy(sec, gguf_arr_data(g, ki), sizeof sec);
+    for (int32_t s = 0; s < b->rope_dim / 2; s++)
+        if (!(s % 3 == 0 && s < 3 * sec[0]) && !(s % 3 == 1 && s < 3 * sec[1]) &&
+            !(s % 3 == 2 && s < 3 * sec[2]))
+            return kvant_err_set(err, KV_EUNSUP, "%s [%d, %d, %d]: rotated pair %d falls in the "
+                                 "fourth section (not rotated for text); not implemented",
+                                 key, sec[0], sec[1], sec[2], s);
     return KV_OK;
 }
 
@@ -505,7 +586,10 @@ uint64_t model_recr_conv_floats(const model_family_hp *f, int32_t n_embd)
 
 uint64_t model_recr_ssm_floats(const model_family_hp *f)
 {
-    return f->recr == RECR_MAMBA2 ? (uint64_t)f->ssm_d_inner * f->ssm_d_state : 0;
+    /* Mamba-2 [heads][head_dim][d_state], Gated DeltaNet [v heads][head_v][head_k] */
+    return f->recr == RECR_MAMBA2 || f->recr == RECR_GDN
+               ? (uint64_t)f->ssm_d_inner * f->ssm_d_state
+               : 0;
 }
 
 uint64_t model_recr_state_bytes(const model_family_hp *f, int32_t n_embd)
@@ -525,7 +609,7 @@ int model_family_read(const gguf_ctx *g, const model_recipe *r, const model_fami
     o->residual_scale = o->logit_scale = 1.0f;
     int rc;
     if ((rc = read_granite(g, r, b, o, err)) || (rc = read_recr(g, r, b, o, err)) ||
-        (rc = read_rope_finetuned(g, r, b, o, err)))
+        (rc = read_rope_finetuned(g, r, b, o, err)) || (rc = read_imrope(g, r, b, err)))
         return rc;
     if (r->attn_softcap &&
         (rc = key_f32(g, b->arch, "attn_logit_softcapping", 50.0f, &o->attn_softcap, err)))

@@ -65,6 +65,11 @@ typedef enum recr_kind {
                          * taps (no bias); out_proj */
     RECR_MAMBA2 = 2,    /* granitehybrid: ssm_in -> z | xBC | dt; silu(conv(xBC) + b); the
                          * selective scan per head; + D x; * silu(z); grouped RMS norm; ssm_out */
+    RECR_GDN = 3,       /* qwen35: Gated DeltaNet: attn_qkv -> q | k | v, silu(conv), q and k
+                         * L2-normed per head; per value head the delta rule on a
+                         * [head_v][head_k] state decayed by exp(g), g = softplus(alpha + dt_b) a,
+                         * written with sigmoid(beta); o = S q / sqrt(head_k); RMS norm per head
+                         * * silu(attn_gate h); ssm_out */
 } recr_kind;
 
 typedef enum output_kind {
@@ -126,6 +131,14 @@ typedef struct model_recipe {
     uint8_t nope;          /* attention without rope (nemotron_h) */
     uint8_t eps_key_ln;    /* attention.layer_norm_epsilon stands in for a missing
                             * attention.layer_norm_rms_epsilon (nemotron_h) */
+    uint8_t attn_gate;     /* attn_q's rows are per head [q | gate]; the attention's output
+                            * is multiplied by sigmoid(gate) before attn_output (qwen35) */
+    uint8_t imrope;        /* rope.dimension_sections (interleaved multi-section rope) is read:
+                            * text positions are the same in every section, so it is the
+                            * recipe's rope when the t/h/w sections cover every rotated pair */
+    uint8_t recr_interval; /* recurrent layers from attention.recurrent_layers or
+                            * full_attention_interval (every n-th layer attends; qwen35),
+                            * not from head_count_kv 0 */
     int32_t q_scale_layers;/* block_count of the one size whose query scale is
                             * 1/sqrt(n_embd / n_head) (gemma 27B); 0: never */
     const char *notes;     /* what `kvant info` shows for the recipe */
@@ -181,9 +194,10 @@ typedef struct model_family_hp {
     int no_rope;            /* rope.scaling.finetuned false (recipe rope_finetuned_key) */
 } model_family_hp;
 
-/* Floats of one sequence's recurrent state in layer il (0 for an attention
- * layer): the convolution's d_conv - 1 previous inputs of each channel, then
- * (Mamba-2) the scan state [n_ssm_head][head_dim][d_state]. */
+/* Floats of one sequence's recurrent state in a recurrent layer: the
+ * convolution's d_conv - 1 previous inputs of each channel, then (Mamba-2)
+ * the scan state [n_ssm_head][head_dim][d_state] or (Gated DeltaNet) the
+ * delta rule's [v heads][head_v][head_k]. */
 uint64_t model_recr_conv_floats(const model_family_hp *f, int32_t n_embd);
 uint64_t model_recr_ssm_floats(const model_family_hp *f);
 /* Bytes of one sequence's recurrent state over all layers (f32; 0: none). */

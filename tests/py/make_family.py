@@ -52,8 +52,8 @@ keeps them; expert tensors stacked [n_expert][rows][cols] as ffn_{gate,up,down}_
 
 Hybrids (recurrent + attention; HYBRID_FAMILIES, in FAMILIES; the reference's own checks are
 tests/py/test_hybrid_ref.py, kvant's serving of them tests/py/test_hybrid.py).  A layer is recurrent where the
-per-layer attention.head_count_kv array is 0 (nemotron-h: and feed_forward_length 0; lfm2 and
-granite-h tiny: attention at layers 2 and 5 of 6):
+per-layer attention.head_count_kv array is 0 (nemotron-h: and feed_forward_length 0; qwen35: where
+attention.recurrent_layers says so; lfm2 and granite-h tiny: attention at layers 2 and 5 of 6):
     lfm2      [lfm2]   LFM2: a gated short convolution (shortconv.l_cache 3 taps) in the recurrent
                        layers: shortconv.in_proj gives b | c | x, y = c * conv(b * x) (per channel,
                        the l_cache - 1 previous b*x rows as state), shortconv.out_proj y;
@@ -89,6 +89,29 @@ granite-h tiny: attention at layers 2 and 5 of 6):
                        group_count; rope.scaling.finetuned false; no rope.freq_base (no rope_theta in
                        the config), no granite multipliers, no expert keys; output_norm, untied output.
                        context_length the shape's, as granite-h (the converter writes 2**20).
+    qwen35    [qwen35] Qwen3.5, dense (not qwen35moe / qwen3next): Gated DeltaNet (GDN) layers and gated
+                       full-attention layers, full attention every full_attention_interval-th layer
+                       (tiny: 8 layers, attention at 3 and 7).  Keys as Qwen3_5TextModel (via
+                       _Qwen35MRopeMixin, _LinearAttentionVReorderBase, Qwen3NextModel, Qwen2MoeModel,
+                       TextModel) writes them for a config with layer_types and no MTP block (as
+                       convert_hf_to_gguf.py --no-mtp writes it): scalar head_count_kv; key_length /
+                       value_length head_dim; rope.dimension_count head_dim / 4 (partial_rotary_factor
+                       0.25); rope.dimension_sections, the interleaved M-RoPE sections padded to 4
+                       ([11, 11, 10, 0] over Qwen3.5's 32 rotated pairs; tiny [3, 3, 2, 0] over 8);
+                       rope.freq_base 1e7; attention.layer_norm_rms_epsilon 1e-6; ssm.conv_kernel,
+                       ssm.state_size (linear_key_head_dim), ssm.group_count (K heads),
+                       ssm.time_step_rank (V heads), ssm.inner_size (V heads * linear_value_head_dim;
+                       llama.cpp needs head_v_dim = head_k_dim = state_size); attention.recurrent_layers
+                       (bool per layer) and full_attention_interval 4; tied output (as Qwen3.5-0.8B /
+                       2B).  Every layer: attn_norm, post_attention_norm (the FFN's input norm),
+                       ffn_gate / up / down.  Attention layers: attn_q [n_head * 2 head_dim] (per head
+                       q then its output gate), attn_k, attn_v, attn_output, attn_q_norm / attn_k_norm
+                       [head_dim].  GDN layers: attn_qkv (rows q | k | v: K heads, K heads, V heads of
+                       state_size), attn_gate (z, [inner_size]), ssm_conv1d [q|k|v channels][conv_kernel]
+                       (no bias), ssm_dt.bias [V heads], ssm_a [V heads] (-exp(A_log)), ssm_beta /
+                       ssm_alpha [V heads][n_embd] (matrices: the weight type), ssm_norm [state_size],
+                       ssm_out.  V heads in the converter's tiled order: V head h reads K head
+                       h % (K heads).  Tiny: 2 K heads and 4 V heads of 64.
     The recurrent layers' small tensors (ssm_a, ssm_d, ssm_dt.bias, ssm_conv1d.bias, ssm_norm) and the
     convolution weights (ggml_ssm_conv reads F32 only; llama.cpp's quantize skips ssm_conv1d and
     shortconv.conv) stay F32.  dt biases and A give dA = exp(dt A) of median 0.7, 0.13..0.98 between
@@ -101,10 +124,11 @@ LFM2-1.2B: 16 layers of 2048, attention at 2 5 8 10 12 14, 32 / 8 heads, n_ff 81
 Granite-4.0-H-1B: 40 layers of 1536, attention at 9 18 27 36, 12 / 4 heads, n_ff 4096, 48 SSM
 heads of 64, d_state 128, 1 group; nemotron-h Nemotron-Nano-like, 8.5e8 parameters: 28 layers of
 2048 "M-M-M*-M-M-M*-M-M*-M-M-M*-M-", 16 / 8 heads of 128, MLPs 6144 wide, 64 SSM heads of 64, d_state
-128, 8 groups), "7b" (olmoe only: OLMoE-1B-7B's 64 experts, 8 per token,
-6.8e9 parameters; the MoE speed runs) or "long" (gemma2/gemma3 only: Gemma-3-shaped layers, 5 window
-+ 1 global, window 1024, context 32768, but n_embd 64 and one KV head: the 32k sliding-window KV
-measurement, cheap on two cores).
+128, 8 groups; qwen35 Qwen3.5-2B-like, 1.4e9 parameters, tied: 24 layers of 2048, attention at
+3 7 .. 23 (8 / 2 heads of 256, rope over 64 dims), n_ff 6144, 16 K and 16 V GDN heads of 128),
+"7b" (olmoe only: OLMoE-1B-7B's 64 experts, 8 per token, 6.8e9 parameters; the MoE speed runs) or
+"long" (gemma2/gemma3 only: Gemma-3-shaped layers, 5 window + 1 global, window 1024, context 32768,
+but n_embd 64 and one KV head: the 32k sliding-window KV measurement, cheap on two cores).
 Weight types: those of make_synthetic (F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K) for the
 2-D matrices and deepseek2's 3-D attn_k_b / attn_v_b; norms, rope factors stay F32; token_embd takes
 the weight type too.  A matrix whose rows do not split into the type's blocks takes llama.cpp
@@ -129,13 +153,13 @@ import make_synthetic as ms
 
 DENSE_FAMILIES = ["llama3", "mistral", "qwen3", "gemma2", "gemma3", "phi3"]
 MOE_FAMILIES = ["mixtral", "qwen2moe", "qwen3moe", "olmoe", "deepseek2", "deepseek3", "gpt-oss"]
-HYBRID_FAMILIES = ["lfm2", "granite-h", "nemotron-h"]
+HYBRID_FAMILIES = ["lfm2", "granite-h", "nemotron-h", "qwen35"]
 FAMILIES = DENSE_FAMILIES + MOE_FAMILIES + HYBRID_FAMILIES
 ARCH = {"llama3": "llama", "mistral": "llama", "qwen3": "qwen3", "gemma2": "gemma2",
         "gemma3": "gemma3", "phi3": "phi3", "mixtral": "llama", "qwen2moe": "qwen2moe",
         "qwen3moe": "qwen3moe", "olmoe": "olmoe", "deepseek2": "deepseek2", "deepseek3": "deepseek2",
         "gpt-oss": "gpt-oss", "deepseek2-lite": "deepseek2", "lfm2": "lfm2", "granite-h": "granitehybrid",
-        "nemotron-h": "nemotron_h"}
+        "nemotron-h": "nemotron_h", "qwen35": "qwen35"}
 # deepseek2-lite (not in FAMILIES): DeepSeek-V2-Lite's KV shape (27 layers, kv_lora_rank 512, rope 64,
 # heads 128 + 64 / 128 wide) at n_embd 64 with 2 heads and 4 small experts: the latent KV memory test
 # (the cache row does not depend on the head count); tests/py/test_mla.py
@@ -199,7 +223,8 @@ class Recr:
     d_conv is shortconv.l_cache, the taps of its convolution over n_embd channels; granite-h: Mamba-2
     with d_inner = 2 n_embd in n_head heads, n_group groups of B and C d_state wide, d_conv taps;
     nemotron-h: the same Mamba-2 with d_inner = n_head * head_dim (any multiple of the heads), and
-    mlp the layers that are an MLP alone (head_count_kv 0, feed_forward_length n_ff)."""
+    mlp the layers that are an MLP alone (head_count_kv 0, feed_forward_length n_ff); qwen35: Gated
+    DeltaNet with n_head V heads and n_group K heads, all head_dim = d_state wide."""
     attn: tuple[int, ...]
     d_conv: int
     d_state: int = 0
@@ -280,6 +305,10 @@ TINY = {
     # 112 vs 128); 8 SSM heads of 32 (d_inner 256 = n_embd, not 2 n_embd), 2 groups of 16
     "nemotron-h": Shape(256, 512, 8, 2, 64, 8, ms.N_VOCAB, 256, 0,
                         recr=nemotron_recr(NEMOTRON_TINY, d_state=16, n_head=8, head_dim=32, n_group=2)),
+    # qwen35: layers 3 and 7 gated attention (4 / 2 heads of 64, rope over 16 of them), the others
+    # Gated DeltaNet with 2 K heads and 4 V heads of 64 (d_inner 256)
+    "qwen35": Shape(256, 512, 4, 2, 64, 8, ms.N_VOCAB, 256, 0,
+                    recr=Recr((3, 7), 4, d_state=64, n_head=4, n_group=2, head_dim=64)),
 }
 # ~1e9 parameters each (embedding included); vocabularies stay small-ish to keep the files lean
 BIG = {
@@ -302,6 +331,10 @@ BIG = {
     # d_state 128, 8 groups
     "nemotron-h": Shape(2048, 6144, 16, 8, 128, 28, 32768, 4096, 0,
                         recr=nemotron_recr(NEMOTRON_1B, d_state=128, n_head=64, head_dim=64, n_group=8)),
+    # Qwen3.5-2B's layers (1.4e9 parameters here, tied output): 24 layers of 2048, attention every
+    # 4th (8 / 2 heads of 256), n_ff 6144, Gated DeltaNet with 16 K and 16 V heads of 128
+    "qwen35": Shape(2048, 6144, 8, 2, 256, 24, 32768, 4096, 0,
+                    recr=Recr(tuple(range(3, 24, 4)), 4, d_state=128, n_head=16, n_group=16, head_dim=128)),
 }
 
 # 32k context at a tiny width: the window-group memory test (tests/py/test_kv_window.py)
@@ -350,9 +383,58 @@ def _vocab(n_vocab: int, fam: str):
     return tokens, types, merges, bos, eos
 
 
+QWEN35_FREQ_BASE = 1e7   # Qwen3.5's rope_theta
+QWEN35_ATTN_INTERVAL = 4   # full_attention_interval
+
+
+def qwen35_sections(n_rot: int) -> list[int]:
+    """Qwen3.5's interleaved M-RoPE sections for n_rot rotated dims, padded to 4 as the converter
+    writes them: [11, 11, 10, 0] for its 64 (32 pairs); the same split of n_rot / 2 pairs otherwise
+    (every pair in a text section: none takes the 4th position, which is 0 for text tokens)."""
+    pairs = n_rot // 2
+    a = (pairs + 2) // 3
+    return [a, a, pairs - 2 * a, 0]
+
+
+def _qwen35_header(w: GGUFWriter, sh: Shape) -> None:
+    """qwen35's keys, as Qwen3_5TextModel writes them (TextModel's, then Qwen3NextModel's, in that
+    order): head_count_kv a scalar (llama.cpp takes the recurrent layers from
+    attention.recurrent_layers, else full_attention_interval); rope.dimension_count head_dim *
+    partial_rotary_factor 0.25."""
+    arch, r = w.arch, sh.recr
+    w.add_context_length(sh.n_ctx)
+    w.add_embedding_length(sh.n_embd)
+    w.add_feed_forward_length(sh.n_ff)
+    w.add_head_count(sh.n_head)
+    w.add_head_count_kv(sh.n_head_kv)
+    n_rot = sh.head_dim // 4
+    w.add_rope_dimension_sections(qwen35_sections(n_rot))
+    w.add_rope_freq_base(QWEN35_FREQ_BASE)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_key_length(sh.head_dim)
+    w.add_value_length(sh.head_dim)
+    assert r.head_dim == r.d_state, "llama.cpp's qwen35 needs head_v_dim = head_k_dim = ssm.state_size"
+    w.add_uint32(f"{arch}.ssm.conv_kernel", r.d_conv)
+    w.add_uint32(f"{arch}.ssm.state_size", r.d_state)
+    w.add_uint32(f"{arch}.ssm.group_count", r.n_group)
+    w.add_uint32(f"{arch}.ssm.time_step_rank", r.n_head)
+    w.add_uint32(f"{arch}.ssm.inner_size", r.d_inner(sh.n_embd))
+    recurrent = [L not in r.attn for L in range(sh.n_layer)]
+    assert recurrent == [(L + 1) % QWEN35_ATTN_INTERVAL != 0 for L in range(sh.n_layer)]
+    w.add_array(f"{arch}.attention.recurrent_layers", recurrent)
+    w.add_uint32(f"{arch}.full_attention_interval", QWEN35_ATTN_INTERVAL)
+    w.add_rope_dimension_count(n_rot)
+
+
 def _header(w: GGUFWriter, fam: str, sh: Shape, name: str):
     arch = ARCH[fam]
     w.add_name(name)
+    if fam == "qwen35":
+        w.add_block_count(sh.n_layer)
+        _qwen35_header(w, sh)
+        w.add_vocab_size(sh.n_vocab)
+        ms.add_tokenizer(w, *_vocab(sh.n_vocab, fam))
+        return QWEN35_FREQ_BASE
     w.add_context_length(sh.n_ctx)
     w.add_embedding_length(sh.n_embd)
     if fam == "nemotron-h":   # per layer: n_ff on the MLP layers, 0 on the mixers and attention
@@ -601,6 +683,47 @@ def _nemotron_tensors(sh: Shape, rng, add, add_f32, norm) -> None:
     add("output.weight", (sh.n_vocab, E), 0.2)
 
 
+def _qwen35_tensors(sh: Shape, rng, add, add_f32, norm, untied: bool) -> None:
+    """qwen35's tensors.  q and k are RMS-normed per head (attention) or L2-normalised (GDN), so
+    their rows' scale only matters for the gates: the attention gate (the second half of each
+    head's attn_q rows) is about N(0, 1.7) before its sigmoid, z N(0, 1), beta = sigmoid(ssm_beta h)
+    of N(0, 1); the GDN decay exp(softplus(ssm_alpha h + dt bias) ssm_a) is as Mamba-2's dA (dt bias
+    in [-1.5, -0.5], |A| in [0.5, 2]: median about 0.7).  The GDN output is RMS-normed per head, so
+    ssm_out rows of 1/sqrt(d_inner) give an O(1) branch."""
+    E, hd, F, r = sh.n_embd, sh.head_dim, sh.n_ff, sh.recr
+    ws = 1.0 / math.sqrt(E)
+    Hk, Hv, D = r.n_group, r.n_head, r.d_state
+    d_inner, conv_dim = r.d_inner(E), (2 * r.n_group + r.n_head) * r.d_state
+    add("token_embd.weight", (sh.n_vocab, E), 0.2)
+    for L in range(sh.n_layer):
+        p = f"blk.{L}."
+        norm(p + "attn_norm.weight", E)
+        if L in r.attn:
+            add(p + "attn_q.weight", (sh.n_head * 2 * hd, E), 1.7 * ws)   # per head q | gate
+            add(p + "attn_k.weight", (sh.n_head_kv * hd, E), 1.3 * ws)
+            add(p + "attn_v.weight", (sh.n_head_kv * hd, E), ws)
+            norm(p + "attn_q_norm.weight", hd)
+            norm(p + "attn_k_norm.weight", hd)
+            add(p + "attn_output.weight", (E, sh.n_head * hd), 1.0 / math.sqrt(sh.n_head * hd))
+        else:
+            add(p + "attn_qkv.weight", (conv_dim, E), ws)     # q | k | v
+            add(p + "attn_gate.weight", (d_inner, E), ws)     # z
+            add_f32(p + "ssm_conv1d.weight", 0.5 * rng.standard_normal((conv_dim, r.d_conv)))
+            add_f32(p + "ssm_dt.bias", rng.uniform(-1.5, -0.5, Hv))
+            add_f32(p + "ssm_a", -np.exp(rng.uniform(math.log(0.5), math.log(2.0), Hv)))
+            add(p + "ssm_beta.weight", (Hv, E), ws)
+            add(p + "ssm_alpha.weight", (Hv, E), ws)
+            norm(p + "ssm_norm.weight", D)
+            add(p + "ssm_out.weight", (E, d_inner), 1.0 / math.sqrt(d_inner))
+        norm(p + "post_attention_norm.weight", E)
+        add(p + "ffn_gate.weight", (F, E), ws)
+        add(p + "ffn_up.weight", (F, E), ws)
+        add(p + "ffn_down.weight", (E, F), 1.0 / math.sqrt(F))
+    norm("output_norm.weight", E)
+    if untied:
+        add("output.weight", (sh.n_vocab, E), 0.2)
+
+
 def _hybrid_tensors(fam: str, sh: Shape, rng, add, add_f32, norm, untied: bool) -> None:
     """The tensors of lfm2 / granite-h / nemotron-h (add: a matrix in the weight type, add_f32: as
     given, norm: a norm weight about 1; untied: lfm2 with an output.weight too).  Each branch's
@@ -609,6 +732,9 @@ def _hybrid_tensors(fam: str, sh: Shape, rng, add, add_f32, norm, untied: bool) 
     large as 1/sqrt(head_dim) would give, its output rows logit_scale times larger."""
     if fam == "nemotron-h":
         _nemotron_tensors(sh, rng, add, add_f32, norm)
+        return
+    if fam == "qwen35":
+        _qwen35_tensors(sh, rng, add, add_f32, norm, untied)
         return
     E, hd, F, r = sh.n_embd, sh.head_dim, sh.n_ff, sh.recr
     granite = fam == "granite-h"

@@ -23,14 +23,21 @@ attention.scale, logit_scale; no rope when rope.scaling.finetuned is false) and 
 head_count_kv and feed_forward_length are 0, attention without rope (llama.cpp's rope type NONE;
 scale 1/sqrt(key_length)) where feed_forward_length is 0, else the ungated MLP ffn_down
 relu(ffn_up h)^2; the RMS eps attention.layer_norm_rms_epsilon, else attention.layer_norm_epsilon;
-ssm.inner_size any multiple of the SSM heads), each written from
-llama.cpp's graph builders (src/models/*.cpp, the SSM maths from ggml's ssm_conv / ssm_scan) as
-semantics, not from kvant.  The recurrent layers run token by token (the recurrence), or with
-ssm_chunk = K in chunks of K tokens: Mamba-2 as the chunked state-space-duality form (a quadratic
-form inside a chunk with segment sums of log dA, the state passed between chunks), the short
-convolution a chunk at a time.  forward(ids, state=State()) continues from a State (the K/V of the
-attention layers, the convolution rows and SSM states of the recurrent ones), so a sequence can run
-in pieces.
+ssm.inner_size any multiple of the SSM heads) and `qwen35` (Qwen3.5, dense: recurrent layers from
+attention.recurrent_layers, else every layer but each full_attention_interval-th; x + mixer(rmsnorm(x)
+attn_norm), then x + SwiGLU(rmsnorm(x) post_attention_norm); gated attention (attn_q rows per head
+q | gate, per-head q/k RMS norm, interleaved M-RoPE over rope.dimension_count dims, which for text
+positions is NEOX rope over those dims except pairs in no section, which take position 0; the
+heads times sigmoid(gate)); Gated DeltaNet layers (qkv conv + silu, per-head L2 norm of q and k,
+V head h on K head h % n_k_heads, the delta rule, a per-head RMS norm times silu(z))), each written
+from llama.cpp's graph builders (src/models/*.cpp, the SSM maths from ggml's ssm_conv / ssm_scan /
+gated_delta_net) as semantics, not from kvant.  The recurrent layers run token by token (the
+recurrence), or with ssm_chunk = K in chunks of K tokens: Mamba-2 as the chunked state-space-duality
+form (a quadratic form inside a chunk with segment sums of log dA, the state passed between chunks),
+the short convolution a chunk at a time, the delta rule as the chunked WY form (a unit
+lower-triangular solve per chunk, the state passed between chunks).  forward(ids, state=State())
+continues from a State (the K/V of the attention layers, the convolution rows and SSM states of the
+recurrent ones), so a sequence can run in pieces.
 Weights are dequantized with gguf.quants.dequantize (exact values of what is stored, f32)
 and all arithmetic is done in float64.
 
@@ -57,10 +64,12 @@ ROPE_NEOX = "neox"       # rotate (x[i], x[i + n_rot/2])
 ARCH_ROPE = {"llama": ROPE_NORMAL, "qwen2": ROPE_NEOX, "qwen3": ROPE_NEOX, "gemma2": ROPE_NEOX,
              "gemma3": ROPE_NEOX, "phi3": ROPE_NEOX, "qwen2moe": ROPE_NEOX, "qwen3moe": ROPE_NEOX,
              "olmoe": ROPE_NEOX, "deepseek2": ROPE_NORMAL, "gpt-oss": ROPE_NEOX,
-             "lfm2": ROPE_NEOX, "granitehybrid": ROPE_NORMAL, "nemotron_h": ROPE_NORMAL}
+             "lfm2": ROPE_NEOX, "granitehybrid": ROPE_NORMAL, "nemotron_h": ROPE_NORMAL,
+             "qwen35": ROPE_NEOX}   # qwen35: IMROPE, rotating NEOX pairs (see _qwen35)
 # hybrids: a layer whose head_count_kv is 0 is recurrent (llama.cpp's is_recr; nemotron_h: and
-# feed_forward_length 0, a layer with head_count_kv 0 and an n_ff being an MLP)
-HYBRID_ARCHS = ("lfm2", "granitehybrid", "nemotron_h")
+# feed_forward_length 0, a layer with head_count_kv 0 and an n_ff being an MLP; qwen35: as
+# attention.recurrent_layers or full_attention_interval say)
+HYBRID_ARCHS = ("lfm2", "granitehybrid", "nemotron_h", "qwen35")
 # mixtures of experts (llama.cpp build_moe_ffn): softmax over ffn_gate_inp, top expert_used_count,
 # the chosen probabilities divided by their sum where the family's graph passes norm_w = true;
 # deepseek2 reads its gating, norm_w and weight scale from the header (expert_gating_func,
@@ -87,8 +96,9 @@ def _field(reader: GGUFReader, key: str, default=None):
 class State:
     """What a forward pass leaves for the tokens after it: n_past positions; per attention layer
     its keys (after rope) and values [n_past][n_head_kv][head_dim]; per recurrent layer the last
-    d_conv - 1 convolution input rows [d_conv - 1][channels] and (Mamba-2) the SSM state
-    [head][head_dim][d_state]."""
+    d_conv - 1 convolution input rows [d_conv - 1][channels] and the SSM state: Mamba-2's
+    [head][head_dim][d_state], the Gated DeltaNet's [v_head][head_v_dim][head_k_dim] (S[v][k]: ggml's
+    [S_v, S_v, H_v] state with the k index in ne0, the v index in ne1)."""
     n_past: int = 0
     kv: dict = field(default_factory=dict)     # layer -> (k, v)
     conv: dict = field(default_factory=dict)   # layer -> conv rows
@@ -198,7 +208,7 @@ class RefModel:
                     self.window[il] = win
                     self.base_l[il] = base_swa
                     self.scale_l[il] = 1.0 if a == "gemma3" else self.rope_scale
-        self.ffn_norm = "post_attention_norm.weight" if a == "gpt-oss" else "ffn_norm.weight"
+        self.ffn_norm = "post_attention_norm.weight" if a in ("gpt-oss", "qwen35") else "ffn_norm.weight"
         self.swiglu_oai = SWIGLU_OAI if a == "gpt-oss" else None
         self._moe_routing(g)
         self._hybrid(g)
@@ -240,8 +250,12 @@ class RefModel:
         self.use_rope = True
         self.ssm_gate = True
         self.ssm_norm_groups = None
+        self.q_gate = False        # qwen35: attn_q rows per head q | gate
+        self.rope_sections = None  # qwen35: interleaved M-RoPE sections
         if a == "lfm2":
             self.d_conv = int(g("shortconv.l_cache"))
+        if a == "qwen35":
+            self._qwen35(g)
         if a not in ("granitehybrid", "nemotron_h"):
             return
         if a == "granitehybrid":
@@ -263,6 +277,53 @@ class RefModel:
             raise ValueError(f"{a}: ssm.inner_size {self.d_inner}, {self.n_ssm_head} heads, "
                              f"{self.n_group} groups do not fit (heads divide inner_size, groups divide "
                              f"heads; granitehybrid: llama.cpp asserts inner_size = 2 n_embd)")
+
+    def _qwen35(self, g) -> None:
+        """qwen35 as llama.cpp's llama_model_qwen35 reads it: a layer is recurrent where
+        attention.recurrent_layers says so, else where (il + 1) % full_attention_interval (default 4)
+        != 0; ssm.group_count K heads and ssm.time_step_rank V heads, each ssm.state_size wide
+        (head_v_dim = ssm.inner_size / V heads must equal it); rope.dimension_sections required.
+        Switches for the tests that show each part matters: attn_gate (heads * sigmoid(gate)),
+        gdn_kmap ("tile": V head h reads K head h % n_k, as ggml_repeat_4d and the fused
+        ggml_gated_delta_net do; "group": h // (n_v / n_k), the HF checkpoint's order before the
+        converter reorders the V heads), gdn_l2 ("head": q and k L2-normalised per head; "row": over
+        the whole q / k row, a wrong variant), gdn_q_scale (q times 1/sqrt(state_size))."""
+        nl = self.n_layer
+        rl = g("attention.recurrent_layers", None)
+        if rl is not None:
+            self.recr = [bool(v) for v in rl][:nl]
+        else:
+            iv = int(g("full_attention_interval", 4))
+            self.recr = [(L + 1) % iv != 0 for L in range(nl)]
+        self.d_conv = int(g("ssm.conv_kernel"))
+        self.d_inner = int(g("ssm.inner_size"))
+        self.d_state = int(g("ssm.state_size"))
+        self.n_k_head = int(g("ssm.group_count"))
+        self.n_v_head = int(g("ssm.time_step_rank"))
+        if self.d_inner != self.n_v_head * self.d_state or self.n_v_head % self.n_k_head:
+            raise ValueError(f"qwen35: ssm.inner_size {self.d_inner} is not time_step_rank {self.n_v_head} * "
+                             f"state_size {self.d_state}, or the K heads {self.n_k_head} do not divide the V heads")
+        sec = g("rope.dimension_sections", None)
+        if sec is None:
+            raise ValueError("qwen35: no rope.dimension_sections (llama.cpp requires it)")
+        self.rope_sections = [int(v) for v in sec][:4] + [0] * (4 - len(sec))
+        self.q_gate = True
+        self.attn_gate = True
+        self.gdn_kmap = "tile"
+        self.gdn_l2 = "head"
+        self.gdn_q_scale = True
+
+    def imrope_text_pairs(self) -> np.ndarray:
+        """Which of the n_rot / 2 rotated pairs turn with a text token's position under ggml's
+        interleaved M-RoPE (GGML_ROPE_TYPE_IMROPE): pair i's sector is i % sum(sections); sectors
+        0, 3, .. below 3 sections[0] take position t, 1, 4, .. below 3 sections[1] position h,
+        2, 5, .. below 3 sections[2] position w, any other the 4th position e.  llama.cpp gives a
+        text token t = h = w = its position and e = 0, so those others do not turn."""
+        sec = self.rope_sections
+        sector = np.arange(self.n_rot // 2) % sum(sec)
+        m = sector % 3
+        return ((m == 0) & (sector < 3 * sec[0])) | ((m == 1) & (sector < 3 * sec[1])) | \
+            ((m == 2) & (sector < 3 * sec[2]))
 
     def _moe_routing(self, g) -> None:
         """build_moe_ffn's parameters, as llama.cpp's loader reads them: expert groups for every
@@ -333,7 +394,10 @@ class RefModel:
             ramp = 1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)
             inv = inv * (scale * (1.0 - ramp) + ramp)
             return pos.astype(np.float64)[:, None] * inv[None, :]
-        return (pos.astype(np.float64) * scale)[:, None] * inv[None, :]
+        th = (pos.astype(np.float64) * scale)[:, None] * inv[None, :]
+        if self.rope_sections is not None:   # qwen35: pairs of the 4th section stay at position 0
+            th = th * self.imrope_text_pairs()[None, :]
+        return th
 
     def rope(self, x: np.ndarray, theta: np.ndarray) -> np.ndarray:
         """x: [n, heads, head_dim]; theta: [n, n_rot/2]."""
@@ -368,6 +432,14 @@ class RefModel:
         else:
             q, k, v = self.lin(h, p + "attn_q"), self.lin(h, p + "attn_k"), self.lin(h, p + "attn_v")
         return q.reshape(n, nh, hd), k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
+
+    def qkv_gated(self, h: np.ndarray, p: str, nh: int, nkv: int):
+        """qwen35's attention inputs (q, gate, k, v): attn_q gives per head head_dim q values then
+        head_dim gate values (llama.cpp's views of Qcur_full at offsets 0 and n_embd_head)."""
+        n, hd = h.shape[0], self.head_dim
+        qg = self.lin(h, p + "attn_q").reshape(n, nh, 2 * hd)
+        k, v = self.lin(h, p + "attn_k"), self.lin(h, p + "attn_v")
+        return qg[:, :, :hd], qg[:, :, hd:], k.reshape(n, nkv, hd), v.reshape(n, nkv, hd)
 
     def gated(self, h: np.ndarray, g: np.ndarray, u: np.ndarray, d: np.ndarray,
               b=(0.0, 0.0, 0.0)) -> np.ndarray:
@@ -741,6 +813,92 @@ class RefModel:
                 np.einsum("hu,uh,uhp,uhn->hpn", to_end, dtc, xc, Bc)
         return y, s
 
+    def gdn(self, h: np.ndarray, p: str, L: int, state: State | None) -> np.ndarray:
+        """qwen35's Gated DeltaNet layer (llama.cpp build_layer_attn_linear): qkv = attn_qkv h (rows
+        q [n_k][D] | k [n_k][D] | v [n_v][D]), z = attn_gate h, beta = sigmoid(ssm_beta h),
+        g = softplus(ssm_alpha h + ssm_dt.bias) ssm_a (log of the decay, per V head); qkv through the
+        causal convolution ssm_conv1d (no bias) and silu; q and k L2-normalised per head
+        (x / sqrt(sum x^2 + eps), eps the RMS eps: build_gdn_l2_norm); V head h reads K head
+        h % n_k; q scaled by 1/sqrt(D); the delta rule (token by token, or chunked with ssm_chunk);
+        each head's output RMS-normed with ssm_norm [D], times silu(z); ssm_out."""
+        n = len(h)
+        Hk, Hv, D = self.n_k_head, self.n_v_head, self.d_state
+        one = self.dt.type(1)
+        qkv = self.lin(h, p + "attn_qkv")
+        z = self.lin(h, p + "attn_gate").reshape(n, Hv, D)
+        beta = one / (one + np.exp(-self.lin(h, p + "ssm_beta")))                     # [n][Hv]
+        g = softplus(self.lin(h, p + "ssm_alpha") + self.w64(p + "ssm_dt.bias").reshape(-1)) * \
+            self.w64(p + "ssm_a").reshape(-1)                                         # [n][Hv]
+        xc = silu(self.conv(qkv, self.w64(p + "ssm_conv1d.weight"), L, state))
+        q = xc[:, :Hk * D].reshape(n, Hk, D)
+        k = xc[:, Hk * D:2 * Hk * D].reshape(n, Hk, D)
+        v = xc[:, 2 * Hk * D:].reshape(n, Hv, D)
+        eps = self.dt.type(self.eps)
+        if self.gdn_l2 == "head":
+            q = q / np.sqrt(np.sum(q * q, axis=-1, keepdims=True) + eps)
+            k = k / np.sqrt(np.sum(k * k, axis=-1, keepdims=True) + eps)
+        else:   # over the whole row (a wrong variant, for the tests)
+            q = q / np.sqrt(np.sum(q * q, axis=(1, 2), keepdims=True) + eps)
+            k = k / np.sqrt(np.sum(k * k, axis=(1, 2), keepdims=True) + eps)
+        kh = np.arange(Hv) % Hk if self.gdn_kmap == "tile" else np.arange(Hv) // (Hv // Hk)
+        q = q[:, kh] * self.dt.type(1.0 / math.sqrt(D) if self.gdn_q_scale else 1.0)
+        k = k[:, kh]
+        s = state.ssm.get(L) if state is not None else None
+        if s is None:
+            s = np.zeros((Hv, D, D), dtype=self.dt)
+        rule = self.delta_chunked if self.ssm_chunk else self.delta_rule
+        y, s = rule(q, k, v, g, beta, s)
+        if state is not None:
+            state.ssm[L] = s
+        y = y / np.sqrt(np.mean(y * y, axis=-1, keepdims=True) + eps) * self.w64(p + "ssm_norm.weight").reshape(-1)
+        if self.ssm_gate:
+            y = y * silu(z)
+        return self.lin(y.reshape(n, Hv * D), p + "ssm_out")
+
+    @staticmethod
+    def delta_rule(q, k, v, g, beta, s):
+        """The gated delta rule, token by token, per V head: S = S exp(g); d = (v - S k) beta;
+        S = S + d k^T; o = S q.  q, k [n][H][Dk], v [n][H][Dv], g, beta [n][H], s [H][Dv][Dk];
+        returns (o [n][H][Dv], the last s)."""
+        y = np.empty_like(v)
+        for t in range(len(v)):
+            s = s * np.exp(g[t])[:, None, None]
+            d = (v[t] - np.einsum("hvk,hk->hv", s, k[t])) * beta[t][:, None]
+            s = s + d[:, :, None] * k[t][:, None, :]
+            y[t] = np.einsum("hvk,hk->hv", s, q[t])
+        return y, s
+
+    def delta_chunked(self, q, k, v, g, beta, s):
+        """delta_rule in chunks of ssm_chunk tokens (the WY form, as llama.cpp's
+        build_delta_net_chunking).  In a chunk, with G[t] = g[0] + .. + g[t] and S0 the state
+        entering it, S[t] = exp(G[t]) S0 + sum_{u <= t} exp(G[t] - G[u]) w[u] k[u]^T where the
+        updates w solve (I + A) w = beta v - beta exp(G) S0 k, A[t][u] = beta[t] exp(G[t] - G[u])
+        k[t].k[u] for u < t (unit lower-triangular); then o[t] = exp(G[t]) S0 q[t] +
+        sum_{u <= t} exp(G[t] - G[u]) (q[t].k[u]) w[u], and the state leaving the chunk is
+        exp(G[-1]) S0 + sum_u exp(G[-1] - G[u]) w[u] k[u]^T."""
+        Q = self.ssm_chunk
+        y = np.empty_like(v)
+        for c0 in range(0, len(v), Q):
+            sl = slice(c0, c0 + Q)
+            qc, kc, vc = (x[sl].transpose(1, 0, 2) for x in (q, k, v))   # [H][m][D]
+            gc, bc = g[sl].T, beta[sl].T                                # [H][m]
+            m = qc.shape[1]
+            G = np.cumsum(gc, axis=1)
+            incl = np.tri(m, dtype=bool)
+            decay = np.exp(np.where(incl, G[:, :, None] - G[:, None, :], -np.inf))   # [H][t][u]
+            A = np.where(np.tri(m, k=-1, dtype=bool),
+                         bc[:, :, None] * decay * np.einsum("htd,hud->htu", kc, kc), 0.0)
+            T = A + np.eye(m)
+            eG = np.exp(G)
+            rhs = bc[:, :, None] * vc - (bc * eG)[:, :, None] * np.einsum("huk,hvk->huv", kc, s)
+            w = np.linalg.solve(T, rhs)                                  # [H][m][Dv]
+            o = eG[:, :, None] * np.einsum("htk,hvk->htv", qc, s) + \
+                np.einsum("htu,htu,huv->htv", decay, np.einsum("htd,hud->htu", qc, kc), w)
+            y[sl] = o.transpose(1, 0, 2)
+            s = np.exp(G[:, -1])[:, None, None] * s + \
+                np.einsum("hu,huv,huk->hvk", np.exp(G[:, -1:] - G), w, kc)
+        return y, s
+
     def forward(self, ids, drop_cache: bool = False, state: State | None = None) -> np.ndarray:
         """Teacher-forced logits [n][n_vocab] (float64), positions 0..n-1 from an empty cache, or
         n_past.. after what `state` holds (which the call then extends)."""
@@ -765,14 +923,19 @@ class RefModel:
             nh, nkv = self.n_heads[L], self.n_heads_kv[L]
             h = self.rmsnorm(x, p + "attn_norm.weight")
             if self.recr[L]:
-                a = (self.shortconv if self.arch == "lfm2" else self.mamba2)(h, p, L, state)
+                mixer = {"lfm2": self.shortconv, "qwen35": self.gdn}.get(self.arch, self.mamba2)
+                a = mixer(h, p, L, state)
             elif self.one_sublayer and self.n_ff[L]:
                 a = self.relu2_mlp(h, p, L)
             else:
                 if self.mla:
                     heads = self.mla_attend(h, p, theta, L)
                 else:
-                    q, k, v = self.qkv(h, p, nh, nkv)
+                    gate = None
+                    if self.q_gate:   # qwen35
+                        q, gate, k, v = self.qkv_gated(h, p, nh, nkv)
+                    else:
+                        q, k, v = self.qkv(h, p, nh, nkv)
                     if self.has(p + "attn_q_norm.weight") and self.w(p + "attn_q_norm.weight").size != self.head_dim:
                         q = self.rmsnorm(q.reshape(len(ids), -1), p + "attn_q_norm.weight").reshape(q.shape)
                         k = self.rmsnorm(k.reshape(len(ids), -1), p + "attn_k_norm.weight").reshape(k.shape)
@@ -787,6 +950,8 @@ class RefModel:
                             v = np.concatenate([state.kv[L][1], v])
                         state.kv[L] = (k, v)
                     heads = self.attend(q, k, v, L, n0)
+                    if gate is not None and self.attn_gate:   # qwen35: heads * sigmoid(gate)
+                        heads = heads / (self.dt.type(1) + np.exp(-gate.reshape(heads.shape)))
                 a = self.lin(heads, p + "attn_output")
             if self.gemma:
                 a = self.rmsnorm(a, p + "post_attention_norm.weight")

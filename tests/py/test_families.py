@@ -59,6 +59,11 @@ MOE_INT8_BOUND = 1e-1 # the same, per token (median), where a perturbed router m
 # (no state yet) and not growing along the sequence; granite-h 0.7% .. 1.3%; nemotron-h 2.0% .. 3.1%
 # (relu^2 squares the up-projection's error)
 HYBRID_INT8_BOUND = 6e-2
+# qwen35's Gated DeltaNet reads k.q of two L2-normed random 64-d vectors (about 1/8): the int8
+# error of each is relative to 1, of their dot relative to 1/8, so the random file's GDN outputs
+# carry about 8x the per-dot error: measured 9.2% (Q8_0) .. 10.5% (Q6_K), 3.9% (Q4_K), 6.7% at
+# the first token already (no state yet), not growing along the sequence
+QWEN35_INT8_BOUND = 1.5e-1
 WTYPES = ["F32", "Q8_0", "Q4_0", "Q4_K", "Q6_K"]
 
 
@@ -110,8 +115,8 @@ def test_family_int8_path(family, wtype, fam_dir, kvant_logits, run_kvant, tmp_p
         # the 2nd and 3rd expert: 0.002 on token 0's layer 1, 0.006 on token 1's layer 0)
         per_tok = np.linalg.norm(kv - exact, axis=1) / np.linalg.norm(exact, axis=1)
         err = float(np.median(per_tok))
-    bound = MOE_INT8_BOUND if family in mf.MOE_FAMILIES else \
-        HYBRID_INT8_BOUND if family in mf.HYBRID_FAMILIES else INT8_BOUND
+    bound = MOE_INT8_BOUND if family in mf.MOE_FAMILIES else QWEN35_INT8_BOUND \
+        if family == "qwen35" else HYBRID_INT8_BOUND if family in mf.HYBRID_FAMILIES else INT8_BOUND
     record_result(f"family_int8_{family}_{wtype}", {"rel_l2_vs_exact": err, "bound": bound})
     print(f"{family} {wtype} int8 path: rel L2 vs exact {err:.3e}")
     assert 0 < err < bound, f"{family} {wtype}: int8 path rel L2 {err:.3e} (bound {bound})"

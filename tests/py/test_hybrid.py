@@ -226,3 +226,19 @@ def test_refusals(hyb_dir, kvant_bin, run_kvant):
     slot = 4 * (3 * (512 + 64) + 512 * 16) * 4
     assert plan["state_slot_bytes"] == slot and plan["state_slots"] == 8 + 8 + 16
     assert plan["state_bytes"] == slot * 32
+
+
+@pytest.mark.parametrize("family", FAMS)
+def test_info_recipe(family, hyb_dir, run_kvant):
+    """`kvant info` names the recurrent layers make_family wrote (every layer not attention nor
+    MLP) and one sequence's state bytes (`kvant plan`'s slot)."""
+    path = mf.make_family(hyb_dir, family, "F32")
+    r = run_kvant(["info", "-m", path, "--json"])
+    assert r.returncode == 0, r.stderr
+    rec = json.loads(r.stdout)["recipe"]
+    sh = mf.TINY[family]
+    want = [i for i in range(sh.n_layer) if i not in sh.recr.attn and i not in sh.recr.mlp]
+    assert rec["recurrent_layers"] == want and rec["recurrent"] != "none"
+    p = run_kvant(["plan", "-m", path, "--json"])
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["plans"][0]["plan"]["state_slot_bytes"] == rec["state_bytes"]

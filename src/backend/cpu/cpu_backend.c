@@ -400,15 +400,30 @@ static int cpu_state_import_op(backend *be, int32_t slot, const void *src, int32
 }
 
 static int cpu_recr_mix_op(backend *be, int32_t il, const model_layer *L, float eps,
-                           float *d_proj, float *d_y, int32_t n, kvant_err *err)
+                           float *const *d_in, float *d_y, int32_t n, kvant_err *err)
 {
     cpu_backend *cb = cpu(be);
     if (!cb->state.n_slots || !cb->model)
         return kvant_err_set(err, KV_EINVAL, "layer %d: no recurrent state", il);
     const cpu_recr_env env = {cb->pool, &cb->state, cb->batch, &cb->model->hp.fam,
                               cb->model->hp.n_embd};
-    cpu_recr_mix(&env, il, L, eps, d_proj, d_y, n);
+    cpu_recr_mix(&env, il, L, eps, d_in, d_y, n);
     return KV_OK;
+}
+
+static void cpu_attn_gate_op(backend *be, int mode, const float *d_qg, float *d_x, int32_t n_heads,
+                             int32_t head_dim)
+{
+    const int64_t rows = (int64_t)cpu(be)->batch->n_tokens * n_heads;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *qg = d_qg + r * 2 * head_dim;
+        float *x = d_x + r * head_dim;
+        if (mode == 0)
+            memcpy(x, qg, (size_t)head_dim * sizeof(float));
+        else
+            for (int32_t i = 0; i < head_dim; i++)
+                x[i] *= 1.0f / (1.0f + expf(-qg[head_dim + i]));
+    }
 }
 
 typedef struct row_job {
@@ -901,6 +916,7 @@ static const backend_ops cpu_ops = {
     .state_export = cpu_state_export_op,
     .state_import = cpu_state_import_op,
     .recr_mix = cpu_recr_mix_op,
+    .attn_gate = cpu_attn_gate_op,
     .gather_out = cpu_gather_out,
 };
 

@@ -85,7 +85,7 @@ static void pack_one(cpu_packed *p, model_tensor *t, mem_mgr *mem, tpool *pool)
 cpu_packed *cpu_pack_weights(model *m, mem_mgr *mem, tpool *pool, kvant_err *err)
 {
     cpu_packed *p = calloc(1, sizeof *p);
-    const int cap = 15 * m->hp.n_layers + 1;
+    const int cap = 16 * m->hp.n_layers + 1;
     if (p)
         p->e = calloc((size_t)cap, sizeof *p->e);
     if (!p || !p->e) {
@@ -100,7 +100,7 @@ cpu_packed *cpu_pack_weights(model *m, mem_mgr *mem, tpool *pool, kvant_err *err
         model_tensor *ts[] = {&L->wq,        &L->wk,         &L->wv,      &L->wo,
                               &L->w_gate,    &L->w_up,       &L->w_down,  &L->gate_exps,
                               &L->up_exps,   &L->down_exps,  &L->gate_shexp, &L->up_shexp,
-                              &L->down_shexp, &L->ssm_in,    &L->ssm_out};
+                              &L->down_shexp, &L->ssm_in,    &L->ssm_out, &L->ssm_z};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
             pack_one(p, ts[i], mem, pool);
     }

@@ -9,6 +9,12 @@
  *   y = rmsnorm_groups(y * silu(z)) * ssm_norm
  * Short convolution (lfm2), proj = b | c | x:
  *   y = c * conv(state, b * x)                   (l_cache taps, no bias)
+ * Gated DeltaNet (qwen35), proj = q | k | v (attn_qkv), z (attn_gate), beta and alpha
+ * logits per value head:
+ *   qkv = silu(conv(state, qkv)); q, k /= sqrt(|.|^2 + eps) per key head
+ *   per value head h (key head h % Hk), state M [head_v][head_k]:
+ *     M *= exp(softplus(alpha + dt_b) a); d = (v - M k) sigmoid(beta); M += d k^T
+ *     o = M q / sqrt(head_k);  y = rmsnorm(o) * ssm_norm * silu(z)
  */
 #include "backend/cpu/cpu_ssm.h"
 
@@ -162,9 +168,13 @@ typedef struct recr_job {
     int32_t il;
     const model_layer *L;
     float eps;
-    float *proj, *y;
+    float *proj, *y;        /* in[0], the output */
+    const float *beta, *alpha; /* Gated DeltaNet: in[1], in[2] */
     int32_t n;
 } recr_job;
+
+/* The largest head the Gated DeltaNet worker takes (its delta row on the stack). */
+#define GDN_MAX_HEAD 1024
 
 static float *slot_base(const cpu_state *st, int32_t slot)
 {
@@ -220,9 +230,9 @@ static void conv_worker(int ith, int nth, void *arg)
     const model_family_hp *f = env->f;
     const model_layer *L = j->L;
     const int32_t K = (int32_t)f->ssm_d_conv;
-    const int mamba = L->recr == RECR_MAMBA2;
+    const int mamba = L->recr == RECR_MAMBA2, gdn = L->recr == RECR_GDN;
     const int64_t D = f->ssm_d_inner, E = env->n_embd;
-    const int64_t CH = mamba ? D + 2ll * f->ssm_n_group * f->ssm_d_state : E;
+    const int64_t CH = mamba || gdn ? D + 2ll * f->ssm_n_group * f->ssm_d_state : E;
     const int64_t P = L->ssm_in.ne[1];
     const float *w = L->ssm_conv1d.dev, *bias = L->ssm_conv1d_b.dev;
     long c0, c1;
@@ -236,8 +246,8 @@ static void conv_worker(int ith, int nth, void *arg)
         if (p == 0)
             zero_conv(cs, CH, K, c0, c1);
         float *row = j->proj + (int64_t)t * P;
-        if (mamba) {
-            float *xbc = row + D;
+        if (mamba || gdn) {
+            float *xbc = mamba ? row + D : row; /* Gated DeltaNet: all of q | k | v */
             conv_token(cs, CH, K, w, bias, xbc, xbc, c0, c1);
             for (long c = c0; c < c1; c++)
                 xbc[c] = silu(xbc[c]);
@@ -316,11 +326,108 @@ static void gate_worker(int ith, int nth, void *arg)
     }
 }
 
-void cpu_recr_mix(const cpu_recr_env *env, int32_t il, const model_layer *L, float eps,
-                  float *proj, float *y, int32_t n)
+/* q and k of every key head of every token divided by sqrt(|.|^2 + eps)
+ * (llama.cpp's build_gdn_l2_norm), token by token. */
+static void l2_worker(int ith, int nth, void *arg)
 {
-    recr_job j = {env, il, L, eps, proj, y, n};
+    const recr_job *j = arg;
+    const model_family_hp *f = j->env->f;
+    const int64_t dk = f->ssm_d_state, nk = 2ll * f->ssm_n_group; /* q and k heads */
+    const int64_t P = j->L->ssm_in.ne[1];
+    long t0, t1;
+    tpool_range(j->n, ith, nth, &t0, &t1);
+    for (long t = t0; t < t1; t++)
+        for (int64_t h = 0; h < nk; h++) {
+            float *x = j->proj + t * P + h * dk;
+            float ss = 0.0f;
+            for (int64_t i = 0; i < dk; i++)
+                ss += x[i] * x[i];
+            const float s = 1.0f / sqrtf(ss + j->eps);
+            for (int64_t i = 0; i < dk; i++)
+                x[i] *= s;
+        }
+}
+
+/* One token of one value head's delta rule on its state M [dv][dk]; o out. */
+static void gdn_step(float *M, int64_t dv, int64_t dk, const float *q, const float *k,
+                     const float *v, float decay, float beta, float scale, float *delta, float *o)
+{
+    for (int64_t r = 0; r < dv * dk; r++)
+        M[r] *= decay;
+    for (int64_t jv = 0; jv < dv; jv++) {
+        const float *m = M + jv * dk;
+        float s = 0.0f;
+        for (int64_t i = 0; i < dk; i++)
+            s += m[i] * k[i];
+        delta[jv] = (v[jv] - s) * beta;
+    }
+    for (int64_t jv = 0; jv < dv; jv++) {
+        float *m = M + jv * dk;
+        for (int64_t i = 0; i < dk; i++)
+            m[i] += delta[jv] * k[i];
+    }
+    for (int64_t jv = 0; jv < dv; jv++) {
+        const float *m = M + jv * dk;
+        float s = 0.0f;
+        for (int64_t i = 0; i < dk; i++)
+            s += m[i] * q[i];
+        o[jv] = s * scale;
+    }
+}
+
+/* Gated DeltaNet over value heads, each thread its range for every token:
+ * the delta rule, then the head's RMS norm times silu(z) into y (z's place). */
+static void gdn_worker(int ith, int nth, void *arg)
+{
+    const recr_job *j = arg;
+    const cpu_recr_env *env = j->env;
+    const cpu_state *st = env->st;
+    const model_family_hp *f = env->f;
+    const model_layer *L = j->L;
+    const int64_t H = f->ssm_n_head, Hk = f->ssm_n_group, dk = f->ssm_d_state;
+    const int64_t dv = f->ssm_d_inner / H, P = L->ssm_in.ne[1], D = f->ssm_d_inner;
+    const float *A = L->ssm_a.dev, *dtb = L->ssm_dt_b.dev, *w = L->ssm_norm.dev;
+    const float scale = 1.0f / sqrtf((float)dk);
+    float delta[GDN_MAX_HEAD], o[GDN_MAX_HEAD];
+    long h0, h1;
+    tpool_range((long)H, ith, nth, &h0, &h1);
+    if (h0 >= h1)
+        return;
+    for (int32_t t = 0; t < j->n; t++) {
+        const fwd_seq *s = &env->batch->seqs[env->batch->seq[t]];
+        const int32_t p = env->batch->pos[t];
+        float *S = slot_base(st, s->state_slot) + st->ssm_off[j->il];
+        if (p == 0)
+            memset(S + h0 * dv * dk, 0, (size_t)((h1 - h0) * dv * dk) * sizeof(float));
+        const float *row = j->proj + (int64_t)t * P;
+        for (long h = h0; h < h1; h++) {
+            const int64_t kh = h % Hk;
+            const float g = ssm_softplus(j->alpha[(int64_t)t * H + h] + dtb[h]) * A[h];
+            const float beta = 1.0f / (1.0f + expf(-j->beta[(int64_t)t * H + h]));
+            gdn_step(S + h * dv * dk, dv, dk, row + kh * dk, row + (Hk + kh) * dk,
+                     row + 2 * Hk * dk + h * dv, expf(g), beta, scale, delta, o);
+            float *y = j->y + (int64_t)t * D + h * dv; /* holds z */
+            cpu_rmsnorm_row(o, w, j->eps, o, (int32_t)dv);
+            for (int64_t i = 0; i < dv; i++)
+                y[i] = o[i] * (y[i] / (1.0f + expf(-y[i])));
+        }
+        const int32_t snap = snap_slot(s, p);
+        if (snap >= 0)
+            memcpy(slot_base(st, snap) + st->ssm_off[j->il] + h0 * dv * dk, S + h0 * dv * dk,
+                   (size_t)((h1 - h0) * dv * dk) * sizeof(float));
+    }
+}
+
+void cpu_recr_mix(const cpu_recr_env *env, int32_t il, const model_layer *L, float eps,
+                  float *const *in, float *y, int32_t n)
+{
+    recr_job j = {env, il, L, eps, in[0], y, in[1], in[2], n};
     tpool_run(env->pool, conv_worker, &j);
+    if (L->recr == RECR_GDN) {
+        tpool_run(env->pool, l2_worker, &j);
+        tpool_run(env->pool, gdn_worker, &j);
+        return;
+    }
     if (L->recr != RECR_MAMBA2)
         return;
     tpool_run(env->pool, scan_worker, &j);

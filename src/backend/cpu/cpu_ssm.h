@@ -65,6 +65,6 @@ typedef struct cpu_recr_env {
 
 /* backend.h recr_mix over the batch's n tokens. */
 void cpu_recr_mix(const cpu_recr_env *env, int32_t il, const model_layer *L, float eps,
-                  float *proj, float *y, int32_t n);
+                  float *const *in, float *y, int32_t n);
 
 #endif
