@@ -242,3 +242,20 @@ def test_info_recipe(family, hyb_dir, run_kvant):
     p = run_kvant(["plan", "-m", path, "--json"])
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["plans"][0]["plan"]["state_slot_bytes"] == rec["state_bytes"]
+
+
+@pytest.mark.parametrize("family", FAMS)
+def test_weight_offload_bitwise(family, hyb_dir, run_kvant, tmp_path):
+    """Layers streamed under --weights-memory (the recurrent tensors with them) give the resident
+    logits bitwise."""
+    path = mf.make_family(hyb_dir, family, "F32")
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, _ids(9, 24))) + "\n")
+    outs = []
+    for extra in ([], ["--weights-memory", "0.8"]):
+        out = tmp_path / f"o{len(extra)}.f32"
+        r = run_kvant(["logits", "-m", path, "--tokens-file", tmp_path / "ids.txt", "--out", out,
+                       "-t", "2", "--exact", "--kv-dtype", "f32", *extra])
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs.append(np.fromfile(out, dtype="<f4"))
+    assert "streams" in r.stderr or "stream" in r.stderr, r.stderr[-2000:]
+    assert np.array_equal(outs[0], outs[1])
