@@ -375,7 +375,7 @@ static int cpu_state_init(backend *be, int32_t n_slots, kvant_err *err)
     if (!cb->model)
         return kvant_err_set(err, KV_EINVAL, "recurrent state: no model loaded");
     cpu_state_release(&cb->state, cb->mem, &cb->state_mem);
-    cb->state = cpu_state_layout(cb->model, ssm_scan_for(cb->isa));
+    cb->state = cpu_state_layout(cb->model, cb->isa);
     return cpu_state_alloc(&cb->state, cb->mem, n_slots, &cb->state_mem, err);
 }
 

@@ -24,11 +24,12 @@
 
 #include "backend/cpu/cpu_ops.h"
 
-cpu_state cpu_state_layout(const model *m, ssm_scan_fn scan)
+cpu_state cpu_state_layout(const model *m, kernel_isa isa)
 {
     cpu_state st;
     memset(&st, 0, sizeof st);
-    st.scan = scan;
+    st.scan = ssm_scan_for(isa);
+    st.gdn = gdn_step_for(isa);
     const model_family_hp *f = &m->hp.fam;
     if (!f->recr)
         return st;
@@ -348,33 +349,6 @@ static void l2_worker(int ith, int nth, void *arg)
         }
 }
 
-/* One token of one value head's delta rule on its state M [dv][dk]; o out. */
-static void gdn_step(float *M, int64_t dv, int64_t dk, const float *q, const float *k,
-                     const float *v, float decay, float beta, float scale, float *delta, float *o)
-{
-    for (int64_t r = 0; r < dv * dk; r++)
-        M[r] *= decay;
-    for (int64_t jv = 0; jv < dv; jv++) {
-        const float *m = M + jv * dk;
-        float s = 0.0f;
-        for (int64_t i = 0; i < dk; i++)
-            s += m[i] * k[i];
-        delta[jv] = (v[jv] - s) * beta;
-    }
-    for (int64_t jv = 0; jv < dv; jv++) {
-        float *m = M + jv * dk;
-        for (int64_t i = 0; i < dk; i++)
-            m[i] += delta[jv] * k[i];
-    }
-    for (int64_t jv = 0; jv < dv; jv++) {
-        const float *m = M + jv * dk;
-        float s = 0.0f;
-        for (int64_t i = 0; i < dk; i++)
-            s += m[i] * q[i];
-        o[jv] = s * scale;
-    }
-}
-
 /* Gated DeltaNet over value heads, each thread its range for every token:
  * the delta rule, then the head's RMS norm times silu(z) into y (z's place). */
 static void gdn_worker(int ith, int nth, void *arg)
@@ -404,8 +378,9 @@ static void gdn_worker(int ith, int nth, void *arg)
             const int64_t kh = h % Hk;
             const float g = ssm_softplus(j->alpha[(int64_t)t * H + h] + dtb[h]) * A[h];
             const float beta = 1.0f / (1.0f + expf(-j->beta[(int64_t)t * H + h]));
-            gdn_step(S + h * dv * dk, dv, dk, row + kh * dk, row + (Hk + kh) * dk,
-                     row + 2 * Hk * dk + h * dv, expf(g), beta, scale, delta, o);
+            st->gdn(S + h * dv * dk, (int32_t)dv, (int32_t)dk, row + kh * dk,
+                    row + (Hk + kh) * dk, row + 2 * Hk * dk + h * dv, expf(g), beta, scale, delta,
+                    o);
             float *y = j->y + (int64_t)t * D + h * dv; /* holds z */
             cpu_rmsnorm_row(o, w, j->eps, o, (int32_t)dv);
             for (int64_t i = 0; i < dv; i++)

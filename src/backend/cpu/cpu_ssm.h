@@ -25,6 +25,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/tpool.h"
+#include "kernels/gdn.h"
 #include "kernels/ssm.h"
 #include "model/model.h"
 
@@ -36,11 +37,12 @@ typedef struct cpu_state {
     uint64_t conv_off[MODEL_MAX_LAYERS], ssm_off[MODEL_MAX_LAYERS];
     uint64_t conv_floats, ssm_floats; /* one layer's */
     ssm_scan_fn scan;       /* the scan kernel of the backend's ISA */
+    gdn_step_fn gdn;        /* the Gated DeltaNet step of the backend's ISA */
 } cpu_state;
 
-/* The layout of m's state (n_slots 0, data NULL); slot_floats 0 when m has
- * no recurrent layer. */
-cpu_state cpu_state_layout(const model *m, ssm_scan_fn scan);
+/* The layout of m's state (n_slots 0, data NULL) and the kernels of isa;
+ * slot_floats 0 when m has no recurrent layer. */
+cpu_state cpu_state_layout(const model *m, kernel_isa isa);
 /* Allocates n_slots zeroed slots from mem as one MEM_STATE block (*block;
  * st->data points into it) and their positions (host memory).  KV_ENOMEM. */
 int cpu_state_alloc(cpu_state *st, mem_mgr *mem, int32_t n_slots, void **block, kvant_err *err);
