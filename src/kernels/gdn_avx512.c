@@ -17,6 +17,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "kernels/lanes16_avx512.h"
+
 void gdn_step_avx512(float *M, int32_t dv, int32_t dk, const float *q, const float *k,
                      const float *v, float decay, float beta, float scale, float *delta,
                      float *o);
@@ -53,14 +55,6 @@ static inline __m512 update_dot_tail(float *m, __mmask16 t, __m512 vdec, __m512 
     return _mm512_mask3_fmadd_ps(x, qq, acc, t);
 }
 
-/* The sum of one row: lanes j + j+8, then j + j+4, j + j+2, 0 + 1 (gdn.h). */
-static inline float reduce1(__m512 acc)
-{
-    const __m256 r8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
-    const __m128 r4 = _mm_add_ps(_mm256_castps256_ps128(r8), _mm256_extractf128_ps(r8, 1));
-    const __m128 r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));
-    return _mm_cvtss_f32(_mm_add_ss(r2, _mm_movehdup_ps(r2)));
-}
 
 /* The sums of four rows, lane r row r, the same tree on all four at once.
  * The 128-bit quarters are named by the lanes they hold: a row's quarters
@@ -195,7 +189,7 @@ static void row1(float *m, int32_t dk, const float *q, const float *k, float vj,
         a = decay_dot(m + i, _mm512_loadu_ps(k + i), vdec, a);
     if (nb < dk)
         a = decay_dot_tail(m + nb, t, _mm512_maskz_loadu_ps(t, k + nb), vdec, a);
-    const float dj = (vj - reduce1(a)) * beta;
+    const float dj = (vj - lanes16_sum(a)) * beta;
     const __m512 d = _mm512_set1_ps(dj);
     *delta = dj;
     a = _mm512_setzero_ps();
@@ -204,7 +198,7 @@ static void row1(float *m, int32_t dk, const float *q, const float *k, float vj,
     if (nb < dk)
         a = update_dot_tail(m + nb, t, vdec, d, _mm512_maskz_loadu_ps(t, k + nb),
                             _mm512_maskz_loadu_ps(t, q + nb), a);
-    *o = reduce1(a) * scale;
+    *o = lanes16_sum(a) * scale;
 }
 
 void gdn_step_avx512(float *M, int32_t dv, int32_t dk, const float *q, const float *k,

@@ -10,6 +10,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "kernels/lanes16_avx512.h"
+
 void ssm_scan_avx512(float *s, const float *x, const float *B, const float *C, float dA,
                      float dt, int32_t P, int32_t N, float *y);
 
@@ -31,14 +33,6 @@ static inline __m512 block_tail(float *s, __mmask16 m, __m512 b, __m512 c, __m51
     return _mm512_mask3_fmadd_ps(v, c, acc, m);
 }
 
-/* y of one row: lanes j + j+8, then j + j+4, j + j+2, 0 + 1 (ssm.h). */
-static inline float reduce1(__m512 acc)
-{
-    const __m256 r8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
-    const __m128 r4 = _mm_add_ps(_mm256_castps256_ps128(r8), _mm256_extractf128_ps(r8, 1));
-    const __m128 r2 = _mm_add_ps(r4, _mm_movehl_ps(r4, r4));
-    return _mm_cvtss_f32(_mm_add_ss(r2, _mm_movehdup_ps(r2)));
-}
 
 /* y of four rows into y[0..3], the same tree on all four at once.  The
  * 128-bit quarters are named by the lanes they hold: a row's quarters q0
@@ -102,7 +96,7 @@ static float row1(float *s, float xv, const float *B, const float *C, __m512 vda
         a = block_tail(s + n, m, _mm512_maskz_loadu_ps(m, B + n), _mm512_maskz_loadu_ps(m, C + n),
                        vda, xdt, a);
     }
-    return reduce1(a);
+    return lanes16_sum(a);
 }
 
 void ssm_scan_avx512(float *s, const float *x, const float *B, const float *C, float dA,

@@ -130,6 +130,31 @@ static int key_u32(const gguf_ctx *g, const char *arch, const char *suffix, uint
     return gguf_get_u32_or(g, key, def, out, err);
 }
 
+/* The per-layer flag array at key (bools or integers, one per layer) into
+ * out; 1 when read, 0 when the key is absent or not an array, or an error
+ * (KV_EFORMAT naming the key). */
+static int layer_flags(const gguf_ctx *g, const char *key, int32_t n_layers, uint8_t *out,
+                       kvant_err *err)
+{
+    int64_t ki = gguf_find_key(g, key);
+    if (ki < 0 || gguf_kv_type(g, ki) != GGUF_TYPE_ARRAY)
+        return 0;
+    gguf_type et = gguf_arr_type(g, ki);
+    size_t es = et == GGUF_TYPE_BOOL || et == GGUF_TYPE_UINT8 || et == GGUF_TYPE_INT8 ? 1
+                : et == GGUF_TYPE_INT32 || et == GGUF_TYPE_UINT32                 ? 4
+                                                                                  : 0;
+    if (!es || gguf_arr_n(g, ki) != (uint64_t)n_layers)
+        return kvant_err_set(err, KV_EFORMAT, "%s: must hold %d bools (one per layer)", key,
+                             n_layers);
+    const uint8_t *d = gguf_arr_data(g, ki);
+    for (int32_t il = 0; il < n_layers; il++) {
+        uint32_t v = 0;
+        memcpy(&v, d + es * (size_t)il, es);
+        out[il] = v != 0;
+    }
+    return 1;
+}
+
 /* attention.sliding_window_pattern: a bool (or integer) array, one per
  * layer, or a period n (layer il slides when il % n < n - 1; 0: all). */
 static int read_swa_pattern(const gguf_ctx *g, const model_recipe *r, const model_family_base *b,
@@ -137,25 +162,11 @@ static int read_swa_pattern(const gguf_ctx *g, const model_recipe *r, const mode
 {
     char key[128];
     snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", b->arch);
-    int64_t ki = gguf_find_key(g, key);
-    if (ki >= 0 && gguf_kv_type(g, ki) == GGUF_TYPE_ARRAY) {
-        gguf_type et = gguf_arr_type(g, ki);
-        size_t es = et == GGUF_TYPE_BOOL || et == GGUF_TYPE_UINT8 || et == GGUF_TYPE_INT8 ? 1
-                    : et == GGUF_TYPE_INT32 || et == GGUF_TYPE_UINT32                 ? 4
-                                                                                      : 0;
-        if (!es || gguf_arr_n(g, ki) != (uint64_t)b->n_layers)
-            return kvant_err_set(err, KV_EFORMAT, "%s: must hold %d bools (one per layer)", key,
-                                 b->n_layers);
-        const uint8_t *d = gguf_arr_data(g, ki);
-        for (int32_t il = 0; il < b->n_layers; il++) {
-            uint32_t v = 0;
-            memcpy(&v, d + es * (size_t)il, es);
-            o->is_swa[il] = v != 0;
-        }
-        return KV_OK;
-    }
+    int rc = layer_flags(g, key, b->n_layers, o->is_swa, err);
+    if (rc)
+        return rc < 0 ? rc : KV_OK;
     uint32_t n = r->swa_pattern;
-    int rc = gguf_get_u32_or(g, key, n, &n, err);
+    rc = gguf_get_u32_or(g, key, n, &n, err);
     if (rc)
         return rc;
     for (int32_t il = 0; il < b->n_layers; il++)
@@ -424,27 +435,18 @@ static int read_recr_interval(const gguf_ctx *g, const model_family_base *b, mod
 {
     char key[128];
     snprintf(key, sizeof key, "%s.attention.recurrent_layers", b->arch);
-    int64_t ki = gguf_find_key(g, key);
-    if (ki >= 0) {
-        gguf_type et = ki >= 0 && gguf_kv_type(g, ki) == GGUF_TYPE_ARRAY ? gguf_arr_type(g, ki)
-                                                                          : GGUF_TYPE_COUNT;
-        size_t es = et == GGUF_TYPE_BOOL || et == GGUF_TYPE_UINT8 || et == GGUF_TYPE_INT8 ? 1
-                    : et == GGUF_TYPE_INT32 || et == GGUF_TYPE_UINT32                 ? 4
-                                                                                      : 0;
-        if (!es || gguf_arr_n(g, ki) != (uint64_t)b->n_layers)
-            return kvant_err_set(err, KV_EFORMAT, "%s: must hold %d bools (one per layer)", key,
-                                 b->n_layers);
-        const uint8_t *d = gguf_arr_data(g, ki);
-        for (int32_t il = 0; il < b->n_layers; il++) {
-            uint32_t v = 0;
-            memcpy(&v, d + es * (size_t)il, es);
-            o->is_recr[il] = v != 0;
-            o->n_recr += v != 0;
-        }
+    int rc = layer_flags(g, key, b->n_layers, o->is_recr, err);
+    if (rc < 0)
+        return rc;
+    if (rc == 0 && gguf_find_key(g, key) >= 0)
+        return kvant_err_set(err, KV_EFORMAT, "%s: must hold %d bools (one per layer)", key,
+                             b->n_layers);
+    for (int32_t il = 0; rc && il < b->n_layers; il++)
+        o->n_recr += o->is_recr[il];
+    if (rc)
         return KV_OK;
-    }
     uint32_t n = 4;
-    int rc = key_u32(g, b->arch, "full_attention_interval", 4, &n, err);
+    rc = key_u32(g, b->arch, "full_attention_interval", 4, &n, err);
     if (rc)
         return rc;
     if (n < 1 || n > (uint32_t)MODEL_MAX_LAYERS)
