@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend/backend_select.h"
+#include "engine/engine_state.h"
 #include "format/gguf.h"
 #include "kv/kvpool.h"
 #include "mem/plan.h"
@@ -42,6 +43,8 @@ int reg_plan_footprint(const char *path, const engine_config *ec, uint64_t kv_pe
     pc.max_num_batched_tokens = ec->max_num_batched_tokens;
     pc.kv_dtype = ec->kv_dtype;
     pc.act_q8 = (!ec->backend || strcmp(ec->backend, "cpu") == 0) && !ec->exact;
+    int32_t n_live, n_snap; /* as the engine takes them (no budget cap: at most that) */
+    pc.state_slots = engine_state_plan(ec, pm.state_bytes, 0, &n_live, &n_snap);
     plan_result p;
     int rc = plan_compute(&pm, &pc, &p, err);
     if (rc)
@@ -64,8 +67,9 @@ int reg_plan_footprint(const char *path, const engine_config *ec, uint64_t kv_pe
         .block_bytes = bb,
         .kv_share = blocks * bb,
         .kv_max = (uint64_t)ec->max_num_seqs * ctx_blocks * bb,
+        .state = p.state_bytes,
     };
-    out->need = out->weights + out->activations + out->act_q8 + out->kv_share;
+    out->need = out->weights + out->activations + out->act_q8 + out->state + out->kv_share;
     return KV_OK;
 }
 

@@ -36,7 +36,8 @@ typedef struct reg_footprint {
     uint64_t kv_share;      /* the KV share: the least KV it loads with, whole blocks */
     uint64_t kv_max;        /* KV of max_num_seqs requests of the context: the most a
                              * grown pool gets */
-    uint64_t need;          /* weights + activations + act_q8 + kv_share */
+    uint64_t state;         /* a hybrid model's recurrent-state slots (MEM_STATE), 0 else */
+    uint64_t need;          /* weights + activations + act_q8 + state + kv_share */
 } reg_footprint;
 
 /* The footprint of the model at path under ec (block size, context,

@@ -259,3 +259,21 @@ def test_weight_offload_bitwise(family, hyb_dir, run_kvant, tmp_path):
         outs.append(np.fromfile(out, dtype="<f4"))
     assert "streams" in r.stderr or "stream" in r.stderr, r.stderr[-2000:]
     assert np.array_equal(outs[0], outs[1])
+
+
+def test_several_models_one_budget(hyb_dir, kvant_bin):
+    """Hybrids beside a dense model in one budget (the registry counts their state slots in
+    each model's footprint): every model answers, and the state category holds the loaded
+    hybrids' slots."""
+    paths = {f: mf.make_family(hyb_dir, f, "F32") for f in ("granite-h", "qwen35", "llama3")}
+    srv = KvantServer(kvant_bin, f"g={paths['granite-h']}", "-m", f"q={paths['qwen35']}", "-m",
+                      f"d={paths['llama3']}", "--device-memory", "400M", base_args=BASE)
+    try:
+        for name in ("g", "q", "d", "g"):
+            body = {"model": name, "prompt": _ids(5, 20), "max_tokens": 4, "temperature": 0}
+            r = httpx.post(srv.url + "/v1/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+        mem = httpx.get(srv.url + "/v1/memory").json()
+        assert mem["categories"]["state"]["current"] > 0
+    finally:
+        srv.stop()
