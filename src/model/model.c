@@ -192,7 +192,7 @@ static int read_heads(const gguf_ctx *g, int n_layers, uint32_t *n_head, uint32_
 static void widen_ff(model_hparams *hp)
 {
     const model_family_hp *f = &hp->fam;
-    const int64_t conv = (int64_t)f->ssm_d_inner + 2ll * f->ssm_n_group * f->ssm_d_state;
+    const int64_t conv = model_recr_conv_channels(f, hp->n_embd);
     const int64_t d_proj = f->recr == RECR_MAMBA2 ? conv + f->ssm_d_inner + f->ssm_n_head
                            : f->recr == RECR_GDN  ? conv
                            : f->recr              ? 3ll * hp->n_embd
@@ -594,7 +594,7 @@ static int bind_gdn(model *m, int il, model_layer *L, kvant_err *err)
     const gguf_ctx *g = m->gguf;
     char name[96];
     const int64_t E = hp->n_embd, D = f->ssm_d_inner, H = f->ssm_n_head;
-    const int64_t CH = D + 2ll * f->ssm_n_group * f->ssm_d_state;
+    const int64_t CH = model_recr_conv_channels(f, hp->n_embd);
     int rc;
     if ((rc = bind(g, &L->ssm_in, NAME("attn_qkv.weight"), il, E, CH, 0, err)) ||
         (rc = bind(g, &L->ssm_z, NAME("attn_gate.weight"), il, E, D, 0, err)) ||
@@ -634,7 +634,7 @@ static int bind_recr(model *m, int il, model_layer *L, kvant_err *err)
         return KV_OK;
     }
     const int64_t D = f->ssm_d_inner, H = f->ssm_n_head, G = f->ssm_n_group;
-    const int64_t CH = D + 2 * G * f->ssm_d_state, P = 2 * D + 2 * G * f->ssm_d_state + H;
+    const int64_t CH = model_recr_conv_channels(f, hp->n_embd), P = D + CH + H; /* z | xBC | dt */
     if (f->recr == RECR_GDN)
         return bind_gdn(m, il, L, err);
     if ((rc = bind(g, &L->ssm_in, NAME("ssm_in.weight"), il, E, P, 0, err)) ||

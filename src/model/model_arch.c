@@ -580,10 +580,13 @@ uint64_t model_recr_conv_floats(const model_family_hp *f, int32_t n_embd)
 {
     if (!f->recr)
         return 0;
-    const uint64_t ch = f->recr == RECR_SHORTCONV
-                            ? (uint64_t)n_embd
-                            : (uint64_t)f->ssm_d_inner + 2ull * f->ssm_n_group * f->ssm_d_state;
-    return (uint64_t)(f->ssm_d_conv - 1) * ch;
+    return (uint64_t)(f->ssm_d_conv - 1) * (uint64_t)model_recr_conv_channels(f, n_embd);
+}
+
+int64_t model_recr_conv_channels(const model_family_hp *f, int32_t n_embd)
+{
+    return f->recr == RECR_SHORTCONV ? (int64_t)n_embd
+                                     : (int64_t)f->ssm_d_inner + 2ll * f->ssm_n_group * f->ssm_d_state;
 }
 
 uint64_t model_recr_ssm_floats(const model_family_hp *f)

@@ -199,6 +199,9 @@ typedef struct model_family_hp {
  * the scan state [n_ssm_head][head_dim][d_state] or (Gated DeltaNet) the
  * delta rule's [v heads][head_v][head_k]. */
 uint64_t model_recr_conv_floats(const model_family_hp *f, int32_t n_embd);
+/* Channels of a recurrent layer's convolution: n_embd (short convolution),
+ * else d_inner + 2 n_group d_state (Mamba-2's x | B | C, DeltaNet's q | k | v). */
+int64_t model_recr_conv_channels(const model_family_hp *f, int32_t n_embd);
 uint64_t model_recr_ssm_floats(const model_family_hp *f);
 /* Bytes of one sequence's recurrent state over all layers (f32; 0: none). */
 uint64_t model_recr_state_bytes(const model_family_hp *f, int32_t n_embd);

@@ -127,10 +127,7 @@ int cpu_state_begin(cpu_state *st, const fwd_batch *b, kvant_err *err)
 {
     for (int32_t i = 0; i < b->n_seqs; i++) {
         const fwd_seq *s = &b->seqs[i];
-        int32_t first, last;
-        if (s->state_slot < 0 || s->state_slot >= st->n_slots)
-            return kvant_err_set(err, KV_EINVAL, "sequence %d: state slot %d out of range", i,
-                                 s->state_slot);
+        int32_t first, last; /* slot ranges: checked by the forward pass (check_state) */
         if (seq_span(b, i, &first, &last))
             return kvant_err_set(err, KV_EINVAL, "sequence %d: a recurrent layer needs its "
                                  "tokens at consecutive positions", i);
@@ -138,10 +135,6 @@ int cpu_state_begin(cpu_state *st, const fwd_batch *b, kvant_err *err)
             return kvant_err_set(err, KV_EINVAL, "sequence %d starts at position %d but its "
                                  "recurrent state (slot %d) is at %d", i, b->pos[first],
                                  s->state_slot, st->pos[s->state_slot]);
-        for (int32_t j = 0; j < s->n_state_snap; j++)
-            if (s->state_snap[2 * j + 1] < 0 || s->state_snap[2 * j + 1] >= st->n_slots)
-                return kvant_err_set(err, KV_EINVAL, "sequence %d: snapshot slot %d out of "
-                                     "range", i, s->state_snap[2 * j + 1]);
     }
     for (int32_t i = 0; i < b->n_seqs; i++) {
         const fwd_seq *s = &b->seqs[i];
@@ -233,7 +226,7 @@ static void conv_worker(int ith, int nth, void *arg)
     const int32_t K = (int32_t)f->ssm_d_conv;
     const int mamba = L->recr == RECR_MAMBA2, gdn = L->recr == RECR_GDN;
     const int64_t D = f->ssm_d_inner, E = env->n_embd;
-    const int64_t CH = mamba || gdn ? D + 2ll * f->ssm_n_group * f->ssm_d_state : E;
+    const int64_t CH = model_recr_conv_channels(f, (int32_t)E);
     const int64_t P = L->ssm_in.ne[1];
     const float *w = L->ssm_conv1d.dev, *bias = L->ssm_conv1d_b.dev;
     long c0, c1;

@@ -51,7 +51,8 @@ void cpu_state_copy(cpu_state *st, int32_t dst, int32_t src);
 int cpu_state_export(const cpu_state *st, int32_t slot, void *dst);
 int cpu_state_import(cpu_state *st, int32_t slot, const void *src, int32_t pos);
 
-/* Checks the batch against the slots' positions (backend.h state_init) and
+/* Checks the batch (its slot ids already range-checked by the forward
+ * pass) against the slots' positions (backend.h state_init) and
  * advances them as the pass will: each sequence's first token at 0 or at its
  * slot's position, its tokens consecutive; snapshot slots set to their
  * positions.  KV_EINVAL naming the sequence, nothing changed. */
