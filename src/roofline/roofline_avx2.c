@@ -33,6 +33,7 @@ float roofline_fma_avx2(int64_t iters)
     for (int k = 0; k < 12; k++)
         acc[k] = _mm256_set1_ps((float)k);
     for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 12
         for (int k = 0; k < 12; k++)
             acc[k] = _mm256_fmadd_ps(acc[k], a, b);
     __m256 s = acc[0];
@@ -52,6 +53,7 @@ int32_t roofline_int8_avx2(int64_t iters)
     for (int k = 0; k < 12; k++)
         acc[k] = _mm256_set1_epi32(k);
     for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 12
         for (int k = 0; k < 12; k++)
             acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
     __m256i s = acc[0];

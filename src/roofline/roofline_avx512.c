@@ -32,6 +32,7 @@ float roofline_fma_avx512(int64_t iters)
     for (int k = 0; k < 12; k++)
         acc[k] = _mm512_set1_ps((float)k);
     for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 12
         for (int k = 0; k < 12; k++)
             acc[k] = _mm512_fmadd_ps(acc[k], a, b);
     __m512 s = acc[0];
@@ -47,6 +48,7 @@ int32_t roofline_vnni_avx512(int64_t iters)
     for (int k = 0; k < 12; k++)
         acc[k] = _mm512_set1_epi32(k);
     for (int64_t i = 0; i < iters; i++)
+#pragma GCC unroll 12
         for (int k = 0; k < 12; k++)
             acc[k] = _mm512_dpbusd_epi32(acc[k], a, b);
     __m512i s = acc[0];
