@@ -123,6 +123,8 @@ void cli_engine_config(const cli_common *c, engine_config *ec);
  * (message printed).  _check: CLI_EXIT_USAGE (one line) for a size
  * without a dir, else 0. */
 int cli_kvtier_parse(engine_config *ec, int argc, char **argv, int *i);
+/* Prints the tier options' help table (kvant serve --help). */
+void cli_kvtier_help(FILE *f);
 int cli_kvtier_check(const engine_config *ec, const char *cmd);
 
 /* Speculative decoding options (cli_spec.c): --spec ngram|draft|off,

@@ -10,6 +10,21 @@
 #include "cli/cli.h"
 #include "kv/kvtier.h"
 
+void cli_kvtier_help(FILE *f)
+{
+    const cli_opt t[] = {
+        {"--kv-host-memory", "SIZE|auto", "host-memory KV tier under the device pool, 0: none; "
+                                          "auto: half the free RAM after the weights", "0"},
+        {"--kv-disk-dir", "DIR", "disk KV tier (kept across restarts), one server per DIR",
+         "none"},
+        {"--kv-disk-size", "SIZE", "disk KV tier budget", "4G with --kv-disk-dir"},
+        {"--kv-disk-write", "through|evict", "through: every full prompt block goes to disk as it "
+                                             "completes; evict: only blocks evicted from device "
+                                             "and host", "through"},
+    };
+    cli_help_table(f, "KV offload tiers", t, CLI_N_OPTS(t));
+}
+
 static int parse_state(engine_config *ec, int argc, char **argv, int *i)
 {
     const char *a = argv[*i], *v;

@@ -39,6 +39,7 @@
 
 typedef struct bench_opts {
     long p, n, reps, batch;
+    long max_itl_ms;   /* --batch: engine_config.max_itl_ms */
     int mixed; /* --mixed: request i gets a prompt in [p/8, p] and max_tokens in [n/8, n] */
     int roofline;
     engine_config spec; /* --spec options (cli_spec_parse), with --batch only */
@@ -139,6 +140,8 @@ static void bench_help(void)
         {"--batch", "B", batch, "0 = single-sequence pp and tg"},
         {"--mixed", NULL, "with --batch: prompt and output lengths spread over [1/8, 1] of -p/-n",
          "off"},
+        {"--max-itl-ms", "MS", "with --batch: the engine's ITL budget (kvant serve --help), 0: off",
+         "200"},
         {"--roofline", NULL, "also measure read bandwidth, fp32 FMA and int8 VNNI peaks", "off"},
     };
     cli_help("kvant bench [options]",
@@ -153,6 +156,7 @@ static int bench_parse(int argc, char **argv, cli_common *c, bench_opts *o)
 {
     o->p = 512, o->n = 128, o->reps = 5, o->batch = 0, o->roofline = 0;
     o->spec = engine_config_default();
+    o->max_itl_ms = (long)o->spec.max_itl_ms;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (cli_is_help(a)) {
@@ -167,8 +171,10 @@ static int bench_parse(int argc, char **argv, cli_common *c, bench_opts *o)
         if (r > 0)
             continue;
         long *dst = !strcmp(a, "-p") ? &o->p : !strcmp(a, "-n") ? &o->n
-                  : !strcmp(a, "-r") ? &o->reps : !strcmp(a, "--batch") ? &o->batch : NULL;
-        long hi = dst == &o->reps ? BENCH_MAX_REPS : dst == &o->batch ? BENCH_MAX_BATCH : 1 << 20;
+                  : !strcmp(a, "-r") ? &o->reps : !strcmp(a, "--batch") ? &o->batch
+                  : !strcmp(a, "--max-itl-ms") ? &o->max_itl_ms : NULL;
+        long hi = dst == &o->reps ? BENCH_MAX_REPS : dst == &o->batch ? BENCH_MAX_BATCH
+                : dst == &o->max_itl_ms ? 3600000 : 1 << 20;
         if (dst) {
             if (!(v = cli_value(argc, argv, &i)) || cli_parse_int(a, v, 0, hi, dst))
                 return CLI_EXIT_USAGE;
@@ -310,6 +316,7 @@ static int bench_batch(model *m, const cli_common *c, const bench_opts *o, par *
     engine_config cfg = engine_config_default();
     cli_engine_config(c, &cfg);
     cfg.max_num_seqs = (int32_t)(o->batch > 64 ? o->batch : 64);
+    cfg.max_itl_ms = (double)o->max_itl_ms;
     cfg.spec = o->spec.spec;
     cfg.spec_draft_model = o->spec.spec_draft_model;
     cfg.spec_draft_max = o->spec.spec_draft_max;

@@ -55,7 +55,7 @@ static void serve_help(void)
     srv_config sc = srv_config_default();
     engine_config ec = engine_config_default();
     char port[16], seqs[16], toks[16], blk[16], body[24], tmo[16], conns[16], drain[16], hdr[16],
-        bdy[16], backlog[16], stall[16], sndbuf[16], gmax[16], gcache_n[16];
+        bdy[16], backlog[16], stall[16], sndbuf[16], gmax[16], gcache_n[16], itl[16];
     const cli_opt t[] = {
         {"--host", "ADDR", "IPv4 address to listen on", sc.host},
         {"--port", "N", "TCP port, 0: any free one", fmt_long(port, 16, sc.port)},
@@ -67,6 +67,9 @@ static void serve_help(void)
         {"--max-num-seqs", "N", "sequences decoded together", fmt_long(seqs, 16, ec.max_num_seqs)},
         {"--max-num-batched-tokens", "N", "tokens per engine step",
          fmt_long(toks, 16, ec.max_num_batched_tokens)},
+        {"--max-itl-ms", "MS", "a step with decodes costs about MS at most (measured cost "
+                               "model; prefill chunks fill it), 0: off",
+         fmt_long(itl, 16, (long)ec.max_itl_ms)},
         {"--block-size", "N", "KV block size in tokens", fmt_long(blk, 16, ec.block_size)},
         {"--no-prefix-cache", NULL,
          "turn off the sharing of KV blocks between prompts with a common prefix",
@@ -116,14 +119,6 @@ static void serve_help(void)
          fmt_long(stall, 16, (long)sc.health_stall_s)},
         {"--drain-timeout", "SECONDS", "on SIGTERM/SIGINT, wait this long for requests, then "
                                        "cancel them", fmt_long(drain, 16, SERVE_DRAIN_TIMEOUT_S)},
-        {"--kv-host-memory", "SIZE|auto", "host-memory KV tier under the device pool, 0: none; "
-                                          "auto: half the free RAM after the weights", "0"},
-        {"--kv-disk-dir", "DIR", "disk KV tier (kept across restarts), one server per DIR",
-         "none"},
-        {"--kv-disk-size", "SIZE", "disk KV tier budget", "4G with --kv-disk-dir"},
-        {"--kv-disk-write", "through|evict", "through: every full prompt block goes to disk as it "
-                                             "completes; evict: only blocks evicted from device "
-                                             "and host", "through"},
         {"-m, --model", "[NAME=]PATH", "a model to serve (repeatable: several models share one "
                                        "budget; NAME defaults to the file name without .gguf)",
          CLI_DEFAULT_MODEL},
@@ -148,6 +143,7 @@ static void serve_help(void)
              "OpenAI-compatible HTTP server (docs/SERVER.md): /v1/completions,\n"
              "/v1/chat/completions, /v1/models, /health, /metrics.",
              t, CLI_N_OPTS(t));
+    cli_kvtier_help(stdout);
     cli_spec_help(stdout);
 }
 
@@ -170,6 +166,7 @@ static int parse_int_opt(serve_opts *o, int argc, char **argv, int *i)
         {"--kv-window-blocks", NULL, 1, 1 << 24},
         {"--grammar-max-bytes", NULL, 16, 1L << 30},
         {"--grammar-cache", NULL, 1, 1 << 16},
+        {"--max-itl-ms", NULL, 0, 3600000},
     };
     const char *a = argv[*i];
     for (size_t k = 0; k < sizeof t / sizeof t[0]; k++) {
@@ -194,6 +191,7 @@ static int parse_int_opt(serve_opts *o, int argc, char **argv, int *i)
         case 12: o->ec.kv_window_blocks_override = (int32_t)x; break;
         case 13: o->sc.grammar_max_bytes = (size_t)x; break;
         case 14: o->sc.grammar_cache = (int)x; break;
+        case 15: o->ec.max_itl_ms = (double)x; break;
         default: o->ec.kv_blocks_override = (int32_t)x; break;
         }
         return 1;

@@ -74,6 +74,7 @@ engine_config engine_config_default(void)
         .memory_utilization = 0.90,
         .max_num_seqs = 64,
         .max_num_batched_tokens = 2048,
+        .max_itl_ms = 200,
         .block_size = 16,
         .prefix_cache = 1,
         .kv_dtype = DT_F16,
@@ -272,6 +273,9 @@ static int check_config(const engine_config *c, kvant_err *err)
         return kvant_err_set(err, KV_EINVAL,
                              "max_num_batched_tokens %d must be in [max_num_seqs, 65536]",
                              c->max_num_batched_tokens);
+    if (!(c->max_itl_ms >= 0 && c->max_itl_ms <= 3.6e6))
+        return kvant_err_set(err, KV_EINVAL, "max_itl_ms %g outside [0, 3600000] (0: off)",
+                             c->max_itl_ms);
     int bs = c->block_size;
     if (bs < 8 || bs > 128 || (bs & (bs - 1)))
         return kvant_err_set(err, KV_EINVAL, "block_size %d: a power of two in [8, 128]", bs);

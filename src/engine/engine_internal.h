@@ -31,6 +31,12 @@ typedef struct eng_draft eng_draft;   /* engine_draft.c */
 typedef struct eng_state eng_state;   /* engine_state.c */
 struct wstream_plan;
 struct wstream;
+
+/* A step-cost fit (engine_itl.h): decayed least-squares sums over steps of
+ * (tokens n, seconds t): weight, n, t, n*n, n*t. */
+typedef struct step_fit {
+    double f[5];
+} step_fit;
 struct xcache;
 struct earley;
 struct tmask_work;
@@ -212,14 +218,18 @@ struct engine {
     eng_seq *running;       /* priority order */
     uint64_t next_order;
     int last_prefill_first;  /* the last step ran only new requests' prompts */
+    /* the ITL budget (engine_itl.c): a fit over every step's pass, the last
+     * step's budget, steps it held under max_num_batched_tokens */
+    step_fit itl_fit;
+    int32_t itl_budget;
+    uint64_t itl_limited_steps;
     /* speculative decoding counters (engine_spec.c), copied to stats each step */
     uint64_t spec_draft, spec_accepted, spec_hist[ENGINE_SPEC_HIST], spec_skipped;
     double spec_rsum;
-    /* its cost model (engine_spec.c): decayed least-squares sums over
-     * decode-only steps of (tokens n, seconds t): weight, n, t, n*n, n*t;
+    /* its cost model (engine_spec.c): a step fit over decode-only steps;
      * the draft model's seconds per one-token pass (moving average; 0
      * without a draft model); decode steps the model declined to draft */
-    double spec_fit[5];
+    step_fit spec_fit;
     double spec_draft_pass_s;
     uint64_t spec_cost_off;
     /* step buffers, sized at create: no allocation in a step */

@@ -5,6 +5,7 @@
 
 #include "engine/engine_draft.h"
 #include "engine/engine_internal.h"
+#include "engine/engine_itl.h"
 
 #define SPEC_PAUSE_STEPS 16
 #define SPEC_MIN_RATE 0.25f
@@ -61,31 +62,16 @@ void engine_spec_observe_step(engine *e, int32_t prefill_tokens, int32_t tokens,
 {
     if (e->cfg.spec == ENGINE_SPEC_OFF || prefill_tokens > 0 || tokens < 1 || !(seconds > 0))
         return;
-    double *f = e->spec_fit, n = tokens;
-    for (int i = 0; i < 5; i++)
-        f[i] *= SPEC_FIT_DECAY;
-    f[0] += 1.0;
-    f[1] += n;
-    f[2] += seconds;
-    f[3] += n * n;
-    f[4] += n * seconds;
+    step_fit_add(&e->spec_fit, tokens, seconds, SPEC_FIT_DECAY);
 }
 
 int engine_spec_cost(const engine *e, double *base, double *per_token)
 {
-    const double *f = e->spec_fit;
+    const double *f = e->spec_fit.f;
     *base = *per_token = 0;
-    if (f[0] < 2.0)
-        return 0;
-    const double mn = f[1] / f[0], var = f[3] / f[0] - mn * mn;
-    if (var < SPEC_FIT_MIN_VAR)
-        return 0;
-    double b = (f[4] / f[0] - mn * (f[2] / f[0])) / var;
-    b = b > 0 ? b : 0;
-    double a = f[2] / f[0] - b * mn;
-    *base = a > 0 ? a : 0;
-    *per_token = b;
-    return 1;
+    if (f[0] < 2.0 || f[3] / f[0] - (f[1] / f[0]) * (f[1] / f[0]) < SPEC_FIT_MIN_VAR)
+        return 0; /* no slope yet: drafting is not judged */
+    return step_fit_solve(&e->spec_fit, SPEC_FIT_MIN_VAR, base, per_token);
 }
 
 /* Whether drafting for s pays with n_running sequences decoding. */

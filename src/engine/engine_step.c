@@ -29,6 +29,7 @@
 #include "engine/engine_gram.h"
 #include "engine/engine_req.h"
 #include "engine/engine_draft.h"
+#include "engine/engine_itl.h"
 #include "engine/engine_spec.h"
 #include "text/tokenizer.h"
 
@@ -92,6 +93,8 @@ typedef struct step_plan {
     int32_t extra_rows; /* logit rows past one per sequence (prompt logprobs) */
     int32_t prefill_tokens; /* scheduled prompt tokens (recomputation included) */
     int32_t kv_extra; /* blocks the step's compactions take (engine_kvb_extra) */
+    int32_t budget;   /* tokens this step may take (engine_itl_budget) */
+    int32_t reserve;  /* under an ITL budget: decodes not yet scheduled */
 } step_plan;
 
 static void preempt(engine *e, eng_seq *v)
@@ -211,9 +214,17 @@ static void schedule_running(engine *e, step_plan *sp)
     const int32_t n_running = count_running(e);
     while (s) {
         eng_seq *next = s->next;
-        int32_t budget = e->cfg.max_num_batched_tokens - sp->n_tokens;
+        const int dec = engine_itl_decoding(s);
+        if (dec && sp->reserve > 0)
+            sp->reserve--;
+        /* a prefill chunk leaves room for the decodes after it */
+        int32_t budget = sp->budget - sp->n_tokens - (dec ? 0 : sp->reserve);
         int64_t need = s->n_tokens - s->n_computed;
         int32_t chunk = engine_kvb_chunk(s, (int32_t)(need < budget ? need : budget));
+        if (chunk < 1 && !dec && sp->reserve > 0) {
+            s = next;
+            continue;
+        }
         if (chunk < 1 || sp->n_seqs + sp->extra_rows >= e->cfg.max_num_seqs)
             break;
         chunk = plp_clamp(e, sp, s, chunk);
@@ -277,7 +288,7 @@ static void schedule_waiting(engine *e, step_plan *sp)
     int32_t slots = e->cfg.max_num_seqs - count_running(e);
     while (e->waiting && sp->n_seqs + sp->extra_rows < e->cfg.max_num_seqs && slots > 0) {
         eng_seq *s = e->waiting;
-        int32_t budget = e->cfg.max_num_batched_tokens - sp->n_tokens;
+        int32_t budget = sp->budget - sp->n_tokens;
         if (budget < 1)
             break;
         if (s->n_computed == 0 && s->kv.n_blocks == 0 && e->cfg.prefix_cache &&
@@ -676,16 +687,20 @@ static void update_stats(engine *e, const step_plan *sp, int32_t decodes, uint64
     st->last_tokens = sp->n_tokens;
     st->last_seqs = sp->n_seqs;
     st->last_decodes = decodes;
+    st->itl_budget = e->itl_budget;
+    st->itl_limited_steps = e->itl_limited_steps;
+    engine_itl_cost(e, &st->step_base_s, &st->step_token_s);
     pthread_mutex_unlock(&e->mu);
     engine_kvwin_note(e);
 }
 
-/* Whether this step should run new prompts before the running decodes. */
-static int prefill_first(const engine *e)
+/* Whether this step should run new prompts before the running decodes
+ * (a prompt that fits the step's budget). */
+static int prefill_first(const engine *e, int32_t budget)
 {
     const eng_seq *s = e->waiting;
     return s && e->running && !e->last_prefill_first && !s->preempted && s->n_computed == 0 &&
-           s->n_tokens <= e->cfg.max_num_batched_tokens &&
+           s->n_tokens <= budget &&
            count_running(e) < e->cfg.max_num_seqs;
 }
 
@@ -693,7 +708,10 @@ int engine_step(engine *e)
 {
     uint64_t prompt_tok = phase_admit(e), gen_tok = 0;
     step_plan sp = {.seqs = e->b_seqp};
-    const int pf = prefill_first(e);
+    int32_t decoding = 0;
+    sp.budget = engine_itl_budget(e, &decoding);
+    sp.reserve = sp.budget < e->cfg.max_num_batched_tokens ? decoding : 0;
+    const int pf = prefill_first(e, sp.budget);
     if (pf)
         schedule_waiting(e, &sp);
     e->last_prefill_first = pf && sp.n_seqs > 0;
@@ -714,6 +732,8 @@ int engine_step(engine *e)
         int frc = fwd_run(&e->fwd, &b, e->logits, &err);
         const double dt = engine_now() - t0;
         engine_tier_observe(e, sp.prefill_tokens, sp.n_tokens, dt);
+        if (!frc)
+            engine_itl_observe(e, sp.n_tokens, dt);
         engine_spec_observe_step(e, sp.prefill_tokens, sp.n_tokens, dt);
         engine_tp_after_step(e, frc, err.msg);
         if (frc) {

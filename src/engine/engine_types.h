@@ -28,6 +28,8 @@ typedef struct engine_config {
     double memory_utilization;     /* (0, 1], default 0.90 */
     int32_t max_num_seqs;          /* default 64 */
     int32_t max_num_batched_tokens;/* default 2048 */
+    double max_itl_ms;             /* a step with decodes costs about this much at most
+                                    * (engine_itl.h); default 200, 0 = off */
     int32_t block_size;            /* default 16 */
     int prefix_cache;              /* default 1 */
     int64_t max_model_len;         /* context per request; 0 = model's */
@@ -315,6 +317,12 @@ typedef struct engine_stats {
                                       * built) */
     /* the last step's batch (scheduler tests, bench) */
     int32_t last_tokens, last_seqs, last_decodes;
+    /* the step-cost model (engine_itl.h): a step's seconds as base +
+     * per_token x tokens (both 0 until two steps ran), the last step's token
+     * budget, and the steps max_itl_ms held under max_num_batched_tokens */
+    double step_base_s, step_token_s;
+    int32_t itl_budget;
+    uint64_t itl_limited_steps;
     /* KV pool resizes (engine_kv_resize): size bounds and events that changed it */
     int32_t kv_blocks_min, kv_blocks_max;
     uint64_t kv_grows, kv_shrinks;

@@ -245,8 +245,14 @@ void reg_add_stats(engine_stats *t, const engine_stats *s, int gauges)
     t->prefix_queries += s->prefix_queries;
     t->prefix_hits += s->prefix_hits;
     t->steps += s->steps;
+    t->itl_limited_steps += s->itl_limited_steps;
     if (!gauges)
         return;
+    t->itl_budget += s->itl_budget; /* the models' budgets together */
+    if (!(t->step_token_s > 0)) { /* one model's cost model: the first that has one */
+        t->step_base_s = s->step_base_s;
+        t->step_token_s = s->step_token_s;
+    }
     t->running += s->running;
     t->waiting += s->waiting;
     t->preempted_waiting += s->preempted_waiting;

@@ -300,6 +300,14 @@ static void render_engine(sbuf *b, const engine_stats *st, uint64_t block_bytes)
     counter(b, "prefix_cache_hits_tokens_total", "Prompt tokens found in the prefix cache.",
             (double)st->prefix_hits);
     counter(b, "engine_steps_total", "Engine steps run.", (double)st->steps);
+    gauge(b, "sched_step_token_budget", "The last step's token budget: --max-num-batched-tokens, "
+          "or what --max-itl-ms allows while requests decode.", st->itl_budget);
+    counter(b, "sched_itl_limited_steps_total", "Steps whose token budget --max-itl-ms held "
+            "under --max-num-batched-tokens.", (double)st->itl_limited_steps);
+    gauge(b, "sched_step_base_seconds", "The step-cost model: a step's seconds at zero tokens "
+          "(fitted over recent steps; 0 until two steps ran).", st->step_base_s);
+    gauge(b, "sched_step_token_seconds", "The step-cost model: a step's seconds per token.",
+          st->step_token_s);
     counter(b, "kv_budget_blocks_dropped_total",
             "KV blocks given back under requests' KV budgets (kv_budget).",
             (double)st->kv_budget_dropped);
