@@ -3,8 +3,8 @@
 `kvant serve` and, given --llama-server BIN, against llama.cpp's llama-server on the same GGUF,
 alternating level by level (kvant then llama-server at each concurrency, both servers started
 once and idle while the other is measured), printing per level and server: completed, errored,
-incomplete requests, the error kinds, and output tok/s (completed requests' output tokens over
-the level's duration).
+incomplete requests, the error kinds, output tok/s (completed requests' output tokens over
+the level's duration), and guidellm's TTFT p50 and inter-token latency p50 / p99.
 
     .venv/bin/python bench/guidellm-sweep.py [--levels 1,4,16,64,128,256,512] [--seconds 30]
         [--prompt-tokens 128] [--output-tokens 64] [-t 2] [-m MODEL]
@@ -111,10 +111,19 @@ def run_level(srv: Server, level: int, a, work: Path) -> dict:
     kinds = collections.Counter((q.get("error") or "?").split("(")[0][:40]
                                 for q in req["errored"])
     out_tok = sum(q["output_tokens"] or 0 for q in req["successful"])
+
+    def pct(metric, p):
+        try:
+            return round(b["metrics"][metric]["successful"]["percentiles"][p], 1)
+        except (KeyError, TypeError):
+            return None
     return {"server": srv.name, "level": level, "completed": len(req["successful"]),
             "errored": len(req["errored"]), "incomplete": len(req["incomplete"]),
             "errors": dict(kinds), "seconds": round(b["duration"], 2),
-            "output_tok_s": round(out_tok / b["duration"], 2) if b["duration"] else 0.0}
+            "output_tok_s": round(out_tok / b["duration"], 2) if b["duration"] else 0.0,
+            "ttft_ms_p50": pct("time_to_first_token_ms", "p50"),
+            "itl_ms_p50": pct("inter_token_latency_ms", "p50"),
+            "itl_ms_p99": pct("inter_token_latency_ms", "p99")}
 
 
 def main():
@@ -129,6 +138,7 @@ def main():
     ap.add_argument("--kvant", default=str(ROOT / "build" / "kvant"))
     ap.add_argument("--llama-server", help="llama-server binary (llama.cpp 0c1e570)")
     ap.add_argument("--workers", type=int, default=2, help="guidellm worker processes")
+    ap.add_argument("--max-itl-ms", type=int, default=None, help="kvant serve --max-itl-ms")
     ap.add_argument("--json", help="write the rows here")
     a = ap.parse_args()
     if not GL.is_file() or not (TOK / "tokenizer.json").is_file():
@@ -144,7 +154,9 @@ def main():
     try:
         p = free_port()
         servers.append(Server("kvant", [a.kvant, "serve", "-m", a.model, "--port", str(p),
-                                        "-t", str(a.threads), "--max-num-seqs", str(SEQS)],
+                                        "-t", str(a.threads), "--max-num-seqs", str(SEQS)]
+                              + ([] if a.max_itl_ms is None else ["--max-itl-ms",
+                                                                  str(a.max_itl_ms)]),
                               p, work / "kvant.log"))
         if a.llama_server:
             p = free_port()
@@ -154,7 +166,8 @@ def main():
                 p, work / "llama-server.log"))
         rows = []
         print(f"{'server':<13} {'level':>5} {'done':>6} {'err':>5} {'inc':>5} {'s':>6} "
-              f"{'out tok/s':>10}  errors", flush=True)
+              f"{'out tok/s':>10} {'TTFT p50':>9} {'ITL p50':>8} {'ITL p99':>8}  errors",
+              flush=True)
         for level in levels:
             for srv in servers:
                 row = run_level(srv, level, a, work)
@@ -164,8 +177,9 @@ def main():
                           f"{row['stderr']}", flush=True)
                     continue
                 print(f"{srv.name:<13} {level:>5} {row['completed']:>6} {row['errored']:>5} "
-                      f"{row['incomplete']:>5} {row['seconds']:>6} {row['output_tok_s']:>10}  "
-                      f"{row['errors'] or ''}", flush=True)
+                      f"{row['incomplete']:>5} {row['seconds']:>6} {row['output_tok_s']:>10} "
+                      f"{str(row['ttft_ms_p50']):>9} {str(row['itl_ms_p50']):>8} "
+                      f"{str(row['itl_ms_p99']):>8}  {row['errors'] or ''}", flush=True)
         if a.json:
             Path(a.json).write_text(json.dumps(rows, indent=1) + "\n")
     finally:

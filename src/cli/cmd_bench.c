@@ -253,6 +253,7 @@ typedef struct bench_batch_res {
     uint64_t steps, generated;
     uint64_t spec_drafted, spec_accepted; /* --spec */
     uint64_t spec_cost_off;               /* decode steps the cost model declined */
+    uint64_t itl_limited;                 /* steps the ITL budget held short */
 } bench_batch_res;
 
 typedef struct bench_batch_ctx {
@@ -370,6 +371,7 @@ static int bench_batch(model *m, const cli_common *c, const bench_opts *o, par *
         res->spec_drafted = st.spec_draft_tokens;
         res->spec_accepted = st.spec_accepted_tokens;
         res->spec_cost_off = st.spec_cost_off;
+        res->itl_limited = st.itl_limited_steps;
         res->steps++;
     }
     double t_end = bench_now();
@@ -406,6 +408,13 @@ typedef struct bench_report {
     int tp;
     double pp_comm_bpt, pp_comm_share, tg_comm_bpt, tg_comm_share;
 } bench_report;
+
+/* tok/s as a share of the measured int8 peak (2 ops per matmul parameter). */
+static double bench_int8_frac(const bench_report *r, double tps)
+{
+    return r->have_rl && r->rl.vnni_gops_nt > 0 ? tps * 2 * r->w.params * 1e-9 / r->rl.vnni_gops_nt
+                                                : 0.0;
+}
 
 static void bench_print_json(const bench_report *r)
 {
@@ -463,6 +472,11 @@ static void bench_print_json(const bench_report *r)
                b->itl_p99, b->kv_blocks_peak, b->kv_waste, (unsigned long long)b->steps,
                b->wall_s, o->mixed, o->spec.spec, (unsigned long long)b->spec_drafted,
                (unsigned long long)b->spec_accepted, (unsigned long long)b->spec_cost_off);
+        printf(", \"max_itl_ms\": %ld, \"itl_limited_steps\": %llu", o->max_itl_ms,
+               (unsigned long long)b->itl_limited);
+        if (r->have_rl)
+            printf(", \"prefill_int8_frac\": %.4f, \"decode_int8_frac\": %.4f",
+                   bench_int8_frac(r, b->prefill_tps), bench_int8_frac(r, b->decode_tps));
     }
     printf("}\n");
 }
@@ -523,6 +537,10 @@ static void bench_print_text(const bench_report *r)
                o->batch, o->p, o->n, b->prefill_tps, b->decode_tps, b->ttft_p50, b->ttft_p99,
                b->itl_p50, b->itl_p99, b->kv_blocks_peak, 100 * b->kv_waste,
                (unsigned long long)b->steps, b->wall_s);
+        if (r->have_rl && r->rl.vnni_gops_nt > 0) /* 2 ops per matmul parameter and token */
+            printf("of the int8 roofline (%.0f GOP/s): prefill %.1f%%, decode %.1f%%\n",
+                   r->rl.vnni_gops_nt, 100 * bench_int8_frac(r, b->prefill_tps),
+                   100 * bench_int8_frac(r, b->decode_tps));
         if (o->spec.spec)
             printf("speculative decoding: %llu tokens drafted, %llu accepted; %llu decode steps "
                    "declined by the cost model\n", (unsigned long long)b->spec_drafted,

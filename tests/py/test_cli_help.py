@@ -58,7 +58,7 @@ COMMON = option_literals("cli_common.c")
 ALSO_ACCEPTS = {"perplexity": ["cmd_kl.c"]}
 # options parsed and documented by a shared cli_*_parse / cli_*_help pair in their own file:
 # part of what the command accepts (so they must be listed too)
-SHARED_PARSERS = {"serve": ["cli_spec.c"], "run": ["cli_spec.c"], "bench": ["cli_spec.c"]}
+SHARED_PARSERS = {"serve": ["cli_spec.c", "cli_kvtier.c"], "run": ["cli_spec.c"], "bench": ["cli_spec.c"]}
 # `kvant top` talks to a running server: it takes no model or engine options (only -h/--help
 # from cli_common.c, through cli_is_help).
 NO_COMMON = {"top"}

@@ -172,11 +172,16 @@ def test_concurrency_preemption_forks(family, hyb_dir, kvant_bin):
         want_n1 = _complete(ref, prompts[0], n_tok=10)["choices"][0]["text"]
     finally:
         ref.stop()
-    srv = _server(kvant_bin, path, "--kv-blocks", "12", "--max-num-seqs", "4")
+    # --max-itl-ms 0: steps sized by tokens only, so the preemptions do not depend on timing
+    srv = _server(kvant_bin, path, "--kv-blocks", "12", "--max-num-seqs", "4", "--max-itl-ms", "0")
     try:
         with cf.ThreadPoolExecutor(6) as ex:
             got = list(ex.map(lambda p: _complete(srv, p, n_tok=24)["choices"][0]["text"], prompts))
         assert got == want
+        # the six as one prompt list: admitted together, so they must preempt (separate HTTP
+        # requests may arrive far enough apart to run without)
+        r = _complete(srv, prompts, n_tok=24)
+        assert [c["text"] for c in sorted(r["choices"], key=lambda c: c["index"])] == want
         assert _metric(srv, "kvant_num_preemptions_total") > 0
         r = _complete(srv, prompts[0], n_tok=10, n=3)
         assert [c["text"] for c in r["choices"]] == [want_n1] * 3

@@ -158,7 +158,8 @@ def test_batch_invariance_and_preemption(kvant_bin, model, server):
     # a pool of 20 blocks: two budgeted sequences past their budget (12 blocks each) do not fit
     small = KvantServer(kvant_bin, model, "-t", THREADS, "-c", "256", "--block-size", str(BS),
                         "--exact", "--kv-dtype", "f32", "--max-num-batched-tokens", "64",
-                        "--kv-blocks", "20", base_args=[])
+                        "--kv-blocks", "20", "--max-itl-ms", "0",  # schedule by tokens only
+                        base_args=[])
     tight, pre, dropped, mem = _tight(small, lambda url, k: _gen(url, k), 6)
     assert tight == alone
     assert pre > 0 and dropped > 40, (pre, dropped)
