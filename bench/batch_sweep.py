@@ -11,8 +11,8 @@ through the engine; prefill tok/s = prompt tokens over the time to the last firs
 decode tok/s = generated tokens after each request's first over the rest).  llama.cpp:
 `llama-batched-bench -npp P -ntg N -npl B` (B sequences, prompts processed together, then N
 decode steps; S_PP and S_TG t/s).  The int8 roofline column is the rate as a share of the int8
-peak kvant measured in the same process (2 ops per matmul parameter and token; attention not
-counted).  Medians over --rounds.  Build the peer tool with `cmake --build build/peer/build
+peak kvant measures (`--roofline`, the best of three probes before each model; 2 ops per
+matmul parameter and token, attention not counted).  Medians over --rounds.  Build the peer tool with `cmake --build build/peer/build
 --target llama-batched-bench` (the tree of `make peer-src` configured as docs/MODELS.md says).
 Run it on a quiet machine: anything else on the cores makes the numbers meaningless.
 """
@@ -31,17 +31,29 @@ DEFAULT_MODEL = "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def run_kvant(binary, model, b, p, n, t, itl):
     cmd = [binary, "bench", "-m", model, "--batch", str(b), "-p", str(p), "-n", str(n),
-           "-t", str(t), "--roofline", "--json"]
+           "-t", str(t), "--json"]
     if itl is not None:
         cmd += ["--max-itl-ms", str(itl)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if out.returncode:
         sys.exit(f"batch_sweep: {' '.join(cmd)} failed:\n{out.stderr}")
     j = json.loads(out.stdout.strip().splitlines()[-1])
-    return {"prefill": j["prefill_tps"], "decode": j["decode_tps"],
-            "prefill_frac": j.get("prefill_int8_frac", 0.0),
-            "decode_frac": j.get("decode_int8_frac", 0.0),
+    return {"prefill": j["prefill_tps"], "decode": j["decode_tps"], "params": j["params"],
             "itl_p99": j["itl_ms_p99"], "ttft_p50": j["ttft_ms_p50"], "isa": j["isa"]}
+
+
+def int8_peak(binary, model, t):
+    """The int8 peak (GOP/s, t threads): the best of three `kvant bench --roofline` probes (one
+    probe can land while the other core is busy and read half)."""
+    best = 0.0
+    for _ in range(3):
+        out = subprocess.run([binary, "bench", "-m", model, "-p", "16", "-n", "1", "-r", "1",
+                              "-t", str(t), "--roofline", "--json"],
+                             capture_output=True, text=True, timeout=600)
+        if out.returncode == 0:
+            j = json.loads(out.stdout.strip().splitlines()[-1])
+            best = max(best, j.get("roofline_vnni_gops", 0.0))
+    return best
 
 
 ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*(\d+)\s*\|\s*([\d.]+)\s*\|"
@@ -79,6 +91,7 @@ def main():
     batches = [int(x) for x in a.batches.split(",")]
     rows = []
     for model in models:
+        peak = int8_peak(a.kvant, model, a.t)
         for b in batches:
             ks, ps = [], []
             for _ in range(a.rounds):
@@ -87,12 +100,17 @@ def main():
                     ps.append(run_peer(a.llama_batched_bench, model, b, a.p, a.n, a.t))
             med = lambda xs, k: statistics.median(x[k] for x in xs) if xs else 0.0
             row = {"model": os.path.basename(model), "batch": b, "isa": ks[0]["isa"]}
-            for k in ("prefill", "decode", "prefill_frac", "decode_frac", "itl_p99", "ttft_p50"):
+            for k in ("prefill", "decode", "itl_p99", "ttft_p50"):
                 row["kvant_" + k] = med(ks, k)
+            ops = 2 * ks[0]["params"] * 1e-9 / peak if peak else 0.0  # per token, of the peak
+            row["int8_peak_gops"] = peak
+            row["kvant_prefill_frac"] = row["kvant_prefill"] * ops
+            row["kvant_decode_frac"] = row["kvant_decode"] * ops
             row["peer_prefill"], row["peer_decode"] = med(ps, "prefill"), med(ps, "decode")
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
-    print(f"ISA {rows[0]['isa']}, {a.t} threads, p {a.p} n {a.n}, medians of {a.rounds} round(s)")
+    print(f"ISA {rows[0]['isa']}, {a.t} threads, p {a.p} n {a.n}, medians of {a.rounds} round(s); "
+          f"int8 peak {rows[0]['int8_peak_gops']:.0f} GOP/s")
     print("| model | batch | kvant prefill tok/s | % int8 | kvant decode tok/s | % int8 | "
           "x batch 1 | llama.cpp prefill | llama.cpp decode | decode ratio | kvant ITL p99 ms |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
