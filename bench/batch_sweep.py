@@ -6,14 +6,17 @@ llama.cpp's llama-batched-bench on the same GGUF, alternating tool by tool at ea
         [-p 128] [-n 64] [-t 2] [--rounds 1] [--max-itl-ms MS]
         [--llama-batched-bench build/peer/build/bin/llama-batched-bench] [--json OUT]
 
-kvant: `kvant bench --batch B -p P -n N -t T --roofline --json` (B requests submitted at once
+kvant: `kvant bench --batch B -p P -n N -t T --json` (B requests submitted at once
 through the engine; prefill tok/s = prompt tokens over the time to the last first token,
 decode tok/s = generated tokens after each request's first over the rest).  llama.cpp:
 `llama-batched-bench -npp P -ntg N -npl B` (B sequences, prompts processed together, then N
 decode steps; S_PP and S_TG t/s).  The int8 roofline column is the rate as a share of the int8
 peak kvant measures (`--roofline`, the best of three probes before each model; 2 ops per
-matmul parameter and token, attention not counted).  Medians over --rounds.  Build the peer tool with `cmake --build build/peer/build
---target llama-batched-bench` (the tree of `make peer-src` configured as docs/MODELS.md says).
+matmul parameter and token, attention not counted).  Medians over --rounds.  The peer's
+tools, from the tree `make peer-src` unpacks:
+    cmake -S build/peer/llama.cpp -B build/peer/build -DCMAKE_BUILD_TYPE=Release \
+        -DGGML_NATIVE=ON -DLLAMA_CURL=OFF
+    cmake --build build/peer/build -j2 --target llama-batched-bench llama-bench llama-server
 Run it on a quiet machine: anything else on the cores makes the numbers meaningless.
 """
 from __future__ import annotations
