@@ -465,6 +465,7 @@ engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)
     e->m = m;
     e->cfg = *cfg;
     e->next_id = 1;
+    e->itl_budget = e->stats.itl_budget = cfg->max_num_batched_tokens; /* until a step runs */
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     pthread_cond_init(&e->snap_cv, NULL);
