@@ -75,10 +75,13 @@ static void reserve_tensor(void *ctx, model_tensor *t)
 static void cpu_unload_weights(backend *be, model *m)
 {
     cpu_backend *cb = cpu(be);
-    (void)m;
     cb->model = NULL;
     cpu_pack_release(cb->packed, cb->mem, cb->pool);
     cb->packed = NULL;
+    if (m && m->tied_output) { /* the head follows its table back to the stored rows */
+        m->output.dev = m->tok_embd.dev;
+        m->output.packed = m->tok_embd.packed;
+    }
     for (int i = 0; i < cb->n_weight_ids; i++)
         mem_unreserve(cb->mem, cb->weight_ids[i]);
     cb->n_weight_ids = 0;
@@ -104,8 +107,10 @@ static int cpu_load_weights(backend *be, model *m, kvant_err *err)
         cpu_unload_weights(be, m);
         return rc.rc;
     }
-    if (m->tied_output)
+    if (m->tied_output) {
         m->output.dev = m->tok_embd.dev;
+        m->output.packed = m->tok_embd.packed;
+    }
     return KV_OK;
 }
 
@@ -441,7 +446,7 @@ typedef struct row_job {
 static void embed_worker(int ith, int nth, void *arg)
 {
     row_job *j = arg;
-    const dtype_traits *tr = dtype_get(j->w->type);
+    _Alignas(64) uint8_t buf[CPU_PACK_ROW_MAX]; /* a packed table's row, unpacked */
     long b, e;
     tpool_range(j->n, ith, nth, &b, &e);
     for (long t = b; t < e; t++) {
@@ -451,8 +456,7 @@ static void embed_worker(int ith, int nth, void *arg)
             memset(j->y + t * j->w->ne[0], 0, (size_t)j->w->ne[0] * sizeof(float));
             continue;
         }
-        const char *row = (const char *)j->w->dev + (size_t)r * j->w->row_bytes;
-        tr->to_float(row, j->y + t * j->w->ne[0], j->w->ne[0]);
+        cpu_pack_row(j->w, r, buf, j->y + t * j->w->ne[0]);
     }
 }
 

@@ -104,9 +104,24 @@ cpu_packed *cpu_pack_weights(model *m, mem_mgr *mem, tpool *pool, kvant_err *err
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
             pack_one(p, ts[i], mem, pool);
     }
+    /* a head tied to the embedding: the table itself is packed (one copy),
+     * and the lookup unpacks the rows it reads (cpu_pack_row) */
     if (!m->tied_output)
         pack_one(p, &m->output, mem, pool);
+    else if (m->tok_embd.row_bytes <= CPU_PACK_ROW_MAX)
+        pack_one(p, &m->tok_embd, mem, pool);
     return p;
+}
+
+const float *cpu_pack_row(const model_tensor *t, int64_t r, void *buf, float *y)
+{
+    const char *row = (const char *)t->dev + (size_t)r * t->row_bytes;
+    if (t->packed) {
+        qpack_unpack_rows(t->type, row, buf, t->ne[0], 1, t->row_bytes);
+        row = buf;
+    }
+    dtype_get(t->type)->to_float(row, y, t->ne[0]);
+    return y;
 }
 
 int cpu_pack_count(const cpu_packed *p, uint64_t *bytes)
