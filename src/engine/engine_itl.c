@@ -47,6 +47,11 @@ int engine_itl_cost(const engine *e, double *base, double *per_token)
     return step_fit_solve(&e->itl_fit, ITL_FIT_MIN_VAR, base, per_token);
 }
 
+void engine_itl_note(engine *e, int32_t n_tokens)
+{
+    e->itl_limited_steps += e->itl_budget < e->cfg.max_num_batched_tokens && n_tokens >= e->itl_budget;
+}
+
 int engine_itl_decoding(const eng_seq *s)
 {
     return s->n_generated > 0 && s->n_computed == s->n_tokens - 1;
@@ -68,6 +73,5 @@ int32_t engine_itl_budget(engine *e, int32_t *decoding)
     const int32_t floor_tokens = dec + 1 < cap ? dec + 1 : cap;
     int32_t b = n >= (double)cap ? cap : n < (double)floor_tokens ? floor_tokens : (int32_t)n;
     e->itl_budget = b;
-    e->itl_limited_steps += b < cap;
     return b;
 }

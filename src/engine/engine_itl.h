@@ -41,6 +41,10 @@ int engine_itl_cost(const engine *e, double *base, double *per_token);
  * running sequences decode); *decoding = how many do. */
 int32_t engine_itl_budget(engine *e, int32_t *decoding);
 
+/* Counts the step (of n_tokens scheduled) as held by the budget when it
+ * filled a budget under max_num_batched_tokens. */
+void engine_itl_note(engine *e, int32_t n_tokens);
+
 /* Whether s decodes in this step (its prompt done, one token to compute). */
 int engine_itl_decoding(const eng_seq *s);
 

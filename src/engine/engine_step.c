@@ -721,6 +721,7 @@ int engine_step(engine *e)
             schedule_waiting(e, &sp);
     }
     fill_drafts(e, &sp);
+    engine_itl_note(e, sp.n_tokens);
     int32_t decodes = 0;
     for (int32_t i = 0; i < sp.n_seqs; i++)
         decodes += (sp.seqs[i]->sched_tokens == 1 || sp.seqs[i]->n_draft > 0) &&

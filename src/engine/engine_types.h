@@ -319,7 +319,8 @@ typedef struct engine_stats {
     int32_t last_tokens, last_seqs, last_decodes;
     /* the step-cost model (engine_itl.h): a step's seconds as base +
      * per_token x tokens (both 0 until two steps ran), the last step's token
-     * budget, and the steps max_itl_ms held under max_num_batched_tokens */
+     * budget, and the steps that filled a budget max_itl_ms held under
+     * max_num_batched_tokens */
     double step_base_s, step_token_s;
     int32_t itl_budget;
     uint64_t itl_limited_steps;

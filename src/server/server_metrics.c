@@ -302,8 +302,8 @@ static void render_engine(sbuf *b, const engine_stats *st, uint64_t block_bytes)
     counter(b, "engine_steps_total", "Engine steps run.", (double)st->steps);
     gauge(b, "sched_step_token_budget", "The last step's token budget: --max-num-batched-tokens, "
           "or what --max-itl-ms allows while requests decode.", st->itl_budget);
-    counter(b, "sched_itl_limited_steps_total", "Steps whose token budget --max-itl-ms held "
-            "under --max-num-batched-tokens.", (double)st->itl_limited_steps);
+    counter(b, "sched_itl_limited_steps_total", "Steps that filled a token budget "
+            "--max-itl-ms held under --max-num-batched-tokens.", (double)st->itl_limited_steps);
     gauge(b, "sched_step_base_seconds", "The step-cost model: a step's seconds at zero tokens "
           "(fitted over recent steps; 0 until two steps ran).", st->step_base_s);
     gauge(b, "sched_step_token_seconds", "The step-cost model: a step's seconds per token.",

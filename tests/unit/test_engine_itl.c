@@ -86,7 +86,7 @@ static void teach(engine *e)
 /* One decode running, then a 300-token prompt: with itl_ms, each step
  * holds at most the budget's tokens and the decode advances every step. */
 static void run_pair(model *m, double itl_ms, result *a, result *b, int *max_tokens,
-                     int *decode_every_step, uint64_t *limited)
+                     int *decode_every_step, uint64_t *limited, uint64_t *limited_alone)
 {
     kvant_err err = {0};
     engine *e = mk(m, itl_ms, &err);
@@ -115,7 +115,10 @@ static void run_pair(model *m, double itl_ms, result *a, result *b, int *max_tok
             *max_tokens = st.last_tokens > *max_tokens ? st.last_tokens : *max_tokens;
             *decode_every_step &= a->n == before + 1;
         }
-        *limited = st.itl_limited_steps;
+        if (b->done && !a->done) /* a decodes alone: nothing is held back */
+            *limited_alone = st.itl_limited_steps - *limited;
+        else
+            *limited = st.itl_limited_steps;
     }
     CHECK(a->done && b->done && !a->error && !b->error);
     engine_destroy(e);
@@ -125,9 +128,9 @@ static void test_budget(model *m)
 {
     result a0, b0, a1, b1;
     int max0, max1, every0, every1;
-    uint64_t lim0 = 0, lim1 = 0;
-    run_pair(m, 0, &a0, &b0, &max0, &every0, &lim0);
-    run_pair(m, 50, &a1, &b1, &max1, &every1, &lim1);
+    uint64_t lim0 = 0, lim1 = 0, alone0 = 0, alone1 = 0;
+    run_pair(m, 0, &a0, &b0, &max0, &every0, &lim0, &alone0);
+    run_pair(m, 50, &a1, &b1, &max1, &every1, &lim1, &alone1);
     /* off: the prompt's 300 tokens in one step (prefill first) */
     CHECKF(max0 >= 300 && lim0 == 0, "no budget: largest step %d tokens, limited steps %llu",
            max0, (unsigned long long)lim0);
@@ -136,6 +139,9 @@ static void test_budget(model *m)
     CHECKF(every1, "budget: the decode gets a token every step while the prompt runs");
     CHECKF(lim1 >= 7, "budget: %llu limited steps (300 tokens in chunks of ~39)",
            (unsigned long long)lim1);
+    CHECKF(alone1 == 0 && a1.n == 40 && b1.done,
+           "a lone decode under the budget is not a limited step (%llu counted)",
+           (unsigned long long)alone1);
     CHECK(a0.n == a1.n && b0.n == b1.n && !memcmp(a0.toks, a1.toks, sizeof a0.toks) &&
           !memcmp(b0.toks, b1.toks, sizeof b0.toks));
 }
