@@ -31,16 +31,16 @@ typedef struct eng_draft eng_draft;   /* engine_draft.c */
 typedef struct eng_state eng_state;   /* engine_state.c */
 struct wstream_plan;
 struct wstream;
+struct xcache;
+struct earley;
+struct tmask_work;
+struct tmask_vocab;
 
 /* A step-cost fit (engine_itl.h): decayed least-squares sums over steps of
  * (tokens n, seconds t): weight, n, t, n*n, n*t. */
 typedef struct step_fit {
     double f[5];
 } step_fit;
-struct xcache;
-struct earley;
-struct tmask_work;
-struct tmask_vocab;
 
 /* One sequence: the unit the scheduler batches.  tokens holds the prompt
  * followed by generated tokens; the KV cache holds n_computed of them.

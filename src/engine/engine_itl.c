@@ -22,18 +22,18 @@ int step_fit_solve(const step_fit *fit, double min_var, double *base, double *pe
     const double *f = fit->f;
     *base = *per_token = 0;
     if (f[0] < 2.0 || !(f[1] > 0))
-        return 0;
+        return STEP_FIT_NONE;
     const double mn = f[1] / f[0], mt = f[2] / f[0], var = f[3] / f[0] - mn * mn;
     if (var < min_var) { /* one step size: all of it per token */
         *per_token = mt / mn;
-        return 1;
+        return STEP_FIT_PROP;
     }
     double b = (f[4] / f[0] - mn * mt) / var;
     b = b > 0 ? b : 0;
     const double a = mt - b * mn;
     *base = a > 0 ? a : 0;
     *per_token = b;
-    return 1;
+    return STEP_FIT_LINE;
 }
 
 void engine_itl_observe(engine *e, int32_t tokens, double seconds)
@@ -49,7 +49,8 @@ int engine_itl_cost(const engine *e, double *base, double *per_token)
 
 void engine_itl_note(engine *e, int32_t n_tokens)
 {
-    e->itl_limited_steps += e->itl_budget < e->cfg.max_num_batched_tokens && n_tokens >= e->itl_budget;
+    e->itl_limited_steps +=
+        e->itl_budget < e->cfg.max_num_batched_tokens && n_tokens >= e->itl_budget;
 }
 
 int engine_itl_decoding(const eng_seq *s)

@@ -67,11 +67,10 @@ void engine_spec_observe_step(engine *e, int32_t prefill_tokens, int32_t tokens,
 
 int engine_spec_cost(const engine *e, double *base, double *per_token)
 {
-    const double *f = e->spec_fit.f;
-    *base = *per_token = 0;
-    if (f[0] < 2.0 || f[3] / f[0] - (f[1] / f[0]) * (f[1] / f[0]) < SPEC_FIT_MIN_VAR)
-        return 0; /* no slope yet: drafting is not judged */
-    return step_fit_solve(&e->spec_fit, SPEC_FIT_MIN_VAR, base, per_token);
+    if (step_fit_solve(&e->spec_fit, SPEC_FIT_MIN_VAR, base, per_token) == STEP_FIT_LINE)
+        return 1;
+    *base = *per_token = 0; /* no slope yet: drafting is not judged */
+    return 0;
 }
 
 /* Whether drafting for s pays with n_running sequences decoding. */

@@ -65,13 +65,13 @@ static void test_fit(void)
         const double n = 1 + i % 37;
         step_fit_add(&f, n, 0.010 + 0.002 * n, 0.995);
     }
-    CHECK(step_fit_solve(&f, 0.05, &base, &per) == 1);
+    CHECK(step_fit_solve(&f, 0.05, &base, &per) == STEP_FIT_LINE);
     CHECKF(fabs(base - 0.010) < 1e-9 && fabs(per - 0.002) < 1e-9, "base %g per token %g", base,
            per);
     step_fit g = {{0}};
     for (int i = 0; i < 10; i++)
         step_fit_add(&g, 16, 0.032, 0.995);
-    CHECK(step_fit_solve(&g, 0.05, &base, &per) == 1);
+    CHECK(step_fit_solve(&g, 0.05, &base, &per) == STEP_FIT_PROP);
     CHECKF(base == 0 && fabs(per - 0.002) < 1e-12, "one size: base %g per token %g", base, per);
 }
 

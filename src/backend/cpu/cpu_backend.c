@@ -72,16 +72,22 @@ static void reserve_tensor(void *ctx, model_tensor *t)
     t->dev = (void *)t->data;
 }
 
+/* A head tied to the embedding reads the table as the backend holds it. */
+static void tie_output(model *m)
+{
+    if (m && m->tied_output) {
+        m->output.dev = m->tok_embd.dev;
+        m->output.packed = m->tok_embd.packed;
+    }
+}
+
 static void cpu_unload_weights(backend *be, model *m)
 {
     cpu_backend *cb = cpu(be);
     cb->model = NULL;
     cpu_pack_release(cb->packed, cb->mem, cb->pool);
     cb->packed = NULL;
-    if (m && m->tied_output) { /* the head follows its table back to the stored rows */
-        m->output.dev = m->tok_embd.dev;
-        m->output.packed = m->tok_embd.packed;
-    }
+    tie_output(m); /* back to the stored rows */
     for (int i = 0; i < cb->n_weight_ids; i++)
         mem_unreserve(cb->mem, cb->weight_ids[i]);
     cb->n_weight_ids = 0;
@@ -107,10 +113,7 @@ static int cpu_load_weights(backend *be, model *m, kvant_err *err)
         cpu_unload_weights(be, m);
         return rc.rc;
     }
-    if (m->tied_output) {
-        m->output.dev = m->tok_embd.dev;
-        m->output.packed = m->tok_embd.packed;
-    }
+    tie_output(m);
     return KV_OK;
 }
 

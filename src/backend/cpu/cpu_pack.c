@@ -113,7 +113,7 @@ cpu_packed *cpu_pack_weights(model *m, mem_mgr *mem, tpool *pool, kvant_err *err
     return p;
 }
 
-const float *cpu_pack_row(const model_tensor *t, int64_t r, void *buf, float *y)
+void cpu_pack_row(const model_tensor *t, int64_t r, void *buf, float *y)
 {
     const char *row = (const char *)t->dev + (size_t)r * t->row_bytes;
     if (t->packed) {
@@ -121,7 +121,6 @@ const float *cpu_pack_row(const model_tensor *t, int64_t r, void *buf, float *y)
         row = buf;
     }
     dtype_get(t->type)->to_float(row, y, t->ne[0]);
-    return y;
 }
 
 int cpu_pack_count(const cpu_packed *p, uint64_t *bytes)

@@ -32,8 +32,8 @@ typedef struct cpu_packed cpu_packed;
 #define CPU_PACK_ROW_MAX (64 * 1024)
 
 /* y[ne[0]] = row r of t as floats, through buf (CPU_PACK_ROW_MAX bytes)
- * when t is packed; returns y. */
-const float *cpu_pack_row(const model_tensor *t, int64_t r, void *buf, float *y);
+ * when t is packed. */
+void cpu_pack_row(const model_tensor *t, int64_t r, void *buf, float *y);
 
 /* NULL with err set only when out of host memory for the list itself. */
 cpu_packed *cpu_pack_weights(model *m, mem_mgr *mem, tpool *pool, kvant_err *err);
