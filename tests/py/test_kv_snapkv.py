@@ -56,7 +56,8 @@ def model(tmp_path_factory) -> str:
 def _server(kvant_bin, model, blocks: int) -> KvantServer:
     return KvantServer(kvant_bin, model, "-t", THREADS, "-c", "256", "--block-size", str(BS),
                        "--exact", "--kv-dtype", "f32", "--max-num-batched-tokens", "64",
-                       "--kv-blocks", str(blocks), base_args=[])
+                       "--kv-blocks", str(blocks), "--max-itl-ms", "0",  # schedule by tokens only
+                       base_args=[])
 
 
 @pytest.fixture(scope="module")
