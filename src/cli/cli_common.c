@@ -151,9 +151,9 @@ void cli_common_help(FILE *f)
         {"--weights-place", "auto|tail|spread", "which layers stream: the last ones (tail), "
                                                 "spread over the depth, or auto: the one "
                                                 "predicted faster from measured rates", "auto"},
-        {"--stream-io", "MODE", "how streamed layers are read: buffered (page cache), direct "
-                                "(O_DIRECT; page cache where refused) or both side by side",
-         "buffered"},
+        {"--stream-io", "MODE", "how streamed layers (or cached experts) are read: buffered "
+                                "(page cache), direct (O_DIRECT; page cache where refused) or "
+                                "both side by side (layers only)", "buffered"},
         {"--tp", "N", "tensor parallelism over N MPI ranks, 1..64: launch as mpirun -np N "
                       "kvant CMD ... --tp N (docs/PARALLEL.md)", "1"},
         {"--pp", "N", "pipeline parallelism over N stages of --tp ranks each, 1..64: launch "
@@ -536,11 +536,14 @@ static uint64_t session_auto_cap(const cli_session *s, const cli_common *c, int3
 
 /* A mixture of experts under --weights-memory: the dense weights resident,
  * the experts in a cache of the slots cap holds beside them. */
-static int session_experts(cli_session *s, uint64_t cap, kvant_err *err)
+static int session_experts(cli_session *s, const cli_common *c, uint64_t cap, kvant_err *err)
 {
     int32_t n_slots;
     uint64_t wb;
-    int rc = xcache_plan(s->m, cap, &n_slots, &wb, err);
+    int direct;
+    int rc = xcache_options(c->weights_io, c->weights_place, c->weights_slots, &direct, err);
+    if (!rc)
+        rc = xcache_plan(s->m, cap, direct, &n_slots, &wb, err);
     if (rc)
         return rc;
     char line[256];
@@ -548,9 +551,12 @@ static int session_experts(cli_session *s, uint64_t cap, kvant_err *err)
     fprintf(stderr, "kvant: %s\n", line);
     if (n_slots == 0)
         return KV_OK;
-    if (!(s->xc = xcache_create(s->m, s->mem, n_slots, err)))
+    if (!(s->xc = xcache_create(s->m, s->mem, n_slots, direct, err)))
         return err->code ? err->code : KV_ENOMEM;
     s->m->xcache = s->xc;
+    xcache_io_describe(s->xc, line, sizeof line);
+    if (line[0])
+        fprintf(stderr, "kvant: %s\n", line);
     return KV_OK;
 }
 
@@ -569,7 +575,7 @@ static int session_offload(cli_session *s, const cli_common *c, int32_t max_out,
                          : c->weights_memory ? c->weights_memory
                              : (uint64_t)((double)mem_budget(s->mem) * c->weights_memory_frac);
     if (model_has_experts(s->m))
-        return session_experts(s, cap, err);
+        return session_experts(s, c, cap, err);
     wstream_plan p;
     kvant_err why = {0};
     ocost_choice ch;

@@ -117,10 +117,11 @@ static bench_weights bench_weight_traffic(const model *m)
          * experts and the shared one */
         const model_tensor *moe[] = {&L->ffn_gate_inp, &L->gate_shexp, &L->up_shexp,
                                      &L->down_shexp};
-        const model_tensor *exps[] = {&L->gate_exps, &L->up_exps, &L->down_exps};
+        const model_tensor *exps[] = {&L->gate_exps, &L->up_exps, &L->gate_up_exps,
+                                      &L->down_exps};
         for (size_t i = 0; L->n_expert && i < 4; i++)
             bench_add_tensor(&w, moe[i]);
-        for (size_t i = 0; L->n_expert && i < 3; i++)
+        for (size_t i = 0; L->n_expert && i < 4; i++)
             bench_add_part(&w, exps[i], (double)L->n_expert_used / L->n_expert);
     }
     /* the embedding lookup reads one row; the output head reads all of it */
@@ -448,6 +449,12 @@ static void bench_print_json(const bench_report *r)
                        b->stream_wait_s);
             }
     }
+    if (r->experts)
+        printf(", \"expert_slots\": %d, \"tg_expert_hits\": %llu, \"tg_expert_misses\": %llu, "
+               "\"tg_expert_read_bytes\": %llu, \"expert_hot_share\": %.4f", r->xc1.n_slots,
+               (unsigned long long)(r->xc1.hits - r->xc0.hits),
+               (unsigned long long)(r->xc1.misses - r->xc0.misses),
+               (unsigned long long)(r->xc1.bytes_read - r->xc0.bytes_read), r->hot_share);
     if (r->have_rl) {
         const roofline_result *l = &r->rl;
         printf(", \"roofline_read_gbps_1t\": %.3f, \"roofline_read_gbps\": %.3f, "

@@ -9,6 +9,7 @@
 
 #include "cli/cli.h"
 #include "cli/cli_offload.h"
+#include "cli/cli_xplan.h"
 #include "engine/engine.h"
 #include "engine/engine_draft.h"
 #include "engine/engine_state.h"
@@ -110,6 +111,9 @@ static void plan_help(void)
                               "instead of using the cached ones", "off"},
         {"--predict", NULL, "predicted tokens/s per tokens-per-pass bucket also for a model that "
                             "fits (measures the rates once, as --weights-memory does)", "off"},
+        {"--calibration", "FILE", "a mixture of experts under --weights-memory: the text whose "
+                                  "routing predicts the expert cache's hit rate (at most 4096 "
+                                  "tokens)", "256 random tokens"},
         {"--draft-model", "PATH", "a draft model for speculative decoding: its weights, KV and "
                                   "workspace come out of the budget first, as serve plans them "
                                   "(--spec-max-batch: the sequences its KV holds)", "none"},
@@ -118,7 +122,10 @@ static void plan_help(void)
              "What fits in the memory budget: weights, activations, KV pool, tokens and\n"
              "concurrency, from the GGUF header alone (exit 1 when nothing fits).\n"
              "With --weights-memory: each layer's placement (resident or streamed) and the\n"
-             "predicted tokens/s per tokens-per-pass bucket, from measured rates.\n"
+             "predicted tokens/s per tokens-per-pass bucket, from measured rates; for a\n"
+             "mixture of experts the expert cache's slots, its decode hit rate and resident\n"
+             "experts predicted from the routing of a calibration run within the budget,\n"
+             "and the decode tokens/s.\n"
              "With -m given more than once (or --pin/--load): the plan of `kvant serve` with\n"
              "those models in one budget: each model's footprint by category, and the KV pool\n"
              "each model loaded at start holds once all are loaded (exit 1 when serve's start\n"
@@ -129,7 +136,7 @@ static void plan_help(void)
 /* 0: plan; 1: help printed; CLI_EXIT_USAGE: a mistake (one line printed). */
 static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, engine_config *ec,
                       serve_models_opts *mo, int *cands, int *n_cands, int *remeasure,
-                      int *predict)
+                      int *predict, const char **calib)
 {
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -144,6 +151,11 @@ static int parse_plan(int argc, char **argv, cli_common *c, plan_config *pc, eng
         }
         if (!strcmp(argv[i], "--predict")) {
             *predict = 1;
+            continue;
+        }
+        if (!strcmp(argv[i], "--calibration")) {
+            if (!(*calib = cli_value(argc, argv, &i)))
+                return CLI_EXIT_USAGE;
             continue;
         }
         /* each --weights-dtype adds a candidate row (the common parser
@@ -274,7 +286,7 @@ static void print_kv_budget(const cli_common *c, const plan_result *r, int json)
 /* The plan rows, the tiers and the offload placement as one JSON object. */
 static void print_json(const cli_common *c, plan_model *pm, const plan_row *rows, int n_rows,
                        const engine_config *ec, const cli_offload *off, const cli_offload *pred,
-                       int auto_off, const engine_draft_plan *dp)
+                       const cli_xplan *xp, int auto_off, const engine_draft_plan *dp)
 {
     printf("{\"model\": ");
     cli_json_string(stdout, c->model_path, strlen(c->model_path));
@@ -297,6 +309,10 @@ static void print_json(const cli_common *c, plan_model *pm, const plan_row *rows
         printf(", \"weights_offload\": ");
         cli_offload_print(off, 1);
     }
+    if (xp) { /* --predict on a model that fits: under "predicted", as for a dense one */
+        printf(", \"%s\": ", xp->cap == UINT64_MAX ? "predicted" : "weights_offload");
+        cli_xplan_print(xp, 1);
+    }
     if (pred) {
         printf(", \"predicted\": ");
         cli_offload_print_predicted(pred, 1);
@@ -310,7 +326,8 @@ static void print_json(const cli_common *c, plan_model *pm, const plan_row *rows
 /* The same as text: the model line, one row per weight type, the tiers. */
 static void print_text(const cli_common *c, const model_hparams *hp, const plan_row *rows,
                        int n_rows, const engine_config *ec, const cli_offload *off,
-                       const cli_offload *pred, int auto_off, const engine_draft_plan *dp)
+                       const cli_offload *pred, const cli_xplan *xp, int auto_off,
+                       const engine_draft_plan *dp)
 {
     if (hp->n_kv_total == (int64_t)hp->n_layers * hp->n_head_kv)
         printf("%s: %s, %d layers, %d KV heads x %d, context %lld\n", c->model_path,
@@ -348,7 +365,9 @@ static void print_text(const cli_common *c, const model_hparams *hp, const plan_
     if (auto_off)
         printf("weights do not fit the budget %s: placed automatically within %s "
                "(--weights-memory SIZE sets it, --no-offload refuses)\n",
-               mem_format_size(r->budget, a, 32), mem_format_size(off->cap, b, 32));
+               mem_format_size(r->budget, a, 32), mem_format_size(off ? off->cap : xp->cap, b, 32));
+    if (xp)
+        cli_xplan_print(xp, 0);
     if (off)
         cli_offload_print(off, 0);
     else if (pred)
@@ -407,16 +426,84 @@ static cli_offload *predict_resident(const cli_common *c, int remeasure)
     return res;
 }
 
+/* The weights' placement and prediction: dense offload (off), --predict of a
+ * dense model that fits (res), or a mixture of experts under a budget or
+ * --predict (xp); auto_off when the budget is chosen because the weights do
+ * not fit. */
+typedef struct plan_weights {
+    cli_offload *off, *res;
+    cli_xplan *xp;
+    int auto_off;
+} plan_weights;
+
+static void plan_weights_free(plan_weights *w)
+{
+    free(w->off);
+    free(w->res);
+    if (w->xp)
+        cli_xplan_free(w->xp);
+    free(w->xp);
+}
+
+/* 0, or the exit code with the message printed (w freed). */
+static int plan_weights_make(const cli_common *c, const gguf_ctx *g, const model_hparams *hp,
+                             plan_model *pm, const plan_config *pc, const engine_config *ec,
+                             int remeasure, int predict, const char *calib, plan_weights *w)
+{
+    const int host = !c->backend || strcmp(c->backend, "cpu") == 0;
+    kvant_err err = {0};
+    cli_common oc = *c;
+    if (host && !c->weights_memory && !(c->weights_memory_frac > 0) && !c->no_offload &&
+        c->weights_dtype < 0 && !ec->spec_draft_model) {
+        uint64_t cap = 0;
+        pm->weights_bytes = weights_as(g, -1);
+        if (plan_fit_weights(pm, pc, &cap) && cap) {
+            oc.weights_memory = cap;
+            w->auto_off = 1;
+        }
+    }
+    const int experts = hp->fam.n_expert > 0;
+    const int offload = oc.weights_memory || oc.weights_memory_frac > 0;
+    const uint64_t budget = plan_budget(pc->device_memory, pc->utilization);
+    if (calib && !(experts && offload))
+        return cli_err_usage("plan", "--calibration: the routing of a mixture of experts under "
+                             "--weights-memory (%s)", experts ? "no --weights-memory"
+                                                              : "the model has no experts");
+    if (experts && remeasure && (offload || predict))
+        return cli_err_usage("plan", "--remeasure: a mixture of experts is timed by its "
+                             "calibration decode each time, not from cached rates");
+    int rc = 0;
+    if (experts && (offload || (predict && host))) {
+        const uint64_t cap = !offload ? UINT64_MAX : oc.weights_memory ? oc.weights_memory
+            : (uint64_t)((double)budget * oc.weights_memory_frac);
+        rc = !(w->xp = calloc(1, sizeof *w->xp)) || cli_xplan_make(&oc, cap, calib, w->xp, &err);
+    } else if (offload) {
+        rc = !(w->off = calloc(1, sizeof *w->off)) ||
+             cli_offload_plan(&oc, budget, remeasure, w->off, &err);
+    } else if (predict && host && !(w->res = predict_resident(c, remeasure))) {
+        plan_weights_free(w);
+        return 1;
+    }
+    if (rc) {
+        fprintf(stderr, "kvant plan: %s\n", err.msg[0] ? err.msg : "out of memory");
+        plan_weights_free(w);
+        return 1;
+    }
+    return 0;
+}
+
 int cmd_plan(int argc, char **argv)
 {
     cli_common c;
     plan_config pc = plan_config_default();
     engine_config ec = engine_config_default();
     int cands[PLAN_MAX_CANDIDATES], n_cands = 0, remeasure = 0, predict = 0;
+    const char *calib = NULL;
     cli_common_init(&c);
     serve_models_opts mo;
     serve_models_opts_init(&mo);
-    int prc = parse_plan(argc, argv, &c, &pc, &ec, &mo, cands, &n_cands, &remeasure, &predict);
+    int prc = parse_plan(argc, argv, &c, &pc, &ec, &mo, cands, &n_cands, &remeasure, &predict,
+                         &calib);
     if (prc)
         return prc == 1 ? 0 : prc;
     pc.kv_dtype = c.kv_dtype;
@@ -441,41 +528,19 @@ int cmd_plan(int argc, char **argv)
     plan_model pm;
     model_plan_shape(&hp, 0, &pm);
     plan_as_engine(&hp, &c, &ec, &pc);
-    const int host = !c.backend || strcmp(c.backend, "cpu") == 0;
     engine_draft_plan dp = {0};
     if (ec.spec_draft_model && cli_plan_draft(&c, &pc, &ec, &dp)) { /* its share comes first */
         gguf_close(g);
         return 1;
     }
-    cli_common oc = c;
-    int auto_off = 0;
-    if (host && !c.weights_memory && !(c.weights_memory_frac > 0) && !c.no_offload &&
-        c.weights_dtype < 0 && !ec.spec_draft_model) {
-        uint64_t cap = 0;
-        pm.weights_bytes = weights_as(g, -1);
-        if (plan_fit_weights(&pm, &pc, &cap) && cap) {
-            oc.weights_memory = cap;
-            auto_off = 1;
-        }
-    }
-    /* weight offload: the stored row plans the device bytes of the placement */
-    cli_offload *off = NULL;
-    if (oc.weights_memory || oc.weights_memory_frac > 0) {
-        off = calloc(1, sizeof *off);
-        if (!off || cli_offload_plan(&oc, plan_budget(pc.device_memory, pc.utilization),
-                                     remeasure, off, &err)) {
-            fprintf(stderr, "kvant plan: %s\n", off ? err.msg : "out of memory");
-            free(off);
-            gguf_close(g);
-            return 1;
-        }
-    }
-    cli_offload *res = NULL;
-    if (predict && !off && host && !(res = predict_resident(&c, remeasure))) {
+    plan_weights w = {0};
+    int wrc = plan_weights_make(&c, g, &hp, &pm, &pc, &ec, remeasure, predict, calib, &w);
+    if (wrc) {
         gguf_close(g);
-        return 1;
+        return wrc;
     }
-    const cli_offload *pred = off ? off : res;
+    const cli_offload *off = w.off, *pred = w.off ? w.off : w.res;
+    const cli_xplan *xp = w.xp;
     plan_row rows[PLAN_MAX_CANDIDATES + 1];
     int n_rows = 0, any_ok = 0;
     for (int k = -1; k < n_cands; k++) {
@@ -485,23 +550,25 @@ int cmd_plan(int argc, char **argv)
         pm.weights_bytes = weights_as(g, k < 0 ? -1 : cands[k]);
         if (k < 0 && off && off->plan.n_streamed)
             pm.weights_bytes = wstream_plan_device_bytes(&off->plan);
+        if (k < 0 && xp && xp->n_slots)
+            pm.weights_bytes = xp->at.weights_bytes;
         pr->rc = plan_compute(&pm, &pc, &pr->r, &e2);
         snprintf(pr->err, sizeof pr->err, "%s", e2.msg);
         any_ok |= pr->rc == KV_OK;
         if (pr->rc && pr->r.weights_bytes == 0 && pr->rc != KV_ENOMEM && k < 0) {
             fprintf(stderr, "kvant plan: %s\n", e2.msg);
             gguf_close(g);
-            free(off);
-            free(res);
+            plan_weights_free(&w);
             return 2;
         }
     }
     if (c.json)
-        print_json(&c, &pm, rows, n_rows, &ec, off, pred, auto_off, ec.spec_draft_model ? &dp : NULL);
+        print_json(&c, &pm, rows, n_rows, &ec, off, pred, xp, w.auto_off,
+                   ec.spec_draft_model ? &dp : NULL);
     else
-        print_text(&c, &hp, rows, n_rows, &ec, off, pred, auto_off, ec.spec_draft_model ? &dp : NULL);
-    free(off);
-    free(res);
+        print_text(&c, &hp, rows, n_rows, &ec, off, pred, xp, w.auto_off,
+                   ec.spec_draft_model ? &dp : NULL);
+    plan_weights_free(&w);
     gguf_close(g);
     return any_ok ? 0 : 1;
 }

@@ -29,6 +29,7 @@
 #include "kernels/dtype.h"
 #include "mem/plan.h"
 #include "model/wstream.h"
+#include "model/xcache.h"
 #include "par/par.h"
 #include "quant/quant.h"
 #include "quant/quant_load.h"
@@ -809,6 +810,11 @@ void engine_get_health(engine *e, engine_health *out)
     if (engine_get_offload(e, &ws) && ws.failed) {
         out->weights_failed = 1;
         snprintf(out->weights_error, sizeof out->weights_error, "%s", ws.error);
+    }
+    xcache_stats xs;
+    if (e->xc && (xcache_get_stats(e->xc, &xs), xs.failed)) {
+        out->weights_failed = 1;
+        snprintf(out->weights_error, sizeof out->weights_error, "%.250s", xs.error);
     }
     out->group_failed = 0;
     out->group_error[0] = 0;

@@ -185,6 +185,7 @@ struct engine {
     struct wstream *ws;         /* weight offload (engine_offload.c), or NULL; owned */
     struct xcache *xc;          /* experts placed by memory (engine_offload.c), or NULL; owned */
     int32_t xc_slots;           /* its slots, as planned (0: none) */
+    int xc_direct;              /* its experts read with O_DIRECT (--stream-io direct) */
     eng_tp *tp;                 /* tensor parallelism (engine_tp.c), or NULL; owned */
     eng_draft *draft;           /* speculative decoding's draft model, or NULL; owned */
     eng_state *st;              /* hybrid models' recurrent state, or NULL; owned */

@@ -19,7 +19,10 @@
  * slots cap holds beside them (model/xcache.h); *weights_bytes their sum. */
 static int plan_experts(engine *e, uint64_t cap, uint64_t *weights_bytes, kvant_err *err)
 {
-    int rc = xcache_plan(e->m, cap, &e->xc_slots, weights_bytes, err);
+    int rc = xcache_options(e->cfg.weights_io, e->cfg.weights_place, e->cfg.weights_slots,
+                            &e->xc_direct, err);
+    if (!rc)
+        rc = xcache_plan(e->m, cap, e->xc_direct, &e->xc_slots, weights_bytes, err);
     if (rc)
         return rc;
     char line[256];
@@ -112,9 +115,13 @@ static void print_prediction(engine *e, const wstream_plan *p)
 int engine_offload_start(engine *e, const wstream_plan *p, kvant_err *err)
 {
     if (e->xc_slots > 0) {
-        if (!(e->xc = xcache_create(e->m, e->mem, e->xc_slots, err)))
+        if (!(e->xc = xcache_create(e->m, e->mem, e->xc_slots, e->xc_direct, err)))
             return err && err->code ? err->code : KV_ENOMEM;
         e->m->xcache = e->xc;
+        char line[256];
+        xcache_io_describe(e->xc, line, sizeof line);
+        if (line[0])
+            fprintf(stderr, "kvant: %s\n", line);
         return KV_OK;
     }
     if (p->n_streamed == 0)

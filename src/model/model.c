@@ -515,6 +515,22 @@ static int bind_moe_bias(model *m, int il, model_layer *L, kvant_err *err)
     return KV_OK;
 }
 
+/* The experts' gate and up rows: ffn_gate_up_exps where the file fuses them
+ * (taken before the two apart, as llama.cpp does), else the two tensors. */
+static int bind_gate_up(const gguf_ctx *g, int il, model_layer *L, int64_t E, int64_t F,
+                        int64_t X, kvant_err *err)
+{
+    char name[96];
+    if (gguf_find_tensor(g, NAME("ffn_gate_up_exps.weight"))) {
+        memset(&L->gate_exps, 0, sizeof L->gate_exps);
+        memset(&L->up_exps, 0, sizeof L->up_exps);
+        L->gate_exps.layer = L->up_exps.layer = il;
+        return bind_exps(g, &L->gate_up_exps, name, il, E, 2 * F, X, err);
+    }
+    int rc = bind_exps(g, &L->gate_exps, NAME("ffn_gate_exps.weight"), il, E, F, X, err);
+    return rc ? rc : bind_exps(g, &L->up_exps, NAME("ffn_up_exps.weight"), il, E, F, X, err);
+}
+
 /* The experts of layer il (recipe moe, the file's expert_count > 0). */
 static int bind_moe(model *m, int il, model_layer *L, kvant_err *err)
 {
@@ -529,8 +545,7 @@ static int bind_moe(model *m, int il, model_layer *L, kvant_err *err)
     L->n_ff_shexp = (int32_t)S;
     int rc;
     if ((rc = bind(g, &L->ffn_gate_inp, NAME("ffn_gate_inp.weight"), il, E, X, 0, err)) ||
-        (rc = bind_exps(g, &L->gate_exps, NAME("ffn_gate_exps.weight"), il, E, F, X, err)) ||
-        (rc = bind_exps(g, &L->up_exps, NAME("ffn_up_exps.weight"), il, E, F, X, err)) ||
+        (rc = bind_gate_up(g, il, L, E, F, X, err)) ||
         (rc = bind_exps(g, &L->down_exps, NAME("ffn_down_exps.weight"), il, F, E, X, err)) ||
         (hp->recipe->moe_ds &&
          (rc = bind_vec(g, &L->exp_probs_b, NAME("exp_probs_b.bias"), il, X, 1, err))) ||
@@ -822,7 +837,8 @@ int model_layer_tensors(model_layer *L, model_tensor **out)
                           &L->down_shexp, &L->gate_inp_shexp, &L->exp_probs_b, &L->wq_a,
                           &L->q_a_norm,  &L->wq_b,   &L->wkv_a,  &L->kv_a_norm,
                           &L->wk_b,      &L->wv_b,   &L->gate_inp_b, &L->gate_exps_b,
-                          &L->up_exps_b, &L->down_exps_b, &L->attn_sinks, &L->ssm_in,
+                          &L->up_exps_b, &L->down_exps_b, &L->attn_sinks, &L->gate_up_exps,
+                          &L->ssm_in,
                           &L->ssm_conv1d, &L->ssm_conv1d_b, &L->ssm_dt_b, &L->ssm_a,
                           &L->ssm_d, &L->ssm_norm, &L->ssm_out, &L->ssm_z,
                           &L->ssm_beta, &L->ssm_alpha};
@@ -843,6 +859,20 @@ void model_plan_shape(const model_hparams *hp, uint64_t weights_bytes, plan_mode
         .n_kv_layers = kv_layers == hp->n_layers ? 0 : kv_layers,
         .state_bytes = model_recr_state_bytes(&hp->fam, hp->n_embd),
     };
+}
+
+void model_expert_rows(const model_layer *L, int32_t e, const model_tensor *t[3], int64_t row0[3],
+                       int64_t rows[3])
+{
+    const int64_t F = L->n_ff_exp, D = L->down_exps.ne[1] / L->n_expert;
+    const int fused = L->gate_up_exps.nbytes > 0;
+    t[0] = fused ? &L->gate_up_exps : &L->gate_exps;
+    t[1] = fused ? &L->gate_up_exps : &L->up_exps;
+    t[2] = &L->down_exps;
+    row0[0] = fused ? e * 2 * F : e * F;
+    row0[1] = fused ? e * 2 * F + F : e * F;
+    row0[2] = e * D;
+    rows[0] = rows[1] = F, rows[2] = D;
 }
 
 int model_has_experts(const model *m)

@@ -83,7 +83,10 @@ typedef struct model_layer {
      * The stacked tensors are GGUF's [n_expert][rows][cols] seen as one matrix of
      * n_expert * rows rows: expert e's rows are [e * rows, (e + 1) * rows). */
     model_tensor ffn_gate_inp;  /* router: [n_expert][n_embd] */
-    model_tensor gate_exps, up_exps; /* [n_expert * n_ff_exp][n_embd] */
+    model_tensor gate_exps, up_exps; /* [n_expert * n_ff_exp][n_embd] (data NULL when fused) */
+    model_tensor gate_up_exps;  /* ffn_gate_up_exps, when the file fuses them: [n_expert *
+                              * 2 n_ff_exp][n_embd], expert e's gate rows then its up rows;
+                              * else data NULL.  model_expert_rows finds either layout. */
     model_tensor down_exps;     /* [n_expert * n_embd][n_ff_exp] */
     model_tensor gate_shexp, up_shexp, down_shexp; /* shared expert (n_ff_shexp > 0) */
     model_tensor gate_inp_shexp; /* [1][n_embd]: its gate sigmoid(h . w); data NULL: ungated
@@ -164,6 +167,10 @@ int model_layer_tensors(model_layer *L, model_tensor **out);
 
 /* 1 when some layer's FFN is a mixture of experts. */
 int model_has_experts(const model *m);
+/* Expert e of layer L (n_expert > 0): for its gate, up and down rows, t[i] the stacked tensor
+ * holding them, row0[i] the first and rows[i] how many. */
+void model_expert_rows(const model_layer *L, int32_t e, const model_tensor *t[3], int64_t row0[3],
+                       int64_t rows[3]);
 /* 1 when some layer is recurrent (a hybrid family: per-sequence state). */
 int model_is_hybrid(const model *m);
 

@@ -464,32 +464,37 @@ static int open_direct_default(const char *path)
     return open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
 }
 
-/* Opens the direct fd and reads the first aligned block of the first
- * streamed tensor with it into slot 0: where either is refused, direct
- * reads are off for good and io_note says why (not an error). */
+int wstream_direct_open(const char *path, int (*open_direct)(const char *), uint64_t probe_off,
+                        void *buf, char *note, size_t cap)
+{
+    const int fd = (open_direct ? open_direct : open_direct_default)(path);
+    if (fd < 0) {
+        snprintf(note, cap, "O_DIRECT refused opening the model file (%s): reading through the "
+                 "page cache", strerror(errno));
+        return -1;
+    }
+    ssize_t r;
+    do
+        r = pread(fd, buf, WSTREAM_DIO_ALIGN, (off_t)(probe_off - probe_off % WSTREAM_DIO_ALIGN));
+    while (r < 0 && errno == EINTR);
+    if (r <= 0) {
+        snprintf(note, cap, "O_DIRECT refused a read of the model file (%s): reading through the "
+                 "page cache", r < 0 ? strerror(errno) : "end of file");
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* The direct fd, probed with the first aligned block of the first streamed
+ * tensor read into slot 0: where either is refused, direct reads are off
+ * for good and io_note says why (not an error). */
 static void direct_probe(wstream *ws)
 {
     const ws_layer *l = &ws->layers[ws->order[0]];
-    ws->dfd = (ws->io.open_direct ? ws->io.open_direct : open_direct_default)(ws->m->path);
-    if (ws->dfd < 0) {
-        snprintf(ws->io_note, sizeof ws->io_note, "O_DIRECT refused opening the model file "
-                 "(%s): reading through the page cache", strerror(errno));
-        return;
-    }
-    const uint64_t fo = l->pc[0].t->file_off;
-    ssize_t r;
-    do
-        r = pread(ws->dfd, ws->slot[0].buf, WSTREAM_DIO_ALIGN,
-                  (off_t)(fo - fo % WSTREAM_DIO_ALIGN));
-    while (r < 0 && errno == EINTR);
-    if (r <= 0) {
-        snprintf(ws->io_note, sizeof ws->io_note, "O_DIRECT refused a read of the model file "
-                 "(%s): reading through the page cache", r < 0 ? strerror(errno) : "end of file");
-        close(ws->dfd);
-        ws->dfd = -1;
-        return;
-    }
-    ws->direct = 1;
+    ws->dfd = wstream_direct_open(ws->m->path, ws->io.open_direct, l->pc[0].t->file_off,
+                                  ws->slot[0].buf, ws->io_note, sizeof ws->io_note);
+    ws->direct = ws->dfd >= 0;
 }
 
 /* The streamed layer's slot layout, its chunks; its tensors marked. */

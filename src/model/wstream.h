@@ -118,6 +118,12 @@ typedef struct wstream_io {
 } wstream_io;
 
 wstream_io wstream_io_default(void); /* WSTREAM_IO_BUFFERED, open(2) */
+/* Opens path for O_DIRECT reads (open_direct: a test's stand-in, or NULL
+ * for open(2)) and reads the aligned block around probe_off into buf
+ * (WSTREAM_DIO_ALIGN bytes, aligned): the fd, or -1 with note saying why
+ * (refused: the caller reads through the page cache; not an error). */
+int wstream_direct_open(const char *path, int (*open_direct)(const char *), uint64_t probe_off,
+                        void *buf, char *note, size_t cap);
 /* "buffered" / "direct" / "both" -> WSTREAM_IO_*, or -1. */
 int wstream_io_parse(const char *s);
 const char *wstream_io_name(int mode);

@@ -33,6 +33,9 @@ static void expert_metrics(FILE *f, const xcache *xc)
     one(f, "moe_experts_resident", "gauge", "Experts in the expert cache now.", (double)st.n_used);
     one(f, "moe_expert_read_bytes_total", "counter",
         "Expert weight bytes read from the model file into the cache.", (double)st.bytes_read);
+    one(f, "moe_expert_cache_failed", "gauge",
+        "1 after an expert read came back short or failed (the file changed).",
+        (double)st.failed);
     const char *name[2] = {"hits", "misses"};
     const char *help[2] = {"Expert cache hits (a routed expert already resident).",
                            "Expert cache misses (the expert read from the model file)."};
@@ -118,11 +121,13 @@ static json_t *experts_json(const xcache *xc)
         json_array_append_new(layers, json_pack("{s:i, s:o}", "layer", (int)il, "resident",
                                                 res ? res : json_array()));
     }
-    return json_pack("{s:b, s:s, s:{s:i, s:I, s:i, s:I, s:I, s:I, s:o}}", "enabled", 1, "mode",
-                     "experts", "experts", "slots", st.n_slots, "slot_bytes",
-                     (json_int_t)st.slot_bytes, "resident", st.n_used, "hits",
+    return json_pack("{s:b, s:s, s:{s:i, s:I, s:i, s:I, s:I, s:I, s:b, s:s, s:b, s:s, s:o}}",
+                     "enabled", 1, "mode", "experts", "experts", "slots", st.n_slots,
+                     "slot_bytes", (json_int_t)st.slot_bytes, "resident", st.n_used, "hits",
                      (json_int_t)st.hits, "misses", (json_int_t)st.misses, "read_bytes",
-                     (json_int_t)st.bytes_read, "layers", layers ? layers : json_array());
+                     (json_int_t)st.bytes_read, "direct", st.direct, "io_note", st.io_note,
+                     "failed", st.failed, "error", st.error, "layers",
+                     layers ? layers : json_array());
 }
 
 json_t *srv_offload_json(engine *e)

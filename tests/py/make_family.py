@@ -598,8 +598,10 @@ def _add3(w: GGUFWriter, rng, name: str, n: int, rows: int, cols: int, std: floa
 OAI_GU, OAI_BIAS, OAI_ACT = 3.0, 1.0, 6.0
 
 
-def _experts(w, add, add_f32, rng, p: str, E: int, F: int, mo: Moe, wtype: str) -> None:
-    """The router (F32), stacked experts (F wide) and the shared expert of one layer.  The router's
+def _experts(w, add, add_f32, rng, p: str, E: int, F: int, mo: Moe, wtype: str,
+             fused: bool = False) -> None:
+    """The router (F32), stacked experts (F wide; fused: gate and up as one ffn_gate_up_exps,
+    as some converters write them) and the shared expert of one layer.  The router's
     rows are large enough that the top-k choice differs between tokens; gpt-oss's router bias and
     expert biases (F32, [n_expert][rows]) are large enough to change choices and outputs."""
     X = mo.n_expert
@@ -610,8 +612,16 @@ def _experts(w, add, add_f32, rng, p: str, E: int, F: int, mo: Moe, wtype: str) 
         add_f32(p + "exp_probs_b.bias", 0.1 * rng.standard_normal(X))
     gu = math.sqrt(OAI_GU ** 2 - OAI_BIAS ** 2) if mo.oai else 1.0
     down = 1.0 / OAI_ACT if mo.oai else 1.0
-    _add3(w, rng, p + "ffn_gate_exps.weight", X, F, E, gu / math.sqrt(E), wtype)
-    _add3(w, rng, p + "ffn_up_exps.weight", X, F, E, gu / math.sqrt(E), wtype)
+    if fused:   # ffn_gate_up_exps: the same draws, each expert's gate rows then its up rows
+        t = _fit_type(wtype, E)
+        g, raw = ms._tensor(rng, (X * F, E), gu / math.sqrt(E), t)
+        u, _ = ms._tensor(rng, (X * F, E), gu / math.sqrt(E), t)
+        gu_arr = np.concatenate([g.reshape(X, F, -1), u.reshape(X, F, -1)], axis=1)
+        w.add_tensor(p + "ffn_gate_up_exps.weight", np.ascontiguousarray(gu_arr), raw_dtype=raw,
+                     raw_shape=(X, 2 * F, E) if raw == ms.mxfp4_ref.MXFP4 else None)
+    else:
+        _add3(w, rng, p + "ffn_gate_exps.weight", X, F, E, gu / math.sqrt(E), wtype)
+        _add3(w, rng, p + "ffn_up_exps.weight", X, F, E, gu / math.sqrt(E), wtype)
     _add3(w, rng, p + "ffn_down_exps.weight", X, E, F, down / math.sqrt(F), wtype)
     if mo.oai:
         for n, rows in (("gate", F), ("up", F), ("down", E)):
@@ -772,10 +782,14 @@ def _hybrid_tensors(fam: str, sh: Shape, rng, add, add_f32, norm, untied: bool) 
 
 
 def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shape: str = "tiny",
-                 extra_kv: dict | None = None, extra_tensors: tuple[str, ...] = ()) -> str:
+                 extra_kv: dict | None = None, extra_tensors: tuple[str, ...] = (),
+                 experts_last: bool = False, gate_up_fused: bool = False) -> str:
     """Write one random-weight model of `family` to path; returns path.  extra_kv (key -> str,
     float or int, written as string, float32 or uint32) and extra_tensors ("output" adds an
-    untied output.weight) make the deliberately unusual files the refusal tests need."""
+    untied output.weight) make the deliberately unusual files the refusal tests need;
+    experts_last writes the stacked expert tensors after every other one (the same weights:
+    a file whose tail only experts occupy); gate_up_fused writes each layer's expert gate and
+    up rows as one ffn_gate_up_exps (the same weights)."""
     if family not in ARCH:
         raise ValueError(f"unknown family {family!r} (known: {', '.join(FAMILIES)})")
     if wtype not in ms.TYPES + ["MXFP4", "MXFP4-F32"]:   # the MXFP4 pair: tests/py/test_mxfp4.py
@@ -802,6 +816,13 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
 
     def add_f32(name, arr):
         w.add_tensor(name, np.ascontiguousarray(arr, dtype=np.float32))
+
+    late = []   # experts_last: the stacked experts' add_tensor calls, drawn in order, made last
+
+    class _Late:   # a writer that keeps add_tensor calls for later
+        @staticmethod
+        def add_tensor(*args, **kw):
+            late.append((args, kw))
 
     def norm(name, n, mean=1.0):
         add_f32(name, mean + 0.1 * rng.standard_normal(n))
@@ -855,7 +876,8 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
         if family in MOE and L >= moe_of(family, sh).n_dense_lead:
             # mixtral and olmoe read no expert width: their experts are feed_forward_length wide
             F_exp = F if family in ("mixtral", "olmoe") else MOE[family].n_ff_exp
-            _experts(w, add, add_f32, rng, p, E, F_exp, moe_of(family, sh), wtype)
+            _experts(_Late if experts_last else w, add, add_f32, rng, p, E, F_exp,
+                     moe_of(family, sh), wtype, fused=gate_up_fused)
             continue
         if family == "phi3":
             add(p + "ffn_up.weight", (2 * F, E), ws)
@@ -869,6 +891,8 @@ def write_family(path: str, family: str, wtype: str = "F32", seed: int = 0, shap
     if family in ("llama3", "mistral", "phi3", "mixtral", "qwen2moe", "olmoe", "gpt-oss") or family in MLA \
             or "output" in extra_tensors:
         add("output.weight", (sh.n_vocab, E), 0.2)
+    for args, kw in late:
+        w.add_tensor(*args, **kw)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

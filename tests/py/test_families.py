@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zlib
 from pathlib import Path
 
@@ -541,8 +542,8 @@ def test_moe_expert_cache(family, wtype, fam_dir, run_kvant, tmp_path):
     weights resident and its experts in a cache of slots read from the file; the logits are
     bitwise those of the resident model (its experts repacked, the cache's in the file's
     layout), at the fewest slots (one token's experts) and at half the experts, on the default
-    path and --exact.  `kvant plan --weights-memory` still refuses (its rates are a dense
-    FFN's)."""
+    path and --exact.  `kvant plan --weights-memory` plans the same slots and predicts the
+    decode hit rate (tests/py/test_moe_plan.py checks it against a measurement)."""
     path = mf.make_family(fam_dir, family, wtype)
     ids = np.random.default_rng(3).integers(0, mf.ms.N_VOCAB, size=40)
     (tmp_path / "ids.txt").write_text(" ".join(map(str, ids)) + "\n")
@@ -559,8 +560,42 @@ def test_moe_expert_cache(family, wtype, fam_dir, run_kvant, tmp_path):
             outs.append(np.fromfile(out, dtype="<f4"))
         assert np.all(np.isfinite(outs[0]))
         assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2]), exact
-    r = run_kvant(["plan", "-m", path, "--weights-memory", str(least)])
-    assert r.returncode == 1 and "mixture-of-experts" in r.stderr, r.stderr
+    r = run_kvant(["plan", "-m", path, "--weights-memory", str(least), "-t", "2", "--json"])
+    assert r.returncode == 0, r.stderr
+    off = json.loads(r.stdout)["weights_offload"]
+    slots = int(re.search(r"experts placed by memory: (\d+) of", r.stderr).group(1))
+    assert off["mode"] == "experts" and off["slots"] == slots
+    assert 0 <= off["decode"]["hit_rate"] <= 1 and off["decode"]["tok_s"] > 0
+
+
+@pytest.mark.parametrize("family,wtype", [("deepseek2", "F32"), ("olmoe", "Q4_0"),
+                                          ("gpt-oss", "MXFP4"), ("deepseek3", "Q8_0")])
+def test_moe_gate_up_fused(family, wtype, run_kvant, tmp_path):
+    """ffn_gate_up_exps (each expert's gate rows then its up rows in one stacked tensor, as
+    llama.cpp reads it for deepseek2 and as some converters write it): the logits are bitwise
+    those of the same weights written as ffn_gate_exps + ffn_up_exps (checked against llama.cpp
+    by hand: its deepseek2-F32 logits are bitwise equal on the two files), resident and from the
+    expert cache at its fewest slots and (O_DIRECT reads of the rows, wherever they start in the
+    file) at half the experts, default path and --exact."""
+    apart = mf.write_family(str(tmp_path / "apart.gguf"), family, wtype, seed=4)
+    fused = mf.write_family(str(tmp_path / "fused.gguf"), family, wtype, seed=4, gate_up_fused=True)
+    head = open(fused, "rb").read(1 << 16)   # the tensor names (GGUFReader does not know MXFP4)
+    assert b"blk.1.ffn_gate_up_exps.weight" in head and b"blk.1.ffn_gate_exps.weight" not in head
+    ids = np.random.default_rng(5).integers(0, mf.ms.N_VOCAB, size=32)
+    (tmp_path / "ids.txt").write_text(" ".join(map(str, ids)) + "\n")
+    run = ["logits", "--tokens-file", tmp_path / "ids.txt", "-t", "2", "-b", "8"]
+    least, size = _moe_budgets(fused, run_kvant, run + ["-m", fused, "--out", tmp_path / "x.f32"])
+    half = ["--weights-memory", str((least + size) // 2), "--stream-io", "direct"]
+    for exact in ([], ["--exact"]):
+        outs = []
+        for path, extra in ((apart, []), (fused, []), (fused, ["--weights-memory", str(least)]),
+                            (fused, half)):
+            out = tmp_path / f"o{len(outs)}.f32"
+            r = run_kvant(run + ["-m", path, "--out", out] + extra + exact)
+            assert r.returncode == 0, r.stderr[-2000:]
+            outs.append(np.fromfile(out, dtype="<f4"))
+        assert np.all(np.isfinite(outs[0])) and outs[0].size == 32 * mf.ms.N_VOCAB
+        assert all(np.array_equal(outs[0], o) for o in outs[1:]), exact
 
 
 MOE_REFUSALS = {

@@ -535,6 +535,26 @@ static void moe_mm_group(void *ctx, int count, const model_tensor *const *W,
     cpu_mm_group(&env, count, W, bias, x, y, n);
 }
 
+typedef struct moe_par_job {
+    int32_t n;
+    xcache_each_fn fn;
+    void *arg;
+} moe_par_job;
+
+static void moe_par_worker(int ith, int nth, void *a)
+{
+    const moe_par_job *j = a;
+    for (int32_t i = ith; i < j->n; i += nth)
+        j->fn(j->arg, i);
+}
+
+/* The expert cache's parallel for: its reads on the pool's threads. */
+static void moe_par_run(void *ctx, int32_t n, xcache_each_fn fn, void *arg)
+{
+    moe_par_job j = {n, fn, arg};
+    tpool_run(((cpu_backend *)ctx)->pool, moe_par_worker, &j);
+}
+
 /* The workspace kv_init sized for the largest step; a larger step (a
  * layout without max_tokens) grows it once, as the int8 activations. */
 static int layer_ws(cpu_backend *cb, int32_t n, kvant_err *err)
@@ -557,7 +577,8 @@ static int cpu_moe_ffn_op(backend *be, const model_layer *L, const moe_params *m
     if (rc)
         return rc;
     const model *m = cpu(be)->model;
-    const cpu_moe_env env = {moe_mm, be, cpu(be)->moe_ws, moe_mm_group, m ? m->xcache : NULL};
+    const cpu_moe_env env = {moe_mm, be, cpu(be)->moe_ws, moe_mm_group, m ? m->xcache : NULL,
+                             {moe_par_run, cpu(be)}};
     return cpu_moe_ffn(&env, L, mp, d_h, d_x, n, err);
 }
 

@@ -239,20 +239,22 @@ static void gated_ffn(const cpu_moe_env *env, const moe_ws *ws, int act, const m
 
 /* Expert e's gate, up and down rows (resident, or from the expert cache,
  * pinned there) and (when L has them) bias rows: W[0..3), bias[0..3)
- * pointing into views[0..6).  The cache's error, else KV_OK. */
+ * pointing into views[0..6) (cached: views[0..3) already hold the rows).
+ * The cache's error, else KV_OK. */
 static int expert_views(const cpu_moe_env *env, const model_layer *L, int32_t e,
                         model_tensor *views, const model_tensor **W, const model_tensor **bias,
-                        kvant_err *err)
+                        int cached, kvant_err *err)
 {
-    const int64_t D = L->down_exps.ne[1] / L->n_expert, F = L->n_ff_exp;
-    if (env->xc) {
-        int rc = xcache_get(env->xc, L->gate_exps.layer, e, views, err);
+    if (env->xc && !cached) { /* cached: views[0..3) from xcache_get_group already */
+        int rc = xcache_get(env->xc, L->down_exps.layer, e, views, err);
         if (rc)
             return rc;
-    } else {
-        views[0] = cpu_moe_rows(&L->gate_exps, e * F, F);
-        views[1] = cpu_moe_rows(&L->up_exps, e * F, F);
-        views[2] = cpu_moe_rows(&L->down_exps, e * D, D);
+    } else if (!env->xc) {
+        const model_tensor *t[3];
+        int64_t row0[3], rows[3];
+        model_expert_rows(L, e, t, row0, rows);
+        for (int i = 0; i < 3; i++)
+            views[i] = cpu_moe_rows(t[i], row0[i], rows[i]);
     }
     for (int i = 0; i < 3; i++) {
         W[i] = &views[i];
@@ -282,12 +284,22 @@ static int run_group(const cpu_moe_env *env, const moe_ws *ws, const model_layer
     float *y[2 * CPU_MOE_GROUP_EXPERTS], *yd[CPU_MOE_GROUP_EXPERTS];
     const float *xd[CPU_MOE_GROUP_EXPERTS];
     int32_t cnt[2 * CPU_MOE_GROUP_EXPERTS], cd[CPU_MOE_GROUP_EXPERTS], m = 0;
-    for (int32_t e = e0; e < e1; e++) {
-        const int32_t b = ws->start[e], c = ws->start[e + 1] - b;
-        if (c == 0)
-            continue;
+    int32_t es[CPU_MOE_GROUP_EXPERTS], n_es = 0;
+    for (int32_t e = e0; e < e1; e++)
+        if (ws->start[e + 1] > ws->start[e])
+            es[n_es++] = e;
+    if (env->xc && n_es) { /* the router named them: the misses read side by side */
+        model_tensor got[CPU_MOE_GROUP_EXPERTS][3];
+        int rc = xcache_get_group(env->xc, L->down_exps.layer, es, n_es, got, &env->par, err);
+        if (rc)
+            return rc;
+        for (int32_t i = 0; i < n_es; i++)
+            memcpy(views[i], got[i], sizeof got[i]);
+    }
+    for (int32_t k = 0; k < n_es; k++) {
+        const int32_t e = es[k], b = ws->start[e], c = ws->start[e + 1] - b;
         const model_tensor *ew[3], *eb[3];
-        int rc = expert_views(env, L, e, views[m], ew, eb, err);
+        int rc = expert_views(env, L, e, views[m], ew, eb, env->xc != NULL, err);
         if (rc)
             return rc;
         W[2 * m] = ew[0], W[2 * m + 1] = ew[1], Wd[m] = ew[2];
@@ -344,7 +356,7 @@ static int run_experts(const cpu_moe_env *env, const moe_ws *ws, const model_lay
         const model_tensor *w[3], *bias[3];
         if (env->xc)
             xcache_unpin(env->xc);
-        int rc = expert_views(env, L, e, views, w, bias, err);
+        int rc = expert_views(env, L, e, views, w, bias, 0, err);
         if (rc)
             return rc;
         gated_ffn(env, ws, act, w[0], w[1], w[2], bias, ws->xg, ws->yslot + (size_t)b * D, cnt);

@@ -20,6 +20,7 @@
 
 #include "backend/backend.h"
 #include "model/model.h"
+#include "model/xcache.h"
 
 /* The widest layer's expert shape (the workspace's size). */
 typedef struct cpu_moe_dims {
@@ -56,6 +57,7 @@ typedef struct cpu_moe_env {
     void *ws;          /* cpu_moe_ws_bytes(dims, n) bytes at least, float-aligned */
     cpu_moe_mmg_fn mm_group; /* NULL: every expert alone */
     struct xcache *xc;       /* experts from the cache (model/xcache.h), or NULL: resident */
+    xcache_par par;          /* the pool the cache's misses are read on side by side */
 } cpu_moe_env;
 
 /* x[t] += MoE_L(h[t]) for t < n (backend.h moe_ffn).  KV_OK, or the expert

@@ -99,8 +99,9 @@ cpu_packed *cpu_pack_weights(model *m, mem_mgr *mem, tpool *pool, kvant_err *err
          * stay a contiguous slice */
         model_tensor *ts[] = {&L->wq,        &L->wk,         &L->wv,      &L->wo,
                               &L->w_gate,    &L->w_up,       &L->w_down,  &L->gate_exps,
-                              &L->up_exps,   &L->down_exps,  &L->gate_shexp, &L->up_shexp,
-                              &L->down_shexp, &L->ssm_in,    &L->ssm_out, &L->ssm_z};
+                              &L->up_exps,   &L->gate_up_exps, &L->down_exps, &L->gate_shexp,
+                              &L->up_shexp,  &L->down_shexp, &L->ssm_in,  &L->ssm_out,
+                              &L->ssm_z};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
             pack_one(p, ts[i], mem, pool);
     }
