@@ -583,15 +583,7 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
     const int L = 4 * tc;
     const int kq = t == DT_Q4_K || t == DT_Q5_K || t == DT_Q6_K;
     const uint8_t *qs = wg + qpack_qs_off(t, tc), *qx = wg + qpack_qx_off(t, tc);
-    _Alignas(32) uint16_t sc[2][QACT_LANES] = {{0}};
     const uint8_t *dh = wg, *mh = wg + 2 * tc;
-    if (tc < QACT_LANES && !kq) { /* short group: scales into zero-padded copies */
-        memcpy(sc[0], wg, (t == DT_MXFP4 ? 1 : 2) * (size_t)tc);
-        if (pk_has_min(t))
-            memcpy(sc[1], mh, 2 * (size_t)tc);
-        dh = (const uint8_t *)sc[0];
-        mh = (const uint8_t *)sc[1];
-    }
     const int8_t *ag[NTM];
 #pragma GCC unroll 8
     for (int k = 0; k < nt; k++)
@@ -613,6 +605,13 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
             ks.A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(dh + 16 * h)));
             ks.B = pk_has_min(t) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(mh + 16 * h)))
                                  : _mm256_setzero_ps();
+        }
+        if (nvl < 8 && !kq) { /* short group: the lanes past it read the group's
+                                 * next field; they scale by +0, as zero padding would */
+            const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(
+                _mm256_set1_epi32(nvl), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+            ks.A = _mm256_and_ps(ks.A, keep);
+            ks.B = _mm256_and_ps(ks.B, keep);
         }
         if (t == DT_Q5_0 || t == DT_Q5_1 || t == DT_Q5_K)
             pk_half_sums5(qs, qx, L, h, nvl, ag, nt, S);

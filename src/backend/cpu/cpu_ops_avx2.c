@@ -105,9 +105,10 @@ AI void pv_block_f16(int32_t nq, const float *p, int32_t bs, const float *corr, 
     }
 }
 
-void cpu_kvq_attention_group_f16_avx2(const float *q, int32_t nq, const cpu_kvq_seq *s,
-                                      int32_t n_pos, int32_t head_dim, float scale,
-                                      float *scratch, float *out)
+/* The group kernel's body, inlined once per group size so that the
+ * per-head accumulators live in registers. */
+AI void attn_group_body(const float *q, const int32_t nq, const cpu_kvq_seq *s, int32_t n_pos,
+                        int32_t head_dim, float scale, float *scratch, float *out)
 {
     float m[CPU_ATTN_GROUP_MAX], l[CPU_ATTN_GROUP_MAX], corr[CPU_ATTN_GROUP_MAX];
     float bm[CPU_ATTN_GROUP_MAX], dots[CPU_ATTN_GROUP_MAX];
@@ -150,6 +151,19 @@ void cpu_kvq_attention_group_f16_avx2(const float *q, int32_t nq, const cpu_kvq_
         for (int32_t d = 0; d < head_dim; d += 8)
             _mm256_storeu_ps(out + g * head_dim + d,
                              _mm256_mul_ps(_mm256_loadu_ps(out + g * head_dim + d), inv));
+    }
+}
+
+void cpu_kvq_attention_group_f16_avx2(const float *q, int32_t nq, const cpu_kvq_seq *s,
+                                      int32_t n_pos, int32_t head_dim, float scale,
+                                      float *scratch, float *out)
+{
+    _Static_assert(CPU_ATTN_GROUP_MAX == 4, "one case per group size");
+    switch (nq) {
+    case 1: attn_group_body(q, 1, s, n_pos, head_dim, scale, scratch, out); break;
+    case 2: attn_group_body(q, 2, s, n_pos, head_dim, scale, scratch, out); break;
+    case 3: attn_group_body(q, 3, s, n_pos, head_dim, scale, scratch, out); break;
+    default: attn_group_body(q, 4, s, n_pos, head_dim, scale, scratch, out);
     }
 }
 
