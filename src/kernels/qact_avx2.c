@@ -399,11 +399,30 @@ AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs
  * an accumulator that is never -0 (the reference skips them: same sum). */
 
 /* 32 bytes at p, the first nvl 4-byte lanes (nvl == 8: a plain load). */
-AI __m256i pk_load(const uint8_t *p, int nvl)
+/* The packed row a kernel walks: loads of a short group's codes stay in it. */
+typedef struct pk_row {
+    const uint8_t *begin, *end;
+} pk_row;
+
+/* The nvl (1..8) code dwords at p of a group with nvl chunks in this half;
+ * the other lanes hold whatever the load brings: they meet the zero codes
+ * of the activations' padding chunks (qact.h), so their products are 0.
+ * A short group is the row's last, and 32 bytes from p may run past the
+ * row (and the buffer): then the 32 bytes ending at the row's end are
+ * loaded and moved down (p's distance to the row's end is a multiple of 4:
+ * every region after p in the group is tc times 4, 16 or 32 bytes).  A
+ * masked load is the last resort (rows under 32 bytes): it is slow on
+ * some cores (Zen 1). */
+AI __m256i pk_load(const uint8_t *p, int nvl, pk_row row)
 {
-    if (nvl == 8)
+    if (nvl == 8 || p + 32 <= row.end)
         return _mm256_loadu_si256((const __m256i *)p);
     const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    if (row.end - row.begin >= 32) {
+        const uint8_t *q = row.end - 32;
+        return _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)q),
+                                           _mm256_add_epi32(idx, _mm256_set1_epi32((int)(p - q) / 4)));
+    }
     return _mm256_maskload_epi32((const int *)p, _mm256_cmpgt_epi32(_mm256_set1_epi32(nvl), idx));
 }
 
@@ -428,7 +447,7 @@ AI __m256i mx_pair16(__m256i lo, __m256i hi, const int8_t *a)
 /* S[k] lane i = exact sum of chunk 8h+i of one group for token k (nvl
  * lanes valid); qs: the group's packed codes, vectors L bytes apart;
  * ag[k]: token k's interleaved codes of the group. */
-AI void pk_half_sums(uint32_t t, const uint8_t *qs, int L, int h, int nvl,
+AI void pk_half_sums(uint32_t t, const uint8_t *qs, int L, int h, int nvl, pk_row row,
                      const int8_t *const ag[NTM], int nt, __m256i S[NTM])
 {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -438,7 +457,7 @@ AI void pk_half_sums(uint32_t t, const uint8_t *qs, int L, int h, int nvl,
             S[k] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int r = 0; r < 8; r++) {
-            const __m256i w = pk_load(qs + L * r + 32 * h, nvl);
+            const __m256i w = pk_load(qs + L * r + 32 * h, nvl, row);
             const __m256i aw = _mm256_abs_epi8(w);
 #pragma GCC unroll 8
             for (int k = 0; k < nt; k++) {
@@ -456,7 +475,7 @@ AI void pk_half_sums(uint32_t t, const uint8_t *qs, int L, int h, int nvl,
         s16[k] = _mm256_setzero_si256();
 #pragma GCC unroll 8
     for (int i = 0; i < 4; i++) {
-        const __m256i v = pk_load(qs + L * i + 32 * h, nvl);
+        const __m256i v = pk_load(qs + L * i + 32 * h, nvl, row);
         __m256i lo = _mm256_and_si256(v, lo4);
         __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
         if (t == DT_MXFP4) {
@@ -477,12 +496,12 @@ AI void pk_half_sums(uint32_t t, const uint8_t *qs, int L, int h, int nvl,
  * group's qh' lanes at qx (qpack.c: byte j, bit i / 4 + i = bit 4 of
  * the low / high nibble's code in byte j of vector i).  Codes < 32: two
  * vectors' pairs (<= 4 * 31 * 127) add up exactly in int16. */
-AI void pk_half_sums5(const uint8_t *qs, const uint8_t *qx, int L, int h, int nvl,
+AI void pk_half_sums5(const uint8_t *qs, const uint8_t *qx, int L, int h, int nvl, pk_row row,
                       const int8_t *const ag[NTM], int nt, __m256i S[NTM])
 {
     const __m256i ones = _mm256_set1_epi16(1), lo4 = _mm256_set1_epi8(0x0F);
     const __m256i b4 = _mm256_set1_epi8(0x10);
-    const __m256i q5 = pk_load(qx + 32 * h, nvl);
+    const __m256i q5 = pk_load(qx + 32 * h, nvl, row);
 #pragma GCC unroll 8
     for (int k = 0; k < nt; k++)
         S[k] = _mm256_setzero_si256();
@@ -494,7 +513,7 @@ AI void pk_half_sums5(const uint8_t *qs, const uint8_t *qx, int L, int h, int nv
             s16[k] = _mm256_setzero_si256();
 #pragma GCC unroll 2
         for (int i = 2 * pp; i < 2 * pp + 2; i++) {
-            const __m256i v = pk_load(qs + L * i + 32 * h, nvl);
+            const __m256i v = pk_load(qs + L * i + 32 * h, nvl, row);
             const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, lo4),
                                                _mm256_and_si256(_mm256_slli_epi16(q5, 4 - i), b4));
             const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), lo4),
@@ -577,8 +596,8 @@ AI int pk_has_min(uint32_t t)
 }
 
 /* acc[k][h] += v_c for the tc chunks of group g at wg. */
-AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int64_t g, int nt,
-                 __m256 acc[NTM][2])
+AI void pk_group(uint32_t t, const uint8_t *wg, int tc, pk_row row, const qact_view *xv, int64_t g,
+                 int nt, __m256 acc[NTM][2])
 {
     const int L = 4 * tc;
     const int kq = t == DT_Q4_K || t == DT_Q5_K || t == DT_Q6_K;
@@ -614,11 +633,11 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
             ks.B = _mm256_and_ps(ks.B, keep);
         }
         if (t == DT_Q5_0 || t == DT_Q5_1 || t == DT_Q5_K)
-            pk_half_sums5(qs, qx, L, h, nvl, ag, nt, S);
+            pk_half_sums5(qs, qx, L, h, nvl, row, ag, nt, S);
         else if (t == DT_Q6_K)
             pk_half_sums6(qs, qx, L, h, ks.sc0, ks.sc1, ag, nt, S);
         else
-            pk_half_sums(t, qs, L, h, nvl, ag, nt, S);
+            pk_half_sums(t, qs, L, h, nvl, row, ag, nt, S);
 #pragma GCC unroll 8
         for (int k = 0; k < nt; k++) {
             const __m256 da = _mm256_loadu_ps(xv[k].d + c0);
@@ -664,14 +683,15 @@ AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t
     const uint8_t *wb = w;
     const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
     const size_t gb = t == DT_Q6_K ? 2 * sizeof(block_q6_K) : QACT_LANES * chunk_wbytes(t);
+    const pk_row row = {wb, wb + nc * chunk_wbytes(t)};
     for (int64_t g = 0; g < full; g++) {
         const uint8_t *wg = wb + g * gb;
         for (size_t o = 0; o < gb; o += 64)
             _mm_prefetch((const char *)wg + QACT2_PREFETCH + o, _MM_HINT_T0);
-        pk_group(t, wg, QACT_LANES, xv, g, nt, acc);
+        pk_group(t, wg, QACT_LANES, row, xv, g, nt, acc);
     }
     if (nc % QACT_LANES)
-        pk_group(t, wb + full * gb, (int)(nc % QACT_LANES), xv, full, nt, acc);
+        pk_group(t, wb + full * gb, (int)(nc % QACT_LANES), row, xv, full, nt, acc);
 #pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         float l[QACT_LANES];
