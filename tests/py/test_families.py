@@ -65,6 +65,11 @@ HYBRID_INT8_BOUND = 6e-2
 # carry about 8x the per-dot error: measured 9.2% (Q8_0) .. 10.5% (Q6_K), 3.9% (Q4_K), 6.7% at
 # the first token already (no state yet), not growing along the sequence
 QWEN35_INT8_BOUND = 1.5e-1
+# The same amplification on the exact path (f32 activations): the AVX2 kernels accumulate each
+# dot in f32 over 32 lanes where the scalar reference accumulates in double; measured on an
+# AVX2 core (Zen 1): Q4_0 5.2e-6 (1.8e-6 with the scalar Q4_0 dot, 1.5e-6 .. 1.7e-6 for the
+# other weight types; every other family <= 1e-6)
+QWEN35_BOUND = 1e-5
 WTYPES = ["F32", "Q8_0", "Q4_0", "Q4_K", "Q6_K"]
 
 
@@ -88,10 +93,11 @@ def test_family_logits(family, wtype, fam_dir, kvant_logits, record_result):
     err, maxabs = rel_err(kv, ref), float(np.abs(kv - ref).max())
     _, bad = check_argmax(kv, ref)
     agree = int((kv.argmax(-1) == ref.argmax(-1)).sum())
+    bound = QWEN35_BOUND if family == "qwen35" else BOUND
     record_result(f"family_{family}_{wtype}", {"rel_l2": err, "max_abs": maxabs, "argmax_agree": agree,
-                                               "n": N_TOKENS, "bound": BOUND})
+                                               "n": N_TOKENS, "bound": bound})
     print(f"{family} {wtype}: rel L2 {err:.3e}, max |diff| {maxabs:.3e}, argmax {agree}/{N_TOKENS}")
-    assert err < BOUND, f"{family} {wtype}: rel L2 {err:.3e} >= {BOUND:.0e}"
+    assert err < bound, f"{family} {wtype}: rel L2 {err:.3e} >= {bound:.0e}"
     assert not bad, f"{family} {wtype}: argmax disagreements {bad}"
 
 
