@@ -34,6 +34,8 @@
 #include "quant/quant.h"
 #include "quant/quant_load.h"
 
+static int test_spec_unjudged(void); /* test builds: see below */
+
 typedef struct engine_ext {
     engine e;
     plan_result plan;
@@ -465,6 +467,7 @@ engine *engine_create(model *m, const engine_config *cfg, kvant_err *err)
     engine *e = &x->e;
     e->m = m;
     e->cfg = *cfg;
+    e->spec_unjudged = test_spec_unjudged();
     e->next_id = 1;
     e->itl_budget = e->stats.itl_budget = cfg->max_num_batched_tokens; /* until a step runs */
     pthread_mutex_init(&e->mu, NULL);
@@ -579,8 +582,22 @@ static void test_freeze_point(void)
     while (f && f[0] && access(f, F_OK) == 0)
         usleep(20000);
 }
+
+/* While $KVANT_TEST_SPEC_UNJUDGED is set at start, the speculative cost
+ * model never declines a draft, so a test's drafting does not depend on
+ * how fast this machine's verify passes are against its draft passes
+ * (tests/py/test_spec_draft.py). */
+static int test_spec_unjudged(void)
+{
+    const char *v = getenv("KVANT_TEST_SPEC_UNJUDGED");
+    return v && v[0];
+}
 #else
 static inline void test_freeze_point(void) {}
+static inline int test_spec_unjudged(void)
+{
+    return 0;
+}
 #endif
 
 /* After a step: it ran the model, or nothing is left to do, is progress. */

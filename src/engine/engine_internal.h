@@ -233,6 +233,7 @@ struct engine {
     step_fit spec_fit;
     double spec_draft_pass_s;
     uint64_t spec_cost_off;
+    int spec_unjudged;      /* test builds only: drafts are never declined by cost */
     /* step buffers, sized at create: no allocation in a step */
     int32_t *b_tokens, *b_pos, *b_seq, *b_out; /* [max_num_batched_tokens] x 3, [max_num_seqs] */
     fwd_seq *b_seqs;        /* [max_num_seqs] */

@@ -77,7 +77,7 @@ int engine_spec_cost(const engine *e, double *base, double *per_token)
 static int spec_worth(const engine *e, const eng_seq *s, int32_t n_running)
 {
     double base, per_token;
-    if (!engine_spec_cost(e, &base, &per_token))
+    if (e->spec_unjudged || !engine_spec_cost(e, &base, &per_token))
         return 1;
     const double b = n_running > 0 ? n_running : 1;
     const double token_s = (base + per_token * b) / b;

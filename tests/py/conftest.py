@@ -43,6 +43,16 @@ def kvant_bin() -> str:
 
 
 @pytest.fixture(scope="session")
+def testhooks_bin(kvant_bin) -> str:
+    """build/kvant-testhooks: build/kvant with the engine's test hooks (src/engine/engine.c,
+    KVANT_TEST_HOOKS), next to kvant_bin unless KVANT_TESTHOOKS_BIN names it."""
+    p = Path(os.environ.get("KVANT_TESTHOOKS_BIN", Path(kvant_bin).parent / "kvant-testhooks"))
+    if not (p.is_file() and os.access(p, os.X_OK)):
+        pytest.fail(f"test build not found: {p} (make build/kvant-testhooks)", pytrace=False)
+    return str(p)
+
+
+@pytest.fixture(scope="session")
 def default_model() -> str:
     p = _resolve(os.environ.get("KVANT_MODEL", DEFAULT_MODEL))
     if not p.is_file():

@@ -22,13 +22,6 @@ from server_util import KvantServer
 STALL_S = 1.5
 
 
-@pytest.fixture(scope="module")
-def testhooks_bin(kvant_bin) -> str:
-    p = Path(os.environ.get("KVANT_TESTHOOKS_BIN", Path(kvant_bin).parent / "kvant-testhooks"))
-    if not (p.is_file() and os.access(p, os.X_OK)):
-        pytest.fail(f"test build not found: {p} (make build/kvant-testhooks)", pytrace=False)
-    return str(p)
-
 
 def _complete(url, out):
     try:

@@ -374,14 +374,6 @@ def test_bad_input_and_lifecycle(kvant_bin, model_paths, tmp_path):
         assert s.stop() == 0, s.text()
 
 
-@pytest.fixture(scope="module")
-def testhooks_bin(kvant_bin) -> str:
-    p = os.environ.get("KVANT_TESTHOOKS_BIN", os.path.join(os.path.dirname(kvant_bin),
-                                                          "kvant-testhooks"))
-    if not (os.path.isfile(p) and os.access(p, os.X_OK)):
-        pytest.fail(f"test build not found: {p} (make build/kvant-testhooks)", pytrace=False)
-    return p
-
 
 def test_busy_model_is_never_unloaded(testhooks_bin, model_paths, tmp_path):
     """A request in flight holds its model: unload and sleep answer 409, a load that needs
