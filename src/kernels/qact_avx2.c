@@ -398,7 +398,6 @@ AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs
  * read with VPMASKMOVD: lanes past it load 0, score 0 * 0 and add +0 to
  * an accumulator that is never -0 (the reference skips them: same sum). */
 
-/* 32 bytes at p, the first nvl 4-byte lanes (nvl == 8: a plain load). */
 /* The packed row a kernel walks: loads of a short group's codes stay in it. */
 typedef struct pk_row {
     const uint8_t *begin, *end;
