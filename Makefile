@@ -222,7 +222,7 @@ pytest-isa: $(BUILD)/kvant venv model
 ARM64_CC ?= aarch64-linux-gnu-gcc
 ARM64_SYSROOT ?= /usr/aarch64-linux-gnu
 ARM64_NOT_RUN := test_bench test_cuda test_cuda_tier test_dtype test_engine test_engine_alloc test_engine_gram test_engine_itl test_engine_kvb test_engine_spec test_engine_tier \
-                 test_kvcompact test_kvq test_kvsnap test_kvtier test_kvresize test_models test_prune test_tpool \
+                 test_cpu_fuse test_kvcompact test_kvq test_kvsnap test_kvtier test_kvresize test_models test_prune test_tpool \
                  test_wstream
 ARM64_TESTS := $(filter-out $(ARM64_NOT_RUN),$(TEST_SRC:tests/unit/%.c=%))
 arm64: peer-src

@@ -216,6 +216,12 @@ typedef struct backend_ops {
     void (*matmul_n)(backend *be, int count, const model_tensor *const *W,
                      const model_tensor *const *bias, const float *d_x, float *const *d_y,
                      int32_t n);
+    /* Optional: d_gate = act(d_x Wg) * (d_x Wu) over n tokens, act silu
+     * (gelu 0) or GELU's tanh form (gelu 1); d_up is scratch.  Same results
+     * as matmul_n of {Wg, Wu} then swiglu or geglu.  NULL: the forward pass
+     * calls those. */
+    void (*matmul_glu)(backend *be, const model_tensor *Wg, const model_tensor *Wu,
+                       const float *d_x, float *d_gate, float *d_up, int32_t n, int gelu);
     /* RoPE in place on d_x[t][n_heads][head_dim] at the batch positions. */
     void (*rope)(backend *be, float *d_x, int32_t n_heads, int32_t head_dim,
                  const rope_params *rp);

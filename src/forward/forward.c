@@ -417,6 +417,11 @@ static int run_ffn(fwd_ctx *f, int32_t il, int32_t n, kvant_err *err)
         op->relu_sqr(be, f->d_up, f->d_gate, (int64_t)n * L->n_ff);
         return ffn_down(f, L, n, err);
     }
+    if (op->matmul_glu) {
+        op->matmul_glu(be, &L->w_gate, &L->w_up, f->d_h, f->d_gate, f->d_up, n,
+                       hp->recipe->act == FFN_GELU_TANH);
+        return ffn_down(f, L, n, err);
+    }
     const model_tensor *gu[2] = {&L->w_gate, &L->w_up}, *gu_b[2] = {NULL, NULL};
     float *gu_y[2] = {f->d_gate, f->d_up};
     matmuls(f, 2, gu, gu_b, f->d_h, gu_y, n);

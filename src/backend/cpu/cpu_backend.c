@@ -372,6 +372,7 @@ static int cpu_begin_batch(backend *be, const fwd_batch *b, kvant_err *err)
     if (rc)
         return rc;
     cb->batch = b;
+    cpu_rope_cache_reset(&cb->rope);
     return KV_OK;
 }
 
@@ -443,6 +444,7 @@ typedef struct row_job {
     int32_t n;
     float eps;
     const rope_params *rp;
+    const float (*tab)[MODEL_MAX_HEAD_DIM]; /* rope: the step's table, or NULL */
     int32_t n_heads, head_dim;
 } row_job;
 
@@ -608,11 +610,15 @@ static void rope_worker(int ith, int nth, void *arg)
 {
     row_job *j = arg;
     const fwd_batch *bt = j->cb->batch;
-    float cs[MODEL_MAX_HEAD_DIM];
+    float own[MODEL_MAX_HEAD_DIM];
     long b, e;
     tpool_range(j->n, ith, nth, &b, &e);
     for (long t = b; t < e; t++) {
-        cpu_rope_table(bt->pos[t], j->rp, j->rp->d_freq_factors, cs);
+        const float *cs = own;
+        if (j->tab)
+            cs = j->tab[t];
+        else
+            cpu_rope_table(bt->pos[t], j->rp, j->rp->d_freq_factors, own);
         for (int32_t h = 0; j->y && h < j->n_heads; h++)
             cpu_rope_head(j->y + (t * j->n_heads + h) * j->head_dim, cs, j->rp, j->head_dim);
     }
@@ -622,7 +628,8 @@ static void cpu_rope(backend *be, float *d_x, int32_t n_heads, int32_t head_dim,
                      const rope_params *rp)
 {
     row_job j = {.cb = cpu(be), .y = d_x, .n = cpu(be)->batch->n_tokens, .rp = rp,
-                 .n_heads = n_heads, .head_dim = head_dim};
+                 .n_heads = n_heads, .head_dim = head_dim,
+                 .tab = cpu_rope_cache_get(&cpu(be)->rope, cpu(be)->batch, rp)};
     cpu_run(cpu(be), rope_worker, &j, (long)j.n * n_heads * head_dim);
 }
 
@@ -833,6 +840,18 @@ static void cpu_geglu_op(backend *be, const float *d_gate, const float *d_up, fl
     cpu_run(cpu(be), ew_worker, &j, (long)n * 4);
 }
 
+static void cpu_matmul_glu(backend *be, const model_tensor *Wg, const model_tensor *Wu,
+                           const float *d_x, float *d_gate, float *d_up, int32_t n, int gelu)
+{
+    const cpu_mm_env env = mm_env(cpu(be));
+    if (cpu_mm_glu(&env, Wg, Wu, d_x, d_gate, d_up, n, gelu ? cpu_geglu : cpu_swiglu))
+        return;
+    const model_tensor *W[2] = {Wg, Wu}, *nb[2] = {NULL, NULL};
+    float *y[2] = {d_gate, d_up};
+    cpu_mm_n(&env, 2, W, nb, d_x, y, n);
+    (gelu ? cpu_geglu_op : cpu_swiglu_op)(be, d_gate, d_up, d_gate, (int64_t)n * Wg->ne[1]);
+}
+
 static void cpu_add(backend *be, float *d_x, const float *d_y, int64_t n)
 {
     ew_job j = {d_x, d_y, d_x, n, EW_ADD, 0.0f};
@@ -923,6 +942,7 @@ static const backend_ops cpu_ops = {
     .rmsnorm = cpu_rmsnorm,
     .matmul = cpu_matmul,
     .matmul_n = cpu_matmul_n,
+    .matmul_glu = cpu_matmul_glu,
     .rope = cpu_rope,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,

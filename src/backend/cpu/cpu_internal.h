@@ -13,6 +13,7 @@
 #include "backend/cpu/cpu_mla.h"
 #include "backend/cpu/cpu_moe.h"
 #include "backend/cpu/cpu_pack.h"
+#include "backend/cpu/cpu_rope.h"
 #include "backend/cpu/cpu_ssm.h"
 #include "backend/cpu/tpool.h"
 #include "kernels/hadamard.h"
@@ -62,6 +63,7 @@ typedef struct cpu_backend {
     void *moe_ws;           /* MEM_WORKSPACE for cpu_moe_ffn and cpu_mla (one op at a
                              * time), moe_ws_bytes: layer_ws_bytes of the largest step */
     size_t moe_ws_bytes;
+    cpu_rope_cache rope;
 } cpu_backend;
 
 static inline cpu_backend *cpu(backend *be)

@@ -12,11 +12,16 @@
  * at least 16 KiB of weights, so that both threads of a step finish
  * together when one is slowed down (a busy sibling, an interrupt) while a
  * claim stays long enough to stream. */
+#define CPU_MM_CLAIM_MAX (128 * 1024)
+
 static long matmul_chunk(const model_tensor *w, int nth)
 {
     const long n_rows = (long)w->ne[1];
     long c = n_rows / ((long)nth * 8);
     const long min_rows = (long)((16 * 1024 + w->row_bytes - 1) / (w->row_bytes ? w->row_bytes : 1));
+    const long max_rows = (long)(CPU_MM_CLAIM_MAX / (w->row_bytes ? w->row_bytes : 1));
+    if (c > max_rows)
+        c = max_rows;
     if (c < min_rows)
         c = min_rows;
     c = (c + 3) / 4 * 4;
@@ -42,6 +47,7 @@ typedef struct mm_job {
     long n_claims;
     int qact;          /* int8-activation path */
     int split;         /* the split int8 path (tensors marked exact) */
+    cpu_mm_glu_fn glu; /* cpu_mm_glu: parts {gate, up}, claims over the gate's rows */
     atomic_long next;  /* first claim not yet taken */
 } mm_job;
 
@@ -81,7 +87,14 @@ static void matmul_worker(int ith, int nth, void *arg)
             i++;
         const mm_part *p = &j->p[i];
         const long rows = (long)p->w->ne[1], b = (k - p->first_claim) * p->chunk;
-        mm_rows(j, p, b, b + p->chunk < rows ? b + p->chunk : rows);
+        const long e = b + p->chunk < rows ? b + p->chunk : rows;
+        mm_rows(j, p, b, e);
+        if (j->glu) { /* the same rows of up, then gate = act(gate) * up on them */
+            mm_rows(j, &j->p[1], b, e);
+            for (int32_t t = 0; t < p->n; t++)
+                j->glu(p->y + (int64_t)t * rows + b, j->p[1].y + (int64_t)t * rows + b,
+                       p->y + (int64_t)t * rows + b, e - b);
+        }
     }
 }
 
@@ -170,6 +183,8 @@ static void run_job(const cpu_mm_env *cb, mm_job *j)
         p->first_claim = j->n_claims;
         j->n_claims += (rows + p->chunk - 1) / p->chunk;
     }
+    if (j->glu) /* the up rows go with the gate's claims */
+        j->n_claims = j->p[1].first_claim;
     tpool_run(cb->pool, matmul_worker, j);
 }
 
@@ -208,4 +223,18 @@ void cpu_mm_group(const cpu_mm_env *cb, int count, const model_tensor *const *W,
     }
     if (j.count)
         run_job(cb, &j);
+}
+
+int cpu_mm_glu(const cpu_mm_env *cb, const model_tensor *wg, const model_tensor *wu,
+               const float *d_x, float *d_gate, float *d_up, int32_t n, cpu_mm_glu_fn glu)
+{
+    if (!mm_same_input(cb, wg, wu) || wg->ne[1] != wu->ne[1] || wg->packed != wu->packed)
+        return 0;
+    mm_part parts[2] = {
+        {.w = wg, .x = d_x, .n = n, .y = d_gate},
+        {.w = wu, .x = d_x, .n = n, .y = d_up},
+    };
+    mm_job j = {.p = parts, .count = 2, .glu = glu};
+    run_job(cb, &j);
+    return 1;
 }

@@ -48,4 +48,14 @@ void cpu_mm_group(const cpu_mm_env *cb, int count, const model_tensor *const *W,
                   const model_tensor *const *bias, const float *const *x, float *const *y,
                   const int32_t *n);
 
+/* An FFN's activation: out[i] = act(gate[i]) * up[i], i < n (cpu_swiglu). */
+typedef void (*cpu_mm_glu_fn)(const float *gate, const float *up, float *out, int64_t n);
+
+/* d_gate = glu(d_x Wg, d_x Wu) over n rows of d_x, as one job: each claim
+ * computes the same rows of both and applies glu to them (d_up: the up
+ * rows).  Bitwise cpu_mm_n of {Wg, Wu} then glu over all of d_gate.
+ * Returns 0 (nothing done) when Wg and Wu differ in shape or path. */
+int cpu_mm_glu(const cpu_mm_env *cb, const model_tensor *wg, const model_tensor *wu,
+               const float *d_x, float *d_gate, float *d_up, int32_t n, cpu_mm_glu_fn glu);
+
 #endif
