@@ -37,6 +37,8 @@ typedef struct mm_part {
     float *y;
     uint32_t type;     /* w->type, | DT_PACKED for packed rows */
     long chunk;        /* rows per claim */
+    long n_big;        /* claims of chunk rows; the rest (the job's tail) of tail rows */
+    long tail;
     long first_claim;  /* claims before this part's */
 } mm_part;
 
@@ -78,16 +80,19 @@ static void matmul_worker(int ith, int nth, void *arg)
 {
     mm_job *j = arg;
     (void)ith, (void)nth;
+    const int n_parts = j->glu ? 1 : j->count; /* glu: claims are the gate's */
     int i = 0;
     for (;;) {
         const long k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
         if (k >= j->n_claims)
             break;
-        while (i + 1 < j->count && k >= j->p[i + 1].first_claim) /* claims only grow */
+        while (i + 1 < n_parts && k >= j->p[i + 1].first_claim) /* claims only grow */
             i++;
         const mm_part *p = &j->p[i];
-        const long rows = (long)p->w->ne[1], b = (k - p->first_claim) * p->chunk;
-        const long e = b + p->chunk < rows ? b + p->chunk : rows;
+        const long rows = (long)p->w->ne[1], kk = k - p->first_claim;
+        const long b = kk < p->n_big ? kk * p->chunk : p->n_big * p->chunk + (kk - p->n_big) * p->tail;
+        const long len = kk < p->n_big ? p->chunk : p->tail;
+        const long e = b + len < rows ? b + len : rows;
         mm_rows(j, p, b, e);
         if (j->glu) { /* the same rows of up, then gate = act(gate) * up on them */
             mm_rows(j, &j->p[1], b, e);
@@ -180,11 +185,22 @@ static void run_job(const cpu_mm_env *cb, mm_job *j)
         p->type = p->w->type | (p->w->packed ? DT_PACKED : 0);
         p->chunk = j->qact && !p->xq ? (rows + cb->n_threads - 1) / cb->n_threads
                                      : matmul_chunk(p->w, cb->n_threads);
+        p->n_big = (rows + p->chunk - 1) / p->chunk;
+        p->tail = p->chunk;
         p->first_claim = j->n_claims;
-        j->n_claims += (rows + p->chunk - 1) / p->chunk;
+        j->n_claims += p->n_big;
     }
-    if (j->glu) /* the up rows go with the gate's claims */
-        j->n_claims = j->p[1].first_claim;
+    /* The job's last nth chunks of rows go in quarter claims, so that the
+     * threads end closer together (the glu job's claims are the gate's). */
+    mm_part *last = &j->p[j->glu ? 0 : j->count - 1];
+    const long last_rows = (long)last->w->ne[1];
+    if (last->chunk >= 16 && !(j->qact && !last->xq)) {
+        const long full = last_rows / last->chunk;
+        last->n_big = full > cb->n_threads ? full - cb->n_threads : 0;
+        last->tail = last->chunk / 4 / 4 * 4;
+    }
+    j->n_claims = last->first_claim + last->n_big +
+                  (last_rows - last->n_big * last->chunk + last->tail - 1) / last->tail;
     tpool_run(cb->pool, matmul_worker, j);
 }
 
