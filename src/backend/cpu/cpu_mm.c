@@ -8,12 +8,13 @@
 #include "kernels/dtype.h"
 #include "kernels/matmul.h"
 
-/* Rows per claim: about 8 claims per thread, in multiples of 4 rows and
- * at least 16 KiB of weights, so that both threads of a step finish
- * together when one is slowed down (a busy sibling, an interrupt) while a
- * claim stays long enough to stream. */
 #define CPU_MM_CLAIM_MAX (128 * 1024)
 
+/* Rows per claim: about 8 claims per thread, in multiples of 4 rows, at
+ * least 16 KiB and at most CPU_MM_CLAIM_MAX of weights, so that both
+ * threads of a step finish together when one is slowed down (a busy
+ * sibling, an interrupt) while a claim stays long enough to stream
+ * (run_job splits the job's last chunks further). */
 static long matmul_chunk(const model_tensor *w, int nth)
 {
     const long n_rows = (long)w->ne[1];
