@@ -6,6 +6,8 @@
  *    two types), q4_0 packed as the loader packs it, f32 with q4_0 (two
  *    paths: the fallback), with and without BACKEND_EXACT, and 1, 3 and 37
  *    tokens (one decode row up to several claims of tiles);
+ *  - every row of a matmul written once whatever the claims (row counts
+ *    from 1 to 4099), against the rows computed in one call;
  *  - rope through the step's cos/sin table (steps up to CPU_ROPE_TOKENS
  *    tokens, two distinct rope settings sharing the slots, a third one
  *    past them) against cpu_rope_table + cpu_rope_head per token. */
@@ -16,6 +18,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_ops.h"
 #include "kernels/dtype.h"
+#include "kernels/matmul.h"
 #include "kernels/qpack.h"
 #include "testutil.h"
 
@@ -121,6 +124,41 @@ static void test_glu(void)
     }
 }
 
+/* Every row of a matmul is written once, whatever the claims (the job's
+ * last chunks are split into quarters): ops->matmul of q8_0 weights of
+ * several row counts against the rows computed in one call on this
+ * thread (dtype_matmul_rows_q), bitwise. */
+static void test_claims(void)
+{
+    static const int64_t rows_of[] = {1, 5, 64, 100, 1000, 4099};
+    fx f;
+    fx_open(&f, 0);
+    tu_rng r = {4242};
+    enum { N = 3 };
+    for (size_t i = 0; i < sizeof rows_of / sizeof rows_of[0]; i++) {
+        const int64_t rows = rows_of[i];
+        model_tensor w = weight(&r, DT_Q8_0, NE0, rows, 0);
+        float x[N * NE0];
+        float *got = malloc((size_t)(N * rows) * sizeof *got);
+        float *ref = malloc((size_t)(N * rows) * sizeof *ref);
+        for (int j = 0; j < N * NE0; j++)
+            x[j] = tu_rand_normal(&r);
+        int32_t toks[N] = {0}, pos[N] = {0}, seq[N] = {0};
+        fwd_seq s = {0};
+        fwd_batch b = {N, toks, pos, seq, 1, &s, 0, NULL, 0};
+        kvant_err err = {0};
+        f.be->ops->begin_batch(f.be, &b, &err);
+        memset(got, 0xff, (size_t)(N * rows) * sizeof *got);
+        f.be->ops->matmul(f.be, &w, NULL, x, got, N);
+        dtype_matmul_rows_q(DT_Q8_0, w.data, w.row_bytes, 0, rows, NE0, x, NULL, N, ref, rows);
+        CHECKF(memcmp(got, ref, (size_t)(N * rows) * sizeof *got) == 0, "%lld rows differ",
+               (long long)rows);
+        free((void *)w.data);
+        free(got), free(ref);
+    }
+    fx_close(&f);
+}
+
 /* The rope op on n tokens at scattered positions (new ones each step)
  * against the per-token reference, for settings a and b (the two slots;
  * they differ only in base and kind) and c (past them), each used twice
@@ -169,6 +207,7 @@ int main(void)
 {
     dtype_init();
     test_glu();
+    test_claims();
     test_rope();
     return tu_finish("test_cpu_fuse");
 }
