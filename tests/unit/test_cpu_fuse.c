@@ -63,7 +63,7 @@ static model_tensor weight(tu_rng *r, uint32_t type, int64_t ne0, int64_t rows, 
         memcpy(q, f, t.nbytes);
     else
         tr->from_float(f, q, ne0 * rows);
-    if (pack && qpack_supported(type, ne0)) {
+    if (pack && dtype_matmul_packs(type, ne0)) { /* as the loader: where the ISA packs */
         qpack_rows(type, q, q, ne0, rows, t.row_bytes);
         t.packed = 1;
     }
