@@ -186,8 +186,12 @@ guidellm-venv: model
 unit: $(BUILD)/kvant $(TEST_BIN) peer-src
 	@scripts/run-unit.sh $(BUILD)
 
+# PYTEST_JOBS tests at once (pytest-xdist; default 2): on two
+# cores a lone pytest leaves a quarter of the CPU idle while its tests wait on
+# servers, sockets and timeouts.  PYTEST_JOBS=0 runs them one at a time.
+PYTEST_JOBS ?= 2
 pytest: $(BUILD)/kvant $(BUILD)/kvant-testhooks venv model peer-src guidellm-venv
-	KVANT_BIN=$(BUILD)/kvant $(PY) -m pytest -q tests/py
+	KVANT_BIN=$(BUILD)/kvant $(PY) -m pytest -q -n $(PYTEST_JOBS) tests/py
 
 # Every instruction set the CPU has, besides the automatic choice that
 # `unit` and `pytest` ran: the unit tests, and the end-to-end reference
