@@ -22,7 +22,6 @@ from server_util import KvantServer
 STALL_S = 1.5
 
 
-
 def _complete(url, out):
     try:
         r = httpx.post(url + "/v1/completions", json={"prompt": "Hello", "max_tokens": 4,

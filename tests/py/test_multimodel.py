@@ -374,7 +374,6 @@ def test_bad_input_and_lifecycle(kvant_bin, model_paths, tmp_path):
         assert s.stop() == 0, s.text()
 
 
-
 def test_busy_model_is_never_unloaded(testhooks_bin, model_paths, tmp_path):
     """A request in flight holds its model: unload and sleep answer 409, a load that needs
     its memory waits instead of evicting it.  The engine is held still with the test build's
