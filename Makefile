@@ -186,8 +186,8 @@ guidellm-venv: model
 unit: $(BUILD)/kvant $(TEST_BIN) peer-src
 	@scripts/run-unit.sh $(BUILD)
 
-# PYTEST_JOBS tests at once (pytest-xdist; default 2): on two
-# cores a lone pytest leaves a quarter of the CPU idle while its tests wait on
+# PYTEST_JOBS tests at once (pytest-xdist; default 2): on two cores a lone
+# pytest kept them 74% busy (one minute sampled) while its tests wait on
 # servers, sockets and timeouts.  PYTEST_JOBS=0 runs them one at a time.
 PYTEST_JOBS ?= 2
 pytest: $(BUILD)/kvant $(BUILD)/kvant-testhooks venv model peer-src guidellm-venv
