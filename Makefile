@@ -141,6 +141,10 @@ $(BUILD)/tests/cuda_bench: tests/tools/cuda_bench.c $(TU_OBJ) $(BUILD)/libkvant.
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(TU_OBJ) $(BUILD)/libkvant.a $(LDFLAGS) $(LDLIBS)
 
+$(BUILD)/tests/qact_bench: tests/tools/qact_bench.c $(TU_OBJ) $(BUILD)/libkvant.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(TU_OBJ) $(BUILD)/libkvant.a $(LDFLAGS) $(LDLIBS)
+
 $(BUILD)/tests/%: tests/unit/%.c $(TU_OBJ) $(BUILD)/libkvant.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(TU_OBJ) $(BUILD)/libkvant.a $(LDFLAGS) $(LDLIBS)

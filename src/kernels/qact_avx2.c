@@ -669,6 +669,135 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, pk_row row, const qact_v
     }
 }
 
+/* ---- a short last group of 1..4 chunks in 128-bit lanes ----
+ * q4_0, q4_1 and q8_0: pk_group's sums and scaling for h = 0 (so bitwise
+ * the reference) in 128-bit vectors, where pk_group spends a whole 256-bit
+ * half group; two chunks (rows of 576 = 512 + 64 values, SmolLM2's width)
+ * put two code vectors in a register.  A row of 576 values took 36% (q4_1)
+ * and 52% (q8_0) longer than one of 512 before (Zen 1, one thread, four
+ * tokens, tests/tools/qact_bench); 576 x 576, one / four tokens: q4_1
+ * 31.8 / 86.3 us -> 26.0 / 75.1, q8_0 39.2 / 115.4 -> 30.3 / 93.4. */
+#define PK_TAIL_MAX 4
+
+AI int pk_tail_fits(uint32_t t, int tc, pk_row row)
+{
+    return tc <= PK_TAIL_MAX && row.end - row.begin >= 16 &&
+           (t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q8_0);
+}
+
+/* The 4 tc code bytes at p (a code vector of the short group) in the low
+ * lanes; the other lanes meet the activations' zero padding chunks.  A load
+ * that would run past the row's end takes the 16 bytes ending there and
+ * moves them down (PSHUFB wraps the lanes past the end: they stay unused). */
+AI __m128i pk_load_tail(const uint8_t *p, pk_row row)
+{
+    if (p + 16 <= row.end)
+        return _mm_loadu_si128((const __m128i *)p);
+    const uint8_t *q = row.end - 16;
+    const __m128i idx = _mm_add_epi8(_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                     _mm_set1_epi8((char)(p - q)));
+    return _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)q), idx);
+}
+
+/* Two 8-byte halves, p0's in the low lanes and p1's in the high. */
+AI __m128i pk_load2x8(const int8_t *p0, const int8_t *p1)
+{
+    return _mm_castpd_si128(
+        _mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)p0)), (const double *)p1));
+}
+
+/* S[k] lanes j < tc = the exact sum of chunk j of the short group for token
+ * k (a[k]: its interleaved codes of the group), lanes past tc 0.  Two
+ * chunks (576-value rows) pair two 8-byte code vectors in a register. */
+AI void pk_tail_sums(uint32_t t, const uint8_t *qs, int tc, pk_row row, const int8_t *const a[NTM],
+                     int nt, __m128i S[NTM])
+{
+    const int L = 4 * tc;
+    const __m128i ones = _mm_set1_epi16(1), m = _mm_set1_epi8(0x0F);
+    __m128i s16[NTM];
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++)
+        S[k] = s16[k] = _mm_setzero_si128();
+    if (t == DT_Q8_0) {
+        const int nv = tc == 2 ? 4 : 8; /* slots r (values 4r..4r+3 of each chunk) a load */
+#pragma GCC unroll 8
+        for (int r = 0; r < nv; r++) {
+            const __m128i wv = pk_load_tail(qs + (tc == 2 ? 16 : L) * r, row), aw = _mm_abs_epi8(wv);
+#pragma GCC unroll 8
+            for (int k = 0; k < nt; k++) {
+                const __m128i ak = tc == 2 ? pk_load2x8(a[k] + 128 * r, a[k] + 128 * r + 64)
+                                           : _mm_loadu_si128((const __m128i *)(a[k] + 64 * r));
+                S[k] = _mm_add_epi32(
+                    S[k], _mm_madd_epi16(_mm_maddubs_epi16(aw, _mm_sign_epi8(ak, wv)), ones));
+            }
+        }
+    } else {
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            if (tc == 2) { /* low nibbles against slot 2i, high against 2i + 1 */
+                const __m128i v = _mm_loadl_epi64((const __m128i *)(qs + 8 * i));
+                const __m128i lh = _mm_unpacklo_epi64(_mm_and_si128(v, m),
+                                                      _mm_and_si128(_mm_srli_epi16(v, 4), m));
+#pragma GCC unroll 8
+                for (int k = 0; k < nt; k++)
+                    s16[k] = _mm_add_epi16(s16[k], _mm_maddubs_epi16(lh, pk_load2x8(a[k] + 128 * i,
+                                                                                   a[k] + 128 * i + 64)));
+                continue;
+            }
+            const __m128i v = pk_load_tail(qs + L * i, row);
+            const __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+#pragma GCC unroll 8
+            for (int k = 0; k < nt; k++) {
+                const int8_t *ak = a[k] + 128 * i;
+                s16[k] = _mm_add_epi16(
+                    s16[k], _mm_add_epi16(_mm_maddubs_epi16(lo, _mm_loadu_si128((const __m128i *)ak)),
+                                          _mm_maddubs_epi16(hi, _mm_loadu_si128((const __m128i *)(ak + 64)))));
+            }
+        }
+#pragma GCC unroll 8
+        for (int k = 0; k < nt; k++)
+            S[k] = _mm_madd_epi16(s16[k], ones);
+    }
+    if (tc == 2) /* lanes 0, 1 and 2, 3 hold the same two chunks */
+#pragma GCC unroll 8
+        for (int k = 0; k < nt; k++)
+            S[k] = _mm_move_epi64(_mm_add_epi32(S[k], _mm_unpackhi_epi64(S[k], S[k])));
+}
+
+/* acc[k][0] lanes 0..tc-1 += v_c for the tc (1..PK_TAIL_MAX) chunks of the
+ * row's last group g at wg (pk_tail_fits). */
+AI void pk_tail(uint32_t t, const uint8_t *wg, int tc, pk_row row, const qact_view *xv, int64_t g,
+                int nt, __m256 acc[NTM][2])
+{
+    const int8_t *a[NTM];
+    __m128i S[NTM];
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++)
+        a[k] = xv[k].qs + g * QACT_GROUP;
+    pk_tail_sums(t, wg + qpack_qs_off(t, tc), tc, row, a, nt, S);
+    /* the scales of lanes past tc read the group's next field: scaled by +0 */
+    const __m128 keep =
+        _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_set1_epi32(tc), _mm_setr_epi32(0, 1, 2, 3)));
+    const __m128 A = _mm_and_ps(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)wg)), keep);
+    const __m128 B =
+        pk_has_min(t) ? _mm_and_ps(_mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(wg + 2 * tc))), keep)
+                      : _mm_setzero_ps();
+    const int64_t c0 = g * QACT_LANES;
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        const __m128 da = _mm_loadu_ps(xv[k].d + c0);
+        const __m128i asum = _mm_loadu_si128((const __m128i *)(xv[k].s32 + c0));
+        __m128i I = S[k];
+        if (t == DT_Q4_0)
+            I = _mm_sub_epi32(I, _mm_slli_epi32(asum, 3));
+        __m128 v = _mm_mul_ps(_mm_mul_ps(A, da), _mm_cvtepi32_ps(I));
+        if (pk_has_min(t))
+            v = _mm_add_ps(v, _mm_mul_ps(_mm_mul_ps(B, da), _mm_cvtepi32_ps(asum)));
+        acc[k][0] =
+            _mm256_insertf128_ps(acc[k][0], _mm_add_ps(_mm256_castps256_ps128(acc[k][0]), v), 0);
+    }
+}
+
 AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, int nt,
                     float *out)
 {
@@ -689,8 +818,11 @@ AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t
             _mm_prefetch((const char *)wg + QACT2_PREFETCH + o, _MM_HINT_T0);
         pk_group(t, wg, QACT_LANES, row, xv, g, nt, acc);
     }
-    if (nc % QACT_LANES)
-        pk_group(t, wb + full * gb, (int)(nc % QACT_LANES), row, xv, full, nt, acc);
+    const int tc = (int)(nc % QACT_LANES);
+    if (tc && pk_tail_fits(t, tc, row))
+        pk_tail(t, wb + full * gb, tc, row, xv, full, nt, acc);
+    else if (tc)
+        pk_group(t, wb + full * gb, tc, row, xv, full, nt, acc);
 #pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         float l[QACT_LANES];

@@ -8,7 +8,8 @@
  *     and sums;
  *   the packed dot kernels (AVX2, AVX-512) == qact_dot_ref of the stored
  *     row against the in-order activations, bitwise, for nt = 1..4, for
- *     rows with and without a short last group (1..15 chunks), with quantized and with
+ *     rows with and without a short last group (1..15 chunks; 1, 2, 3 and 4 take the
+ *     AVX2 kernels' 128-bit tail), with quantized and with
  *     random code bytes (every code value, q8_0's -128 included; mxfp4:
  *     every byte random, its E8M0 scales too, inf and nan results included);
  *   dtype_matmul_rows_q on packed rows (type | DT_PACKED, 7 tokens, split
@@ -34,9 +35,9 @@
 
 static const uint32_t k_types[] = {DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q8_0,
                                    DT_Q4_K, DT_Q5_K, DT_Q6_K, DT_MXFP4};
-static const int64_t k_sizes[] = {32, 96, 512, 576, 768, 1120, 1280, 2048, 5632};
+static const int64_t k_sizes[] = {32, 96, 128, 512, 576, 640, 768, 1120, 1280, 2048, 5632};
 #define N_TYPES 9
-#define N_SIZES 9
+#define N_SIZES ((int)(sizeof k_sizes / sizeof k_sizes[0]))
 
 typedef struct rows {
     uint32_t type;
