@@ -54,6 +54,7 @@ static void qact_fill(qact_kernels *k, kernel_isa isa)
     for (uint32_t t = 0; t < DT_COUNT; t++) {
         k->dot[t] = isa == KERNEL_ISA_AVX512 ? qact_dot_avx512(t) : qact_dot_avx2(t);
         k->packed_dot[t] = isa == KERNEL_ISA_AVX512 ? qpack_dot_avx512(t) : qpack_dot_avx2(t);
+        k->packed_dot_rows[t] = isa == KERNEL_ISA_AVX2 ? qpack_dot_rows_avx2(t) : NULL;
     }
 #else
     (void)isa;
@@ -172,8 +173,13 @@ static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int
                       int64_t row_end, int64_t n, const void *xq, int64_t n_tok, float *y,
                       int64_t y_stride, int terms)
 {
-    const qact_dot_fn dot = qact_dot_for(dtype_matmul_qact(), type);
+    const qact_kernels *kt = dtype_matmul_qact();
+    const qact_dot_fn dot = qact_dot_for(kt, type);
     KV_ASSERT(dot != NULL && (terms == 1 || terms == 2));
+    const qact_dot_rows_fn dot_rows =
+        terms == 1 && (type & DT_PACKED) && qpack_base(type) < DT_COUNT
+            ? kt->packed_dot_rows[qpack_base(type)]
+            : NULL;
     const size_t rb = qact_row_bytes(n);
     const int64_t row_tile = row_tile_for(type, n), per = QACT_MULTI_MAX / terms;
 
@@ -182,6 +188,11 @@ static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int
         for (int64_t t = 0; t < n_tok; t += per) {
             const int nt = (int)(n_tok - t < per ? n_tok - t : per);
             const uint8_t *xt = (const uint8_t *)xq + (size_t)(terms * t) * rb;
+            if (nt == 1 && dot_rows) {
+                dot_rows(n, (const uint8_t *)w + (size_t)r0 * row_stride_bytes, row_stride_bytes,
+                         r1 - r0, xt, y + t * y_stride + r0);
+                continue;
+            }
             for (int64_t r = r0; r < r1; r++) {
                 float out[QACT_MULTI_MAX];
                 dot(n, (const uint8_t *)w + (size_t)r * row_stride_bytes, xt, rb, terms * nt, out);

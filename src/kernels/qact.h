@@ -110,6 +110,12 @@ typedef void (*qact_quantize_fn)(const float *x, int64_t n, void *dst);
 typedef void (*qact_dot_fn)(int64_t n, const void *w, const void *xq, size_t xq_stride, int nt,
                             float *out);
 
+/* y[r] = dot(packed weight row w + r * row_stride, qact row xq) for r <
+ * n_rows: one token against many rows, each y[r] bitwise the nt = 1
+ * qact_dot_fn result. */
+typedef void (*qact_dot_rows_fn)(int64_t n, const void *w, size_t row_stride, int64_t n_rows,
+                                 const void *xq, float *y);
+
 /* Defines `name`, a qact_dot_fn that calls body(type, n, w, xq, xs, NT,
  * out) with the token count NT a compile-time constant (1, 2, 3 or
  * QACT_MULTI_MAX), so an always-inline body keeps its tiles in registers.
@@ -153,6 +159,8 @@ typedef struct qact_kernels {
     qact_quantize_fn quantize;        /* f32 rows -> qact rows */
     qact_dot_fn dot[DT_COUNT];        /* stored rows; NULL: no qact path */
     qact_dot_fn packed_dot[DT_COUNT]; /* packed rows (qpack.h); NULL: none on this ISA */
+    qact_dot_rows_fn packed_dot_rows[DT_COUNT]; /* one token, many packed rows; NULL:
+                                                 * packed_dot a row at a time */
 } qact_kernels;
 
 #endif

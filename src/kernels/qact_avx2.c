@@ -798,16 +798,11 @@ AI void pk_tail(uint32_t t, const uint8_t *wg, int tc, pk_row row, const qact_vi
     }
 }
 
-AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, int nt,
-                    float *out)
+/* acc[k][h] (zeroed by the caller) += every chunk's v_c of packed row w for
+ * the nt tokens xv. */
+AI void pk_row_acc(uint32_t t, int64_t n, const void *w, const qact_view *xv, int nt,
+                   __m256 acc[NTM][2])
 {
-    qact_view xv[NTM];
-    __m256 acc[NTM][2];
-#pragma GCC unroll 8
-    for (int k = 0; k < nt; k++) {
-        xv[k] = qact_view_of((const uint8_t *)xq + (size_t)k * xs, n);
-        acc[k][0] = acc[k][1] = _mm256_setzero_ps();
-    }
     const uint8_t *wb = w;
     const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
     const size_t gb = t == DT_Q6_K ? 2 * sizeof(block_q6_K) : QACT_LANES * chunk_wbytes(t);
@@ -823,6 +818,19 @@ AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t
         pk_tail(t, wb + full * gb, tc, row, xv, full, nt, acc);
     else if (tc)
         pk_group(t, wb + full * gb, tc, row, xv, full, nt, acc);
+}
+
+AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, int nt,
+                    float *out)
+{
+    qact_view xv[NTM];
+    __m256 acc[NTM][2];
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        xv[k] = qact_view_of((const uint8_t *)xq + (size_t)k * xs, n);
+        acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+    }
+    pk_row_acc(t, n, w, xv, nt, acc);
 #pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         float l[QACT_LANES];
@@ -830,6 +838,32 @@ AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t
         _mm256_storeu_ps(l + 8, acc[k][1]);
         out[k] = qact_reduce16(l);
     }
+}
+
+/* One token against n_rows packed rows (row r at w + r rs): y[r] = the nt = 1
+ * dot, bitwise.  Four rows' reductions run as one transposed pass of the
+ * same additions (qact_reduce16: lanes i + i+8, then + i+4, + i+2, + i+1),
+ * and the setup of a call is paid once for all the rows. */
+AI void pk_rows_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_rows,
+                     const void *xq, float *y)
+{
+    const qact_view xv[NTM] = {qact_view_of(xq, n)};
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+        __m128 x4[4];
+#pragma GCC unroll 1
+        for (int j = 0; j < 4; j++) {
+            __m256 acc[NTM][2];
+            acc[0][0] = acc[0][1] = _mm256_setzero_ps();
+            pk_row_acc(t, n, (const uint8_t *)w + (size_t)(r + j) * rs, xv, 1, acc);
+            const __m256 x8 = _mm256_add_ps(acc[0][0], acc[0][1]);
+            x4[j] = _mm_add_ps(_mm256_castps256_ps128(x8), _mm256_extractf128_ps(x8, 1));
+        }
+        _MM_TRANSPOSE4_PS(x4[0], x4[1], x4[2], x4[3]); /* x4[i]: lane i of the four rows */
+        _mm_storeu_ps(y + r, _mm_add_ps(_mm_add_ps(x4[0], x4[2]), _mm_add_ps(x4[1], x4[3])));
+    }
+    for (; r < n_rows; r++)
+        pk_dot_type(t, n, (const uint8_t *)w + (size_t)r * rs, xq, 0, 1, y + r);
 }
 
 /* ---- packed q4_0 against four tokens whose rows fit in L1 ----
@@ -932,6 +966,22 @@ QACT_NT_ENTRY(p2_q5_K, pk_dot_type, DT_Q5_K)
 QACT_NT_ENTRY(p2_q6_K, pk_dot_type, DT_Q6_K)
 QACT_NT_ENTRY(p2_mxfp4, pk_dot_type, DT_MXFP4)
 
+#define PK_ROWS_ENTRY(name, type)                                                              \
+    static void name(int64_t n, const void *w, size_t rs, int64_t n_rows, const void *xq,     \
+                     float *y)                                                                 \
+    {                                                                                          \
+        pk_rows_type(type, n, w, rs, n_rows, xq, y);                                           \
+    }
+PK_ROWS_ENTRY(r2_q4_0, DT_Q4_0)
+PK_ROWS_ENTRY(r2_q4_1, DT_Q4_1)
+PK_ROWS_ENTRY(r2_q8_0, DT_Q8_0)
+PK_ROWS_ENTRY(r2_q4_K, DT_Q4_K)
+PK_ROWS_ENTRY(r2_q5_0, DT_Q5_0)
+PK_ROWS_ENTRY(r2_q5_1, DT_Q5_1)
+PK_ROWS_ENTRY(r2_q5_K, DT_Q5_K)
+PK_ROWS_ENTRY(r2_q6_K, DT_Q6_K)
+PK_ROWS_ENTRY(r2_mxfp4, DT_MXFP4)
+
 qact_dot_fn qact_dot_avx2(uint32_t type)
 {
     switch (type) {
@@ -960,6 +1010,22 @@ qact_dot_fn qpack_dot_avx2(uint32_t type)
     case DT_Q5_K: return p2_q5_K;
     case DT_Q6_K: return p2_q6_K;
     case DT_MXFP4: return p2_mxfp4;
+    default: return NULL;
+    }
+}
+
+qact_dot_rows_fn qpack_dot_rows_avx2(uint32_t type)
+{
+    switch (type) {
+    case DT_Q4_0: return r2_q4_0;
+    case DT_Q4_1: return r2_q4_1;
+    case DT_Q8_0: return r2_q8_0;
+    case DT_Q4_K: return r2_q4_K;
+    case DT_Q5_0: return r2_q5_0;
+    case DT_Q5_1: return r2_q5_1;
+    case DT_Q5_K: return r2_q5_K;
+    case DT_Q6_K: return r2_q6_K;
+    case DT_MXFP4: return r2_mxfp4;
     default: return NULL;
     }
 }

@@ -12,8 +12,10 @@
  *     AVX2 kernels' 128-bit tail), with quantized and with
  *     random code bytes (every code value, q8_0's -128 included; mxfp4:
  *     every byte random, its E8M0 scales too, inf and nan results included);
- *   dtype_matmul_rows_q on packed rows (type | DT_PACKED, 7 tokens, split
- *     row ranges) == the stored rows' results bitwise;
+ *   the AVX2 rows kernel (one token, many rows) == the one-token packed dot
+ *     of each row, bitwise;
+ *   dtype_matmul_rows_q on packed rows (type | DT_PACKED, 1 and 7 tokens,
+ *     split row ranges) == the stored rows' results bitwise;
  *   the split path (two int8 terms per token, the output head's): packed ==
  *     stored bitwise, with and without pre-quantized rows, each token ==
  *     its one-token result (batch invariance), every ISA and the scalar
@@ -179,10 +181,45 @@ static void test_dots(tu_rng *r, const char *isa, qact_dot_fn (*packed)(uint32_t
     }
 }
 
-/* The matmul driver: packed rows give the stored rows' results. */
-static void test_matmul(tu_rng *r)
+/* One token against many rows (qact_dot_rows_fn, AVX2): each row == the
+ * one-token packed dot, bitwise; 9 rows (two runs of four and one). */
+static void test_dot_rows(tu_rng *r, qact_dot_fn (*packed)(uint32_t),
+                          qact_dot_rows_fn (*rows_fn)(uint32_t))
 {
-    const int64_t n = 2048 + 256, n_rows = 37, ntok = 7; /* a short last group */
+    const int64_t n_rows = 9;
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        for (int si = 0; si < N_SIZES; si++) {
+            const uint32_t t = k_types[ti];
+            const int64_t n = k_sizes[si];
+            if (!qpack_supported(t, n))
+                continue;
+            CHECKF(rows_fn(t) != NULL, "%s has an avx2 rows kernel", dtype_get(t)->name);
+            if (!rows_fn(t))
+                continue;
+            rows w = make_rows(r, t, n, n_rows, si % 2);
+            float *x = malloc((size_t)n * sizeof *x);
+            for (int64_t i = 0; i < n; i++)
+                x[i] = tu_rand_normal(r);
+            uint8_t *xi = malloc(qact_row_bytes(n));
+            qact_quantize_ref(x, n, xi);
+            qpack_interleave_act(xi, n);
+            float y0[9], y1[9];
+            for (int64_t j = 0; j < n_rows; j++)
+                packed(t)(n, w.pk + j * w.rs, xi, 0, 1, y0 + j);
+            rows_fn(t)(n, w.pk, w.rs, n_rows, xi, y1);
+            CHECKF(memcmp(y0, y1, sizeof y0) == 0, "%s avx2 rows == one-row dots bitwise, n=%lld",
+                   dtype_get(t)->name, (long long)n);
+            free(x), free(xi);
+            free_rows(&w);
+        }
+    }
+}
+
+/* The matmul driver: packed rows give the stored rows' results, for one
+ * token (the rows kernel where the ISA has one) and for seven. */
+static void test_matmul(tu_rng *r, int64_t ntok)
+{
+    const int64_t n = 2048 + 256, n_rows = 37; /* a short last group */
     for (int ti = 0; ti < N_TYPES; ti++) {
         const uint32_t t = k_types[ti];
         CHECK(dtype_matmul_packs(t, n));
@@ -198,7 +235,7 @@ static void test_matmul(tu_rng *r)
         dtype_matmul_rows_q(t | DT_PACKED, w.pk, w.rs, 0, 20, n, x, xq, ntok, y1, n_rows);
         dtype_matmul_rows_q(t | DT_PACKED, w.pk, w.rs, 20, n_rows, n, x, NULL, ntok, y1, n_rows);
         CHECKF(memcmp(y0, y1, (size_t)(n_rows * ntok) * sizeof *y0) == 0,
-               "%s packed matmul == stored", dtype_get(t)->name);
+               "%s packed matmul == stored, %lld tokens", dtype_get(t)->name, (long long)ntok);
         free(x), free(y0), free(y1), free(xq);
         free_rows(&w);
     }
@@ -284,7 +321,14 @@ int main(void)
             CHECKF(dtype_matmul_qact()->packed_dot[t] == isas[i].packed(t),
                    "%s table: packed dot %u", isas[i].name, t);
         test_dots(&r, isas[i].name, isas[i].packed);
-        test_matmul(&r);
+        if (isas[i].isa == KERNEL_ISA_AVX2)
+            test_dot_rows(&r, isas[i].packed, qpack_dot_rows_avx2);
+        for (uint32_t t = 0; t < DT_COUNT; t++)
+            CHECKF(dtype_matmul_qact()->packed_dot_rows[t] ==
+                       (isas[i].isa == KERNEL_ISA_AVX2 ? qpack_dot_rows_avx2(t) : NULL),
+                   "%s table: packed rows %u", isas[i].name, t);
+        test_matmul(&r, 1);
+        test_matmul(&r, 7);
         test_split(&r, 1);
     }
 #endif
