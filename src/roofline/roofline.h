@@ -25,7 +25,7 @@ typedef struct roofline_result {
     double fma_gflops_1t;     /* fp32, 2 flops per FMA lane */
     double fma_gflops_nt;
     double vnni_gops_1t;      /* int8 u8*s8 products, 2 ops each: VPDPBUSD (AVX-512
-                               * VNNI) or VPMADDUBSW+VPMADDWD+VPADDD (AVX2); 0 scalar */
+                               * VNNI) or VPMADDUBSW+VPADDW (AVX2); 0 scalar */
     double vnni_gops_nt;
 } roofline_result;
 

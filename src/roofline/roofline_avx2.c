@@ -1,7 +1,10 @@
 /* roofline_avx2.c - AVX2 kernels for the roofline probes: a streaming
- * 64-bit sum (read bandwidth), 12 independent FMA chains, and 12
- * independent int8 dot chains of VPMADDUBSW + VPMADDWD + VPADDD (the
- * sequence the AVX2 int8-activation kernels use per 32 weights).
+ * 64-bit sum (read bandwidth), 12 independent FMA chains, and 6
+ * independent int8 chains of VPMADDUBSW + VPADDW (32 u8 x s8 products
+ * summed in int16 pairs, the inner step of the packed 4-bit kernels: the
+ * most int8 products an AVX2 core multiplies a second).  Its operands are
+ * made opaque each round so the compiler cannot hoist the multiplies out
+ * of the loop (it did, until 2026-12-06: the probe then timed VPADDD).
  * Scalar twin of the read kernel: roofline_read_sum_ref in roofline.c
  * (bitwise equal: integer sums).  The compute probes compute nothing
  * meaningful; they are only timed. */
@@ -48,17 +51,22 @@ float roofline_fma_avx2(int64_t iters)
 
 int32_t roofline_int8_avx2(int64_t iters)
 {
-    __m256i acc[12];
-    const __m256i a = _mm256_set1_epi8(3), b = _mm256_set1_epi8(-2), ones = _mm256_set1_epi16(1);
-    for (int k = 0; k < 12; k++)
-        acc[k] = _mm256_set1_epi32(k);
-    for (int64_t i = 0; i < iters; i++)
-#pragma GCC unroll 12
-        for (int k = 0; k < 12; k++)
-            acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones));
-    __m256i s = acc[0];
-    for (int k = 1; k < 12; k++)
-        s = _mm256_add_epi32(s, acc[k]);
+    __m256i a = _mm256_set1_epi8(3);
+    __m256i w0 = _mm256_set1_epi8(-3), w1 = _mm256_set1_epi8(-2), w2 = _mm256_set1_epi8(-1);
+    __m256i w3 = _mm256_set1_epi8(1), w4 = _mm256_set1_epi8(2), w5 = _mm256_set1_epi8(3);
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0;
+    for (int64_t i = 0; i < iters; i++) {
+        /* opaque operands: the multiplies stay in the loop, one per chain */
+        __asm__ volatile("" : "+x"(a), "+x"(w0), "+x"(w1), "+x"(w2), "+x"(w3), "+x"(w4), "+x"(w5));
+        s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(a, w0));
+        s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(a, w1));
+        s2 = _mm256_add_epi16(s2, _mm256_maddubs_epi16(a, w2));
+        s3 = _mm256_add_epi16(s3, _mm256_maddubs_epi16(a, w3));
+        s4 = _mm256_add_epi16(s4, _mm256_maddubs_epi16(a, w4));
+        s5 = _mm256_add_epi16(s5, _mm256_maddubs_epi16(a, w5));
+    }
+    const __m256i s = _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(s0, s1), s2),
+                                       _mm256_add_epi16(_mm256_add_epi16(s3, s4), s5));
     uint32_t lane[8], t = 0;
     _mm256_storeu_si256((__m256i *)lane, s);
     for (int k = 0; k < 8; k++)

@@ -19,7 +19,7 @@ uint64_t roofline_read_sum_avx2(const uint64_t *p, size_t n);
 #define ROOFLINE_FMA_FLOPS_PER_ITER (12 * 16 * 2)
 #define ROOFLINE_VNNI_OPS_PER_ITER (12 * 64 * 2)
 #define ROOFLINE_FMA2_FLOPS_PER_ITER (12 * 8 * 2)
-#define ROOFLINE_INT8_AVX2_OPS_PER_ITER (12 * 32 * 2)
+#define ROOFLINE_INT8_AVX2_OPS_PER_ITER (6 * 32 * 2)
 float roofline_fma_avx512(int64_t iters);
 int32_t roofline_vnni_avx512(int64_t iters);
 float roofline_fma_avx2(int64_t iters);
