@@ -348,15 +348,34 @@ AI void tail_dot(uint32_t t, const uint8_t *wb, int64_t c0, int64_t nc, const qa
     }
 }
 
-AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out)
+/* nt tokens' views of the qact rows at xq (stride xs) and their 16-lane
+ * accumulators at +0; acc_end reduces each token's lanes into out[k]. */
+AI void acc_begin(const void *xq, size_t xs, int64_t n, int nt, qact_view xv[NTM],
+                  __m256 acc[NTM][2])
 {
-    qact_view xv[NTM];
-    __m256 acc[NTM][2];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         xv[k] = qact_view_of((const uint8_t *)xq + (size_t)k * xs, n);
         acc[k][0] = acc[k][1] = _mm256_setzero_ps();
     }
+}
+
+AI void acc_end(__m256 acc[NTM][2], int nt, float *out)
+{
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        float l[QACT_LANES];
+        _mm256_storeu_ps(l, acc[k][0]);
+        _mm256_storeu_ps(l + 8, acc[k][1]);
+        out[k] = qact_reduce16(l);
+    }
+}
+
+AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out)
+{
+    qact_view xv[NTM];
+    __m256 acc[NTM][2];
+    acc_begin(xq, xs, n, nt, xv, acc);
     const uint8_t *wb = w;
     const int64_t nc = n / QACT_CHUNK;
     const size_t cb = chunk_wbytes(t);
@@ -380,13 +399,7 @@ AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs
         }
     }
     tail_dot(t, wb, c0, nc, xv, nt, acc);
-    #pragma GCC unroll 8
-    for (int k = 0; k < nt; k++) {
-        float l[QACT_LANES];
-        _mm256_storeu_ps(l, acc[k][0]);
-        _mm256_storeu_ps(l + 8, acc[k][1]);
-        out[k] = qact_reduce16(l);
-    }
+    acc_end(acc, nt, out);
 }
 
 /* ---- packed rows (kernels/qpack.h) ----
@@ -825,19 +838,9 @@ AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t
 {
     qact_view xv[NTM];
     __m256 acc[NTM][2];
-#pragma GCC unroll 8
-    for (int k = 0; k < nt; k++) {
-        xv[k] = qact_view_of((const uint8_t *)xq + (size_t)k * xs, n);
-        acc[k][0] = acc[k][1] = _mm256_setzero_ps();
-    }
+    acc_begin(xq, xs, n, nt, xv, acc);
     pk_row_acc(t, n, w, xv, nt, acc);
-#pragma GCC unroll 8
-    for (int k = 0; k < nt; k++) {
-        float l[QACT_LANES];
-        _mm256_storeu_ps(l, acc[k][0]);
-        _mm256_storeu_ps(l + 8, acc[k][1]);
-        out[k] = qact_reduce16(l);
-    }
+    acc_end(acc, nt, out);
 }
 
 /* One token against n_rows packed rows (row r at w + r rs): y[r] = the nt = 1
