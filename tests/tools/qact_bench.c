@@ -39,7 +39,7 @@ static double qb_now(void)
 #include <immintrin.h>
 #define QB_HAVE_CEILING 1
 
-/* The four-token q4_0 integer loop (qact_avx2.c's pk_q4_0_x4 without its
+/* The four-token q4_0 integer loop (qpack_avx2.c's pk_q4_0_x4 without its
  * scaling): reps passes over a 512-value group pair, 16 code vectors of 64
  * values, each against four tokens.  Returns a value the caller prints so
  * the loop is not removed. */
