@@ -193,9 +193,12 @@ unit: $(BUILD)/kvant $(TEST_BIN) peer-src
 # PYTEST_JOBS tests at once (pytest-xdist; default 2): on two cores a lone
 # pytest kept them 74% busy (one minute sampled) while its tests wait on
 # servers, sockets and timeouts.  PYTEST_JOBS=0 runs them one at a time.
+# Tests marked `alone` (timing-sensitive: test_hostile's TTFT ratios) run
+# afterwards by themselves.
 PYTEST_JOBS ?= 2
 pytest: $(BUILD)/kvant $(BUILD)/kvant-testhooks venv model peer-src guidellm-venv
-	KVANT_BIN=$(BUILD)/kvant $(PY) -m pytest -q -n $(PYTEST_JOBS) tests/py
+	KVANT_BIN=$(BUILD)/kvant $(PY) -m pytest -q -n $(PYTEST_JOBS) -m "not alone" tests/py
+	KVANT_BIN=$(BUILD)/kvant $(PY) -m pytest -q -m alone tests/py
 
 # Every instruction set the CPU has, besides the automatic choice that
 # `unit` and `pytest` ran: the unit tests, and the end-to-end reference

@@ -26,6 +26,11 @@ KVANT_TIMEOUT = float(os.environ.get("KVANT_TEST_TIMEOUT", "300"))
 KVANT_THREADS = os.environ.get("KVANT_THREADS", "2")
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "alone: run by itself after the others (make pytest: "
+                                       "timing-sensitive, no test on another worker beside it)")
+
+
 def _resolve(p: str) -> Path:
     q = Path(p)
     if not q.is_absolute() and not q.exists():
