@@ -22,6 +22,7 @@
 #include "kernels/dtype.h"
 #include "kernels/qact.h"
 #include "kernels/qpack.h"
+#include "kernels/qwide.h"
 #include "kernels/quant_ref.h"
 #include "util/arch.h"
 #include "util/err.h"
@@ -47,9 +48,12 @@ static void qact_fill(qact_kernels *k, kernel_isa isa)
     k->quantize = qact_quantize_ref;
     for (uint32_t t = 0; t < DT_COUNT; t++)
         k->dot[t] = qact_dot_ref(t);
+    k->wide_dot = qwide_dot_q8_0_ref;
 #if KVANT_X86
     if (isa == KERNEL_ISA_SCALAR)
         return;
+    k->wide_dot = qwide_dot_q8_0_avx2; /* AVX-512 CPUs too */
+    k->wide_packed_dot = qwide_dot_q8_0_packed_avx2;
     k->quantize = isa == KERNEL_ISA_AVX512 ? qact_quantize_avx512 : qact_quantize_avx2;
     for (uint32_t t = 0; t < DT_COUNT; t++) {
         k->dot[t] = isa == KERNEL_ISA_AVX512 ? qact_dot_avx512(t) : qact_dot_avx2(t);
@@ -115,12 +119,35 @@ void dtype_matmul_quantize(uint32_t type, const float *x, int64_t n, int64_t n_t
     }
 }
 
+/* The head path (dtype_matmul_rows_split) takes one int16 term for q8_0
+ * weights (qwide.h) and two int8 terms for the other qact types. */
+static int head_wide(uint32_t type)
+{
+    return qpack_base(type) == DT_Q8_0;
+}
+
+/* Bytes of one token's head-path activations. */
+static size_t head_row_bytes(uint32_t type, int64_t n)
+{
+    return head_wide(type) ? qwide_row_bytes(n) : 2 * qact_row_bytes(n);
+}
+
 void dtype_matmul_quantize_split(uint32_t type, const float *x, int64_t n, int64_t n_tok,
                                  void *xq)
 {
     KV_ASSERT(dtype_matmul_uses_qact(type) && n % QACT_CHUNK == 0);
+    const qact_kernels *kt = dtype_matmul_qact();
+    if (head_wide(type)) {
+        const size_t rb = qwide_row_bytes(n);
+        for (int64_t t = 0; t < n_tok; t++) {
+            qwide_quantize_ref(x + t * n, n, (uint8_t *)xq + (size_t)t * rb); /* every ISA */
+            if (type & DT_PACKED)
+                qwide_interleave((uint8_t *)xq + (size_t)t * rb, n);
+        }
+        return;
+    }
     const size_t rb = qact_row_bytes(n);
-    const qact_quantize_fn quant = dtype_matmul_qact()->quantize;
+    const qact_quantize_fn quant = kt->quantize;
     for (int64_t t = 0; t < n_tok; t++) {
         uint8_t *q1 = (uint8_t *)xq + (size_t)(2 * t) * rb, *q2 = q1 + rb;
         quant(x + t * n, n, q1);
@@ -167,22 +194,15 @@ static void rows_exact(uint32_t type, const void *w, size_t row_stride_bytes, in
     }
 }
 
-/* qact path over pre-quantized rows xq [terms * n_tok][qact_row_bytes(n)]:
- * terms 1, or 2 for the split path (token t's rows 2t, 2t + 1, summed). */
-static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int64_t row_begin,
-                      int64_t row_end, int64_t n, const void *xq, int64_t n_tok, float *y,
-                      int64_t y_stride, int terms)
+/* Rows [row_begin, row_end) against n_tok tokens' pre-quantized rows
+ * (rb bytes each; terms 2: token t's two int8 terms at rows 2t, 2t + 1,
+ * summed), through dot (and dot_rows for one token, where given). */
+static void rows_tiles(qact_dot_fn dot, qact_dot_rows_fn dot_rows, size_t rb, int terms,
+                       uint32_t type, const void *w, size_t row_stride_bytes, int64_t row_begin,
+                       int64_t row_end, int64_t n, const void *xq, int64_t n_tok, float *y,
+                       int64_t y_stride)
 {
-    const qact_kernels *kt = dtype_matmul_qact();
-    const qact_dot_fn dot = qact_dot_for(kt, type);
-    KV_ASSERT(dot != NULL && (terms == 1 || terms == 2));
-    const qact_dot_rows_fn dot_rows =
-        terms == 1 && (type & DT_PACKED) && qpack_base(type) < DT_COUNT
-            ? kt->packed_dot_rows[qpack_base(type)]
-            : NULL;
-    const size_t rb = qact_row_bytes(n);
     const int64_t row_tile = row_tile_for(type, n), per = QACT_MULTI_MAX / terms;
-
     for (int64_t r0 = row_begin; r0 < row_end; r0 += row_tile) {
         const int64_t r1 = r0 + row_tile < row_end ? r0 + row_tile : row_end;
         for (int64_t t = 0; t < n_tok; t += per) {
@@ -203,7 +223,33 @@ static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int
     }
 }
 
-/* The qact path (terms 1) or the split path (terms 2): over xq, or without
+/* qact path over pre-quantized rows xq: terms 1, or 2 for the head path
+ * (dtype_matmul_quantize_split's rows: one int16 row a token for q8_0,
+ * two int8 terms for the other types). */
+static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int64_t row_begin,
+                      int64_t row_end, int64_t n, const void *xq, int64_t n_tok, float *y,
+                      int64_t y_stride, int terms)
+{
+    const qact_kernels *kt = dtype_matmul_qact();
+    KV_ASSERT(terms == 1 || terms == 2);
+    if (terms == 2 && head_wide(type)) {
+        const qact_dot_fn wide = type & DT_PACKED ? kt->wide_packed_dot : kt->wide_dot;
+        KV_ASSERT(wide != NULL);
+        rows_tiles(wide, NULL, qwide_row_bytes(n), 1, type, w, row_stride_bytes, row_begin,
+                   row_end, n, xq, n_tok, y, y_stride);
+        return;
+    }
+    const qact_dot_fn dot = qact_dot_for(kt, type);
+    KV_ASSERT(dot != NULL);
+    const qact_dot_rows_fn dot_rows =
+        terms == 1 && (type & DT_PACKED) && qpack_base(type) < DT_COUNT
+            ? kt->packed_dot_rows[qpack_base(type)]
+            : NULL;
+    rows_tiles(dot, dot_rows, qact_row_bytes(n), terms, type, w, row_stride_bytes, row_begin,
+               row_end, n, xq, n_tok, y, y_stride);
+}
+
+/* The qact path (terms 1) or the head path (terms 2): over xq, or without
  * pre-quantized x, over token tiles quantized into a bounded stack buffer. */
 static void rows_q(uint32_t type, const void *w, size_t row_stride_bytes, int64_t row_begin,
                    int64_t row_end, int64_t n, const float *x, const void *xq, int64_t n_tok,
@@ -215,7 +261,7 @@ static void rows_q(uint32_t type, const void *w, size_t row_stride_bytes, int64_
         return;
     }
     _Alignas(64) uint8_t buf[MM_QACT_STACK_BYTES];
-    const size_t rb = qact_row_bytes(n) * (size_t)terms;
+    const size_t rb = terms == 2 ? head_row_bytes(type, n) : qact_row_bytes(n);
     KV_ASSERT(rb <= sizeof buf);
     const int64_t tt = (int64_t)(sizeof buf / rb);
     for (int64_t t0 = 0; t0 < n_tok; t0 += tt) {

@@ -19,7 +19,9 @@
  *     path with each token's activations quantized twice, x ~ d1 q1 + d2 q2
  *     (q2: the residual, qact_quantize_residual), y = dot(w, q1) + dot(w,
  *     q2) from one pass over the weights: relative error per dot ~2.5e-6, at
- *     the int8 kernels' memory traffic.
+ *     the int8 kernels' memory traffic.  Q8_0 weights instead take one int16
+ *     term (kernels/qwide.h: x ~ d c, |c| <= 32767), as accurate at the
+ *     integer work of one int8 term.
  *   packed (type | DT_PACKED, qact path only): rows repacked at load by
  *     qpack_rows; same results as the stored rows, bitwise.
  * Contract (both paths): y[t][r] is a deterministic function of (row r,
@@ -66,9 +68,10 @@ void dtype_matmul_rows_q(uint32_t type, const void *w, size_t row_stride_bytes,
                          int64_t row_begin, int64_t row_end, int64_t n, const float *x,
                          const void *xq, int64_t n_tok, float *y, int64_t y_stride);
 
-/* The split path (qact types): xq NULL, or [2 n_tok] qact rows (token t's
- * two terms at rows 2t, 2t + 1) from dtype_matmul_quantize_split,
- * caller-owned, dtype_matmul_scratch_bytes(type, n, 2 n_tok) bytes.
+/* The split path (qact types): xq NULL, or the rows dtype_matmul_quantize_split
+ * writes ([2 n_tok] qact rows, token t's two terms at rows 2t, 2t + 1; for
+ * Q8_0 n_tok qwide rows), caller-owned, dtype_matmul_scratch_bytes(type, n,
+ * 2 n_tok) bytes (enough for either).
  * Otherwise as dtype_matmul_rows_q, and batch invariant likewise. */
 void dtype_matmul_quantize_split(uint32_t type, const float *x, int64_t n, int64_t n_tok,
                                  void *xq);

@@ -161,6 +161,8 @@ typedef struct qact_kernels {
     qact_dot_fn packed_dot[DT_COUNT]; /* packed rows (qpack.h); NULL: none on this ISA */
     qact_dot_rows_fn packed_dot_rows[DT_COUNT]; /* one token, many packed rows; NULL:
                                                  * packed_dot a row at a time */
+    qact_dot_fn wide_dot;        /* q8_0 stored rows against the head's int16 rows (qwide.h) */
+    qact_dot_fn wide_packed_dot; /* packed q8_0 rows against them; NULL: none on this ISA */
 } qact_kernels;
 
 #endif

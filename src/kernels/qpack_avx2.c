@@ -23,33 +23,6 @@
  * read with VPMASKMOVD: lanes past it load 0, score 0 * 0 and add +0 to
  * an accumulator that is never -0 (the reference skips them: same sum). */
 
-/* The packed row a kernel walks: loads of a short group's codes stay in it. */
-typedef struct pk_row {
-    const uint8_t *begin, *end;
-} pk_row;
-
-/* The nvl (1..8) code dwords at p of a group with nvl chunks in this half;
- * the other lanes hold whatever the load brings: they meet the zero codes
- * of the activations' padding chunks (qact.h), so their products are 0.
- * A short group is the row's last, and 32 bytes from p may run past the
- * row (and the buffer): then the 32 bytes ending at the row's end are
- * loaded and moved down (p's distance to the row's end is a multiple of 4:
- * every region after p in the group is tc times 4, 16 or 32 bytes).  A
- * masked load is the last resort (rows under 32 bytes): it is slow on
- * some cores (Zen 1). */
-AI __m256i pk_load(const uint8_t *p, int nvl, pk_row row)
-{
-    if (nvl == 8 || p + 32 <= row.end)
-        return _mm256_loadu_si256((const __m256i *)p);
-    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    if (row.end - row.begin >= 32) {
-        const uint8_t *q = row.end - 32;
-        return _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)q),
-                                           _mm256_add_epi32(idx, _mm256_set1_epi32((int)(p - q) / 4)));
-    }
-    return _mm256_maskload_epi32((const int *)p, _mm256_cmpgt_epi32(_mm256_set1_epi32(nvl), idx));
-}
-
 /* The int16 pair sums of one packed code vector's low and high nibbles
  * (lo, hi) against a token's interleaved codes at a and a + 64. */
 AI __m256i pk_pair16(__m256i lo, __m256i hi, const int8_t *a)
@@ -308,27 +281,6 @@ AI int pk_tail_fits(uint32_t t, int tc, pk_row row)
 {
     return tc <= PK_TAIL_MAX && row.end - row.begin >= 16 &&
            (t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q8_0);
-}
-
-/* The 4 tc code bytes at p (a code vector of the short group) in the low
- * lanes; the other lanes meet the activations' zero padding chunks.  A load
- * that would run past the row's end takes the 16 bytes ending there and
- * moves them down (PSHUFB wraps the lanes past the end: they stay unused). */
-AI __m128i pk_load_tail(const uint8_t *p, pk_row row)
-{
-    if (p + 16 <= row.end)
-        return _mm_loadu_si128((const __m128i *)p);
-    const uint8_t *q = row.end - 16;
-    const __m128i idx = _mm_add_epi8(_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                     _mm_set1_epi8((char)(p - q)));
-    return _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)q), idx);
-}
-
-/* Two 8-byte halves, p0's in the low lanes and p1's in the high. */
-AI __m128i pk_load2x8(const int8_t *p0, const int8_t *p1)
-{
-    return _mm_castpd_si128(
-        _mm_loadh_pd(_mm_castsi128_pd(_mm_loadl_epi64((const __m128i *)p0)), (const double *)p1));
 }
 
 /* S[k] lanes j < tc = the exact sum of chunk j of the short group for token

@@ -1,7 +1,7 @@
 /* qact_bench.c - the int8 matmul's speed on one thread, alone (not a unit
  * test: scripts/run-unit.sh runs only test_*).
  *
- *   qact_bench [--type T] [--n N] [--rows R] [--tokens K] [--seconds S]
+ *   qact_bench [--type T] [--n N] [--rows R] [--tokens K] [--seconds S] [--head]
  *       R random rows of N values quantized to T (default q4_0, 2048 x 64:
  *       one MoE expert's slice that stays in L2) times K tokens (default 4,
  *       the packed kernels' widest tile), through dtype_matmul_rows_q on the
@@ -15,6 +15,8 @@
  *       stores; L1-resident): the most multiply-accumulates a second the
  *       kernels' instruction mix reaches on this core, the bound the matmul
  *       is compared with ("ceiling").
+ * --head times the output head's path instead (dtype_matmul_rows_split:
+ * one int16 term a token for q8_0, two int8 terms for the other types).
  * Exit 0 when the outputs agreed.  `--json` prints one JSON object.
  */
 #include <stdio.h>
@@ -101,16 +103,16 @@ typedef struct qb_opts {
     const char *type;
     int64_t n, rows, tokens;
     double seconds;
-    int json;
+    int json, head;
 } qb_opts;
 
 static int qb_parse(int argc, char **argv, qb_opts *o)
 {
-    *o = (qb_opts){"q4_0", 2048, 64, 4, 2.0, 0};
+    *o = (qb_opts){"q4_0", 2048, 64, 4, 2.0, 0, 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--json")) {
-            o->json = 1;
+        if (!strcmp(a, "--json") || !strcmp(a, "--head")) {
+            *(a[2] == 'j' ? &o->json : &o->head) = 1;
             continue;
         }
         if (!v) {
@@ -164,8 +166,9 @@ int main(int argc, char **argv)
     float *x = malloc(sizeof(float) * (size_t)(o.n * o.tokens));
     float *row = malloc(sizeof(float) * (size_t)o.n);
     uint8_t *w = malloc(rb * (size_t)o.rows), *wp = malloc(rb * (size_t)o.rows);
-    const size_t xqb = dtype_matmul_scratch_bytes(tp, o.n, o.tokens);
-    void *xq = malloc(xqb), *xq0 = malloc(dtype_matmul_scratch_bytes((uint32_t)t, o.n, o.tokens));
+    const int64_t terms = o.head ? 2 : 1;
+    void *xq = malloc(dtype_matmul_scratch_bytes(tp, o.n, terms * o.tokens));
+    void *xq0 = malloc(dtype_matmul_scratch_bytes((uint32_t)t, o.n, terms * o.tokens));
     float *y = malloc(sizeof(float) * (size_t)(o.rows * o.tokens));
     float *y0 = malloc(sizeof(float) * (size_t)(o.rows * o.tokens));
     if (!x || !row || !w || !wp || !xq || !xq0 || !y || !y0) {
@@ -185,17 +188,22 @@ int main(int argc, char **argv)
         qpack_rows((uint32_t)t, wp, wp, o.n, o.rows, rb);
 
     /* the stored rows' path, once: the packed path must equal it bitwise */
-    dtype_matmul_quantize((uint32_t)t, x, o.n, o.tokens, xq0);
-    dtype_matmul_rows_q((uint32_t)t, w, rb, 0, o.rows, o.n, x, xq0, o.tokens, y0, o.rows);
+    void (*quant)(uint32_t, const float *, int64_t, int64_t, void *) =
+        o.head ? dtype_matmul_quantize_split : dtype_matmul_quantize;
+    void (*mm)(uint32_t, const void *, size_t, int64_t, int64_t, int64_t, const float *,
+               const void *, int64_t, float *, int64_t) =
+        o.head ? dtype_matmul_rows_split : dtype_matmul_rows_q;
+    quant((uint32_t)t, x, o.n, o.tokens, xq0);
+    mm((uint32_t)t, w, rb, 0, o.rows, o.n, x, xq0, o.tokens, y0, o.rows);
 
-    dtype_matmul_quantize(tp, x, o.n, o.tokens, xq);
+    quant(tp, x, o.n, o.tokens, xq);
     double best = 1e30;
     long calls = 0;
     for (int run = 0; run < 5; run++) {
         const double t0 = qb_now();
         long c = 0;
         do {
-            dtype_matmul_rows_q(tp, wp, rb, 0, o.rows, o.n, x, xq, o.tokens, y, o.rows);
+            mm(tp, wp, rb, 0, o.rows, o.n, x, xq, o.tokens, y, o.rows);
             c++;
         } while (qb_now() - t0 < o.seconds / 5);
         const double per = (qb_now() - t0) / (double)c;
@@ -210,13 +218,13 @@ int main(int argc, char **argv)
     if (o.json)
         printf("{\"isa\": \"%s\", \"type\": \"%s\", \"packed\": %d, \"n\": %lld, \"rows\": %lld, "
                "\"tokens\": %lld, \"us_per_call\": %.3f, \"gmac_per_s\": %.3f, \"calls\": %ld, "
-               "\"bitwise_equal\": %d, \"ceiling_gmac_per_s\": %.3f}\n",
+               "\"bitwise_equal\": %d, \"ceiling_gmac_per_s\": %.3f, \"head\": %d}\n",
                dtype_isa(), o.type, packs, (long long)o.n, (long long)o.rows, (long long)o.tokens,
-               best * 1e6, gmacs, calls, same, ceil);
+               best * 1e6, gmacs, calls, same, ceil, o.head);
     else {
-        printf("qact_bench: %s %s%s %lld x %lld, %lld tokens: %.2f us a call, %.2f GMAC/s "
+        printf("qact_bench: %s %s%s%s %lld x %lld, %lld tokens: %.2f us a call, %.2f GMAC/s "
                "(1 thread), outputs %s\n",
-               dtype_isa(), o.type, packs ? " packed" : "", (long long)o.rows, (long long)o.n,
+               dtype_isa(), o.type, packs ? " packed" : "", o.head ? " head" : "", (long long)o.rows, (long long)o.n,
                (long long)o.tokens, best * 1e6, gmacs,
                same ? "bitwise equal to the stored rows' path" : "DIFFER from the stored rows' path");
         if (ceil > 0)

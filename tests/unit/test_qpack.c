@@ -16,8 +16,8 @@
  *     of each row, bitwise;
  *   dtype_matmul_rows_q on packed rows (type | DT_PACKED, 1 and 7 tokens,
  *     split row ranges) == the stored rows' results bitwise;
- *   the split path (two int8 terms per token, the output head's): packed ==
- *     stored bitwise, with and without pre-quantized rows, each token ==
+ *   the split path (two int8 terms per token, the output head's; q8_0 takes
+ *     one int16 term there, test_qwide has its kernels): packed == stored bitwise, with and without pre-quantized rows, each token ==
  *     its one-token result (batch invariance), every ISA and the scalar
  *     reference, and within 2e-5 |w||x| of the exact f32 product (measured
  *     about 2.5e-6; the single-term path: about 3e-3, test_matmul_q8).
