@@ -21,15 +21,14 @@ int step_fit_solve(const step_fit *fit, double min_var, double *base, double *pe
 {
     const double *f = fit->f;
     *base = *per_token = 0;
-    if (f[0] < 2.0 || !(f[1] > 0))
+    if (f[0] < 1.5 || !(f[1] > 0)) /* two steps weigh 1 + decay */
         return STEP_FIT_NONE;
     const double mn = f[1] / f[0], mt = f[2] / f[0], var = f[3] / f[0] - mn * mn;
-    if (var < min_var) { /* one step size: all of it per token */
-        *per_token = mt / mn;
+    const double b = var < min_var ? 0 : (f[4] / f[0] - mn * mt) / var;
+    if (!(b > 0)) { /* one step size, or noise that makes big steps look cheap */
+        *per_token = mt / mn; /* all of it per token: the budget errs short */
         return STEP_FIT_PROP;
     }
-    double b = (f[4] / f[0] - mn * mt) / var;
-    b = b > 0 ? b : 0;
     const double a = mt - b * mn;
     *base = a > 0 ? a : 0;
     *per_token = b;

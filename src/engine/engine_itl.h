@@ -27,8 +27,9 @@ void step_fit_add(step_fit *f, double tokens, double seconds, double decay);
 
 /* The fit's base and per-token seconds (both >= 0): STEP_FIT_LINE, or
  * STEP_FIT_PROP when the steps' sizes vary by less than min_var tokens^2
+ * or the line's slope is not positive (timing noise on a loaded machine)
  * (no slope: the cost taken as proportional to the tokens, base 0), or
- * STEP_FIT_NONE (both 0) while it has fewer than two steps' weight. */
+ * STEP_FIT_NONE (both 0) while it has fewer than two steps. */
 enum { STEP_FIT_NONE = 0, STEP_FIT_PROP = 1, STEP_FIT_LINE = 2 };
 int step_fit_solve(const step_fit *f, double min_var, double *base, double *per_token);
 

@@ -61,6 +61,12 @@ static void test_fit(void)
     step_fit f = {{0}};
     double base = -1, per = -1;
     CHECK(step_fit_solve(&f, 0.05, &base, &per) == 0 && base == 0 && per == 0);
+    step_fit two = {{0}}; /* two decayed steps are enough for a line */
+    step_fit_add(&two, 8, 0.018, 0.995);
+    CHECK(step_fit_solve(&two, 0.05, &base, &per) == STEP_FIT_NONE);
+    step_fit_add(&two, 1, 0.004, 0.995);
+    CHECK(step_fit_solve(&two, 0.05, &base, &per) == STEP_FIT_LINE);
+    CHECKF(fabs(base - 0.002) < 1e-9 && fabs(per - 0.002) < 1e-9, "two steps: %g %g", base, per);
     for (int i = 0; i < 400; i++) {
         const double n = 1 + i % 37;
         step_fit_add(&f, n, 0.010 + 0.002 * n, 0.995);
@@ -73,6 +79,14 @@ static void test_fit(void)
         step_fit_add(&g, 16, 0.032, 0.995);
     CHECK(step_fit_solve(&g, 0.05, &base, &per) == STEP_FIT_PROP);
     CHECKF(base == 0 && fabs(per - 0.002) < 1e-12, "one size: base %g per token %g", base, per);
+    step_fit h = {{0}}; /* noise: the 8-token steps took less than the 1-token ones */
+    for (int i = 0; i < 10; i++) {
+        step_fit_add(&h, 8, 0.008, 1.0);
+        step_fit_add(&h, 1, 0.020, 1.0);
+    }
+    CHECK(step_fit_solve(&h, 0.05, &base, &per) == STEP_FIT_PROP);
+    CHECKF(base == 0 && fabs(per - 0.028 / 9) < 1e-12, "no slope: base %g per token %g", base,
+           per);
 }
 
 /* Teaches e a step cost of 10 ms + 1 ms per token (the tiny model's real
