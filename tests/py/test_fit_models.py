@@ -111,8 +111,10 @@ def test_plan_models_roomy(kvant_bin, models):
         assert m["kv_share_blocks"] == 2 * ctx_blocks  # REG_DEFAULT_KV_REQS requests
         assert m["need_bytes"] == (m["weights_bytes"] + m["activation_bytes"] +
                                    m["act_q8_bytes"] + m["kv_share_bytes"])
-        # the share less the block held for the backend's attention scratch, grown to the most
-        assert st["kv_blocks_min"] == 2 * ctx_blocks - 1
+        # the share less the blocks held for the backend's attention scratch (the fewest that
+        # hold it), grown to the most
+        held = -(-m["scratch_bytes"] // m["kv_block_bytes"])
+        assert held >= 1 and st["kv_blocks_min"] == 2 * ctx_blocks - held
         assert st["kv_blocks"] == st["kv_blocks_max"] == SEQS * ctx_blocks
         cat = st["resident_by_category"]
         assert cat["weights"] == m["weights_bytes"]
@@ -141,26 +143,27 @@ def test_plan_models_tight(kvant_bin, models):
     assert "a shrinks" in log and "to load b" in log, log  # the reclaim path was taken
     assert served["a"]["kv_shrinks"] == 1
     # by hand, from the rules in docs/SERVER.md and the served bytes: a loads with its share
-    # less the held block, grows into the free budget, gives back what b needs, b loads the
+    # less the held blocks (the fewest that hold its scratch), grows into the free budget, gives back what b needs, b loads the
     # same way, then each pool below its maximum grows by an equal part of what is left
     bud, sa, sb = p["budget"], served["a"], served["b"]
     scr = {k: v["resident_by_category"]["workspace"] - need[k]["act_q8_bytes"]
            for k, v in served.items()}
     bba, bbb, mx = a["kv_block_bytes"], b["kv_block_bytes"], SEQS * -(-CTX // BLOCK)
-    used = a["need_bytes"] - bba + scr["a"]
-    blocks_a = a["kv_share_blocks"] - 1
+    held_a, held_b = -(-a["scratch_bytes"] // bba), -(-b["scratch_bytes"] // bbb)
+    used = a["need_bytes"] - held_a * bba + scr["a"]
+    blocks_a = a["kv_share_blocks"] - held_a
     add = min((bud - used) // bba, mx - blocks_a)
     blocks_a, used = blocks_a + add, used + add * bba
     if b["need_bytes"] > bud - used:
         cut = min(-(-(b["need_bytes"] - (bud - used)) // bba), add)
         blocks_a, used = blocks_a - cut, used - cut * bba
-    used += b["need_bytes"] - bbb + scr["b"]
-    blocks_b = b["kv_share_blocks"] - 1
+    used += b["need_bytes"] - held_b * bbb + scr["b"]
+    blocks_b = b["kv_share_blocks"] - held_b
     part = (bud - used) // ((blocks_a < mx) + (blocks_b < mx))
     blocks_a += min(part // bba, mx - blocks_a)
     blocks_b += min(part // bbb, mx - blocks_b)
     assert (sa["kv_blocks_total"], sb["kv_blocks_total"]) == (blocks_a, blocks_b), (sa, sb)
-    assert a["kv_share_blocks"] - 1 < blocks_a < mx and blocks_b < mx  # neither at its most
+    assert a["kv_share_blocks"] - held_a < blocks_a < mx and blocks_b < mx  # neither at its most
     assert p["start"]["used_bytes"] + p["start"]["free_bytes"] == bud
 
 

@@ -4,7 +4,8 @@
  * the AVX-512 f32 row, and the AVX-512 and AVX2 rows over f16 K/V (the
  * default KV dtype) against the scalar f32 row on the same values (f16 ->
  * f32 is exact), and against the typed reference cpu_kvq_attention_row_ref;
- * the AVX2 group kernel (several heads of one KV head) bitwise against
+ * the AVX2 rows over bf16, q8_0 and q4_0 K/V against the typed reference;
+ * the AVX2 group kernels (several heads of one KV head) bitwise against
  * the AVX2 row per head.
  * Each ISA the CPU lacks is named and not run; the test is skipped (77)
  * only when no SIMD row can run.  Also which row the pickers give each
@@ -62,27 +63,77 @@ static void naive_row(const float *q, const cpu_attn_seq *s, int32_t n_pos, int3
         out[e] /= sum;
 }
 
-/* The AVX2 group kernel: nq = 1..CPU_ATTN_GROUP_MAX heads against one KV
+/* table[0..n) = a random permutation of the block ids 0..n-1. */
+static void shuffled_table(tu_rng *r, int32_t *table, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++)
+        table[i] = i;
+    for (int32_t i = n - 1; i > 0; i--) {
+        int32_t j = (int32_t)(tu_rand_u64(r) % (unsigned long long)(i + 1)), t = table[i];
+        table[i] = table[j];
+        table[j] = t;
+    }
+}
+
+/* An AVX2 group kernel: nq = 1..CPU_ATTN_GROUP_MAX heads against one KV
  * head, each head bitwise the AVX2 row's output. */
 static void check_group(tu_rng *r, const cpu_kvq_seq *hs, int32_t n_pos, int32_t hd, float qscale,
-                        float scale)
+                        float scale, cpu_kvq_group_fn group, cpu_kvq_row_fn rowf)
 {
     float q[CPU_ATTN_GROUP_MAX * T_MAX_HD], og[CPU_ATTN_GROUP_MAX * T_MAX_HD], orow[T_MAX_HD];
     float scratch[T_BLOCK * CPU_ATTN_GROUP_MAX + T_MAX_HD + 16];
     for (int32_t i = 0; i < CPU_ATTN_GROUP_MAX * hd; i++)
         q[i] = tu_rand_normal(r) * qscale;
     for (int32_t nq = 1; nq <= CPU_ATTN_GROUP_MAX; nq++) {
-        cpu_kvq_attention_group_f16_avx2(q, nq, hs, n_pos, hd, scale, scratch, og);
+        group(q, nq, hs, n_pos, hd, scale, scratch, og);
         int same = 1;
         for (int32_t g = 0; g < nq; g++) {
             cpu_kvq_seq one = *hs; /* head g alone: its own sink */
             one.sinks = hs->sinks ? hs->sinks + g : NULL;
-            cpu_kvq_attention_row_f16_avx2(q + g * hd, &one, n_pos, hd, scale, scratch, orow);
+            rowf(q + g * hd, &one, n_pos, hd, scale, scratch, orow);
             same &= memcmp(orow, og + g * hd, sizeof(float) * (size_t)hd) == 0;
         }
-        CHECKF(same, "f16 avx2 group of %d n_pos %d hd %d p0 %d cap %g: not the row's bits", nq,
-               n_pos, hd, hs->p0, (double)hs->softcap);
+        CHECKF(same, "type %u avx2 group of %d n_pos %d hd %d p0 %d cap %g: not the row's bits",
+               hs->type, nq, n_pos, hd, hs->p0, (double)hs->softcap);
     }
+}
+
+/* An AVX2 tile kernel: runs of nt tokens ending at n_pos (windows sliding
+ * with the position), nq = 1..CPU_ATTN_GROUP_MAX heads, each token bitwise
+ * the group kernel's output; q and out strided as the backend lays them. */
+static void check_tile(tu_rng *r, const cpu_kvq_seq *hs, int32_t n_pos, int32_t hd, float qscale,
+                       float scale, cpu_kvq_tile_fn tile, cpu_kvq_group_fn group)
+{
+    const int64_t stride = (int64_t)CPU_ATTN_GROUP_MAX * hd + 8;
+    const size_t nf = (size_t)(CPU_ATTN_TILE_MAX * stride);
+    float *q = malloc(sizeof(float) * nf), *ot = calloc(nf, sizeof(float));
+    float *og = malloc(sizeof(float) * CPU_ATTN_GROUP_MAX * (size_t)hd);
+    float *scratch = malloc(sizeof(float) * (size_t)cpu_kvq_scratch(T_BLOCK, T_MAX_HD));
+    for (size_t i = 0; i < nf; i++)
+        q[i] = tu_rand_normal(r) * qscale;
+    const int32_t nts[] = {1, 2, 5, CPU_ATTN_TILE_MAX};
+    for (size_t k = 0; k < sizeof nts / sizeof nts[0]; k++) {
+        const int32_t nt = nts[k] < n_pos ? nts[k] : n_pos;
+        int32_t p0[CPU_ATTN_TILE_MAX], np[CPU_ATTN_TILE_MAX];
+        for (int32_t x = 0; x < nt; x++) {
+            np[x] = n_pos - nt + 1 + x;
+            p0[x] = hs->p0 > 0 && hs->p0 - (nt - 1 - x) > 0 ? hs->p0 - (nt - 1 - x) : 0;
+        }
+        for (int32_t nq = 1; nq <= CPU_ATTN_GROUP_MAX; nq++) {
+            tile(q, nq, nt, stride, hs, p0, np, hd, scale, scratch, ot);
+            int same = 1;
+            for (int32_t x = 0; x < nt; x++) {
+                cpu_kvq_seq one = *hs;
+                one.p0 = p0[x];
+                group(q + x * stride, nq, &one, np[x], hd, scale, scratch, og);
+                same &= memcmp(og, ot + x * stride, sizeof(float) * (size_t)(nq * hd)) == 0;
+            }
+            CHECKF(same, "type %u avx2 tile of %d tokens x %d heads to n_pos %d hd %d p0 %d cap "
+                   "%g: not the group's bits", hs->type, nt, nq, n_pos, hd, hs->p0,
+                   (double)hs->softcap);
+        }
+    }
+    free(q), free(ot), free(og), free(scratch);
 }
 
 static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f32_simd,
@@ -106,13 +157,7 @@ static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f
         k[i] = half_fp16_to_f32(kh[i]);
         v[i] = half_fp16_to_f32(vh[i]);
     }
-    for (int32_t i = 0; i < n_blocks; i++)
-        table[i] = i;
-    for (int32_t i = n_blocks - 1; i > 0; i--) { /* shuffle */
-        int32_t j = (int32_t)(tu_rand_u64(r) % (unsigned long long)(i + 1)), t = table[i];
-        table[i] = table[j];
-        table[j] = t;
-    }
+    shuffled_table(r, table, n_blocks);
     for (int32_t d = 0; d < hd; d++)
         q[d] = tu_rand_normal(r) * qscale;
     cpu_attn_seq s = {k, v, table, T_BLOCK * row, row, T_BLOCK, p0, softcap, sink ? sinks : NULL};
@@ -148,10 +193,57 @@ static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f
         CHECKF(e1 <= T_BOUND && e2 <= T_BOUND,
                "f16 %s n_pos %d hd %d qscale %g p0 %d cap %g: max err %g / %g", name, n_pos, hd,
                qscale, p0, (double)softcap, e1, e2);
-        if (f16_simd == cpu_kvq_attention_row_f16_avx2)
-            check_group(r, &hs, n_pos, hd, qscale, scale);
+        if (f16_simd == cpu_kvq_attention_row_f16_avx2) {
+            check_group(r, &hs, n_pos, hd, qscale, scale, cpu_kvq_attention_group_f16_avx2,
+                        cpu_kvq_attention_row_f16_avx2);
+            check_tile(r, &hs, n_pos, hd, qscale, scale, cpu_kvq_attention_tile_f16_avx2,
+                       cpu_kvq_attention_group_f16_avx2);
+        }
     }
     free(k), free(v), free(kh), free(vh);
+}
+
+/* The AVX2 rows over bf16, q8_0 and q4_0 K/V (rows quantized by the type's
+ * reference quantizer, a row stride wider than the row) against the typed
+ * reference cpu_kvq_attention_row_ref within T_BOUND, and their group
+ * kernels bitwise against the row per head. */
+static void check_typed(tu_rng *r, uint32_t type, cpu_kvq_row_fn rowf, cpu_kvq_group_fn group,
+                        cpu_kvq_tile_fn tile, int32_t n_pos, int32_t hd, float qscale, int32_t p0, float softcap,
+                        int sink)
+{
+    float sinks[CPU_ATTN_GROUP_MAX], x[T_MAX_HD], q[T_MAX_HD], o_ref[T_MAX_HD], o_simd[T_MAX_HD];
+    float scratch[T_BLOCK * CPU_ATTN_GROUP_MAX + T_MAX_HD + 16];
+    for (int32_t g = 0; g < CPU_ATTN_GROUP_MAX; g++)
+        sinks[g] = 2.0f * tu_rand_normal(r);
+    const int32_t n_blocks = (T_MAX_POS + T_BLOCK - 1) / T_BLOCK;
+    const int64_t rs = (int64_t)dtype_row_size(type, hd) + 16;
+    const size_t nb = (size_t)(n_blocks * T_BLOCK * rs);
+    uint8_t *k = calloc(nb, 1), *v = calloc(nb, 1);
+    int32_t table[(T_MAX_POS + T_BLOCK - 1) / T_BLOCK];
+    for (int32_t j = 0; j < n_blocks * T_BLOCK; j++) {
+        for (int32_t e = 0; e < hd; e++)
+            x[e] = tu_rand_uniform(r, -1, 1);
+        dtype_get(type)->from_float(x, k + j * rs, hd);
+        for (int32_t e = 0; e < hd; e++)
+            x[e] = tu_rand_uniform(r, -1, 1);
+        dtype_get(type)->from_float(x, v + j * rs, hd);
+    }
+    shuffled_table(r, table, n_blocks);
+    for (int32_t d = 0; d < hd; d++)
+        q[d] = tu_rand_normal(r) * qscale;
+    const float scale = 1.0f / sqrtf((float)hd);
+    cpu_kvq_seq hs = {k, v, table, T_BLOCK * rs, rs, T_BLOCK, type, p0, softcap,
+                      sink ? sinks : NULL};
+    rowf(q, &hs, n_pos, hd, scale, scratch, o_simd);
+    cpu_kvq_attention_row_ref(q, &hs, n_pos, hd, scale, scratch, o_ref);
+    float err = 0.0f;
+    for (int32_t d = 0; d < hd; d++)
+        err = fmaxf(err, fabsf(o_ref[d] - o_simd[d]));
+    CHECKF(err <= T_BOUND, "type %u avx2 n_pos %d hd %d qscale %g p0 %d cap %g sink %d: max err %g",
+           type, n_pos, hd, qscale, p0, (double)softcap, sink, err);
+    check_group(r, &hs, n_pos, hd, qscale, scale, group, rowf);
+    check_tile(r, &hs, n_pos, hd, qscale, scale, tile, group);
+    free(k), free(v);
 }
 #endif
 
@@ -172,15 +264,38 @@ static void test_pickers(void)
           cpu_kvq_attention_row_f16_avx512);
     CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX512, DT_F16, 72) ==
           cpu_kvq_attention_row_f16_avx2);
-    CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX512, DT_Q8_0, 64) == cpu_kvq_attention_row_ref);
-    CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX2, DT_BF16, 64) == cpu_kvq_attention_row_ref);
+    CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX512, DT_Q8_0, 64) ==
+          cpu_kvq_attention_row_q8_0_avx2);
+    CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX2, DT_Q4_0, 64) ==
+          cpu_kvq_attention_row_q4_0_avx2);
+    CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX2, DT_Q8_0, 48) == cpu_kvq_attention_row_ref);
+    CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_SCALAR, DT_Q8_0, 64) == cpu_kvq_attention_row_ref);
+    CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX2, DT_BF16, 72) ==
+          cpu_kvq_attention_row_bf16_avx2);
+    CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX2, DT_F32, 64) == cpu_kvq_attention_row_ref);
     CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX2, DT_F16, 72) ==
           cpu_kvq_attention_group_f16_avx2);
     CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX512, DT_F16, 64) == NULL);
     CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX512, DT_F16, 72) ==
           cpu_kvq_attention_group_f16_avx2);
     CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX2, DT_F16, 68) == NULL);
-    CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX2, DT_Q8_0, 64) == NULL);
+    CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX2, DT_Q8_0, 64) ==
+          cpu_kvq_attention_group_q8_0_avx2);
+    CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX512, DT_Q4_0, 128) ==
+          cpu_kvq_attention_group_q4_0_avx2);
+    CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX2, DT_BF16, 64) ==
+          cpu_kvq_attention_group_bf16_avx2);
+    CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX2, DT_Q8_0, 48) == NULL);
+    CHECK(cpu_kvq_attention_tile_for(KERNEL_ISA_AVX2, DT_F16, 72) ==
+          cpu_kvq_attention_tile_f16_avx2);
+    CHECK(cpu_kvq_attention_tile_for(KERNEL_ISA_AVX512, DT_F16, 64) == NULL);
+    CHECK(cpu_kvq_attention_tile_for(KERNEL_ISA_AVX2, DT_Q4_0, 64) ==
+          cpu_kvq_attention_tile_q4_0_avx2);
+    CHECK(cpu_kvq_attention_tile_for(KERNEL_ISA_AVX512, DT_BF16, 64) ==
+          cpu_kvq_attention_tile_bf16_avx2);
+    CHECK(cpu_kvq_attention_tile_for(KERNEL_ISA_AVX2, DT_Q8_0, 64) ==
+          cpu_kvq_attention_tile_q8_0_avx2);
+    CHECK(cpu_kvq_attention_tile_for(KERNEL_ISA_AVX2, DT_F32, 64) == NULL);
 #endif
 }
 
@@ -218,6 +333,15 @@ int main(void)
                     if (has512)
                         check_case(&r, n_pos[i], hd, qs[j], 1, cpu_kvq_attention_row_f16_avx512,
                                    "avx512", p0, cap, sink);
+                    check_typed(&r, DT_BF16, cpu_kvq_attention_row_bf16_avx2,
+                                cpu_kvq_attention_group_bf16_avx2,
+                                cpu_kvq_attention_tile_bf16_avx2, np, hd, qs[j], p0, cap, sink);
+                    check_typed(&r, DT_Q8_0, cpu_kvq_attention_row_q8_0_avx2,
+                                cpu_kvq_attention_group_q8_0_avx2,
+                                cpu_kvq_attention_tile_q8_0_avx2, np, hd, qs[j], p0, cap, sink);
+                    check_typed(&r, DT_Q4_0, cpu_kvq_attention_row_q4_0_avx2,
+                                cpu_kvq_attention_group_q4_0_avx2,
+                                cpu_kvq_attention_tile_q4_0_avx2, np, hd, qs[j], p0, cap, sink);
                 }
     return tu_finish("test_ops");
 #else

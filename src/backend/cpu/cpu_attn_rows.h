@@ -94,7 +94,44 @@ typedef void (*cpu_kvq_group_fn)(const float *q, int32_t nq, const cpu_kvq_seq *
 void cpu_kvq_attention_group_f16_avx2(const float *q, int32_t nq, const cpu_kvq_seq *s,
                                       int32_t n_pos, int32_t head_dim, float scale,
                                       float *scratch, float *out);
+/* The other stored KV dtypes on AVX2 + FMA + F16C, row and group as for f16:
+ * bf16 (head_dim % 8 == 0), q8_0 and q4_0 (head_dim % 32 == 0). */
+void cpu_kvq_attention_row_bf16_avx2(const float *q, const cpu_kvq_seq *s, int32_t n_pos,
+                                     int32_t head_dim, float scale, float *scratch, float *out);
+void cpu_kvq_attention_group_bf16_avx2(const float *q, int32_t nq, const cpu_kvq_seq *s,
+                                       int32_t n_pos, int32_t head_dim, float scale,
+                                       float *scratch, float *out);
+void cpu_kvq_attention_row_q8_0_avx2(const float *q, const cpu_kvq_seq *s, int32_t n_pos,
+                                     int32_t head_dim, float scale, float *scratch, float *out);
+void cpu_kvq_attention_group_q8_0_avx2(const float *q, int32_t nq, const cpu_kvq_seq *s,
+                                       int32_t n_pos, int32_t head_dim, float scale,
+                                       float *scratch, float *out);
+void cpu_kvq_attention_row_q4_0_avx2(const float *q, const cpu_kvq_seq *s, int32_t n_pos,
+                                     int32_t head_dim, float scale, float *scratch, float *out);
+void cpu_kvq_attention_group_q4_0_avx2(const float *q, int32_t nq, const cpu_kvq_seq *s,
+                                       int32_t n_pos, int32_t head_dim, float scale,
+                                       float *scratch, float *out);
 
+/* Tokens of one sequence attended together (a prefill chunk): nt
+ * (1..CPU_ATTN_TILE_MAX) tokens of nq heads each, token x's heads at
+ * q + x * stride and out + x * stride, its positions [p0[x], n_pos[x])
+ * (s->p0 is not read).  Each block's K and V rows are converted once for
+ * all the tokens; each token's out is bitwise the group kernel's.
+ * scratch: cpu_kvq_scratch floats. */
+#define CPU_ATTN_TILE_MAX 16
+typedef void (*cpu_kvq_tile_fn)(const float *q, int32_t nq, int32_t nt, int64_t stride,
+                                const cpu_kvq_seq *s, const int32_t *p0, const int32_t *n_pos,
+                                int32_t head_dim, float scale, float *scratch, float *out);
+#define CPU_KVQ_TILE_DECL(sfx)                                                                  \
+    void cpu_kvq_attention_tile_##sfx##_avx2(const float *q, int32_t nq, int32_t nt,            \
+                                             int64_t stride, const cpu_kvq_seq *s,              \
+                                             const int32_t *p0, const int32_t *n_pos,           \
+                                             int32_t head_dim, float scale, float *scratch,     \
+                                             float *out)
+CPU_KVQ_TILE_DECL(f16);
+CPU_KVQ_TILE_DECL(bf16);
+CPU_KVQ_TILE_DECL(q8_0);
+CPU_KVQ_TILE_DECL(q4_0);
 /* The attention rows of the current KV layout, picked once in cpu_kv_init
  * from the kernels' ISA (cpu_backend.isa), the KV dtype and head_dim;
  * attn_worker calls through them. */
@@ -102,6 +139,7 @@ typedef struct cpu_attn_rows {
     cpu_attn_row_fn f32; /* f32 K/V rows */
     cpu_kvq_row_fn kvq;  /* K/V rows stored in another dtype */
     cpu_kvq_group_fn kvq_group; /* several heads of one KV head at once, or NULL */
+    cpu_kvq_tile_fn kvq_tile;   /* several tokens of a sequence at once, or NULL */
 } cpu_attn_rows;
 
 #endif

@@ -1,8 +1,8 @@
 /* cpu_backend.c - backend_ops for the CPU: zero-copy weights, f32 paged KV
  * storage from the memory manager, ops parallelised over a thread pool.
  *
- * Work split: matmul by output rows, attention by (token, head) pairs,
- * row-wise ops by tokens.  Each output element is computed by exactly one
+ * Work split: matmul by output rows, attention by claims of (token tile,
+ * KV head, query heads) (cpu_attn.c), row-wise ops by tokens.  Each output element is computed by exactly one
  * thread with a fixed reduction order, so results do not depend on the
  * number of threads or on the batch.
  */
@@ -15,6 +15,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "backend/cpu/cpu_attn.h"
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kv.h"
 #include "backend/cpu/cpu_mm.h"
 #include "backend/cpu/cpu_moe.h"
@@ -286,6 +288,7 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
     cb->attn.f32 = cpu_attention_row_for(cb->isa, lay->head_dim);
     cb->attn.kvq = cpu_kvq_attention_row_for(cb->isa, lay->dtype, lay->head_dim);
     cb->attn.kvq_group = cpu_kvq_attention_group_for(cb->isa, lay->dtype, lay->head_dim);
+    cb->attn.kvq_tile = cpu_kvq_attention_tile_for(cb->isa, lay->dtype, lay->head_dim);
     return KV_OK;
 }
 
@@ -649,118 +652,6 @@ static void cpu_kv_store(backend *be, int32_t il, const float *d_k, const float 
     }
 }
 
-typedef struct attn_job {
-    cpu_backend *cb;
-    int32_t il, n_heads;
-    const float *q;
-    float *out;
-    attn_params ap;
-    int32_t hp;        /* query heads per claim, within one KV head's group */
-    int32_t per_kv;    /* claims per KV head and token: ceil(group / hp) */
-    long n_claims;
-    atomic_long next;  /* first claim not yet taken */
-} attn_job;
-
-/* Heads [h0, h0 + nq) of token t, all of KV head kvh, against its sequence.
- * Each head's result is the row function's, whichever way it is reached. */
-static void attn_unit(const attn_job *j, int32_t t, int32_t kvh, int32_t h0, int32_t nq,
-                      float *scratch, int32_t *vt)
-{
-    cpu_backend *cb = j->cb;
-    const fwd_batch *b = cb->batch;
-    const fwd_seq *s = &b->seqs[b->seq[t]];
-    int32_t n_pos; /* vt: a KV budget's gathered table (BACKEND_KV_BUDGET_BLOCKS entries) */
-    const int32_t *table = cpu_kv_budget_table(kv_table(cb, s, j->il), cb->kv.block_size,
-                                               s->kv_sink_blocks, s->kv_recent, b->pos[t], vt,
-                                               &n_pos);
-    const int32_t hd = cb->kv.head_dim;
-    const int64_t kv_dim = (int64_t)kv_layout_heads(&cb->kv, j->il) * hd;
-    const float scale = j->ap.scale;
-    const float *q = j->q + ((int64_t)t * j->n_heads + h0) * hd;
-    float *out = j->out + ((int64_t)t * j->n_heads + h0) * hd;
-    const float *sinks = j->ap.d_sinks ? j->ap.d_sinks + h0 : NULL;
-    /* a window W reads (pos - W, pos]: llama.cpp masks pos - p >= W */
-    const int32_t p0 =
-        j->ap.window > 0 && b->pos[t] >= j->ap.window ? b->pos[t] - j->ap.window + 1 : 0;
-    if (cb->kv.dtype != DT_F32) {
-        const dtype_traits *tr = dtype_get(cb->kv.dtype);
-        size_t head_off = (size_t)kvh * hd / tr->block_size * tr->type_size;
-        cpu_kvq_seq qs = {
-            .k_base = kv_row(cb, j->il, 0, 0, 0) + head_off,
-            .v_base = kv_row(cb, j->il, 0, 0, 1) + head_off,
-            .table = table,
-            .block_stride = kv_stride(cb, j->il),
-            .row_stride = cb->kv_row_bytes[j->il],
-            .block_size = cb->kv.block_size,
-            .type = cb->kv.dtype,
-            .p0 = p0,
-            .softcap = j->ap.softcap,
-            .sinks = sinks,
-        };
-        if (cb->attn.kvq_group) {
-            cb->attn.kvq_group(q, nq, &qs, n_pos, hd, scale, scratch, out);
-            return;
-        }
-        for (int32_t g = 0; g < nq; g++, qs.sinks = sinks ? sinks + g : NULL)
-            cb->attn.kvq(q + g * hd, &qs, n_pos, hd, scale, scratch, out + g * hd);
-        return;
-    }
-    cpu_attn_seq as = {
-        .k_base = (const float *)kv_row(cb, j->il, 0, 0, 0) + kvh * hd,
-        .v_base = (const float *)kv_row(cb, j->il, 0, 0, 1) + kvh * hd,
-        .table = table,
-        .block_stride = kv_stride(cb, j->il) / (int64_t)sizeof(float),
-        .row_stride = kv_dim,
-        .block_size = cb->kv.block_size,
-        .p0 = p0,
-        .softcap = j->ap.softcap,
-        .sinks = sinks,
-    };
-    for (int32_t g = 0; g < nq; g++, as.sinks = sinks ? sinks + g : NULL)
-        cb->attn.f32(q + g * hd, &as, n_pos, hd, scale, scratch, out + g * hd);
-}
-
-/* Claims of (token, KV head, up to hp of its query heads) from one counter:
- * a causal prefill's later tokens cost more, so a static split of the
- * tokens would leave one thread waiting for the other. */
-static void attn_worker(int ith, int nth, void *arg)
-{
-    attn_job *j = arg;
-    cpu_backend *cb = j->cb;
-    const int32_t n_kv = kv_layout_heads(&cb->kv, j->il), group = j->n_heads / n_kv;
-    float *scratch = cb->scratch + ith * cb->scratch_per_thread;
-    int32_t vt[BACKEND_KV_BUDGET_BLOCKS]; /* 32 KiB of this worker's stack */
-    (void)nth;
-    for (;;) {
-        const long k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (k >= j->n_claims)
-            break;
-        const long per_tok = (long)n_kv * j->per_kv;
-        const int32_t t = (int32_t)(k / per_tok), kvh = (int32_t)(k % per_tok / j->per_kv);
-        const int32_t sub = (int32_t)(k % j->per_kv), h0 = kvh * group + sub * j->hp;
-        const int32_t nq = group - sub * j->hp < j->hp ? group - sub * j->hp : j->hp;
-        attn_unit(j, t, kvh, h0, nq, scratch, vt);
-    }
-}
-
-static void cpu_attention(backend *be, int32_t il, const float *d_q, int32_t n_heads,
-                          const attn_params *ap, float *d_out)
-{
-    cpu_backend *cb = cpu(be);
-    attn_job j = {cb, il, n_heads, d_q, d_out, *ap, 0, 0, 0, 0};
-    const int32_t n_kv = kv_layout_heads(&cb->kv, il), group = n_heads / n_kv;
-    const long n_tok = cb->batch->n_tokens;
-    /* as many heads per claim as the group kernel takes, fewer while that
-     * leaves under four claims per thread (a short decode step) */
-    j.hp = group < CPU_ATTN_GROUP_MAX ? group : CPU_ATTN_GROUP_MAX;
-    while (j.hp > 1 && n_tok * n_kv * ((group + j.hp - 1) / j.hp) < 4L * cb->n_threads)
-        j.hp = (j.hp + 1) / 2;
-    j.per_kv = (group + j.hp - 1) / j.hp;
-    j.n_claims = n_tok * n_kv * j.per_kv;
-    atomic_init(&j.next, 0);
-    tpool_run(cb->pool, attn_worker, &j);
-}
-
 static cpu_kv_view snap_view(cpu_backend *cb)
 {
     return (cpu_kv_view){&cb->kv, cb->kv_data, cb->kv_block_stride, cb->kv_layer_off,
@@ -945,7 +836,7 @@ static const backend_ops cpu_ops = {
     .matmul_glu = cpu_matmul_glu,
     .rope = cpu_rope,
     .kv_store = cpu_kv_store,
-    .attention = cpu_attention,
+    .attention = cpu_attn_op,
     .kv_score = cpu_kv_score,
     .kv_compact = cpu_kv_compact,
     .swiglu = cpu_swiglu_op,

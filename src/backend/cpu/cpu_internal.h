@@ -1,6 +1,6 @@
 /* cpu_internal.h - the CPU backend's state and its KV row addressing
- * (cpu_backend.c; the other files of the backend get views of it, e.g.
- * cpu_snap.h's).  Not a public header: only cpu_backend.c includes it.
+ * (cpu_backend.c, and cpu_attn.c for the attention op; the other files of
+ * the backend get views of it, e.g. cpu_snap.h's).  Not a public header.
  */
 #ifndef KVANT_CPU_INTERNAL_H
 #define KVANT_CPU_INTERNAL_H
@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/backend.h"
 #include "backend/cpu/cpu_kv.h"
 #include "backend/cpu/cpu_mla.h"
 #include "backend/cpu/cpu_moe.h"

@@ -33,7 +33,10 @@ void cpu_kv_store_row(uint32_t type, const float *src, void *dst, int64_t n)
 
 int64_t cpu_kvq_scratch(int32_t block_size, int32_t head_dim)
 {
-    return (int64_t)block_size * CPU_ATTN_GROUP_MAX + head_dim + 16;
+    /* the group's scores; the tile's block of K and V rows as f32 and its
+     * tokens' running max and sum; the scalar row's dequantized V row */
+    return (int64_t)block_size * CPU_ATTN_GROUP_MAX + 2 * (int64_t)block_size * head_dim +
+           2 * CPU_ATTN_TILE_MAX * CPU_ATTN_GROUP_MAX + head_dim + 16;
 }
 
 const int32_t *cpu_kv_budget_table(const int32_t *table, int32_t block_size, int32_t sink_blocks,
@@ -54,8 +57,32 @@ const int32_t *cpu_kv_budget_table(const int32_t *table, int32_t block_size, int
 cpu_kvq_group_fn cpu_kvq_attention_group_for(kernel_isa isa, uint32_t type, int32_t head_dim)
 {
 #if KVANT_X86
-    if (cpu_kvq_attention_row_for(isa, type, head_dim) == cpu_kvq_attention_row_f16_avx2)
+    const cpu_kvq_row_fn row = cpu_kvq_attention_row_for(isa, type, head_dim);
+    if (row == cpu_kvq_attention_row_f16_avx2)
         return cpu_kvq_attention_group_f16_avx2;
+    if (row == cpu_kvq_attention_row_bf16_avx2)
+        return cpu_kvq_attention_group_bf16_avx2;
+    if (row == cpu_kvq_attention_row_q8_0_avx2)
+        return cpu_kvq_attention_group_q8_0_avx2;
+    if (row == cpu_kvq_attention_row_q4_0_avx2)
+        return cpu_kvq_attention_group_q4_0_avx2;
+#endif
+    (void)isa, (void)type, (void)head_dim;
+    return NULL;
+}
+
+cpu_kvq_tile_fn cpu_kvq_attention_tile_for(kernel_isa isa, uint32_t type, int32_t head_dim)
+{
+#if KVANT_X86
+    const cpu_kvq_group_fn group = cpu_kvq_attention_group_for(isa, type, head_dim);
+    if (group == cpu_kvq_attention_group_f16_avx2)
+        return cpu_kvq_attention_tile_f16_avx2;
+    if (group == cpu_kvq_attention_group_bf16_avx2)
+        return cpu_kvq_attention_tile_bf16_avx2;
+    if (group == cpu_kvq_attention_group_q8_0_avx2)
+        return cpu_kvq_attention_tile_q8_0_avx2;
+    if (group == cpu_kvq_attention_group_q4_0_avx2)
+        return cpu_kvq_attention_tile_q4_0_avx2;
 #endif
     (void)isa, (void)type, (void)head_dim;
     return NULL;
@@ -69,6 +96,15 @@ cpu_kvq_row_fn cpu_kvq_attention_row_for(kernel_isa isa, uint32_t type, int32_t 
             return cpu_kvq_attention_row_f16_avx512;
         if ((isa == KERNEL_ISA_AVX2 || isa == KERNEL_ISA_AVX512) && head_dim % 8 == 0)
             return cpu_kvq_attention_row_f16_avx2;
+    }
+    /* the other dtypes' AVX2 rows serve AVX-512 CPUs too */
+    if (isa == KERNEL_ISA_AVX2 || isa == KERNEL_ISA_AVX512) {
+        if (type == DT_BF16 && head_dim % 8 == 0)
+            return cpu_kvq_attention_row_bf16_avx2;
+        if (type == DT_Q8_0 && head_dim % 32 == 0)
+            return cpu_kvq_attention_row_q8_0_avx2;
+        if (type == DT_Q4_0 && head_dim % 32 == 0)
+            return cpu_kvq_attention_row_q4_0_avx2;
     }
 #endif
     (void)isa, (void)type, (void)head_dim;

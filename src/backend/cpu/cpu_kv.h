@@ -26,8 +26,8 @@ int cpu_kv_check(uint32_t type, int32_t head_dim, kvant_err *err);
 /* dst (dtype_row_size(dtype, n) bytes) = quantize(src[0..n)). */
 void cpu_kv_store_row(uint32_t type, const float *src, void *dst, int64_t n);
 
-/* Scratch floats a cpu_kvq_row_fn or a cpu_kvq_group_fn of up to
- * CPU_ATTN_GROUP_MAX heads needs. */
+/* Scratch floats a cpu_kvq_row_fn, a cpu_kvq_group_fn of up to
+ * CPU_ATTN_GROUP_MAX heads or a cpu_kvq_tile_fn needs. */
 int64_t cpu_kvq_scratch(int32_t block_size, int32_t head_dim);
 
 /* The table a token at pos reads under a KV budget (fwd_seq.kv_sink_blocks,
@@ -42,13 +42,17 @@ const int32_t *cpu_kv_budget_table(const int32_t *table, int32_t block_size, int
 /* The row for stored rows of `type` with heads of head_dim on `isa`
  * (dtype_kernel_isa()): for DT_F16, the AVX-512 twin (isa AVX-512,
  * head_dim % 16 == 0) or the AVX2 + FMA + F16C one (isa AVX2 or AVX-512,
- * head_dim % 8 == 0); else the reference.  The backend picks once per KV
- * layout and calls through it. */
+ * head_dim % 8 == 0); for DT_BF16 (head_dim % 8 == 0), DT_Q8_0 and DT_Q4_0
+ * (head_dim % 32 == 0) the AVX2 one on AVX2 and AVX-512; else the
+ * reference.  The backend picks once per KV layout and calls through it. */
 cpu_kvq_row_fn cpu_kvq_attention_row_for(kernel_isa isa, uint32_t type, int32_t head_dim);
 /* The group function whose every head is bitwise the row function's
  * above for the same arguments, or NULL (the caller then loops the row):
  * the AVX2 twin exactly where cpu_kvq_attention_row_for picks the AVX2 row. */
 cpu_kvq_group_fn cpu_kvq_attention_group_for(kernel_isa isa, uint32_t type, int32_t head_dim);
+/* The tile function whose every token is bitwise the group function's
+ * above, or NULL: the AVX2 one exactly where that group is the AVX2 one. */
+cpu_kvq_tile_fn cpu_kvq_attention_tile_for(kernel_isa isa, uint32_t type, int32_t head_dim);
 /* The scalar specification (the type's traits); its f16 twins are in
  * cpu_attn_rows.h. */
 void cpu_kvq_attention_row_ref(const float *q, const cpu_kvq_seq *s, int32_t n_pos,

@@ -1,16 +1,23 @@
-/* cpu_ops_avx2.c - AVX2 + FMA + F16C attention row over f16 K/V rows (the
- * default KV dtype), twin of the scalar cpu_kvq_attention_row_ref.
+/* cpu_ops_avx2.c - AVX2 + FMA + F16C attention rows over stored K/V rows
+ * (f16, the default KV dtype, and bf16, q8_0, q4_0), twins of the scalar
+ * cpu_kvq_attention_row_ref.
  *
  * Same algorithm and block order as the reference (online softmax block
- * by block): q.k with 8-wide FMAs on converted halves, the block's exp()
+ * by block): q.k with 8-wide FMAs on converted values, the block's exp()
  * as one vector polynomial (Cephes expf, as cpu_ops_avx512.c), p*V with
- * 8-wide FMAs.  Per-row arithmetic depends only on (q, K, V, n_pos), never
- * on the batch.  Requires head_dim % 8 == 0 (the caller falls back).
+ * 8-wide FMAs.  A K or V value converts as the dtype's to_float does (f16
+ * and bf16 exactly; q8_0 and q4_0 as d * code, one f32 rounding), so only
+ * the order of the q.k sums differs from the reference.  Per-row
+ * arithmetic depends only on (q, K, V, n_pos), never on the batch.
+ * Requires head_dim % 8 == 0 (f16, bf16) or % 32 == 0 (q8_0, q4_0); the
+ * caller falls back.
  */
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "backend/cpu/cpu_attn_rows.h"
+#include "kernels/blocks.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -38,6 +45,37 @@ AI __m256 ld_f16x8(const uint8_t *p)
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
+/* Values i..i+7 (i % 8 == 0) of a stored row of dtype t (a constant in each
+ * specialization) as f32, each as the dtype's to_float gives it. */
+AI __m256 ld_kv8(uint32_t t, const uint8_t *row, int32_t i)
+{
+    if (t == DT_F32) /* a tile's staged rows */
+        return _mm256_loadu_ps((const float *)row + i);
+    if (t == DT_F16)
+        return ld_f16x8(row + 2 * i);
+    if (t == DT_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 2 * i))), 16));
+    const int32_t b = i / 32, o = i % 32;
+    __m256i c;
+    half_fp16 h;
+    if (t == DT_Q8_0) {
+        const uint8_t *blk = row + (int64_t)b * sizeof(block_q8_0);
+        memcpy(&h, blk, sizeof h);
+        c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + o)));
+    } else { /* q4_0: values 0..15 the low nibbles of qs[0..15], 16..31 the high */
+        const uint8_t *blk = row + (int64_t)b * sizeof(block_q4_0);
+        memcpy(&h, blk, sizeof h);
+        const __m256i u =
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + o % 16)));
+        c = _mm256_sub_epi32(
+            _mm256_and_si256(o < 16 ? u : _mm256_srli_epi32(u, 4), _mm256_set1_epi32(15)),
+            _mm256_set1_epi32(8));
+    }
+    const float d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+    return _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(c));
+}
+
 /* scratch[0..cnt) = exp(scratch - m) in place, 8 at a time, scalar tail. */
 AI void exp_block256(float *scratch, int32_t cnt, float m)
 {
@@ -55,97 +93,184 @@ AI void exp_block256(float *scratch, int32_t cnt, float m)
     }
 }
 
-/* q . k for nq (1..CPU_ATTN_GROUP_MAX) heads against one f16 key row,
- * each head's sum over two 8-wide FMA chains, the chains added, then
- * halves to one lane (the key's halves are converted once for all heads). */
-AI void dotn256_f16(const float *q, int32_t nq, const uint8_t *k, int32_t n, float *dots)
+/* Lane j of the result: a_j's eight lanes summed (adjacent pairs, pairs of
+ * pairs, then the two 128-bit halves). */
+AI __m128 hsum_lo4(__m256 a0, __m256 a1, __m256 a2, __m256 a3)
 {
-    __m256 s0[CPU_ATTN_GROUP_MAX], s1[CPU_ATTN_GROUP_MAX];
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+/* q . k for nq (1..CPU_ATTN_GROUP_MAX) heads against kt (1, 2 or 4; a
+ * constant) consecutive key rows of dtype t: one 8-wide FMA chain per head
+ * and key over the head's values in order, then one horizontal-add tree for
+ * the kt keys of a head (lanes 0..kt-1 of dots[g]).  Each key's values are
+ * converted once for all heads, each query slice loaded once for all keys. */
+#define KT_MAX 4
+/* Keys per tile: nq x kt accumulators, at most twelve. */
+#define KT_FOR(nq) ((nq) == 4 ? 2 : 4)
+AI void dot_tile(uint32_t t, const float *q, int32_t nq, int32_t kt, const uint8_t *k,
+                 int64_t rs, int32_t n, __m128 *dots)
+{
+    __m256 acc[CPU_ATTN_GROUP_MAX][KT_MAX];
+#pragma GCC unroll 4
     for (int32_t g = 0; g < nq; g++)
-        s0[g] = s1[g] = _mm256_setzero_ps();
-    int32_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m256 k0 = ld_f16x8(k + 2 * i), k1 = ld_f16x8(k + 2 * i + 16);
-        for (int32_t g = 0; g < nq; g++) {
-            s0[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * n + i), k0, s0[g]);
-            s1[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * n + i + 8), k1, s1[g]);
-        }
-    }
-    if (i < n) {
-        const __m256 k0 = ld_f16x8(k + 2 * i);
-        for (int32_t g = 0; g < nq; g++)
-            s0[g] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * n + i), k0, s0[g]);
-    }
-    for (int32_t g = 0; g < nq; g++) {
-        const __m256 s = _mm256_add_ps(s0[g], s1[g]);
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_add_ss(h, _mm_movehdup_ps(h));
-        dots[g] = _mm_cvtss_f32(h);
-    }
-}
-
-/* out_g = the p V sums of one block for nq heads: out_g * corr_g, then
- * + p_g[j] V_j for j in order (the reference's order per
- * head; each V slice converted once for all heads). */
-AI void pv_block_f16(int32_t nq, const float *p, int32_t bs, const float *corr, const uint8_t *vb,
-                     int64_t rs, int32_t cnt, int32_t head_dim, float *out)
-{
-    for (int32_t d = 0; d < head_dim; d += 8) {
-        __m256 o[CPU_ATTN_GROUP_MAX];
-        for (int32_t g = 0; g < nq; g++)
-            o[g] = _mm256_mul_ps(_mm256_loadu_ps(out + g * head_dim + d), _mm256_set1_ps(corr[g]));
-        for (int32_t j = 0; j < cnt; j++) {
-            const __m256 v = ld_f16x8(vb + j * rs + 2 * d);
+#pragma GCC unroll 4
+        for (int32_t j = 0; j < kt; j++)
+            acc[g][j] = _mm256_setzero_ps();
+    for (int32_t i = 0; i < n; i += 8) {
+#pragma GCC unroll 4
+        for (int32_t j = 0; j < kt; j++) {
+            const __m256 kv = ld_kv8(t, k + j * rs, i);
+#pragma GCC unroll 4
             for (int32_t g = 0; g < nq; g++)
-                o[g] = _mm256_fmadd_ps(_mm256_set1_ps(p[g * bs + j]), v, o[g]);
+                acc[g][j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * n + i), kv, acc[g][j]);
         }
-        for (int32_t g = 0; g < nq; g++)
-            _mm256_storeu_ps(out + g * head_dim + d, o[g]);
+    }
+    const __m256 z = _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int32_t g = 0; g < nq; g++)
+        dots[g] = hsum_lo4(acc[g][0], kt > 1 ? acc[g][1] : z, kt > 2 ? acc[g][2] : z,
+                           kt > 3 ? acc[g][3] : z);
+}
+
+/* One block's scores for nq heads: scratch[g * bs + j] = softcap(q_g . k_j
+ * * scale) for the block's cnt keys, and bm[g] their max.  Keys go in tiles
+ * of kt, the rest alone; a key's sum is the same in any tile (one chain,
+ * the same tree), so a head's bits do not depend on the group size. */
+AI void score_block(uint32_t t, const float *q, int32_t nq, const uint8_t *kb, int64_t rs,
+                    int32_t cnt, int32_t head_dim, float scale, float softcap, float *scratch,
+                    int32_t bs, float *bm)
+{
+    __m128 dots[CPU_ATTN_GROUP_MAX];
+    __m128 vmax[CPU_ATTN_GROUP_MAX];
+    const __m128 vs = _mm_set1_ps(scale);
+#pragma GCC unroll 4
+    for (int32_t g = 0; g < nq; g++)
+        vmax[g] = _mm_set1_ps(-INFINITY);
+    const int32_t kt = KT_FOR(nq);
+    int32_t j = 0;
+    for (; j + kt <= cnt; j += kt) {
+        dot_tile(t, q, nq, kt, kb + j * rs, rs, head_dim, dots);
+#pragma GCC unroll 4
+        for (int32_t g = 0; g < nq; g++) {
+            __m128 v = _mm_mul_ps(dots[g], vs);
+            if (softcap > 0.0f) {
+                float tmp[4];
+                _mm_storeu_ps(tmp, v);
+                for (int32_t u = 0; u < kt; u++)
+                    tmp[u] = attn_softcap(tmp[u], softcap);
+                v = _mm_loadu_ps(tmp);
+            }
+            if (kt == 4) {
+                _mm_storeu_ps(scratch + g * bs + j, v);
+            } else { /* kt == 2: lanes 2 and 3 hold no key */
+                _mm_storel_pi((__m64 *)(scratch + g * bs + j), v);
+                v = _mm_movelh_ps(v, _mm_set1_ps(-INFINITY));
+            }
+            vmax[g] = _mm_max_ps(v, vmax[g]); /* a NaN score is passed over */
+        }
+    }
+    for (; j < cnt; j++) {
+        dot_tile(t, q, nq, 1, kb + j * rs, rs, head_dim, dots);
+#pragma GCC unroll 4
+        for (int32_t g = 0; g < nq; g++) {
+            const float v = attn_softcap(_mm_cvtss_f32(dots[g]) * scale, softcap);
+            scratch[g * bs + j] = v;
+            vmax[g] = _mm_move_ss(vmax[g], _mm_max_ss(_mm_set_ss(v), vmax[g]));
+        }
+    }
+#pragma GCC unroll 4
+    for (int32_t g = 0; g < nq; g++) {
+        __m128 m = _mm_max_ps(vmax[g], _mm_movehl_ps(vmax[g], vmax[g]));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        bm[g] = _mm_cvtss_f32(m);
     }
 }
 
-/* The group kernel's body, inlined once per group size so that the
- * per-head accumulators live in registers. */
-AI void attn_group_body(const float *q, const int32_t nq, const cpu_kvq_seq *s, int32_t n_pos,
-                        int32_t head_dim, float scale, float *scratch, float *out)
+/* out_g[d0 .. d0 + 8 * dc) of one block for nq heads: out_g * corr_g, then
+ * + p_g[j] V_j for j in order (the reference's order per element); dc (a
+ * constant) 8-value slices at a time, so each p_g[j] is broadcast once for
+ * dc slices and each V slice converted once for all heads. */
+#define DC_MAX 8
+AI void pv_slices(uint32_t t, int32_t nq, int32_t dc, const float *p, int32_t bs,
+                  const float *corr, const uint8_t *vb, int64_t rs, int32_t cnt, int32_t head_dim,
+                  int32_t d0, float *out)
 {
-    float m[CPU_ATTN_GROUP_MAX], l[CPU_ATTN_GROUP_MAX], corr[CPU_ATTN_GROUP_MAX];
-    float bm[CPU_ATTN_GROUP_MAX], dots[CPU_ATTN_GROUP_MAX];
-    const int32_t bs = s->block_size;
+    __m256 o[CPU_ATTN_GROUP_MAX][DC_MAX];
+#pragma GCC unroll 4
+    for (int32_t g = 0; g < nq; g++)
+#pragma GCC unroll 8
+        for (int32_t c = 0; c < dc; c++)
+            o[g][c] = _mm256_mul_ps(_mm256_loadu_ps(out + g * head_dim + d0 + 8 * c),
+                                    _mm256_set1_ps(corr[g]));
+    for (int32_t j = 0; j < cnt; j++) {
+        __m256 pj[CPU_ATTN_GROUP_MAX];
+#pragma GCC unroll 4
+        for (int32_t g = 0; g < nq; g++)
+            pj[g] = _mm256_set1_ps(p[g * bs + j]);
+#pragma GCC unroll 8
+        for (int32_t c = 0; c < dc; c++) {
+            const __m256 v = ld_kv8(t, vb + j * rs, d0 + 8 * c);
+#pragma GCC unroll 4
+            for (int32_t g = 0; g < nq; g++)
+                o[g][c] = _mm256_fmadd_ps(pj[g], v, o[g][c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int32_t g = 0; g < nq; g++)
+#pragma GCC unroll 8
+        for (int32_t c = 0; c < dc; c++)
+            _mm256_storeu_ps(out + g * head_dim + d0 + 8 * c, o[g][c]);
+}
+
+/* The p V sums of one block for nq heads over the whole head: slices of
+ * up to twelve accumulators (nq x dc), then one slice at a time. */
+AI void pv_block(uint32_t t, int32_t nq, const float *p, int32_t bs, const float *corr,
+                 const uint8_t *vb, int64_t rs, int32_t cnt, int32_t head_dim, float *out)
+{
+    const int32_t dc = nq == 1 ? 8 : nq == 4 ? 2 : 4;
+    int32_t d = 0;
+    for (; d + 8 * dc <= head_dim; d += 8 * dc)
+        pv_slices(t, nq, dc, p, bs, corr, vb, rs, cnt, head_dim, d, out);
+    for (; d < head_dim; d += 8)
+        pv_slices(t, nq, 1, p, bs, corr, vb, rs, cnt, head_dim, d, out);
+}
+
+/* The online softmax's start for nq heads: m, l from the sinks, out 0. */
+AI void attn_init(int32_t nq, const float *sinks, int32_t head_dim, float *m, float *l, float *out)
+{
     for (int32_t g = 0; g < nq; g++) {
-        attn_start(s->sinks, g, &m[g], &l[g]);
+        attn_start(sinks, g, &m[g], &l[g]);
         for (int32_t d = 0; d < head_dim; d += 8)
             _mm256_storeu_ps(out + g * head_dim + d, _mm256_setzero_ps());
     }
-    for (int32_t start = s->p0 - s->p0 % bs; start < n_pos; start += bs) {
-        const int32_t lo = start < s->p0 ? s->p0 - start : 0;
-        const int32_t blk = s->table[start / bs];
-        const int32_t cnt = (n_pos - start < bs ? n_pos - start : bs) - lo;
-        const uint8_t *kb = s->k_base + (int64_t)blk * s->block_stride + (int64_t)lo * s->row_stride;
-        const uint8_t *vb = s->v_base + (int64_t)blk * s->block_stride + (int64_t)lo * s->row_stride;
-        for (int32_t g = 0; g < nq; g++)
-            bm[g] = -INFINITY;
-        for (int32_t j = 0; j < cnt; j++) {
-            dotn256_f16(q, nq, kb + j * s->row_stride, head_dim, dots);
-            for (int32_t g = 0; g < nq; g++) {
-                const float v = attn_softcap(dots[g] * scale, s->softcap);
-                scratch[g * bs + j] = v;
-                bm[g] = v > bm[g] ? v : bm[g];
-            }
-        }
-        for (int32_t g = 0; g < nq; g++) {
-            const float m_new = bm[g] > m[g] ? bm[g] : m[g];
-            corr[g] = expf(m[g] - m_new);
-            exp_block256(scratch + g * bs, cnt, m_new);
-            l[g] *= corr[g];
-            m[g] = m_new;
-        }
-        pv_block_f16(nq, scratch, bs, corr, vb, s->row_stride, cnt, head_dim, out);
-        for (int32_t g = 0; g < nq; g++)
-            for (int32_t j = 0; j < cnt; j++)
-                l[g] += scratch[g * bs + j];
+}
+
+/* One block of cnt keys (rows kb, values vb, rs bytes apart) for nq heads:
+ * scores, the running max and sum, out rescaled and the p V sums added. */
+AI void attn_block(uint32_t t, const float *q, int32_t nq, const uint8_t *kb, const uint8_t *vb,
+                   int64_t rs, int32_t cnt, int32_t head_dim, float scale, float softcap,
+                   float *scratch, int32_t bs, float *m, float *l, float *out)
+{
+    float corr[CPU_ATTN_GROUP_MAX], bm[CPU_ATTN_GROUP_MAX];
+    score_block(t, q, nq, kb, rs, cnt, head_dim, scale, softcap, scratch, bs, bm);
+    for (int32_t g = 0; g < nq; g++) {
+        const float m_new = bm[g] > m[g] ? bm[g] : m[g];
+        corr[g] = expf(m[g] - m_new);
+        exp_block256(scratch + g * bs, cnt, m_new);
+        l[g] *= corr[g];
+        m[g] = m_new;
     }
+    pv_block(t, nq, scratch, bs, corr, vb, rs, cnt, head_dim, out);
+    for (int32_t g = 0; g < nq; g++)
+        for (int32_t j = 0; j < cnt; j++)
+            l[g] += scratch[g * bs + j];
+}
+
+/* out /= l per head (0 where no mass). */
+AI void attn_finish(int32_t nq, int32_t head_dim, const float *l, float *out)
+{
     for (int32_t g = 0; g < nq; g++) {
         const __m256 inv = _mm256_set1_ps(l[g] > 0.0f ? 1.0f / l[g] : 0.0f);
         for (int32_t d = 0; d < head_dim; d += 8)
@@ -154,23 +279,120 @@ AI void attn_group_body(const float *q, const int32_t nq, const cpu_kvq_seq *s, 
     }
 }
 
-void cpu_kvq_attention_group_f16_avx2(const float *q, int32_t nq, const cpu_kvq_seq *s,
-                                      int32_t n_pos, int32_t head_dim, float scale,
-                                      float *scratch, float *out)
+/* The group kernel's body, inlined once per group size so that the
+ * per-head accumulators live in registers. */
+AI void attn_group_body(uint32_t t, const float *q, const int32_t nq, const cpu_kvq_seq *s,
+                        int32_t n_pos, int32_t head_dim, float scale, float *scratch, float *out)
 {
-    _Static_assert(CPU_ATTN_GROUP_MAX == 4, "one case per group size");
-    switch (nq) {
-    case 1: attn_group_body(q, 1, s, n_pos, head_dim, scale, scratch, out); break;
-    case 2: attn_group_body(q, 2, s, n_pos, head_dim, scale, scratch, out); break;
-    case 3: attn_group_body(q, 3, s, n_pos, head_dim, scale, scratch, out); break;
-    default: attn_group_body(q, 4, s, n_pos, head_dim, scale, scratch, out);
+    float m[CPU_ATTN_GROUP_MAX], l[CPU_ATTN_GROUP_MAX];
+    const int32_t bs = s->block_size;
+    attn_init(nq, s->sinks, head_dim, m, l, out);
+    for (int32_t start = s->p0 - s->p0 % bs; start < n_pos; start += bs) {
+        const int32_t lo = start < s->p0 ? s->p0 - start : 0;
+        const int32_t blk = s->table[start / bs];
+        const int32_t cnt = (n_pos - start < bs ? n_pos - start : bs) - lo;
+        const uint8_t *kb = s->k_base + (int64_t)blk * s->block_stride + (int64_t)lo * s->row_stride;
+        const uint8_t *vb = s->v_base + (int64_t)blk * s->block_stride + (int64_t)lo * s->row_stride;
+        attn_block(t, q, nq, kb, vb, s->row_stride, cnt, head_dim, scale, s->softcap, scratch, bs,
+                   m, l, out);
     }
+    attn_finish(nq, head_dim, l, out);
 }
 
-/* The row is the group of one head: a single body, so a head's result is
- * the same whether it is attended alone or with the others of its KV head. */
-void cpu_kvq_attention_row_f16_avx2(const float *q, const cpu_kvq_seq *s, int32_t n_pos,
-                                    int32_t head_dim, float scale, float *scratch, float *out)
+/* Rows [r0, r1) of a stored block (dtype t, row_stride apart) as f32 rows
+ * of head_dim, each value as ld_kv8 gives it. */
+AI void stage_rows(uint32_t t, const uint8_t *src, int64_t rs, int32_t r0, int32_t r1,
+                   int32_t head_dim, float *dst)
 {
-    cpu_kvq_attention_group_f16_avx2(q, 1, s, n_pos, head_dim, scale, scratch, out);
+    for (int32_t r = r0; r < r1; r++)
+        for (int32_t d = 0; d < head_dim; d += 8)
+            _mm256_storeu_ps(dst + (int64_t)r * head_dim + d, ld_kv8(t, src + r * rs, d));
 }
+
+/* The tile kernel's body: nt tokens' group bodies, block by block.  Each
+ * block's K and V rows that any token reads are converted once into
+ * scratch (f32), then every token whose range holds the block runs its
+ * attn_block on them: the same values and steps as attn_group_body, so
+ * each token's out is bitwise its group kernel's. */
+AI void attn_tile_body(uint32_t t, const float *q, const int32_t nq, int32_t nt, int64_t stride,
+                       const cpu_kvq_seq *s, const int32_t *p0, const int32_t *n_pos,
+                       int32_t head_dim, float scale, float *scratch, float *out)
+{
+    const int32_t bs = s->block_size;
+    float *kf = scratch + (int64_t)CPU_ATTN_GROUP_MAX * bs, *vf = kf + (int64_t)bs * head_dim;
+    float *ml = vf + (int64_t)bs * head_dim; /* [nt][2][CPU_ATTN_GROUP_MAX]: m, l */
+    const int64_t frs = (int64_t)head_dim * (int64_t)sizeof(float);
+    int32_t lo_all = p0[0], hi_all = n_pos[0];
+    for (int32_t x = 0; x < nt; x++) {
+        float *mx = ml + x * 2 * CPU_ATTN_GROUP_MAX;
+        attn_init(nq, s->sinks, head_dim, mx, mx + CPU_ATTN_GROUP_MAX, out + x * stride);
+        lo_all = p0[x] < lo_all ? p0[x] : lo_all;
+        hi_all = n_pos[x] > hi_all ? n_pos[x] : hi_all;
+    }
+    for (int32_t start = lo_all - lo_all % bs; start < hi_all; start += bs) {
+        const int32_t blk = s->table[start / bs];
+        const int32_t r0 = start < lo_all ? lo_all - start : 0;
+        const int32_t r1 = hi_all - start < bs ? hi_all - start : bs;
+        stage_rows(t, s->k_base + (int64_t)blk * s->block_stride, s->row_stride, r0, r1, head_dim,
+                   kf);
+        stage_rows(t, s->v_base + (int64_t)blk * s->block_stride, s->row_stride, r0, r1, head_dim,
+                   vf);
+        for (int32_t x = 0; x < nt; x++) {
+            if (start < p0[x] - p0[x] % bs || start >= n_pos[x])
+                continue;
+            const int32_t lo = start < p0[x] ? p0[x] - start : 0;
+            const int32_t cnt = (n_pos[x] - start < bs ? n_pos[x] - start : bs) - lo;
+            float *mx = ml + x * 2 * CPU_ATTN_GROUP_MAX;
+            attn_block(DT_F32, q + x * stride, nq, (const uint8_t *)(kf + (int64_t)lo * head_dim),
+                       (const uint8_t *)(vf + (int64_t)lo * head_dim), frs, cnt, head_dim, scale,
+                       s->softcap, scratch, bs, mx, mx + CPU_ATTN_GROUP_MAX, out + x * stride);
+        }
+    }
+    for (int32_t x = 0; x < nt; x++)
+        attn_finish(nq, head_dim, ml + x * 2 * CPU_ATTN_GROUP_MAX + CPU_ATTN_GROUP_MAX,
+                    out + x * stride);
+}
+
+/* One group entry and one row entry per KV dtype.  The row is the group of
+ * one head: a single body, so a head's result is the same whether it is
+ * attended alone or with the others of its KV head. */
+#define ATTN_AVX2_ENTRIES(sfx, type)                                                            \
+    void cpu_kvq_attention_group_##sfx##_avx2(const float *q, int32_t nq, const cpu_kvq_seq *s, \
+                                              int32_t n_pos, int32_t head_dim, float scale,     \
+                                              float *scratch, float *out)                       \
+    {                                                                                           \
+        _Static_assert(CPU_ATTN_GROUP_MAX == 4, "one case per group size");                    \
+        switch (nq) {                                                                           \
+        case 1: attn_group_body(type, q, 1, s, n_pos, head_dim, scale, scratch, out); break;   \
+        case 2: attn_group_body(type, q, 2, s, n_pos, head_dim, scale, scratch, out); break;   \
+        case 3: attn_group_body(type, q, 3, s, n_pos, head_dim, scale, scratch, out); break;   \
+        default: attn_group_body(type, q, 4, s, n_pos, head_dim, scale, scratch, out);         \
+        }                                                                                       \
+    }                                                                                           \
+    void cpu_kvq_attention_tile_##sfx##_avx2(const float *q, int32_t nq, int32_t nt,             \
+                                             int64_t stride, const cpu_kvq_seq *s,               \
+                                             const int32_t *p0, const int32_t *n_pos,            \
+                                             int32_t head_dim, float scale, float *scratch,      \
+                                             float *out)                                         \
+    {                                                                                           \
+        switch (nq) {                                                                           \
+        case 1: attn_tile_body(type, q, 1, nt, stride, s, p0, n_pos, head_dim, scale, scratch,  \
+                               out); break;                                                     \
+        case 2: attn_tile_body(type, q, 2, nt, stride, s, p0, n_pos, head_dim, scale, scratch,  \
+                               out); break;                                                     \
+        case 3: attn_tile_body(type, q, 3, nt, stride, s, p0, n_pos, head_dim, scale, scratch,  \
+                               out); break;                                                     \
+        default: attn_tile_body(type, q, 4, nt, stride, s, p0, n_pos, head_dim, scale, scratch, \
+                                out);                                                           \
+        }                                                                                       \
+    }                                                                                           \
+    void cpu_kvq_attention_row_##sfx##_avx2(const float *q, const cpu_kvq_seq *s, int32_t n_pos, \
+                                            int32_t head_dim, float scale, float *scratch,      \
+                                            float *out)                                         \
+    {                                                                                           \
+        cpu_kvq_attention_group_##sfx##_avx2(q, 1, s, n_pos, head_dim, scale, scratch, out);   \
+    }
+ATTN_AVX2_ENTRIES(f16, DT_F16)
+ATTN_AVX2_ENTRIES(bf16, DT_BF16)
+ATTN_AVX2_ENTRIES(q8_0, DT_Q8_0)
+ATTN_AVX2_ENTRIES(q4_0, DT_Q4_0)
