@@ -45,8 +45,11 @@ def records(d: Path) -> int:
     return sum(1 for n in os.listdir(d) if n.endswith(".kvb") and not n.startswith("."))
 
 
-def wait_written(srv: KvantServer, n: int, timeout: float = 20.0) -> dict:
-    """Polls /metrics until n records were written through and nothing is queued."""
+def wait_written(srv: KvantServer, n: int, timeout: float = 120.0) -> dict:
+    """Polls /metrics until n records were written through and nothing is queued.  Each record
+    is fsynced: beside other tests writing large files an fsync can take seconds (a CI run
+    had 7 of 12 after 20 s), so the bound is generous; a passing run returns as soon as the
+    records are there."""
     deadline = time.time() + timeout
     while True:
         m = srv.metrics()
