@@ -75,10 +75,7 @@ typedef void (*cpu_kvq_row_fn)(const float *q, const cpu_kvq_seq *s, int32_t n_p
  * bounds it).  f32 K/V, AVX-512 (head_dim % 16 == 0): */
 void cpu_attention_row_avx512(const float *q, const cpu_attn_seq *s, int32_t n_pos,
                               int32_t head_dim, float scale, float *scratch, float *out);
-/* f16 K/V, AVX-512 (head_dim % 16 == 0) and AVX2 + FMA + F16C
- * (head_dim % 8 == 0): */
-void cpu_kvq_attention_row_f16_avx512(const float *q, const cpu_kvq_seq *s, int32_t n_pos,
-                                      int32_t head_dim, float scale, float *scratch, float *out);
+/* f16 K/V, AVX2 + FMA + F16C (head_dim % 8 == 0): */
 void cpu_kvq_attention_row_f16_avx2(const float *q, const cpu_kvq_seq *s, int32_t n_pos,
                                     int32_t head_dim, float scale, float *scratch, float *out);
 

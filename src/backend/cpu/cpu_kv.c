@@ -91,14 +91,12 @@ cpu_kvq_tile_fn cpu_kvq_attention_tile_for(kernel_isa isa, uint32_t type, int32_
 cpu_kvq_row_fn cpu_kvq_attention_row_for(kernel_isa isa, uint32_t type, int32_t head_dim)
 {
 #if KVANT_X86
-    if (type == DT_F16) {
-        if (isa == KERNEL_ISA_AVX512 && head_dim % 16 == 0)
-            return cpu_kvq_attention_row_f16_avx512;
-        if ((isa == KERNEL_ISA_AVX2 || isa == KERNEL_ISA_AVX512) && head_dim % 8 == 0)
-            return cpu_kvq_attention_row_f16_avx2;
-    }
-    /* the other dtypes' AVX2 rows serve AVX-512 CPUs too */
+    /* the AVX2 rows serve AVX-512 CPUs too: their group and tile twins read
+     * each K/V row once for all heads and tokens (docs/PERFORMANCE.md,
+     * "Attention on AVX-512") */
     if (isa == KERNEL_ISA_AVX2 || isa == KERNEL_ISA_AVX512) {
+        if (type == DT_F16 && head_dim % 8 == 0)
+            return cpu_kvq_attention_row_f16_avx2;
         if (type == DT_BF16 && head_dim % 8 == 0)
             return cpu_kvq_attention_row_bf16_avx2;
         if (type == DT_Q8_0 && head_dim % 32 == 0)

@@ -40,11 +40,9 @@ const int32_t *cpu_kv_budget_table(const int32_t *table, int32_t block_size, int
                                    int32_t recent, int32_t pos, int32_t *vt, int32_t *n_pos);
 
 /* The row for stored rows of `type` with heads of head_dim on `isa`
- * (dtype_kernel_isa()): for DT_F16, the AVX-512 twin (isa AVX-512,
- * head_dim % 16 == 0) or the AVX2 + FMA + F16C one (isa AVX2 or AVX-512,
- * head_dim % 8 == 0); for DT_BF16 (head_dim % 8 == 0), DT_Q8_0 and DT_Q4_0
- * (head_dim % 32 == 0) the AVX2 one on AVX2 and AVX-512; else the
- * reference.  The backend picks once per KV layout and calls through it. */
+ * (dtype_kernel_isa()): the AVX2 + FMA + F16C twin on AVX2 and AVX-512
+ * for DT_F16 and DT_BF16 (head_dim % 8 == 0), DT_Q8_0 and DT_Q4_0
+ * (head_dim % 32 == 0); else the reference.  The backend picks once per KV layout and calls through it. */
 cpu_kvq_row_fn cpu_kvq_attention_row_for(kernel_isa isa, uint32_t type, int32_t head_dim);
 /* The group function whose every head is bitwise the row function's
  * above for the same arguments, or NULL (the caller then loops the row):
