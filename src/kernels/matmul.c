@@ -58,7 +58,8 @@ static void qact_fill(qact_kernels *k, kernel_isa isa)
     for (uint32_t t = 0; t < DT_COUNT; t++) {
         k->dot[t] = isa == KERNEL_ISA_AVX512 ? qact_dot_avx512(t) : qact_dot_avx2(t);
         k->packed_dot[t] = isa == KERNEL_ISA_AVX512 ? qpack_dot_avx512(t) : qpack_dot_avx2(t);
-        k->packed_dot_rows[t] = isa == KERNEL_ISA_AVX2 ? qpack_dot_rows_avx2(t) : NULL;
+        k->packed_dot_rows[t] =
+            isa == KERNEL_ISA_AVX512 ? qpack_dot_rows_avx512(t) : qpack_dot_rows_avx2(t);
     }
 #else
     (void)isa;

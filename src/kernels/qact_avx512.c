@@ -577,6 +577,22 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
     }
 }
 
+/* acc[k] (zeroed by the caller) += every group's v of packed row w for the
+ * nt tokens xv. */
+AI void pk_row_acc(uint32_t t, int64_t n, const void *w, const qact_view *xv, int nt,
+                   __m512 acc[NTM])
+{
+    const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
+    const size_t gb = group_wbytes(t, QACT_LANES);
+    for (int64_t g = 0; g < full; g++) {
+        for (size_t o = 0; o < gb; o += 64)
+            _mm_prefetch((const char *)w + g * gb + QACT_PREFETCH + o, _MM_HINT_T0);
+        pk_group(t, (const uint8_t *)w + g * gb, QACT_LANES, xv, g, nt, acc);
+    }
+    if (nc % QACT_LANES)
+        pk_group(t, (const uint8_t *)w + full * gb, (int)(nc % QACT_LANES), xv, full, nt, acc);
+}
+
 AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, int nt,
                     float *out)
 {
@@ -587,21 +603,41 @@ AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t
         xv[k] = qact_view_of((const uint8_t *)xq + (size_t)k * xs, n);
         acc[k] = _mm512_setzero_ps();
     }
-    const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
-    const size_t gb = group_wbytes(t, QACT_LANES);
-    for (int64_t g = 0; g < full; g++) {
-        for (size_t o = 0; o < gb; o += 64)
-            _mm_prefetch((const char *)w + g * gb + QACT_PREFETCH + o, _MM_HINT_T0);
-        pk_group(t, (const uint8_t *)w + g * gb, QACT_LANES, xv, g, nt, acc);
-    }
-    if (nc % QACT_LANES)
-        pk_group(t, (const uint8_t *)w + full * gb, (int)(nc % QACT_LANES), xv, full, nt, acc);
+    pk_row_acc(t, n, w, xv, nt, acc);
 #pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         float a[QACT_LANES];
         _mm512_storeu_ps(a, acc[k]);
         out[k] = qact_reduce16(a);
     }
+}
+
+/* One token against n_rows packed rows (row r at w + r rs): y[r] = the nt = 1
+ * dot, bitwise.  Four rows' reductions run as one transposed pass of the
+ * same additions as qact_reduce16 (lanes i + i+8, then + i+4, + i+2,
+ * + i+1), and the call's setup is paid once for all the rows (the AVX2
+ * rows kernel's scheme, qpack_avx2.c). */
+AI void pk_rows_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_rows,
+                     const void *xq, float *y)
+{
+    const qact_view xv[NTM] = {qact_view_of(xq, n)};
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+        __m128 x4[4];
+#pragma GCC unroll 1
+        for (int j = 0; j < 4; j++) {
+            __m512 acc[NTM];
+            acc[0] = _mm512_setzero_ps();
+            pk_row_acc(t, n, (const uint8_t *)w + (size_t)(r + j) * rs, xv, 1, acc);
+            const __m256 x8 = _mm256_add_ps(_mm512_castps512_ps256(acc[0]),
+                                            _mm512_extractf32x8_ps(acc[0], 1));
+            x4[j] = _mm_add_ps(_mm256_castps256_ps128(x8), _mm256_extractf128_ps(x8, 1));
+        }
+        _MM_TRANSPOSE4_PS(x4[0], x4[1], x4[2], x4[3]); /* x4[i]: lane i of the four rows */
+        _mm_storeu_ps(y + r, _mm_add_ps(_mm_add_ps(x4[0], x4[2]), _mm_add_ps(x4[1], x4[3])));
+    }
+    for (; r < n_rows; r++)
+        pk_dot_type(t, n, (const uint8_t *)w + (size_t)r * rs, xq, 0, 1, y + r);
 }
 
 QACT_NT_ENTRY(vq_q4_0, dot_type, DT_Q4_0)
@@ -651,6 +687,38 @@ qact_dot_fn qpack_dot_avx512(uint32_t type)
     case DT_Q5_K: return p5_q5_K;
     case DT_Q6_K: return p5_q6_K;
     case DT_MXFP4: return p5_mxfp4;
+    default: return NULL;
+    }
+}
+
+#define PK_ROWS_ENTRY(name, type)                                                              \
+    static void name(int64_t n, const void *w, size_t rs, int64_t n_rows, const void *xq,     \
+                     float *y)                                                                 \
+    {                                                                                          \
+        pk_rows_type(type, n, w, rs, n_rows, xq, y);                                           \
+    }
+PK_ROWS_ENTRY(r5_q4_0, DT_Q4_0)
+PK_ROWS_ENTRY(r5_q4_1, DT_Q4_1)
+PK_ROWS_ENTRY(r5_q8_0, DT_Q8_0)
+PK_ROWS_ENTRY(r5_q4_K, DT_Q4_K)
+PK_ROWS_ENTRY(r5_q5_0, DT_Q5_0)
+PK_ROWS_ENTRY(r5_q5_1, DT_Q5_1)
+PK_ROWS_ENTRY(r5_q5_K, DT_Q5_K)
+PK_ROWS_ENTRY(r5_q6_K, DT_Q6_K)
+PK_ROWS_ENTRY(r5_mxfp4, DT_MXFP4)
+
+qact_dot_rows_fn qpack_dot_rows_avx512(uint32_t type)
+{
+    switch (type) {
+    case DT_Q4_0: return r5_q4_0;
+    case DT_Q4_1: return r5_q4_1;
+    case DT_Q8_0: return r5_q8_0;
+    case DT_Q4_K: return r5_q4_K;
+    case DT_Q5_0: return r5_q5_0;
+    case DT_Q5_1: return r5_q5_1;
+    case DT_Q5_K: return r5_q5_K;
+    case DT_Q6_K: return r5_q6_K;
+    case DT_MXFP4: return r5_mxfp4;
     default: return NULL;
     }
 }

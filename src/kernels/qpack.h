@@ -94,8 +94,9 @@ void qpack_interleave_act(void *xq, int64_t n);
  * with the ISA; callers reach them through dtype_matmul_qact()->packed_dot. */
 qact_dot_fn qpack_dot_avx2(uint32_t type);
 qact_dot_fn qpack_dot_avx512(uint32_t type);
-/* One token against many packed rows (qact_dot_rows_fn); AVX2 only (the
- * AVX-512 table leaves it NULL). */
+/* One token against many packed rows (qact_dot_rows_fn), each row bitwise
+ * the one-token packed dot of the same ISA. */
 qact_dot_rows_fn qpack_dot_rows_avx2(uint32_t type);
+qact_dot_rows_fn qpack_dot_rows_avx512(uint32_t type);
 
 #endif

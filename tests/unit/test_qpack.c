@@ -181,9 +181,10 @@ static void test_dots(tu_rng *r, const char *isa, qact_dot_fn (*packed)(uint32_t
     }
 }
 
-/* One token against many rows (qact_dot_rows_fn, AVX2): each row == the
- * one-token packed dot, bitwise; 9 rows (two runs of four and one). */
-static void test_dot_rows(tu_rng *r, qact_dot_fn (*packed)(uint32_t),
+/* One token against many rows (qact_dot_rows_fn): each row == the
+ * one-token packed dot of the same ISA, bitwise; 9 rows (two runs of four
+ * and one). */
+static void test_dot_rows(tu_rng *r, const char *isa, qact_dot_fn (*packed)(uint32_t),
                           qact_dot_rows_fn (*rows_fn)(uint32_t))
 {
     const int64_t n_rows = 9;
@@ -193,7 +194,7 @@ static void test_dot_rows(tu_rng *r, qact_dot_fn (*packed)(uint32_t),
             const int64_t n = k_sizes[si];
             if (!qpack_supported(t, n))
                 continue;
-            CHECKF(rows_fn(t) != NULL, "%s has an avx2 rows kernel", dtype_get(t)->name);
+            CHECKF(rows_fn(t) != NULL, "%s has an %s rows kernel", dtype_get(t)->name, isa);
             if (!rows_fn(t))
                 continue;
             rows w = make_rows(r, t, n, n_rows, si % 2);
@@ -207,8 +208,8 @@ static void test_dot_rows(tu_rng *r, qact_dot_fn (*packed)(uint32_t),
             for (int64_t j = 0; j < n_rows; j++)
                 packed(t)(n, w.pk + j * w.rs, xi, 0, 1, y0 + j);
             rows_fn(t)(n, w.pk, w.rs, n_rows, xi, y1);
-            CHECKF(memcmp(y0, y1, sizeof y0) == 0, "%s avx2 rows == one-row dots bitwise, n=%lld",
-                   dtype_get(t)->name, (long long)n);
+            CHECKF(memcmp(y0, y1, sizeof y0) == 0, "%s %s rows == one-row dots bitwise, n=%lld",
+                   dtype_get(t)->name, isa, (long long)n);
             free(x), free(xi);
             free_rows(&w);
         }
@@ -309,8 +310,9 @@ int main(void)
         kernel_isa isa;
         const char *name;
         qact_dot_fn (*packed)(uint32_t);
-    } isas[] = {{KERNEL_ISA_AVX2, "avx2", qpack_dot_avx2},
-                {KERNEL_ISA_AVX512, "avx512", qpack_dot_avx512}};
+        qact_dot_rows_fn (*rows)(uint32_t);
+    } isas[] = {{KERNEL_ISA_AVX2, "avx2", qpack_dot_avx2, qpack_dot_rows_avx2},
+                {KERNEL_ISA_AVX512, "avx512", qpack_dot_avx512, qpack_dot_rows_avx512}};
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
         if (dtype_force_isa(isas[i].isa) != 0) {
             fprintf(stderr, "test_qpack: CPU lacks %s: its packed kernels not run here\n",
@@ -321,11 +323,9 @@ int main(void)
             CHECKF(dtype_matmul_qact()->packed_dot[t] == isas[i].packed(t),
                    "%s table: packed dot %u", isas[i].name, t);
         test_dots(&r, isas[i].name, isas[i].packed);
-        if (isas[i].isa == KERNEL_ISA_AVX2)
-            test_dot_rows(&r, isas[i].packed, qpack_dot_rows_avx2);
+        test_dot_rows(&r, isas[i].name, isas[i].packed, isas[i].rows);
         for (uint32_t t = 0; t < DT_COUNT; t++)
-            CHECKF(dtype_matmul_qact()->packed_dot_rows[t] ==
-                       (isas[i].isa == KERNEL_ISA_AVX2 ? qpack_dot_rows_avx2(t) : NULL),
+            CHECKF(dtype_matmul_qact()->packed_dot_rows[t] == isas[i].rows(t),
                    "%s table: packed rows %u", isas[i].name, t);
         test_matmul(&r, 1);
         test_matmul(&r, 7);
