@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_moe.h"
+#include "backend/cpu/cpu_ops.h"
 #include "forward/forward.h"
 #include "kernels/dtype.h"
 #include "testutil.h"
@@ -279,7 +280,7 @@ static void test_ffn(int shared, int norm_w, int kind)
     const cpu_moe_dims dims = {D, X, K, F, L.n_ff_shexp};
     void *ws = malloc(cpu_moe_ws_bytes(&dims, N));
     mm_ctx c = {.L = &L};
-    const cpu_moe_env env = {mm, &c, ws, NULL, NULL, {NULL, NULL}};
+    const cpu_moe_env env = {mm, &c, ws, NULL, NULL, {NULL, NULL}, cpu_swiglu};
     float x[N * D], x1[N * D], x2[N * D];
     for (int i = 0; i < N * D; i++)
         x[i] = x1[i] = 0.01f * (float)(i % 13);
@@ -308,7 +309,7 @@ static void test_ffn(int shared, int norm_w, int kind)
     CHECK(memcmp(x, x1, sizeof x) == 0);
     /* the grouped jobs (N * K pairs <= CPU_MOE_GROUP_ROWS): the same bits, two calls
      * (gate/up, down) for all X <= CPU_MOE_GROUP_EXPERTS experts */
-    const cpu_moe_env genv = {mm, &c, ws, mmg, NULL, {NULL, NULL}};
+    const cpu_moe_env genv = {mm, &c, ws, mmg, NULL, {NULL, NULL}, cpu_swiglu};
     for (int i = 0; i < N * D; i++)
         x2[i] = 0.01f * (float)(i % 13);
     group_calls = 0;

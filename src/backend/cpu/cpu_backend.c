@@ -583,7 +583,7 @@ static int cpu_moe_ffn_op(backend *be, const model_layer *L, const moe_params *m
         return rc;
     const model *m = cpu(be)->model;
     const cpu_moe_env env = {moe_mm, be, cpu(be)->moe_ws, moe_mm_group, m ? m->xcache : NULL,
-                             {moe_par_run, cpu(be)}};
+                             {moe_par_run, cpu(be)}, cpu(be)->swiglu};
     return cpu_moe_ffn(&env, L, mp, d_h, d_x, n, err);
 }
 
@@ -680,6 +680,7 @@ typedef struct ew_job {
     int64_t n;
     ew_op op;
     float s; /* EW_SCALE's factor, EW_SOFTCAP's cap */
+    cpu_glu_fn swiglu; /* EW_SWIGLU's kernel (cpu_backend.swiglu) */
 } ew_job;
 
 static void ew_worker(int ith, int nth, void *arg)
@@ -688,7 +689,7 @@ static void ew_worker(int ith, int nth, void *arg)
     long b, e;
     tpool_range((long)j->n, ith, nth, &b, &e);
     switch (j->op) {
-    case EW_SWIGLU: cpu_swiglu(j->a + b, j->b + b, j->out + b, e - b); break;
+    case EW_SWIGLU: j->swiglu(j->a + b, j->b + b, j->out + b, e - b); break;
     case EW_GEGLU: cpu_geglu(j->a + b, j->b + b, j->out + b, e - b); break;
     case EW_ADD:
         for (long i = b; i < e; i++)
@@ -714,20 +715,20 @@ static void ew_worker(int ith, int nth, void *arg)
 static void cpu_swiglu_op(backend *be, const float *d_gate, const float *d_up, float *d_out,
                           int64_t n)
 {
-    ew_job j = {d_gate, d_up, d_out, n, EW_SWIGLU, 0.0f};
+    ew_job j = {d_gate, d_up, d_out, n, EW_SWIGLU, 0.0f, cpu(be)->swiglu};
     cpu_run(cpu(be), ew_worker, &j, (long)n * 4); /* expf: ~4 adds' worth */
 }
 
 static void cpu_relu_sqr_op(backend *be, const float *d_x, float *d_y, int64_t n)
 {
-    ew_job j = {d_x, NULL, d_y, n, EW_RELU_SQR, 0.0f};
+    ew_job j = {d_x, NULL, d_y, n, EW_RELU_SQR, 0.0f, NULL};
     cpu_run(cpu(be), ew_worker, &j, (long)n);
 }
 
 static void cpu_geglu_op(backend *be, const float *d_gate, const float *d_up, float *d_out,
                          int64_t n)
 {
-    ew_job j = {d_gate, d_up, d_out, n, EW_GEGLU, 0.0f};
+    ew_job j = {d_gate, d_up, d_out, n, EW_GEGLU, 0.0f, NULL};
     cpu_run(cpu(be), ew_worker, &j, (long)n * 4);
 }
 
@@ -735,7 +736,7 @@ static void cpu_matmul_glu(backend *be, const model_tensor *Wg, const model_tens
                            const float *d_x, float *d_gate, float *d_up, int32_t n, int gelu)
 {
     const cpu_mm_env env = mm_env(cpu(be));
-    if (cpu_mm_glu(&env, Wg, Wu, d_x, d_gate, d_up, n, gelu ? cpu_geglu : cpu_swiglu))
+    if (cpu_mm_glu(&env, Wg, Wu, d_x, d_gate, d_up, n, gelu ? cpu_geglu : cpu(be)->swiglu))
         return;
     const model_tensor *W[2] = {Wg, Wu}, *nb[2] = {NULL, NULL};
     float *y[2] = {d_gate, d_up};
@@ -745,13 +746,13 @@ static void cpu_matmul_glu(backend *be, const model_tensor *Wg, const model_tens
 
 static void cpu_add(backend *be, float *d_x, const float *d_y, int64_t n)
 {
-    ew_job j = {d_x, d_y, d_x, n, EW_ADD, 0.0f};
+    ew_job j = {d_x, d_y, d_x, n, EW_ADD, 0.0f, NULL};
     cpu_run(cpu(be), ew_worker, &j, (long)n);
 }
 
 static void cpu_scale(backend *be, float *d_x, float s, int64_t n)
 {
-    ew_job j = {d_x, NULL, d_x, n, EW_SCALE, s};
+    ew_job j = {d_x, NULL, d_x, n, EW_SCALE, s, NULL};
     cpu_run(cpu(be), ew_worker, &j, (long)n);
 }
 
@@ -780,7 +781,7 @@ static void cpu_hadamard(backend *be, float *d_x, int32_t n_heads, int32_t head_
 
 static void cpu_softcap(backend *be, float *d_x, float cap, int64_t n)
 {
-    ew_job j = {d_x, NULL, d_x, n, EW_SOFTCAP, cap};
+    ew_job j = {d_x, NULL, d_x, n, EW_SOFTCAP, cap, NULL};
     cpu_run(cpu(be), ew_worker, &j, (long)n * 4);
 }
 
@@ -868,6 +869,7 @@ backend *cpu_backend_create(mem_mgr *mem, int n_threads, unsigned flags, kvant_e
     }
     cb->isa = dtype_kernel_isa(); /* chooses it on first use */
     cb->hadamard = hadamard_for(cb->isa);
+    cb->swiglu = cpu_swiglu_for(cb->isa);
     cb->base.ops = &cpu_ops;
     cb->mem = mem;
     cb->act_q8 = (flags & BACKEND_EXACT) == 0;

@@ -12,6 +12,7 @@
 #include "backend/cpu/cpu_kv.h"
 #include "backend/cpu/cpu_mla.h"
 #include "backend/cpu/cpu_moe.h"
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/cpu_pack.h"
 #include "backend/cpu/cpu_rope.h"
 #include "backend/cpu/cpu_ssm.h"
@@ -23,6 +24,7 @@ typedef struct cpu_backend {
     backend base;
     kernel_isa isa;         /* the kernels' instruction set at create (dtype_kernel_isa) */
     hadamard_fn hadamard;   /* the rotated KV's transform for isa (hadamard_for) */
+    cpu_glu_fn swiglu;      /* SwiGLU for isa (cpu_swiglu_for) */
     cpu_attn_rows attn;     /* valid while a KV layout is set (cpu_kv_init) */
     mem_mgr *mem;           /* borrowed */
     tpool *pool;

@@ -216,12 +216,12 @@ model_tensor cpu_moe_rows(const model_tensor *t, int64_t row0, int64_t rows)
     return v;
 }
 
-static void activate(int act, float *gate, const float *up, int64_t n)
+static void activate(const cpu_moe_env *env, int act, float *gate, const float *up, int64_t n)
 {
     if (act == FFN_SWIGLU_OAI)
         cpu_swiglu_oai(gate, up, gate, n);
     else
-        cpu_swiglu(gate, up, gate, n);
+        env->swiglu(gate, up, gate, n);
 }
 
 /* One gated FFN over n rows of xin into y: y = down(act(gate xin) * up xin),
@@ -233,7 +233,7 @@ static void gated_ffn(const cpu_moe_env *env, const moe_ws *ws, int act, const m
     const model_tensor *gu[2] = {g, u};
     float *gu_y[2] = {ws->gate, ws->up};
     env->mm(env->mm_ctx, 2, gu, b, xin, gu_y, n);
-    activate(act, ws->gate, ws->up, (int64_t)n * g->ne[1]);
+    activate(env, act, ws->gate, ws->up, (int64_t)n * g->ne[1]);
     env->mm(env->mm_ctx, 1, &d, b + 2, ws->gate, &y, n);
 }
 
@@ -314,7 +314,7 @@ static int run_group(const cpu_moe_env *env, const moe_ws *ws, const model_layer
         return KV_OK;
     const int32_t r0 = ws->start[e0], r1 = ws->start[e1]; /* their rows, contiguous */
     env->mm_group(env->mm_ctx, 2 * m, W, B, x, y, cnt);
-    activate(act, ws->gate + (size_t)r0 * F, ws->up + (size_t)r0 * F, (int64_t)(r1 - r0) * F);
+    activate(env, act, ws->gate + (size_t)r0 * F, ws->up + (size_t)r0 * F, (int64_t)(r1 - r0) * F);
     env->mm_group(env->mm_ctx, m, Wd, Bd, xd, yd, cd);
     return KV_OK;
 }

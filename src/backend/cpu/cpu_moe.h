@@ -58,6 +58,8 @@ typedef struct cpu_moe_env {
     cpu_moe_mmg_fn mm_group; /* NULL: every expert alone */
     struct xcache *xc;       /* experts from the cache (model/xcache.h), or NULL: resident */
     xcache_par par;          /* the pool the cache's misses are read on side by side */
+    void (*swiglu)(const float *gate, const float *up, float *out, int64_t n); /* FFN_SWIGLU's
+                                                                                * (cpu_ops.h) */
 } cpu_moe_env;
 
 /* x[t] += MoE_L(h[t]) for t < n (backend.h moe_ffn).  KV_OK, or the expert

@@ -70,6 +70,16 @@ void cpu_swiglu(const float *gate, const float *up, float *out, int64_t n)
     }
 }
 
+cpu_glu_fn cpu_swiglu_for(kernel_isa isa)
+{
+#if KVANT_X86
+    if (isa == KERNEL_ISA_AVX2 || isa == KERNEL_ISA_AVX512)
+        return cpu_swiglu_avx2;
+#endif
+    (void)isa;
+    return cpu_swiglu;
+}
+
 void cpu_swiglu_oai(const float *gate, const float *up, float *out, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) {

@@ -1,6 +1,6 @@
 /* cpu_ops_avx2.c - AVX2 + FMA + F16C attention rows over stored K/V rows
  * (f16, the default KV dtype, and bf16, q8_0, q4_0), twins of the scalar
- * cpu_kvq_attention_row_ref.
+ * cpu_kvq_attention_row_ref; and SwiGLU's twin (cpu_ops.h).
  *
  * Same algorithm and block order as the reference (online softmax block
  * by block): q.k with 8-wide FMAs on converted values, the block's exp()
@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_attn_rows.h"
+#include "backend/cpu/cpu_ops.h"
 #include "kernels/blocks.h"
 
 #define AI static inline __attribute__((always_inline))
@@ -38,6 +39,27 @@ AI __m256 exp256(__m256 x)
     const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* out[0..8) = g / (1 + exp(-g)) * u for 8 values. */
+AI __m256 swiglu8(__m256 g, __m256 u)
+{
+    const __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+void cpu_swiglu_avx2(const float *gate, const float *up, float *out, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, swiglu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+    if (i < n) { /* the tail through the same arithmetic, zero-padded */
+        float g[8] = {0}, u[8] = {0}, o[8];
+        memcpy(g, gate + i, (size_t)(n - i) * sizeof *g);
+        memcpy(u, up + i, (size_t)(n - i) * sizeof *u);
+        _mm256_storeu_ps(o, swiglu8(_mm256_loadu_ps(g), _mm256_loadu_ps(u)));
+        memcpy(out + i, o, (size_t)(n - i) * sizeof *o);
+    }
 }
 
 AI __m256 ld_f16x8(const uint8_t *p)
