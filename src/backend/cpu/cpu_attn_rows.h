@@ -1,5 +1,5 @@
 /* cpu_attn_rows.h - the attention rows' data and function types, and the
- * SIMD twins of the rows (cpu_ops_avx2.c, cpu_ops_avx512.c).  Header
+ * SIMD twins of the rows and of SwiGLU (cpu_ops_avx2.c, cpu_ops_avx512.c).  Header
  * only: cpu_ops.h and cpu_kv.h, whose .c files pick a row once per KV
  * layout and call it, include it, and so do the SIMD files, which include
  * no header of the module that calls them. */
@@ -129,6 +129,14 @@ CPU_KVQ_TILE_DECL(f16);
 CPU_KVQ_TILE_DECL(bf16);
 CPU_KVQ_TILE_DECL(q8_0);
 CPU_KVQ_TILE_DECL(q4_0);
+/* cpu_swiglu's (cpu_ops.h) AVX2 + FMA twin: every element through the same
+ * 8-wide arithmetic (a short tail padded, not scalar), so an element's
+ * result does not depend on where a call's range starts or ends; sigmoid's
+ * exp() is the attention rows' vector polynomial (~2 ulp from expf;
+ * test_ops bounds it).  Declared here with the attention twins because
+ * cpu_ops_avx2.c includes no other header of its module. */
+void cpu_swiglu_avx2(const float *gate, const float *up, float *out, int64_t n);
+
 /* The attention rows of the current KV layout, picked once in cpu_kv_init
  * from the kernels' ISA (cpu_backend.isa), the KV dtype and head_dim;
  * attn_worker calls through them. */

@@ -17,15 +17,10 @@ void cpu_rmsnorm_row(const float *x, const float *w, float eps, float *y, int32_
 void cpu_rope_table(int32_t pos, const rope_params *rp, const float *freq_factors, float *cs);
 void cpu_rope_head(float *x, const float *cs, const rope_params *rp, int32_t head_dim);
 void cpu_swiglu(const float *gate, const float *up, float *out, int64_t n);
-/* Its AVX2 + FMA twin: every element through the same 8-wide arithmetic
- * (a short tail padded, not scalar), so an element's result does not
- * depend on where a call's range starts or ends; sigmoid's exp() is the
- * attention rows' vector polynomial (~2 ulp from expf; test_ops bounds it). */
-void cpu_swiglu_avx2(const float *gate, const float *up, float *out, int64_t n);
 /* The SwiGLU for `isa` (dtype_kernel_isa()): the AVX2 twin on AVX2 and
  * AVX-512, else cpu_swiglu.  The backend picks once at create. */
 typedef void (*cpu_glu_fn)(const float *gate, const float *up, float *out, int64_t n);
-cpu_glu_fn cpu_swiglu_for(kernel_isa isa);
+cpu_glu_fn cpu_swiglu_for(kernel_isa isa); /* its twin: cpu_attn_rows.h */
 /* gpt-oss's clamped SwiGLU (ggml_swiglu_oai, alpha 1.702, limit 7):
  * x = min(gate, 7), out = x sigmoid(1.702 x) (clamp(up, -7, 7) + 1) */
 void cpu_swiglu_oai(const float *gate, const float *up, float *out, int64_t n);

@@ -17,7 +17,6 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_attn_rows.h"
-#include "backend/cpu/cpu_ops.h"
 #include "kernels/blocks.h"
 
 #define AI static inline __attribute__((always_inline))
