@@ -577,6 +577,82 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
     }
 }
 
+/* ---- a short last group of q4_0, q4_1 and q8_0 in 128-bit vectors ----
+ * A row of 576 values is a group and two chunks: pk_group's masked 512-bit
+ * pass costs a whole group for those two.  tc <= 4 chunks fit one 128-bit
+ * lane set: the same code bytes (4 tc per vector row, masked loads), the
+ * first 16 bytes of each 64-byte activation row (chunk c's four bytes at
+ * lane c, as pk_group reads them), and the same epilogue per lane in the
+ * same order; lanes 4-15 of acc get +0 (pk_group's lanes past tc add
+ * (0 * da) * I, a zero too; acc is never -0).  Integer sums are exact, so
+ * one accumulator gives pk_group's S0 + S1. */
+AI int pk_tail4_fits(uint32_t t, int tc)
+{
+    return tc <= 4 && (t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q8_0);
+}
+
+AI __m128i pk_load4(const uint8_t *p, int tc)
+{
+    return _mm_maskz_loadu_epi8((__mmask16)((1u << (4 * tc)) - 1), p);
+}
+
+AI void pk_tail4(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int64_t g, int nt,
+                 __m512 acc[NTM])
+{
+    const uint8_t *qs = wg + qpack_qs_off(t, tc);
+    const int L = 4 * tc;
+    __m128i S[NTM];
+    const int8_t *ag[NTM];
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        S[k] = _mm_setzero_si128();
+        ag[k] = xv[k].qs + g * QACT_GROUP;
+    }
+    if (t == DT_Q8_0) {
+        const __m128i bias = _mm_set1_epi8((char)0x80);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            const __m128i u = _mm_xor_si128(pk_load4(qs + L * r, tc), bias);
+#pragma GCC unroll 8
+            for (int k = 0; k < nt; k++)
+                S[k] = _mm_dpbusd_epi32(S[k], u,
+                                        _mm_loadu_si128((const __m128i *)(ag[k] + 64 * r)));
+        }
+    } else {
+        const __m128i lo4 = _mm_set1_epi8(0x0F);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const __m128i v = pk_load4(qs + L * i, tc);
+            const __m128i lo = _mm_and_si128(v, lo4);
+            const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), lo4);
+#pragma GCC unroll 8
+            for (int k = 0; k < nt; k++) {
+                const __m128i a0 = _mm_loadu_si128((const __m128i *)(ag[k] + 128 * i));
+                const __m128i a1 = _mm_loadu_si128((const __m128i *)(ag[k] + 128 * i + 64));
+                S[k] = _mm_dpbusd_epi32(_mm_dpbusd_epi32(S[k], lo, a0), hi, a1);
+            }
+        }
+    }
+    const __mmask8 hm = (__mmask8)((1u << tc) - 1);
+    const __m128 A = _mm_cvtph_ps(_mm_maskz_loadu_epi16(hm, wg));
+    const __m128 B = t == DT_Q4_1 ? _mm_cvtph_ps(_mm_maskz_loadu_epi16(hm, wg + 2 * tc))
+                                  : _mm_setzero_ps();
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        const __m128i asum = _mm_loadu_si128((const __m128i *)(xv[k].s32 + g * QACT_LANES));
+        const __m128 da = _mm_loadu_ps(xv[k].d + g * QACT_LANES);
+        __m128i I = S[k];
+        if (t == DT_Q4_0)
+            I = _mm_sub_epi32(I, _mm_slli_epi32(asum, 3));
+        else if (t == DT_Q8_0)
+            I = _mm_sub_epi32(I, _mm_slli_epi32(asum, 7));
+        __m128 v = _mm_mul_ps(_mm_mul_ps(A, da), _mm_cvtepi32_ps(I));
+        if (t == DT_Q4_1)
+            v = _mm_add_ps(v, _mm_mul_ps(_mm_mul_ps(B, da), _mm_cvtepi32_ps(asum)));
+        acc[k] = _mm512_add_ps(acc[k], _mm512_zextps128_ps512(v));
+    }
+}
+
 /* acc[k] (zeroed by the caller) += every group's v of packed row w for the
  * nt tokens xv. */
 AI void pk_row_acc(uint32_t t, int64_t n, const void *w, const qact_view *xv, int nt,
@@ -589,8 +665,11 @@ AI void pk_row_acc(uint32_t t, int64_t n, const void *w, const qact_view *xv, in
             _mm_prefetch((const char *)w + g * gb + QACT_PREFETCH + o, _MM_HINT_T0);
         pk_group(t, (const uint8_t *)w + g * gb, QACT_LANES, xv, g, nt, acc);
     }
-    if (nc % QACT_LANES)
-        pk_group(t, (const uint8_t *)w + full * gb, (int)(nc % QACT_LANES), xv, full, nt, acc);
+    const int tc = (int)(nc % QACT_LANES);
+    if (tc && pk_tail4_fits(t, tc))
+        pk_tail4(t, (const uint8_t *)w + full * gb, tc, xv, full, nt, acc);
+    else if (tc)
+        pk_group(t, (const uint8_t *)w + full * gb, tc, xv, full, nt, acc);
 }
 
 AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, int nt,
