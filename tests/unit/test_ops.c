@@ -247,6 +247,7 @@ static void check_typed(tu_rng *r, uint32_t type, cpu_kvq_row_fn rowf, cpu_kvq_g
 }
 #endif
 
+#if KVANT_X86
 /* cpu_swiglu_avx2 against the scalar cpu_swiglu (expf, double checked):
  * within 4 ulp-ish relative error on ordinary gates, the limits (+-100,
  * +-0, tiny) finite and of the reference's sign; and a call's range split
@@ -286,6 +287,7 @@ static void test_swiglu(tu_rng *r)
     CHECK(cpu_swiglu_for(KERNEL_ISA_AVX2) == cpu_swiglu_avx2);
     CHECK(cpu_swiglu_for(KERNEL_ISA_AVX512) == cpu_swiglu_avx2);
 }
+#endif
 
 /* The rows cpu_attention_row_for / cpu_kvq_attention_row_for pick (the
  * backend calls them once per KV layout). */
