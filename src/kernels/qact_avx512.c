@@ -348,15 +348,33 @@ AI void tail_group(uint32_t t, const void *w, int64_t full, int tc, const qact_v
     group_dot(t, wt, xv, full, nt, (tc + 1) / 2, is_k(t) ? tc / 8 : tc, acc);
 }
 
-AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out)
+/* xv[k] = the view of token k's qact row (xq + k xs), acc[k] = 0, k < nt. */
+AI void acc_begin(const void *xq, size_t xs, int64_t n, int nt, qact_view xv[NTM],
+                  __m512 acc[NTM])
 {
-    qact_view xv[NTM];
-    __m512 acc[NTM];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         xv[k] = qact_view_of((const uint8_t *)xq + (size_t)k * xs, n);
         acc[k] = _mm512_setzero_ps();
     }
+}
+
+/* out[k] = qact_reduce16(acc[k]), k < nt. */
+AI void acc_end(const __m512 acc[NTM], int nt, float *out)
+{
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        float a[QACT_LANES];
+        _mm512_storeu_ps(a, acc[k]);
+        out[k] = qact_reduce16(a);
+    }
+}
+
+AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out)
+{
+    qact_view xv[NTM];
+    __m512 acc[NTM];
+    acc_begin(xq, xs, n, nt, xv, acc);
     const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
     const size_t gb = group_wbytes(t, QACT_LANES);
     for (int64_t g = 0; g < full; g++) {
@@ -368,12 +386,7 @@ AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs
     const int tc = (int)(nc % QACT_LANES); /* chunks in the last, partial group */
     if (tc)
         tail_group(t, w, full, tc, xv, nt, acc);
-    #pragma GCC unroll 8
-    for (int k = 0; k < nt; k++) {
-        float a[QACT_LANES];
-        _mm512_storeu_ps(a, acc[k]);
-        out[k] = qact_reduce16(a);
-    }
+    acc_end(acc, nt, out);
 }
 
 /* ---- packed rows (kernels/qpack.h) ----
@@ -677,18 +690,9 @@ AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t
 {
     qact_view xv[NTM];
     __m512 acc[NTM];
-#pragma GCC unroll 8
-    for (int k = 0; k < nt; k++) {
-        xv[k] = qact_view_of((const uint8_t *)xq + (size_t)k * xs, n);
-        acc[k] = _mm512_setzero_ps();
-    }
+    acc_begin(xq, xs, n, nt, xv, acc);
     pk_row_acc(t, n, w, xv, nt, acc);
-#pragma GCC unroll 8
-    for (int k = 0; k < nt; k++) {
-        float a[QACT_LANES];
-        _mm512_storeu_ps(a, acc[k]);
-        out[k] = qact_reduce16(a);
-    }
+    acc_end(acc, nt, out);
 }
 
 /* One token against n_rows packed rows (row r at w + r rs): y[r] = the nt = 1
