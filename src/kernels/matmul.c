@@ -60,6 +60,7 @@ static void qact_fill(qact_kernels *k, kernel_isa isa)
         k->packed_dot[t] = isa == KERNEL_ISA_AVX512 ? qpack_dot_avx512(t) : qpack_dot_avx2(t);
         k->packed_dot_rows[t] =
             isa == KERNEL_ISA_AVX512 ? qpack_dot_rows_avx512(t) : qpack_dot_rows_avx2(t);
+        k->packed_dot2[t] = isa == KERNEL_ISA_AVX512 ? qpack_dot2_avx512(t) : NULL;
     }
 #else
     (void)isa;
@@ -198,10 +199,10 @@ static void rows_exact(uint32_t type, const void *w, size_t row_stride_bytes, in
 /* Rows [row_begin, row_end) against n_tok tokens' pre-quantized rows
  * (rb bytes each; terms 2: token t's two int8 terms at rows 2t, 2t + 1,
  * summed), through dot (and dot_rows for one token, where given). */
-static void rows_tiles(qact_dot_fn dot, qact_dot_rows_fn dot_rows, size_t rb, int terms,
-                       uint32_t type, const void *w, size_t row_stride_bytes, int64_t row_begin,
-                       int64_t row_end, int64_t n, const void *xq, int64_t n_tok, float *y,
-                       int64_t y_stride)
+static void rows_tiles(qact_dot_fn dot, qact_dot_rows_fn dot_rows, qact_dot2_fn dot2, size_t rb,
+                       int terms, uint32_t type, const void *w, size_t row_stride_bytes,
+                       int64_t row_begin, int64_t row_end, int64_t n, const void *xq,
+                       int64_t n_tok, float *y, int64_t y_stride)
 {
     const int64_t row_tile = row_tile_for(type, n), per = QACT_MULTI_MAX / terms;
     for (int64_t r0 = row_begin; r0 < row_end; r0 += row_tile) {
@@ -214,11 +215,19 @@ static void rows_tiles(qact_dot_fn dot, qact_dot_rows_fn dot_rows, size_t rb, in
                          r1 - r0, xt, y + t * y_stride + r0);
                 continue;
             }
-            for (int64_t r = r0; r < r1; r++) {
-                float out[QACT_MULTI_MAX];
-                dot(n, (const uint8_t *)w + (size_t)r * row_stride_bytes, xt, rb, terms * nt, out);
-                for (int k = 0; k < nt; k++)
-                    y[(t + k) * y_stride + r] = terms == 1 ? out[k] : out[2 * k] + out[2 * k + 1];
+            for (int64_t r = r0; r < r1;) {
+                float out[2 * QACT_MULTI_MAX];
+                const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_stride_bytes;
+                const int two = dot2 && r + 2 <= r1;
+                if (two)
+                    dot2(n, wr, row_stride_bytes, xt, rb, terms * nt, out);
+                else
+                    dot(n, wr, xt, rb, terms * nt, out);
+                for (int j = 0; j <= two; j++, r++) {
+                    const float *o = out + j * QACT_MULTI_MAX;
+                    for (int k = 0; k < nt; k++)
+                        y[(t + k) * y_stride + r] = terms == 1 ? o[k] : o[2 * k] + o[2 * k + 1];
+                }
             }
         }
     }
@@ -236,7 +245,7 @@ static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int
     if (terms == 2 && head_wide(type)) {
         const qact_dot_fn wide = type & DT_PACKED ? kt->wide_packed_dot : kt->wide_dot;
         KV_ASSERT(wide != NULL);
-        rows_tiles(wide, NULL, qwide_row_bytes(n), 1, type, w, row_stride_bytes, row_begin,
+        rows_tiles(wide, NULL, NULL, qwide_row_bytes(n), 1, type, w, row_stride_bytes, row_begin,
                    row_end, n, xq, n_tok, y, y_stride);
         return;
     }
@@ -246,7 +255,10 @@ static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int
         terms == 1 && (type & DT_PACKED) && qpack_base(type) < DT_COUNT
             ? kt->packed_dot_rows[qpack_base(type)]
             : NULL;
-    rows_tiles(dot, dot_rows, qact_row_bytes(n), terms, type, w, row_stride_bytes, row_begin,
+    const qact_dot2_fn dot2 = (type & DT_PACKED) && qpack_base(type) < DT_COUNT
+                                  ? kt->packed_dot2[qpack_base(type)]
+                                  : NULL;
+    rows_tiles(dot, dot_rows, dot2, qact_row_bytes(n), terms, type, w, row_stride_bytes, row_begin,
                row_end, n, xq, n_tok, y, y_stride);
 }
 

@@ -216,6 +216,52 @@ static void test_dot_rows(tu_rng *r, const char *isa, qact_dot_fn (*packed)(uint
     }
 }
 
+/* Two rows a pass (qact_dot2_fn), where the ISA has it: both rows' results
+ * == the reference bitwise for 1..4 tokens, at every size (tails of 1-4
+ * chunks, longer tails, whole groups). */
+static void test_dot2(tu_rng *r, const char *isa, qact_dot2_fn (*dot2)(uint32_t))
+{
+    const int64_t ntok = 4;
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        for (int si = 0; si < N_SIZES; si++) {
+            const uint32_t t = k_types[ti];
+            const int64_t n = k_sizes[si];
+            if (!qpack_supported(t, n) || !dot2(t))
+                continue;
+            rows w = make_rows(r, t, n, 2, si % 2);
+            const size_t rb = qact_row_bytes(n);
+            float *x = malloc((size_t)(n * ntok) * sizeof *x);
+            for (int64_t i = 0; i < n * ntok; i++)
+                x[i] = tu_rand_normal(r);
+            uint8_t *xq = malloc(rb * ntok), *xi = malloc(rb * ntok);
+            for (int64_t k = 0; k < ntok; k++) {
+                qact_quantize_ref(x + k * n, n, xq + k * rb);
+                memcpy(xi + k * rb, xq + k * rb, rb);
+                qpack_interleave_act(xi + k * rb, n);
+            }
+            float yr[2][4], ym[2 * QACT_MULTI_MAX];
+            for (int j = 0; j < 2; j++)
+                qact_dot_ref(t)(n, w.w + j * w.rs, xq, rb, (int)ntok, yr[j]);
+            int same = 1;
+            for (int nt = 1; nt <= ntok; nt++) {
+                dot2(t)(n, w.pk, w.rs, xi, rb, nt, ym);
+                same &= memcmp(ym, yr[0], (size_t)nt * sizeof *ym) == 0;
+                same &= memcmp(ym + QACT_MULTI_MAX, yr[1], (size_t)nt * sizeof *ym) == 0;
+            }
+            CHECKF(same, "%s two-row %s == ref bitwise, n=%lld", dtype_get(t)->name, isa,
+                   (long long)n);
+            free(x), free(xq), free(xi);
+            free_rows(&w);
+        }
+    }
+}
+
+static qact_dot2_fn no_dot2(uint32_t type)
+{
+    (void)type;
+    return NULL;
+}
+
 /* The matmul driver: packed rows give the stored rows' results, for one
  * token (the rows kernel where the ISA has one) and for seven. */
 static void test_matmul(tu_rng *r, int64_t ntok)
@@ -311,8 +357,10 @@ int main(void)
         const char *name;
         qact_dot_fn (*packed)(uint32_t);
         qact_dot_rows_fn (*rows)(uint32_t);
-    } isas[] = {{KERNEL_ISA_AVX2, "avx2", qpack_dot_avx2, qpack_dot_rows_avx2},
-                {KERNEL_ISA_AVX512, "avx512", qpack_dot_avx512, qpack_dot_rows_avx512}};
+        qact_dot2_fn (*dot2)(uint32_t);
+    } isas[] = {{KERNEL_ISA_AVX2, "avx2", qpack_dot_avx2, qpack_dot_rows_avx2, no_dot2},
+                {KERNEL_ISA_AVX512, "avx512", qpack_dot_avx512, qpack_dot_rows_avx512,
+                 qpack_dot2_avx512}};
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
         if (dtype_force_isa(isas[i].isa) != 0) {
             fprintf(stderr, "test_qpack: CPU lacks %s: its packed kernels not run here\n",
@@ -327,6 +375,10 @@ int main(void)
         for (uint32_t t = 0; t < DT_COUNT; t++)
             CHECKF(dtype_matmul_qact()->packed_dot_rows[t] == isas[i].rows(t),
                    "%s table: packed rows %u", isas[i].name, t);
+        test_dot2(&r, isas[i].name, isas[i].dot2);
+        for (uint32_t t = 0; t < DT_COUNT; t++)
+            CHECKF(dtype_matmul_qact()->packed_dot2[t] == isas[i].dot2(t),
+                   "%s table: two-row dot %u", isas[i].name, t);
         test_matmul(&r, 1);
         test_matmul(&r, 7);
         test_split(&r, 1);

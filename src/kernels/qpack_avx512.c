@@ -1,0 +1,651 @@
+/* qpack_avx512.c - AVX-512 VNNI dot kernels over packed weight rows
+ * (kernels/qpack.h), bitwise equal to qact_ref.c (specification in qact.h).
+ *
+ * Built with the AVX-512 flags; reached through the table matmul.c fills
+ * when the chosen ISA is AVX-512 (packed_dot, packed_dot_rows,
+ * packed_dot2).  Shares its helpers with qact_avx512.c
+ * (qact_avx512_common.h).
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "kernels/qact.h"
+#include "kernels/qact_avx512_common.h"
+#include "kernels/qpack.h"
+
+/* ---- one packed row ----
+ * Every 4-byte lane of a packed code vector belongs to one chunk, so
+ * VPDPBUSD leaves chunk c's sum in lane c directly: eight of them per
+ * group and token (two accumulators to halve the dependency chain), no
+ * combine steps.  q8_0 feeds w + 128 (xor 0x80) as in group_raw.  A short
+ * last group (tc < 16 chunks) is read with masked loads: lanes past it
+ * score 0 * 0 and add +0 to an accumulator that is never -0 (the
+ * reference skips them: same sum). */
+
+/* 64 bytes at p, the first 4 tc of them (tc == 16: a plain load). */
+AI __m512i pk_load(const uint8_t *p, int tc)
+{
+    if (tc == QACT_LANES)
+        return _mm512_loadu_si512(p);
+    return _mm512_maskz_loadu_epi8((__mmask64)((1ull << (4 * tc)) - 1), p);
+}
+
+/* tc f16 values at p as 16 floats (zero past tc). */
+AI __m512 pk_halfs(const uint8_t *p, int tc)
+{
+    if (tc == QACT_LANES)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16)((1u << tc) - 1), p));
+}
+
+/* q5_*, q6_K code vectors i (low and high nibbles) with their extra bits
+ * from x (qpack.c): q5: the qh' lanes; q6_K: plane i/2. */
+AI void pk_wide_codes(uint32_t t, __m512i v, __m512i x, int i, __m512i *lo, __m512i *hi)
+{
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    *lo = _mm512_and_si512(v, lo4);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+    if (t == DT_Q6_K) {
+        const __m512i b45 = _mm512_set1_epi8(0x30);
+        const __m512i lb = i & 1 ? _mm512_slli_epi16(x, 4) : x;
+        const __m512i hb = i & 1 ? _mm512_slli_epi16(x, 2) : _mm512_srli_epi16(x, 2);
+        *lo = _mm512_or_si512(*lo, _mm512_and_si512(lb, b45));
+        *hi = _mm512_or_si512(*hi, _mm512_and_si512(hb, b45));
+        return;
+    }
+    const __m512i b4 = _mm512_set1_epi8(0x10);
+    *lo = _mm512_or_si512(*lo, _mm512_and_si512(_mm512_slli_epi16(x, 4 - i), b4));
+    *hi = _mm512_or_si512(*hi, _mm512_and_si512(_mm512_srli_epi16(x, i), b4));
+}
+
+/* S0[k], S1[k] lane c: chunk c's sums for token k; q6_K: S0 over values
+ * 0-15 (vectors 0-1), S1 over 16-31, for the half scales. */
+AI void pk_sums(uint32_t t, const uint8_t *qs, const uint8_t *qx, int tc,
+                const int8_t *const ag[NTM], int nt, __m512i S0[NTM], __m512i S1[NTM])
+{
+    const int L = 4 * tc;
+    if (t == DT_Q8_0) {
+        const __m512i bias = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r += 2) {
+            const __m512i u0 = _mm512_xor_si512(pk_load(qs + L * r, tc), bias);
+            const __m512i u1 = _mm512_xor_si512(pk_load(qs + L * r + L, tc), bias);
+#pragma GCC unroll 8
+            for (int k = 0; k < nt; k++) {
+                S0[k] = _mm512_dpbusd_epi32(S0[k], u0, _mm512_loadu_si512(ag[k] + 64 * r));
+                S1[k] = _mm512_dpbusd_epi32(S1[k], u1, _mm512_loadu_si512(ag[k] + 64 * r + 64));
+            }
+        }
+        return;
+    }
+    const int wide = t == DT_Q5_0 || t == DT_Q5_1 || t == DT_Q5_K || t == DT_Q6_K;
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    const __m512i q5 = wide && t != DT_Q6_K ? pk_load(qx, tc) : _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int i = 0; i < 4; i++) {
+        const __m512i v = pk_load(qs + L * i, tc);
+        __m512i lo, hi;
+        if (wide) {
+            pk_wide_codes(t, v, t == DT_Q6_K ? pk_load(qx + L * (i / 2), tc) : q5, i, &lo, &hi);
+        } else {
+            lo = _mm512_and_si512(v, lo4);
+            hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+        }
+        if (t == DT_MXFP4) {
+            lo = mx_codes(lo);
+            hi = mx_codes(hi);
+        }
+#pragma GCC unroll 8
+        for (int k = 0; k < nt; k++) {
+            const __m512i a0 = _mm512_loadu_si512(ag[k] + 128 * i);
+            const __m512i a1 = _mm512_loadu_si512(ag[k] + 128 * i + 64);
+            if (t == DT_Q6_K && i >= 2) {
+                S1[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(S1[k], lo, a0), hi, a1);
+            } else if (t == DT_Q6_K) {
+                S0[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(S0[k], lo, a0), hi, a1);
+            } else {
+                S0[k] = _mm512_dpbusd_epi32(S0[k], lo, a0);
+                S1[k] = _mm512_dpbusd_epi32(S1[k], hi, a1);
+            }
+        }
+    }
+}
+
+/* K types: the group's super-block scales (one super-block when tc == 8:
+ * lanes 8-15 score zero sums with its finite scales). */
+typedef struct pk_kscales {
+    __m512 A, B;
+    __m512i sc, mn;       /* q4_K, q5_K */
+    __m512i e6, sc0, sc1; /* q6_K: the 32 int8 scales as int16; per lane s0, s1 */
+} pk_kscales;
+
+AI pk_kscales pk_k_scales(uint32_t t, const uint8_t *wg, int tc)
+{
+    pk_kscales r;
+    r.sc = r.mn = r.e6 = r.sc0 = r.sc1 = _mm512_setzero_si512();
+    if (t == DT_Q6_K) {
+        half_fp16 d[2];
+        memcpy(&d[0], wg, 2);
+        memcpy(&d[1], wg + (tc > 8 ? 2 : 0), 2);
+        r.A = _mm512_insertf32x8(_mm512_set1_ps(h2f(d[0])), _mm256_set1_ps(h2f(d[1])), 1);
+        r.B = _mm512_setzero_ps();
+        const uint8_t *sp = wg + 2 * (tc / 8);
+        const __m256i sb = tc > 8 ? _mm256_loadu_si256((const __m256i *)sp)
+                                  : _mm256_maskz_loadu_epi8(0xFFFF, sp);
+        r.e6 = _mm512_cvtepi8_epi16(sb);
+        r.sc0 = _mm512_srai_epi32(_mm512_slli_epi32(r.e6, 16), 16);
+        r.sc1 = _mm512_srai_epi32(r.e6, 16);
+        return r;
+    }
+    const uint8_t *h0 = wg, *h1 = wg + (tc > 8 ? 16 : 0); /* q4_K, q5_K heads */
+    uint32_t u0[4], u1[4];
+    half_fp16 d[4];
+    qact_k4_scales(h0 + 4, u0);
+    qact_k4_scales(h1 + 4, u1);
+    memcpy(&d[0], h0, 4);
+    memcpy(&d[2], h1, 4);
+    r.sc = _mm512_cvtepu8_epi32(_mm_setr_epi32((int)u0[0], (int)u0[1], (int)u1[0], (int)u1[1]));
+    r.mn = _mm512_cvtepu8_epi32(_mm_setr_epi32((int)u0[2], (int)u0[3], (int)u1[2], (int)u1[3]));
+    float fd[4]; /* d0, dmin0, d1, dmin1: F16C converts exactly */
+    _mm_storeu_ps(fd, _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)d)));
+    r.A = _mm512_insertf32x8(_mm512_set1_ps(fd[0]), _mm256_set1_ps(fd[2]), 1);
+    r.B = _mm512_insertf32x8(_mm512_set1_ps(-fd[1]), _mm256_set1_ps(-fd[3]), 1);
+    return r;
+}
+
+AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int64_t g, int nt,
+                 __m512 acc[NTM])
+{
+    const int kq = t == DT_Q4_K || t == DT_Q5_K || t == DT_Q6_K;
+    const int has_m = t == DT_Q4_1 || t == DT_Q5_1;
+    __m512i S0[NTM], S1[NTM];
+    const int8_t *ag[NTM];
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        S0[k] = S1[k] = _mm512_setzero_si512();
+        ag[k] = xv[k].qs + g * QACT_GROUP;
+    }
+    pk_sums(t, wg + qpack_qs_off(t, tc), wg + qpack_qx_off(t, tc), tc, ag, nt, S0, S1);
+    pk_kscales ks;
+    if (kq) {
+        ks = pk_k_scales(t, wg, tc);
+    } else if (t == DT_MXFP4) { /* e[tc] */
+        const __m128i e = tc == QACT_LANES ? _mm_loadu_si128((const __m128i *)wg)
+                                           : _mm_maskz_loadu_epi8((__mmask16)((1u << tc) - 1), wg);
+        ks.A = mx_scales(_mm512_cvtepu8_epi32(e));
+        ks.B = _mm512_setzero_ps();
+    } else {
+        ks.A = pk_halfs(wg, tc);
+        ks.B = has_m ? pk_halfs(wg + 2 * tc, tc) : _mm512_setzero_ps();
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        const __m512i asum = _mm512_loadu_si512(xv[k].s32 + g * QACT_LANES);
+        const __m512 da = _mm512_loadu_ps(xv[k].d + g * QACT_LANES);
+        __m512i I = _mm512_add_epi32(S0[k], S1[k]);
+        if (t == DT_Q4_K || t == DT_Q5_K) {
+            I = _mm512_mullo_epi32(ks.sc, I);
+            const __m512i J = _mm512_mullo_epi32(ks.mn, asum);
+            acc[k] = _mm512_add_ps(
+                acc[k], _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(ks.A, da), _mm512_cvtepi32_ps(I)),
+                                      _mm512_mul_ps(_mm512_mul_ps(ks.B, da), _mm512_cvtepi32_ps(J))));
+            continue;
+        }
+        if (t == DT_Q4_0)
+            I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 3));
+        else if (t == DT_Q5_0)
+            I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 4));
+        else if (t == DT_Q8_0)
+            I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 7));
+        else if (t == DT_MXFP4)
+            I = _mm512_sub_epi32(I, _mm512_mullo_epi32(asum, _mm512_set1_epi32(12)));
+        else if (t == DT_Q6_K) {
+            const __m512i s16 = _mm512_loadu_si512(xv[k].s16 + 2 * g * QACT_LANES);
+            I = _mm512_sub_epi32(
+                _mm512_add_epi32(_mm512_mullo_epi32(ks.sc0, S0[k]), _mm512_mullo_epi32(ks.sc1, S1[k])),
+                _mm512_slli_epi32(_mm512_madd_epi16(s16, ks.e6), 5));
+        }
+        __m512 v = _mm512_mul_ps(_mm512_mul_ps(ks.A, da), _mm512_cvtepi32_ps(I));
+        /* q4_0, q5_0, q8_0, q6_K, mxfp4: the reference's second term is +0, and
+         * adding +0 to v and then to acc (never -0) changes nothing */
+        if (has_m)
+            v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_mul_ps(ks.B, da), _mm512_cvtepi32_ps(asum)));
+        acc[k] = _mm512_add_ps(acc[k], v);
+    }
+}
+
+/* ---- a short last group of q4_0, q4_1 and q8_0 in 128-bit vectors ----
+ * A row of 576 values is a group and two chunks: pk_group's masked 512-bit
+ * pass costs a whole group for those two.  tc <= 4 chunks fit one 128-bit
+ * lane set: the same code bytes (4 tc per vector row, masked loads), the
+ * first 16 bytes of each 64-byte activation row (chunk c's four bytes at
+ * lane c, as pk_group reads them), and the same epilogue per lane in the
+ * same order; lanes 4-15 of acc get +0 (pk_group's lanes past tc add
+ * (0 * da) * I, a zero too; acc is never -0).  Integer sums are exact, so
+ * one accumulator gives pk_group's S0 + S1. */
+AI int pk_tail4_fits(uint32_t t, int tc)
+{
+    return tc <= 4 && (t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q8_0);
+}
+
+AI __m128i pk_load4(const uint8_t *p, int tc)
+{
+    return _mm_maskz_loadu_epi8((__mmask16)((1u << (4 * tc)) - 1), p);
+}
+
+AI void pk_tail4(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int64_t g, int nt,
+                 __m512 acc[NTM])
+{
+    const uint8_t *qs = wg + qpack_qs_off(t, tc);
+    const int L = 4 * tc;
+    __m128i S[NTM];
+    const int8_t *ag[NTM];
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        S[k] = _mm_setzero_si128();
+        ag[k] = xv[k].qs + g * QACT_GROUP;
+    }
+    if (t == DT_Q8_0) {
+        const __m128i bias = _mm_set1_epi8((char)0x80);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            const __m128i u = _mm_xor_si128(pk_load4(qs + L * r, tc), bias);
+#pragma GCC unroll 8
+            for (int k = 0; k < nt; k++)
+                S[k] = _mm_dpbusd_epi32(S[k], u,
+                                        _mm_loadu_si128((const __m128i *)(ag[k] + 64 * r)));
+        }
+    } else {
+        const __m128i lo4 = _mm_set1_epi8(0x0F);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const __m128i v = pk_load4(qs + L * i, tc);
+            const __m128i lo = _mm_and_si128(v, lo4);
+            const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), lo4);
+#pragma GCC unroll 8
+            for (int k = 0; k < nt; k++) {
+                const __m128i a0 = _mm_loadu_si128((const __m128i *)(ag[k] + 128 * i));
+                const __m128i a1 = _mm_loadu_si128((const __m128i *)(ag[k] + 128 * i + 64));
+                S[k] = _mm_dpbusd_epi32(_mm_dpbusd_epi32(S[k], lo, a0), hi, a1);
+            }
+        }
+    }
+    const __mmask8 hm = (__mmask8)((1u << tc) - 1);
+    const __m128 A = _mm_cvtph_ps(_mm_maskz_loadu_epi16(hm, wg));
+    const __m128 B = t == DT_Q4_1 ? _mm_cvtph_ps(_mm_maskz_loadu_epi16(hm, wg + 2 * tc))
+                                  : _mm_setzero_ps();
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        const __m128i asum = _mm_loadu_si128((const __m128i *)(xv[k].s32 + g * QACT_LANES));
+        const __m128 da = _mm_loadu_ps(xv[k].d + g * QACT_LANES);
+        __m128i I = S[k];
+        if (t == DT_Q4_0)
+            I = _mm_sub_epi32(I, _mm_slli_epi32(asum, 3));
+        else if (t == DT_Q8_0)
+            I = _mm_sub_epi32(I, _mm_slli_epi32(asum, 7));
+        __m128 v = _mm_mul_ps(_mm_mul_ps(A, da), _mm_cvtepi32_ps(I));
+        if (t == DT_Q4_1)
+            v = _mm_add_ps(v, _mm_mul_ps(_mm_mul_ps(B, da), _mm_cvtepi32_ps(asum)));
+        acc[k] = _mm512_add_ps(acc[k], _mm512_zextps128_ps512(v));
+    }
+}
+
+/* ---- two packed rows at once (q4_0, q4_1, q8_0) ----
+ * pk_group for rows w0 and w1 with every activation load serving both
+ * rows: 2 rows x nt tokens of integer sums (one accumulator each: the sums
+ * are exact, so S0 + S1 of pk_group in any order), then per token the
+ * activation scales and sums loaded once and pk_group's epilogue per row
+ * in its order.  Full groups only. */
+AI int pk_two_fits(uint32_t t)
+{
+    return t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q8_0;
+}
+
+AI void pk_group2(uint32_t t, const uint8_t *w0, const uint8_t *w1, const qact_view *xv,
+                  int64_t g, int nt, __m512 acc0[NTM], __m512 acc1[NTM])
+{
+    const uint8_t *q0 = w0 + qpack_qs_off(t, QACT_LANES), *q1 = w1 + qpack_qs_off(t, QACT_LANES);
+    __m512i S0[NTM], S1[NTM];
+    const int8_t *ag[NTM];
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        S0[k] = S1[k] = _mm512_setzero_si512();
+        ag[k] = xv[k].qs + g * QACT_GROUP;
+    }
+    if (t == DT_Q8_0) {
+        const __m512i bias = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            const __m512i u0 = _mm512_xor_si512(_mm512_loadu_si512(q0 + 64 * r), bias);
+            const __m512i u1 = _mm512_xor_si512(_mm512_loadu_si512(q1 + 64 * r), bias);
+#pragma GCC unroll 8
+            for (int k = 0; k < nt; k++) {
+                __m512i a = _mm512_loadu_si512(ag[k] + 64 * r);
+                __asm__("" : "+v"(a)); /* one load for both rows, not two folded */
+                S0[k] = _mm512_dpbusd_epi32(S0[k], u0, a);
+                S1[k] = _mm512_dpbusd_epi32(S1[k], u1, a);
+            }
+        }
+    } else {
+        const __m512i lo4 = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            __m512i v0 = _mm512_loadu_si512(q0 + 64 * i);
+            __m512i v1 = _mm512_loadu_si512(q1 + 64 * i);
+            __asm__("" : "+v"(v0), "+v"(v1)); /* one load each for the and and the shift */
+            const __m512i lo0 = _mm512_and_si512(v0, lo4);
+            const __m512i hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), lo4);
+            const __m512i lo1 = _mm512_and_si512(v1, lo4);
+            const __m512i hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), lo4);
+#pragma GCC unroll 8
+            for (int k = 0; k < nt; k++) {
+                __m512i a0 = _mm512_loadu_si512(ag[k] + 128 * i);
+                __m512i a1 = _mm512_loadu_si512(ag[k] + 128 * i + 64);
+                __asm__("" : "+v"(a0), "+v"(a1)); /* as above */
+                S0[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(S0[k], lo0, a0), hi0, a1);
+                S1[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(S1[k], lo1, a0), hi1, a1);
+            }
+        }
+    }
+    const __m512 A0 = pk_halfs(w0, QACT_LANES), A1 = pk_halfs(w1, QACT_LANES);
+    const int has_m = t == DT_Q4_1;
+    const __m512 B0 = has_m ? pk_halfs(w0 + 2 * QACT_LANES, QACT_LANES) : _mm512_setzero_ps();
+    const __m512 B1 = has_m ? pk_halfs(w1 + 2 * QACT_LANES, QACT_LANES) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        const __m512i asum = _mm512_loadu_si512(xv[k].s32 + g * QACT_LANES);
+        const __m512 da = _mm512_loadu_ps(xv[k].d + g * QACT_LANES);
+        __m512i I0 = S0[k], I1 = S1[k];
+        if (t != DT_Q4_1) {
+            const __m512i c = _mm512_slli_epi32(asum, t == DT_Q4_0 ? 3 : 7);
+            I0 = _mm512_sub_epi32(I0, c);
+            I1 = _mm512_sub_epi32(I1, c);
+        }
+        __m512 v0 = _mm512_mul_ps(_mm512_mul_ps(A0, da), _mm512_cvtepi32_ps(I0));
+        __m512 v1 = _mm512_mul_ps(_mm512_mul_ps(A1, da), _mm512_cvtepi32_ps(I1));
+        if (has_m) {
+            const __m512 fs = _mm512_cvtepi32_ps(asum);
+            v0 = _mm512_add_ps(v0, _mm512_mul_ps(_mm512_mul_ps(B0, da), fs));
+            v1 = _mm512_add_ps(v1, _mm512_mul_ps(_mm512_mul_ps(B1, da), fs));
+        }
+        acc0[k] = _mm512_add_ps(acc0[k], v0);
+        acc1[k] = _mm512_add_ps(acc1[k], v1);
+    }
+}
+
+/* acc[k] (zeroed by the caller) += every group's v of packed row w for the
+ * nt tokens xv. */
+AI void pk_row_acc(uint32_t t, int64_t n, const void *w, const qact_view *xv, int nt,
+                   __m512 acc[NTM])
+{
+    const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
+    const size_t gb = group_wbytes(t, QACT_LANES);
+    for (int64_t g = 0; g < full; g++) {
+        for (size_t o = 0; o < gb; o += 64)
+            _mm_prefetch((const char *)w + g * gb + QACT_PREFETCH + o, _MM_HINT_T0);
+        pk_group(t, (const uint8_t *)w + g * gb, QACT_LANES, xv, g, nt, acc);
+    }
+    const int tc = (int)(nc % QACT_LANES);
+    if (tc && pk_tail4_fits(t, tc))
+        pk_tail4(t, (const uint8_t *)w + full * gb, tc, xv, full, nt, acc);
+    else if (tc)
+        pk_group(t, (const uint8_t *)w + full * gb, tc, xv, full, nt, acc);
+}
+
+AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, int nt,
+                    float *out)
+{
+    qact_view xv[NTM];
+    __m512 acc[NTM];
+    acc_begin(xq, xs, n, nt, xv, acc);
+    pk_row_acc(t, n, w, xv, nt, acc);
+    acc_end(acc, nt, out);
+}
+
+/* pk_tail4 for rows w0 and w1 at once: row 0's codes in the low 128 bits,
+ * row 1's in the high, every token's activation row in both halves; the
+ * same sums and per-lane epilogue, the halves added to acc0 and acc1. */
+AI __m256i pk_load4x2(const uint8_t *p0, const uint8_t *p1, int tc)
+{
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(pk_load4(p0, tc)), pk_load4(p1, tc), 1);
+}
+
+AI __m256 pk_halfs4x2(const uint8_t *p0, const uint8_t *p1, int tc)
+{
+    const __mmask8 hm = (__mmask8)((1u << tc) - 1);
+    return _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_maskz_loadu_epi16(hm, p0),
+                                              _mm_maskz_loadu_epi16(hm, p1)));
+}
+
+AI void pk_tail4x2(uint32_t t, const uint8_t *w0, const uint8_t *w1, int tc, const qact_view *xv,
+                   int64_t g, int nt, __m512 acc0[NTM], __m512 acc1[NTM])
+{
+    const uint8_t *q0 = w0 + qpack_qs_off(t, tc), *q1 = w1 + qpack_qs_off(t, tc);
+    const int L = 4 * tc;
+    __m256i S[NTM];
+    const int8_t *ag[NTM];
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        S[k] = _mm256_setzero_si256();
+        ag[k] = xv[k].qs + g * QACT_GROUP;
+    }
+    if (t == DT_Q8_0) {
+        const __m256i bias = _mm256_set1_epi8((char)0x80);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            const __m256i u = _mm256_xor_si256(pk_load4x2(q0 + L * r, q1 + L * r, tc), bias);
+#pragma GCC unroll 8
+            for (int k = 0; k < nt; k++)
+                S[k] = _mm256_dpbusd_epi32(
+                    S[k], u, _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(ag[k] + 64 * r))));
+        }
+    } else {
+        const __m256i lo4 = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const __m256i v = pk_load4x2(q0 + L * i, q1 + L * i, tc);
+            const __m256i lo = _mm256_and_si256(v, lo4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), lo4);
+#pragma GCC unroll 8
+            for (int k = 0; k < nt; k++) {
+                const __m256i a0 = _mm256_broadcastsi128_si256(
+                    _mm_loadu_si128((const __m128i *)(ag[k] + 128 * i)));
+                const __m256i a1 = _mm256_broadcastsi128_si256(
+                    _mm_loadu_si128((const __m128i *)(ag[k] + 128 * i + 64)));
+                S[k] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(S[k], lo, a0), hi, a1);
+            }
+        }
+    }
+    const __m256 A = pk_halfs4x2(w0, w1, tc);
+    const __m256 B = t == DT_Q4_1 ? pk_halfs4x2(w0 + 2 * tc, w1 + 2 * tc, tc) : _mm256_setzero_ps();
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++) {
+        const __m256i asum = _mm256_broadcastsi128_si256(
+            _mm_loadu_si128((const __m128i *)(xv[k].s32 + g * QACT_LANES)));
+        const __m256 da = _mm256_broadcast_ps((const __m128 *)(xv[k].d + g * QACT_LANES));
+        __m256i I = S[k];
+        if (t == DT_Q4_0)
+            I = _mm256_sub_epi32(I, _mm256_slli_epi32(asum, 3));
+        else if (t == DT_Q8_0)
+            I = _mm256_sub_epi32(I, _mm256_slli_epi32(asum, 7));
+        __m256 v = _mm256_mul_ps(_mm256_mul_ps(A, da), _mm256_cvtepi32_ps(I));
+        if (t == DT_Q4_1)
+            v = _mm256_add_ps(v, _mm256_mul_ps(_mm256_mul_ps(B, da), _mm256_cvtepi32_ps(asum)));
+        acc0[k] = _mm512_add_ps(acc0[k], _mm512_zextps128_ps512(_mm256_castps256_ps128(v)));
+        acc1[k] = _mm512_add_ps(acc1[k], _mm512_zextps128_ps512(_mm256_extractf128_ps(v, 1)));
+    }
+}
+
+/* out[k] = qact_reduce16(acc0[k]), out[NTM + k] = that of acc1[k], k < NTM:
+ * acc_end's additions for eight accumulators at once, transposed (lanes
+ * i + i+8, then + i+4, + i+2, + i+1 of every accumulator in step). */
+_Static_assert(QACT_MULTI_MAX == 4, "acc_end8 reduces two rows of four tokens");
+AI void acc_end8(const __m512 acc0[NTM], const __m512 acc1[NTM], float *out)
+{
+    __m256 x[8], y[4], z[2];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++) {
+        const __m512 a = j < 4 ? acc0[j] : acc1[j - 4];
+        x[j] = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) /* lanes 0-3: accumulator 2j, 4-7: 2j + 1 */
+        y[j] = _mm256_add_ps(_mm256_permute2f128_ps(x[2 * j], x[2 * j + 1], 0x20),
+                             _mm256_permute2f128_ps(x[2 * j], x[2 * j + 1], 0x31));
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; j++) /* [4j, 4j + 2 | 4j + 1, 4j + 3], two lanes each */
+        z[j] = _mm256_add_ps(_mm256_shuffle_ps(y[2 * j], y[2 * j + 1], 0x44),
+                             _mm256_shuffle_ps(y[2 * j], y[2 * j + 1], 0xEE));
+    /* [0, 2, 4, 6 | 1, 3, 5, 7] -> in order */
+    const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(z[0], z[1], 0x88),
+                                   _mm256_shuffle_ps(z[0], z[1], 0xDD));
+    _mm256_storeu_ps(out, _mm256_permutexvar_ps(_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), w));
+}
+
+/* Rows w and w + rs against nt tokens: out[k] row 0's, out[NTM + k] row 1's,
+ * each bitwise pk_dot_type's.  The tails go a row at a time, after the
+ * groups, as in pk_row_acc. */
+AI void pk_dot2_type(uint32_t t, int64_t n, const void *w, size_t rs, const void *xq, size_t xs,
+                     int nt, float *out)
+{
+    const uint8_t *w0 = w, *w1 = w0 + rs;
+    qact_view xv[NTM];
+    __m512 acc0[NTM], acc1[NTM];
+    acc_begin(xq, xs, n, nt, xv, acc0);
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++)
+        acc1[k] = _mm512_setzero_ps();
+    const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
+    const size_t gb = group_wbytes(t, QACT_LANES);
+    for (int64_t g = 0; g < full; g++) {
+        for (size_t o = 0; o < gb; o += 64) {
+            _mm_prefetch((const char *)w0 + g * gb + QACT_PREFETCH + o, _MM_HINT_T0);
+            _mm_prefetch((const char *)w1 + g * gb + QACT_PREFETCH + o, _MM_HINT_T0);
+        }
+        pk_group2(t, w0 + g * gb, w1 + g * gb, xv, g, nt, acc0, acc1);
+    }
+    const int tc = (int)(nc % QACT_LANES);
+    if (tc && pk_tail4_fits(t, tc)) {
+        pk_tail4x2(t, w0 + full * gb, w1 + full * gb, tc, xv, full, nt, acc0, acc1);
+    } else if (tc) {
+        pk_group(t, w0 + full * gb, tc, xv, full, nt, acc0);
+        pk_group(t, w1 + full * gb, tc, xv, full, nt, acc1);
+    }
+    if (nt == NTM) {
+        acc_end8(acc0, acc1, out);
+        return;
+    }
+    acc_end(acc0, nt, out);
+    acc_end(acc1, nt, out + NTM);
+}
+
+/* One token against n_rows packed rows (row r at w + r rs): y[r] = the nt = 1
+ * dot, bitwise.  Four rows' reductions run as one transposed pass of the
+ * same additions as qact_reduce16 (lanes i + i+8, then + i+4, + i+2,
+ * + i+1), and the call's setup is paid once for all the rows (the AVX2
+ * rows kernel's scheme, qpack_avx2.c). */
+AI void pk_rows_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_rows,
+                     const void *xq, float *y)
+{
+    const qact_view xv[NTM] = {qact_view_of(xq, n)};
+    int64_t r = 0;
+    for (; r + 4 <= n_rows; r += 4) {
+        __m128 x4[4];
+#pragma GCC unroll 1
+        for (int j = 0; j < 4; j++) {
+            __m512 acc[NTM];
+            acc[0] = _mm512_setzero_ps();
+            pk_row_acc(t, n, (const uint8_t *)w + (size_t)(r + j) * rs, xv, 1, acc);
+            const __m256 x8 = _mm256_add_ps(_mm512_castps512_ps256(acc[0]),
+                                            _mm512_extractf32x8_ps(acc[0], 1));
+            x4[j] = _mm_add_ps(_mm256_castps256_ps128(x8), _mm256_extractf128_ps(x8, 1));
+        }
+        _MM_TRANSPOSE4_PS(x4[0], x4[1], x4[2], x4[3]); /* x4[i]: lane i of the four rows */
+        _mm_storeu_ps(y + r, _mm_add_ps(_mm_add_ps(x4[0], x4[2]), _mm_add_ps(x4[1], x4[3])));
+    }
+    for (; r < n_rows; r++)
+        pk_dot_type(t, n, (const uint8_t *)w + (size_t)r * rs, xq, 0, 1, y + r);
+}
+
+QACT_NT_ENTRY(p5_q4_0, pk_dot_type, DT_Q4_0)
+QACT_NT_ENTRY(p5_q4_1, pk_dot_type, DT_Q4_1)
+QACT_NT_ENTRY(p5_q8_0, pk_dot_type, DT_Q8_0)
+QACT_NT_ENTRY(p5_q4_K, pk_dot_type, DT_Q4_K)
+QACT_NT_ENTRY(p5_q5_0, pk_dot_type, DT_Q5_0)
+QACT_NT_ENTRY(p5_q5_1, pk_dot_type, DT_Q5_1)
+QACT_NT_ENTRY(p5_q5_K, pk_dot_type, DT_Q5_K)
+QACT_NT_ENTRY(p5_q6_K, pk_dot_type, DT_Q6_K)
+QACT_NT_ENTRY(p5_mxfp4, pk_dot_type, DT_MXFP4)
+
+qact_dot_fn qpack_dot_avx512(uint32_t type)
+{
+    switch (type) {
+    case DT_Q4_0: return p5_q4_0;
+    case DT_Q4_1: return p5_q4_1;
+    case DT_Q8_0: return p5_q8_0;
+    case DT_Q4_K: return p5_q4_K;
+    case DT_Q5_0: return p5_q5_0;
+    case DT_Q5_1: return p5_q5_1;
+    case DT_Q5_K: return p5_q5_K;
+    case DT_Q6_K: return p5_q6_K;
+    case DT_MXFP4: return p5_mxfp4;
+    default: return NULL;
+    }
+}
+
+#define PK_TWO_ENTRY(name, type)                                                               \
+    static void name(int64_t n, const void *w, size_t rs, const void *xq, size_t xs, int nt,   \
+                     float *out)                                                               \
+    {                                                                                          \
+        switch (nt) {                                                                          \
+        case 1: pk_dot2_type(type, n, w, rs, xq, xs, 1, out); break;                           \
+        case 2: pk_dot2_type(type, n, w, rs, xq, xs, 2, out); break;                           \
+        case 3: pk_dot2_type(type, n, w, rs, xq, xs, 3, out); break;                           \
+        default: pk_dot2_type(type, n, w, rs, xq, xs, NTM, out); break;                        \
+        }                                                                                      \
+    }
+PK_TWO_ENTRY(t5_q4_0, DT_Q4_0)
+PK_TWO_ENTRY(t5_q4_1, DT_Q4_1)
+PK_TWO_ENTRY(t5_q8_0, DT_Q8_0)
+
+qact_dot2_fn qpack_dot2_avx512(uint32_t type)
+{
+    switch (type) {
+    case DT_Q4_0: return t5_q4_0;
+    case DT_Q4_1: return t5_q4_1;
+    case DT_Q8_0: return t5_q8_0;
+    default: return NULL;
+    }
+}
+
+#define PK_ROWS_ENTRY(name, type)                                                              \
+    static void name(int64_t n, const void *w, size_t rs, int64_t n_rows, const void *xq,     \
+                     float *y)                                                                 \
+    {                                                                                          \
+        pk_rows_type(type, n, w, rs, n_rows, xq, y);                                           \
+    }
+PK_ROWS_ENTRY(r5_q4_0, DT_Q4_0)
+PK_ROWS_ENTRY(r5_q4_1, DT_Q4_1)
+PK_ROWS_ENTRY(r5_q8_0, DT_Q8_0)
+PK_ROWS_ENTRY(r5_q4_K, DT_Q4_K)
+PK_ROWS_ENTRY(r5_q5_0, DT_Q5_0)
+PK_ROWS_ENTRY(r5_q5_1, DT_Q5_1)
+PK_ROWS_ENTRY(r5_q5_K, DT_Q5_K)
+PK_ROWS_ENTRY(r5_q6_K, DT_Q6_K)
+PK_ROWS_ENTRY(r5_mxfp4, DT_MXFP4)
+
+qact_dot_rows_fn qpack_dot_rows_avx512(uint32_t type)
+{
+    switch (type) {
+    case DT_Q4_0: return r5_q4_0;
+    case DT_Q4_1: return r5_q4_1;
+    case DT_Q8_0: return r5_q8_0;
+    case DT_Q4_K: return r5_q4_K;
+    case DT_Q5_0: return r5_q5_0;
+    case DT_Q5_1: return r5_q5_1;
+    case DT_Q5_K: return r5_q5_K;
+    case DT_Q6_K: return r5_q6_K;
+    case DT_MXFP4: return r5_mxfp4;
+    default: return NULL;
+    }
+}
