@@ -99,7 +99,7 @@ qact_dot_fn qpack_dot_avx512(uint32_t type);
 qact_dot_rows_fn qpack_dot_rows_avx2(uint32_t type);
 qact_dot_rows_fn qpack_dot_rows_avx512(uint32_t type);
 /* Two packed rows a pass (qact_dot2_fn), each bitwise the one-row packed
- * dot; NULL where a type has none (AVX-512: q4_0, q4_1, q8_0). */
+ * dot; NULL where a type has none (AVX2: all of them). */
 qact_dot2_fn qpack_dot2_avx512(uint32_t type);
 
 #endif

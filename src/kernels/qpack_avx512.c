@@ -58,43 +58,50 @@ AI void pk_wide_codes(uint32_t t, __m512i v, __m512i x, int i, __m512i *lo, __m5
     *hi = _mm512_or_si512(*hi, _mm512_and_si512(_mm512_srli_epi16(x, i), b4));
 }
 
+/* Code vector pair i (0..3) of a group as unsigned bytes: lo against the
+ * activation bytes at 128 i, hi against those at 128 i + 64 (4-bit types:
+ * the low and high nibbles of vector i; q8_0: vectors 2i and 2i + 1, + 128).
+ * q5: the group's qh' lanes (q5_*), loaded once by the caller. */
+AI void pk_codes(uint32_t t, const uint8_t *qs, const uint8_t *qx, __m512i q5, int tc, int i,
+                 __m512i *lo, __m512i *hi)
+{
+    const int L = 4 * tc;
+    if (t == DT_Q8_0) {
+        const __m512i bias = _mm512_set1_epi8((char)0x80);
+        *lo = _mm512_xor_si512(pk_load(qs + L * 2 * i, tc), bias);
+        *hi = _mm512_xor_si512(pk_load(qs + L * (2 * i + 1), tc), bias);
+        return;
+    }
+    __m512i v = pk_load(qs + L * i, tc);
+    __asm__("" : "+v"(v)); /* one load for the mask and the shift, not two folded */
+    if (t == DT_Q5_0 || t == DT_Q5_1 || t == DT_Q5_K || t == DT_Q6_K) {
+        pk_wide_codes(t, v, t == DT_Q6_K ? pk_load(qx + L * (i / 2), tc) : q5, i, lo, hi);
+        return;
+    }
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    *lo = _mm512_and_si512(v, lo4);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+    if (t == DT_MXFP4) {
+        *lo = mx_codes(*lo);
+        *hi = mx_codes(*hi);
+    }
+}
+
+AI __m512i pk_q5(uint32_t t, const uint8_t *qx, int tc)
+{
+    return t == DT_Q5_0 || t == DT_Q5_1 || t == DT_Q5_K ? pk_load(qx, tc) : _mm512_setzero_si512();
+}
+
 /* S0[k], S1[k] lane c: chunk c's sums for token k; q6_K: S0 over values
  * 0-15 (vectors 0-1), S1 over 16-31, for the half scales. */
 AI void pk_sums(uint32_t t, const uint8_t *qs, const uint8_t *qx, int tc,
                 const int8_t *const ag[NTM], int nt, __m512i S0[NTM], __m512i S1[NTM])
 {
-    const int L = 4 * tc;
-    if (t == DT_Q8_0) {
-        const __m512i bias = _mm512_set1_epi8((char)0x80);
-#pragma GCC unroll 8
-        for (int r = 0; r < 8; r += 2) {
-            const __m512i u0 = _mm512_xor_si512(pk_load(qs + L * r, tc), bias);
-            const __m512i u1 = _mm512_xor_si512(pk_load(qs + L * r + L, tc), bias);
-#pragma GCC unroll 8
-            for (int k = 0; k < nt; k++) {
-                S0[k] = _mm512_dpbusd_epi32(S0[k], u0, _mm512_loadu_si512(ag[k] + 64 * r));
-                S1[k] = _mm512_dpbusd_epi32(S1[k], u1, _mm512_loadu_si512(ag[k] + 64 * r + 64));
-            }
-        }
-        return;
-    }
-    const int wide = t == DT_Q5_0 || t == DT_Q5_1 || t == DT_Q5_K || t == DT_Q6_K;
-    const __m512i lo4 = _mm512_set1_epi8(0x0F);
-    const __m512i q5 = wide && t != DT_Q6_K ? pk_load(qx, tc) : _mm512_setzero_si512();
+    const __m512i q5 = pk_q5(t, qx, tc);
 #pragma GCC unroll 8
     for (int i = 0; i < 4; i++) {
-        const __m512i v = pk_load(qs + L * i, tc);
         __m512i lo, hi;
-        if (wide) {
-            pk_wide_codes(t, v, t == DT_Q6_K ? pk_load(qx + L * (i / 2), tc) : q5, i, &lo, &hi);
-        } else {
-            lo = _mm512_and_si512(v, lo4);
-            hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
-        }
-        if (t == DT_MXFP4) {
-            lo = mx_codes(lo);
-            hi = mx_codes(hi);
-        }
+        pk_codes(t, qs, qx, q5, tc, i, &lo, &hi);
 #pragma GCC unroll 8
         for (int k = 0; k < nt; k++) {
             const __m512i a0 = _mm512_loadu_si512(ag[k] + 128 * i);
@@ -111,17 +118,18 @@ AI void pk_sums(uint32_t t, const uint8_t *qs, const uint8_t *qx, int tc,
     }
 }
 
-/* K types: the group's super-block scales (one super-block when tc == 8:
- * lanes 8-15 score zero sums with its finite scales). */
-typedef struct pk_kscales {
+/* A group's weight scales: A, B per chunk lane; K types the super-block
+ * scales (one super-block when tc == 8: lanes 8-15 score zero sums with
+ * its finite scales). */
+typedef struct pk_scales {
     __m512 A, B;
     __m512i sc, mn;       /* q4_K, q5_K */
     __m512i e6, sc0, sc1; /* q6_K: the 32 int8 scales as int16; per lane s0, s1 */
-} pk_kscales;
+} pk_scales;
 
-AI pk_kscales pk_k_scales(uint32_t t, const uint8_t *wg, int tc)
+AI pk_scales pk_k_scales(uint32_t t, const uint8_t *wg, int tc)
 {
-    pk_kscales r;
+    pk_scales r;
     r.sc = r.mn = r.e6 = r.sc0 = r.sc1 = _mm512_setzero_si512();
     if (t == DT_Q6_K) {
         half_fp16 d[2];
@@ -153,11 +161,60 @@ AI pk_kscales pk_k_scales(uint32_t t, const uint8_t *wg, int tc)
     return r;
 }
 
+AI pk_scales pk_group_scales(uint32_t t, const uint8_t *wg, int tc)
+{
+    if (t == DT_Q4_K || t == DT_Q5_K || t == DT_Q6_K)
+        return pk_k_scales(t, wg, tc);
+    pk_scales ks;
+    ks.sc = ks.mn = ks.e6 = ks.sc0 = ks.sc1 = _mm512_setzero_si512();
+    if (t == DT_MXFP4) { /* e[tc] */
+        const __m128i e = tc == QACT_LANES ? _mm_loadu_si128((const __m128i *)wg)
+                                           : _mm_maskz_loadu_epi8((__mmask16)((1u << tc) - 1), wg);
+        ks.A = mx_scales(_mm512_cvtepu8_epi32(e));
+        ks.B = _mm512_setzero_ps();
+        return ks;
+    }
+    ks.A = pk_halfs(wg, tc);
+    ks.B = t == DT_Q4_1 || t == DT_Q5_1 ? pk_halfs(wg + 2 * tc, tc) : _mm512_setzero_ps();
+    return ks;
+}
+
+/* acc + one token's v for the group: its sums S0, S1, its chunk sums asum,
+ * scales da and (q6_K) half sums at s16, in the reference's order. */
+AI __m512 pk_finish(uint32_t t, const pk_scales *ks, __m512i S0, __m512i S1, __m512i asum,
+                    __m512 da, const int16_t *s16, __m512 acc)
+{
+    __m512i I = _mm512_add_epi32(S0, S1);
+    if (t == DT_Q4_K || t == DT_Q5_K) {
+        I = _mm512_mullo_epi32(ks->sc, I);
+        const __m512i J = _mm512_mullo_epi32(ks->mn, asum);
+        return _mm512_add_ps(
+            acc, _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(ks->A, da), _mm512_cvtepi32_ps(I)),
+                               _mm512_mul_ps(_mm512_mul_ps(ks->B, da), _mm512_cvtepi32_ps(J))));
+    }
+    if (t == DT_Q4_0)
+        I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 3));
+    else if (t == DT_Q5_0)
+        I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 4));
+    else if (t == DT_Q8_0)
+        I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 7));
+    else if (t == DT_MXFP4)
+        I = _mm512_sub_epi32(I, _mm512_mullo_epi32(asum, _mm512_set1_epi32(12)));
+    else if (t == DT_Q6_K)
+        I = _mm512_sub_epi32(
+            _mm512_add_epi32(_mm512_mullo_epi32(ks->sc0, S0), _mm512_mullo_epi32(ks->sc1, S1)),
+            _mm512_slli_epi32(_mm512_madd_epi16(_mm512_loadu_si512(s16), ks->e6), 5));
+    __m512 v = _mm512_mul_ps(_mm512_mul_ps(ks->A, da), _mm512_cvtepi32_ps(I));
+    /* q4_0, q5_0, q8_0, q6_K, mxfp4: the reference's second term is +0, and
+     * adding +0 to v and then to acc (never -0) changes nothing */
+    if (t == DT_Q4_1 || t == DT_Q5_1)
+        v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_mul_ps(ks->B, da), _mm512_cvtepi32_ps(asum)));
+    return _mm512_add_ps(acc, v);
+}
+
 AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int64_t g, int nt,
                  __m512 acc[NTM])
 {
-    const int kq = t == DT_Q4_K || t == DT_Q5_K || t == DT_Q6_K;
-    const int has_m = t == DT_Q4_1 || t == DT_Q5_1;
     __m512i S0[NTM], S1[NTM];
     const int8_t *ag[NTM];
 #pragma GCC unroll 8
@@ -166,52 +223,12 @@ AI void pk_group(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
         ag[k] = xv[k].qs + g * QACT_GROUP;
     }
     pk_sums(t, wg + qpack_qs_off(t, tc), wg + qpack_qx_off(t, tc), tc, ag, nt, S0, S1);
-    pk_kscales ks;
-    if (kq) {
-        ks = pk_k_scales(t, wg, tc);
-    } else if (t == DT_MXFP4) { /* e[tc] */
-        const __m128i e = tc == QACT_LANES ? _mm_loadu_si128((const __m128i *)wg)
-                                           : _mm_maskz_loadu_epi8((__mmask16)((1u << tc) - 1), wg);
-        ks.A = mx_scales(_mm512_cvtepu8_epi32(e));
-        ks.B = _mm512_setzero_ps();
-    } else {
-        ks.A = pk_halfs(wg, tc);
-        ks.B = has_m ? pk_halfs(wg + 2 * tc, tc) : _mm512_setzero_ps();
-    }
+    const pk_scales ks = pk_group_scales(t, wg, tc);
 #pragma GCC unroll 8
-    for (int k = 0; k < nt; k++) {
-        const __m512i asum = _mm512_loadu_si512(xv[k].s32 + g * QACT_LANES);
-        const __m512 da = _mm512_loadu_ps(xv[k].d + g * QACT_LANES);
-        __m512i I = _mm512_add_epi32(S0[k], S1[k]);
-        if (t == DT_Q4_K || t == DT_Q5_K) {
-            I = _mm512_mullo_epi32(ks.sc, I);
-            const __m512i J = _mm512_mullo_epi32(ks.mn, asum);
-            acc[k] = _mm512_add_ps(
-                acc[k], _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(ks.A, da), _mm512_cvtepi32_ps(I)),
-                                      _mm512_mul_ps(_mm512_mul_ps(ks.B, da), _mm512_cvtepi32_ps(J))));
-            continue;
-        }
-        if (t == DT_Q4_0)
-            I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 3));
-        else if (t == DT_Q5_0)
-            I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 4));
-        else if (t == DT_Q8_0)
-            I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 7));
-        else if (t == DT_MXFP4)
-            I = _mm512_sub_epi32(I, _mm512_mullo_epi32(asum, _mm512_set1_epi32(12)));
-        else if (t == DT_Q6_K) {
-            const __m512i s16 = _mm512_loadu_si512(xv[k].s16 + 2 * g * QACT_LANES);
-            I = _mm512_sub_epi32(
-                _mm512_add_epi32(_mm512_mullo_epi32(ks.sc0, S0[k]), _mm512_mullo_epi32(ks.sc1, S1[k])),
-                _mm512_slli_epi32(_mm512_madd_epi16(s16, ks.e6), 5));
-        }
-        __m512 v = _mm512_mul_ps(_mm512_mul_ps(ks.A, da), _mm512_cvtepi32_ps(I));
-        /* q4_0, q5_0, q8_0, q6_K, mxfp4: the reference's second term is +0, and
-         * adding +0 to v and then to acc (never -0) changes nothing */
-        if (has_m)
-            v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_mul_ps(ks.B, da), _mm512_cvtepi32_ps(asum)));
-        acc[k] = _mm512_add_ps(acc[k], v);
-    }
+    for (int k = 0; k < nt; k++)
+        acc[k] = pk_finish(t, &ks, S0[k], S1[k], _mm512_loadu_si512(xv[k].s32 + g * QACT_LANES),
+                           _mm512_loadu_ps(xv[k].d + g * QACT_LANES),
+                           xv[k].s16 + 2 * g * QACT_LANES, acc[k]);
 }
 
 /* ---- a short last group of q4_0, q4_1 and q8_0 in 128-bit vectors ----
@@ -290,86 +307,53 @@ AI void pk_tail4(uint32_t t, const uint8_t *wg, int tc, const qact_view *xv, int
     }
 }
 
-/* ---- two packed rows at once (q4_0, q4_1, q8_0) ----
+/* ---- two packed rows at once ----
  * pk_group for rows w0 and w1 with every activation load serving both
- * rows: 2 rows x nt tokens of integer sums (one accumulator each: the sums
- * are exact, so S0 + S1 of pk_group in any order), then per token the
- * activation scales and sums loaded once and pk_group's epilogue per row
- * in its order.  Full groups only. */
-AI int pk_two_fits(uint32_t t)
-{
-    return t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q8_0;
-}
-
+ * rows: 2 rows x nt tokens of integer sums (one accumulator each, q6_K two
+ * for its half scales: the sums are exact, so pk_group's S0 + S1 in any
+ * order), then per token the activation sums and scales loaded once and
+ * pk_finish per row.  Full groups only. */
 AI void pk_group2(uint32_t t, const uint8_t *w0, const uint8_t *w1, const qact_view *xv,
                   int64_t g, int nt, __m512 acc0[NTM], __m512 acc1[NTM])
 {
-    const uint8_t *q0 = w0 + qpack_qs_off(t, QACT_LANES), *q1 = w1 + qpack_qs_off(t, QACT_LANES);
-    __m512i S0[NTM], S1[NTM];
+    const int tc = QACT_LANES;
+    const uint8_t *qs0 = w0 + qpack_qs_off(t, tc), *qs1 = w1 + qpack_qs_off(t, tc);
+    const uint8_t *qx0 = w0 + qpack_qx_off(t, tc), *qx1 = w1 + qpack_qx_off(t, tc);
+    const __m512i q50 = pk_q5(t, qx0, tc), q51 = pk_q5(t, qx1, tc);
+    __m512i S0[NTM], S1[NTM], T0[NTM], T1[NTM]; /* rows 0 and 1; T: q6_K's second half */
     const int8_t *ag[NTM];
 #pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
-        S0[k] = S1[k] = _mm512_setzero_si512();
+        S0[k] = S1[k] = T0[k] = T1[k] = _mm512_setzero_si512();
         ag[k] = xv[k].qs + g * QACT_GROUP;
     }
-    if (t == DT_Q8_0) {
-        const __m512i bias = _mm512_set1_epi8((char)0x80);
-#pragma GCC unroll 8
-        for (int r = 0; r < 8; r++) {
-            const __m512i u0 = _mm512_xor_si512(_mm512_loadu_si512(q0 + 64 * r), bias);
-            const __m512i u1 = _mm512_xor_si512(_mm512_loadu_si512(q1 + 64 * r), bias);
-#pragma GCC unroll 8
-            for (int k = 0; k < nt; k++) {
-                __m512i a = _mm512_loadu_si512(ag[k] + 64 * r);
-                __asm__("" : "+v"(a)); /* one load for both rows, not two folded */
-                S0[k] = _mm512_dpbusd_epi32(S0[k], u0, a);
-                S1[k] = _mm512_dpbusd_epi32(S1[k], u1, a);
-            }
-        }
-    } else {
-        const __m512i lo4 = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-            __m512i v0 = _mm512_loadu_si512(q0 + 64 * i);
-            __m512i v1 = _mm512_loadu_si512(q1 + 64 * i);
-            __asm__("" : "+v"(v0), "+v"(v1)); /* one load each for the and and the shift */
-            const __m512i lo0 = _mm512_and_si512(v0, lo4);
-            const __m512i hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), lo4);
-            const __m512i lo1 = _mm512_and_si512(v1, lo4);
-            const __m512i hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), lo4);
+    for (int i = 0; i < 4; i++) {
+        __m512i lo0, hi0, lo1, hi1;
+        pk_codes(t, qs0, qx0, q50, tc, i, &lo0, &hi0);
+        pk_codes(t, qs1, qx1, q51, tc, i, &lo1, &hi1);
 #pragma GCC unroll 8
-            for (int k = 0; k < nt; k++) {
-                __m512i a0 = _mm512_loadu_si512(ag[k] + 128 * i);
-                __m512i a1 = _mm512_loadu_si512(ag[k] + 128 * i + 64);
-                __asm__("" : "+v"(a0), "+v"(a1)); /* as above */
+        for (int k = 0; k < nt; k++) {
+            __m512i a0 = _mm512_loadu_si512(ag[k] + 128 * i);
+            __m512i a1 = _mm512_loadu_si512(ag[k] + 128 * i + 64);
+            __asm__("" : "+v"(a0), "+v"(a1)); /* one load for both rows, not two folded */
+            if (t == DT_Q6_K && i >= 2) {
+                T0[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(T0[k], lo0, a0), hi0, a1);
+                T1[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(T1[k], lo1, a0), hi1, a1);
+            } else {
                 S0[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(S0[k], lo0, a0), hi0, a1);
                 S1[k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(S1[k], lo1, a0), hi1, a1);
             }
         }
     }
-    const __m512 A0 = pk_halfs(w0, QACT_LANES), A1 = pk_halfs(w1, QACT_LANES);
-    const int has_m = t == DT_Q4_1;
-    const __m512 B0 = has_m ? pk_halfs(w0 + 2 * QACT_LANES, QACT_LANES) : _mm512_setzero_ps();
-    const __m512 B1 = has_m ? pk_halfs(w1 + 2 * QACT_LANES, QACT_LANES) : _mm512_setzero_ps();
+    const pk_scales ks0 = pk_group_scales(t, w0, tc), ks1 = pk_group_scales(t, w1, tc);
 #pragma GCC unroll 8
     for (int k = 0; k < nt; k++) {
         const __m512i asum = _mm512_loadu_si512(xv[k].s32 + g * QACT_LANES);
         const __m512 da = _mm512_loadu_ps(xv[k].d + g * QACT_LANES);
-        __m512i I0 = S0[k], I1 = S1[k];
-        if (t != DT_Q4_1) {
-            const __m512i c = _mm512_slli_epi32(asum, t == DT_Q4_0 ? 3 : 7);
-            I0 = _mm512_sub_epi32(I0, c);
-            I1 = _mm512_sub_epi32(I1, c);
-        }
-        __m512 v0 = _mm512_mul_ps(_mm512_mul_ps(A0, da), _mm512_cvtepi32_ps(I0));
-        __m512 v1 = _mm512_mul_ps(_mm512_mul_ps(A1, da), _mm512_cvtepi32_ps(I1));
-        if (has_m) {
-            const __m512 fs = _mm512_cvtepi32_ps(asum);
-            v0 = _mm512_add_ps(v0, _mm512_mul_ps(_mm512_mul_ps(B0, da), fs));
-            v1 = _mm512_add_ps(v1, _mm512_mul_ps(_mm512_mul_ps(B1, da), fs));
-        }
-        acc0[k] = _mm512_add_ps(acc0[k], v0);
-        acc1[k] = _mm512_add_ps(acc1[k], v1);
+        const int16_t *s16 = xv[k].s16 + 2 * g * QACT_LANES;
+        acc0[k] = pk_finish(t, &ks0, S0[k], T0[k], asum, da, s16, acc0[k]);
+        acc1[k] = pk_finish(t, &ks1, S1[k], T1[k], asum, da, s16, acc1[k]);
     }
 }
 
@@ -607,6 +591,12 @@ qact_dot_fn qpack_dot_avx512(uint32_t type)
 PK_TWO_ENTRY(t5_q4_0, DT_Q4_0)
 PK_TWO_ENTRY(t5_q4_1, DT_Q4_1)
 PK_TWO_ENTRY(t5_q8_0, DT_Q8_0)
+PK_TWO_ENTRY(t5_q4_K, DT_Q4_K)
+PK_TWO_ENTRY(t5_q5_0, DT_Q5_0)
+PK_TWO_ENTRY(t5_q5_1, DT_Q5_1)
+PK_TWO_ENTRY(t5_q5_K, DT_Q5_K)
+PK_TWO_ENTRY(t5_q6_K, DT_Q6_K)
+PK_TWO_ENTRY(t5_mxfp4, DT_MXFP4)
 
 qact_dot2_fn qpack_dot2_avx512(uint32_t type)
 {
@@ -614,6 +604,12 @@ qact_dot2_fn qpack_dot2_avx512(uint32_t type)
     case DT_Q4_0: return t5_q4_0;
     case DT_Q4_1: return t5_q4_1;
     case DT_Q8_0: return t5_q8_0;
+    case DT_Q4_K: return t5_q4_K;
+    case DT_Q5_0: return t5_q5_0;
+    case DT_Q5_1: return t5_q5_1;
+    case DT_Q5_K: return t5_q5_K;
+    case DT_Q6_K: return t5_q6_K;
+    case DT_MXFP4: return t5_mxfp4;
     default: return NULL;
     }
 }
