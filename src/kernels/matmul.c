@@ -60,7 +60,7 @@ static void qact_fill(qact_kernels *k, kernel_isa isa)
         k->packed_dot[t] = isa == KERNEL_ISA_AVX512 ? qpack_dot_avx512(t) : qpack_dot_avx2(t);
         k->packed_dot_rows[t] =
             isa == KERNEL_ISA_AVX512 ? qpack_dot_rows_avx512(t) : qpack_dot_rows_avx2(t);
-        k->packed_dot2[t] = isa == KERNEL_ISA_AVX512 ? qpack_dot2_avx512(t) : NULL;
+        k->packed_tile[t] = isa == KERNEL_ISA_AVX512 ? qpack_dot_tile_avx512(t) : NULL;
     }
 #else
     (void)isa;
@@ -198,36 +198,34 @@ static void rows_exact(uint32_t type, const void *w, size_t row_stride_bytes, in
 
 /* Rows [row_begin, row_end) against n_tok tokens' pre-quantized rows
  * (rb bytes each; terms 2: token t's two int8 terms at rows 2t, 2t + 1,
- * summed), through dot (and dot_rows for one token, where given). */
-static void rows_tiles(qact_dot_fn dot, qact_dot_rows_fn dot_rows, qact_dot2_fn dot2, size_t rb,
-                       int terms, uint32_t type, const void *w, size_t row_stride_bytes,
-                       int64_t row_begin, int64_t row_end, int64_t n, const void *xq,
-                       int64_t n_tok, float *y, int64_t y_stride)
+ * summed), through dot (dot_rows for one token, tile for a row tile
+ * against a token block, where given; terms 1 only). */
+static void rows_tiles(qact_dot_fn dot, qact_dot_rows_fn dot_rows, qact_dot_tile_fn tile,
+                       size_t rb, int terms, uint32_t type, const void *w,
+                       size_t row_stride_bytes, int64_t row_begin, int64_t row_end, int64_t n,
+                       const void *xq, int64_t n_tok, float *y, int64_t y_stride)
 {
     const int64_t row_tile = row_tile_for(type, n), per = QACT_MULTI_MAX / terms;
     for (int64_t r0 = row_begin; r0 < row_end; r0 += row_tile) {
         const int64_t r1 = r0 + row_tile < row_end ? r0 + row_tile : row_end;
+        const uint8_t *wt = (const uint8_t *)w + (size_t)r0 * row_stride_bytes;
         for (int64_t t = 0; t < n_tok; t += per) {
             const int nt = (int)(n_tok - t < per ? n_tok - t : per);
             const uint8_t *xt = (const uint8_t *)xq + (size_t)(terms * t) * rb;
             if (nt == 1 && dot_rows) {
-                dot_rows(n, (const uint8_t *)w + (size_t)r0 * row_stride_bytes, row_stride_bytes,
-                         r1 - r0, xt, y + t * y_stride + r0);
+                dot_rows(n, wt, row_stride_bytes, r1 - r0, xt, y + t * y_stride + r0);
                 continue;
             }
-            for (int64_t r = r0; r < r1;) {
-                float out[2 * QACT_MULTI_MAX];
-                const uint8_t *wr = (const uint8_t *)w + (size_t)r * row_stride_bytes;
-                const int two = dot2 && r + 2 <= r1;
-                if (two)
-                    dot2(n, wr, row_stride_bytes, xt, rb, terms * nt, out);
-                else
-                    dot(n, wr, xt, rb, terms * nt, out);
-                for (int j = 0; j <= two; j++, r++) {
-                    const float *o = out + j * QACT_MULTI_MAX;
-                    for (int k = 0; k < nt; k++)
-                        y[(t + k) * y_stride + r] = terms == 1 ? o[k] : o[2 * k] + o[2 * k + 1];
-                }
+            if (tile) {
+                tile(n, wt, row_stride_bytes, r1 - r0, xt, rb, nt, y + t * y_stride + r0,
+                     y_stride);
+                continue;
+            }
+            for (int64_t r = r0; r < r1; r++) {
+                float out[QACT_MULTI_MAX];
+                dot(n, (const uint8_t *)w + (size_t)r * row_stride_bytes, xt, rb, terms * nt, out);
+                for (int k = 0; k < nt; k++)
+                    y[(t + k) * y_stride + r] = terms == 1 ? out[k] : out[2 * k] + out[2 * k + 1];
             }
         }
     }
@@ -255,10 +253,10 @@ static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int
         terms == 1 && (type & DT_PACKED) && qpack_base(type) < DT_COUNT
             ? kt->packed_dot_rows[qpack_base(type)]
             : NULL;
-    const qact_dot2_fn dot2 = (type & DT_PACKED) && qpack_base(type) < DT_COUNT
-                                  ? kt->packed_dot2[qpack_base(type)]
-                                  : NULL;
-    rows_tiles(dot, dot_rows, dot2, qact_row_bytes(n), terms, type, w, row_stride_bytes, row_begin,
+    const qact_dot_tile_fn tile = terms == 1 && (type & DT_PACKED) && qpack_base(type) < DT_COUNT
+                                      ? kt->packed_tile[qpack_base(type)]
+                                      : NULL;
+    rows_tiles(dot, dot_rows, tile, qact_row_bytes(n), terms, type, w, row_stride_bytes, row_begin,
                row_end, n, xq, n_tok, y, y_stride);
 }
 

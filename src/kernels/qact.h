@@ -116,11 +116,13 @@ typedef void (*qact_dot_fn)(int64_t n, const void *w, const void *xq, size_t xq_
 typedef void (*qact_dot_rows_fn)(int64_t n, const void *w, size_t row_stride, int64_t n_rows,
                                  const void *xq, float *y);
 
-/* out[k] and out[QACT_MULTI_MAX + k] = dot(weight rows w and w + row_stride,
- * qact row xq + k*xq_stride) for k < nt (1..QACT_MULTI_MAX): two rows at
- * once, each result bitwise the qact_dot_fn one. */
-typedef void (*qact_dot2_fn)(int64_t n, const void *w, size_t row_stride, const void *xq,
-                             size_t xq_stride, int nt, float *out);
+/* y[k * y_stride + r] = dot(weight row w + r * row_stride, qact row xq +
+ * k * xq_stride) for r < n_rows, k < nt (1..QACT_MULTI_MAX): a tile of rows
+ * against a token block in one call, each result bitwise the qact_dot_fn
+ * one. */
+typedef void (*qact_dot_tile_fn)(int64_t n, const void *w, size_t row_stride, int64_t n_rows,
+                                 const void *xq, size_t xq_stride, int nt, float *y,
+                                 int64_t y_stride);
 
 /* Defines `name`, a qact_dot_fn that calls body(type, n, w, xq, xs, NT,
  * out) with the token count NT a compile-time constant (1, 2, 3 or
@@ -167,7 +169,8 @@ typedef struct qact_kernels {
     qact_dot_fn packed_dot[DT_COUNT]; /* packed rows (qpack.h); NULL: none on this ISA */
     qact_dot_rows_fn packed_dot_rows[DT_COUNT]; /* one token, many packed rows; NULL:
                                                  * packed_dot a row at a time */
-    qact_dot2_fn packed_dot2[DT_COUNT]; /* two packed rows a pass; NULL: packed_dot */
+    qact_dot_tile_fn packed_tile[DT_COUNT]; /* many packed rows, 1..4 tokens; NULL:
+                                             * packed_dot a row at a time */
     qact_dot_fn wide_dot;        /* q8_0 stored rows against the head's int16 rows (qwide.h) */
     qact_dot_fn wide_packed_dot; /* packed q8_0 rows against them; NULL: none on this ISA */
 } qact_kernels;

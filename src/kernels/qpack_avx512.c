@@ -3,7 +3,7 @@
  *
  * Built with the AVX-512 flags; reached through the table matmul.c fills
  * when the chosen ISA is AVX-512 (packed_dot, packed_dot_rows,
- * packed_dot2).  Shares its helpers with qact_avx512.c
+ * packed_tile).  Shares its helpers with qact_avx512.c
  * (qact_avx512_common.h).
  */
 #include <immintrin.h>
@@ -460,13 +460,14 @@ AI void pk_tail4x2(uint32_t t, const uint8_t *w0, const uint8_t *w1, int tc, con
     }
 }
 
-/* out[k] = qact_reduce16(acc0[k]), out[NTM + k] = that of acc1[k], k < NTM:
+/* y[k ys] = qact_reduce16(acc0[k]), y[k ys + 1] = that of acc1[k], k < NTM:
  * acc_end's additions for eight accumulators at once, transposed (lanes
- * i + i+8, then + i+4, + i+2, + i+1 of every accumulator in step). */
-_Static_assert(QACT_MULTI_MAX == 4, "acc_end8 reduces two rows of four tokens");
-AI void acc_end8(const __m512 acc0[NTM], const __m512 acc1[NTM], float *out)
+ * i + i+8, then + i+4, + i+2, + i+1 of every accumulator in step), and
+ * each token's two results stored as a pair. */
+_Static_assert(QACT_MULTI_MAX == 4, "acc_store8 reduces two rows of four tokens");
+AI void acc_store8(const __m512 acc0[NTM], const __m512 acc1[NTM], float *y, int64_t ys)
 {
-    __m256 x[8], y[4], z[2];
+    __m256 x[8], v[4], z[2];
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++) {
         const __m512 a = j < 4 ? acc0[j] : acc1[j - 4];
@@ -474,31 +475,30 @@ AI void acc_end8(const __m512 acc0[NTM], const __m512 acc1[NTM], float *out)
     }
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) /* lanes 0-3: accumulator 2j, 4-7: 2j + 1 */
-        y[j] = _mm256_add_ps(_mm256_permute2f128_ps(x[2 * j], x[2 * j + 1], 0x20),
+        v[j] = _mm256_add_ps(_mm256_permute2f128_ps(x[2 * j], x[2 * j + 1], 0x20),
                              _mm256_permute2f128_ps(x[2 * j], x[2 * j + 1], 0x31));
 #pragma GCC unroll 2
     for (int j = 0; j < 2; j++) /* [4j, 4j + 2 | 4j + 1, 4j + 3], two lanes each */
-        z[j] = _mm256_add_ps(_mm256_shuffle_ps(y[2 * j], y[2 * j + 1], 0x44),
-                             _mm256_shuffle_ps(y[2 * j], y[2 * j + 1], 0xEE));
-    /* [0, 2, 4, 6 | 1, 3, 5, 7] -> in order */
+        z[j] = _mm256_add_ps(_mm256_shuffle_ps(v[2 * j], v[2 * j + 1], 0x44),
+                             _mm256_shuffle_ps(v[2 * j], v[2 * j + 1], 0xEE));
+    /* accumulators [0, 2, 4, 6 | 1, 3, 5, 7] -> token pairs (acc0[k], acc1[k]) */
     const __m256 w = _mm256_add_ps(_mm256_shuffle_ps(z[0], z[1], 0x88),
                                    _mm256_shuffle_ps(z[0], z[1], 0xDD));
-    _mm256_storeu_ps(out, _mm256_permutexvar_ps(_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), w));
+    const __m256 p = _mm256_permutexvar_ps(_mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7), w);
+    const __m128 p01 = _mm256_castps256_ps128(p), p23 = _mm256_extractf128_ps(p, 1);
+    _mm_storel_pi((__m64 *)y, p01);
+    _mm_storeh_pi((__m64 *)(y + ys), p01);
+    _mm_storel_pi((__m64 *)(y + 2 * ys), p23);
+    _mm_storeh_pi((__m64 *)(y + 3 * ys), p23);
 }
 
-/* Rows w and w + rs against nt tokens: out[k] row 0's, out[NTM + k] row 1's,
- * each bitwise pk_dot_type's.  The tails go a row at a time, after the
- * groups, as in pk_row_acc. */
-AI void pk_dot2_type(uint32_t t, int64_t n, const void *w, size_t rs, const void *xq, size_t xs,
-                     int nt, float *out)
+/* acc0[k], acc1[k] (zeroed by the caller) += every group's v of packed rows
+ * w0 and w1 for the nt tokens xv; the short last group a row at a time
+ * (q4_0, q4_1, q8_0 tails of 1-4 chunks: both rows in one pass), after
+ * the others, as in pk_row_acc. */
+AI void pk_pair_acc(uint32_t t, int64_t n, const uint8_t *w0, const uint8_t *w1,
+                    const qact_view *xv, int nt, __m512 acc0[NTM], __m512 acc1[NTM])
 {
-    const uint8_t *w0 = w, *w1 = w0 + rs;
-    qact_view xv[NTM];
-    __m512 acc0[NTM], acc1[NTM];
-    acc_begin(xq, xs, n, nt, xv, acc0);
-#pragma GCC unroll 8
-    for (int k = 0; k < nt; k++)
-        acc1[k] = _mm512_setzero_ps();
     const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
     const size_t gb = group_wbytes(t, QACT_LANES);
     for (int64_t g = 0; g < full; g++) {
@@ -515,12 +515,44 @@ AI void pk_dot2_type(uint32_t t, int64_t n, const void *w, size_t rs, const void
         pk_group(t, w0 + full * gb, tc, xv, full, nt, acc0);
         pk_group(t, w1 + full * gb, tc, xv, full, nt, acc1);
     }
-    if (nt == NTM) {
-        acc_end8(acc0, acc1, out);
-        return;
+}
+
+/* Rows w + r rs (r < n_rows) against nt tokens: y[k ys + r], each bitwise
+ * pk_dot_type's; two rows a pass, an odd last row alone, the call's setup
+ * paid once for the tile. */
+AI void pk_tile_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_rows,
+                     const void *xq, size_t xs, int nt, float *y, int64_t ys)
+{
+    qact_view xv[NTM];
+    __m512 acc0[NTM], acc1[NTM];
+    acc_begin(xq, xs, n, nt, xv, acc0);
+    int64_t r = 0;
+    for (; r + 2 <= n_rows; r += 2) {
+        const uint8_t *w0 = (const uint8_t *)w + (size_t)r * rs;
+#pragma GCC unroll 8
+        for (int k = 0; k < nt; k++)
+            acc0[k] = acc1[k] = _mm512_setzero_ps();
+        pk_pair_acc(t, n, w0, w0 + rs, xv, nt, acc0, acc1);
+        if (nt == NTM) {
+            acc_store8(acc0, acc1, y + r, ys);
+            continue;
+        }
+        float o0[NTM], o1[NTM];
+        acc_end(acc0, nt, o0);
+        acc_end(acc1, nt, o1);
+        for (int k = 0; k < nt; k++)
+            y[k * ys + r] = o0[k], y[k * ys + r + 1] = o1[k];
     }
-    acc_end(acc0, nt, out);
-    acc_end(acc1, nt, out + NTM);
+    if (r < n_rows) {
+        float o[NTM];
+#pragma GCC unroll 8
+        for (int k = 0; k < nt; k++)
+            acc0[k] = _mm512_setzero_ps();
+        pk_row_acc(t, n, (const uint8_t *)w + (size_t)r * rs, xv, nt, acc0);
+        acc_end(acc0, nt, o);
+        for (int k = 0; k < nt; k++)
+            y[k * ys + r] = o[k];
+    }
 }
 
 /* One token against n_rows packed rows (row r at w + r rs): y[r] = the nt = 1
@@ -577,28 +609,28 @@ qact_dot_fn qpack_dot_avx512(uint32_t type)
     }
 }
 
-#define PK_TWO_ENTRY(name, type)                                                               \
-    static void name(int64_t n, const void *w, size_t rs, const void *xq, size_t xs, int nt,   \
-                     float *out)                                                               \
+#define PK_TILE_ENTRY(name, type)                                                              \
+    static void name(int64_t n, const void *w, size_t rs, int64_t n_rows, const void *xq,     \
+                     size_t xs, int nt, float *y, int64_t ys)                                  \
     {                                                                                          \
         switch (nt) {                                                                          \
-        case 1: pk_dot2_type(type, n, w, rs, xq, xs, 1, out); break;                           \
-        case 2: pk_dot2_type(type, n, w, rs, xq, xs, 2, out); break;                           \
-        case 3: pk_dot2_type(type, n, w, rs, xq, xs, 3, out); break;                           \
-        default: pk_dot2_type(type, n, w, rs, xq, xs, NTM, out); break;                        \
+        case 1: pk_tile_type(type, n, w, rs, n_rows, xq, xs, 1, y, ys); break;                 \
+        case 2: pk_tile_type(type, n, w, rs, n_rows, xq, xs, 2, y, ys); break;                 \
+        case 3: pk_tile_type(type, n, w, rs, n_rows, xq, xs, 3, y, ys); break;                 \
+        default: pk_tile_type(type, n, w, rs, n_rows, xq, xs, NTM, y, ys); break;              \
         }                                                                                      \
     }
-PK_TWO_ENTRY(t5_q4_0, DT_Q4_0)
-PK_TWO_ENTRY(t5_q4_1, DT_Q4_1)
-PK_TWO_ENTRY(t5_q8_0, DT_Q8_0)
-PK_TWO_ENTRY(t5_q4_K, DT_Q4_K)
-PK_TWO_ENTRY(t5_q5_0, DT_Q5_0)
-PK_TWO_ENTRY(t5_q5_1, DT_Q5_1)
-PK_TWO_ENTRY(t5_q5_K, DT_Q5_K)
-PK_TWO_ENTRY(t5_q6_K, DT_Q6_K)
-PK_TWO_ENTRY(t5_mxfp4, DT_MXFP4)
+PK_TILE_ENTRY(t5_q4_0, DT_Q4_0)
+PK_TILE_ENTRY(t5_q4_1, DT_Q4_1)
+PK_TILE_ENTRY(t5_q8_0, DT_Q8_0)
+PK_TILE_ENTRY(t5_q4_K, DT_Q4_K)
+PK_TILE_ENTRY(t5_q5_0, DT_Q5_0)
+PK_TILE_ENTRY(t5_q5_1, DT_Q5_1)
+PK_TILE_ENTRY(t5_q5_K, DT_Q5_K)
+PK_TILE_ENTRY(t5_q6_K, DT_Q6_K)
+PK_TILE_ENTRY(t5_mxfp4, DT_MXFP4)
 
-qact_dot2_fn qpack_dot2_avx512(uint32_t type)
+qact_dot_tile_fn qpack_dot_tile_avx512(uint32_t type)
 {
     switch (type) {
     case DT_Q4_0: return t5_q4_0;

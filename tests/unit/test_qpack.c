@@ -216,19 +216,21 @@ static void test_dot_rows(tu_rng *r, const char *isa, qact_dot_fn (*packed)(uint
     }
 }
 
-/* Two rows a pass (qact_dot2_fn), where the ISA has it: both rows' results
- * == the reference bitwise for 1..4 tokens, at every size (tails of 1-4
- * chunks, longer tails, whole groups). */
-static void test_dot2(tu_rng *r, const char *isa, qact_dot2_fn (*dot2)(uint32_t))
+/* A tile of rows against a token block (qact_dot_tile_fn), where the ISA
+ * has it: every result == the reference bitwise, for 1..4 tokens, 5 rows
+ * (two pairs and an odd one), outputs strided as in a matmul, at every size
+ * (tails of 1-4 chunks, longer tails, whole groups); nothing else in y
+ * written. */
+static void test_tile(tu_rng *r, const char *isa, qact_dot_tile_fn (*tile)(uint32_t))
 {
-    const int64_t ntok = 4;
+    const int64_t ntok = 4, n_rows = 5, ys = 7;
     for (int ti = 0; ti < N_TYPES; ti++) {
         for (int si = 0; si < N_SIZES; si++) {
             const uint32_t t = k_types[ti];
             const int64_t n = k_sizes[si];
-            if (!qpack_supported(t, n) || !dot2(t))
+            if (!qpack_supported(t, n) || !tile(t))
                 continue;
-            rows w = make_rows(r, t, n, 2, si % 2);
+            rows w = make_rows(r, t, n, n_rows, si % 2);
             const size_t rb = qact_row_bytes(n);
             float *x = malloc((size_t)(n * ntok) * sizeof *x);
             for (int64_t i = 0; i < n * ntok; i++)
@@ -239,16 +241,21 @@ static void test_dot2(tu_rng *r, const char *isa, qact_dot2_fn (*dot2)(uint32_t)
                 memcpy(xi + k * rb, xq + k * rb, rb);
                 qpack_interleave_act(xi + k * rb, n);
             }
-            float yr[2][4], ym[2 * QACT_MULTI_MAX];
-            for (int j = 0; j < 2; j++)
+            float yr[5][4], ym[4 * 7];
+            for (int j = 0; j < n_rows; j++)
                 qact_dot_ref(t)(n, w.w + j * w.rs, xq, rb, (int)ntok, yr[j]);
             int same = 1;
             for (int nt = 1; nt <= ntok; nt++) {
-                dot2(t)(n, w.pk, w.rs, xi, rb, nt, ym);
-                same &= memcmp(ym, yr[0], (size_t)nt * sizeof *ym) == 0;
-                same &= memcmp(ym + QACT_MULTI_MAX, yr[1], (size_t)nt * sizeof *ym) == 0;
+                for (int i = 0; i < 4 * 7; i++)
+                    ym[i] = -1.0f;
+                tile(t)(n, w.pk, w.rs, n_rows, xi, rb, nt, ym, ys);
+                for (int k = 0; k < 4; k++)
+                    for (int j = 0; j < ys; j++) {
+                        const float want = k < nt && j < n_rows ? yr[j][k] : -1.0f;
+                        same &= memcmp(&ym[k * ys + j], &want, sizeof want) == 0;
+                    }
             }
-            CHECKF(same, "%s two-row %s == ref bitwise, n=%lld", dtype_get(t)->name, isa,
+            CHECKF(same, "%s %s tile == ref bitwise, n=%lld", dtype_get(t)->name, isa,
                    (long long)n);
             free(x), free(xq), free(xi);
             free_rows(&w);
@@ -256,7 +263,7 @@ static void test_dot2(tu_rng *r, const char *isa, qact_dot2_fn (*dot2)(uint32_t)
     }
 }
 
-static qact_dot2_fn no_dot2(uint32_t type)
+static qact_dot_tile_fn no_tile(uint32_t type)
 {
     (void)type;
     return NULL;
@@ -357,10 +364,10 @@ int main(void)
         const char *name;
         qact_dot_fn (*packed)(uint32_t);
         qact_dot_rows_fn (*rows)(uint32_t);
-        qact_dot2_fn (*dot2)(uint32_t);
-    } isas[] = {{KERNEL_ISA_AVX2, "avx2", qpack_dot_avx2, qpack_dot_rows_avx2, no_dot2},
+        qact_dot_tile_fn (*tile)(uint32_t);
+    } isas[] = {{KERNEL_ISA_AVX2, "avx2", qpack_dot_avx2, qpack_dot_rows_avx2, no_tile},
                 {KERNEL_ISA_AVX512, "avx512", qpack_dot_avx512, qpack_dot_rows_avx512,
-                 qpack_dot2_avx512}};
+                 qpack_dot_tile_avx512}};
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
         if (dtype_force_isa(isas[i].isa) != 0) {
             fprintf(stderr, "test_qpack: CPU lacks %s: its packed kernels not run here\n",
@@ -375,10 +382,10 @@ int main(void)
         for (uint32_t t = 0; t < DT_COUNT; t++)
             CHECKF(dtype_matmul_qact()->packed_dot_rows[t] == isas[i].rows(t),
                    "%s table: packed rows %u", isas[i].name, t);
-        test_dot2(&r, isas[i].name, isas[i].dot2);
+        test_tile(&r, isas[i].name, isas[i].tile);
         for (uint32_t t = 0; t < DT_COUNT; t++)
-            CHECKF(dtype_matmul_qact()->packed_dot2[t] == isas[i].dot2(t),
-                   "%s table: two-row dot %u", isas[i].name, t);
+            CHECKF(dtype_matmul_qact()->packed_tile[t] == isas[i].tile(t),
+                   "%s table: tile %u", isas[i].name, t);
         test_matmul(&r, 1);
         test_matmul(&r, 7);
         test_split(&r, 1);
