@@ -60,7 +60,7 @@ static void qact_fill(qact_kernels *k, kernel_isa isa)
         k->packed_dot[t] = isa == KERNEL_ISA_AVX512 ? qpack_dot_avx512(t) : qpack_dot_avx2(t);
         k->packed_dot_rows[t] =
             isa == KERNEL_ISA_AVX512 ? qpack_dot_rows_avx512(t) : qpack_dot_rows_avx2(t);
-        k->packed_tile[t] = isa == KERNEL_ISA_AVX512 ? qpack_dot_tile_avx512(t) : NULL;
+        k->packed_tile[t] = isa == KERNEL_ISA_AVX512 ? qpack_dot_tile_avx512(t) : qpack_dot_tile_avx2(t);
     }
 #else
     (void)isa;

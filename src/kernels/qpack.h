@@ -99,8 +99,8 @@ qact_dot_fn qpack_dot_avx512(uint32_t type);
 qact_dot_rows_fn qpack_dot_rows_avx2(uint32_t type);
 qact_dot_rows_fn qpack_dot_rows_avx512(uint32_t type);
 /* A tile of packed rows against 1..4 tokens (qact_dot_tile_fn), each
- * result bitwise the one-row packed dot; AVX-512 only (AVX2 tiles go
- * through packed_dot a row at a time). */
+ * result bitwise the one-row packed dot of the same ISA. */
+qact_dot_tile_fn qpack_dot_tile_avx2(uint32_t type);
 qact_dot_tile_fn qpack_dot_tile_avx512(uint32_t type);
 
 #endif

@@ -540,6 +540,71 @@ PK_ROWS_ENTRY(r2_q5_K, DT_Q5_K)
 PK_ROWS_ENTRY(r2_q6_K, DT_Q6_K)
 PK_ROWS_ENTRY(r2_mxfp4, DT_MXFP4)
 
+/* Rows w + r rs (r < n_rows) against nt tokens: y[k ys + r], each bitwise
+ * the packed dot's (q4_0's four-token kernel where it applies), the call's
+ * setup paid once for the tile and the results stored by the kernel. */
+AI void pk_tile_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_rows,
+                     const void *xq, size_t xs, int nt, float *y, int64_t ys)
+{
+    const int x4 = t == DT_Q4_0 && nt == QACT_MULTI_MAX && n % QACT_GROUP == 0 &&
+                   QACT_MULTI_MAX * qact_row_bytes(n) <= PK4_L1_BYTES;
+    qact_view xv[NTM];
+    __m256 acc[NTM][2];
+    acc_begin(xq, xs, n, nt, xv, acc);
+    for (int64_t r = 0; r < n_rows; r++) {
+        const uint8_t *wr = (const uint8_t *)w + (size_t)r * rs;
+        float o[NTM];
+        if (x4) {
+            pk_q4_0_x4(n, wr, xq, xs, o);
+        } else {
+#pragma GCC unroll 8
+            for (int k = 0; k < nt; k++)
+                acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+            pk_row_acc(t, n, wr, xv, nt, acc);
+            acc_end(acc, nt, o);
+        }
+        for (int k = 0; k < nt; k++)
+            y[k * ys + r] = o[k];
+    }
+}
+
+#define PK_TILE_ENTRY(name, type)                                                              \
+    static void name(int64_t n, const void *w, size_t rs, int64_t n_rows, const void *xq,     \
+                     size_t xs, int nt, float *y, int64_t ys)                                  \
+    {                                                                                          \
+        switch (nt) {                                                                          \
+        case 1: pk_tile_type(type, n, w, rs, n_rows, xq, xs, 1, y, ys); break;                 \
+        case 2: pk_tile_type(type, n, w, rs, n_rows, xq, xs, 2, y, ys); break;                 \
+        case 3: pk_tile_type(type, n, w, rs, n_rows, xq, xs, 3, y, ys); break;                 \
+        default: pk_tile_type(type, n, w, rs, n_rows, xq, xs, NTM, y, ys); break;              \
+        }                                                                                      \
+    }
+PK_TILE_ENTRY(t2_q4_0, DT_Q4_0)
+PK_TILE_ENTRY(t2_q4_1, DT_Q4_1)
+PK_TILE_ENTRY(t2_q8_0, DT_Q8_0)
+PK_TILE_ENTRY(t2_q4_K, DT_Q4_K)
+PK_TILE_ENTRY(t2_q5_0, DT_Q5_0)
+PK_TILE_ENTRY(t2_q5_1, DT_Q5_1)
+PK_TILE_ENTRY(t2_q5_K, DT_Q5_K)
+PK_TILE_ENTRY(t2_q6_K, DT_Q6_K)
+PK_TILE_ENTRY(t2_mxfp4, DT_MXFP4)
+
+qact_dot_tile_fn qpack_dot_tile_avx2(uint32_t type)
+{
+    switch (type) {
+    case DT_Q4_0: return t2_q4_0;
+    case DT_Q4_1: return t2_q4_1;
+    case DT_Q8_0: return t2_q8_0;
+    case DT_Q4_K: return t2_q4_K;
+    case DT_Q5_0: return t2_q5_0;
+    case DT_Q5_1: return t2_q5_1;
+    case DT_Q5_K: return t2_q5_K;
+    case DT_Q6_K: return t2_q6_K;
+    case DT_MXFP4: return t2_mxfp4;
+    default: return NULL;
+    }
+}
+
 qact_dot_fn qpack_dot_avx2(uint32_t type)
 {
     switch (type) {

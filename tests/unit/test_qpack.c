@@ -263,12 +263,6 @@ static void test_tile(tu_rng *r, const char *isa, qact_dot_tile_fn (*tile)(uint3
     }
 }
 
-static qact_dot_tile_fn no_tile(uint32_t type)
-{
-    (void)type;
-    return NULL;
-}
-
 /* The matmul driver: packed rows give the stored rows' results, for one
  * token (the rows kernel where the ISA has one) and for seven. */
 static void test_matmul(tu_rng *r, int64_t ntok)
@@ -365,7 +359,7 @@ int main(void)
         qact_dot_fn (*packed)(uint32_t);
         qact_dot_rows_fn (*rows)(uint32_t);
         qact_dot_tile_fn (*tile)(uint32_t);
-    } isas[] = {{KERNEL_ISA_AVX2, "avx2", qpack_dot_avx2, qpack_dot_rows_avx2, no_tile},
+    } isas[] = {{KERNEL_ISA_AVX2, "avx2", qpack_dot_avx2, qpack_dot_rows_avx2, qpack_dot_tile_avx2},
                 {KERNEL_ISA_AVX512, "avx512", qpack_dot_avx512, qpack_dot_rows_avx512,
                  qpack_dot_tile_avx512}};
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
