@@ -53,7 +53,10 @@ static void qact_fill(qact_kernels *k, kernel_isa isa)
     if (isa == KERNEL_ISA_SCALAR)
         return;
     k->wide_dot = qwide_dot_q8_0_avx2; /* AVX-512 CPUs too */
-    k->wide_packed_dot = qwide_dot_q8_0_packed_avx2;
+    k->wide_packed_dot =
+        isa == KERNEL_ISA_AVX512 ? qwide_dot_q8_0_packed_avx512 : qwide_dot_q8_0_packed_avx2;
+    k->wide_packed_tile =
+        isa == KERNEL_ISA_AVX512 ? qwide_tile_q8_0_packed_avx512 : qwide_tile_q8_0_packed_avx2;
     k->quantize = isa == KERNEL_ISA_AVX512 ? qact_quantize_avx512 : qact_quantize_avx2;
     for (uint32_t t = 0; t < DT_COUNT; t++) {
         k->dot[t] = isa == KERNEL_ISA_AVX512 ? qact_dot_avx512(t) : qact_dot_avx2(t);
@@ -242,8 +245,9 @@ static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int
     KV_ASSERT(terms == 1 || terms == 2);
     if (terms == 2 && head_wide(type)) {
         const qact_dot_fn wide = type & DT_PACKED ? kt->wide_packed_dot : kt->wide_dot;
+        const qact_dot_tile_fn tile = type & DT_PACKED ? kt->wide_packed_tile : NULL;
         KV_ASSERT(wide != NULL);
-        rows_tiles(wide, NULL, NULL, qwide_row_bytes(n), 1, type, w, row_stride_bytes, row_begin,
+        rows_tiles(wide, NULL, tile, qwide_row_bytes(n), 1, type, w, row_stride_bytes, row_begin,
                    row_end, n, xq, n_tok, y, y_stride);
         return;
     }

@@ -1,6 +1,7 @@
 /* qact_avx2_common.h - kernels-internal: what the AVX2 int8 kernel files
- * (qact_avx2.c: stored rows; qpack_avx2.c: packed rows) share.  Include
- * only from those two files (built with -mavx2 -mfma -mf16c). */
+ * (qact_avx2.c: stored rows; qpack_avx2.c: packed rows; qwide_avx2.c and
+ * qwide_avx512.c: the head's int16 rows) share.  Include only from those
+ * files (built with -mavx2 -mfma -mf16c, or the AVX-512 flags). */
 #ifndef KVANT_QACT_AVX2_COMMON_H
 #define KVANT_QACT_AVX2_COMMON_H
 

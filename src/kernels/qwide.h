@@ -73,6 +73,15 @@ void qwide_dot_q8_0_ref(int64_t n, const void *w, const void *xq, size_t xs, int
  * rows. */
 void qwide_dot_q8_0_packed_avx2(int64_t n, const void *w, const void *xq, size_t xs, int nt,
                                 float *out);
+/* The same on AVX-512 VNNI (VPDPWSSD), bitwise equal. */
+void qwide_dot_q8_0_packed_avx512(int64_t n, const void *w, const void *xq, size_t xs, int nt,
+                                  float *out);
+/* A tile of packed q8_0 rows against nt (1..4) interleaved qwide rows, a
+ * qact_dot_tile_fn: y[k * ys + r], each the packed dot's result. */
+void qwide_tile_q8_0_packed_avx2(int64_t n, const void *w, size_t rs, int64_t n_rows,
+                                 const void *xq, size_t xs, int nt, float *y, int64_t ys);
+void qwide_tile_q8_0_packed_avx512(int64_t n, const void *w, size_t rs, int64_t n_rows,
+                                   const void *xq, size_t xs, int nt, float *y, int64_t ys);
 /* The same against a stored q8_0 row and in-order rows (AVX2, as above). */
 void qwide_dot_q8_0_avx2(int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out);
 

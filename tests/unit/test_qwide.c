@@ -141,11 +141,17 @@ static void test_ref(tu_rng *r)
 }
 
 #if KVANT_X86
-static void test_packed(tu_rng *r)
+typedef void (*qw_tile_fn)(int64_t n, const void *w, size_t rs, int64_t n_rows, const void *xq,
+                           size_t xs, int nt, float *y, int64_t ys);
+
+/* One ISA's packed kernels (dot and tile; AVX2 also the stored-row dot) ==
+ * the reference, bitwise, for 1..4 tokens; the tile's outputs strided, and
+ * nothing else in y written. */
+static void test_packed(tu_rng *r, const char *isa, qact_dot_fn dot, qw_tile_fn tile, int stored_too)
 {
     for (int si = 0; si < N_SIZES; si++) {
         for (int wild = 0; wild < 2; wild++) {
-            const int64_t n = k_sizes[si], ntok = 4, n_rows = 3;
+            const int64_t n = k_sizes[si], ntok = 4, n_rows = 3, ys = 5;
             const size_t rs = dtype_row_size(DT_Q8_0, n), rb = qwide_row_bytes(n);
             uint8_t *w, *pk;
             make_q8(r, n, n_rows, wild, &w, &pk);
@@ -156,21 +162,38 @@ static void test_packed(tu_rng *r)
                 memcpy(xi + k * rb, xq + k * rb, rb);
                 qwide_interleave(xi + k * rb, n);
             }
-            int same = 1, stored = 1;
+            int same = 1, stored = 1, tiled = 1;
+            float yr[3][4];
             for (int64_t j = 0; j < n_rows; j++) {
-                float yr[4], ym[4];
-                qwide_dot_q8_0_ref(n, w + j * rs, xq, rb, (int)ntok, yr);
+                float ym[4];
+                qwide_dot_q8_0_ref(n, w + j * rs, xq, rb, (int)ntok, yr[j]);
                 for (int nt = 1; nt <= ntok; nt++) {
-                    qwide_dot_q8_0_packed_avx2(n, pk + j * rs, xi, rb, nt, ym);
-                    same &= memcmp(ym, yr, (size_t)nt * sizeof *ym) == 0;
-                    qwide_dot_q8_0_avx2(n, w + j * rs, xq, rb, nt, ym);
-                    stored &= memcmp(ym, yr, (size_t)nt * sizeof *ym) == 0;
+                    dot(n, pk + j * rs, xi, rb, nt, ym);
+                    same &= memcmp(ym, yr[j], (size_t)nt * sizeof *ym) == 0;
+                    if (stored_too) {
+                        qwide_dot_q8_0_avx2(n, w + j * rs, xq, rb, nt, ym);
+                        stored &= memcmp(ym, yr[j], (size_t)nt * sizeof *ym) == 0;
+                    }
                 }
             }
-            CHECKF(same, "q8_0 head packed avx2 == ref bitwise, n=%lld%s", (long long)n,
+            for (int nt = 1; nt <= ntok; nt++) {
+                float yt[4 * 5];
+                for (int i = 0; i < 4 * 5; i++)
+                    yt[i] = -1.0f;
+                tile(n, pk, rs, n_rows, xi, rb, nt, yt, ys);
+                for (int k = 0; k < 4; k++)
+                    for (int j = 0; j < ys; j++) {
+                        const float want = k < nt && j < n_rows ? yr[j][k] : -1.0f;
+                        tiled &= memcmp(&yt[k * ys + j], &want, sizeof want) == 0;
+                    }
+            }
+            CHECKF(same, "q8_0 head packed %s == ref bitwise, n=%lld%s", isa, (long long)n,
                    wild ? " (random codes)" : "");
-            CHECKF(stored, "q8_0 head stored avx2 == ref bitwise, n=%lld%s", (long long)n,
+            CHECKF(tiled, "q8_0 head packed %s tile == ref bitwise, n=%lld%s", isa, (long long)n,
                    wild ? " (random codes)" : "");
+            if (stored_too)
+                CHECKF(stored, "q8_0 head stored avx2 == ref bitwise, n=%lld%s", (long long)n,
+                       wild ? " (random codes)" : "");
             free(w), free(pk), free(x), free(xq), free(xi);
         }
     }
@@ -218,9 +241,15 @@ int main(void)
     test_ref(&r);
 #if KVANT_X86
     if (dtype_force_isa(KERNEL_ISA_AVX2) == 0)
-        test_packed(&r);
+        test_packed(&r, "avx2", qwide_dot_q8_0_packed_avx2, qwide_tile_q8_0_packed_avx2, 1);
     else
         fprintf(stderr, "test_qwide: CPU lacks avx2: the packed kernel not run here\n");
+    if (dtype_force_isa(KERNEL_ISA_AVX512) == 0) {
+        test_packed(&r, "avx512", qwide_dot_q8_0_packed_avx512, qwide_tile_q8_0_packed_avx512, 0);
+        CHECK(dtype_matmul_qact()->wide_packed_tile == qwide_tile_q8_0_packed_avx512);
+    } else {
+        fprintf(stderr, "test_qwide: CPU lacks avx512: its packed kernel not run here\n");
+    }
 #endif
     for (int isa = 0; isa < KERNEL_ISA_COUNT; isa++) {
         if (dtype_force_isa((kernel_isa)isa) != 0)
