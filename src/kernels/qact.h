@@ -139,6 +139,21 @@ typedef void (*qact_dot_tile_fn)(int64_t n, const void *w, size_t row_stride, in
         }                                                                                      \
     }
 
+/* Defines `name`, a qact_dot_tile_fn that calls body(type, n, w, rs,
+ * n_rows, xq, xs, NT, y, ys) with the token count NT a compile-time
+ * constant, as QACT_NT_ENTRY. */
+#define QACT_TILE_ENTRY(name, body, type)                                                      \
+    static void name(int64_t n, const void *w, size_t rs, int64_t n_rows, const void *xq,     \
+                     size_t xs, int nt, float *y, int64_t ys)                                  \
+    {                                                                                          \
+        switch (nt) {                                                                          \
+        case 1: body(type, n, w, rs, n_rows, xq, xs, 1, y, ys); break;                         \
+        case 2: body(type, n, w, rs, n_rows, xq, xs, 2, y, ys); break;                         \
+        case 3: body(type, n, w, rs, n_rows, xq, xs, 3, y, ys); break;                         \
+        default: body(type, n, w, rs, n_rows, xq, xs, QACT_MULTI_MAX, y, ys); break;           \
+        }                                                                                      \
+    }
+
 void qact_quantize_ref(const float *x, int64_t n, void *dst);
 /* The second term of a split activation: dst = the qact row of the residual
  * x - d1 * q1, with (q1, d1) the row `first` (qact_quantize_* of x, in order,

@@ -613,26 +613,15 @@ qact_dot_fn qpack_dot_avx512(uint32_t type)
     }
 }
 
-#define PK_TILE_ENTRY(name, type)                                                              \
-    static void name(int64_t n, const void *w, size_t rs, int64_t n_rows, const void *xq,     \
-                     size_t xs, int nt, float *y, int64_t ys)                                  \
-    {                                                                                          \
-        switch (nt) {                                                                          \
-        case 1: pk_tile_type(type, n, w, rs, n_rows, xq, xs, 1, y, ys); break;                 \
-        case 2: pk_tile_type(type, n, w, rs, n_rows, xq, xs, 2, y, ys); break;                 \
-        case 3: pk_tile_type(type, n, w, rs, n_rows, xq, xs, 3, y, ys); break;                 \
-        default: pk_tile_type(type, n, w, rs, n_rows, xq, xs, NTM, y, ys); break;              \
-        }                                                                                      \
-    }
-PK_TILE_ENTRY(t5_q4_0, DT_Q4_0)
-PK_TILE_ENTRY(t5_q4_1, DT_Q4_1)
-PK_TILE_ENTRY(t5_q8_0, DT_Q8_0)
-PK_TILE_ENTRY(t5_q4_K, DT_Q4_K)
-PK_TILE_ENTRY(t5_q5_0, DT_Q5_0)
-PK_TILE_ENTRY(t5_q5_1, DT_Q5_1)
-PK_TILE_ENTRY(t5_q5_K, DT_Q5_K)
-PK_TILE_ENTRY(t5_q6_K, DT_Q6_K)
-PK_TILE_ENTRY(t5_mxfp4, DT_MXFP4)
+QACT_TILE_ENTRY(t5_q4_0, pk_tile_type, DT_Q4_0)
+QACT_TILE_ENTRY(t5_q4_1, pk_tile_type, DT_Q4_1)
+QACT_TILE_ENTRY(t5_q8_0, pk_tile_type, DT_Q8_0)
+QACT_TILE_ENTRY(t5_q4_K, pk_tile_type, DT_Q4_K)
+QACT_TILE_ENTRY(t5_q5_0, pk_tile_type, DT_Q5_0)
+QACT_TILE_ENTRY(t5_q5_1, pk_tile_type, DT_Q5_1)
+QACT_TILE_ENTRY(t5_q5_K, pk_tile_type, DT_Q5_K)
+QACT_TILE_ENTRY(t5_q6_K, pk_tile_type, DT_Q6_K)
+QACT_TILE_ENTRY(t5_mxfp4, pk_tile_type, DT_MXFP4)
 
 qact_dot_tile_fn qpack_dot_tile_avx512(uint32_t type)
 {

@@ -134,12 +134,12 @@ AI void qw_dot(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, 
 
 /* Rows w + r rs (r < n_rows) against nt qwide rows: y[k ys + r], each
  * qw_dot's result. */
-AI void qw_tile(int64_t n, const void *w, size_t rs, int64_t n_rows, const void *xq, size_t xs,
-                int nt, float *y, int64_t ys)
+AI void qw_tile(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_rows, const void *xq,
+                size_t xs, int nt, float *y, int64_t ys)
 {
     for (int64_t r = 0; r < n_rows; r++) {
         float o[NTM];
-        qw_dot(DT_Q8_0, n, (const uint8_t *)w + (size_t)r * rs, xq, xs, nt, o);
+        qw_dot(t, n, (const uint8_t *)w + (size_t)r * rs, xq, xs, nt, o);
         for (int k = 0; k < nt; k++)
             y[k * ys + r] = o[k];
     }
@@ -149,6 +149,7 @@ AI void qw_tile(int64_t n, const void *w, size_t rs, int64_t n_rows, const void 
  * (qwide.h) from the bodies above, the token count a constant in each. */
 #define QW_ENTRIES(sfx)                                                                         \
     QACT_NT_ENTRY(qw_dot_entry, qw_dot, DT_Q8_0)                                                \
+    QACT_TILE_ENTRY(qw_tile_entry, qw_tile, DT_Q8_0)                                            \
     void qwide_dot_q8_0_packed_##sfx(int64_t n, const void *w, const void *xq, size_t xs,      \
                                      int nt, float *out)                                        \
     {                                                                                           \
@@ -157,12 +158,7 @@ AI void qw_tile(int64_t n, const void *w, size_t rs, int64_t n_rows, const void 
     void qwide_tile_q8_0_packed_##sfx(int64_t n, const void *w, size_t rs, int64_t n_rows,     \
                                       const void *xq, size_t xs, int nt, float *y, int64_t ys) \
     {                                                                                           \
-        switch (nt) {                                                                           \
-        case 1: qw_tile(n, w, rs, n_rows, xq, xs, 1, y, ys); break;                             \
-        case 2: qw_tile(n, w, rs, n_rows, xq, xs, 2, y, ys); break;                             \
-        case 3: qw_tile(n, w, rs, n_rows, xq, xs, 3, y, ys); break;                             \
-        default: qw_tile(n, w, rs, n_rows, xq, xs, NTM, y, ys); break;                          \
-        }                                                                                       \
+        qw_tile_entry(n, w, rs, n_rows, xq, xs, nt, y, ys);                                     \
     }
 
 #endif
