@@ -53,8 +53,6 @@ static void qact_fill(qact_kernels *k, kernel_isa isa)
     if (isa == KERNEL_ISA_SCALAR)
         return;
     k->wide_dot = qwide_dot_q8_0_avx2; /* AVX-512 CPUs too */
-    k->wide_packed_dot =
-        isa == KERNEL_ISA_AVX512 ? qwide_dot_q8_0_packed_avx512 : qwide_dot_q8_0_packed_avx2;
     k->wide_packed_tile =
         isa == KERNEL_ISA_AVX512 ? qwide_tile_q8_0_packed_avx512 : qwide_tile_q8_0_packed_avx2;
     k->quantize = isa == KERNEL_ISA_AVX512 ? qact_quantize_avx512 : qact_quantize_avx2;
@@ -63,7 +61,8 @@ static void qact_fill(qact_kernels *k, kernel_isa isa)
         k->packed_dot[t] = isa == KERNEL_ISA_AVX512 ? qpack_dot_avx512(t) : qpack_dot_avx2(t);
         k->packed_dot_rows[t] =
             isa == KERNEL_ISA_AVX512 ? qpack_dot_rows_avx512(t) : qpack_dot_rows_avx2(t);
-        k->packed_tile[t] = isa == KERNEL_ISA_AVX512 ? qpack_dot_tile_avx512(t) : qpack_dot_tile_avx2(t);
+        k->packed_tile[t] =
+            isa == KERNEL_ISA_AVX512 ? qpack_dot_tile_avx512(t) : qpack_dot_tile_avx2(t);
     }
 #else
     (void)isa;
@@ -244,11 +243,10 @@ static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int
     const qact_kernels *kt = dtype_matmul_qact();
     KV_ASSERT(terms == 1 || terms == 2);
     if (terms == 2 && head_wide(type)) {
-        const qact_dot_fn wide = type & DT_PACKED ? kt->wide_packed_dot : kt->wide_dot;
         const qact_dot_tile_fn tile = type & DT_PACKED ? kt->wide_packed_tile : NULL;
-        KV_ASSERT(wide != NULL);
-        rows_tiles(wide, NULL, tile, qwide_row_bytes(n), 1, type, w, row_stride_bytes, row_begin,
-                   row_end, n, xq, n_tok, y, y_stride);
+        KV_ASSERT(tile != NULL || !(type & DT_PACKED)); /* packed rows exist only with SIMD */
+        rows_tiles(kt->wide_dot, NULL, tile, qwide_row_bytes(n), 1, type, w, row_stride_bytes,
+                   row_begin, row_end, n, xq, n_tok, y, y_stride);
         return;
     }
     const qact_dot_fn dot = qact_dot_for(kt, type);

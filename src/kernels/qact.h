@@ -187,8 +187,7 @@ typedef struct qact_kernels {
     qact_dot_tile_fn packed_tile[DT_COUNT]; /* many packed rows, 1..4 tokens; NULL:
                                              * packed_dot a row at a time */
     qact_dot_fn wide_dot;        /* q8_0 stored rows against the head's int16 rows (qwide.h) */
-    qact_dot_fn wide_packed_dot; /* packed q8_0 rows against them; NULL: none on this ISA */
-    qact_dot_tile_fn wide_packed_tile; /* a tile of those; NULL: wide_packed_dot a row at a time */
+    qact_dot_tile_fn wide_packed_tile; /* packed q8_0 rows against them; NULL: none on this ISA */
 } qact_kernels;
 
 #endif

@@ -67,22 +67,17 @@ void qwide_interleave(void *xq, int64_t n);
  * the specification above; a qact_dot_fn. */
 void qwide_dot_q8_0_ref(int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out);
 
-/* The same against a packed q8_0 row and interleaved qwide rows (AVX2,
- * also chosen on AVX-512 CPUs; x86-64 builds only, call only on a CPU
- * with AVX2): bitwise qwide_dot_q8_0_ref of the stored row and in-order
- * rows. */
-void qwide_dot_q8_0_packed_avx2(int64_t n, const void *w, const void *xq, size_t xs, int nt,
-                                float *out);
-/* The same on AVX-512 VNNI (VPDPWSSD), bitwise equal. */
-void qwide_dot_q8_0_packed_avx512(int64_t n, const void *w, const void *xq, size_t xs, int nt,
-                                  float *out);
-/* A tile of packed q8_0 rows against nt (1..4) interleaved qwide rows, a
- * qact_dot_tile_fn: y[k * ys + r], each the packed dot's result. */
+/* dot(packed q8_0 row w + r * rs, interleaved qwide row xq + k * xs) into
+ * y[k * ys + r] for r < n_rows, k < nt (1..4), a qact_dot_tile_fn; each
+ * result bitwise qwide_dot_q8_0_ref of the stored and in-order rows.
+ * x86-64 builds only: AVX2 (VPMADDWD) and AVX-512 VNNI (VPDPWSSD, the
+ * same exact sums); call only on a CPU with the ISA. */
 void qwide_tile_q8_0_packed_avx2(int64_t n, const void *w, size_t rs, int64_t n_rows,
                                  const void *xq, size_t xs, int nt, float *y, int64_t ys);
 void qwide_tile_q8_0_packed_avx512(int64_t n, const void *w, size_t rs, int64_t n_rows,
                                    const void *xq, size_t xs, int nt, float *y, int64_t ys);
-/* The same against a stored q8_0 row and in-order rows (AVX2, as above). */
+/* out[k] = dot(stored q8_0 row w, in-order qwide row xq + k * xs), k < nt,
+ * a qact_dot_fn (AVX2, also chosen on AVX-512 CPUs; x86-64 builds only). */
 void qwide_dot_q8_0_avx2(int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out);
 
 #endif

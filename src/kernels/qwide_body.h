@@ -145,16 +145,10 @@ AI void qw_tile(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_rows,
     }
 }
 
-/* Defines qwide_dot_q8_0_packed_<sfx> and qwide_tile_q8_0_packed_<sfx>
- * (qwide.h) from the bodies above, the token count a constant in each. */
+/* Defines qwide_tile_q8_0_packed_<sfx> (qwide.h) from qw_dot, the token
+ * count a constant in each; the tile walks its rows one at a time. */
 #define QW_ENTRIES(sfx)                                                                         \
-    QACT_NT_ENTRY(qw_dot_entry, qw_dot, DT_Q8_0)                                                \
     QACT_TILE_ENTRY(qw_tile_entry, qw_tile, DT_Q8_0)                                            \
-    void qwide_dot_q8_0_packed_##sfx(int64_t n, const void *w, const void *xq, size_t xs,      \
-                                     int nt, float *out)                                        \
-    {                                                                                           \
-        qw_dot_entry(n, w, xq, xs, nt, out);                                                    \
-    }                                                                                           \
     void qwide_tile_q8_0_packed_##sfx(int64_t n, const void *w, size_t rs, int64_t n_rows,     \
                                       const void *xq, size_t xs, int nt, float *y, int64_t ys) \
     {                                                                                           \

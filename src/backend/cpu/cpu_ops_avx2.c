@@ -18,6 +18,7 @@
 
 #include "backend/cpu/cpu_attn_rows.h"
 #include "kernels/blocks.h"
+#include "kernels/dtype.h"
 
 #define AI static inline __attribute__((always_inline))
 
@@ -300,16 +301,6 @@ AI void attn_finish(int32_t nq, int32_t head_dim, const float *l, float *out)
     }
 }
 
-/* Bytes of one head's K or V row of dtype t (head_dim values). */
-AI int64_t kv_head_bytes(uint32_t t, int32_t head_dim)
-{
-    if (t == DT_Q8_0)
-        return (int64_t)head_dim / 32 * (int64_t)sizeof(block_q8_0);
-    if (t == DT_Q4_0)
-        return (int64_t)head_dim / 32 * (int64_t)sizeof(block_q4_0);
-    return 2 * (int64_t)head_dim; /* f16, bf16 */
-}
-
 /* Prefetches rows [0, cnt) of a block's K and V slices: a sequence's blocks
  * lie anywhere in the pool, and at decode they come from DRAM (each is read
  * once a step), too short a run for the hardware prefetcher to follow.
@@ -333,7 +324,7 @@ AI void attn_group_body(uint32_t t, const float *q, const int32_t nq, const cpu_
 {
     float m[CPU_ATTN_GROUP_MAX], l[CPU_ATTN_GROUP_MAX];
     const int32_t bs = s->block_size;
-    const int64_t hb = kv_head_bytes(t, head_dim);
+    const int64_t hb = (int64_t)dtype_row_size(t, head_dim); /* one head's K or V row */
     attn_init(nq, s->sinks, head_dim, m, l, out);
     for (int32_t start = s->p0 - s->p0 % bs; start < n_pos; start += bs) {
         const int32_t lo = start < s->p0 ? s->p0 - start : 0;
