@@ -156,13 +156,42 @@ AI void dot_tile(uint32_t t, const float *q, int32_t nq, int32_t kt, const uint8
                            kt > 3 ? acc[g][3] : z);
 }
 
+/* The next block's K and V rows (kb, vb; rows [0, cnt) of hb bytes each),
+ * prefetched a few rows at a time while this block is attended: a
+ * sequence's blocks lie anywhere in the pool and at decode come from DRAM
+ * (each is read once a step), too short a run for the hardware prefetcher.
+ * Into L2 (T1), not L1: in perf samples of a 32-sequence decode (default
+ * model, Zen 4) attention against the matmul kernel's time was 0.39 with
+ * the whole next block into L1 at once, 0.22 a few rows at a time into L1
+ * (the core's L1 miss buffers full, the prefetches and loads waiting),
+ * 0.14 into L2 (with cpu_attn.c's first-block prefetch); two blocks ahead
+ * no better.  NULL: nothing ahead (the tile kernel's staged
+ * rows). */
+typedef struct kv_ahead {
+    const uint8_t *kb, *vb;
+    int32_t cnt;
+    int64_t hb;
+} kv_ahead;
+
+/* Rows [r0, r1) (clipped to the next block's) of the next block's K (v 0)
+ * or V (v 1). */
+AI void prefetch_rows(const kv_ahead *pf, int v, int64_t rs, int32_t r0, int32_t r1)
+{
+    if (!pf)
+        return;
+    const uint8_t *b = v ? pf->vb : pf->kb;
+    for (int32_t j = r0; j < r1 && j < pf->cnt; j++)
+        for (int64_t o = 0; o < pf->hb; o += 64)
+            _mm_prefetch((const char *)b + j * rs + o, _MM_HINT_T1);
+}
+
 /* One block's scores for nq heads: scratch[g * bs + j] = softcap(q_g . k_j
  * * scale) for the block's cnt keys, and bm[g] their max.  Keys go in tiles
  * of kt, the rest alone; a key's sum is the same in any tile (one chain,
  * the same tree), so a head's bits do not depend on the group size. */
 AI void score_block(uint32_t t, const float *q, int32_t nq, const uint8_t *kb, int64_t rs,
                     int32_t cnt, int32_t head_dim, float scale, float softcap, float *scratch,
-                    int32_t bs, float *bm)
+                    int32_t bs, float *bm, const kv_ahead *pf)
 {
     __m128 dots[CPU_ATTN_GROUP_MAX];
     __m128 vmax[CPU_ATTN_GROUP_MAX];
@@ -173,6 +202,7 @@ AI void score_block(uint32_t t, const float *q, int32_t nq, const uint8_t *kb, i
     const int32_t kt = KT_FOR(nq);
     int32_t j = 0;
     for (; j + kt <= cnt; j += kt) {
+        prefetch_rows(pf, 0, rs, j, j + kt);
         dot_tile(t, q, nq, kt, kb + j * rs, rs, head_dim, dots);
 #pragma GCC unroll 4
         for (int32_t g = 0; g < nq; g++) {
@@ -194,6 +224,7 @@ AI void score_block(uint32_t t, const float *q, int32_t nq, const uint8_t *kb, i
         }
     }
     for (; j < cnt; j++) {
+        prefetch_rows(pf, 0, rs, j, j + 1);
         dot_tile(t, q, nq, 1, kb + j * rs, rs, head_dim, dots);
 #pragma GCC unroll 4
         for (int32_t g = 0; g < nq; g++) {
@@ -202,6 +233,7 @@ AI void score_block(uint32_t t, const float *q, int32_t nq, const uint8_t *kb, i
             vmax[g] = _mm_move_ss(vmax[g], _mm_max_ss(_mm_set_ss(v), vmax[g]));
         }
     }
+    prefetch_rows(pf, 0, rs, cnt, bs);
 #pragma GCC unroll 4
     for (int32_t g = 0; g < nq; g++) {
         __m128 m = _mm_max_ps(vmax[g], _mm_movehl_ps(vmax[g], vmax[g]));
@@ -217,7 +249,7 @@ AI void score_block(uint32_t t, const float *q, int32_t nq, const uint8_t *kb, i
 #define DC_MAX 8
 AI void pv_slices(uint32_t t, int32_t nq, int32_t dc, const float *p, int32_t bs,
                   const float *corr, const uint8_t *vb, int64_t rs, int32_t cnt, int32_t head_dim,
-                  int32_t d0, float *out)
+                  int32_t d0, float *out, const kv_ahead *pf)
 {
     __m256 o[CPU_ATTN_GROUP_MAX][DC_MAX];
 #pragma GCC unroll 4
@@ -228,6 +260,7 @@ AI void pv_slices(uint32_t t, int32_t nq, int32_t dc, const float *p, int32_t bs
                                     _mm256_set1_ps(corr[g]));
     for (int32_t j = 0; j < cnt; j++) {
         __m256 pj[CPU_ATTN_GROUP_MAX];
+        prefetch_rows(pf, 1, rs, j, j + 1);
 #pragma GCC unroll 4
         for (int32_t g = 0; g < nq; g++)
             pj[g] = _mm256_set1_ps(p[g * bs + j]);
@@ -249,14 +282,16 @@ AI void pv_slices(uint32_t t, int32_t nq, int32_t dc, const float *p, int32_t bs
 /* The p V sums of one block for nq heads over the whole head: slices of
  * up to twelve accumulators (nq x dc), then one slice at a time. */
 AI void pv_block(uint32_t t, int32_t nq, const float *p, int32_t bs, const float *corr,
-                 const uint8_t *vb, int64_t rs, int32_t cnt, int32_t head_dim, float *out)
+                 const uint8_t *vb, int64_t rs, int32_t cnt, int32_t head_dim, float *out,
+                 const kv_ahead *pf)
 {
     const int32_t dc = nq == 1 ? 8 : nq == 4 ? 2 : 4;
     int32_t d = 0;
     for (; d + 8 * dc <= head_dim; d += 8 * dc)
-        pv_slices(t, nq, dc, p, bs, corr, vb, rs, cnt, head_dim, d, out);
+        pv_slices(t, nq, dc, p, bs, corr, vb, rs, cnt, head_dim, d, out, d == 0 ? pf : NULL);
     for (; d < head_dim; d += 8)
-        pv_slices(t, nq, 1, p, bs, corr, vb, rs, cnt, head_dim, d, out);
+        pv_slices(t, nq, 1, p, bs, corr, vb, rs, cnt, head_dim, d, out, d == 0 ? pf : NULL);
+    prefetch_rows(pf, 1, rs, cnt, bs);
 }
 
 /* The online softmax's start for nq heads: m, l from the sinks, out 0. */
@@ -273,10 +308,10 @@ AI void attn_init(int32_t nq, const float *sinks, int32_t head_dim, float *m, fl
  * scores, the running max and sum, out rescaled and the p V sums added. */
 AI void attn_block(uint32_t t, const float *q, int32_t nq, const uint8_t *kb, const uint8_t *vb,
                    int64_t rs, int32_t cnt, int32_t head_dim, float scale, float softcap,
-                   float *scratch, int32_t bs, float *m, float *l, float *out)
+                   float *scratch, int32_t bs, float *m, float *l, float *out, const kv_ahead *pf)
 {
     float corr[CPU_ATTN_GROUP_MAX], bm[CPU_ATTN_GROUP_MAX];
-    score_block(t, q, nq, kb, rs, cnt, head_dim, scale, softcap, scratch, bs, bm);
+    score_block(t, q, nq, kb, rs, cnt, head_dim, scale, softcap, scratch, bs, bm, pf);
     for (int32_t g = 0; g < nq; g++) {
         const float m_new = bm[g] > m[g] ? bm[g] : m[g];
         corr[g] = expf(m[g] - m_new);
@@ -284,7 +319,7 @@ AI void attn_block(uint32_t t, const float *q, int32_t nq, const uint8_t *kb, co
         l[g] *= corr[g];
         m[g] = m_new;
     }
-    pv_block(t, nq, scratch, bs, corr, vb, rs, cnt, head_dim, out);
+    pv_block(t, nq, scratch, bs, corr, vb, rs, cnt, head_dim, out, pf);
     for (int32_t g = 0; g < nq; g++)
         for (int32_t j = 0; j < cnt; j++)
             l[g] += scratch[g * bs + j];
@@ -299,21 +334,6 @@ AI void attn_finish(int32_t nq, int32_t head_dim, const float *l, float *out)
             _mm256_storeu_ps(out + g * head_dim + d,
                              _mm256_mul_ps(_mm256_loadu_ps(out + g * head_dim + d), inv));
     }
-}
-
-/* Prefetches rows [0, cnt) of a block's K and V slices: a sequence's blocks
- * lie anywhere in the pool, and at decode they come from DRAM (each is read
- * once a step), too short a run for the hardware prefetcher to follow.
- * One block ahead: in perf samples of a 32-sequence decode (default
- * model, Zen 4) attention fell from 0.64 to 0.50 of the matmul kernel's
- * time; two blocks ahead 0.55, huge pages for the pool no further gain. */
-AI void prefetch_block(const uint8_t *kb, const uint8_t *vb, int64_t rs, int32_t cnt, int64_t hb)
-{
-    for (int32_t j = 0; j < cnt; j++)
-        for (int64_t o = 0; o < hb; o += 64) {
-            _mm_prefetch((const char *)kb + j * rs + o, _MM_HINT_T0);
-            _mm_prefetch((const char *)vb + j * rs + o, _MM_HINT_T0);
-        }
 }
 
 /* The group kernel's body, inlined once per group size so that the
@@ -332,13 +352,15 @@ AI void attn_group_body(uint32_t t, const float *q, const int32_t nq, const cpu_
         const int32_t cnt = (n_pos - start < bs ? n_pos - start : bs) - lo;
         const uint8_t *kb = s->k_base + (int64_t)blk * s->block_stride + (int64_t)lo * s->row_stride;
         const uint8_t *vb = s->v_base + (int64_t)blk * s->block_stride + (int64_t)lo * s->row_stride;
+        kv_ahead pf = {NULL, NULL, 0, hb};
         if (start + bs < n_pos) {
             const int64_t nb = (int64_t)s->table[start / bs + 1] * s->block_stride;
-            const int32_t ncnt = n_pos - start - bs < bs ? n_pos - start - bs : bs;
-            prefetch_block(s->k_base + nb, s->v_base + nb, s->row_stride, ncnt, hb);
+            pf.kb = s->k_base + nb;
+            pf.vb = s->v_base + nb;
+            pf.cnt = n_pos - start - bs < bs ? n_pos - start - bs : bs;
         }
         attn_block(t, q, nq, kb, vb, s->row_stride, cnt, head_dim, scale, s->softcap, scratch, bs,
-                   m, l, out);
+                   m, l, out, &pf);
     }
     attn_finish(nq, head_dim, l, out);
 }
@@ -389,7 +411,8 @@ AI void attn_tile_body(uint32_t t, const float *q, const int32_t nq, int32_t nt,
             float *mx = ml + x * 2 * CPU_ATTN_GROUP_MAX;
             attn_block(DT_F32, q + x * stride, nq, (const uint8_t *)(kf + (int64_t)lo * head_dim),
                        (const uint8_t *)(vf + (int64_t)lo * head_dim), frs, cnt, head_dim, scale,
-                       s->softcap, scratch, bs, mx, mx + CPU_ATTN_GROUP_MAX, out + x * stride);
+                       s->softcap, scratch, bs, mx, mx + CPU_ATTN_GROUP_MAX, out + x * stride,
+                       NULL);
         }
     }
     for (int32_t x = 0; x < nt; x++)
