@@ -17,7 +17,7 @@ AI float h2f(half_fp16 h)
     return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
 }
 #define NTM QACT_MULTI_MAX
-#define QACT2_PREFETCH 1024 /* bytes ahead of the weights being dotted */
+#define QACT2_PREFETCH 1024 /* several tokens: bytes ahead into L1 (qact_prefetch_w) */
 
 /* mxfp4: 32 codes (bytes 0..15) -> their signed table values (blocks.h) */
 AI __m256i mx_values(__m256i codes)

@@ -302,9 +302,7 @@ AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs
     const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
     const size_t gb = group_wbytes(t, QACT_LANES);
     for (int64_t g = 0; g < full; g++) {
-        /* software prefetch: see KQ_PREFETCH in quant_avx512.c */
-        for (size_t o = 0; o < gb; o += 64)
-            _mm_prefetch((const char *)w + g * gb + QACT_PREFETCH + o, _MM_HINT_T0);
+        qact_prefetch_w((const uint8_t *)w + g * gb, gb, nt, QACT_PREFETCH);
         group_dot(t, (const uint8_t *)w + g * gb, xv, g, nt, 8, is_k(t) ? 2 : 16, acc);
     }
     const int tc = (int)(nc % QACT_LANES); /* chunks in the last, partial group */

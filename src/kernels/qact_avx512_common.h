@@ -61,7 +61,7 @@ AI size_t group_wbytes(uint32_t t, int64_t chunks)
     return is_k(t) ? (size_t)(chunks / 8) * block_bytes(t) : (size_t)chunks * block_bytes(t);
 }
 
-#define QACT_PREFETCH 2048 /* bytes ahead of the weights being dotted */
+#define QACT_PREFETCH 2048 /* several tokens: bytes ahead into L1 (qact_prefetch_w) */
 
 /* xv[k] = the view of token k's qact row (xq + k xs), acc[k] = 0, k < nt. */
 AI void acc_begin(const void *xq, size_t xs, int64_t n, int nt, qact_view xv[NTM],

@@ -386,8 +386,7 @@ AI void pk_row_acc(uint32_t t, int64_t n, const void *w, const qact_view *xv, in
     const pk_row row = {wb, wb + nc * chunk_wbytes(t)};
     for (int64_t g = 0; g < full; g++) {
         const uint8_t *wg = wb + g * gb;
-        for (size_t o = 0; o < gb; o += 64)
-            _mm_prefetch((const char *)wg + QACT2_PREFETCH + o, _MM_HINT_T0);
+        qact_prefetch_w(wg, gb, nt, QACT2_PREFETCH);
         pk_group(t, wg, QACT_LANES, row, xv, g, nt, acc);
     }
     const int tc = (int)(nc % QACT_LANES);

@@ -369,8 +369,7 @@ AI void pk_row_acc(uint32_t t, int64_t n, const void *w, const qact_view *xv, in
     const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
     const size_t gb = group_wbytes(t, QACT_LANES);
     for (int64_t g = 0; g < full; g++) {
-        for (size_t o = 0; o < gb; o += 64)
-            _mm_prefetch((const char *)w + g * gb + QACT_PREFETCH + o, _MM_HINT_T0);
+        qact_prefetch_w((const uint8_t *)w + g * gb, gb, nt, QACT_PREFETCH);
         pk_group(t, (const uint8_t *)w + g * gb, QACT_LANES, xv, g, nt, acc);
     }
     const int tc = (int)(nc % QACT_LANES);

@@ -116,8 +116,7 @@ AI void qw_dot(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, 
         for (int64_t g = 0; g < full; g++) {
             const uint8_t *wg = wb + g * gb;
             if (h == 0)
-                for (size_t o = 0; o < gb; o += 64)
-                    _mm_prefetch((const char *)wg + QACT2_PREFETCH + o, _MM_HINT_T0);
+                qact_prefetch_w(wg, gb, nt, QACT2_PREFETCH);
             qw_half(wg, QACT_LANES, h, 8, row, xv, g, nt, a);
         }
         const int nvl = tc - 8 * h < 8 ? tc - 8 * h : 8;
