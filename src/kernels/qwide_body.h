@@ -115,8 +115,11 @@ AI void qw_dot(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, 
             a[k] = _mm256_setzero_ps();
         for (int64_t g = 0; g < full; g++) {
             const uint8_t *wg = wb + g * gb;
-            if (h == 0)
-                qact_prefetch_w(wg, gb, nt, QACT2_PREFETCH);
+            if (h == 0) /* near, into L1, at any nt: qact_prefetch_w's far L2
+                           prefetch made the head of a one-token step 1.36x
+                           slower (perf samples, default model, Zen 4) */
+                for (size_t o = 0; o < gb; o += 64)
+                    _mm_prefetch((const char *)wg + QACT2_PREFETCH + o, _MM_HINT_T0);
             qw_half(wg, QACT_LANES, h, 8, row, xv, g, nt, a);
         }
         const int nvl = tc - 8 * h < 8 ? tc - 8 * h : 8;

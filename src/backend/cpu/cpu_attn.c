@@ -151,9 +151,9 @@ static void attn_prefetch_claim(const attn_job *j, long k)
 
 /* Claims of (token tile, KV head, up to hp of its query heads) from one
  * counter: a causal prefill's later tokens cost more, so a static split of
- * the tokens would leave one thread waiting for the other.  A worker takes
- * its next claim before it runs the one it holds, so that a decode claim's
- * first block is on its way while the previous claim computes. */
+ * the tokens would leave one thread waiting for the other.  At decode a
+ * worker takes its next claim before it runs the one it holds, so that the
+ * next claim's first block is on its way while this one computes. */
 static void attn_worker(int ith, int nth, void *arg)
 {
     attn_job *j = arg;
@@ -163,10 +163,11 @@ static void attn_worker(int ith, int nth, void *arg)
     float *scratch = cb->scratch + ith * cb->scratch_per_thread;
     int32_t vt[BACKEND_KV_BUDGET_BLOCKS]; /* 32 KiB of this worker's stack */
     (void)nth;
+    const int ahead = j->tile == 1; /* a prefill tile's claims are long: none held */
     long k = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
     while (k < j->n_claims) {
-        const long kn = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (kn < j->n_claims && j->tile == 1)
+        const long kn = ahead ? atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed) : 0;
+        if (ahead && kn < j->n_claims)
             attn_prefetch_claim(j, kn);
         const long per_tile = (long)n_kv * j->per_kv;
         const int32_t t0 = (int32_t)(k / per_tile) * j->tile;
@@ -174,7 +175,7 @@ static void attn_worker(int ith, int nth, void *arg)
         const int32_t sub = (int32_t)(k % j->per_kv), h0 = kvh * group + sub * j->hp;
         const int32_t nq = group - sub * j->hp < j->hp ? group - sub * j->hp : j->hp;
         attn_claim(j, t0, t0 + j->tile < n_tok ? t0 + j->tile : n_tok, kvh, h0, nq, scratch, vt);
-        k = kn;
+        k = ahead ? kn : atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
     }
 }
 
