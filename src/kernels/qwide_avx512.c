@@ -8,8 +8,7 @@
 #include "kernels/qact_avx2_common.h"
 #include "kernels/qwide.h"
 
-#define QW_MADD2_256(S, we, ae, wo, ao)                                                         \
-    _mm256_dpwssd_epi32(_mm256_dpwssd_epi32((S), (we), (ae)), (wo), (ao))
+#define QW_MADD_256(S, w, a) _mm256_dpwssd_epi32((S), (w), (a))
 #define QW_MADD2_128(S, we, ae, wo, ao) _mm_dpwssd_epi32(_mm_dpwssd_epi32((S), (we), (ae)), (wo), (ao))
 #include "kernels/qwide_body.h"
 

@@ -1,9 +1,14 @@
 /* qwide_body.h - kernels-internal: the packed q8_0 x qwide dot
  * (specification in qwide.h) as always-inline bodies, for the files that
  * compile it per ISA (qwide_avx2.c, qwide_avx512.c).  The includer
- * defines QW_MADD2_256(S, we, ae, wo, ao) and QW_MADD2_128 (S plus the
- * pairwise products we*ae and wo*ao, summed into S's 32-bit lanes: exact
- * integers, so every definition gives the same bits) and includes
+ * defines QW_MADD2_128(S, we, ae, wo, ao) (S plus the pairwise products
+ * we*ae and wo*ao, summed into S's 32-bit lanes) and either QW_MADD2_256
+ * likewise (AVX2: VPMADDWD, one sum a token) or QW_MADD_256(S, w, a) (S
+ * plus w*a: AVX-512's accumulating VPDPWSSD, even and odd codes in two
+ * sums a token, since one chain a token made the loop latency-bound:
+ * 35.5 -> 44.2 GMAC/s on Zen 4, where AVX2 with two sums lost 8%).  Exact
+ * integers, so every definition and order gives the same bits.  The
+ * includer includes
  * qact_avx2_common.h and qwide.h first.
  *
  * A packed code vector holds four codes of each of eight chunks in its
@@ -23,9 +28,16 @@ AI void qw_half(const uint8_t *wg, int tc, int h, int nvl, pk_row row, const qwi
     const uint8_t *qs = wg + 2 * (size_t)tc; /* after d[tc] */
     const int L = 4 * tc;
     __m256i S[NTM];
+#ifndef QW_MADD2_256
+    __m256i So[NTM];
+#endif
 #pragma GCC unroll 8
-    for (int k = 0; k < nt; k++)
+    for (int k = 0; k < nt; k++) {
         S[k] = _mm256_setzero_si256();
+#ifndef QW_MADD2_256
+        So[k] = S[k];
+#endif
+    }
 #pragma GCC unroll 2
     for (int r = 0; r < 8; r++) {
         const __m256i wv = pk_load(qs + L * r + 32 * h, nvl, row);
@@ -34,10 +46,21 @@ AI void qw_half(const uint8_t *wg, int tc, int h, int nvl, pk_row row, const qwi
 #pragma GCC unroll 8
         for (int k = 0; k < nt; k++) {
             const int16_t *a = xv[k].cs + g * QACT_GROUP + 64 * r + 32 * h;
-            S[k] = QW_MADD2_256(S[k], we, _mm256_loadu_si256((const __m256i *)a), wo,
-                                _mm256_loadu_si256((const __m256i *)(a + 16)));
+            const __m256i ae = _mm256_loadu_si256((const __m256i *)a);
+            const __m256i ao = _mm256_loadu_si256((const __m256i *)(a + 16));
+#ifdef QW_MADD2_256
+            S[k] = QW_MADD2_256(S[k], we, ae, wo, ao);
+#else
+            S[k] = QW_MADD_256(S[k], we, ae);
+            So[k] = QW_MADD_256(So[k], wo, ao);
+#endif
         }
     }
+#ifndef QW_MADD2_256
+#pragma GCC unroll 8
+    for (int k = 0; k < nt; k++)
+        S[k] = _mm256_add_epi32(S[k], So[k]);
+#endif
     __m256 A = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wg + 16 * h)));
     if (nvl < 8) /* the lanes past the group read its codes: scaled by +0 */
         A = _mm256_and_ps(A, _mm256_castsi256_ps(_mm256_cmpgt_epi32(
