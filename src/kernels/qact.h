@@ -44,13 +44,14 @@
 #define QACT_MULTI_MAX 4                    /* tokens per weight pass */
 
 /* Software prefetch of the weight bytes [p, p + bytes) a SIMD kernel is
- * about to dot, for nt tokens.  One token (decode) reads each weight once
- * from DRAM: 8 KiB ahead, into L2 (1.1B Q4_0 tg, Zen 4, alternating rounds:
- * 2 KiB ahead into L1 45.9 tok/s, into L2 at 4 KiB 49.4, 8 KiB 55.7,
- * 16 KiB 49.4; AVX2 kernels on the same core 42.4 -> 49.2).  Several tokens
- * (prefill, batched decode) reuse each row from cache and are compute-bound:
- * near bytes ahead into L1, as the ISA's kernels measured (8 KiB into L2
- * cost AVX2's 1.1B pp512 ~7%). */
+ * about to dot, for nt tokens: near bytes ahead into L1 (as the ISA's
+ * kernels measured), and for one token (decode: each weight read once from
+ * DRAM) also 8 KiB ahead into L2.  1.1B Q4_0 tg on Zen 4, alternating
+ * rounds: near only 45.9 tok/s, far into L2 at 4 KiB 49.4, 8 KiB 55.7,
+ * 16 KiB 49.4; AVX2 kernels on the same core 42-44 -> 47-49.  Far alone
+ * (no near L1 prefetch) made AVX2's 576-wide rows (the default model) 1.35x
+ * slower in perf samples; both keep them as they were.  Several tokens
+ * (prefill, batched decode) reuse each row from cache: near only. */
 #define QACT_PREFETCH_FAR 8192
 static inline void qact_prefetch_w(const void *p, size_t bytes, int nt, size_t near)
 {
@@ -58,8 +59,7 @@ static inline void qact_prefetch_w(const void *p, size_t bytes, int nt, size_t n
     for (size_t o = 0; o < bytes; o += 64) {
         if (nt == 1)
             __builtin_prefetch(c + QACT_PREFETCH_FAR + o, 0, 2);
-        else
-            __builtin_prefetch(c + near + o, 0, 3);
+        __builtin_prefetch(c + near + o, 0, 3);
     }
 }
 
