@@ -198,10 +198,30 @@ static void rows_exact(uint32_t type, const void *w, size_t row_stride_bytes, in
     }
 }
 
+/* Rows of a tile call whose terms are summed in a stack buffer. */
+#define MM_TERMS_ROWS 256
+
+/* The head's two int8 terms of nt tokens (xt: 2 nt rows of rb bytes) on
+ * rows [0, n_rows) of wt through the tile call, as 2 nt tokens: each term's
+ * value is dot's (the tile contract), and the pair sums are dot's path's. */
+static void tile_terms(qact_dot_tile_fn tile, int64_t n, const uint8_t *wt, size_t rs,
+                       int64_t n_rows, const uint8_t *xt, size_t rb, int nt, float *y,
+                       int64_t y_stride)
+{
+    float s[QACT_MULTI_MAX][MM_TERMS_ROWS];
+    for (int64_t q0 = 0; q0 < n_rows; q0 += MM_TERMS_ROWS) {
+        const int64_t m = n_rows - q0 < MM_TERMS_ROWS ? n_rows - q0 : MM_TERMS_ROWS;
+        tile(n, wt + (size_t)q0 * rs, rs, m, xt, rb, 2 * nt, s[0], MM_TERMS_ROWS);
+        for (int k = 0; k < nt; k++)
+            for (int64_t r = 0; r < m; r++)
+                y[k * y_stride + q0 + r] = s[2 * k][r] + s[2 * k + 1][r];
+    }
+}
+
 /* Rows [row_begin, row_end) against n_tok tokens' pre-quantized rows
  * (rb bytes each; terms 2: token t's two int8 terms at rows 2t, 2t + 1,
- * summed), through dot (dot_rows for one token, tile for a row tile
- * against a token block, where given; terms 1 only). */
+ * summed), through dot (dot_rows for one token, terms 1 only; tile for a
+ * row tile against a token block, where given). */
 static void rows_tiles(qact_dot_fn dot, qact_dot_rows_fn dot_rows, qact_dot_tile_fn tile,
                        size_t rb, int terms, uint32_t type, const void *w,
                        size_t row_stride_bytes, int64_t row_begin, int64_t row_end, int64_t n,
@@ -216,6 +236,11 @@ static void rows_tiles(qact_dot_fn dot, qact_dot_rows_fn dot_rows, qact_dot_tile
             const uint8_t *xt = (const uint8_t *)xq + (size_t)(terms * t) * rb;
             if (nt == 1 && dot_rows) {
                 dot_rows(n, wt, row_stride_bytes, r1 - r0, xt, y + t * y_stride + r0);
+                continue;
+            }
+            if (tile && terms == 2) {
+                tile_terms(tile, n, wt, row_stride_bytes, r1 - r0, xt, rb, nt,
+                           y + t * y_stride + r0, y_stride);
                 continue;
             }
             if (tile) {
@@ -255,7 +280,7 @@ static void rows_qact(uint32_t type, const void *w, size_t row_stride_bytes, int
         terms == 1 && (type & DT_PACKED) && qpack_base(type) < DT_COUNT
             ? kt->packed_dot_rows[qpack_base(type)]
             : NULL;
-    const qact_dot_tile_fn tile = terms == 1 && (type & DT_PACKED) && qpack_base(type) < DT_COUNT
+    const qact_dot_tile_fn tile = (type & DT_PACKED) && qpack_base(type) < DT_COUNT
                                       ? kt->packed_tile[qpack_base(type)]
                                       : NULL;
     rows_tiles(dot, dot_rows, tile, qact_row_bytes(n), terms, type, w, row_stride_bytes, row_begin,

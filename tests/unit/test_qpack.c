@@ -291,10 +291,12 @@ static void test_matmul(tu_rng *r, int64_t ntok)
 
 #endif
 
-/* The split path against the exact f32 product and against itself. */
-static void test_split(tu_rng *r, int packed)
+/* The split path against the exact f32 product and against itself: rows
+ * n wide, n_rows of them (300 rows of 512: more than the 256 a tile call
+ * of the head's terms takes at a time, within one row tile). */
+static void test_split_n(tu_rng *r, int packed, int64_t n, int64_t n_rows)
 {
-    const int64_t n = 2048 + 256, n_rows = 29, ntok = 5;
+    const int64_t ntok = 5;
     for (int ti = 0; ti < N_TYPES; ti++) {
         const uint32_t t = k_types[ti];
         if (packed && !dtype_matmul_packs(t, n))
@@ -345,6 +347,12 @@ static void test_split(tu_rng *r, int packed)
         free(x), free(ye), free(ys), free(y1), free(xq);
         free_rows(&w);
     }
+}
+
+static void test_split(tu_rng *r, int packed)
+{
+    test_split_n(r, packed, 2048 + 256, 29);
+    test_split_n(r, packed, 512, 300);
 }
 
 int main(void)
