@@ -289,11 +289,65 @@ static void test_swiglu(tu_rng *r)
 }
 #endif
 
+#if KVANT_X86
+static float bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* cpu_kv_store_f16_avx2 bitwise against the f16 reference store
+ * (half_f32_to_fp16): every f16 value and the midpoints between
+ * neighbours (ties to even), the overflow edge, f16 and f32 subnormals,
+ * signed zeros, infinities, NaNs with payloads (quiet and signalling, both
+ * signs: the reference's 0x7E00), random values; every length 0..40 and
+ * offset (the tail). */
+static void test_kv_store_f16(tu_rng *r)
+{
+    enum { N = 4096 };
+    static float x[N];
+    static uint16_t want[N], got[N];
+    int n = 0;
+    for (uint32_t h = 0; h < 0x7C00u && n + 2 <= N; h += 31) { /* values and midpoints */
+        const float a = half_fp16_to_f32((half_fp16)h), b = half_fp16_to_f32((half_fp16)(h + 1));
+        x[n++] = (h & 2) ? -a : a;
+        x[n++] = (a + b) / 2.0f;
+    }
+    const uint32_t sp[] = {0x00000000u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u,
+                           0xFFC00001u, 0x7F800001u, 0xFF812345u, 0x7FBFFFFFu, 0x00000001u,
+                           0x807FFFFFu, 0x33000000u, 0x33000001u, 0xB3800000u, 0x477FE000u,
+                           0x477FEFFFu, 0x477FF000u, 0xC77FF000u, 0x38800000u, 0x387FC000u};
+    for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++)
+        x[n++] = bits_f32(sp[i]);
+    for (; n < N; n++)
+        x[n] = tu_rand_normal(r) * (n % 3 == 0 ? 1e-5f : n % 3 == 1 ? 1.0f : 3e4f);
+    dtype_get(DT_F16)->from_float(x, want, N);
+    cpu_kv_store_f16_avx2(x, got, N);
+    int bad = 0;
+    for (int i = 0; i < N; i++)
+        bad += want[i] != got[i];
+    CHECKF(bad == 0, "f16 store avx2: %d of %d values differ from the reference", bad, N);
+    for (int len = 0; len <= 40; len++) { /* tails: nothing past len written */
+        uint16_t out[48];
+        memset(out, 0xA5, sizeof out);
+        cpu_kv_store_f16_avx2(x + 3 * len, out, len);
+        CHECKF(memcmp(out, want + 3 * len, (size_t)len * sizeof *out) == 0,
+               "f16 store avx2, %d values: the reference's bits", len);
+        CHECKF(out[len] == 0xA5A5u, "f16 store avx2, %d values: nothing written past them", len);
+    }
+    CHECK(cpu_kv_store_for(KERNEL_ISA_AVX2, DT_F16) == cpu_kv_store_f16_avx2);
+    CHECK(cpu_kv_store_for(KERNEL_ISA_AVX512, DT_F16) == cpu_kv_store_f16_avx2);
+    CHECK(cpu_kv_store_for(KERNEL_ISA_AVX2, DT_Q8_0) == dtype_get(DT_Q8_0)->from_float);
+}
+#endif
+
 /* The rows cpu_attention_row_for / cpu_kvq_attention_row_for pick (the
  * backend calls them once per KV layout). */
 static void test_pickers(void)
 {
     CHECK(cpu_attention_row_for(KERNEL_ISA_SCALAR, 64) == cpu_attention_row_ref);
+    CHECK(cpu_kv_store_for(KERNEL_ISA_SCALAR, DT_F16) == dtype_get(DT_F16)->from_float);
     CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_SCALAR, DT_F16, 64) == cpu_kvq_attention_row_ref);
 #if KVANT_X86
     CHECK(cpu_attention_row_for(KERNEL_ISA_AVX2, 64) == cpu_attention_row_ref);
@@ -360,6 +414,7 @@ int main(void)
         fprintf(stderr, "test_ops: CPU lacks AVX-512: its attention rows not run here\n");
     tu_rng r = {0x5eed1234ull};
     test_swiglu(&r);
+    test_kv_store_f16(&r);
     const int32_t n_pos[] = {1, 2, 15, 16, 17, 31, 64, 100, 257, T_MAX_POS};
     const float qs[] = {0.5f, 4.0f, 20.0f}; /* soft to very peaked softmax */
     for (size_t i = 0; i < sizeof n_pos / sizeof n_pos[0]; i++)

@@ -129,6 +129,12 @@ CPU_KVQ_TILE_DECL(f16);
 CPU_KVQ_TILE_DECL(bf16);
 CPU_KVQ_TILE_DECL(q8_0);
 CPU_KVQ_TILE_DECL(q4_0);
+/* Stores a K or V row: dst = the KV dtype's row of src[0..n). */
+typedef void (*cpu_kv_store_fn)(const float *src, void *dst, int64_t n);
+/* The f16 store with F16C: bitwise half_f32_to_fp16 of every value (round
+ * to nearest even; a NaN becomes the sign and 0x7E00, where F16C would keep
+ * its payload). */
+void cpu_kv_store_f16_avx2(const float *src, void *dst, int64_t n);
 /* cpu_swiglu's (cpu_ops.h) AVX2 + FMA twin: every element through the same
  * 8-wide arithmetic (a short tail padded, not scalar), so an element's
  * result does not depend on where a call's range starts or ends; sigmoid's
@@ -145,6 +151,7 @@ typedef struct cpu_attn_rows {
     cpu_kvq_row_fn kvq;  /* K/V rows stored in another dtype */
     cpu_kvq_group_fn kvq_group; /* several heads of one KV head at once, or NULL */
     cpu_kvq_tile_fn kvq_tile;   /* several tokens of a sequence at once, or NULL */
+    cpu_kv_store_fn store;      /* a K or V row into the pool */
 } cpu_attn_rows;
 
 #endif

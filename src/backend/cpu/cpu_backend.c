@@ -288,6 +288,7 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
     cb->attn.f32 = cpu_attention_row_for(cb->isa, lay->head_dim);
     cb->attn.kvq = cpu_kvq_attention_row_for(cb->isa, lay->dtype, lay->head_dim);
     cb->attn.kvq_group = cpu_kvq_attention_group_for(cb->isa, lay->dtype, lay->head_dim);
+    cb->attn.store = cpu_kv_store_for(cb->isa, lay->dtype);
     cb->attn.kvq_tile = cpu_kvq_attention_tile_for(cb->isa, lay->dtype, lay->head_dim);
     return KV_OK;
 }
@@ -646,9 +647,9 @@ static void cpu_kv_store(backend *be, int32_t il, const float *d_k, const float 
         int32_t p = b->pos[t];
         int32_t blk = kv_table(cb, s, il)[p / cb->kv.block_size];
         int32_t off = p % cb->kv.block_size;
-        cpu_kv_store_row(cb->kv.dtype, d_k + t * kv_dim, kv_row(cb, il, blk, off, 0), kv_dim);
+        cb->attn.store(d_k + t * kv_dim, kv_row(cb, il, blk, off, 0), kv_dim);
         if (!cb->kv.v_in_k)
-            cpu_kv_store_row(cb->kv.dtype, d_v + t * kv_dim, kv_row(cb, il, blk, off, 1), kv_dim);
+            cb->attn.store(d_v + t * kv_dim, kv_row(cb, il, blk, off, 1), kv_dim);
     }
 }
 

@@ -26,9 +26,14 @@ int cpu_kv_check(uint32_t type, int32_t head_dim, kvant_err *err)
     return KV_OK;
 }
 
-void cpu_kv_store_row(uint32_t type, const float *src, void *dst, int64_t n)
+cpu_kv_store_fn cpu_kv_store_for(kernel_isa isa, uint32_t type)
 {
-    dtype_get(type)->from_float(src, dst, n);
+#if KVANT_X86
+    if ((isa == KERNEL_ISA_AVX2 || isa == KERNEL_ISA_AVX512) && type == DT_F16)
+        return cpu_kv_store_f16_avx2;
+#endif
+    (void)isa;
+    return dtype_get(type)->from_float;
 }
 
 int64_t cpu_kvq_scratch(int32_t block_size, int32_t head_dim)

@@ -23,8 +23,11 @@
  * naming the type and head_dim. */
 int cpu_kv_check(uint32_t type, int32_t head_dim, kvant_err *err);
 
-/* dst (dtype_row_size(dtype, n) bytes) = quantize(src[0..n)). */
-void cpu_kv_store_row(uint32_t type, const float *src, void *dst, int64_t n);
+/* The K/V row store for `type` on `isa`: dst (dtype_row_size(type, n)
+ * bytes) = the type's from_float of src[0..n), bitwise; F16C for DT_F16 on
+ * AVX2 and AVX-512 CPUs, else the reference.  The backend picks once per
+ * KV layout. */
+cpu_kv_store_fn cpu_kv_store_for(kernel_isa isa, uint32_t type);
 
 /* Scratch floats a cpu_kvq_row_fn, a cpu_kvq_group_fn of up to
  * CPU_ATTN_GROUP_MAX heads or a cpu_kvq_tile_fn needs. */

@@ -62,6 +62,37 @@ void cpu_swiglu_avx2(const float *gate, const float *up, float *out, int64_t n)
     }
 }
 
+/* Eight values as f16: F16C's round to nearest even, then each NaN lane
+ * replaced by its sign and 0x7E00 (half_f32_to_fp16's NaN). */
+AI __m128i f16x8_of(__m256 x)
+{
+    const __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i nan32 = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    const __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(nan32),
+                                          _mm256_extracti128_si256(nan32, 1));
+    const __m256i s32 = _mm256_or_si256(
+        _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x), 16), _mm256_set1_epi32(0x8000)),
+        _mm256_set1_epi32(0x7E00));
+    const __m128i canon = _mm_packus_epi32(_mm256_castsi256_si128(s32),
+                                           _mm256_extracti128_si256(s32, 1));
+    return _mm_blendv_epi8(h, canon, nan16);
+}
+
+void cpu_kv_store_f16_avx2(const float *src, void *dst, int64_t n)
+{
+    uint8_t *d = dst;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(d + 2 * i), f16x8_of(_mm256_loadu_ps(src + i)));
+    if (i < n) { /* the same 8-wide conversion on a padded copy */
+        float t[8] = {0};
+        uint16_t h[8];
+        memcpy(t, src + i, (size_t)(n - i) * sizeof *t);
+        _mm_storeu_si128((__m128i *)h, f16x8_of(_mm256_loadu_ps(t)));
+        memcpy(d + 2 * i, h, (size_t)(n - i) * sizeof *h);
+    }
+}
+
 AI __m256 ld_f16x8(const uint8_t *p)
 {
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
