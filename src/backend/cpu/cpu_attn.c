@@ -135,9 +135,12 @@ static void attn_prefetch_claim(const attn_job *j, long k)
     const fwd_batch *b = cb->batch;
     const long per_tile = (long)kv_layout_heads(&cb->kv, j->il) * j->per_kv;
     const int32_t t = (int32_t)(k / per_tile), kvh = (int32_t)(k % per_tile / j->per_kv);
+    const fwd_seq *s = &b->seqs[b->seq[t]];
     const int32_t bs = cb->kv.block_size, p0 = attn_p0(j, b->pos[t]);
-    const int32_t *table = kv_table(cb, &b->seqs[b->seq[t]], j->il);
+    const int32_t *table = kv_table(cb, s, j->il);
     const int32_t lo = p0 % bs, end = b->pos[t] + 1 - (p0 - lo);
+    if (s->kv_recent > 0 || table[p0 / bs] < 0) /* a KV budget's gathered table: left alone */
+        return;
     const int64_t hb = (int64_t)dtype_row_size(cb->kv.dtype, cb->kv.head_dim);
     const int64_t rs = cb->kv_row_bytes[j->il];
     const int64_t off = (int64_t)table[p0 / bs] * kv_stride(cb, j->il) + kvh * hb;
