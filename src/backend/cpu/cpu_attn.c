@@ -124,31 +124,43 @@ static void attn_claim(const attn_job *j, int32_t t0, int32_t t1, int32_t kvh, i
     }
 }
 
-/* Starts the loads of a decode claim's first K/V block into L2 (the
+/* Claim k's first token, KV head, first query head and query head count
+ * (claims go token tile by token tile, KV head by KV head, hp heads at a time). */
+static void attn_claim_of(const attn_job *j, long k, int32_t *t0, int32_t *kvh, int32_t *h0,
+                          int32_t *nq)
+{
+    const int32_t n_kv = kv_layout_heads(&j->cb->kv, j->il), group = j->n_heads / n_kv;
+    const long per_tile = (long)n_kv * j->per_kv;
+    const int32_t sub = (int32_t)(k % j->per_kv);
+    *t0 = (int32_t)(k / per_tile) * j->tile;
+    *kvh = (int32_t)(k % per_tile / j->per_kv);
+    *h0 = *kvh * group + sub * j->hp;
+    *nq = group - sub * j->hp < j->hp ? group - sub * j->hp : j->hp;
+}
+
+/* Starts the loads of decode claim k's first K/V block into L2 (the
  * kernels prefetch each next block themselves): at decode every block
  * comes from DRAM, and a short context is only a few blocks (32-sequence
  * decode, default model, Zen 4: attention 0.20 of the matmul kernel's
  * perf samples without it, 0.14 with it). */
 static void attn_prefetch_claim(const attn_job *j, long k)
 {
-    cpu_backend *cb = j->cb;
-    const fwd_batch *b = cb->batch;
-    const long per_tile = (long)kv_layout_heads(&cb->kv, j->il) * j->per_kv;
-    const int32_t t = (int32_t)(k / per_tile), kvh = (int32_t)(k % per_tile / j->per_kv);
+    int32_t t, kvh, h0, nq;
+    attn_claim_of(j, k, &t, &kvh, &h0, &nq);
+    const fwd_batch *b = j->cb->batch;
     const fwd_seq *s = &b->seqs[b->seq[t]];
-    const int32_t bs = cb->kv.block_size, p0 = attn_p0(j, b->pos[t]);
-    const int32_t *table = kv_table(cb, s, j->il);
-    const int32_t lo = p0 % bs, end = b->pos[t] + 1 - (p0 - lo);
-    if (s->kv_recent > 0 || table[p0 / bs] < 0) /* a KV budget's gathered table: left alone */
+    const int32_t p0 = attn_p0(j, b->pos[t]);
+    const cpu_kvq_seq qs = kvq_seq(j, kvh, h0, kv_table(j->cb, s, j->il), p0);
+    const int32_t bs = qs.block_size, lo = p0 % bs, end = b->pos[t] + 1 - (p0 - lo);
+    const int32_t blk = qs.table[p0 / bs];
+    if (s->kv_recent > 0 || blk < 0) /* a KV budget's gathered table: left alone */
         return;
-    const int64_t hb = (int64_t)dtype_row_size(cb->kv.dtype, cb->kv.head_dim);
-    const int64_t rs = cb->kv_row_bytes[j->il];
-    const int64_t off = (int64_t)table[p0 / bs] * kv_stride(cb, j->il) + kvh * hb;
-    const uint8_t *kb = kv_row(cb, j->il, 0, 0, 0) + off, *vb = kv_row(cb, j->il, 0, 0, 1) + off;
+    const int64_t hb = (int64_t)dtype_row_size(qs.type, j->cb->kv.head_dim);
+    const uint8_t *kb = qs.k_base + blk * qs.block_stride, *vb = qs.v_base + blk * qs.block_stride;
     for (int32_t r = lo; r < (end < bs ? end : bs); r++)
         for (int64_t o = 0; o < hb; o += 64) {
-            __builtin_prefetch(kb + r * rs + o, 0, 2);
-            __builtin_prefetch(vb + r * rs + o, 0, 2);
+            __builtin_prefetch(kb + r * qs.row_stride + o, 0, 2);
+            __builtin_prefetch(vb + r * qs.row_stride + o, 0, 2);
         }
 }
 
@@ -161,7 +173,6 @@ static void attn_worker(int ith, int nth, void *arg)
 {
     attn_job *j = arg;
     cpu_backend *cb = j->cb;
-    const int32_t n_kv = kv_layout_heads(&cb->kv, j->il), group = j->n_heads / n_kv;
     const int32_t n_tok = cb->batch->n_tokens;
     float *scratch = cb->scratch + ith * cb->scratch_per_thread;
     int32_t vt[BACKEND_KV_BUDGET_BLOCKS]; /* 32 KiB of this worker's stack */
@@ -172,11 +183,8 @@ static void attn_worker(int ith, int nth, void *arg)
         const long kn = ahead ? atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed) : 0;
         if (ahead && kn < j->n_claims)
             attn_prefetch_claim(j, kn);
-        const long per_tile = (long)n_kv * j->per_kv;
-        const int32_t t0 = (int32_t)(k / per_tile) * j->tile;
-        const int32_t kvh = (int32_t)(k % per_tile / j->per_kv);
-        const int32_t sub = (int32_t)(k % j->per_kv), h0 = kvh * group + sub * j->hp;
-        const int32_t nq = group - sub * j->hp < j->hp ? group - sub * j->hp : j->hp;
+        int32_t t0, kvh, h0, nq;
+        attn_claim_of(j, k, &t0, &kvh, &h0, &nq);
         attn_claim(j, t0, t0 + j->tile < n_tok ? t0 + j->tile : n_tok, kvh, h0, nq, scratch, vt);
         k = ahead ? kn : atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
     }
