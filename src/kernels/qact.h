@@ -46,9 +46,10 @@
 /* Software prefetch of the weight bytes [p, p + bytes) a SIMD kernel is
  * about to dot, for nt tokens: near bytes ahead into L1 (as the ISA's
  * kernels measured), and for one token (decode: each weight read once from
- * DRAM) also 8 KiB ahead into L2.  1.1B Q4_0 tg on Zen 4, alternating
- * rounds: near only 45.9 tok/s, far into L2 at 4 KiB 49.4, 8 KiB 55.7,
- * 16 KiB 49.4; AVX2 kernels on the same core 42-44 -> 47-49.  Far alone
+ * DRAM) also 8 KiB ahead into L2.  1.1B Q4_0 tg64 on Zen 4, alternating
+ * rounds: near only 44.9-47.1 tok/s, far into L2 at 4 KiB 48.0-51.2,
+ * 8 KiB 49.4-55.7 (ahead of both in every round), 16 KiB 45.1-49.4; AVX2
+ * kernels on the same core 42.4-45.1 -> 47.4-49.5.  Far alone
  * (no near L1 prefetch) made AVX2's 576-wide rows (the default model) 1.35x
  * slower in perf samples; both keep them as they were.  Several tokens
  * (prefill, batched decode) reuse each row from cache: near only. */

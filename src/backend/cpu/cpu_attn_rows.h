@@ -143,9 +143,9 @@ void cpu_kv_store_f16_avx2(const float *src, void *dst, int64_t n);
  * cpu_ops_avx2.c includes no other header of its module. */
 void cpu_swiglu_avx2(const float *gate, const float *up, float *out, int64_t n);
 
-/* The attention rows of the current KV layout, picked once in cpu_kv_init
- * from the kernels' ISA (cpu_backend.isa), the KV dtype and head_dim;
- * attn_worker calls through them. */
+/* The attention rows of the current KV layout, and its K/V row store,
+ * picked once in cpu_kv_init from the kernels' ISA (cpu_backend.isa), the
+ * KV dtype and head_dim; attn_worker and cpu_kv_store call through them. */
 typedef struct cpu_attn_rows {
     cpu_attn_row_fn f32; /* f32 K/V rows */
     cpu_kvq_row_fn kvq;  /* K/V rows stored in another dtype */
