@@ -163,6 +163,13 @@ void dtype_matmul_quantize_split(uint32_t type, const float *x, int64_t n, int64
     }
 }
 
+size_t dtype_matmul_token_bytes(uint32_t type, int split, int64_t n)
+{
+    if (!dtype_matmul_uses_qact(type))
+        return 0;
+    return split ? head_row_bytes(type, n) : qact_row_bytes(n);
+}
+
 static int64_t row_tile_for(uint32_t type, int64_t n)
 {
     const size_t row_bytes = dtype_row_size(qpack_base(type), n);

@@ -75,6 +75,13 @@ void dtype_matmul_rows_q(uint32_t type, const void *w, size_t row_stride_bytes,
  * Otherwise as dtype_matmul_rows_q, and batch invariant likewise. */
 void dtype_matmul_quantize_split(uint32_t type, const float *x, int64_t n, int64_t n_tok,
                                  void *xq);
+
+/* Bytes between consecutive tokens' rows in what dtype_matmul_quantize
+ * (split 0) or dtype_matmul_quantize_split (split 1) writes: token t's rows
+ * start at t times this, so tokens [t0, t1) of a batch may be quantized
+ * alone (x + t0 * n into xq + t0 * this), e.g. on several threads, with
+ * the same bytes as the whole batch at once.  0 for exact-path types. */
+size_t dtype_matmul_token_bytes(uint32_t type, int split, int64_t n);
 void dtype_matmul_rows_split(uint32_t type, const void *w, size_t row_stride_bytes,
                              int64_t row_begin, int64_t row_end, int64_t n, const float *x,
                              const void *xq, int64_t n_tok, float *y, int64_t y_stride);

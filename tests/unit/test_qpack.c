@@ -280,6 +280,16 @@ static void test_matmul(tu_rng *r, int64_t ntok)
         dtype_matmul_rows_q(t, w.w, w.rs, 0, n_rows, n, x, NULL, ntok, y0, n_rows);
         void *xq = malloc(dtype_matmul_scratch_bytes(t | DT_PACKED, n, ntok));
         dtype_matmul_quantize(t | DT_PACKED, x, n, ntok, xq);
+        if (ntok > 1) { /* tokens quantized in two ranges: the same bytes */
+            const size_t tb = dtype_matmul_token_bytes(t, 0, n), all = tb * (size_t)ntok;
+            char *xr = malloc(all);
+            dtype_matmul_quantize(t | DT_PACKED, x, n, 2, xr);
+            dtype_matmul_quantize(t | DT_PACKED, x + 2 * n, n, ntok - 2, xr + 2 * tb);
+            CHECKF(all == dtype_matmul_scratch_bytes(t | DT_PACKED, n, ntok) &&
+                       memcmp(xr, xq, all) == 0,
+                   "%s: tokens quantized in ranges == all at once", dtype_get(t)->name);
+            free(xr);
+        }
         dtype_matmul_rows_q(t | DT_PACKED, w.pk, w.rs, 0, 20, n, x, xq, ntok, y1, n_rows);
         dtype_matmul_rows_q(t | DT_PACKED, w.pk, w.rs, 20, n_rows, n, x, NULL, ntok, y1, n_rows);
         CHECKF(memcmp(y0, y1, (size_t)(n_rows * ntok) * sizeof *y0) == 0,
@@ -313,6 +323,16 @@ static void test_split_n(tu_rng *r, int packed, int64_t n, int64_t n_rows)
         dtype_matmul_rows(t, w.w, w.rs, 0, n_rows, n, x, ntok, ye, n_rows);
         void *xq = malloc(dtype_matmul_scratch_bytes(tq, n, 2 * ntok));
         dtype_matmul_quantize_split(tq, x, n, ntok, xq);
+        { /* tokens quantized in two ranges: the same bytes */
+            const size_t tb = dtype_matmul_token_bytes(t, 1, n), all = tb * (size_t)ntok;
+            char *xr = malloc(all);
+            dtype_matmul_quantize_split(tq, x, n, 3, xr);
+            dtype_matmul_quantize_split(tq, x + 3 * n, n, ntok - 3, xr + 3 * tb);
+            CHECKF(all <= dtype_matmul_scratch_bytes(tq, n, 2 * ntok) && memcmp(xr, xq, all) == 0,
+                   "%s split%s: tokens quantized in ranges == all at once", dtype_get(t)->name,
+                   packed ? " packed" : "");
+            free(xr);
+        }
         dtype_matmul_rows_split(tq, wq, w.rs, 0, 11, n, x, xq, ntok, ys, n_rows);
         dtype_matmul_rows_split(tq, wq, w.rs, 11, n_rows, n, x, NULL, ntok, ys, n_rows);
         double worst = 0.0;

@@ -151,6 +151,9 @@ static void cpu_kv_free(backend *be)
     if (cb->kv_data)
         munmap(cb->kv_data, cb->kv_map_bytes);
     mem_free(cb->mem, cb->scratch);
+    mem_free(cb->mem, cb->rope.big);
+    cb->rope.big = NULL;
+    cb->rope.big_tokens = cb->rope.big_rot = 0;
     cb->kv_data = NULL;
     cb->kv_data_w = NULL;
     cb->kv_block_stride_w = 0;
@@ -222,6 +225,12 @@ static size_t layer_ws_bytes(const cpu_backend *cb, int32_t n)
     return a > b ? a : b;
 }
 
+/* Rotated dims of the model's rope (0 before a model is loaded). */
+static int32_t rope_rot(const cpu_backend *cb)
+{
+    return cb->model ? cb->model->hp.rope_dim : 0;
+}
+
 static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
 {
     cpu_backend *cb = cpu(be);
@@ -283,6 +292,14 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
         cpu_kv_free(be);
         return KV_ENOMEM;
     }
+    /* the RoPE tables of the largest step (cpu_rope.h); without them a
+     * long step computes its tables per layer */
+    const size_t rb = cpu_rope_big_bytes(lay->max_tokens, rope_rot(cb));
+    if (rb) {
+        cb->rope.big = mem_alloc(cb->mem, rb, MEM_WORKSPACE, MEM_NO_LAYER, NULL);
+        cb->rope.big_tokens = cb->rope.big ? lay->max_tokens : 0;
+        cb->rope.big_rot = cb->rope.big ? rope_rot(cb) : 0;
+    }
     cb->kv = *lay;
     cb->kv.max_blocks = lay->max_blocks > lay->n_blocks ? lay->max_blocks : lay->n_blocks;
     cb->attn.f32 = cpu_attention_row_for(cb->isa, lay->head_dim);
@@ -327,10 +344,11 @@ static int cpu_kv_resize(backend *be, int32_t n_blocks, kvant_err *err)
 static uint64_t cpu_kv_extra_bytes(backend *be, const kv_layout *lay)
 {
     /* the per-thread attention scratch kv_init allocates, plus allocator
-     * rounding; its int8 matmul activations are in the plan
-     * (plan_config.act_q8, plan_act_q8_bytes) */
+     * rounding, the RoPE tables and the layer workspace; its int8 matmul
+     * activations are in the plan (plan_config.act_q8, plan_act_q8_bytes) */
+    const size_t rb = cpu_rope_big_bytes(lay->max_tokens, rope_rot(cpu(be)));
     return (uint64_t)cpu_kvq_scratch(lay->block_size, lay->head_dim) * cpu(be)->n_threads *
-               sizeof(float) + 64 + layer_ws_bytes(cpu(be), lay->max_tokens);
+               sizeof(float) + 64 + (rb ? rb + 64 : 0) + layer_ws_bytes(cpu(be), lay->max_tokens);
 }
 
 /* Block-major storage: a block's K and V of every layer are one span of
@@ -448,7 +466,7 @@ typedef struct row_job {
     int32_t n;
     float eps;
     const rope_params *rp;
-    const float (*tab)[MODEL_MAX_HEAD_DIM]; /* rope: the step's table, or NULL */
+    const float *tab; /* rope: the step's table ([t][n_rot]), or NULL */
     int32_t n_heads, head_dim;
 } row_job;
 
@@ -620,7 +638,7 @@ static void rope_worker(int ith, int nth, void *arg)
     for (long t = b; t < e; t++) {
         const float *cs = own;
         if (j->tab)
-            cs = j->tab[t];
+            cs = j->tab + t * j->rp->n_rot;
         else
             cpu_rope_table(bt->pos[t], j->rp, j->rp->d_freq_factors, own);
         for (int32_t h = 0; j->y && h < j->n_heads; h++)

@@ -141,12 +141,53 @@ static size_t round64(size_t v)
     return (v + 63) / 64 * 64;
 }
 
+/* Activations of at least this many values are quantized on the pool's
+ * threads (tokens split between them); fewer, as at decode, on the
+ * calling thread, where waking the pool would cost more than the work.
+ * A token's bytes do not depend on the split. */
+#define MM_QUANT_SERIAL_VALUES 16384
+
+/* The inputs a job quantizes: part i's x into its xq when quant[i]. */
+typedef struct mm_quant_job {
+    const mm_job *j;
+    uint32_t type;
+    int64_t n;
+    size_t token_bytes;
+    long tokens; /* of the quantized parts */
+    int quant[CPU_MM_GROUP_MAX];
+} mm_quant_job;
+
+/* Tokens [b, e) of all quantized parts' tokens in order (a grouped
+ * job's parts may hold one token each). */
+static void quant_worker(int ith, int nth, void *arg)
+{
+    const mm_quant_job *q = arg;
+    long b, e, t0 = 0;
+    tpool_range(q->tokens, ith, nth, &b, &e);
+    for (int i = 0; i < q->j->count && t0 < e; i++) {
+        const mm_part *p = &q->j->p[i];
+        if (!q->quant[i])
+            continue;
+        const long lo = b > t0 ? b - t0 : 0, hi = e - t0 < p->n ? e - t0 : p->n;
+        t0 += p->n;
+        if (lo >= hi)
+            continue;
+        const float *x = p->x + (int64_t)lo * q->n;
+        void *xq = (char *)p->xq + (size_t)lo * q->token_bytes;
+        if (q->j->split)
+            dtype_matmul_quantize_split(q->type, x, q->n, hi - lo, xq);
+        else
+            dtype_matmul_quantize(q->type, x, q->n, hi - lo, xq);
+    }
+}
+
 /* Quantizes each part's input once (consecutive parts with the same x share
  * it) into cb->qact, or leaves xq NULL when it cannot be had. */
 static void quantize_inputs(const cpu_mm_env *cb, mm_job *j, int path)
 {
     const model_tensor *w0 = j->p[0].w;
-    const uint32_t qt = w0->type | (w0->packed ? DT_PACKED : 0);
+    mm_quant_job q = {.j = j, .type = w0->type | (w0->packed ? DT_PACKED : 0), .n = w0->ne[0],
+                      .token_bytes = dtype_matmul_token_bytes(w0->type, j->split, w0->ne[0])};
     size_t need = 0;
     for (int i = 0; i < j->count; i++)
         if (i == 0 || j->p[i].x != j->p[i - 1].x)
@@ -162,12 +203,14 @@ static void quantize_inputs(const cpu_mm_env *cb, mm_job *j, int path)
             continue;
         }
         p->xq = (char *)*cb->qact + off;
-        if (j->split)
-            dtype_matmul_quantize_split(qt, p->x, w0->ne[0], p->n, (void *)p->xq);
-        else
-            dtype_matmul_quantize(qt, p->x, w0->ne[0], p->n, (void *)p->xq);
+        q.quant[i] = 1;
+        q.tokens += p->n;
         off += round64(dtype_matmul_scratch_bytes(w0->type, w0->ne[0], (int64_t)p->n * path));
     }
+    if (q.tokens * q.n < MM_QUANT_SERIAL_VALUES)
+        quant_worker(0, 1, &q);
+    else
+        tpool_run(cb->pool, quant_worker, &q);
 }
 
 /* Runs the job's parts (w, bias, x, n, y set) as one pool job. */

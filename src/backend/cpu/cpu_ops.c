@@ -24,12 +24,13 @@ void cpu_rmsnorm_row(const float *x, const float *w, float eps, float *y, int32_
         y[i] = x[i] * scale * w[i];
 }
 
-void cpu_rope_table(int32_t pos, const rope_params *rp, const float *freq_factors, float *cs)
+/* One token's table from the inverse frequencies inv[0, n_rot / 2). */
+static void rope_row(int32_t pos, const rope_params *rp, const float *freq_factors,
+                     const double *inv, float *cs)
 {
     int32_t half = rp->n_rot / 2;
     for (int32_t i = 0; i < half; i++) {
-        double inv = pow((double)rp->base, -2.0 * i / rp->n_rot);
-        double theta = (double)pos * rp->freq_scale * inv;
+        double theta = (double)pos * rp->freq_scale * inv[i];
         if (freq_factors)
             theta /= freq_factors[i];
         if (rp->ext_factor != 0.0f) { /* YaRN: mix the interpolated and extrapolated angles */
@@ -40,6 +41,30 @@ void cpu_rope_table(int32_t pos, const rope_params *rp, const float *freq_factor
         cs[2 * i] = (float)cos(theta) * rp->mscale;
         cs[2 * i + 1] = (float)sin(theta) * rp->mscale;
     }
+}
+
+static void rope_inv(const rope_params *rp, double *inv)
+{
+    for (int32_t i = 0; i < rp->n_rot / 2; i++)
+        inv[i] = pow((double)rp->base, -2.0 * i / rp->n_rot);
+}
+
+void cpu_rope_table(int32_t pos, const rope_params *rp, const float *freq_factors, float *cs)
+{
+    double inv[MODEL_MAX_HEAD_DIM / 2];
+    KV_ASSERT(rp->n_rot <= MODEL_MAX_HEAD_DIM);
+    rope_inv(rp, inv);
+    rope_row(pos, rp, freq_factors, inv, cs);
+}
+
+void cpu_rope_tables(const int32_t *pos, int32_t n, const rope_params *rp,
+                     const float *freq_factors, float *cs)
+{
+    double inv[MODEL_MAX_HEAD_DIM / 2];
+    KV_ASSERT(rp->n_rot <= MODEL_MAX_HEAD_DIM);
+    rope_inv(rp, inv);
+    for (int32_t t = 0; t < n; t++)
+        rope_row(pos[t], rp, freq_factors, inv, cs + (size_t)t * (size_t)rp->n_rot);
 }
 
 void cpu_rope_head(float *x, const float *cs, const rope_params *rp, int32_t head_dim)

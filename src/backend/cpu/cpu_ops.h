@@ -15,6 +15,10 @@
 void cpu_rmsnorm_row(const float *x, const float *w, float eps, float *y, int32_t n);
 /* cos/sin table for one position: cs[2*i] = mscale cos(theta_i), cs[2*i+1] = mscale sin. */
 void cpu_rope_table(int32_t pos, const rope_params *rp, const float *freq_factors, float *cs);
+/* cpu_rope_table for n tokens at pos[0, n), token t's at cs + t * rp->n_rot
+ * (the frequencies computed once). */
+void cpu_rope_tables(const int32_t *pos, int32_t n, const rope_params *rp,
+                     const float *freq_factors, float *cs);
 void cpu_rope_head(float *x, const float *cs, const rope_params *rp, int32_t head_dim);
 void cpu_swiglu(const float *gate, const float *up, float *out, int64_t n);
 /* The SwiGLU for `isa` (dtype_kernel_isa()): the AVX2 twin on AVX2 and
