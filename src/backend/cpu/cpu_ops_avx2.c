@@ -351,9 +351,19 @@ AI void attn_block(uint32_t t, const float *q, int32_t nq, const uint8_t *kb, co
         m[g] = m_new;
     }
     pv_block(t, nq, scratch, bs, corr, vb, rs, cnt, head_dim, out, pf);
+    /* each head's sum in order, the heads' chains side by side in
+     * registers (l may alias scratch: kept out of memory in the loop) */
+    float sum[CPU_ATTN_GROUP_MAX];
+#pragma GCC unroll 4
     for (int32_t g = 0; g < nq; g++)
-        for (int32_t j = 0; j < cnt; j++)
-            l[g] += scratch[g * bs + j];
+        sum[g] = l[g];
+    for (int32_t j = 0; j < cnt; j++)
+#pragma GCC unroll 4
+        for (int32_t g = 0; g < nq; g++)
+            sum[g] += scratch[g * bs + j];
+#pragma GCC unroll 4
+    for (int32_t g = 0; g < nq; g++)
+        l[g] = sum[g];
 }
 
 /* out /= l per head (0 where no mass). */
