@@ -11,6 +11,8 @@
  *  - rope through the step's cos/sin table (steps up to CPU_ROPE_TOKENS
  *    tokens, two distinct rope settings sharing the slots, a third one
  *    past them) against cpu_rope_table + cpu_rope_head per token;
+ *  - cpu_rmsnorm_rows (four rows' sums at a time) against cpu_rmsnorm_row
+ *    per row, 1 to 9 rows, into another buffer and in place;
  *  - the rope cache's tables for longer steps (the `big` buffer): each
  *    token's row bitwise cpu_rope_table's, and NULL past the buffer's
  *    tokens, its n_rot or the slots. */
@@ -255,9 +257,31 @@ static void test_rope_big(void)
     free(rc.big);
 }
 
+static void test_rmsnorm_rows(void)
+{
+    enum { N = 200, R = 9 };
+    tu_rng r = {17};
+    static float x[R * N], w[N], ref[R * N], y[R * N];
+    for (int32_t i = 0; i < N; i++)
+        w[i] = tu_rand_normal(&r);
+    for (int64_t rows = 1; rows <= R; rows++) {
+        for (int64_t i = 0; i < rows * N; i++)
+            x[i] = tu_rand_normal(&r) * (i % 37 == 0 ? 30.0f : 1.0f);
+        for (int64_t k = 0; k < rows; k++)
+            cpu_rmsnorm_row(x + k * N, w, 1e-5f, ref + k * N, N);
+        cpu_rmsnorm_rows(x, w, 1e-5f, y, N, rows);
+        CHECKF(memcmp(y, ref, (size_t)(rows * N) * sizeof *y) == 0,
+               "rmsnorm of %lld rows == the row function per row", (long long)rows);
+        cpu_rmsnorm_rows(x, w, 1e-5f, x, N, rows);
+        CHECKF(memcmp(x, ref, (size_t)(rows * N) * sizeof *x) == 0,
+               "rmsnorm of %lld rows in place == the row function per row", (long long)rows);
+    }
+}
+
 int main(void)
 {
     dtype_init();
+    test_rmsnorm_rows();
     test_glu();
     test_claims();
     test_rope();

@@ -513,8 +513,7 @@ static void rmsnorm_worker(int ith, int nth, void *arg)
     int32_t dim = (int32_t)j->w->ne[0];
     long b, e;
     tpool_range(j->n, ith, nth, &b, &e);
-    for (long t = b; t < e; t++)
-        cpu_rmsnorm_row(j->x + t * dim, j->w->dev, j->eps, j->y + t * dim, dim);
+    cpu_rmsnorm_rows(j->x + b * dim, j->w->dev, j->eps, j->y + b * dim, dim, e - b);
 }
 
 static void cpu_rmsnorm(backend *be, const float *d_x, const model_tensor *w, float eps, float *d_y,

@@ -13,6 +13,10 @@
 #include "kernels/dtype.h"
 
 void cpu_rmsnorm_row(const float *x, const float *w, float eps, float *y, int32_t n);
+/* cpu_rmsnorm_row on rows [0, rows) of x and y (n apart; y may be x), the
+ * same bits, several rows' sums at a time. */
+void cpu_rmsnorm_rows(const float *x, const float *w, float eps, float *y, int32_t n,
+                      int64_t rows);
 /* cos/sin table for one position: cs[2*i] = mscale cos(theta_i), cs[2*i+1] = mscale sin. */
 void cpu_rope_table(int32_t pos, const rope_params *rp, const float *freq_factors, float *cs);
 /* cpu_rope_table for n tokens at pos[0, n), token t's at cs + t * rp->n_rot
