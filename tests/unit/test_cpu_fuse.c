@@ -11,8 +11,10 @@
  *  - rope through the step's cos/sin table (steps up to CPU_ROPE_TOKENS
  *    tokens, two distinct rope settings sharing the slots, a third one
  *    past them) against cpu_rope_table + cpu_rope_head per token;
- *  - cpu_rmsnorm_rows (four rows' sums at a time) against cpu_rmsnorm_row
- *    per row, 1 to 9 rows, into another buffer and in place;
+ *  - cpu_rmsnorm_row and cpu_rmsnorm_rows (four rows' sums at a time,
+ *    the scaling four values at a time) against the plain scalar
+ *    specification, 1 to 9 rows of 203 (a tail), into another buffer and
+ *    in place;
  *  - the rope cache's tables for longer steps (the `big` buffer): each
  *    token's row bitwise cpu_rope_table's, and NULL past the buffer's
  *    tokens, its n_rot or the slots. */
@@ -259,7 +261,7 @@ static void test_rope_big(void)
 
 static void test_rmsnorm_rows(void)
 {
-    enum { N = 200, R = 9 };
+    enum { N = 203, R = 9 }; /* not a multiple of four: a tail */
     tu_rng r = {17};
     static float x[R * N], w[N], ref[R * N], y[R * N];
     for (int32_t i = 0; i < N; i++)
@@ -267,8 +269,17 @@ static void test_rmsnorm_rows(void)
     for (int64_t rows = 1; rows <= R; rows++) {
         for (int64_t i = 0; i < rows * N; i++)
             x[i] = tu_rand_normal(&r) * (i % 37 == 0 ? 30.0f : 1.0f);
-        for (int64_t k = 0; k < rows; k++)
-            cpu_rmsnorm_row(x + k * N, w, 1e-5f, ref + k * N, N);
+        for (int64_t k = 0; k < rows; k++) { /* the specification, written plainly */
+            double ss = 0.0;
+            for (int32_t i = 0; i < N; i++)
+                ss += (double)x[k * N + i] * x[k * N + i];
+            const float scale = (float)(1.0 / sqrt(ss / N + 1e-5f));
+            for (int32_t i = 0; i < N; i++)
+                ref[k * N + i] = x[k * N + i] * scale * w[i];
+        }
+        cpu_rmsnorm_row(x + (rows - 1) * N, w, 1e-5f, y, N);
+        CHECKF(memcmp(y, ref + (rows - 1) * N, N * sizeof *y) == 0,
+               "rmsnorm row %lld == the plain specification", (long long)rows - 1);
         cpu_rmsnorm_rows(x, w, 1e-5f, y, N, rows);
         CHECKF(memcmp(y, ref, (size_t)(rows * N) * sizeof *y) == 0,
                "rmsnorm of %lld rows == the row function per row", (long long)rows);
