@@ -345,7 +345,11 @@ AI void attn_block(uint32_t t, const float *q, int32_t nq, const uint8_t *kb, co
     score_block(t, q, nq, kb, rs, cnt, head_dim, scale, softcap, scratch, bs, bm, pf);
     for (int32_t g = 0; g < nq; g++) {
         const float m_new = bm[g] > m[g] ? bm[g] : m[g];
-        corr[g] = expf(m[g] - m_new);
+        /* expf(+-0) is exactly 1: a block that raises no max (most, past
+         * the first few) skips the call, the same bits (inf - inf is NaN,
+         * not 0, and still goes to expf) */
+        const float dm = m[g] - m_new;
+        corr[g] = dm == 0.0f ? 1.0f : expf(dm);
         exp_block256(scratch + g * bs, cnt, m_new);
         l[g] *= corr[g];
         m[g] = m_new;
