@@ -361,6 +361,18 @@ AI void pk_group2(uint32_t t, const uint8_t *w0, const uint8_t *w1, const qact_v
     }
 }
 
+/* acc[k] += the full groups' v of packed row w for the nt tokens xv. */
+AI void pk_row_groups(uint32_t t, int64_t n, const void *w, const qact_view *xv, int nt,
+                      __m512 acc[NTM])
+{
+    const int64_t full = n / QACT_CHUNK / QACT_LANES;
+    const size_t gb = group_wbytes(t, QACT_LANES);
+    for (int64_t g = 0; g < full; g++) {
+        qact_prefetch_w((const uint8_t *)w + g * gb, gb, nt, QACT_PREFETCH);
+        pk_group(t, (const uint8_t *)w + g * gb, QACT_LANES, xv, g, nt, acc);
+    }
+}
+
 /* acc[k] (zeroed by the caller) += every group's v of packed row w for the
  * nt tokens xv. */
 AI void pk_row_acc(uint32_t t, int64_t n, const void *w, const qact_view *xv, int nt,
@@ -368,10 +380,7 @@ AI void pk_row_acc(uint32_t t, int64_t n, const void *w, const qact_view *xv, in
 {
     const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
     const size_t gb = group_wbytes(t, QACT_LANES);
-    for (int64_t g = 0; g < full; g++) {
-        qact_prefetch_w((const uint8_t *)w + g * gb, gb, nt, QACT_PREFETCH);
-        pk_group(t, (const uint8_t *)w + g * gb, QACT_LANES, xv, g, nt, acc);
-    }
+    pk_row_groups(t, n, w, xv, nt, acc);
     const int tc = (int)(nc % QACT_LANES);
     if (tc && pk_tail4_fits(t, tc))
         pk_tail4(t, (const uint8_t *)w + full * gb, tc, xv, full, nt, acc);
@@ -558,6 +567,80 @@ AI void pk_tile_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_
     }
 }
 
+/* pk_tail4 for one token and four rows w + j rs (j < 4) at once, row j in
+ * the 128-bit lane j of each vector: the same code bytes (masked loads),
+ * the token's activation bytes in every lane, the same sums and per-lane
+ * epilogue, lane j's v added to acc[j] as pk_tail4 adds it.  A row of 576
+ * values (one group and two chunks: the default model's width) pays its
+ * two-chunk tail once per four rows instead of once per row. */
+AI __m512i pk_load4x4(const uint8_t *p, size_t rs, int tc)
+{
+    const __m256i lo = _mm256_inserti128_si256(_mm256_castsi128_si256(pk_load4(p, tc)),
+                                               pk_load4(p + rs, tc), 1);
+    const __m256i hi = _mm256_inserti128_si256(_mm256_castsi128_si256(pk_load4(p + 2 * rs, tc)),
+                                               pk_load4(p + 3 * rs, tc), 1);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* The tc f16 scales at p + j rs for j < 4 as 16 floats, row j's in lanes
+ * 4j..4j+3 (zero past tc). */
+AI __m512 pk_halfs4x4(const uint8_t *p, size_t rs, int tc)
+{
+    const __mmask8 hm = (__mmask8)((1u << tc) - 1);
+    const __m128i a = _mm_unpacklo_epi64(_mm_maskz_loadu_epi16(hm, p),
+                                         _mm_maskz_loadu_epi16(hm, p + rs));
+    const __m128i b = _mm_unpacklo_epi64(_mm_maskz_loadu_epi16(hm, p + 2 * rs),
+                                         _mm_maskz_loadu_epi16(hm, p + 3 * rs));
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1));
+}
+
+AI void pk_tail4x4(uint32_t t, const uint8_t *wg, size_t rs, int tc, const qact_view *xv,
+                   int64_t g, __m512 acc[4])
+{
+    const uint8_t *qs = wg + qpack_qs_off(t, tc);
+    const int L = 4 * tc;
+    const int8_t *ag = xv[0].qs + g * QACT_GROUP;
+    __m512i S = _mm512_setzero_si512();
+    if (t == DT_Q8_0) {
+        const __m512i bias = _mm512_set1_epi8((char)0x80);
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++)
+            S = _mm512_dpbusd_epi32(
+                S, _mm512_xor_si512(pk_load4x4(qs + L * r, rs, tc), bias),
+                _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(ag + 64 * r))));
+    } else {
+        const __m512i lo4 = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const __m512i v = pk_load4x4(qs + L * i, rs, tc);
+            const __m512i lo = _mm512_and_si512(v, lo4);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4);
+            const __m512i a0 =
+                _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(ag + 128 * i)));
+            const __m512i a1 =
+                _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(ag + 128 * i + 64)));
+            S = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(S, lo, a0), hi, a1);
+        }
+    }
+    const __m512 A = pk_halfs4x4(wg, rs, tc);
+    const __m512i asum =
+        _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(xv[0].s32 + g * QACT_LANES)));
+    const __m512 da = _mm512_broadcast_f32x4(_mm_loadu_ps(xv[0].d + g * QACT_LANES));
+    __m512i I = S;
+    if (t == DT_Q4_0)
+        I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 3));
+    else if (t == DT_Q8_0)
+        I = _mm512_sub_epi32(I, _mm512_slli_epi32(asum, 7));
+    __m512 v = _mm512_mul_ps(_mm512_mul_ps(A, da), _mm512_cvtepi32_ps(I));
+    if (t == DT_Q4_1)
+        v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_mul_ps(pk_halfs4x4(wg + 2 * tc, rs, tc), da),
+                                           _mm512_cvtepi32_ps(asum)));
+    acc[0] = _mm512_add_ps(acc[0], _mm512_zextps128_ps512(_mm512_castps512_ps128(v)));
+    acc[1] = _mm512_add_ps(acc[1], _mm512_zextps128_ps512(_mm512_extractf32x4_ps(v, 1)));
+    acc[2] = _mm512_add_ps(acc[2], _mm512_zextps128_ps512(_mm512_extractf32x4_ps(v, 2)));
+    acc[3] = _mm512_add_ps(acc[3], _mm512_zextps128_ps512(_mm512_extractf32x4_ps(v, 3)));
+}
+
 /* One token against n_rows packed rows (row r at w + r rs): y[r] = the nt = 1
  * dot, bitwise.  Four rows' reductions run as one transposed pass of the
  * same additions as qact_reduce16 (lanes i + i+8, then + i+4, + i+2,
@@ -567,14 +650,36 @@ AI void pk_rows_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_
                      const void *xq, float *y)
 {
     const qact_view xv[NTM] = {qact_view_of(xq, n)};
+    const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
+    const int tc = (int)(nc % QACT_LANES);
+    const size_t gb = group_wbytes(t, QACT_LANES);
     int64_t r = 0;
     for (; r + 4 <= n_rows; r += 4) {
         __m128 x4[4];
+        const uint8_t *w4 = (const uint8_t *)w + (size_t)r * rs;
+        if (tc && pk_tail4_fits(t, tc)) { /* the groups row by row, the four tails at once */
+            __m512 acc[4];
+#pragma GCC unroll 1
+            for (int j = 0; j < 4; j++) {
+                acc[j] = _mm512_setzero_ps();
+                pk_row_groups(t, n, w4 + (size_t)j * rs, xv, 1, &acc[j]);
+            }
+            pk_tail4x4(t, w4 + full * gb, rs, tc, xv, full, acc);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                const __m256 x8 = _mm256_add_ps(_mm512_castps512_ps256(acc[j]),
+                                                _mm512_extractf32x8_ps(acc[j], 1));
+                x4[j] = _mm_add_ps(_mm256_castps256_ps128(x8), _mm256_extractf128_ps(x8, 1));
+            }
+            _MM_TRANSPOSE4_PS(x4[0], x4[1], x4[2], x4[3]);
+            _mm_storeu_ps(y + r, _mm_add_ps(_mm_add_ps(x4[0], x4[2]), _mm_add_ps(x4[1], x4[3])));
+            continue;
+        }
 #pragma GCC unroll 1
         for (int j = 0; j < 4; j++) {
             __m512 acc[NTM];
             acc[0] = _mm512_setzero_ps();
-            pk_row_acc(t, n, (const uint8_t *)w + (size_t)(r + j) * rs, xv, 1, acc);
+            pk_row_acc(t, n, w4 + (size_t)j * rs, xv, 1, acc);
             const __m256 x8 = _mm256_add_ps(_mm512_castps512_ps256(acc[0]),
                                             _mm512_extractf32x8_ps(acc[0], 1));
             x4[j] = _mm_add_ps(_mm256_castps256_ps128(x8), _mm256_extractf128_ps(x8, 1));
