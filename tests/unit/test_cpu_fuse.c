@@ -10,21 +10,18 @@
  *    from 1 to 4099), against the rows computed in one call;
  *  - rope through the step's cos/sin table (steps up to CPU_ROPE_TOKENS
  *    tokens, two distinct rope settings sharing the slots, a third one
- *    past them) against cpu_rope_table + cpu_rope_head per token;
+ *    past them) and through each worker's own tables (longer steps, a few
+ *    tokens at a time) against cpu_rope_table + cpu_rope_head per token;
  *  - cpu_rmsnorm_row and cpu_rmsnorm_rows (four rows' sums at a time,
  *    the scaling four values at a time) against the plain scalar
  *    specification, 1 to 9 rows of 203 (a tail), into another buffer and
- *    in place;
- *  - the rope cache's tables for longer steps (the `big` buffer): each
- *    token's row bitwise cpu_rope_table's, and NULL past the buffer's
- *    tokens, its n_rot or the slots. */
+ *    in place. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_ops.h"
-#include "backend/cpu/cpu_rope.h"
 #include "kernels/dtype.h"
 #include "kernels/matmul.h"
 #include "kernels/qpack.h"
@@ -183,7 +180,7 @@ static void test_rope(void)
         {.kind = ROPE_NEOX, .n_rot = 32, .base = 1000000.0f, .freq_scale = 0.25f, .mscale = 1.1f,
          .ext_factor = 1.0f, .corr_lo = 4.0f, .corr_hi = 20.0f},
     };
-    static const int32_t ns[] = {1, 5, 32, 33};
+    static const int32_t ns[] = {1, 5, 32, 33, 45};
     for (size_t in = 0; in < sizeof ns / sizeof ns[0]; in++) {
         const int32_t n = ns[in];
         int32_t toks[64] = {0}, pos[64], seq[64] = {0};
@@ -209,54 +206,6 @@ static void test_rope(void)
             }
     }
     fx_close(&f);
-}
-
-static void test_rope_big(void)
-{
-    enum { TOK = 70, ROT = 64 };
-    tu_rng r = {7};
-    cpu_rope_cache rc = {0};
-    const size_t bytes = cpu_rope_big_bytes(TOK, ROT);
-    CHECK(bytes == (size_t)CPU_ROPE_SLOTS * TOK * ROT * sizeof(float));
-    CHECK(cpu_rope_big_bytes(CPU_ROPE_TOKENS, ROT) == 0);
-    rc.big = malloc(bytes);
-    rc.big_tokens = TOK;
-    rc.big_rot = ROT;
-    rope_params rp[4] = {
-        {.kind = ROPE_NEOX, .n_rot = ROT, .base = 10000.0f, .freq_scale = 1.0f, .mscale = 1.0f},
-        {.kind = ROPE_NORM, .n_rot = 32, .base = 1000000.0f, .freq_scale = 0.25f, .mscale = 1.1f,
-         .ext_factor = 1.0f, .corr_lo = 4.0f, .corr_hi = 20.0f},
-        {.kind = ROPE_NEOX, .n_rot = ROT, .base = 500000.0f, .freq_scale = 1.0f, .mscale = 1.0f},
-        {.kind = ROPE_NEOX, .n_rot = 2 * ROT, .base = 10000.0f, .freq_scale = 1.0f, .mscale = 1.0f},
-    };
-    int32_t toks[TOK + 1] = {0}, pos[TOK + 1], seq[TOK + 1] = {0};
-    for (int32_t t = 0; t <= TOK; t++)
-        pos[t] = (int32_t)(tu_rand_u64(&r) % 100000);
-    fwd_seq s = {0};
-    for (int32_t n = 33; n <= TOK + 1; n += TOK + 1 - 33) {
-        fwd_batch b = {n, toks, pos, seq, 1, &s, 0, NULL, 0};
-        cpu_rope_cache_reset(&rc);
-        CHECKF((cpu_rope_cache_get(&rc, &b, &rp[3]) == NULL) == 1,
-               "an n_rot above big_rot (%d tokens) gets no table", n);
-        for (int k = 0; k < 2; k++) {
-            const float *tab = cpu_rope_cache_get(&rc, &b, &rp[k]);
-            if (n > TOK) {
-                CHECKF(tab == NULL, "a %d-token step past big_tokens %d gets no table", n, TOK);
-                continue;
-            }
-            int same = tab != NULL;
-            for (int32_t t = 0; same && t < n; t++) {
-                float cs[ROT];
-                cpu_rope_table(pos[t], &rp[k], NULL, cs);
-                same = memcmp(cs, tab + t * rp[k].n_rot, (size_t)rp[k].n_rot * sizeof *cs) == 0;
-            }
-            CHECKF(same, "setting %d, %d tokens: the big table == cpu_rope_table per token", k, n);
-            CHECK(cpu_rope_cache_get(&rc, &b, &rp[k]) == tab);
-        }
-        if (n <= TOK)
-            CHECK(cpu_rope_cache_get(&rc, &b, &rp[2]) == NULL); /* both slots taken */
-    }
-    free(rc.big);
 }
 
 static void test_rmsnorm_rows(void)
@@ -296,6 +245,5 @@ int main(void)
     test_glu();
     test_claims();
     test_rope();
-    test_rope_big();
     return tu_finish("test_cpu_fuse");
 }

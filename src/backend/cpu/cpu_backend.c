@@ -151,9 +151,6 @@ static void cpu_kv_free(backend *be)
     if (cb->kv_data)
         munmap(cb->kv_data, cb->kv_map_bytes);
     mem_free(cb->mem, cb->scratch);
-    mem_free(cb->mem, cb->rope.big);
-    cb->rope.big = NULL;
-    cb->rope.big_tokens = cb->rope.big_rot = 0;
     cb->kv_data = NULL;
     cb->kv_data_w = NULL;
     cb->kv_block_stride_w = 0;
@@ -225,12 +222,6 @@ static size_t layer_ws_bytes(const cpu_backend *cb, int32_t n)
     return a > b ? a : b;
 }
 
-/* Rotated dims of the model's rope (0 before a model is loaded). */
-static int32_t rope_rot(const cpu_backend *cb)
-{
-    return cb->model ? cb->model->hp.rope_dim : 0;
-}
-
 static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
 {
     cpu_backend *cb = cpu(be);
@@ -292,14 +283,6 @@ static int cpu_kv_init(backend *be, const kv_layout *lay, kvant_err *err)
         cpu_kv_free(be);
         return KV_ENOMEM;
     }
-    /* the RoPE tables of the largest step (cpu_rope.h); without them a
-     * long step computes its tables per layer */
-    const size_t rb = cpu_rope_big_bytes(lay->max_tokens, rope_rot(cb));
-    if (rb) {
-        cb->rope.big = mem_alloc(cb->mem, rb, MEM_WORKSPACE, MEM_NO_LAYER, NULL);
-        cb->rope.big_tokens = cb->rope.big ? lay->max_tokens : 0;
-        cb->rope.big_rot = cb->rope.big ? rope_rot(cb) : 0;
-    }
     cb->kv = *lay;
     cb->kv.max_blocks = lay->max_blocks > lay->n_blocks ? lay->max_blocks : lay->n_blocks;
     cb->attn.f32 = cpu_attention_row_for(cb->isa, lay->head_dim);
@@ -344,11 +327,10 @@ static int cpu_kv_resize(backend *be, int32_t n_blocks, kvant_err *err)
 static uint64_t cpu_kv_extra_bytes(backend *be, const kv_layout *lay)
 {
     /* the per-thread attention scratch kv_init allocates, plus allocator
-     * rounding, the RoPE tables and the layer workspace; its int8 matmul
-     * activations are in the plan (plan_config.act_q8, plan_act_q8_bytes) */
-    const size_t rb = cpu_rope_big_bytes(lay->max_tokens, rope_rot(cpu(be)));
+     * rounding; its int8 matmul activations are in the plan
+     * (plan_config.act_q8, plan_act_q8_bytes) */
     return (uint64_t)cpu_kvq_scratch(lay->block_size, lay->head_dim) * cpu(be)->n_threads *
-               sizeof(float) + 64 + (rb ? rb + 64 : 0) + layer_ws_bytes(cpu(be), lay->max_tokens);
+               sizeof(float) + 64 + layer_ws_bytes(cpu(be), lay->max_tokens);
 }
 
 /* Block-major storage: a block's K and V of every layer are one span of
@@ -466,7 +448,7 @@ typedef struct row_job {
     int32_t n;
     float eps;
     const rope_params *rp;
-    const float *tab; /* rope: the step's table ([t][n_rot]), or NULL */
+    const float (*tab)[MODEL_MAX_HEAD_DIM]; /* rope: the step's table, or NULL */
     int32_t n_heads, head_dim;
 } row_job;
 
@@ -627,21 +609,28 @@ static int cpu_mla_v_op(backend *be, const model_layer *L, const float *d_att, f
     return KV_OK;
 }
 
+/* Tokens a rope worker's own tables cover at a time (the step's table
+ * missing: a long step); the frequencies computed once for them. */
+#define CPU_ROPE_OWN 8
+
 static void rope_worker(int ith, int nth, void *arg)
 {
     row_job *j = arg;
     const fwd_batch *bt = j->cb->batch;
-    float own[MODEL_MAX_HEAD_DIM];
+    float own[CPU_ROPE_OWN][MODEL_MAX_HEAD_DIM];
     long b, e;
     tpool_range(j->n, ith, nth, &b, &e);
-    for (long t = b; t < e; t++) {
-        const float *cs = own;
-        if (j->tab)
-            cs = j->tab + t * j->rp->n_rot;
-        else
-            cpu_rope_table(bt->pos[t], j->rp, j->rp->d_freq_factors, own);
-        for (int32_t h = 0; j->y && h < j->n_heads; h++)
-            cpu_rope_head(j->y + (t * j->n_heads + h) * j->head_dim, cs, j->rp, j->head_dim);
+    for (long t0 = b; t0 < e; t0 += CPU_ROPE_OWN) {
+        const int32_t cnt = (int32_t)(e - t0 < CPU_ROPE_OWN ? e - t0 : CPU_ROPE_OWN);
+        if (!j->tab)
+            cpu_rope_tables(bt->pos + t0, cnt, j->rp, j->rp->d_freq_factors, own[0],
+                            MODEL_MAX_HEAD_DIM);
+        for (int32_t k = 0; k < cnt; k++) {
+            const long t = t0 + k;
+            const float *cs = j->tab ? j->tab[t] : own[k];
+            for (int32_t h = 0; j->y && h < j->n_heads; h++)
+                cpu_rope_head(j->y + (t * j->n_heads + h) * j->head_dim, cs, j->rp, j->head_dim);
+        }
     }
 }
 

@@ -99,13 +99,13 @@ void cpu_rope_table(int32_t pos, const rope_params *rp, const float *freq_factor
 }
 
 void cpu_rope_tables(const int32_t *pos, int32_t n, const rope_params *rp,
-                     const float *freq_factors, float *cs)
+                     const float *freq_factors, float *cs, int32_t stride)
 {
     double inv[MODEL_MAX_HEAD_DIM / 2];
-    KV_ASSERT(rp->n_rot <= MODEL_MAX_HEAD_DIM);
+    KV_ASSERT(rp->n_rot <= MODEL_MAX_HEAD_DIM && rp->n_rot <= stride);
     rope_inv(rp, inv);
     for (int32_t t = 0; t < n; t++)
-        rope_row(pos[t], rp, freq_factors, inv, cs + (size_t)t * (size_t)rp->n_rot);
+        rope_row(pos[t], rp, freq_factors, inv, cs + (size_t)t * (size_t)stride);
 }
 
 void cpu_rope_head(float *x, const float *cs, const rope_params *rp, int32_t head_dim)

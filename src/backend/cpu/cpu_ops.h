@@ -19,10 +19,10 @@ void cpu_rmsnorm_rows(const float *x, const float *w, float eps, float *y, int32
                       int64_t rows);
 /* cos/sin table for one position: cs[2*i] = mscale cos(theta_i), cs[2*i+1] = mscale sin. */
 void cpu_rope_table(int32_t pos, const rope_params *rp, const float *freq_factors, float *cs);
-/* cpu_rope_table for n tokens at pos[0, n), token t's at cs + t * rp->n_rot
- * (the frequencies computed once). */
+/* cpu_rope_table for n tokens at pos[0, n), token t's at cs + t * stride
+ * (stride >= rp->n_rot), the frequencies computed once for all of them. */
 void cpu_rope_tables(const int32_t *pos, int32_t n, const rope_params *rp,
-                     const float *freq_factors, float *cs);
+                     const float *freq_factors, float *cs, int32_t stride);
 void cpu_rope_head(float *x, const float *cs, const rope_params *rp, int32_t head_dim);
 void cpu_swiglu(const float *gate, const float *up, float *out, int64_t n);
 /* The SwiGLU for `isa` (dtype_kernel_isa()): the AVX2 twin on AVX2 and
