@@ -147,14 +147,20 @@ static size_t round64(size_t v)
  * A token's bytes do not depend on the split. */
 #define MM_QUANT_SERIAL_VALUES 16384
 
-/* The inputs a job quantizes: part i's x into its xq when quant[i]. */
+/* A part shares the previous part's input (and its quantized copy). */
+static int shares_input(const mm_job *j, int i)
+{
+    return i > 0 && j->p[i].x == j->p[i - 1].x;
+}
+
+/* The inputs a job quantizes: every part's x into its xq but those that
+ * share the previous part's. */
 typedef struct mm_quant_job {
     const mm_job *j;
     uint32_t type;
     int64_t n;
     size_t token_bytes;
     long tokens; /* of the quantized parts */
-    int quant[CPU_MM_GROUP_MAX];
 } mm_quant_job;
 
 /* Tokens [b, e) of all quantized parts' tokens in order (a grouped
@@ -166,7 +172,7 @@ static void quant_worker(int ith, int nth, void *arg)
     tpool_range(q->tokens, ith, nth, &b, &e);
     for (int i = 0; i < q->j->count && t0 < e; i++) {
         const mm_part *p = &q->j->p[i];
-        if (!q->quant[i])
+        if (shares_input(q->j, i))
             continue;
         const long lo = b > t0 ? b - t0 : 0, hi = e - t0 < p->n ? e - t0 : p->n;
         t0 += p->n;
@@ -190,7 +196,7 @@ static void quantize_inputs(const cpu_mm_env *cb, mm_job *j, int path)
                       .token_bytes = dtype_matmul_token_bytes(w0->type, j->split, w0->ne[0])};
     size_t need = 0;
     for (int i = 0; i < j->count; i++)
-        if (i == 0 || j->p[i].x != j->p[i - 1].x)
+        if (!shares_input(j, i))
             need += round64(dtype_matmul_scratch_bytes(w0->type, w0->ne[0],
                                                         (int64_t)j->p[i].n * path));
     if (!qact_room(cb, need))
@@ -198,12 +204,11 @@ static void quantize_inputs(const cpu_mm_env *cb, mm_job *j, int path)
     size_t off = 0;
     for (int i = 0; i < j->count; i++) {
         mm_part *p = &j->p[i];
-        if (i > 0 && p->x == j->p[i - 1].x) {
+        if (shares_input(j, i)) {
             p->xq = j->p[i - 1].xq;
             continue;
         }
         p->xq = (char *)*cb->qact + off;
-        q.quant[i] = 1;
         q.tokens += p->n;
         off += round64(dtype_matmul_scratch_bytes(w0->type, w0->ne[0], (int64_t)p->n * path));
     }

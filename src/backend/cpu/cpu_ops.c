@@ -34,12 +34,18 @@ static void scale_row(const float *x, float scale, const float *w, float *y, int
         y[i] = x[i] * scale * w[i];
 }
 
+/* RMSNorm's scale from a row's sum of squares ss over n values. */
+static float rms_scale(double ss, int32_t n, float eps)
+{
+    return (float)(1.0 / sqrt(ss / n + eps));
+}
+
 void cpu_rmsnorm_row(const float *x, const float *w, float eps, float *y, int32_t n)
 {
     double ss = 0.0;
     for (int32_t i = 0; i < n; i++)
         ss += (double)x[i] * x[i];
-    scale_row(x, (float)(1.0 / sqrt(ss / n + eps)), w, y, n);
+    scale_row(x, rms_scale(ss, n, eps), w, y, n);
 }
 
 void cpu_rmsnorm_rows(const float *x, const float *w, float eps, float *y, int32_t n,
@@ -56,10 +62,8 @@ void cpu_rmsnorm_rows(const float *x, const float *w, float eps, float *y, int32
             s3 += (double)x3[i] * x3[i];
         }
         const double ss[4] = {s0, s1, s2, s3};
-        for (int k = 0; k < 4; k++) { /* y may be x: each row reads only itself */
-            scale_row(x + (r + k) * n, (float)(1.0 / sqrt(ss[k] / n + eps)), w, y + (r + k) * n,
-                      n);
-        }
+        for (int k = 0; k < 4; k++) /* y may be x: each row reads only itself */
+            scale_row(x + (r + k) * n, rms_scale(ss[k], n, eps), w, y + (r + k) * n, n);
     }
     for (; r < rows; r++)
         cpu_rmsnorm_row(x + r * n, w, eps, y + r * n, n);
@@ -90,14 +94,6 @@ static void rope_inv(const rope_params *rp, double *inv)
         inv[i] = pow((double)rp->base, -2.0 * i / rp->n_rot);
 }
 
-void cpu_rope_table(int32_t pos, const rope_params *rp, const float *freq_factors, float *cs)
-{
-    double inv[MODEL_MAX_HEAD_DIM / 2];
-    KV_ASSERT(rp->n_rot <= MODEL_MAX_HEAD_DIM);
-    rope_inv(rp, inv);
-    rope_row(pos, rp, freq_factors, inv, cs);
-}
-
 void cpu_rope_tables(const int32_t *pos, int32_t n, const rope_params *rp,
                      const float *freq_factors, float *cs, int32_t stride)
 {
@@ -106,6 +102,11 @@ void cpu_rope_tables(const int32_t *pos, int32_t n, const rope_params *rp,
     rope_inv(rp, inv);
     for (int32_t t = 0; t < n; t++)
         rope_row(pos[t], rp, freq_factors, inv, cs + (size_t)t * (size_t)stride);
+}
+
+void cpu_rope_table(int32_t pos, const rope_params *rp, const float *freq_factors, float *cs)
+{
+    cpu_rope_tables(&pos, 1, rp, freq_factors, cs, rp->n_rot);
 }
 
 void cpu_rope_head(float *x, const float *cs, const rope_params *rp, int32_t head_dim)
