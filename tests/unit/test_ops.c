@@ -198,6 +198,11 @@ static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f
                         cpu_kvq_attention_row_f16_avx2);
             check_tile(r, &hs, n_pos, hd, qscale, scale, cpu_kvq_attention_tile_f16_avx2,
                        cpu_kvq_attention_group_f16_avx2);
+        } else if (f16_simd == cpu_kvq_attention_row_f16_avx512) { /* the AVX2 entries' bits */
+            check_group(r, &hs, n_pos, hd, qscale, scale, cpu_kvq_attention_group_f16_avx512,
+                        cpu_kvq_attention_row_f16_avx2);
+            check_tile(r, &hs, n_pos, hd, qscale, scale, cpu_kvq_attention_tile_f16_avx512,
+                       cpu_kvq_attention_group_f16_avx2);
         }
     }
     free(k), free(v), free(kh), free(vh);
@@ -206,9 +211,11 @@ static void check_case(tu_rng *r, int32_t n_pos, int32_t hd, float qscale, int f
 /* The AVX2 rows over bf16, q8_0 and q4_0 K/V (rows quantized by the type's
  * reference quantizer, a row stride wider than the row) against the typed
  * reference cpu_kvq_attention_row_ref within T_BOUND, and their group
- * kernels bitwise against the row per head. */
+ * kernels bitwise against the row per head; the AVX-512 builds (group512,
+ * tile512; NULL without AVX-512) bitwise against the AVX2 row and group. */
 static void check_typed(tu_rng *r, uint32_t type, cpu_kvq_row_fn rowf, cpu_kvq_group_fn group,
-                        cpu_kvq_tile_fn tile, int32_t n_pos, int32_t hd, float qscale, int32_t p0, float softcap,
+                        cpu_kvq_tile_fn tile, cpu_kvq_group_fn group512, cpu_kvq_tile_fn tile512,
+                        int32_t n_pos, int32_t hd, float qscale, int32_t p0, float softcap,
                         int sink)
 {
     float sinks[CPU_ATTN_GROUP_MAX], x[T_MAX_HD], q[T_MAX_HD], o_ref[T_MAX_HD], o_simd[T_MAX_HD];
@@ -243,6 +250,10 @@ static void check_typed(tu_rng *r, uint32_t type, cpu_kvq_row_fn rowf, cpu_kvq_g
            type, n_pos, hd, qscale, p0, (double)softcap, sink, err);
     check_group(r, &hs, n_pos, hd, qscale, scale, group, rowf);
     check_tile(r, &hs, n_pos, hd, qscale, scale, tile, group);
+    if (group512) {
+        check_group(r, &hs, n_pos, hd, qscale, scale, group512, rowf);
+        check_tile(r, &hs, n_pos, hd, qscale, scale, tile512, group);
+    }
     free(k), free(v);
 }
 #endif
@@ -251,7 +262,8 @@ static void check_typed(tu_rng *r, uint32_t type, cpu_kvq_row_fn rowf, cpu_kvq_g
 /* cpu_swiglu_avx2 against the scalar cpu_swiglu (expf, double checked):
  * within 4 ulp-ish relative error on ordinary gates, the limits (+-100,
  * +-0, tiny) finite and of the reference's sign; and a call's range split
- * anywhere gives the same bits (the tail padded, not scalar). */
+ * anywhere gives the same bits (the tail padded, not scalar), and the
+ * masked tail writes nothing past n. */
 static void test_swiglu(tu_rng *r)
 {
     enum { N = 45 };
@@ -282,6 +294,12 @@ static void test_swiglu(tu_rng *r)
         cpu_swiglu_avx2(g, u, split, cut);
         cpu_swiglu_avx2(g + cut, u + cut, split + cut, N - cut);
         CHECKF(memcmp(split, simd, sizeof simd) == 0, "swiglu avx2 split at %d: same bits", cut);
+        float guard[N + 8];
+        for (int i = 0; i < N + 8; i++)
+            guard[i] = -7.0f;
+        cpu_swiglu_avx2(g, u, guard, cut); /* the masked tail writes nothing past cut */
+        for (int i = cut; i < N + 8; i++)
+            CHECKF(guard[i] == -7.0f, "swiglu avx2 of %d values wrote out[%d]", cut, i);
     }
     CHECK(cpu_swiglu_for(KERNEL_ISA_SCALAR) == cpu_swiglu);
     CHECK(cpu_swiglu_for(KERNEL_ISA_AVX2) == cpu_swiglu_avx2);
@@ -357,15 +375,16 @@ static void test_pickers(void)
           cpu_kvq_attention_row_f16_avx2);
     CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX2, DT_F16, 68) == cpu_kvq_attention_row_ref);
     CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX512, DT_F16, 64) ==
-          cpu_kvq_attention_row_f16_avx2);
+          cpu_kvq_attention_row_f16_avx512);
     CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX512, DT_F16, 64) ==
-          cpu_kvq_attention_group_f16_avx2);
+          cpu_kvq_attention_group_f16_avx512);
     CHECK(cpu_kvq_attention_tile_for(KERNEL_ISA_AVX512, DT_F16, 64) ==
-          cpu_kvq_attention_tile_f16_avx2);
+          cpu_kvq_attention_tile_f16_avx512);
     CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX512, DT_F16, 72) ==
-          cpu_kvq_attention_row_f16_avx2);
+          cpu_kvq_attention_row_f16_avx512);
+    CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX512, DT_F16, 68) == cpu_kvq_attention_row_ref);
     CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX512, DT_Q8_0, 64) ==
-          cpu_kvq_attention_row_q8_0_avx2);
+          cpu_kvq_attention_row_q8_0_avx512);
     CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX2, DT_Q4_0, 64) ==
           cpu_kvq_attention_row_q4_0_avx2);
     CHECK(cpu_kvq_attention_row_for(KERNEL_ISA_AVX2, DT_Q8_0, 48) == cpu_kvq_attention_row_ref);
@@ -376,12 +395,12 @@ static void test_pickers(void)
     CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX2, DT_F16, 72) ==
           cpu_kvq_attention_group_f16_avx2);
     CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX512, DT_F16, 72) ==
-          cpu_kvq_attention_group_f16_avx2);
+          cpu_kvq_attention_group_f16_avx512);
     CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX2, DT_F16, 68) == NULL);
     CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX2, DT_Q8_0, 64) ==
           cpu_kvq_attention_group_q8_0_avx2);
     CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX512, DT_Q4_0, 128) ==
-          cpu_kvq_attention_group_q4_0_avx2);
+          cpu_kvq_attention_group_q4_0_avx512);
     CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX2, DT_BF16, 64) ==
           cpu_kvq_attention_group_bf16_avx2);
     CHECK(cpu_kvq_attention_group_for(KERNEL_ISA_AVX2, DT_Q8_0, 48) == NULL);
@@ -390,7 +409,10 @@ static void test_pickers(void)
     CHECK(cpu_kvq_attention_tile_for(KERNEL_ISA_AVX2, DT_Q4_0, 64) ==
           cpu_kvq_attention_tile_q4_0_avx2);
     CHECK(cpu_kvq_attention_tile_for(KERNEL_ISA_AVX512, DT_BF16, 64) ==
-          cpu_kvq_attention_tile_bf16_avx2);
+          cpu_kvq_attention_tile_bf16_avx512);
+    CHECK(cpu_kvq_attention_tile_for(KERNEL_ISA_AVX512, DT_Q4_0, 64) ==
+          cpu_kvq_attention_tile_q4_0_avx512);
+    CHECK(cpu_kvq_attention_tile_for(KERNEL_ISA_AVX512, DT_Q8_0, 48) == NULL);
     CHECK(cpu_kvq_attention_tile_for(KERNEL_ISA_AVX2, DT_Q8_0, 64) ==
           cpu_kvq_attention_tile_q8_0_avx2);
     CHECK(cpu_kvq_attention_tile_for(KERNEL_ISA_AVX2, DT_F32, 64) == NULL);
@@ -431,17 +453,23 @@ int main(void)
                     check_case(&r, n_pos[i], hd, qs[j], 0, cpu_kvq_attention_row_f16_avx2, "avx2",
                                p0, cap, sink);
                     if (has512)
-                        check_case(&r, n_pos[i], hd, qs[j], 1, NULL, "avx512", p0, cap,
-                                   sink);
+                        check_case(&r, n_pos[i], hd, qs[j], 1, cpu_kvq_attention_row_f16_avx512,
+                                   "avx512", p0, cap, sink);
                     check_typed(&r, DT_BF16, cpu_kvq_attention_row_bf16_avx2,
                                 cpu_kvq_attention_group_bf16_avx2,
-                                cpu_kvq_attention_tile_bf16_avx2, np, hd, qs[j], p0, cap, sink);
+                                cpu_kvq_attention_tile_bf16_avx2,
+                                has512 ? cpu_kvq_attention_group_bf16_avx512 : NULL,
+                                cpu_kvq_attention_tile_bf16_avx512, np, hd, qs[j], p0, cap, sink);
                     check_typed(&r, DT_Q8_0, cpu_kvq_attention_row_q8_0_avx2,
                                 cpu_kvq_attention_group_q8_0_avx2,
-                                cpu_kvq_attention_tile_q8_0_avx2, np, hd, qs[j], p0, cap, sink);
+                                cpu_kvq_attention_tile_q8_0_avx2,
+                                has512 ? cpu_kvq_attention_group_q8_0_avx512 : NULL,
+                                cpu_kvq_attention_tile_q8_0_avx512, np, hd, qs[j], p0, cap, sink);
                     check_typed(&r, DT_Q4_0, cpu_kvq_attention_row_q4_0_avx2,
                                 cpu_kvq_attention_group_q4_0_avx2,
-                                cpu_kvq_attention_tile_q4_0_avx2, np, hd, qs[j], p0, cap, sink);
+                                cpu_kvq_attention_tile_q4_0_avx2,
+                                has512 ? cpu_kvq_attention_group_q4_0_avx512 : NULL,
+                                cpu_kvq_attention_tile_q4_0_avx512, np, hd, qs[j], p0, cap, sink);
                 }
     return tu_finish("test_ops");
 #else

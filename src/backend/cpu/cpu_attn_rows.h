@@ -119,16 +119,32 @@ void cpu_kvq_attention_group_q4_0_avx2(const float *q, int32_t nq, const cpu_kvq
 typedef void (*cpu_kvq_tile_fn)(const float *q, int32_t nq, int32_t nt, int64_t stride,
                                 const cpu_kvq_seq *s, const int32_t *p0, const int32_t *n_pos,
                                 int32_t head_dim, float scale, float *scratch, float *out);
-#define CPU_KVQ_TILE_DECL(sfx)                                                                  \
-    void cpu_kvq_attention_tile_##sfx##_avx2(const float *q, int32_t nq, int32_t nt,            \
-                                             int64_t stride, const cpu_kvq_seq *s,              \
-                                             const int32_t *p0, const int32_t *n_pos,           \
-                                             int32_t head_dim, float scale, float *scratch,     \
-                                             float *out)
-CPU_KVQ_TILE_DECL(f16);
-CPU_KVQ_TILE_DECL(bf16);
-CPU_KVQ_TILE_DECL(q8_0);
-CPU_KVQ_TILE_DECL(q4_0);
+#define CPU_KVQ_TILE_DECL(sfx, isa)                                                             \
+    void cpu_kvq_attention_tile_##sfx##_##isa(const float *q, int32_t nq, int32_t nt,           \
+                                              int64_t stride, const cpu_kvq_seq *s,             \
+                                              const int32_t *p0, const int32_t *n_pos,          \
+                                              int32_t head_dim, float scale, float *scratch,    \
+                                              float *out)
+CPU_KVQ_TILE_DECL(f16, avx2);
+CPU_KVQ_TILE_DECL(bf16, avx2);
+CPU_KVQ_TILE_DECL(q8_0, avx2);
+CPU_KVQ_TILE_DECL(q4_0, avx2);
+/* The AVX-512 builds of the AVX2 rows, groups and tiles (the same source,
+ * with AVX-512's thirty-two registers: wider register tiles, every sum in
+ * the same order): bitwise the AVX2 entries' results, for AVX-512 CPUs. */
+#define CPU_KVQ_AVX512_DECL(sfx)                                                                \
+    void cpu_kvq_attention_row_##sfx##_avx512(const float *q, const cpu_kvq_seq *s,             \
+                                              int32_t n_pos, int32_t head_dim, float scale,     \
+                                              float *scratch, float *out);                      \
+    void cpu_kvq_attention_group_##sfx##_avx512(const float *q, int32_t nq,                     \
+                                                const cpu_kvq_seq *s, int32_t n_pos,            \
+                                                int32_t head_dim, float scale, float *scratch,  \
+                                                float *out);                                    \
+    CPU_KVQ_TILE_DECL(sfx, avx512)
+CPU_KVQ_AVX512_DECL(f16);
+CPU_KVQ_AVX512_DECL(bf16);
+CPU_KVQ_AVX512_DECL(q8_0);
+CPU_KVQ_AVX512_DECL(q4_0);
 /* Stores a K or V row: dst = the KV dtype's row of src[0..n). */
 typedef void (*cpu_kv_store_fn)(const float *src, void *dst, int64_t n);
 /* The f16 store with F16C: bitwise half_f32_to_fp16 of every value (round

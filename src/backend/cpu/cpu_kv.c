@@ -63,6 +63,14 @@ cpu_kvq_group_fn cpu_kvq_attention_group_for(kernel_isa isa, uint32_t type, int3
 {
 #if KVANT_X86
     const cpu_kvq_row_fn row = cpu_kvq_attention_row_for(isa, type, head_dim);
+    if (row == cpu_kvq_attention_row_f16_avx512)
+        return cpu_kvq_attention_group_f16_avx512;
+    if (row == cpu_kvq_attention_row_bf16_avx512)
+        return cpu_kvq_attention_group_bf16_avx512;
+    if (row == cpu_kvq_attention_row_q8_0_avx512)
+        return cpu_kvq_attention_group_q8_0_avx512;
+    if (row == cpu_kvq_attention_row_q4_0_avx512)
+        return cpu_kvq_attention_group_q4_0_avx512;
     if (row == cpu_kvq_attention_row_f16_avx2)
         return cpu_kvq_attention_group_f16_avx2;
     if (row == cpu_kvq_attention_row_bf16_avx2)
@@ -80,6 +88,14 @@ cpu_kvq_tile_fn cpu_kvq_attention_tile_for(kernel_isa isa, uint32_t type, int32_
 {
 #if KVANT_X86
     const cpu_kvq_group_fn group = cpu_kvq_attention_group_for(isa, type, head_dim);
+    if (group == cpu_kvq_attention_group_f16_avx512)
+        return cpu_kvq_attention_tile_f16_avx512;
+    if (group == cpu_kvq_attention_group_bf16_avx512)
+        return cpu_kvq_attention_tile_bf16_avx512;
+    if (group == cpu_kvq_attention_group_q8_0_avx512)
+        return cpu_kvq_attention_tile_q8_0_avx512;
+    if (group == cpu_kvq_attention_group_q4_0_avx512)
+        return cpu_kvq_attention_tile_q4_0_avx512;
     if (group == cpu_kvq_attention_group_f16_avx2)
         return cpu_kvq_attention_tile_f16_avx2;
     if (group == cpu_kvq_attention_group_bf16_avx2)
@@ -96,18 +112,20 @@ cpu_kvq_tile_fn cpu_kvq_attention_tile_for(kernel_isa isa, uint32_t type, int32_
 cpu_kvq_row_fn cpu_kvq_attention_row_for(kernel_isa isa, uint32_t type, int32_t head_dim)
 {
 #if KVANT_X86
-    /* the AVX2 rows serve AVX-512 CPUs too: their group and tile twins read
-     * each K/V row once for all heads and tokens (docs/PERFORMANCE.md,
-     * "Attention on AVX-512") */
-    if (isa == KERNEL_ISA_AVX2 || isa == KERNEL_ISA_AVX512) {
+    /* the AVX2 rows' AVX-512 builds serve AVX-512 CPUs: their group and
+     * tile twins read each K/V row once for all heads and tokens
+     * (docs/PERFORMANCE.md, "Attention on AVX-512"), in wider register
+     * tiles than AVX2's sixteen registers hold, with the same bits */
+    const int wide = isa == KERNEL_ISA_AVX512;
+    if (isa == KERNEL_ISA_AVX2 || wide) {
         if (type == DT_F16 && head_dim % 8 == 0)
-            return cpu_kvq_attention_row_f16_avx2;
+            return wide ? cpu_kvq_attention_row_f16_avx512 : cpu_kvq_attention_row_f16_avx2;
         if (type == DT_BF16 && head_dim % 8 == 0)
-            return cpu_kvq_attention_row_bf16_avx2;
+            return wide ? cpu_kvq_attention_row_bf16_avx512 : cpu_kvq_attention_row_bf16_avx2;
         if (type == DT_Q8_0 && head_dim % 32 == 0)
-            return cpu_kvq_attention_row_q8_0_avx2;
+            return wide ? cpu_kvq_attention_row_q8_0_avx512 : cpu_kvq_attention_row_q8_0_avx2;
         if (type == DT_Q4_0 && head_dim % 32 == 0)
-            return cpu_kvq_attention_row_q4_0_avx2;
+            return wide ? cpu_kvq_attention_row_q4_0_avx512 : cpu_kvq_attention_row_q4_0_avx2;
     }
 #endif
     (void)isa, (void)type, (void)head_dim;

@@ -11,6 +11,10 @@
  * arithmetic depends only on (q, K, V, n_pos), never on the batch.
  * Requires head_dim % 8 == 0 (f16, bf16) or % 32 == 0 (q8_0, q4_0); the
  * caller falls back.
+ *
+ * The attention entries are built twice: for AVX2, and (a target
+ * attribute, end of file) for AVX-512 CPUs, whose thirty-two registers
+ * hold wider register tiles of the same sums; chosen by cpu_kv.c.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -53,12 +57,13 @@ void cpu_swiglu_avx2(const float *gate, const float *up, float *out, int64_t n)
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(out + i, swiglu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
-    if (i < n) { /* the tail through the same arithmetic, zero-padded */
-        float g[8] = {0}, u[8] = {0}, o[8];
-        memcpy(g, gate + i, (size_t)(n - i) * sizeof *g);
-        memcpy(u, up + i, (size_t)(n - i) * sizeof *u);
-        _mm256_storeu_ps(o, swiglu8(_mm256_loadu_ps(g), _mm256_loadu_ps(u)));
-        memcpy(out + i, o, (size_t)(n - i) * sizeof *o);
+    if (i < n) { /* the tail through the same arithmetic, zero-padded: masked
+                  * loads and store (a claim of 4k rows ends in one: the calls
+                  * of a matmul claim's GLU) */
+        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - i)),
+                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskstore_ps(out + i, m, swiglu8(_mm256_maskload_ps(gate + i, m),
+                                                _mm256_maskload_ps(up + i, m)));
     }
 }
 
@@ -160,8 +165,12 @@ AI __m128 hsum_lo4(__m256 a0, __m256 a1, __m256 a2, __m256 a3)
  * the kt keys of a head (lanes 0..kt-1 of dots[g]).  Each key's values are
  * converted once for all heads, each query slice loaded once for all keys. */
 #define KT_MAX 4
-/* Keys per tile: nq x kt accumulators, at most twelve. */
-#define KT_FOR(nq) ((nq) == 4 ? 2 : 4)
+/* Keys per tile: nq x kt accumulators, at most twelve of the sixteen
+ * registers (wide, the AVX-512 build's thirty-two: sixteen). */
+AI int32_t kt_for(int32_t nq, int wide)
+{
+    return nq == 4 && !wide ? 2 : 4;
+}
 AI void dot_tile(uint32_t t, const float *q, int32_t nq, int32_t kt, const uint8_t *k,
                  int64_t rs, int32_t n, __m128 *dots)
 {
@@ -222,7 +231,7 @@ AI void prefetch_rows(const kv_ahead *pf, int v, int64_t rs, int32_t r0, int32_t
  * the same tree), so a head's bits do not depend on the group size. */
 AI void score_block(uint32_t t, const float *q, int32_t nq, const uint8_t *kb, int64_t rs,
                     int32_t cnt, int32_t head_dim, float scale, float softcap, float *scratch,
-                    int32_t bs, float *bm, const kv_ahead *pf)
+                    int32_t bs, float *bm, const kv_ahead *pf, int wide)
 {
     __m128 dots[CPU_ATTN_GROUP_MAX];
     __m128 vmax[CPU_ATTN_GROUP_MAX];
@@ -230,7 +239,7 @@ AI void score_block(uint32_t t, const float *q, int32_t nq, const uint8_t *kb, i
 #pragma GCC unroll 4
     for (int32_t g = 0; g < nq; g++)
         vmax[g] = _mm_set1_ps(-INFINITY);
-    const int32_t kt = KT_FOR(nq);
+    const int32_t kt = kt_for(nq, wide);
     int32_t j = 0;
     for (; j + kt <= cnt; j += kt) {
         prefetch_rows(pf, 0, rs, j, j + kt);
@@ -311,12 +320,13 @@ AI void pv_slices(uint32_t t, int32_t nq, int32_t dc, const float *p, int32_t bs
 }
 
 /* The p V sums of one block for nq heads over the whole head: slices of
- * up to twelve accumulators (nq x dc), then one slice at a time. */
+ * up to twelve accumulators (nq x dc; wide: sixteen), then one slice at a
+ * time.  Each value's sum runs over the keys in order whatever dc is. */
 AI void pv_block(uint32_t t, int32_t nq, const float *p, int32_t bs, const float *corr,
                  const uint8_t *vb, int64_t rs, int32_t cnt, int32_t head_dim, float *out,
-                 const kv_ahead *pf)
+                 const kv_ahead *pf, int wide)
 {
-    const int32_t dc = nq == 1 ? 8 : nq == 4 ? 2 : 4;
+    const int32_t dc = wide ? (nq <= 2 ? 8 : 4) : nq == 1 ? 8 : nq == 4 ? 2 : 4;
     int32_t d = 0;
     for (; d + 8 * dc <= head_dim; d += 8 * dc)
         pv_slices(t, nq, dc, p, bs, corr, vb, rs, cnt, head_dim, d, out, d == 0 ? pf : NULL);
@@ -339,10 +349,11 @@ AI void attn_init(int32_t nq, const float *sinks, int32_t head_dim, float *m, fl
  * scores, the running max and sum, out rescaled and the p V sums added. */
 AI void attn_block(uint32_t t, const float *q, int32_t nq, const uint8_t *kb, const uint8_t *vb,
                    int64_t rs, int32_t cnt, int32_t head_dim, float scale, float softcap,
-                   float *scratch, int32_t bs, float *m, float *l, float *out, const kv_ahead *pf)
+                   float *scratch, int32_t bs, float *m, float *l, float *out, const kv_ahead *pf,
+                   int wide)
 {
     float corr[CPU_ATTN_GROUP_MAX], bm[CPU_ATTN_GROUP_MAX];
-    score_block(t, q, nq, kb, rs, cnt, head_dim, scale, softcap, scratch, bs, bm, pf);
+    score_block(t, q, nq, kb, rs, cnt, head_dim, scale, softcap, scratch, bs, bm, pf, wide);
     for (int32_t g = 0; g < nq; g++) {
         const float m_new = bm[g] > m[g] ? bm[g] : m[g];
         /* expf(+-0) is exactly 1: a block that raises no max (most, past
@@ -354,7 +365,7 @@ AI void attn_block(uint32_t t, const float *q, int32_t nq, const uint8_t *kb, co
         l[g] *= corr[g];
         m[g] = m_new;
     }
-    pv_block(t, nq, scratch, bs, corr, vb, rs, cnt, head_dim, out, pf);
+    pv_block(t, nq, scratch, bs, corr, vb, rs, cnt, head_dim, out, pf, wide);
     /* each head's sum in order, the heads' chains side by side in
      * registers (l may alias scratch: kept out of memory in the loop) */
     float sum[CPU_ATTN_GROUP_MAX];
@@ -385,7 +396,8 @@ AI void attn_finish(int32_t nq, int32_t head_dim, const float *l, float *out)
  * per-head accumulators live in registers.  The next block is prefetched
  * while this one is attended. */
 AI void attn_group_body(uint32_t t, const float *q, const int32_t nq, const cpu_kvq_seq *s,
-                        int32_t n_pos, int32_t head_dim, float scale, float *scratch, float *out)
+                        int32_t n_pos, int32_t head_dim, float scale, float *scratch, float *out,
+                        int wide)
 {
     float m[CPU_ATTN_GROUP_MAX], l[CPU_ATTN_GROUP_MAX];
     const int32_t bs = s->block_size;
@@ -405,7 +417,7 @@ AI void attn_group_body(uint32_t t, const float *q, const int32_t nq, const cpu_
             pf.cnt = n_pos - start - bs < bs ? n_pos - start - bs : bs;
         }
         attn_block(t, q, nq, kb, vb, s->row_stride, cnt, head_dim, scale, s->softcap, scratch, bs,
-                   m, l, out, &pf);
+                   m, l, out, &pf, wide);
     }
     attn_finish(nq, head_dim, l, out);
 }
@@ -427,7 +439,7 @@ AI void stage_rows(uint32_t t, const uint8_t *src, int64_t rs, int32_t r0, int32
  * each token's out is bitwise its group kernel's. */
 AI void attn_tile_body(uint32_t t, const float *q, const int32_t nq, int32_t nt, int64_t stride,
                        const cpu_kvq_seq *s, const int32_t *p0, const int32_t *n_pos,
-                       int32_t head_dim, float scale, float *scratch, float *out)
+                       int32_t head_dim, float scale, float *scratch, float *out, int wide)
 {
     const int32_t bs = s->block_size;
     float *kf = scratch + (int64_t)CPU_ATTN_GROUP_MAX * bs, *vf = kf + (int64_t)bs * head_dim;
@@ -457,7 +469,7 @@ AI void attn_tile_body(uint32_t t, const float *q, const int32_t nq, int32_t nt,
             attn_block(DT_F32, q + x * stride, nq, (const uint8_t *)(kf + (int64_t)lo * head_dim),
                        (const uint8_t *)(vf + (int64_t)lo * head_dim), frs, cnt, head_dim, scale,
                        s->softcap, scratch, bs, mx, mx + CPU_ATTN_GROUP_MAX, out + x * stride,
-                       NULL);
+                       NULL, wide);
         }
     }
     for (int32_t x = 0; x < nt; x++)
@@ -465,46 +477,59 @@ AI void attn_tile_body(uint32_t t, const float *q, const int32_t nq, int32_t nt,
                     out + x * stride);
 }
 
-/* One group entry and one row entry per KV dtype.  The row is the group of
- * one head: a single body, so a head's result is the same whether it is
- * attended alone or with the others of its KV head. */
-#define ATTN_AVX2_ENTRIES(sfx, type)                                                            \
-    void cpu_kvq_attention_group_##sfx##_avx2(const float *q, int32_t nq, const cpu_kvq_seq *s, \
-                                              int32_t n_pos, int32_t head_dim, float scale,     \
-                                              float *scratch, float *out)                       \
+/* One group, tile and row entry per KV dtype and ISA: the AVX2 ones, and
+ * the AVX-512 builds of the same bodies (wide: thirty-two registers take
+ * four keys a tile and sixteen p V accumulators; every sum keeps its order,
+ * so their bits are the AVX2 entries', test_ops checks it).  The row is the
+ * group of one head: a single body, so a head's result is the same whether
+ * it is attended alone or with the others of its KV head. */
+#define ATTN_ENTRIES(sfx, type, isa, wide, attr)                                                \
+    attr void cpu_kvq_attention_group_##sfx##_##isa(const float *q, int32_t nq,                 \
+                                                    const cpu_kvq_seq *s, int32_t n_pos,        \
+                                                    int32_t head_dim, float scale,              \
+                                                    float *scratch, float *out)                 \
     {                                                                                           \
         _Static_assert(CPU_ATTN_GROUP_MAX == 4, "one case per group size");                    \
         switch (nq) {                                                                           \
-        case 1: attn_group_body(type, q, 1, s, n_pos, head_dim, scale, scratch, out); break;   \
-        case 2: attn_group_body(type, q, 2, s, n_pos, head_dim, scale, scratch, out); break;   \
-        case 3: attn_group_body(type, q, 3, s, n_pos, head_dim, scale, scratch, out); break;   \
-        default: attn_group_body(type, q, 4, s, n_pos, head_dim, scale, scratch, out);         \
+        case 1: attn_group_body(type, q, 1, s, n_pos, head_dim, scale, scratch, out, wide);     \
+            break;                                                                              \
+        case 2: attn_group_body(type, q, 2, s, n_pos, head_dim, scale, scratch, out, wide);     \
+            break;                                                                              \
+        case 3: attn_group_body(type, q, 3, s, n_pos, head_dim, scale, scratch, out, wide);     \
+            break;                                                                              \
+        default: attn_group_body(type, q, 4, s, n_pos, head_dim, scale, scratch, out, wide);    \
         }                                                                                       \
     }                                                                                           \
-    void cpu_kvq_attention_tile_##sfx##_avx2(const float *q, int32_t nq, int32_t nt,             \
-                                             int64_t stride, const cpu_kvq_seq *s,               \
-                                             const int32_t *p0, const int32_t *n_pos,            \
-                                             int32_t head_dim, float scale, float *scratch,      \
-                                             float *out)                                         \
+    attr void cpu_kvq_attention_tile_##sfx##_##isa(const float *q, int32_t nq, int32_t nt,       \
+                                                   int64_t stride, const cpu_kvq_seq *s,         \
+                                                   const int32_t *p0, const int32_t *n_pos,      \
+                                                   int32_t head_dim, float scale,                \
+                                                   float *scratch, float *out)                   \
     {                                                                                           \
         switch (nq) {                                                                           \
         case 1: attn_tile_body(type, q, 1, nt, stride, s, p0, n_pos, head_dim, scale, scratch,  \
-                               out); break;                                                     \
+                               out, wide); break;                                               \
         case 2: attn_tile_body(type, q, 2, nt, stride, s, p0, n_pos, head_dim, scale, scratch,  \
-                               out); break;                                                     \
+                               out, wide); break;                                               \
         case 3: attn_tile_body(type, q, 3, nt, stride, s, p0, n_pos, head_dim, scale, scratch,  \
-                               out); break;                                                     \
+                               out, wide); break;                                               \
         default: attn_tile_body(type, q, 4, nt, stride, s, p0, n_pos, head_dim, scale, scratch, \
-                                out);                                                           \
+                                out, wide);                                                     \
         }                                                                                       \
     }                                                                                           \
-    void cpu_kvq_attention_row_##sfx##_avx2(const float *q, const cpu_kvq_seq *s, int32_t n_pos, \
-                                            int32_t head_dim, float scale, float *scratch,      \
-                                            float *out)                                         \
+    attr void cpu_kvq_attention_row_##sfx##_##isa(const float *q, const cpu_kvq_seq *s,         \
+                                             int32_t n_pos, int32_t head_dim, float scale,      \
+                                             float *scratch, float *out)                        \
     {                                                                                           \
-        cpu_kvq_attention_group_##sfx##_avx2(q, 1, s, n_pos, head_dim, scale, scratch, out);   \
+        cpu_kvq_attention_group_##sfx##_##isa(q, 1, s, n_pos, head_dim, scale, scratch, out);  \
     }
-ATTN_AVX2_ENTRIES(f16, DT_F16)
-ATTN_AVX2_ENTRIES(bf16, DT_BF16)
-ATTN_AVX2_ENTRIES(q8_0, DT_Q8_0)
-ATTN_AVX2_ENTRIES(q4_0, DT_Q4_0)
+/* The AVX-512 entries: this file's AVX2 + FMA + F16C flags plus AVX-512's
+ * registers and encodings (the bodies' intrinsics are AVX2's). */
+#define ATTN_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq")))
+#define ATTN_BOTH(sfx, type)                                                                    \
+    ATTN_ENTRIES(sfx, type, avx2, 0, )                                                          \
+    ATTN_ENTRIES(sfx, type, avx512, 1, ATTN_AVX512)
+ATTN_BOTH(f16, DT_F16)
+ATTN_BOTH(bf16, DT_BF16)
+ATTN_BOTH(q8_0, DT_Q8_0)
+ATTN_BOTH(q4_0, DT_Q4_0)
