@@ -472,6 +472,127 @@ AI void pk_tail4x2(uint32_t t, const uint8_t *w0, const uint8_t *w1, int tc, con
     }
 }
 
+/* ---- the 1-2 chunk tail of a row pair for four tokens in one pass ----
+ * A row of 576 values (the default model's width) is a group and two
+ * chunks; pk_tail4x2 gives each token a pass over the pair's tails with
+ * half its lanes padding.  Here the pair's tails for all four tokens fill
+ * one 512-bit vector: 128-bit lane k is token k, its dwords [row 0 chunk
+ * 0, row 0 chunk 1, row 1 chunk 0, row 1 chunk 1] (chunk 1 a zero pad
+ * when tc == 1).  The activations' side does not depend on the rows: it
+ * is laid out once per tile call (pk_tail_acts), lane k holding token k's
+ * two chunks twice.  Each lane's sums and epilogue are pk_tail4x2's (exact
+ * integer sums, the same float operations per lane), and lanes 0..tc-1
+ * of each (row, token) are added to its accumulator, the others left as
+ * they are (pk_tail4x2 adds +0 there; acc is never -0: the same bits). */
+typedef struct pk_tail_acts {
+    __m512i a[4][2]; /* the bytes at 128 i (against lo codes) and 128 i + 64 (hi); q8_0: 64 r */
+    __m512i asum;    /* the chunks' code sums */
+    __m512 da;       /* the chunks' scales */
+} pk_tail_acts;
+
+AI int pk_tail2x4_fits(uint32_t t, int tc, int nt)
+{
+    return nt == NTM && tc >= 1 && tc <= 2 && (t == DT_Q4_0 || t == DT_Q4_1 || t == DT_Q8_0);
+}
+
+/* Token k's 8 bytes at off from p[k] twice in 128-bit lane k. */
+AI __m512i pk_lanes4(const uint8_t *const p[NTM], size_t off)
+{
+    __m512i v = _mm512_castsi128_si512(_mm_set1_epi64x(*(const long long *)(p[0] + off)));
+    v = _mm512_inserti32x4(v, _mm_set1_epi64x(*(const long long *)(p[1] + off)), 1);
+    v = _mm512_inserti32x4(v, _mm_set1_epi64x(*(const long long *)(p[2] + off)), 2);
+    return _mm512_inserti32x4(v, _mm_set1_epi64x(*(const long long *)(p[3] + off)), 3);
+}
+
+AI void pk_tail_acts_of(const qact_view *xv, int64_t g, pk_tail_acts *ta)
+{
+    const uint8_t *qs[NTM], *ds[NTM], *ss[NTM];
+#pragma GCC unroll 4
+    for (int k = 0; k < NTM; k++) {
+        qs[k] = (const uint8_t *)(xv[k].qs + g * QACT_GROUP);
+        ds[k] = (const uint8_t *)(xv[k].d + g * QACT_LANES);
+        ss[k] = (const uint8_t *)(xv[k].s32 + g * QACT_LANES);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        ta->a[i][0] = pk_lanes4(qs, (size_t)(128 * i));
+        ta->a[i][1] = pk_lanes4(qs, (size_t)(128 * i + 64));
+    }
+    ta->asum = pk_lanes4(ss, 0);
+    ta->da = _mm512_castsi512_ps(pk_lanes4(ds, 0));
+}
+
+/* Rows w0's and w1's 4 tc bytes at off, side by side (zero past tc). */
+AI __m128i pk_pair8(const uint8_t *w0, const uint8_t *w1, size_t off, int tc)
+{
+    const __mmask16 m = (__mmask16)((1u << (4 * tc)) - 1);
+    return _mm_unpacklo_epi64(_mm_maskz_loadu_epi8(m, w0 + off), _mm_maskz_loadu_epi8(m, w1 + off));
+}
+
+/* Rows w0's and w1's tc f16 scales at off as [w0 c0, w0 c1, w1 c0, w1 c1]. */
+AI __m512 pk_pair_halfs(const uint8_t *w0, const uint8_t *w1, size_t off, int tc)
+{
+    const __mmask8 m = (__mmask8)((1u << tc) - 1);
+    const __m128i h = _mm_unpacklo_epi32(_mm_maskz_loadu_epi16(m, w0 + off),
+                                         _mm_maskz_loadu_epi16(m, w1 + off));
+    return _mm512_broadcast_f32x4(_mm_cvtph_ps(h));
+}
+
+/* The tail's v (lanes as above): computed before the pair's groups, whose
+ * sums do not feed it, so that its chain of loads, sums and scaling runs
+ * under the groups' work (a row of 576 values has one group: at the end,
+ * the chain was a quarter of the tile's time). */
+AI __m512 pk_tail2x4_v(uint32_t t, const uint8_t *w0, const uint8_t *w1, int tc,
+                       const pk_tail_acts *ta)
+{
+    const size_t qo = qpack_qs_off(t, tc);
+    const int L = 4 * tc;
+    const __m128i lo4 = _mm_set1_epi8(0x0F);
+    __m512i S[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()}; /* two chains */
+    if (t == DT_Q8_0) { /* code vector r (w + 128) against the activations at 64 r */
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; r++) {
+            const __m128i u = _mm_xor_si128(pk_pair8(w0, w1, qo + (size_t)(L * r), tc),
+                                            _mm_set1_epi8((char)0x80));
+            S[r & 1] = _mm512_dpbusd_epi32(S[r & 1], _mm512_broadcast_i32x4(u),
+                                           ta->a[r / 2][r % 2]);
+        }
+    } else {
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) {
+            const __m128i v = pk_pair8(w0, w1, qo + (size_t)(L * i), tc);
+            const __m512i lo = _mm512_broadcast_i32x4(_mm_and_si128(v, lo4));
+            const __m512i hi = _mm512_broadcast_i32x4(_mm_and_si128(_mm_srli_epi16(v, 4), lo4));
+            S[i & 1] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(S[i & 1], lo, ta->a[i][0]), hi,
+                                           ta->a[i][1]);
+        }
+    }
+    __m512i I = _mm512_add_epi32(S[0], S[1]);
+    const __m512 A = pk_pair_halfs(w0, w1, 0, tc);
+    if (t == DT_Q4_0)
+        I = _mm512_sub_epi32(I, _mm512_slli_epi32(ta->asum, 3));
+    else if (t == DT_Q8_0)
+        I = _mm512_sub_epi32(I, _mm512_slli_epi32(ta->asum, 7));
+    __m512 v = _mm512_mul_ps(_mm512_mul_ps(A, ta->da), _mm512_cvtepi32_ps(I));
+    if (t == DT_Q4_1) {
+        const __m512 B = pk_pair_halfs(w0, w1, (size_t)(2 * tc), tc);
+        v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_mul_ps(B, ta->da), _mm512_cvtepi32_ps(ta->asum)));
+    }
+    return v;
+}
+
+/* acc0[k], acc1[k] lanes 0..tc-1 += the tail's v of rows 0 and 1, token k. */
+AI void pk_tail2x4_add(__m512 v, int tc, __m512 acc0[NTM], __m512 acc1[NTM])
+{
+    const __mmask16 m = (__mmask16)((1u << tc) - 1);
+#pragma GCC unroll 4
+    for (int k = 0; k < NTM; k++) {
+        const __m512 vk = _mm512_shuffle_f32x4(v, v, k); /* lane k to lane 0 */
+        acc0[k] = _mm512_mask_add_ps(acc0[k], m, acc0[k], vk);
+        acc1[k] = _mm512_mask_add_ps(acc1[k], m, acc1[k], _mm512_permute_ps(vk, 0xEE));
+    }
+}
+
 /* y[k ys] = qact_reduce16(acc0[k]), y[k ys + 1] = that of acc1[k], k < NTM:
  * acc_end's additions for eight accumulators at once, transposed (lanes
  * i + i+8, then + i+4, + i+2, + i+1 of every accumulator in step), and
@@ -509,10 +630,14 @@ AI void acc_store8(const __m512 acc0[NTM], const __m512 acc1[NTM], float *y, int
  * (q4_0, q4_1, q8_0 tails of 1-4 chunks: both rows in one pass), after
  * the others, as in pk_row_acc. */
 AI void pk_pair_acc(uint32_t t, int64_t n, const uint8_t *w0, const uint8_t *w1,
-                    const qact_view *xv, int nt, __m512 acc0[NTM], __m512 acc1[NTM])
+                    const qact_view *xv, int nt, const pk_tail_acts *ta, __m512 acc0[NTM],
+                    __m512 acc1[NTM])
 {
     const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
     const size_t gb = group_wbytes(t, QACT_LANES);
+    const int tc = (int)(nc % QACT_LANES);
+    const __m512 tail_v = ta ? pk_tail2x4_v(t, w0 + full * gb, w1 + full * gb, tc, ta)
+                             : _mm512_setzero_ps();
     for (int64_t g = 0; g < full; g++) {
         for (size_t o = 0; o < gb; o += 64) {
             _mm_prefetch((const char *)w0 + g * gb + QACT_PREFETCH + o, _MM_HINT_T0);
@@ -520,8 +645,9 @@ AI void pk_pair_acc(uint32_t t, int64_t n, const uint8_t *w0, const uint8_t *w1,
         }
         pk_group2(t, w0 + g * gb, w1 + g * gb, xv, g, nt, acc0, acc1);
     }
-    const int tc = (int)(nc % QACT_LANES);
-    if (tc && pk_tail4_fits(t, tc)) {
+    if (ta) {
+        pk_tail2x4_add(tail_v, tc, acc0, acc1);
+    } else if (tc && pk_tail4_fits(t, tc)) {
         pk_tail4x2(t, w0 + full * gb, w1 + full * gb, tc, xv, full, nt, acc0, acc1);
     } else if (tc) {
         pk_group(t, w0 + full * gb, tc, xv, full, nt, acc0);
@@ -538,13 +664,19 @@ AI void pk_tile_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_
     qact_view xv[NTM];
     __m512 acc0[NTM], acc1[NTM];
     acc_begin(xq, xs, n, nt, xv, acc0);
+    const int64_t nc = n / QACT_CHUNK;
+    pk_tail_acts tail_acts, *ta = NULL;
+    if (n_rows >= 2 && pk_tail2x4_fits(t, (int)(nc % QACT_LANES), nt)) {
+        pk_tail_acts_of(xv, nc / QACT_LANES, &tail_acts);
+        ta = &tail_acts;
+    }
     int64_t r = 0;
     for (; r + 2 <= n_rows; r += 2) {
         const uint8_t *w0 = (const uint8_t *)w + (size_t)r * rs;
 #pragma GCC unroll 8
         for (int k = 0; k < nt; k++)
             acc0[k] = acc1[k] = _mm512_setzero_ps();
-        pk_pair_acc(t, n, w0, w0 + rs, xv, nt, acc0, acc1);
+        pk_pair_acc(t, n, w0, w0 + rs, xv, nt, ta, acc0, acc1);
         if (nt == NTM) {
             acc_store8(acc0, acc1, y + r, ys);
             continue;
