@@ -49,10 +49,13 @@
  * DRAM) also 8 KiB ahead into L2.  1.1B Q4_0 tg64 on Zen 4, alternating
  * rounds: near only 44.9-47.1 tok/s, far into L2 at 4 KiB 48.0-51.2,
  * 8 KiB 49.4-55.7 (ahead of both in every round), 16 KiB 45.1-49.4; AVX2
- * kernels on the same core 42.4-45.1 -> 47.4-49.5.  Far alone
+ * kernels on the same core 42.4-45.1 -> 47.4-49.5.  Far alone per group
  * (no near L1 prefetch) made AVX2's 576-wide rows (the default model) 1.35x
- * slower in perf samples; both keep them as they were.  Several tokens
- * (prefill, batched decode) reuse each row from cache: near only. */
+ * slower in perf samples; the rows kernels now prefetch such rows (a group
+ * and a short tail) four at a time, whole, 8 KiB ahead into L2 and not
+ * into L1, which made them faster on both ISAs (qpack_avx2.c,
+ * qpack_avx512.c: pk_rows_type).  Several tokens (prefill, batched decode)
+ * reuse each row from cache: near only. */
 #define QACT_PREFETCH_FAR 8192
 static inline void qact_prefetch_w(const void *p, size_t bytes, int nt, size_t near)
 {
