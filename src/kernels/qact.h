@@ -45,8 +45,8 @@
 
 /* Software prefetch of the weight bytes [p, p + bytes) a SIMD kernel is
  * about to dot, for nt tokens: near bytes ahead into L1 (as the ISA's
- * kernels measured), and for one token (decode: each weight read once from
- * DRAM) also 8 KiB ahead into L2.  1.1B Q4_0 tg64 on Zen 4, alternating
+ * kernels measured), and for one or two tokens (decode: each weight read
+ * once from DRAM) also 8 KiB ahead into L2.  1.1B Q4_0 tg64 on Zen 4, alternating
  * rounds: near only 44.9-47.1 tok/s, far into L2 at 4 KiB 48.0-51.2,
  * 8 KiB 49.4-55.7 (ahead of both in every round), 16 KiB 45.1-49.4; AVX2
  * kernels on the same core 42.4-45.1 -> 47.4-49.5.  Far alone per group
@@ -55,13 +55,16 @@
  * and a short tail) four at a time, whole, 8 KiB ahead into L2 and not
  * into L1, which made them faster on both ISAs (qpack_avx2.c,
  * qpack_avx512.c: pk_rows_type).  Several tokens (prefill, batched decode)
- * reuse each row from cache: near only. */
+ * reuse each row from cache: near only; two (the output head's two int8
+ * terms of one token, two sequences' decode) read each row from DRAM once,
+ * as one does: near and far (1.1B Q4_0 decode, the head's perf samples
+ * against the body's 0.134 / 0.136 -> 0.064 / 0.062 on AVX-512). */
 #define QACT_PREFETCH_FAR 8192
 static inline void qact_prefetch_w(const void *p, size_t bytes, int nt, size_t near)
 {
     const char *c = (const char *)p;
     for (size_t o = 0; o < bytes; o += 64) {
-        if (nt == 1)
+        if (nt <= 2)
             __builtin_prefetch(c + QACT_PREFETCH_FAR + o, 0, 2);
         __builtin_prefetch(c + near + o, 0, 3);
     }

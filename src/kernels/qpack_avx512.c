@@ -644,6 +644,11 @@ AI void pk_pair_acc(uint32_t t, int64_t n, const uint8_t *w0, const uint8_t *w1,
         for (size_t o = 0; o < gb; o += 64) {
             _mm_prefetch((const char *)w0 + g * gb + QACT_PREFETCH + o, _MM_HINT_T0);
             _mm_prefetch((const char *)w1 + g * gb + QACT_PREFETCH + o, _MM_HINT_T0);
+            if (nt <= 2) { /* a one-token head's two terms, or two sequences' decode:
+                            * the rows come from DRAM once, as for one token */
+                _mm_prefetch((const char *)w0 + g * gb + QACT_PREFETCH_FAR + o, _MM_HINT_T1);
+                _mm_prefetch((const char *)w1 + g * gb + QACT_PREFETCH_FAR + o, _MM_HINT_T1);
+            }
         }
         pk_group2(t, w0 + g * gb, w1 + g * gb, xv, g, nt, acc0, acc1);
     }
