@@ -115,7 +115,8 @@ AI void qw_quarter(const uint8_t *wg, int tc, int h, int nvl, pk_row row, const 
     }
 }
 
-AI void qw_dot(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out)
+AI void qw_dot(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out,
+               int pf)
 {
     (void)t;
     const uint8_t *wb = w;
@@ -138,9 +139,10 @@ AI void qw_dot(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, 
             a[k] = _mm256_setzero_ps();
         for (int64_t g = 0; g < full; g++) {
             const uint8_t *wg = wb + g * gb;
-            if (h == 0) /* near, into L1, at any nt: qact_prefetch_w's far L2
-                           prefetch made the head of a one-token step 1.36x
-                           slower (perf samples, default model, Zen 4) */
+            if (h == 0 && pf) /* near, into L1 (pf: the caller has not prefetched
+                                 the row; qact_prefetch_w's far L2 prefetch per
+                                 group made the head of a one-token step 1.36x
+                                 slower: perf samples, default model, Zen 4) */
                 for (size_t o = 0; o < gb; o += 64)
                     _mm_prefetch((const char *)wg + QACT2_PREFETCH + o, _MM_HINT_T0);
             qw_half(wg, QACT_LANES, h, 8, row, xv, g, nt, a);
@@ -162,9 +164,18 @@ AI void qw_dot(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, 
 AI void qw_tile(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_rows, const void *xq,
                 size_t xs, int nt, float *y, int64_t ys)
 {
+    /* one token's pass over rows with a short tail (the default model's
+     * 576-value head): each row whole 8 KiB ahead into L2 and nothing into
+     * L1, as the rows kernels (qpack_*.c): qact_bench --head q8_0 576 x
+     * 49152 (from DRAM, one thread) 17.6-18.7 -> 21.9-23.7 GMAC/s on both
+     * ISAs; the per-group near prefetch stays for the rest */
+    const int block = nt == 1 && n % QACT_GROUP != 0;
     for (int64_t r = 0; r < n_rows; r++) {
         float o[NTM];
-        qw_dot(t, n, (const uint8_t *)w + (size_t)r * rs, xq, xs, nt, o);
+        if (block)
+            for (size_t o2 = 0; o2 < rs; o2 += 64)
+                _mm_prefetch((const char *)w + (size_t)r * rs + QACT_PREFETCH_FAR + o2, _MM_HINT_T1);
+        qw_dot(t, n, (const uint8_t *)w + (size_t)r * rs, xq, xs, nt, o, !block);
         for (int k = 0; k < nt; k++)
             y[k * ys + r] = o[k];
     }
