@@ -213,12 +213,12 @@ static void rows_exact(uint32_t type, const void *w, size_t row_stride_bytes, in
  * value is dot's (the tile contract), and the pair sums are dot's path's. */
 static void tile_terms(qact_dot_tile_fn tile, int64_t n, const uint8_t *wt, size_t rs,
                        int64_t n_rows, const uint8_t *xt, size_t rb, int nt, float *y,
-                       int64_t y_stride)
+                       int64_t y_stride, int stream)
 {
     float s[QACT_MULTI_MAX][MM_TERMS_ROWS];
     for (int64_t q0 = 0; q0 < n_rows; q0 += MM_TERMS_ROWS) {
         const int64_t m = n_rows - q0 < MM_TERMS_ROWS ? n_rows - q0 : MM_TERMS_ROWS;
-        tile(n, wt + (size_t)q0 * rs, rs, m, xt, rb, 2 * nt, s[0], MM_TERMS_ROWS);
+        tile(n, wt + (size_t)q0 * rs, rs, m, xt, rb, 2 * nt, s[0], MM_TERMS_ROWS, stream);
         for (int k = 0; k < nt; k++)
             for (int64_t r = 0; r < m; r++)
                 y[k * y_stride + q0 + r] = s[2 * k][r] + s[2 * k + 1][r];
@@ -247,12 +247,12 @@ static void rows_tiles(qact_dot_fn dot, qact_dot_rows_fn dot_rows, qact_dot_tile
             }
             if (tile && terms == 2) {
                 tile_terms(tile, n, wt, row_stride_bytes, r1 - r0, xt, rb, nt,
-                           y + t * y_stride + r0, y_stride);
+                           y + t * y_stride + r0, y_stride, t == 0);
                 continue;
             }
             if (tile) {
                 tile(n, wt, row_stride_bytes, r1 - r0, xt, rb, nt, y + t * y_stride + r0,
-                     y_stride);
+                     y_stride, t == 0); /* the first block reads the row tile from DRAM */
                 continue;
             }
             for (int64_t r = r0; r < r1; r++) {

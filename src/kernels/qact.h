@@ -44,27 +44,27 @@
 #define QACT_MULTI_MAX 4                    /* tokens per weight pass */
 
 /* Software prefetch of the weight bytes [p, p + bytes) a SIMD kernel is
- * about to dot, for nt tokens: near bytes ahead into L1 (as the ISA's
- * kernels measured), and for one or two tokens (decode: each weight read
- * once from DRAM) also 8 KiB ahead into L2.  1.1B Q4_0 tg64 on Zen 4, alternating
- * rounds: near only 44.9-47.1 tok/s, far into L2 at 4 KiB 48.0-51.2,
- * 8 KiB 49.4-55.7 (ahead of both in every round), 16 KiB 45.1-49.4; AVX2
- * kernels on the same core 42.4-45.1 -> 47.4-49.5.  Far alone per group
- * (no near L1 prefetch) made AVX2's 576-wide rows (the default model) 1.35x
- * slower in perf samples; the rows kernels now prefetch such rows (a group
- * and a short tail) four at a time, whole, 8 KiB ahead into L2 and not
- * into L1, which made them faster on both ISAs (qpack_avx2.c,
- * qpack_avx512.c: pk_rows_type).  Several tokens (prefill, batched decode)
- * reuse each row from cache: near only; two (the output head's two int8
- * terms of one token, two sequences' decode) read each row from DRAM once,
- * as one does: near and far (1.1B Q4_0 decode, the head's perf samples
- * against the body's 0.134 / 0.136 -> 0.064 / 0.062 on AVX-512). */
+ * about to dot: near bytes ahead into L1 (as the ISA's kernels measured),
+ * and where the rows come from DRAM in this pass (far: a one-token pass, a
+ * tile call's first token block) also 8 KiB ahead into L2.  1.1B Q4_0 tg64
+ * on Zen 4, alternating rounds: near only 44.9-47.1 tok/s, far into L2 at
+ * 4 KiB 48.0-51.2, 8 KiB 49.4-55.7 (ahead of both in every round), 16 KiB
+ * 45.1-49.4; AVX2 kernels on the same core 42.4-45.1 -> 47.4-49.5.  Far
+ * alone per group (no near L1 prefetch) made AVX2's 576-wide rows (the
+ * default model) 1.35x slower in perf samples; the rows kernels now
+ * prefetch such rows (a group and a short tail) four at a time, whole, 8
+ * KiB ahead into L2 and not into L1, which made them faster on both ISAs
+ * (qpack_avx2.c, qpack_avx512.c: pk_rows_type).  A tile's later token
+ * blocks find the rows in L2: near only.  Tile calls prefetched near only
+ * whatever their block until the first block streamed too: 1.1B Q4_0
+ * decode of 4 sequences 88-97 -> 145-166 tok/s, the output head of one
+ * token (two terms, two "tokens") 2.1x faster in perf samples. */
 #define QACT_PREFETCH_FAR 8192
-static inline void qact_prefetch_w(const void *p, size_t bytes, int nt, size_t near)
+static inline void qact_prefetch_w(const void *p, size_t bytes, int far, size_t near)
 {
     const char *c = (const char *)p;
     for (size_t o = 0; o < bytes; o += 64) {
-        if (nt <= 2)
+        if (far)
             __builtin_prefetch(c + QACT_PREFETCH_FAR + o, 0, 2);
         __builtin_prefetch(c + near + o, 0, 3);
     }
@@ -146,10 +146,12 @@ typedef void (*qact_dot_rows_fn)(int64_t n, const void *w, size_t row_stride, in
 /* y[k * y_stride + r] = dot(weight row w + r * row_stride, qact row xq +
  * k * xq_stride) for r < n_rows, k < nt (1..QACT_MULTI_MAX): a tile of rows
  * against a token block in one call, each result bitwise the qact_dot_fn
- * one. */
+ * one.  stream: the rows come from DRAM in this call (a row tile's first
+ * token block), so the kernel prefetches far ahead into L2 as a one-token
+ * pass does; else they are in cache from the block before (near only). */
 typedef void (*qact_dot_tile_fn)(int64_t n, const void *w, size_t row_stride, int64_t n_rows,
                                  const void *xq, size_t xq_stride, int nt, float *y,
-                                 int64_t y_stride);
+                                 int64_t y_stride, int stream);
 
 /* Defines `name`, a qact_dot_fn that calls body(type, n, w, xq, xs, NT,
  * out) with the token count NT a compile-time constant (1, 2, 3 or
@@ -167,17 +169,17 @@ typedef void (*qact_dot_tile_fn)(int64_t n, const void *w, size_t row_stride, in
     }
 
 /* Defines `name`, a qact_dot_tile_fn that calls body(type, n, w, rs,
- * n_rows, xq, xs, NT, y, ys) with the token count NT a compile-time
- * constant, as QACT_NT_ENTRY. */
+ * n_rows, xq, xs, NT, y, ys, stream) with the token count NT a
+ * compile-time constant, as QACT_NT_ENTRY. */
 #define QACT_TILE_ENTRY(name, body, type)                                                      \
     static void name(int64_t n, const void *w, size_t rs, int64_t n_rows, const void *xq,     \
-                     size_t xs, int nt, float *y, int64_t ys)                                  \
+                     size_t xs, int nt, float *y, int64_t ys, int stream)                      \
     {                                                                                          \
         switch (nt) {                                                                          \
-        case 1: body(type, n, w, rs, n_rows, xq, xs, 1, y, ys); break;                         \
-        case 2: body(type, n, w, rs, n_rows, xq, xs, 2, y, ys); break;                         \
-        case 3: body(type, n, w, rs, n_rows, xq, xs, 3, y, ys); break;                         \
-        default: body(type, n, w, rs, n_rows, xq, xs, QACT_MULTI_MAX, y, ys); break;           \
+        case 1: body(type, n, w, rs, n_rows, xq, xs, 1, y, ys, stream); break;                 \
+        case 2: body(type, n, w, rs, n_rows, xq, xs, 2, y, ys, stream); break;                 \
+        case 3: body(type, n, w, rs, n_rows, xq, xs, 3, y, ys, stream); break;                 \
+        default: body(type, n, w, rs, n_rows, xq, xs, QACT_MULTI_MAX, y, ys, stream); break;   \
         }                                                                                      \
     }
 

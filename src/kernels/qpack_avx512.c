@@ -361,16 +361,20 @@ AI void pk_group2(uint32_t t, const uint8_t *w0, const uint8_t *w1, const qact_v
     }
 }
 
+enum { PK_PF_NONE, PK_PF_NEAR, PK_PF_FAR };
+
 /* acc[k] += the full groups' v of packed row w for the nt tokens xv; pf:
- * each group prefetches ahead (qact_prefetch_w), else the caller does. */
+ * what each group prefetches ahead (qact_prefetch_w): PK_PF_NONE (the
+ * caller has), PK_PF_NEAR (into L1), PK_PF_FAR (L1 and, 8 KiB ahead, L2:
+ * rows from DRAM). */
 AI void pk_row_groups(uint32_t t, int64_t n, const void *w, const qact_view *xv, int nt,
                       __m512 acc[NTM], int pf)
 {
     const int64_t full = n / QACT_CHUNK / QACT_LANES;
     const size_t gb = group_wbytes(t, QACT_LANES);
     for (int64_t g = 0; g < full; g++) {
-        if (pf)
-            qact_prefetch_w((const uint8_t *)w + g * gb, gb, nt, QACT_PREFETCH);
+        if (pf != PK_PF_NONE)
+            qact_prefetch_w((const uint8_t *)w + g * gb, gb, pf == PK_PF_FAR, QACT_PREFETCH);
         pk_group(t, (const uint8_t *)w + g * gb, QACT_LANES, xv, g, nt, acc);
     }
 }
@@ -396,7 +400,7 @@ AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t
     qact_view xv[NTM];
     __m512 acc[NTM];
     acc_begin(xq, xs, n, nt, xv, acc);
-    pk_row_acc(t, n, w, xv, nt, acc, 1);
+    pk_row_acc(t, n, w, xv, nt, acc, nt == 1 ? PK_PF_FAR : PK_PF_NEAR);
     acc_end(acc, nt, out);
 }
 
@@ -632,8 +636,8 @@ AI void acc_store8(const __m512 acc0[NTM], const __m512 acc1[NTM], float *y, int
  * (q4_0, q4_1, q8_0 tails of 1-4 chunks: both rows in one pass), after
  * the others, as in pk_row_acc. */
 AI void pk_pair_acc(uint32_t t, int64_t n, const uint8_t *w0, const uint8_t *w1,
-                    const qact_view *xv, int nt, const pk_tail_acts *ta, __m512 acc0[NTM],
-                    __m512 acc1[NTM])
+                    const qact_view *xv, int nt, const pk_tail_acts *ta, int stream,
+                    __m512 acc0[NTM], __m512 acc1[NTM])
 {
     const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
     const size_t gb = group_wbytes(t, QACT_LANES);
@@ -644,8 +648,7 @@ AI void pk_pair_acc(uint32_t t, int64_t n, const uint8_t *w0, const uint8_t *w1,
         for (size_t o = 0; o < gb; o += 64) {
             _mm_prefetch((const char *)w0 + g * gb + QACT_PREFETCH + o, _MM_HINT_T0);
             _mm_prefetch((const char *)w1 + g * gb + QACT_PREFETCH + o, _MM_HINT_T0);
-            if (nt <= 2) { /* a one-token head's two terms, or two sequences' decode:
-                            * the rows come from DRAM once, as for one token */
+            if (stream) { /* the rows come from DRAM in this call (qact_prefetch_w) */
                 _mm_prefetch((const char *)w0 + g * gb + QACT_PREFETCH_FAR + o, _MM_HINT_T1);
                 _mm_prefetch((const char *)w1 + g * gb + QACT_PREFETCH_FAR + o, _MM_HINT_T1);
             }
@@ -666,7 +669,7 @@ AI void pk_pair_acc(uint32_t t, int64_t n, const uint8_t *w0, const uint8_t *w1,
  * pk_dot_type's; two rows a pass, an odd last row alone, the call's setup
  * paid once for the tile. */
 AI void pk_tile_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_rows,
-                     const void *xq, size_t xs, int nt, float *y, int64_t ys)
+                     const void *xq, size_t xs, int nt, float *y, int64_t ys, int stream)
 {
     qact_view xv[NTM];
     __m512 acc0[NTM], acc1[NTM];
@@ -683,7 +686,7 @@ AI void pk_tile_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_
 #pragma GCC unroll 8
         for (int k = 0; k < nt; k++)
             acc0[k] = acc1[k] = _mm512_setzero_ps();
-        pk_pair_acc(t, n, w0, w0 + rs, xv, nt, ta, acc0, acc1);
+        pk_pair_acc(t, n, w0, w0 + rs, xv, nt, ta, stream, acc0, acc1);
         if (nt == NTM) {
             acc_store8(acc0, acc1, y + r, ys);
             continue;
@@ -699,7 +702,8 @@ AI void pk_tile_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_
 #pragma GCC unroll 8
         for (int k = 0; k < nt; k++)
             acc0[k] = _mm512_setzero_ps();
-        pk_row_acc(t, n, (const uint8_t *)w + (size_t)r * rs, xv, nt, acc0, 1);
+        pk_row_acc(t, n, (const uint8_t *)w + (size_t)r * rs, xv, nt, acc0,
+                   stream ? PK_PF_FAR : PK_PF_NEAR);
         acc_end(acc0, nt, o);
         for (int k = 0; k < nt; k++)
             y[k * ys + r] = o[k];
@@ -809,7 +813,7 @@ AI void pk_rows_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_
 #pragma GCC unroll 1
             for (int j = 0; j < 4; j++) {
                 acc[j] = _mm512_setzero_ps();
-                pk_row_groups(t, n, w4 + (size_t)j * rs, xv, 1, &acc[j], 0);
+                pk_row_groups(t, n, w4 + (size_t)j * rs, xv, 1, &acc[j], PK_PF_NONE);
             }
             pk_tail4x4(t, w4 + full * gb, rs, tc, xv, full, acc);
 #pragma GCC unroll 4
@@ -826,7 +830,7 @@ AI void pk_rows_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_
         for (int j = 0; j < 4; j++) {
             __m512 acc[NTM];
             acc[0] = _mm512_setzero_ps();
-            pk_row_acc(t, n, w4 + (size_t)j * rs, xv, 1, acc, 1);
+            pk_row_acc(t, n, w4 + (size_t)j * rs, xv, 1, acc, PK_PF_FAR);
             const __m256 x8 = _mm256_add_ps(_mm512_castps512_ps256(acc[0]),
                                             _mm512_extractf32x8_ps(acc[0], 1));
             x4[j] = _mm_add_ps(_mm256_castps256_ps128(x8), _mm256_extractf128_ps(x8, 1));

@@ -73,9 +73,11 @@ void qwide_dot_q8_0_ref(int64_t n, const void *w, const void *xq, size_t xs, int
  * x86-64 builds only: AVX2 (VPMADDWD) and AVX-512 VNNI (VPDPWSSD, the
  * same exact sums); call only on a CPU with the ISA. */
 void qwide_tile_q8_0_packed_avx2(int64_t n, const void *w, size_t rs, int64_t n_rows,
-                                 const void *xq, size_t xs, int nt, float *y, int64_t ys);
+                                 const void *xq, size_t xs, int nt, float *y, int64_t ys,
+                                 int stream);
 void qwide_tile_q8_0_packed_avx512(int64_t n, const void *w, size_t rs, int64_t n_rows,
-                                   const void *xq, size_t xs, int nt, float *y, int64_t ys);
+                                   const void *xq, size_t xs, int nt, float *y, int64_t ys,
+                                   int stream);
 /* out[k] = dot(stored q8_0 row w, in-order qwide row xq + k * xs), k < nt,
  * a qact_dot_fn (AVX2, also chosen on AVX-512 CPUs; x86-64 builds only). */
 void qwide_dot_q8_0_avx2(int64_t n, const void *w, const void *xq, size_t xs, int nt, float *out);

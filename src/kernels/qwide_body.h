@@ -162,14 +162,15 @@ AI void qw_dot(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, 
 /* Rows w + r rs (r < n_rows) against nt qwide rows: y[k ys + r], each
  * qw_dot's result. */
 AI void qw_tile(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_rows, const void *xq,
-                size_t xs, int nt, float *y, int64_t ys)
+                size_t xs, int nt, float *y, int64_t ys, int stream)
 {
-    /* one token's pass over rows with a short tail (the default model's
-     * 576-value head): each row whole 8 KiB ahead into L2 and nothing into
-     * L1, as the rows kernels (qpack_*.c): qact_bench --head q8_0 576 x
-     * 49152 (from DRAM, one thread) 17.6-18.7 -> 21.9-23.7 GMAC/s on both
-     * ISAs; the per-group near prefetch stays for the rest */
-    const int block = nt == 1 && n % QACT_GROUP != 0;
+    /* a pass that reads rows with a short tail from DRAM (stream: the
+     * default model's 576-value head at decode): each row whole 8 KiB ahead
+     * into L2 and nothing into L1, as the rows kernels (qpack_*.c):
+     * qact_bench --head q8_0 576 x 49152 (one token, one thread) 17.6-18.7
+     * -> 21.9-23.7 GMAC/s on both ISAs; the per-group near prefetch stays
+     * for the rest */
+    const int block = stream && n % QACT_GROUP != 0;
     for (int64_t r = 0; r < n_rows; r++) {
         float o[NTM];
         if (block)
@@ -186,9 +187,10 @@ AI void qw_tile(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_rows,
 #define QW_ENTRIES(sfx)                                                                         \
     QACT_TILE_ENTRY(qw_tile_entry, qw_tile, DT_Q8_0)                                            \
     void qwide_tile_q8_0_packed_##sfx(int64_t n, const void *w, size_t rs, int64_t n_rows,     \
-                                      const void *xq, size_t xs, int nt, float *y, int64_t ys) \
+                                      const void *xq, size_t xs, int nt, float *y, int64_t ys, \
+                                      int stream)                                               \
     {                                                                                           \
-        qw_tile_entry(n, w, rs, n_rows, xq, xs, nt, y, ys);                                     \
+        qw_tile_entry(n, w, rs, n_rows, xq, xs, nt, y, ys, stream);                             \
     }
 
 #endif

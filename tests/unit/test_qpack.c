@@ -248,7 +248,7 @@ static void test_tile(tu_rng *r, const char *isa, qact_dot_tile_fn (*tile)(uint3
             for (int nt = 1; nt <= ntok; nt++) {
                 for (int i = 0; i < 4 * 7; i++)
                     ym[i] = -1.0f;
-                tile(t)(n, w.pk, w.rs, n_rows, xi, rb, nt, ym, ys);
+                tile(t)(n, w.pk, w.rs, n_rows, xi, rb, nt, ym, ys, nt & 1); /* stream: prefetch only */
                 for (int k = 0; k < 4; k++)
                     for (int j = 0; j < ys; j++) {
                         const float want = k < nt && j < n_rows ? yr[j][k] : -1.0f;

@@ -143,7 +143,7 @@ static void test_ref(tu_rng *r)
 
 #if KVANT_X86
 typedef void (*qw_tile_fn)(int64_t n, const void *w, size_t rs, int64_t n_rows, const void *xq,
-                           size_t xs, int nt, float *y, int64_t ys);
+                           size_t xs, int nt, float *y, int64_t ys, int stream);
 
 /* One ISA's packed tile (AVX2 also the stored-row dot) == the reference,
  * bitwise, for 1..4 tokens and 3 rows; the tile's outputs strided, and
@@ -177,7 +177,7 @@ static void test_packed(tu_rng *r, const char *isa, qw_tile_fn tile, int stored_
                 float yt[4 * 5];
                 for (int i = 0; i < 4 * 5; i++)
                     yt[i] = -1.0f;
-                tile(n, pk, rs, n_rows, xi, rb, nt, yt, ys);
+                tile(n, pk, rs, n_rows, xi, rb, nt, yt, ys, nt & 1); /* stream: prefetch only */
                 for (int k = 0; k < 4; k++)
                     for (int j = 0; j < ys; j++) {
                         const float want = k < nt && j < n_rows ? yr[j][k] : -1.0f;
