@@ -591,12 +591,20 @@ AI __m512 pk_tail2x4_v(uint32_t t, const uint8_t *w0, const uint8_t *w1, int tc,
 AI void pk_tail2x4_add(__m512 v, int tc, __m512 acc0[NTM], __m512 acc1[NTM])
 {
     const __mmask16 m = (__mmask16)((1u << tc) - 1);
-#pragma GCC unroll 4
-    for (int k = 0; k < NTM; k++) {
-        const __m512 vk = _mm512_shuffle_f32x4(v, v, k); /* lane k to lane 0 */
-        acc0[k] = _mm512_mask_add_ps(acc0[k], m, acc0[k], vk);
-        acc1[k] = _mm512_mask_add_ps(acc1[k], m, acc1[k], _mm512_permute_ps(vk, 0xEE));
-    }
+    /* 128-bit lane k to lane 0 (an immediate: spelled out per token, as an
+     * unoptimized build does not unroll a loop into constants) */
+#define PK_TAIL_ADD(k)                                                                          \
+    do {                                                                                        \
+        const __m512 vk = _mm512_shuffle_f32x4(v, v, k);                                        \
+        acc0[k] = _mm512_mask_add_ps(acc0[k], m, acc0[k], vk);                                  \
+        acc1[k] = _mm512_mask_add_ps(acc1[k], m, acc1[k], _mm512_permute_ps(vk, 0xEE));         \
+    } while (0)
+    _Static_assert(NTM == 4, "four tokens' lanes");
+    PK_TAIL_ADD(0);
+    PK_TAIL_ADD(1);
+    PK_TAIL_ADD(2);
+    PK_TAIL_ADD(3);
+#undef PK_TAIL_ADD
 }
 
 /* y[k ys] = qact_reduce16(acc0[k]), y[k ys + 1] = that of acc1[k], k < NTM:
