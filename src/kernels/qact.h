@@ -60,14 +60,26 @@
  * decode of 4 sequences 88-97 -> 145-166 tok/s, the output head of one
  * token (two terms, two "tokens") 2.1x faster in perf samples. */
 #define QACT_PREFETCH_FAR 8192
-static inline void qact_prefetch_w(const void *p, size_t bytes, int far, size_t near)
+/* What a kernel prefetches for the weights it is about to dot: nothing (its
+ * caller has), near into L1, or near and far (rows from DRAM). */
+enum { QACT_PF_NONE, QACT_PF_NEAR, QACT_PF_FAR };
+static inline void qact_prefetch_w(const void *p, size_t bytes, int level, size_t near)
 {
     const char *c = (const char *)p;
-    for (size_t o = 0; o < bytes; o += 64) {
-        if (far)
+    for (size_t o = 0; level != QACT_PF_NONE && o < bytes; o += 64) {
+        if (level == QACT_PF_FAR)
             __builtin_prefetch(c + QACT_PREFETCH_FAR + o, 0, 2);
         __builtin_prefetch(c + near + o, 0, 3);
     }
+}
+
+/* Bytes [p, p + bytes) QACT_PREFETCH_FAR ahead into L2 only: the rows
+ * kernels' blocks of rows with a short tail (see above). */
+static inline void qact_prefetch_l2(const void *p, size_t bytes)
+{
+    const char *c = (const char *)p;
+    for (size_t o = 0; o < bytes; o += 64)
+        __builtin_prefetch(c + QACT_PREFETCH_FAR + o, 0, 2);
 }
 
 static inline int64_t qact_padded(int64_t n)

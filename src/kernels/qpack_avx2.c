@@ -375,12 +375,9 @@ AI void pk_tail(uint32_t t, const uint8_t *wg, int tc, pk_row row, const qact_vi
     }
 }
 
-enum { PK_PF_NONE, PK_PF_NEAR, PK_PF_FAR };
-
 /* acc[k][h] (zeroed by the caller) += every chunk's v_c of packed row w for
- * the nt tokens xv; pf: what each group prefetches ahead (qact_prefetch_w):
- * PK_PF_NONE (the caller has), PK_PF_NEAR (into L1), PK_PF_FAR (L1 and, 8
- * KiB ahead, L2: rows from DRAM). */
+ * the nt tokens xv; pf: what each group prefetches ahead (a QACT_PF_ level,
+ * qact_prefetch_w). */
 AI void pk_row_acc(uint32_t t, int64_t n, const void *w, const qact_view *xv, int nt,
                    __m256 acc[NTM][2], int pf)
 {
@@ -390,8 +387,7 @@ AI void pk_row_acc(uint32_t t, int64_t n, const void *w, const qact_view *xv, in
     const pk_row row = {wb, wb + nc * chunk_wbytes(t)};
     for (int64_t g = 0; g < full; g++) {
         const uint8_t *wg = wb + g * gb;
-        if (pf != PK_PF_NONE)
-            qact_prefetch_w(wg, gb, pf == PK_PF_FAR, QACT2_PREFETCH);
+        qact_prefetch_w(wg, gb, pf, QACT2_PREFETCH);
         pk_group(t, wg, QACT_LANES, row, xv, g, nt, acc);
     }
     const int tc = (int)(nc % QACT_LANES);
@@ -407,7 +403,7 @@ AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t
     qact_view xv[NTM];
     __m256 acc[NTM][2];
     acc_begin(xq, xs, n, nt, xv, acc);
-    pk_row_acc(t, n, w, xv, nt, acc, nt == 1 ? PK_PF_FAR : PK_PF_NEAR);
+    pk_row_acc(t, n, w, xv, nt, acc, nt == 1 ? QACT_PF_FAR : QACT_PF_NEAR);
     acc_end(acc, nt, out);
 }
 
@@ -432,14 +428,13 @@ AI void pk_rows_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_
     for (; r + 4 <= n_rows; r += 4) {
         __m128 x4[4];
         if (block_pf)
-            for (size_t o = 0; o < 4 * rs; o += 64)
-                _mm_prefetch((const char *)w + (size_t)r * rs + QACT_PREFETCH_FAR + o, _MM_HINT_T1);
+            qact_prefetch_l2((const uint8_t *)w + (size_t)r * rs, 4 * rs);
 #pragma GCC unroll 1
         for (int j = 0; j < 4; j++) {
             __m256 acc[NTM][2];
             acc[0][0] = acc[0][1] = _mm256_setzero_ps();
             pk_row_acc(t, n, (const uint8_t *)w + (size_t)(r + j) * rs, xv, 1, acc,
-                       block_pf ? PK_PF_NONE : PK_PF_FAR);
+                       block_pf ? QACT_PF_NONE : QACT_PF_FAR);
             const __m256 x8 = _mm256_add_ps(acc[0][0], acc[0][1]);
             x4[j] = _mm_add_ps(_mm256_castps256_ps128(x8), _mm256_extractf128_ps(x8, 1));
         }
@@ -479,9 +474,9 @@ AI void pk_rows_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_
         acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(A, da_), _mm256_cvtepi32_ps(I_)));  \
     } while (0)
 
-/* n % QACT_GROUP == 0, four tokens; far: the row comes from DRAM (also
- * prefetched 8 KiB ahead into L2, qact_prefetch_w). */
-static void pk_q4_0_x4(int64_t n, const void *w, const void *xq, size_t xs, float *out, int far)
+/* n % QACT_GROUP == 0, four tokens; pf: what each group prefetches (a
+ * QACT_PF_ level, qact_prefetch_w). */
+static void pk_q4_0_x4(int64_t n, const void *w, const void *xq, size_t xs, float *out, int pf)
 {
     const int64_t np = qact_padded(n), ng = n / QACT_GROUP;
     const uint8_t *x = xq;
@@ -496,7 +491,7 @@ static void pk_q4_0_x4(int64_t n, const void *w, const void *xq, size_t xs, floa
             const int8_t *a = (const int8_t *)x + g * QACT_GROUP + 32 * h;
             const int64_t c0 = g * QACT_LANES + 8 * h;
             if (h == 0)
-                qact_prefetch_w(wg, gb, far, QACT2_PREFETCH);
+                qact_prefetch_w(wg, gb, pf, QACT2_PREFETCH);
             __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
             for (int i = 0; i < 4; i++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 64 * i));
@@ -528,7 +523,7 @@ static void p2_q4_0(int64_t n, const void *w, const void *xq, size_t xs, int nt,
 {
     if (nt == QACT_MULTI_MAX && n % QACT_GROUP == 0 &&
         QACT_MULTI_MAX * qact_row_bytes(n) <= PK4_L1_BYTES)
-        pk_q4_0_x4(n, w, xq, xs, out, 0);
+        pk_q4_0_x4(n, w, xq, xs, out, QACT_PF_NEAR);
     else
         p2_q4_0_any(n, w, xq, xs, nt, out);
 }
@@ -572,12 +567,12 @@ AI void pk_tile_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_
         const uint8_t *wr = (const uint8_t *)w + (size_t)r * rs;
         float o[NTM];
         if (x4) {
-            pk_q4_0_x4(n, wr, xq, xs, o, stream);
+            pk_q4_0_x4(n, wr, xq, xs, o, stream ? QACT_PF_FAR : QACT_PF_NEAR);
         } else {
 #pragma GCC unroll 8
             for (int k = 0; k < nt; k++)
                 acc[k][0] = acc[k][1] = _mm256_setzero_ps();
-            pk_row_acc(t, n, wr, xv, nt, acc, stream ? PK_PF_FAR : PK_PF_NEAR);
+            pk_row_acc(t, n, wr, xv, nt, acc, stream ? QACT_PF_FAR : QACT_PF_NEAR);
             acc_end(acc, nt, o);
         }
         for (int k = 0; k < nt; k++)

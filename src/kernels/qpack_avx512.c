@@ -361,20 +361,15 @@ AI void pk_group2(uint32_t t, const uint8_t *w0, const uint8_t *w1, const qact_v
     }
 }
 
-enum { PK_PF_NONE, PK_PF_NEAR, PK_PF_FAR };
-
 /* acc[k] += the full groups' v of packed row w for the nt tokens xv; pf:
- * what each group prefetches ahead (qact_prefetch_w): PK_PF_NONE (the
- * caller has), PK_PF_NEAR (into L1), PK_PF_FAR (L1 and, 8 KiB ahead, L2:
- * rows from DRAM). */
+ * what each group prefetches ahead (a QACT_PF_ level, qact_prefetch_w). */
 AI void pk_row_groups(uint32_t t, int64_t n, const void *w, const qact_view *xv, int nt,
                       __m512 acc[NTM], int pf)
 {
     const int64_t full = n / QACT_CHUNK / QACT_LANES;
     const size_t gb = group_wbytes(t, QACT_LANES);
     for (int64_t g = 0; g < full; g++) {
-        if (pf != PK_PF_NONE)
-            qact_prefetch_w((const uint8_t *)w + g * gb, gb, pf == PK_PF_FAR, QACT_PREFETCH);
+        qact_prefetch_w((const uint8_t *)w + g * gb, gb, pf, QACT_PREFETCH);
         pk_group(t, (const uint8_t *)w + g * gb, QACT_LANES, xv, g, nt, acc);
     }
 }
@@ -400,7 +395,7 @@ AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t
     qact_view xv[NTM];
     __m512 acc[NTM];
     acc_begin(xq, xs, n, nt, xv, acc);
-    pk_row_acc(t, n, w, xv, nt, acc, nt == 1 ? PK_PF_FAR : PK_PF_NEAR);
+    pk_row_acc(t, n, w, xv, nt, acc, nt == 1 ? QACT_PF_FAR : QACT_PF_NEAR);
     acc_end(acc, nt, out);
 }
 
@@ -652,15 +647,10 @@ AI void pk_pair_acc(uint32_t t, int64_t n, const uint8_t *w0, const uint8_t *w1,
     const int tc = (int)(nc % QACT_LANES);
     const __m512 tail_v = ta ? pk_tail2x4_v(t, w0 + full * gb, w1 + full * gb, tc, ta)
                              : _mm512_setzero_ps();
+    const int pf = stream ? QACT_PF_FAR : QACT_PF_NEAR; /* stream: rows from DRAM */
     for (int64_t g = 0; g < full; g++) {
-        for (size_t o = 0; o < gb; o += 64) {
-            _mm_prefetch((const char *)w0 + g * gb + QACT_PREFETCH + o, _MM_HINT_T0);
-            _mm_prefetch((const char *)w1 + g * gb + QACT_PREFETCH + o, _MM_HINT_T0);
-            if (stream) { /* the rows come from DRAM in this call (qact_prefetch_w) */
-                _mm_prefetch((const char *)w0 + g * gb + QACT_PREFETCH_FAR + o, _MM_HINT_T1);
-                _mm_prefetch((const char *)w1 + g * gb + QACT_PREFETCH_FAR + o, _MM_HINT_T1);
-            }
-        }
+        qact_prefetch_w(w0 + g * gb, gb, pf, QACT_PREFETCH);
+        qact_prefetch_w(w1 + g * gb, gb, pf, QACT_PREFETCH);
         pk_group2(t, w0 + g * gb, w1 + g * gb, xv, g, nt, acc0, acc1);
     }
     if (ta) {
@@ -711,7 +701,7 @@ AI void pk_tile_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_
         for (int k = 0; k < nt; k++)
             acc0[k] = _mm512_setzero_ps();
         pk_row_acc(t, n, (const uint8_t *)w + (size_t)r * rs, xv, nt, acc0,
-                   stream ? PK_PF_FAR : PK_PF_NEAR);
+                   stream ? QACT_PF_FAR : QACT_PF_NEAR);
         acc_end(acc0, nt, o);
         for (int k = 0; k < nt; k++)
             y[k * ys + r] = o[k];
@@ -797,7 +787,6 @@ AI void pk_tail4x4(uint32_t t, const uint8_t *wg, size_t rs, int tc, const qact_
  * same additions as qact_reduce16 (lanes i + i+8, then + i+4, + i+2,
  * + i+1), and the call's setup is paid once for all the rows (the AVX2
  * rows kernel's scheme, qpack_avx2.c). */
-
 AI void pk_rows_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_rows,
                      const void *xq, float *y)
 {
@@ -816,12 +805,11 @@ AI void pk_rows_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_
              * default model's decode), one thread: 24-28 -> 34-39 GMAC/s
              * (q4_1; the groups' own near and far prefetches: 24-28; rows of
              * whole groups keep theirs, 43-46 against 26-39 this way) */
-            for (size_t o = 0; o < 4 * rs; o += 64)
-                _mm_prefetch((const char *)w4 + QACT_PREFETCH_FAR + o, _MM_HINT_T1);
+            qact_prefetch_l2(w4, 4 * rs);
 #pragma GCC unroll 1
             for (int j = 0; j < 4; j++) {
                 acc[j] = _mm512_setzero_ps();
-                pk_row_groups(t, n, w4 + (size_t)j * rs, xv, 1, &acc[j], PK_PF_NONE);
+                pk_row_groups(t, n, w4 + (size_t)j * rs, xv, 1, &acc[j], QACT_PF_NONE);
             }
             pk_tail4x4(t, w4 + full * gb, rs, tc, xv, full, acc);
 #pragma GCC unroll 4
@@ -838,7 +826,7 @@ AI void pk_rows_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_
         for (int j = 0; j < 4; j++) {
             __m512 acc[NTM];
             acc[0] = _mm512_setzero_ps();
-            pk_row_acc(t, n, w4 + (size_t)j * rs, xv, 1, acc, PK_PF_FAR);
+            pk_row_acc(t, n, w4 + (size_t)j * rs, xv, 1, acc, QACT_PF_FAR);
             const __m256 x8 = _mm256_add_ps(_mm512_castps512_ps256(acc[0]),
                                             _mm512_extractf32x8_ps(acc[0], 1));
             x4[j] = _mm_add_ps(_mm256_castps256_ps128(x8), _mm256_extractf128_ps(x8, 1));

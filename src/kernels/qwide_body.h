@@ -139,12 +139,10 @@ AI void qw_dot(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs, 
             a[k] = _mm256_setzero_ps();
         for (int64_t g = 0; g < full; g++) {
             const uint8_t *wg = wb + g * gb;
-            if (h == 0 && pf) /* near, into L1 (pf: the caller has not prefetched
-                                 the row; qact_prefetch_w's far L2 prefetch per
-                                 group made the head of a one-token step 1.36x
-                                 slower: perf samples, default model, Zen 4) */
-                for (size_t o = 0; o < gb; o += 64)
-                    _mm_prefetch((const char *)wg + QACT2_PREFETCH + o, _MM_HINT_T0);
+            if (h == 0) /* near into L1 at most (pf; qact_prefetch_w's far L2
+                           prefetch per group made the head of a one-token
+                           step 1.36x slower: perf samples, default model, Zen 4) */
+                qact_prefetch_w(wg, gb, pf, QACT2_PREFETCH);
             qw_half(wg, QACT_LANES, h, 8, row, xv, g, nt, a);
         }
         const int nvl = tc - 8 * h < 8 ? tc - 8 * h : 8;
@@ -174,9 +172,9 @@ AI void qw_tile(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_rows,
     for (int64_t r = 0; r < n_rows; r++) {
         float o[NTM];
         if (block)
-            for (size_t o2 = 0; o2 < rs; o2 += 64)
-                _mm_prefetch((const char *)w + (size_t)r * rs + QACT_PREFETCH_FAR + o2, _MM_HINT_T1);
-        qw_dot(t, n, (const uint8_t *)w + (size_t)r * rs, xq, xs, nt, o, !block);
+            qact_prefetch_l2((const uint8_t *)w + (size_t)r * rs, rs);
+        qw_dot(t, n, (const uint8_t *)w + (size_t)r * rs, xq, xs, nt, o,
+               block ? QACT_PF_NONE : QACT_PF_NEAR);
         for (int k = 0; k < nt; k++)
             y[k * ys + r] = o[k];
     }

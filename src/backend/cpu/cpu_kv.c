@@ -59,74 +59,73 @@ const int32_t *cpu_kv_budget_table(const int32_t *table, int32_t block_size, int
     return vt;
 }
 
+#if KVANT_X86
+/* The SIMD attention entries of a stored KV dtype and the head sizes they
+ * take: the AVX2 rows, groups and tiles ([0]) and their AVX-512 builds
+ * ([1]), which serve AVX-512 CPUs: the group and tile twins read each K/V
+ * row once for all heads and tokens (docs/PERFORMANCE.md, "Attention on
+ * AVX-512"), in wider register tiles than AVX2's sixteen registers hold,
+ * with the same bits. */
+typedef struct kvq_simd {
+    uint32_t type;
+    int32_t hd_mult;
+    cpu_kvq_row_fn row[2];
+    cpu_kvq_group_fn group[2];
+    cpu_kvq_tile_fn tile[2];
+} kvq_simd;
+
+#define KVQ_SIMD(t, mult, sfx)                                                                  \
+    {t, mult, {cpu_kvq_attention_row_##sfx##_avx2, cpu_kvq_attention_row_##sfx##_avx512},      \
+     {cpu_kvq_attention_group_##sfx##_avx2, cpu_kvq_attention_group_##sfx##_avx512},           \
+     {cpu_kvq_attention_tile_##sfx##_avx2, cpu_kvq_attention_tile_##sfx##_avx512}}
+static const kvq_simd k_kvq_simd[] = {KVQ_SIMD(DT_F16, 8, f16), KVQ_SIMD(DT_BF16, 8, bf16),
+                                      KVQ_SIMD(DT_Q8_0, 32, q8_0), KVQ_SIMD(DT_Q4_0, 32, q4_0)};
+
+/* The entries for (isa, type, head_dim) and in *col the ISA's column, or
+ * NULL (no SIMD entries: the scalar row). */
+static const kvq_simd *kvq_simd_for(kernel_isa isa, uint32_t type, int32_t head_dim, int *col)
+{
+    if (isa != KERNEL_ISA_AVX2 && isa != KERNEL_ISA_AVX512)
+        return NULL;
+    *col = isa == KERNEL_ISA_AVX512;
+    for (size_t i = 0; i < sizeof k_kvq_simd / sizeof k_kvq_simd[0]; i++)
+        if (k_kvq_simd[i].type == type && head_dim % k_kvq_simd[i].hd_mult == 0)
+            return &k_kvq_simd[i];
+    return NULL;
+}
+#endif
+
 cpu_kvq_group_fn cpu_kvq_attention_group_for(kernel_isa isa, uint32_t type, int32_t head_dim)
 {
 #if KVANT_X86
-    const cpu_kvq_row_fn row = cpu_kvq_attention_row_for(isa, type, head_dim);
-    if (row == cpu_kvq_attention_row_f16_avx512)
-        return cpu_kvq_attention_group_f16_avx512;
-    if (row == cpu_kvq_attention_row_bf16_avx512)
-        return cpu_kvq_attention_group_bf16_avx512;
-    if (row == cpu_kvq_attention_row_q8_0_avx512)
-        return cpu_kvq_attention_group_q8_0_avx512;
-    if (row == cpu_kvq_attention_row_q4_0_avx512)
-        return cpu_kvq_attention_group_q4_0_avx512;
-    if (row == cpu_kvq_attention_row_f16_avx2)
-        return cpu_kvq_attention_group_f16_avx2;
-    if (row == cpu_kvq_attention_row_bf16_avx2)
-        return cpu_kvq_attention_group_bf16_avx2;
-    if (row == cpu_kvq_attention_row_q8_0_avx2)
-        return cpu_kvq_attention_group_q8_0_avx2;
-    if (row == cpu_kvq_attention_row_q4_0_avx2)
-        return cpu_kvq_attention_group_q4_0_avx2;
-#endif
+    int col = 0;
+    const kvq_simd *e = kvq_simd_for(isa, type, head_dim, &col);
+    return e ? e->group[col] : NULL;
+#else
     (void)isa, (void)type, (void)head_dim;
     return NULL;
+#endif
 }
 
 cpu_kvq_tile_fn cpu_kvq_attention_tile_for(kernel_isa isa, uint32_t type, int32_t head_dim)
 {
 #if KVANT_X86
-    const cpu_kvq_group_fn group = cpu_kvq_attention_group_for(isa, type, head_dim);
-    if (group == cpu_kvq_attention_group_f16_avx512)
-        return cpu_kvq_attention_tile_f16_avx512;
-    if (group == cpu_kvq_attention_group_bf16_avx512)
-        return cpu_kvq_attention_tile_bf16_avx512;
-    if (group == cpu_kvq_attention_group_q8_0_avx512)
-        return cpu_kvq_attention_tile_q8_0_avx512;
-    if (group == cpu_kvq_attention_group_q4_0_avx512)
-        return cpu_kvq_attention_tile_q4_0_avx512;
-    if (group == cpu_kvq_attention_group_f16_avx2)
-        return cpu_kvq_attention_tile_f16_avx2;
-    if (group == cpu_kvq_attention_group_bf16_avx2)
-        return cpu_kvq_attention_tile_bf16_avx2;
-    if (group == cpu_kvq_attention_group_q8_0_avx2)
-        return cpu_kvq_attention_tile_q8_0_avx2;
-    if (group == cpu_kvq_attention_group_q4_0_avx2)
-        return cpu_kvq_attention_tile_q4_0_avx2;
-#endif
+    int col = 0;
+    const kvq_simd *e = kvq_simd_for(isa, type, head_dim, &col);
+    return e ? e->tile[col] : NULL;
+#else
     (void)isa, (void)type, (void)head_dim;
     return NULL;
+#endif
 }
 
 cpu_kvq_row_fn cpu_kvq_attention_row_for(kernel_isa isa, uint32_t type, int32_t head_dim)
 {
 #if KVANT_X86
-    /* the AVX2 rows' AVX-512 builds serve AVX-512 CPUs: their group and
-     * tile twins read each K/V row once for all heads and tokens
-     * (docs/PERFORMANCE.md, "Attention on AVX-512"), in wider register
-     * tiles than AVX2's sixteen registers hold, with the same bits */
-    const int wide = isa == KERNEL_ISA_AVX512;
-    if (isa == KERNEL_ISA_AVX2 || wide) {
-        if (type == DT_F16 && head_dim % 8 == 0)
-            return wide ? cpu_kvq_attention_row_f16_avx512 : cpu_kvq_attention_row_f16_avx2;
-        if (type == DT_BF16 && head_dim % 8 == 0)
-            return wide ? cpu_kvq_attention_row_bf16_avx512 : cpu_kvq_attention_row_bf16_avx2;
-        if (type == DT_Q8_0 && head_dim % 32 == 0)
-            return wide ? cpu_kvq_attention_row_q8_0_avx512 : cpu_kvq_attention_row_q8_0_avx2;
-        if (type == DT_Q4_0 && head_dim % 32 == 0)
-            return wide ? cpu_kvq_attention_row_q4_0_avx512 : cpu_kvq_attention_row_q4_0_avx2;
-    }
+    int col = 0;
+    const kvq_simd *e = kvq_simd_for(isa, type, head_dim, &col);
+    if (e)
+        return e->row[col];
 #endif
     (void)isa, (void)type, (void)head_dim;
     return cpu_kvq_attention_row_ref;
