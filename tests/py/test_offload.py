@@ -161,7 +161,9 @@ def test_serve_same_answers_and_visible(kvant_bin, default_model):
         assert "kvant: weight reads: direct" in srv.log_text()
         if off["direct"]:
             assert off["streamed_direct_bytes_total"] == off["streamed_bytes_total"] > 0
-            assert m["kvant_weights_streamed_direct_bytes_total"] == off["streamed_bytes_total"]
+            # one snapshot each: the stream may read ahead between the two requests
+            assert (m["kvant_weights_streamed_direct_bytes_total"]
+                    == m["kvant_weights_streamed_bytes_total"] >= off["streamed_bytes_total"])
         else:
             assert "O_DIRECT refused" in off["io_note"] and off["io_note"] in srv.log_text()
     finally:
