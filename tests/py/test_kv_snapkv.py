@@ -36,7 +36,7 @@ import pytest
 import make_family as mf
 from ref_model import RefModel
 from server_util import KvantServer, THREADS
-from test_kv_budget import _greedy, _ids, _log_softmax, _metric, _ok, _tight
+from test_kv_budget import _greedy, _ids, _log_softmax, _metric, _ok, _tight, frozen_server
 
 BS = 8
 BUDGET = 160
@@ -53,11 +53,14 @@ def model(tmp_path_factory) -> str:
     return mf.make_family(str(tmp_path_factory.mktemp("snapkv")), "llama3", "F32")
 
 
+def _server_args(blocks: int) -> list[str]:
+    return ["-t", THREADS, "-c", "256", "--block-size", str(BS), "--exact", "--kv-dtype", "f32",
+            "--max-num-batched-tokens", "64", "--kv-blocks", str(blocks),
+            "--max-itl-ms", "0"]  # schedule by tokens only
+
+
 def _server(kvant_bin, model, blocks: int) -> KvantServer:
-    return KvantServer(kvant_bin, model, "-t", THREADS, "-c", "256", "--block-size", str(BS),
-                       "--exact", "--kv-dtype", "f32", "--max-num-batched-tokens", "64",
-                       "--kv-blocks", str(blocks), "--max-itl-ms", "0",  # schedule by tokens only
-                       base_args=[])
+    return KvantServer(kvant_bin, model, *_server_args(blocks), base_args=[])
 
 
 @pytest.fixture(scope="module")
@@ -121,14 +124,14 @@ def _gen(url, k: int, policy: str = "snapkv"):
 
 
 @pytest.mark.parametrize("policy", ["snapkv", "h2o"])
-def test_batch_invariance_and_preemption(kvant_bin, model, server, policy):
+def test_batch_invariance_and_preemption(testhooks_bin, model, server, policy):
     alone = [_gen(server.url, k, policy) for k in range(5)]
     with cf.ThreadPoolExecutor(5) as ex:
         batch = list(ex.map(lambda k: _gen(server.url, k, policy), range(5)))
     assert batch == alone
     # 64 blocks: five prompts of 19-28 blocks do not fit at once; preempted ones recompute
-    tight, pre, dropped, mem = _tight(_server(kvant_bin, model, 64),
-                                      lambda url, k: _gen(url, k, policy), 5)
+    small, freeze = frozen_server(testhooks_bin, model, *_server_args(64))
+    tight, pre, dropped, mem = _tight(small, freeze, lambda url, k: _gen(url, k, policy), 5)
     assert tight == alone
     assert pre > 0 and dropped > 20, (pre, dropped)
     assert mem["used"] == 0, mem
