@@ -63,6 +63,12 @@
 /* What a kernel prefetches for the weights it is about to dot: nothing (its
  * caller has), near into L1, or near and far (rows from DRAM). */
 enum { QACT_PF_NONE, QACT_PF_NEAR, QACT_PF_FAR };
+/* The level of weights a pass reads from DRAM (a one-token pass, a tile
+ * call's first token block: far) or from cache (near). */
+static inline int qact_pf_level(int from_dram)
+{
+    return from_dram ? QACT_PF_FAR : QACT_PF_NEAR;
+}
 static inline void qact_prefetch_w(const void *p, size_t bytes, int level, size_t near)
 {
     const char *c = (const char *)p;

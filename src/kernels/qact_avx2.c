@@ -318,7 +318,7 @@ AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs
     /* full 16-chunk groups: both halves with constant lane and count */
     int64_t c0 = 0;
     for (; c0 + 16 <= nc; c0 += 16) {
-        qact_prefetch_w(wb + c0 * cb, 16 * cb, nt == 1 ? QACT_PF_FAR : QACT_PF_NEAR, QACT2_PREFETCH);
+        qact_prefetch_w(wb + c0 * cb, 16 * cb, qact_pf_level(nt == 1), QACT2_PREFETCH);
         __m256 a0[NTM], a1[NTM];
         #pragma GCC unroll 8
         for (int k = 0; k < nt; k++) {

@@ -302,7 +302,7 @@ AI void dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t xs
     const int64_t nc = n / QACT_CHUNK, full = nc / QACT_LANES;
     const size_t gb = group_wbytes(t, QACT_LANES);
     for (int64_t g = 0; g < full; g++) {
-        qact_prefetch_w((const uint8_t *)w + g * gb, gb, nt == 1 ? QACT_PF_FAR : QACT_PF_NEAR,
+        qact_prefetch_w((const uint8_t *)w + g * gb, gb, qact_pf_level(nt == 1),
                         QACT_PREFETCH);
         group_dot(t, (const uint8_t *)w + g * gb, xv, g, nt, 8, is_k(t) ? 2 : 16, acc);
     }

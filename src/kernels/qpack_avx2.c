@@ -403,7 +403,7 @@ AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t
     qact_view xv[NTM];
     __m256 acc[NTM][2];
     acc_begin(xq, xs, n, nt, xv, acc);
-    pk_row_acc(t, n, w, xv, nt, acc, nt == 1 ? QACT_PF_FAR : QACT_PF_NEAR);
+    pk_row_acc(t, n, w, xv, nt, acc, qact_pf_level(nt == 1));
     acc_end(acc, nt, out);
 }
 
@@ -567,12 +567,12 @@ AI void pk_tile_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_
         const uint8_t *wr = (const uint8_t *)w + (size_t)r * rs;
         float o[NTM];
         if (x4) {
-            pk_q4_0_x4(n, wr, xq, xs, o, stream ? QACT_PF_FAR : QACT_PF_NEAR);
+            pk_q4_0_x4(n, wr, xq, xs, o, qact_pf_level(stream));
         } else {
 #pragma GCC unroll 8
             for (int k = 0; k < nt; k++)
                 acc[k][0] = acc[k][1] = _mm256_setzero_ps();
-            pk_row_acc(t, n, wr, xv, nt, acc, stream ? QACT_PF_FAR : QACT_PF_NEAR);
+            pk_row_acc(t, n, wr, xv, nt, acc, qact_pf_level(stream));
             acc_end(acc, nt, o);
         }
         for (int k = 0; k < nt; k++)

@@ -395,7 +395,7 @@ AI void pk_dot_type(uint32_t t, int64_t n, const void *w, const void *xq, size_t
     qact_view xv[NTM];
     __m512 acc[NTM];
     acc_begin(xq, xs, n, nt, xv, acc);
-    pk_row_acc(t, n, w, xv, nt, acc, nt == 1 ? QACT_PF_FAR : QACT_PF_NEAR);
+    pk_row_acc(t, n, w, xv, nt, acc, qact_pf_level(nt == 1));
     acc_end(acc, nt, out);
 }
 
@@ -647,7 +647,7 @@ AI void pk_pair_acc(uint32_t t, int64_t n, const uint8_t *w0, const uint8_t *w1,
     const int tc = (int)(nc % QACT_LANES);
     const __m512 tail_v = ta ? pk_tail2x4_v(t, w0 + full * gb, w1 + full * gb, tc, ta)
                              : _mm512_setzero_ps();
-    const int pf = stream ? QACT_PF_FAR : QACT_PF_NEAR; /* stream: rows from DRAM */
+    const int pf = qact_pf_level(stream);
     for (int64_t g = 0; g < full; g++) {
         qact_prefetch_w(w0 + g * gb, gb, pf, QACT_PREFETCH);
         qact_prefetch_w(w1 + g * gb, gb, pf, QACT_PREFETCH);
@@ -701,7 +701,7 @@ AI void pk_tile_type(uint32_t t, int64_t n, const void *w, size_t rs, int64_t n_
         for (int k = 0; k < nt; k++)
             acc0[k] = _mm512_setzero_ps();
         pk_row_acc(t, n, (const uint8_t *)w + (size_t)r * rs, xv, nt, acc0,
-                   stream ? QACT_PF_FAR : QACT_PF_NEAR);
+                   qact_pf_level(stream));
         acc_end(acc0, nt, o);
         for (int k = 0; k < nt; k++)
             y[k * ys + r] = o[k];

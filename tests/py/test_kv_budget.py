@@ -140,36 +140,31 @@ def _metric(url: str, name: str) -> float:
     raise AssertionError(f"{name} not on /metrics")
 
 
-def frozen_server(testhooks_bin: str, model: str, *args: str) -> tuple[KvantServer, str]:
-    """A server of the test build whose engine stops before its next step while the returned
-    file exists (KVANT_TEST_FREEZE_FILE, src/engine/engine.c); the file is not there yet."""
-    freeze = os.path.join(tempfile.mkdtemp(prefix="kvant-freeze-"), "freeze")
-    return KvantServer(testhooks_bin, model, *args, base_args=[],
-                       env={**os.environ, "KVANT_TEST_FREEZE_FILE": freeze}), freeze
-
-
-def _tight(small: KvantServer, freeze: str, gen, n: int):
-    """gen(url, k) for k < n at once on `small` (a frozen_server), then stopped: the outputs,
-    preemptions, blocks a KV budget gave back, and /v1/memory's kv.  The engine is held until
-    all n requests wait, so they are admitted together and run side by side whatever the
-    machine's load (sent unheld, a loaded run could serve them staggered, and the small pool
-    then needed no preemption: 1 run in 3 under a parallel test build)."""
+def _tight(testhooks_bin: str, model: str, args: list[str], gen, n: int):
+    """gen(url, k) for k < n at once on a server of the test build started with args (then
+    stopped): the outputs, preemptions, blocks a KV budget gave back, and /v1/memory's kv.  The
+    engine is held (KVANT_TEST_FREEZE_FILE, src/engine/engine.c: it stops before its next step
+    while the file exists) until all n requests wait, so they are admitted together and run side
+    by side whatever the machine's load (sent unheld, they were served staggered in 2 of 11 runs
+    beside a test build, and the small pool then needed no preemption)."""
+    freeze = Path(tempfile.mkdtemp(prefix="kvant-freeze-")) / "freeze"
+    small = KvantServer(testhooks_bin, model, *args, base_args=[],
+                        env={**os.environ, "KVANT_TEST_FREEZE_FILE": str(freeze)})
     try:
-        Path(freeze).touch()
+        freeze.touch()
         with cf.ThreadPoolExecutor(n) as ex:
             futs = [ex.submit(gen, small.url, k) for k in range(n)]
             deadline = time.time() + 60
             while (waiting := _metric(small.url, "kvant_num_requests_waiting")) < n:
                 assert time.time() < deadline, f"{waiting} of {n} requests reached the engine"
                 time.sleep(0.02)
-            os.unlink(freeze)
+            freeze.unlink()
             out = [f.result() for f in futs]
         pre = _metric(small.url, "kvant_num_preemptions_total")
         dropped = _metric(small.url, "kvant_kv_budget_blocks_dropped_total")
         mem = httpx.get(small.url + "/v1/memory", timeout=30).json()["kv"]
     finally:
-        if os.path.exists(freeze):
-            os.unlink(freeze)
+        freeze.unlink(missing_ok=True)
         small.stop()
     return out, pre, dropped, mem
 
@@ -180,11 +175,10 @@ def test_batch_invariance_and_preemption(testhooks_bin, model, server):
         batch = list(ex.map(lambda k: _gen(server.url, k), range(6)))
     assert batch == alone
     # a pool of 20 blocks: two budgeted sequences past their budget (12 blocks each) do not fit
-    small, freeze = frozen_server(testhooks_bin, model, "-t", THREADS, "-c", "256", "--block-size",
-                                  str(BS), "--exact", "--kv-dtype", "f32",
-                                  "--max-num-batched-tokens", "64", "--kv-blocks", "20",
-                                  "--max-itl-ms", "0")  # schedule by tokens only
-    tight, pre, dropped, mem = _tight(small, freeze, lambda url, k: _gen(url, k), 6)
+    args = ["-t", THREADS, "-c", "256", "--block-size", str(BS), "--exact", "--kv-dtype", "f32",
+            "--max-num-batched-tokens", "64", "--kv-blocks", "20",
+            "--max-itl-ms", "0"]  # schedule by tokens only
+    tight, pre, dropped, mem = _tight(testhooks_bin, model, args, lambda url, k: _gen(url, k), 6)
     assert tight == alone
     assert pre > 0 and dropped > 40, (pre, dropped)
     assert mem["used"] == 0, mem

@@ -67,28 +67,13 @@ def tier_state(m: dict) -> dict:
     dropped, the writer's CPU time, how long the test waited)."""
     return {k: v for k, v in m.items()
             if k == "_waited_s" or "write_through" in k or "write_queue" in k
-            or "writer_cpu" in k or "write_drops" in k}
+            or "writer_cpu" in k or "disk_write_drops" in k}
 
 
 @pytest.fixture
-def tier_dir(request):
-    """The disk tier on tmpfs when /dev/shm has room (1 GiB free), else under build/ (conftest's).
-    Each record is fsynced, and on a disk an fsync beside other tests writing gigabytes waits for
-    their dirty pages too (a CI run had 8 of 12 records after 120 s); what these tests check,
-    records surviving kill -9 and SIGTERM, does not depend on the device under the page cache."""
-    import shutil
-    import uuid
-    shm = Path("/dev/shm")
-    try:
-        st = os.statvfs(shm)
-        roomy = os.access(shm, os.W_OK) and st.f_bavail * st.f_frsize >= (1 << 30)
-    except OSError:
-        roomy = False
-    base = shm if roomy else Path(__file__).resolve().parents[2] / "build"
-    d = base / f"kvant-{request.module.__name__}-{uuid.uuid4().hex[:8]}"
-    d.mkdir(parents=True)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+def tier_dir(tier_dir_tmpfs):
+    """This module's disk tiers on tmpfs (conftest's tier_dir_tmpfs: fsyncs beside other tests)."""
+    return tier_dir_tmpfs
 
 
 def tier_args(d: Path, *extra: str) -> list[str]:

@@ -36,7 +36,7 @@ import pytest
 import make_family as mf
 from ref_model import RefModel
 from server_util import KvantServer, THREADS
-from test_kv_budget import _greedy, _ids, _log_softmax, _metric, _ok, _tight, frozen_server
+from test_kv_budget import _greedy, _ids, _log_softmax, _metric, _ok, _tight
 
 BS = 8
 BUDGET = 160
@@ -130,8 +130,8 @@ def test_batch_invariance_and_preemption(testhooks_bin, model, server, policy):
         batch = list(ex.map(lambda k: _gen(server.url, k, policy), range(5)))
     assert batch == alone
     # 64 blocks: five prompts of 19-28 blocks do not fit at once; preempted ones recompute
-    small, freeze = frozen_server(testhooks_bin, model, *_server_args(64))
-    tight, pre, dropped, mem = _tight(small, freeze, lambda url, k: _gen(url, k, policy), 5)
+    tight, pre, dropped, mem = _tight(testhooks_bin, model, _server_args(64),
+                                      lambda url, k: _gen(url, k, policy), 5)
     assert tight == alone
     assert pre > 0 and dropped > 20, (pre, dropped)
     assert mem["used"] == 0, mem
