@@ -67,6 +67,20 @@ def test_saved_data_present():
     assert want <= fams, f"tests/data/peer lacks {sorted(want - fams)}: run scripts/peer-logits"
 
 
+def _case_logits(pl, case, kvant_bin, tmp_path, extra):
+    """Regenerates case's GGUF (checked byte-for-byte against the file llama.cpp scored) and
+    returns (model path, saved data, kvant's logits over the saved ids with extra options)."""
+    fam, wt = case.rsplit("-", 1)
+    saved = np.load(os.path.join(DATA, case + ".npz"))
+    model = str(tmp_path / pl.MODEL_NAME)
+    pl.write_model(fam, wt, model)
+    assert pl.sha256(model) == str(saved["sha256"]), (
+        f"{case}: the generator no longer writes the file llama.cpp scored; "
+        "regenerate tests/data/peer with scripts/peer-logits")
+    _, n_vocab = pl.model_shape(model)
+    return model, saved, pl.kvant_logits(kvant_bin, model, saved["tokens"], n_vocab, str(tmp_path), extra)
+
+
 def _kvant_is_reference(model: str, ids: np.ndarray, p: int, kv_row: np.ndarray) -> bool:
     from ref_model import ref_logits
     seq, pos = divmod(p, ids.shape[1])
@@ -99,14 +113,8 @@ MOE_F16 = [c for c in CASES if c.endswith("-F16") and c.rsplit("-", 1)[0] in MOE
 def test_moe_f16_exact_kv(case, kvant_bin, tmp_path, record_result):
     from ref_model import RefModel
     pl = _peer_module()
-    fam, wt = case.rsplit("-", 1)
-    saved = np.load(os.path.join(DATA, case + ".npz"))
-    model = str(tmp_path / pl.MODEL_NAME)
-    pl.write_model(fam, wt, model)
-    assert pl.sha256(model) == str(saved["sha256"])
+    model, saved, kv = _case_logits(pl, case, kvant_bin, tmp_path, ["--kv-dtype", "f32"])
     ids = saved["tokens"]
-    _, n_vocab = pl.model_shape(model)
-    kv = pl.kvant_logits(kvant_bin, model, ids, n_vocab, str(tmp_path), ["--kv-dtype", "f32"])
     m = RefModel(model)
     ref = np.concatenate([m.forward(row) for row in ids])
     top = ref.argmax(-1)
@@ -127,15 +135,8 @@ def test_moe_f16_exact_kv(case, kvant_bin, tmp_path, record_result):
 def test_peer_agreement(case, kvant_bin, tmp_path, record_result):
     pl = _peer_module()
     fam, wt = case.rsplit("-", 1)
-    saved = np.load(os.path.join(DATA, case + ".npz"))
-    model = str(tmp_path / pl.MODEL_NAME)
-    pl.write_model(fam, wt, model)
-    assert pl.sha256(model) == str(saved["sha256"]), (
-        f"{case}: the generator no longer writes the file llama.cpp scored; "
-        "regenerate tests/data/peer with scripts/peer-logits")
+    model, saved, kv = _case_logits(pl, case, kvant_bin, tmp_path, [])
     ids = saved["tokens"]
-    _, n_vocab = pl.model_shape(model)
-    kv = pl.kvant_logits(kvant_bin, model, ids, n_vocab, str(tmp_path), [])
     assert np.all(np.isfinite(kv))
     miss = np.nonzero(kv.argmax(-1) != saved["top1"])[0]
     top1 = 1.0 - len(miss) / len(kv)
