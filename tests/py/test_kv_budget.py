@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -164,7 +165,7 @@ def _tight(testhooks_bin: str, model: str, args: list[str], gen, n: int):
         dropped = _metric(small.url, "kvant_kv_budget_blocks_dropped_total")
         mem = httpx.get(small.url + "/v1/memory", timeout=30).json()["kv"]
     finally:
-        freeze.unlink(missing_ok=True)
+        shutil.rmtree(freeze.parent, ignore_errors=True)
         small.stop()
     return out, pre, dropped, mem
 
